@@ -1,0 +1,172 @@
+"""Plotly figures for the four views: pure functions of the result objects.
+
+- ``filters_figure``: paper Fig. 7 left, a grid of RGB filter components.
+- ``position_figure``: Fig. 7 centre / Fig. 10, a grid of similarity tiles.
+- ``distance_figure``: Fig. 7 right / Fig. 11, mean distance of each head by layer.
+- ``rollout_figure``: Fig. 6 / Fig. 14, rollout over the image.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .views.distance import AttentionDistanceResult
+from .views.filters import FilterPCAResult
+from .views.position import PositionSimilarityResult
+from .views.rollout import RolloutResult
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def component_rgb(component: np.ndarray) -> np.ndarray:
+    """[C, kh, kw] component -> uint8 [kh, kw, 3], min-max scaled per component (gray if C != 3)."""
+    c = component.astype(np.float64)
+    span = c.max() - c.min()
+    c = (c - c.min()) / span if span > 0 else np.zeros_like(c)
+    img = np.moveaxis(c, 0, -1)
+    if img.shape[-1] != 3:
+        img = np.repeat(img.mean(-1, keepdims=True), 3, axis=-1)
+    return np.round(img * 255).astype(np.uint8)
+
+
+def filters_figure(result: FilterPCAResult, columns: int = 7, title: str | None = None) -> go.Figure:
+    """Grid of the top principal components as small RGB images, with explained variance."""
+    k = len(result.components)
+    cols = min(columns, k)
+    rows = math.ceil(k / cols)
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.01, vertical_spacing=0.06,
+                        subplot_titles=[f"PC{i + 1} {100 * v:.1f}%" for i, v in enumerate(result.explained_variance_ratio)])
+    for i, comp in enumerate(result.components):
+        fig.add_trace(go.Image(z=component_rgb(comp), hovertemplate=f"PC{i + 1}<extra></extra>"),
+                      row=i // cols + 1, col=i % cols + 1)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_annotations(font_size=10)
+    total = 100 * float(np.sum(result.explained_variance_ratio))
+    fig.update_layout(
+        title=title or f"Embedding filters, top {k} principal components ({total:.1f}% of variance)"
+                       f"<br><sup>{result.source}</sup>",
+        height=max(260, 110 * rows + 90), margin=dict(l=10, r=10, t=90, b=10),
+    )
+    return fig
+
+
+def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.ndarray]:
+    """The tile grid as one array with a NaN gap between tiles, and [4] patch coords per cell."""
+    gh, gw = result.grid
+    h, w = gh * (gh + 1) - 1, gw * (gw + 1) - 1
+    mosaic = np.full((h, w), np.nan)
+    coords = np.full((h, w, 4), -1, dtype=np.int64)
+    rr, cc = np.mgrid[0:gh, 0:gw]
+    for r in range(gh):
+        for c in range(gw):
+            y, x = r * (gh + 1), c * (gw + 1)
+            mosaic[y:y + gh, x:x + gw] = result.similarity[r, c]
+            coords[y:y + gh, x:x + gw] = np.stack([np.full_like(rr, r), np.full_like(cc, c), rr, cc], -1)
+    return mosaic, coords
+
+
+def position_figure(result: PositionSimilarityResult, title: str | None = None) -> go.Figure:
+    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch."""
+    mosaic, coords = position_mosaic(result)
+    gh, gw = result.grid
+    fig = go.Figure(go.Heatmap(
+        z=mosaic[::-1], customdata=coords[::-1], colorscale="Viridis", zmin=-1, zmax=1,
+        colorbar=dict(title="cosine"),
+        hovertemplate="patch (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, %{customdata[3]})"
+                      "<br>cosine %{z:.3f}<extra></extra>",
+    ))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, scaleanchor="x")
+    note = f", E_pos resampled from {result.model_grid[0]}x{result.model_grid[1]}" if result.resized else ""
+    fig.update_layout(title=title or f"Position embedding similarity, {gh}x{gw} patches{note}",
+                      height=560, margin=dict(l=10, r=10, t=60, b=10))
+    return fig
+
+
+def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int) -> go.Figure:
+    """One tile large: cosine similarity of patch (row, col) to every patch."""
+    fig = go.Figure(go.Heatmap(z=result.similarity[row, col][::-1], colorscale="Viridis", zmin=-1, zmax=1,
+                               y=list(range(result.grid[0]))[::-1],
+                               hovertemplate="patch (%{y}, %{x})<br>cosine %{z:.3f}<extra></extra>"))
+    fig.update_yaxes(scaleanchor="x", title="row")
+    fig.update_xaxes(title="column")
+    fig.update_layout(title=f"Similarity of patch ({row}, {col}) to all patches", height=420,
+                      margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanceResult],
+                    names: Sequence[str] | None = None, units: str = "px", title: str | None = None) -> go.Figure:
+    """Fig. 7 right / Fig. 11: one dot per head at its layer, several models side by side.
+
+    Args:
+        results: one result, or several (e.g. a ViT and its hybrid) to overlay.
+        names: legend names (default: the results' model names).
+        units: "px" (input pixels) or "width" (fraction of the image width, for models whose
+            input sizes differ).
+    """
+    results = [results] if isinstance(results, AttentionDistanceResult) else list(results)
+    names = list(names) if names is not None else [r.model_name or f"model {i + 1}" for i, r in enumerate(results)]
+    fig = go.Figure()
+    offsets = np.linspace(-0.15, 0.15, len(results)) if len(results) > 1 else [0.0]
+    for i, (res, name) in enumerate(zip(results, names)):
+        values = res.mean_px if units == "px" else res.mean_fraction_of_width
+        layers, heads = np.meshgrid(np.arange(values.shape[0]), np.arange(values.shape[1]), indexing="ij")
+        fig.add_trace(go.Scatter(
+            x=layers.ravel() + 1 + offsets[i], y=values.ravel(), mode="markers", name=name,
+            marker=dict(size=7, color=PALETTE[i % len(PALETTE)], opacity=0.8),
+            customdata=np.stack([layers.ravel() + 1, heads.ravel() + 1, res.std_px.ravel()], -1),
+            hovertemplate=(f"{name}<br>layer %{{customdata[0]}}, head %{{customdata[1]}}<br>"
+                           f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
+                           "<br>std over images %{customdata[2]:.1f} px<extra></extra>"),
+        ))
+    first = results[0]
+    conv = "renormalised over patch keys" if first.renormalize else "raw weights"
+    fig.update_layout(
+        title=title or f"Mean attention distance by head ({conv}; mean over {first.n_images} images)",
+        xaxis=dict(title="Network depth (layer)", dtick=1),
+        yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
+                   rangemode="tozero"),
+        height=460, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.18),
+    )
+    return fig
+
+
+def upsample_map(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear resize of a [gh, gw] map to (H, W) for display."""
+    import torch
+    import torch.nn.functional as F
+
+    t = torch.as_tensor(np.asarray(values, dtype=np.float64))[None, None]
+    return F.interpolate(t, size=tuple(size), mode="bilinear", align_corners=False)[0, 0].numpy()
+
+
+def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, opacity: float = 0.5,
+                           colorscale: str = "Jet") -> go.Figure:
+    """A [gh, gw] map upsampled over an RGB uint8 image [H, W, 3]."""
+    h, w = image.shape[:2]
+    up = upsample_map(values, (h, w))
+    fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
+    fig.add_trace(go.Heatmap(z=up, opacity=opacity, colorscale=colorscale, zmin=0, zmax=max(float(up.max()), 1e-12),
+                             showscale=True, hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
+    fig.update_layout(title=title, height=420, margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
+    """Fig. 6: the rollout map of image ``index`` over the image (uint8 [H, W, 3])."""
+    label = ""
+    if result.predicted_labels:
+        label = f" — predicted {result.predicted_labels[index]} ({100 * result.probabilities[index]:.0f}%)"
+    elif result.predictions[index] >= 0:
+        label = f" — predicted class {result.predictions[index]} ({100 * result.probabilities[index]:.0f}%)"
+    title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
+             f"{result.source_token}){label}")
+    return heatmap_overlay_figure(image, result.maps[index], title, opacity)

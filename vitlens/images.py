@@ -1,0 +1,199 @@
+"""Images in, model-ready batches out: reading, converting any mode to RGB, preprocessing with
+the model's own data config, batching, and the sample images that ship with scikit-image.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence, Union
+
+import numpy as np
+import torch
+from PIL import Image, ImageFile
+
+from .errors import ImageLoadError, InvalidParameterError
+
+ImageLike = Union[Image.Image, str, Path, np.ndarray]
+SAMPLE_NAMES: tuple[str, ...] = ("astronaut", "coffee", "chelsea", "rocket")
+_ALPHA_BACKGROUND = (255, 255, 255)
+
+
+def _composite(img: Image.Image) -> Image.Image:
+    """Flatten transparency onto white, as an image viewer shows it on a white page."""
+    rgba = img.convert("RGBA")
+    background = Image.new("RGBA", rgba.size, _ALPHA_BACKGROUND + (255,))
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def _array_to_uint8(a: np.ndarray, what: str) -> np.ndarray:
+    """Scale an integer/float/bool array to uint8 by its dtype's natural range."""
+    if a.dtype == np.uint8:
+        return a
+    if a.dtype == np.bool_:
+        return a.astype(np.uint8) * 255
+    if a.dtype == np.uint16:
+        return np.round(a.astype(np.float64) / 257.0).astype(np.uint8)
+    if np.issubdtype(a.dtype, np.integer):
+        if a.min() < 0:
+            raise ImageLoadError(f"{what}: integer image with negative values; pass uint8 or uint16 pixels.")
+        scale = 1.0 if a.max() <= 255 else 255.0 / 65535.0
+        return np.clip(np.round(a * scale), 0, 255).astype(np.uint8)
+    if np.issubdtype(a.dtype, np.floating):
+        if not np.all(np.isfinite(a)):
+            raise ImageLoadError(f"{what}: float image with NaN/inf values.")
+        scale = 255.0 if a.max() <= 1.0 else 1.0
+        return np.clip(np.round(a * scale), 0, 255).astype(np.uint8)
+    raise ImageLoadError(f"{what}: unsupported pixel type {a.dtype}; pass uint8, uint16 or float in [0, 1].")
+
+
+def _from_array(a: np.ndarray, what: str) -> Image.Image:
+    if a.ndim == 3 and a.shape[0] in (1, 3, 4) and a.shape[-1] not in (1, 3, 4):
+        a = np.moveaxis(a, 0, -1)  # channels-first
+    if a.ndim == 3 and a.shape[-1] == 1:
+        a = a[..., 0]
+    if not (a.ndim == 2 or (a.ndim == 3 and a.shape[-1] in (3, 4))) or min(a.shape[:2]) < 1:
+        raise ImageLoadError(f"{what}: array of shape {a.shape} is not an image; expected HxW, HxWx3 or HxWx4.")
+    a = _array_to_uint8(np.ascontiguousarray(a), what)
+    if a.ndim == 2:
+        return Image.fromarray(a, "L").convert("RGB")
+    if a.shape[-1] == 4:
+        return _composite(Image.fromarray(a, "RGBA"))
+    return Image.fromarray(a, "RGB")
+
+
+def to_rgb(img: ImageLike, what: str | None = None) -> Image.Image:
+    """Any image-like -> an 8-bit RGB PIL image.
+
+    Grayscale, palette, CMYK and YCbCr are converted; alpha is composited onto white; 16-bit and
+    32-bit integer or float images are scaled by their range.
+
+    Raises:
+        ImageLoadError: unreadable, corrupt, truncated or non-image input.
+    """
+    what = what or (str(img) if isinstance(img, (str, Path)) else type(img).__name__)
+    if isinstance(img, (str, Path)):
+        path = Path(img).expanduser()
+        if not path.is_file():
+            raise ImageLoadError(f"Image file not found: {path}.")
+        try:
+            with Image.open(path) as opened:
+                opened.load()
+                img = opened.copy()
+        except Image.DecompressionBombError as e:
+            raise ImageLoadError(f"{path}: image too large to analyse safely ({e}). Downscale it first.") from e
+        except (OSError, SyntaxError, ValueError) as e:
+            raise ImageLoadError(f"Cannot read {path} as an image ({e}). Pass a PNG, JPEG, WebP, BMP or TIFF file.") from e
+    if isinstance(img, np.ndarray):
+        return _from_array(img, what)
+    if not isinstance(img, Image.Image):
+        raise ImageLoadError(f"{what}: not an image; pass PIL images, file paths or uint8 arrays.")
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info):
+        return _composite(img)
+    if img.mode.startswith("I") or img.mode == "F":
+        a = np.asarray(img)
+        if img.mode.startswith("I;16") or (img.mode == "I" and a.max() > 255):
+            a = a.astype(np.float64) / 65535.0
+        elif img.mode == "I":
+            a = a.astype(np.float64) / 255.0
+        return _from_array(a.astype(np.float64), what)
+    try:
+        return img.convert("RGB")
+    except (OSError, ValueError) as e:
+        raise ImageLoadError(f"{what}: cannot convert mode {img.mode} to RGB ({e}).") from e
+
+
+def preprocess(images: Any, data_config: dict[str, Any]) -> torch.Tensor:
+    """Images -> [B, 3, H, W] float tensor with timm's eval transform for ``data_config``."""
+    from timm.data import create_transform
+
+    cfg = {k: data_config[k] for k in ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
+           if k in data_config}
+    transform = create_transform(**cfg, is_training=False)
+    items = [images] if isinstance(images, (Image.Image, str, Path, np.ndarray)) else list(images)
+    if not items:
+        raise InvalidParameterError("No images given: pass at least one image.")
+    if isinstance(images, np.ndarray) and images.ndim == 4:
+        items = list(images)
+    tensors = [transform(to_rgb(item, what=_describe(item, i))) for i, item in enumerate(items)]
+    return torch.stack(tensors)
+
+
+def _describe(item: Any, i: int) -> str:
+    return str(item) if isinstance(item, (str, Path)) else f"image {i} ({type(item).__name__})"
+
+
+def iter_batches(images: Any, data_config: dict[str, Any], batch_size: int) -> Iterator[torch.Tensor]:
+    """Yield model-ready batches of at most ``batch_size`` images.
+
+    ``images`` may be a preprocessed tensor [B, 3, H, W] (or [3, H, W]), a sequence of PIL
+    images / paths / arrays (read batch by batch, so a long list of paths streams), or any
+    iterable yielding tensors [b, 3, H, W] (e.g. a DataLoader; ``(x, y)`` pairs are accepted).
+    """
+    if batch_size < 1:
+        raise InvalidParameterError(f"batch_size must be >= 1, got {batch_size}.")
+    if isinstance(images, torch.Tensor):
+        x = images.unsqueeze(0) if images.ndim == 3 else images
+        if x.ndim != 4 or x.shape[1] not in (1, 3):
+            raise InvalidParameterError(f"An image tensor must be [B, 3, H, W]; got shape {tuple(images.shape)}.")
+        for i in range(0, x.shape[0], batch_size):
+            yield x[i : i + batch_size]
+        return
+    if isinstance(images, (Image.Image, str, Path)) or (isinstance(images, np.ndarray) and images.ndim < 4):
+        images = [images]
+    if isinstance(images, (Sequence, np.ndarray)):
+        if len(images) == 0:
+            raise InvalidParameterError("No images given: pass at least one image.")
+        for i in range(0, len(images), batch_size):
+            chunk = images[i : i + batch_size]
+            if all(isinstance(c, torch.Tensor) for c in chunk):
+                yield torch.stack([c if c.ndim == 3 else c[0] for c in chunk])
+            else:
+                yield preprocess(list(chunk), data_config)
+        return
+    if isinstance(images, Iterable):
+        seen = False
+        for item in images:
+            if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
+                item = item[0]
+            seen = True
+            if isinstance(item, torch.Tensor):
+                yield from iter_batches(item, data_config, batch_size)
+            else:
+                yield preprocess([item], data_config)
+        if not seen:
+            raise InvalidParameterError("No images given: the iterable was empty.")
+        return
+    raise InvalidParameterError(f"Cannot read images from a {type(images).__name__}; pass a tensor, a list of "
+                                "PIL images / paths / arrays, or an iterable of tensors.")
+
+
+def sample_images(names: Sequence[str] = SAMPLE_NAMES) -> list[Image.Image]:
+    """Natural photographs shipped with scikit-image (no download), as RGB PIL images.
+
+    Each image carries its name in ``img.info["name"]``. Available: astronaut, coffee, chelsea,
+    rocket.
+    """
+    import skimage.data
+
+    out = []
+    for name in names:
+        if name not in SAMPLE_NAMES:
+            raise InvalidParameterError(f"Unknown sample image {name!r}; choose from {', '.join(SAMPLE_NAMES)}.")
+        img = Image.fromarray(getattr(skimage.data, name)()).convert("RGB")
+        img.info["name"] = name
+        out.append(img)
+    return out
+
+
+def display_image(x: torch.Tensor, data_config: dict[str, Any]) -> np.ndarray:
+    """Undo the normalisation of one preprocessed image [3, H, W] -> uint8 [H, W, 3] for overlays."""
+    mean = torch.tensor(data_config.get("mean", (0.0, 0.0, 0.0)), dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(data_config.get("std", (1.0, 1.0, 1.0)), dtype=torch.float32).view(-1, 1, 1)
+    img = (x.detach().float().cpu() * std + mean).clamp(0, 1)
+    if img.shape[0] == 1:
+        img = img.expand(3, -1, -1)
+    return (img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False

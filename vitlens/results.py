@@ -1,0 +1,143 @@
+"""Result objects: small dataclasses of numpy arrays plus metadata, saved to JSON or npz and back.
+
+Compute once, plot from the result (the scikit-learn ``Display`` habit): every view returns
+one of these, figure builders take them, reports store them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from .errors import InvalidParameterError
+
+T = TypeVar("T", bound="Result")
+_REGISTRY: dict[str, type["Result"]] = {}
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: never a half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Result):
+        return {"__result__": _encode(value.to_dict())}
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"]).reshape(value["shape"])
+        if "__result__" in value:
+            return Result.from_dict(_decode(value["__result__"]))
+        if "__tuple__" in value:
+            return tuple(_decode(v) for v in value["__tuple__"])
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+class Result:
+    """Mixin for the dataclass results of the views: save/load, equality of arrays."""
+
+    kind: ClassVar[str] = "result"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _REGISTRY[cls.kind] = cls
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data dict (arrays stay numpy) of every field, with the result kind."""
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+    def to_json(self) -> str:
+        return json.dumps(_encode(self.to_dict()))
+
+    def save(self, path: str | Path) -> Path:
+        """Save to ``.json`` (arrays as nested lists) or ``.npz`` (arrays binary), atomically."""
+        path = Path(path)
+        if path.suffix == ".json":
+            atomic_write_bytes(path, self.to_json().encode())
+        elif path.suffix == ".npz":
+            d = self.to_dict()
+            arrays = {k: v for k, v in d.items() if isinstance(v, np.ndarray)}
+            meta = {k: v for k, v in d.items() if not isinstance(v, np.ndarray)}
+            buf = io.BytesIO()
+            np.savez_compressed(buf, __meta__=np.asarray(json.dumps(_encode(meta))), **arrays)
+            atomic_write_bytes(path, buf.getvalue())
+        else:
+            raise InvalidParameterError(f"Save results as .json or .npz, not {path.suffix or 'no suffix'!r}.")
+        return path
+
+    @classmethod
+    def from_dict(cls: type[T], d: dict[str, Any]) -> T:
+        d = dict(d)
+        kind = d.pop("kind", cls.kind)
+        target = _REGISTRY.get(kind, cls)
+        if cls is not Result and not issubclass(target, cls):
+            raise InvalidParameterError(f"This file holds a {kind!r} result, not {cls.kind!r}.")
+        names = {f.name for f in dataclasses.fields(target)}
+        return target(**{k: v for k, v in d.items() if k in names})  # type: ignore[return-value]
+
+    @classmethod
+    def load(cls: type[T], path: str | Path) -> T:
+        """Load a result saved by ``save`` (the file says which kind of result it is)."""
+        path = Path(path)
+        if path.suffix == ".json":
+            return cls.from_dict(_decode(json.loads(path.read_text())))
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as data:
+                d = _decode(json.loads(str(data["__meta__"])))
+                d.update({k: data[k] for k in data.files if k != "__meta__"})
+            return cls.from_dict(d)
+        raise InvalidParameterError(f"Load results from .json or .npz, not {path.suffix or 'no suffix'!r}.")
+
+    def equals(self, other: object, rtol: float = 0.0, atol: float = 0.0) -> bool:
+        """Field-by-field equality; arrays compared with ``np.allclose(rtol, atol)`` (exact by default)."""
+        if type(other) is not type(self):
+            return False
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                a, b = np.asarray(a), np.asarray(b)
+                if a.shape != b.shape or not np.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
+                    return False
+            elif isinstance(a, Result):
+                if not a.equals(b, rtol=rtol, atol=atol):
+                    return False
+            elif _encode(a) != _encode(b):
+                return False
+        return True
+
+
+def load_result(path: str | Path) -> Result:
+    """Load any saved vitlens result."""
+    return Result.load(path)

@@ -1,0 +1,103 @@
+"""View 2, paper Fig. 7 (centre) and Fig. 10: cosine similarity of position embeddings.
+
+Tile (r, c) of the figure is the similarity of patch (r, c)'s embedding to every patch's:
+``similarity[r, c]`` is a [gh, gw] map. Prefix rows of E_pos are dropped; a model can be
+viewed at another grid by resampling E_pos on its 2D grid first (bicubic, as timm does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import InvalidParameterError, ViewNotAvailableError
+from ..model import LoadedModel
+from ..results import Result
+
+
+@dataclass(eq=False)
+class PositionSimilarityResult(Result):
+    """Cosine similarity between the position embeddings of all pairs of patches.
+
+    Attributes:
+        similarity: [gh, gw, gh, gw]; ``similarity[r, c, r2, c2]`` = cos(E_pos[r, c], E_pos[r2, c2]).
+        grid: (gh, gw) of ``similarity``.
+        model_grid: the grid E_pos was learned at.
+        resized: whether E_pos was resampled to ``grid`` first.
+        model_name: the model's name.
+    """
+
+    kind = "position_similarity"
+    similarity: np.ndarray
+    grid: tuple[int, int]
+    model_grid: tuple[int, int]
+    resized: bool
+    model_name: str = ""
+
+
+def patch_position_embeddings(m: LoadedModel, grid: tuple[int, int] | None = None) -> torch.Tensor:
+    """E_pos rows of the patch tokens, [gh * gw, D] in float64, optionally resampled to ``grid``."""
+    spec = m.spec
+    pos = getattr(m.model, "pos_embed", None)
+    if pos is None:
+        raise ViewNotAvailableError(
+            f"Position similarity is not available for {spec.name}: it has no learned absolute position "
+            "embedding (pos_embed is None).")
+    rows = pos.detach()[:, spec.pos_embed_prefix:].float().cpu()
+    if grid is not None and tuple(grid) != spec.grid:
+        from timm.layers import resample_abs_pos_embed
+
+        rows = resample_abs_pos_embed(rows, new_size=list(grid), old_size=list(spec.grid), num_prefix_tokens=0,
+                                      interpolation="bicubic", antialias=True)
+    return rows[0].to(torch.float64)
+
+
+def cosine_similarity_matrix(x: torch.Tensor) -> torch.Tensor:
+    """[N, D] -> [N, N] cosine similarities in float64 (zero vectors give 0)."""
+    x = x.to(torch.float64)
+    unit = x / x.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    return unit @ unit.T
+
+
+def position_similarity(m: LoadedModel, grid: tuple[int, int] | None = None) -> PositionSimilarityResult:
+    """Cosine similarity of patch position embeddings (paper Fig. 7 centre, Fig. 10).
+
+    Args:
+        m: the model; must have a learned absolute E_pos.
+        grid: (gh, gw) to resample E_pos to before comparing (None: the model's own grid).
+    """
+    if grid is not None:
+        if len(grid) != 2 or min(grid) < 1:
+            raise InvalidParameterError(f"grid must be two positive integers (rows, cols); got {grid}.")
+        grid = (int(grid[0]), int(grid[1]))
+    target = grid or m.spec.grid
+    sim = cosine_similarity_matrix(patch_position_embeddings(m, grid))
+    return PositionSimilarityResult(
+        similarity=sim.reshape(*target, *target).numpy(),
+        grid=target,
+        model_grid=m.spec.grid,
+        resized=target != m.spec.grid,
+        model_name=m.spec.name,
+    )
+
+
+def neighbour_similarity(result: PositionSimilarityResult) -> dict[str, float]:
+    """Summary of 2D structure: mean cosine to the 4 neighbours, to patches >= 3 cells away
+    (Chebyshev), and, at city-block distance 2, same-row/column patches (2 cells along an axis)
+    vs off-axis ones (one diagonal step, which is nearer in the plane)."""
+    gh, gw = result.grid
+    s = result.similarity.reshape(gh * gw, gh * gw)
+    rr, cc = np.divmod(np.arange(gh * gw), gw)
+    dr = np.abs(rr[:, None] - rr[None, :])
+    dc = np.abs(cc[:, None] - cc[None, :])
+    neighbours = s[dr + dc == 1]
+    far = s[np.maximum(dr, dc) >= 3]
+    axis2 = s[(dr + dc == 2) & ((dr == 0) | (dc == 0))]
+    diag2 = s[(dr == 1) & (dc == 1)]
+    return {
+        "neighbours": float(neighbours.mean()) if neighbours.size else float("nan"),
+        "far_ge3": float(far.mean()) if far.size else float("nan"),
+        "same_row_col_d2": float(axis2.mean()) if axis2.size else float("nan"),
+        "off_axis_d2": float(diag2.mean()) if diag2.size else float("nan"),
+    }
