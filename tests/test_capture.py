@@ -1,0 +1,138 @@
+"""Capture is exact and invisible: attention equals timm's own non-fused computation, and the
+model's outputs are bit-for-bit those of a run without capture."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import vitlens as vl
+from conftest import get_model
+
+ARCHS = [
+    ("vit_tiny_patch16_224", {}),
+    ("vit_small_patch16_224", {}),
+    ("vit_base_patch16_224", {}),
+    ("deit_tiny_distilled_patch16_224", {}),  # class + distillation token
+    ("vit_small_patch14_reg4_dinov2", {"img_size": 112}),  # 4 registers, no_embed_class
+    ("vit_little_patch16_reg4_gap_256", {"img_size": 128}),  # registers, no class token, GAP
+    ("vit_base_patch16_siglip_224", {"img_size": 96}),  # no class token, MAP head
+    ("vit_tiny_r_s16_p8_224", {}),  # hybrid
+    ("vit_base_r50_s16_224", {"img_size": 128}),  # R50 hybrid
+    ("vit_tiny_patch16_224", {"img_size": (160, 224)}),  # non-square
+    ("vit_tiny_patch16_224", {"qk_norm": True}),  # q/k LayerNorm
+]
+
+
+def reference_attention(model: torch.nn.Module, x: torch.Tensor, **forward_kwargs) -> tuple[list, torch.Tensor]:
+    """timm's non-fused path on a copy of the model: the input of attn_drop is softmax(q k^T s + mask)."""
+    ref = copy.deepcopy(model)
+    maps: list[torch.Tensor] = []
+    for block in ref.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda _m, inp, _out: maps.append(inp[0].detach().clone()))
+    with torch.no_grad():
+        out = ref.forward_features(x, **forward_kwargs) if forward_kwargs else ref(x)
+    return maps, out
+
+
+@pytest.mark.parametrize("name,kwargs", ARCHS, ids=[f"{n}{'-' + str(k) if k else ''}" for n, k in ARCHS])
+def test_capture_equals_non_fused_path_and_keeps_logits_identical(name, kwargs):
+    m = get_model(name, **kwargs)
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = m.model(x)
+        with vl.capture_attention(m) as cap:
+            captured = m.model(x)
+    assert torch.equal(plain, captured), "capture changed the model's output"
+    ref_maps, _ = reference_attention(m.model, x)
+    assert len(cap.maps) == len(ref_maps) == m.spec.num_layers
+    t = m.spec.num_prefix_tokens + m.spec.grid[0] * m.spec.grid[1]
+    for got, want in zip(cap.maps, ref_maps):
+        assert got.shape == (2, m.spec.num_heads, t, t)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # the attention is a distribution over keys for every query
+    torch.testing.assert_close(cap.maps[-1].sum(-1), torch.ones(2, m.spec.num_heads, t), atol=1e-5, rtol=0)
+
+
+def test_dynamic_img_size_model_at_a_second_resolution():
+    m = get_model("vit_tiny_patch16_224", dynamic_img_size=True)
+    x = torch.randn(1, 3, 160, 256, generator=torch.Generator().manual_seed(1))
+    assert m.grid_for((160, 256)) == (10, 16)
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        m.model(x)
+    ref_maps, _ = reference_attention(m.model, x)
+    assert cap.maps[0].shape[-1] == 1 + 10 * 16
+    for got, want in zip(cap.maps, ref_maps):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    d = vl.attention_distance(m, x)
+    assert d.grid == (10, 16) and d.image_size == (160, 256)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_attention_masks_are_applied_like_timm(mask_kind, tiny):
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    t = 197
+    keep = torch.ones(t, t, dtype=torch.bool)
+    keep[:, 150:] = False  # hide the last patches as keys
+    mask = keep if mask_kind == "bool" else torch.zeros(t, t).masked_fill(~keep, float("-inf"))
+    with torch.no_grad():
+        plain = tiny.model.forward_features(x, attn_mask=mask)
+        with vl.capture_attention(tiny) as cap:
+            captured = tiny.model.forward_features(x, attn_mask=mask)
+    assert torch.equal(plain, captured)
+    ref_maps, _ = reference_attention(tiny.model, x, attn_mask=mask)
+    for got, want in zip(cap.maps, ref_maps):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+        assert got[..., 150:].abs().max() == 0
+
+
+def test_consumers_stream_each_block_in_order_without_storing(tiny):
+    seen: list[tuple[int, tuple]] = []
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad(), vl.capture_attention(tiny, store=False, consumers=[lambda l, a: seen.append((l, a.shape))]) as cap:
+        tiny.model(x)
+    assert [layer for layer, _ in seen] == list(range(12))
+    assert cap.maps == []
+
+
+def test_hooks_are_removed_after_the_context(tiny):
+    before = [(len(b.attn._forward_pre_hooks), len(b.attn.q_norm._forward_hooks), len(b.attn.k_norm._forward_hooks))
+              for b in tiny.model.blocks]
+    with vl.capture_attention(tiny):
+        pass
+    after = [(len(b.attn._forward_pre_hooks), len(b.attn.q_norm._forward_hooks), len(b.attn.k_norm._forward_hooks))
+             for b in tiny.model.blocks]
+    assert before == after
+
+
+def test_bf16_autocast_keeps_attention_in_float32():
+    m = get_model("vit_tiny_patch16_224")
+    m16 = vl.LoadedModel(model=m.model, spec=m.spec, device=m.device, dtype=torch.bfloat16, data_config=m.data_config)
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), vl.capture_attention(m16) as cap:
+        m16.logits(x)
+    with torch.no_grad(), vl.capture_attention(m) as cap32:
+        m.logits(x)
+    assert all(a.dtype == torch.float32 for a in cap.maps)
+    # bf16 queries/keys move the probabilities a little, not the picture
+    assert max((a - b).abs().max().item() for a, b in zip(cap.maps, cap32.maps)) < 0.05
+    d16 = vl.attention_distance(m16, x)
+    d32 = vl.attention_distance(m, x)
+    assert d16.mean_px.dtype == "float64"
+    assert abs(d16.mean_px - d32.mean_px).max() < 2.0
+
+
+@pytest.mark.parametrize("name", ["beit_base_patch16_224", "eva02_tiny_patch14_224", "vit_relpos_small_patch16_224"])
+def test_relative_bias_and_rope_models_are_refused_by_name(name):
+    with pytest.raises(vl.UnsupportedModelError, match="relative-position bias|rotary"):
+        vl.load_model(name, pretrained=False)
+
+
+def test_capture_refuses_a_raw_unsupported_module():
+    import timm
+
+    beit = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=32, depth=1)
+    with pytest.raises(vl.UnsupportedModelError, match="relative-position bias"):
+        vl.capture_attention(beit)
