@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Install (if needed) and start the app on http://localhost:8501 (offline: embedded models by default).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m streamlit run app.py "$@"
