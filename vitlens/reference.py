@@ -1,0 +1,108 @@
+"""The embedded reference pair: a small plain ViT and its hybrid, trained on ``vitlens.shapes``.
+
+Both use timm's own ``VisionTransformer`` (so every view applies unchanged) with the same
+transformer (width 128, depth 6, 8 heads) and the same 8x8 token grid on 64x64 images:
+
+- ``ref-vit``: 8x8-pixel patches embedded by a linear projection (paper Eq. 1);
+- ``ref-hybrid``: a small residual CNN of total stride 8 whose feature map gives 1x1 tokens,
+  as in the paper's R50+ViT hybrid (section 3.1, "Hybrid Architecture").
+
+Weights are trained by ``analyses/train_reference.py`` and shipped as safetensors.
+"""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .shapes import CLASSES, IMAGE_SIZE
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+REFERENCE_NAMES: tuple[str, ...] = ("ref-vit", "ref-hybrid")
+EMBED_DIM, DEPTH, NUM_HEADS, PATCH = 128, 6, 8, 8
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block (two 3x3 convs) with a strided projection shortcut."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return self.act(y + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """Residual CNN of total stride 8: a 5x5 stride-2 stem, then two strided basic blocks.
+
+    The stem convolution (48 filters of 5x5x3) is the hybrid's pixel-space filter bank, the
+    analogue of R50's 7x7 stem that the filter-PCA view shows for hybrids.
+    """
+
+    def __init__(self, width: int = 48, out_channels: int = 128) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 5, 2, 2, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
+        )
+        self.stage1 = _BasicBlock(width, 64, 2)
+        self.stage2 = _BasicBlock(64, out_channels, 2)
+        self.num_features = out_channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stage2(self.stage1(self.stem(x)))
+
+
+def _pretrained_cfg(name: str) -> dict:
+    return {
+        "architecture": name,
+        "input_size": (3, IMAGE_SIZE, IMAGE_SIZE),
+        "mean": (0.5, 0.5, 0.5),
+        "std": (0.5, 0.5, 0.5),
+        "crop_pct": 1.0,
+        "crop_mode": "center",
+        "interpolation": "bilinear",
+        "num_classes": len(CLASSES),
+        "label_names": list(CLASSES),
+    }
+
+
+def build_reference(name: str) -> nn.Module:
+    """Build ``ref-vit`` or ``ref-hybrid`` with random weights (timm ``VisionTransformer``)."""
+    from timm.layers import HybridEmbed
+    from timm.models.vision_transformer import VisionTransformer
+
+    if name not in REFERENCE_NAMES:
+        raise ValueError(f"unknown reference model {name!r}; expected one of {REFERENCE_NAMES}")
+    common = dict(
+        img_size=IMAGE_SIZE,
+        embed_dim=EMBED_DIM,
+        depth=DEPTH,
+        num_heads=NUM_HEADS,
+        mlp_ratio=4.0,
+        num_classes=len(CLASSES),
+        global_pool="token",
+        class_token=True,
+    )
+    if name == "ref-vit":
+        model = VisionTransformer(patch_size=PATCH, **common)
+    else:
+        embed = partial(HybridEmbed, backbone=SmallResNet())
+        model = VisionTransformer(patch_size=1, embed_layer=embed, **common)
+    model.pretrained_cfg = _pretrained_cfg(name)
+    model.default_cfg = model.pretrained_cfg
+    return model
+
+
+def weights_path(name: str) -> Path:
+    """Where the committed safetensors file of reference model ``name`` lives."""
+    return WEIGHTS_DIR / f"{name}.safetensors"
