@@ -4,16 +4,14 @@ Run: streamlit run app.py
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import streamlit as st
 
-os.environ.setdefault("HF_HUB_OFFLINE", "0")
-
 import vitlens as vl  # noqa: E402
 from vitlens import figures  # noqa: E402
-from vitlens.images import display_image  # noqa: E402
+from vitlens.images import SAMPLE_NAMES, display_image  # noqa: E402
+from vitlens.reference import weights_path  # noqa: E402
 
 _LOCK = threading.Lock()  # one heavy computation at a time: two tabs must not thrash 2 cores
 
@@ -33,11 +31,11 @@ st.set_page_config(page_title="vitlens", layout="wide")
 st.title("vitlens")
 st.caption("The interpretability views of *An Image is Worth 16x16 Words* (ICLR 2021, section 4.5) for timm ViTs.")
 
-default = "ref-vit" if (vl.reference.weights_path("ref-vit")).is_file() else "vit_tiny_patch16_224"
+default = "ref-vit" if weights_path("ref-vit").is_file() else "vit_tiny_patch16_224"
 with st.sidebar:
     name = st.text_input("Model (reference name, preset or timm name)", value=default)
     pretrained = st.checkbox("Pretrained hub weights", value=not name.startswith("ref-") and name != default)
-    images = st.multiselect("Sample images", list(vl.images.SAMPLE_NAMES), default=list(vl.images.SAMPLE_NAMES)[:2])
+    images = st.multiselect("Sample images", list(SAMPLE_NAMES), default=list(SAMPLE_NAMES)[:2])
 
 try:
     m = get_model(name, pretrained)
