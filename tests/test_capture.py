@@ -136,3 +136,36 @@ def test_capture_refuses_a_raw_unsupported_module():
     beit = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=32, depth=1)
     with pytest.raises(vl.UnsupportedModelError, match="relative-position bias"):
         vl.capture_attention(beit)
+
+
+def test_inline_mode_captures_the_maps_the_output_uses_and_restores_fusion():
+    m = get_model("deit_tiny_distilled_patch16_224")
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(4))
+    fused_before = [b.attn.fused_attn for b in m.model.blocks]
+    with torch.no_grad(), vl.capture_attention(m, mode="inline") as cap:
+        out = m.model(x)
+    assert [b.attn.fused_attn for b in m.model.blocks] == fused_before
+    ref_maps, ref_out = reference_attention(m.model, x)
+    assert torch.equal(out, ref_out)  # timm's non-fused path, exactly
+    for got, want in zip(cap.maps, ref_maps):
+        assert torch.equal(got, want)
+    with torch.no_grad():
+        torch.testing.assert_close(out, m.model(x), atol=1e-4, rtol=1e-4)  # fused run: float rounding only
+
+
+def test_inline_mode_without_detach_keeps_maps_in_the_graph():
+    m = get_model("vit_tiny_patch16_224")
+    # the weights are frozen, so the graph runs through the input, as in gradient attribution methods
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5)).requires_grad_(True)
+    with vl.capture_attention(m, mode="inline", detach=False) as cap:
+        logits = m.model(x)
+    grads = torch.autograd.grad(logits[0, 3], cap.maps)
+    assert all(g is not None and g.shape == a.shape for g, a in zip(grads, cap.maps))
+    assert grads[-1].abs().sum() > 0
+
+
+def test_capture_parameters_are_validated(tiny):
+    with pytest.raises(vl.InvalidParameterError, match="mode"):
+        vl.capture_attention(tiny, mode="fast")
+    with pytest.raises(vl.InvalidParameterError, match="inline"):
+        vl.capture_attention(tiny, detach=False)
