@@ -75,16 +75,19 @@ def test_model_without_learned_position_embedding_is_not_available():
 
 
 def test_neighbour_summary_on_a_known_structure():
-    # similarity = exp(-city-block distance): neighbours e^-1, (2,0) and (1,1) both e^-2
-    gh = gw = 5
+    # similarity = exp(-city-block distance): neighbours e^-1; (0,2) e^-2 against (1,2) e^-3;
+    # (0,3) e^-3 against (2,2) e^-4 and (1,3) e^-4
     rr, cc = np.divmod(np.arange(25), 5)
     d = np.abs(rr[:, None] - rr[None]) + np.abs(cc[:, None] - cc[None])
-    res = vl.PositionSimilarityResult(similarity=np.exp(-d).reshape(gh, gw, gh, gw), grid=(5, 5), model_grid=(5, 5),
+    res = vl.PositionSimilarityResult(similarity=np.exp(-d).reshape(5, 5, 5, 5), grid=(5, 5), model_grid=(5, 5),
                                       resized=False)
     summary = neighbour_similarity(res)
     assert summary["neighbours"] == pytest.approx(np.exp(-1))
     assert summary["same_row_col_d2"] == pytest.approx(np.exp(-2))
-    assert summary["off_axis_d2"] == pytest.approx(np.exp(-2))
+    assert summary["off_axis_d2"] == pytest.approx(np.exp(-3))
+    assert summary["same_row_col_d3"] == pytest.approx(np.exp(-3))
+    assert summary["off_axis_d3"] == pytest.approx(np.exp(-4))
+    assert summary["far_ge3"] < summary["same_row_col_d2"]
 
 
 def test_filter_pca_of_rank_one_filters_finds_that_filter():

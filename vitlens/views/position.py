@@ -83,21 +83,28 @@ def position_similarity(m: LoadedModel, grid: tuple[int, int] | None = None) -> 
 
 
 def neighbour_similarity(result: PositionSimilarityResult) -> dict[str, float]:
-    """Summary of 2D structure: mean cosine to the 4 neighbours, to patches >= 3 cells away
-    (Chebyshev), and, at city-block distance 2, same-row/column patches (2 cells along an axis)
-    vs off-axis ones (one diagonal step, which is nearer in the plane)."""
+    """Summary of 2D structure (paper Fig. 7 centre).
+
+    - ``neighbours`` / ``far_ge3``: mean cosine to the 4 neighbours / to patches at least 3 cells
+      away along some axis (Chebyshev distance >= 3);
+    - ``same_row_col_dK`` / ``off_axis_dK`` for K = 2, 3: patches K cells away in the same row or
+      column, against patches in other rows and columns whose Euclidean distance rounds to K
+      (e.g. (1, 2) and (2, 2) cells away for K = 2, 3). Row/column structure shows as the first
+      exceeding the second.
+    """
     gh, gw = result.grid
     s = result.similarity.reshape(gh * gw, gh * gw)
     rr, cc = np.divmod(np.arange(gh * gw), gw)
     dr = np.abs(rr[:, None] - rr[None, :])
     dc = np.abs(cc[:, None] - cc[None, :])
-    neighbours = s[dr + dc == 1]
-    far = s[np.maximum(dr, dc) >= 3]
-    axis2 = s[(dr + dc == 2) & ((dr == 0) | (dc == 0))]
-    diag2 = s[(dr == 1) & (dc == 1)]
-    return {
-        "neighbours": float(neighbours.mean()) if neighbours.size else float("nan"),
-        "far_ge3": float(far.mean()) if far.size else float("nan"),
-        "same_row_col_d2": float(axis2.mean()) if axis2.size else float("nan"),
-        "off_axis_d2": float(diag2.mean()) if diag2.size else float("nan"),
-    }
+    rounded = np.rint(np.sqrt(dr**2 + dc**2))
+    on_axis = (dr == 0) | (dc == 0)
+
+    def mean(sel: np.ndarray) -> float:
+        return float(s[sel].mean()) if sel.any() else float("nan")
+
+    out = {"neighbours": mean(dr + dc == 1), "far_ge3": mean(np.maximum(dr, dc) >= 3)}
+    for k in (2, 3):
+        out[f"same_row_col_d{k}"] = mean(on_axis & (np.maximum(dr, dc) == k))
+        out[f"off_axis_d{k}"] = mean(~on_axis & (rounded == k))
+    return out
