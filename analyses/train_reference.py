@@ -62,7 +62,8 @@ def evaluate(model: torch.nn.Module, n: int = 2048) -> float:
     return correct / n
 
 
-def train_one(name: str, steps: int, state_dir: Path, out_dir: Path, save_every: int, lr: float) -> dict:
+def train_one(name: str, steps: int, state_dir: Path, out_dir: Path, save_every: int, lr: float,
+              eval_n: int = 2048) -> dict:
     torch.manual_seed(0)
     model = build_reference(name)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
@@ -107,16 +108,16 @@ def train_one(name: str, steps: int, state_dir: Path, out_dir: Path, save_every:
             tmp.replace(state_file)
             if step % (save_every * 4) == 0 or step == steps:
                 print(f"[{name}] step {step} loss {np.mean(losses[-100:]):.3f} "
-                      f"held-out acc {evaluate(model, 512):.3f}", flush=True)
+                      f"held-out acc {evaluate(model, min(512, eval_n)):.3f}", flush=True)
     bar.close()
     elapsed += time.time() - t0
-    acc = evaluate(model)
+    acc = evaluate(model, eval_n)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
     tmp = out_dir / f"{name}.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"name": name, "steps": str(steps), "batch": str(BATCH)})
     tmp.replace(out_dir / f"{name}.safetensors")
-    info = {"name": name, "steps": steps, "images_seen": steps * BATCH, "held_out_acc_2048": acc,
+    info = {"name": name, "steps": steps, "images_seen": steps * BATCH, "held_out_acc": acc, "eval_n": eval_n,
             "train_seconds": round(elapsed, 1), "threads": torch.get_num_threads()}
     print(json.dumps(info), flush=True)
     return info
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=7e-4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--save-every", type=int, default=100)
+    p.add_argument("--eval-n", type=int, default=2048, help="held-out images for the final accuracy")
     p.add_argument("--state-dir", type=Path, default=Path("runs/reference"))
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "vitlens" / "weights")
     args = p.parse_args(argv)
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models:
         steps = args.steps_vit if name == "ref-vit" else args.steps_hybrid
-        results.append(train_one(name, steps, args.state_dir, args.out, args.save_every, args.lr))
+        results.append(train_one(name, steps, args.state_dir, args.out, args.save_every, args.lr, args.eval_n))
+    args.state_dir.mkdir(parents=True, exist_ok=True)
     (args.state_dir / "train_summary.json").write_text(json.dumps(results, indent=2))
     return 0
 

@@ -1,0 +1,38 @@
+"""Measurements on labelled, masked images (e.g. ``vitlens.shapes``): accuracy, and how much of
+the rollout map (paper Fig. 6) falls on the object."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .analyze import attention_rollout
+from .images import iter_batches
+from .metrics import MaskScores, mask_scores
+from .model import LoadedModel
+
+
+def accuracy(m: LoadedModel, images: Any, labels: np.ndarray, batch_size: int = 256) -> float:
+    """Top-1 accuracy of the model's predictions."""
+    preds = []
+    for x in iter_batches(images, m.data_config, batch_size):
+        preds.append(m.logits(x).argmax(-1).cpu().numpy())
+    return float((np.concatenate(preds) == np.asarray(labels)).mean())
+
+
+def rollout_mask_scores(m: LoadedModel, images: Any, masks: np.ndarray, batch_size: int = 128,
+                        **rollout_kwargs: Any) -> MaskScores:
+    """Mass-in-mask and pointing game of the rollout maps of ``images`` against object ``masks``."""
+    r = attention_rollout(m, images, batch_size=batch_size, **rollout_kwargs)
+    return mask_scores(r.maps, np.asarray(masks, dtype=bool))
+
+
+@torch.no_grad()
+def confusion(m: LoadedModel, images: Any, labels: np.ndarray, num_classes: int, batch_size: int = 256) -> np.ndarray:
+    """[true, predicted] counts."""
+    preds = np.concatenate([m.logits(x).argmax(-1).cpu().numpy() for x in iter_batches(images, m.data_config,
+                                                                                        batch_size)])
+    out = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(out, (np.asarray(labels), preds), 1)
+    return out

@@ -1,0 +1,74 @@
+"""Does a map point at the object? Mass inside an object mask and the pointing game, for any
+[gh, gw] map on the patch grid (rollout, paper Fig. 6, or an attribution map).
+
+A map has one value per patch token, so each patch's value is spread evenly over its pixels:
+the mask is reduced to the share of each patch's pixels that lie on the object, and nothing
+depends on how a figure interpolates the map for display.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidParameterError
+
+
+def patch_coverage(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """Share of each patch's pixels inside ``mask``: bool [H, W] -> float64 [gh, gw].
+
+    H and W must be multiples of the grid (the model's input size and token grid).
+    """
+    h, w = mask.shape
+    gh, gw = grid
+    if h % gh or w % gw:
+        raise InvalidParameterError(f"A mask of {h}x{w} pixels does not tile a {gh}x{gw} grid evenly; "
+                                    "resize the mask to the model's input size first.")
+    return mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class MaskScores:
+    """Agreement of a batch of maps with object masks.
+
+    Attributes:
+        mass_in_mask: [B] share of each map's (non-negative) mass on object pixels.
+        area_share: [B] share of the image's pixels on the object.
+        ratio: [B] mass_in_mask / area_share (1 = no better than uniform).
+        pointing_hit: [B] whether the map's top patch overlaps the object.
+    """
+
+    mass_in_mask: np.ndarray
+    area_share: np.ndarray
+    ratio: np.ndarray
+    pointing_hit: np.ndarray
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "n": int(len(self.ratio)),
+            "mass_in_mask": float(self.mass_in_mask.mean()),
+            "area_share": float(self.area_share.mean()),
+            "ratio_mean": float(self.ratio.mean()),
+            "ratio_median": float(np.median(self.ratio)),
+            "share_above_area": float((self.ratio > 1).mean()),
+            "pointing_game": float(self.pointing_hit.mean()),
+        }
+
+
+def mask_scores(maps: np.ndarray, masks: np.ndarray) -> MaskScores:
+    """Score maps [B, gh, gw] against bool masks [B, H, W] (images with empty masks are skipped).
+
+    Negative values (signed attributions) are clipped to 0 before measuring mass.
+    """
+    if maps.ndim != 3 or masks.ndim != 3 or len(maps) != len(masks):
+        raise InvalidParameterError(f"Need maps [B, gh, gw] and masks [B, H, W] of the same B; got {maps.shape} "
+                                    f"and {masks.shape}.")
+    keep = masks.reshape(len(masks), -1).any(axis=1)
+    maps, masks = np.clip(maps[keep].astype(np.float64), 0, None), masks[keep]
+    cover = np.stack([patch_coverage(m, maps.shape[1:]) for m in masks])
+    total = maps.reshape(len(maps), -1).sum(1)
+    mass = (maps * cover).reshape(len(maps), -1).sum(1) / np.where(total > 0, total, 1.0)
+    area = masks.reshape(len(masks), -1).mean(1)
+    top = maps.reshape(len(maps), -1).argmax(1)
+    hit = cover.reshape(len(cover), -1)[np.arange(len(cover)), top] > 0
+    return MaskScores(mass_in_mask=mass, area_share=area, ratio=mass / area, pointing_hit=hit)
