@@ -125,6 +125,18 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
                            f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
                            "<br>std over images %{customdata[2]:.1f} px<extra></extra>"),
         ))
+    from .views.distance import token_distance_matrix
+
+    labelled: list[float] = []
+    for i, res in enumerate(results):  # what every head would show if it attended uniformly
+        uniform = float(token_distance_matrix(res.grid, res.stride_px).mean())
+        if units != "px":
+            uniform /= res.image_size[1]
+        # one label per distinct level, so coinciding lines do not print over each other
+        text = None if any(abs(uniform - u) < 0.03 * max(u, 1e-9) for u in labelled) else "uniform attention"
+        labelled.append(uniform)
+        fig.add_hline(y=uniform, line=dict(dash="dot", width=1, color=PALETTE[i % len(PALETTE)]),
+                      annotation_text=text, annotation_position="bottom right")
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
     fig.update_layout(
@@ -170,3 +182,42 @@ def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opa
     title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
              f"{result.source_token}){label}")
     return heatmap_overlay_figure(image, result.maps[index], title, opacity)
+
+
+def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,
+                        columns: int = 4) -> go.Figure:
+    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale."""
+    cols = min(columns, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[p[2] for p in panels], horizontal_spacing=0.02,
+                        vertical_spacing=0.08)
+    for i, (image, values, _caption) in enumerate(panels):
+        r, c = i // cols + 1, i % cols + 1
+        up = upsample_map(values, image.shape[:2])
+        fig.add_trace(go.Image(z=image, hoverinfo="skip"), row=r, col=c)
+        fig.add_trace(go.Heatmap(z=up, opacity=opacity, coloraxis="coloraxis",
+                                 hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"), row=r, col=c)
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    for i in range(len(panels)):
+        fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
+    fig.update_layout(title=title, coloraxis=dict(colorscale="Jet", cmin=0, cmax=1), height=300 * rows + 80,
+                      margin=dict(l=10, r=10, t=80, b=10))
+    fig.update_annotations(font_size=12)
+    return fig
+
+
+def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opacity: float = 0.5) -> go.Figure:
+    """Fig. 6 for several images: rollout over each of ``images`` (result rows 0..n-1)."""
+    panels = []
+    for i, image in enumerate(images):
+        if result.predicted_labels:
+            caption = f"{result.predicted_labels[i]} ({100 * result.probabilities[i]:.0f}%)"
+        elif result.predictions[i] >= 0:
+            caption = f"class {result.predictions[i]} ({100 * result.probabilities[i]:.0f}%)"
+        else:
+            caption = f"image {i + 1}"
+        panels.append((image, result.maps[i], caption))
+    title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
+             f"{result.source_token})")
+    return overlay_grid_figure(panels, title, opacity)

@@ -19,6 +19,8 @@ from .errors import InvalidParameterError
 
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
+# result kinds defined in modules that ``import vitlens`` does not load
+_LAZY_KINDS = {"report": "vitlens.report", "comparison": "vitlens.report"}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -29,10 +31,19 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        # mkstemp creates 0600; give the file the mode a plain open() would (or the old file's)
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_current_umask()
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _encode(value: Any) -> Any:
@@ -101,7 +112,13 @@ class Result:
     def from_dict(cls: type[T], d: dict[str, Any]) -> T:
         d = dict(d)
         kind = d.pop("kind", cls.kind)
-        target = _REGISTRY.get(kind, cls)
+        if kind not in _REGISTRY and kind in _LAZY_KINDS:
+            import importlib
+
+            importlib.import_module(_LAZY_KINDS[kind])
+        if kind not in _REGISTRY:
+            raise InvalidParameterError(f"Unknown result kind {kind!r}: not a file written by vitlens.")
+        target = _REGISTRY[kind]
         if cls is not Result and not issubclass(target, cls):
             raise InvalidParameterError(f"This file holds a {kind!r} result, not {cls.kind!r}.")
         names = {f.name for f in dataclasses.fields(target)}

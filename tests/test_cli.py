@@ -1,0 +1,177 @@
+"""The command line as a user runs it (subprocesses): reports and comparisons that open offline
+in a real browser, data that loads back into equal result objects, and one-line errors."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import vitlens as vl
+from vitlens.shapes import HELD_OUT_SEED, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# CI installs Chromium (.ci/run), so there a missing browser fails instead of skipping
+NO_BROWSER = CHROMIUM is None and not os.environ.get("CI")
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "vitlens", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd or ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def pair_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "pair.html"
+    proc = run_cli("report", "--model", "ref-vit", "--model", "ref-hybrid", "--n-images", "12", "--batch-size", "8",
+                   "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_report_data_round_trips_into_results_equal_to_a_library_call(pair_report):
+    data = vl.load_result(pair_report.with_suffix(".json"))
+    assert data.models == ["ref-vit", "ref-hybrid"] and data.image_set["count"] == 12
+    images = list(generate(12, seed=HELD_OUT_SEED).images)
+    for name, got in zip(data.models, data.analyses):
+        want = vl.analyze(vl.load_model(name, device="cpu"), images, batch_size=8)
+        assert got.equals(want, rtol=1e-12), name
+
+
+def test_report_html_is_self_contained_with_plotly_inlined_once(pair_report):
+    text = pair_report.read_text()
+    assert text.count("plotly.js v") == 1  # the library's banner: one copy of plotly.js
+    assert "cdn.plot.ly" not in text and "<script src=" not in text
+    assert "ref-hybrid" in text and "first convolution" in text
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_report_opens_offline_in_headless_chromium_with_every_figure_drawn(pair_report, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(pair_report.as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 8", timeout=30000)
+        plots = page.locator(".js-plotly-plot")
+        n_plots = plots.count()
+        drawn = [plots.nth(i).locator(".main-svg").count() > 0 for i in range(n_plots)]
+        page.screenshot(path=str(tmp_path / "report.png"))
+        browser.close()
+    assert n_plots == 8  # 4 figures for each of the two models
+    assert all(drawn)
+    assert errors == []
+    assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []
+
+
+def test_compare_of_the_embedded_pair_writes_table_and_local_share(tmp_path):
+    out = tmp_path / "cmp.html"
+    proc = run_cli("compare", "--n-images", "8", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    data = vl.load_result(out.with_suffix(".json"))
+    assert data.models == ["ref-vit", "ref-hybrid"] and data.units == "px"
+    assert len(data.table) == 2 * 6 and set(data.table[0]) == {"model", "layer", "min", "median", "max"}
+    assert all(0.0 <= s <= 1.0 for s in data.local_share)
+    row = data.table[0]
+    assert row["min"] == pytest.approx(float(data.distances[0].mean_px[0].min()))
+    assert "Share of local heads" in out.read_text()
+
+
+def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
+    out = tmp_path / "cmp.html"
+    proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "2",
+                   "--samples", "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert vl.load_result(out.with_suffix(".json")).units == "width"
+    assert "units of the image width" in out.read_text()
+
+
+def test_same_command_gives_the_same_numbers(tmp_path):
+    a, b = tmp_path / "a.html", tmp_path / "b.html"
+    for out in (a, b):
+        proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images", "2",
+                       "--out", str(out), "--quiet")
+        assert proc.returncode == 0, proc.stderr
+    ra, rb = vl.load_result(a.with_suffix(".json")), vl.load_result(b.with_suffix(".json"))
+    assert ra.analyses[0].equals(rb.analyses[0])
+
+
+def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp_path):
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    vl.sample_images(["coffee"])[0].save(folder / "a.png")
+    (folder / "b.jpg").write_bytes(b"not a jpeg")
+    out = tmp_path / "r.html"
+    proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped 1 unreadable image(s): b.jpg" in proc.stderr
+    assert vl.load_result(out.with_suffix(".json")).image_set["skipped"] == ["b.jpg"]
+    strict = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
+                     "--strict", "--out", str(tmp_path / "s.html"))
+    assert strict.returncode == 2 and "b.jpg" in strict.stderr and not (tmp_path / "s.html").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["report", "--model", "vit_base_patch16_22"], "Unknown model"),
+    (["report", "--model", "resnet50", "--random-init"], "not a Vision Transformer"),
+    (["report", "--model", "vit_tiny_patch16_224.augreg_in21k_ft_in1k"], "could not be downloaded"),
+    (["report", "--images", "/no/such/folder"], "not found"),
+    (["report", "--images", "/no/such/*.png"], "No files match"),
+    (["compare", "--models", "ref-vit"], "at least two models"),
+])
+def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, args, message):
+    proc = run_cli(*args, "--out", str(tmp_path / "x.html"))
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("vitlens: error:") and message in lines[-1]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_empty_folder_and_bad_numbers_are_usage_errors(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli("report", "--images", str(empty), "--out", str(tmp_path / "x.html"))
+    assert proc.returncode == 2 and "holds no images" in proc.stderr
+    proc = run_cli("report", "--n-images", "0")
+    assert proc.returncode == 2 and "must be >= 1" in proc.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    proc = run_cli("report", "--model", "vit_base_patch16_22", "--debug", "--out", str(tmp_path / "x.html"))
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_a_failing_run_leaves_the_previous_report_untouched(tmp_path):
+    out = tmp_path / "r.html"
+    out.write_text("previous good report")
+    out.with_suffix(".json").write_text("{}")
+    proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--model", "resnet50", "--samples",
+                   "--n-images", "1", "--out", str(out))
+    assert proc.returncode == 2
+    assert out.read_text() == "previous good report" and out.with_suffix(".json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium")
+def test_png_export_writes_every_figure(tmp_path):
+    proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images", "1",
+                   "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert names == [f"1-vit_tiny_patch16_224-{k}.png" for k in ("distance", "filters", "position", "rollout")]
+    assert all((tmp_path / "png" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)

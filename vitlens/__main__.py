@@ -1,0 +1,4 @@
+"""``python -m vitlens``: the command line (see ``vitlens.cli``)."""
+from .cli import main
+
+raise SystemExit(main())
