@@ -49,7 +49,8 @@ def test_report_data_round_trips_into_results_equal_to_a_library_call(pair_repor
 def test_report_html_is_self_contained_with_plotly_inlined_once(pair_report):
     text = pair_report.read_text()
     assert text.count("plotly.js v") == 1  # the library's banner: one copy of plotly.js
-    assert "cdn.plot.ly" not in text and "<script src=" not in text
+    # plotly.js itself mentions its CDN (topojson for geo plots, unused here); nothing is loaded from it
+    assert "<script src=" not in text and 'src="http' not in text
     assert "ref-hybrid" in text and "first convolution" in text
 
 
