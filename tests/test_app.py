@@ -1,0 +1,210 @@
+"""The Streamlit app through streamlit.testing (every view, every bad input), plus one
+end-to-end run in real headless Chromium with a screenshot of each view."""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.torch import save_file
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app.py")
+VIEWS = ["Filters", "Position embeddings", "Attention distance", "Attention maps", "Attributions", "Compare"]
+CHROMIUM = shutil.which("chromium")
+NO_BROWSER = CHROMIUM is None and not os.environ.get("CI")
+
+
+def png_bytes(mode: str = "RGB", size: tuple[int, int] = (80, 60)) -> bytes:
+    buf = io.BytesIO()
+    arr = np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(arr).convert(mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture()
+def app() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def problems(at: AppTest) -> list[str]:
+    return [e.value for e in at.exception]
+
+
+def test_opens_on_the_embedded_vit_with_facts_and_top5(app):
+    assert app.selectbox(key="m1-ref").value == "ref-vit"
+    facts = app.sidebar.table[0].value
+    assert "8x8 tokens" in facts.to_string() and "ViT" in facts.to_string()
+    assert len(app.table) >= 1 and "probability" in app.table[0].value.columns
+    assert any("GPU:" in c.value for c in app.sidebar.caption)
+    assert not app.error
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_every_view_renders_a_chart_without_errors(app, view):
+    app.radio(key="view").set_value(view).run()
+    assert problems(app) == [] and [e.value for e in app.error] == []
+    assert len(app.get("plotly_chart")) >= 1
+
+
+def test_view_controls_change_the_result(app):
+    app.radio(key="view").set_value("Filters").run()
+    app.slider(key="k").set_value(5).run()
+    assert "top 5" in app.caption[-1].value or any("top 5" in c.value for c in app.caption)
+    app.radio(key="view").set_value("Attention maps").run()
+    app.selectbox(key="fusion").set_value("max").run()
+    app.slider(key="discard").set_value(0.5).run()
+    app.radio(key="qkind").set_value("patch").run()
+    app.slider(key="layer").set_value(3).run()
+    assert problems(app) == [] and not app.error
+    app.radio(key="view").set_value("Position embeddings").run()
+    app.number_input(key="gh").set_value(5).run()
+    app.number_input(key="gw").set_value(7).run()
+    assert problems(app) == [] and not app.error
+
+
+def test_attributions_view_scores_methods_against_masks(app):
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["rollout", "occlusion"]).run()
+    app.selectbox(key="target").set_value("star").run()
+    assert problems(app) == [] and not app.error
+    table = app.dataframe[0].value
+    assert list(table["method"]) == ["rollout", "occlusion"] and "mass in mask" in table.columns
+    assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
+
+
+def test_hybrid_filters_say_they_show_the_stem_convolution(app):
+    app.selectbox(key="m1-ref").set_value("ref-hybrid").run()
+    app.radio(key="view").set_value("Filters").run()
+    assert any("first convolution" in i.value for i in app.info)
+
+
+def test_shapes_and_uploads_as_image_sources(app):
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    assert problems(app) == [] and "scene 0" in app.selectbox(key="img-idx").format_func(0)
+    app.radio(key="img-source").set_value("Upload").run()
+    app.file_uploader(key="uploads").set_value([("gray.png", png_bytes("L"), "image/png"),
+                                                ("rgba.png", png_bytes("RGBA"), "image/png"),
+                                                ("cmyk.png", png_bytes("RGB"), "image/png")]).run()
+    assert problems(app) == [] and not app.error
+    assert len(app.selectbox(key="img-idx").options) == 3
+    for view in VIEWS[:4]:
+        app.radio(key="view").set_value(view).run()
+        assert problems(app) == [] and not app.error, view
+    app.file_uploader(key="uploads").set_value(("one.png", png_bytes(), "image/png")).run()
+    app.radio(key="view").set_value("Attention distance").run()  # a single image: no slider to draw
+    assert problems(app) == [] and not app.error and len(app.get("plotly_chart")) == 1
+
+
+def test_corrupt_and_oversized_uploads_are_skipped_with_a_message(app, monkeypatch):
+    app.radio(key="img-source").set_value("Upload").run()
+    big = b"\x89PNG" + b"0" * (21 * 2**20)
+    app.file_uploader(key="uploads").set_value([("broken.png", b"not an image", "image/png"),
+                                                ("huge.png", big, "image/png"),
+                                                ("ok.png", png_bytes(), "image/png")]).run()
+    warnings = " ".join(w.value for w in app.warning)
+    assert "broken.png" in warnings and "huge.png" in warnings and "limit" in warnings
+    assert problems(app) == [] and len(app.selectbox(key="img-idx").options) == 1
+
+
+@pytest.mark.parametrize("source,widget,value,message", [
+    ("timm name", "m1-timm", "vit_base_patch16_22", "Did you mean"),
+    ("timm name", "m1-timm", "resnet50", "not a Vision Transformer"),
+])
+def test_bad_model_names_give_a_message_and_the_app_recovers(app, source, widget, value, message):
+    app.radio(key="m1-source").set_value(source).run()
+    app.text_input(key=widget).set_value(value).run()
+    assert problems(app) == []
+    assert any(message in e.value for e in app.error)
+    app.radio(key="m1-source").set_value("Embedded").run()
+    assert not app.error and problems(app) == []
+
+
+def test_hub_preset_offline_says_how_to_proceed(app):
+    app.radio(key="m1-source").set_value("Preset").run()
+    assert problems(app) == []
+    assert any("could not be downloaded" in e.value for e in app.error)
+
+
+def test_checkpoint_for_the_wrong_architecture_is_explained(app, tmp_path):
+    import vitlens as vl
+
+    path = tmp_path / "vit.safetensors"
+    m = vl.load_model("ref-vit", device="cpu")
+    save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(path))
+    app.radio(key="m1-source").set_value("Checkpoint").run()
+    app.text_input(key="m1-path").set_value(str(path)).run()
+    app.text_input(key="m1-arch").set_value("ref-hybrid").run()
+    assert problems(app) == [] and any("does not fit the architecture" in e.value for e in app.error)
+    app.text_input(key="m1-arch").set_value("ref-vit").run()
+    assert not app.error and problems(app) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_end_to_end_in_headless_chromium(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out_dir = ROOT / "test-output" / "app"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true",
+                               "--server.address", "127.0.0.1", "--server.port", str(port),
+                               "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "streamlit did not come up"
+            time.sleep(0.5)
+        upload = tmp_path / "upload.png"
+        upload.write_bytes(png_bytes(size=(120, 90)))
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1400, "height": 2200})  # tall: Streamlit scrolls inside
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+            page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+            page.get_by_text("8x8 tokens").first.wait_for(timeout=30000)  # the embedded ViT's facts
+            page.screenshot(path=str(out_dir / "opened.png"), full_page=True)
+            page.get_by_text("Upload", exact=True).click()
+            page.locator("input[type=file]").last.set_input_files(str(upload))
+            page.get_by_text("upload.png").first.wait_for(timeout=60000)
+            for view in VIEWS:
+                page.get_by_text(view, exact=True).first.click()
+                page.wait_for_timeout(500)
+                page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=90000)
+                page.wait_for_load_state("networkidle")
+                page.wait_for_timeout(1500)
+                assert page.locator("[data-testid='stException']").count() == 0, view
+                assert page.locator(".js-plotly-plot .main-svg").count() > 0, view
+                page.screenshot(path=str(out_dir / f"{view.lower().replace(' ', '_')}.png"), full_page=True)
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert len(list(out_dir.glob("*.png"))) >= len(VIEWS)
