@@ -176,3 +176,16 @@ def test_png_export_writes_every_figure(tmp_path):
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert names == [f"1-vit_tiny_patch16_224-{k}.png" for k in ("distance", "filters", "position", "rollout")]
     assert all((tmp_path / "png" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+
+
+def test_report_with_attributions_scores_every_method(tmp_path):
+    out = tmp_path / "attr.html"
+    proc = run_cli("report", "--model", "ref-vit", "--n-images", "4", "--attributions", "--attribution-images", "3",
+                   "--out", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    data = vl.load_result(out.with_suffix(".json"))
+    table = data.attributions[0]
+    assert [r["method"] for r in table.rows] == ["rollout", "grad_rollout", "integrated_gradients", "saliency",
+                                                 "input_x_gradient", "occlusion"]
+    assert table.n_images == 3 and all("pointing_game" in r for r in table.rows)  # shapes come with masks
+    assert "Attributions and faithfulness" in out.read_text()

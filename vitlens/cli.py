@@ -160,8 +160,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.results import atomic_write_bytes
 
     t_start = time.perf_counter()
-    images, image_set, _ = resolve_images(args)
-    analyses, shown, timings, device = [], [], {}, ""
+    images, image_set, masks = resolve_images(args)
+    analyses, shown, timings, device, tables = [], [], {}, "", []
     for name in args.model:
         t0 = time.perf_counter()
         m = _load(args, name)
@@ -177,11 +177,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         analyses.append(a)
         timings[m.spec.name] = {"load": t1 - t0, "analyze": t2 - t1}
         device = str(m.device)
+        if args.attributions:
+            tables.append(_attributions(args, m, images, masks))
+            timings[m.spec.name]["attributions"] = time.perf_counter() - t2
         _log(args, f"{m.spec.name}: analysed {a.distance.n_images} images in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec["name"] for a in analyses], analyses=analyses, image_set=image_set,
                       environment=environment(device), timings=timings,
-                      command=_command())
+                      command=_command(), attributions=tables)
     page = report_html(data, shown)
     if args.png:
         figs = {}
@@ -198,6 +201,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     atomic_write_bytes(out, page.encode())
     _log(args, f"wrote {out} and {_data_path(out, args.data)}")
     return 0
+
+
+def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndarray | None) -> Any:
+    """Methods x metrics for the report, on the first --attribution-images images."""
+    from vitlens.attribution import METHODS
+    from vitlens.faithfulness import compare_methods
+
+    if m.spec.num_classes <= 0:
+        _log(args, f"{m.spec.name}: no classifier head, so no attributions")
+        return None
+    n = min(args.attribution_images, len(images))
+    progress = _progress(args, f"{m.spec.name} attributions")
+    try:
+        return compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
+                               batch_size=args.batch_size, progress=progress)
+    finally:
+        _close(progress)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -289,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", action="append", default=None, help="model name or checkpoint (repeatable; "
                    "default ref-vit)")
     r.add_argument("--out", default="report.html")
+    r.add_argument("--attributions", action="store_true",
+                   help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
+    r.add_argument("--attribution-images", type=_positive, default=16,
+                   help="images for the attribution section (default 16; occlusion and IG are costly)")
     r.set_defaults(func=cmd_report)
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")

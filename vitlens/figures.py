@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -221,3 +221,31 @@ def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opa
     title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
              f"{result.source_token})")
     return overlay_grid_figure(panels, title, opacity)
+
+
+def attribution_figure(results: Sequence[Any], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
+    """Maps of several attribution methods side by side over one image (negative evidence
+    clipped, each map scaled to its maximum)."""
+    panels = []
+    for r in results:
+        mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
+        panels.append((image, mp / max(float(mp.max()), 1e-12), r.method.replace("_", " ")))
+    target = results[0].targets[index] if results else -1
+    return overlay_grid_figure(panels, f"Attributions for class {target} (positive evidence, scaled to max)",
+                               opacity, columns=min(6, len(panels)))
+
+
+def faithfulness_figure(results: Sequence[Any]) -> go.Figure:
+    """Mean deletion and insertion curves of each method, with their mean areas under the curve."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["Deletion (lower is more faithful)",
+                                                        "Insertion (higher is more faithful)"])
+    for i, r in enumerate(results):
+        color = PALETTE[i % len(PALETTE)]
+        for col, curve, auc in ((1, r.deletion, r.deletion_auc), (2, r.insertion, r.insertion_auc)):
+            fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines", line=dict(color=color),
+                                     name=f"{r.method.replace('_', ' ')} (AUC {auc.mean():.3f})", legendgroup=r.method,
+                                     showlegend=col == 1), row=1, col=col)
+    fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
+    fig.update_yaxes(title="target-class probability", rangemode="tozero")
+    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
+    return fig

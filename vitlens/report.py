@@ -31,6 +31,7 @@ class ReportData(Result):
     environment: dict
     timings: dict = field(default_factory=dict)
     command: str = ""
+    attributions: list = field(default_factory=list)  # one ComparisonTable per model with --attributions
 
 
 @dataclass(eq=False)
@@ -146,11 +147,24 @@ def model_section(a: AnalysisResult, display_images: Sequence[np.ndarray], timin
     return "".join(parts)
 
 
+def attribution_section(table: Any, image: np.ndarray) -> str:
+    """Methods x metrics, the maps of every method on the first image, and the mean curves."""
+    fmt_rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
+    return ("<h3>Attributions and faithfulness</h3>"
+            f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
+            "higher is more faithful; pointing game and mass in mask where object masks exist.</p>"
+            + _table(fmt_rows, "{:.3f}")
+            + _fig(figures.attribution_figure(table.attributions, image, 0))
+            + _fig(figures.faithfulness_figure(table.faithfulness)))
+
+
 def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> str:
     """The whole report page; ``display_images[i]`` are model i's preprocessed images for overlays."""
     body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
-    for a, imgs in zip(data.analyses, display_images):
+    for i, (a, imgs) in enumerate(zip(data.analyses, display_images)):
         body.append(model_section(a, imgs, data.timings.get(a.spec["name"], {})))
+        if i < len(data.attributions) and data.attributions[i] is not None:
+            body.append(attribution_section(data.attributions[i], imgs[0]))
     return _page("vitlens report", "".join(body))
 
 

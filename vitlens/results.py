@@ -20,7 +20,8 @@ from .errors import InvalidParameterError
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
 # result kinds defined in modules that ``import vitlens`` does not load
-_LAZY_KINDS = {"report": "vitlens.report", "comparison": "vitlens.report"}
+_LAZY_KINDS = {"report": "vitlens.report", "comparison": "vitlens.report", "attribution": "vitlens.attribution",
+               "faithfulness": "vitlens.faithfulness", "attribution_comparison": "vitlens.faithfulness"}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -1,0 +1,144 @@
+"""Attributions and faithfulness: a hand-built model whose prediction depends on one known patch,
+batch invariance, models without a class token and hybrids, and no trace left on the model."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import vitlens as vl
+from conftest import get_model
+from vitlens.attribution import METHODS, attribute
+from vitlens.faithfulness import compare_methods, deletion_insertion
+
+KEY_PATCH = (2, 1)  # (row, col) on the 4x4 grid
+
+
+def one_patch_model() -> vl.LoadedModel:
+    """A 32 px ViT (4x4 patches of 8 px, D=8, one block, one head, no norms) whose class-0 logit is
+    4 x the mean red value of patch KEY_PATCH and class-1 logit is 0: every token attends to that patch
+    alone (its position embedding carries a large key), and the class token reads its colour."""
+    from timm.models.vision_transformer import VisionTransformer
+
+    from vitlens.model import _finish
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=8, depth=1, num_heads=1, num_classes=2,
+                              norm_layer=nn.Identity, mlp_ratio=1.0)
+    k = 1 + KEY_PATCH[0] * 4 + KEY_PATCH[1]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+        model.patch_embed.proj.weight[0, 0] = 1.0 / 64  # dim 0: mean red of the patch
+        model.pos_embed[0, k, 1] = 20.0  # dim 1: only the key patch has it
+        attn = model.blocks[0].attn
+        attn.qkv.bias[1] = 3.0  # every query = 3 e1
+        attn.qkv.weight[8:16] = torch.eye(8)  # keys = tokens
+        attn.qkv.weight[16:24] = torch.eye(8)  # values = tokens
+        attn.proj.weight.copy_(torch.eye(8))
+        model.head.weight[0, 0] = 4.0
+    model.pretrained_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "input_size": (3, 32, 32),
+                            "crop_pct": 1.0, "interpolation": "bilinear"}
+    return _finish(model, "one-patch", torch.device("cpu"), torch.float32, "hand-built")
+
+
+def key_patch_images(n: int = 3) -> torch.Tensor:
+    x = torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(0)) * 2 - 1  # normalised pixels
+    r, c = KEY_PATCH
+    x[:, 0, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = 1.0  # bright red key patch
+    return x
+
+
+@pytest.fixture(scope="module")
+def one_patch():
+    return one_patch_model()
+
+
+def test_the_hand_built_model_depends_on_the_key_patch_only(one_patch):
+    x = key_patch_images(2)
+    y = one_patch.logits(x)
+    x2 = x.clone()
+    x2[:, :, :8, :8] = -1.0  # change another patch
+    torch.testing.assert_close(one_patch.logits(x2), y, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(y[:, 0].numpy(), 4.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_ranks_the_key_patch_first_and_deletion_beats_insertion(one_patch, method):
+    x = key_patch_images(3)
+    a = attribute(one_patch, x, method=method)
+    assert a.maps.shape == (3, 4, 4) and a.targets.tolist() == [0, 0, 0]
+    for mp in a.maps:
+        assert np.unravel_index(np.argmax(mp), mp.shape) == KEY_PATCH, (method, mp)
+    f = deletion_insertion(one_patch, x, a, steps=16)
+    assert np.all(f.deletion_auc < f.insertion_auc)
+    assert f.deletion[:, 0] == pytest.approx(f.insertion[:, -1])  # both ends are the full image
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batch_of_b_equals_b_single_runs(method):
+    m = get_model("vit_tiny_patch16_224", img_size=64)
+    x = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    batch = attribute(m, x, method=method, batch_size=3)
+    singles = np.concatenate([attribute(m, x[i:i + 1], method=method).maps for i in range(3)])
+    np.testing.assert_allclose(batch.maps, singles, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_class_token_and_hybrid_models_work(method):
+    gap = get_model("vit_little_patch16_reg4_gap_256", img_size=64, num_classes=5)
+    a = attribute(gap, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2)), method=method)
+    assert a.maps.shape == (2, 4, 4) and np.isfinite(a.maps).all()
+    if method in ("rollout", "grad_rollout"):
+        assert "no class token" in a.note
+    hybrid = vl.load_model("ref-hybrid", device="cpu")
+    h = attribute(hybrid, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3)), method=method)
+    assert h.maps.shape == (2, 8, 8) and np.isfinite(h.maps).all()
+
+
+def test_gradient_methods_leave_no_trace_on_the_model(tiny):
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(4))
+    before = tiny.logits(x)
+    for method in ("grad_rollout", "integrated_gradients", "saliency", "input_x_gradient"):
+        attribute(tiny, x, method=method, **({"n_steps": 4} if method == "integrated_gradients" else {}))
+    assert all(p.grad is None and not p.requires_grad for p in tiny.model.parameters())
+    assert torch.equal(tiny.logits(x), before)
+    assert all(b.attn.fused_attn for b in tiny.model.blocks)
+    assert all(not b.attn.attn_drop._forward_pre_hooks for b in tiny.model.blocks)
+
+
+def test_hooks_are_removed_when_a_method_fails(tiny, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("gradient failed")
+
+    monkeypatch.setattr(torch.autograd, "grad", broken)
+    with pytest.raises(RuntimeError, match="gradient failed"):
+        attribute(tiny, torch.randn(1, 3, 224, 224), method="grad_rollout")
+    assert all(b.attn.fused_attn and not b.attn.attn_drop._forward_pre_hooks for b in tiny.model.blocks)
+
+
+def test_targets_default_to_the_prediction_and_can_be_given(tiny):
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    pred = tiny.logits(x).argmax(-1).numpy()
+    assert attribute(tiny, x, method="saliency").targets.tolist() == pred.tolist()
+    assert attribute(tiny, x, method="saliency", target=[3, 7]).targets.tolist() == [3, 7]
+    with pytest.raises(vl.InvalidParameterError, match="target"):
+        attribute(tiny, x, method="saliency", target=5000)
+    with pytest.raises(vl.InvalidParameterError, match="method"):
+        attribute(tiny, x, method="gradcam")
+    with pytest.raises(vl.InvalidParameterError, match="n_steps"):
+        attribute(tiny, x, method="occlusion", n_steps=3)
+
+
+def test_comparison_table_on_reference_scenes_with_masks(tmp_path):
+    from vitlens.shapes import HELD_OUT_SEED, generate
+
+    data = generate(6, seed=HELD_OUT_SEED)
+    m = vl.load_model("ref-vit", device="cpu")
+    table = compare_methods(m, list(data.images), methods=("rollout", "saliency", "occlusion"), masks=data.masks,
+                            steps=8)
+    assert [r["method"] for r in table.rows] == ["rollout", "saliency", "occlusion"]
+    for row in table.rows:
+        assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
+        assert 0 <= row["pointing_game"] <= 1 and row["seconds_per_image"] > 0
+    assert vl.load_result(table.save(tmp_path / "table.json")).equals(table)

@@ -1,0 +1,218 @@
+"""Class-specific attributions beside rollout, all on one contract: images in, [B, gh, gw] maps out.
+
+Rollout (paper Fig. 6) shows where information was mixed across layers, not what caused a
+prediction. This module lines it up against methods that look at the target class:
+
+- ``rollout``: the library's attention rollout (class-agnostic; the target is recorded only);
+- ``grad_rollout``: gradient-weighted rollout (Chefer et al., 2021, "Generic Attention-model
+  Explainability"): per block, the mean over heads of clamp(dA ⊙ A, 0), where dA is the gradient
+  of the target logit with respect to that block's own attention, accumulated R <- R + Ā R
+  from the first block to the last;
+- captum's ``integrated_gradients``, ``saliency``, ``input_x_gradient`` (pixel attributions
+  summed over channels and over each token's pixel block) and ``occlusion`` (a window and stride
+  of exactly one token, so every token is occluded once; the score drop is the token's value).
+
+Every method works on a frozen copy of nothing: the model's weights have ``requires_grad=False``
+(vitlens freezes them at load), gradients come from ``torch.autograd.grad`` on the input, so no
+``.grad`` is ever left on the model, and capture hooks are removed even when a method fails.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .analyze import ProgressFn, attention_rollout
+from .capture import capture_attention
+from .errors import InvalidParameterError
+from .images import iter_batches
+from .model import LoadedModel
+from .results import Result
+from .views.rollout import rollout_map
+
+METHODS = ("rollout", "grad_rollout", "integrated_gradients", "saliency", "input_x_gradient", "occlusion")
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "rollout": {"head_fusion": "mean", "discard_ratio": 0.0},
+    "grad_rollout": {},
+    "integrated_gradients": {"n_steps": 16},  # captum's default is 50; 16 keeps a CPU responsive
+    "saliency": {},
+    "input_x_gradient": {},
+    "occlusion": {"perturbations_per_eval": 16},
+}
+
+
+@dataclass(eq=False)
+class AttributionResult(Result):
+    """Maps of one method over a batch of images.
+
+    Attributes:
+        method: one of ``METHODS``.
+        maps: [B, gh, gw] float64 on the patch-token grid (signed for gradient methods; larger =
+            more evidence for the target).
+        targets: [B] class explained (the predicted class unless given).
+        grid: (gh, gw); image_size: (H, W) input pixels.
+        seconds_per_image: wall time of the method divided by B.
+        params: the method's parameters.
+        note: what the map means for this method/model (e.g. class-agnostic, no class token).
+        model_name: the model's name.
+    """
+
+    kind = "attribution"
+    method: str
+    maps: np.ndarray
+    targets: np.ndarray
+    grid: tuple[int, int]
+    image_size: tuple[int, int]
+    seconds_per_image: float
+    params: dict = field(default_factory=dict)
+    note: str = ""
+    model_name: str = ""
+
+    def upsampled(self) -> np.ndarray:
+        """[B, H, W] maps resized (bilinear) to the input size, for display."""
+        from .figures import upsample_map
+
+        return np.stack([upsample_map(mp, self.image_size) for mp in self.maps])
+
+
+def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
+    if m.spec.num_classes <= 0:
+        raise InvalidParameterError(f"{m.spec.name} has no classifier head, so there is no class to attribute; "
+                                    "use method='rollout' or a model with a head.")
+    if target is None:
+        return m.logits(x).argmax(-1)
+    t = torch.as_tensor(target, dtype=torch.long, device=m.device).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(x.shape[0])
+    if t.numel() != x.shape[0] or t.min() < 0 or t.max() >= m.spec.num_classes:
+        raise InvalidParameterError(f"target must be one class index or one per image, in [0, {m.spec.num_classes}); "
+                                    f"got {target!r}.")
+    return t
+
+
+def _pixels_to_grid(attr: torch.Tensor, grid: tuple[int, int], reduce: str = "sum") -> np.ndarray:
+    """[B, C, H, W] pixel attributions -> [B, gh, gw]: channels summed, each token's block reduced."""
+    b, _, h, w = attr.shape
+    gh, gw = grid
+    a = attr.detach().to(torch.float64).sum(1)[:, : gh * (h // gh), : gw * (w // gw)]
+    blocks = a.reshape(b, gh, h // gh, gw, w // gw)
+    out = blocks.sum(dim=(2, 4)) if reduce == "sum" else blocks.mean(dim=(2, 4))
+    return out.cpu().numpy()
+
+
+def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
+    x = x.detach().clone().requires_grad_(True)
+    with torch.enable_grad(), capture_attention(m, mode="inline", detach=False) as cap:
+        with m.autocast():
+            logits = m.model(x).float()
+        score = logits.gather(1, t[:, None]).sum()
+        grads = torch.autograd.grad(score, cap.maps)  # one gradient per block, in block order
+    tokens = cap.maps[0].shape[-1]
+    r = torch.eye(tokens, dtype=torch.float64, device=x.device).expand(x.shape[0], tokens, tokens).clone()
+    for attn, grad in zip(cap.maps, grads):
+        cam = (grad.detach().to(torch.float64) * attn.detach().to(torch.float64)).clamp(min=0).mean(dim=1)
+        r = r + cam @ r
+    return rollout_map(r, m.spec.num_prefix_tokens, m.spec.has_class_token, grid)
+
+
+def _captum(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int], method: str,
+            params: dict[str, Any]) -> np.ndarray:
+    import captum.attr as ca
+
+    def forward(inp: torch.Tensor) -> torch.Tensor:
+        with m.autocast():
+            return m.model(inp).float()
+
+    x = x.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        if method == "integrated_gradients":
+            baseline = torch.zeros_like(x)  # the normalised mean colour
+            attr = ca.IntegratedGradients(forward).attribute(x, baselines=baseline, target=t,
+                                                             n_steps=int(params["n_steps"]),
+                                                             internal_batch_size=x.shape[0])
+            return _pixels_to_grid(attr, grid)
+        if method == "saliency":
+            return _pixels_to_grid(ca.Saliency(forward).attribute(x, target=t, abs=True), grid)
+        if method == "input_x_gradient":
+            return _pixels_to_grid(ca.InputXGradient(forward).attribute(x, target=t), grid)
+    sy, sx = m.spec.stride_px
+    with torch.no_grad():
+        attr = ca.Occlusion(forward).attribute(
+            x.detach(), sliding_window_shapes=(x.shape[1], sy, sx), strides=(x.shape[1], sy, sx), baselines=0.0,
+            target=t, perturbations_per_eval=int(params["perturbations_per_eval"]))
+    # every pixel of a token's block carries that token's score drop: the block mean is the drop
+    return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1]
+
+
+def attribute(
+    m: LoadedModel,
+    images: Any,
+    method: str = "rollout",
+    target: Any = None,
+    batch_size: int = 16,
+    progress: bool | ProgressFn | None = None,
+    **params: Any,
+) -> AttributionResult:
+    """Attribution maps on the patch grid for the target class (default: the predicted class).
+
+    Args:
+        m: the model.
+        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
+        method: one of ``METHODS``.
+        target: class index for all images, one per image, or None for each image's prediction.
+        batch_size: images per step.
+        progress: True for a progress bar, or a callable ``f(done, total)``.
+        **params: method parameters (``n_steps`` for integrated gradients, ``perturbations_per_eval``
+            for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout).
+    """
+    if method not in METHODS:
+        raise InvalidParameterError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
+    unknown = set(params) - set(DEFAULTS[method])
+    if unknown:
+        raise InvalidParameterError(f"{method} takes {', '.join(DEFAULTS[method]) or 'no parameters'}; "
+                                    f"got {', '.join(sorted(unknown))}.")
+    p = {**DEFAULTS[method], **params}
+    from .analyze import _count, _progress_fn
+
+    report, bar = _progress_fn(progress, _count(images), method)
+    maps, targets, grid, size, done = [], [], None, None, 0
+    start = time.perf_counter()
+    try:
+        offset = 0
+        for x in iter_batches(images, m.data_config, batch_size):
+            x = x.to(m.device)
+            grid, size = m.grid_for(x.shape[-2:]), tuple(x.shape[-2:])
+            batch_target = target
+            if target is not None and np.ndim(target) > 0 and len(target) > 1:
+                batch_target = list(target)[offset: offset + x.shape[0]]
+            if method == "rollout":
+                r = attention_rollout(m, x, batch_size=x.shape[0], **p)
+                maps.append(r.maps)
+                t = r.predictions if target is None else _targets(m, x, batch_target).cpu().numpy()
+                targets.append(np.asarray(t))
+            else:
+                t = _targets(m, x, batch_target)
+                fn: Callable[..., np.ndarray] = _grad_rollout if method == "grad_rollout" else \
+                    (lambda *a: _captum(*a, method, p))
+                maps.append(fn(m, x, t, grid))
+                targets.append(t.cpu().numpy())
+            offset += x.shape[0]
+            done += x.shape[0]
+            if report is not None:
+                report(done, _count(images))
+    finally:
+        if bar is not None:
+            bar.close()
+    elapsed = time.perf_counter() - start
+    note = ""
+    if method == "rollout":
+        note = "class-agnostic: the same map for every target"
+    if method in ("rollout", "grad_rollout") and not m.spec.has_class_token:
+        note = (note + "; " if note else "") + "no class token: mean over the patch tokens' rows"
+    return AttributionResult(method=method, maps=np.concatenate(maps).astype(np.float64),
+                             targets=np.concatenate(targets).astype(np.int64), grid=grid, image_size=size,
+                             seconds_per_image=elapsed / max(done, 1), params=p, note=note,
+                             model_name=m.spec.name)

@@ -1,0 +1,148 @@
+"""How faithful is a map? Deletion and insertion curves over patch tokens, and the comparison
+table of methods x metrics (with mask metrics from ``vitlens.metrics`` where masks exist).
+
+Deletion: replace the tokens' pixel blocks by a baseline in the order of the map (highest
+first) and follow the target-class probability; a faithful map makes it fall fast (low area
+under the curve). Insertion: start from the baseline image and put the blocks back in the same
+order; a faithful map makes it rise fast (high area).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .attribution import METHODS, AttributionResult, attribute
+from .errors import InvalidParameterError
+from .images import iter_batches
+from .metrics import mask_scores
+from .model import LoadedModel
+from .results import Result
+
+BASELINES = ("mean", "blur")
+
+
+@dataclass(eq=False)
+class FaithfulnessResult(Result):
+    """Deletion/insertion curves of one method's maps.
+
+    Attributes:
+        method: the attribution method the maps came from.
+        fractions: [S + 1] share of tokens removed (deletion) or inserted (insertion), 0 to 1.
+        deletion: [B, S + 1] target-class probability as tokens are removed.
+        insertion: [B, S + 1] target-class probability as tokens are inserted.
+        deletion_auc, insertion_auc: [B] trapezoidal areas under the curves.
+        baseline: "mean" (each channel's image mean) or "blur" (Gaussian blur of the image).
+        model_name: the model's name.
+    """
+
+    kind = "faithfulness"
+    method: str
+    fractions: np.ndarray
+    deletion: np.ndarray
+    insertion: np.ndarray
+    deletion_auc: np.ndarray
+    insertion_auc: np.ndarray
+    baseline: str
+    model_name: str = ""
+
+
+def baseline_image(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """What a removed token is replaced by, for a batch [B, C, H, W]."""
+    if kind == "mean":
+        return x.mean(dim=(2, 3), keepdim=True).expand_as(x).clone()
+    if kind == "blur":
+        from torchvision.transforms.functional import gaussian_blur
+
+        k = max(3, (min(x.shape[-2:]) // 8) | 1)
+        return gaussian_blur(x, kernel_size=[k, k], sigma=[k / 3.0, k / 3.0])
+    raise InvalidParameterError(f"baseline must be one of {', '.join(BASELINES)}; got {kind!r}.")
+
+
+def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, int], counts: Sequence[int],
+                 size: tuple[int, int]) -> torch.Tensor:
+    """[S + 1, H, W] masks, True where the first ``counts[s]`` tokens of ``order`` lie."""
+    gh, gw = grid
+    sy, sx = stride
+    out = torch.zeros(len(counts), *size, dtype=torch.bool)
+    for s, c in enumerate(counts):
+        for tok in order[:c]:
+            r, col = divmod(int(tok), gw)
+            out[s, r * sy:(r + 1) * sy, col * sx:(col + 1) * sx] = True
+    return out
+
+
+@torch.no_grad()
+def deletion_insertion(m: LoadedModel, images: Any, attribution: AttributionResult, steps: int = 16,
+                       baseline: str = "mean", batch_size: int = 16) -> FaithfulnessResult:
+    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
+    if steps < 1:
+        raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
+    grid = attribution.grid
+    n_tok = grid[0] * grid[1]
+    counts = [round(n_tok * s / steps) for s in range(steps + 1)]
+    fractions = np.asarray(counts, dtype=np.float64) / n_tok
+    dels, ins, offset = [], [], 0
+    for x in iter_batches(images, m.data_config, batch_size):
+        x = x.to(m.device)
+        base = baseline_image(x, baseline)
+        for i in range(x.shape[0]):
+            j = offset + i
+            order = np.argsort(-attribution.maps[j].reshape(-1), kind="stable")
+            masks = _token_masks(order, grid, m.spec.stride_px, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
+            deleted = torch.where(masks, base[i:i + 1], x[i:i + 1])
+            inserted = torch.where(masks, x[i:i + 1], base[i:i + 1])
+            probs = m.logits(torch.cat([deleted, inserted])).softmax(-1)[:, int(attribution.targets[j])]
+            dels.append(probs[: steps + 1].cpu().numpy().astype(np.float64))
+            ins.append(probs[steps + 1:].cpu().numpy().astype(np.float64))
+        offset += x.shape[0]
+    deletion, insertion = np.stack(dels), np.stack(ins)
+    return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
+                              deletion_auc=np.trapezoid(deletion, fractions, axis=1),
+                              insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline=baseline,
+                              model_name=m.spec.name)
+
+
+@dataclass(eq=False)
+class ComparisonTable(Result):
+    """Methods x metrics over one image set.
+
+    Attributes:
+        rows: one dict per method: deletion/insertion AUC (mean), seconds per image, and with masks
+            the pointing-game hit rate and share of map mass inside the mask.
+        n_images: images compared.
+        attributions: the maps of every method; faithfulness: the curves of every method.
+    """
+
+    kind = "attribution_comparison"
+    rows: list[dict]
+    n_images: int
+    attributions: list[AttributionResult] = field(default_factory=list)
+    faithfulness: list[FaithfulnessResult] = field(default_factory=list)
+    model_name: str = ""
+
+
+def compare_methods(m: LoadedModel, images: Any, methods: Sequence[str] = METHODS, masks: np.ndarray | None = None,
+                    target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
+                    progress: Any = None, method_params: dict[str, dict] | None = None) -> ComparisonTable:
+    """Every method's maps, their deletion/insertion AUCs and (with masks) mask metrics, timed."""
+    images = list(images) if not isinstance(images, torch.Tensor) else images
+    rows, attrs, faiths = [], [], []
+    for method in methods:
+        a = attribute(m, images, method=method, target=target, batch_size=batch_size, progress=progress,
+                      **(method_params or {}).get(method, {}))
+        f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size)
+        row: dict[str, Any] = {"method": method, "deletion_auc": float(f.deletion_auc.mean()),
+                               "insertion_auc": float(f.insertion_auc.mean()),
+                               "seconds_per_image": a.seconds_per_image}
+        if masks is not None:
+            s = mask_scores(a.maps, np.asarray(masks, dtype=bool)).summary()
+            row.update({"pointing_game": s["pointing_game"], "mass_in_mask": s["mass_in_mask"],
+                        "mass_ratio": s["ratio_mean"]})
+        rows.append(row)
+        attrs.append(a)
+        faiths.append(f)
+    return ComparisonTable(rows=rows, n_images=len(attrs[0].maps) if attrs else 0, attributions=attrs,
+                           faithfulness=faiths, model_name=m.spec.name)
