@@ -317,7 +317,14 @@ try:
         else:
             query, label = 0, "the class token"
         head_maps = sup.query_attention(maps[layer], m.spec.num_prefix_tokens, m.spec.grid, query)
-        st.plotly_chart(sup.heads_figure(shown, head_maps, layer, label, opacity), key="heads-fig")
+        head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(m.spec.num_heads)], key="head")
+        if head == "all heads":
+            st.plotly_chart(sup.heads_figure(shown, head_maps, layer, label, opacity), key="heads-fig")
+        else:
+            h = int(head.split()[1]) - 1
+            st.plotly_chart(figures.heatmap_overlay_figure(
+                shown, head_maps[h], f"Layer {layer + 1}, head {h + 1}: attention of {label}", opacity),
+                key="head-fig")
 
     elif view == "Attributions":
         from vitlens.attribution import METHODS

@@ -69,7 +69,9 @@ def test_view_controls_change_the_result(app):
     app.slider(key="discard").set_value(0.5).run()
     app.radio(key="qkind").set_value("patch").run()
     app.slider(key="layer").set_value(3).run()
+    app.selectbox(key="head").set_value("head 2").run()
     assert problems(app) == [] and not app.error
+    assert any("head 2" in str(c.proto.spec) for c in app.get("plotly_chart"))
     app.radio(key="view").set_value("Position embeddings").run()
     app.number_input(key="gh").set_value(5).run()
     app.number_input(key="gw").set_value(7).run()

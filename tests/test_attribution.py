@@ -142,3 +142,15 @@ def test_comparison_table_on_reference_scenes_with_masks(tmp_path):
         assert 0 <= row["deletion_auc"] <= 1 and 0 <= row["insertion_auc"] <= 1
         assert 0 <= row["pointing_game"] <= 1 and row["seconds_per_image"] > 0
     assert vl.load_result(table.save(tmp_path / "table.json")).equals(table)
+
+
+def test_coarser_occlusion_windows_still_find_the_key_patch(one_patch):
+    a = attribute(one_patch, key_patch_images(2), method="occlusion", window_tokens=2, stride_tokens=1)
+    assert a.params["window_tokens"] == 2
+    for mp in a.maps:
+        # a 2-token window cannot tell the key patch from a neighbour whose every window holds it too,
+        # so the key patch ties for the top; patches whose windows never hold it get nothing
+        assert mp[KEY_PATCH] == pytest.approx(mp.max())
+        assert mp[0, 3] == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(vl.InvalidParameterError, match="window_tokens"):
+        attribute(one_patch, key_patch_images(1), method="occlusion", window_tokens=1, stride_tokens=2)

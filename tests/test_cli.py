@@ -189,3 +189,18 @@ def test_report_with_attributions_scores_every_method(tmp_path):
                                                  "input_x_gradient", "occlusion"]
     assert table.n_images == 3 and all("pointing_game" in r for r in table.rows)  # shapes come with masks
     assert "Attributions and faithfulness" in out.read_text()
+
+
+def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    cmp_out = tmp_path / "fig11.html"
+    proc = subprocess.run([sys.executable, str(ROOT / "analyses" / "vit_vs_hybrid.py"), "--n-images", "4",
+                           "--out", str(cmp_out), "--quiet"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "embedded pair" in proc.stderr
+    assert vl.load_result(cmp_out.with_suffix(".json")).models == ["ref-vit", "ref-hybrid"]
+    fig7 = tmp_path / "fig7.html"
+    proc = subprocess.run([sys.executable, str(ROOT / "analyses" / "figure7.py"), "--n-images", "4",
+                           "--out", str(fig7), "--quiet"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert vl.load_result(fig7.with_suffix(".json")).models == ["ref-vit"]

@@ -9,8 +9,9 @@ prediction. This module lines it up against methods that look at the target clas
   of the target logit with respect to that block's own attention, accumulated R <- R + Ā R
   from the first block to the last;
 - captum's ``integrated_gradients``, ``saliency``, ``input_x_gradient`` (pixel attributions
-  summed over channels and over each token's pixel block) and ``occlusion`` (a window and stride
-  of exactly one token, so every token is occluded once; the score drop is the token's value).
+  summed over channels and over each token's pixel block) and ``occlusion`` (window and stride
+  aligned to tokens: by default one token, so every token is occluded once and its score drop is
+  its value; ``window_tokens``/``stride_tokens`` make coarser, cheaper passes).
 
 Every method works on a frozen copy of nothing: the model's weights have ``requires_grad=False``
 (vitlens freezes them at load), gradients come from ``torch.autograd.grad`` on the input, so no
@@ -40,7 +41,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "integrated_gradients": {"n_steps": 16},  # captum's default is 50; 16 keeps a CPU responsive
     "saliency": {},
     "input_x_gradient": {},
-    "occlusion": {"perturbations_per_eval": 16},
+    "occlusion": {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
 }
 
 
@@ -139,11 +140,16 @@ def _captum(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, i
         if method == "input_x_gradient":
             return _pixels_to_grid(ca.InputXGradient(forward).attribute(x, target=t), grid)
     sy, sx = m.spec.stride_px
+    win, step = int(params["window_tokens"]), int(params["stride_tokens"])
+    if win < 1 or not 1 <= step <= win:
+        raise InvalidParameterError(f"occlusion needs window_tokens >= stride_tokens >= 1; got {win}, {step}.")
     with torch.no_grad():
         attr = ca.Occlusion(forward).attribute(
-            x.detach(), sliding_window_shapes=(x.shape[1], sy, sx), strides=(x.shape[1], sy, sx), baselines=0.0,
-            target=t, perturbations_per_eval=int(params["perturbations_per_eval"]))
-    # every pixel of a token's block carries that token's score drop: the block mean is the drop
+            x.detach(), sliding_window_shapes=(x.shape[1], win * sy, win * sx),
+            strides=(x.shape[1], step * sy, step * sx), baselines=0.0, target=t,
+            perturbations_per_eval=int(params["perturbations_per_eval"]))
+    # captum gives each pixel the mean score drop of the windows covering it (the same value on
+    # every channel); with the default one-token window the block mean is that token's drop
     return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1]
 
 
