@@ -8,6 +8,8 @@ for any timm Vision Transformer.
 from __future__ import annotations
 
 from .analyze import AnalysisResult, analyze, attention_distance, attention_rollout, stream_attention
+from .attribution import METHODS as ATTRIBUTION_METHODS
+from .attribution import AttributionResult, attribute
 from .capture import AttentionCapture, attention_probs, capture_attention
 from .errors import (
     CheckpointError,
@@ -19,6 +21,7 @@ from .errors import (
     VitlensError,
     WeightsUnavailableError,
 )
+from .faithfulness import ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
 from .images import preprocess, sample_images, to_rgb
 from .model import LoadedModel, ModelSpec, load_model
 from .presets import PRESETS, list_models
@@ -31,6 +34,8 @@ from .views.rollout import RolloutAccumulator, RolloutResult
 __version__ = "0.1.0"
 
 __all__ = [
+    "ATTRIBUTION_METHODS", "AttributionResult", "ComparisonTable", "FaithfulnessResult", "attribute",
+    "compare_methods", "deletion_insertion",
     "AnalysisResult", "AttentionCapture", "AttentionDistanceAccumulator", "AttentionDistanceResult",
     "CheckpointError", "FilterPCAResult", "ImageLoadError", "InvalidParameterError", "LoadedModel", "ModelSpec",
     "PRESETS", "PositionSimilarityResult", "Result", "RolloutAccumulator", "RolloutResult", "UnknownModelError",
