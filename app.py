@@ -172,7 +172,8 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None] 
 
 def image_set() -> tuple[list, list[str], str, np.ndarray | None]:
     """(images, names, key, masks) from the sidebar's image source."""
-    source = st.radio("Images", ["Sample photos", "Shapes (with masks)", "Upload"], key="img-source")
+    # the app opens on the embedded models, which know the shapes scenes: start there
+    source = st.radio("Images", ["Sample photos", "Shapes (with masks)", "Upload"], index=1, key="img-source")
     if source == "Sample photos":
         return vl.sample_images(), list(SAMPLE_NAMES), "samples", None
     if source == "Shapes (with masks)":
@@ -240,6 +241,9 @@ except Exception as e:  # noqa: BLE001
     show_error(e)
     st.stop()
 
+if m.spec.name in ("ref-vit", "ref-hybrid") and masks is None:
+    st.caption("The embedded models know only six synthetic shapes (see MODEL_CARD.md): on other images their "
+               "predictions mean nothing, though every view still shows what the model computes.")
 top = st.columns([1, 2])
 top[0].image(shown, caption=f"{image_names[idx]} as the model sees it ({shown.shape[1]}x{shown.shape[0]})",
              width=220)
