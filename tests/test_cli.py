@@ -2,16 +2,13 @@
 in a real browser, data that loads back into equal result objects, and one-line errors."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 import vitlens as vl
 from vitlens.shapes import HELD_OUT_SEED, generate

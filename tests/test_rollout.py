@@ -57,7 +57,6 @@ def test_rows_are_normalised_per_row_not_broadcast_the_wrong_way():
 
 
 def test_layers_are_multiplied_first_block_first():
-    t = 1 + 2
     a1 = torch.tensor([[[0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]]]).unsqueeze(1)
     a2 = torch.tensor([[[0.5, 0.1, 0.4], [0.9, 0.05, 0.05], [0.1, 0.1, 0.8]]]).unsqueeze(1)
     got = rollout_from_maps([a1, a2], 1, True, (1, 2))
