@@ -170,6 +170,16 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None] 
     return path, False, arch or None
 
 
+@st.cache_data(max_entries=4, show_spinner=False)
+def held_out_scenes(n: int) -> tuple[list, list[str], np.ndarray]:
+    """The first ``n`` held-out reference scenes as PIL images, with names and object masks."""
+    from PIL import Image
+
+    data = generate(n, seed=HELD_OUT_SEED)
+    names = [f"scene {i} ({CLASSES[label]})" for i, label in enumerate(data.labels)]
+    return [Image.fromarray(a) for a in data.images], names, data.masks
+
+
 def image_set() -> tuple[list, list[str], str, np.ndarray | None]:
     """(images, names, key, masks) from the sidebar's image source."""
     # the app opens on the embedded models, which know the shapes scenes: start there
@@ -178,11 +188,8 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None]:
         return vl.sample_images(), list(SAMPLE_NAMES), "samples", None
     if source == "Shapes (with masks)":
         n = st.slider("Held-out scenes", 8, 256, 32, step=8, key="n-shapes")
-        data = generate(n, seed=HELD_OUT_SEED)
-        from PIL import Image
-
-        names = [f"scene {i} ({CLASSES[label]})" for i, label in enumerate(data.labels)]
-        return [Image.fromarray(a) for a in data.images], names, f"shapes-{n}", data.masks
+        images, names, masks = held_out_scenes(n)
+        return images, names, f"shapes-{n}", masks
     files = st.file_uploader(f"PNG, JPEG or WebP, any mode, up to {MAX_UPLOAD_MB} MB each",
                              type=["png", "jpg", "jpeg", "webp"], accept_multiple_files=True, key="uploads")
     images, names, digests = [], [], []

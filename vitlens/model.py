@@ -168,6 +168,7 @@ class LoadedModel:
     dtype: torch.dtype = torch.float32
     data_config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    _label_cache: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed precision for the forward when ``dtype`` is not float32 (e.g. bf16 on CUDA)."""
@@ -191,6 +192,11 @@ class LoadedModel:
 
     def label_names(self) -> list[str] | None:
         """Class names of the classifier when known (ImageNet subsets via timm, reference classes)."""
+        if self._label_cache is None:
+            self._label_cache = self._find_label_names() or []
+        return list(self._label_cache) or None
+
+    def _find_label_names(self) -> list[str] | None:
         names = self.data_config.get("label_names")
         if names:
             return list(names)
