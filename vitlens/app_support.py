@@ -118,23 +118,12 @@ def to_json(result: Result) -> bytes:
 def read_upload(name: str, data: bytes, max_bytes: int) -> Any:
     """An uploaded file as an RGB PIL image, refusing files over ``max_bytes``."""
     from .errors import ImageLoadError
-    from .images import to_rgb
+    from .images import open_image, to_rgb
 
     if len(data) > max_bytes:
         raise ImageLoadError(f"{name} is {len(data) / 2**20:.1f} MB; the limit is {max_bytes / 2**20:.0f} MB. "
                              "Downscale it and upload again.")
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            return to_rgb(img.copy(), what=name)
-    except ImageLoadError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise ImageLoadError(f"{name}: image too large to analyse safely ({e}). Downscale it first.") from e
-    except (OSError, SyntaxError, ValueError) as e:
-        raise ImageLoadError(f"Cannot read {name} as an image ({e}). Upload PNG, JPEG or WebP.") from e
+    return to_rgb(open_image(io.BytesIO(data), name), what=name)
 
 
 def json_dumps(obj: Any) -> bytes:

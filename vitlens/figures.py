@@ -172,13 +172,19 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
     return fig
 
 
+def prediction_caption(result: RolloutResult, index: int) -> str:
+    """'ring (92%)' / 'class 3 (40%)' for image ``index``; '' for a model without classifier."""
+    if result.predicted_labels:
+        return f"{result.predicted_labels[index]} ({100 * result.probabilities[index]:.0f}%)"
+    if result.predictions[index] >= 0:
+        return f"class {result.predictions[index]} ({100 * result.probabilities[index]:.0f}%)"
+    return ""
+
+
 def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
     """Fig. 6: the rollout map of image ``index`` over the image (uint8 [H, W, 3])."""
-    label = ""
-    if result.predicted_labels:
-        label = f" — predicted {result.predicted_labels[index]} ({100 * result.probabilities[index]:.0f}%)"
-    elif result.predictions[index] >= 0:
-        label = f" — predicted class {result.predictions[index]} ({100 * result.probabilities[index]:.0f}%)"
+    caption = prediction_caption(result, index)
+    label = f" — predicted {caption}" if caption else ""
     title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
              f"{result.source_token}){label}")
     return heatmap_overlay_figure(image, result.maps[index], title, opacity)
@@ -211,13 +217,7 @@ def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opa
     """Fig. 6 for several images: rollout over each of ``images`` (result rows 0..n-1)."""
     panels = []
     for i, image in enumerate(images):
-        if result.predicted_labels:
-            caption = f"{result.predicted_labels[i]} ({100 * result.probabilities[i]:.0f}%)"
-        elif result.predictions[i] >= 0:
-            caption = f"class {result.predictions[i]} ({100 * result.probabilities[i]:.0f}%)"
-        else:
-            caption = f"image {i + 1}"
-        panels.append((image, result.maps[i], caption))
+        panels.append((image, result.maps[i], prediction_caption(result, i) or f"image {i + 1}"))
     title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
              f"{result.source_token})")
     return overlay_grid_figure(panels, title, opacity)

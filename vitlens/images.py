@@ -4,7 +4,7 @@ the model's own data config, batching, and the sample images that ship with scik
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence, Union
+from typing import IO, Any, Iterable, Iterator, Sequence, Union
 
 import numpy as np
 import torch
@@ -60,6 +60,22 @@ def _from_array(a: np.ndarray, what: str) -> Image.Image:
     return Image.fromarray(a, "RGB")
 
 
+def open_image(source: Path | IO[bytes], what: str) -> Image.Image:
+    """Decode a file (path or binary stream) fully, so corrupt or truncated data fails here.
+
+    Raises:
+        ImageLoadError: naming ``what``, for undecodable data or a decompression bomb.
+    """
+    try:
+        with Image.open(source) as opened:
+            opened.load()
+            return opened.copy()
+    except Image.DecompressionBombError as e:
+        raise ImageLoadError(f"{what}: image too large to analyse safely ({e}). Downscale it first.") from e
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ImageLoadError(f"Cannot read {what} as an image ({e}). Pass a PNG, JPEG, WebP, BMP or TIFF file.") from e
+
+
 def to_rgb(img: ImageLike, what: str | None = None) -> Image.Image:
     """Any image-like -> an 8-bit RGB PIL image.
 
@@ -74,14 +90,7 @@ def to_rgb(img: ImageLike, what: str | None = None) -> Image.Image:
         path = Path(img).expanduser()
         if not path.is_file():
             raise ImageLoadError(f"Image file not found: {path}.")
-        try:
-            with Image.open(path) as opened:
-                opened.load()
-                img = opened.copy()
-        except Image.DecompressionBombError as e:
-            raise ImageLoadError(f"{path}: image too large to analyse safely ({e}). Downscale it first.") from e
-        except (OSError, SyntaxError, ValueError) as e:
-            raise ImageLoadError(f"Cannot read {path} as an image ({e}). Pass a PNG, JPEG, WebP, BMP or TIFF file.") from e
+        img = open_image(path, str(path))
     if isinstance(img, np.ndarray):
         return _from_array(img, what)
     if not isinstance(img, Image.Image):
