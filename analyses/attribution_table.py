@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vitlens as vl  # noqa: E402
-from vitlens.faithfulness import compare_methods  # noqa: E402
-from vitlens.shapes import HELD_OUT_SEED, generate  # noqa: E402
+from vitlens.attribution import compare_methods  # noqa: E402
+from vitlens.reference.shapes import HELD_OUT_SEED, generate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vitlens as vl  # noqa: E402
-from vitlens.evaluation import accuracy, rollout_mask_scores  # noqa: E402
-from vitlens.shapes import HELD_OUT_SEED, generate  # noqa: E402
+from vitlens.attribution.evaluation import accuracy, rollout_mask_scores  # noqa: E402
+from vitlens.reference.shapes import HELD_OUT_SEED, generate  # noqa: E402
 from vitlens.views.position import neighbour_similarity  # noqa: E402
 
 

@@ -18,6 +18,8 @@ from PIL import Image
 from safetensors.torch import save_file
 from streamlit.testing.v1 import AppTest
 
+import vitlens as vl
+
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
 VIEWS = ["Filters", "Position embeddings", "Attention distance", "Attention maps", "Attributions", "Compare"]
@@ -60,22 +62,50 @@ def test_every_view_renders_a_chart_without_errors(app, view):
     assert len(app.get("plotly_chart")) >= 1
 
 
+def chart(app: AppTest, index: int = 0) -> dict:
+    """The figure of the index-th Plotly chart on the page, as Plotly JSON."""
+    import json
+
+    return json.loads(app.get("plotly_chart")[index].proto.spec)
+
+
+def heatmap_z(fig: dict) -> np.ndarray:
+    """The z values of the figure's first heatmap (Plotly JSON may store them base64-encoded)."""
+    import base64
+
+    trace = next(t for t in fig["data"] if t["type"] == "heatmap")
+    z = trace["z"]
+    if isinstance(z, dict):  # {"dtype": "f8", "bdata": "...", "shape": "h, w"}
+        shape = tuple(int(v) for v in str(z["shape"]).split(","))
+        return np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(shape)
+    return np.asarray(z, dtype=float)
+
+
 def test_view_controls_change_the_result(app):
     app.radio(key="view").set_value("Filters").run()
     app.slider(key="k").set_value(5).run()
-    assert "top 5" in app.caption[-1].value or any("top 5" in c.value for c in app.caption)
+    assert any("top 5" in c.value for c in app.caption)
+    assert len(chart(app)["data"]) == 5  # one image per component
     app.radio(key="view").set_value("Attention maps").run()
+    before = heatmap_z(chart(app))
     app.selectbox(key="fusion").set_value("max").run()
+    after_fusion = heatmap_z(chart(app))
     app.slider(key="discard").set_value(0.5).run()
+    after_discard = heatmap_z(chart(app))
+    assert not np.allclose(before, after_fusion) and not np.allclose(after_fusion, after_discard)
+    assert "max fusion, discard 0.50" in chart(app)["layout"]["title"]["text"]
     app.radio(key="qkind").set_value("patch").run()
     app.slider(key="layer").set_value(3).run()
     app.selectbox(key="head").set_value("head 2").run()
     assert problems(app) == [] and not app.error
     assert any("head 2" in str(c.proto.spec) for c in app.get("plotly_chart"))
     app.radio(key="view").set_value("Position embeddings").run()
+    assert heatmap_z(chart(app)).shape == (8 * 9 - 1, 8 * 9 - 1)  # 8x8 tiles with gaps
     app.number_input(key="gh").set_value(5).run()
     app.number_input(key="gw").set_value(7).run()
     assert problems(app) == [] and not app.error
+    assert heatmap_z(chart(app)).shape == (5 * 6 - 1, 7 * 8 - 1)  # E_pos resampled to 5x7
+    assert "resampled from 8x8" in chart(app)["layout"]["title"]["text"]
 
 
 def test_attributions_view_scores_methods_against_masks(app):
@@ -85,8 +115,18 @@ def test_attributions_view_scores_methods_against_masks(app):
     app.selectbox(key="target").set_value("star").run()
     assert problems(app) == [] and not app.error
     table = app.dataframe[0].value
-    assert list(table["method"]) == ["rollout", "occlusion"] and "mass in mask" in table.columns
+    assert list(table["method"]) == ["rollout", "occlusion"] and "mass_in_mask" in table.columns
     assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
+    # the numbers shown are the library's: compare_methods on the current scene, its mask and target
+    from vitlens.attribution import compare_methods
+    from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate
+
+    scene = generate(1, seed=HELD_OUT_SEED)
+    want = compare_methods(vl.load_model("ref-vit", device="cpu"), list(scene.images), methods=["rollout", "occlusion"],
+                           masks=scene.masks, target=CLASSES.index("star"))
+    for shown, row in zip(table.to_dict("records"), want.rows):
+        assert shown["deletion_auc"] == pytest.approx(round(row["deletion_auc"], 3), abs=1e-9)
+        assert shown["mass_in_mask"] == pytest.approx(round(row["mass_in_mask"], 3), abs=1e-9)
 
 
 def test_hybrid_filters_say_they_show_the_stem_convolution(app):
@@ -143,8 +183,6 @@ def test_hub_preset_offline_says_how_to_proceed(app):
 
 
 def test_checkpoint_for_the_wrong_architecture_is_explained(app, tmp_path):
-    import vitlens as vl
-
     path = tmp_path / "vit.safetensors"
     m = vl.load_model("ref-vit", device="cpu")
     save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(path))

@@ -10,7 +10,7 @@ from torch import nn
 import vitlens as vl
 from conftest import get_model
 from vitlens.attribution import METHODS, attribute
-from vitlens.faithfulness import compare_methods, deletion_insertion
+from vitlens.attribution import compare_methods, deletion_insertion
 
 KEY_PATCH = (2, 1)  # (row, col) on the 4x4 grid
 
@@ -20,8 +20,6 @@ def one_patch_model() -> vl.LoadedModel:
     4 x the mean red value of patch KEY_PATCH and class-1 logit is 0: every token attends to that patch
     alone (its position embedding carries a large key), and the class token reads its colour."""
     from timm.models.vision_transformer import VisionTransformer
-
-    from vitlens.model import _finish
 
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=8, depth=1, num_heads=1, num_classes=2,
                               norm_layer=nn.Identity, mlp_ratio=1.0)
@@ -39,7 +37,7 @@ def one_patch_model() -> vl.LoadedModel:
         model.head.weight[0, 0] = 4.0
     model.pretrained_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "input_size": (3, 32, 32),
                             "crop_pct": 1.0, "interpolation": "bilinear"}
-    return _finish(model, "one-patch", torch.device("cpu"), torch.float32, "hand-built")
+    return vl.LoadedModel.from_module(model, name="one-patch", device="cpu", source="hand-built")
 
 
 def key_patch_images(n: int = 3) -> torch.Tensor:
@@ -131,7 +129,7 @@ def test_targets_default_to_the_prediction_and_can_be_given(tiny):
 
 
 def test_comparison_table_on_reference_scenes_with_masks(tmp_path):
-    from vitlens.shapes import HELD_OUT_SEED, generate
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
     data = generate(6, seed=HELD_OUT_SEED)
     m = vl.load_model("ref-vit", device="cpu")
@@ -154,3 +152,27 @@ def test_coarser_occlusion_windows_still_find_the_key_patch(one_patch):
         assert mp[0, 3] == pytest.approx(0.0, abs=1e-6)
     with pytest.raises(vl.InvalidParameterError, match="window_tokens"):
         attribute(one_patch, key_patch_images(1), method="occlusion", window_tokens=1, stride_tokens=2)
+
+
+def test_scores_of_the_one_patch_model_have_known_values(one_patch):
+    """Occlusion puts all its mass on the key patch, so with that patch as the object mask the mass
+    in mask is 1 and the pointing game is won; deleting the key patch first drops the class-0
+    probability from sigmoid(4) to sigmoid(4 m) at once (m: the image's mean red), so the deletion
+    curve is known step by step, and insertion is the same curve mirrored."""
+    x = key_patch_images(2)
+    masks = np.zeros((2, 32, 32), dtype=bool)
+    masks[:, 16:24, 8:16] = True  # patch (2, 1)
+    table = compare_methods(one_patch, x, methods=["occlusion"], masks=masks, steps=16)
+    row = table.rows[0]
+    assert row["mass_in_mask"] == pytest.approx(1.0) and row["pointing_game"] == 1.0
+    assert row["mass_ratio"] == pytest.approx(16.0)  # all the mass on 1/16 of the image
+    mean_red = x[:, 0].mean(dim=(1, 2)).double().numpy()
+    full, deleted = 1 / (1 + np.exp(-4.0)), 1 / (1 + np.exp(-4.0 * mean_red))
+    f = table.faithfulness[0]
+    np.testing.assert_allclose(f.deletion[:, 0], full, rtol=1e-4)
+    np.testing.assert_allclose(f.deletion[:, 1:], np.repeat(deleted[:, None], 16, 1), rtol=1e-4)
+    np.testing.assert_allclose(f.insertion[:, :1], deleted[:, None], rtol=1e-4)
+    np.testing.assert_allclose(f.insertion[:, 1:], full, rtol=1e-4)
+    fractions = np.arange(17) / 16
+    np.testing.assert_allclose(f.deletion_auc, np.trapezoid(f.deletion, fractions, axis=1))
+    np.testing.assert_allclose(f.deletion_auc, (full + deleted) / 32 + deleted * 15 / 16, rtol=1e-4)

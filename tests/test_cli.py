@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import vitlens as vl
-from vitlens.shapes import HELD_OUT_SEED, generate
+from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -15,10 +15,8 @@ def small_vit(**kwargs):
     """A 2x2-patch ViT (32 px, 16 px patches, D=4) whose weights the tests set by hand."""
     from timm.models.vision_transformer import VisionTransformer
 
-    from vitlens.model import _finish
-
     model = VisionTransformer(img_size=32, patch_size=16, embed_dim=4, depth=1, num_heads=1, num_classes=3, **kwargs)
-    return _finish(model, "hand-built", torch.device("cpu"), torch.float32, "test")
+    return vl.LoadedModel.from_module(model, name="hand-built", device="cpu", source="test")
 
 
 def test_hand_built_position_embeddings_give_known_cosines_and_drop_the_prefix_row():
@@ -132,3 +130,20 @@ def test_too_many_components_names_the_limit():
     with pytest.raises(vl.InvalidParameterError, match="between 1 and 64"):
         vl.embedding_filter_pca(m, n_components=65)
 
+
+
+def test_filter_pca_of_two_orthogonal_patterns_explains_9_to_1():
+    """Filters a_i u + b_i v with orthonormal u, v and centred a = (3, -3, 3, -3), b = (1, 1, -1, -1):
+    the components are u and v (up to sign), explaining 9/10 and 1/10 of the variance."""
+    m = small_vit()
+    g = torch.Generator().manual_seed(1)
+    basis, _ = torch.linalg.qr(torch.randn(3 * 16 * 16, 2, generator=g, dtype=torch.float64))
+    u, v = basis[:, 0], basis[:, 1]
+    a = torch.tensor([3.0, -3.0, 3.0, -3.0], dtype=torch.float64)
+    b = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
+    with torch.no_grad():
+        m.model.patch_embed.proj.weight.copy_((a[:, None] * u + b[:, None] * v).view(4, 3, 16, 16))
+    r = vl.embedding_filter_pca(m, n_components=2)
+    np.testing.assert_allclose(r.explained_variance_ratio, [0.9, 0.1], atol=1e-6)
+    assert abs(float(r.components[0].ravel() @ u.numpy())) == pytest.approx(1.0, abs=1e-6)
+    assert abs(float(r.components[1].ravel() @ v.numpy())) == pytest.approx(1.0, abs=1e-6)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import vitlens as vl
-from vitlens.evaluation import accuracy, rollout_mask_scores
-from vitlens.shapes import CLASSES, HELD_OUT_SEED, generate
+from vitlens.attribution.evaluation import accuracy, rollout_mask_scores
+from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate
 from vitlens.views.distance import token_distance_matrix
 from vitlens.views.position import neighbour_similarity
 

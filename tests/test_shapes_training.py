@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 import vitlens as vl
-from vitlens.metrics import mask_scores, patch_coverage
-from vitlens.shapes import CLASSES, generate
+from vitlens.attribution.masks import mask_scores, patch_coverage
+from vitlens.reference.shapes import CLASSES, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,3 +61,52 @@ def test_training_script_is_resumable_and_writes_loadable_weights(tmp_path):
     assert m.spec.grid == (8, 8) and m.spec.num_classes == len(CLASSES)
     state = torch.load(tmp_path / "state" / "ref-vit.state.pt", weights_only=True)
     assert state["step"] == 3
+
+
+def test_an_interrupted_run_resumes_to_exactly_the_uninterrupted_weights(tmp_path):
+    from vitlens.reference.models import build_reference
+    from vitlens.reference.training import classification_loss, run_steps
+
+    def fresh():
+        torch.manual_seed(0)
+        return build_reference("ref-vit")
+
+    whole = fresh()
+    run_steps(whole, classification_loss(whole, batch=8), 3, tmp_path / "whole.pt", save_every=1, batch=8)
+
+    broken = fresh()
+    loss = classification_loss(broken, batch=8)
+
+    def dies_at_step_2(step: int) -> torch.Tensor:
+        if step == 2:
+            raise KeyboardInterrupt
+        return loss(step)
+
+    try:
+        run_steps(broken, dies_at_step_2, 3, tmp_path / "resumed.pt", save_every=1, batch=8)
+    except KeyboardInterrupt:
+        pass
+    resumed = fresh()
+    run_steps(resumed, classification_loss(resumed, batch=8), 3, tmp_path / "resumed.pt", save_every=1, batch=8)
+    for (k, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_masked_patch_targets_are_the_3_bit_mean_colour_of_each_patch():
+    from vitlens.reference.training import mean_colour_classes
+
+    img = np.zeros((1, 16, 16, 3), dtype=np.uint8)
+    img[0, :8, :8] = (255, 0, 0)  # patch (0, 0): red -> levels (7, 0, 0)
+    img[0, :8, 8:] = (0, 128, 255)  # patch (0, 1): levels (0, 4, 7)
+    img[0, 8:, :8, 2] = 40  # patch (1, 0): blue 40/255 * 8 = 1.25 -> level 1
+    img[0, 8:, 8:8 + 4] = 255  # patch (1, 1): half white -> mean 0.5 -> level 4 in every channel
+    got = mean_colour_classes(img, patch=8).tolist()
+    assert got == [[7 * 64, 4 * 8 + 7, 1, 4 * 64 + 4 * 8 + 4]]
+
+
+def test_field_scenes_keep_the_plain_scenes_objects():
+    plain, field = generate(6, seed=5), generate(6, seed=5, style="field")
+    np.testing.assert_array_equal(plain.labels, field.labels)
+    np.testing.assert_array_equal(plain.masks, field.masks)
+    np.testing.assert_array_equal(plain.images[plain.masks], field.images[field.masks])  # the object is untouched
+    assert np.abs(plain.images.astype(int) - field.images).mean() > 5  # the background is not

@@ -4,15 +4,28 @@ for any timm Vision Transformer.
     import vitlens as vl
     m = vl.load_model("ref-vit")
     r = vl.analyze(m, vl.sample_images())
+
+The package, by what each part is:
+
+- ``loading``: names to models (embedded pair, timm hub, checkpoints, user modules) and ``ModelSpec``;
+- ``families``: how each kind of ViT is read exactly (spec, attention capture, filters, E_pos);
+- ``views``: the paper's four views, one image's attention maps, and the streaming engine;
+- ``attribution``: class-specific attributions, faithfulness, mask metrics;
+- ``reference``: the embedded reference pair (scenes, models, training, weights);
+- ``report``: the command line and its offline HTML pages;
+- ``figures``, ``results``, ``images``, ``progress``, ``errors``: shared pieces.
 """
 from __future__ import annotations
 
-from .analyze import AnalysisResult, analyze, attention_distance, attention_rollout, stream_attention
+import sys as _sys
+
+from . import _compat
 from .attribution import METHODS as ATTRIBUTION_METHODS
-from .attribution import AttributionResult, attribute
-from .capture import AttentionCapture, attention_probs, capture_attention
+from .attribution import (
+    AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
 from .errors import (
     CheckpointError,
+    DeviceUnavailableError,
     ImageLoadError,
     InvalidParameterError,
     UnknownModelError,
@@ -21,26 +34,30 @@ from .errors import (
     VitlensError,
     WeightsUnavailableError,
 )
-from .faithfulness import ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
-from .images import preprocess, sample_images, to_rgb
-from .model import LoadedModel, ModelSpec, load_model
-from .presets import PRESETS, list_models
+from .images import Images, preprocess, sample_images, to_rgb
+from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
 from .results import Result, load_result
+from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
+from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
+from .views.capture import AttentionCapture, attention_probs, capture_attention
 from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
+from .views.engine import AttentionConsumer, BatchInfo, stream_attention
 from .views.filters import FilterPCAResult, embedding_filter_pca
 from .views.position import PositionSimilarityResult, position_similarity
 from .views.rollout import RolloutAccumulator, RolloutResult
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_compat.install(_sys.modules[__name__])
 
 __all__ = [
-    "ATTRIBUTION_METHODS", "AttributionResult", "ComparisonTable", "FaithfulnessResult", "attribute",
-    "compare_methods", "deletion_insertion",
-    "AnalysisResult", "AttentionCapture", "AttentionDistanceAccumulator", "AttentionDistanceResult",
-    "CheckpointError", "FilterPCAResult", "ImageLoadError", "InvalidParameterError", "LoadedModel", "ModelSpec",
-    "PRESETS", "PositionSimilarityResult", "Result", "RolloutAccumulator", "RolloutResult", "UnknownModelError",
-    "UnsupportedModelError", "ViewNotAvailableError", "VitlensError", "WeightsUnavailableError", "analyze",
-    "attention_distance", "attention_probs", "attention_rollout", "capture_attention", "embedding_filter_pca",
-    "list_models", "load_model", "load_result", "position_similarity", "preprocess", "sample_images",
-    "stream_attention", "to_rgb",
+    "ATTRIBUTION_METHODS", "AnalysisResult", "AttentionCapture", "AttentionConsumer", "AttentionDistanceAccumulator",
+    "AttentionDistanceResult", "AttentionMapsResult", "AttributionResult", "BatchInfo", "CheckpointError",
+    "ComparisonTable", "DeviceUnavailableError", "FaithfulnessResult", "FilterPCAResult", "ImageLoadError", "Images",
+    "InvalidParameterError", "LoadedModel", "ModelSpec", "PRESETS", "PositionSimilarityResult", "Result",
+    "RolloutAccumulator", "RolloutResult", "UnknownModelError", "UnsupportedModelError", "ViewNotAvailableError",
+    "VitlensError", "WeightsUnavailableError", "analyze", "attention_distance", "attention_maps", "attention_probs",
+    "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
+    "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",
+    "query_token", "sample_images", "stream_attention", "to_rgb",
 ]

@@ -1,9 +1,30 @@
-"""Exceptions raised by vitlens. Every message says what was wrong and what to do about it."""
+"""Exceptions raised by vitlens. Every message says what was wrong and what to do about it, in the
+words of the interface the user is in: a Python call, the command line or the app.
+
+An error built with ``fixes={"python": ..., "cli": ..., "app": ...}`` reads with the Python
+hint by default (``str(e)``); the command line and the app ask for theirs with
+``e.message_for("cli")`` / ``e.message_for("app")``.
+"""
 from __future__ import annotations
+
+INTERFACES = ("python", "cli", "app")
 
 
 class VitlensError(Exception):
     """Base class of every error vitlens raises on purpose."""
+
+    def __init__(self, message: str, fixes: dict[str, str] | None = None) -> None:
+        self.message = message
+        self.fixes = dict(fixes or {})
+        super().__init__(self.message_for("python"))
+
+    def message_for(self, interface: str = "python") -> str:
+        """The message with the hint for ``interface`` ("python", "cli" or "app"), when there is one."""
+        fix = self.fixes.get(interface) or self.fixes.get("python")
+        return f"{self.message} {fix}" if fix else self.message
+
+    def __reduce__(self):  # keep the hints when the error crosses a process boundary (Ray workers)
+        return (type(self), (self.message, self.fixes))
 
 
 class UnknownModelError(VitlensError, ValueError):
@@ -32,3 +53,7 @@ class ViewNotAvailableError(VitlensError, ValueError):
 
 class InvalidParameterError(VitlensError, ValueError):
     """A parameter outside its accepted values."""
+
+
+class DeviceUnavailableError(VitlensError, RuntimeError):
+    """A device that this machine does not have (e.g. CUDA without a GPU)."""

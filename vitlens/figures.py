@@ -1,9 +1,13 @@
-"""Plotly figures for the four views: pure functions of the result objects.
+"""Plotly figures: pure functions of the result objects.
 
 - ``filters_figure``: paper Fig. 7 left, a grid of RGB filter components.
 - ``position_figure``: Fig. 7 centre / Fig. 10, a grid of similarity tiles.
 - ``distance_figure``: Fig. 7 right / Fig. 11, mean distance of each head by layer.
 - ``rollout_figure``: Fig. 6 / Fig. 14, rollout over the image.
+- ``heads_figure``: one query's attention in every head of a layer.
+- ``attribution_figure`` / ``faithfulness_figure``: maps of several methods and their curves.
+
+Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .views.distance import AttentionDistanceResult
+from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
 from .views.rollout import RolloutResult
@@ -75,13 +79,13 @@ def position_figure(result: PositionSimilarityResult, title: str | None = None) 
     mosaic, coords = position_mosaic(result)
     gh, gw = result.grid
     fig = go.Figure(go.Heatmap(
-        z=mosaic[::-1], customdata=coords[::-1], colorscale="Viridis", zmin=-1, zmax=1,
+        z=mosaic, customdata=coords, colorscale="Viridis", zmin=-1, zmax=1,
         colorbar=dict(title="cosine"),
         hovertemplate="patch (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, %{customdata[3]})"
                       "<br>cosine %{z:.3f}<extra></extra>",
     ))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False, scaleanchor="x")
+    fig.update_xaxes(visible=False, range=[-0.5, mosaic.shape[1] - 0.5], constrain="domain")
+    fig.update_yaxes(visible=False, range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain")
     note = f", E_pos resampled from {result.model_grid[0]}x{result.model_grid[1]}" if result.resized else ""
     fig.update_layout(title=title or f"Position embedding similarity, {gh}x{gw} patches{note}",
                       height=560, margin=dict(l=10, r=10, t=60, b=10))
@@ -89,12 +93,15 @@ def position_figure(result: PositionSimilarityResult, title: str | None = None) 
 
 
 def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int) -> go.Figure:
-    """One tile large: cosine similarity of patch (row, col) to every patch."""
-    fig = go.Figure(go.Heatmap(z=result.similarity[row, col][::-1], colorscale="Viridis", zmin=-1, zmax=1,
-                               y=list(range(result.grid[0]))[::-1],
+    """One tile large: cosine similarity of patch (row, col) to every patch, row 0 at the top."""
+    gh, gw = result.grid
+    fig = go.Figure(go.Heatmap(z=result.similarity[row, col], x=list(range(gw)), y=list(range(gh)),
+                               colorscale="Viridis", zmin=-1, zmax=1,
                                hovertemplate="patch (%{y}, %{x})<br>cosine %{z:.3f}<extra></extra>"))
-    fig.update_yaxes(scaleanchor="x", title="row")
-    fig.update_xaxes(title="column")
+    fig.add_trace(go.Scatter(x=[col], y=[row], mode="markers", marker=dict(symbol="x", size=10, color="white"),
+                             hoverinfo="skip", showlegend=False))
+    fig.update_xaxes(title="column", range=[-0.5, gw - 0.5], constrain="domain", dtick=max(1, gw // 8))
+    fig.update_yaxes(title="row", range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain", dtick=max(1, gh // 8))
     fig.update_layout(title=f"Similarity of patch ({row}, {col}) to all patches", height=420,
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
@@ -125,26 +132,29 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
                            f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
                            "<br>std over images %{customdata[2]:.1f} px<extra></extra>"),
         ))
-    from .views.distance import token_distance_matrix
-
     labelled: list[float] = []
     for i, res in enumerate(results):  # what every head would show if it attended uniformly
-        uniform = float(token_distance_matrix(res.grid, res.stride_px).mean())
+        uniform = uniform_distance(res.grid, res.stride_px)
         if units != "px":
             uniform /= res.image_size[1]
-        # one label per distinct level, so coinciding lines do not print over each other
-        text = None if any(abs(uniform - u) < 0.03 * max(u, 1e-9) for u in labelled) else "uniform attention"
+        line = dict(dash="dot", width=1, color=PALETTE[i % len(PALETTE)])
+        # one label per distinct level, so coinciding lines do not print over each other; a line
+        # without a label gets no annotation at all (annotation_text=None draws Plotly's "new text")
+        if any(abs(uniform - u) < 0.03 * max(u, 1e-9) for u in labelled):
+            fig.add_hline(y=uniform, line=line)
+        else:
+            fig.add_hline(y=uniform, line=line, annotation_text="uniform attention",
+                          annotation_position="bottom right")
         labelled.append(uniform)
-        fig.add_hline(y=uniform, line=dict(dash="dot", width=1, color=PALETTE[i % len(PALETTE)]),
-                      annotation_text=text, annotation_position="bottom right")
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
     fig.update_layout(
-        title=title or f"Mean attention distance by head ({conv}; mean over {first.n_images} images)",
+        title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {first.n_images} images; "
+                       "dotted: uniform attention</sup>",
         xaxis=dict(title="Network depth (layer)", dtick=1),
         yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
                    rangemode="tozero"),
-        height=460, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.18),
+        height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18),
     )
     return fig
 
@@ -174,20 +184,14 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
 
 def prediction_caption(result: RolloutResult, index: int) -> str:
     """'ring (92%)' / 'class 3 (40%)' for image ``index``; '' for a model without classifier."""
-    if result.predicted_labels:
-        return f"{result.predicted_labels[index]} ({100 * result.probabilities[index]:.0f}%)"
-    if result.predictions[index] >= 0:
-        return f"class {result.predictions[index]} ({100 * result.probabilities[index]:.0f}%)"
-    return ""
+    return result.caption(index)
 
 
 def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
     """Fig. 6: the rollout map of image ``index`` over the image (uint8 [H, W, 3])."""
-    caption = prediction_caption(result, index)
-    label = f" — predicted {caption}" if caption else ""
-    title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
-             f"{result.source_token}){label}")
-    return heatmap_overlay_figure(image, result.maps[index], title, opacity)
+    caption = result.caption(index)
+    label = f"<br><sup>predicted {caption}</sup>" if caption else ""
+    return heatmap_overlay_figure(image, result.maps[index], result.title() + label, opacity)
 
 
 def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,
@@ -215,12 +219,30 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
 
 def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opacity: float = 0.5) -> go.Figure:
     """Fig. 6 for several images: rollout over each of ``images`` (result rows 0..n-1)."""
-    panels = []
-    for i, image in enumerate(images):
-        panels.append((image, result.maps[i], prediction_caption(result, i) or f"image {i + 1}"))
-    title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f}, "
-             f"{result.source_token})")
-    return overlay_grid_figure(panels, title, opacity)
+    panels = [(image, result.maps[i], result.caption(i) or f"image {i + 1}") for i, image in enumerate(images)]
+    return overlay_grid_figure(panels, result.title(), opacity)
+
+
+def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int, query_label: str,
+                 opacity: float = 0.5) -> go.Figure:
+    """All heads of one layer as small multiples: where ``query_label`` attends, per head.
+
+    Args:
+        image: uint8 [H, W, 3] as the model sees it.
+        head_maps: [heads, gh, gw] attention of the query over patch keys (``AttentionMapsResult.query_attention``).
+        layer: 0-based block index (shown 1-based).
+        query_label: e.g. "the class token" or "patch (3, 4)".
+    """
+    panels = [(image, hm / max(float(hm.max()), 1e-12), f"head {h + 1}") for h, hm in enumerate(head_maps)]
+    return overlay_grid_figure(panels, f"Layer {layer + 1}: attention of {query_label}<br><sup>each head scaled "
+                               "to its max</sup>", opacity, columns=min(6, len(panels)))
+
+
+def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int, head: int, query_label: str,
+                opacity: float = 0.5) -> go.Figure:
+    """One head of one layer: where ``query_label`` attends (0-based layer and head, shown 1-based)."""
+    return heatmap_overlay_figure(image, head_maps[head], f"Layer {layer + 1}, head {head + 1}: attention of "
+                                  f"{query_label}", opacity)
 
 
 def attribution_figure(results: Sequence[Any], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:

@@ -1,8 +1,10 @@
-"""Images in, model-ready batches out: reading, converting any mode to RGB, preprocessing with
-the model's own data config, batching, and the sample images that ship with scikit-image.
+"""Images in, model-ready batches out: reading files and uploads, converting any mode to RGB,
+preprocessing with the model's own data config, batching, and the sample images that ship with
+scikit-image. ``Images`` is every form of image input the views accept.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence, Union
 
@@ -13,6 +15,14 @@ from PIL import Image, ImageFile
 from .errors import ImageLoadError, InvalidParameterError
 
 ImageLike = Union[Image.Image, str, Path, np.ndarray]
+#: What every view accepts as images: a preprocessed tensor [B, 3, H, W] (or [3, H, W]); one
+#: image or a sequence of PIL images / file paths / arrays (read batch by batch); or any iterable
+#: of tensors [b, 3, H, W] such as a DataLoader (``(x, y)`` pairs accepted).
+Images = Union[torch.Tensor, ImageLike, Sequence[ImageLike], Iterable[torch.Tensor]]
+#: Upload formats the app accepts, with the extensions a file picker should allow.
+UPLOAD_TYPES: tuple[str, ...] = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "gif")
+#: Largest image upload, in megabytes (the app's widget, its hint and the error all use it).
+MAX_UPLOAD_MB = 20
 SAMPLE_NAMES: tuple[str, ...] = ("astronaut", "coffee", "chelsea", "rocket")
 _ALPHA_BACKGROUND = (255, 255, 255)
 
@@ -73,7 +83,17 @@ def open_image(source: Path | IO[bytes], what: str) -> Image.Image:
     except Image.DecompressionBombError as e:
         raise ImageLoadError(f"{what}: image too large to analyse safely ({e}). Downscale it first.") from e
     except (OSError, SyntaxError, ValueError) as e:
-        raise ImageLoadError(f"Cannot read {what} as an image ({e}). Pass a PNG, JPEG, WebP, BMP or TIFF file.") from e
+        raise ImageLoadError(f"Cannot read {what} as an image ({_reason(e, source)}). "
+                             f"Pass a {', '.join(t.upper() for t in UPLOAD_TYPES if t not in ('jpeg', 'tif'))} "
+                             "file.") from e
+
+
+def _reason(e: Exception, source: object) -> str:
+    """PIL's complaint without the ``<_io.BytesIO object at 0x...>`` it names a stream by."""
+    text = str(e)
+    if not isinstance(source, (str, Path)):
+        text = text.replace(f" {source!r}", "").replace(repr(source), "the data")
+    return text
 
 
 def to_rgb(img: ImageLike, what: str | None = None) -> Image.Image:
@@ -132,7 +152,20 @@ def _describe(item: Any, i: int) -> str:
     return str(item) if isinstance(item, (str, Path)) else f"image {i} ({type(item).__name__})"
 
 
-def iter_batches(images: Any, data_config: dict[str, Any], batch_size: int) -> Iterator[torch.Tensor]:
+def count_images(images: Images) -> int | None:
+    """How many images ``images`` holds, when that is known without reading them (None otherwise)."""
+    if isinstance(images, torch.Tensor):
+        return 1 if images.ndim == 3 else int(images.shape[0])
+    if isinstance(images, np.ndarray):
+        return 1 if images.ndim < 4 else int(images.shape[0])
+    if isinstance(images, (Image.Image, str, Path)):
+        return 1
+    if isinstance(images, Sequence):
+        return len(images)
+    return None
+
+
+def iter_batches(images: Images, data_config: dict[str, Any], batch_size: int) -> Iterator[torch.Tensor]:
     """Yield model-ready batches of at most ``batch_size`` images.
 
     ``images`` may be a preprocessed tensor [B, 3, H, W] (or [3, H, W]), a sequence of PIL
@@ -193,6 +226,56 @@ def sample_images(names: Sequence[str] = SAMPLE_NAMES) -> list[Image.Image]:
         img.info["name"] = name
         out.append(img)
     return out
+
+
+def read_upload(name: str, data: bytes, max_bytes: int = MAX_UPLOAD_MB * 2**20) -> Image.Image:
+    """An uploaded file as an RGB PIL image, refusing files over ``max_bytes``; errors name the file."""
+    import io
+
+    if len(data) > max_bytes:
+        raise ImageLoadError(f"{name} is {len(data) / 2**20:.1f} MB; the limit is {max_bytes / 2**20:.0f} MB. "
+                             "Downscale it and upload again.")
+    return to_rgb(open_image(io.BytesIO(data), name), what=name)
+
+
+@dataclass
+class Uploads:
+    """Uploaded images after reading: the good ones (each file once), and a message per bad one.
+
+    Attributes:
+        images: RGB images, in upload order, duplicates (same bytes) dropped.
+        names: their file names.
+        key: a digest of the set, for caching results of these images.
+        skipped: one message per file that could not be read.
+        duplicates: names of files dropped because the same bytes came earlier.
+    """
+
+    images: list[Image.Image]
+    names: list[str]
+    key: str
+    skipped: list[str]
+    duplicates: list[str]
+
+
+def read_uploads(files: Iterable[tuple[str, bytes]], max_bytes: int = MAX_UPLOAD_MB * 2**20) -> Uploads:
+    """Read ``(name, bytes)`` uploads: same bytes twice count once; unreadable files become messages."""
+    import hashlib
+
+    images, names, digests, skipped, duplicates = [], [], [], [], []
+    for name, data in files:
+        digest = hashlib.sha256(data).hexdigest()[:12]
+        if digest in digests:
+            duplicates.append(name)
+            continue
+        try:
+            images.append(read_upload(name, data, max_bytes))
+        except ImageLoadError as e:
+            skipped.append(str(e))
+            continue
+        names.append(name)
+        digests.append(digest)
+    return Uploads(images=images, names=names, key="upload-" + "-".join(digests), skipped=skipped,
+                   duplicates=duplicates)
 
 
 def display_image(x: torch.Tensor, data_config: dict[str, Any]) -> np.ndarray:

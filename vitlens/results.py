@@ -1,7 +1,9 @@
 """Result objects: small dataclasses of numpy arrays plus metadata, saved to JSON or npz and back.
 
 Compute once, plot from the result (the scikit-learn ``Display`` habit): every view returns
-one of these, figure builders take them, reports store them.
+one of these, figure builders take them, reports store them. In a notebook a result prints as
+one line, renders as a small HTML table, and becomes a DataFrame (``to_pandas``); ``to_rows``
+gives the same tidy rows for CSV.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ from .errors import InvalidParameterError
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
 # result kinds defined in modules that ``import vitlens`` does not load
-_LAZY_KINDS = {"report": "vitlens.report", "comparison": "vitlens.report", "attribution": "vitlens.attribution",
-               "faithfulness": "vitlens.faithfulness", "attribution_comparison": "vitlens.faithfulness"}
+_LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.data",
+               "attribution": "vitlens.attribution.methods", "faithfulness": "vitlens.attribution.faithfulness",
+               "attribution_comparison": "vitlens.attribution.faithfulness"}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -48,6 +51,10 @@ def _current_umask() -> int:
 
 
 def _encode(value: Any) -> Any:
+    from .loading.spec import ModelSpec
+
+    if isinstance(value, ModelSpec):
+        return {"__spec__": _encode(value.to_dict())}
     if isinstance(value, Result):
         return {"__result__": _encode(value.to_dict())}
     if isinstance(value, np.ndarray):
@@ -67,6 +74,10 @@ def _decode(value: Any) -> Any:
     if isinstance(value, dict):
         if "__ndarray__" in value:
             return np.asarray(value["__ndarray__"], dtype=value["dtype"]).reshape(value["shape"])
+        if "__spec__" in value:
+            from .loading.spec import ModelSpec
+
+            return ModelSpec.from_dict(_decode(value["__spec__"]))
         if "__result__" in value:
             return Result.from_dict(_decode(value["__result__"]))
         if "__tuple__" in value:
@@ -85,6 +96,46 @@ class Result:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _REGISTRY[cls.kind] = cls
+
+    def summary(self) -> str:
+        """One line saying what the result holds (used by ``repr``)."""
+        return ", ".join(f"{f.name}={_short(getattr(self, f.name))}" for f in dataclasses.fields(self)[:4])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.summary()})"
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        """The numbers as tidy rows (one dict per row), for CSV and DataFrames."""
+        raise InvalidParameterError(f"{type(self).__name__} has no tabular form.")
+
+    def to_pandas(self) -> Any:
+        """``to_rows`` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.to_rows())
+
+    def to_csv(self) -> bytes:
+        """``to_rows`` as CSV (UTF-8)."""
+        return rows_to_csv(self.to_rows())
+
+    def _repr_html_(self) -> str:
+        import html
+
+        try:
+            rows = self.to_rows()
+        except InvalidParameterError:
+            rows = []
+        table = ""
+        if rows:
+            keys = list(rows[0])
+            head = "".join(f"<th>{html.escape(str(k))}</th>" for k in keys)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(r.get(k)))}</td>" for k in keys) + "</tr>"
+                           for r in rows[:10])
+            more = f"<p style='color:#666'>... {len(rows) - 10} more rows (to_pandas() for all)</p>" \
+                if len(rows) > 10 else ""
+            table = f"<table><tr>{head}</tr>{body}</table>{more}"
+        return (f"<div><b>{html.escape(type(self).__name__)}</b>: {html.escape(self.summary())}"
+                f"{table}</div>")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data dict (arrays stay numpy) of every field, with the result kind."""
@@ -154,6 +205,33 @@ class Result:
             elif _encode(a) != _encode(b):
                 return False
         return True
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array{list(value.shape)}"
+    if isinstance(value, (list, tuple)) and len(value) > 4:
+        return f"[{len(value)} items]"
+    if isinstance(value, Result):
+        return type(value).__name__
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def rows_to_csv(rows: list[dict[str, Any]]) -> bytes:
+    """Rows of dicts as CSV bytes (the columns of the first row)."""
+    import csv
+
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return buf.getvalue().encode()
 
 
 def load_result(path: str | Path) -> Result:

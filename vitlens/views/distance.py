@@ -3,7 +3,7 @@
 For block l, head h and one image: the mean over patch queries q of sum_k A[q, k] * d(q, k),
 with d the Euclidean distance between token centres in input pixels (stride-aware: the patch
 size of a ViT, the CNN's total stride of a hybrid; rows and columns of non-square grids kept
-apart). Only patch tokens are queries and keys. By default (**choice** in the project notes)
+apart). Only patch tokens are queries and keys. By default (a **choice**, docs/definitions.md)
 the weights over patch keys are renormalised to sum to 1 per query, so a head that parks
 attention on the class token does not count as local; ``renormalize=False`` keeps raw weights.
 
@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
+from ..loading.spec import ModelSpec
 from ..results import Result
+from .engine import AttentionConsumer, BatchInfo, model_name
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class AttentionDistanceResult(Result):
     """Mean attention distance of every head, averaged over images.
 
@@ -48,6 +50,24 @@ class AttentionDistanceResult(Result):
     stride_px: tuple[int, int]
     renormalize: bool
     model_name: str = ""
+
+    def summary(self) -> str:
+        layers, heads = self.mean_px.shape
+        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {self.n_images} images, "
+                f"{self.mean_px.min():.1f}-{self.mean_px.max():.1f} px (uniform "
+                f"{uniform_distance(self.grid, self.stride_px):.1f} px), "
+                f"{'renormalised' if self.renormalize else 'raw weights'}")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (layer, head), both 1-based: mean and std over images, in pixels."""
+        return [{"layer": layer + 1, "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
+                 "std_px": float(self.std_px[layer, head]), "n_images": self.n_images}
+                for layer in range(self.mean_px.shape[0]) for head in range(self.mean_px.shape[1])]
+
+    @property
+    def uniform_px(self) -> float:
+        """The distance of uniform attention on this grid (the figure's dotted line)."""
+        return uniform_distance(self.grid, self.stride_px)
 
     @property
     def mean_fraction_of_width(self) -> np.ndarray:
@@ -76,6 +96,12 @@ def merge_moments(mean_a: np.ndarray, m2_a: np.ndarray, n_a: int,
         return mean_a.copy(), m2_a.copy(), n_a
     delta = mean_b - mean_a
     return mean_a + delta * (n_b / n), m2_a + m2_b + delta**2 * (n_a * n_b / n), n
+
+
+def uniform_distance(grid: tuple[int, int], stride_px: tuple[int, int]) -> float:
+    """What every head would show if it attended uniformly over patch tokens, in pixels (the
+    mean distance between two token centres, self-pairs included; 116.5 px on 14x14 of 16 px)."""
+    return float(token_distance_matrix(grid, stride_px).mean())
 
 
 def token_distance_matrix(grid: tuple[int, int], stride_px: tuple[int, int],
@@ -112,13 +138,17 @@ def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     return per_query.mean(-1)
 
 
-class AttentionDistanceAccumulator:
-    """Streams per-block attention into running per-head statistics (no map is kept)."""
+class AttentionDistanceAccumulator(AttentionConsumer):
+    """Streams per-block attention into running per-head statistics (no map is kept).
+
+    A consumer of the streaming engine (``vitlens.views.engine``); partial accumulators over
+    disjoint image sets merge.
+    """
 
     def __init__(self, num_layers: int, num_heads: int, num_prefix_tokens: int, stride_px: tuple[int, int],
                  renormalize: bool = True) -> None:
         self.num_prefix_tokens = num_prefix_tokens
-        self.stride_px = tuple(stride_px)
+        self.stride_px = (int(stride_px[0]), int(stride_px[1]))
         self.renormalize = renormalize
         self.mean = np.zeros((num_layers, num_heads))
         self.m2 = np.zeros((num_layers, num_heads))
@@ -127,17 +157,35 @@ class AttentionDistanceAccumulator:
         self.image_size: tuple[int, int] | None = None
         self._distances: torch.Tensor | None = None
 
-    def begin_batch(self, grid: tuple[int, int], image_size: tuple[int, int], device: torch.device) -> None:
+    @classmethod
+    def for_model(cls, spec: ModelSpec, renormalize: bool = True) -> "AttentionDistanceAccumulator":
+        return cls(spec.num_layers, spec.num_heads, spec.num_prefix_tokens, spec.stride_px, renormalize)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_distances": None}  # the distance matrix is rebuilt where it is needed
+
+    def begin_batch(self, batch: BatchInfo | tuple[int, int], image_size: tuple[int, int] | None = None,
+                    device: torch.device | str | None = None) -> None:
+        """A new batch: a ``BatchInfo``, or (grid, image_size, device) as earlier versions took them."""
+        if isinstance(batch, BatchInfo):
+            grid, image_size, device = batch.grid, batch.input_size, batch.device
+        else:
+            grid = batch
+        grid = (int(grid[0]), int(grid[1]))
         if self.grid is not None and grid != self.grid:
             raise InvalidParameterError(
                 f"All images of one attention-distance result must share a grid; got {grid} after {self.grid}. "
                 "Compute a result per input size.")
-        if self._distances is None or self._distances.device != torch.device(device):
+        device = torch.device(device or "cpu")
+        if self._distances is None or self._distances.device != device:
             self._distances = token_distance_matrix(grid, self.stride_px, device)
-        self.grid, self.image_size = grid, tuple(image_size)
+        self.grid = grid
+        self.image_size = (int(image_size[0]), int(image_size[1])) if image_size is not None else \
+            (grid[0] * self.stride_px[0], grid[1] * self.stride_px[1])
 
-    def __call__(self, layer: int, attn: torch.Tensor) -> None:
-        assert self._distances is not None, "begin_batch must be called before the forward"
+    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
+        if self._distances is None:
+            raise RuntimeError("begin_batch must be called before the forward")
         n = self._distances.shape[0]
         if attn.shape[-1] != n + self.num_prefix_tokens:
             raise InvalidParameterError(
@@ -149,7 +197,23 @@ class AttentionDistanceAccumulator:
         self.mean[layer], self.m2[layer], self.counts[layer] = merge_moments(
             self.mean[layer], self.m2[layer], int(self.counts[layer]), batch_mean, batch_m2, d.shape[0])
 
-    def result(self, model_name: str = "") -> AttentionDistanceResult:
+    def merge(self, other: "AttentionDistanceAccumulator") -> "AttentionDistanceAccumulator":
+        """The accumulator over the images of both (Chan et al.'s parallel update, per head)."""
+        if (self.mean.shape != other.mean.shape or self.stride_px != other.stride_px
+                or self.renormalize != other.renormalize or self.num_prefix_tokens != other.num_prefix_tokens
+                or (self.grid is not None and other.grid is not None and self.grid != other.grid)):
+            raise InvalidParameterError("Only accumulators of the same model, grid and renormalize setting merge.")
+        out = AttentionDistanceAccumulator(self.mean.shape[0], self.mean.shape[1], self.num_prefix_tokens,
+                                           self.stride_px, self.renormalize)
+        for layer in range(self.mean.shape[0]):
+            out.mean[layer], out.m2[layer], out.counts[layer] = merge_moments(
+                self.mean[layer], self.m2[layer], int(self.counts[layer]),
+                other.mean[layer], other.m2[layer], int(other.counts[layer]))
+        out.grid = self.grid or other.grid
+        out.image_size = self.image_size or other.image_size
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> AttentionDistanceResult:
         if self.grid is None or self.counts.min() == 0:
             raise InvalidParameterError("No images were processed; pass at least one image.")
         if self.counts.min() != self.counts.max():
@@ -158,5 +222,5 @@ class AttentionDistanceAccumulator:
         return AttentionDistanceResult(
             mean_px=self.mean.copy(), std_px=np.sqrt(self.m2 / n), m2=self.m2.copy(), n_images=n,
             image_size=self.image_size, grid=self.grid, stride_px=self.stride_px,  # type: ignore[arg-type]
-            renormalize=self.renormalize, model_name=model_name,
+            renormalize=self.renormalize, model_name=model_name(spec),
         )

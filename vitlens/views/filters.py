@@ -11,14 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
-from ..errors import InvalidParameterError, ViewNotAvailableError
-from ..model import LoadedModel
+from ..errors import InvalidParameterError
+from ..loading.model import LoadedModel
 from ..results import Result
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class FilterPCAResult(Result):
     """Top principal components of the pixel-space embedding filters.
 
@@ -39,38 +38,21 @@ class FilterPCAResult(Result):
     n_filters: int
     model_name: str = ""
 
+    def summary(self) -> str:
+        k = len(self.components)
+        return (f"{self.model_name or 'model'}: top {k} of {self.n_filters} filters' components, "
+                f"{100 * float(np.sum(self.explained_variance_ratio)):.1f}% of variance; {self.module}")
 
-def _effective_weight(conv: nn.Conv2d) -> torch.Tensor:
-    """The weight a conv actually applies: weight-standardised for timm's StdConv2d(Same)."""
-    w = conv.weight.detach().to(torch.float64).cpu()
-    if type(conv).__name__ in ("StdConv2d", "StdConv2dSame"):
-        flat = w.reshape(w.shape[0], -1)
-        mean = flat.mean(dim=1, keepdim=True)
-        var = flat.var(dim=1, unbiased=False, keepdim=True)
-        w = ((flat - mean) / torch.sqrt(var + conv.eps)).reshape_as(w)
-    return w
+    def to_rows(self) -> list[dict]:
+        """One row per component (1-based): its share of the filters' variance."""
+        return [{"component": i + 1, "explained_variance_ratio": float(v)}
+                for i, v in enumerate(self.explained_variance_ratio)]
 
 
 def pixel_filters(m: LoadedModel) -> tuple[torch.Tensor, str, str]:
-    """(weight [D, C, kh, kw] in float64, module name, description) of the pixel-space filters."""
-    pe = m.model.patch_embed
-    if m.spec.kind == "vit":
-        conv = pe.proj
-        name = "patch_embed.proj"
-        why = "the patch embedding E"
-    else:
-        found = next(((n, mod) for n, mod in pe.backbone.named_modules() if isinstance(mod, nn.Conv2d)), None)
-        if found is None:
-            raise ViewNotAvailableError(f"{m.spec.name}: the hybrid's CNN has no convolution to show.")
-        name, conv = f"patch_embed.backbone.{found[0]}", found[1]
-        why = ("the CNN's first convolution; the hybrid's own patch embedding acts on CNN channels, "
-               "not pixels")
-    if not isinstance(conv, nn.Conv2d):
-        raise ViewNotAvailableError(f"{m.spec.name}: {name} is a {type(conv).__name__}, not a convolution.")
-    w = _effective_weight(conv)
-    d, c, kh, kw = w.shape
-    std = " (weight-standardised, as the layer applies it)" if type(conv).__name__.startswith("StdConv") else ""
-    return w, name, f"{name}: {d} filters of {kh}x{kw}x{c}, {why}{std}"
+    """(weight [D, C, kh, kw] in float64, module name, description) of the pixel-space filters,
+    as the model's family finds them (the patch embedding, or a hybrid's first convolution)."""
+    return m.family.pixel_filters(m.model, m.spec)
 
 
 def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCAResult:

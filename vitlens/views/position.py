@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, ViewNotAvailableError
-from ..model import LoadedModel
+from ..loading.model import LoadedModel
 from ..results import Result
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class PositionSimilarityResult(Result):
     """Cosine similarity between the position embeddings of all pairs of patches.
 
@@ -35,16 +35,32 @@ class PositionSimilarityResult(Result):
     resized: bool
     model_name: str = ""
 
+    def summary(self) -> str:
+        gh, gw = self.grid
+        note = f", E_pos resampled from {self.model_grid[0]}x{self.model_grid[1]}" if self.resized else ""
+        return f"{self.model_name or 'model'}: {gh}x{gw} patches{note}"
+
+    def to_rows(self) -> list[dict]:
+        """One row per pair of patches (rows and columns 0-based): their cosine similarity."""
+        gh, gw = self.grid
+        s = self.similarity
+        return [{"row": r, "col": c, "row2": r2, "col2": c2, "cosine": float(s[r, c, r2, c2])}
+                for r in range(gh) for c in range(gw) for r2 in range(gh) for c2 in range(gw)]
+
 
 def patch_position_embeddings(m: LoadedModel, grid: tuple[int, int] | None = None) -> torch.Tensor:
-    """E_pos rows of the patch tokens, [gh * gw, D] in float64, optionally resampled to ``grid``."""
+    """E_pos rows of the patch tokens, [gh * gw, D] in float64, optionally resampled to ``grid``.
+
+    Raises:
+        ViewNotAvailableError: the model has no learned absolute position table (its family says why).
+    """
     spec = m.spec
-    pos = getattr(m.model, "pos_embed", None)
-    if pos is None:
+    table = m.family.position_table(m.model, spec)
+    if table is None:
         raise ViewNotAvailableError(
-            f"Position similarity is not available for {spec.name}: it has no learned absolute position "
-            "embedding (pos_embed is None).")
-    rows = pos.detach()[:, spec.pos_embed_prefix:].float().cpu()
+            f"Position similarity is not available for {spec.name}: "
+            f"{m.family.no_position_reason(m.model, spec)}.")
+    rows = table.float().cpu()
     if grid is not None and tuple(grid) != spec.grid:
         from timm.layers import resample_abs_pos_embed
 

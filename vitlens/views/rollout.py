@@ -12,17 +12,23 @@ attribution methods before reading it as an explanation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
+from ..loading.spec import ModelSpec
 from ..results import Result
+from .engine import AttentionConsumer, BatchInfo, model_name
+
+if TYPE_CHECKING:
+    from ..loading.model import LoadedModel
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class RolloutResult(Result):
     """Rollout maps of a batch of images.
 
@@ -50,6 +56,29 @@ class RolloutResult(Result):
     source_token: str
     predicted_labels: list[str] = field(default_factory=list)
     model_name: str = ""
+
+    def summary(self) -> str:
+        return (f"{self.model_name or 'model'}: {len(self.maps)} maps of {self.grid[0]}x{self.grid[1]}, "
+                f"{self.head_fusion} fusion, discard {self.discard_ratio:.2f}, {self.source_token}")
+
+    def title(self) -> str:
+        """The figures' title: how the maps were made."""
+        return (f"Attention rollout ({self.head_fusion} fusion, discard {self.discard_ratio:.2f}, "
+                f"{self.source_token})")
+
+    def caption(self, index: int) -> str:
+        """'ring (92%)' / 'class 3 (40%)' for image ``index``; '' for a model without classifier."""
+        if self.predicted_labels:
+            return f"{self.predicted_labels[index]} ({100 * self.probabilities[index]:.0f}%)"
+        if self.predictions[index] >= 0:
+            return f"class {self.predictions[index]} ({100 * self.probabilities[index]:.0f}%)"
+        return ""
+
+    def to_rows(self) -> list[dict]:
+        """One row per (image, patch row, patch column), all 0-based: the map's value there."""
+        b, gh, gw = self.maps.shape
+        return [{"image": i, "row": r, "col": c, "rollout": float(self.maps[i, r, c])}
+                for i in range(b) for r in range(gh) for c in range(gw)]
 
 
 def check_rollout_params(head_fusion: str, discard_ratio: float) -> None:
@@ -96,30 +125,53 @@ def residual_normalize(fused: torch.Tensor) -> torch.Tensor:
     return a / a.sum(dim=-1, keepdim=True)
 
 
-class RolloutAccumulator:
-    """Streams per-block attention into the running product A'_l ... A'_1 of each image."""
+class RolloutAccumulator(AttentionConsumer):
+    """Streams per-block attention into the running product A'_l ... A'_1 of each image, and
+    records each image's map and prediction when its batch ends.
+
+    A consumer of the streaming engine (``vitlens.views.engine``); accumulators over disjoint
+    image sets merge (the maps of ``self`` first, then ``other``'s).
+    """
 
     def __init__(self, num_layers: int, num_prefix_tokens: int, has_class_token: bool,
-                 head_fusion: str = "mean", discard_ratio: float = 0.0) -> None:
+                 head_fusion: str = "mean", discard_ratio: float = 0.0, label_names: list[str] | None = None) -> None:
         check_rollout_params(head_fusion, discard_ratio)
         self.num_layers = num_layers
         self.num_prefix_tokens = num_prefix_tokens
         self.has_class_token = has_class_token
         self.head_fusion = head_fusion
         self.discard_ratio = float(discard_ratio)
+        self.label_names = list(label_names) if label_names else None
+        self.grid: tuple[int, int] | None = None
+        self.image_size: tuple[int, int] | None = None
         self._product: torch.Tensor | None = None
         self._layers_seen = 0
         self._maps: list[np.ndarray] = []
-        self.grid: tuple[int, int] | None = None
+        self._preds: list[np.ndarray] = []
+        self._probs: list[np.ndarray] = []
+
+    @classmethod
+    def for_model(cls, m: "LoadedModel", head_fusion: str = "mean", discard_ratio: float = 0.0) -> "RolloutAccumulator":
+        s = m.spec
+        return cls(s.num_layers, s.num_prefix_tokens, s.has_class_token, head_fusion, discard_ratio, m.label_names())
 
     @property
     def source_token(self) -> str:
         return "class token" if self.has_class_token else "mean over patch tokens"
 
-    def begin_batch(self, grid: tuple[int, int], image_size: tuple[int, int], device: torch.device) -> None:
-        self._product, self._layers_seen, self.grid = None, 0, grid
+    def begin_batch(self, batch: BatchInfo | tuple[int, int], image_size: tuple[int, int] | None = None,
+                    device: torch.device | str | None = None) -> None:
+        """A new batch: a ``BatchInfo``, or (grid, image_size, device) as earlier versions took them."""
+        if isinstance(batch, BatchInfo):
+            grid, image_size = batch.grid, batch.input_size
+        else:
+            grid = batch
+        self.grid = (int(grid[0]), int(grid[1]))
+        if image_size is not None and min(image_size) > 0:
+            self.image_size = (int(image_size[0]), int(image_size[1]))
+        self._product, self._layers_seen = None, 0
 
-    def __call__(self, layer: int, attn: torch.Tensor) -> None:
+    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
         if layer != self._layers_seen:
             raise RuntimeError(f"Rollout expected block {self._layers_seen}, got block {layer}.")
         fused = fuse_heads(attn, self.head_fusion)
@@ -129,18 +181,54 @@ class RolloutAccumulator:
         self._product = step if self._product is None else step @ self._product
         self._layers_seen += 1
 
-    def end_batch(self) -> np.ndarray:
-        """Maps [b, gh, gw] of the batch just run (max-normalised); also kept for ``maps``."""
+    def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
+        """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
         if self._product is None or self._layers_seen != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
         maps = rollout_map(self._product, self.num_prefix_tokens, self.has_class_token, self.grid)
         self._maps.append(maps)
+        b = maps.shape[0]
+        if logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
+            p, i = logits.float().softmax(-1).max(-1)
+            self._preds.append(i.cpu().numpy().astype(np.int64))
+            self._probs.append(p.cpu().numpy().astype(np.float64))
+        else:
+            self._preds.append(np.full(b, -1, dtype=np.int64))
+            self._probs.append(np.full(b, np.nan))
         self._product = None
         return maps
 
     @property
     def maps(self) -> np.ndarray:
         return np.concatenate(self._maps) if self._maps else np.zeros((0, 0, 0))
+
+    def merge(self, other: "RolloutAccumulator") -> "RolloutAccumulator":
+        if (self.head_fusion, self.discard_ratio, self.num_prefix_tokens, self.has_class_token) != (
+                other.head_fusion, other.discard_ratio, other.num_prefix_tokens, other.has_class_token):
+            raise InvalidParameterError("Only rollout accumulators of the same model and settings merge.")
+        if self.grid is not None and other.grid is not None and self.grid != other.grid:
+            raise InvalidParameterError(f"Rollout maps of grid {self.grid} and {other.grid} do not merge.")
+        out = RolloutAccumulator(self.num_layers, self.num_prefix_tokens, self.has_class_token, self.head_fusion,
+                                 self.discard_ratio, self.label_names)
+        out.grid, out.image_size = self.grid or other.grid, self.image_size or other.image_size
+        out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
+                                             self._probs + other._probs)
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> RolloutResult:
+        if self.grid is None or not self._maps:
+            raise InvalidParameterError("No images were processed; pass at least one image.")
+        preds = np.concatenate(self._preds)
+        names = self.label_names
+        size = self.image_size or (0, 0)
+        return RolloutResult(
+            maps=self.maps, predictions=preds, probabilities=np.concatenate(self._probs), grid=self.grid,
+            image_size=size, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
+            source_token=self.source_token,
+            predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
+            len(names) > int(preds.max()) else [],
+            model_name=model_name(spec),
+        )
 
 
 def rollout_map(product: torch.Tensor, num_prefix_tokens: int, has_class_token: bool,
@@ -159,7 +247,7 @@ def rollout_from_maps(maps: list[torch.Tensor], num_prefix_tokens: int, has_clas
                       grid: tuple[int, int], head_fusion: str = "mean", discard_ratio: float = 0.0) -> np.ndarray:
     """Rollout of captured maps (list of [B, H, T, T], first block first) -> [B, gh, gw]."""
     acc = RolloutAccumulator(len(maps), num_prefix_tokens, has_class_token, head_fusion, discard_ratio)
-    acc.begin_batch(grid, (0, 0), maps[0].device)
+    acc.begin_batch(grid)
     for layer, a in enumerate(maps):
-        acc(layer, a)
+        acc.on_attention(layer, a)
     return acc.end_batch()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 
 def patch_coverage(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:

@@ -13,7 +13,7 @@ prediction. This module lines it up against methods that look at the target clas
   aligned to tokens: by default one token, so every token is occluded once and its score drop is
   its value; ``window_tokens``/``stride_tokens`` make coarser, cheaper passes).
 
-Every method works on a frozen copy of nothing: the model's weights have ``requires_grad=False``
+No method changes the model: its weights have ``requires_grad=False``
 (vitlens freezes them at load), gradients come from ``torch.autograd.grad`` on the input, so no
 ``.grad`` is ever left on the model, and capture hooks are removed even when a method fails.
 """
@@ -26,26 +26,17 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .analyze import ProgressFn, attention_rollout
-from .capture import capture_attention
-from .errors import InvalidParameterError
-from .images import iter_batches
-from .model import LoadedModel
-from .results import Result
-from .views.rollout import rollout_map
-
-METHODS = ("rollout", "grad_rollout", "integrated_gradients", "saliency", "input_x_gradient", "occlusion")
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "rollout": {"head_fusion": "mean", "discard_ratio": 0.0},
-    "grad_rollout": {},
-    "integrated_gradients": {"n_steps": 16},  # captum's default is 50; 16 keeps a CPU responsive
-    "saliency": {},
-    "input_x_gradient": {},
-    "occlusion": {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
-}
+from ..errors import InvalidParameterError
+from ..images import Images, count_images, iter_batches
+from ..loading.model import LoadedModel
+from ..progress import Progress, ProgressArg
+from ..results import Result
+from ..views.analyze import attention_rollout
+from ..views.capture import capture_attention
+from ..views.rollout import rollout_map
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class AttributionResult(Result):
     """Maps of one method over a batch of images.
 
@@ -72,9 +63,19 @@ class AttributionResult(Result):
     note: str = ""
     model_name: str = ""
 
+    def summary(self) -> str:
+        return (f"{self.model_name or 'model'}: {self.method} maps of {len(self.maps)} images on "
+                f"{self.grid[0]}x{self.grid[1]}, {self.seconds_per_image:.3f} s/image")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (image, patch row, patch column), 0-based: the map's value, with the target."""
+        b, gh, gw = self.maps.shape
+        return [{"method": self.method, "image": i, "target": int(self.targets[i]), "row": r, "col": c,
+                 "value": float(self.maps[i, r, c])} for i in range(b) for r in range(gh) for c in range(gw)]
+
     def upsampled(self) -> np.ndarray:
         """[B, H, W] maps resized (bilinear) to the input size, for display."""
-        from .figures import upsample_map
+        from ..figures import upsample_map
 
         return np.stack([upsample_map(mp, self.image_size) for mp in self.maps])
 
@@ -104,11 +105,17 @@ def _pixels_to_grid(attr: torch.Tensor, grid: tuple[int, int], reduce: str = "su
     return out.cpu().numpy()
 
 
-def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
+def _rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor | None, grid: tuple[int, int],
+             params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    r = attention_rollout(m, x, batch_size=x.shape[0], **params)
+    return r.maps, (r.predictions if t is None else t.cpu().numpy())
+
+
+def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
+                  params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     x = x.detach().clone().requires_grad_(True)
     with torch.enable_grad(), capture_attention(m, mode="inline", detach=False) as cap:
-        with m.autocast():
-            logits = m.model(x).float()
+        logits = m.forward(x).float()
         score = logits.gather(1, t[:, None]).sum()
         grads = torch.autograd.grad(score, cap.maps)  # one gradient per block, in block order
     tokens = cap.maps[0].shape[-1]
@@ -116,50 +123,103 @@ def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[
     for attn, grad in zip(cap.maps, grads):
         cam = (grad.detach().to(torch.float64) * attn.detach().to(torch.float64)).clamp(min=0).mean(dim=1)
         r = r + cam @ r
-    return rollout_map(r, m.spec.num_prefix_tokens, m.spec.has_class_token, grid)
+    return rollout_map(r, m.spec.num_prefix_tokens, m.spec.has_class_token, grid), t.cpu().numpy()
 
 
-def _captum(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int], method: str,
-            params: dict[str, Any]) -> np.ndarray:
+def _forward_fn(m: LoadedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda inp: m.forward(inp).float()
+
+
+def _integrated_gradients(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
+                          params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     import captum.attr as ca
 
-    def forward(inp: torch.Tensor) -> torch.Tensor:
-        with m.autocast():
-            return m.model(inp).float()
-
     x = x.detach().clone().requires_grad_(True)
+    baseline = torch.zeros_like(x)  # the normalised mean colour
     with torch.enable_grad():
-        if method == "integrated_gradients":
-            baseline = torch.zeros_like(x)  # the normalised mean colour
-            attr = ca.IntegratedGradients(forward).attribute(x, baselines=baseline, target=t,
-                                                             n_steps=int(params["n_steps"]),
-                                                             internal_batch_size=x.shape[0])
-            return _pixels_to_grid(attr, grid)
-        if method == "saliency":
-            return _pixels_to_grid(ca.Saliency(forward).attribute(x, target=t, abs=True), grid)
-        if method == "input_x_gradient":
-            return _pixels_to_grid(ca.InputXGradient(forward).attribute(x, target=t), grid)
+        attr = ca.IntegratedGradients(_forward_fn(m)).attribute(
+            x, baselines=baseline, target=t, n_steps=int(params["n_steps"]), internal_batch_size=x.shape[0])
+    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+
+
+def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
+              params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    import captum.attr as ca
+
+    with torch.enable_grad():
+        attr = ca.Saliency(_forward_fn(m)).attribute(x.detach().clone().requires_grad_(True), target=t, abs=True)
+    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+
+
+def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
+                      params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    import captum.attr as ca
+
+    with torch.enable_grad():
+        attr = ca.InputXGradient(_forward_fn(m)).attribute(x.detach().clone().requires_grad_(True), target=t)
+    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+
+
+def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
+               params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    import captum.attr as ca
+
     sy, sx = m.spec.stride_px
     win, step = int(params["window_tokens"]), int(params["stride_tokens"])
     if win < 1 or not 1 <= step <= win:
         raise InvalidParameterError(f"occlusion needs window_tokens >= stride_tokens >= 1; got {win}, {step}.")
     with torch.no_grad():
-        attr = ca.Occlusion(forward).attribute(
+        attr = ca.Occlusion(_forward_fn(m)).attribute(
             x.detach(), sliding_window_shapes=(x.shape[1], win * sy, win * sx),
             strides=(x.shape[1], step * sy, step * sx), baselines=0.0, target=t,
             perturbations_per_eval=int(params["perturbations_per_eval"]))
     # captum gives each pixel the mean score drop of the windows covering it (the same value on
     # every channel); with the default one-token window the block mean is that token's drop
-    return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1]
+    return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
+
+
+MethodFn = Callable[[LoadedModel, torch.Tensor, Any, tuple, dict], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One attribution method: its function, default parameters, and what its maps mean.
+
+    Attributes:
+        name: the name ``attribute`` takes.
+        fn: (model, batch, targets, grid, params) -> (maps [b, gh, gw], targets [b]).
+        defaults: parameters and their defaults (the only ones it accepts).
+        needs_target: False for class-agnostic maps (rollout), which work without a classifier.
+        note: what the map means, when that needs saying.
+    """
+
+    name: str
+    fn: MethodFn
+    defaults: dict = field(default_factory=dict)
+    needs_target: bool = True
+    note: str = ""
+
+
+METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
+    Method("rollout", _rollout, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
+           note="class-agnostic: the same map for every target"),
+    Method("grad_rollout", _grad_rollout),
+    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}),  # captum's 50 is slow on a CPU
+    Method("saliency", _saliency),
+    Method("input_x_gradient", _input_x_gradient),
+    Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16}),
+)}
+METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+DEFAULTS: dict[str, dict[str, Any]] = {name: dict(mt.defaults) for name, mt in METHOD_TABLE.items()}
 
 
 def attribute(
     m: LoadedModel,
-    images: Any,
+    images: Images,
     method: str = "rollout",
     target: Any = None,
     batch_size: int = 16,
-    progress: bool | ProgressFn | None = None,
+    progress: ProgressArg = None,
     **params: Any,
 ) -> AttributionResult:
     """Attribution maps on the patch grid for the target class (default: the predicted class).
@@ -173,52 +233,38 @@ def attribute(
         progress: True for a progress bar, or a callable ``f(done, total)``.
         **params: method parameters (``n_steps`` for integrated gradients, ``perturbations_per_eval``
             for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout).
-    """
-    if method not in METHODS:
-        raise InvalidParameterError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
-    unknown = set(params) - set(DEFAULTS[method])
-    if unknown:
-        raise InvalidParameterError(f"{method} takes {', '.join(DEFAULTS[method]) or 'no parameters'}; "
-                                    f"got {', '.join(sorted(unknown))}.")
-    p = {**DEFAULTS[method], **params}
-    from .analyze import _count, _progress_fn
 
-    report, bar = _progress_fn(progress, _count(images), method)
+    Returns:
+        An ``AttributionResult``; its ``maps`` are [B, gh, gw].
+    """
+    if method not in METHOD_TABLE:
+        raise InvalidParameterError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
+    spec = METHOD_TABLE[method]
+    unknown = set(params) - set(spec.defaults)
+    if unknown:
+        raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "
+                                    f"got {', '.join(sorted(unknown))}.")
+    p = {**spec.defaults, **params}
     maps, targets, grid, size, done = [], [], None, None, 0
     start = time.perf_counter()
-    try:
-        offset = 0
+    with Progress(progress, count_images(images), method) as bar:
         for x in iter_batches(images, m.data_config, batch_size):
             x = x.to(m.device)
-            grid, size = m.grid_for(x.shape[-2:]), tuple(x.shape[-2:])
+            grid, size = m.grid_for(x.shape[-2:]), (int(x.shape[-2]), int(x.shape[-1]))
             batch_target = target
             if target is not None and np.ndim(target) > 0 and len(target) > 1:
-                batch_target = list(target)[offset: offset + x.shape[0]]
-            if method == "rollout":
-                r = attention_rollout(m, x, batch_size=x.shape[0], **p)
-                maps.append(r.maps)
-                t = r.predictions if target is None else _targets(m, x, batch_target).cpu().numpy()
-                targets.append(np.asarray(t))
-            else:
-                t = _targets(m, x, batch_target)
-                fn: Callable[..., np.ndarray] = _grad_rollout if method == "grad_rollout" else \
-                    (lambda *a: _captum(*a, method, p))
-                maps.append(fn(m, x, t, grid))
-                targets.append(t.cpu().numpy())
-            offset += x.shape[0]
+                batch_target = list(target)[done: done + x.shape[0]]
+            t = None if (target is None and not spec.needs_target) else _targets(m, x, batch_target)
+            batch_maps, batch_targets = spec.fn(m, x, t, grid, p)
+            maps.append(batch_maps)
+            targets.append(np.asarray(batch_targets))
             done += x.shape[0]
-            if report is not None:
-                report(done, _count(images))
-    finally:
-        if bar is not None:
-            bar.close()
+            bar.update(done)
     elapsed = time.perf_counter() - start
-    note = ""
-    if method == "rollout":
-        note = "class-agnostic: the same map for every target"
+    notes = [spec.note] if spec.note else []
     if method in ("rollout", "grad_rollout") and not m.spec.has_class_token:
-        note = (note + "; " if note else "") + "no class token: mean over the patch tokens' rows"
+        notes.append("no class token: mean over the patch tokens' rows")
     return AttributionResult(method=method, maps=np.concatenate(maps).astype(np.float64),
                              targets=np.concatenate(targets).astype(np.int64), grid=grid, image_size=size,
-                             seconds_per_image=elapsed / max(done, 1), params=p, note=note,
+                             seconds_per_image=elapsed / max(done, 1), params=p, note="; ".join(notes),
                              model_name=m.spec.name)

@@ -1,11 +1,13 @@
-"""Command line: ``python -m vitlens report|compare`` (also installed as ``vitlens``).
+"""Command line: ``vitlens report|compare|models`` (also ``python -m vitlens``).
 
 report  — every view (paper Fig. 6, 7) for one or more models, one offline HTML file plus data.
 compare — Fig. 11: attention distance per head by layer for several models in one chart.
+models  — the presets and the model families vitlens reads.
 
 Bad input ends with a one-line message on stderr and exit code 2 (1 for unexpected errors),
-no traceback unless --debug. Output files are written atomically, only once everything
-succeeded: a failure never leaves half a report or replaces a good one.
+no traceback unless --debug. Every model is loaded (and so checked) before the first is
+analysed. Output files are written atomically, only once everything succeeded: a failure never
+leaves half a report or replaces a good one.
 """
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def find_image_files(spec: str) -> list[Path]:
 def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarray | None]:
     """(images, description of the set, object masks or None) from --images / --samples / --shapes."""
     import vitlens as vl
-    from vitlens.shapes import HELD_OUT_SEED, generate
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
     if args.images:
         files = find_image_files(args.images)
@@ -69,12 +71,11 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
                 good.append(f)
             except vl.ImageLoadError:
                 skipped.append(f.name)
+        listed = f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
         if skipped and args.strict:
-            raise CliError(f"{len(skipped)} unreadable image(s) (--strict): {', '.join(skipped[:5])}"
-                           f"{' ...' if len(skipped) > 5 else ''}.")
+            raise CliError(f"{len(skipped)} unreadable image(s) (--strict): {listed}.")
         if skipped:
-            _log(args, f"warning: skipped {len(skipped)} unreadable image(s): {', '.join(skipped[:5])}"
-                       f"{' ...' if len(skipped) > 5 else ''}")
+            _log(args, f"warning: skipped {len(skipped)} unreadable image(s): {listed}")
         if not good:
             raise CliError(f"None of the images under {args.images!r} could be read.")
         return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped}, None
@@ -98,36 +99,18 @@ def environment(device: str) -> dict:
             "python": platform.python_version(), "device": device}
 
 
-def _load(args: argparse.Namespace, name: str):
+def load_all(args: argparse.Namespace, names: Sequence[str]) -> list[Any]:
+    """Load (and so check) every model before any is analysed; random-init models are seeded."""
     import torch
 
     import vitlens as vl
 
-    torch.manual_seed(args.seed)  # random-init models are the same on every run
-    kwargs: dict[str, Any] = {}
-    if args.arch:
-        kwargs["arch"] = args.arch
-    return vl.load_model(name, pretrained=not args.random_init, device=args.device, **kwargs)
-
-
-def _progress(args: argparse.Namespace, desc: str):
-    if args.quiet:
-        return None
-    from tqdm.auto import tqdm
-
-    bar = tqdm(desc=desc, unit="img", file=sys.stderr, leave=False)
-
-    def update(done: int, total: int | None) -> None:
-        bar.total = total
-        bar.update(done - bar.n)
-
-    update.bar = bar  # type: ignore[attr-defined]
-    return update
-
-
-def _close(progress: Any) -> None:
-    if progress is not None:
-        progress.bar.close()
+    models = []
+    for name in names:
+        torch.manual_seed(args.seed)  # random-init models are the same on every run
+        kwargs: dict[str, Any] = {"arch": args.arch} if args.arch else {}
+        models.append(vl.load_model(name, pretrained=not args.random_init, device=args.device, **kwargs))
+    return models
 
 
 def write_png(figs: dict[str, Any], out_dir: Path) -> None:
@@ -136,15 +119,15 @@ def write_png(figs: dict[str, Any], out_dir: Path) -> None:
         import kaleido  # noqa: F401
     except ImportError as e:
         raise CliError("--png needs the kaleido package: pip install kaleido") from e
+    from vitlens.results import atomic_write_bytes
+
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, fig in figs.items():
         try:
-            png = fig.to_image(format="png", scale=1)
+            png = fig.to_image(format="png", width=1000, scale=1)
         except Exception as e:  # kaleido raises several types when no Chrome/Chromium is found
             raise CliError(f"--png could not render with kaleido ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
                            "Install Chromium (Debian: apt-get install chromium) or leave out --png.") from e
-        from vitlens.results import atomic_write_bytes
-
         atomic_write_bytes(out_dir / f"{name}.png", png)
 
 
@@ -154,48 +137,35 @@ def _data_path(out: Path, data: str | None) -> Path:
 
 def cmd_report(args: argparse.Namespace) -> int:
     import vitlens as vl
-    from vitlens import figures
-    from vitlens.images import display_image, iter_batches
-    from vitlens.report import ReportData, report_html
+    from vitlens.report.data import ReportData
+    from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
 
     t_start = time.perf_counter()
     images, image_set, masks = resolve_images(args)
-    analyses, shown, timings, device, tables = [], [], {}, "", []
-    for name in args.model:
-        t0 = time.perf_counter()
-        m = _load(args, name)
+    models = load_all(args, args.model)
+    analyses, shown, timings, tables, notes = [], [], {}, [], {}
+    for m in models:
         t1 = time.perf_counter()
-        progress = _progress(args, f"{m.spec.name}")
-        try:
-            a = vl.analyze(m, images, batch_size=args.batch_size, progress=progress)
-        finally:
-            _close(progress)
+        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet)
         t2 = time.perf_counter()
-        x = next(iter_batches(images[:N_ROLLOUT_SHOWN], m.data_config, N_ROLLOUT_SHOWN))
-        shown.append([display_image(xi, m.data_config) for xi in x])
+        shown.append(m.display(images[:N_ROLLOUT_SHOWN]))
         analyses.append(a)
-        timings[m.spec.name] = {"load": t1 - t0, "analyze": t2 - t1}
-        device = str(m.device)
+        timings[m.spec.name] = {"analyze": t2 - t1}
+        notes[m.spec.name] = m.prediction_caveat(image_set["source"])
         if args.attributions:
             tables.append(_attributions(args, m, images, masks))
             timings[m.spec.name]["attributions"] = time.perf_counter() - t2
         _log(args, f"{m.spec.name}: analysed {a.distance.n_images} images in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
-    data = ReportData(models=[a.spec["name"] for a in analyses], analyses=analyses, image_set=image_set,
-                      environment=environment(device), timings=timings,
-                      command=_command(), attributions=tables)
-    page = report_html(data, shown)
+    data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
+                      environment=environment(str(models[0].device)), timings=timings, command=_command(),
+                      attributions=tables, notes=notes)
+    figs = report_figures(data, shown)
+    page = report_html(data, shown, figs)
     if args.png:
-        figs = {}
-        for i, (a, imgs) in enumerate(zip(analyses, shown)):
-            stem = f"{i + 1}-{_safe(a.spec['name'])}"
-            figs[f"{stem}-filters"] = figures.filters_figure(a.filters)
-            if a.position is not None:
-                figs[f"{stem}-position"] = figures.position_figure(a.position)
-            figs[f"{stem}-distance"] = figures.distance_figure(a.distance)
-            figs[f"{stem}-rollout"] = figures.rollout_figure(a.rollout, imgs[0], 0)
-        write_png(figs, Path(args.png))
+        write_png({f"{i + 1}-{_safe(a.spec.name)}-{name}": fig for i, (a, f) in enumerate(zip(analyses, figs))
+                   for name, fig in f.items()}, Path(args.png))
     out = Path(args.out)
     data.save(_data_path(out, args.data))
     atomic_write_bytes(out, page.encode())
@@ -205,66 +175,61 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndarray | None) -> Any:
     """Methods x metrics for the report, on the first --attribution-images images."""
-    from vitlens.attribution import METHODS
-    from vitlens.faithfulness import compare_methods
+    from vitlens.attribution import METHODS, compare_methods
 
     if m.spec.num_classes <= 0:
         _log(args, f"{m.spec.name}: no classifier head, so no attributions")
         return None
     n = min(args.attribution_images, len(images))
-    progress = _progress(args, f"{m.spec.name} attributions")
-    try:
-        return compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
-                               batch_size=args.batch_size, progress=progress)
-    finally:
-        _close(progress)
+    return compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
+                           batch_size=args.batch_size, progress=not args.quiet)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     import vitlens as vl
-    from vitlens.images import display_image, iter_batches
-    from vitlens.report import ComparisonData, comparison_html, comparison_units, layer_table, local_head_share
+    from vitlens.report.data import comparison
+    from vitlens.report.html import comparison_figures, comparison_html
     from vitlens.results import atomic_write_bytes
 
     if len(args.models) < 2:
         raise CliError("compare needs at least two models: --models A B [...].")
     t_start = time.perf_counter()
     images, image_set, _ = resolve_images(args)
-    distances, names, rollouts, timings, device = [], [], [], {}, ""
-    for name in args.models:
+    models = load_all(args, args.models)
+    distances, rollouts, timings, notes = [], [], {}, []
+    for m in models:
         t0 = time.perf_counter()
-        m = _load(args, name)
-        progress = _progress(args, m.spec.name)
-        try:
-            distances.append(vl.attention_distance(m, images, batch_size=args.batch_size, progress=progress))
-        finally:
-            _close(progress)
-        names.append(m.spec.name)
+        distances.append(vl.attention_distance(m, images, batch_size=args.batch_size, progress=not args.quiet))
         first = images[:1]
-        rollouts.append((m.spec.name, vl.attention_rollout(m, first),
-                         display_image(next(iter_batches(first, m.data_config, 1))[0], m.data_config)))
+        rollouts.append((m.spec.name, vl.attention_rollout(m, first), m.display(first)[0]))
         timings[m.spec.name] = time.perf_counter() - t0
-        device = str(m.device)
+        caveat = m.prediction_caveat(image_set["source"])
+        if caveat:
+            notes.append(f"{m.spec.name}: {caveat}")
         _log(args, f"{m.spec.name}: {distances[-1].n_images} images in {timings[m.spec.name]:.1f} s")
     timings["total"] = time.perf_counter() - t_start
-    units = comparison_units(distances)
-    data = ComparisonData(
-        models=names, distances=distances, units=units, local_threshold=args.local_threshold,
-        first_layers=args.first_layers, table=layer_table(distances, names, units),
-        local_share=[local_head_share(d, args.local_threshold, args.first_layers) for d in distances],
-        image_set=image_set, environment=environment(device), timings=timings,
-        command=_command(),
-    )
-    page = comparison_html(data, rollouts)
+    data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
+                      image_set=image_set, environment=environment(str(models[0].device)), timings=timings,
+                      command=_command())
+    figs = comparison_figures(data, rollouts)
+    page = comparison_html(data, rollouts, figs, notes)
     if args.png:
-        from vitlens import figures
-
-        write_png({"comparison-distance": figures.distance_figure(distances, names=names, units=units)},
-                  Path(args.png))
+        write_png({f"comparison-{name}": fig for name, fig in figs.items()}, Path(args.png))
     out = Path(args.out)
     data.save(_data_path(out, args.data))
     atomic_write_bytes(out, page.encode())
     _log(args, f"wrote {out} and {_data_path(out, args.data)}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vitlens.loading.presets import list_models
+
+    print("Presets (vitlens report --model NAME):")
+    for p in list_models():
+        print(f"  {p.name:48s} {p.description}{'' if p.needs_download else ' [embedded, offline]'}")
+    print("Any timm VisionTransformer name works too (timm.list_models('vit_*')), with --random-init offline; "
+          "a checkpoint file with --model FILE --arch NAME.")
     return 0
 
 
@@ -284,7 +249,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-images", type=_positive, default=128, help="use at most this many images (default 128)")
     p.add_argument("--batch-size", type=_positive, default=32)
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--arch", default=None, help="timm architecture of a local checkpoint file")
+    p.add_argument("--arch", default=None, help="architecture of a local checkpoint file (timm name or ref-vit)")
     p.add_argument("--random-init", action="store_true",
                    help="random weights instead of pretrained hub weights (timm names; embedded models keep theirs)")
     p.add_argument("--seed", type=int, default=0, help="seed for random-init weights (default 0)")
@@ -323,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--first-layers", type=_positive, default=4, help="layers counted for the local share")
     c.set_defaults(func=cmd_compare)
     _common(c)
+    ls = sub.add_parser("models", help="list the presets and the model families vitlens reads")
+    ls.set_defaults(func=cmd_models, debug=False)
     return p
 
 
@@ -337,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, VitlensError) as e:
         if args.debug:
             raise
-        print(f"vitlens: error: {e}", file=sys.stderr)
+        text = e.message_for("cli") if isinstance(e, VitlensError) else str(e)
+        print(f"vitlens: error: {text}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("vitlens: interrupted; nothing was written.", file=sys.stderr)

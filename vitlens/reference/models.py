@@ -43,29 +43,32 @@ class _BasicBlock(nn.Module):
 
 
 class SmallResNet(nn.Module):
-    """Residual CNN of total stride 8: a 5x5 stride-2 stem, then two strided basic blocks.
+    """Residual CNN of total stride 8 (or 4): a 5x5 stride-2 stem, then two basic blocks, both
+    strided for stride 8, only the first for stride 4.
 
     The stem convolution (48 filters of 5x5x3) is the hybrid's pixel-space filter bank, the
     analogue of R50's 7x7 stem that the filter-PCA view shows for hybrids.
     """
 
-    def __init__(self, width: int = 48, out_channels: int = 128) -> None:
+    def __init__(self, width: int = 48, out_channels: int = 128, stride: int = 8) -> None:
         super().__init__()
+        if stride not in (4, 8):
+            raise ValueError(f"SmallResNet has a total stride of 4 or 8, not {stride}")
         self.stem = nn.Sequential(
             nn.Conv2d(3, width, 5, 2, 2, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True)
         )
         self.stage1 = _BasicBlock(width, 64, 2)
-        self.stage2 = _BasicBlock(64, out_channels, 2)
+        self.stage2 = _BasicBlock(64, out_channels, 2 if stride == 8 else 1)
         self.num_features = out_channels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.stage2(self.stage1(self.stem(x)))
 
 
-def _pretrained_cfg(name: str) -> dict:
+def _pretrained_cfg(name: str, image_size: int = IMAGE_SIZE) -> dict:
     return {
         "architecture": name,
-        "input_size": (3, IMAGE_SIZE, IMAGE_SIZE),
+        "input_size": (3, image_size, image_size),
         "mean": (0.5, 0.5, 0.5),
         "std": (0.5, 0.5, 0.5),
         "crop_pct": 1.0,
@@ -76,15 +79,22 @@ def _pretrained_cfg(name: str) -> dict:
     }
 
 
-def build_reference(name: str) -> nn.Module:
-    """Build ``ref-vit`` or ``ref-hybrid`` with random weights (timm ``VisionTransformer``)."""
+def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE) -> nn.Module:
+    """Build ``ref-vit`` or ``ref-hybrid`` with random weights (timm ``VisionTransformer``).
+
+    Args:
+        name: "ref-vit" or "ref-hybrid".
+        patch: the token stride in pixels: the ViT's patch size, or the hybrid CNN's total stride
+            (8 or 4; the embedded pair uses 8). Experiments (``analyses/locality_sweep.py``) vary it.
+        image_size: input side in pixels.
+    """
     from timm.layers import HybridEmbed
     from timm.models.vision_transformer import VisionTransformer
 
     if name not in REFERENCE_NAMES:
         raise ValueError(f"unknown reference model {name!r}; expected one of {REFERENCE_NAMES}")
     common = dict(
-        img_size=IMAGE_SIZE,
+        img_size=image_size,
         embed_dim=EMBED_DIM,
         depth=DEPTH,
         num_heads=NUM_HEADS,
@@ -94,11 +104,11 @@ def build_reference(name: str) -> nn.Module:
         class_token=True,
     )
     if name == "ref-vit":
-        model = VisionTransformer(patch_size=PATCH, **common)
+        model = VisionTransformer(patch_size=patch, **common)
     else:
-        embed = partial(HybridEmbed, backbone=SmallResNet())
+        embed = partial(HybridEmbed, backbone=SmallResNet(stride=patch))
         model = VisionTransformer(patch_size=1, embed_layer=embed, **common)
-    model.pretrained_cfg = _pretrained_cfg(name)
+    model.pretrained_cfg = _pretrained_cfg(name, image_size)
     model.default_cfg = model.pretrained_cfg
     return model
 

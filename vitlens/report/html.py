@@ -8,75 +8,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
-from . import figures
-from .analyze import AnalysisResult
-from .results import Result
-from .views.distance import AttentionDistanceResult
-
-
-@dataclass(eq=False)
-class ReportData(Result):
-    """The numbers behind a report: one AnalysisResult per model and how they were made."""
-
-    kind = "report"
-    models: list[str]
-    analyses: list[AnalysisResult]
-    image_set: dict
-    environment: dict
-    timings: dict = field(default_factory=dict)
-    command: str = ""
-    attributions: list = field(default_factory=list)  # one ComparisonTable per model with --attributions
-
-
-@dataclass(eq=False)
-class ComparisonData(Result):
-    """The numbers behind a comparison (Fig. 11): distance per head for each model, per-layer
-    min/median/max and the share of local heads in the first layers.
-
-    ``units`` is "px" when all models share an input width, else "width" (fractions of it).
-    """
-
-    kind = "comparison"
-    models: list[str]
-    distances: list[AttentionDistanceResult]
-    units: str
-    local_threshold: float
-    first_layers: int
-    table: list[dict]
-    local_share: list[float]
-    image_set: dict
-    environment: dict
-    timings: dict = field(default_factory=dict)
-    command: str = ""
-
-
-def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
-    """Pixels when every model sees the same input width, else fractions of the image width."""
-    return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
-
-
-def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[str], units: str) -> list[dict]:
-    """Rows of (model, layer, min, median, max) of the heads' mean distance."""
-    rows = []
-    for d, name in zip(distances, names):
-        values = d.mean_px if units == "px" else d.mean_fraction_of_width
-        for layer, heads in enumerate(values):
-            rows.append({"model": name, "layer": layer + 1, "min": float(heads.min()),
-                         "median": float(np.median(heads)), "max": float(heads.max())})
-    return rows
-
-
-def local_head_share(d: AttentionDistanceResult, threshold_fraction: float, first_layers: int) -> float:
-    """Share of heads in the first ``first_layers`` layers whose mean distance is below
-    ``threshold_fraction`` of the image width (the paper's "local" heads, Fig. 7 right)."""
-    heads = d.mean_fraction_of_width[:first_layers]
-    return float((heads < threshold_fraction).mean())
+from .. import figures
+from ..views.analyze import AnalysisResult
+from .data import ComparisonData, ReportData
 
 
 _CSS = """
@@ -123,53 +62,94 @@ def _header(title: str, image_set: dict, environment: dict, timings: dict) -> st
             f"<p class='muted'>Timings: {html.escape(times)}</p>")
 
 
-def _facts(spec: dict) -> str:
-    keys = ["name", "kind", "image_size", "grid", "stride_px", "num_prefix_tokens", "has_class_token", "num_layers",
-            "num_heads", "embed_dim", "num_params", "num_classes"]
-    return _table([{k: spec.get(k) for k in keys}])
+def _facts(a: AnalysisResult) -> str:
+    return _table([a.spec.describe()])
 
 
-def model_section(a: AnalysisResult, display_images: Sequence[np.ndarray], timing: dict[str, float]) -> str:
+def _notes(notes: Sequence[str]) -> str:
+    return "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes if n)
+
+
+def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> dict[str, go.Figure]:
+    """Every figure of one model's views, by name (filters, position, distance, rollout): the
+    report page shows them and ``--png`` writes them, from this one list."""
+    figs = {"filters": figures.filters_figure(a.filters)}
+    if a.position is not None:
+        figs["position"] = figures.position_figure(a.position)
+    figs["distance"] = figures.distance_figure(a.distance)
+    figs["rollout"] = figures.rollout_grid_figure(a.rollout, display_images)
+    return figs
+
+
+def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
+    """The attribution maps of every method on one image, and the mean deletion/insertion curves."""
+    return {"attributions": figures.attribution_figure(table.attributions, image, 0),
+            "faithfulness": figures.faithfulness_figure(table.faithfulness)}
+
+
+def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
+    """Every figure of a comparison: distances overlaid (Fig. 11) and, given, rollout side by side."""
+    figs = {"distance": figures.distance_figure(data.distances, names=data.models, units=data.units)}
+    if rollouts:
+        panels = [(img, result.maps[0], name) for name, result, img in rollouts]
+        figs["rollout"] = figures.overlay_grid_figure(panels, "Attention rollout (mean fusion) of each model")
+    return figs
+
+
+def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[str, float],
+                  notes: Sequence[str] = ()) -> str:
     """Every view of one model: facts, filters, position tiles, distance, rollout on a few images."""
-    spec = a.spec
-    parts = [f"<h2>{html.escape(spec['name'])}</h2>", _facts(spec),
+    parts = [f"<h2>{html.escape(a.spec.name)}</h2>", _facts(a), _notes(notes),
              "<p class='muted'>" + html.escape(", ".join(f"{k} {v:.2f} s" for k, v in timing.items())) + "</p>",
-             "<h3>Embedding filters (Fig. 7 left)</h3>", _fig(figures.filters_figure(a.filters)),
+             "<h3>Embedding filters (Fig. 7 left)</h3>", _fig(figs["filters"]),
              "<h3>Position embedding similarity (Fig. 7 centre)</h3>"]
-    if a.position is None:
-        parts.append(f"<p class='note'>{html.escape(a.position_note)}</p>")
+    if "position" in figs:
+        parts.append(_fig(figs["position"]))
     else:
-        parts.append(_fig(figures.position_figure(a.position)))
-    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>", _fig(figures.distance_figure(a.distance)),
+        parts.append(f"<p class='note'>{html.escape(a.position_note)}</p>")
+    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>", _fig(figs["distance"]),
               "<h3>Attention rollout (Fig. 6)</h3>",
               "<p class='muted'>Rollout shows where information was mixed across layers, not what caused the "
-              "prediction.</p>", _fig(figures.rollout_grid_figure(a.rollout, display_images))]
+              "prediction.</p>", _fig(figs["rollout"])]
     return "".join(parts)
 
 
-def attribution_section(table: Any, image: np.ndarray) -> str:
+def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and the mean curves."""
     fmt_rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
             "higher is more faithful; pointing game and mass in mask where object masks exist.</p>"
-            + _table(fmt_rows, "{:.3f}")
-            + _fig(figures.attribution_figure(table.attributions, image, 0))
-            + _fig(figures.faithfulness_figure(table.faithfulness)))
+            + _table(fmt_rows, "{:.3f}") + _fig(figs["attributions"]) + _fig(figs["faithfulness"]))
 
 
-def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> str:
-    """The whole report page; ``display_images[i]`` are model i's preprocessed images for overlays."""
-    body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
+def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:
+    """Model i's figures (its views, and its attributions when there are any), by name."""
+    out = []
     for i, (a, imgs) in enumerate(zip(data.analyses, display_images)):
-        body.append(model_section(a, imgs, data.timings.get(a.spec["name"], {})))
+        figs = model_figures(a, imgs)
         if i < len(data.attributions) and data.attributions[i] is not None:
-            body.append(attribution_section(data.attributions[i], imgs[0]))
+            figs.update(attribution_figures(data.attributions[i], imgs[0]))
+        out.append(figs)
+    return out
+
+
+def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]],
+                figs: Sequence[dict[str, go.Figure]] | None = None) -> str:
+    """The whole report page; ``display_images[i]`` are model i's preprocessed images for overlays."""
+    figs = figs if figs is not None else report_figures(data, display_images)
+    body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
+    for i, (a, f) in enumerate(zip(data.analyses, figs)):
+        body.append(model_section(a, f, data.timings.get(a.spec.name, {}), [data.notes.get(a.spec.name, "")]))
+        if i < len(data.attributions) and data.attributions[i] is not None:
+            body.append(attribution_section(data.attributions[i], f))
     return _page("vitlens report", "".join(body))
 
 
-def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> str:
+def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = (),
+                    figs: dict[str, go.Figure] | None = None, notes: Sequence[str] = ()) -> str:
     """Fig. 11 page: overlaid distances, per-layer table, local-head shares, rollout side by side."""
+    figs = figs if figs is not None else comparison_figures(data, rollouts)
     unit_note = ("" if data.units == "px" else
                  "<p class='note'>The models see inputs of different widths, so distances are compared in units "
                  "of the image width.</p>")
@@ -177,14 +157,11 @@ def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.
               for n, s in zip(data.models, data.local_share)]
     fmt = "{:.1f}" if data.units == "px" else "{:.3f}"
     body = [_header("vitlens comparison (Fig. 11)", data.image_set, data.environment, data.timings),
-            unit_note,
-            _fig(figures.distance_figure(data.distances, names=data.models, units=data.units)),
+            unit_note, _notes(notes), _fig(figs["distance"]),
             f"<h2>Share of local heads</h2><p>Heads whose mean distance is below {100 * data.local_threshold:.0f}% "
             f"of the image width, in the first {data.first_layers} layers.</p>", _table(shares),
             f"<h2>Per layer ({'pixels' if data.units == 'px' else 'fraction of image width'})</h2>",
             _table(data.table, fmt)]
-    if rollouts:
-        panels = [(img, result.maps[0], name) for name, result, img in rollouts]
-        body += ["<h2>Rollout on the same image</h2>",
-                 _fig(figures.overlay_grid_figure(panels, "Attention rollout (mean fusion) of each model"))]
+    if "rollout" in figs:
+        body += ["<h2>Rollout on the same image</h2>", _fig(figs["rollout"])]
     return _page("vitlens comparison", "".join(body))

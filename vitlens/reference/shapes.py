@@ -71,8 +71,14 @@ def _smooth_texture(rng: np.random.Generator, size: int) -> np.ndarray:
     return cols
 
 
-def render_scene(rng: np.random.Generator, size: int = IMAGE_SIZE) -> tuple[np.ndarray, int, np.ndarray]:
-    """Draw one scene; returns (float image [H, W, 3] in [0, 1], label, mask [H, W])."""
+def render_scene(rng: np.random.Generator, size: int = IMAGE_SIZE,
+                 field_rng: np.random.Generator | None = None) -> tuple[np.ndarray, int, np.ndarray]:
+    """Draw one scene; returns (float image [H, W, 3] in [0, 1], label, mask [H, W]).
+
+    With ``field_rng`` the background also carries a strong smooth colour field (amplitude
+    0.15-0.3 per channel), drawn from that generator so the rest of the scene is unchanged:
+    a patch's colour is then best predicted from its neighbours.
+    """
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float64) + 0.5
     background = rng.uniform(0.05, 0.4, size=3)
     image = np.broadcast_to(background, (size, size, 3)).copy()
@@ -95,10 +101,15 @@ def render_scene(rng: np.random.Generator, size: int = IMAGE_SIZE) -> tuple[np.n
     colour = rng.uniform(0.6, 1.0, size=3)
     image[mask] = colour
     image += rng.normal(0.0, 0.02, size=image.shape)
+    if field_rng is not None:
+        image[~mask] += field_rng.uniform(0.15, 0.3) * _smooth_texture(field_rng, size)[~mask]
     return np.clip(image, 0.0, 1.0), label, mask
 
 
-def generate(n: int, seed: int = 0, size: int = IMAGE_SIZE, start: int = 0) -> ShapesBatch:
+STYLES = ("plain", "field")
+
+
+def generate(n: int, seed: int = 0, size: int = IMAGE_SIZE, start: int = 0, style: str = "plain") -> ShapesBatch:
     """Generate scenes ``start .. start+n-1`` of the stream named by ``seed``.
 
     Scene ``i`` depends only on ``(seed, i)``, so batches can be generated in any order and
@@ -110,7 +121,11 @@ def generate(n: int, seed: int = 0, size: int = IMAGE_SIZE, start: int = 0) -> S
             evaluated on ``seed=0`` (see ``HELD_OUT_SEED``).
         size: image side in pixels (64 for the reference models).
         start: index of the first scene.
+        style: "plain" (the reference pair's scenes) or "field" (the same scenes over a strong
+            smooth colour field; used to pretrain with masked patch prediction).
     """
+    if style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, not {style!r}")
     if n < 0 or start < 0:
         raise ValueError(f"n and start must be >= 0 (got n={n}, start={start})")
     images = np.empty((n, size, size, 3), dtype=np.uint8)
@@ -118,9 +133,15 @@ def generate(n: int, seed: int = 0, size: int = IMAGE_SIZE, start: int = 0) -> S
     masks = np.empty((n, size, size), dtype=bool)
     for j in range(n):
         rng = np.random.default_rng([seed, start + j])
-        img, labels[j], masks[j] = render_scene(rng, size)
+        field_rng = np.random.default_rng([seed, start + j, 7]) if style == "field" else None
+        img, labels[j], masks[j] = render_scene(rng, size, field_rng)
         images[j] = np.round(img * 255).astype(np.uint8)
     return ShapesBatch(images=images, labels=labels, masks=masks)
 
 
 HELD_OUT_SEED = 0
+
+
+def scene_names(labels: np.ndarray, start: int = 0) -> list[str]:
+    """'scene 3 (ring)'-style names for scenes ``start, start + 1, ...`` with these labels."""
+    return [f"scene {start + i} ({CLASSES[int(label)]})" for i, label in enumerate(labels)]

@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .errors import WeightsUnavailableError
+from ..errors import WeightsUnavailableError
 
 _CANDIDATE_FILES = ("model.safetensors", "pytorch_model.bin", "open_clip_model.safetensors",
                     "open_clip_pytorch_model.bin")
@@ -86,10 +86,14 @@ def resolve_pretrained_source(name: str, pretrained_cfg: dict) -> Path | None:
         why = "the Hugging Face hub cannot be reached (no network)"
     if why is not None:
         where = pretrained_cfg.get("hf_hub_id") or pretrained_cfg.get("url")
+        arch = name.split(".")[0]
         raise WeightsUnavailableError(
             f"The pretrained weights of {name!r} could not be downloaded: {why}, and they are not in the local "
-            f"cache. Download them where there is network ({where}) and pass the file: "
-            f"vl.load_model('path/to/model.safetensors', arch={name.split('.')[0]!r}); or try the embedded "
-            "models 'ref-vit' / 'ref-hybrid', or pretrained=False for random weights."
-        )
+            f"cache. Download them where there is network ({where}) and pass the file;",
+            fixes={"python": f"vl.load_model('path/to/model.safetensors', arch={arch!r}). Or try the embedded "
+                             "models 'ref-vit' / 'ref-hybrid', or pretrained=False for random weights.",
+                   "cli": f"--model path/to/model.safetensors --arch {arch}. Or try --model ref-vit, or add "
+                          "--random-init for random weights.",
+                   "app": f"choose the Checkpoint source with that file and the architecture {arch}. Or pick an "
+                          "Embedded model, or untick 'Pretrained weights' for random weights."})
     return None

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 CHECKPOINT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".tar")
 
@@ -86,16 +86,14 @@ def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
         try:
             state = filter_fn(state, model)
         except Exception as e:  # timm's converters assert on foreign layouts
-            raise CheckpointError(_mismatch_message(path, arch, f"its tensors do not convert ({e})")) from e
-    result = None
+            raise _mismatch_error(path, arch, f"its tensors do not convert ({e})") from e
     try:
-        result = model.load_state_dict(state, strict=True)
+        model.load_state_dict(state, strict=True)
     except RuntimeError as e:
         detail = " ".join(str(e).split())
         if len(detail) > 600:
             detail = detail[:600] + " ..."
-        raise CheckpointError(_mismatch_message(path, arch, detail)) from e
-    del result
+        raise _mismatch_error(path, arch, detail) from e
 
 
 def _load_npz(model: nn.Module, path: Path, arch: str) -> None:
@@ -112,11 +110,13 @@ def _load_npz(model: nn.Module, path: Path, arch: str) -> None:
     try:
         loader(str(path))
     except Exception as e:  # timm's npz loader raises KeyError/RuntimeError on foreign layouts
-        raise CheckpointError(_mismatch_message(path, arch, f"{type(e).__name__}: {e}")) from e
+        raise _mismatch_error(path, arch, f"{type(e).__name__}: {e}") from e
 
 
-def _mismatch_message(path: Path, arch: str, detail: str) -> str:
-    return (
-        f"The checkpoint {path} does not fit the architecture {arch!r}: {detail}. "
-        "Pass the arch= the checkpoint was trained with (and the same img_size/num_classes keyword arguments)."
-    )
+def _mismatch_error(path: Path, arch: str, detail: str) -> CheckpointError:
+    return CheckpointError(
+        f"The checkpoint {path} does not fit the architecture {arch!r}: {detail}.",
+        fixes={"python": "Pass the arch= the checkpoint was trained with (and the same img_size/num_classes "
+                         "keyword arguments).",
+               "cli": "Pass the --arch the checkpoint was trained with.",
+               "app": "Give the architecture the checkpoint was trained with."})

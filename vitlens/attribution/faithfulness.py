@@ -14,17 +14,18 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from .attribution import METHODS, AttributionResult, attribute
-from .errors import InvalidParameterError
-from .images import iter_batches
-from .metrics import mask_scores
-from .model import LoadedModel
-from .results import Result
+from ..errors import InvalidParameterError
+from ..images import Images, iter_batches
+from ..loading.model import LoadedModel
+from ..progress import ProgressArg
+from ..results import Result
+from .masks import mask_scores
+from .methods import METHODS, AttributionResult, attribute
 
 BASELINES = ("mean", "blur")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class FaithfulnessResult(Result):
     """Deletion/insertion curves of one method's maps.
 
@@ -47,6 +48,16 @@ class FaithfulnessResult(Result):
     insertion_auc: np.ndarray
     baseline: str
     model_name: str = ""
+
+    def summary(self) -> str:
+        return (f"{self.model_name or 'model'}: {self.method} over {len(self.deletion)} images, deletion AUC "
+                f"{self.deletion_auc.mean():.3f}, insertion AUC {self.insertion_auc.mean():.3f} ({self.baseline} "
+                "baseline)")
+
+    def to_rows(self) -> list[dict]:
+        """One row per image: its deletion and insertion AUC."""
+        return [{"method": self.method, "image": i, "deletion_auc": float(d), "insertion_auc": float(n)}
+                for i, (d, n) in enumerate(zip(self.deletion_auc, self.insertion_auc))]
 
 
 def baseline_image(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -75,7 +86,7 @@ def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, in
 
 
 @torch.no_grad()
-def deletion_insertion(m: LoadedModel, images: Any, attribution: AttributionResult, steps: int = 16,
+def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionResult, steps: int = 16,
                        baseline: str = "mean", batch_size: int = 16) -> FaithfulnessResult:
     """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
     if steps < 1:
@@ -105,7 +116,7 @@ def deletion_insertion(m: LoadedModel, images: Any, attribution: AttributionResu
                               model_name=m.spec.name)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class ComparisonTable(Result):
     """Methods x metrics over one image set.
 
@@ -123,11 +134,42 @@ class ComparisonTable(Result):
     faithfulness: list[FaithfulnessResult] = field(default_factory=list)
     model_name: str = ""
 
+    def summary(self) -> str:
+        return f"{self.model_name or 'model'}: {len(self.rows)} methods x {self.n_images} images"
 
-def compare_methods(m: LoadedModel, images: Any, methods: Sequence[str] = METHODS, masks: np.ndarray | None = None,
+    def to_rows(self) -> list[dict]:
+        """One row per method: its scores (the table as shown)."""
+        return [dict(r) for r in self.rows]
+
+    @classmethod
+    def concat(cls, tables: Sequence["ComparisonTable"]) -> "ComparisonTable":
+        """One table of the methods of several tables over the same images (e.g. one method each)."""
+        if not tables:
+            raise InvalidParameterError("concat needs at least one table.")
+        if len({t.n_images for t in tables}) != 1:
+            raise InvalidParameterError("Only tables over the same images concatenate.")
+        return cls(rows=[r for t in tables for r in t.rows], n_images=tables[0].n_images,
+                   attributions=[a for t in tables for a in t.attributions],
+                   faithfulness=[f for t in tables for f in t.faithfulness], model_name=tables[0].model_name)
+
+
+def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = METHODS, masks: np.ndarray | None = None,
                     target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
-                    progress: Any = None, method_params: dict[str, dict] | None = None) -> ComparisonTable:
-    """Every method's maps, their deletion/insertion AUCs and (with masks) mask metrics, timed."""
+                    progress: ProgressArg = None, method_params: dict[str, dict] | None = None) -> ComparisonTable:
+    """Every method's maps, their deletion/insertion AUCs and (with masks) mask metrics, timed.
+
+    Args:
+        m: the model.
+        images: the images (read once into a list unless a tensor).
+        methods: names from ``METHODS``.
+        masks: [B, H, W] bool object masks at the model's input size, for pointing game and mass in mask.
+        target: class to explain (one for all, one per image, or None for the predictions).
+        steps: deletion/insertion steps.
+        baseline: what removed patches become ("mean" or "blur").
+        batch_size: images per step.
+        progress: True for a progress bar, or a callable ``f(done, total)`` (per method).
+        method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 32}}``.
+    """
     images = list(images) if not isinstance(images, torch.Tensor) else images
     rows, attrs, faiths = [], [], []
     for method in methods:

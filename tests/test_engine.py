@@ -1,0 +1,148 @@
+"""The streaming engine's consumer protocol: what a consumer is told and in which order, partial
+states that merge into the state over all images, and one image's attention maps with the
+query-token arithmetic the app uses."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import vitlens as vl
+from conftest import get_model
+
+
+class Recorder(vl.AttentionConsumer):
+    """A consumer that writes down every call it gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def begin_batch(self, batch: vl.BatchInfo) -> None:
+        self.calls.append(("begin", batch.index, batch.start, batch.size, batch.grid, batch.input_size,
+                           None if batch.labels is None else batch.labels.tolist()))
+
+    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
+        self.calls.append(("attention", layer, tuple(attn.shape)))
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        self.calls.append(("end", tuple(logits.shape)))
+
+
+def test_consumers_hear_begin_every_block_in_order_and_end_with_the_logits(tiny):
+    rec = Recorder()
+    x = torch.randn(5, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    n = vl.stream_attention(tiny, x, [rec], batch_size=3, labels=np.arange(5))
+    assert n == 5
+    t = 197
+    want = []
+    for index, (start, size) in enumerate([(0, 3), (3, 2)]):
+        want.append(("begin", index, start, size, (14, 14), (224, 224), list(range(start, start + size))))
+        want += [("attention", layer, (size, 3, t, t)) for layer in range(12)]
+        want.append(("end", (size, 1000)))
+    assert rec.calls == want
+
+
+def test_the_logits_consumers_see_are_the_models_own(tiny):
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    seen = []
+
+    class Logits(vl.AttentionConsumer):
+        def end_batch(self, logits=None):
+            seen.append(logits)
+
+    vl.stream_attention(tiny, x, [Logits()])
+    assert torch.equal(seen[0], tiny.logits(x))  # side capture: bit-identical
+
+
+def test_distance_accumulators_of_shards_merge_into_the_whole_in_any_order(tiny):
+    x = torch.randn(6, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    whole = vl.attention_distance(tiny, x, batch_size=6)
+    parts = []
+    for sl in (slice(0, 1), slice(1, 4), slice(4, 6)):
+        acc = vl.AttentionDistanceAccumulator.for_model(tiny.spec)
+        vl.stream_attention(tiny, x[sl], [acc])
+        parts.append(pickle.loads(pickle.dumps(acc)))  # as if it came back from a worker
+    for order in ([0, 1, 2], [2, 0, 1]):
+        merged = parts[order[0]].merge(parts[order[1]]).merge(parts[order[2]])
+        got = merged.result(tiny.spec)
+        assert got.n_images == 6
+        np.testing.assert_allclose(got.mean_px, whole.mean_px, rtol=1e-12)
+        np.testing.assert_allclose(got.std_px, whole.std_px, rtol=1e-9)
+
+
+def test_rollout_accumulators_merge_in_image_order_with_predictions(tiny):
+    x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    whole = vl.attention_rollout(tiny, x)
+    a, b = vl.RolloutAccumulator.for_model(tiny), vl.RolloutAccumulator.for_model(tiny)
+    vl.stream_attention(tiny, x[:1], [a])
+    vl.stream_attention(tiny, x[1:], [b])
+    merged = pickle.loads(pickle.dumps(a)).merge(b).result(tiny.spec)
+    assert merged.equals(whole, rtol=1e-6)  # float32 logits depend a little on the batch they ran in
+    assert merged.predictions.tolist() == tiny.logits(x).argmax(-1).tolist()
+    assert merged.image_size == (224, 224)
+
+
+def test_accumulators_of_different_settings_do_not_merge(tiny):
+    a = vl.AttentionDistanceAccumulator.for_model(tiny.spec, renormalize=True)
+    b = vl.AttentionDistanceAccumulator.for_model(tiny.spec, renormalize=False)
+    with pytest.raises(vl.InvalidParameterError):
+        a.merge(b)
+    with pytest.raises(vl.InvalidParameterError):
+        vl.RolloutAccumulator.for_model(tiny).merge(vl.RolloutAccumulator.for_model(tiny, head_fusion="max"))
+
+
+def test_a_new_view_is_one_consumer_class(tiny):
+    """The extension point: a consumer that keeps the mean attention each head pays to the class token."""
+
+    class ClassTokenShare(vl.AttentionConsumer):
+        def __init__(self) -> None:
+            self.sums = np.zeros((12, 3))
+            self.n = 0
+
+        def on_attention(self, layer, attn):
+            self.sums[layer] += attn[:, :, 1:, 0].mean(-1).sum(0).double().numpy()
+            if layer == 0:
+                self.n += attn.shape[0]
+
+        def result(self, spec):
+            return self.sums / self.n
+
+    x = torch.randn(3, 3, 224, 224, generator=torch.Generator().manual_seed(4))
+    c = ClassTokenShare()
+    vl.stream_attention(tiny, x, [c], batch_size=2)
+    with torch.no_grad(), vl.capture_attention(tiny) as cap:
+        tiny.model(x)
+    want = np.stack([a[:, :, 1:, 0].mean(-1).mean(0).double().numpy() for a in cap.maps])
+    np.testing.assert_allclose(c.result(tiny.spec), want, rtol=1e-6)
+
+
+def test_query_token_counts_prefix_tokens_and_rows():
+    spec = get_model("deit_tiny_distilled_patch16_224").spec  # class + distillation token, 14x14
+    assert vl.query_token(spec) == 0
+    assert vl.query_token(spec, 0, 0) == 2
+    assert vl.query_token(spec, 1, 6) == 2 + 14 + 6
+    assert vl.query_token(spec, 13, 13) == 2 + 195
+    with pytest.raises(vl.InvalidParameterError, match="grid"):
+        vl.query_token(spec, 14, 0)
+    gap = get_model("vit_little_patch16_reg4_gap_256", img_size=128).spec
+    with pytest.raises(vl.InvalidParameterError, match="no class token"):
+        vl.query_token(gap)
+
+
+def test_attention_maps_of_one_image_equal_the_captured_maps_and_answer_queries():
+    m = get_model("vit_tiny_patch16_224", img_size=(64, 96))  # non-square: 4x6 grid
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(5))
+    res = vl.attention_maps(m, x)
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        m.model(x)
+    assert res.maps.shape == (12, 3, 25, 25) and res.grid == (4, 6)
+    np.testing.assert_array_equal(res.maps, np.stack([a[0].numpy() for a in cap.maps]))
+    q = vl.query_token(m.spec, 2, 5)
+    got = res.query_attention(3, q)
+    assert got.shape == (3, 4, 6)
+    np.testing.assert_array_equal(got[:, 1, 4], cap.maps[3][0, :, q, 1 + 1 * 6 + 4].numpy())
+    rows = res.query_rows(3, q)
+    assert len(rows) == 3 * 24 and rows[0] == {"layer": 4, "head": 1, "query": q, "row": 0, "col": 0,
+                                                 "attention": float(got[0, 0, 0])}

@@ -1,0 +1,130 @@
+"""The numbers as tables: every result's rows (the CSV layouts), the comparison's per-layer table
+and share of local heads, the spec in words, and results that print in a line and render in a
+notebook. Hand-built results with known answers throughout."""
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pytest
+
+import vitlens as vl
+from vitlens.report.data import comparison, layer_table, local_head_share
+
+
+def distance(mean_px: np.ndarray, width: int = 64, name: str = "m") -> vl.AttentionDistanceResult:
+    layers, heads = mean_px.shape
+    return vl.AttentionDistanceResult(mean_px=mean_px, std_px=np.full_like(mean_px, 0.5), m2=np.zeros_like(mean_px),
+                                      n_images=4, image_size=(64, width), grid=(8, width // 8), stride_px=(8, 8),
+                                      renormalize=True, model_name=name)
+
+
+def test_local_head_share_counts_heads_below_the_threshold_in_the_first_layers():
+    # 64 px wide: 0.15 of the width is 9.6 px
+    d = distance(np.array([[5.0, 9.0, 10.0, 30.0], [9.5, 40.0, 2.0, 9.7], [1.0, 1.0, 1.0, 1.0]]))
+    assert local_head_share(d, 0.15, 1) == 0.5  # 5 and 9 of layer 1
+    assert local_head_share(d, 0.15, 2) == 4 / 8  # + 9.5 and 2.0; 9.7 is above 9.6
+    assert local_head_share(d, 0.15, 3) == 8 / 12
+    assert local_head_share(d, 0.5, 1) == 1.0
+
+
+def test_layer_table_gives_min_median_max_per_layer_in_pixels_or_widths():
+    a = distance(np.array([[4.0, 1.0, 9.0], [3.0, 3.0, 6.0]]), name="a")
+    b = distance(np.array([[8.0, 8.0, 2.0], [0.0, 5.0, 1.0]]), width=128, name="b")
+    rows = layer_table([a, b], ["a", "b"], "px")
+    assert rows == [{"model": "a", "layer": 1, "min": 1.0, "median": 4.0, "max": 9.0},
+                    {"model": "a", "layer": 2, "min": 3.0, "median": 3.0, "max": 6.0},
+                    {"model": "b", "layer": 1, "min": 2.0, "median": 8.0, "max": 8.0},
+                    {"model": "b", "layer": 2, "min": 0.0, "median": 1.0, "max": 5.0}]
+    widths = layer_table([a, b], ["a", "b"], "width")
+    assert widths[0]["max"] == 9.0 / 64 and widths[2]["median"] == 8.0 / 128
+
+
+def test_comparison_chooses_units_and_reports_the_layer1_ratio():
+    a = distance(np.array([[4.0, 1.0, 19.0]]), name="vit")
+    b = distance(np.array([[8.0, 12.0, 20.0]]), name="hybrid")
+    data = comparison([a, b])
+    assert data.models == ["vit", "hybrid"] and data.units == "px"
+    assert data.layer1_median_ratio() == 3.0
+    assert data.local_share == [2 / 3, 1 / 3]  # below 9.6 px
+    assert comparison([a, distance(np.array([[1.0]]), width=128)]).units == "width"
+    with pytest.raises(vl.InvalidParameterError, match="two models"):
+        comparison([a])
+
+
+def parse(csv_bytes: bytes) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(csv_bytes.decode())))
+
+
+def test_distance_rows_are_one_per_layer_and_head_one_based():
+    d = distance(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    rows = d.to_rows()
+    assert rows[1] == {"layer": 1, "head": 2, "mean_px": 2.0, "std_px": 0.5, "n_images": 4}
+    assert rows[2]["layer"] == 2 and rows[2]["mean_px"] == 3.0
+    parsed = parse(d.to_csv())
+    assert list(parsed[0]) == ["layer", "head", "mean_px", "std_px", "n_images"] and parsed[3]["mean_px"] == "4.0"
+    frame = d.to_pandas()
+    assert frame.shape == (4, 5) and frame["mean_px"].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_rollout_rows_are_one_per_image_row_and_column():
+    maps = np.arange(2 * 2 * 3, dtype=float).reshape(2, 2, 3)
+    r = vl.RolloutResult(maps=maps, predictions=np.array([1, 0]), probabilities=np.array([0.9, 0.6]), grid=(2, 3),
+                         image_size=(32, 48), head_fusion="mean", discard_ratio=0.0, source_token="class token",
+                         predicted_labels=["cat", "dog"], model_name="m")
+    rows = r.to_rows()
+    assert len(rows) == 12 and rows[4] == {"image": 0, "row": 1, "col": 1, "rollout": 4.0}
+    assert rows[6] == {"image": 1, "row": 0, "col": 0, "rollout": 6.0}
+    assert r.caption(0) == "cat (90%)" and "mean fusion" in r.title()
+
+
+def test_position_rows_are_one_per_pair_of_patches():
+    sim = np.arange(16, dtype=float).reshape(1, 4, 1, 4) / 16
+    p = vl.PositionSimilarityResult(similarity=sim, grid=(1, 4), model_grid=(1, 4), resized=False)
+    rows = p.to_rows()
+    assert len(rows) == 16 and rows[6] == {"row": 0, "col": 1, "row2": 0, "col2": 2, "cosine": 6 / 16}
+
+
+def test_filter_rows_are_one_per_component():
+    f = vl.FilterPCAResult(components=np.zeros((3, 3, 2, 2)), explained_variance_ratio=np.array([0.5, 0.3, 0.1]),
+                           source="s", module="patch_embed.proj", n_filters=8)
+    assert f.to_rows() == [{"component": 1, "explained_variance_ratio": 0.5},
+                           {"component": 2, "explained_variance_ratio": 0.3},
+                           {"component": 3, "explained_variance_ratio": 0.1}]
+
+
+def test_attribution_and_faithfulness_rows():
+    a = vl.AttributionResult(method="saliency", maps=np.array([[[0.0, 1.0]]]), targets=np.array([3]), grid=(1, 2),
+                             image_size=(8, 16), seconds_per_image=0.1)
+    assert a.to_rows() == [{"method": "saliency", "image": 0, "target": 3, "row": 0, "col": 0, "value": 0.0},
+                           {"method": "saliency", "image": 0, "target": 3, "row": 0, "col": 1, "value": 1.0}]
+    f = vl.FaithfulnessResult(method="saliency", fractions=np.array([0.0, 1.0]), deletion=np.ones((2, 2)),
+                              insertion=np.ones((2, 2)), deletion_auc=np.array([0.2, 0.4]),
+                              insertion_auc=np.array([0.9, 0.7]), baseline="mean")
+    assert f.to_rows()[1] == {"method": "saliency", "image": 1, "deletion_auc": 0.4, "insertion_auc": 0.7}
+
+
+def test_results_print_in_one_short_line_and_render_as_html():
+    d = distance(np.array([[1.0, 2.0], [3.0, 4.0]]), name="ref-vit")
+    text = repr(d)
+    assert text.startswith("AttentionDistanceResult(ref-vit: 2 layers x 2 heads over 4 images")
+    assert "\n" not in text and len(text) < 200
+    html = d._repr_html_()
+    assert "<table>" in html and "mean_px" in html
+    table = vl.ComparisonTable(rows=[{"method": "rollout", "deletion_auc": 0.1}] * 3, n_images=64,
+                               attributions=[vl.AttributionResult("rollout", np.zeros((64, 14, 14)), np.zeros(64),
+                                                                  (14, 14), (224, 224), 0.1)] * 3)
+    assert len(repr(table)) < 120  # it once printed 77,731 characters
+    assert table.to_pandas().shape == (3, 2)
+
+
+def test_spec_describes_itself_in_words():
+    spec = vl.ModelSpec(name="m", kind="hybrid", image_size=(224, 160), grid=(14, 10), stride_px=(16, 16),
+                        num_prefix_tokens=2, num_layers=12, num_heads=6, embed_dim=384, has_class_token=True,
+                        has_pos_embed=False, num_classes=0, num_params=21_700_000)
+    d = spec.describe()
+    assert d["kind"] == "hybrid (CNN + ViT)" and d["input"] == "224x160 px" and d["grid"] == "14x10 tokens"
+    assert d["stride"] == "16 px" and d["prefix tokens"] == "2 (class, 1 more (distillation/register))"
+    assert d["parameters"] == "21.7M" and d["classes"] == "none (feature model)"
+    assert spec["grid"] == (14, 10)  # results once stored the spec as a dict

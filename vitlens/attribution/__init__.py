@@ -1,0 +1,19 @@
+"""Class-specific attributions beside rollout, and how faithful each map is.
+
+- ``methods``: one contract for every method (images in, [B, gh, gw] maps out): rollout,
+  gradient-weighted rollout and captum's integrated gradients, saliency, input x gradient,
+  occlusion;
+- ``faithfulness``: deletion/insertion curves and the methods x metrics comparison table;
+- ``masks``: does a map point at the object (mass in mask, pointing game);
+- ``evaluation``: accuracy and rollout-in-mask on labelled, masked image sets.
+"""
+from __future__ import annotations
+
+from .evaluation import accuracy, rollout_mask_scores
+from .faithfulness import BASELINES, ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
+from .masks import MaskScores, mask_scores, patch_coverage
+from .methods import DEFAULTS, METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+
+__all__ = ["BASELINES", "DEFAULTS", "METHODS", "METHOD_TABLE", "AttributionResult", "ComparisonTable",
+           "FaithfulnessResult", "MaskScores", "Method", "accuracy", "attribute", "compare_methods",
+           "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores"]

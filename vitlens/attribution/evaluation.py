@@ -1,0 +1,27 @@
+"""Measurements on labelled, masked images (e.g. ``vitlens.reference.shapes``): accuracy, and how much of
+the rollout map (paper Fig. 6) falls on the object."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..images import Images, iter_batches
+from ..loading.model import LoadedModel
+from ..views.analyze import attention_rollout
+from .masks import MaskScores, mask_scores
+
+
+def accuracy(m: LoadedModel, images: Images, labels: np.ndarray, batch_size: int = 256) -> float:
+    """Top-1 accuracy of the model's predictions."""
+    preds = []
+    for x in iter_batches(images, m.data_config, batch_size):
+        preds.append(m.logits(x).argmax(-1).cpu().numpy())
+    return float((np.concatenate(preds) == np.asarray(labels)).mean())
+
+
+def rollout_mask_scores(m: LoadedModel, images: Images, masks: np.ndarray, batch_size: int = 128,
+                        **rollout_kwargs: Any) -> MaskScores:
+    """Mass-in-mask and pointing game of the rollout maps of ``images`` against object ``masks``."""
+    r = attention_rollout(m, images, batch_size=batch_size, **rollout_kwargs)
+    return mask_scores(r.maps, np.asarray(masks, dtype=bool))

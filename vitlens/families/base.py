@@ -1,0 +1,135 @@
+"""What a model family tells vitlens: its spec, where its attention is computed and how to capture
+it exactly, its pixel-space embedding filters and its position-embedding table.
+
+Every view of the paper reads a model only through this interface, so supporting a new family
+(BEiT, EVA, Hugging Face, torchvision, ...) is one module in ``vitlens/families/`` and nothing
+else. The capture guarantee is the family's to keep:
+
+- ``side`` capture leaves the model's own forward untouched (its outputs bit-for-bit those of a
+  run without capture) and computes the post-softmax probabilities beside it from the very
+  queries and keys the block uses;
+- ``inline`` capture runs the family's own non-fused attention path and hands over the
+  probabilities the output is computed from (no extra work; what gradient methods need).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from ..loading.spec import ModelSpec
+
+#: ``emit(layer, probs[B, heads, T, T])``: how a family hands over one block's attention.
+Emit = Callable[[int, torch.Tensor], None]
+
+
+class Handles:
+    """Hooks and attribute changes a capture installed, undone in reverse order by ``remove``."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def hook(self, handle: Any) -> None:
+        self._undo.append(handle.remove)
+
+    def on_remove(self, fn: Callable[[], None]) -> None:
+        self._undo.append(fn)
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+class Family:
+    """Base class of the model families; subclasses fill in every method."""
+
+    #: short name, stored in ``ModelSpec.family``
+    name = "family"
+    #: whether ``inline`` capture exists (a non-fused path the maps can be taken from)
+    has_inline = True
+
+    def matches(self, model: nn.Module) -> bool:
+        """Whether ``model`` belongs to this family (refusals included: ``check`` says why)."""
+        raise NotImplementedError
+
+    def check(self, model: nn.Module, name: str) -> None:
+        """Raise ``UnsupportedModelError`` naming what this family cannot capture exactly."""
+        raise NotImplementedError
+
+    def spec(self, model: nn.Module, name: str) -> ModelSpec:
+        raise NotImplementedError
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        """The attention module of every block, first block first."""
+        raise NotImplementedError
+
+    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        raise NotImplementedError
+
+    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+        raise NotImplementedError
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        """(weight [D, C, kh, kw] float64, module name, description) of the pixel-space filters (Fig. 7 left)."""
+        raise NotImplementedError
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> torch.Tensor | None:
+        """E_pos rows of the patch tokens, [1, gh * gw, D], or None when there is no learned table."""
+        raise NotImplementedError
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return "it has no learned absolute position embedding"
+
+    def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
+        """Token grid for another input size (models that accept one)."""
+        if tuple(input_hw) == spec.image_size:
+            return spec.grid
+        sy, sx = spec.stride_px
+        return input_hw[0] // sy, input_hw[1] // sx
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        """Preprocessing: input_size, interpolation, mean, std, crop_pct, crop_mode (timm's keys)."""
+        raise NotImplementedError
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The classifier output (or features) of a preprocessed batch."""
+        return model(x)
+
+
+FAMILIES: list[Family] = []
+
+
+def register(family: Family) -> Family:
+    FAMILIES.append(family)
+    return family
+
+
+def family_of(model: nn.Module, name: str | None = None) -> Family:
+    """The family that can capture ``model`` exactly (after its ``check``).
+
+    Raises:
+        UnsupportedModelError: no family knows the model, or its family refuses it (and says why).
+    """
+    from . import _load_all
+
+    _load_all()
+    name = name or type(model).__name__
+    for family in FAMILIES:
+        if family.matches(model):
+            family.check(model, name)
+            return family
+    from . import REFUSED_FAMILIES
+
+    module = type(model).__module__
+    short = module.rsplit(".", 1)[-1]
+    if module.startswith("timm.") and short in REFUSED_FAMILIES:
+        raise UnsupportedModelError(
+            f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
+            "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
+            "VisionTransformer models (vit_*, deit_*, register, GAP/MAP and R50 hybrid variants).")
+    raise UnsupportedModelError(
+        f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
+        "vitlens analyses timm VisionTransformer models: try e.g. 'vit_base_patch16_224', "
+        "'deit_small_patch16_224', 'vit_base_r50_s16_224' or the embedded 'ref-vit'.")

@@ -1,0 +1,220 @@
+"""timm's ``VisionTransformer``: plain ViTs, DeiT (distillation token), register models, GAP/MAP
+heads without a class token, R50 and other hybrids, non-square and dynamic input sizes.
+
+Attention of timm's ``Attention`` is ``softmax(q_norm(q) * scale @ k_norm(k)^T + mask)``. Side
+capture hooks ``q_norm`` and ``k_norm``, whose outputs are the very queries and keys the fused
+kernel receives; inline capture turns ``fused_attn`` off and reads the probabilities as they
+enter ``attn_drop``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from ..loading.spec import ModelSpec
+from .base import Emit, Family, Handles, register
+
+
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q * scale @ k^T + bias + mask) in float32, with timm's mask semantics.
+
+    Args:
+        q, k: [B, heads, T, head_dim] as the block uses them (after q_norm / k_norm, RoPE).
+        scale: the module's ``scale`` (head_dim ** -0.5).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to [B, heads, T, T].
+        is_causal: mask future keys (takes precedence over ``attn_mask``, as in timm).
+        bias: additive bias of the scores before the mask (relative-position bias).
+    """
+    q = q.float() * scale
+    scores = q @ k.float().transpose(-2, -1)
+    if bias is not None:
+        scores = scores + bias.float()
+    n = scores.shape[-1]
+    if is_causal:
+        scores = scores + scores.new_full((n, n), float("-inf")).triu_(1)
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            add = torch.zeros_like(attn_mask, dtype=scores.dtype).masked_fill_(~attn_mask, float("-inf"))
+        else:
+            add = attn_mask.float()
+        scores = scores + add
+    return scores.softmax(dim=-1)
+
+
+def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
+    """Inline capture for timm attention modules with a ``fused_attn`` switch and ``attn_drop``:
+    the non-fused path's probabilities, as they enter dropout."""
+    for layer, attn in enumerate(modules):
+        def drop_pre_hook(_mod: nn.Module, args: tuple, layer: int = layer) -> None:
+            emit(layer, args[0].detach() if detach else args[0])
+
+        fused = attn.fused_attn
+        attn.fused_attn = False
+        handles.on_remove(lambda attn=attn, fused=fused: setattr(attn, "fused_attn", fused))
+        handles.hook(attn.attn_drop.register_forward_pre_hook(drop_pre_hook))
+
+
+def timm_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+    """timm's resolved data config at the spec's input size, with class names when known."""
+    from timm.data import resolve_data_config
+
+    cfg = dict(resolve_data_config({}, model=model))
+    cfg["input_size"] = (3, *spec.image_size)
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+    if names:
+        cfg["label_names"] = list(names)
+    return cfg
+
+
+def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
+    """The weight a conv actually applies: weight-standardised for timm's StdConv2d(Same)."""
+    w = conv.weight.detach().to(torch.float64).cpu()
+    if type(conv).__name__ in ("StdConv2d", "StdConv2dSame"):
+        flat = w.reshape(w.shape[0], -1)
+        mean = flat.mean(dim=1, keepdim=True)
+        var = flat.var(dim=1, unbiased=False, keepdim=True)
+        w = ((flat - mean) / torch.sqrt(var + conv.eps)).reshape_as(w)
+    return w
+
+
+def conv_filters(conv: nn.Module, name: str, why: str, model_name: str) -> tuple[torch.Tensor, str, str]:
+    """(weight, module name, description) of a convolution's filters, as the layer applies them."""
+    from ..errors import ViewNotAvailableError
+
+    if not isinstance(conv, nn.Conv2d):
+        raise ViewNotAvailableError(f"{model_name}: {name} is a {type(conv).__name__}, not a convolution.")
+    w = effective_weight(conv)
+    d, c, kh, kw = w.shape
+    std = " (weight-standardised, as the layer applies it)" if type(conv).__name__.startswith("StdConv") else ""
+    return w, name, f"{name}: {d} filters of {kh}x{kw}x{c}, {why}{std}"
+
+
+def first_conv(module: nn.Module, prefix: str) -> tuple[str, nn.Conv2d] | None:
+    found = next(((n, mod) for n, mod in module.named_modules() if isinstance(mod, nn.Conv2d)), None)
+    return (f"{prefix}.{found[0]}", found[1]) if found else None
+
+
+class TimmViT(Family):
+    name = "timm-vit"
+
+    def matches(self, model: nn.Module) -> bool:
+        from timm.models.vision_transformer import VisionTransformer
+
+        return isinstance(model, VisionTransformer)
+
+    def check(self, model: nn.Module, name: str) -> None:
+        from timm.layers import HybridEmbed, PatchEmbed
+        from timm.layers.attention import Attention
+        from timm.models.vision_transformer import Block, ResPostBlock
+
+        if not isinstance(model.patch_embed, (PatchEmbed, HybridEmbed)):
+            raise UnsupportedModelError(
+                f"{name!r} embeds patches with {type(model.patch_embed).__name__}; vitlens supports PatchEmbed and "
+                "HybridEmbed, whose token grid and pixel stride it knows.")
+        for i, block in enumerate(model.blocks):
+            if type(block) not in (Block, ResPostBlock):
+                raise UnsupportedModelError(
+                    f"{name!r}: block {i} is a {type(block).__name__}, which computes attention its own way; "
+                    "vitlens captures the attention of timm's Block/ResPostBlock only.")
+            if type(block.attn) is not Attention:
+                raise UnsupportedModelError(
+                    f"{name!r}: block {i} uses {type(block.attn).__name__}; vitlens reproduces timm's standard "
+                    "Attention (softmax(q k^T * scale + mask)) exactly and refuses other attention variants.")
+            if block.attn.q_norm is block.attn.k_norm:
+                raise UnsupportedModelError(
+                    f"{name!r}: block {i} shares one module as q_norm and k_norm, so queries cannot be told from "
+                    "keys.")
+
+    def spec(self, model: nn.Module, name: str) -> ModelSpec:
+        from timm.layers import HybridEmbed
+
+        pe = model.patch_embed
+        grid = tuple(int(g) for g in pe.grid_size)
+        pos = getattr(model, "pos_embed", None)
+        pos_prefix = 0 if (pos is None or getattr(model, "no_embed_class", False)) else \
+            int(pos.shape[1]) - grid[0] * grid[1]
+        return ModelSpec(
+            name=name,
+            kind="hybrid" if isinstance(pe, HybridEmbed) else "vit",
+            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            grid=grid,  # type: ignore[arg-type]
+            stride_px=tuple(int(s) for s in pe.feat_ratio(as_scalar=False)),  # type: ignore[arg-type]
+            num_prefix_tokens=int(model.num_prefix_tokens),
+            num_layers=len(model.blocks),
+            num_heads=int(model.blocks[0].attn.num_heads),
+            embed_dim=int(model.embed_dim),
+            has_class_token=getattr(model, "cls_token", None) is not None,
+            has_pos_embed=pos is not None,
+            pos_embed_prefix=pos_prefix,
+            num_classes=int(getattr(model, "num_classes", 0)),
+            num_params=sum(p.numel() for p in model.parameters()),
+            dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
+            family=self.name,
+        )
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for block in model.blocks]
+
+    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            state: dict[str, Any] = {}
+
+            def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict, state: dict = state) -> None:
+                state.clear()
+                state["attn_mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
+                state["is_causal"] = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
+
+            def q_hook(_mod: nn.Module, _inp: tuple, q: torch.Tensor, state: dict = state) -> None:
+                state["q"] = q
+
+            def k_hook(_mod: nn.Module, _inp: tuple, k: torch.Tensor, state: dict = state, layer: int = layer,
+                       attn: nn.Module = attn) -> None:
+                q = state.pop("q")
+                with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
+                    probs = attention_probs(q, k, attn.scale, state.get("attn_mask"), state.get("is_causal", False))
+                emit(layer, probs)
+
+            handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
+            handles.hook(attn.q_norm.register_forward_hook(q_hook))
+            handles.hook(attn.k_norm.register_forward_hook(k_hook))
+
+    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+        inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        from ..errors import ViewNotAvailableError
+
+        pe = model.patch_embed
+        if spec.kind == "vit":
+            return conv_filters(pe.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+        found = first_conv(pe.backbone, "patch_embed.backbone")
+        if found is None:
+            raise ViewNotAvailableError(f"{spec.name}: the hybrid's CNN has no convolution to show.")
+        return conv_filters(found[1], found[0], "the CNN's first convolution; the hybrid's own patch embedding "
+                            "acts on CNN channels, not pixels", spec.name)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> torch.Tensor | None:
+        pos = getattr(model, "pos_embed", None)
+        return None if pos is None else pos.detach()[:, spec.pos_embed_prefix:]
+
+    def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
+        if tuple(input_hw) == spec.image_size:
+            return spec.grid
+        gh, gw = model.patch_embed.dynamic_feat_size(tuple(int(s) for s in input_hw))
+        return int(gh), int(gw)
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return timm_data_config(model, spec)
+
+
+register(TimmViT())

@@ -1,0 +1,190 @@
+"""A loaded model: the plain module in eval mode with its spec, family, device, dtype and data
+config. vitlens never changes what the module computes; every view reads it through here.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..families import Family, family_of
+from .spec import ModelSpec
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(f"device must be a torch device such as 'cpu' or 'cuda'; got {device!r}.") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        from ..errors import DeviceUnavailableError
+
+        raise DeviceUnavailableError(f"device {str(dev)!r} was asked for, but this machine has no usable CUDA GPU "
+                                     "(PyTorch finds no NVIDIA driver or device). Run on the CPU instead.")
+    return dev
+
+
+@dataclass
+class LoadedModel:
+    """A ViT in eval mode with what the views need to read it.
+
+    Attributes:
+        model: the plain module (timm, or another family's); never modified by vitlens.
+        spec: grid, stride, prefix tokens, depth, ... (``ModelSpec``).
+        device: where it runs.
+        dtype: compute dtype (bf16/fp16 run the forward under autocast).
+        data_config: preprocessing (timm's keys: input_size, mean, std, interpolation, crop_pct, ...).
+        source: where the weights came from, in words.
+        family: how vitlens captures its attention (``vitlens.families``).
+    """
+
+    model: nn.Module
+    spec: ModelSpec
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    data_config: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    family: Family | None = field(default=None, repr=False, compare=False)
+    _label_cache: list[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.family is None:
+            self.family = family_of(self.model, self.spec.name)
+
+    @classmethod
+    def from_module(cls, module: nn.Module, name: str | None = None, device: str | torch.device | None = None,
+                    dtype: torch.dtype = torch.float32, source: str = "module",
+                    data_config: dict[str, Any] | None = None) -> "LoadedModel":
+        """Wrap a model built in user code (a fine-tuned copy, a subclass of a supported model).
+
+        The module is put in eval mode on ``device`` and its parameters stop requiring
+        gradients (vitlens never trains; gradient methods differentiate the input only).
+
+        Args:
+            module: the model.
+            name: what results call it (default: its class name).
+            device: torch device (default: where CUDA is available, else CPU).
+            dtype: compute dtype for the forward (float32, bfloat16 or float16).
+            source: where its weights came from, in words.
+            data_config: preprocessing overrides (mean, std, input_size, ...).
+
+        Raises:
+            UnsupportedModelError: naming the first block or attention type vitlens cannot capture.
+        """
+        from ..errors import InvalidParameterError
+
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
+        name = name or type(module).__name__
+        family = family_of(module, name)
+        dev = resolve_device(device)
+        module.eval()
+        for p in module.parameters():
+            p.requires_grad_(False)
+        module.to(dev)
+        spec = family.spec(module, name)
+        config = family.data_config(module, spec)
+        config.update(data_config or {})
+        return cls(model=module, spec=spec, device=dev, dtype=dtype, data_config=config, source=source,
+                   family=family)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for the forward when ``dtype`` is not float32 (e.g. bf16 on CUDA)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def preprocess(self, images: Any) -> torch.Tensor:
+        """PIL images / paths / arrays -> [B, 3, H, W] on the model's device, with its data config."""
+        from ..images import preprocess
+
+        return preprocess(images, self.data_config).to(self.device)
+
+    def display(self, images: Any) -> list[np.ndarray]:
+        """Each image as the model sees it (resized, cropped), as uint8 [H, W, 3] for overlays.
+
+        ``images`` may also be an already preprocessed batch [B, 3, H, W].
+        """
+        from ..images import display_image
+
+        x = images if isinstance(images, torch.Tensor) else self.preprocess(images)
+        x = x.unsqueeze(0) if x.ndim == 3 else x
+        return [display_image(xi, self.data_config) for xi in x]
+
+    def grid_for(self, input_hw: Sequence[int]) -> tuple[int, int]:
+        """Patch-token grid for an input of (H, W) pixels (differs from spec.grid for dynamic sizes)."""
+        return self.family.grid_for(self.model, self.spec, (int(input_hw[0]), int(input_hw[1])))
+
+    def label_names(self) -> list[str] | None:
+        """Class names of the classifier when known (ImageNet subsets via timm, reference classes)."""
+        if self._label_cache is None:
+            self._label_cache = self._find_label_names() or []
+        return list(self._label_cache) or None
+
+    def _find_label_names(self) -> list[str] | None:
+        names = self.data_config.get("label_names")
+        if names:
+            return list(names)
+        if self.spec.num_classes <= 0:
+            return None
+        try:
+            from timm.data import ImageNetInfo, infer_imagenet_subset
+
+            subset = infer_imagenet_subset(self.model)
+            if subset is None:
+                return None
+            info = ImageNetInfo(subset)
+            names = [info.index_to_description(i) for i in range(info.num_classes())]
+        except Exception:  # class names are a convenience; never fail a view for them
+            return None
+        return names if len(names) == self.spec.num_classes else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output for a batch already on the device (autocast applied; graph kept)."""
+        with self.autocast():
+            return self.family.logits(self.model, x)
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output for a preprocessed batch, in float32."""
+        return self.forward(x.to(self.device)).float()
+
+    def top_predictions(self, x: torch.Tensor, k: int = 5) -> list[tuple[str, float]]:
+        """Top-k (label, probability) of one preprocessed image [1, 3, H, W]; [] without a classifier."""
+        if self.spec.num_classes <= 0:
+            return []
+        probs = self.logits(x[:1]).softmax(-1)[0]
+        values, idx = probs.topk(min(k, probs.numel()))
+        names = self.label_names()
+        return [(names[i] if names else f"class {i}", float(v)) for v, i in zip(values.tolist(), idx.tolist())]
+
+    def prediction_caveat(self, image_source: str = "") -> str:
+        """Why this model's predictions on these images mean nothing, or "" when they may mean something.
+
+        Args:
+            image_source: where the images come from: "shapes" (the reference scenes), "samples",
+                "files", "upload", ... ("" when unknown).
+        """
+        from ..reference import REFERENCE_NAMES
+
+        if self.source == "random init":
+            return ("Random weights: the predictions mean nothing, and the views show an untrained model "
+                    "(useful for checking the machinery, not for reading the model).")
+        if self.spec.name.split(" ")[0] in REFERENCE_NAMES and image_source not in ("", "shapes"):
+            return ("The embedded models know only six synthetic shapes (see MODEL_CARD.md): on other images "
+                    "their predictions mean nothing, though every view still shows what the model computes.")
+        return ""
+
+    def describe(self) -> dict[str, str]:
+        """``spec.describe()`` plus where and how it runs."""
+        return {**self.spec.describe(), "device": f"{self.device} ({str(self.dtype).replace('torch.', '')})",
+                "weights": self.source}

@@ -1,0 +1,186 @@
+"""From a name to a loaded model: embedded reference models, timm names (hub weights or random
+init), local checkpoint files with their architecture, and modules built in user code.
+
+Every failure is a vitlens exception whose message says what to do, with hints for the Python
+API, the command line and the app (``VitlensError.message_for``).
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
+from .model import LoadedModel, resolve_device
+
+#: how each interface asks for random weights / a checkpoint with its architecture
+RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
+               "app": "untick 'Pretrained weights' (timm name source)"}
+WITH_ARCH = {"python": "vl.load_model('path/to/model.safetensors', arch='vit_base_patch16_224')",
+             "cli": "--model path/to/model.safetensors --arch vit_base_patch16_224",
+             "app": "the Checkpoint source (a path or an upload, and its architecture)"}
+
+
+def loadable(name: str) -> bool:
+    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory)."""
+    import timm
+
+    from ..families import family_of
+
+    try:
+        family_of(timm.create_model(name, pretrained=False, device="meta"), name)
+    except Exception:  # refused, or timm cannot build it without arguments
+        return False
+    return True
+
+
+def suggest(name: str) -> UnknownModelError:
+    """The error for an unknown name, with close timm names that vitlens can load."""
+    import timm
+
+    base = name.split(".")[0]
+    choices = timm.list_models()
+    close = difflib.get_close_matches(base, choices, n=12, cutoff=0.6)
+    if not close:
+        close = [c for c in choices if base[:6] and c.startswith(base[:6])][:12]
+    close = [c for c in close if loadable(c)][:5]
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return UnknownModelError(
+        f"Unknown model {name!r}: it is not a vitlens reference model, a timm model name or an existing file.{hint}",
+        fixes={"python": "vl.list_models() lists presets; timm.list_models('vit_*') lists timm's ViTs.",
+               "cli": "`vitlens models` lists the presets and the families vitlens reads.",
+               "app": "Pick an Embedded model or a Preset, or check the spelling."})
+
+
+def _create_checked(name: str, **kwargs: Any) -> None:
+    """Build ``name`` on the meta device (no memory, no weights) to refuse unsupported models early."""
+    import timm
+
+    from ..families import family_of
+
+    try:
+        meta = timm.create_model(name, pretrained=False, device="meta", **kwargs)
+    except TypeError as e:
+        raise UnknownModelError(f"timm cannot build {name!r} with {kwargs}: {e}") from e
+    family_of(meta, name)
+
+
+def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Module, str, str]:
+    import timm
+
+    from ..reference import REFERENCE_NAMES, build_reference
+    from .checkpoint import load_checkpoint_into
+
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint file not found: {path}. Check the path.")
+    if not arch:
+        raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too.",
+                              fixes={"python": f"For example: vl.load_model({str(path)!r}, arch='vit_base_patch16_224').",
+                                     "cli": f"For example: --model {path} --arch vit_base_patch16_224.",
+                                     "app": "Give it in the Architecture field (a timm name, or ref-vit / ref-hybrid)."})
+    if arch in REFERENCE_NAMES:
+        model = build_reference(arch)
+    else:
+        if not timm.is_model(arch):
+            raise suggest(arch)
+        _create_checked(arch, **kwargs)
+        model = timm.create_model(arch, pretrained=False, **kwargs)
+    load_checkpoint_into(model, path, arch)
+    return model, f"{arch} ({path.name})", str(path)
+
+
+def _from_timm(name: str, pretrained: bool, **kwargs: Any) -> tuple[nn.Module, str, str]:
+    import timm
+
+    if not timm.is_model(name):
+        raise suggest(name)
+    if "." in name and name not in timm.list_pretrained(name):
+        tags = timm.list_pretrained(name.split(".")[0] + ".*")
+        raise UnknownModelError(f"timm has no pretrained weights named {name!r}. "
+                                f"Available for this architecture: {', '.join(tags) or 'none'}.",
+                                fixes={k: f"Or, for random weights: {v}." for k, v in RANDOM_INIT.items()})
+    _create_checked(name, **kwargs)
+    if not pretrained:
+        return timm.create_model(name, pretrained=False, **kwargs), name, "random init"
+
+    from timm.models import get_pretrained_cfg
+
+    from .hub import resolve_pretrained_source
+
+    cfg = get_pretrained_cfg(name)
+    if cfg is None:
+        raise WeightsUnavailableError(f"timm has no pretrained weights for {name!r}.",
+                                      fixes={k: f"For random weights: {v}." for k, v in RANDOM_INIT.items()})
+    cached = resolve_pretrained_source(name, cfg.to_dict())
+    overlay = {"file": str(cached), "source": ""} if cached is not None else None
+    try:
+        model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
+    except (OSError, RuntimeError) as e:
+        raise WeightsUnavailableError(f"Loading the pretrained weights of {name!r} failed: {e}") from e
+    return model, name, str(cached) if cached else f"hub:{cfg.hf_hub_id or cfg.url}"
+
+
+def load_model(
+    name: str | nn.Module,
+    pretrained: bool = True,
+    arch: str | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    **kwargs: Any,
+) -> LoadedModel:
+    """Load a ViT for analysis.
+
+    Args:
+        name: an embedded reference model ("ref-vit", "ref-hybrid"), a timm model name with optional
+            pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k"), a local checkpoint file
+            (.safetensors, .pth/.pt/.bin state dict, original ViT .npz) together with ``arch``, or a
+            module built in code (as ``LoadedModel.from_module``).
+        pretrained: load hub weights for a timm name (False: random init).
+        arch: architecture of a local checkpoint (timm name or reference name).
+        device: torch device; default CUDA when available, else CPU.
+        dtype: compute dtype; torch.bfloat16/float16 run the forward under autocast while every
+            statistic vitlens computes stays in float32/float64.
+        **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=(160, 224)``, ``dynamic_img_size=True``).
+
+    Raises:
+        UnknownModelError, UnsupportedModelError, WeightsUnavailableError, CheckpointError,
+        DeviceUnavailableError, InvalidParameterError.
+    """
+    from ..errors import InvalidParameterError
+    from ..reference import REFERENCE_NAMES, build_reference, weights_path
+    from .checkpoint import load_checkpoint_into, looks_like_checkpoint_path
+
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
+    dev = resolve_device(device)
+    if isinstance(name, nn.Module):
+        return LoadedModel.from_module(name, device=dev, dtype=dtype)
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
+    if name in REFERENCE_NAMES:
+        model = build_reference(name)
+        path = weights_path(name)
+        if not path.is_file():
+            raise WeightsUnavailableError(
+                f"The weights of the embedded model {name!r} are missing ({path}); reinstall vitlens or "
+                "train them with: python analyses/train_reference.py")
+        load_checkpoint_into(model, path, name)
+        model, label, source = model, name, str(path)
+    elif looks_like_checkpoint_path(name) and not _is_timm_name(name):
+        model, label, source = _from_checkpoint(name, arch, **kwargs)
+    else:
+        model, label, source = _from_timm(name, pretrained, **kwargs)
+    return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source)
+
+
+def _is_timm_name(name: str) -> bool:
+    import timm
+
+    return timm.is_model(name)
+
+
+__all__ = ["UnsupportedModelError", "load_model", "loadable", "suggest"]

@@ -1,0 +1,112 @@
+"""What every view needs to know about a model: token grid, pixel stride, prefix tokens, depth.
+
+Serves all figures of the paper's section 4.5: grid and stride turn token indices into pixel
+positions (Fig. 7 right, Fig. 11); the prefix count separates the class, distillation and
+register tokens from patch tokens (Fig. 6, Fig. 7 centre).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the views need to know about a model.
+
+    Attributes:
+        name: the name it was loaded by.
+        kind: "vit" (patch embedding) or "hybrid" (CNN feature map, 1x1 tokens).
+        image_size: (H, W) input size the model was built for.
+        grid: (gh, gw) patch-token grid at ``image_size``.
+        stride_px: (sy, sx) input pixels between neighbouring tokens: the patch size of a ViT,
+            the CNN's total stride for a hybrid.
+        num_prefix_tokens: class + distillation + register tokens before the patch tokens.
+        num_layers: transformer blocks.
+        num_heads: attention heads per block.
+        embed_dim: token width D.
+        has_class_token: whether token 0 is a class token.
+        has_pos_embed: whether there is a learned absolute position embedding E_pos.
+        pos_embed_prefix: rows of E_pos that belong to prefix tokens (0 with ``no_embed_class``).
+        num_classes: classifier outputs (0 for a feature model).
+        num_params: parameter count.
+        dynamic_img_size: whether the model accepts other input sizes (E_pos resampled).
+        family: which model family captures its attention (e.g. "timm-vit").
+    """
+
+    name: str
+    kind: str
+    image_size: tuple[int, int]
+    grid: tuple[int, int]
+    stride_px: tuple[int, int]
+    num_prefix_tokens: int
+    num_layers: int
+    num_heads: int
+    embed_dim: int
+    has_class_token: bool
+    has_pos_embed: bool
+    pos_embed_prefix: int = 0
+    num_classes: int = 0
+    num_params: int = 0
+    dynamic_img_size: bool = False
+    family: str = "timm-vit"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        names = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        for key in ("image_size", "grid", "stride_px"):
+            d[key] = tuple(d[key])
+        return cls(**d)
+
+    def __getitem__(self, key: str) -> Any:
+        """``spec["name"]`` as well as ``spec.name`` (results once stored the spec as a dict)."""
+        if key not in {f.name for f in fields(self)}:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    @property
+    def num_patch_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def prefix_description(self) -> str:
+        """'1 (class)', '2 (class, 1 more: distillation/register)', '4 (none is a class token: GAP/MAP head)'."""
+        parts = ["class"] if self.has_class_token else []
+        extra = self.num_prefix_tokens - len(parts)
+        if extra:
+            parts.append(f"{extra} more (distillation/register)")
+        if not parts:
+            return "0 (none: GAP/MAP head)"
+        return f"{self.num_prefix_tokens} ({', '.join(parts)})"
+
+    def describe(self) -> dict[str, str]:
+        """The spec in words, one fact per entry (the app's sidebar, the report's model table)."""
+        sy, sx = self.stride_px
+        return {
+            "name": self.name,
+            "kind": "hybrid (CNN + ViT)" if self.kind == "hybrid" else "ViT",
+            "input": f"{self.image_size[0]}x{self.image_size[1]} px",
+            "grid": f"{self.grid[0]}x{self.grid[1]} tokens",
+            "stride": f"{sy} px" if sy == sx else f"{sy}x{sx} px",
+            "prefix tokens": self.prefix_description(),
+            "layers x heads": f"{self.num_layers} x {self.num_heads}",
+            "width": str(self.embed_dim),
+            "parameters": param_count_str(self.num_params),
+            "classes": str(self.num_classes) if self.num_classes else "none (feature model)",
+            "position embedding": "learned, absolute" if self.has_pos_embed else "none learned (absolute table absent)",
+        }
+
+
+def param_count_str(n: int) -> str:
+    """3.1M-style parameter count for display."""
+    if n <= 0:
+        return "0"
+    exp = min(int(math.log10(n)) // 3, 3)
+    return f"{n / 10 ** (3 * exp):.1f}{['', 'K', 'M', 'B'][exp]}"

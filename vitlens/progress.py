@@ -1,0 +1,44 @@
+"""One progress adapter for the library, the command line and the app.
+
+Long computations take ``progress``: ``True`` for a tqdm bar (on stderr), a callable
+``f(done, total)`` (the app drives a Streamlit bar with one), or ``None``/``False`` for silence.
+"""
+from __future__ import annotations
+
+from typing import Callable, Union
+
+ProgressFn = Callable[[int, "int | None"], None]
+ProgressArg = Union[bool, ProgressFn, None]
+
+
+class Progress:
+    """Reports ``done`` of ``total`` to whatever ``progress`` asked for; a context manager."""
+
+    def __init__(self, progress: ProgressArg, total: int | None, desc: str = "vitlens", unit: str = "img") -> None:
+        self.total = total
+        self._fn: ProgressFn | None = None
+        self._bar = None
+        if progress is True:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False)
+        elif callable(progress):
+            self._fn = progress
+
+    def update(self, done: int) -> None:
+        """``done`` items finished so far (not an increment)."""
+        if self._bar is not None:
+            self._bar.update(done - self._bar.n)
+        elif self._fn is not None:
+            self._fn(done, self.total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,15 @@
+"""Reports: the command line and the offline HTML pages it writes, with the numbers beside them.
+
+- ``cli``: ``vitlens report|compare|models``;
+- ``data``: the result objects behind a report and a comparison (Fig. 11's table and shares);
+- ``html``: the pages, each figure built once from the results (the page and ``--png`` share them).
+"""
+from __future__ import annotations
+
+from .data import ComparisonData, ReportData, comparison, comparison_units, layer_table, local_head_share
+from .html import (
+    attribution_figures, comparison_figures, comparison_html, model_figures, report_figures, report_html)
+
+__all__ = ["ComparisonData", "ReportData", "attribution_figures", "comparison", "comparison_figures",
+           "comparison_html", "comparison_units", "layer_table", "local_head_share", "model_figures",
+           "report_figures", "report_html"]

@@ -1,0 +1,128 @@
+"""The numbers behind a report and a comparison, as result objects that save and load back.
+
+``comparison`` turns several models' attention distances (paper Fig. 7 right, Fig. 11) into
+the comparison the command line, the app and the HTML page all show: the per-layer table and
+the share of local heads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+from ..results import Result
+from ..views.analyze import AnalysisResult
+from ..views.distance import AttentionDistanceResult
+
+
+@dataclass(eq=False, repr=False)
+class ReportData(Result):
+    """The numbers behind a report: one AnalysisResult per model and how they were made."""
+
+    kind = "report"
+    models: list[str]
+    analyses: list[AnalysisResult]
+    image_set: dict
+    environment: dict
+    timings: dict = field(default_factory=dict)
+    command: str = ""
+    attributions: list = field(default_factory=list)  # one ComparisonTable (or None) per model
+    notes: dict = field(default_factory=dict)  # model name -> a caveat to show (e.g. predictions mean nothing)
+
+    def summary(self) -> str:
+        return f"{len(self.models)} model(s) ({', '.join(self.models)}) over {self.image_set.get('count', '?')} images"
+
+    def to_rows(self) -> list[dict]:
+        """Attention distance of every head of every model, one row each."""
+        return [{"model": a.spec.name, **row} for a in self.analyses for row in a.distance.to_rows()]
+
+
+@dataclass(eq=False, repr=False)
+class ComparisonData(Result):
+    """The numbers behind a comparison (Fig. 11): distance per head for each model, per-layer
+    min/median/max and the share of local heads in the first layers.
+
+    ``units`` is "px" when all models share an input width, else "width" (fractions of it).
+    """
+
+    kind = "comparison"
+    models: list[str]
+    distances: list[AttentionDistanceResult]
+    units: str
+    local_threshold: float
+    first_layers: int
+    table: list[dict]
+    local_share: list[float]
+    image_set: dict
+    environment: dict
+    timings: dict = field(default_factory=dict)
+    command: str = ""
+
+    def summary(self) -> str:
+        shares = ", ".join(f"{n} {100 * s:.0f}%" for n, s in zip(self.models, self.local_share))
+        return (f"{' vs '.join(self.models)} over {self.distances[0].n_images if self.distances else 0} images; "
+                f"local heads in layers 1-{self.first_layers}: {shares}")
+
+    def to_rows(self) -> list[dict]:
+        """The per-layer table: model, layer, min, median, max (in ``units``)."""
+        return [dict(r) for r in self.table]
+
+    def layer1_median_ratio(self) -> float:
+        """Second model's layer-1 median distance / the first model's (e.g. hybrid / ViT, Fig. 11)."""
+        first = [r["median"] for r in self.table if r["layer"] == 1]
+        if len(first) < 2:
+            raise InvalidParameterError("The ratio needs two models.")
+        return first[1] / first[0]
+
+
+def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
+    """Pixels when every model sees the same input width, else fractions of the image width."""
+    return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
+
+
+def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[str], units: str) -> list[dict]:
+    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``."""
+    rows = []
+    for d, name in zip(distances, names):
+        values = d.mean_px if units == "px" else d.mean_fraction_of_width
+        for layer, heads in enumerate(values):
+            rows.append({"model": name, "layer": layer + 1, "min": float(heads.min()),
+                         "median": float(np.median(heads)), "max": float(heads.max())})
+    return rows
+
+
+def local_head_share(d: AttentionDistanceResult, threshold_fraction: float, first_layers: int) -> float:
+    """Share of heads in the first ``first_layers`` layers whose mean distance is below
+    ``threshold_fraction`` of the image width (the paper's "local" heads, Fig. 7 right)."""
+    heads = d.mean_fraction_of_width[:first_layers]
+    return float((heads < threshold_fraction).mean())
+
+
+def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str] | None = None,
+               local_threshold: float = 0.15, first_layers: int = 4, image_set: dict | None = None,
+               environment: dict | None = None, timings: dict | None = None, command: str = "") -> ComparisonData:
+    """Compare the attention distances of several models over the same images (Fig. 11).
+
+    Args:
+        distances: one result per model.
+        names: model names (default: the results' own).
+        local_threshold: a head is local below this fraction of the image width.
+        first_layers: layers counted for the share of local heads.
+        image_set, environment, timings, command: how the numbers were made, stored with them.
+    """
+    distances = list(distances)
+    if len(distances) < 2:
+        raise InvalidParameterError("A comparison needs at least two models.")
+    names = list(names) if names is not None else [d.model_name or f"model {i + 1}" for i, d in enumerate(distances)]
+    units = comparison_units(distances)
+    return ComparisonData(
+        models=names, distances=distances, units=units, local_threshold=local_threshold, first_layers=first_layers,
+        table=layer_table(distances, names, units),
+        local_share=[local_head_share(d, local_threshold, first_layers) for d in distances],
+        image_set=dict(image_set or {}), environment=dict(environment or {}), timings=dict(timings or {}),
+        command=command)
+
+
+__all__ = ["ComparisonData", "ReportData", "comparison", "comparison_units", "layer_table", "local_head_share"]

@@ -1,0 +1,95 @@
+"""One image's attention, block by block and head by head: where one query token looks
+(the per-head detail behind paper Fig. 6 and the distances of Fig. 7 right).
+
+Token indices: the prefix tokens come first (the class token, when there is one, is token 0),
+then the patch tokens row by row, so patch (r, c) is token ``prefix + r * gw + c``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import InvalidParameterError
+from ..images import ImageLike
+from ..loading.model import LoadedModel
+from ..loading.spec import ModelSpec
+from ..results import Result
+from .capture import capture_attention
+
+
+def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
+                grid: tuple[int, int] | None = None) -> int:
+    """Token index of patch (row, col), or of the class token when ``row`` and ``col`` are None.
+
+    Raises:
+        InvalidParameterError: a patch outside the grid, or the class token of a model without one.
+    """
+    gh, gw = grid or spec.grid
+    if row is None and col is None:
+        if not spec.has_class_token:
+            raise InvalidParameterError(f"{spec.name} has no class token; choose a patch (row, col) as the query.")
+        return 0
+    if row is None or col is None or not (0 <= row < gh and 0 <= col < gw):
+        raise InvalidParameterError(f"The query patch must lie in the {gh}x{gw} grid; got ({row}, {col}).")
+    return spec.num_prefix_tokens + int(row) * gw + int(col)
+
+
+def query_label(row: int | None = None, col: int | None = None) -> str:
+    """'the class token' or 'patch (r, c)', for titles."""
+    return "the class token" if row is None else f"patch ({int(row)}, {int(col)})"
+
+
+@dataclass(eq=False, repr=False)
+class AttentionMapsResult(Result):
+    """Every block's attention for one image.
+
+    Attributes:
+        maps: [layers, heads, T, T] float32 post-softmax attention, T = prefix + patch tokens.
+        grid: (gh, gw) patch-token grid.
+        num_prefix_tokens: tokens before the patches.
+        image_size: (H, W) input pixels.
+        model_name: the model's name.
+    """
+
+    kind = "attention_maps"
+    maps: np.ndarray
+    grid: tuple[int, int]
+    num_prefix_tokens: int
+    image_size: tuple[int, int]
+    model_name: str = ""
+
+    def summary(self) -> str:
+        layers, heads, t, _ = self.maps.shape
+        return f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {t} tokens of one image"
+
+    def query_attention(self, layer: int, query: int) -> np.ndarray:
+        """Where token ``query`` attends among the patch tokens in block ``layer`` (0-based): [heads, gh, gw].
+
+        The values are the raw attention weights (they sum to 1 over all keys, prefix included).
+        """
+        layers, heads, t, _ = self.maps.shape
+        if not 0 <= layer < layers:
+            raise InvalidParameterError(f"layer must be in [0, {layers}); got {layer}.")
+        if not 0 <= query < t:
+            raise InvalidParameterError(f"query must be a token index in [0, {t}); got {query}.")
+        return self.maps[layer, :, query, self.num_prefix_tokens:].reshape(heads, *self.grid)
+
+    def query_rows(self, layer: int, query: int) -> list[dict]:
+        """One row per (head, key patch) for one query in one block; head 1-based, rows/cols 0-based."""
+        att = self.query_attention(layer, query)
+        return [{"layer": layer + 1, "head": h + 1, "query": query, "row": r, "col": c,
+                 "attention": float(att[h, r, c])}
+                for h in range(att.shape[0]) for r in range(att.shape[1]) for c in range(att.shape[2])]
+
+
+def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor) -> AttentionMapsResult:
+    """Every block's attention for one image (side capture: the model's output is untouched)."""
+    x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
+    x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)
+    with torch.no_grad(), capture_attention(m) as cap:
+        m.forward(x)
+    return AttentionMapsResult(maps=np.stack([a[0].cpu().numpy() for a in cap.maps]),
+                               grid=m.grid_for(x.shape[-2:]), num_prefix_tokens=m.spec.num_prefix_tokens,
+                               image_size=(int(x.shape[-2]), int(x.shape[-1])), model_name=m.spec.name)

@@ -1,0 +1,132 @@
+"""The streaming engine: images go through the model once, batch by batch, and every attention
+consumer reads each block's attention as it is made. This is the extension point of vitlens.
+
+A consumer (``AttentionConsumer``) is told four things and answers two:
+
+- ``begin_batch(batch)``: a new batch (``BatchInfo``: its size, input size, token grid, device,
+  and the images' labels and object masks when the image set has them);
+- ``on_attention(layer, attn)``: block ``layer``'s post-softmax attention [B, heads, T, T]
+  (float32, detached), first block first; nothing is kept unless the consumer keeps it;
+- ``end_batch(logits)``: the batch's model output (float32), after the last block;
+- ``result(spec)``: the finished result object (a ``vitlens.results.Result``);
+- ``merge(other)``: the consumer state over the images of both (partial states of disjoint
+  image sets, e.g. shards computed on different workers, combine into the state over all).
+
+A new attention view is one consumer class in ``vitlens/views/`` and nothing else: attention
+distance (Fig. 7 right, Fig. 11) and rollout (Fig. 6) are two, and ``analyze`` feeds both from
+one forward per batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence, TypeVar
+
+import numpy as np
+import torch
+
+from ..images import Images, count_images, iter_batches
+from ..loading.model import LoadedModel
+from ..loading.spec import ModelSpec
+from ..progress import Progress, ProgressArg
+from .capture import capture_attention
+
+C = TypeVar("C", bound="AttentionConsumer")
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a consumer learns about a batch before its attention arrives.
+
+    Attributes:
+        index: batch number in this stream (0-based).
+        start: stream index of the batch's first image.
+        size: images in the batch.
+        input_size: (H, W) input pixels.
+        grid: (gh, gw) patch-token grid at that input size.
+        device: where the attention tensors live.
+        labels: [size] class labels, when the image set has them.
+        masks: [size, H, W] bool object masks, when the image set has them.
+    """
+
+    index: int
+    start: int
+    size: int
+    input_size: tuple[int, int]
+    grid: tuple[int, int]
+    device: torch.device
+    labels: np.ndarray | None = None
+    masks: np.ndarray | None = None
+
+
+class AttentionConsumer:
+    """Base class of the streaming consumers (see the module docstring for the protocol)."""
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        """A new batch is about to run."""
+
+    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
+        """Block ``layer``'s attention [B, heads, T, T] of the current batch."""
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        """The current batch's model output, after its last block."""
+
+    def result(self, spec: ModelSpec | str) -> Any:
+        """The finished result; ``spec`` names the model (a ``ModelSpec`` or its name)."""
+        raise NotImplementedError
+
+    def merge(self: C, other: C) -> C:
+        """A consumer whose state covers the images of both (disjoint image sets)."""
+        raise NotImplementedError
+
+    def __call__(self, layer: int, attn: torch.Tensor) -> None:  # a consumer is also a capture callback
+        self.on_attention(layer, attn)
+
+
+def model_name(spec: ModelSpec | str | None) -> str:
+    return spec if isinstance(spec, str) else (spec.name if spec is not None else "")
+
+
+def stream_attention(
+    m: LoadedModel,
+    images: Images,
+    consumers: Sequence[AttentionConsumer],
+    batch_size: int = 32,
+    progress: ProgressArg = None,
+    labels: np.ndarray | None = None,
+    masks: np.ndarray | None = None,
+    desc: str = "vitlens",
+    capture_mode: str = "side",
+) -> int:
+    """Run ``images`` through the model once, batch by batch, feeding every consumer; returns the count.
+
+    Args:
+        m: the model.
+        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
+        consumers: the attention consumers to feed.
+        batch_size: images per forward.
+        progress: True for a progress bar, or a callable ``f(done, total)``.
+        labels: [N] class labels of the images, passed to consumers in ``BatchInfo``.
+        masks: [N, H, W] bool object masks of the images, passed likewise.
+        desc: progress-bar label.
+        capture_mode: "side" (the model's fused forward untouched, its logits bit-identical) or
+            "inline" (the non-fused path; see ``vitlens.views.capture``).
+    """
+    done, index = 0, 0
+    with Progress(progress, count_images(images), desc) as bar, \
+            capture_attention(m, store=False, consumers=consumers, mode=capture_mode), torch.no_grad():
+        for x in iter_batches(images, m.data_config, batch_size):
+            x = x.to(m.device)
+            size = int(x.shape[0])
+            info = BatchInfo(index=index, start=done, size=size, input_size=(int(x.shape[-2]), int(x.shape[-1])),
+                             grid=m.grid_for(x.shape[-2:]), device=m.device,
+                             labels=None if labels is None else np.asarray(labels)[done: done + size],
+                             masks=None if masks is None else np.asarray(masks)[done: done + size])
+            for c in consumers:
+                c.begin_batch(info)
+            logits = m.forward(x).float()
+            for c in consumers:
+                c.end_batch(logits)
+            done += size
+            index += 1
+            bar.update(done)
+    return done
