@@ -40,7 +40,7 @@ import vitlens as vl  # noqa: E402
 from vitlens.reference.models import build_reference, weights_path  # noqa: E402
 from vitlens.reference.shapes import HELD_OUT_SEED, ShapesBatch, generate  # noqa: E402
 from vitlens.reference.training import (  # noqa: E402
-    MaskedPatchPrediction, classification_loss, evaluate, mpp_loss, run_steps)
+    MaskedPatchPrediction, classification_loss, evaluate, mimetic_qk_init, mpp_loss, run_steps, sincos_position_init)
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class Recipe:
         patch: token stride in pixels (8: 8x8 grid on 64 px scenes; 4: 16x16 grid).
         mpp_steps: masked-patch-prediction pretraining steps of the ViT (0: none).
         mpp_style: scenes of the pretraining ("plain", or "field": over a strong smooth colour field).
+        pos_scale: > 0 starts E_pos as 2D sin-cos rows of this norm (0: timm's random init, norm ~0.2).
+        qk_gain: > 0 starts W_k = W_q (scaled by this gain) in every block (0: timm's random init).
+        Both initialisations apply to the ViT and to the hybrid alike.
         steps: supervised classification steps of the ViT.
         hybrid_steps: supervised steps of the hybrid (0: use the committed ref-hybrid, same grid).
         lr: peak learning rate of the supervised phase.
@@ -66,6 +69,8 @@ class Recipe:
     lr: float = 7e-4
     note: str = ""
     mpp_style: str = "plain"
+    pos_scale: float = 0.0
+    qk_gain: float = 0.0
 
 
 RECIPES = {r.name: r for r in [
@@ -75,6 +80,10 @@ RECIPES = {r.name: r for r in [
     Recipe("grid16", patch=4, steps=600, hybrid_steps=600, note="16x16 tokens of 4 px"),
     Recipe("mpp-field", mpp_steps=600, steps=600, mpp_style="field",
            note="masked patch prediction on scenes over smooth colour fields, then fine-tuning"),
+    Recipe("pos-sincos", steps=1200, hybrid_steps=1200, pos_scale=4.0,
+           note="E_pos starts as 2D sin-cos of norm 4 (patch content is about 4)"),
+    Recipe("pos-sincos-qk", steps=1200, hybrid_steps=1200, pos_scale=4.0, qk_gain=4.0,
+           note="as pos-sincos, and W_k = W_q at the start"),
 ]}
 
 
@@ -88,6 +97,13 @@ def _stamp(recipe: Recipe, short: bool) -> Recipe:
     div = 20
     return replace(recipe, mpp_steps=max(recipe.mpp_steps // div, 0 if not recipe.mpp_steps else 5),
                    steps=max(recipe.steps // div, 5), hybrid_steps=recipe.hybrid_steps // div)
+
+
+def initialise(model: torch.nn.Module, r: Recipe) -> None:
+    if r.pos_scale > 0:
+        sincos_position_init(model, r.pos_scale)
+    if r.qk_gain > 0:
+        mimetic_qk_init(model, r.qk_gain)
 
 
 def distance_summary(model: torch.nn.Module, name: str, n_eval: int) -> dict:
@@ -108,6 +124,7 @@ def train_vit(r: Recipe, folder: Path, n_eval: int = 64) -> tuple[torch.nn.Modul
     seconds, after_mpp = 0.0, None
     torch.manual_seed(0)
     vit = build_reference("ref-vit", patch=r.patch)
+    initialise(vit, r)
     if r.mpp_steps:
         mpp = MaskedPatchPrediction(vit, patch=r.patch)
         source = partial(scenes, style=r.mpp_style)
@@ -133,6 +150,7 @@ def train_hybrid(r: Recipe, folder: Path) -> tuple[torch.nn.Module, float, str]:
         return h, 0.0, "committed ref-hybrid"
     torch.manual_seed(0)
     h = build_reference("ref-hybrid", patch=r.patch)
+    initialise(h, r)
     info = run_steps(h, classification_loss(h), r.hybrid_steps, folder / "hybrid.state.pt", lr=r.lr,
                      desc=f"{r.name} hybrid")
     return h, info.seconds, f"trained {r.hybrid_steps} steps"
@@ -237,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.recipes:
         r = _stamp(RECIPES[name], args.short)
         row = run_recipe(r, state_dir, n_eval, n_acc)
+        # other sweeps may have finished meanwhile (one per core): merge into what is there now
+        results = json.loads(results_file.read_text()) if results_file.exists() else {}
         results[name] = row
         state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = results_file.with_suffix(".tmp")
+        tmp = results_file.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(results, indent=2))
         tmp.replace(results_file)
         print(json.dumps({k: row[k] for k in ("recipe", "hybrid_vs_vit_layer1", "meets")}), flush=True)

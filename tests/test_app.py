@@ -160,7 +160,23 @@ def test_corrupt_and_oversized_uploads_are_skipped_with_a_message(app, monkeypat
                                                 ("ok.png", png_bytes(), "image/png")]).run()
     warnings = " ".join(w.value for w in app.warning)
     assert "broken.png" in warnings and "huge.png" in warnings and "limit" in warnings
+    assert "BytesIO" not in warnings and "0x" not in warnings  # the file is named, not a Python object
     assert problems(app) == [] and len(app.selectbox(key="img-idx").options) == 1
+
+
+def test_upload_limits_and_formats_are_one_truth_and_duplicates_count_once(app):
+    from vitlens.images import MAX_UPLOAD_MB, UPLOAD_TYPES
+
+    app.radio(key="img-source").set_value("Upload").run()
+    widget = app.file_uploader(key="uploads")
+    assert widget.proto.max_upload_size_mb == MAX_UPLOAD_MB  # what the widget itself says and enforces
+    assert sorted(t.strip(".") for t in widget.proto.type) == sorted(UPLOAD_TYPES)
+    assert f"up to {MAX_UPLOAD_MB} MB" in widget.label and all(t.upper() in widget.label for t in UPLOAD_TYPES)
+    same = png_bytes()
+    widget.set_value([("a.png", same, "image/png"), ("a-again.png", same, "image/png"),
+                      ("b.png", png_bytes(size=(40, 30)), "image/png")]).run()
+    assert list(app.selectbox(key="img-idx").options) == ["a.png", "b.png"]
+    assert any("a-again.png" in c.value for c in app.caption)
 
 
 @pytest.mark.parametrize("source,widget,value,message", [
@@ -176,10 +192,23 @@ def test_bad_model_names_give_a_message_and_the_app_recovers(app, source, widget
     assert not app.error and problems(app) == []
 
 
-def test_hub_preset_offline_says_how_to_proceed(app):
+def test_hub_preset_offline_says_how_to_proceed_in_the_apps_words(app):
     app.radio(key="m1-source").set_value("Preset").run()
     assert problems(app) == []
-    assert any("could not be downloaded" in e.value for e in app.error)
+    errors = " ".join(e.value for e in app.error)
+    assert "could not be downloaded" in errors and "Checkpoint source" in errors
+    assert "vl.load_model" not in errors and "pretrained=False" not in errors
+
+
+def test_cuda_without_a_gpu_is_a_message_and_the_app_recovers(app):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    app.selectbox(key="device").set_value("cuda").run()
+    assert problems(app) == [] and any("no usable CUDA GPU" in e.value for e in app.error)
+    app.selectbox(key="device").set_value("auto").run()
+    assert not app.error and problems(app) == []
 
 
 def test_checkpoint_for_the_wrong_architecture_is_explained(app, tmp_path):
@@ -188,6 +217,7 @@ def test_checkpoint_for_the_wrong_architecture_is_explained(app, tmp_path):
     save_file({k: v.contiguous() for k, v in m.model.state_dict().items()}, str(path))
     app.radio(key="m1-source").set_value("Checkpoint").run()
     app.text_input(key="m1-path").set_value(str(path)).run()
+    assert problems(app) == [] and any("Architecture field" in e.value for e in app.error)  # no arch given yet
     app.text_input(key="m1-arch").set_value("ref-hybrid").run()
     assert problems(app) == [] and any("does not fit the architecture" in e.value for e in app.error)
     app.text_input(key="m1-arch").set_value("ref-vit").run()

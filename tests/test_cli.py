@@ -201,3 +201,50 @@ def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
                            "--out", str(fig7), "--quiet"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr
     assert vl.load_result(fig7.with_suffix(".json")).models == ["ref-vit"]
+
+
+@pytest.mark.parametrize("args,message,not_wanted", [
+    (["report", "--device", "cuda"], "no usable CUDA GPU", "RuntimeError"),
+    (["report", "--model", "ckpt.safetensors"], "--arch vit_base_patch16_224", "vl.load_model"),
+    (["report", "--model", "vit_tiny_patch16_224.augreg_in21k_ft_in1k"], "--random-init", "pretrained=False"),
+    (["report", "--model", "vit_tiny_patch16_224.no_such_tag"], "--random-init", "pretrained=False"),
+])
+def test_errors_give_command_line_hints_in_one_line_with_exit_2(tmp_path, args, message, not_wanted):
+    if "ckpt.safetensors" in args:
+        from safetensors.torch import save_file
+        import torch
+
+        save_file({"x": torch.zeros(1)}, str(tmp_path / "ckpt.safetensors"))
+        args = [a if a != "ckpt.safetensors" else str(tmp_path / a) for a in args]
+    proc = run_cli(*args, "--out", str(tmp_path / "x.html"))
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("vitlens: error:") and message in lines[0] and not_wanted not in lines[0]
+
+
+def test_compare_checks_every_model_before_analysing_the_first(tmp_path):
+    proc = run_cli("compare", "--models", "ref-vit", "vit_base_patch16_22", "--out", str(tmp_path / "c.html"))
+    assert proc.returncode == 2 and "Unknown model 'vit_base_patch16_22'" in proc.stderr
+    assert "images in" not in proc.stderr  # nothing was analysed
+    assert not (tmp_path / "c.html").exists()
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium")
+def test_compare_png_writes_every_figure_of_the_page(tmp_path):
+    proc = run_cli("compare", "--n-images", "2", "--out", str(tmp_path / "c.html"), "--png", str(tmp_path / "png"),
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "png").iterdir()) == ["comparison-distance.png",
+                                                                   "comparison-rollout.png"]
+
+
+def test_reports_say_when_predictions_mean_nothing(tmp_path):
+    proc = run_cli("report", "--model", "ref-vit", "--model", "vit_tiny_patch16_224", "--random-init", "--samples",
+                   "--n-images", "1", "--out", str(tmp_path / "r.html"), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "know only six synthetic shapes" in page and "Random weights: the predictions mean nothing" in page
+    shapes = run_cli("report", "--model", "ref-vit", "--n-images", "2", "--out", str(tmp_path / "s.html"), "--quiet")
+    assert shapes.returncode == 0 and "mean nothing" not in (tmp_path / "s.html").read_text()
+    notes = vl.load_result(tmp_path / "r.json").notes
+    assert notes["ref-vit"].startswith("The embedded models") and notes["vit_tiny_patch16_224"].startswith("Random")

@@ -159,3 +159,18 @@ def test_presets_list_the_embedded_pair_first():
     assert names[:2] == ["ref-vit", "ref-hybrid"]
     assert "vit_base_r50_s16_224.orig_in21k" in names
     assert [p.name for p in vl.list_models(include_downloads=False)] == ["ref-vit", "ref-hybrid"]
+
+
+def test_did_you_mean_suggests_only_models_that_would_load():
+    with pytest.raises(vl.UnknownModelError) as err:
+        vl.load_model("samvit_base_patch16_22", pretrained=False)
+    msg = str(err.value)
+    assert "Did you mean" in msg and "samvit" not in msg.split("Did you mean")[1]  # SAM is refused
+    for name in msg.split("Did you mean: ")[1].split("?")[0].split(", "):
+        assert vl.loading.loadable(name), name
+
+
+def test_cuda_without_a_gpu_is_a_clear_vitlens_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(vl.DeviceUnavailableError, match="no usable CUDA GPU"):
+        vl.load_model("ref-vit", device="cuda")

@@ -113,6 +113,37 @@ class MaskedPatchPrediction(nn.Module):
         return F.cross_entropy(logits[corrupt], target[corrupt])
 
 
+@torch.no_grad()
+def sincos_position_init(vit: nn.Module, scale: float, temperature: float | None = None) -> None:
+    """Start E_pos's patch rows as 2D sin-cos embeddings of norm ``scale`` (still learned afterwards).
+
+    Nearby patches then start with similar position embeddings, and a ``scale`` comparable to the
+    patch content makes position visible to attention from the first step. ``temperature``
+    defaults to twice the grid side, so the frequencies span the grid.
+    """
+    from timm.layers import build_sincos2d_pos_embed
+
+    gh, gw = (int(g) for g in vit.patch_embed.grid_size)
+    table = build_sincos2d_pos_embed([gh, gw], dim=vit.embed_dim, temperature=temperature or 2.0 * max(gh, gw))
+    table = table / table.norm(dim=-1, keepdim=True) * scale
+    prefix = vit.pos_embed.shape[1] - gh * gw
+    vit.pos_embed[0, prefix:] = table.to(vit.pos_embed.dtype)
+
+
+@torch.no_grad()
+def mimetic_qk_init(vit: nn.Module, gain: float) -> None:
+    """Queries and keys start equal, W_k = W_q (scaled by ``gain``), so W_q W_k^T is positive
+    semi-definite and each token first attends to tokens like itself (the "mimetic" idea of
+    Trockman & Kolter, 2023, in its simplest form)."""
+    for block in vit.blocks:
+        qkv = block.attn.qkv
+        d = qkv.weight.shape[0] // 3
+        qkv.weight[:d] *= gain
+        qkv.weight[d:2 * d] = qkv.weight[:d]
+        if qkv.bias is not None:
+            qkv.bias[d:2 * d] = qkv.bias[:d]
+
+
 @dataclass
 class RunInfo:
     """What a finished run reports."""

@@ -88,16 +88,21 @@ def check_rollout_params(head_fusion: str, discard_ratio: float) -> None:
         raise InvalidParameterError(f"discard_ratio must be in [0, 1); got {discard_ratio}.")
 
 
+def fuse(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
+    """[B, H, T, T] -> [B, T, T] in the attention's dtype (half-precision maps in float32)."""
+    if attn.dtype not in (torch.float32, torch.float64):
+        attn = attn.float()
+    if head_fusion == "mean":
+        return attn.mean(dim=1)
+    if head_fusion == "max":
+        return attn.amax(dim=1)
+    return attn.amin(dim=1)
+
+
 def fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
     """[B, H, T, T] -> [B, T, T] float64; fused in the attention's dtype (max/min are exact, the
     mean rounds like the attention itself), everything after it runs in float64."""
-    if head_fusion == "mean":
-        fused = attn.mean(dim=1)
-    elif head_fusion == "max":
-        fused = attn.amax(dim=1)
-    else:
-        fused = attn.amin(dim=1)
-    return fused.to(torch.float64)
+    return fuse(attn, head_fusion).to(torch.float64)
 
 
 def discard_smallest(fused: torch.Tensor, discard_ratio: float, protect_class_token: bool) -> torch.Tensor:
@@ -125,6 +130,39 @@ def residual_normalize(fused: torch.Tensor) -> torch.Tensor:
     return a / a.sum(dim=-1, keepdim=True)
 
 
+def source_vector(batch: int, tokens: int, num_prefix_tokens: int, has_class_token: bool,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """[B, T] float64: the class token's indicator, or the mean over the patch tokens."""
+    v = torch.zeros(batch, tokens, dtype=torch.float64, device=device)
+    if has_class_token:
+        v[:, 0] = 1.0
+    else:
+        v[:, num_prefix_tokens:] = 1.0 / (tokens - num_prefix_tokens)
+    return v
+
+
+def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool) -> torch.Tensor:
+    """The source row of R = A'_L ... A'_1, [B, T] float64, from the fused maps of every block.
+
+    Only one row of R is shown, so it is computed as a vector-matrix chain from the last block
+    back: v <- v A'_l for l = L..1, with v A' = w (A + I), w = v / rowsum(A + I). That is T^2
+    work per block and image instead of the T^3 of the full product (same numbers, float64).
+    """
+    v = source_vector(fused[0].shape[0], fused[0].shape[-1], num_prefix_tokens, has_class_token, fused[0].device)
+    for a in reversed(fused):
+        a = a.to(torch.float64)
+        w = v / (a.sum(dim=-1) + 1.0)
+        v = torch.bmm(w.unsqueeze(1), a).squeeze(1) + w
+    return v
+
+
+def row_map(row: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> np.ndarray:
+    """[B, T] rollout row -> [B, gh, gw] over the patch tokens, each divided by its maximum."""
+    patch = row[:, num_prefix_tokens:]
+    patch = patch / patch.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(patch.dtype).tiny)
+    return patch.reshape(patch.shape[0], *grid).cpu().numpy()
+
+
 class RolloutAccumulator(AttentionConsumer):
     """Streams per-block attention into the running product A'_l ... A'_1 of each image, and
     records each image's map and prediction when its batch ends.
@@ -144,8 +182,7 @@ class RolloutAccumulator(AttentionConsumer):
         self.label_names = list(label_names) if label_names else None
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
-        self._product: torch.Tensor | None = None
-        self._layers_seen = 0
+        self._fused: list[torch.Tensor] = []
         self._maps: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
         self._probs: list[np.ndarray] = []
@@ -169,23 +206,27 @@ class RolloutAccumulator(AttentionConsumer):
         self.grid = (int(grid[0]), int(grid[1]))
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
-        self._product, self._layers_seen = None, 0
+        self._fused = []
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fused": []}  # a batch in flight does not travel
 
     def on_attention(self, layer: int, attn: torch.Tensor) -> None:
-        if layer != self._layers_seen:
-            raise RuntimeError(f"Rollout expected block {self._layers_seen}, got block {layer}.")
-        fused = fuse_heads(attn, self.head_fusion)
+        if layer != len(self._fused):
+            raise RuntimeError(f"Rollout expected block {len(self._fused)}, got block {layer}.")
+        # the fused map is kept in the attention's dtype (max/min exact, the mean rounds like the
+        # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
+        fused = fuse(attn, self.head_fusion)
         if self.discard_ratio > 0:
             fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token)
-        step = residual_normalize(fused)
-        self._product = step if self._product is None else step @ self._product
-        self._layers_seen += 1
+        self._fused.append(fused)
 
     def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
         """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
-        if self._product is None or self._layers_seen != self.num_layers or self.grid is None:
+        if len(self._fused) != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
-        maps = rollout_map(self._product, self.num_prefix_tokens, self.has_class_token, self.grid)
+        row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token)
+        maps = row_map(row, self.num_prefix_tokens, self.grid)
         self._maps.append(maps)
         b = maps.shape[0]
         if logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
@@ -195,7 +236,7 @@ class RolloutAccumulator(AttentionConsumer):
         else:
             self._preds.append(np.full(b, -1, dtype=np.int64))
             self._probs.append(np.full(b, np.nan))
-        self._product = None
+        self._fused = []
         return maps
 
     @property
@@ -233,14 +274,9 @@ class RolloutAccumulator(AttentionConsumer):
 
 def rollout_map(product: torch.Tensor, num_prefix_tokens: int, has_class_token: bool,
                 grid: tuple[int, int]) -> np.ndarray:
-    """Row of the rolled-out matrix over patch tokens, [B, gh, gw], divided by its maximum."""
-    p = num_prefix_tokens
-    if has_class_token:
-        row = product[:, 0, p:]
-    else:
-        row = product[:, p:, p:].mean(dim=1)
-    row = row / row.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(row.dtype).tiny)
-    return row.reshape(row.shape[0], *grid).cpu().numpy()
+    """The source row of a full rolled-out matrix [B, T, T] over patch tokens, [B, gh, gw], max-normalised."""
+    row = product[:, 0] if has_class_token else product[:, num_prefix_tokens:].mean(dim=1)
+    return row_map(row, num_prefix_tokens, grid)
 
 
 def rollout_from_maps(maps: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool,

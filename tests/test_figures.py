@@ -1,0 +1,99 @@
+"""Figures say what the numbers say: every heatmap has image row 0 at the top, labels are real text
+(never Plotly's "new text" placeholder), and titles fit an exported PNG. Read from the figures'
+own data and axis settings."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+import vitlens as vl
+from vitlens import figures
+
+
+def y_runs_downward(axis) -> bool:
+    """True when the axis draws its first row at the top (reversed autorange or a decreasing range)."""
+    if axis.autorange == "reversed":
+        return True
+    return axis.range is not None and axis.range[0] > axis.range[1]
+
+
+def one_hot_similarity(grid=(3, 7), hot=(1, 6)) -> vl.PositionSimilarityResult:
+    """Patch (1, 6) is similar only to itself and to patch (0, 0): an asymmetric, checkable picture."""
+    gh, gw = grid
+    sim = np.zeros((gh, gw, gh, gw))
+    sim[hot][hot] = 1.0
+    sim[hot][0, 0] = 0.5
+    return vl.PositionSimilarityResult(similarity=sim, grid=grid, model_grid=grid, resized=False)
+
+
+def test_enlarged_tile_puts_patch_row_0_at_the_top_without_padding():
+    fig = figures.similarity_tile_figure(one_hot_similarity(), 1, 6)
+    heat = fig.data[0]
+    z = np.asarray(heat.z)
+    assert z[1, 6] == 1.0 and z[0, 0] == 0.5  # z rows are patch rows, top first
+    assert list(heat.y) == [0, 1, 2] and list(heat.x) == list(range(7))
+    assert y_runs_downward(fig.layout.yaxis)
+    assert tuple(fig.layout.yaxis.range) == (2.5, -0.5) and tuple(fig.layout.xaxis.range) == (-0.5, 6.5)
+
+
+def test_tile_mosaic_puts_tile_row_0_at_the_top():
+    res = one_hot_similarity()
+    fig = figures.position_figure(res)
+    z = np.asarray(fig.data[0].z, dtype=float)
+    gh, gw = res.grid
+    top, left = 1 * (gh + 1), 6 * (gw + 1)  # tile (1, 6) of the mosaic
+    assert z[top + 1, left + 6] == 1.0 and z[top, left] == 0.5
+    assert y_runs_downward(fig.layout.yaxis)
+    assert np.asarray(fig.data[0].customdata)[top + 1, left + 6].tolist() == [1, 6, 1, 6]
+
+
+@pytest.mark.parametrize("build", ["overlay", "grid", "rollout"])
+def test_overlays_put_image_row_0_at_the_top(build):
+    image = np.zeros((32, 48, 3), np.uint8)
+    image[:4] = 255  # a white band along the top of the image
+    values = np.zeros((2, 3))
+    values[0, 2] = 1.0  # the top-right patch
+    if build == "overlay":
+        fig = figures.heatmap_overlay_figure(image, values, "t")
+    elif build == "grid":
+        fig = figures.overlay_grid_figure([(image, values, "a"), (image, values, "b")], "t")
+    else:
+        r = vl.RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
+                             grid=(2, 3), image_size=(32, 48), head_fusion="mean", discard_ratio=0.0,
+                             source_token="class token")
+        fig = figures.rollout_figure(r, image)
+    img, heat = fig.data[0], fig.data[1]
+    assert isinstance(img, go.Image) and np.asarray(img.z)[0, 0].tolist() == [255, 255, 255]
+    up = np.asarray(heat.z)
+    assert up.shape == (32, 48) and up[:16, 32:].mean() > up[16:, :16].mean()  # hot corner at the top right
+    for axis in [a for name, a in fig.layout.to_plotly_json().items() if name.startswith("yaxis")]:
+        assert axis.get("autorange") == "reversed"
+
+
+def distance(grid=(8, 8), stride=(8, 8), name="m") -> vl.AttentionDistanceResult:
+    mean = np.full((3, 4), 20.0)
+    return vl.AttentionDistanceResult(mean_px=mean, std_px=mean * 0, m2=mean * 0, n_images=2,
+                                      image_size=(grid[0] * stride[0], grid[1] * stride[1]), grid=grid,
+                                      stride_px=stride, renormalize=True, model_name=name)
+
+
+def test_uniform_attention_lines_are_labelled_with_text_never_a_placeholder():
+    two_same = figures.distance_figure([distance(name="vit"), distance(name="hybrid")])
+    texts = [a.text for a in two_same.layout.annotations]
+    assert texts == ["uniform attention"]  # one label for the shared level, no "new text"
+    assert len(two_same.layout.shapes) == 2  # both dotted lines drawn
+    two_levels = figures.distance_figure([distance(), distance(grid=(14, 14), stride=(16, 16))])  # 33 vs 116 px
+    assert [a.text for a in two_levels.layout.annotations] == ["uniform attention"] * 2
+    assert all(a.text and a.text != "new text" for a in two_levels.layout.annotations)
+
+
+def test_titles_fit_an_exported_figure():
+    d = distance()
+    r = vl.RolloutResult(maps=np.ones((1, 2, 2)), predictions=np.array([2]), probabilities=np.array([0.5]),
+                         grid=(2, 2), image_size=(16, 16), head_fusion="mean", discard_ratio=0.0,
+                         source_token="class token", predicted_labels=["triangle"])
+    for fig in (figures.distance_figure([d, d], names=["a", "b"]), figures.rollout_figure(r, np.zeros((16, 16, 3),
+                                                                                                       np.uint8))):
+        first_line = fig.layout.title.text.split("<br>")[0]
+        assert len(first_line) <= 70, first_line
