@@ -28,7 +28,7 @@ from vitlens.report.data import comparison
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 
-MODEL_SOURCES = ["Embedded", "Preset", "timm name", "Checkpoint"]
+MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
 PNG_EXPORT = shutil.which("chromium") is not None
 
@@ -318,8 +318,9 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
                               key=f"{prefix}-preset")
         st.caption(next(p.description for p in hub if p.name == choice))
         return choice, True, None, device
-    if source == "timm name":
-        name = st.text_input("timm model name", "vit_tiny_patch16_224", key=f"{prefix}-timm").strip()
+    if source == "Name":
+        name = st.text_input("Model name: timm (vit_*, deit_*, beit*, eva02_*), hf:ORG/NAME or hf:FOLDER, "
+                             "torchvision:vit_b_16", "vit_tiny_patch16_224", key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
         return (name, pretrained, None, device) if name else None
     path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()

@@ -180,8 +180,9 @@ def test_upload_limits_and_formats_are_one_truth_and_duplicates_count_once(app):
 
 
 @pytest.mark.parametrize("source,widget,value,message", [
-    ("timm name", "m1-timm", "vit_base_patch16_22", "Did you mean"),
-    ("timm name", "m1-timm", "resnet50", "not a Vision Transformer"),
+    ("Name", "m1-timm", "vit_base_patch16_22", "Did you mean"),
+    ("Name", "m1-timm", "resnet50", "not a Vision Transformer"),
+    ("Name", "m1-timm", "torchvision:resnet50", "torchvision's Vision Transformers"),
 ])
 def test_bad_model_names_give_a_message_and_the_app_recovers(app, source, widget, value, message):
     app.radio(key="m1-source").set_value(source).run()

@@ -8,8 +8,6 @@ from .base import FAMILIES, Emit, Family, Handles, family_of, register
 
 #: timm model modules vitlens refuses, with what it would silently get wrong.
 REFUSED_FAMILIES = {
-    "beit": "relative-position bias added to the attention logits (BEiT)",
-    "eva": "rotary position embeddings (RoPE) applied to queries and keys (EVA)",
     "vision_transformer_relpos": "relative-position bias added to the attention logits",
     "vision_transformer_sam": "windowed attention with decomposed relative-position bias (SAM)",
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
@@ -26,7 +24,7 @@ def _load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    from . import timm_vit  # noqa: F401
+    from . import hf, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: F401
 
     _LOADED = True
 

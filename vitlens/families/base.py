@@ -58,7 +58,9 @@ class Family:
         """Raise ``UnsupportedModelError`` naming what this family cannot capture exactly."""
         raise NotImplementedError
 
-    def spec(self, model: nn.Module, name: str) -> ModelSpec:
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it, where the family
+        lets that differ from the size the model was built for."""
         raise NotImplementedError
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
@@ -75,8 +77,9 @@ class Family:
         """(weight [D, C, kh, kw] float64, module name, description) of the pixel-space filters (Fig. 7 left)."""
         raise NotImplementedError
 
-    def position_table(self, model: nn.Module, spec: ModelSpec) -> torch.Tensor | None:
-        """E_pos rows of the patch tokens, [1, gh * gw, D], or None when there is no learned table."""
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        """E_pos rows of the patch tokens, [1, gh * gw, D], with the (gh, gw) grid they were learned
+        on; None when there is no learned absolute table."""
         raise NotImplementedError
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
@@ -128,8 +131,10 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
         raise UnsupportedModelError(
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
             "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
-            "VisionTransformer models (vit_*, deit_*, register, GAP/MAP and R50 hybrid variants).")
+            "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids), BEiT and EVA models, Hugging Face "
+            "ViT/DeiT/Dinov2 and torchvision ViTs.")
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
-        "vitlens analyses timm VisionTransformer models: try e.g. 'vit_base_patch16_224', "
-        "'deit_small_patch16_224', 'vit_base_r50_s16_224' or the embedded 'ref-vit'.")
+        "vitlens reads timm VisionTransformer, BEiT and EVA models, Hugging Face ViT/DeiT/Dinov2 and torchvision "
+        "ViTs: try e.g. 'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
+        "embedded 'ref-vit'.")

@@ -24,20 +24,26 @@ def attention_probs(
     scale: float,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
-    bias: torch.Tensor | None = None,
+    biases: Sequence[torch.Tensor] = (),
+    scale_after: bool = False,
 ) -> torch.Tensor:
-    """softmax(q * scale @ k^T + bias + mask) in float32, with timm's mask semantics.
+    """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
 
     Args:
         q, k: [B, heads, T, head_dim] as the block uses them (after q_norm / k_norm, RoPE).
         scale: the module's ``scale`` (head_dim ** -0.5).
         attn_mask: bool (True = attend) or additive float mask broadcastable to [B, heads, T, T].
         is_causal: mask future keys (takes precedence over ``attn_mask``, as in timm).
-        bias: additive bias of the scores before the mask (relative-position bias).
+        biases: additive biases of the scores, added one after the other before the mask, in the
+            order the model adds them (relative-position bias, then a shared one).
+        scale_after: scale the product (q @ k^T) * scale instead of the queries, as Hugging Face
+            does (the same numbers for power-of-two scales, rounding apart otherwise).
     """
-    q = q.float() * scale
-    scores = q @ k.float().transpose(-2, -1)
-    if bias is not None:
+    if scale_after:
+        scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+    else:
+        scores = (q.float() * scale) @ k.float().transpose(-2, -1)
+    for bias in biases:
         scores = scores + bias.float()
     n = scores.shape[-1]
     if is_causal:
@@ -74,6 +80,15 @@ def timm_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
     if names:
         cfg["label_names"] = list(names)
     return cfg
+
+
+def timm_position_table(model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+    """A timm model's ``pos_embed`` patch rows on its patch grid (None when it has no table)."""
+    pos = getattr(model, "pos_embed", None)
+    if pos is None:
+        return None
+    grid = tuple(int(g) for g in model.patch_embed.grid_size)
+    return pos.detach()[:, pos.shape[1] - grid[0] * grid[1]:], grid  # type: ignore[return-value]
 
 
 def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
@@ -135,7 +150,7 @@ class TimmViT(Family):
                     f"{name!r}: block {i} shares one module as q_norm and k_norm, so queries cannot be told from "
                     "keys.")
 
-    def spec(self, model: nn.Module, name: str) -> ModelSpec:
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         from timm.layers import HybridEmbed
 
         pe = model.patch_embed
@@ -203,9 +218,8 @@ class TimmViT(Family):
         return conv_filters(found[1], found[0], "the CNN's first convolution; the hybrid's own patch embedding "
                             "acts on CNN channels, not pixels", spec.name)
 
-    def position_table(self, model: nn.Module, spec: ModelSpec) -> torch.Tensor | None:
-        pos = getattr(model, "pos_embed", None)
-        return None if pos is None else pos.detach()[:, spec.pos_embed_prefix:]
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        return timm_position_table(model, spec)
 
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         if tuple(input_hw) == spec.image_size:

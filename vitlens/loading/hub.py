@@ -47,11 +47,11 @@ def cached_weights_file(pretrained_cfg: dict, cache_dir: str | None = None) -> P
     return None
 
 
-def hub_reachable(timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to the hub endpoint opens within ``timeout_s`` seconds."""
+def hub_reachable(timeout_s: float = PROBE_TIMEOUT_S, url: str | None = None) -> bool:
+    """Whether a TCP connection to the hub endpoint (or to ``url``'s host) opens within ``timeout_s`` seconds."""
     from huggingface_hub import constants
 
-    parsed = urlparse(getattr(constants, "ENDPOINT", "https://huggingface.co"))
+    parsed = urlparse(url or getattr(constants, "ENDPOINT", "https://huggingface.co"))
     host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
 
     def connect() -> bool:

@@ -91,7 +91,8 @@ class LoadedModel:
         for p in module.parameters():
             p.requires_grad_(False)
         module.to(dev)
-        spec = family.spec(module, name)
+        size = tuple((data_config or {}).get("input_size", ())[-2:]) or None
+        spec = family.spec(module, name, size)  # type: ignore[arg-type]
         config = family.data_config(module, spec)
         config.update(data_config or {})
         return cls(model=module, spec=spec, device=dev, dtype=dtype, data_config=config, source=source,

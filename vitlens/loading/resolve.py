@@ -18,7 +18,7 @@ from .model import LoadedModel, resolve_device
 
 #: how each interface asks for random weights / a checkpoint with its architecture
 RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
-               "app": "untick 'Pretrained weights' (timm name source)"}
+               "app": "untick 'Pretrained weights' (Name source)"}
 WITH_ARCH = {"python": "vl.load_model('path/to/model.safetensors', arch='vit_base_patch16_224')",
              "cli": "--model path/to/model.safetensors --arch vit_base_patch16_224",
              "app": "the Checkpoint source (a path or an upload, and its architecture)"}
@@ -136,9 +136,11 @@ def load_model(
 
     Args:
         name: an embedded reference model ("ref-vit", "ref-hybrid"), a timm model name with optional
-            pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k"), a local checkpoint file
-            (.safetensors, .pth/.pt/.bin state dict, original ViT .npz) together with ``arch``, or a
-            module built in code (as ``LoadedModel.from_module``).
+            pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k"; ViT, DeiT, BEiT, EVA, ...), a
+            local checkpoint file (.safetensors, .pth/.pt/.bin state dict, original ViT .npz) together
+            with ``arch``, "hf:ORG/NAME" or "hf:FOLDER" (Hugging Face ViT/DeiT/Dinov2; needs
+            transformers), "torchvision:vit_b_16" (and torchvision's other ViTs), or a module built in
+            code (as ``LoadedModel.from_module``).
         pretrained: load hub weights for a timm name (False: random init).
         arch: architecture of a local checkpoint (timm name or reference name).
         device: torch device; default CUDA when available, else CPU.
@@ -161,6 +163,15 @@ def load_model(
         return LoadedModel.from_module(name, device=dev, dtype=dtype)
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
+    from .external import HF_PREFIX, TORCHVISION_PREFIX, load_hf, load_torchvision
+
+    if name.startswith(HF_PREFIX):
+        model, label, source, data_config = load_hf(name, pretrained)
+        return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
+                                       data_config=data_config)
+    if name.startswith(TORCHVISION_PREFIX):
+        model, label, source = load_torchvision(name, pretrained)
+        return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source)
     if name in REFERENCE_NAMES:
         model = build_reference(name)
         path = weights_path(name)

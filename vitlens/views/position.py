@@ -55,16 +55,18 @@ def patch_position_embeddings(m: LoadedModel, grid: tuple[int, int] | None = Non
         ViewNotAvailableError: the model has no learned absolute position table (its family says why).
     """
     spec = m.spec
-    table = m.family.position_table(m.model, spec)
-    if table is None:
+    found = m.family.position_table(m.model, spec)
+    if found is None:
         raise ViewNotAvailableError(
             f"Position similarity is not available for {spec.name}: "
             f"{m.family.no_position_reason(m.model, spec)}.")
+    table, table_grid = found
     rows = table.float().cpu()
-    if grid is not None and tuple(grid) != spec.grid:
+    target = tuple(grid) if grid is not None else tuple(table_grid)
+    if target != tuple(table_grid):
         from timm.layers import resample_abs_pos_embed
 
-        rows = resample_abs_pos_embed(rows, new_size=list(grid), old_size=list(spec.grid), num_prefix_tokens=0,
+        rows = resample_abs_pos_embed(rows, new_size=list(target), old_size=list(table_grid), num_prefix_tokens=0,
                                       interpolation="bicubic", antialias=True)
     return rows[0].to(torch.float64)
 
@@ -87,13 +89,15 @@ def position_similarity(m: LoadedModel, grid: tuple[int, int] | None = None) -> 
         if len(grid) != 2 or min(grid) < 1:
             raise InvalidParameterError(f"grid must be two positive integers (rows, cols); got {grid}.")
         grid = (int(grid[0]), int(grid[1]))
-    target = grid or m.spec.grid
-    sim = cosine_similarity_matrix(patch_position_embeddings(m, grid))
+    found = m.family.position_table(m.model, m.spec)
+    model_grid = tuple(found[1]) if found is not None else m.spec.grid
+    target = grid or model_grid
+    sim = cosine_similarity_matrix(patch_position_embeddings(m, target))
     return PositionSimilarityResult(
         similarity=sim.reshape(*target, *target).numpy(),
-        grid=target,
-        model_grid=m.spec.grid,
-        resized=target != m.spec.grid,
+        grid=target,  # type: ignore[arg-type]
+        model_grid=model_grid,  # type: ignore[arg-type]
+        resized=target != model_grid,
         model_name=m.spec.name,
     )
 

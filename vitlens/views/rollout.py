@@ -172,8 +172,10 @@ class RolloutAccumulator(AttentionConsumer):
     """
 
     def __init__(self, num_layers: int, num_prefix_tokens: int, has_class_token: bool,
-                 head_fusion: str = "mean", discard_ratio: float = 0.0, label_names: list[str] | None = None) -> None:
+                 head_fusion: str = "mean", discard_ratio: float = 0.0, label_names: list[str] | None = None,
+                 has_classifier: bool = True) -> None:
         check_rollout_params(head_fusion, discard_ratio)
+        self.has_classifier = has_classifier
         self.num_layers = num_layers
         self.num_prefix_tokens = num_prefix_tokens
         self.has_class_token = has_class_token
@@ -190,7 +192,8 @@ class RolloutAccumulator(AttentionConsumer):
     @classmethod
     def for_model(cls, m: "LoadedModel", head_fusion: str = "mean", discard_ratio: float = 0.0) -> "RolloutAccumulator":
         s = m.spec
-        return cls(s.num_layers, s.num_prefix_tokens, s.has_class_token, head_fusion, discard_ratio, m.label_names())
+        return cls(s.num_layers, s.num_prefix_tokens, s.has_class_token, head_fusion, discard_ratio, m.label_names(),
+                   has_classifier=s.num_classes > 0)
 
     @property
     def source_token(self) -> str:
@@ -229,7 +232,7 @@ class RolloutAccumulator(AttentionConsumer):
         maps = row_map(row, self.num_prefix_tokens, self.grid)
         self._maps.append(maps)
         b = maps.shape[0]
-        if logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
+        if self.has_classifier and logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
             p, i = logits.float().softmax(-1).max(-1)
             self._preds.append(i.cpu().numpy().astype(np.int64))
             self._probs.append(p.cpu().numpy().astype(np.float64))
@@ -250,7 +253,7 @@ class RolloutAccumulator(AttentionConsumer):
         if self.grid is not None and other.grid is not None and self.grid != other.grid:
             raise InvalidParameterError(f"Rollout maps of grid {self.grid} and {other.grid} do not merge.")
         out = RolloutAccumulator(self.num_layers, self.num_prefix_tokens, self.has_class_token, self.head_fusion,
-                                 self.discard_ratio, self.label_names)
+                                 self.discard_ratio, self.label_names, self.has_classifier)
         out.grid, out.image_size = self.grid or other.grid, self.image_size or other.image_size
         out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
                                              self._probs + other._probs)

@@ -1,0 +1,232 @@
+"""Works on the user's model: every family x (exact maps, logits unchanged, every view runs,
+attribution runs), offline with random-init models built from configs.
+
+Exact maps: side capture equals each family's own reference (timm's non-fused path, Hugging Face's
+``eager`` ``output_attentions``, torchvision's ``need_weights=True``) within 1e-5, and inline capture
+equals it too; logits with side capture are bit-identical to a plain run."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import vitlens as vl
+
+
+def timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    ref = copy.deepcopy(model)
+    maps: list[torch.Tensor] = []
+    for block in ref.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda _m, inp, _out: maps.append(inp[0].detach().clone()))
+    with torch.no_grad():
+        ref(x)
+    return maps
+
+
+def hf_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    ref = copy.deepcopy(model)
+    ref.config._attn_implementation = "eager"
+    with torch.no_grad():
+        return list(ref(pixel_values=x, output_attentions=True).attentions)
+
+
+def torchvision_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    maps = []
+    with torch.no_grad():
+        h = model._process_input(x)
+        h = torch.cat([model.class_token.expand(h.shape[0], -1, -1), h], dim=1) + model.encoder.pos_embedding
+        for block in model.encoder.layers:
+            y = block.ln_1(h)
+            maps.append(block.self_attention(y, y, y, need_weights=True, average_attn_weights=False)[1])
+            h = block(h)
+    return maps
+
+
+def randomise_relative_bias(model: nn.Module) -> nn.Module:
+    """BEiT starts its relative-position tables at zero; give them values so the bias shows."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for block in model.blocks:
+            table = block.attn.relative_position_bias_table
+            table.copy_(torch.randn(table.shape, generator=g))
+    return model
+
+
+def build(family: str) -> tuple[nn.Module, callable]:
+    import timm
+
+    torch.manual_seed(0)
+    if family == "timm-beit":
+        return randomise_relative_bias(timm.create_model("beit_base_patch16_224", pretrained=False, img_size=64,
+                                                         depth=2, num_classes=5)), timm_reference
+    if family == "timm-beitv2":
+        return randomise_relative_bias(timm.create_model("beitv2_base_patch16_224", pretrained=False, img_size=64,
+                                                         depth=2, num_classes=5)), timm_reference
+    if family == "timm-eva02":
+        return timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=56, depth=2,
+                                 num_classes=5), timm_reference
+    if family == "timm-eva":
+        return timm.create_model("eva_giant_patch14_224", pretrained=False, img_size=56, depth=2, embed_dim=64,
+                                 num_heads=2, num_classes=5), timm_reference
+    if family == "timm-vit-subclass":
+        from timm.models.vision_transformer import VisionTransformer
+
+        class MyViT(VisionTransformer):
+            """A user's fine-tuned copy: same blocks, a different head."""
+
+        return MyViT(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5), timm_reference
+    if family.startswith("hf-"):
+        import transformers as tr
+
+        common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                      patch_size=8)
+        model = {
+            "hf-vit": lambda: tr.ViTForImageClassification(tr.ViTConfig(num_labels=5, **common)),
+            "hf-vit-eager": lambda: tr.ViTForImageClassification(tr.ViTConfig(num_labels=5, attn_implementation="eager",
+                                                                              **common)),
+            "hf-deit": lambda: tr.DeiTForImageClassificationWithTeacher(tr.DeiTConfig(num_labels=5, **common)),
+            "hf-dinov2": lambda: tr.Dinov2Model(tr.Dinov2Config(**common)),
+            "hf-dinov2-reg": lambda: tr.Dinov2WithRegistersForImageClassification(
+                tr.Dinov2WithRegistersConfig(num_register_tokens=4, num_labels=5, **common)),
+        }[family]()
+        return model.eval(), hf_reference
+    if family == "torchvision":
+        from torchvision.models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+                                 num_classes=5), torchvision_reference
+    raise KeyError(family)
+
+
+FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
+            "hf-deit", "hf-dinov2", "hf-dinov2-reg", "torchvision"]
+PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_maps_are_exact_and_logits_unchanged(family):
+    module, reference = build(family)
+    m = vl.LoadedModel.from_module(module, name=family, device="cpu")
+    assert m.spec.num_prefix_tokens == PREFIX.get(family, 1)
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = m.forward(x)
+        with vl.capture_attention(m) as side:
+            captured = m.forward(x)
+        with vl.capture_attention(m, mode="inline") as inline:
+            m.forward(x)
+    assert torch.equal(plain, captured), "side capture changed the output"
+    want = reference(m.model, x)
+    t = m.spec.num_prefix_tokens + m.spec.grid[0] * m.spec.grid[1]
+    assert len(side.maps) == len(want) == m.spec.num_layers
+    for got_side, got_inline, ref in zip(side.maps, inline.maps, want):
+        assert got_side.shape == (2, m.spec.num_heads, t, t)
+        torch.testing.assert_close(got_side, ref.float(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(got_inline.float(), ref.float(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_view_and_an_attribution_run(family):
+    module, _ = build(family)
+    m = vl.LoadedModel.from_module(module, name=family, device="cpu")
+    x = torch.randn(3, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(2))
+    r = vl.analyze(m, x, batch_size=2, n_components=3)
+    assert r.distance.mean_px.shape == (m.spec.num_layers, m.spec.num_heads) and np.isfinite(r.distance.mean_px).all()
+    assert r.rollout.maps.shape == (3, *m.spec.grid)
+    assert r.filters.components.shape[0] == 3
+    if family.startswith("timm-beit"):
+        assert r.position is None and "relative-position bias" in r.position_note
+    else:
+        assert r.position is not None and r.position.similarity.shape == (*m.spec.grid, *m.spec.grid)
+    if m.spec.num_classes:
+        for method in ("grad_rollout", "saliency"):
+            a = vl.attribute(m, x, method=method)
+            assert a.maps.shape == (3, *m.spec.grid) and np.isfinite(a.maps).all()
+        assert r.rollout.predictions.tolist() == m.logits(x).argmax(-1).tolist()
+    else:
+        assert (r.rollout.predictions == -1).all()  # a feature model predicts nothing
+
+
+def test_eva_without_a_learned_position_table_says_so_in_the_position_view():
+    import timm
+
+    model = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=56, depth=1, use_abs_pos_emb=False)
+    m = vl.LoadedModel.from_module(model, name="eva02-rope-only", device="cpu")
+    with pytest.raises(vl.ViewNotAvailableError, match="rotary embeddings"):
+        vl.position_similarity(m)
+    assert "rotary embeddings" in vl.analyze(m, torch.randn(1, 3, 56, 56), n_components=2).position_note
+
+
+@pytest.mark.parametrize("name,what", [("swin_tiny_patch4_window7_224", "Swin"), ("cait_xxs24_224", "CaiT"),
+                                       ("samvit_base_patch16", "SAM"), ("xcit_nano_12_p16_224", "XCiT")])
+def test_remaining_refusals_name_what_is_unsupported(name, what):
+    with pytest.raises(vl.UnsupportedModelError, match=what):
+        vl.load_model(name, pretrained=False)
+
+
+def test_a_module_vitlens_does_not_understand_is_refused_naming_its_first_block():
+    from timm.models.vision_transformer import Block, VisionTransformer
+
+    class MyBlock(Block):
+        pass
+
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, block_fn=MyBlock)
+    with pytest.raises(vl.UnsupportedModelError, match="block 0 is a MyBlock"):
+        vl.LoadedModel.from_module(model)
+    with pytest.raises(vl.UnsupportedModelError, match="not a Vision Transformer"):
+        vl.LoadedModel.from_module(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten()))
+
+
+def test_hugging_face_models_load_from_a_folder_offline_with_their_processor(tmp_path):
+    import json
+
+    import transformers as tr
+
+    model = tr.ViTForImageClassification(tr.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                      intermediate_size=64, image_size=32, patch_size=8, num_labels=3,
+                                                      id2label={0: "cat", 1: "dog", 2: "fox"}))
+    model.save_pretrained(tmp_path)
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({
+        "do_resize": True, "size": {"height": 32, "width": 32}, "resample": 2,
+        "image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6]}))
+    m = vl.load_model(f"hf:{tmp_path}", device="cpu")
+    assert m.spec.family == "hf-vit" and m.spec.grid == (4, 4) and m.label_names() == ["cat", "dog", "fox"]
+    assert m.data_config["mean"] == (0.1, 0.2, 0.3) and m.data_config["interpolation"] == "bilinear"
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(m.logits(x), model.eval()(pixel_values=x).logits)
+    assert vl.analyze(m, vl.sample_images()[:1], n_components=2).rollout.predicted_labels[0] in ("cat", "dog", "fox")
+
+
+def test_hub_and_torchvision_weights_offline_fail_fast_with_a_way_out(monkeypatch):
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.monotonic()
+    with pytest.raises(vl.WeightsUnavailableError, match="not in the local cache"):
+        vl.load_model("hf:google/vit-base-patch16-224")
+    with pytest.raises(vl.WeightsUnavailableError, match="pretrained=False"):
+        vl.load_model("torchvision:vit_b_16")
+    assert time.monotonic() - t0 < 5
+    m = vl.load_model("torchvision:vit_b_32", pretrained=False, device="cpu")
+    assert m.spec.family == "torchvision-vit" and m.spec.grid == (7, 7) and m.spec.num_classes == 1000
+    with pytest.raises(vl.UnknownModelError, match="vit_b_16"):
+        vl.load_model("torchvision:resnet50")
+
+
+def test_without_transformers_the_message_says_how_to_get_it(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("No module named 'transformers'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(vl.UnsupportedModelError, match=r"pip install 'vitlens\[hf\]'"):
+        vl.load_model("hf:google/vit-base-patch16-224")

@@ -1,0 +1,113 @@
+"""timm's BEiT and BEiT v2 (``timm.models.beit.Beit``): attention with a relative-position bias.
+
+Each block's scores are q * scale @ k^T + its own relative-position bias + the model's shared
+one (when there is one), then softmax. The bias is read from the block's own table, exactly as
+the block reads it. Side capture hooks the attention module's input and forms q and k with the
+block's own weights and biases (the projection runs a second time, in the same dtype); inline
+capture turns ``fused_attn`` off and reads the probabilities as they enter ``attn_drop``.
+BEiT has no learned absolute position table (position lives in the relative bias), so the
+position view says so.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from ..loading.spec import ModelSpec
+from .base import Emit, Family, Handles, register
+from .timm_vit import attention_probs, conv_filters, inline_at_attn_drop, timm_data_config, timm_position_table
+
+
+def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k [B, heads, T, head_dim] of timm's BEiT ``Attention`` for input ``x``, formed as it forms them."""
+    b, n, _ = x.shape
+    if attn.q_bias is None:
+        qkv = F.linear(x, attn.qkv.weight)
+    else:
+        qkv_bias = torch.cat((attn.q_bias, attn.k_bias, attn.v_bias))
+        if attn.qkv_bias_separate:
+            qkv = F.linear(x, attn.qkv.weight)
+            qkv += qkv_bias
+        else:
+            qkv = F.linear(x, weight=attn.qkv.weight, bias=qkv_bias)
+    qkv = qkv.reshape(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+    return qkv[0], qkv[1]
+
+
+class TimmBeit(Family):
+    name = "timm-beit"
+
+    def matches(self, model: nn.Module) -> bool:
+        from timm.models.beit import Beit
+
+        return isinstance(model, Beit)
+
+    def check(self, model: nn.Module, name: str) -> None:
+        from timm.layers import PatchEmbed
+        from timm.models.beit import Attention, Block
+
+        if not isinstance(model.patch_embed, PatchEmbed):
+            raise UnsupportedModelError(f"{name!r} embeds patches with {type(model.patch_embed).__name__}; "
+                                        "vitlens supports BEiT with timm's PatchEmbed.")
+        for i, block in enumerate(model.blocks):
+            if type(block) is not Block or type(block.attn) is not Attention:
+                raise UnsupportedModelError(
+                    f"{name!r}: block {i} is a {type(block).__name__} with {type(block.attn).__name__}; vitlens "
+                    "reproduces timm's BEiT Block and Attention (relative-position bias) exactly and refuses others.")
+
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        pe = model.patch_embed
+        grid = tuple(int(g) for g in pe.grid_size)
+        pos = getattr(model, "pos_embed", None)
+        return ModelSpec(
+            name=name, kind="vit", image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            grid=grid, stride_px=tuple(int(s) for s in pe.patch_size),  # type: ignore[arg-type]
+            num_prefix_tokens=int(model.num_prefix_tokens), num_layers=len(model.blocks),
+            num_heads=int(model.blocks[0].attn.num_heads), embed_dim=int(model.embed_dim),
+            has_class_token=getattr(model, "cls_token", None) is not None, has_pos_embed=pos is not None,
+            pos_embed_prefix=0 if pos is None else int(pos.shape[1]) - grid[0] * grid[1],
+            num_classes=int(getattr(model, "num_classes", 0)),
+            num_params=sum(p.numel() for p in model.parameters()), family=self.name)
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for block in model.blocks]
+
+    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
+                shared = kwargs.get("shared_rel_pos_bias", args[1] if len(args) > 1 else None)
+                with torch.no_grad():
+                    q, k = beit_queries_keys(mod, args[0])
+                    biases = []
+                    if mod.relative_position_bias_table is not None:
+                        biases.append(mod._get_rel_pos_bias())
+                    if shared is not None:
+                        biases.append(shared)
+                    with torch.autocast(device_type=q.device.type, enabled=False):
+                        probs = attention_probs(q, k, mod.scale, biases=biases)
+                emit(layer, probs)
+
+            handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
+    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+        inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        return timm_position_table(model, spec)
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return ("BEiT adds a learned relative-position bias to the attention scores instead of a learned "
+                "absolute position table")
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return timm_data_config(model, spec)
+
+
+register(TimmBeit())
