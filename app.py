@@ -25,8 +25,10 @@ from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploa
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison
+from vitlens.compare.heads import cost as head_cost
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
+from vitlens.views.prefix import prefix_labels
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
@@ -78,31 +80,44 @@ def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: 
                                method_params={method: dict(params)})
 
 
-def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renormalize: bool) -> Any:
-    """Attention distance with a progress bar; remembered per session (a few entries)."""
-    memo = st.session_state.setdefault("distance_memo", {})
-    key = (mkey, ikey, len(images), renormalize)
+def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, total: int) -> Any:
+    """A heavy result with a progress bar, remembered per session (a few entries per kind)."""
+    memo = st.session_state.setdefault(name, {})
     if key not in memo:
-        bar = st.progress(0.0, text=f"Attention distance over {len(images)} images ...")
+        bar = st.progress(0.0, text=f"{what} ...")
 
-        def progress(done: int, total: int | None) -> None:
-            bar.progress(min(done / max(total or len(images), 1), 1.0), text=f"{done}/{total} images")
+        def progress(done: int, n: int | None) -> None:
+            bar.progress(min(done / max(n or total, 1), 1.0), text=f"{what}: {done}/{n or total}")
 
         with heavy_lock():
-            memo[key] = vl.attention_distance(m, images, batch_size=16, renormalize=renormalize, progress=progress)
+            memo[key] = compute(progress)
         bar.empty()
         while len(memo) > 6:
             memo.pop(next(iter(memo)))
     return memo[key]
 
 
+def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renormalize: bool) -> vl.AnalysisResult:
+    """Attention distance and the attention on prefix tokens, from one pass over the images."""
+    return remembered("distance_memo", (mkey, ikey, len(images), renormalize), lambda progress: vl.analyze(
+        m, images, batch_size=16, renormalize=renormalize, progress=progress, views=("distance", "prefix")),
+        f"Attention distance over {len(images)} images", len(images))
+
+
+def head_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, labels: np.ndarray | None) -> Any:
+    k = len(images)
+    return remembered("heads_memo", (mkey, ikey, k), lambda progress: vl.head_importance(
+        m, images, labels=None if labels is None else labels[:k], batch_size=64, progress=progress),
+        f"Head importance ({head_cost(m, k)} image forwards)", head_cost(m, k))
+
+
 @st.cache_data(max_entries=4, show_spinner=False)
-def held_out_scenes(n: int) -> tuple[list, list[str], np.ndarray]:
-    """The first ``n`` held-out reference scenes as PIL images, with names and object masks."""
+def held_out_scenes(n: int) -> tuple[list, list[str], np.ndarray, np.ndarray]:
+    """The first ``n`` held-out reference scenes as PIL images, with names, object masks and labels."""
     from PIL import Image
 
     data = generate(n, seed=HELD_OUT_SEED)
-    return [Image.fromarray(a) for a in data.images], scene_names(data.labels), data.masks
+    return [Image.fromarray(a) for a in data.images], scene_names(data.labels), data.masks, data.labels
 
 
 # ---------------------------------------------------------------- what every view is given
@@ -116,6 +131,7 @@ class Context:
     names: list[str]
     ikey: str
     masks: np.ndarray | None
+    labels: np.ndarray | None
     index: int
     shown: np.ndarray  # the current image as the model sees it, uint8 [H, W, 3]
 
@@ -197,9 +213,26 @@ def render_distance(ctx: Context) -> None:
     n = image_count(c[0], len(ctx.images), "n-dist")
     renorm = c[1].checkbox("Renormalise over patch keys (raw weights when off)", True, key="renorm")
     res = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", renorm)
-    fig = figures.distance_figure(res)
-    st.plotly_chart(fig, key="dist-fig")
-    downloads(res, fig, "attention_distance")
+    fig = figures.distance_figure(res.distance)
+    left, right = st.columns([3, 2])
+    left.plotly_chart(fig, key="dist-fig")
+    if res.prefix.labels:
+        right.plotly_chart(figures.prefix_figure(res.prefix), key="prefix-fig")
+        parked = res.prefix.parked()
+        right.caption(f"{len(parked)} head(s) park more than half their attention on a prefix token"
+                      + (": " + ", ".join(f"L{p['layer']}H{p['head']}" for p in parked[:8]) if parked else "")
+                      + ". With raw weights such heads would look local; renormalising over patch keys discounts it.")
+    else:
+        right.info("No prefix tokens: every token is a patch, so no attention is parked outside the image.")
+    downloads(res.distance, fig, "attention_distance")
+    with st.expander("Which heads matter? (removes one head at a time; costly)"):
+        k = min(n, 16)
+        st.caption(f"Mean-ablation of each of the {ctx.m.spec.num_layers * ctx.m.spec.num_heads} heads on {k} images: "
+                   f"{head_cost(ctx.m, k)} image forwards.")
+        if ctx.m.spec.num_classes and st.checkbox("Compute head importance", key="heads-on"):
+            imp = head_result(ctx.m, ctx.mkey, ctx.images[:k], f"{ctx.ikey}-{k}", ctx.labels)
+            st.plotly_chart(figures.head_importance_figure(imp, res.distance), key="heads-imp-fig")
+            st.caption(imp.summary())
 
 
 def render_maps(ctx: Context) -> None:
@@ -214,6 +247,11 @@ def render_maps(ctx: Context) -> None:
     downloads(roll, fig, "rollout")
     st.subheader("One query's attention")
     maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
+    parked = maps.parked_heads(prefix_labels(spec))
+    if parked:
+        st.warning(f"{len(parked)} head(s) park more than half their attention on a prefix token in this image ("
+                   + ", ".join(f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
+                               for p in parked[:6]) + "); rollout counts that mass, though no patch earned it.")
     c = st.columns(4)
     layer = c[0].slider("Layer", 1, spec.num_layers, 1, key="layer") - 1
     query_kind = c[1].radio("Query", ["class token", "patch"] if spec.has_class_token else ["patch"], key="qkind")
@@ -265,14 +303,37 @@ def render_attributions(ctx: Context) -> None:
 
 def render_compare(ctx: Context) -> None:
     st.caption("A second model beside the first (Fig. 11): attention distance over the same images, "
-               "and rollout on the current image.")
+               "rollout on the current image, and how similar their representations are layer by layer (CKA).")
     other = model_picker("m2", "ref-hybrid" if ctx.m.spec.name != "ref-hybrid" else "ref-vit")
     if other is None:
         return
     m2 = load_model(*other)
     n = image_count(st, len(ctx.images), "n-cmp")
-    d1 = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", True)
-    d2 = distance_result(m2, f"{other}", ctx.images[:n], f"{ctx.ikey}-{n}", True)
+    distance_tab, cka_tab = st.tabs(["Attention distance", "Representation similarity (CKA)"])
+    with cka_tab:
+        render_cka(ctx, m2, f"{other}", n)
+    with distance_tab:
+        render_compare_distance(ctx, m2, other, n)
+
+
+def render_cka(ctx: Context, m2: vl.LoadedModel, m2key: str, n: int) -> None:
+    if n < 4:
+        st.info("CKA needs at least 4 images.")
+        return
+    policy = st.radio("Tokens", ["mean", "cls", "patches"], horizontal=True, key="cka-policy",
+                      help="mean of the patch tokens, the class token, or every patch token on a matched grid")
+    res = remembered("cka_memo", (ctx.mkey, m2key, ctx.ikey, n, policy), lambda progress: vl.cka(
+        ctx.m, m2, ctx.images[:n], token_policy=policy, batch_size=min(32, max(4, n // 2)), progress=progress),
+        f"CKA over {n} images", n)
+    fig = figures.cka_figure(res)
+    st.plotly_chart(fig, key="cka-fig")
+    st.caption(res.summary())
+    downloads(res, fig, "cka")
+
+
+def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: int) -> None:
+    d1 = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
+    d2 = distance_result(m2, f"{other}", ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
     data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name])
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
@@ -341,16 +402,16 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
     return path, False, arch or None, device
 
 
-def image_set() -> tuple[list, list[str], str, np.ndarray | None, str]:
-    """(images, names, key, masks, source) from the sidebar's image source."""
+def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | None, str]:
+    """(images, names, key, masks, labels, source) from the sidebar's image source."""
     # the app opens on the embedded models, which know the shapes scenes: start there
     source = st.radio("Images", ["Sample photos", "Shapes (with masks)", "Upload"], index=1, key="img-source")
     if source == "Sample photos":
-        return vl.sample_images(), list(SAMPLE_NAMES), "samples", None, "samples"
+        return vl.sample_images(), list(SAMPLE_NAMES), "samples", None, None, "samples"
     if source == "Shapes (with masks)":
         n = st.slider("Held-out scenes", 8, 256, 32, step=8, key="n-shapes")
-        images, names, masks = held_out_scenes(n)
-        return images, names, f"shapes-{n}", masks, "shapes"
+        images, names, masks, labels = held_out_scenes(n)
+        return images, names, f"shapes-{n}", masks, labels, "shapes"
     files = st.file_uploader(f"Images: {', '.join(t.upper() for t in UPLOAD_TYPES)}; up to {MAX_UPLOAD_MB} MB each",
                              type=list(UPLOAD_TYPES), accept_multiple_files=True, key="uploads",
                              max_upload_size=MAX_UPLOAD_MB)
@@ -359,7 +420,7 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, str]:
         st.warning(f"Skipped: {message}")
     if uploads.duplicates:
         st.caption(f"Already uploaded (same file), shown once: {', '.join(uploads.duplicates)}")
-    return uploads.images, uploads.names, uploads.key, None, "upload"
+    return uploads.images, uploads.names, uploads.key, None, None, "upload"
 
 
 def main() -> None:
@@ -372,7 +433,7 @@ def main() -> None:
         st.selectbox("Device", DEVICES, key="device")
         picked = model_picker("m1", "ref-vit")
         st.header("Images")
-        images, names, ikey, masks, image_source = image_set()
+        images, names, ikey, masks, labels, image_source = image_set()
     if picked is None:
         st.stop()
     try:
@@ -394,8 +455,8 @@ def main() -> None:
     idx = min(idx, len(images) - 1)
     try:
         x = m.preprocess([images[idx]])
-        ctx = Context(m=m, mkey=f"{picked}", images=images, names=names, ikey=ikey, masks=masks, index=idx,
-                      shown=m.display(x)[0])
+        ctx = Context(m=m, mkey=f"{picked}", images=images, names=names, ikey=ikey, masks=masks, labels=labels,
+                      index=idx, shown=m.display(x)[0])
         preds = m.top_predictions(x)
     except Exception as e:  # noqa: BLE001
         show_error(e)

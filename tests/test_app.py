@@ -149,7 +149,7 @@ def test_shapes_and_uploads_as_image_sources(app):
         assert problems(app) == [] and not app.error, view
     app.file_uploader(key="uploads").set_value(("one.png", png_bytes(), "image/png")).run()
     app.radio(key="view").set_value("Attention distance").run()  # a single image: no slider to draw
-    assert problems(app) == [] and not app.error and len(app.get("plotly_chart")) == 1
+    assert problems(app) == [] and not app.error and len(app.get("plotly_chart")) == 2  # distances, prefix tokens
 
 
 def test_corrupt_and_oversized_uploads_are_skipped_with_a_message(app, monkeypatch):
@@ -279,3 +279,25 @@ def test_end_to_end_in_headless_chromium(tmp_path):
         server.terminate()
         server.wait(timeout=30)
     assert len(list(out_dir.glob("*.png"))) >= len(VIEWS)
+
+
+def test_distance_view_shows_prefix_attention_and_head_importance(app):
+    app.radio(key="view").set_value("Attention distance").run()
+    assert problems(app) == [] and not app.error
+    titles = [chart(app, i)["layout"]["title"]["text"] for i in range(len(app.get("plotly_chart")))]
+    assert any(t.startswith("Attention on prefix tokens") for t in titles)
+    app.slider(key="n-dist").set_value(4).run()
+    app.checkbox(key="heads-on").check().run()
+    assert problems(app) == [] and not app.error
+    titles = [chart(app, i)["layout"]["title"]["text"] for i in range(len(app.get("plotly_chart")))]
+    assert any(t.startswith("Do local heads matter?") for t in titles)
+    assert any("most important: layer" in c.value for c in app.caption)
+
+
+def test_compare_has_a_cka_tab(app):
+    app.radio(key="view").set_value("Compare").run()
+    app.slider(key="n-cmp").set_value(8).run()
+    assert problems(app) == [] and not app.error
+    titles = [chart(app, i)["layout"]["title"]["text"] for i in range(len(app.get("plotly_chart")))]
+    assert any(t.startswith("Representation similarity (linear CKA)") for t in titles)
+    assert any("ref-vit x ref-hybrid: 6x6 layers" in c.value for c in app.caption)

@@ -39,7 +39,8 @@ def test_report_data_round_trips_into_results_equal_to_a_library_call(pair_repor
     assert data.models == ["ref-vit", "ref-hybrid"] and data.image_set["count"] == 12
     images = list(generate(12, seed=HELD_OUT_SEED).images)
     for name, got in zip(data.models, data.analyses):
-        want = vl.analyze(vl.load_model(name, device="cpu"), images, batch_size=8)
+        want = vl.analyze(vl.load_model(name, device="cpu"), images, batch_size=8,
+                          views=("filters", "position", "distance", "rollout", "prefix"))
         assert got.equals(want, rtol=1e-12), name
 
 
@@ -63,13 +64,13 @@ def test_report_opens_offline_in_headless_chromium_with_every_figure_drawn(pair_
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(pair_report.as_uri())
-        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 8", timeout=30000)
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 10", timeout=30000)
         plots = page.locator(".js-plotly-plot")
         n_plots = plots.count()
         drawn = [plots.nth(i).locator(".main-svg").count() > 0 for i in range(n_plots)]
         page.screenshot(path=str(tmp_path / "report.png"))
         browser.close()
-    assert n_plots == 8  # 4 figures for each of the two models
+    assert n_plots == 10  # 5 figures for each of the two models (the four views, attention on prefix tokens)
     assert all(drawn)
     assert errors == []
     assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []
@@ -171,7 +172,8 @@ def test_png_export_writes_every_figure(tmp_path):
                    "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
-    assert names == [f"1-vit_tiny_patch16_224-{k}.png" for k in ("distance", "filters", "position", "rollout")]
+    assert names == [f"1-vit_tiny_patch16_224-{k}.png" for k in ("distance", "filters", "position", "prefix",
+                                                                  "rollout")]
     assert all((tmp_path / "png" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
@@ -236,6 +238,22 @@ def test_compare_png_writes_every_figure_of_the_page(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "png").iterdir()) == ["comparison-distance.png",
                                                                    "comparison-rollout.png"]
+
+
+def test_compare_with_cka_and_report_with_heads(tmp_path):
+    proc = run_cli("compare", "--n-images", "8", "--cka", "--out", str(tmp_path / "c.html"), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    data = vl.load_result(tmp_path / "c.json")
+    assert len(data.cka) == 1 and data.cka[0].matrix.shape == (6, 6) and data.cka[0].n_images == 8
+    assert "Representation similarity: ref-vit vs ref-hybrid" in (tmp_path / "c.html").read_text()
+    proc = run_cli("report", "--n-images", "6", "--heads", "--head-images", "6", "--out", str(tmp_path / "r.html"))
+    assert proc.returncode == 0, proc.stderr
+    assert "head importance: 48 heads x 6 images = 294 image forwards" in proc.stderr  # the cost, first
+    report = vl.load_result(tmp_path / "r.json")
+    assert report.heads[0].logit_drop.shape == (6, 8) and report.heads[0].base_accuracy is not None
+    assert report.analyses[0].prefix.labels == ["class"]
+    page = (tmp_path / "r.html").read_text()
+    assert "Which heads matter" in page and "Attention on prefix tokens" in page
 
 
 def test_reports_say_when_predictions_mean_nothing(tmp_path):

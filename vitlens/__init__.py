@@ -11,6 +11,7 @@ The package, by what each part is:
 - ``families``: how each kind of ViT is read exactly (spec, attention capture, filters, E_pos);
 - ``views``: the paper's four views, one image's attention maps, and the streaming engine;
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;
+- ``compare``: layer-by-layer CKA between models, head importance;
 - ``reference``: the embedded reference pair (scenes, models, training, weights);
 - ``report``: the command line and its offline HTML pages;
 - ``figures``, ``results``, ``images``, ``progress``, ``errors``: shared pieces.
@@ -23,6 +24,7 @@ from . import _compat
 from .attribution import METHODS as ATTRIBUTION_METHODS
 from .attribution import (
     AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
+from .compare import CKAResult, HeadImportanceResult, cka, head_importance
 from .errors import (
     CheckpointError,
     DeviceUnavailableError,
@@ -44,6 +46,7 @@ from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResul
 from .views.engine import AttentionConsumer, BatchInfo, stream_attention
 from .views.filters import FilterPCAResult, embedding_filter_pca
 from .views.position import PositionSimilarityResult, position_similarity
+from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
 from .views.rollout import RolloutAccumulator, RolloutResult
 
 __version__ = "0.2.0"
@@ -51,7 +54,8 @@ __version__ = "0.2.0"
 _compat.install(_sys.modules[__name__])
 
 __all__ = [
-    "ATTRIBUTION_METHODS", "AnalysisResult", "AttentionCapture", "AttentionConsumer", "AttentionDistanceAccumulator",
+    "ATTRIBUTION_METHODS", "AnalysisResult", "CKAResult", "HeadImportanceResult", "PrefixAttentionAccumulator",
+    "PrefixDiagnosticsResult", "cka", "head_importance", "prefix_diagnostics", "AttentionCapture", "AttentionConsumer", "AttentionDistanceAccumulator",
     "AttentionDistanceResult", "AttentionMapsResult", "AttributionResult", "BatchInfo", "CheckpointError",
     "ComparisonTable", "DeviceUnavailableError", "FaithfulnessResult", "FilterPCAResult", "ImageLoadError", "Images",
     "InvalidParameterError", "LoadedModel", "ModelSpec", "PRESETS", "PositionSimilarityResult", "Result",

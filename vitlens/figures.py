@@ -271,3 +271,59 @@ def faithfulness_figure(results: Sequence[Any]) -> go.Figure:
     fig.update_yaxes(title="target-class probability", rangemode="tozero")
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def cka_figure(result: Any, title: str | None = None) -> go.Figure:
+    """Layer-by-layer CKA of two models: model A's layers down (first at the top), model B's across."""
+    la, lb = result.matrix.shape
+    fig = go.Figure(go.Heatmap(
+        z=result.matrix, x=list(range(1, lb + 1)), y=list(range(1, la + 1)), zmin=0, zmax=1, colorscale="Magma",
+        customdata=np.stack([result.ci_low, result.ci_high], -1), colorbar=dict(title="CKA"),
+        hovertemplate=f"{result.model_a} layer %{{y}} vs {result.model_b} layer %{{x}}<br>CKA %{{z:.3f}} "
+                      "(90% CI %{customdata[0]:.3f}-%{customdata[1]:.3f})<extra></extra>"))
+    fig.update_xaxes(title=f"{result.model_b} layer", range=[0.5, lb + 0.5], dtick=1 if lb <= 24 else None,
+                     constrain="domain")
+    fig.update_yaxes(title=f"{result.model_a} layer", range=[la + 0.5, 0.5], dtick=1 if la <= 24 else None,
+                     scaleanchor="x", constrain="domain")
+    fig.update_layout(title=title or f"Representation similarity (linear CKA)<br><sup>{result.estimator} HSIC, "
+                                     f"{result.token_policy} tokens, {result.n_images} images</sup>",
+                      height=480, margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+def head_importance_figure(importance: Any, distance: AttentionDistanceResult, title: str | None = None) -> go.Figure:
+    """Do local heads matter? Each head's importance (logit drop when removed) against its mean
+    attention distance (paper Fig. 7 right), coloured by layer."""
+    layers, heads = importance.logit_drop.shape
+    ll, hh = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
+    fig = go.Figure(go.Scatter(
+        x=distance.mean_px.ravel(), y=importance.logit_drop.ravel(), mode="markers",
+        marker=dict(size=9, color=ll.ravel() + 1, colorscale="Viridis", colorbar=dict(title="layer"), opacity=0.85),
+        customdata=np.stack([ll.ravel() + 1, hh.ravel() + 1], -1),
+        hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>distance %{x:.1f} px<br>"
+                      "logit drop %{y:.3f}<extra></extra>"))
+    fig.add_vline(x=distance.uniform_px, line=dict(dash="dot", width=1, color="#888"),
+                  annotation_text="uniform attention", annotation_position="top right")
+    fig.update_layout(title=title or f"Do local heads matter?<br><sup>{importance.ablation}-ablation of one head at "
+                                     f"a time, {importance.n_images} images</sup>",
+                      xaxis_title="Mean attention distance (pixels)",
+                      yaxis_title="Drop of the predicted class's logit", height=440,
+                      margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+def prefix_figure(result: Any, title: str | None = None) -> go.Figure:
+    """Attention parked on prefix tokens: share of each head's patch-query attention on all prefix
+    tokens together, layer by layer (first layer at the top)."""
+    total = result.mass.sum(-1) if result.mass.size else np.zeros((0, 0))
+    layers, heads = total.shape
+    fig = go.Figure(go.Heatmap(
+        z=total, x=list(range(1, heads + 1)), y=list(range(1, layers + 1)), zmin=0, zmax=1, colorscale="Blues",
+        colorbar=dict(title="share"),
+        hovertemplate="layer %{y}, head %{x}<br>attention on prefix tokens %{z:.2f}<extra></extra>"))
+    fig.update_xaxes(title="head", range=[0.5, heads + 0.5], constrain="domain")
+    fig.update_yaxes(title="layer", range=[layers + 0.5, 0.5], constrain="domain")
+    fig.update_layout(title=title or f"Attention on prefix tokens ({', '.join(result.labels) or 'none'})<br><sup>share "
+                                     "of patch queries' attention; above 0.5 a head is parked</sup>",
+                      height=380, margin=dict(l=10, r=10, t=70, b=10))
+    return fig

@@ -77,6 +77,11 @@ class Family:
         """(weight [D, C, kh, kw] float64, module name, description) of the pixel-space filters (Fig. 7 left)."""
         raise NotImplementedError
 
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        """The module whose input is the heads' outputs side by side, [B, T, heads * head_dim]
+        (where head ablation acts), or None when the family has no such module."""
+        return None
+
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         """E_pos rows of the patch tokens, [1, gh * gw, D], with the (gh, gw) grid they were learned
         on; None when there is no learned absolute table."""
@@ -99,6 +104,12 @@ class Family:
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The classifier output (or features) of a preprocessed batch."""
         return model(x)
+
+
+def prefix_labels(cls: bool, distillation: bool = False, registers: int = 0) -> tuple[str, ...]:
+    """The prefix tokens in sequence order: class, distillation, then registers."""
+    return tuple((["class"] if cls else []) + (["distillation"] if distillation else [])
+                 + [f"register {i + 1}" for i in range(registers)])
 
 
 FAMILIES: list[Family] = []

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..loading.spec import ModelSpec
-from .base import Emit, Family, Handles, register
+from .base import Emit, Family, Handles, prefix_labels, register
 from .timm_vit import attention_probs, conv_filters
 
 #: model types (``config.model_type``) whose attention vitlens reproduces
@@ -104,8 +104,9 @@ class HuggingFaceViT(Family):
         emb = embeddings_of(model)
         patch = _pair(cfg.patch_size)
         size = _pair(input_size or cfg.image_size)
-        prefix = 1 + int(hasattr(emb, "distillation_token")) + \
-            (int(emb.register_tokens.shape[1]) if getattr(emb, "register_tokens", None) is not None else 0)
+        registers = int(emb.register_tokens.shape[1]) if getattr(emb, "register_tokens", None) is not None else 0
+        labels = prefix_labels(True, hasattr(emb, "distillation_token"), registers)
+        prefix = len(labels)
         table_grid = self._table_grid(model)
         attns = self.attention_modules(model)
         head = "ForImageClassification" in type(model).__name__
@@ -116,7 +117,7 @@ class HuggingFaceViT(Family):
             pos_embed_prefix=int(emb.position_embeddings.shape[1]) - table_grid[0] * table_grid[1],
             num_classes=int(cfg.num_labels) if head else 0,
             num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=cfg.model_type.startswith("dinov2"), family=self.name)
+            dynamic_img_size=cfg.model_type.startswith("dinov2"), family=self.name, prefix_labels=labels)
 
     def _table_grid(self, model: nn.Module) -> tuple[int, int]:
         emb = embeddings_of(model)
@@ -168,6 +169,9 @@ class HuggingFaceViT(Family):
             old = config._attn_implementation
             config._attn_implementation = INLINE_KEY
             handles.on_remove(lambda config=config, old=old: setattr(config, "_attn_implementation", old))
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.o_proj
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         conv = embeddings_of(model).patch_embeddings.projection

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..loading.spec import ModelSpec
-from .base import Emit, Family, Handles, register
+from .base import Emit, Family, Handles, prefix_labels, register
 from .timm_vit import attention_probs, conv_filters, inline_at_attn_drop, timm_data_config, timm_position_table
 
 
@@ -71,7 +71,9 @@ class TimmBeit(Family):
             has_class_token=getattr(model, "cls_token", None) is not None, has_pos_embed=pos is not None,
             pos_embed_prefix=0 if pos is None else int(pos.shape[1]) - grid[0] * grid[1],
             num_classes=int(getattr(model, "num_classes", 0)),
-            num_params=sum(p.numel() for p in model.parameters()), family=self.name)
+            num_params=sum(p.numel() for p in model.parameters()), family=self.name,
+            prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
+                                        registers=int(getattr(model, "num_reg_tokens", 0) or 0)))
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in model.blocks]
@@ -95,6 +97,9 @@ class TimmBeit(Family):
 
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
         inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.proj
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..loading.spec import ModelSpec
-from .base import Emit, Family, Handles, register
+from .base import Emit, Family, Handles, prefix_labels, register
 from .timm_vit import attention_probs, conv_filters, inline_at_attn_drop, timm_data_config, timm_position_table
 
 
@@ -68,7 +68,9 @@ class TimmEva(Family):
             pos_embed_prefix=0 if pos is None else int(pos.shape[1]) - grid[0] * grid[1],
             num_classes=int(getattr(model, "num_classes", 0)),
             num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name)
+            dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name,
+            prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
+                                        registers=int(getattr(model, "num_reg_tokens", 0) or 0)))
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in model.blocks]
@@ -102,6 +104,9 @@ class TimmEva(Family):
 
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
         inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.norm
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)

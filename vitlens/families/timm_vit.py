@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..loading.spec import ModelSpec
-from .base import Emit, Family, Handles, register
+from .base import Emit, Family, Handles, prefix_labels, register
 
 
 def attention_probs(
@@ -175,6 +175,9 @@ class TimmViT(Family):
             num_params=sum(p.numel() for p in model.parameters()),
             dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
             family=self.name,
+            prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
+                                        getattr(model, "dist_token", None) is not None,
+                                        int(getattr(model, "num_reg_tokens", 0) or 0)),
         )
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
@@ -205,6 +208,9 @@ class TimmViT(Family):
 
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
         inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.norm
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         from ..errors import ViewNotAvailableError

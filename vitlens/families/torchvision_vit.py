@@ -69,7 +69,7 @@ class TorchvisionViT(Family):
             num_heads=int(model.encoder.layers[0].self_attention.num_heads), embed_dim=int(model.hidden_dim),
             has_class_token=True, has_pos_embed=True, pos_embed_prefix=1,
             num_classes=int(getattr(head, "out_features", 0)), num_params=sum(p.numel() for p in model.parameters()),
-            family=self.name)
+            family=self.name, prefix_labels=("class",))
 
     def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):

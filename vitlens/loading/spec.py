@@ -33,6 +33,7 @@ class ModelSpec:
         num_params: parameter count.
         dynamic_img_size: whether the model accepts other input sizes (E_pos resampled).
         family: which model family captures its attention (e.g. "timm-vit").
+        prefix_labels: what each prefix token is ("class", "distillation", "register 1", ...).
     """
 
     name: str
@@ -51,6 +52,7 @@ class ModelSpec:
     num_params: int = 0
     dynamic_img_size: bool = False
     family: str = "timm-vit"
+    prefix_labels: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,8 +61,9 @@ class ModelSpec:
     def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
         names = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k in names}
-        for key in ("image_size", "grid", "stride_px"):
-            d[key] = tuple(d[key])
+        for key in ("image_size", "grid", "stride_px", "prefix_labels"):
+            if key in d:
+                d[key] = tuple(d[key])
         return cls(**d)
 
     def __getitem__(self, key: str) -> Any:
@@ -77,14 +80,20 @@ class ModelSpec:
         return self.grid[0] * self.grid[1]
 
     def prefix_description(self) -> str:
-        """'1 (class)', '2 (class, 1 more: distillation/register)', '4 (none is a class token: GAP/MAP head)'."""
-        parts = ["class"] if self.has_class_token else []
-        extra = self.num_prefix_tokens - len(parts)
-        if extra:
-            parts.append(f"{extra} more (distillation/register)")
-        if not parts:
+        """'1 (class)', '2 (class, distillation)', '4 (4 registers)', '0 (none: GAP/MAP head)'."""
+        if self.num_prefix_tokens == 0:
             return "0 (none: GAP/MAP head)"
-        return f"{self.num_prefix_tokens} ({', '.join(parts)})"
+        labels = list(self.prefix_labels)
+        if len(labels) != self.num_prefix_tokens:
+            labels = ["class"] if self.has_class_token else []
+            extra = self.num_prefix_tokens - len(labels)
+            if extra:
+                labels.append(f"{extra} more (distillation/register)")
+        registers = sum(lab.startswith("register") for lab in labels)
+        named = [lab for lab in labels if not lab.startswith("register")]
+        if registers:
+            named.append(f"{registers} register{'s' if registers > 1 else ''}")
+        return f"{self.num_prefix_tokens} ({', '.join(named)})"
 
     def describe(self) -> dict[str, str]:
         """The spec in words, one fact per entry (the app's sidebar, the report's model table)."""

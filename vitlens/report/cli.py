@@ -55,8 +55,8 @@ def find_image_files(spec: str) -> list[Path]:
     raise CliError(f"Image folder or file not found: {path}.")
 
 
-def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarray | None]:
-    """(images, description of the set, object masks or None) from --images / --samples / --shapes."""
+def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarray | None, np.ndarray | None]:
+    """(images, description of the set, object masks or None, labels or None) from --images / --samples / --shapes."""
     import vitlens as vl
     from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
@@ -78,15 +78,15 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
             _log(args, f"warning: skipped {len(skipped)} unreadable image(s): {listed}")
         if not good:
             raise CliError(f"None of the images under {args.images!r} could be read.")
-        return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped}, None
+        return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped}, None, None
     if args.samples:
         imgs = vl.sample_images()[: args.n_images]
         return imgs, {"source": "samples", "description": "scikit-image sample photographs "
-                      + ", ".join(i.info["name"] for i in imgs), "count": len(imgs), "skipped": []}, None
+                      + ", ".join(i.info["name"] for i in imgs), "count": len(imgs), "skipped": []}, None, None
     data = generate(args.n_images, seed=HELD_OUT_SEED)
     return list(data.images), {"source": "shapes", "description": f"vitlens held-out shapes scenes "
                                f"(seed {HELD_OUT_SEED}, first {args.n_images})", "count": args.n_images,
-                               "skipped": []}, data.masks
+                               "skipped": []}, data.masks, data.labels
 
 
 def environment(device: str) -> dict:
@@ -142,17 +142,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.results import atomic_write_bytes
 
     t_start = time.perf_counter()
-    images, image_set, masks = resolve_images(args)
+    images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
-    analyses, shown, timings, tables, notes = [], [], {}, [], {}
+    analyses, shown, timings, tables, notes, heads = [], [], {}, [], {}, []
     for m in models:
         t1 = time.perf_counter()
-        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet)
+        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet,
+                       views=("filters", "position", "distance", "rollout", "prefix"))
         t2 = time.perf_counter()
         shown.append(m.display(images[:N_ROLLOUT_SHOWN]))
         analyses.append(a)
         timings[m.spec.name] = {"analyze": t2 - t1}
         notes[m.spec.name] = m.prediction_caveat(image_set["source"])
+        if args.heads:
+            heads.append(_heads(args, m, images, labels))
         if args.attributions:
             tables.append(_attributions(args, m, images, masks))
             timings[m.spec.name]["attributions"] = time.perf_counter() - t2
@@ -160,7 +163,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=environment(str(models[0].device)), timings=timings, command=_command(),
-                      attributions=tables, notes=notes)
+                      attributions=tables, notes=notes, heads=heads)
     figs = report_figures(data, shown)
     page = report_html(data, shown, figs)
     if args.png:
@@ -171,6 +174,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     atomic_write_bytes(out, page.encode())
     _log(args, f"wrote {out} and {_data_path(out, args.data)}")
     return 0
+
+
+def _heads(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | None) -> Any:
+    """Head importance on the first --head-images images (labels when the images have them)."""
+    import vitlens as vl
+
+    if m.spec.num_classes <= 0:
+        _log(args, f"{m.spec.name}: no classifier head, so no head importance")
+        return None
+    n = min(args.head_images, len(images))
+    return vl.head_importance(m, images[:n], labels=None if labels is None else labels[:n],
+                              batch_size=args.batch_size, progress=not args.quiet)
 
 
 def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndarray | None) -> Any:
@@ -194,7 +209,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if len(args.models) < 2:
         raise CliError("compare needs at least two models: --models A B [...].")
     t_start = time.perf_counter()
-    images, image_set, _ = resolve_images(args)
+    images, image_set, _, _ = resolve_images(args)
     models = load_all(args, args.models)
     distances, rollouts, timings, notes = [], [], {}, []
     for m in models:
@@ -211,6 +226,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
                       image_set=image_set, environment=environment(str(models[0].device)), timings=timings,
                       command=_command())
+    if args.cka:
+        data.cka = [vl.cka(models[0], other, images, batch_size=max(4, args.batch_size), progress=not args.quiet)
+                    for other in models[1:]]
     figs = comparison_figures(data, rollouts)
     page = comparison_html(data, rollouts, figs, notes)
     if args.png:
@@ -278,6 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
     r.add_argument("--attribution-images", type=_positive, default=16,
                    help="images for the attribution section (default 16; occlusion and IG are costly)")
+    r.add_argument("--heads", action="store_true",
+                   help="add head importance (one head removed at a time) against attention distance")
+    r.add_argument("--head-images", type=_positive, default=32,
+                   help="images for head importance (default 32; it costs one forward per head and image)")
     r.set_defaults(func=cmd_report)
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")
@@ -286,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--local-threshold", type=float, default=0.15,
                    help="a head is local below this fraction of the image width (default 0.15)")
     c.add_argument("--first-layers", type=_positive, default=4, help="layers counted for the local share")
+    c.add_argument("--cka", action="store_true",
+                   help="add layer-by-layer representation similarity (linear CKA) of each model with the first")
     c.set_defaults(func=cmd_compare)
     _common(c)
     ls = sub.add_parser("models", help="list the presets and the model families vitlens reads")

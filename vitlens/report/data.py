@@ -30,6 +30,7 @@ class ReportData(Result):
     command: str = ""
     attributions: list = field(default_factory=list)  # one ComparisonTable (or None) per model
     notes: dict = field(default_factory=dict)  # model name -> a caveat to show (e.g. predictions mean nothing)
+    heads: list = field(default_factory=list)  # one HeadImportanceResult (or None) per model, with --heads
 
     def summary(self) -> str:
         return f"{len(self.models)} model(s) ({', '.join(self.models)}) over {self.image_set.get('count', '?')} images"
@@ -59,6 +60,7 @@ class ComparisonData(Result):
     environment: dict
     timings: dict = field(default_factory=dict)
     command: str = ""
+    cka: list = field(default_factory=list)  # CKAResult of each further model against the first, with --cka
 
     def summary(self) -> str:
         shares = ", ".join(f"{n} {100 * s:.0f}%" for n, s in zip(self.models, self.local_share))

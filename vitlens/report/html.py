@@ -77,6 +77,8 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
     if a.position is not None:
         figs["position"] = figures.position_figure(a.position)
     figs["distance"] = figures.distance_figure(a.distance)
+    if a.prefix is not None and a.prefix.labels:
+        figs["prefix"] = figures.prefix_figure(a.prefix)
     figs["rollout"] = figures.rollout_grid_figure(a.rollout, display_images)
     return figs
 
@@ -90,6 +92,8 @@ def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
 def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
     """Every figure of a comparison: distances overlaid (Fig. 11) and, given, rollout side by side."""
     figs = {"distance": figures.distance_figure(data.distances, names=data.models, units=data.units)}
+    for i, c in enumerate(data.cka):
+        figs[f"cka-{i + 1}"] = figures.cka_figure(c)
     if rollouts:
         panels = [(img, result.maps[0], name) for name, result, img in rollouts]
         figs["rollout"] = figures.overlay_grid_figure(panels, "Attention rollout (mean fusion) of each model")
@@ -107,11 +111,37 @@ def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[st
         parts.append(_fig(figs["position"]))
     else:
         parts.append(f"<p class='note'>{html.escape(a.position_note)}</p>")
-    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>", _fig(figs["distance"]),
-              "<h3>Attention rollout (Fig. 6)</h3>",
+    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>", _fig(figs["distance"])]
+    if a.prefix is not None:
+        parts.append(prefix_section(a.prefix, figs.get("prefix")))
+    if "heads" in figs:
+        parts.append(heads_section(figs["heads"], a))
+    parts += ["<h3>Attention rollout (Fig. 6)</h3>",
               "<p class='muted'>Rollout shows where information was mixed across layers, not what caused the "
               "prediction.</p>", _fig(figs["rollout"])]
     return "".join(parts)
+
+
+def prefix_section(prefix: Any, fig: go.Figure | None) -> str:
+    """Attention parked on prefix tokens, and token norms (Darcet et al. 2024)."""
+    if not prefix.labels:
+        return ("<h3>Prefix tokens</h3><p class='muted'>This model has no prefix tokens: every token is a patch, "
+                "so no attention is parked outside the image.</p>")
+    parked = prefix.parked()
+    listed = ", ".join(f"layer {p['layer']} head {p['head']} ({100 * p['share']:.0f}% on {p['token']})"
+                       for p in parked[:12]) or "none"
+    worst = int(np.argmax(prefix.outlier_share)) if prefix.outlier_share.size else 0
+    norms = (f"Largest share of high-norm patch tokens (norm above {prefix.outlier_factor:g}x the layer's median): "
+             f"{100 * prefix.outlier_share.max():.1f}% in layer {worst + 1}." if prefix.outlier_share.size else "")
+    return ("<h3>Attention on prefix tokens</h3><p class='muted'>Heads that park attention on the class, "
+            "distillation or register tokens look local with raw weights (why attention distance renormalises over "
+            "patch keys) and add rollout mass no patch earned.</p>" + (_fig(fig) if fig is not None else "")
+            + f"<p>Parked heads (more than half on one prefix token): {html.escape(listed)}. {html.escape(norms)}</p>")
+
+
+def heads_section(fig: go.Figure, a: AnalysisResult) -> str:
+    return ("<h3>Which heads matter</h3><p class='muted'>One head removed at a time; importance is the drop of the "
+            "predicted class's logit, set against the head's mean attention distance.</p>" + _fig(fig))
 
 
 def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
@@ -128,6 +158,8 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
     out = []
     for i, (a, imgs) in enumerate(zip(data.analyses, display_images)):
         figs = model_figures(a, imgs)
+        if i < len(data.heads) and data.heads[i] is not None:
+            figs["heads"] = figures.head_importance_figure(data.heads[i], a.distance)
         if i < len(data.attributions) and data.attributions[i] is not None:
             figs.update(attribution_figures(data.attributions[i], imgs[0]))
         out.append(figs)
@@ -162,6 +194,11 @@ def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.
             f"of the image width, in the first {data.first_layers} layers.</p>", _table(shares),
             f"<h2>Per layer ({'pixels' if data.units == 'px' else 'fraction of image width'})</h2>",
             _table(data.table, fmt)]
+    for i, c in enumerate(data.cka):
+        body += [f"<h2>Representation similarity: {html.escape(c.model_a)} vs {html.escape(c.model_b)}</h2>",
+                 "<p class='muted'>Linear CKA of every pair of layers (Raghu et al. 2021): 1 means the same "
+                 "representation up to rotation and scale. Intervals: bootstrap over minibatches.</p>",
+                 _fig(figs[f"cka-{i + 1}"])]
     if "rollout" in figs:
         body += ["<h2>Rollout on the same image</h2>", _fig(figs["rollout"])]
     return _page("vitlens comparison", "".join(body))

@@ -4,8 +4,9 @@ views (Fig. 7 left and centre).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import InvalidParameterError, ViewNotAvailableError
 from ..images import Images
@@ -17,7 +18,12 @@ from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .engine import stream_attention
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
 from .position import PositionSimilarityResult, position_similarity
+from .prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, TokenNorms
 from .rollout import RolloutAccumulator, RolloutResult
+
+#: what ``analyze`` can compute; the attention views among them share one forward per batch
+VIEWS = ("filters", "position", "distance", "rollout", "prefix")
+DEFAULT_VIEWS = ("filters", "position", "distance", "rollout")
 
 
 def attention_distance(
@@ -67,7 +73,7 @@ def attention_rollout(
 
 @dataclass(eq=False, repr=False)
 class AnalysisResult(Result):
-    """All four views of one model over one image set.
+    """The views of one model over one image set (by default the paper's four).
 
     Attributes:
         spec: the model's spec.
@@ -76,25 +82,33 @@ class AnalysisResult(Result):
         distance: attention distance (Fig. 7 right).
         rollout: rollout maps of every image (Fig. 6).
         position_note: why ``position`` is None, if it is.
+        prefix: attention parked on prefix tokens and token norms, when asked for.
+        views: the views computed (the others are None).
     """
 
     kind = "analysis"
     spec: ModelSpec
-    filters: FilterPCAResult
+    filters: FilterPCAResult | None
     position: PositionSimilarityResult | None
-    distance: AttentionDistanceResult
-    rollout: RolloutResult
+    distance: AttentionDistanceResult | None
+    rollout: RolloutResult | None
     position_note: str = ""
+    prefix: PrefixDiagnosticsResult | None = None
+    views: tuple = DEFAULT_VIEWS
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, dict):  # files written before the spec was a ModelSpec
             self.spec = ModelSpec.from_dict(self.spec)
 
     def summary(self) -> str:
-        return f"{self.spec.name}: four views over {self.distance.n_images} images"
+        n = self.distance.n_images if self.distance is not None else (
+            len(self.rollout.maps) if self.rollout is not None else 0)
+        return f"{self.spec.name}: {', '.join(self.views)} over {n} images"
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The attention-distance rows (the view with a number per head)."""
+        if self.distance is None:
+            raise InvalidParameterError("This analysis has no attention distance; ask for views=(..., 'distance').")
         return self.distance.to_rows()
 
 
@@ -107,23 +121,50 @@ def analyze(
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     progress: ProgressArg = None,
+    views: Sequence[str] = DEFAULT_VIEWS,
 ) -> AnalysisResult:
-    """All four views; attention distance and rollout come from ONE forward per batch.
+    """Several views at once; every attention view comes from ONE forward per batch.
 
-    ``n_components`` is capped at the number the model's filters allow.
+    This is the fast path when more than one view of the same images is wanted: calling
+    ``attention_distance`` and then ``attention_rollout`` runs the images twice, while
+    ``analyze(m, x, views=("distance", "rollout"))`` runs them once.
+
+    Args:
+        m: the model.
+        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
+        batch_size: images per forward.
+        n_components: filter-PCA components, capped at the number the model's filters allow.
+        renormalize, head_fusion, discard_ratio: as for ``attention_distance`` / ``attention_rollout``.
+        progress: True for a progress bar, or a callable ``f(done, total)``.
+        views: any of "filters", "position", "distance", "rollout", "prefix" (default: the paper's four).
     """
+    views = tuple(views)
+    unknown = [v for v in views if v not in VIEWS]
+    if unknown or not views:
+        raise InvalidParameterError(f"views must be among {', '.join(VIEWS)}; got {list(views)}.")
     if n_components < 1:
         raise InvalidParameterError(f"n_components must be >= 1; got {n_components}.")
-    dist = AttentionDistanceAccumulator.for_model(m.spec, renormalize)
-    roll = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
-    stream_attention(m, images, [dist, roll], batch_size, progress, desc="analyze")
-    try:
-        position, note = position_similarity(m), ""
-    except ViewNotAvailableError as e:
-        position, note = None, str(e)
-    filters = embedding_filter_pca(m, min(n_components, max_filter_components(m)))
-    return AnalysisResult(spec=m.spec, filters=filters, position=position, distance=dist.result(m.spec),
-                          rollout=roll.result(m.spec), position_note=note)
+    dist = AttentionDistanceAccumulator.for_model(m.spec, renormalize) if "distance" in views else None
+    roll = RolloutAccumulator.for_model(m, head_fusion, discard_ratio) if "rollout" in views else None
+    pre = PrefixAttentionAccumulator.for_model(m.spec) if "prefix" in views else None
+    consumers = [c for c in (dist, roll, pre) if c is not None]
+    prefix = None
+    if consumers:
+        norms = TokenNorms(m) if pre is not None else contextlib.nullcontext()
+        with norms:
+            stream_attention(m, images, consumers, batch_size, progress, desc="analyze")
+        prefix = norms.fill(pre.result(m.spec)) if pre is not None else None
+    position, note = None, ""
+    if "position" in views:
+        try:
+            position = position_similarity(m)
+        except ViewNotAvailableError as e:
+            note = str(e)
+    filters = embedding_filter_pca(m, min(n_components, max_filter_components(m))) if "filters" in views else None
+    return AnalysisResult(spec=m.spec, filters=filters, position=position,
+                          distance=dist.result(m.spec) if dist is not None else None,
+                          rollout=roll.result(m.spec) if roll is not None else None, position_note=note,
+                          prefix=prefix, views=views)
 
 
-__all__ = ["AnalysisResult", "analyze", "attention_distance", "attention_rollout"]
+__all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

@@ -76,6 +76,17 @@ class AttentionMapsResult(Result):
             raise InvalidParameterError(f"query must be a token index in [0, {t}); got {query}.")
         return self.maps[layer, :, query, self.num_prefix_tokens:].reshape(heads, *self.grid)
 
+    def prefix_mass(self) -> np.ndarray:
+        """[layers, heads, P] share of the patch queries' attention on each prefix token (mean over queries)."""
+        p = self.num_prefix_tokens
+        return self.maps[:, :, p:, :p].astype(np.float64).mean(axis=2)
+
+    def parked_heads(self, labels: list[str], threshold: float = 0.5) -> list[dict]:
+        """Heads of this image whose patch queries put more than ``threshold`` on one prefix token."""
+        from .prefix import parked_heads
+
+        return parked_heads(self.prefix_mass(), labels, threshold)
+
     def query_rows(self, layer: int, query: int) -> list[dict]:
         """One row per (head, key patch) for one query in one block; head 1-based, rows/cols 0-based."""
         att = self.query_attention(layer, query)

@@ -1,0 +1,201 @@
+"""Tokens that soak up attention: how much attention patch queries put on the class, distillation
+and register tokens, per layer and head, and which tokens grow unusually large norms.
+
+A head that parks most of its attention on a prefix token makes raw-weight attention distance
+look local (the reason ``renormalize=True`` is the default, paper Fig. 7 right) and puts
+mass in rollout that no patch earns (Fig. 6). Darcet et al. (2024, "Vision Transformers Need
+Registers") found such sinks together with high-norm outlier tokens; the norms are measured on
+each block's output tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import InvalidParameterError
+from ..images import Images
+from ..loading.model import LoadedModel
+from ..loading.spec import ModelSpec
+from ..progress import ProgressArg
+from ..results import Result
+from .engine import AttentionConsumer, model_name, stream_attention
+
+#: a head "parks" its attention when patch queries put more than this share on one prefix token
+PARKED = 0.5
+#: a patch token is an outlier when its norm exceeds this multiple of its layer's median patch norm
+OUTLIER_FACTOR = 4.0
+
+
+def prefix_labels(spec: ModelSpec) -> list[str]:
+    """Names of the prefix tokens ("class", "distillation", "register 1", ...), as the family says."""
+    if len(spec.prefix_labels) == spec.num_prefix_tokens:
+        return list(spec.prefix_labels)
+    return [f"prefix {i + 1}" for i in range(spec.num_prefix_tokens)]
+
+
+def parked_heads(mass: np.ndarray, labels: list[str], threshold: float = PARKED) -> list[dict]:
+    """(layer, head, token, share) of every head whose patch queries put more than ``threshold``
+    of their attention on one prefix token; ``mass`` is [L, H, P]; layer and head 1-based."""
+    out = []
+    if mass.size == 0:
+        return out
+    for l, h, t in zip(*np.nonzero(mass > threshold)):
+        out.append({"layer": int(l) + 1, "head": int(h) + 1, "token": labels[t], "share": float(mass[l, h, t])})
+    return out
+
+
+class PrefixAttentionAccumulator(AttentionConsumer):
+    """Mean share of each patch query's attention on each prefix token, per layer and head."""
+
+    def __init__(self, num_layers: int, num_heads: int, num_prefix_tokens: int) -> None:
+        self.num_prefix_tokens = num_prefix_tokens
+        self.sums = np.zeros((num_layers, num_heads, num_prefix_tokens))
+        self.counts = np.zeros(num_layers, dtype=np.int64)
+
+    @classmethod
+    def for_model(cls, spec: ModelSpec) -> "PrefixAttentionAccumulator":
+        return cls(spec.num_layers, spec.num_heads, spec.num_prefix_tokens)
+
+    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
+        p = self.num_prefix_tokens
+        if p:
+            # [B, H, patch queries, prefix keys] -> per image: mean over queries; summed over images
+            self.sums[layer] += attn[:, :, p:, :p].double().mean(2).sum(0).cpu().numpy()
+        self.counts[layer] += attn.shape[0]
+
+    def merge(self, other: "PrefixAttentionAccumulator") -> "PrefixAttentionAccumulator":
+        if self.sums.shape != other.sums.shape:
+            raise InvalidParameterError("Only prefix accumulators of the same model merge.")
+        out = PrefixAttentionAccumulator(*self.sums.shape)
+        out.sums, out.counts = self.sums + other.sums, self.counts + other.counts
+        return out
+
+    def mass(self) -> np.ndarray:
+        """[L, H, P] mean share of attention on each prefix token."""
+        return self.sums / np.maximum(self.counts, 1)[:, None, None]
+
+    def result(self, spec: ModelSpec | str) -> "PrefixDiagnosticsResult":
+        return PrefixDiagnosticsResult(mass=self.mass(), n_images=int(self.counts.min()) if self.counts.size else 0,
+                                       labels=prefix_labels(spec) if isinstance(spec, ModelSpec) else
+                                       [f"prefix {i + 1}" for i in range(self.num_prefix_tokens)],
+                                       model_name=model_name(spec))
+
+
+class TokenNormAccumulator:
+    """Per layer: mean norm of each prefix token, median patch-token norm, share of outlier patches."""
+
+    def __init__(self, num_layers: int, num_prefix_tokens: int, outlier_factor: float = OUTLIER_FACTOR) -> None:
+        self.p = num_prefix_tokens
+        self.factor = outlier_factor
+        self.prefix_sum = np.zeros((num_layers, num_prefix_tokens))
+        self.median_sum = np.zeros(num_layers)
+        self.max_ratio = np.zeros(num_layers)
+        self.outliers = np.zeros(num_layers)
+        self.patches = np.zeros(num_layers)
+        self.images = np.zeros(num_layers, dtype=np.int64)
+
+    def add(self, layer: int, tokens: torch.Tensor) -> None:
+        norms = tokens.detach().double().norm(dim=-1).cpu().numpy()  # [B, T]
+        patch = norms[:, self.p:]
+        median = np.median(patch, axis=1, keepdims=True)
+        self.prefix_sum[layer] += norms[:, :self.p].sum(0)
+        self.median_sum[layer] += median.sum()
+        self.max_ratio[layer] = max(self.max_ratio[layer], float((patch / median).max()))
+        self.outliers[layer] += float((patch > self.factor * median).sum())
+        self.patches[layer] += patch.size
+        self.images[layer] += norms.shape[0]
+
+
+@dataclass(eq=False, repr=False)
+class PrefixDiagnosticsResult(Result):
+    """Attention parked on prefix tokens and token norms, per layer.
+
+    Attributes:
+        mass: [L, H, P] mean over images and patch queries of the attention on each prefix token.
+        labels: [P] names of the prefix tokens.
+        n_images: images measured.
+        prefix_norm: [L, P] mean norm of each prefix token at each block's output.
+        patch_norm_median: [L] mean over images of the median patch-token norm.
+        outlier_share: [L] share of patch tokens whose norm exceeds ``outlier_factor`` x their median.
+        max_norm_ratio: [L] largest patch-token norm / median seen.
+        outlier_factor: the threshold used.
+        model_name: the model's name.
+    """
+
+    kind = "prefix_diagnostics"
+    mass: np.ndarray
+    labels: list[str]
+    n_images: int
+    prefix_norm: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    patch_norm_median: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    outlier_share: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    max_norm_ratio: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    outlier_factor: float = OUTLIER_FACTOR
+    model_name: str = ""
+
+    def parked(self, threshold: float = PARKED) -> list[dict]:
+        """Heads that put more than ``threshold`` of their patch queries' attention on one prefix token."""
+        return parked_heads(self.mass, self.labels, threshold)
+
+    def summary(self) -> str:
+        total = self.mass.sum(-1) if self.mass.size else np.zeros((0, 0))
+        most = f"{total.max():.2f}" if total.size else "0"
+        return (f"{self.model_name or 'model'}: {len(self.labels)} prefix token(s), up to {most} of a head's attention "
+                f"on them, {len(self.parked())} parked head(s) over {self.n_images} images")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (layer, head, prefix token), 1-based layer and head."""
+        return [{"layer": l + 1, "head": h + 1, "token": self.labels[t], "attention_share": float(self.mass[l, h, t])}
+                for l in range(self.mass.shape[0]) for h in range(self.mass.shape[1])
+                for t in range(self.mass.shape[2])]
+
+
+class TokenNorms:
+    """Context manager: hooks on every block's output that feed a ``TokenNormAccumulator``."""
+
+    def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
+        self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
+        names = {id(mod): n for n, mod in m.model.named_modules()}
+        modules = dict(m.model.named_modules())
+        self.blocks = [modules[names[id(a)].rsplit(".", 1)[0]] for a in m.family.attention_modules(m.model)]
+        self.handles: list = []
+
+    def __enter__(self) -> "TokenNorms":
+        for i, block in enumerate(self.blocks):
+            def hook(_mod: torch.nn.Module, _inp: tuple, out: object, layer: int = i) -> None:
+                tokens = out[0] if isinstance(out, (tuple, list)) else out
+                if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
+                    self.acc.add(layer, tokens)
+            self.handles.append(block.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def fill(self, r: "PrefixDiagnosticsResult") -> "PrefixDiagnosticsResult":
+        """Put the measured norms into ``r``."""
+        acc = self.acc
+        imgs = np.maximum(acc.images, 1)
+        r.prefix_norm = acc.prefix_sum / imgs[:, None]
+        r.patch_norm_median = acc.median_sum / imgs
+        r.outlier_share = acc.outliers / np.maximum(acc.patches, 1)
+        r.max_norm_ratio = acc.max_ratio.copy()
+        r.outlier_factor = acc.factor
+        return r
+
+
+def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, progress: ProgressArg = None,
+                       outlier_factor: float = OUTLIER_FACTOR) -> PrefixDiagnosticsResult:
+    """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass)."""
+    acc = PrefixAttentionAccumulator.for_model(m.spec)
+    with TokenNorms(m, outlier_factor) as norms:
+        stream_attention(m, images, [acc], batch_size, progress, desc="prefix tokens")
+    return norms.fill(acc.result(m.spec))
+
+
+__all__ = ["PrefixAttentionAccumulator", "TokenNorms", "PrefixDiagnosticsResult", "parked_heads", "prefix_diagnostics",
+           "prefix_labels"]
