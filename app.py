@@ -354,6 +354,28 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
                             on_click="ignore")
 
 
+def render_survey(ctx: Context) -> None:
+    from vitlens.survey.report import summary_rows, survey_figures
+
+    st.caption("A survey folder written by `vitlens survey` (a model zoo x an image set on Ray): attention distance "
+               "against depth across the zoo (Fig. 11), the layer-1 heads of every model, and a table.")
+    folder = st.text_input("Survey folder", key="survey-folder", placeholder="runs/zoo").strip()
+    if not folder:
+        st.info("Give the folder of a survey (`vitlens survey --models ... --out runs/zoo`).")
+        return
+    result = vl.load_survey(folder)
+    if result.table.empty:
+        st.info("This survey has no finished model yet.")
+        return
+    for name, fig in survey_figures(result).items():
+        st.plotly_chart(fig, key=f"survey-{name}")
+    st.dataframe(summary_rows(result), hide_index=True)
+    for name, reason in result.failed.items():
+        st.warning(f"{name} failed: {reason}")
+    st.download_button("Table (CSV)", result.table.to_csv(index=False).encode(), "survey.csv", "text/csv",
+                       on_click="ignore")
+
+
 VIEWS: dict[str, Callable[[Context], None]] = {
     "Filters": render_filters,
     "Position embeddings": render_position,
@@ -361,6 +383,7 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Attention maps": render_maps,
     "Attributions": render_attributions,
     "Compare": render_compare,
+    "Survey": render_survey,
 }
 
 

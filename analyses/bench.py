@@ -1,17 +1,25 @@
-"""Benchmark: what capture + attention distance + rollout cost over a plain timm forward, and
-whether attention-distance memory stays flat as the number of images grows.
+"""Benchmark: vitlens against what a user would otherwise write, side by side on one model and batch.
 
 Usage:
-    python analyses/bench.py [--model vit_base_patch16_224] [--batch 32] [--reps 3]
-        [--mem-images 64 1024] [--device cpu]
+    python analyses/bench.py [--model vit_base_patch16_224] [--batch 32] [--reps 3] [--device cpu|cuda]
+        [--dtype float32|bfloat16] [--loop-images 8] [--mem-images 64 1024] [--skip-memory] [--json out.json]
 
-Prints, for one batch of random images on a random-init model:
-- the median time of a plain ``model(x)`` and of ``vl.analyze`` (capture + distance + rollout
-  from the same single forward, plus the two weight-only views), and their ratio; and the
-  ratio of the streaming part alone in both capture modes;
-- peak resident memory of a process that runs ``vl.attention_distance`` over N images fed
-  batch by batch, for each N in --mem-images.
-Targets (issue 2): ratio <= 1.10; peak memory for 1,024 images within 10% of that for 64.
+Rows, each the median of ``--reps`` timed runs after a warm-up, on one random batch of a
+random-init model:
+
+- plain forward: ``model(x)`` with timm's fused attention (the baseline of every ratio);
+- ``vl.analyze``: attention distance + rollout from one forward, plus the two weight-only views;
+- vitlens stream only: capture + distance + rollout (side capture, the views' default; and inline);
+- two views called one after the other: ``attention_distance`` then ``attention_rollout``
+  (the second is served from the last pass), against two full passes;
+- (a) timm's ``AttentionExtract`` (fused attention off, every map kept) + batched torch code for
+  distance and rollout; its numbers are checked against vitlens's (so the race is fair);
+- (b) a per-image loop with hooks on ``attn_drop`` and numpy rollout, as vit-explain does
+  (timed on ``--loop-images`` images, reported per image).
+
+Memory: peak resident memory of a process computing attention distance over 64 and over 1,024
+images (it must not grow), and of one batch of ``vl.analyze`` against one batch of (a) (which
+keeps every map); on CUDA, peak GPU memory instead.
 """
 from __future__ import annotations
 
@@ -24,74 +32,209 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _timed(fn, reps: int) -> float:
-    fn()  # warm-up
+def timed(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
+    fn()
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def speed(model: str, batch: int, reps: int, device: str | None) -> dict:
+def peer_attention_extract(model: Any, x: Any, stride: int, prefix: int = 1) -> tuple[Any, Any, Any]:
+    """(a) What a user writes with timm's AttentionExtract: every map kept, then batched torch."""
+    import torch
+    from timm.utils import AttentionExtract
+
+    extractor = AttentionExtract(model, method="fx")
+    with torch.no_grad():
+        maps = list(extractor(x).values())  # [B, H, T, T] per block
+        b, _, t, _ = maps[0].shape
+        n = t - prefix
+        side = int(round(n ** 0.5))
+        yy, xx = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        pos = torch.stack([yy.reshape(-1), xx.reshape(-1)], -1).float().to(x.device) * stride
+        dist = torch.cdist(pos, pos)
+        distances = []
+        for a in maps:
+            p = a[:, :, prefix:, prefix:]
+            w = p / p.sum(-1, keepdim=True)
+            distances.append((w * dist).sum(-1).mean(-1).mean(0))
+        eye = torch.eye(t, device=x.device)
+        r = eye.expand(b, t, t)
+        for a in maps:
+            f = a.mean(1) + eye
+            f = f / f.sum(-1, keepdim=True)
+            r = f @ r
+        rollout = r[:, 0, prefix:]
+        rollout = rollout / rollout.amax(-1, keepdim=True)
+    return torch.stack(distances), rollout.reshape(b, side, side), maps
+
+
+def peer_per_image_loop(model: Any, images: Any) -> list[Any]:
+    """(b) What vit-explain does: hooks on attn_drop, one image at a time, rollout in numpy."""
+    import numpy as np
+    import torch
+
+    maps: list[Any] = []
+    hooks = [blk.attn.attn_drop.register_forward_hook(lambda _m, _i, out: maps.append(out.cpu().numpy()))
+             for blk in model.blocks]
+    out = []
+    try:
+        with torch.no_grad():
+            for img in images:
+                maps.clear()
+                model(img[None])
+                t = maps[0].shape[-1]
+                result = np.eye(t)
+                for a in maps:
+                    fused = a.mean(axis=1)[0]
+                    a2 = fused + np.eye(t)
+                    a2 = a2 / a2.sum(axis=-1, keepdims=True)
+                    result = a2 @ result
+                mask = result[0, 1:]
+                side = int(round(mask.size ** 0.5))
+                out.append((mask / mask.max()).reshape(side, side))
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+def speed(args: argparse.Namespace) -> dict:
+    import numpy as np
     import torch
 
     import vitlens as vl
 
-    m = vl.load_model(model, pretrained=False, device=device)
-    x = torch.randn(batch, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0)).to(m.device)
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    m = vl.load_model(args.model, pretrained=False, device=args.device, dtype=dtype)
+    x = torch.randn(args.batch, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0)).to(m.device)
+    cuda = m.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    stride = m.spec.stride_px[0]
+    out: dict[str, Any] = {"model": args.model, "batch": args.batch, "device": str(m.device), "dtype": args.dtype,
+                           "threads": torch.get_num_threads()}
 
     def plain() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), m.autocast():
             m.model(x)
-        if m.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def analyzed() -> None:
-        vl.analyze(m, x, batch_size=batch)
-        if m.device.type == "cuda":
-            torch.cuda.synchronize()
 
     def streamed(mode: str) -> None:
-        # capture + attention distance + rollout from one forward: analyze without the weight-only views
         consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
-        vl.stream_attention(m, x, consumers, batch_size=batch, capture_mode=mode)
-        if m.device.type == "cuda":
-            torch.cuda.synchronize()
+        vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode)
 
-    t_plain, t_analyze = _timed(plain, reps), _timed(analyzed, reps)
-    t_inline, t_side = _timed(lambda: streamed("inline"), reps), _timed(lambda: streamed("side"), reps)
-    return {"model": model, "batch": batch, "device": str(m.device), "threads": torch.get_num_threads(),
-            "plain_forward_s": round(t_plain, 3), "analyze_s": round(t_analyze, 3),
-            "ratio": round(t_analyze / t_plain, 3),
-            "stream_inline_ratio": round(t_inline / t_plain, 3), "stream_side_ratio": round(t_side / t_plain, 3)}
+    def separately() -> None:
+        vl.views.cache.clear()
+        vl.attention_distance(m, x, batch_size=args.batch)
+        vl.attention_rollout(m, x, batch_size=args.batch)
+
+    def separately_uncached() -> None:
+        vl.views.cache.clear()
+        vl.attention_distance(m, x, batch_size=args.batch)
+        vl.views.cache.clear()
+        vl.attention_rollout(m, x, batch_size=args.batch)
+
+    t = {"plain_forward": timed(plain, args.reps, sync)}
+    t["analyze"] = timed(lambda: vl.analyze(m, x, batch_size=args.batch), args.reps, sync)
+    t["stream_side"] = timed(lambda: streamed("side"), args.reps, sync)
+    t["stream_inline"] = timed(lambda: streamed("inline"), args.reps, sync)
+    t["two_views_called_separately"] = timed(separately, args.reps, sync)
+    t["two_views_two_passes"] = timed(separately_uncached, args.reps, sync)
+
+    # (a): timm's non-fused path, every map kept, batched torch
+    ref = m.model
+    fused = [blk.attn.fused_attn for blk in ref.blocks]
+    for blk in ref.blocks:
+        blk.attn.fused_attn = False
+    try:
+        t["peer_attention_extract"] = timed(lambda: peer_attention_extract(ref, x, stride, m.spec.num_prefix_tokens),
+                                            args.reps, sync)
+        d_peer, r_peer, _ = peer_attention_extract(ref, x, stride, m.spec.num_prefix_tokens)
+        k = min(args.loop_images, args.batch)
+        t0 = time.perf_counter()
+        loop_maps = peer_per_image_loop(ref, x[:k])
+        sync()
+        t["peer_loop_per_image"] = (time.perf_counter() - t0) / k
+    finally:
+        for blk, f in zip(ref.blocks, fused):
+            blk.attn.fused_attn = f
+    a = vl.analyze(m, x, batch_size=args.batch)
+    # the race is fair: the peers compute the same numbers (float32 peers, so float32 tolerances)
+    np.testing.assert_allclose(d_peer.float().cpu().numpy(), a.distance.mean_px, rtol=2e-3 if cuda else 1e-4)
+    np.testing.assert_allclose(r_peer.float().cpu().numpy(), a.rollout.maps, rtol=2e-3 if cuda else 1e-3, atol=1e-4)
+    np.testing.assert_allclose(np.stack(loop_maps), a.rollout.maps[:len(loop_maps)], rtol=2e-3 if cuda else 1e-3,
+                               atol=1e-4)
+    t["vitlens_per_image"] = t["analyze"] / args.batch
+    out["seconds"] = {k: round(v, 4) for k, v in t.items()}
+    base = t["plain_forward"]
+    out["ratios"] = {
+        "analyze / plain forward": round(t["analyze"] / base, 3),
+        "stream side / plain forward": round(t["stream_side"] / base, 3),
+        "stream inline / plain forward": round(t["stream_inline"] / base, 3),
+        "analyze / (a) AttentionExtract + torch": round(t["analyze"] / t["peer_attention_extract"], 3),
+        "(b) per-image loop / vitlens, per image": round(t["peer_loop_per_image"] / t["vitlens_per_image"], 2),
+        "two views separately / plain forward": round(t["two_views_called_separately"] / base, 3),
+        "two views, two passes / plain forward": round(t["two_views_two_passes"] / base, 3),
+    }
+    out["same_numbers_as_peers"] = True
+    if cuda:
+        out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
+        if args.dtype != "float32":
+            m32 = vl.load_model(args.model, pretrained=False, device=args.device)
+            m32.model.load_state_dict(m.model.state_dict())
+            a32 = vl.analyze(m32, x.float(), batch_size=args.batch)
+            out["bf16_vs_fp32"] = {
+                "distance_max_rel": float(np.max(np.abs(a.distance.mean_px - a32.distance.mean_px) / a32.distance.mean_px)),
+                "rollout_max_abs": float(np.max(np.abs(a.rollout.maps - a32.rollout.maps)))}
+    return out
 
 
-def memory_child(model: str, n_images: int, batch: int, device: str | None) -> dict:
+def memory_child(kind: str, model: str, n: int, batch: int, device: str | None) -> dict:
     import torch
 
     import vitlens as vl
 
+    torch.manual_seed(0)
     m = vl.load_model(model, pretrained=False, device=device)
     gen = torch.Generator().manual_seed(0)
 
     def batches():
-        for start in range(0, n_images, batch):
-            yield torch.randn(min(batch, n_images - start), 3, *m.spec.image_size, generator=gen)
+        for start in range(0, n, batch):
+            yield torch.randn(min(batch, n - start), 3, *m.spec.image_size, generator=gen)
 
-    t0 = time.perf_counter()
-    r = vl.attention_distance(m, batches(), batch_size=batch)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = {"n_images": r.n_images, "peak_rss_mb": round(peak_mb, 1), "seconds": round(time.perf_counter() - t0, 1)}
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if kind == "distance":
+        vl.attention_distance(m, batches(), batch_size=batch)
+    elif kind == "analyze":
+        vl.analyze(m, next(batches()).to(m.device), batch_size=batch)
+    else:
+        for blk in m.model.blocks:
+            blk.attn.fused_attn = False
+        peer_attention_extract(m.model, next(batches()).to(m.device), m.spec.stride_px[0], m.spec.num_prefix_tokens)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = {"kind": kind, "n_images": n, "peak_rss_mb": round(peak, 1), "rss_before_mb": round(before, 1)}
     if m.device.type == "cuda":
         out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out
+
+
+def child(args: argparse.Namespace, kind: str, n: int) -> dict:
+    cmd = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch), "--child", kind, str(n)]
+    if args.device:
+        cmd += ["--device", args.device]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,32 +242,47 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="vit_base_patch16_224")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--mem-images", type=int, nargs="*", default=[64, 1024])
     p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--loop-images", type=int, default=8)
+    p.add_argument("--mem-images", type=int, nargs="*", default=[64, 1024])
+    p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
-    p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(memory_child(args.model, args.child, args.batch, args.device)))
+        print(json.dumps(memory_child(args.child[0], args.model, int(args.child[1]), args.batch, args.device)))
         return 0
+    report: dict[str, Any] = {}
     if not args.skip_speed:
-        s = speed(args.model, args.batch, args.reps, args.device)
-        print(f"speed: {json.dumps(s)}")
-        print(f"  plain forward {s['plain_forward_s']:.3f} s, analyze {s['analyze_s']:.3f} s, "
-              f"ratio {s['ratio']:.3f} (target <= 1.10); capture + distance + rollout alone: "
-              f"{s['stream_inline_ratio']:.3f} (inline capture), "
-              f"{s['stream_side_ratio']:.3f} (side capture, the views' default: bit-identical logits)")
-    peaks = []
-    for n in args.mem_images:
-        cmd = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch), "--child", str(n)]
-        if args.device:
-            cmd += ["--device", args.device]
-        res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
-        peaks.append(res["peak_rss_mb"])
-        print(f"memory: {json.dumps(res)}")
-    if len(peaks) >= 2:
-        print(f"  peak RSS {peaks[0]:.0f} MB for {args.mem_images[0]} images vs {peaks[-1]:.0f} MB for "
-              f"{args.mem_images[-1]}: {100 * (peaks[-1] / peaks[0] - 1):+.1f}% (target within 10%)")
+        report["speed"] = s = speed(args)
+        print(json.dumps(s, indent=1))
+        sec, r = s["seconds"], s["ratios"]
+        print(f"\n| what | seconds | ratio |\n|---|---|---|\n| plain fused forward, batch {args.batch} | "
+              f"{sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "
+              f"{sec['analyze']:.3f} | {r['analyze / plain forward']:.3f} |\n| vitlens stream, side capture | "
+              f"{sec['stream_side']:.3f} | {r['stream side / plain forward']:.3f} |\n| vitlens stream, inline capture | "
+              f"{sec['stream_inline']:.3f} | {r['stream inline / plain forward']:.3f} |\n| (a) AttentionExtract + "
+              f"torch | {sec['peer_attention_extract']:.3f} | vitlens/(a) = "
+              f"{r['analyze / (a) AttentionExtract + torch']:.3f} |\n| (b) per-image loop + numpy, per image | "
+              f"{sec['peer_loop_per_image']:.3f} | (b)/vitlens = {r['(b) per-image loop / vitlens, per image']:.2f}x |"
+              f"\n| distance then rollout, called separately | {sec['two_views_called_separately']:.3f} | "
+              f"{r['two views separately / plain forward']:.3f} |\n| the same with two full passes | "
+              f"{sec['two_views_two_passes']:.3f} | {r['two views, two passes / plain forward']:.3f} |")
+    if not args.skip_memory:
+        report["memory"] = mem = [child(args, "distance", n) for n in args.mem_images]
+        report["batch_memory"] = [child(args, "analyze", args.batch), child(args, "peer", args.batch)]
+        print(json.dumps(report["memory"] + report["batch_memory"], indent=1))
+        if len(mem) >= 2:
+            print(f"peak RSS of attention distance: {mem[0]['peak_rss_mb']:.0f} MB for {mem[0]['n_images']} images, "
+                  f"{mem[-1]['peak_rss_mb']:.0f} MB for {mem[-1]['n_images']} "
+                  f"({100 * (mem[-1]['peak_rss_mb'] / mem[0]['peak_rss_mb'] - 1):+.1f}%)")
+        a, b = report["batch_memory"]
+        print(f"one batch of {args.batch}: vl.analyze peak {a['peak_rss_mb']:.0f} MB, (a) keeping every map "
+              f"{b['peak_rss_mb']:.0f} MB")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -36,3 +36,24 @@ def tiny():
 @pytest.fixture()
 def rng() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray for every in-process survey of the session (starting one costs seconds)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shapes_survey(local_ray, tmp_path_factory):
+    """A small finished survey folder: ref-vit (done) and an unknown model (failed), 20 scenes in shards of 6."""
+    import vitlens as vl
+    from vitlens.survey import shapes_source
+
+    out = tmp_path_factory.mktemp("survey") / "zoo"
+    result = vl.survey(["ref-vit", "no_such_model_x"], shapes_source(20), out, shard_size=6, batch_size=4,
+                       progress=False)
+    return out, result

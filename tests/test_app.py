@@ -22,6 +22,7 @@ import vitlens as vl
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = str(ROOT / "app.py")
+# the views that draw from the sidebar's model and images (the Survey view needs a survey folder)
 VIEWS = ["Filters", "Position embeddings", "Attention distance", "Attention maps", "Attributions", "Compare"]
 CHROMIUM = shutil.which("chromium")
 NO_BROWSER = CHROMIUM is None and not os.environ.get("CI")
@@ -301,3 +302,16 @@ def test_compare_has_a_cka_tab(app):
     titles = [chart(app, i)["layout"]["title"]["text"] for i in range(len(app.get("plotly_chart")))]
     assert any(t.startswith("Representation similarity (linear CKA)") for t in titles)
     assert any("ref-vit x ref-hybrid: 6x6 layers" in c.value for c in app.caption)
+
+
+def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_path, shapes_survey):
+    app.radio(key="view").set_value("Survey").run()
+    assert problems(app) == [] and any("Give the folder" in i.value for i in app.info)
+    app.text_input(key="survey-folder").set_value(str(tmp_path)).run()
+    assert problems(app) == [] and any("not a survey folder" in e.value for e in app.error)
+    app.text_input(key="survey-folder").set_value(str(shapes_survey[0])).run()
+    assert problems(app) == [] and not app.error
+    titles = [chart(app, i)["layout"]["title"]["text"] for i in range(len(app.get("plotly_chart")))]
+    assert any(t.startswith("Attention distance against depth") for t in titles)
+    assert list(app.dataframe[0].value["model"]) == ["ref-vit", "no_such_model_x"]
+    assert any("no_such_model_x failed" in w.value for w in app.warning)

@@ -146,3 +146,33 @@ def test_attention_maps_of_one_image_equal_the_captured_maps_and_answer_queries(
     rows = res.query_rows(3, q)
     assert len(rows) == 3 * 24 and rows[0] == {"layer": 4, "head": 1, "query": q, "row": 0, "col": 0,
                                                  "attention": float(got[0, 0, 0])}
+
+
+def test_distance_then_rollout_of_the_same_images_costs_one_forward(tiny):
+    from vitlens.views import cache
+
+    cache.clear()
+    x = torch.randn(3, 3, 224, 224, generator=torch.Generator().manual_seed(7))
+    calls = []
+    handle = tiny.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        d = vl.attention_distance(tiny, x, batch_size=3)
+        r = vl.attention_rollout(tiny, x, batch_size=3)
+        assert len(calls) == 1  # the rollout came from the distance's pass
+        again = vl.attention_distance(tiny, x, batch_size=3)
+        assert len(calls) == 1 and again.equals(d)
+        vl.attention_rollout(tiny, x, head_fusion="max", batch_size=3)  # other settings: a new pass
+        assert len(calls) == 2
+        x.add_(0.0)  # an in-place change (even by zero) means new images
+        vl.attention_distance(tiny, x, batch_size=3)
+        assert len(calls) == 3
+        y = x.clone()  # equal content, another object: not recognised, computed afresh
+        vl.attention_rollout(tiny, y, batch_size=3)
+        assert len(calls) == 4
+    finally:
+        handle.remove()
+        cache.clear()
+    cache.clear()
+    assert r.equals(vl.attention_rollout(tiny, x, batch_size=3), rtol=1e-12)  # served results are the real ones
+    r.maps[:] = 0  # a served result is a copy: changing it changes nothing remembered
+    assert vl.attention_distance(tiny, x, batch_size=3).mean_px.max() > 0

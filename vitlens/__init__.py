@@ -13,6 +13,7 @@ The package, by what each part is:
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;
 - ``compare``: layer-by-layer CKA between models, head importance;
 - ``reference``: the embedded reference pair (scenes, models, training, weights);
+- ``survey``: a model zoo x an image set on Ray, resumable, one tidy table;
 - ``report``: the command line and its offline HTML pages;
 - ``figures``, ``results``, ``images``, ``progress``, ``errors``: shared pieces.
 """
@@ -39,6 +40,7 @@ from .errors import (
 from .images import Images, preprocess, sample_images, to_rgb
 from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
 from .results import Result, load_result
+from .survey import SurveyResult, load_survey, survey
 from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
 from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
 from .views.capture import AttentionCapture, attention_probs, capture_attention
@@ -55,7 +57,8 @@ _compat.install(_sys.modules[__name__])
 
 __all__ = [
     "ATTRIBUTION_METHODS", "AnalysisResult", "CKAResult", "HeadImportanceResult", "PrefixAttentionAccumulator",
-    "PrefixDiagnosticsResult", "cka", "head_importance", "prefix_diagnostics", "AttentionCapture", "AttentionConsumer", "AttentionDistanceAccumulator",
+    "PrefixDiagnosticsResult", "cka", "head_importance", "prefix_diagnostics", "SurveyResult", "load_survey",
+    "survey", "AttentionCapture", "AttentionConsumer", "AttentionDistanceAccumulator",
     "AttentionDistanceResult", "AttentionMapsResult", "AttributionResult", "BatchInfo", "CheckpointError",
     "ComparisonTable", "DeviceUnavailableError", "FaithfulnessResult", "FilterPCAResult", "ImageLoadError", "Images",
     "InvalidParameterError", "LoadedModel", "ModelSpec", "PRESETS", "PositionSimilarityResult", "Result",

@@ -148,6 +148,25 @@ def preprocess(images: Any, data_config: dict[str, Any]) -> torch.Tensor:
     return torch.stack(tensors)
 
 
+def preprocess_masks(masks: np.ndarray, data_config: dict[str, Any]) -> np.ndarray:
+    """Object masks [B, h, w] through the same resize and crop as their images -> bool [B, H, W].
+
+    Nearest-neighbour resampling, so a mask stays a mask; masks already at the model's input size
+    are returned as they are.
+    """
+    from timm.data import create_transform
+
+    masks = np.asarray(masks, dtype=bool)
+    size = tuple(data_config.get("input_size", (3, *masks.shape[-2:])))[-2:]
+    if masks.shape[-2:] == size:
+        return masks
+    cfg = {k: data_config[k] for k in ("input_size", "crop_pct", "crop_mode") if k in data_config}
+    transform = create_transform(**cfg, interpolation="nearest", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+                                 is_training=False)
+    return np.stack([transform(Image.fromarray(mk.astype(np.uint8) * 255).convert("RGB"))[0].numpy() > 0.5
+                     for mk in masks])
+
+
 def _describe(item: Any, i: int) -> str:
     return str(item) if isinstance(item, (str, Path)) else f"image {i} ({type(item).__name__})"
 

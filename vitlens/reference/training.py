@@ -146,12 +146,18 @@ def mimetic_qk_init(vit: nn.Module, gain: float) -> None:
 
 @dataclass
 class RunInfo:
-    """What a finished run reports."""
+    """What a finished run reports.
+
+    ``seconds`` is wall time; ``cpu_seconds`` is the process's CPU time, which for a run on one
+    thread is its wall time on an otherwise idle core (it does not count time the process
+    waited for a busy CPU, or was paused).
+    """
 
     steps: int
     images_seen: int
     seconds: float
     final_loss: float
+    cpu_seconds: float = 0.0
 
 
 def run_steps(
@@ -174,17 +180,17 @@ def run_steps(
     from tqdm import tqdm
 
     opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    step, elapsed = 0, 0.0
+    step, elapsed, cpu = 0, 0.0, 0.0
     if state_file.exists():
         state = torch.load(state_file, weights_only=True)
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["opt"])
-        step, elapsed = int(state["step"]), float(state["elapsed"])
+        step, elapsed, cpu = int(state["step"]), float(state["elapsed"]), float(state.get("cpu", 0.0))
         print(f"[{desc}] resuming at step {step}", flush=True)
     module.train()
     losses: list[float] = []
     bar = tqdm(total=steps, initial=step, desc=desc, mininterval=10, file=sys.stdout)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     while step < steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr)
@@ -202,14 +208,16 @@ def run_steps(
             state_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = state_file.with_suffix(".tmp")
             torch.save({"module": module.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "elapsed": elapsed + time.time() - t0}, tmp)
+                        "elapsed": elapsed + time.time() - t0, "cpu": cpu + time.process_time() - c0}, tmp)
             tmp.replace(state_file)
     bar.close()
     elapsed += time.time() - t0
+    cpu += time.process_time() - c0
     if state_file.exists():
-        elapsed = max(elapsed, float(torch.load(state_file, weights_only=True)["elapsed"]))
+        saved = torch.load(state_file, weights_only=True)
+        elapsed, cpu = max(elapsed, float(saved["elapsed"])), max(cpu, float(saved.get("cpu", 0.0)))
     return RunInfo(steps=steps, images_seen=steps * batch, seconds=elapsed,
-                   final_loss=float(np.mean(losses[-50:])) if losses else float("nan"))
+                   final_loss=float(np.mean(losses[-50:])) if losses else float("nan"), cpu_seconds=cpu)
 
 
 def classification_loss(model: nn.Module, size: int = IMAGE_SIZE, seed: int = TRAIN_SEED, batch: int = BATCH,

@@ -1,8 +1,10 @@
-"""Command line: ``vitlens report|compare|models`` (also ``python -m vitlens``).
+"""Command line: ``vitlens report|compare|models|survey|survey-report`` (also ``python -m vitlens``).
 
-report  — every view (paper Fig. 6, 7) for one or more models, one offline HTML file plus data.
-compare — Fig. 11: attention distance per head by layer for several models in one chart.
-models  — the presets and the model families vitlens reads.
+report        — every view (paper Fig. 6, 7) for one or more models, one offline HTML file plus data.
+compare       — Fig. 11: attention distance per head by layer for several models in one chart.
+models        — the presets and the model families vitlens reads.
+survey        — a model zoo x an image set on Ray, resumable, one tidy table (Fig. 11 across a zoo).
+survey-report — one offline HTML page of a survey folder.
 
 Bad input ends with a one-line message on stderr and exit code 2 (1 for unexpected errors),
 no traceback unless --debug. Every model is loaded (and so checked) before the first is
@@ -251,6 +253,52 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_survey(args: argparse.Namespace) -> int:
+    """A model zoo x an image set on Ray; the folder, a table and a line per failed model."""
+    import vitlens as vl
+    from vitlens.survey import files_source, shapes_source
+
+    names = list(args.models or [])
+    if args.models_file:
+        path = Path(args.models_file).expanduser()
+        if not path.is_file():
+            raise CliError(f"Models file not found: {path}.")
+        names += [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+    if not names:
+        raise CliError("Name the models to survey: --models A B ... or --models-file zoo.txt.")
+    if args.images:
+        try:
+            source = files_source(args.images, per_class=args.per_class, max_images=args.max_images)
+        except vl.InvalidParameterError as e:
+            raise CliError(str(e)) from e
+    else:
+        source = shapes_source(args.max_images or 128)
+    result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
+                       shard_size=args.shard_size, views=args.views, num_gpus_per_worker=args.num_gpus_per_worker,
+                       pretrained=args.pretrained, strict=args.strict, progress=not args.quiet)
+    _log(args, f"wrote {Path(args.out) / 'table.parquet'} ({len(result.table)} rows) and the manifest; "
+               f"{len(result.models())} model(s) done")
+    for name, reason in result.failed.items():
+        print(f"vitlens: failed: {name}: {reason}", file=sys.stderr)
+    return EXIT_ERROR if result.failed else 0
+
+
+def cmd_survey_report(args: argparse.Namespace) -> int:
+    import vitlens as vl
+    from vitlens.results import atomic_write_bytes
+    from vitlens.survey.report import survey_figures, survey_html
+
+    result = vl.load_survey(args.folder)
+    if result.table.empty:
+        raise CliError(f"{args.folder} holds no finished model yet; run vitlens survey first.")
+    out = Path(args.out)
+    atomic_write_bytes(out, survey_html(result).encode())
+    if args.png:
+        write_png({f"survey-{name}": fig for name, fig in survey_figures(result).items()}, Path(args.png))
+    _log(args, f"wrote {out}")
+    return 0
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
@@ -314,6 +362,37 @@ def build_parser() -> argparse.ArgumentParser:
     _common(c)
     ls = sub.add_parser("models", help="list the presets and the model families vitlens reads")
     ls.set_defaults(func=cmd_models, debug=False)
+    sv = sub.add_parser("survey", help="a model zoo x an image set on Ray: resumable, one tidy table (Fig. 11 "
+                                       "across a zoo)")
+    sv.add_argument("--models", nargs="+", default=None, help="model names")
+    sv.add_argument("--models-file", default=None, help="a file with one model name per line (# comments)")
+    sv.add_argument("--images", default=None, help="folder (searched recursively) or glob of images; default: "
+                                                   "held-out shapes scenes")
+    sv.add_argument("--per-class", action="store_true", help="each image's parent folder is its class")
+    sv.add_argument("--out", required=True, help="the survey folder (a rerun continues it)")
+    sv.add_argument("--address", default=None, help="a Ray cluster ('auto', 'ray://host:10001'); default: "
+                                                    "RAY_ADDRESS, else a local Ray on this machine's cores")
+    sv.add_argument("--batch-size", type=_positive, default=32)
+    sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
+    sv.add_argument("--views", nargs="+", default=["distance", "rollout", "predictions", "weights"],
+                    choices=["distance", "rollout", "predictions", "weights"])
+    sv.add_argument("--num-gpus-per-worker", type=float, default=0.0)
+    weights = sv.add_mutually_exclusive_group()
+    weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
+                         help="hub weights (the default)")
+    weights.add_argument("--random-init", dest="pretrained", action="store_false", help="random weights")
+    sv.add_argument("--max-images", type=_positive, default=None, help="use at most this many images")
+    sv.add_argument("--strict", action="store_true", help="stop at the first model that fails")
+    sv.add_argument("--quiet", action="store_true", help="no progress or messages on stderr")
+    sv.add_argument("--debug", action="store_true", help="show tracebacks")
+    sv.set_defaults(func=cmd_survey)
+    sr = sub.add_parser("survey-report", help="one offline HTML page of a survey folder")
+    sr.add_argument("folder")
+    sr.add_argument("--out", default="survey.html")
+    sr.add_argument("--png", default=None, metavar="DIR", help="also write the figures as PNGs (kaleido)")
+    sr.add_argument("--quiet", action="store_true")
+    sr.add_argument("--debug", action="store_true")
+    sr.set_defaults(func=cmd_survey_report)
     return p
 
 

@@ -14,6 +14,7 @@ from ..loading.model import LoadedModel
 from ..loading.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
+from . import cache
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .engine import stream_attention
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
@@ -42,10 +43,23 @@ def attention_distance(
         renormalize: renormalise each query's weights over patch keys (the default choice);
             False keeps the raw weights (the keras example's convention).
         progress: True for a progress bar, or a callable ``f(done, total)``.
+
+    Rollout of the same images is computed alongside and served to a following
+    ``attention_rollout`` call without a second forward (``vitlens.views.cache``).
     """
+    hit = cache.lookup(m, images, batch_size, ("distance", renormalize))
+    if hit is not None:
+        return hit
     acc = AttentionDistanceAccumulator.for_model(m.spec, renormalize)
-    stream_attention(m, images, [acc], batch_size, progress, desc="attention distance")
-    return acc.result(m.spec)
+    if not cache.recognisable(images):  # e.g. a DataLoader: stream the one view, keep nothing
+        stream_attention(m, images, [acc], batch_size, progress, desc="attention distance")
+        return acc.result(m.spec)
+    roll = RolloutAccumulator.for_model(m)  # alongside, for a rollout asked next (views.cache)
+    stream_attention(m, images, [acc, roll], batch_size, progress, desc="attention distance")
+    result = acc.result(m.spec)
+    cache.remember(m, images, batch_size, {("distance", renormalize): result,
+                                           ("rollout", "mean", 0.0): roll.result(m.spec)})
+    return result
 
 
 def attention_rollout(
@@ -65,10 +79,23 @@ def attention_rollout(
         discard_ratio: fraction of the smallest fused weights zeroed per image and block.
         batch_size: images per forward.
         progress: True for a progress bar, or a callable ``f(done, total)``.
+
+    Attention distance of the same images is computed alongside and served to a following
+    ``attention_distance`` call without a second forward (``vitlens.views.cache``).
     """
+    view = ("rollout", head_fusion, float(discard_ratio))
+    hit = cache.lookup(m, images, batch_size, view)
+    if hit is not None:
+        return hit
     acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
-    stream_attention(m, images, [acc], batch_size, progress, desc="rollout")
-    return acc.result(m.spec)
+    if not cache.recognisable(images):
+        stream_attention(m, images, [acc], batch_size, progress, desc="rollout")
+        return acc.result(m.spec)
+    dist = AttentionDistanceAccumulator.for_model(m.spec)  # alongside, for a distance asked next (views.cache)
+    stream_attention(m, images, [acc, dist], batch_size, progress, desc="rollout")
+    result = acc.result(m.spec)
+    cache.remember(m, images, batch_size, {view: result, ("distance", True): dist.result(m.spec)})
+    return result
 
 
 @dataclass(eq=False, repr=False)

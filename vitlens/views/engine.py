@@ -24,7 +24,8 @@ from typing import Any, Sequence, TypeVar
 import numpy as np
 import torch
 
-from ..images import Images, count_images, iter_batches
+from ..errors import InvalidParameterError
+from ..images import Images, count_images, iter_batches, preprocess_masks
 from ..loading.model import LoadedModel
 from ..loading.spec import ModelSpec
 from ..progress import Progress, ProgressArg
@@ -106,7 +107,8 @@ def stream_attention(
         batch_size: images per forward.
         progress: True for a progress bar, or a callable ``f(done, total)``.
         labels: [N] class labels of the images, passed to consumers in ``BatchInfo``.
-        masks: [N, H, W] bool object masks of the images, passed likewise.
+        masks: [N, h, w] bool object masks of the images, passed likewise after the images' own resize
+            and crop (so they line up with the model's input).
         desc: progress-bar label.
         capture_mode: "side" (the model's fused forward untouched, its logits bit-identical) or
             "inline" (the non-fused path; see ``vitlens.views.capture``).
@@ -117,10 +119,16 @@ def stream_attention(
         for x in iter_batches(images, m.data_config, batch_size):
             x = x.to(m.device)
             size = int(x.shape[0])
+            batch_masks = None
+            if masks is not None:
+                batch_masks = preprocess_masks(np.asarray(masks)[done: done + size], m.data_config)
+                if batch_masks.shape[-2:] != tuple(x.shape[-2:]):
+                    raise InvalidParameterError(f"Masks of {batch_masks.shape[-2:]} pixels do not match inputs of "
+                                                f"{tuple(x.shape[-2:])}; pass masks at the images' own size.")
             info = BatchInfo(index=index, start=done, size=size, input_size=(int(x.shape[-2]), int(x.shape[-1])),
                              grid=m.grid_for(x.shape[-2:]), device=m.device,
                              labels=None if labels is None else np.asarray(labels)[done: done + size],
-                             masks=None if masks is None else np.asarray(masks)[done: done + size])
+                             masks=batch_masks)
             for c in consumers:
                 c.begin_batch(info)
             logits = m.forward(x).float()

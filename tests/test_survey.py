@@ -1,0 +1,212 @@
+"""Surveys on Ray: the merged numbers equal one process running the views, whatever the shards;
+a driver killed with SIGKILL resumes to the same numbers; a worker process that dies mid-task is
+retried; bad models and unreadable images are recorded while the rest finishes; an older folder
+is extended, not corrupted; the table reads in pandas and duckdb; the report opens offline."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vitlens as vl
+from vitlens.reference.shapes import HELD_OUT_SEED, generate
+from vitlens.survey import files_source, shapes_source
+from vitlens.survey.sources import Shard
+from vitlens.survey.stats import merge
+from vitlens.survey.worker import run_shard
+
+ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium")
+NO_BROWSER = CHROMIUM is None and not os.environ.get("CI")
+N = 20
+
+
+@pytest.fixture(scope="module")
+def reference(shapes_survey):
+    return shapes_survey  # conftest: ref-vit and an unknown model over N = 20 scenes, shards of 6
+
+
+def test_merged_numbers_equal_one_process(reference):
+    _out, result = reference
+    images = list(generate(N, seed=HELD_OUT_SEED).images)
+    m = vl.load_model("ref-vit", device="cpu")
+    want = vl.attention_distance(m, images, batch_size=4)
+    got = result.distance("ref-vit")
+    assert got.n_images == N
+    np.testing.assert_allclose(got.mean_px, want.mean_px, rtol=1e-6)
+    np.testing.assert_allclose(got.std_px, want.std_px, rtol=1e-6, atol=1e-9)
+    t = result.table
+    acc = t[(t["model"] == "ref-vit") & (t["metric"] == "accuracy") & t["class"].isna()]["value"].item()
+    data = generate(N, seed=HELD_OUT_SEED)
+    assert acc == pytest.approx(float((m.logits(m.preprocess(list(data.images))).argmax(-1).numpy()
+                                       == data.labels).mean()))
+    rows = t[(t["model"] == "ref-vit") & (t["metric"] == "mean_distance_px") & t["class"].isna()]
+    assert len(rows) == 6 * 8 and rows["value"].to_numpy() == pytest.approx(want.mean_px.ravel(), rel=1e-6)
+
+
+def test_shard_size_and_merge_order_do_not_change_the_numbers():
+    m = vl.load_model("ref-vit", device="cpu")
+    source = shapes_source(N)
+    views = ("distance", "rollout", "predictions")
+    whole = run_shard(m, source, Shard(0, 0, N), views, batch_size=4)["states"]
+    for size in (3, 7):
+        parts = [run_shard(m, source, s, views, batch_size=4)["states"] for s in source.shards(size)]
+        for order in (parts, parts[::-1]):
+            merged = order[0]
+            for p in order[1:]:
+                merged = merge(merged, p)
+            np.testing.assert_allclose(merged["distance"]["mean"], whole["distance"]["mean"], rtol=1e-6)
+            np.testing.assert_allclose(merged["distance"]["class_mean"], whole["distance"]["class_mean"], rtol=1e-6)
+            np.testing.assert_allclose(merged["rollout"]["sums"], whole["rollout"]["sums"], rtol=1e-6)
+            np.testing.assert_array_equal(merged["predictions"]["correct"], whole["predictions"]["correct"])
+
+
+def test_a_bad_model_is_recorded_while_the_others_finish(reference):
+    out, result = reference
+    assert result.models() == ["ref-vit"]
+    assert "Unknown model 'no_such_model_x'" in result.failed["no_such_model_x"]
+    manifest = vl.load_survey(out).manifest
+    status = {m["name"]: m["status"] for m in manifest["models"].values()}
+    assert status == {"ref-vit": "done", "no_such_model_x": "failed"}
+    assert manifest["settings"]["shard_size"] == 6 and "ray" in manifest["versions"]
+    assert len(manifest["models"][next(k for k, v in manifest["models"].items() if v["name"] == "ref-vit")]
+               ["shards"]) == 4
+
+
+def test_the_table_reads_in_pandas_and_duckdb(reference):
+    import duckdb
+    import pandas as pd
+
+    out, _ = reference
+    frame = pd.read_parquet(out / "table.parquet")
+    assert list(frame.columns) == ["model", "layer", "head", "metric", "value", "n_images", "class"]
+    con = duckdb.connect()
+    got = con.execute(f"select layer, median(value) from read_parquet('{out / 'table.parquet'}') "
+                      "where metric = 'mean_distance_px' and class is null group by layer order by layer").fetchall()
+    assert [r[0] for r in got] == list(range(1, 7))
+
+
+def test_an_older_folder_is_extended_not_corrupted(reference, tmp_path):
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    vit_shards = sorted((folder / "shards").glob("ref-vit-*/*.npz"))
+    stamps = [p.stat().st_mtime_ns for p in vit_shards]
+    result = vl.survey(["ref-vit", "vit_tiny_patch16_224"], shapes_source(N), folder, shard_size=6, batch_size=4,
+                       pretrained=False, progress=False, views=("distance", "rollout", "predictions", "weights"))
+    assert [p.stat().st_mtime_ns for p in vit_shards] == stamps  # finished shards were not recomputed
+    assert sorted(result.models()) == ["ref-vit", "vit_tiny_patch16_224 (random init)"]
+    assert "no_such_model_x" in result.failed  # the older run's record is kept
+    np.testing.assert_allclose(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px)
+    with pytest.raises(vl.InvalidParameterError, match="other settings"):
+        vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=5, batch_size=4, progress=False)
+    with pytest.raises(vl.InvalidParameterError, match="other images"):
+        vl.survey(["ref-vit"], shapes_source(N + 1), folder, shard_size=6, batch_size=4, progress=False)
+
+
+def test_unreadable_images_are_skipped_and_counted(local_ray, tmp_path):
+    folder = tmp_path / "photos"
+    for cls in ("cat", "dog"):
+        (folder / cls).mkdir(parents=True)
+    for i, img in enumerate(vl.sample_images()):
+        img.resize((64, 64)).save(folder / ("cat" if i % 2 else "dog") / f"{i}.png")
+    (folder / "cat" / "broken.jpg").write_bytes(b"not a jpeg")
+    source = files_source(str(folder), per_class=True)
+    assert source.classes == ("cat", "dog") and len(source) == 5
+    result = vl.survey(["ref-vit"], source, tmp_path / "out", shard_size=3, batch_size=4, progress=False)
+    entry = next(iter(result.manifest["models"].values()))
+    assert entry["skipped"] == ["broken.jpg"] and entry["n_images"] == 4
+    t = result.table
+    per_class = t[(t["metric"] == "accuracy") & t["class"].notna()]
+    assert sorted(per_class["class"]) == ["cat", "dog"] and per_class["n_images"].sum() == 4
+
+
+def test_a_worker_process_killed_mid_task_is_retried_with_identical_numbers(reference, tmp_path, monkeypatch):
+    out, _ = reference
+    marker = tmp_path / "crashed"
+    monkeypatch.setenv("VITLENS_SURVEY_CRASH_ONCE", str(marker))
+    result = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "zoo", shard_size=6, batch_size=4, progress=False)
+    assert marker.is_file()  # a worker really died in the middle of a shard
+    assert result.models() == ["ref-vit"] and not result.failed
+    np.testing.assert_array_equal(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px)
+
+
+def survey_cli(out: Path, address: str, *extra: str) -> subprocess.Popen:
+    """``vitlens survey`` in its own process, as a driver of the module's Ray cluster (``--address``)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "--max-images", "24",
+                             "--shard-size", "4", "--batch-size", "4", "--out", str(out), "--quiet",
+                             "--address", address, *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def address(local_ray) -> str:
+    return local_ray.get_runtime_context().gcs_address
+
+
+def test_a_driver_killed_with_sigkill_resumes_to_the_same_numbers(tmp_path, address):
+    out = tmp_path / "zoo"
+    proc = survey_cli(out, address)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(out.glob("shards/*/*.npz"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver dies; Ray ends the actors it owned
+    proc.wait()
+    finished = len(list(out.glob("shards/*/*.npz")))
+    assert 2 <= finished < 6, finished
+    rerun = survey_cli(out, address)
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    result = vl.load_survey(out)
+    assert len(list(out.glob("shards/*/*.npz"))) == 6
+    images = list(generate(24, seed=HELD_OUT_SEED).images)
+    want = vl.attention_distance(vl.load_model("ref-vit", device="cpu"), images, batch_size=4)
+    np.testing.assert_allclose(result.distance("ref-vit").mean_px, want.mean_px, rtol=1e-6)
+
+
+def test_cli_reports_failed_models_in_one_line_each_and_strict_stops(tmp_path, address):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "resnet50", "--random-init",
+           "--max-images", "4", "--out", str(tmp_path / "a"), "--quiet", "--address", address]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("vitlens: failed:")]
+    assert len(lines) == 1 and "resnet50" in lines[0] and "not a Vision Transformer" in lines[0]
+    assert vl.load_survey(tmp_path / "a").models() == ["ref-vit"]
+    with pytest.raises(vl.VitlensError, match="--strict"):
+        vl.survey(["resnet50", "ref-vit"], shapes_source(4), tmp_path / "b", pretrained=False, strict=True,
+                  progress=False)
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_survey_report_opens_offline_in_chromium(reference, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out, _ = reference
+    page_path = tmp_path / "zoo.html"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "vitlens", "survey-report", str(out), "--out", str(page_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_path.as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3", timeout=30000)
+        page.locator("table.sortable th", has_text="layer-1 median").click()  # sorts without errors
+        text = page.inner_text("body")
+        browser.close()
+    assert "no_such_model_x" in text and "ref-vit" in text
+    assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []

@@ -1,0 +1,17 @@
+"""Surveys past one machine: a model zoo x an image set on Ray, resumable and fault-tolerant,
+merged into one tidy table (paper Fig. 11 across a whole zoo).
+
+- ``sources``: the image set, cut into shards workers read by themselves;
+- ``stats``: the partial states a shard returns (they merge exactly);
+- ``worker``: a model loaded once per Ray actor, shards in, states out;
+- ``run``: the driver (``vl.survey``);
+- ``store``: the survey folder (shards, manifest, Parquet table; ``vl.load_survey``);
+- ``report``: the survey's offline HTML page.
+"""
+from __future__ import annotations
+
+from .run import SurveyError, survey
+from .sources import ImageSource, files_source, shapes_source
+from .store import SurveyResult, load_survey
+
+__all__ = ["ImageSource", "SurveyError", "SurveyResult", "files_source", "load_survey", "shapes_source", "survey"]

@@ -1,0 +1,268 @@
+"""The survey driver: a model zoo x an image set on Ray (a local Ray by default, or a cluster).
+
+Work is (model, image shard). Each model gets one or more Ray actors (``SurveyWorker``) that load
+it once and then run its shards one after the other; the driver submits every shard up front
+and writes each result to the survey folder the moment it arrives. Ray does the scheduling:
+actors wait for free CPUs/GPUs, start when others finish and are killed, and an actor whose
+process dies is restarted (reloading its model) with the shard it lost retried. Why actors rather
+than Ray Data: one model per process, loaded once, with a GPU of its own, and a result per shard
+written atomically as it lands — which is what resuming needs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import InvalidParameterError, VitlensError
+from ..reference import REFERENCE_NAMES
+from .sources import ImageSource, Shard
+from .store import SurveyResult, SurveyStore, load_survey, model_key, table_rows, write_table
+from .worker import VIEWS, SurveyWorker
+
+RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
+               "cli": "Install it with: pip install 'vitlens[survey]'.",
+               "app": "Install it in the app's environment: pip install 'vitlens[survey]'."}
+
+
+class SurveyError(VitlensError):
+    """A survey that cannot start or that stops (e.g. --strict and a model failed)."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise SurveyError("Surveys run on Ray, which is not installed.", fixes=RAY_INSTALL) from e
+    return ray
+
+
+def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bool, float]:
+    """(ray, whether this call started it, seconds it took): a cluster at ``address`` (or
+    RAY_ADDRESS), else a local Ray with this machine's cores."""
+    ray = _ray()
+    t0 = time.perf_counter()
+    if ray.is_initialized():
+        return ray, False, 0.0
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=200 * 2**20)
+    return ray, True, time.perf_counter() - t0
+
+
+#: environment the workers need from the driver (offline mode, caches, the crash hook of the tests)
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME", "VITLENS_SURVEY_CRASH_ONCE")
+
+
+@dataclass
+class _Model:
+    name: str
+    key: str
+    pending: list[Shard]
+    actors: list[Any]
+    futures: dict[Any, Shard]
+    load: Any = None
+    weights: Any = None
+    failed: str = ""
+
+
+def survey(
+    models: Sequence[str],
+    images: ImageSource | str,
+    out: str | Path,
+    address: str | None = None,
+    batch_size: int = 32,
+    shard_size: int = 256,
+    views: Sequence[str] = VIEWS,
+    num_gpus_per_worker: float = 0.0,
+    num_cpus_per_worker: int = 1,
+    pretrained: bool = True,
+    per_class: bool = False,
+    max_images: int | None = None,
+    strict: bool = False,
+    renormalize: bool = True,
+    progress: bool = True,
+    num_cpus: int | None = None,
+) -> SurveyResult:
+    """Survey several models over one image set on Ray; resumable, one tidy table at the end.
+
+    Args:
+        models: model names (as ``vl.load_model`` takes them).
+        images: an ``ImageSource`` (``files_source`` / ``shapes_source``), or a folder / glob.
+        out: the survey folder; a rerun with the same images and settings skips finished shards,
+            and new models extend it.
+        address: a Ray cluster ("auto", "ray://..."), else RAY_ADDRESS, else a local Ray.
+        batch_size: images per forward.
+        shard_size: images per task (the unit that is retried and resumed).
+        views: any of "distance", "rollout", "predictions", "weights".
+        num_gpus_per_worker / num_cpus_per_worker: resources each model worker asks Ray for.
+        pretrained: hub weights (False: random init, seeded identically in every worker).
+        per_class: with a folder or glob, each file's parent folder is its class.
+        max_images: use at most this many images.
+        strict: stop at the first model that fails (else record it and finish the others).
+        renormalize: attention distance over patch keys renormalised (the default choice).
+        progress: one progress bar over all (model, shard) tasks, and a line per finished model.
+        num_cpus: cores of a local Ray (default: all of this machine's).
+
+    Raises:
+        SurveyError: Ray is missing, or ``strict`` and a model failed.
+    """
+    from .sources import files_source
+
+    views = tuple(views)
+    if [v for v in views if v not in VIEWS] or not views:
+        raise InvalidParameterError(f"views must be among {', '.join(VIEWS)}; got {list(views)}.")
+    if not models:
+        raise InvalidParameterError("Name at least one model to survey.")
+    source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images)
+    if isinstance(images, ImageSource) and max_images and len(source) > max_images:
+        source = ImageSource.from_dict({**source.to_dict(), "files": source.files[:max_images],
+                                        "labels": source.labels[:max_images]} if source.kind == "files" else
+                                       {**source.to_dict(), "n": max_images})
+    settings = {"shard_size": shard_size, "batch_size": batch_size, "views": list(views), "renormalize": renormalize}
+    store = SurveyStore(out)
+    manifest = store.open(source, settings)
+    shards = source.shards(shard_size)
+    names = list(dict.fromkeys(models))
+    weights = {name: pretrained or name in REFERENCE_NAMES for name in names}  # the embedded pair has its weights
+    for name in names:
+        key = model_key(name, weights[name])
+        entry = manifest["models"].setdefault(key, {"name": name, "key": key, "pretrained": weights[name],
+                                                    "label": name if weights[name] else f"{name} (random init)"})
+        entry["status"] = "done" if all(store.done(key, s) for s in shards) and entry.get("spec") else "pending"
+        entry.pop("reason", None)
+    store.write_manifest(manifest)
+
+    todo = {k: e for k, e in manifest["models"].items()
+            if e["name"] in names and e["pretrained"] == weights[e["name"]] and e["status"] != "done"}
+    if todo:
+        _run(todo, manifest, store, source, shards, settings, address, num_gpus_per_worker, num_cpus_per_worker,
+             strict, progress, num_cpus)
+    rows = []
+    for entry in manifest["models"].values():
+        if entry.get("status") == "done":
+            states, n, skipped = store.merged(entry["key"], shards)
+            entry["n_images"], entry["skipped"] = n, skipped
+            rows += table_rows(entry["label"], entry["spec"], states, n, list(source.classes),
+                               store.read_weights(entry["key"]), renormalize)
+    write_table(store.out, rows)
+    store.write_manifest(manifest)
+    return load_survey(store.out)
+
+
+def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource, shards: list[Shard],
+         settings: dict, address: str | None, gpus: float, cpus: int, strict: bool, progress: bool,
+         num_cpus: int | None) -> None:
+    ray, started, startup = start_ray(address, num_cpus)
+    try:
+        total_slots = _slots(ray, gpus, cpus)
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        remote = ray.remote(SurveyWorker).options(num_cpus=cpus, num_gpus=gpus, max_restarts=3, max_task_retries=3,
+                                                  runtime_env={"env_vars": env} if env else None)
+        work: dict[str, _Model] = {}
+        for key, entry in todo.items():
+            pending = [s for s in shards if not store.done(key, s)]
+            replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
+            actors = [remote.remote(entry["name"], entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
+            w = _Model(entry["label"], key, pending, actors, {})
+            w.load = actors[0].load.remote()
+            if "weights" in settings["views"]:
+                w.weights = actors[0].weights.remote()
+            for i, shard in enumerate(pending):
+                fut = actors[i % replicas].run.remote(source.to_dict(), (shard.index, shard.start, shard.stop),
+                                                      tuple(settings["views"]), settings["batch_size"],
+                                                      settings["renormalize"])
+                w.futures[fut] = shard
+            work[key] = w
+            entry["status"] = "running"
+            entry["replicas"] = replicas
+        manifest["ray"] = {"address": address or os.environ.get("RAY_ADDRESS") or "local", "startup_seconds": startup,
+                           "slots": total_slots}
+        store.write_manifest(manifest)
+        _collect(ray, work, manifest, store, strict, progress, sum(len(w.futures) for w in work.values()))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _slots(ray: Any, gpus: float, cpus: int) -> int:
+    res = ray.cluster_resources()
+    if gpus > 0:
+        return max(1, int(res.get("GPU", 0) // gpus))
+    return max(1, int(res.get("CPU", 1) // cpus))
+
+
+def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveyStore, strict: bool, progress: bool,
+             total: int) -> None:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="survey", unit="shard", disable=not progress, file=sys.stderr)
+    waiting = {w.load: ("load", w) for w in work.values()}
+    waiting.update({w.weights: ("weights", w) for w in work.values() if w.weights is not None})
+    waiting.update({f: ("shard", w) for w in work.values() for f in w.futures})
+    try:
+        while waiting:
+            ready, _ = ray.wait(list(waiting), num_returns=1)
+            fut = ready[0]
+            what, w = waiting.pop(fut)
+            entry = manifest["models"][w.key]
+            if w.failed:
+                continue
+            try:
+                value = ray.get(fut)
+            except Exception as e:  # the model could not load or a shard failed beyond Ray's retries
+                _fail(ray, w, entry, _reason(e), waiting, store, manifest, strict, bar)
+                continue
+            if what == "load":
+                if not value["ok"]:
+                    _fail(ray, w, entry, value["reason"], waiting, store, manifest, strict, bar)
+                    continue
+                entry.update(spec=value["spec"], source=value["source"], device=value["device"])
+            elif what == "weights":
+                store.write_weights(w.key, value)
+            else:
+                shard = w.futures.pop(fut)
+                store.write_shard(w.key, shard, value)
+                entry.setdefault("shards", {})[shard.name] = {
+                    "n_images": value["n_images"], "seconds": round(value["seconds"], 3),
+                    "skipped": len(value["skipped"]), "pid": value["pid"],
+                    "peak_rss_mb": round(value.get("peak_rss_mb", 0.0), 1)}
+                bar.update(1)
+            if not w.futures and entry.get("spec") and not any(v[1] is w for v in waiting.values()):
+                entry["status"] = "done"
+                for actor in w.actors:
+                    ray.kill(actor)  # frees its CPU/GPU for the models still waiting
+                if progress:
+                    n = sum(s["n_images"] for s in entry.get("shards", {}).values())
+                    bar.write(f"{w.name}: done ({len(entry.get('shards', {}))} shards, {n} images this run)")
+            store.write_manifest(manifest)
+    finally:
+        bar.close()
+
+
+def _fail(ray: Any, w: _Model, entry: dict, reason: str, waiting: dict, store: SurveyStore, manifest: dict,
+          strict: bool, bar: Any) -> None:
+    w.failed = reason
+    entry.update(status="failed", reason=reason)
+    for fut in [f for f, (_what, owner) in waiting.items() if owner is w]:
+        waiting.pop(fut)
+    for actor in w.actors:
+        ray.kill(actor)
+    store.write_manifest(manifest)
+    bar.write(f"{w.name}: failed: {reason}")
+    if strict:
+        raise SurveyError(f"{w.name}: {reason} (--strict stops at the first failed model).")
+
+
+def _reason(e: Exception) -> str:
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, VitlensError):
+        return cause.message_for("cli")
+    text = str(e).strip().splitlines()
+    return f"{type(cause or e).__name__}: {text[-1] if text else ''}"[:500]

@@ -1,0 +1,140 @@
+"""Where a survey's images come from, cut into shards that any worker can read by itself.
+
+A source is plain data (it travels in the manifest and to Ray workers): image files (a folder,
+a glob; with ``per_class`` each file's parent folder is its class, as in ImageNet's
+``val/<class>/*.JPEG``), or held-out reference scenes (with labels and object masks), which a
+worker regenerates from (seed, index) instead of receiving pixels.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ImageLoadError, InvalidParameterError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Images ``start .. stop - 1`` of a source."""
+
+    index: int
+    start: int
+    stop: int
+
+    @property
+    def name(self) -> str:
+        return f"shard-{self.index:05d}"
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """A survey's image set.
+
+    Attributes:
+        kind: "files" or "shapes".
+        description: what the user asked for (folder, glob, or the scenes' seed).
+        files: the image files, sorted (kind "files").
+        labels: each file's class index, -1 when unknown (kind "files").
+        classes: class names, index = label.
+        n: number of scenes (kind "shapes").
+        seed: the scenes' stream (kind "shapes").
+    """
+
+    kind: str
+    description: str
+    files: tuple[str, ...] = ()
+    labels: tuple[int, ...] = ()
+    classes: tuple[str, ...] = ()
+    n: int = 0
+    seed: int = 0
+
+    def __len__(self) -> int:
+        return len(self.files) if self.kind == "files" else self.n
+
+    @property
+    def has_labels(self) -> bool:
+        return bool(self.classes)
+
+    def shards(self, size: int) -> list[Shard]:
+        if size < 1:
+            raise InvalidParameterError(f"shard_size must be >= 1; got {size}.")
+        return [Shard(i, start, min(start + size, len(self))) for i, start in enumerate(range(0, len(self), size))]
+
+    def fingerprint(self) -> str:
+        """Identifies the image set (a rerun must use the same one to extend a survey)."""
+        h = hashlib.sha256(repr((self.kind, self.files, self.labels, self.classes, self.n, self.seed)).encode())
+        return h.hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ImageSource":
+        return cls(**{**d, "files": tuple(d.get("files", ())), "labels": tuple(d.get("labels", ())),
+                      "classes": tuple(d.get("classes", ()))})
+
+    def read(self, shard: Shard) -> tuple[list[Any], np.ndarray | None, np.ndarray | None, list[str]]:
+        """(images, labels or None, masks or None, names of unreadable files) of one shard."""
+        if self.kind == "shapes":
+            from ..reference.shapes import generate
+
+            data = generate(shard.stop - shard.start, seed=self.seed, start=shard.start)
+            return list(data.images), data.labels, data.masks, []
+        from ..images import to_rgb
+
+        images, labels, skipped = [], [], []
+        for i in range(shard.start, shard.stop):
+            try:
+                images.append(to_rgb(self.files[i]))
+            except ImageLoadError:
+                skipped.append(os.path.basename(self.files[i]))
+                continue
+            labels.append(self.labels[i] if self.labels else -1)
+        return images, (np.asarray(labels, dtype=np.int64) if self.has_labels else None), None, skipped
+
+
+def files_source(spec: str, per_class: bool = False, max_images: int | None = None) -> ImageSource:
+    """Image files named by a folder (searched recursively) or a glob pattern, sorted.
+
+    Args:
+        spec: a folder, a glob ("val/*/*.JPEG") or one file.
+        per_class: each file's parent folder name is its class.
+        max_images: keep the first N files (after sorting).
+    """
+    path = Path(spec).expanduser()
+    if any(ch in spec for ch in "*?["):
+        files = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
+    elif path.is_dir():
+        files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    elif path.is_file():
+        files = [str(path)]
+    else:
+        raise InvalidParameterError(f"Image folder or file not found: {path}.")
+    if not files:
+        raise InvalidParameterError(f"No image files under {spec!r} ({', '.join(IMAGE_SUFFIXES)}).")
+    files = files[: max_images] if max_images else files
+    classes: tuple[str, ...] = ()
+    labels: tuple[int, ...] = ()
+    if per_class:
+        classes = tuple(sorted({Path(f).parent.name for f in files}))
+        index = {c: i for i, c in enumerate(classes)}
+        labels = tuple(index[Path(f).parent.name] for f in files)
+    return ImageSource(kind="files", description=spec, files=tuple(str(Path(f).resolve()) for f in files),
+                       labels=labels, classes=classes)
+
+
+def shapes_source(n: int, seed: int | None = None) -> ImageSource:
+    """The first ``n`` held-out reference scenes (labels and object masks included)."""
+    from ..reference.shapes import CLASSES, HELD_OUT_SEED
+
+    seed = HELD_OUT_SEED if seed is None else seed
+    return ImageSource(kind="shapes", description=f"vitlens shapes scenes (seed {seed}, first {n})",
+                       classes=tuple(CLASSES), n=int(n), seed=int(seed))

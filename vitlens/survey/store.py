@@ -1,0 +1,279 @@
+"""A survey folder: nothing lost, nothing counted twice.
+
+    OUT/manifest.json                  settings, image source, models (spec, status, reason), versions
+    OUT/shards/<model>/shard-00003.npz one finished (model, shard): its partial states, written atomically
+    OUT/weights/<model>.json           the weight-only views of a model
+    OUT/table.parquet                  the tidy table: model, layer, head, metric, value, n_images, class
+
+The shard files are the record of what is done: a rerun skips every shard whose file exists,
+so a driver killed at any moment loses at most the shards in flight, and none is counted twice.
+The manifest and the table are rebuilt from them.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import io
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+from ..results import atomic_write_bytes
+from ..views.distance import AttentionDistanceResult, uniform_distance
+from . import stats
+from .sources import ImageSource, Shard
+
+FORMAT = 1
+#: settings that must match for a rerun to extend a folder (they change the numbers)
+PINNED = ("shard_size", "batch_size", "views", "renormalize")
+
+
+def model_key(name: str, pretrained: bool = True) -> str:
+    """A file name for a model and its weights (readable, and unique through a short hash)."""
+    ident = name if pretrained else f"{name}#random-init"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
+    return f"{safe}{'' if pretrained else '-random'}-{hashlib.sha1(ident.encode()).hexdigest()[:6]}"
+
+
+def versions() -> dict[str, str]:
+    import timm
+    import torch
+
+    import vitlens
+
+    out = {"vitlens": vitlens.__version__, "timm": timm.__version__, "torch": torch.__version__,
+           "python": platform.python_version()}
+    try:
+        import ray
+
+        out["ray"] = ray.__version__
+    except ImportError:
+        pass
+    return out
+
+
+class SurveyStore:
+    """Reads and writes one survey folder."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+        self.manifest_path = self.out / "manifest.json"
+
+    def manifest(self) -> dict[str, Any] | None:
+        if not self.manifest_path.is_file():
+            return None
+        return json.loads(self.manifest_path.read_text())
+
+    def open(self, source: ImageSource, settings: dict[str, Any]) -> dict[str, Any]:
+        """The manifest to continue: a new one, or the folder's own when the images and settings match."""
+        old = self.manifest()
+        if old is None:
+            if self.out.exists() and any(self.out.iterdir()):
+                raise InvalidParameterError(f"{self.out} exists and is not a survey folder; choose a new --out.")
+            return {"format": FORMAT, "created": _now(), "source": source.to_dict(),
+                    "fingerprint": source.fingerprint(), "settings": settings, "models": {}}
+        if old.get("fingerprint") != source.fingerprint():
+            described = old["source"]["description"]
+            raise InvalidParameterError(f"{self.out} holds a survey of other images ({described!r}, "
+                                        f"{_count(old['source'])} images); use a new --out for this image set.")
+        before = old["settings"]
+        changed = [f"{k}={before.get(k)!r}" for k in PINNED if before.get(k) != settings.get(k)]
+        if changed:
+            raise InvalidParameterError(f"{self.out} was written with other settings ({', '.join(changed)}); "
+                                        "rerun with those, or use a new --out.")
+        return old
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        manifest = {**manifest, "updated": _now(), "versions": versions()}
+        atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=1, default=_jsonable).encode())
+
+    def shard_path(self, key: str, shard: Shard) -> Path:
+        return self.out / "shards" / key / f"{shard.name}.npz"
+
+    def done(self, key: str, shard: Shard) -> bool:
+        return self.shard_path(key, shard).is_file()
+
+    def write_shard(self, key: str, shard: Shard, result: dict[str, Any]) -> None:
+        buf = io.BytesIO()
+        meta = {"n_images": result["n_images"], "skipped": result["skipped"], "seconds": result["seconds"],
+                "start": shard.start, "stop": shard.stop}
+        np.savez_compressed(buf, __meta__=np.asarray(json.dumps(meta)), **stats.flatten(result["states"]))
+        atomic_write_bytes(self.shard_path(key, shard), buf.getvalue())
+
+    def read_shard(self, key: str, shard: Shard) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        with np.load(self.shard_path(key, shard), allow_pickle=False) as data:
+            meta = json.loads(str(data["__meta__"]))
+            arrays = {k: data[k] for k in data.files if k != "__meta__"}
+        return stats.unflatten(arrays), meta
+
+    def write_weights(self, key: str, values: dict[str, Any]) -> None:
+        atomic_write_bytes(self.out / "weights" / f"{key}.json", json.dumps(values).encode())
+
+    def read_weights(self, key: str) -> dict[str, Any]:
+        path = self.out / "weights" / f"{key}.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def merged(self, key: str, shards: list[Shard]) -> tuple[dict[str, dict[str, Any]], int, list[str]]:
+        """The model's states over every shard (in shard order), its image count and skipped files."""
+        states: dict[str, dict[str, Any]] = {}
+        n, skipped = 0, []
+        for shard in shards:
+            s, meta = self.read_shard(key, shard)
+            states = stats.merge(states, s) if states else s
+            n += int(meta["n_images"])
+            skipped += meta["skipped"]
+        return states, n, skipped
+
+
+def _count(source: dict[str, Any]) -> int:
+    return len(source.get("files") or ()) or int(source.get("n", 0))
+
+
+def _now() -> str:
+    return _dt.datetime.now().isoformat(timespec="seconds")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+def distance_result(states: dict[str, dict[str, Any]], spec: dict[str, Any], name: str,
+                    renormalize: bool = True) -> AttentionDistanceResult | None:
+    """The merged attention-distance state as the same result ``vl.attention_distance`` returns."""
+    d = states.get("distance")
+    if d is None or int(np.min(d["counts"])) == 0:
+        return None
+    n = int(d["counts"][0])
+    return AttentionDistanceResult(mean_px=d["mean"], std_px=np.sqrt(d["m2"] / n), m2=d["m2"], n_images=n,
+                                   image_size=tuple(int(v) for v in d["image_size"]),  # type: ignore[arg-type]
+                                   grid=tuple(int(v) for v in d["grid"]),  # type: ignore[arg-type]
+                                   stride_px=tuple(spec["stride_px"]), renormalize=renormalize,  # type: ignore[arg-type]
+                                   model_name=name)
+
+
+def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]], n_images: int,
+               classes: list[str], weights: dict[str, Any], renormalize: bool = True) -> list[dict[str, Any]]:
+    """The tidy rows of one model: model, layer, head, metric, value, n_images, class."""
+    rows: list[dict[str, Any]] = []
+
+    def add(metric: str, value: float, n: int, layer: int | None = None, head: int | None = None,
+            cls: str | None = None) -> None:
+        rows.append({"model": name, "layer": layer, "head": head, "metric": metric, "value": float(value),
+                     "n_images": int(n), "class": cls})
+
+    dist = distance_result(states, spec, name, renormalize)
+    if dist is not None:
+        width = float(dist.image_size[1])
+        add("uniform_distance_px", uniform_distance(dist.grid, dist.stride_px), dist.n_images)
+        for l in range(dist.mean_px.shape[0]):
+            for h in range(dist.mean_px.shape[1]):
+                add("mean_distance_px", dist.mean_px[l, h], dist.n_images, l + 1, h + 1)
+                add("std_distance_px", dist.std_px[l, h], dist.n_images, l + 1, h + 1)
+                add("mean_distance_width", dist.mean_px[l, h] / width, dist.n_images, l + 1, h + 1)
+        d = states["distance"]
+        for c, cname in enumerate(classes):
+            if c < len(d["class_n"]) and int(d["class_n"][c].min()) > 0:
+                for l in range(d["class_mean"].shape[1]):
+                    for h in range(d["class_mean"].shape[2]):
+                        add("mean_distance_px", d["class_mean"][c, l, h], int(d["class_n"][c, l]), l + 1, h + 1,
+                            cname)
+    roll = states.get("rollout")
+    if roll is not None:
+        for i, metric in enumerate(stats.RolloutStats.METRICS):
+            if int(roll["counts"][i]):
+                add(f"rollout_{metric}", roll["sums"][i] / roll["counts"][i], int(roll["counts"][i]))
+    pred = states.get("predictions")
+    if pred is not None and int(pred["total"].sum()):
+        add("accuracy", pred["correct"].sum() / pred["total"].sum(), int(pred["total"].sum()))
+        for c, cname in enumerate(classes):
+            if c < len(pred["total"]) and int(pred["total"][c]):
+                add("accuracy", pred["correct"][c] / pred["total"][c], int(pred["total"][c]), cls=cname)
+    for metric, value in weights.items():
+        add(metric, value, 0)
+    add("images_used", n_images, n_images)
+    return rows
+
+
+@dataclass
+class SurveyResult:
+    """A finished (or partly finished) survey: the tidy table and the manifest.
+
+    ``table`` is a pandas DataFrame with one row per (model, layer, head, metric[, class]);
+    ``manifest`` says which models were surveyed, with their spec, status and failure reason.
+    """
+
+    path: Path
+    table: Any
+    manifest: dict[str, Any]
+    failed: dict[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        models = self.manifest.get("models", {})
+        done = sum(m.get("status") == "done" for m in models.values())
+        return (f"SurveyResult({self.path}: {done}/{len(models)} models done, {len(self.table)} rows, "
+                f"{_count(self.manifest.get('source', {}))} images)")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(10).to_html()}</div>"
+
+    def models(self) -> list[str]:
+        return [m["label"] for m in self.manifest.get("models", {}).values() if m.get("status") == "done"]
+
+    def distance(self, model: str) -> AttentionDistanceResult:
+        """One model's attention distance over the whole image set, from its shards."""
+        store = SurveyStore(self.path)
+        entry = next((m for m in self.manifest["models"].values() if m["label"] == model), None)
+        if entry is None or entry.get("status") != "done":
+            raise InvalidParameterError(f"{model!r} has no finished survey in {self.path}.")
+        source = ImageSource.from_dict(self.manifest["source"])
+        states, _, _ = store.merged(entry["key"], source.shards(self.manifest["settings"]["shard_size"]))
+        result = distance_result(states, entry["spec"], model, self.manifest["settings"].get("renormalize", True))
+        if result is None:
+            raise InvalidParameterError(f"The survey of {model!r} has no attention distance.")
+        return result
+
+
+def load_survey(path: str | Path) -> SurveyResult:
+    """A survey folder written by ``vl.survey`` / ``vitlens survey``."""
+    import pandas as pd
+
+    store = SurveyStore(path)
+    manifest = store.manifest()
+    if manifest is None:
+        raise InvalidParameterError(f"{path} is not a survey folder (no manifest.json); run vitlens survey first.")
+    table_path = Path(path) / "table.parquet"
+    table = pd.read_parquet(table_path) if table_path.is_file() else pd.DataFrame(columns=TABLE_COLUMNS)
+    failed = {m["label"]: m.get("reason", "") for m in manifest["models"].values() if m.get("status") == "failed"}
+    return SurveyResult(path=Path(path), table=table, manifest=manifest, failed=failed)
+
+
+TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n_images", "class"]
+
+
+def write_table(out: Path, rows: list[dict[str, Any]]) -> None:
+    """The tidy table as Parquet (nullable integer layer/head, string class), written atomically."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    frame["layer"] = frame["layer"].astype("Int64")
+    frame["head"] = frame["head"].astype("Int64")
+    frame["n_images"] = frame["n_images"].astype("int64")
+    frame["model"] = frame["model"].astype("string")
+    frame["metric"] = frame["metric"].astype("string")
+    frame["class"] = frame["class"].astype("string")
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    atomic_write_bytes(out / "table.parquet", buf.getvalue())

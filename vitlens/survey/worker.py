@@ -1,0 +1,114 @@
+"""What one survey worker does: load a model once, then turn image shards into partial states.
+
+``run_shard`` is plain Python (a single process can call it); ``SurveyWorker`` is the same
+work as a Ray actor: it loads its model on first use, so an actor that Ray restarts after its
+process died reloads the model and reruns the shard it lost.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import VitlensError
+from ..loading.model import LoadedModel
+from ..views.engine import stream_attention
+from . import stats
+from .sources import ImageSource, Shard
+
+#: a testing hook: when set to a file path that does not exist yet, the worker creates the file
+#: and kills its own process in the middle of a shard (Ray must restart it and rerun the shard)
+CRASH_ONCE = "VITLENS_SURVEY_CRASH_ONCE"
+VIEWS = ("distance", "rollout", "predictions", "weights")
+
+
+def consumers_for(m: LoadedModel, views: tuple[str, ...], num_classes: int,
+                  renormalize: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "distance" in views:
+        out["distance"] = stats.SurveyDistance(m, num_classes, renormalize)
+    if "rollout" in views:
+        out["rollout"] = stats.RolloutStats(m)
+    if "predictions" in views and num_classes:
+        out["predictions"] = stats.Predictions(m, num_classes)
+    return out
+
+
+def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[str, ...], batch_size: int,
+              renormalize: bool = True) -> dict[str, Any]:
+    """One shard's partial states ({stat: {key: array}}), its image count and what was skipped."""
+    t0 = time.perf_counter()
+    images, labels, masks, skipped = source.read(shard)
+    consumers = consumers_for(m, views, len(source.classes), renormalize)
+    n = 0
+    if images and consumers:
+        n = stream_attention(m, images, list(consumers.values()), batch_size, labels=labels, masks=masks,
+                             desc=shard.name)
+    elif images:
+        n = len(images)
+    import resource
+
+    return {"states": {name: c.state() for name, c in consumers.items()}, "n_images": n, "skipped": skipped,
+            "seconds": time.perf_counter() - t0, "pid": os.getpid(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def weight_views(m: LoadedModel) -> dict[str, Any]:
+    """The weight-only views, once per model: filter PCA's explained variance, E_pos structure."""
+    from ..errors import ViewNotAvailableError
+    from ..views.filters import embedding_filter_pca, max_filter_components
+    from ..views.position import neighbour_similarity, position_similarity
+
+    out: dict[str, Any] = {}
+    try:
+        f = embedding_filter_pca(m, min(28, max_filter_components(m)))
+        out["filter_pca_top1"] = float(f.explained_variance_ratio[0])
+        out["filter_pca_top28"] = float(f.explained_variance_ratio.sum())
+    except ViewNotAvailableError:
+        pass
+    try:
+        out.update({f"position_{k}": float(v) for k, v in neighbour_similarity(position_similarity(m)).items()})
+    except ViewNotAvailableError:
+        pass
+    return out
+
+
+class SurveyWorker:
+    """A Ray actor's body: one model, loaded once, many shards (see ``vitlens.survey.run``)."""
+
+    def __init__(self, name: str, pretrained: bool, num_threads: int, use_gpu: bool) -> None:
+        self.name, self.pretrained, self.use_gpu = name, pretrained, use_gpu
+        self.m: LoadedModel | None = None
+        torch.set_num_threads(max(1, num_threads))
+
+    def _model(self) -> LoadedModel:
+        if self.m is None:
+            import vitlens as vl
+
+            torch.manual_seed(0)  # random-init models are the same in every worker
+            device = "cuda" if self.use_gpu and torch.cuda.is_available() else "cpu"
+            self.m = vl.load_model(self.name, pretrained=self.pretrained, device=device)
+        return self.m
+
+    def load(self) -> dict[str, Any]:
+        """The model's spec and where its weights came from; a vitlens error becomes a reason."""
+        try:
+            m = self._model()
+        except VitlensError as e:
+            return {"ok": False, "reason": e.message_for("cli"), "error": type(e).__name__}
+        return {"ok": True, "spec": m.spec.to_dict(), "source": m.source, "device": str(m.device)}
+
+    def run(self, source: dict[str, Any], shard: tuple[int, int, int], views: tuple[str, ...], batch_size: int,
+            renormalize: bool = True) -> dict[str, Any]:
+        m = self._model()
+        crash = os.environ.get(CRASH_ONCE)
+        if crash and not Path(crash).exists():
+            Path(crash).write_text(str(os.getpid()))
+            os._exit(1)  # a real process death in the middle of a shard
+        return run_shard(m, ImageSource.from_dict(source), Shard(*shard), tuple(views), batch_size, renormalize)
+
+    def weights(self) -> dict[str, Any]:
+        return weight_views(self._model())
