@@ -1,15 +1,17 @@
 """Benchmark: vitlens against what a user would otherwise write, side by side on one model and batch.
 
 Usage:
-    python analyses/bench.py [--model vit_base_patch16_224] [--batch 32] [--reps 3] [--device cpu|cuda]
+    python analyses/bench.py [--model vit_base_patch16_224] [--batch 32] [--reps 5] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--loop-images 8] [--mem-images 64 1024] [--skip-memory] [--json out.json]
 
-Rows, each the median of ``--reps`` timed runs after a warm-up, on one random batch of a
-random-init model:
+Rows on one random batch of a random-init model. Shared machines drift by 10-20% over a minute,
+so every repetition runs each row once, one after the other, and a ratio is the median over
+repetitions of that repetition's row time / its plain-forward time (seconds: the median):
 
 - plain forward: ``model(x)`` with timm's fused attention (the baseline of every ratio);
 - ``vl.analyze``: attention distance + rollout from one forward, plus the two weight-only views;
-- vitlens stream only: capture + distance + rollout (side capture, the views' default; and inline);
+- vitlens distance + rollout: ``vl.analyze(views=("distance", "rollout"))`` (inline capture, the
+  views' default for timm models), and the same streams with side capture;
 - two views called one after the other: ``attention_distance`` then ``attention_rollout``
   (the second is served from the last pass), against two full passes;
 - (a) timm's ``AttentionExtract`` (fused attention off, every map kept) + batched torch code for
@@ -32,30 +34,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def timed(fn: Callable[[], Any], reps: int, sync: Callable[[], None]) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def peer_attention_extract(model: Any, x: Any, stride: int, prefix: int = 1) -> tuple[Any, Any, Any]:
-    """(a) What a user writes with timm's AttentionExtract: every map kept, then batched torch."""
+def peer_attention_extract(extractor: Any, x: Any, stride: int, prefix: int = 1) -> tuple[Any, Any, Any]:
+    """(a) What a user writes with timm's AttentionExtract (built once, over the non-fused model):
+    every map kept, then batched torch for distance and rollout."""
     import torch
-    from timm.utils import AttentionExtract
 
-    extractor = AttentionExtract(model, method="fx")
     with torch.no_grad():
         maps = list(extractor(x).values())  # [B, H, T, T] per block
         b, _, t, _ = maps[0].shape
@@ -145,30 +134,57 @@ def speed(args: argparse.Namespace) -> dict:
         vl.views.cache.clear()
         vl.attention_rollout(m, x, batch_size=args.batch)
 
-    t = {"plain_forward": timed(plain, args.reps, sync)}
-    t["analyze"] = timed(lambda: vl.analyze(m, x, batch_size=args.batch), args.reps, sync)
-    t["stream_side"] = timed(lambda: streamed("side"), args.reps, sync)
-    t["stream_inline"] = timed(lambda: streamed("inline"), args.reps, sync)
-    t["two_views_called_separately"] = timed(separately, args.reps, sync)
-    t["two_views_two_passes"] = timed(separately_uncached, args.reps, sync)
+    import copy
 
-    # (a): timm's non-fused path, every map kept, batched torch
-    ref = m.model
-    fused = [blk.attn.fused_attn for blk in ref.blocks]
+    from timm.utils import AttentionExtract
+
+    ref = copy.deepcopy(m.model)  # the peers' own copy, with fused attention off
     for blk in ref.blocks:
         blk.attn.fused_attn = False
-    try:
-        t["peer_attention_extract"] = timed(lambda: peer_attention_extract(ref, x, stride, m.spec.num_prefix_tokens),
-                                            args.reps, sync)
-        d_peer, r_peer, _ = peer_attention_extract(ref, x, stride, m.spec.num_prefix_tokens)
-        k = min(args.loop_images, args.batch)
-        t0 = time.perf_counter()
-        loop_maps = peer_per_image_loop(ref, x[:k])
-        sync()
-        t["peer_loop_per_image"] = (time.perf_counter() - t0) / k
-    finally:
-        for blk, f in zip(ref.blocks, fused):
-            blk.attn.fused_attn = f
+    extractor = AttentionExtract(ref, method="fx")
+
+    def peer() -> None:  # (a): timm's non-fused path, every map kept, batched torch
+        with m.autocast():
+            peer_attention_extract(extractor, x, stride, m.spec.num_prefix_tokens)
+
+    rows = {
+        "plain_forward": plain,
+        "analyze": lambda: vl.analyze(m, x, batch_size=args.batch),
+        "distance_rollout": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance", "rollout")),
+        "stream_side": lambda: streamed("side"),
+        "stream_inline": lambda: streamed("inline"),
+        "peer_attention_extract": peer,
+        "two_views_called_separately": separately,
+        "two_views_two_passes": separately_uncached,
+    }
+    rows_all = list(rows)
+    if args.rows:
+        rows = {k: v for k, v in rows.items() if k in ("plain_forward", "analyze") or k in args.rows}
+    for fn in rows.values():  # warm-up
+        fn()
+    sync()
+    runs: dict[str, list[float]] = {k: [] for k in rows}
+    for _ in range(args.reps):
+        for k, fn in rows.items():
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            runs[k].append(time.perf_counter() - t0)
+    t = {k: statistics.median(v) for k, v in runs.items()}
+    out["runs_seconds"] = {k: [round(x, 3) for x in v] for k, v in runs.items()}
+
+    def ratio(k: str, base: str = "plain_forward") -> float:
+        if k not in runs or base not in runs:
+            return float("nan")
+        return round(statistics.median(a / b for a, b in zip(runs[k], runs[base])), 3)
+
+    d_peer, r_peer, _ = peer_attention_extract(extractor, x, stride, m.spec.num_prefix_tokens)
+    k = min(args.loop_images, args.batch)
+    peer_per_image_loop(ref, x[:1])  # warm-up
+    t0 = time.perf_counter()
+    loop_maps = peer_per_image_loop(ref, x[:k])
+    sync()
+    t["peer_loop_per_image"] = (time.perf_counter() - t0) / k
     a = vl.analyze(m, x, batch_size=args.batch)
     # the race is fair: the peers compute the same numbers (float32 peers, so float32 tolerances)
     np.testing.assert_allclose(d_peer.float().cpu().numpy(), a.distance.mean_px, rtol=2e-3 if cuda else 1e-4)
@@ -177,15 +193,19 @@ def speed(args: argparse.Namespace) -> dict:
                                atol=1e-4)
     t["vitlens_per_image"] = t["analyze"] / args.batch
     out["seconds"] = {k: round(v, 4) for k, v in t.items()}
-    base = t["plain_forward"]
+    for k in rows_all:
+        out["seconds"].setdefault(k, float("nan"))
     out["ratios"] = {
-        "analyze / plain forward": round(t["analyze"] / base, 3),
-        "stream side / plain forward": round(t["stream_side"] / base, 3),
-        "stream inline / plain forward": round(t["stream_inline"] / base, 3),
-        "analyze / (a) AttentionExtract + torch": round(t["analyze"] / t["peer_attention_extract"], 3),
+        "analyze / plain forward": ratio("analyze"),
+        "distance + rollout / plain forward": ratio("distance_rollout"),
+        "stream side / plain forward": ratio("stream_side"),
+        "stream inline / plain forward": ratio("stream_inline"),
+        "(a) AttentionExtract + torch / plain forward": ratio("peer_attention_extract"),
+        "distance + rollout / (a)": ratio("distance_rollout", "peer_attention_extract"),
+        "analyze / (a)": ratio("analyze", "peer_attention_extract"),
         "(b) per-image loop / vitlens, per image": round(t["peer_loop_per_image"] / t["vitlens_per_image"], 2),
-        "two views separately / plain forward": round(t["two_views_called_separately"] / base, 3),
-        "two views, two passes / plain forward": round(t["two_views_two_passes"] / base, 3),
+        "two views separately / plain forward": ratio("two_views_called_separately"),
+        "two views, two passes / plain forward": ratio("two_views_two_passes"),
     }
     out["same_numbers_as_peers"] = True
     if cuda:
@@ -219,9 +239,12 @@ def memory_child(kind: str, model: str, n: int, batch: int, device: str | None) 
     elif kind == "analyze":
         vl.analyze(m, next(batches()).to(m.device), batch_size=batch)
     else:
+        from timm.utils import AttentionExtract
+
         for blk in m.model.blocks:
             blk.attn.fused_attn = False
-        peer_attention_extract(m.model, next(batches()).to(m.device), m.spec.stride_px[0], m.spec.num_prefix_tokens)
+        peer_attention_extract(AttentionExtract(m.model, method="fx"), next(batches()).to(m.device),
+                               m.spec.stride_px[0], m.spec.num_prefix_tokens)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out = {"kind": kind, "n_images": n, "peak_rss_mb": round(peak, 1), "rss_before_mb": round(before, 1)}
     if m.device.type == "cuda":
@@ -241,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="vit_base_patch16_224")
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--loop-images", type=int, default=8)
     p.add_argument("--mem-images", type=int, nargs="*", default=[64, 1024])
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--rows", nargs="*", default=None, help="time only these rows (plain_forward always)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -259,13 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         report["speed"] = s = speed(args)
         print(json.dumps(s, indent=1))
         sec, r = s["seconds"], s["ratios"]
-        print(f"\n| what | seconds | ratio |\n|---|---|---|\n| plain fused forward, batch {args.batch} | "
-              f"{sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "
-              f"{sec['analyze']:.3f} | {r['analyze / plain forward']:.3f} |\n| vitlens stream, side capture | "
-              f"{sec['stream_side']:.3f} | {r['stream side / plain forward']:.3f} |\n| vitlens stream, inline capture | "
+        print(f"\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n| plain fused forward, batch "
+              f"{args.batch} | {sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "
+              f"{sec['analyze']:.3f} | {r['analyze / plain forward']:.3f} |\n| vl.analyze(views=(distance, rollout)) | "
+              f"{sec['distance_rollout']:.3f} | {r['distance + rollout / plain forward']:.3f} |\n| stream, side capture "
+              f"| {sec['stream_side']:.3f} | {r['stream side / plain forward']:.3f} |\n| stream, inline capture | "
               f"{sec['stream_inline']:.3f} | {r['stream inline / plain forward']:.3f} |\n| (a) AttentionExtract + "
-              f"torch | {sec['peer_attention_extract']:.3f} | vitlens/(a) = "
-              f"{r['analyze / (a) AttentionExtract + torch']:.3f} |\n| (b) per-image loop + numpy, per image | "
+              f"torch | {sec['peer_attention_extract']:.3f} | {r['(a) AttentionExtract + torch / plain forward']:.3f}; "
+              f"vitlens distance + rollout / (a) = {r['distance + rollout / (a)']:.3f}, analyze / (a) = "
+              f"{r['analyze / (a)']:.3f} |\n| (b) per-image loop + numpy, per image | "
               f"{sec['peer_loop_per_image']:.3f} | (b)/vitlens = {r['(b) per-image loop / vitlens, per image']:.2f}x |"
               f"\n| distance then rollout, called separately | {sec['two_views_called_separately']:.3f} | "
               f"{r['two views separately / plain forward']:.3f} |\n| the same with two full passes | "

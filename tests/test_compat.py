@@ -44,7 +44,7 @@ print("ok")
 
 def test_accumulators_still_take_the_old_calls(tiny):
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad(), vl.capture_attention(tiny) as cap:
+    with torch.no_grad(), vl.capture_attention(tiny, mode="inline") as cap:  # the maps the views use
         tiny.model(x)
     s = tiny.spec
     acc = vl.AttentionDistanceAccumulator(s.num_layers, s.num_heads, s.num_prefix_tokens, s.stride_px, True)

@@ -62,7 +62,7 @@ def test_distance_accumulators_of_shards_merge_into_the_whole_in_any_order(tiny)
     parts = []
     for sl in (slice(0, 1), slice(1, 4), slice(4, 6)):
         acc = vl.AttentionDistanceAccumulator.for_model(tiny.spec)
-        vl.stream_attention(tiny, x[sl], [acc])
+        vl.stream_attention(tiny, x[sl], [acc], capture_mode=None)  # the views' capture
         parts.append(pickle.loads(pickle.dumps(acc)))  # as if it came back from a worker
     for order in ([0, 1, 2], [2, 0, 1]):
         merged = parts[order[0]].merge(parts[order[1]]).merge(parts[order[2]])
@@ -76,8 +76,8 @@ def test_rollout_accumulators_merge_in_image_order_with_predictions(tiny):
     x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(3))
     whole = vl.attention_rollout(tiny, x)
     a, b = vl.RolloutAccumulator.for_model(tiny), vl.RolloutAccumulator.for_model(tiny)
-    vl.stream_attention(tiny, x[:1], [a])
-    vl.stream_attention(tiny, x[1:], [b])
+    vl.stream_attention(tiny, x[:1], [a], capture_mode=None)
+    vl.stream_attention(tiny, x[1:], [b], capture_mode=None)
     merged = pickle.loads(pickle.dumps(a)).merge(b).result(tiny.spec)
     assert merged.equals(whole, rtol=1e-6)  # float32 logits depend a little on the batch they ran in
     assert merged.predictions.tolist() == tiny.logits(x).argmax(-1).tolist()

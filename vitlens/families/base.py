@@ -49,6 +49,9 @@ class Family:
     name = "family"
     #: whether ``inline`` capture exists (a non-fused path the maps can be taken from)
     has_inline = True
+    #: the capture the views use: "inline" where the family's own non-fused path is cheaper than
+    #: computing the probabilities a second time beside the fused one (measured by analyses/bench.py)
+    view_mode = "inline"
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` belongs to this family (refusals included: ``check`` says why)."""

@@ -10,16 +10,14 @@ position view says so.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..loading.spec import ModelSpec
-from .base import Emit, Family, Handles, prefix_labels, register
-from .timm_vit import attention_probs, conv_filters, inline_at_attn_drop, timm_data_config, timm_position_table
+from .base import Emit, Handles, register
+from .timm_vit import TimmFamily, attention_probs, check_patch_embed
 
 
 def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +36,7 @@ def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, t
     return qkv[0], qkv[1]
 
 
-class TimmBeit(Family):
+class TimmBeit(TimmFamily):
     name = "timm-beit"
 
     def matches(self, model: nn.Module) -> bool:
@@ -50,33 +48,12 @@ class TimmBeit(Family):
         from timm.layers import PatchEmbed
         from timm.models.beit import Attention, Block
 
-        if not isinstance(model.patch_embed, PatchEmbed):
-            raise UnsupportedModelError(f"{name!r} embeds patches with {type(model.patch_embed).__name__}; "
-                                        "vitlens supports BEiT with timm's PatchEmbed.")
+        check_patch_embed(model, name, (PatchEmbed,))
         for i, block in enumerate(model.blocks):
             if type(block) is not Block or type(block.attn) is not Attention:
                 raise UnsupportedModelError(
                     f"{name!r}: block {i} is a {type(block).__name__} with {type(block.attn).__name__}; vitlens "
                     "reproduces timm's BEiT Block and Attention (relative-position bias) exactly and refuses others.")
-
-    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        pe = model.patch_embed
-        grid = tuple(int(g) for g in pe.grid_size)
-        pos = getattr(model, "pos_embed", None)
-        return ModelSpec(
-            name=name, kind="vit", image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=grid, stride_px=tuple(int(s) for s in pe.patch_size),  # type: ignore[arg-type]
-            num_prefix_tokens=int(model.num_prefix_tokens), num_layers=len(model.blocks),
-            num_heads=int(model.blocks[0].attn.num_heads), embed_dim=int(model.embed_dim),
-            has_class_token=getattr(model, "cls_token", None) is not None, has_pos_embed=pos is not None,
-            pos_embed_prefix=0 if pos is None else int(pos.shape[1]) - grid[0] * grid[1],
-            num_classes=int(getattr(model, "num_classes", 0)),
-            num_params=sum(p.numel() for p in model.parameters()), family=self.name,
-            prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
-                                        registers=int(getattr(model, "num_reg_tokens", 0) or 0)))
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
 
     def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
@@ -95,24 +72,12 @@ class TimmBeit(Family):
 
             handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
-
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.proj
-
-    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
-
-    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        return timm_position_table(model, spec)
+        return attn.proj  # BEiT has no scale norm: the heads meet at the output projection
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
         return ("BEiT adds a learned relative-position bias to the attention scores instead of a learned "
                 "absolute position table")
-
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return timm_data_config(model, spec)
 
 
 register(TimmBeit())

@@ -119,7 +119,122 @@ def first_conv(module: nn.Module, prefix: str) -> tuple[str, nn.Conv2d] | None:
     return (f"{prefix}.{found[0]}", found[1]) if found else None
 
 
-class TimmViT(Family):
+class TimmFamily(Family):
+    """What timm's ViT-like models share: ``patch_embed``, ``blocks[i].attn`` with ``fused_attn`` and
+    ``attn_drop``, a ``pos_embed`` table, prefix tokens, and timm's data config. Subclasses say how
+    their attention is computed (``check``, ``install_side``) and what else differs."""
+
+    def matches(self, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        pe = model.patch_embed
+        grid = tuple(int(g) for g in pe.grid_size)
+        pos = getattr(model, "pos_embed", None)
+        pos_prefix = 0 if (pos is None or getattr(model, "no_embed_class", False)) else \
+            int(pos.shape[1]) - grid[0] * grid[1]
+        return ModelSpec(
+            name=name, kind=self.kind(model),
+            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            grid=grid,  # type: ignore[arg-type]
+            stride_px=self.stride(model),
+            num_prefix_tokens=int(model.num_prefix_tokens), num_layers=len(model.blocks),
+            num_heads=int(model.blocks[0].attn.num_heads), embed_dim=int(model.embed_dim),
+            has_class_token=getattr(model, "cls_token", None) is not None, has_pos_embed=pos is not None,
+            pos_embed_prefix=pos_prefix, num_classes=int(getattr(model, "num_classes", 0)),
+            num_params=sum(p.numel() for p in model.parameters()),
+            dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name,
+            prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
+                                        getattr(model, "dist_token", None) is not None,
+                                        int(getattr(model, "num_reg_tokens", 0) or 0)))
+
+    def kind(self, model: nn.Module) -> str:
+        return "vit"
+
+    def stride(self, model: nn.Module) -> tuple[int, int]:
+        return tuple(int(s) for s in model.patch_embed.patch_size)  # type: ignore[return-value]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for block in model.blocks]
+
+    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+        inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.norm  # timm's scale norm (Identity unless scale_norm), before the output projection
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        return timm_position_table(model, spec)
+
+    def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
+        if tuple(input_hw) == spec.image_size:
+            return spec.grid
+        gh, gw = model.patch_embed.dynamic_feat_size(tuple(int(s) for s in input_hw))
+        return int(gh), int(gw)
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return timm_data_config(model, spec)
+
+
+def check_patch_embed(model: nn.Module, name: str, allowed: tuple) -> None:
+    if not isinstance(model.patch_embed, allowed):
+        raise UnsupportedModelError(
+            f"{name!r} embeds patches with {type(model.patch_embed).__name__}; vitlens supports "
+            f"{' and '.join(a.__name__ for a in allowed)}, whose token grid and pixel stride it knows.")
+
+
+def call_argument(call: dict[str, Any], name: str, positions: dict[str, int], default: Any = None) -> Any:
+    """An argument of the attention module's call (keyword, or at its position), as a pre-hook saw it."""
+    kwargs, args = call.get("kwargs", {}), call.get("args", ())
+    if name in kwargs:
+        return kwargs[name]
+    i = positions.get(name)
+    return args[i] if i is not None and len(args) > i else default
+
+
+#: where timm's ``Attention.forward(x, attn_mask, is_causal)`` takes its arguments
+TIMM_ARGS = {"attn_mask": 1, "is_causal": 2}
+
+
+def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Handles, positions: dict[str, int],
+                          queries_keys: Any = None) -> None:
+    """Side capture through ``q_norm`` / ``k_norm`` hooks, with the block's own mask arguments.
+
+    ``queries_keys(attn, q, k, call)`` may turn the normalised q and k into the ones the block
+    multiplies (e.g. apply rotary embeddings); ``call`` holds the block call's arguments
+    (``call_argument``) and the projection's dtype (``call["dtype"]``).
+    """
+    for layer, attn in enumerate(modules):
+        state: dict[str, Any] = {}
+
+        def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict, state: dict = state) -> None:
+            state.clear()
+            state["args"], state["kwargs"] = args, kwargs
+
+        def q_hook(_mod: nn.Module, inp: tuple, q: torch.Tensor, state: dict = state) -> None:
+            state["q"], state["dtype"] = q, inp[0].dtype
+
+        def k_hook(_mod: nn.Module, _inp: tuple, k: torch.Tensor, state: dict = state, layer: int = layer,
+                   attn: nn.Module = attn) -> None:
+            q = state.pop("q")
+            with torch.no_grad():
+                if queries_keys is not None:
+                    q, k = queries_keys(attn, q, k, state)
+                mask = call_argument(state, "attn_mask", positions)
+                causal = bool(call_argument(state, "is_causal", positions, False))
+                with torch.autocast(device_type=k.device.type, enabled=False):
+                    probs = attention_probs(q, k, attn.scale, mask, causal)
+            emit(layer, probs)
+
+        handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        handles.hook(attn.q_norm.register_forward_hook(q_hook))
+        handles.hook(attn.k_norm.register_forward_hook(k_hook))
+
+
+class TimmViT(TimmFamily):
     name = "timm-vit"
 
     def matches(self, model: nn.Module) -> bool:
@@ -132,10 +247,7 @@ class TimmViT(Family):
         from timm.layers.attention import Attention
         from timm.models.vision_transformer import Block, ResPostBlock
 
-        if not isinstance(model.patch_embed, (PatchEmbed, HybridEmbed)):
-            raise UnsupportedModelError(
-                f"{name!r} embeds patches with {type(model.patch_embed).__name__}; vitlens supports PatchEmbed and "
-                "HybridEmbed, whose token grid and pixel stride it knows.")
+        check_patch_embed(model, name, (PatchEmbed, HybridEmbed))
         for i, block in enumerate(model.blocks):
             if type(block) not in (Block, ResPostBlock):
                 raise UnsupportedModelError(
@@ -150,91 +262,27 @@ class TimmViT(Family):
                     f"{name!r}: block {i} shares one module as q_norm and k_norm, so queries cannot be told from "
                     "keys.")
 
-    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+    def kind(self, model: nn.Module) -> str:
         from timm.layers import HybridEmbed
 
-        pe = model.patch_embed
-        grid = tuple(int(g) for g in pe.grid_size)
-        pos = getattr(model, "pos_embed", None)
-        pos_prefix = 0 if (pos is None or getattr(model, "no_embed_class", False)) else \
-            int(pos.shape[1]) - grid[0] * grid[1]
-        return ModelSpec(
-            name=name,
-            kind="hybrid" if isinstance(pe, HybridEmbed) else "vit",
-            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=grid,  # type: ignore[arg-type]
-            stride_px=tuple(int(s) for s in pe.feat_ratio(as_scalar=False)),  # type: ignore[arg-type]
-            num_prefix_tokens=int(model.num_prefix_tokens),
-            num_layers=len(model.blocks),
-            num_heads=int(model.blocks[0].attn.num_heads),
-            embed_dim=int(model.embed_dim),
-            has_class_token=getattr(model, "cls_token", None) is not None,
-            has_pos_embed=pos is not None,
-            pos_embed_prefix=pos_prefix,
-            num_classes=int(getattr(model, "num_classes", 0)),
-            num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
-            family=self.name,
-            prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
-                                        getattr(model, "dist_token", None) is not None,
-                                        int(getattr(model, "num_reg_tokens", 0) or 0)),
-        )
+        return "hybrid" if isinstance(model.patch_embed, HybridEmbed) else "vit"
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
+    def stride(self, model: nn.Module) -> tuple[int, int]:
+        return tuple(int(s) for s in model.patch_embed.feat_ratio(as_scalar=False))  # type: ignore[return-value]
 
     def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        for layer, attn in enumerate(self.attention_modules(model)):
-            state: dict[str, Any] = {}
-
-            def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict, state: dict = state) -> None:
-                state.clear()
-                state["attn_mask"] = kwargs.get("attn_mask", args[1] if len(args) > 1 else None)
-                state["is_causal"] = bool(kwargs.get("is_causal", args[2] if len(args) > 2 else False))
-
-            def q_hook(_mod: nn.Module, _inp: tuple, q: torch.Tensor, state: dict = state) -> None:
-                state["q"] = q
-
-            def k_hook(_mod: nn.Module, _inp: tuple, k: torch.Tensor, state: dict = state, layer: int = layer,
-                       attn: nn.Module = attn) -> None:
-                q = state.pop("q")
-                with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
-                    probs = attention_probs(q, k, attn.scale, state.get("attn_mask"), state.get("is_causal", False))
-                emit(layer, probs)
-
-            handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
-            handles.hook(attn.q_norm.register_forward_hook(q_hook))
-            handles.hook(attn.k_norm.register_forward_hook(k_hook))
-
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
-
-    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.norm
+        install_qk_norm_hooks(self.attention_modules(model), emit, handles, TIMM_ARGS)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         from ..errors import ViewNotAvailableError
 
-        pe = model.patch_embed
         if spec.kind == "vit":
-            return conv_filters(pe.proj, "patch_embed.proj", "the patch embedding E", spec.name)
-        found = first_conv(pe.backbone, "patch_embed.backbone")
+            return super().pixel_filters(model, spec)
+        found = first_conv(model.patch_embed.backbone, "patch_embed.backbone")
         if found is None:
             raise ViewNotAvailableError(f"{spec.name}: the hybrid's CNN has no convolution to show.")
         return conv_filters(found[1], found[0], "the CNN's first convolution; the hybrid's own patch embedding "
                             "acts on CNN channels, not pixels", spec.name)
-
-    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        return timm_position_table(model, spec)
-
-    def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
-        if tuple(input_hw) == spec.image_size:
-            return spec.grid
-        gh, gw = model.patch_embed.dynamic_feat_size(tuple(int(s) for s in input_hw))
-        return int(gh), int(gw)
-
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return timm_data_config(model, spec)
 
 
 register(TimmViT())

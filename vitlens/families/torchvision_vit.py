@@ -37,6 +37,7 @@ def heads_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor
 
 class TorchvisionViT(Family):
     name = "torchvision-vit"
+    view_mode = "side"  # inline recomputes the attention on top of the module's own: side is cheaper
 
     def matches(self, model: nn.Module) -> bool:
         if not type(model).__module__.startswith("torchvision."):

@@ -46,7 +46,7 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
     n = 0
     if images and consumers:
         n = stream_attention(m, images, list(consumers.values()), batch_size, labels=labels, masks=masks,
-                             desc=shard.name)
+                             desc=shard.name, capture_mode=None)
     elif images:
         n = len(images)
     import resource

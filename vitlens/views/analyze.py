@@ -52,10 +52,11 @@ def attention_distance(
         return hit
     acc = AttentionDistanceAccumulator.for_model(m.spec, renormalize)
     if not cache.recognisable(images):  # e.g. a DataLoader: stream the one view, keep nothing
-        stream_attention(m, images, [acc], batch_size, progress, desc="attention distance")
+        stream_attention(m, images, [acc], batch_size, progress, desc="attention distance", capture_mode=None)
         return acc.result(m.spec)
     roll = RolloutAccumulator.for_model(m)  # alongside, for a rollout asked next (views.cache)
-    stream_attention(m, images, [acc, roll], batch_size, progress, desc="attention distance")
+    stream_attention(m, images, [acc, roll], batch_size, progress, desc="attention distance",
+                     capture_mode=None)
     result = acc.result(m.spec)
     cache.remember(m, images, batch_size, {("distance", renormalize): result,
                                            ("rollout", "mean", 0.0): roll.result(m.spec)})
@@ -89,10 +90,10 @@ def attention_rollout(
         return hit
     acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
     if not cache.recognisable(images):
-        stream_attention(m, images, [acc], batch_size, progress, desc="rollout")
+        stream_attention(m, images, [acc], batch_size, progress, desc="rollout", capture_mode=None)
         return acc.result(m.spec)
     dist = AttentionDistanceAccumulator.for_model(m.spec)  # alongside, for a distance asked next (views.cache)
-    stream_attention(m, images, [acc, dist], batch_size, progress, desc="rollout")
+    stream_attention(m, images, [acc, dist], batch_size, progress, desc="rollout", capture_mode=None)
     result = acc.result(m.spec)
     cache.remember(m, images, batch_size, {view: result, ("distance", True): dist.result(m.spec)})
     return result
@@ -179,7 +180,7 @@ def analyze(
     if consumers:
         norms = TokenNorms(m) if pre is not None else contextlib.nullcontext()
         with norms:
-            stream_attention(m, images, consumers, batch_size, progress, desc="analyze")
+            stream_attention(m, images, consumers, batch_size, progress, desc="analyze", capture_mode=None)
         prefix = norms.fill(pre.result(m.spec)) if pre is not None else None
     position, note = None, ""
     if "position" in views:

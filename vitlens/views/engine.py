@@ -96,7 +96,7 @@ def stream_attention(
     labels: np.ndarray | None = None,
     masks: np.ndarray | None = None,
     desc: str = "vitlens",
-    capture_mode: str = "side",
+    capture_mode: str | None = "side",
 ) -> int:
     """Run ``images`` through the model once, batch by batch, feeding every consumer; returns the count.
 
@@ -110,9 +110,11 @@ def stream_attention(
         masks: [N, h, w] bool object masks of the images, passed likewise after the images' own resize
             and crop (so they line up with the model's input).
         desc: progress-bar label.
-        capture_mode: "side" (the model's fused forward untouched, its logits bit-identical) or
-            "inline" (the non-fused path; see ``vitlens.views.capture``).
+        capture_mode: "side" (the model's fused forward untouched, its logits bit-identical),
+            "inline" (the non-fused path; see ``vitlens.views.capture``), or None for the model
+            family's faster one (``Family.view_mode``; what the views use).
     """
+    capture_mode = capture_mode or m.family.view_mode
     done, index = 0, 0
     with Progress(progress, count_images(images), desc) as bar, \
             capture_attention(m, store=False, consumers=consumers, mode=capture_mode), torch.no_grad():

@@ -193,7 +193,7 @@ def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, pro
     """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass)."""
     acc = PrefixAttentionAccumulator.for_model(m.spec)
     with TokenNorms(m, outlier_factor) as norms:
-        stream_attention(m, images, [acc], batch_size, progress, desc="prefix tokens")
+        stream_attention(m, images, [acc], batch_size, progress, desc="prefix tokens", capture_mode=None)
     return norms.fill(acc.result(m.spec))
 
 
