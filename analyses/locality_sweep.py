@@ -17,6 +17,8 @@ plus held-out accuracy, position-embedding neighbours - far, and rollout mass ra
 
 Every run is seeded and resumable (state under --state-dir, one folder per recipe); results go
 to ``results.json`` there and ``--table`` prints them as the model card's markdown table.
+Training minutes are the training process's CPU time on one thread (its wall time on an idle
+core), so runs sharing the machine with other work are still comparable.
 ``--short`` divides every step count by 20 and evaluates on fewer scenes (a smoke test).
 """
 from __future__ import annotations
@@ -222,7 +224,7 @@ def run_recipe(r: Recipe, state_dir: Path, n_eval: int, n_acc: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| recipe | steps (MPP + supervised) | minutes (ViT + hybrid) | accuracy ViT / hybrid | "
+    head = ("| recipe | steps (MPP + supervised) | training minutes (ViT + hybrid) | accuracy ViT / hybrid | "
             "layer-1 min / max ÷ uniform | local / global layer-1 heads | depth ratio | hybrid ÷ ViT layer 1 | "
             "meets (a) (b) (c) |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]

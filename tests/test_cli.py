@@ -25,6 +25,24 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd or ROOT, env=env)
 
 
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """The same command through ``vitlens.report.cli.main`` in this process: for the error paths,
+    which fail before any work, so that each does not pay a fresh interpreter's imports (~4-9 s).
+    The end-to-end tests above and ``test_debug_shows_the_traceback`` keep real subprocesses."""
+    import contextlib
+    import io
+
+    from vitlens.report.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 2
+    return subprocess.CompletedProcess(["vitlens", *args], code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture(scope="module")
 def pair_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "pair.html"
@@ -100,9 +118,9 @@ def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
 
 def test_same_command_gives_the_same_numbers(tmp_path):
     a, b = tmp_path / "a.html", tmp_path / "b.html"
-    for out in (a, b):
-        proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images", "2",
-                       "--out", str(out), "--quiet")
+    for out, run in ((a, run_cli), (b, run_cli_here)):  # a fresh process, then this one
+        proc = run("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images", "2",
+                   "--out", str(out), "--quiet")
         assert proc.returncode == 0, proc.stderr
     ra, rb = vl.load_result(a.with_suffix(".json")), vl.load_result(b.with_suffix(".json"))
     assert ra.analyses[0].equals(rb.analyses[0])
@@ -133,7 +151,7 @@ def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp
     (["compare", "--models", "ref-vit"], "at least two models"),
 ])
 def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, args, message):
-    proc = run_cli(*args, "--out", str(tmp_path / "x.html"))
+    proc = run_cli_here(*args, "--out", str(tmp_path / "x.html"))
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("vitlens: error:") and message in lines[-1]
@@ -144,9 +162,9 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, args, message):
 def test_empty_folder_and_bad_numbers_are_usage_errors(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = run_cli("report", "--images", str(empty), "--out", str(tmp_path / "x.html"))
+    proc = run_cli_here("report", "--images", str(empty), "--out", str(tmp_path / "x.html"))
     assert proc.returncode == 2 and "holds no images" in proc.stderr
-    proc = run_cli("report", "--n-images", "0")
+    proc = run_cli_here("report", "--n-images", "0")
     assert proc.returncode == 2 and "must be >= 1" in proc.stderr
 
 
@@ -159,8 +177,8 @@ def test_a_failing_run_leaves_the_previous_report_untouched(tmp_path):
     out = tmp_path / "r.html"
     out.write_text("previous good report")
     out.with_suffix(".json").write_text("{}")
-    proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--model", "resnet50", "--samples",
-                   "--n-images", "1", "--out", str(out))
+    proc = run_cli_here("report", "--model", "vit_tiny_patch16_224", "--random-init", "--model", "resnet50",
+                        "--samples", "--n-images", "1", "--out", str(out))
     assert proc.returncode == 2
     assert out.read_text() == "previous good report" and out.with_suffix(".json").read_text() == "{}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
@@ -218,14 +236,14 @@ def test_errors_give_command_line_hints_in_one_line_with_exit_2(tmp_path, args, 
 
         save_file({"x": torch.zeros(1)}, str(tmp_path / "ckpt.safetensors"))
         args = [a if a != "ckpt.safetensors" else str(tmp_path / a) for a in args]
-    proc = run_cli(*args, "--out", str(tmp_path / "x.html"))
+    proc = run_cli_here(*args, "--out", str(tmp_path / "x.html"))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("vitlens: error:") and message in lines[0] and not_wanted not in lines[0]
 
 
 def test_compare_checks_every_model_before_analysing_the_first(tmp_path):
-    proc = run_cli("compare", "--models", "ref-vit", "vit_base_patch16_22", "--out", str(tmp_path / "c.html"))
+    proc = run_cli_here("compare", "--models", "ref-vit", "vit_base_patch16_22", "--out", str(tmp_path / "c.html"))
     assert proc.returncode == 2 and "Unknown model 'vit_base_patch16_22'" in proc.stderr
     assert "images in" not in proc.stderr  # nothing was analysed
     assert not (tmp_path / "c.html").exists()
@@ -262,7 +280,8 @@ def test_reports_say_when_predictions_mean_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "r.html").read_text()
     assert "know only six synthetic shapes" in page and "Random weights: the predictions mean nothing" in page
-    shapes = run_cli("report", "--model", "ref-vit", "--n-images", "2", "--out", str(tmp_path / "s.html"), "--quiet")
+    shapes = run_cli_here("report", "--model", "ref-vit", "--n-images", "2", "--out", str(tmp_path / "s.html"),
+                          "--quiet")
     assert shapes.returncode == 0 and "mean nothing" not in (tmp_path / "s.html").read_text()
     notes = vl.load_result(tmp_path / "r.json").notes
     assert notes["ref-vit"].startswith("The embedded models") and notes["vit_tiny_patch16_224"].startswith("Random")
