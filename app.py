@@ -338,6 +338,7 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
     st.plotly_chart(figures.distance_figure(data.distances, names=data.models, units=data.units), key="cmp-fig")
+    st.markdown(data.reading())
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
                f"Local heads (below {100 * data.local_threshold:.0f}% of the width) in layers 1-{data.first_layers}: "
                + ", ".join(f"{name} {100 * s:.0f}%" for name, s in zip(data.models, data.local_share)) + ".")

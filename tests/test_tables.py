@@ -57,6 +57,26 @@ def parse(csv_bytes: bytes) -> list[dict]:
     return list(csv.DictReader(io.StringIO(csv_bytes.decode())))
 
 
+def test_comparison_reads_flat_curves_and_the_fig11_contrast_from_the_numbers():
+    # 8x8 grid of 8 px: uniform attention is at 33.09 px (independently: mean distance of two grid cells)
+    cells = [(y, x) for y in range(8) for x in range(8)]
+    uniform = 8 * float(np.mean([np.hypot(a[0] - b[0], a[1] - b[1]) for a in cells for b in cells]))
+    flat = [distance(np.full((2, 4), uniform) * f, name=n) for f, n in ((0.97, "vit"), (1.02, "hybrid"))]
+    data = comparison(flat)
+    assert data.near_uniform_share() == [1.0, 1.0]
+    assert data.reading().startswith("Flat")
+    # one head in ten off by more than 10% still reads as flat; two in eight do not
+    vit = distance(np.array([[10.0, 12.0, 30.0, 33.0], [30.0, 33.0, 33.0, 34.0]]), name="vit")
+    hybrid = distance(np.array([[20.0, 25.0, 33.0, 33.0], [33.0, 33.0, 33.0, 33.0]]), name="hybrid")
+    data = comparison([vit, hybrid])
+    assert data.near_uniform_share() == [pytest.approx(6 / 8), pytest.approx(6 / 8)]
+    # layer-1 medians: vit (12 + 30) / 2 = 21, hybrid (25 + 33) / 2 = 29 -> 1.38
+    assert data.reading().startswith("Fig. 11's contrast: hybrid's layer-1 heads attend 1.38x as far as vit's")
+    assert comparison([hybrid, vit]).reading() == "hybrid's layer-1 heads attend 1.38x as far as vit's (median)."
+    alike = comparison([vit, distance(vit.mean_px * 1.05, name="b")])
+    assert alike.reading().startswith("Layer 1 alike: median distance ratio b / vit = 1.05")
+
+
 def test_distance_rows_are_one_per_layer_and_head_one_based():
     d = distance(np.array([[1.0, 2.0], [3.0, 4.0]]))
     rows = d.to_rows()

@@ -238,6 +238,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     out = Path(args.out)
     data.save(_data_path(out, args.data))
     atomic_write_bytes(out, page.encode())
+    _log(args, data.reading())
     _log(args, f"wrote {out} and {_data_path(out, args.data)}")
     return 0
 

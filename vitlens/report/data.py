@@ -78,6 +78,28 @@ class ComparisonData(Result):
             raise InvalidParameterError("The ratio needs two models.")
         return first[1] / first[0]
 
+    def near_uniform_share(self, tolerance: float = 0.1) -> list[float]:
+        """Per model, the share of heads (all layers) within ``tolerance`` of the distance of uniform
+        attention on its grid: near 1 means the curves of Fig. 11 are flat at the dotted line."""
+        return [float((np.abs(d.mean_px / d.uniform_px - 1) <= tolerance).mean()) for d in self.distances]
+
+    def reading(self) -> str:
+        """One sentence on what the comparison shows (Fig. 11), from the numbers alone."""
+        near = self.near_uniform_share()
+        if min(near) >= 0.9:
+            return ("Flat: at least 90% of every model's heads sit within 10% of the uniform-attention distance, "
+                    "so no model has local heads and the paper's contrast cannot show here (the embedded pair, "
+                    "trained briefly on shapes, is like this: MODEL_CARD.md; hub checkpoints show Fig. 11).")
+        ratio = self.layer1_median_ratio()
+        first, second = self.models[0], self.models[1]
+        if ratio >= 1.15:
+            return (f"Fig. 11's contrast: {second}'s layer-1 heads attend {ratio:.2f}x as far as {first}'s "
+                    f"(median), as when a CNN stem has already done the local work.")
+        if ratio <= 1 / 1.15:
+            return f"{first}'s layer-1 heads attend {1 / ratio:.2f}x as far as {second}'s (median)."
+        return (f"Layer 1 alike: median distance ratio {second} / {first} = {ratio:.2f} "
+                f"(Fig. 11 shows a hybrid well above its ViT).")
+
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
     """Pixels when every model sees the same input width, else fractions of the image width."""

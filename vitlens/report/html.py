@@ -189,7 +189,7 @@ def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.
               for n, s in zip(data.models, data.local_share)]
     fmt = "{:.1f}" if data.units == "px" else "{:.3f}"
     body = [_header("vitlens comparison (Fig. 11)", data.image_set, data.environment, data.timings),
-            unit_note, _notes(notes), _fig(figs["distance"]),
+            unit_note, _notes(notes), f"<p><b>{html.escape(data.reading())}</b></p>", _fig(figs["distance"]),
             f"<h2>Share of local heads</h2><p>Heads whose mean distance is below {100 * data.local_threshold:.0f}% "
             f"of the image width, in the first {data.first_layers} layers.</p>", _table(shares),
             f"<h2>Per layer ({'pixels' if data.units == 'px' else 'fraction of image width'})</h2>",

@@ -74,7 +74,12 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
     x = w.reshape(d, -1).numpy()
     # the eigenvectors of the filters' covariance: the principal axes, 2-3x faster than a full SVD
     # at these sizes and equal to it to about 1e-10 (tests compare with numpy's SVD)
-    pca = PCA(n_components=n_components, svd_solver="covariance_eigh").fit(x)
+    # one BLAS thread: right after a torch forward, torch's OpenMP workers still spin, and a
+    # multi-threaded eigh beside them took 0.5-7 s instead of 0.2-0.3 s (vit_base, 2 cores)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        pca = PCA(n_components=n_components, svd_solver="covariance_eigh").fit(x)
     return FilterPCAResult(
         components=pca.components_.reshape(n_components, c, kh, kw),
         explained_variance_ratio=pca.explained_variance_ratio_.astype(np.float64),
