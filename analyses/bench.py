@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -233,7 +232,9 @@ def memory_child(kind: str, model: str, n: int, batch: int, device: str | None) 
         for start in range(0, n, batch):
             yield torch.randn(min(batch, n - start), 3, *m.spec.image_size, generator=gen)
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from vitlens.memory import peak_rss_mb
+
+    before = peak_rss_mb()
     if kind == "distance":
         vl.attention_distance(m, batches(), batch_size=batch)
     elif kind == "analyze":
@@ -245,7 +246,7 @@ def memory_child(kind: str, model: str, n: int, batch: int, device: str | None) 
             blk.attn.fused_attn = False
         peer_attention_extract(AttentionExtract(m.model, method="fx"), next(batches()).to(m.device),
                                m.spec.stride_px[0], m.spec.num_prefix_tokens)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mb()
     out = {"kind": kind, "n_images": n, "peak_rss_mb": round(peak, 1), "rss_before_mb": round(before, 1)}
     if m.device.type == "cuda":
         out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

@@ -3,7 +3,7 @@
 Usage:
     python analyses/reference_report.py [--n-rollout 512] [--n-distance 256] [--out reference_measurements.json]
 
-Held-out data: ``vitlens.shapes.generate(n, seed=HELD_OUT_SEED)`` (never seen in training).
+Held-out data: ``vitlens.reference.shapes.generate(n, seed=HELD_OUT_SEED)`` (never seen in training).
 """
 from __future__ import annotations
 

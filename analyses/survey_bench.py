@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import sys
 import time
@@ -32,6 +31,7 @@ def single_process(models: list[str], n: int, batch: int, shard: int) -> dict:
     import torch
 
     import vitlens as vl
+    from vitlens.memory import peak_rss_mb
     from vitlens.survey import shapes_source
     from vitlens.survey.worker import VIEWS, run_shard, weight_views
     from vitlens.survey.sources import Shard
@@ -46,7 +46,7 @@ def single_process(models: list[str], n: int, batch: int, shard: int) -> dict:
         weight_views(m)
         out[name] = np.asarray(r["states"]["distance"]["mean"])
     return {"seconds": time.perf_counter() - t0, "means": out,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "threads": torch.get_num_threads()}
+            "peak_rss_mb": peak_rss_mb(), "threads": torch.get_num_threads()}
 
 
 def on_ray(models: list[str], n: int, batch: int, shard: int, folder: Path) -> dict:

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import VitlensError
 from ..loading.model import LoadedModel
+from ..memory import peak_rss_mb
 from ..views.engine import stream_attention
 from . import stats
 from .sources import ImageSource, Shard
@@ -49,11 +50,9 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
                              desc=shard.name, capture_mode=None)
     elif images:
         n = len(images)
-    import resource
-
     return {"states": {name: c.state() for name, c in consumers.items()}, "n_images": n, "skipped": skipped,
             "seconds": time.perf_counter() - t0, "pid": os.getpid(),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def weight_views(m: LoadedModel) -> dict[str, Any]:
