@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -56,6 +57,8 @@ class Recipe:
         mpp_style: scenes of the pretraining ("plain", or "field": over a strong smooth colour field).
         pos_scale: > 0 starts E_pos as 2D sin-cos rows of this norm (0: timm's random init, norm ~0.2).
         qk_gain: > 0 starts W_k = W_q (scaled by this gain) in every block (0: timm's random init).
+        mpp_from: a recipe whose masked-patch phase is this one's (same seed and settings): its
+            finished state is copied instead of running the phase again.
         Both initialisations apply to the ViT and to the hybrid alike.
         steps: supervised classification steps of the ViT.
         hybrid_steps: supervised steps of the hybrid (0: use the committed ref-hybrid, same grid).
@@ -73,6 +76,7 @@ class Recipe:
     mpp_style: str = "plain"
     pos_scale: float = 0.0
     qk_gain: float = 0.0
+    mpp_from: str = ""
 
 
 RECIPES = {r.name: r for r in [
@@ -89,6 +93,9 @@ RECIPES = {r.name: r for r in [
     Recipe("mpp-field-sincos", mpp_steps=600, steps=600, mpp_style="field", pos_scale=4.0,
            note="E_pos starts as 2D sin-cos (norm 4); masked patch prediction on colour-field scenes, then "
                 "fine-tuning; the committed supervised hybrid"),
+    Recipe("mpp-field-sincos-long", mpp_steps=600, steps=1800, mpp_style="field", pos_scale=4.0,
+           note="the best candidate with 3x the fine-tuning (its masked-patch phase is the same run: "
+                "reuses mpp-field-sincos's)", mpp_from="mpp-field-sincos"),
 ]}
 
 
@@ -133,6 +140,10 @@ def train_vit(r: Recipe, folder: Path, n_eval: int = 64) -> tuple[torch.nn.Modul
     if r.mpp_steps:
         mpp = MaskedPatchPrediction(vit, patch=r.patch)
         source = partial(scenes, style=r.mpp_style)
+        shared = folder.parent / r.mpp_from / "vit-mpp.state.pt"
+        if r.mpp_from and shared.exists() and not (folder / "vit-mpp.state.pt").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(shared, folder / "vit-mpp.state.pt")
         info = run_steps(mpp, mpp_loss(mpp, source=source), r.mpp_steps, folder / "vit-mpp.state.pt", lr=1e-3,
                          desc=f"{r.name} vit mpp")
         seconds += info.cpu_seconds or info.seconds

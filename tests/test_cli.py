@@ -186,8 +186,8 @@ def test_a_failing_run_leaves_the_previous_report_untouched(tmp_path):
 
 @pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium")
 def test_png_export_writes_every_figure(tmp_path):
-    proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images", "1",
-                   "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), "--quiet")
+    proc = run_cli_here("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images",
+                        "1", "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     names = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert names == [f"1-vit_tiny_patch16_224-{k}.png" for k in ("distance", "filters", "position", "prefix",
@@ -197,8 +197,8 @@ def test_png_export_writes_every_figure(tmp_path):
 
 def test_report_with_attributions_scores_every_method(tmp_path):
     out = tmp_path / "attr.html"
-    proc = run_cli("report", "--model", "ref-vit", "--n-images", "4", "--attributions", "--attribution-images", "3",
-                   "--out", str(out), "--quiet")
+    proc = run_cli_here("report", "--model", "ref-vit", "--n-images", "4", "--attributions",
+                        "--attribution-images", "3", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     data = vl.load_result(out.with_suffix(".json"))
     table = data.attributions[0]
@@ -251,8 +251,8 @@ def test_compare_checks_every_model_before_analysing_the_first(tmp_path):
 
 @pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium")
 def test_compare_png_writes_every_figure_of_the_page(tmp_path):
-    proc = run_cli("compare", "--n-images", "2", "--out", str(tmp_path / "c.html"), "--png", str(tmp_path / "png"),
-                   "--quiet")
+    proc = run_cli_here("compare", "--n-images", "2", "--out", str(tmp_path / "c.html"), "--png",
+                        str(tmp_path / "png"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "png").iterdir()) == ["comparison-distance.png",
                                                                    "comparison-rollout.png"]
