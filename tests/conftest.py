@@ -7,6 +7,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import copy  # noqa: E402
 import functools  # noqa: E402
 
 import pytest  # noqa: E402
@@ -57,3 +58,15 @@ def shapes_survey(local_ray, tmp_path_factory):
     result = vl.survey(["ref-vit", "no_such_model_x"], shapes_source(20), out, shard_size=6, batch_size=4,
                        progress=False)
     return out, result
+
+
+def reference_attention(model: torch.nn.Module, x: torch.Tensor, **forward_kwargs) -> tuple[list, torch.Tensor]:
+    """timm's non-fused path on a copy of the model: the input of attn_drop is softmax(q k^T s + mask)."""
+    ref = copy.deepcopy(model)
+    maps: list[torch.Tensor] = []
+    for block in ref.blocks:
+        block.attn.fused_attn = False
+        block.attn.attn_drop.register_forward_hook(lambda _m, inp, _out: maps.append(inp[0].detach().clone()))
+    with torch.no_grad():
+        out = ref.forward_features(x, **forward_kwargs) if forward_kwargs else ref(x)
+    return maps, out

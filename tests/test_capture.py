@@ -2,13 +2,11 @@
 model's outputs are bit-for-bit those of a run without capture."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 import vitlens as vl
-from conftest import get_model
+from conftest import get_model, reference_attention
 
 ARCHS = [
     ("vit_tiny_patch16_224", {}),
@@ -23,18 +21,6 @@ ARCHS = [
     ("vit_tiny_patch16_224", {"img_size": (160, 224)}),  # non-square
     ("vit_tiny_patch16_224", {"qk_norm": True}),  # q/k LayerNorm
 ]
-
-
-def reference_attention(model: torch.nn.Module, x: torch.Tensor, **forward_kwargs) -> tuple[list, torch.Tensor]:
-    """timm's non-fused path on a copy of the model: the input of attn_drop is softmax(q k^T s + mask)."""
-    ref = copy.deepcopy(model)
-    maps: list[torch.Tensor] = []
-    for block in ref.blocks:
-        block.attn.fused_attn = False
-        block.attn.attn_drop.register_forward_hook(lambda _m, inp, _out: maps.append(inp[0].detach().clone()))
-    with torch.no_grad():
-        out = ref.forward_features(x, **forward_kwargs) if forward_kwargs else ref(x)
-    return maps, out
 
 
 @pytest.mark.parametrize("name,kwargs", ARCHS, ids=[f"{n}{'-' + str(k) if k else ''}" for n, k in ARCHS])

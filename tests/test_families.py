@@ -14,17 +14,11 @@ import torch
 from torch import nn
 
 import vitlens as vl
+from conftest import reference_attention
 
 
 def timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    ref = copy.deepcopy(model)
-    maps: list[torch.Tensor] = []
-    for block in ref.blocks:
-        block.attn.fused_attn = False
-        block.attn.attn_drop.register_forward_hook(lambda _m, inp, _out: maps.append(inp[0].detach().clone()))
-    with torch.no_grad():
-        ref(x)
-    return maps
+    return reference_attention(model, x)[0]
 
 
 def hf_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
