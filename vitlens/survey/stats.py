@@ -20,9 +20,9 @@ import torch
 from ..attribution.masks import patch_coverage
 from ..errors import InvalidParameterError
 from ..loading.model import LoadedModel
-from ..views.distance import AttentionDistanceAccumulator, merge_moments
+from ..views.distance import AttentionDistanceAccumulator, add_samples, merge_moment_rows
 from ..views.engine import AttentionConsumer, BatchInfo
-from ..views.rollout import RolloutAccumulator, fuse, rollout_row
+from ..views.rollout import RolloutAccumulator, rollout_row
 
 
 class SurveyDistance(AttentionConsumer):
@@ -48,11 +48,9 @@ class SurveyDistance(AttentionConsumer):
             for c in np.unique(self._labels):
                 if c < 0:
                     continue
-                rows = d[self._labels == c]
-                mean = rows.mean(0)
-                self.class_mean[c, layer], self.class_m2[c, layer], self.class_n[c, layer] = merge_moments(
-                    self.class_mean[c, layer], self.class_m2[c, layer], int(self.class_n[c, layer]), mean,
-                    ((rows - mean) ** 2).sum(0), rows.shape[0])
+                self.class_mean[c, layer], self.class_m2[c, layer], self.class_n[c, layer] = add_samples(
+                    self.class_mean[c, layer], self.class_m2[c, layer], int(self.class_n[c, layer]),
+                    d[self._labels == c])
 
     def state(self) -> dict[str, Any]:
         a = self.all
@@ -63,23 +61,13 @@ class SurveyDistance(AttentionConsumer):
     @staticmethod
     def merge_states(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
         out = dict(x)
-        out["mean"], out["m2"], out["counts"] = _merge_rows(x["mean"], x["m2"], x["counts"], y["mean"], y["m2"],
-                                                            y["counts"])
-        out["class_mean"], out["class_m2"], out["class_n"] = _merge_rows(
+        out["mean"], out["m2"], out["counts"] = merge_moment_rows(
+            x["mean"], x["m2"], x["counts"], y["mean"], y["m2"], y["counts"])
+        out["class_mean"], out["class_m2"], out["class_n"] = merge_moment_rows(
             x["class_mean"], x["class_m2"], x["class_n"], y["class_mean"], y["class_m2"], y["class_n"])
         if not np.asarray(x["grid"]).any():
             out["grid"], out["image_size"] = y["grid"], y["image_size"]
         return out
-
-
-def _merge_rows(mean_a: np.ndarray, m2_a: np.ndarray, n_a: np.ndarray, mean_b: np.ndarray, m2_b: np.ndarray,
-                n_b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Chan's merge for arrays whose leading axes index separate counters (``n`` has those axes)."""
-    mean, m2, n = mean_a.copy(), m2_a.copy(), n_a.copy()
-    for idx in np.ndindex(n_a.shape):
-        mean[idx], m2[idx], n[idx] = merge_moments(mean_a[idx], m2_a[idx], int(n_a[idx]), mean_b[idx], m2_b[idx],
-                                                   int(n_b[idx]))
-    return mean, m2, n
 
 
 class RolloutStats(RolloutAccumulator):

@@ -47,20 +47,9 @@ def attention_distance(
     Rollout of the same images is computed alongside and served to a following
     ``attention_rollout`` call without a second forward (``vitlens.views.cache``).
     """
-    hit = cache.lookup(m, images, batch_size, ("distance", renormalize))
-    if hit is not None:
-        return hit
-    acc = AttentionDistanceAccumulator.for_model(m.spec, renormalize)
-    if not cache.recognisable(images):  # e.g. a DataLoader: stream the one view, keep nothing
-        stream_attention(m, images, [acc], batch_size, progress, desc="attention distance", capture_mode=None)
-        return acc.result(m.spec)
-    roll = RolloutAccumulator.for_model(m)  # alongside, for a rollout asked next (views.cache)
-    stream_attention(m, images, [acc, roll], batch_size, progress, desc="attention distance",
-                     capture_mode=None)
-    result = acc.result(m.spec)
-    cache.remember(m, images, batch_size, {("distance", renormalize): result,
-                                           ("rollout", "mean", 0.0): roll.result(m.spec)})
-    return result
+    return _served_or_streamed(m, images, batch_size, progress, "attention distance",
+                               ("distance", renormalize), AttentionDistanceAccumulator.for_model(m.spec, renormalize),
+                               ("rollout", "mean", 0.0), RolloutAccumulator.for_model(m))
 
 
 def attention_rollout(
@@ -84,18 +73,27 @@ def attention_rollout(
     Attention distance of the same images is computed alongside and served to a following
     ``attention_distance`` call without a second forward (``vitlens.views.cache``).
     """
-    view = ("rollout", head_fusion, float(discard_ratio))
+    return _served_or_streamed(m, images, batch_size, progress, "rollout",
+                               ("rollout", head_fusion, float(discard_ratio)),
+                               RolloutAccumulator.for_model(m, head_fusion, discard_ratio),
+                               ("distance", True), AttentionDistanceAccumulator.for_model(m.spec))
+
+
+def _served_or_streamed(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str,
+                        view: tuple, acc: Any, companion_view: tuple, companion: Any) -> Any:
+    """``view`` of ``images``: from the last pass when it is remembered (``views.cache``), else one
+    stream with the companion view alongside (its default settings), both remembered for the next
+    call. Inputs that cannot be recognised again (e.g. a DataLoader) stream the one view and keep
+    nothing."""
     hit = cache.lookup(m, images, batch_size, view)
     if hit is not None:
         return hit
-    acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
-    if not cache.recognisable(images):
-        stream_attention(m, images, [acc], batch_size, progress, desc="rollout", capture_mode=None)
-        return acc.result(m.spec)
-    dist = AttentionDistanceAccumulator.for_model(m.spec)  # alongside, for a distance asked next (views.cache)
-    stream_attention(m, images, [acc, dist], batch_size, progress, desc="rollout", capture_mode=None)
+    keep = cache.recognisable(images)
+    stream_attention(m, images, [acc, companion] if keep else [acc], batch_size, progress, desc=desc,
+                     capture_mode=None)
     result = acc.result(m.spec)
-    cache.remember(m, images, batch_size, {view: result, ("distance", True): dist.result(m.spec)})
+    if keep:
+        cache.remember(m, images, batch_size, {view: result, companion_view: companion.result(m.spec)})
     return result
 
 
