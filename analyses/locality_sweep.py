@@ -44,6 +44,7 @@ from vitlens.reference.models import build_reference, weights_path  # noqa: E402
 from vitlens.reference.shapes import HELD_OUT_SEED, ShapesBatch, generate  # noqa: E402
 from vitlens.reference.training import (  # noqa: E402
     MaskedPatchPrediction, classification_loss, evaluate, mimetic_qk_init, mpp_loss, run_steps, sincos_position_init)
+from vitlens.results import atomic_write_bytes  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -207,12 +208,10 @@ def run_recipe(r: Recipe, state_dir: Path, n_eval: int, n_acc: int) -> dict:
     vit, vit_s, after_mpp = train_vit(r, folder, n_eval)
     hybrid, hyb_s, hybrid_from = train_hybrid(r, folder)
     for model, kind in ((vit, "ref-vit"), (hybrid, "ref-hybrid")):
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f"{kind}.safetensors.tmp"
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-        tmp.replace(folder / f"{kind}.safetensors")
+        atomic_write_bytes(folder / f"{kind}.safetensors",
+                           save({k: v.contiguous() for k, v in model.state_dict().items()}))
     v = measure(vit, f"{r.name}/vit", n_eval, n_acc)
     h = measure(hybrid, f"{r.name}/hybrid", n_eval, n_acc)
     row = {
@@ -274,10 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         # other sweeps may have finished meanwhile (one per core): merge into what is there now
         results = json.loads(results_file.read_text()) if results_file.exists() else {}
         results[name] = row
-        state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = results_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(results, indent=2))
-        tmp.replace(results_file)
+        atomic_write_bytes(results_file, json.dumps(results, indent=2).encode())
         print(json.dumps({k: row[k] for k in ("recipe", "hybrid_vs_vit_layer1", "meets")}), flush=True)
         print(f"[{name}] vit layer-1 heads {row['vit']['layer1_heads_px']} (uniform {row['vit']['uniform_px']:.1f}); "
               f"per-layer medians {row['vit']['per_layer_median_px']}", flush=True)

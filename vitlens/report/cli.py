@@ -264,7 +264,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
         path = Path(args.models_file).expanduser()
         if not path.is_file():
             raise CliError(f"Models file not found: {path}.")
-        names += [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+        names += [name for name in (line.split("#")[0].strip() for line in path.read_text().splitlines()) if name]
     if not names:
         raise CliError("Name the models to survey: --models A B ... or --models-file zoo.txt.")
     if args.images:
