@@ -176,3 +176,23 @@ def test_scores_of_the_one_patch_model_have_known_values(one_patch):
     fractions = np.arange(17) / 16
     np.testing.assert_allclose(f.deletion_auc, np.trapezoid(f.deletion, fractions, axis=1))
     np.testing.assert_allclose(f.deletion_auc, (full + deleted) / 32 + deleted * 15 / 16, rtol=1e-4)
+
+
+def test_masks_of_64px_scenes_serve_a_224px_model_through_the_images_resize(tiny):
+    """Issue 18.2: the default scenes' 64 px masks used to be refused by every 224 px model."""
+    from vitlens.attribution.masks import mask_scores
+    from vitlens.images import preprocess_masks
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
+
+    scenes = generate(2, seed=HELD_OUT_SEED)
+    assert scenes.masks.shape[1:] == (64, 64) and tiny.spec.image_size == (224, 224)
+    table = compare_methods(tiny, list(scenes.images), methods=["rollout"], masks=scenes.masks, steps=2)
+    resized = preprocess_masks(scenes.masks, tiny.data_config)
+    assert resized.shape == (2, 224, 224) and resized.any(axis=(1, 2)).all()
+    want = mask_scores(table.attributions[0].maps, resized).summary()
+    assert table.rows[0]["mass_in_mask"] == pytest.approx(want["mass_in_mask"], rel=1e-12)
+    assert 0 < table.rows[0]["mass_in_mask"] < 1
+    # the same masks at the size of an already preprocessed tensor are taken as they are
+    x = tiny.preprocess(list(scenes.images))
+    again = compare_methods(tiny, x, methods=["rollout"], masks=resized, steps=2)
+    assert again.rows[0]["mass_in_mask"] == pytest.approx(want["mass_in_mask"], rel=1e-6)

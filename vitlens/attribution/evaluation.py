@@ -9,7 +9,7 @@ import numpy as np
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..views.analyze import attention_rollout
-from .masks import MaskScores, mask_scores
+from .masks import MaskScores, mask_scores, masks_at_input
 
 
 def accuracy(m: LoadedModel, images: Images, labels: np.ndarray, batch_size: int = 256) -> float:
@@ -22,6 +22,7 @@ def accuracy(m: LoadedModel, images: Images, labels: np.ndarray, batch_size: int
 
 def rollout_mask_scores(m: LoadedModel, images: Images, masks: np.ndarray, batch_size: int = 128,
                         **rollout_kwargs: Any) -> MaskScores:
-    """Mass-in-mask and pointing game of the rollout maps of ``images`` against object ``masks``."""
+    """Mass-in-mask and pointing game of the rollout maps of ``images`` against object ``masks``
+    (masks of the original images, brought through the images' resize and crop)."""
     r = attention_rollout(m, images, batch_size=batch_size, **rollout_kwargs)
-    return mask_scores(r.maps, np.asarray(masks, dtype=bool))
+    return mask_scores(r.maps, masks_at_input(masks, m.data_config, images))

@@ -19,7 +19,7 @@ from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result
-from .masks import mask_scores
+from .masks import mask_scores, masks_at_input
 from .methods import METHODS, AttributionResult, attribute
 
 BASELINES = ("mean", "blur")
@@ -162,7 +162,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
         m: the model.
         images: the images (read once into a list unless a tensor).
         methods: names from ``METHODS``.
-        masks: [B, H, W] bool object masks at the model's input size, for pointing game and mass in mask.
+        masks: [B, h, w] bool object masks of the images, for pointing game and mass in mask (brought
+            through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model).
         target: class to explain (one for all, one per image, or None for the predictions).
         steps: deletion/insertion steps.
         baseline: what removed patches become ("mean" or "blur").
@@ -171,6 +172,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 32}}``.
     """
     images = list(images) if not isinstance(images, torch.Tensor) else images
+    if masks is not None:
+        masks = masks_at_input(masks, m.data_config, images)
     rows, attrs, faiths = [], [], []
     for method in methods:
         a = attribute(m, images, method=method, target=target, batch_size=batch_size, progress=progress,
@@ -180,7 +183,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
                                "insertion_auc": float(f.insertion_auc.mean()),
                                "seconds_per_image": a.seconds_per_image}
         if masks is not None:
-            s = mask_scores(a.maps, np.asarray(masks, dtype=bool)).summary()
+            s = mask_scores(a.maps, masks).summary()
             row.update({"pointing_game": s["pointing_game"], "mass_in_mask": s["mass_in_mask"],
                         "mass_ratio": s["ratio_mean"]})
         rows.append(row)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..images import Images, preprocess_masks
 
 
 def patch_coverage(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
@@ -25,6 +26,21 @@ def patch_coverage(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
         raise InvalidParameterError(f"A mask of {h}x{w} pixels does not tile a {gh}x{gw} grid evenly; "
                                     "resize the mask to the model's input size first.")
     return mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3), dtype=np.float64)
+
+
+def masks_at_input(masks: np.ndarray, data_config: dict, images: Images | None = None) -> np.ndarray:
+    """Object masks of ``images`` at the size the model sees them: bool [B, H, W].
+
+    Masks drawn on the original images (e.g. 64 px scenes for a 224 px model) go through the
+    same resize and crop as their images (``preprocess_masks``, nearest neighbour); masks already
+    at the size of a preprocessed image tensor, or at the model's input size, stay as they are.
+    """
+    masks = np.asarray(masks, dtype=bool)
+    import torch
+
+    if isinstance(images, torch.Tensor) and masks.shape[-2:] == tuple(images.shape[-2:]):
+        return masks
+    return preprocess_masks(masks, data_config)
 
 
 @dataclass(frozen=True)
