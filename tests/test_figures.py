@@ -97,3 +97,54 @@ def test_titles_fit_an_exported_figure():
                                                                                                        np.uint8))):
         first_line = fig.layout.title.text.split("<br>")[0]
         assert len(first_line) <= 70, first_line
+
+
+def test_attribution_title_names_the_class_and_aucs_keep_significant_digits():
+    from vitlens.attribution.faithfulness import FaithfulnessResult
+    from vitlens.attribution.methods import AttributionResult
+
+    a = AttributionResult(method="saliency", maps=np.ones((1, 2, 2)), targets=np.array([4]), grid=(2, 2),
+                          image_size=(16, 16), seconds_per_image=0.1, label_names=["a", "b", "c", "d", "ring", "star"])
+    fig = figures.attribution_figure([a], np.zeros((16, 16, 3), np.uint8))
+    assert "Attributions for ring " in fig.layout.title.text
+    unnamed = AttributionResult(method="saliency", maps=np.ones((1, 2, 2)), targets=np.array([286]), grid=(2, 2),
+                                image_size=(16, 16), seconds_per_image=0.1)
+    assert "Attributions for class 286 " in figures.attribution_figure([unnamed], np.zeros((16, 16, 3), np.uint8)).layout.title.text
+    curves = np.array([[1.0, 0.0012, 0.0]])
+    f = FaithfulnessResult(method="saliency", fractions=np.array([0.0, 0.5, 1.0]), deletion=curves * 0.001,
+                           insertion=curves * 0.002, deletion_auc=np.array([0.000753]), insertion_auc=np.array([0.00151]),
+                           baseline="mean")
+    names = [t.name for t in figures.faithfulness_figure([f]).data]
+    assert "saliency (AUC 0.000753)" in names and "saliency (AUC 0.00151)" in names  # not 0.001 and 0.002
+    assert "0.000753" in f.summary() and "0.00151" in f.summary()
+
+
+def test_significant_digits_round_numbers_not_decimals():
+    import pandas as pd
+
+    from vitlens.results import round_significant, significant
+
+    assert significant(0.0012345) == "0.00123" and significant(123.456) == "123"
+    frame = round_significant(pd.DataFrame({"auc": [0.0012345, 0.98765], "name": ["a", "b"]}))
+    assert frame["auc"].tolist() == [0.00123, 0.988] and frame["name"].tolist() == ["a", "b"]
+
+
+def test_prefix_heatmap_has_whole_head_ticks_for_few_heads():
+    from types import SimpleNamespace
+
+    prefix = SimpleNamespace(mass=np.full((4, 3, 1), 0.2), labels=["cls"])
+    fig = figures.prefix_figure(prefix)
+    assert fig.layout.xaxis.dtick == 1 and fig.layout.yaxis.dtick == 1
+
+
+def test_uniform_attention_is_named_in_the_legend_not_over_the_last_layer():
+    from vitlens.views.distance import AttentionDistanceResult
+
+    d = AttentionDistanceResult(mean_px=np.full((6, 8), 30.0), std_px=np.zeros((6, 8)), m2=np.zeros((6, 8)),
+                                n_images=2, image_size=(64, 64), grid=(8, 8), stride_px=(8, 8), renormalize=True,
+                                model_name="m")
+    fig = figures.distance_figure([d, d], names=["vit", "hybrid"])
+    assert not fig.layout.annotations  # no text drawn over the dots
+    lines = [t for t in fig.data if t.mode == "lines"]
+    assert len(lines) == 1 and lines[0].name == "uniform attention (vit)"  # one level, named once
+    assert lines[0].y[0] == pytest.approx(d.uniform_px) and tuple(lines[0].x) == (0.5, 6.5)

@@ -174,3 +174,11 @@ def test_cuda_without_a_gpu_is_a_clear_vitlens_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(vl.DeviceUnavailableError, match="no usable CUDA GPU"):
         vl.load_model("ref-vit", device="cuda")
+
+
+def test_loaded_model_prints_in_one_line_and_renders_as_a_table(tiny):
+    text = repr(tiny)
+    assert "\n" not in text and len(text) < 300, text  # not the nn.Module's thousands of characters
+    assert text.startswith("LoadedModel(vit_tiny_patch16_224: ViT, 224x224 px, 14x14 tokens, 12 x 3 heads")
+    page = tiny._repr_html_()
+    assert page.startswith("<table>") and "14x14 tokens" in page and "float32" in page

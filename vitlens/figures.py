@@ -18,6 +18,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
@@ -132,26 +133,27 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
                            f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
                            "<br>std over images %{customdata[2]:.1f} px<extra></extra>"),
         ))
-    labelled: list[float] = []
-    for i, res in enumerate(results):  # what every head would show if it attended uniformly
+    # what every head would show if it attended uniformly: a dotted line per distinct level, named
+    # in the legend (a label on the plot sat over the last layer's dots)
+    levels: list[float] = []
+    depth = max(r.mean_px.shape[0] for r in results)
+    for i, (res, name) in enumerate(zip(results, names)):
         uniform = uniform_distance(res.grid, res.stride_px)
         if units != "px":
             uniform /= res.image_size[1]
-        line = dict(dash="dot", width=1, color=PALETTE[i % len(PALETTE)])
-        # one label per distinct level, so coinciding lines do not print over each other; a line
-        # without a label gets no annotation at all (annotation_text=None draws Plotly's "new text")
-        if any(abs(uniform - u) < 0.03 * max(u, 1e-9) for u in labelled):
-            fig.add_hline(y=uniform, line=line)
-        else:
-            fig.add_hline(y=uniform, line=line, annotation_text="uniform attention",
-                          annotation_position="bottom right")
-        labelled.append(uniform)
+        if any(abs(uniform - u) < 0.03 * max(u, 1e-9) for u in levels):
+            continue
+        levels.append(uniform)
+        fig.add_trace(go.Scatter(
+            x=[0.5, depth + 0.5], y=[uniform, uniform], mode="lines", hoverinfo="skip",
+            line=dict(dash="dot", width=1.5, color=PALETTE[i % len(PALETTE)]),
+            name="uniform attention" + (f" ({name})" if len(results) > 1 else "")))
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
     fig.update_layout(
         title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {first.n_images} images; "
                        "dotted: uniform attention</sup>",
-        xaxis=dict(title="Network depth (layer)", dtick=1),
+        xaxis=dict(title="Network depth (layer)", dtick=1, range=[0.5, depth + 0.5]),
         yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
                    rangemode="tozero"),
         height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18),
@@ -252,8 +254,8 @@ def attribution_figure(results: Sequence[Any], image: np.ndarray, index: int = 0
     for r in results:
         mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
         panels.append((image, mp / max(float(mp.max()), 1e-12), r.method.replace("_", " ")))
-    target = results[0].targets[index] if results else -1
-    return overlay_grid_figure(panels, f"Attributions for class {target} (positive evidence, scaled to max)",
+    target = results[0].target_name(index) if results else "no class"
+    return overlay_grid_figure(panels, f"Attributions for {target} (positive evidence, scaled to max)",
                                opacity, columns=min(6, len(panels)))
 
 
@@ -265,7 +267,7 @@ def faithfulness_figure(results: Sequence[Any]) -> go.Figure:
         color = PALETTE[i % len(PALETTE)]
         for col, curve, auc in ((1, r.deletion, r.deletion_auc), (2, r.insertion, r.insertion_auc)):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines", line=dict(color=color),
-                                     name=f"{r.method.replace('_', ' ')} (AUC {auc.mean():.3f})", legendgroup=r.method,
+                                     name=f"{r.method.replace('_', ' ')} (AUC {significant(auc.mean())})", legendgroup=r.method,
                                      showlegend=col == 1), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
     fig.update_yaxes(title="target-class probability", rangemode="tozero")
@@ -321,8 +323,8 @@ def prefix_figure(result: Any, title: str | None = None) -> go.Figure:
         z=total, x=list(range(1, heads + 1)), y=list(range(1, layers + 1)), zmin=0, zmax=1, colorscale="Blues",
         colorbar=dict(title="share"),
         hovertemplate="layer %{y}, head %{x}<br>attention on prefix tokens %{z:.2f}<extra></extra>"))
-    fig.update_xaxes(title="head", range=[0.5, heads + 0.5], constrain="domain")
-    fig.update_yaxes(title="layer", range=[layers + 0.5, 0.5], constrain="domain")
+    fig.update_xaxes(title="head", range=[0.5, heads + 0.5], constrain="domain", dtick=1 if heads <= 24 else None)
+    fig.update_yaxes(title="layer", range=[layers + 0.5, 0.5], constrain="domain", dtick=1 if layers <= 24 else None)
     fig.update_layout(title=title or f"Attention on prefix tokens ({', '.join(result.labels) or 'none'})<br><sup>share "
                                      "of patch queries' attention; above 0.5 a head is parked</sup>",
                       height=380, margin=dict(l=10, r=10, t=70, b=10))

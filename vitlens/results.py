@@ -207,6 +207,21 @@ class Result:
         return True
 
 
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits ('0.00123', '12.3', '1.23e+04'): small scores of
+    random-init models stay distinguishable where a fixed 3 decimals would print 0.001 for all."""
+    return f"{value:.{digits}g}"
+
+
+def round_significant(frame: Any, digits: int = 3) -> Any:
+    """A DataFrame's float columns rounded to ``digits`` significant digits (numbers stay numbers)."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype.kind == "f":
+            out[col] = [float(significant(v, digits)) if np.isfinite(v) else v for v in out[col]]
+    return out
+
+
 def _short(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"array{list(value.shape)}"

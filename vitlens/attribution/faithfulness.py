@@ -18,7 +18,7 @@ from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
-from ..results import Result
+from ..results import Result, significant
 from .masks import mask_scores, masks_at_input
 from .methods import METHODS, AttributionResult, attribute
 
@@ -51,7 +51,7 @@ class FaithfulnessResult(Result):
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {self.method} over {len(self.deletion)} images, deletion AUC "
-                f"{self.deletion_auc.mean():.3f}, insertion AUC {self.insertion_auc.mean():.3f} ({self.baseline} "
+                f"{significant(self.deletion_auc.mean())}, insertion AUC {significant(self.insertion_auc.mean())} ({self.baseline} "
                 "baseline)")
 
     def to_rows(self) -> list[dict]:

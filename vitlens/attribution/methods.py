@@ -50,6 +50,7 @@ class AttributionResult(Result):
         params: the method's parameters.
         note: what the map means for this method/model (e.g. class-agnostic, no class token).
         model_name: the model's name.
+        label_names: the model's class names (empty when it has none), for ``target_name``.
     """
 
     kind = "attribution"
@@ -62,6 +63,12 @@ class AttributionResult(Result):
     params: dict = field(default_factory=dict)
     note: str = ""
     model_name: str = ""
+    label_names: list = field(default_factory=list)
+
+    def target_name(self, index: int) -> str:
+        """The class explained for image ``index`` in words: 'ring', or 'class 4' without names."""
+        t = int(self.targets[index])
+        return self.label_names[t] if 0 <= t < len(self.label_names) else f"class {t}"
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {self.method} maps of {len(self.maps)} images on "
@@ -267,4 +274,4 @@ def attribute(
     return AttributionResult(method=method, maps=np.concatenate(maps).astype(np.float64),
                              targets=np.concatenate(targets).astype(np.int64), grid=grid, image_size=size,
                              seconds_per_image=elapsed / max(done, 1), params=p, note="; ".join(notes),
-                             model_name=m.spec.name)
+                             model_name=m.spec.name, label_names=list(m.label_names() or []))

@@ -60,6 +60,23 @@ class LoadedModel:
         if self.family is None:
             self.family = family_of(self.model, self.spec.name)
 
+    def __repr__(self) -> str:
+        """One line, like the results (the module's own repr is thousands of characters)."""
+        d = self.spec.describe()
+        dtype = str(self.dtype).replace("torch.", "")
+        return (f"LoadedModel({self.spec.name}: {d['kind']}, {d['input']}, {d['grid']}, {d['layers x heads']} "
+                f"heads, {d['parameters']} parameters, {self.device}, {dtype}"
+                + (f", from {self.source}" if self.source else "") + ")")
+
+    def _repr_html_(self) -> str:
+        """The spec as a small table in a notebook."""
+        import html
+
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
+                       for k, v in {**self.spec.describe(), "device": str(self.device),
+                                    "dtype": str(self.dtype).replace("torch.", ""), "source": self.source}.items())
+        return f"<table><caption>LoadedModel</caption>{rows}</table>"
+
     @classmethod
     def from_module(cls, module: nn.Module, name: str | None = None, device: str | torch.device | None = None,
                     dtype: torch.dtype = torch.float32, source: str = "module",

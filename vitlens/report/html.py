@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import figures
+from ..results import significant
 from ..views.analyze import AnalysisResult
 from .data import ComparisonData, ReportData
 
@@ -146,11 +147,11 @@ def heads_section(fig: go.Figure, a: AnalysisResult) -> str:
 
 def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and the mean curves."""
-    fmt_rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
+    fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
             "higher is more faithful; pointing game and mass in mask where object masks exist.</p>"
-            + _table(fmt_rows, "{:.3f}") + _fig(figs["attributions"]) + _fig(figs["faithfulness"]))
+            + _table(fmt_rows) + _fig(figs["attributions"]) + _fig(figs["faithfulness"]))
 
 
 def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:
