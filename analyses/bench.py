@@ -12,8 +12,8 @@ repetitions of that repetition's row time / its plain-forward time (seconds: the
 - ``vl.analyze``: attention distance + rollout from one forward, plus the two weight-only views;
 - vitlens distance + rollout: ``vl.analyze(views=("distance", "rollout"))`` (inline capture, the
   views' default for timm models), and the same streams with side capture;
-- two views called one after the other: ``attention_distance`` then ``attention_rollout``
-  (the second is served from the last pass), against two full passes;
+- two views called one after the other: ``attention_distance`` then ``attention_rollout`` (two
+  passes: nothing is kept between calls), against ``vl.analyze`` of both (one pass);
 - (a) timm's ``AttentionExtract`` (fused attention off, every map kept) + batched torch code for
   distance and rollout; its numbers are checked against vitlens's (so the race is fair);
 - (b) a per-image loop with hooks on ``attn_drop`` and numpy rollout, as vit-explain does
@@ -123,14 +123,7 @@ def speed(args: argparse.Namespace) -> dict:
         vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode)
 
     def separately() -> None:
-        vl.views.cache.clear()
         vl.attention_distance(m, x, batch_size=args.batch)
-        vl.attention_rollout(m, x, batch_size=args.batch)
-
-    def separately_uncached() -> None:
-        vl.views.cache.clear()
-        vl.attention_distance(m, x, batch_size=args.batch)
-        vl.views.cache.clear()
         vl.attention_rollout(m, x, batch_size=args.batch)
 
     import copy
@@ -154,7 +147,6 @@ def speed(args: argparse.Namespace) -> dict:
         "stream_inline": lambda: streamed("inline"),
         "peer_attention_extract": peer,
         "two_views_called_separately": separately,
-        "two_views_two_passes": separately_uncached,
     }
     rows_all = list(rows)
     if args.rows:
@@ -204,7 +196,6 @@ def speed(args: argparse.Namespace) -> dict:
         "analyze / (a)": ratio("analyze", "peer_attention_extract"),
         "(b) per-image loop / vitlens, per image": round(t["peer_loop_per_image"] / t["vitlens_per_image"], 2),
         "two views separately / plain forward": ratio("two_views_called_separately"),
-        "two views, two passes / plain forward": ratio("two_views_two_passes"),
     }
     out["same_numbers_as_peers"] = True
     if cuda:
@@ -295,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['analyze / (a)']:.3f} |\n| (b) per-image loop + numpy, per image | "
               f"{sec['peer_loop_per_image']:.3f} | (b)/vitlens = {r['(b) per-image loop / vitlens, per image']:.2f}x |"
               f"\n| distance then rollout, called separately | {sec['two_views_called_separately']:.3f} | "
-              f"{r['two views separately / plain forward']:.3f} |\n| the same with two full passes | "
-              f"{sec['two_views_two_passes']:.3f} | {r['two views, two passes / plain forward']:.3f} |")
+              f"{r['two views separately / plain forward']:.3f} (two passes; analyze of both is one) |")
     if not args.skip_memory:
         report["memory"] = mem = [child(args, "distance", n) for n in args.mem_images]
         report["batch_memory"] = [child(args, "analyze", args.batch), child(args, "peer", args.batch)]

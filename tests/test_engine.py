@@ -148,31 +148,28 @@ def test_attention_maps_of_one_image_equal_the_captured_maps_and_answer_queries(
                                                  "attention": float(got[0, 0, 0])}
 
 
-def test_distance_then_rollout_of_the_same_images_costs_one_forward(tiny):
-    from vitlens.views import cache
+def test_nothing_of_vitlens_keeps_the_model_or_the_images_alive_after_a_view():
+    """Issue 19: a notebook user who deletes the model and images gets the memory back (no
+    module-global last pass holding them)."""
+    import gc
+    import weakref
 
-    cache.clear()
+    m = vl.load_model("vit_tiny_patch16_224", pretrained=False, device="cpu")
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(7))
+    photos = vl.sample_images()[:1]
+    d = vl.attention_distance(m, x, batch_size=2)
+    r = vl.attention_rollout(m, x, batch_size=2)
+    a = vl.analyze(m, photos, views=("distance", "rollout", "prefix"))
+    attr = vl.attribute(m, x[:1], method="rollout")
+    refs = [weakref.ref(m), weakref.ref(m.model), weakref.ref(x), weakref.ref(photos[0])]
+    del m, x, photos
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * 4
+    assert d.n_images == 2 and r.maps.shape[0] == 2 and a.distance.n_images == 1 and attr.maps.shape[0] == 1
+
+
+def test_distance_then_rollout_equals_analyze_of_both(tiny):
     x = torch.randn(3, 3, 224, 224, generator=torch.Generator().manual_seed(7))
-    calls = []
-    handle = tiny.model.register_forward_hook(lambda *_: calls.append(1))
-    try:
-        d = vl.attention_distance(tiny, x, batch_size=3)
-        r = vl.attention_rollout(tiny, x, batch_size=3)
-        assert len(calls) == 1  # the rollout came from the distance's pass
-        again = vl.attention_distance(tiny, x, batch_size=3)
-        assert len(calls) == 1 and again.equals(d)
-        vl.attention_rollout(tiny, x, head_fusion="max", batch_size=3)  # other settings: a new pass
-        assert len(calls) == 2
-        x.add_(0.0)  # an in-place change (even by zero) means new images
-        vl.attention_distance(tiny, x, batch_size=3)
-        assert len(calls) == 3
-        y = x.clone()  # equal content, another object: not recognised, computed afresh
-        vl.attention_rollout(tiny, y, batch_size=3)
-        assert len(calls) == 4
-    finally:
-        handle.remove()
-        cache.clear()
-    cache.clear()
-    assert r.equals(vl.attention_rollout(tiny, x, batch_size=3), rtol=1e-12)  # served results are the real ones
-    r.maps[:] = 0  # a served result is a copy: changing it changes nothing remembered
-    assert vl.attention_distance(tiny, x, batch_size=3).mean_px.max() > 0
+    both = vl.analyze(tiny, x, batch_size=3, views=("distance", "rollout"))
+    assert both.distance.equals(vl.attention_distance(tiny, x, batch_size=3))
+    assert both.rollout.equals(vl.attention_rollout(tiny, x, batch_size=3))

@@ -6,7 +6,6 @@
 - ``filters`` (Fig. 7 left) and ``position`` (Fig. 7 centre): the weight-only views;
 - ``attention_maps``: one image's attention, head by head, for one query token;
 - ``analyze``: the views as one call each, and all four from one pass;
-- ``cache``: the last pass, remembered (distance then rollout of the same images: one forward);
 - ``prefix``: attention parked on prefix tokens, and token norms.
 
 Every view returns a result object of numpy arrays (``vitlens.results``); figures are drawn
@@ -14,4 +13,4 @@ from results by ``vitlens.figures``.
 """
 from __future__ import annotations
 
-from . import analyze, attention_maps, cache, capture, distance, engine, filters, position, prefix, rollout  # noqa: F401
+from . import analyze, attention_maps, capture, distance, engine, filters, position, prefix, rollout  # noqa: F401

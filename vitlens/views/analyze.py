@@ -14,7 +14,6 @@ from ..loading.model import LoadedModel
 from ..loading.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
-from . import cache
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .engine import stream_attention
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
@@ -44,12 +43,11 @@ def attention_distance(
             False keeps the raw weights (the keras example's convention).
         progress: True for a progress bar, or a callable ``f(done, total)``.
 
-    Rollout of the same images is computed alongside and served to a following
-    ``attention_rollout`` call without a second forward (``vitlens.views.cache``).
+    One pass over the images for this view alone; for several views of the same images, ask
+    ``analyze(m, images, views=(...))``, which computes them all from one forward per batch.
     """
-    return _served_or_streamed(m, images, batch_size, progress, "attention distance",
-                               ("distance", renormalize), AttentionDistanceAccumulator.for_model(m.spec, renormalize),
-                               ("rollout", "mean", 0.0), RolloutAccumulator.for_model(m))
+    return _stream_one(m, images, batch_size, progress, "attention distance",
+                       AttentionDistanceAccumulator.for_model(m.spec, renormalize))
 
 
 def attention_rollout(
@@ -70,31 +68,17 @@ def attention_rollout(
         batch_size: images per forward.
         progress: True for a progress bar, or a callable ``f(done, total)``.
 
-    Attention distance of the same images is computed alongside and served to a following
-    ``attention_distance`` call without a second forward (``vitlens.views.cache``).
+    One pass over the images for this view alone; ``analyze(m, images, views=("distance",
+    "rollout"))`` gives both views from one forward per batch.
     """
-    return _served_or_streamed(m, images, batch_size, progress, "rollout",
-                               ("rollout", head_fusion, float(discard_ratio)),
-                               RolloutAccumulator.for_model(m, head_fusion, discard_ratio),
-                               ("distance", True), AttentionDistanceAccumulator.for_model(m.spec))
+    return _stream_one(m, images, batch_size, progress, "rollout",
+                       RolloutAccumulator.for_model(m, head_fusion, discard_ratio))
 
 
-def _served_or_streamed(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str,
-                        view: tuple, acc: Any, companion_view: tuple, companion: Any) -> Any:
-    """``view`` of ``images``: from the last pass when it is remembered (``views.cache``), else one
-    stream with the companion view alongside (its default settings), both remembered for the next
-    call. Inputs that cannot be recognised again (e.g. a DataLoader) stream the one view and keep
-    nothing."""
-    hit = cache.lookup(m, images, batch_size, view)
-    if hit is not None:
-        return hit
-    keep = cache.recognisable(images)
-    stream_attention(m, images, [acc, companion] if keep else [acc], batch_size, progress, desc=desc,
-                     capture_mode=None)
-    result = acc.result(m.spec)
-    if keep:
-        cache.remember(m, images, batch_size, {view: result, companion_view: companion.result(m.spec)})
-    return result
+def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any) -> Any:
+    """One consumer's result over ``images`` (nothing is kept between calls)."""
+    stream_attention(m, images, [acc], batch_size, progress, desc=desc, capture_mode=None)
+    return acc.result(m.spec)
 
 
 @dataclass(eq=False, repr=False)
