@@ -26,7 +26,7 @@ def paper_pair_available() -> bool:
     import timm
 
     from vitlens.errors import WeightsUnavailableError
-    from vitlens.hub import resolve_pretrained_source
+    from vitlens.loading.hub import resolve_pretrained_source
 
     try:
         for name in PAPER_PAIR:

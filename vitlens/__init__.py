@@ -19,9 +19,6 @@ The package, by what each part is:
 """
 from __future__ import annotations
 
-import sys as _sys
-
-from . import _compat
 from .attribution import METHODS as ATTRIBUTION_METHODS
 from .attribution import (
     AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
@@ -52,8 +49,6 @@ from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, p
 from .views.rollout import RolloutAccumulator, RolloutResult
 
 __version__ = "0.2.0"
-
-_compat.install(_sys.modules[__name__])
 
 __all__ = [
     "ATTRIBUTION_METHODS", "AnalysisResult", "CKAResult", "HeadImportanceResult", "PrefixAttentionAccumulator",

@@ -1,5 +1,5 @@
 """How faithful is a map? Deletion and insertion curves over patch tokens, and the comparison
-table of methods x metrics (with mask metrics from ``vitlens.metrics`` where masks exist).
+table of methods x metrics (with mask metrics from ``vitlens.attribution.masks`` where masks exist).
 
 Deletion: replace the tokens' pixel blocks by a baseline in the order of the map (highest
 first) and follow the target-class probability; a faithful map makes it fall fast (low area

@@ -1,4 +1,4 @@
-"""The embedded reference pair: a small plain ViT and its hybrid, trained on ``vitlens.shapes``.
+"""The embedded reference pair: a small plain ViT and its hybrid, trained on ``vitlens.reference.shapes``.
 
 Both use timm's own ``VisionTransformer`` (so every view applies unchanged) with the same
 transformer (width 128, depth 6, 8 heads) and the same 8x8 token grid on 64x64 images:
