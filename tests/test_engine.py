@@ -173,3 +173,44 @@ def test_distance_then_rollout_equals_analyze_of_both(tiny):
     both = vl.analyze(tiny, x, batch_size=3, views=("distance", "rollout"))
     assert both.distance.equals(vl.attention_distance(tiny, x, batch_size=3))
     assert both.rollout.equals(vl.attention_rollout(tiny, x, batch_size=3))
+
+
+@pytest.mark.parametrize("sizes", [(1,), (5, 2, 11), (60,)])  # uneven blocks; one that splits the prefix off
+def test_every_consumer_gives_identical_results_from_whole_maps_and_from_row_blocks(sizes):
+    """Issue 19: consumers take a layer's attention as blocks of query rows as well as whole."""
+    from vitlens.views.engine import split_rows
+    from vitlens.views.prefix import PrefixAttentionAccumulator
+
+    m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))  # 2 prefix tokens, 4x6 grid: T = 26
+    x = torch.randn(3, 3, 64, 96, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        logits = m.model(x)
+    maps = cap.maps
+    info = vl.BatchInfo(index=0, start=0, size=3, input_size=(64, 96), grid=(4, 6), device=torch.device("cpu"))
+
+    def consumers():
+        return [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.AttentionDistanceAccumulator.for_model(m.spec, False),
+                vl.RolloutAccumulator.for_model(m), vl.RolloutAccumulator.for_model(m, "max", 0.5),
+                PrefixAttentionAccumulator.for_model(m.spec)]
+
+    whole, blocks = consumers(), consumers()
+    for c in whole + blocks:
+        c.begin_batch(info)
+    for layer, a in enumerate(maps):
+        for c in whole:
+            c.on_attention(layer, a)
+        for part, rows in split_rows(a, sizes):
+            for c in blocks:
+                c.on_attention(layer, part, rows)
+    for c in whole + blocks:
+        c.end_batch(logits)
+    for w, b in zip(whole, blocks):
+        assert w.result(m.spec).equals(b.result(m.spec)), type(w).__name__  # bit for bit
+
+
+def test_row_blocks_that_do_not_match_the_attention_are_refused(tiny):
+    acc = vl.AttentionDistanceAccumulator.for_model(tiny.spec)
+    acc.begin_batch(vl.BatchInfo(index=0, start=0, size=1, input_size=(224, 224), grid=(14, 14),
+                                 device=torch.device("cpu")))
+    with pytest.raises(vl.InvalidParameterError, match="do not match"):
+        acc.on_attention(0, torch.full((1, 3, 4, 197), 1 / 197), slice(0, 5))

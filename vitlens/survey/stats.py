@@ -41,8 +41,10 @@ class SurveyDistance(AttentionConsumer):
         self.all.begin_batch(batch)
         self._labels = batch.labels
 
-    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
-        d = self.all.per_image(layer, attn)
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        d = self.all.layer_values(layer, attn, rows)
+        if d is None:
+            return
         self.all.add(layer, d)
         if self.num_classes and self._labels is not None:
             for c in np.unique(self._labels):

@@ -21,7 +21,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..loading.spec import ModelSpec
 from ..results import Result
-from .engine import AttentionConsumer, BatchInfo, model_name
+from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
 
 
 @dataclass(eq=False, repr=False)
@@ -186,21 +186,32 @@ def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
         renormalize: renormalise each query's weights over patch keys to sum to 1.
     """
     p = num_prefix_tokens
+    w = weights_for_distances(distances, p) if distances.ndim == 2 else distances
+    return per_query_distance(attn[:, :, p:], w, p, renormalize).mean(0)
+
+
+def per_query_distance(attn: torch.Tensor, weights: torch.Tensor, num_prefix_tokens: int,
+                       renormalize: bool = True) -> torch.Tensor:
+    """Each patch query's attention distance: [B, H, q, T] patch-query rows -> [q, B, H] float64.
+
+    ``weights`` are the ``key_weights`` rows [q, T, 2] of the same queries; the precision is
+    ``per_image_distance``'s (float32 products over blocks of ``KEY_BLOCK`` keys, the rest float64).
+    """
+    p = num_prefix_tokens
     if attn.dtype not in (torch.float32, torch.float64):  # half-precision maps (inline capture under autocast)
         attn = attn.float()
-    b, h, t, _ = attn.shape
-    w = weights_for_distances(distances, p) if distances.ndim == 2 else distances
-    w = w.to(device=attn.device, dtype=attn.dtype)
-    # queries become the batch of the product: [N, B*H, keys] @ [N, keys, 2] -> [N, B*H, 2]
-    queries = attn.reshape(b * h, t, t)[:, p:, :].transpose(0, 1)
+    b, h, q, t = attn.shape
+    w = weights.to(device=attn.device, dtype=attn.dtype)
+    # queries become the batch of the product: [q, B*H, keys] @ [q, keys, 2] -> [q, B*H, 2]
+    queries = attn.reshape(b * h, q, t).transpose(0, 1)
     block = t if attn.dtype == torch.float64 else KEY_BLOCK
-    sums = torch.zeros(t - p, b * h, 2, dtype=torch.float64, device=attn.device)
+    sums = torch.zeros(q, b * h, 2, dtype=torch.float64, device=attn.device)
     for k0 in range(p, t, block):  # prefix keys weigh 0: start at the first patch key
         sums += torch.bmm(queries[:, :, k0:k0 + block], w[:, k0:k0 + block])
     per_query = sums[..., 0]
     if renormalize:
         per_query = per_query / sums[..., 1].clamp_min(torch.finfo(torch.float64).tiny)
-    return per_query.mean(0).reshape(b, h)
+    return per_query.reshape(q, b, h)
 
 
 class AttentionDistanceAccumulator(AttentionConsumer):
@@ -221,13 +232,15 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
         self._distances: torch.Tensor | None = None
+        self._queries: dict[int, list[torch.Tensor]] = {}  # layer -> per-query distances of a layer in flight
 
     @classmethod
     def for_model(cls, spec: ModelSpec, renormalize: bool = True) -> "AttentionDistanceAccumulator":
         return cls(spec.num_layers, spec.num_heads, spec.num_prefix_tokens, spec.stride_px, renormalize)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_distances": None}  # the distance matrix is rebuilt where it is needed
+        # the distance matrix is rebuilt where it is needed; a layer in flight does not travel
+        return {**self.__dict__, "_distances": None, "_queries": {}}
 
     def begin_batch(self, batch: BatchInfo | tuple[int, int], image_size: tuple[int, int] | None = None,
                     device: torch.device | str | None = None) -> None:
@@ -250,6 +263,10 @@ class AttentionDistanceAccumulator(AttentionConsumer):
 
     def per_image(self, layer: int, attn: torch.Tensor) -> np.ndarray:
         """[B, H] attention distance of each image of the batch in block ``layer`` (float64)."""
+        self._check(layer, attn)
+        return per_image_distance(attn, self._distances, self.num_prefix_tokens, self.renormalize).cpu().numpy()
+
+    def _check(self, layer: int, attn: torch.Tensor) -> None:
         if self._distances is None:
             raise RuntimeError("begin_batch must be called before the forward")
         n = self._distances.shape[0]
@@ -257,15 +274,32 @@ class AttentionDistanceAccumulator(AttentionConsumer):
             raise InvalidParameterError(
                 f"Block {layer} attends over {attn.shape[-1]} tokens, but {self.num_prefix_tokens} prefix + {n} "
                 "patch tokens were expected; the input size does not match the model's grid.")
-        return per_image_distance(attn, self._distances, self.num_prefix_tokens, self.renormalize).cpu().numpy()
 
     def add(self, layer: int, d: np.ndarray) -> None:
         """Fold per-image distances [B, H] of block ``layer`` into the running statistics."""
         self.mean[layer], self.m2[layer], self.counts[layer] = add_samples(
             self.mean[layer], self.m2[layer], int(self.counts[layer]), d)
 
-    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
-        self.add(layer, self.per_image(layer, attn))
+    def layer_values(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> np.ndarray | None:
+        """Whole maps or blocks of query rows of block ``layer``: each patch query's distance is kept
+        until the layer's last block, which returns the per-image distances [B, H] (None before
+        it); the same numbers however the rows were split."""
+        self._check(layer, attn)
+        start, stop, last = query_rows(attn, rows)
+        p = self.num_prefix_tokens
+        q0 = max(start, p)
+        if q0 < stop:
+            block = attn[:, :, q0 - start:]
+            self._queries.setdefault(layer, []).append(
+                per_query_distance(block, self._distances[q0 - p: stop - p], p, self.renormalize))
+        if not last:
+            return None
+        return torch.cat(self._queries.pop(layer, [])).mean(0).cpu().numpy()
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        d = self.layer_values(layer, attn, rows)
+        if d is not None:
+            self.add(layer, d)
 
     def merge(self, other: "AttentionDistanceAccumulator") -> "AttentionDistanceAccumulator":
         """The accumulator over the images of both (Chan et al.'s parallel update, per head)."""

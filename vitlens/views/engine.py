@@ -5,8 +5,12 @@ A consumer (``AttentionConsumer``) is told four things and answers two:
 
 - ``begin_batch(batch)``: a new batch (``BatchInfo``: its size, input size, token grid, device,
   and the images' labels and object masks when the image set has them);
-- ``on_attention(layer, attn)``: block ``layer``'s post-softmax attention [B, heads, T, T]
-  (float32, detached), first block first; nothing is kept unless the consumer keeps it;
+- ``on_attention(layer, attn, rows=None)``: block ``layer``'s post-softmax attention, first
+  block first (float32, detached; nothing is kept unless the consumer keeps it). Whole
+  (``rows=None``, attn [B, heads, T, T]) or as blocks of query rows: ``rows`` is the slice of
+  queries ``attn`` [B, heads, rows.stop - rows.start, T] holds; a layer's blocks arrive in order,
+  cover every query once, and the one with ``rows.stop == T`` is its last (an engine that
+  computes the probabilities a block of queries at a time never holds a whole map);
 - ``end_batch(logits)``: the batch's model output (float32), after the last block;
 - ``result(spec)``: the finished result object (a ``vitlens.results.Result``);
 - ``merge(other)``: the consumer state over the images of both (partial states of disjoint
@@ -65,8 +69,9 @@ class AttentionConsumer:
     def begin_batch(self, batch: BatchInfo) -> None:
         """A new batch is about to run."""
 
-    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
-        """Block ``layer``'s attention [B, heads, T, T] of the current batch."""
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        """Block ``layer``'s attention of the current batch: whole [B, heads, T, T], or the query rows
+        ``rows`` of it [B, heads, q, T] (see the module docstring)."""
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         """The current batch's model output, after its last block."""
@@ -79,8 +84,34 @@ class AttentionConsumer:
         """A consumer whose state covers the images of both (disjoint image sets)."""
         raise NotImplementedError
 
-    def __call__(self, layer: int, attn: torch.Tensor) -> None:  # a consumer is also a capture callback
-        self.on_attention(layer, attn)
+    def __call__(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        self.on_attention(layer, attn, rows)  # a consumer is also a capture callback
+
+
+def query_rows(attn: torch.Tensor, rows: slice | None) -> tuple[int, int, bool]:
+    """(first query, stop, last block of the layer?) of an ``on_attention`` call."""
+    t = attn.shape[-1]
+    if rows is None:
+        return 0, attn.shape[-2], True
+    start, stop = int(rows.start or 0), int(rows.stop)
+    if stop - start != attn.shape[-2] or not 0 <= start < stop <= t:
+        raise InvalidParameterError(f"Rows {start}:{stop} do not match an attention block of {attn.shape[-2]} "
+                                    f"queries over {t} keys.")
+    return start, stop, stop == t
+
+
+def split_rows(attn: torch.Tensor, sizes: Sequence[int]) -> list[tuple[torch.Tensor, slice]]:
+    """A whole map [B, H, T, T] as blocks of ``sizes`` query rows (the last takes the rest):
+    what an engine that computes a block of queries at a time hands over."""
+    t, out, start = attn.shape[-2], [], 0
+    for size in list(sizes) + [t]:
+        stop = min(t, start + int(size))
+        if stop > start:
+            out.append((attn[:, :, start:stop], slice(start, stop)))
+        start = stop
+        if start >= t:
+            break
+    return out
 
 
 def model_name(spec: ModelSpec | str | None) -> str:

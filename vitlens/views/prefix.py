@@ -20,7 +20,7 @@ from ..loading.model import LoadedModel
 from ..loading.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
-from .engine import AttentionConsumer, model_name, stream_attention
+from .engine import AttentionConsumer, model_name, query_rows, stream_attention
 
 #: a head "parks" its attention when patch queries put more than this share on one prefix token
 PARKED = 0.5
@@ -53,17 +53,27 @@ class PrefixAttentionAccumulator(AttentionConsumer):
         self.num_prefix_tokens = num_prefix_tokens
         self.sums = np.zeros((num_layers, num_heads, num_prefix_tokens))
         self.counts = np.zeros(num_layers, dtype=np.int64)
+        self._queries: dict[int, list[torch.Tensor]] = {}  # layer -> prefix mass of the queries seen so far
 
     @classmethod
     def for_model(cls, spec: ModelSpec) -> "PrefixAttentionAccumulator":
         return cls(spec.num_layers, spec.num_heads, spec.num_prefix_tokens)
 
-    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_queries": {}}  # a layer in flight does not travel
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        """Whole maps or blocks of query rows; a layer is folded in at its last block."""
+        start, stop, last = query_rows(attn, rows)
         p = self.num_prefix_tokens
-        if p:
-            # [B, H, patch queries, prefix keys] -> per image: mean over queries; summed over images
-            self.sums[layer] += attn[:, :, p:, :p].double().mean(2).sum(0).cpu().numpy()
-        self.counts[layer] += attn.shape[0]
+        if p and max(start, p) < stop:
+            # [B, H, patch queries, prefix keys] of this block, kept until the layer is complete
+            self._queries.setdefault(layer, []).append(attn[:, :, max(start, p) - start:, :p].double())
+        if last:
+            if p:
+                # per image: mean over every patch query; summed over images
+                self.sums[layer] += torch.cat(self._queries.pop(layer), dim=2).mean(2).sum(0).cpu().numpy()
+            self.counts[layer] += attn.shape[0]
 
     def merge(self, other: "PrefixAttentionAccumulator") -> "PrefixAttentionAccumulator":
         if self.sums.shape != other.sums.shape:

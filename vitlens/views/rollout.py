@@ -20,7 +20,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..loading.spec import ModelSpec
 from ..results import Result
-from .engine import AttentionConsumer, BatchInfo, model_name
+from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
 
 if TYPE_CHECKING:
     from ..loading.model import LoadedModel
@@ -185,6 +185,7 @@ class RolloutAccumulator(AttentionConsumer):
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
         self._fused: list[torch.Tensor] = []
+        self._rows: list[torch.Tensor] = []  # fused query rows of the block in flight
         self._maps: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
         self._probs: list[np.ndarray] = []
@@ -209,17 +210,24 @@ class RolloutAccumulator(AttentionConsumer):
         self.grid = (int(grid[0]), int(grid[1]))
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
-        self._fused = []
+        self._fused, self._rows = [], []
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fused": []}  # a batch in flight does not travel
+        return {**self.__dict__, "_fused": [], "_rows": []}  # a batch in flight does not travel
 
-    def on_attention(self, layer: int, attn: torch.Tensor) -> None:
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        """Whole maps or blocks of query rows: rollout needs every block's head-fused map (B x T x T
+        numbers per block: the chain runs from the last block back), assembled from its rows."""
         if layer != len(self._fused):
             raise RuntimeError(f"Rollout expected block {len(self._fused)}, got block {layer}.")
+        _, _, last = query_rows(attn, rows)
         # the fused map is kept in the attention's dtype (max/min exact, the mean rounds like the
         # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
-        fused = fuse(attn, self.head_fusion)
+        self._rows.append(fuse(attn, self.head_fusion))
+        if not last:
+            return
+        fused = self._rows[0] if len(self._rows) == 1 else torch.cat(self._rows, dim=1)
+        self._rows = []
         if self.discard_ratio > 0:
             fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token)
         self._fused.append(fused)
@@ -239,7 +247,7 @@ class RolloutAccumulator(AttentionConsumer):
         else:
             self._preds.append(np.full(b, -1, dtype=np.int64))
             self._probs.append(np.full(b, np.nan))
-        self._fused = []
+        self._fused, self._rows = [], []
         return maps
 
     @property
