@@ -185,14 +185,13 @@ def train_hybrid(r: Recipe, folder: Path, n_eval: int = 64) -> tuple[torch.nn.Mo
 def measure(model: torch.nn.Module, name: str, n_eval: int, n_acc: int) -> dict:
     """Everything the table needs about one model, measured with vitlens on held-out scenes."""
     from vitlens.attribution.evaluation import rollout_mask_scores
-    from vitlens.views.distance import token_distance_matrix
     from vitlens.views.position import neighbour_similarity
 
     m = vl.LoadedModel.from_module(model, name=name, device="cpu")
     m.data_config.update({"mean": (0.5,) * 3, "std": (0.5,) * 3, "crop_pct": 1.0, "interpolation": "bilinear"})
     data = generate(n_eval, seed=HELD_OUT_SEED)
     d = vl.attention_distance(m, list(data.images), batch_size=128)
-    uniform = float(token_distance_matrix(m.spec.grid, m.spec.stride_px).mean())
+    uniform = d.uniform_px
     pos = neighbour_similarity(vl.position_similarity(m))
     roll = rollout_mask_scores(m, list(data.images), data.masks).summary()
     medians = np.median(d.mean_px, axis=1)

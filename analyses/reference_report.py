@@ -39,7 +39,7 @@ def measure(name: str, n_acc: int, n_rollout: int, n_distance: int) -> dict:
         scores = rollout_mask_scores(m, data.images[:n_rollout], data.masks[:n_rollout], discard_ratio=discard)
         out[f"rollout_discard_{discard}"] = scores.summary()
     d = vl.attention_distance(m, data.images[:n_distance], batch_size=128)
-    uniform = float(np.mean(vl.views.distance.token_distance_matrix(m.spec.grid, m.spec.stride_px).numpy()))
+    uniform = d.uniform_px
     out["distance"] = {
         "n_images": d.n_images,
         "uniform_px": uniform,

@@ -162,8 +162,7 @@ class _Side:
 
 def default_layers(m: LoadedModel) -> list[str]:
     """The blocks of a loaded ViT, first to last (the modules holding each attention module)."""
-    names = {id(mod): n for n, mod in m.model.named_modules()}
-    return [names[id(a)].rsplit(".", 1)[0] for a in m.family.attention_modules(m.model)]
+    return m.block_names()
 
 
 def _side(model: LoadedModel | nn.Module, layers: Sequence[str] | None) -> _Side:

@@ -70,8 +70,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
             if why:
                 raise WeightsUnavailableError(
                     f"The Hugging Face model {ref!r} is not in the local cache and could not be downloaded: {why}.",
-                    fixes={"python": f"Save it where there is network (model.save_pretrained('folder')) and pass "
-                                     f"vl.load_model('hf:folder').",
+                    fixes={"python": "Save it where there is network (model.save_pretrained('folder')) and pass "
+                                     "vl.load_model('hf:folder').",
                            "cli": "Save it where there is network (save_pretrained) and pass --model hf:FOLDER.",
                            "app": "Save it where there is network (save_pretrained) and give hf:FOLDER as the name."})
     try:
@@ -114,7 +114,7 @@ def load_torchvision(name: str, pretrained: bool = True) -> tuple[nn.Module, str
         raise WeightsUnavailableError(
             f"The torchvision weights of {arch} ({weights.url}) are not in torch's cache ({cached.parent}) and "
             "could not be downloaded (no network, or HF_HUB_OFFLINE is set).",
-            fixes={"python": f"Put the file there, or pass pretrained=False for random weights.",
+            fixes={"python": "Put the file there, or pass pretrained=False for random weights.",
                    "cli": "Put the file there, or add --random-init.",
                    "app": "Put the file there, or untick 'Pretrained weights'."})
     model.load_state_dict(weights.get_state_dict(progress=False))

@@ -33,6 +33,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    """The one check of a compute dtype (float32, or bf16/fp16 run under autocast)."""
+    if dtype not in COMPUTE_DTYPES:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
+
+
 @dataclass
 class LoadedModel:
     """A ViT in eval mode with what the views need to read it.
@@ -59,6 +70,17 @@ class LoadedModel:
     def __post_init__(self) -> None:
         if self.family is None:
             self.family = family_of(self.model, self.spec.name)
+
+    def block_names(self) -> list[str]:
+        """Module names of the blocks, first to last: the modules that hold each attention module
+        (what token norms and CKA hook; ``model.named_modules()`` names)."""
+        names = {id(mod): n for n, mod in self.model.named_modules()}
+        return [names[id(a)].rsplit(".", 1)[0] for a in self.family.attention_modules(self.model)]
+
+    def blocks(self) -> list[nn.Module]:
+        """The block modules of ``block_names``, first to last."""
+        modules = dict(self.model.named_modules())
+        return [modules[n] for n in self.block_names()]
 
     def __repr__(self) -> str:
         """One line, like the results (the module's own repr is thousands of characters)."""
@@ -97,10 +119,7 @@ class LoadedModel:
         Raises:
             UnsupportedModelError: naming the first block or attention type vitlens cannot capture.
         """
-        from ..errors import InvalidParameterError
-
-        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
+        check_dtype(dtype)
         name = name or type(module).__name__
         family = family_of(module, name)
         dev = resolve_device(device)

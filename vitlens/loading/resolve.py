@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
-from .model import LoadedModel, resolve_device
+from .model import LoadedModel, check_dtype, resolve_device
 
 #: how each interface asks for random weights / a checkpoint with its architecture
 RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
@@ -152,12 +152,10 @@ def load_model(
         UnknownModelError, UnsupportedModelError, WeightsUnavailableError, CheckpointError,
         DeviceUnavailableError, InvalidParameterError.
     """
-    from ..errors import InvalidParameterError
     from ..reference import REFERENCE_NAMES, build_reference, weights_path
     from .checkpoint import load_checkpoint_into, looks_like_checkpoint_path
 
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
+    check_dtype(dtype)
     dev = resolve_device(device)
     if isinstance(name, nn.Module):
         return LoadedModel.from_module(name, device=dev, dtype=dtype)

@@ -78,8 +78,9 @@ class AttentionMapsResult(Result):
 
     def prefix_mass(self) -> np.ndarray:
         """[layers, heads, P] share of the patch queries' attention on each prefix token (mean over queries)."""
-        p = self.num_prefix_tokens
-        return self.maps[:, :, p:, :p].astype(np.float64).mean(axis=2)
+        from .prefix import prefix_mass
+
+        return prefix_mass(self.maps, self.num_prefix_tokens)
 
     def parked_heads(self, labels: list[str], threshold: float = 0.5) -> list[dict]:
         """Heads of this image whose patch queries put more than ``threshold`` on one prefix token."""

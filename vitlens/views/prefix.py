@@ -35,6 +35,20 @@ def prefix_labels(spec: ModelSpec) -> list[str]:
     return [f"prefix {i + 1}" for i in range(spec.num_prefix_tokens)]
 
 
+def prefix_mass(attn: np.ndarray | torch.Tensor, num_prefix_tokens: int) -> np.ndarray | torch.Tensor:
+    """Share of each patch query's attention on each prefix token, mean over the patch queries:
+    [..., T, T] -> [..., P] in float64 (numpy in, numpy out; torch likewise)."""
+    p = num_prefix_tokens
+    return patch_queries_mass(attn[..., p:, :p])
+
+
+def patch_queries_mass(rows: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """``prefix_mass`` of the patch queries' rows over the prefix keys [..., N, P] -> [..., P]."""
+    if isinstance(rows, np.ndarray):
+        return rows.astype(np.float64).mean(axis=-2)
+    return rows.double().mean(dim=-2)
+
+
 def parked_heads(mass: np.ndarray, labels: list[str], threshold: float = PARKED) -> list[dict]:
     """(layer, head, token, share) of every head whose patch queries put more than ``threshold``
     of their attention on one prefix token; ``mass`` is [L, H, P]; layer and head 1-based."""
@@ -68,11 +82,11 @@ class PrefixAttentionAccumulator(AttentionConsumer):
         p = self.num_prefix_tokens
         if p and max(start, p) < stop:
             # [B, H, patch queries, prefix keys] of this block, kept until the layer is complete
-            self._queries.setdefault(layer, []).append(attn[:, :, max(start, p) - start:, :p].double())
+            self._queries.setdefault(layer, []).append(attn[:, :, max(start, p) - start:, :p])
         if last:
             if p:
                 # per image: mean over every patch query; summed over images
-                self.sums[layer] += torch.cat(self._queries.pop(layer), dim=2).mean(2).sum(0).cpu().numpy()
+                self.sums[layer] += patch_queries_mass(torch.cat(self._queries.pop(layer), dim=2)).sum(0).cpu().numpy()
             self.counts[layer] += attn.shape[0]
 
     def merge(self, other: "PrefixAttentionAccumulator") -> "PrefixAttentionAccumulator":
@@ -167,9 +181,7 @@ class TokenNorms:
 
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
-        names = {id(mod): n for n, mod in m.model.named_modules()}
-        modules = dict(m.model.named_modules())
-        self.blocks = [modules[names[id(a)].rsplit(".", 1)[0]] for a in m.family.attention_modules(m.model)]
+        self.blocks = m.blocks()
         self.handles: list = []
 
     def __enter__(self) -> "TokenNorms":
