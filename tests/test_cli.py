@@ -116,8 +116,13 @@ def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
     proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "2",
                    "--samples", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
-    assert vl.load_result(out.with_suffix(".json")).units == "width"
+    data = vl.load_result(out.with_suffix(".json"))
+    assert data.units == "width" and data.weights == ["embedded", "random init"]
     assert "units of the image width" in out.read_text()
+    # the one-line reading speaks of the models compared: not of "the embedded pair" when one has random weights
+    assert "embedded pair" not in data.reading()
+    if data.reading().startswith("Flat"):
+        assert "vit_tiny_patch16_224 has random weights" in data.reading()
 
 
 def test_same_command_gives_the_same_numbers(tmp_path):
@@ -209,7 +214,17 @@ def test_report_with_attributions_scores_every_method(tmp_path):
     assert [r["method"] for r in table.rows] == ["rollout", "grad_rollout", "integrated_gradients", "saliency",
                                                  "input_x_gradient", "occlusion"]
     assert table.n_images == 3 and all("pointing_game" in r for r in table.rows)  # shapes come with masks
-    assert "Attributions and faithfulness" in out.read_text()
+    page = out.read_text()
+    assert "Attributions and faithfulness" in page
+    # plotly.js once, and so every image, array and plotly template: the attribution panels all show the
+    # same image, which the rollout grid shows too, and plotly writes its template into every figure
+    assert page.count("plotly.js v") == 1 and '"template":{' not in page.split("VL_TEMPLATE=", 1)[-1]
+    import re
+
+    literals = re.findall(r'"(?:bdata|source)":("(?:[^"\\]|\\.)*")', page)
+    big = [v for v in literals if len(v) >= 512]
+    assert big and len(big) == len(set(big))
+    assert '"source":"data:image/png;base64,' in page  # images as PNG, not arrays of pixels
 
 
 def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
@@ -287,5 +302,17 @@ def test_reports_say_when_predictions_mean_nothing(tmp_path):
     shapes = run_cli_here("report", "--model", "ref-vit", "--n-images", "2", "--out", str(tmp_path / "s.html"),
                           "--quiet")
     assert shapes.returncode == 0 and "mean nothing" not in (tmp_path / "s.html").read_text()
-    notes = vl.load_result(tmp_path / "r.json").notes
+    data = vl.load_result(tmp_path / "r.json")
+    notes = data.notes
     assert notes["ref-vit"].startswith("The embedded models") and notes["vit_tiny_patch16_224"].startswith("Random")
+    # each model's attention distance in one line, as the Compare view reads it, saying what is true of the model
+    import html
+
+    from vitlens.report.data import distance_reading
+
+    assert data.weights == {"ref-vit": "embedded", "vit_tiny_patch16_224": "random init"}
+    text = html.unescape(page)
+    for a in data.analyses:
+        reading = distance_reading(a.distance, a.spec.name, data.weights[a.spec.name])
+        assert reading in text and reading.startswith(("Flat:", a.spec.name))
+    assert "vit_tiny_patch16_224 is an embedded model" not in text

@@ -165,7 +165,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=environment(str(models[0].device)), timings=timings, command=_command(),
-                      attributions=tables, notes=notes, heads=heads)
+                      attributions=tables, notes=notes, heads=heads,
+                      weights={m.spec.name: m.weights for m in models})
     figs = report_figures(data, shown)
     page = report_html(data, shown, figs)
     if args.png:
@@ -227,7 +228,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     timings["total"] = time.perf_counter() - t_start
     data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
                       image_set=image_set, environment=environment(str(models[0].device)), timings=timings,
-                      command=_command())
+                      command=_command(), weights=[m.weights for m in models])
     if args.cka:
         data.cka = [vl.cka(models[0], other, images, batch_size=max(4, args.batch_size), progress=not args.quiet)
                     for other in models[1:]]
