@@ -151,6 +151,54 @@ def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp
     assert strict.returncode == 2 and "b.jpg" in strict.stderr and not (tmp_path / "s.html").exists()
 
 
+@pytest.mark.parametrize("args", [
+    ["report", "--model", "ref-vit", "--out", "{tmp}/r.html", "--png", "/proc/forbidden"],
+    ["report", "--model", "ref-vit", "--out", "/proc/forbidden/r.html"],
+    ["report", "--model", "ref-vit", "--out", "{tmp}/r.html", "--data", "/sys/r.json"],
+    ["report", "--model", "ref-vit", "--out", "{tmp}/file.txt/r.html"],
+    ["compare", "--out", "{tmp}/c.html", "--png", "/proc/forbidden"],
+    ["survey", "--models", "ref-vit", "--out", "/proc/forbidden"],
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, args):
+    (tmp_path / "file.txt").write_text("a file, not a folder")
+    proc = run_cli_here(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("vitlens: error: --") and "cannot be written" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_models_lists_the_families_and_the_names_each_takes():
+    from vitlens.families import FAMILIES, describe_families
+
+    proc = run_cli_here("models")
+    assert proc.returncode == 0
+    for family in describe_families():
+        assert family["name"] in proc.stdout and family["reads"] in proc.stdout
+    assert len(describe_families()) == len(FAMILIES) >= 5
+    for scheme in ("vit_base_patch16_224", "hf:ORG/NAME", "torchvision:vit_b_16", "--model FILE --arch NAME",
+                   "ref-vit, ref-hybrid", "--random-init", "swin_transformer"):
+        assert scheme in proc.stdout, scheme
+
+
+def test_every_command_takes_n_images_and_survey_keeps_max_images_hidden():
+    from vitlens.report.cli import build_parser
+
+    parser = build_parser()
+    for command in (["report"], ["compare"], ["survey", "--out", "x"]):
+        assert parser.parse_args([*command, "--n-images", "4"]).n_images == 4
+    assert parser.parse_args(["survey", "--out", "x", "--max-images", "3"]).n_images == 3  # the older name
+    help_text = run_cli_here("survey", "--help").stdout
+    assert "--n-images" in help_text and "--max-images" not in help_text
+
+
+def test_survey_report_of_a_missing_folder_says_it_does_not_exist(tmp_path):
+    proc = run_cli_here("survey-report", str(tmp_path / "no_such_zoo"), "--out", str(tmp_path / "s.html"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "not a survey folder" not in proc.stderr
+    proc = run_cli_here("survey-report", str(tmp_path), "--out", str(tmp_path / "s.html"))
+    assert proc.returncode == 2 and "not a survey folder" in proc.stderr  # it exists, without a manifest
+
+
 @pytest.mark.parametrize("args,message", [
     (["report", "--model", "vit_base_patch16_22"], "Unknown model"),
     (["report", "--model", "resnet50", "--random-init"], "not a Vision Transformer"),

@@ -251,6 +251,9 @@ def load_survey(path: str | Path) -> SurveyResult:
     import pandas as pd
 
     store = SurveyStore(path)
+    if not Path(path).exists():
+        raise InvalidParameterError(f"{path} does not exist; give the folder a survey was written to "
+                                    "(vitlens survey --out).")
     manifest = store.manifest()
     if manifest is None:
         raise InvalidParameterError(f"{path} is not a survey folder (no manifest.json); run vitlens survey first.")
