@@ -328,14 +328,38 @@ def cmd_survey(args: argparse.Namespace) -> int:
             raise CliError(str(e)) from e
     else:
         source = shapes_source(args.n_images or 128)
-    result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
-                       shard_size=args.shard_size, views=args.views, num_gpus_per_worker=args.num_gpus_per_worker,
-                       pretrained=args.pretrained, strict=args.strict, progress=not args.quiet)
+    try:
+        result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
+                           shard_size=args.shard_size, views=args.views,
+                           num_gpus_per_worker=args.num_gpus_per_worker, pretrained=args.pretrained,
+                           strict=args.strict, progress=not args.quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupted_survey(Path(args.out))) from None
+    failed = ""
+    if result.failed and not args.quiet:  # each was said as it happened, with its reason
+        failed = f"; {len(result.failed)} failed ({', '.join(result.failed)}: the reason is above)"
+    logs = Path(args.out) / "logs"
     _log(args, f"wrote {Path(args.out) / 'table.parquet'} ({len(result.table)} rows) and the manifest; "
-               f"{len(result.models())} model(s) done")
-    for name, reason in result.failed.items():
-        print(f"vitlens: failed: {name}: {reason}", file=sys.stderr)
+               f"{len(result.models())} model(s) done{failed}"
+               + (f"; Ray's messages are in {logs}" if logs.is_dir() else ""))
+    if args.quiet:  # nothing was said yet: one line per failed model
+        for name, reason in result.failed.items():
+            print(f"vitlens: failed: {name}: {reason}", file=sys.stderr)
     return EXIT_ERROR if result.failed else 0
+
+
+def interrupted_survey(out: Path) -> str:
+    """What a survey interrupted with Ctrl-C left in its folder, in words."""
+    from vitlens.survey.store import SurveyStore
+
+    store = SurveyStore(out)
+    if store.manifest() is None:
+        return "nothing was written."
+    kept = store.finished_shards()
+    if not kept:
+        return f"no shard had finished; {out} holds the manifest only, and a rerun starts the shards over."
+    return (f"{kept} finished shard{'s' * (kept != 1)} kept in {out}; a rerun with the same command resumes "
+            "from them.")
 
 
 def cmd_survey_report(args: argparse.Namespace) -> int:
