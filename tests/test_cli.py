@@ -272,7 +272,7 @@ def test_report_with_attributions_scores_every_method(tmp_path):
     literals = re.findall(r'"(?:bdata|source)":("(?:[^"\\]|\\.)*")', page)
     big = [v for v in literals if len(v) >= 512]
     assert big and len(big) == len(set(big))
-    assert '"source":"data:image/png;base64,' in page  # images as PNG, not arrays of pixels
+    assert "data:image\\u002fpng;base64," in page  # images as PNG (plotly writes "/" as \u002f), not pixels
 
 
 def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
