@@ -172,7 +172,8 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
     near = near_uniform_share(d)
     if near >= FLAT_SHARE:
         why = why_flat([name], [weights or ""])
-        tail = "" if weights in ("pretrained", "checkpoint") else "; hub checkpoints show local heads in the first layers"
+        tail = ("" if weights in ("pretrained", "checkpoint") else
+                "; hub checkpoints show local heads in the first layers")
         return (f"Flat: {100 * near:.0f}% of {name}'s heads sit within 10% of the uniform-attention distance "
                 f"({d.uniform_px:.1f} px), so it has no local heads and no rise with depth here (Fig. 7 right)"
                 f"{f': {why}' if why else ''}{tail}.")

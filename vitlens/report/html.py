@@ -54,8 +54,9 @@ def _png_uri(rgb: np.ndarray) -> str:
 
 def page_figure(fig: go.Figure) -> go.Figure:
     """A copy of ``fig`` that is lighter to inline, drawn the same: RGB(A) uint8 images as PNG
-    data URIs instead of pixel arrays (drawn unsmoothed, as plotly draws ``z``), float64 arrays of 1024 values or more (overlay heatmaps,
-    position tiles) as float32 (the figures show at most four digits)."""
+    data URIs instead of pixel arrays (drawn unsmoothed, as plotly draws ``z``), float64 arrays
+    of 1024 values or more (overlay heatmaps, position tiles) as float32 (the figures show at
+    most four digits)."""
     light = go.Figure(fig)
     for trace in light.data:
         if trace.type == "image" and trace.source is None and trace.z is not None:
