@@ -116,8 +116,13 @@ def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
     proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "2",
                    "--samples", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
-    assert vl.load_result(out.with_suffix(".json")).units == "width"
+    data = vl.load_result(out.with_suffix(".json"))
+    assert data.units == "width" and data.weights == ["embedded", "random init"]
     assert "units of the image width" in out.read_text()
+    # the one-line reading speaks of the models compared: not of "the embedded pair" when one has random weights
+    assert "embedded pair" not in data.reading()
+    if data.reading().startswith("Flat"):
+        assert "vit_tiny_patch16_224 has random weights" in data.reading()
 
 
 def test_same_command_gives_the_same_numbers(tmp_path):
@@ -144,6 +149,54 @@ def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp
     strict = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
                      "--strict", "--out", str(tmp_path / "s.html"))
     assert strict.returncode == 2 and "b.jpg" in strict.stderr and not (tmp_path / "s.html").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "--model", "ref-vit", "--out", "{tmp}/r.html", "--png", "/proc/forbidden"],
+    ["report", "--model", "ref-vit", "--out", "/proc/forbidden/r.html"],
+    ["report", "--model", "ref-vit", "--out", "{tmp}/r.html", "--data", "/sys/r.json"],
+    ["report", "--model", "ref-vit", "--out", "{tmp}/file.txt/r.html"],
+    ["compare", "--out", "{tmp}/c.html", "--png", "/proc/forbidden"],
+    ["survey", "--models", "ref-vit", "--out", "/proc/forbidden"],
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, args):
+    (tmp_path / "file.txt").write_text("a file, not a folder")
+    proc = run_cli_here(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("vitlens: error: --") and "cannot be written" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_models_lists_the_families_and_the_names_each_takes():
+    from vitlens.families import FAMILIES, describe_families
+
+    proc = run_cli_here("models")
+    assert proc.returncode == 0
+    for family in describe_families():
+        assert family["name"] in proc.stdout and family["reads"] in proc.stdout
+    assert len(describe_families()) == len(FAMILIES) >= 5
+    for scheme in ("vit_base_patch16_224", "hf:ORG/NAME", "torchvision:vit_b_16", "--model FILE --arch NAME",
+                   "ref-vit, ref-hybrid", "--random-init", "swin_transformer"):
+        assert scheme in proc.stdout, scheme
+
+
+def test_every_command_takes_n_images_and_survey_keeps_max_images_hidden():
+    from vitlens.report.cli import build_parser
+
+    parser = build_parser()
+    for command in (["report"], ["compare"], ["survey", "--out", "x"]):
+        assert parser.parse_args([*command, "--n-images", "4"]).n_images == 4
+    assert parser.parse_args(["survey", "--out", "x", "--max-images", "3"]).n_images == 3  # the older name
+    help_text = run_cli_here("survey", "--help").stdout
+    assert "--n-images" in help_text and "--max-images" not in help_text
+
+
+def test_survey_report_of_a_missing_folder_says_it_does_not_exist(tmp_path):
+    proc = run_cli_here("survey-report", str(tmp_path / "no_such_zoo"), "--out", str(tmp_path / "s.html"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr and "not a survey folder" not in proc.stderr
+    proc = run_cli_here("survey-report", str(tmp_path), "--out", str(tmp_path / "s.html"))
+    assert proc.returncode == 2 and "not a survey folder" in proc.stderr  # it exists, without a manifest
 
 
 @pytest.mark.parametrize("args,message", [
@@ -209,7 +262,17 @@ def test_report_with_attributions_scores_every_method(tmp_path):
     assert [r["method"] for r in table.rows] == ["rollout", "grad_rollout", "integrated_gradients", "saliency",
                                                  "input_x_gradient", "occlusion"]
     assert table.n_images == 3 and all("pointing_game" in r for r in table.rows)  # shapes come with masks
-    assert "Attributions and faithfulness" in out.read_text()
+    page = out.read_text()
+    assert "Attributions and faithfulness" in page
+    # plotly.js once, and so every image, array and plotly template: the attribution panels all show the
+    # same image, which the rollout grid shows too, and plotly writes its template into every figure
+    assert page.count("plotly.js v") == 1 and '"template":{' not in page.split("VL_TEMPLATE=", 1)[-1]
+    import re
+
+    literals = re.findall(r'"(?:bdata|source)":("(?:[^"\\]|\\.)*")', page)
+    big = [v for v in literals if len(v) >= 512]
+    assert big and len(big) == len(set(big))
+    assert "data:image\\u002fpng;base64," in page  # images as PNG (plotly writes "/" as \u002f), not pixels
 
 
 def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
@@ -287,5 +350,17 @@ def test_reports_say_when_predictions_mean_nothing(tmp_path):
     shapes = run_cli_here("report", "--model", "ref-vit", "--n-images", "2", "--out", str(tmp_path / "s.html"),
                           "--quiet")
     assert shapes.returncode == 0 and "mean nothing" not in (tmp_path / "s.html").read_text()
-    notes = vl.load_result(tmp_path / "r.json").notes
+    data = vl.load_result(tmp_path / "r.json")
+    notes = data.notes
     assert notes["ref-vit"].startswith("The embedded models") and notes["vit_tiny_patch16_224"].startswith("Random")
+    # each model's attention distance in one line, as the Compare view reads it, saying what is true of the model
+    import html
+
+    from vitlens.report.data import distance_reading
+
+    assert data.weights == {"ref-vit": "embedded", "vit_tiny_patch16_224": "random init"}
+    text = html.unescape(page)
+    for a in data.analyses:
+        reading = distance_reading(a.distance, a.spec.name, data.weights[a.spec.name])
+        assert reading in text and reading.startswith(("Flat:", a.spec.name))
+    assert "vit_tiny_patch16_224 is an embedded model" not in text

@@ -87,29 +87,89 @@ def test_the_table_reads_in_pandas_and_duckdb(reference):
 
     out, _ = reference
     frame = pd.read_parquet(out / "table.parquet")
-    assert list(frame.columns) == ["model", "layer", "head", "metric", "value", "n_images", "class"]
+    assert list(frame.columns) == ["model", "weights", "layer", "head", "metric", "value", "n_images", "class"]
     con = duckdb.connect()
     got = con.execute(f"select layer, median(value) from read_parquet('{out / 'table.parquet'}') "
                       "where metric = 'mean_distance_px' and class is null group by layer order by layer").fetchall()
     assert [r[0] for r in got] == list(range(1, 7))
 
 
-def test_an_older_folder_is_extended_not_corrupted(reference, tmp_path):
+@pytest.fixture(scope="module")
+def extended(reference, tmp_path_factory):
+    """The reference folder extended with a random-init vit_tiny (224 px beside ref-vit's 64 px):
+    (folder, result, ref-vit's shard times before, after)."""
     out, _ = reference
-    folder = tmp_path / "zoo"
+    folder = tmp_path_factory.mktemp("extended") / "zoo"
     shutil.copytree(out, folder)
     vit_shards = sorted((folder / "shards").glob("ref-vit-*/*.npz"))
     stamps = [p.stat().st_mtime_ns for p in vit_shards]
     result = vl.survey(["ref-vit", "vit_tiny_patch16_224"], shapes_source(N), folder, shard_size=6, batch_size=4,
                        pretrained=False, progress=False, views=("distance", "rollout", "predictions", "weights"))
-    assert [p.stat().st_mtime_ns for p in vit_shards] == stamps  # finished shards were not recomputed
-    assert sorted(result.models()) == ["ref-vit", "vit_tiny_patch16_224 (random init)"]
+    return folder, result, stamps, [p.stat().st_mtime_ns for p in vit_shards]
+
+
+def test_an_older_folder_is_extended_not_corrupted(reference, extended):
+    out, _ = reference
+    folder, result, stamps, after = extended
+    assert after == stamps  # finished shards were not recomputed
+    assert sorted(result.models()) == ["ref-vit", "vit_tiny_patch16_224"]
     assert "no_such_model_x" in result.failed  # the older run's record is kept
     np.testing.assert_allclose(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px)
     with pytest.raises(vl.InvalidParameterError, match="other settings"):
         vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=5, batch_size=4, progress=False)
     with pytest.raises(vl.InvalidParameterError, match="other images"):
         vl.survey(["ref-vit"], shapes_source(N + 1), folder, shard_size=6, batch_size=4, progress=False)
+
+
+def test_a_random_init_model_is_found_by_the_name_given_and_its_weights_are_a_column(extended):
+    folder, result, _, _ = extended
+    tiny = result.distance("vit_tiny_patch16_224")  # the name the user gave, surveyed with --random-init
+    assert tiny.n_images == N and tiny.model_name == "vit_tiny_patch16_224"
+    t = vl.load_survey(folder).table
+    assert dict(t.groupby("model")["weights"].unique().map(list)) == {
+        "ref-vit": ["embedded"], "vit_tiny_patch16_224": ["random init"]}
+    assert not t["model"].str.contains("random").any()
+    with pytest.raises(vl.InvalidParameterError, match="no finished survey"):
+        result.distance("vit_tiny_patch16_224", weights="pretrained")
+
+
+def test_an_older_table_gets_its_weights_column(reference, tmp_path):
+    """Folders written before the weights had a column (model "NAME (random init)") still load."""
+    import json
+
+    import pandas as pd
+
+    out, _ = reference
+    folder = tmp_path / "old"
+    shutil.copytree(out, folder)
+    table = pd.read_parquet(folder / "table.parquet").drop(columns="weights")
+    table.to_parquet(folder / "table.parquet", index=False)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for entry in manifest["models"].values():
+        entry.pop("weights", None)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    result = vl.load_survey(folder)
+    assert list(result.table.columns[:2]) == ["model", "weights"]
+    assert set(result.table["weights"]) == {"embedded"} and result.models() == ["ref-vit"]
+
+
+def test_the_survey_page_speaks_in_image_widths_and_words(extended):
+    from vitlens.survey.report import summary_rows, survey_figures, survey_html
+
+    _, result, _, _ = extended
+    figs = survey_figures(result)
+    legend = [tr.name for tr in figs["depth"].data]
+    assert legend == ["ref-vit (ViT, embedded)", "vit_tiny_patch16_224 (ViT, random init)"]
+    per_class = figs["per-class"]  # a 64-px and a 224-px model: pixels would show the input size only
+    assert per_class.data[0].colorbar.title.text == "widths" and "pixels" not in per_class.layout.title.text
+    assert 0 < np.nanmax(per_class.data[0].z) < 1
+    rows = {r["model"]: r for r in summary_rows(result)}
+    assert rows["vit_tiny_patch16_224"]["accuracy note"] == "random weights: the accuracy means nothing"
+    assert rows["ref-vit"]["accuracy note"] == ""  # the embedded models on their own shape scenes
+    page = survey_html(result)
+    assert "shards of 6 images · batches of 4 · views: distance, rollout, predictions, weights" in page
+    assert "{&#x27;shard_size&#x27;" not in page and "{'shard_size'" not in page
+    assert "(random init) (vit)" not in page and "random weights: the accuracy means nothing" in page
 
 
 def test_unreadable_images_are_skipped_and_counted(local_ray, tmp_path):
@@ -139,10 +199,69 @@ def test_a_worker_process_killed_mid_task_is_retried_with_identical_numbers(refe
     np.testing.assert_array_equal(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px)
 
 
+def test_a_rerun_says_what_it_computed_and_what_it_reused_and_a_failure_once(reference, tmp_path, capsys):
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    next((folder / "shards").glob("ref-vit-*/shard-00000.npz")).unlink()  # as if interrupted before it finished
+    vl.survey(["ref-vit", "no_such_model_x"], shapes_source(N), folder, shard_size=6, batch_size=4)
+    captured = capsys.readouterr()
+    assert "no_such_model_x" not in captured.out and "done" not in captured.out  # stderr, once each
+    lines = captured.err.replace("\r", "\n").splitlines()
+    assert "ref-vit: done: 1 shard computed this run (6 images), 3 reused" in lines
+    assert len([line for line in lines if "no_such_model_x" in line]) == 1
+    vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=6, batch_size=4)
+    assert "ref-vit: already done (4 shards reused)" in capsys.readouterr().err
+
+
+def test_rays_messages_go_to_the_survey_folder_not_the_terminal(tmp_path, capsys):
+    import logging
+
+    import ray._private.worker as ray_worker
+
+    from vitlens.survey.run import ray_messages_to
+
+    log = tmp_path / "logs" / "ray-driver.log"
+    with ray_messages_to(log):
+        logging.getLogger("ray._private.authentication.authentication_token_setup").warning(
+            "Token authentication is enabled for this Ray cluster.")
+        # what Ray's error listener thread does with "(raylet) Task ... failed ... retries" (it ignores log_to_driver)
+        ray_worker.print_to_stdstream({"lines": ["Task SurveyWorker.run failed. There are 3 retries remaining"],
+                                       "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+    text = log.read_text()
+    assert "Token authentication is enabled" in text and "(raylet) Task SurveyWorker.run failed" in text
+    assert ray_worker.print_to_stdstream.__module__ == "ray._private.worker"  # put back
+
+
+def test_ctrl_c_says_which_shards_were_kept(reference, tmp_path, monkeypatch, capsys):
+    from vitlens.report.cli import main
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+
+    def interrupted(names, source, where, **kwargs):
+        shutil.copytree(out, where)  # 4 shards of ref-vit finished, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vl, "survey", interrupted)
+    assert main(["survey", "--models", "ref-vit", "--out", str(folder), "--quiet"]) == 130
+    assert capsys.readouterr().err.strip() == (f"vitlens: interrupted; 4 finished shards kept in {folder}; a rerun "
+                                               "with the same command resumes from them.")
+
+    def before_any_shard(names, source, where, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vl, "survey", before_any_shard)
+    assert main(["survey", "--models", "ref-vit", "--out", str(tmp_path / "new"), "--quiet"]) == 130
+    assert capsys.readouterr().err.strip() == "vitlens: interrupted; nothing was written."
+
+
 def survey_cli(out: Path, address: str, *extra: str) -> subprocess.Popen:
     """``vitlens survey`` in its own process, as a driver of the module's Ray cluster (``--address``)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "--max-images", "24",
+    return subprocess.Popen([sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "--n-images", "24",
                              "--shard-size", "4", "--batch-size", "4", "--out", str(out), "--quiet",
                              "--address", address, *extra],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -174,6 +293,21 @@ def test_a_driver_killed_with_sigkill_resumes_to_the_same_numbers(tmp_path, addr
     np.testing.assert_allclose(result.distance("ref-vit").mean_px, want.mean_px, rtol=1e-6)
 
 
+def test_ctrl_c_on_the_command_line_says_what_was_kept(tmp_path, address):
+    out = tmp_path / "zoo"
+    proc = survey_cli(out, address, "--n-images", "200")  # 50 shards: still running when Ctrl-C comes
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(out.glob("shards/*/*.npz"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    kept = len(list(out.glob("shards/*/*.npz")))
+    assert proc.returncode == 130 and 2 <= kept < 50, err
+    assert err.strip().splitlines()[-1] == (f"vitlens: interrupted; {kept} finished shards kept in {out}; a rerun "
+                                            "with the same command resumes from them.")
+
+
 def test_cli_reports_failed_models_in_one_line_each_and_strict_stops(tmp_path, address):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "resnet50", "--random-init",
@@ -182,6 +316,9 @@ def test_cli_reports_failed_models_in_one_line_each_and_strict_stops(tmp_path, a
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.startswith("vitlens: failed:")]
     assert len(lines) == 1 and "resnet50" in lines[0] and "not a Vision Transformer" in lines[0]
+    # said once (not again on stdout), and none of Ray's own lines
+    assert proc.stdout == "" and len([line for line in proc.stderr.splitlines() if "resnet50" in line]) == 1
+    assert "(raylet)" not in proc.stderr and (tmp_path / "a" / "logs" / "ray-driver.log").is_file()
     assert vl.load_survey(tmp_path / "a").models() == ["ref-vit"]
     with pytest.raises(vl.VitlensError, match="--strict"):
         vl.survey(["resnet50", "ref-vit"], shapes_source(4), tmp_path / "b", pretrained=False, strict=True,

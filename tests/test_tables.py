@@ -77,6 +77,29 @@ def test_comparison_reads_flat_curves_and_the_fig11_contrast_from_the_numbers():
     assert alike.reading().startswith("Layer 1 alike: median distance ratio b / vit = 1.05")
 
 
+def test_a_flat_reading_says_what_is_true_of_the_models_compared():
+    from vitlens.report.data import distance_reading
+
+    u = distance(np.ones((2, 4))).uniform_px
+    vit, tiny = distance(np.full((2, 4), u), name="ref-vit"), distance(np.full((2, 4), 1.02 * u), name="vit_tiny")
+    pair = comparison([vit, distance(np.full((2, 4), u), name="ref-hybrid")]).reading()
+    assert pair.startswith("Flat:") and "the embedded pair, trained briefly on shapes" in pair
+    mixed = comparison([vit, tiny], weights=["embedded", "random init"]).reading()
+    assert mixed.startswith("Flat:") and "embedded pair" not in mixed
+    assert "ref-vit is an embedded model" in mixed and "vit_tiny has random weights" in mixed
+    unknown = comparison([vit, tiny]).reading()  # weights not given: only what the names tell
+    assert "embedded pair" not in unknown and "ref-vit is an embedded model" in unknown and "random" not in unknown
+    hub = comparison([distance(np.full((2, 4), u), name="a"), tiny], weights=["pretrained", "pretrained"]).reading()
+    assert "for the trained weights of a and vit_tiny a flat curve is unusual" in hub and "embedded" not in hub
+    # one model's distance, the same reading (the report page, and the app's Attention distance view)
+    one = distance_reading(tiny, weights="random init")
+    assert one.startswith("Flat: 100% of vit_tiny's heads") and "vit_tiny has random weights" in one
+    assert "embedded" not in one and "ref-vit is an embedded model" in distance_reading(vit)
+    local = distance_reading(distance(np.array([[2.0, 3.0, 30.0, 33.0], [30.0, 33.0, 40.0, 33.0]]), name="v"))
+    assert local == ("v: 2 of 4 layer-1 heads are local (below 15% of the image width); the median head attends "
+                     "0.26 of the width in layer 1 and 0.52 in layer 2, rising with depth, as in Fig. 7 (right).")
+
+
 def test_distance_rows_are_one_per_layer_and_head_one_based():
     d = distance(np.array([[1.0, 2.0], [3.0, 4.0]]))
     rows = d.to_rows()

@@ -29,4 +29,12 @@ def _load_all() -> None:
     _LOADED = True
 
 
-__all__ = ["FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles", "family_of", "register"]
+def describe_families() -> list[dict[str, object]]:
+    """Each family vitlens reads: its name, what it reads and the model names that lead to it
+    (what ``vitlens models`` lists)."""
+    _load_all()
+    return [{"name": f.name, "reads": f.reads, "names": list(f.names)} for f in FAMILIES]
+
+
+__all__ = ["FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles", "describe_families", "family_of",
+           "register"]

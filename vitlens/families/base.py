@@ -47,6 +47,9 @@ class Family:
 
     #: short name, stored in ``ModelSpec.family``
     name = "family"
+    #: what the family reads, in words, and the model names that lead to it (``vitlens models``)
+    reads = ""
+    names: tuple[str, ...] = ()
     #: whether ``inline`` capture exists (a non-fused path the maps can be taken from)
     has_inline = True
     #: the capture the views use: "inline" where the family's own non-fused path is cheaper than

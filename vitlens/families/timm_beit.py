@@ -38,6 +38,8 @@ def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, t
 
 class TimmBeit(TimmFamily):
     name = "timm-beit"
+    reads = "timm BEiT and BEiT v2 (relative-position bias)"
+    names = ("timm names: beit_base_patch16_224, beitv2_base_patch16_224 (timm.list_models('beit*'))",)
 
     def matches(self, model: nn.Module) -> bool:
         from timm.models.beit import Beit

@@ -43,6 +43,8 @@ def rotated(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict) -> tu
 
 class TimmEva(TimmFamily):
     name = "timm-eva"
+    reads = "timm EVA and EVA-02 (rotary position embeddings)"
+    names = ("timm names: eva02_tiny_patch14_224, eva02_base_patch14_224 (timm.list_models('eva*'))",)
 
     def matches(self, model: nn.Module) -> bool:
         from timm.models.eva import Eva

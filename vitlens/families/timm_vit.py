@@ -236,6 +236,12 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
 
 class TimmViT(TimmFamily):
     name = "timm-vit"
+    reads = ("timm VisionTransformer: plain ViTs, DeiT (distillation token), register tokens, GAP/MAP heads, "
+             "R50 and other hybrids")
+    names = ("timm names: vit_base_patch16_224, vit_base_patch16_224.augreg2_in21k_ft_in1k (a pretrained tag), "
+             "deit_small_patch16_224, vit_base_r50_s16_224 (hybrid), vit_small_patch14_reg4_dinov2 (registers); "
+             "timm.list_models('vit_*')",
+             "the embedded pair: ref-vit, ref-hybrid (offline, trained on shapes)")
 
     def matches(self, model: nn.Module) -> bool:
         from timm.models.vision_transformer import VisionTransformer

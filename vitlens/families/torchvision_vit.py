@@ -37,6 +37,8 @@ def heads_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor
 
 class TorchvisionViT(Family):
     name = "torchvision-vit"
+    reads = "torchvision VisionTransformer (vit_b_16, vit_l_16, ...)"
+    names = ("torchvision:vit_b_16, torchvision:vit_l_32, ... (torchvision's ViTs)",)
     view_mode = "side"  # inline recomputes the attention on top of the module's own: side is cheaper
 
     def matches(self, model: nn.Module) -> bool:

@@ -14,6 +14,9 @@ from torch import nn
 from ..families import Family, family_of
 from .spec import ModelSpec
 
+#: the kinds of weights a model can have (``LoadedModel.weights``, the survey table's ``weights`` column)
+WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
+
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly."""
@@ -56,6 +59,9 @@ class LoadedModel:
         data_config: preprocessing (timm's keys: input_size, mean, std, interpolation, crop_pct, ...).
         source: where the weights came from, in words.
         family: how vitlens captures its attention (``vitlens.families``).
+        weights: what kind of weights they are, one of ``WEIGHT_KINDS``: "pretrained" (hub
+            weights), "random init", "embedded" (the reference pair's own), "checkpoint" (a
+            local file) or "module" (a model built in user code).
     """
 
     model: nn.Module
@@ -65,6 +71,7 @@ class LoadedModel:
     data_config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     family: Family | None = field(default=None, repr=False, compare=False)
+    weights: str = "module"
     _label_cache: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +109,7 @@ class LoadedModel:
     @classmethod
     def from_module(cls, module: nn.Module, name: str | None = None, device: str | torch.device | None = None,
                     dtype: torch.dtype = torch.float32, source: str = "module",
-                    data_config: dict[str, Any] | None = None) -> "LoadedModel":
+                    data_config: dict[str, Any] | None = None, weights: str | None = None) -> "LoadedModel":
         """Wrap a model built in user code (a fine-tuned copy, a subclass of a supported model).
 
         The module is put in eval mode on ``device`` and its parameters stop requiring
@@ -115,6 +122,8 @@ class LoadedModel:
             dtype: compute dtype for the forward (float32, bfloat16 or float16).
             source: where its weights came from, in words.
             data_config: preprocessing overrides (mean, std, input_size, ...).
+            weights: the kind of weights (``WEIGHT_KINDS``; default "random init" when ``source``
+                says so, else "module").
 
         Raises:
             UnsupportedModelError: naming the first block or attention type vitlens cannot capture.
@@ -131,8 +140,9 @@ class LoadedModel:
         spec = family.spec(module, name, size)  # type: ignore[arg-type]
         config = family.data_config(module, spec)
         config.update(data_config or {})
+        kind = weights or ("random init" if source == "random init" else "module")
         return cls(model=module, spec=spec, device=dev, dtype=dtype, data_config=config, source=source,
-                   family=family)
+                   family=family, weights=kind)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Mixed precision for the forward when ``dtype`` is not float32 (e.g. bf16 on CUDA)."""

@@ -166,10 +166,12 @@ def load_model(
     if name.startswith(HF_PREFIX):
         model, label, source, data_config = load_hf(name, pretrained)
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
-                                       data_config=data_config)
+                                       data_config=data_config, weights=_hub_weights(source))
     if name.startswith(TORCHVISION_PREFIX):
         model, label, source = load_torchvision(name, pretrained)
-        return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source)
+        return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
+                                       weights=_hub_weights(source))
+    weights = "embedded"
     if name in REFERENCE_NAMES:
         model = build_reference(name)
         path = weights_path(name)
@@ -181,9 +183,15 @@ def load_model(
         model, label, source = model, name, str(path)
     elif looks_like_checkpoint_path(name) and not _is_timm_name(name):
         model, label, source = _from_checkpoint(name, arch, **kwargs)
+        weights = "checkpoint"
     else:
         model, label, source = _from_timm(name, pretrained, **kwargs)
-    return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source)
+        weights = _hub_weights(source)
+    return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source, weights=weights)
+
+
+def _hub_weights(source: str) -> str:
+    return "random init" if source == "random init" else "pretrained"
 
 
 def _is_timm_name(name: str) -> bool:

@@ -19,6 +19,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -32,6 +33,43 @@ N_ROLLOUT_SHOWN = 4
 
 class CliError(Exception):
     """A problem with the command's input, reported as one line."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, with what was kept on disk (the survey keeps every finished shard)."""
+
+
+def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """Refuse, before any work, an output path that cannot be written: a file where a folder is
+    wanted (or the reverse), or a place where nothing can be created (``--png /proc/x``).
+
+    Missing folders are fine (they are created when the outputs are written); the nearest
+    existing one must take a new file, which a temporary file (removed at once) checks."""
+    target = Path(path).expanduser()
+    if target.exists() and folder and not target.is_dir():
+        raise CliError(f"{what} {target} is a file, not a folder.")
+    if target.is_dir() and not folder:
+        raise CliError(f"{what} {target} is a folder; give a file name.")
+    probe = target if target.is_dir() else target.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CliError(f"{what} {target} cannot be written: {probe} is a file, not a folder.")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise CliError(f"{what} {target} cannot be written ({e.strerror or type(e).__name__} in {probe}).") from e
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output of report / compare / survey-report, checked before any work."""
+    out = Path(args.out)
+    check_writable(out, "--out")
+    if getattr(args, "data", "unset") != "unset":
+        check_writable(_data_path(out, args.data), "--data")
+    if getattr(args, "png", None):
+        check_writable(args.png, "--png", folder=True)
 
 
 def _log(args: argparse.Namespace, msg: str) -> None:
@@ -123,13 +161,15 @@ def write_png(figs: dict[str, Any], out_dir: Path) -> None:
         raise CliError("--png needs the kaleido package: pip install kaleido") from e
     from vitlens.results import atomic_write_bytes
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, fig in figs.items():
+    pngs = {}
+    for name, fig in figs.items():  # every figure rendered before the first file is written
         try:
-            png = fig.to_image(format="png", width=1000, scale=1)
+            pngs[name] = fig.to_image(format="png", width=1000, scale=1)
         except Exception as e:  # kaleido raises several types when no Chrome/Chromium is found
             raise CliError(f"--png could not render with kaleido ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
                            "Install Chromium (Debian: apt-get install chromium) or leave out --png.") from e
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, png in pngs.items():
         atomic_write_bytes(out_dir / f"{name}.png", png)
 
 
@@ -143,6 +183,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
 
+    check_outputs(args)
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
@@ -165,7 +206,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=environment(str(models[0].device)), timings=timings, command=_command(),
-                      attributions=tables, notes=notes, heads=heads)
+                      attributions=tables, notes=notes, heads=heads,
+                      weights={m.spec.name: m.weights for m in models})
     figs = report_figures(data, shown)
     page = report_html(data, shown, figs)
     if args.png:
@@ -210,6 +252,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     if len(args.models) < 2:
         raise CliError("compare needs at least two models: --models A B [...].")
+    check_outputs(args)
     t_start = time.perf_counter()
     images, image_set, _, _ = resolve_images(args)
     models = load_all(args, args.models)
@@ -227,7 +270,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     timings["total"] = time.perf_counter() - t_start
     data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
                       image_set=image_set, environment=environment(str(models[0].device)), timings=timings,
-                      command=_command())
+                      command=_command(), weights=[m.weights for m in models])
     if args.cka:
         data.cka = [vl.cka(models[0], other, images, batch_size=max(4, args.batch_size), progress=not args.quiet)
                     for other in models[1:]]
@@ -244,13 +287,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from vitlens.families import REFUSED_FAMILIES, describe_families
     from vitlens.loading.presets import list_models
 
     print("Presets (vitlens report --model NAME):")
     for p in list_models():
         print(f"  {p.name:48s} {p.description}{'' if p.needs_download else ' [embedded, offline]'}")
-    print("Any timm VisionTransformer name works too (timm.list_models('vit_*')), with --random-init offline; "
-          "a checkpoint file with --model FILE --arch NAME.")
+    print("\nModel families vitlens reads (--model takes any name of these forms):")
+    for fam in describe_families():
+        print(f"  {fam['name']:16s} {fam['reads']}")
+        for scheme in fam["names"]:
+            print(f"  {'':16s}   {scheme}")
+    print("\nWeights: hub weights by default (from the cache, or downloaded); --random-init for random weights "
+          "(offline); a local checkpoint file with --model FILE --arch NAME (.safetensors, .pth/.pt/.bin, "
+          "original ViT .npz; NAME a timm name or ref-vit / ref-hybrid).")
+    print("Refused, since vitlens cannot read their attention exactly (timm modules):")
+    for module, why in REFUSED_FAMILIES.items():
+        print(f"  {module:28s} {why}")
     return 0
 
 
@@ -267,21 +320,46 @@ def cmd_survey(args: argparse.Namespace) -> int:
         names += [name for name in (line.split("#")[0].strip() for line in path.read_text().splitlines()) if name]
     if not names:
         raise CliError("Name the models to survey: --models A B ... or --models-file zoo.txt.")
+    check_writable(args.out, "--out", folder=True)
     if args.images:
         try:
-            source = files_source(args.images, per_class=args.per_class, max_images=args.max_images)
+            source = files_source(args.images, per_class=args.per_class, max_images=args.n_images)
         except vl.InvalidParameterError as e:
             raise CliError(str(e)) from e
     else:
-        source = shapes_source(args.max_images or 128)
-    result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
-                       shard_size=args.shard_size, views=args.views, num_gpus_per_worker=args.num_gpus_per_worker,
-                       pretrained=args.pretrained, strict=args.strict, progress=not args.quiet)
+        source = shapes_source(args.n_images or 128)
+    try:
+        result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
+                           shard_size=args.shard_size, views=args.views,
+                           num_gpus_per_worker=args.num_gpus_per_worker, pretrained=args.pretrained,
+                           strict=args.strict, progress=not args.quiet)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupted_survey(Path(args.out))) from None
+    failed = ""
+    if result.failed and not args.quiet:  # each was said as it happened, with its reason
+        failed = f"; {len(result.failed)} failed ({', '.join(result.failed)}: the reason is above)"
+    logs = Path(args.out) / "logs"
     _log(args, f"wrote {Path(args.out) / 'table.parquet'} ({len(result.table)} rows) and the manifest; "
-               f"{len(result.models())} model(s) done")
-    for name, reason in result.failed.items():
-        print(f"vitlens: failed: {name}: {reason}", file=sys.stderr)
+               f"{len(result.models())} model(s) done{failed}"
+               + (f"; Ray's messages are in {logs}" if logs.is_dir() else ""))
+    if args.quiet:  # nothing was said yet: one line per failed model
+        for name, reason in result.failed.items():
+            print(f"vitlens: failed: {name}: {reason}", file=sys.stderr)
     return EXIT_ERROR if result.failed else 0
+
+
+def interrupted_survey(out: Path) -> str:
+    """What a survey interrupted with Ctrl-C left in its folder, in words."""
+    from vitlens.survey.store import SurveyStore
+
+    store = SurveyStore(out)
+    if store.manifest() is None:
+        return "nothing was written."
+    kept = store.finished_shards()
+    if not kept:
+        return f"no shard had finished; {out} holds the manifest only, and a rerun starts the shards over."
+    return (f"{kept} finished shard{'s' * (kept != 1)} kept in {out}; a rerun with the same command resumes "
+            "from them.")
 
 
 def cmd_survey_report(args: argparse.Namespace) -> int:
@@ -289,6 +367,7 @@ def cmd_survey_report(args: argparse.Namespace) -> int:
     from vitlens.results import atomic_write_bytes
     from vitlens.survey.report import survey_figures, survey_html
 
+    check_outputs(args)
     result = vl.load_survey(args.folder)
     if result.table.empty:
         raise CliError(f"{args.folder} holds no finished model yet; run vitlens survey first.")
@@ -382,7 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
                          help="hub weights (the default)")
     weights.add_argument("--random-init", dest="pretrained", action="store_false", help="random weights")
-    sv.add_argument("--max-images", type=_positive, default=None, help="use at most this many images")
+    sv.add_argument("--n-images", type=_positive, default=None, help="use at most this many images (default: "
+                                                                     "every file; 128 shapes scenes)")
+    sv.add_argument("--max-images", dest="n_images", type=_positive, default=None, help=argparse.SUPPRESS)
     sv.add_argument("--strict", action="store_true", help="stop at the first model that fails")
     sv.add_argument("--quiet", action="store_true", help="no progress or messages on stderr")
     sv.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -411,6 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = e.message_for("cli") if isinstance(e, VitlensError) else str(e)
         print(f"vitlens: error: {text}", file=sys.stderr)
         return EXIT_USAGE
+    except Interrupted as e:
+        print(f"vitlens: interrupted; {e}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("vitlens: interrupted; nothing was written.", file=sys.stderr)
         return 130

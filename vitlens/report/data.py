@@ -31,6 +31,7 @@ class ReportData(Result):
     attributions: list = field(default_factory=list)  # one ComparisonTable (or None) per model
     notes: dict = field(default_factory=dict)  # model name -> a caveat to show (e.g. predictions mean nothing)
     heads: list = field(default_factory=list)  # one HeadImportanceResult (or None) per model, with --heads
+    weights: dict = field(default_factory=dict)  # model name -> kind of weights (LoadedModel.weights)
 
     def summary(self) -> str:
         return f"{len(self.models)} model(s) ({', '.join(self.models)}) over {self.image_set.get('count', '?')} images"
@@ -61,6 +62,7 @@ class ComparisonData(Result):
     timings: dict = field(default_factory=dict)
     command: str = ""
     cka: list = field(default_factory=list)  # CKAResult of each further model against the first, with --cka
+    weights: list = field(default_factory=list)  # kind of weights of each model (LoadedModel.weights), "" unknown
 
     def summary(self) -> str:
         shares = ", ".join(f"{n} {100 * s:.0f}%" for n, s in zip(self.models, self.local_share))
@@ -81,15 +83,17 @@ class ComparisonData(Result):
     def near_uniform_share(self, tolerance: float = 0.1) -> list[float]:
         """Per model, the share of heads (all layers) within ``tolerance`` of the distance of uniform
         attention on its grid: near 1 means the curves of Fig. 11 are flat at the dotted line."""
-        return [float((np.abs(d.mean_px / d.uniform_px - 1) <= tolerance).mean()) for d in self.distances]
+        return [near_uniform_share(d, tolerance) for d in self.distances]
 
     def reading(self) -> str:
-        """One sentence on what the comparison shows (Fig. 11), from the numbers alone."""
+        """One sentence on what the comparison shows (Fig. 11), from the numbers and what is known
+        of the models' weights (``weights``; the embedded pair is known by name)."""
         near = self.near_uniform_share()
-        if min(near) >= 0.9:
+        if min(near) >= FLAT_SHARE:
+            why = why_flat(self.models, self.weights)
             return ("Flat: at least 90% of every model's heads sit within 10% of the uniform-attention distance, "
-                    "so no model has local heads and the paper's contrast cannot show here (the embedded pair, "
-                    "trained briefly on shapes, is like this: MODEL_CARD.md; hub checkpoints show Fig. 11).")
+                    f"so no model has local heads and the paper's contrast cannot show here ({why}"
+                    f"{'; ' if why else ''}hub checkpoints show Fig. 11).")
         ratio = self.layer1_median_ratio()
         first, second = self.models[0], self.models[1]
         if ratio >= 1.15:
@@ -99,6 +103,88 @@ class ComparisonData(Result):
             return f"{first}'s layer-1 heads attend {1 / ratio:.2f}x as far as {second}'s (median)."
         return (f"Layer 1 alike: median distance ratio {second} / {first} = {ratio:.2f} "
                 f"(Fig. 11 shows a hybrid well above its ViT).")
+
+
+#: a model's curve is "flat" when this share of its heads sits within FLAT_TOLERANCE of the uniform distance
+FLAT_SHARE, FLAT_TOLERANCE = 0.9, 0.1
+
+
+def near_uniform_share(d: AttentionDistanceResult, tolerance: float = FLAT_TOLERANCE) -> float:
+    """Share of the heads (all layers) whose mean distance is within ``tolerance`` of the distance
+    of uniform attention on the model's grid (the dotted line of Fig. 7 right and Fig. 11)."""
+    return float((np.abs(d.mean_px / d.uniform_px - 1) <= tolerance).mean())
+
+
+def _weights_or_guess(names: Sequence[str], weights: Sequence[str] | None) -> list[str]:
+    """The given kind of weights per model; where unknown, "embedded" for the reference names, else ""."""
+    from ..reference import REFERENCE_NAMES
+
+    given = list(weights or [])
+    given += [""] * (len(names) - len(given))
+    return [w or ("embedded" if n in REFERENCE_NAMES else "") for n, w in zip(names, given)]
+
+
+def _listed(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def why_flat(names: Sequence[str], weights: Sequence[str] | None = None) -> str:
+    """Why these models' heads may all sit at the uniform distance, saying only what is true of
+    them: embedded models trained briefly on shapes, random weights, or trained weights where a
+    flat curve is unusual ("" when nothing is known of any of them)."""
+    kinds = _weights_or_guess(names, weights)
+    groups: dict[str, list[str]] = {}
+    for name, kind in zip(names, kinds):
+        groups.setdefault(kind, []).append(name)
+    parts = []
+    if "embedded" in groups:
+        e = groups.pop("embedded")
+        parts.append("the embedded pair, trained briefly on shapes, is like this: MODEL_CARD.md"
+                     if len(e) == 2 and set(e) == {"ref-vit", "ref-hybrid"} and len(names) == 2 else
+                     f"{_listed(e)} {'is an embedded model' if len(e) == 1 else 'are embedded models'}, trained "
+                     "briefly on shapes: MODEL_CARD.md")
+    if "random init" in groups:
+        r = groups.pop("random init")
+        parts.append(f"{_listed(r)} {'has' if len(r) == 1 else 'have'} random weights, whose attention is close to "
+                     "uniform")
+    groups.pop("", None)
+    trained = [n for names_ in groups.values() for n in names_]
+    if trained:
+        parts.append(f"for the trained weights of {_listed(trained)} a flat curve is unusual: check the images")
+    return "; ".join(parts)
+
+
+def distance_reading(d: AttentionDistanceResult, name: str | None = None, weights: str | None = None,
+                     local_threshold: float = 0.15) -> str:
+    """One sentence on one model's attention distance (Fig. 7 right), from the numbers: flat at
+    the uniform-attention distance (and why, as ``ComparisonData.reading`` says it), or how many
+    layer-1 heads are local and how the median distance changes with depth. The report page
+    shows it under the distance figure; the app's Attention distance view can show it too.
+
+    Args:
+        d: the model's attention distance.
+        name: the model's name (default ``d.model_name``).
+        weights: its kind of weights (``LoadedModel.weights``: "pretrained", "random init",
+            "embedded", ...); unknown when None (the embedded pair is known by name).
+        local_threshold: a head is local below this fraction of the image width.
+    """
+    name = name or d.model_name or "this model"
+    near = near_uniform_share(d)
+    if near >= FLAT_SHARE:
+        why = why_flat([name], [weights or ""])
+        tail = ("" if weights in ("pretrained", "checkpoint") else
+                "; hub checkpoints show local heads in the first layers")
+        return (f"Flat: {100 * near:.0f}% of {name}'s heads sit within 10% of the uniform-attention distance "
+                f"({d.uniform_px:.1f} px), so it has no local heads and no rise with depth here (Fig. 7 right)"
+                f"{f': {why}' if why else ''}{tail}.")
+    widths = d.mean_fraction_of_width
+    first, last = float(np.median(widths[0])), float(np.median(widths[-1]))
+    local = int((widths[0] < local_threshold).sum())
+    trend = ("rising with depth, as in Fig. 7 (right)" if last > 1.15 * first else
+             "falling with depth" if last < first / 1.15 else "about level across depth")
+    return (f"{name}: {local} of {widths.shape[1]} layer-1 heads are local (below {100 * local_threshold:.0f}% of "
+            f"the image width); the median head attends {first:.2f} of the width in layer 1 and {last:.2f} in "
+            f"layer {widths.shape[0]}, {trend}.")
 
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
@@ -126,7 +212,8 @@ def local_head_share(d: AttentionDistanceResult, threshold_fraction: float, firs
 
 def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str] | None = None,
                local_threshold: float = 0.15, first_layers: int = 4, image_set: dict | None = None,
-               environment: dict | None = None, timings: dict | None = None, command: str = "") -> ComparisonData:
+               environment: dict | None = None, timings: dict | None = None, command: str = "",
+               weights: Sequence[str] | None = None) -> ComparisonData:
     """Compare the attention distances of several models over the same images (Fig. 11).
 
     Args:
@@ -135,6 +222,8 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         local_threshold: a head is local below this fraction of the image width.
         first_layers: layers counted for the share of local heads.
         image_set, environment, timings, command: how the numbers were made, stored with them.
+        weights: each model's kind of weights (``LoadedModel.weights``), so that ``reading()``
+            says what is true of them; unknown when omitted (the embedded pair is known by name).
     """
     distances = list(distances)
     if len(distances) < 2:
@@ -146,7 +235,8 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         table=layer_table(distances, names, units),
         local_share=[local_head_share(d, local_threshold, first_layers) for d in distances],
         image_set=dict(image_set or {}), environment=dict(environment or {}), timings=dict(timings or {}),
-        command=command)
+        command=command, weights=list(weights or []))
 
 
-__all__ = ["ComparisonData", "ReportData", "comparison", "comparison_units", "layer_table", "local_head_share"]
+__all__ = ["ComparisonData", "ReportData", "comparison", "comparison_units", "distance_reading", "layer_table",
+           "local_head_share", "near_uniform_share", "why_flat"]

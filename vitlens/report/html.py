@@ -2,12 +2,18 @@
 attention-distance comparison (Fig. 11), as one self-contained file plus the numbers as data.
 
 Pure composition: the numbers come from the library's result objects and the pictures from
-``vitlens.figures``; this module only lays them out. plotly.js is inlined once per file.
+``vitlens.figures``; this module only lays them out. plotly.js is inlined once per file, and so
+is everything else: images go in as PNG, large float arrays as float32, and an image, array or
+plotly template that several figures carry is written once and referred to (``_hoist_repeats``).
 """
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import html
+import io
+import json
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -16,7 +22,7 @@ import plotly.graph_objects as go
 from .. import figures
 from ..results import significant
 from ..views.analyze import AnalysisResult
-from .data import ComparisonData, ReportData
+from .data import ComparisonData, ReportData, distance_reading
 
 
 _CSS = """
@@ -39,15 +45,87 @@ def _table(rows: Sequence[dict], floatfmt: str = "{:.2f}") -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _png_uri(rgb: np.ndarray) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def page_figure(fig: go.Figure) -> go.Figure:
+    """A copy of ``fig`` that is lighter to inline, drawn the same: RGB(A) uint8 images as PNG
+    data URIs instead of pixel arrays (drawn unsmoothed, as plotly draws ``z``), float64 arrays
+    of 1024 values or more (overlay heatmaps, position tiles) as float32 (the figures show at
+    most four digits)."""
+    light = go.Figure(fig)
+    for trace in light.data:
+        if trace.type == "image" and trace.source is None and trace.z is not None:
+            z = np.asarray(trace.z)
+            if z.dtype == np.uint8 and z.ndim == 3 and z.shape[2] in (3, 4) and trace.colormodel in (None, "rgb",
+                                                                                                      "rgba"):
+                trace.update(source=_png_uri(z), z=None, zsmooth=trace.zsmooth or False)  # pixels, unsmoothed
+        for attr in ("z", "customdata"):
+            value = getattr(trace, attr, None)
+            if isinstance(value, np.ndarray) and value.dtype == np.float64 and value.size >= 1024:
+                trace[attr] = value.astype(np.float32)
+    return light
+
+
 def _fig(fig: go.Figure) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False, "responsive": True})
+    return page_figure(fig).to_html(full_html=False, include_plotlyjs=False,
+                                    config={"displaylogo": False, "responsive": True})
+
+
+_HOIST_MIN_CHARS = 512
+_LITERAL = re.compile(r'"(bdata|source)":("(?:[^"\\]|\\.)*")')
+
+
+def _hoist_repeats(body: str) -> tuple[str, str]:
+    """(body, script): every plotly template, array (``bdata``) or image (``source``) that the
+    figures of ``body`` carry more than once, written once in ``script`` and referred to where it
+    was. The report repeats the same image in every attribution panel and in the rollout grid, and
+    plotly puts its whole template into every figure."""
+    decoder = json.JSONDecoder()
+    spans = []
+    for m in re.finditer(r'"template":\{', body):
+        start = m.end() - 1
+        try:
+            _, end = decoder.raw_decode(body, start)
+        except ValueError:
+            continue
+        spans.append((start, end))
+    counts: dict[str, int] = {}
+    for a, b in spans:
+        counts[body[a:b]] = counts.get(body[a:b], 0) + 1
+    templates = [t for t, n in counts.items() if n > 1 and len(t) >= _HOIST_MIN_CHARS]
+    index = {t: i for i, t in enumerate(templates)}
+    for a, b in reversed(spans):  # a fresh object per figure, in case plotly.js changes the one it is given
+        if body[a:b] in index:
+            body = f"{body[:a]}VL_TEMPLATE[{index[body[a:b]]}]()" + body[b:]
+    literal_counts: dict[str, int] = {}
+    for m in _LITERAL.finditer(body):
+        if len(m.group(2)) >= _HOIST_MIN_CHARS:
+            literal_counts[m.group(2)] = literal_counts.get(m.group(2), 0) + 1
+    literals = [v for v, n in literal_counts.items() if n > 1]
+    where = {v: i for i, v in enumerate(literals)}
+    if literals:
+        body = _LITERAL.sub(lambda m: f'"{m.group(1)}":VL_DATA[{where[m.group(2)]}]' if m.group(2) in where
+                            else m.group(0), body)
+    if not templates and not literals:
+        return body, ""
+    script = ("var VL_TEMPLATE=[" + ",".join(f"function(){{return {t};}}" for t in templates) + "];"
+              + "var VL_DATA=[" + ",".join(literals) + "];")
+    return body, script
 
 
 def _page(title: str, body: str) -> str:
     from plotly.offline import get_plotlyjs
 
+    body, shared = _hoist_repeats(body)
+    shared_script = f"<script type='text/javascript'>{shared}</script>" if shared else ""
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head>"
+            f"<style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script>{shared_script}</head>"
             f"<body>{body}</body></html>")
 
 
@@ -102,8 +180,9 @@ def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, 
 
 
 def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[str, float],
-                  notes: Sequence[str] = ()) -> str:
-    """Every view of one model: facts, filters, position tiles, distance, rollout on a few images."""
+                  notes: Sequence[str] = (), reading: str = "") -> str:
+    """Every view of one model: facts, filters, position tiles, distance (with its one-line
+    ``reading``, ``distance_reading``), rollout on a few images."""
     parts = [f"<h2>{html.escape(a.spec.name)}</h2>", _facts(a), _notes(notes),
              "<p class='muted'>" + html.escape(", ".join(f"{k} {v:.2f} s" for k, v in timing.items())) + "</p>",
              "<h3>Embedding filters (Fig. 7 left)</h3>", _fig(figs["filters"]),
@@ -112,7 +191,8 @@ def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[st
         parts.append(_fig(figs["position"]))
     else:
         parts.append(f"<p class='note'>{html.escape(a.position_note)}</p>")
-    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>", _fig(figs["distance"])]
+    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>",
+              f"<p><b>{html.escape(reading)}</b></p>" if reading else "", _fig(figs["distance"])]
     if a.prefix is not None:
         parts.append(prefix_section(a.prefix, figs.get("prefix")))
     if "heads" in figs:
@@ -173,7 +253,9 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
     figs = figs if figs is not None else report_figures(data, display_images)
     body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
     for i, (a, f) in enumerate(zip(data.analyses, figs)):
-        body.append(model_section(a, f, data.timings.get(a.spec.name, {}), [data.notes.get(a.spec.name, "")]))
+        reading = distance_reading(a.distance, a.spec.name, data.weights.get(a.spec.name))
+        body.append(model_section(a, f, data.timings.get(a.spec.name, {}), [data.notes.get(a.spec.name, "")],
+                                  reading))
         if i < len(data.attributions) and data.attributions[i] is not None:
             body.append(attribution_section(data.attributions[i], f))
     return _page("vitlens report", "".join(body))

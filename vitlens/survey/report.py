@@ -1,9 +1,10 @@
 """The survey report: one offline HTML page over a whole model zoo (paper Fig. 11 across the zoo).
 
 Figures from the survey's tidy table: attention distance against depth for every model on one
-figure (hybrids dashed, plain ViTs solid; in units of the image width, so models of different
-input sizes compare), the spread of layer-1 heads per model, a sortable summary table, and the
-per-class breakdown when the images have classes.
+figure (hybrids dashed, plain ViTs solid), the spread of layer-1 heads per model, a sortable
+summary table, and the per-class breakdown when the images have classes. Distances are in units
+of the image width throughout, so models of different input sizes compare. The app's Survey view
+shows the same figures and table (``survey_figures``, ``summary_rows``).
 """
 from __future__ import annotations
 
@@ -15,14 +16,32 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..figures import PALETTE
-from .store import SurveyResult
+from .store import SurveyResult, weights_of
+
+KIND_WORDS = {"vit": "ViT", "hybrid": "hybrid"}
 
 
-def _kind(manifest: dict, model: str) -> str:
+def _entry(manifest: dict, model: str, weights: str) -> dict:
     for entry in manifest["models"].values():
-        if entry["label"] == model:
-            return (entry.get("spec") or {}).get("kind", "vit")
-    return "vit"
+        if entry["name"] == model and weights_of(entry) == weights:
+            return entry
+    return {}
+
+
+def _kind(manifest: dict, model: str, weights: str = "pretrained") -> str:
+    return (_entry(manifest, model, weights).get("spec") or {}).get("kind", "vit")
+
+
+def model_label(model: str, weights: str, kind: str = "vit") -> str:
+    """How the page names a surveyed model: 'vit_tiny_patch16_224 (ViT, random init)'."""
+    return f"{model} ({KIND_WORDS.get(kind, kind)}, {weights})"
+
+
+def _models(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(model, weights, rows) for each surveyed model in the frame, sorted by name."""
+    if frame.empty:
+        return []
+    return [(model, weights, rows) for (model, weights), rows in frame.groupby(["model", "weights"], sort=True)]
 
 
 def heads_frame(result: SurveyResult, metric: str = "mean_distance_width") -> pd.DataFrame:
@@ -32,16 +51,16 @@ def heads_frame(result: SurveyResult, metric: str = "mean_distance_width") -> pd
 
 def depth_figure(result: SurveyResult) -> go.Figure:
     """Median head distance per layer for every model (layers as a fraction of depth), hybrids dashed."""
-    frame = heads_frame(result)
     fig = go.Figure()
-    for i, (model, rows) in enumerate(frame.groupby("model", sort=True)):
+    for i, (model, weights, rows) in enumerate(_models(heads_frame(result))):
         med = rows.groupby("layer")["value"].median()
         depth = len(med)
-        kind = _kind(result.manifest, model)
+        kind = _kind(result.manifest, model, weights)
+        label = model_label(model, weights, kind)
         fig.add_trace(go.Scatter(
-            x=(med.index.to_numpy() / depth), y=med.to_numpy(), mode="lines+markers", name=f"{model} ({kind})",
+            x=(med.index.to_numpy() / depth), y=med.to_numpy(), mode="lines+markers", name=label,
             line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if kind == "hybrid" else "solid"),
-            hovertemplate=f"{model}<br>layer %{{customdata}} of {depth}<br>median distance %{{y:.3f}} of the width"
+            hovertemplate=f"{label}<br>layer %{{customdata}} of {depth}<br>median distance %{{y:.3f}} of the width"
                           "<extra></extra>", customdata=med.index.to_numpy()))
     fig.update_layout(title="Attention distance against depth across the zoo<br><sup>median over heads, in image "
                             "widths; hybrids dashed (paper Fig. 11)</sup>",
@@ -54,10 +73,10 @@ def depth_figure(result: SurveyResult) -> go.Figure:
 def layer1_figure(result: SurveyResult) -> go.Figure:
     """Every layer-1 head of every model: the spread of local and global heads at the bottom of the network."""
     frame = heads_frame(result)
-    first = frame[frame["layer"] == 1]
     fig = go.Figure()
-    for i, (model, rows) in enumerate(first.groupby("model", sort=True)):
-        fig.add_trace(go.Box(y=rows["value"], name=model, boxpoints="all", jitter=0.4, pointpos=0,
+    for i, (model, weights, rows) in enumerate(_models(frame[frame["layer"] == 1])):
+        label = model_label(model, weights, _kind(result.manifest, model, weights))
+        fig.add_trace(go.Box(y=rows["value"], name=label, boxpoints="all", jitter=0.4, pointpos=0,
                              marker=dict(color=PALETTE[i % len(PALETTE)]), line=dict(width=1)))
     fig.update_layout(title="Layer-1 heads per model<br><sup>mean attention distance of every head, in image widths"
                             "</sup>", yaxis=dict(title="image widths", rangemode="tozero"), showlegend=False,
@@ -65,20 +84,63 @@ def layer1_figure(result: SurveyResult) -> go.Figure:
     return fig
 
 
-def class_figure(result: SurveyResult) -> go.Figure | None:
-    """Mean attention distance over all heads, per model and class (when the images have classes)."""
+def class_frame(result: SurveyResult) -> pd.DataFrame:
+    """Per-class head distances in image widths (older tables hold them in pixels only: divided
+    by each model's input width)."""
     t = result.table
-    per = t[(t["metric"] == "mean_distance_px") & t["class"].notna()]
+    per = t[(t["metric"] == "mean_distance_width") & t["class"].notna()]
+    if not per.empty:
+        return per
+    px = t[(t["metric"] == "mean_distance_px") & t["class"].notna()].copy()
+    widths = {(m["name"], weights_of(m)): float((m.get("spec") or {}).get("image_size", (0, 0))[1] or np.nan)
+              for m in result.manifest["models"].values()}
+    px["value"] = [v / widths.get((m, w), np.nan) for v, m, w in zip(px["value"], px["model"], px["weights"])]
+    return px
+
+
+def class_figure(result: SurveyResult) -> go.Figure | None:
+    """Mean attention distance over all heads, per model and class (when the images have classes),
+    in image widths."""
+    per = class_frame(result)
     if per.empty:
         return None
-    grid = per.groupby(["model", "class"])["value"].mean().unstack("class")
+    per = per.assign(label=[model_label(m, w, _kind(result.manifest, m, w))
+                            for m, w in zip(per["model"], per["weights"])])
+    grid = per.groupby(["label", "class"])["value"].mean().unstack("class")
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), colorscale="Viridis",
-                               colorbar=dict(title="px"),
-                               hovertemplate="%{y}<br>class %{x}<br>mean distance %{z:.1f} px<extra></extra>"))
+                               colorbar=dict(title="widths"),
+                               hovertemplate="%{y}<br>class %{x}<br>mean distance %{z:.3f} of the width"
+                                             "<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title="Mean attention distance per class<br><sup>mean over all heads and layers, pixels</sup>",
-                      height=max(300, 40 * len(grid) + 120), margin=dict(l=10, r=10, t=70, b=10))
+    fig.update_layout(title="Mean attention distance per class<br><sup>mean over all heads and layers, in image "
+                            "widths</sup>", height=max(300, 40 * len(grid) + 120), margin=dict(l=10, r=10, t=70, b=10))
     return fig
+
+
+def accuracy_note(entry: dict, source: dict) -> str:
+    """Why a model's accuracy on the survey's labels means nothing, or how far it can be read
+    ("" when it is what it says: the embedded models on shape scenes, say)."""
+    from ..reference import CLASSES
+
+    classes = list(source.get("classes") or [])
+    n_model = int((entry.get("spec") or {}).get("num_classes") or 0)
+    weights = weights_of(entry)
+    if not classes or not n_model:
+        return ""  # no accuracy was computed
+    if weights == "random init":
+        return "random weights: the accuracy means nothing"
+    if source.get("kind") == "shapes":
+        if weights == "embedded":
+            return ""
+        return (f"the labels are the {len(classes)} shape classes, not this model's {n_model} classes: the accuracy "
+                "means nothing")
+    if weights == "embedded" and classes != list(CLASSES):
+        return "the embedded models know only six synthetic shapes: the accuracy means nothing on these images"
+    if len(classes) != n_model:
+        return (f"the labels number the {len(classes)} class folders in sorted order, not this model's {n_model} "
+                "classes: the accuracy means nothing")
+    return (f"the labels number the {len(classes)} class folders in sorted order: the accuracy holds only if that "
+            "is the model's class order (as for ImageNet's val/<synset> folders)")
 
 
 def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
@@ -87,19 +149,23 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
     frame = heads_frame(result)
     rows = []
     for entry in result.manifest["models"].values():
-        model, spec = entry["label"], entry.get("spec") or {}
-        row: dict[str, Any] = {"model": model, "status": entry.get("status", "")}
+        model, spec, weights = entry["name"], entry.get("spec") or {}, weights_of(entry)
+        row: dict[str, Any] = {"model": model, "weights": weights, "status": entry.get("status", "")}
         if entry.get("status") != "done":
             row["note"] = entry.get("reason", "")
             rows.append(row)
             continue
-        heads = frame[frame["model"] == model]
+        mine = (frame["model"] == model) & (frame["weights"] == weights)
+        heads = frame[mine]
         med = heads.groupby("layer")["value"].median()
         first = heads[heads["layer"] == 1]["value"]
-        scalars = t[(t["model"] == model) & t["layer"].isna() & t["class"].isna()].set_index("metric")["value"]
-        row.update({"kind": spec.get("kind", ""), "layers x heads": f"{spec.get('num_layers')} x {spec.get('num_heads')}",
+        scalars = t[(t["model"] == model) & (t["weights"] == weights) & t["layer"].isna()
+                    & t["class"].isna()].set_index("metric")["value"]
+        row.update({"kind": KIND_WORDS.get(spec.get("kind", ""), spec.get("kind", "")),
+                    "layers x heads": f"{spec.get('num_layers')} x {spec.get('num_heads')}",
                     "images": int(scalars.get("images_used", 0)), "skipped": len(entry.get("skipped", [])),
                     "accuracy": scalars.get("accuracy", np.nan),
+                    "accuracy note": accuracy_note(entry, result.manifest.get("source", {})),
                     "layer-1 min": float(first.min()), "layer-1 median": float(first.median()),
                     "layer-1 max": float(first.max()), "depth ratio": float(med.iloc[-1] / med.iloc[0]),
                     "rollout on prefix": scalars.get("rollout_prefix_mass", np.nan),
@@ -151,20 +217,44 @@ def survey_figures(result: SurveyResult) -> dict[str, go.Figure]:
     return figs
 
 
+def settings_text(manifest: dict) -> str:
+    """The survey's settings in words: 'shards of 256 images · batches of 32 · views: distance, ...'."""
+    st = manifest.get("settings", {})
+    parts = []
+    if "shard_size" in st:
+        parts.append(f"shards of {st['shard_size']} images")
+    if "batch_size" in st:
+        parts.append(f"batches of {st['batch_size']}")
+    if st.get("views"):
+        parts.append("views: " + ", ".join(st["views"]))
+    if "renormalize" in st:
+        parts.append("distance over patch keys, renormalised" if st["renormalize"] else
+                     "distance over raw attention weights")
+    parts += [f"{k}: {v}" for k, v in st.items() if k not in ("shard_size", "batch_size", "views", "renormalize")]
+    return " · ".join(parts)
+
+
 def survey_html(result: SurveyResult) -> str:
     """The whole survey page (plotly.js inlined once; opens offline)."""
     from ..report.html import _fig, _page
+    from .store import _count
 
     m = result.manifest
     figs = survey_figures(result)
     failed = "".join(f"<li>{html.escape(name)}: {html.escape(reason)}</li>" for name, reason in result.failed.items())
-    body = [f"<h1>vitlens survey</h1><p class='muted'>{html.escape(str(result.path))} · images: "
-            f"{html.escape(m['source']['description'])} · settings: {html.escape(str(m['settings']))} · "
-            f"{html.escape(', '.join(f'{k} {v}' for k, v in m.get('versions', {}).items()))}</p>",
+    rows = summary_rows(result)
+    notes = [f"<li>{html.escape(model_label(r['model'], r['weights'], _kind(m, r['model'], r['weights'])))}: "
+             f"{html.escape(r['accuracy note'])}</li>" for r in rows if r.get("accuracy note")]
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    body = [f"<h1>vitlens survey</h1><p class='muted'>{html.escape(str(result.path))}</p>"
+            f"<p>Images: {html.escape(m['source']['description'])} ({_count(m['source'])} images)</p>"
+            f"<p class='muted'>Settings: {html.escape(settings_text(m))}<br>Versions: {html.escape(versions)}</p>",
             f"<p class='note'>Failed models:</p><ul>{failed}</ul>" if failed else "",
             _fig(figs["depth"]), _fig(figs["layer1"]),
             "<h2>Models</h2><p class='muted'>Click a column to sort. Distances in image widths; depth ratio = "
-            "last layer's median / first layer's.</p>", sortable_table(summary_rows(result))]
+            "last layer's median / first layer's.</p>", sortable_table(rows)]
+    if notes:
+        body.append(f"<p class='note'>What the accuracy means:</p><ul>{''.join(notes)}</ul>")
     if "per-class" in figs:
         body += ["<h2>Per class</h2>", _fig(figs["per-class"])]
     body.append(f"<script>{_SORT_JS}</script>")

@@ -10,17 +10,22 @@ written atomically as it lands — which is what resuming needs.
 """
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
+import logging
 import os
+import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import InvalidParameterError, VitlensError
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
-from .store import SurveyResult, SurveyStore, load_survey, model_key, table_rows, write_table
+from .store import SurveyResult, SurveyStore, load_survey, model_key, table_rows, weights_of, write_table
 from .worker import VIEWS, SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
@@ -56,6 +61,50 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     return ray, True, time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def ray_messages_to(path: Path) -> Iterator[None]:
+    """Ray's messages to the driver go to ``path`` instead of the terminal while the block runs:
+    its Python logger ("Started a local Ray instance", "Token authentication is enabled ...") and
+    the errors the cluster pushes to the driver ("(raylet) Task ... failed. There are 3 retries
+    remaining ...", a dead worker's report), which Ray prints to stdout even with
+    ``log_to_driver=False``. Ray 2.60 has no setting for the latter: its error listener thread
+    calls ``ray._private.worker.print_to_stdstream``, which this replaces for the block (and
+    leaves alone where a Ray version lacks it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    ray_logger = logging.getLogger("ray")
+    saved_handlers = ray_logger.handlers[:]
+    ray_logger.handlers = [handler]
+    lock = threading.Lock()
+
+    def to_file(data: dict, ignore_prefix: bool = False) -> None:
+        stamp = _dt.datetime.now().isoformat(sep=" ", timespec="milliseconds")
+        with lock, path.open("a", encoding="utf-8") as f:
+            for line in data.get("lines", []):
+                f.write(f"{stamp} ({data.get('pid', 'ray')}) {line}\n")
+
+    worker_module = sys.modules.get("ray._private.worker")
+    printer = getattr(worker_module, "print_to_stdstream", None)
+    if printer is not None:
+        worker_module.print_to_stdstream = to_file  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        if printer is not None:
+            worker_module.print_to_stdstream = printer  # type: ignore[union-attr]
+        ray_logger.handlers = saved_handlers
+        handler.close()
+
+
+def _session_logs(ray: Any) -> Path | None:
+    """The logs folder of the local Ray session this process started (None where it cannot tell)."""
+    try:
+        return Path(ray._private.worker._global_node.get_logs_dir_path())
+    except Exception:  # another Ray version, or no local node
+        return None
+
+
 #: environment the workers need from the driver (offline mode, caches, the crash hook of the tests)
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME", "VITLENS_SURVEY_CRASH_ONCE")
 
@@ -70,6 +119,9 @@ class _Model:
     load: Any = None
     weights: Any = None
     failed: str = ""
+    reused: int = 0  # shards finished by an earlier run
+    computed: int = 0  # shards computed by this run, and their images
+    images: int = 0
 
 
 def survey(
@@ -107,8 +159,13 @@ def survey(
         max_images: use at most this many images.
         strict: stop at the first model that fails (else record it and finish the others).
         renormalize: attention distance over patch keys renormalised (the default choice).
-        progress: one progress bar over all (model, shard) tasks, and a line per finished model.
+        progress: one progress bar over all (model, shard) tasks, and on stderr a line per model
+            (shards computed this run and reused, or why it failed).
         num_cpus: cores of a local Ray (default: all of this machine's).
+
+    Ray's own messages to the driver (start-up, task retries, dead workers) go to
+    ``out/logs/ray-driver.log``, not the terminal; a local Ray's session logs are copied to
+    ``out/logs/`` when it shuts down.
 
     Raises:
         SurveyError: Ray is missing, or ``strict`` and a model failed.
@@ -135,8 +192,12 @@ def survey(
         key = model_key(name, weights[name])
         entry = manifest["models"].setdefault(key, {"name": name, "key": key, "pretrained": weights[name],
                                                     "label": name if weights[name] else f"{name} (random init)"})
+        entry.setdefault("weights", weights_of(entry))
         entry["status"] = "done" if all(store.done(key, s) for s in shards) and entry.get("spec") else "pending"
         entry.pop("reason", None)
+        if entry["status"] == "done" and progress:
+            print(f"{entry['label']}: already done ({len(shards)} shard{'s' * (len(shards) != 1)} reused)",
+                  file=sys.stderr, flush=True)
     store.write_manifest(manifest)
 
     todo = {k: e for k, e in manifest["models"].items()
@@ -149,8 +210,8 @@ def survey(
         if entry.get("status") == "done":
             states, n, skipped = store.merged(entry["key"], shards)
             entry["n_images"], entry["skipped"] = n, skipped
-            rows += table_rows(entry["label"], entry["spec"], states, n, list(source.classes),
-                               store.read_weights(entry["key"]), renormalize)
+            rows += table_rows(entry["name"], entry["spec"], states, n, list(source.classes),
+                               store.read_weights(entry["key"]), renormalize, weights_of(entry))
     write_table(store.out, rows)
     store.write_manifest(manifest)
     return load_survey(store.out)
@@ -159,36 +220,54 @@ def survey(
 def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource, shards: list[Shard],
          settings: dict, address: str | None, gpus: float, cpus: int, strict: bool, progress: bool,
          num_cpus: int | None) -> None:
-    ray, started, startup = start_ray(address, num_cpus)
-    try:
-        total_slots = _slots(ray, gpus, cpus)
-        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-        remote = ray.remote(SurveyWorker).options(num_cpus=cpus, num_gpus=gpus, max_restarts=3, max_task_retries=3,
-                                                  runtime_env={"env_vars": env} if env else None)
-        work: dict[str, _Model] = {}
-        for key, entry in todo.items():
-            pending = [s for s in shards if not store.done(key, s)]
-            replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
-            actors = [remote.remote(entry["name"], entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
-            w = _Model(entry["label"], key, pending, actors, {})
-            w.load = actors[0].load.remote()
-            if "weights" in settings["views"]:
-                w.weights = actors[0].weights.remote()
-            for i, shard in enumerate(pending):
-                fut = actors[i % replicas].run.remote(source.to_dict(), (shard.index, shard.start, shard.stop),
-                                                      tuple(settings["views"]), settings["batch_size"],
-                                                      settings["renormalize"])
-                w.futures[fut] = shard
-            work[key] = w
-            entry["status"] = "running"
-            entry["replicas"] = replicas
-        manifest["ray"] = {"address": address or os.environ.get("RAY_ADDRESS") or "local", "startup_seconds": startup,
-                           "slots": total_slots}
-        store.write_manifest(manifest)
-        _collect(ray, work, manifest, store, strict, progress, sum(len(w.futures) for w in work.values()))
-    finally:
-        if started:
-            ray.shutdown()
+    with ray_messages_to(store.out / "logs" / "ray-driver.log"):
+        local = not (address or os.environ.get("RAY_ADDRESS"))
+        ray, started, startup = start_ray(address, num_cpus)
+        session_logs = _session_logs(ray) if started and local else None  # a cluster keeps its own
+        try:
+            _submit(ray, todo, manifest, store, source, shards, settings, address, gpus, cpus, strict, progress,
+                    startup, session_logs)
+        finally:
+            if started:
+                ray.shutdown()
+                if session_logs is not None and session_logs.is_dir():  # the local session's own logs, kept
+                    try:
+                        shutil.copytree(session_logs, store.out / "logs" / f"ray-{session_logs.parent.name}",
+                                        dirs_exist_ok=True, ignore_dangling_symlinks=True)
+                    except OSError:  # a log Ray is still rotating; the survey's results do not depend on it
+                        pass
+
+
+def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource,
+            shards: list[Shard], settings: dict, address: str | None, gpus: float, cpus: int, strict: bool,
+            progress: bool, startup: float, session_logs: Path | None) -> None:
+    total_slots = _slots(ray, gpus, cpus)
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    remote = ray.remote(SurveyWorker).options(num_cpus=cpus, num_gpus=gpus, max_restarts=3, max_task_retries=3,
+                                              runtime_env={"env_vars": env} if env else None)
+    work: dict[str, _Model] = {}
+    for key, entry in todo.items():
+        pending = [s for s in shards if not store.done(key, s)]
+        replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
+        actors = [remote.remote(entry["name"], entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
+        w = _Model(entry["label"], key, pending, actors, {}, reused=len(shards) - len(pending))
+        w.load = actors[0].load.remote()
+        if "weights" in settings["views"]:
+            w.weights = actors[0].weights.remote()
+        for i, shard in enumerate(pending):
+            fut = actors[i % replicas].run.remote(source.to_dict(), (shard.index, shard.start, shard.stop),
+                                                  tuple(settings["views"]), settings["batch_size"],
+                                                  settings["renormalize"])
+            w.futures[fut] = shard
+        work[key] = w
+        entry["status"] = "running"
+        entry["replicas"] = replicas
+    manifest["ray"] = {"address": address or os.environ.get("RAY_ADDRESS") or "local", "startup_seconds": startup,
+                       "slots": total_slots, "driver_log": "logs/ray-driver.log"}
+    if session_logs is not None:
+        manifest["ray"]["session_logs"] = f"logs/ray-{session_logs.parent.name}"
+    store.write_manifest(manifest)
+    _collect(ray, work, manifest, store, strict, progress, sum(len(w.futures) for w in work.values()))
 
 
 def _slots(ray: Any, gpus: float, cpus: int) -> int:
@@ -224,11 +303,14 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                     _fail(ray, w, entry, value["reason"], waiting, store, manifest, strict, bar)
                     continue
                 entry.update(spec=value["spec"], source=value["source"], device=value["device"])
+                entry["weights"] = value.get("weights") or entry.get("weights")
             elif what == "weights":
                 store.write_weights(w.key, value)
             else:
                 shard = w.futures.pop(fut)
                 store.write_shard(w.key, shard, value)
+                w.computed += 1
+                w.images += int(value["n_images"])
                 entry.setdefault("shards", {})[shard.name] = {
                     "n_images": value["n_images"], "seconds": round(value["seconds"], 3),
                     "skipped": len(value["skipped"]), "pid": value["pid"],
@@ -239,8 +321,7 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                 for actor in w.actors:
                     ray.kill(actor)  # frees its CPU/GPU for the models still waiting
                 if progress:
-                    n = sum(s["n_images"] for s in entry.get("shards", {}).values())
-                    bar.write(f"{w.name}: done ({len(entry.get('shards', {}))} shards, {n} images this run)")
+                    bar.write(done_line(w.name, w.computed, w.images, w.reused), file=sys.stderr)
             store.write_manifest(manifest)
     finally:
         bar.close()
@@ -255,9 +336,16 @@ def _fail(ray: Any, w: _Model, entry: dict, reason: str, waiting: dict, store: S
     for actor in w.actors:
         ray.kill(actor)
     store.write_manifest(manifest)
-    bar.write(f"{w.name}: failed: {reason}")
-    if strict:
+    if strict:  # the error says it, once
         raise SurveyError(f"{w.name}: {reason} (--strict stops at the first failed model).")
+    if not bar.disable:
+        bar.write(f"{w.name}: failed: {reason}", file=sys.stderr)
+
+
+def done_line(name: str, computed: int, images: int, reused: int) -> str:
+    """'NAME: done: 1 shard computed this run (64 images), 5 reused'."""
+    text = f"{name}: done: {computed} shard{'s' * (computed != 1)} computed this run ({images} images)"
+    return text + (f", {reused} reused" if reused else "")
 
 
 def _reason(e: Exception) -> str:

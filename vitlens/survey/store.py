@@ -3,7 +3,8 @@
     OUT/manifest.json                  settings, image source, models (spec, status, reason), versions
     OUT/shards/<model>/shard-00003.npz one finished (model, shard): its partial states, written atomically
     OUT/weights/<model>.json           the weight-only views of a model
-    OUT/table.parquet                  the tidy table: model, layer, head, metric, value, n_images, class
+    OUT/table.parquet                  the tidy table: model, weights, layer, head, metric, value, n_images, class
+    OUT/logs/                          Ray's messages to the driver, and a local Ray's own session logs
 
 The shard files are the record of what is done: a rerun skips every shard whose file exists,
 so a driver killed at any moment loses at most the shards in flight, and none is counted twice.
@@ -38,6 +39,18 @@ def model_key(name: str, pretrained: bool = True) -> str:
     ident = name if pretrained else f"{name}#random-init"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
     return f"{safe}{'' if pretrained else '-random'}-{hashlib.sha1(ident.encode()).hexdigest()[:6]}"
+
+
+def weights_of(entry: dict[str, Any]) -> str:
+    """The kind of weights of a manifest entry ("pretrained", "random init", "embedded", ...): what
+    its worker reported, else (older folders) what its name and pretrained flag say."""
+    from ..reference import REFERENCE_NAMES
+
+    if entry.get("weights"):
+        return str(entry["weights"])
+    if entry.get("name") in REFERENCE_NAMES:
+        return "embedded"
+    return "pretrained" if entry.get("pretrained", True) else "random init"
 
 
 def versions() -> dict[str, str]:
@@ -118,6 +131,10 @@ class SurveyStore:
         path = self.out / "weights" / f"{key}.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
+    def finished_shards(self) -> int:
+        """How many (model, shard) results are on disk."""
+        return sum(1 for _ in (self.out / "shards").glob("*/*.npz")) if (self.out / "shards").is_dir() else 0
+
     def merged(self, key: str, shards: list[Shard]) -> tuple[dict[str, dict[str, Any]], int, list[str]]:
         """The model's states over every shard (in shard order), its image count and skipped files."""
         states: dict[str, dict[str, Any]] = {}
@@ -163,14 +180,16 @@ def distance_result(states: dict[str, dict[str, Any]], spec: dict[str, Any], nam
 
 
 def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]], n_images: int,
-               classes: list[str], weights: dict[str, Any], renormalize: bool = True) -> list[dict[str, Any]]:
-    """The tidy rows of one model: model, layer, head, metric, value, n_images, class."""
+               classes: list[str], weight_views: dict[str, Any], renormalize: bool = True,
+               weights: str = "pretrained") -> list[dict[str, Any]]:
+    """The tidy rows of one model: model (the name as given), weights (its kind: "pretrained",
+    "random init", "embedded", ...), layer, head, metric, value, n_images, class."""
     rows: list[dict[str, Any]] = []
 
     def add(metric: str, value: float, n: int, layer: int | None = None, head: int | None = None,
             cls: str | None = None) -> None:
-        rows.append({"model": name, "layer": layer, "head": head, "metric": metric, "value": float(value),
-                     "n_images": int(n), "class": cls})
+        rows.append({"model": name, "weights": weights, "layer": layer, "head": head, "metric": metric,
+                     "value": float(value), "n_images": int(n), "class": cls})
 
     dist = distance_result(states, spec, name, renormalize)
     if dist is not None:
@@ -188,6 +207,8 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
                     for h in range(d["class_mean"].shape[2]):
                         add("mean_distance_px", d["class_mean"][c, l, h], int(d["class_n"][c, l]), l + 1, h + 1,
                             cname)
+                        add("mean_distance_width", d["class_mean"][c, l, h] / width, int(d["class_n"][c, l]),
+                            l + 1, h + 1, cname)
     roll = states.get("rollout")
     if roll is not None:
         for i, metric in enumerate(stats.RolloutStats.METRICS):
@@ -199,7 +220,7 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
         for c, cname in enumerate(classes):
             if c < len(pred["total"]) and int(pred["total"][c]):
                 add("accuracy", pred["correct"][c] / pred["total"][c], int(pred["total"][c]), cls=cname)
-    for metric, value in weights.items():
+    for metric, value in weight_views.items():
         add(metric, value, 0)
     add("images_used", n_images, n_images)
     return rows
@@ -209,8 +230,9 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
 class SurveyResult:
     """A finished (or partly finished) survey: the tidy table and the manifest.
 
-    ``table`` is a pandas DataFrame with one row per (model, layer, head, metric[, class]);
-    ``manifest`` says which models were surveyed, with their spec, status and failure reason.
+    ``table`` is a pandas DataFrame with one row per (model, weights, layer, head, metric[, class]);
+    ``manifest`` says which models were surveyed, with their spec, status and failure reason;
+    ``failed`` maps the name of each failed model to its reason.
     """
 
     path: Path
@@ -230,17 +252,39 @@ class SurveyResult:
         return f"<div><b>{html.escape(repr(self))}</b>{self.table.head(10).to_html()}</div>"
 
     def models(self) -> list[str]:
-        return [m["label"] for m in self.manifest.get("models", {}).values() if m.get("status") == "done"]
+        """The finished models, by the names they were surveyed under (their weights are the table's
+        ``weights`` column)."""
+        return list(dict.fromkeys(m["name"] for m in self.manifest.get("models", {}).values()
+                                  if m.get("status") == "done"))
 
-    def distance(self, model: str) -> AttentionDistanceResult:
-        """One model's attention distance over the whole image set, from its shards."""
+    def _entry(self, model: str, weights: str | None) -> dict[str, Any]:
+        entries = [m for m in self.manifest["models"].values()
+                   if model in (m["name"], m.get("label")) and (weights is None or weights_of(m) == weights)]
+        done = [m for m in entries if m.get("status") == "done"]
+        if not done:
+            surveyed = ", ".join(f"{m['name']} ({weights_of(m)})" for m in self.manifest["models"].values()
+                                 if m.get("status") == "done") or "none"
+            which = f"{model!r}" + (f" with {weights} weights" if weights else "")
+            raise InvalidParameterError(f"{which} has no finished survey in {self.path} (finished: {surveyed}).")
+        if len(done) > 1:
+            kinds = ", ".join(repr(weights_of(m)) for m in done)
+            raise InvalidParameterError(f"{model!r} was surveyed with several weights ({kinds}): pass weights=.")
+        return done[0]
+
+    def distance(self, model: str, weights: str | None = None) -> AttentionDistanceResult:
+        """One model's attention distance over the whole image set, from its shards.
+
+        Args:
+            model: the name it was surveyed under (as ``models()`` lists it).
+            weights: "pretrained", "random init", ... (the table's ``weights`` column); needed only
+                when the folder holds the same model with several kinds of weights.
+        """
+        entry = self._entry(model, weights)
         store = SurveyStore(self.path)
-        entry = next((m for m in self.manifest["models"].values() if m["label"] == model), None)
-        if entry is None or entry.get("status") != "done":
-            raise InvalidParameterError(f"{model!r} has no finished survey in {self.path}.")
         source = ImageSource.from_dict(self.manifest["source"])
         states, _, _ = store.merged(entry["key"], source.shards(self.manifest["settings"]["shard_size"]))
-        result = distance_result(states, entry["spec"], model, self.manifest["settings"].get("renormalize", True))
+        result = distance_result(states, entry["spec"], entry["name"],
+                                 self.manifest["settings"].get("renormalize", True))
         if result is None:
             raise InvalidParameterError(f"The survey of {model!r} has no attention distance.")
         return result
@@ -251,16 +295,33 @@ def load_survey(path: str | Path) -> SurveyResult:
     import pandas as pd
 
     store = SurveyStore(path)
+    if not Path(path).exists():
+        raise InvalidParameterError(f"{path} does not exist; give the folder a survey was written to "
+                                    "(vitlens survey --out).")
     manifest = store.manifest()
     if manifest is None:
         raise InvalidParameterError(f"{path} is not a survey folder (no manifest.json); run vitlens survey first.")
     table_path = Path(path) / "table.parquet"
     table = pd.read_parquet(table_path) if table_path.is_file() else pd.DataFrame(columns=TABLE_COLUMNS)
-    failed = {m["label"]: m.get("reason", "") for m in manifest["models"].values() if m.get("status") == "failed"}
+    if "weights" not in table.columns:  # folders written before the weights had their own column
+        table = _split_weights(table, manifest)
+    failed = {m["name"]: m.get("reason", "") for m in manifest["models"].values() if m.get("status") == "failed"}
     return SurveyResult(path=Path(path), table=table, manifest=manifest, failed=failed)
 
 
-TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n_images", "class"]
+def _split_weights(table: Any, manifest: dict[str, Any]) -> Any:
+    """An older table, whose model column held "name (random init)": the name, and a weights column."""
+    by_label = {m.get("label", m["name"]): (m["name"], weights_of(m)) for m in manifest["models"].values()}
+    pairs = [by_label.get(label, (label, "pretrained")) for label in table["model"]]
+    table = table.copy()
+    table["model"] = [p[0] for p in pairs]
+    table.insert(1, "weights", [p[1] for p in pairs])
+    table["model"] = table["model"].astype("string")
+    table["weights"] = table["weights"].astype("string")
+    return table
+
+
+TABLE_COLUMNS = ["model", "weights", "layer", "head", "metric", "value", "n_images", "class"]
 
 
 def write_table(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -272,6 +333,7 @@ def write_table(out: Path, rows: list[dict[str, Any]]) -> None:
     frame["head"] = frame["head"].astype("Int64")
     frame["n_images"] = frame["n_images"].astype("int64")
     frame["model"] = frame["model"].astype("string")
+    frame["weights"] = frame["weights"].astype("string")
     frame["metric"] = frame["metric"].astype("string")
     frame["class"] = frame["class"].astype("string")
     buf = io.BytesIO()

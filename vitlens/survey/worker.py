@@ -98,7 +98,8 @@ class SurveyWorker:
             m = self._model()
         except VitlensError as e:
             return {"ok": False, "reason": e.message_for("cli"), "error": type(e).__name__}
-        return {"ok": True, "spec": m.spec.to_dict(), "source": m.source, "device": str(m.device)}
+        return {"ok": True, "spec": m.spec.to_dict(), "source": m.source, "weights": m.weights,
+                "device": str(m.device)}
 
     def run(self, source: dict[str, Any], shard: tuple[int, int, int], views: tuple[str, ...], batch_size: int,
             renormalize: bool = True) -> dict[str, Any]:
