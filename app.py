@@ -25,6 +25,8 @@ from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploa
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison
+from vitlens.report.export import figure_html, figure_png
+from vitlens.report.html import attribution_figures
 from vitlens.compare.heads import cost as head_cost
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
@@ -152,18 +154,24 @@ def show_error(e: Exception) -> None:
         st.error(f"Something went wrong ({type(e).__name__}: {e}). Try other settings; the app keeps working.")
 
 
+def figure_download(where: Any, fig: Any, stem: str, label: str = "Figure") -> None:
+    """A figure's download through the command line's export path (``vitlens.report.export``): PNG when
+    Chromium is there for kaleido, self-contained HTML otherwise; made only when clicked."""
+    if PNG_EXPORT:
+        where.download_button(f"{label} (PNG)", lambda: figure_png(fig), f"{stem}.png", "image/png",
+                              key=f"png-{stem}", on_click="ignore")
+    else:
+        where.download_button(f"{label} (HTML)", lambda: figure_html(fig), f"{stem}.html", "text/html",
+                              key=f"html-{stem}", on_click="ignore")
+
+
 def downloads(result: vl.Result, fig: Any, stem: str) -> None:
     cols = st.columns(3)
     cols[0].download_button("Numbers (CSV)", result.to_csv(), f"{stem}.csv", "text/csv", key=f"csv-{stem}",
                             on_click="ignore")
     cols[1].download_button("Numbers (JSON)", result.to_json().encode(), f"{stem}.json", "application/json",
                             key=f"json-{stem}", on_click="ignore")
-    if PNG_EXPORT:
-        cols[2].download_button("Figure (PNG)", lambda: fig.to_image(format="png", width=1000), f"{stem}.png",
-                                "image/png", key=f"png-{stem}", on_click="ignore")
-    else:
-        cols[2].download_button("Figure (HTML)", lambda: fig.to_html(include_plotlyjs=True).encode(),
-                                f"{stem}.html", "text/html", key=f"html-{stem}", on_click="ignore")
+    figure_download(cols[2], fig, stem)
 
 
 def image_count(where: Any, available: int, key: str) -> int:
@@ -292,13 +300,16 @@ def render_attributions(ctx: Context) -> None:
         method_table(m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
                      (("n_steps", steps),) if method == "integrated_gradients" else (), mask)
         for method in methods])
-    st.plotly_chart(figures.attribution_figure(table.attributions, ctx.shown, 0), key="attr-fig")
-    st.plotly_chart(figures.faithfulness_figure(table.faithfulness), key="faith-fig")
+    figs = attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
+    st.plotly_chart(figs["attributions"], key="attr-fig")
+    st.plotly_chart(figs["faithfulness"], key="faith-fig")
     st.dataframe(table.to_pandas().round(3), hide_index=True)
-    cols = st.columns(2)
+    cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
                             "application/json", on_click="ignore")
+    figure_download(cols[2], figs["attributions"], "attributions", "Maps")
+    figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
 
 
 def render_compare(ctx: Context) -> None:
@@ -337,7 +348,8 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name])
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
-    st.plotly_chart(figures.distance_figure(data.distances, names=data.models, units=data.units), key="cmp-fig")
+    distance_fig = figures.distance_figure(data.distances, names=data.models, units=data.units)
+    st.plotly_chart(distance_fig, key="cmp-fig")
     st.markdown(data.reading())
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
                f"Local heads (below {100 * data.local_threshold:.0f}% of the width) in layers 1-{data.first_layers}: "
@@ -345,14 +357,17 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     st.dataframe(data.to_pandas().round(3), hide_index=True)
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
-    st.plotly_chart(figures.overlay_grid_figure(
+    rollout_fig = figures.overlay_grid_figure(
         [(ctx.shown, r1.maps[0], ctx.m.spec.name), (m2.display([ctx.current])[0], r2.maps[0], m2.spec.name)],
-        "Attention rollout on the same image"), key="cmp-roll")
-    cols = st.columns(2)
+        "Attention rollout on the same image")
+    st.plotly_chart(rollout_fig, key="cmp-roll")
+    cols = st.columns(4)
     cols[0].download_button("Comparison (JSON)", data.to_json().encode(), "compare.json", "application/json",
                             on_click="ignore")
     cols[1].download_button("Per-layer table (CSV)", data.to_csv(), "compare_layers.csv", "text/csv",
                             on_click="ignore")
+    figure_download(cols[2], distance_fig, "compare_distance", "Distances")
+    figure_download(cols[3], rollout_fig, "compare_rollout", "Rollout")
 
 
 def render_survey(ctx: Context) -> None:
@@ -368,14 +383,20 @@ def render_survey(ctx: Context) -> None:
     if result.table.empty:
         st.info("This survey has no finished model yet.")
         return
-    for name, fig in survey_figures(result).items():
+    figs = survey_figures(result)
+    for name, fig in figs.items():
         st.plotly_chart(fig, key=f"survey-{name}")
     st.dataframe(summary_rows(result), hide_index=True)
     for name, reason in result.failed.items():
         st.warning(f"{name} failed: {reason}")
-    st.download_button("Table (CSV)", result.table.to_csv(index=False).encode(), "survey.csv", "text/csv",
-                       on_click="ignore")
+    cols = st.columns(1 + len(figs))
+    cols[0].download_button("Table (CSV)", result.table.to_csv(index=False).encode(), "survey.csv", "text/csv",
+                            on_click="ignore")
+    for where, (name, fig) in zip(cols[1:], figs.items()):
+        figure_download(where, fig, f"survey-{name}", SURVEY_FIGURES.get(name, name))
 
+
+SURVEY_FIGURES = {"depth": "Depth", "layer1": "Layer 1", "per-class": "Per class"}  # download labels
 
 VIEWS: dict[str, Callable[[Context], None]] = {
     "Filters": render_filters,

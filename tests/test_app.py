@@ -2,7 +2,9 @@
 end-to-end run in real headless Chromium with a screenshot of each view."""
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
 import shutil
 import socket
@@ -65,8 +67,6 @@ def test_every_view_renders_a_chart_without_errors(app, view):
 
 def chart(app: AppTest, index: int = 0) -> dict:
     """The figure of the index-th Plotly chart on the page, as Plotly JSON."""
-    import json
-
     return json.loads(app.get("plotly_chart")[index].proto.spec)
 
 
@@ -232,17 +232,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_end_to_end_in_headless_chromium(tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    out_dir = ROOT / "test-output" / "app"
-    out_dir.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def served_app(address: str | None = "127.0.0.1"):
+    """``streamlit run app.py`` on a free port until the block ends; yields the port. ``address=None``
+    leaves the address to the repository's ``.streamlit/config.toml``."""
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true",
-                               "--server.address", "127.0.0.1", "--server.port", str(port),
-                               "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env,
+    where = ["--server.address", address] if address else []
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true", *where,
+                               "--server.port", str(port), "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 90
@@ -252,8 +250,22 @@ def test_end_to_end_in_headless_chromium(tmp_path):
                     break
             except OSError:
                 pass
+            assert server.poll() is None, "streamlit exited"
             assert time.time() < deadline, "streamlit did not come up"
             time.sleep(0.5)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_end_to_end_in_headless_chromium(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out_dir = ROOT / "test-output" / "app"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with served_app() as port:
         upload = tmp_path / "upload.png"
         upload.write_bytes(png_bytes(size=(120, 90)))
         with sync_playwright() as p:
@@ -276,9 +288,6 @@ def test_end_to_end_in_headless_chromium(tmp_path):
                 assert page.locator(".js-plotly-plot .main-svg").count() > 0, view
                 page.screenshot(path=str(out_dir / f"{view.lower().replace(' ', '_')}.png"), full_page=True)
             browser.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     assert len(list(out_dir.glob("*.png"))) >= len(VIEWS)
 
 
@@ -316,3 +325,118 @@ def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_pat
     assert any(t.startswith("Attention distance against depth") for t in titles)
     assert list(app.dataframe[0].value["model"]) == ["ref-vit", "no_such_model_x"]
     assert any("no_such_model_x failed" in w.value for w in app.warning)
+    kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
+    assert {f"Depth {kind}", f"Layer 1 {kind}"} <= set(download_labels(app))  # its figures, as every view's
+
+
+def download_labels(app: AppTest) -> list[str]:
+    return [d.proto.label for d in app.get("download_button")]
+
+
+def test_attributions_and_compare_offer_their_figures(app):
+    kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["rollout"]).run()
+    assert problems(app) == [] and {f"Maps {kind}", f"Curves {kind}"} <= set(download_labels(app))
+    app.session_state["n-cmp"] = 4  # the fewest images CKA takes
+    app.radio(key="view").set_value("Compare").run()
+    assert problems(app) == []
+    assert {f"Distances {kind}", f"Rollout {kind}", f"Figure {kind}"} <= set(download_labels(app))  # Figure: CKA
+
+
+FIGURE_CODE = """
+import plotly.graph_objects as go
+fig = go.Figure(go.Scatter(x=[1, 2, 3, 4, 5, 6], y=[3, 35, 12, 20, 33, 8], mode="markers"))
+fig.update_layout(title="Mean attention distance by head<br><sup>renormalised</sup>", height=460,
+                  xaxis_title="Network depth (layer)", yaxis_title="Mean attention distance (pixels)",
+                  margin=dict(l=10, r=10, t=70, b=10))
+"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium (.ci/run installs it)")
+def test_the_apps_figure_export_is_the_command_lines_png(tmp_path):
+    """In the app's process Streamlit is Plotly's default template (placeholder colours, no automargin:
+    clipped ticks); the export renders what ``vitlens report --png`` writes, byte for byte."""
+    import plotly.io as pio
+
+    from vitlens.report.export import figure_png
+
+    assert pio.templates.default == "streamlit"  # importing streamlit (as this module does) sets it
+    scope: dict = {}
+    exec(FIGURE_CODE, scope)
+    ours = figure_png(scope["fig"])
+    script = FIGURE_CODE + ("import sys\nfrom pathlib import Path\nassert 'streamlit' not in sys.modules\n"
+                            "from vitlens.report.cli import write_png\nwrite_png({'fig': fig}, Path(sys.argv[1]))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=300)
+    assert ours == (tmp_path / "fig.png").read_bytes()
+    assert Image.open(io.BytesIO(ours)).size == (1000, 460)
+
+
+# real Chromium: one app server and one browser for the tests below
+@pytest.fixture(scope="module")
+def browser_app():
+    from playwright.sync_api import sync_playwright
+
+    with served_app() as port, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield browser, f"http://127.0.0.1:{port}/"
+        browser.close()
+
+
+@pytest.fixture()
+def page(browser_app):
+    """A new session of the app in Chromium, opened on its first view."""
+    browser, url = browser_app
+    context = browser.new_context(viewport={"width": 1400, "height": 2200}, accept_downloads=True)
+    page = context.new_page()
+    page.goto(url, wait_until="domcontentloaded")
+    page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+    yield page
+    context.close()
+
+
+REFERENCE_DISTANCE_PNG = """
+import sys
+from pathlib import Path
+from PIL import Image
+import vitlens as vl
+from vitlens import figures
+from vitlens.reference.shapes import HELD_OUT_SEED, generate
+from vitlens.report.cli import write_png
+
+assert "streamlit" not in sys.modules
+images = [Image.fromarray(a) for a in generate(32, seed=HELD_OUT_SEED).images]  # the app's opening images
+res = vl.analyze(vl.load_model("ref-vit", device="cpu"), images, batch_size=16, renormalize=True,
+                 views=("distance", "prefix"))
+write_png({"attention_distance": figures.distance_figure(res.distance)}, Path(sys.argv[1]))
+"""
+
+
+def ink_box(img: np.ndarray) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of everything that is not the white page."""
+    rows, cols = np.nonzero((img < 200).any(-1))
+    return int(cols.min()), int(rows.min()), int(cols.max()), int(rows.max())
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path):
+    page.get_by_text("Attention distance", exact=True).first.click()
+    page.get_by_text("Mean attention distance by head").first.wait_for(timeout=120000)
+    page.wait_for_load_state("networkidle")  # not the Filters view's button, still shown while this one runs
+    button = page.get_by_role("button", name="Figure (PNG)")
+    assert button.count() == 1
+    with page.expect_download(timeout=180000) as download:
+        button.click()
+    got = tmp_path / "app.png"
+    download.value.save_as(got)
+    (ROOT / "test-output" / "app").mkdir(parents=True, exist_ok=True)
+    shutil.copy(got, ROOT / "test-output" / "app" / "attention_distance-download.png")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", REFERENCE_DISTANCE_PNG, str(tmp_path / "cli")], check=True, env=env,
+                   timeout=600)
+    app_img = np.asarray(Image.open(got).convert("RGB")).astype(int)
+    cli_img = np.asarray(Image.open(tmp_path / "cli" / "attention_distance.png").convert("RGB")).astype(int)
+    assert app_img.shape == cli_img.shape == (460, 1000, 3)
+    assert ink_box(app_img) == ink_box(cli_img)  # the same margins: no tick label or title cut at the edge
+    assert (np.abs(app_img - cli_img).max(-1) > 40).mean() < 0.005  # the same picture, up to antialiasing
