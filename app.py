@@ -479,6 +479,23 @@ def main() -> None:
         picked = model_picker("m1", "ref-vit")
         st.header("Images")
         images, names, ikey, masks, labels, image_source = image_set()
+    # The view selector is drawn on every run, before anything below can stop the run: a widget left out
+    # of a run loses its state, and the browser would then show its first option over the old view.
+    # Its own key is the one record of the current view.
+    head = st.container()
+    view = st.radio("View", list(VIEWS), horizontal=True, key="view")
+    with head:
+        ctx = model_and_image(picked, images, names, ikey, masks, labels, image_source)
+    try:
+        VIEWS[view](ctx)
+    except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working
+        show_error(e)
+
+
+def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: str, masks: np.ndarray | None,
+                    labels: np.ndarray | None, image_source: str) -> Context:
+    """The model's facts, the current image and its predictions; stops the run with a message when
+    there is no model or no image to show."""
     if picked is None:
         st.stop()
     try:
@@ -517,11 +534,7 @@ def main() -> None:
         top[1].table([{"class": label, "probability": f"{100 * p:.1f}%"} for label, p in preds])
     else:
         top[1].info("This model has no classifier head (a feature model): no predictions to show.")
-    view = st.radio("View", list(VIEWS), horizontal=True, key="view")
-    try:
-        VIEWS[view](ctx)
-    except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working
-        show_error(e)
+    return ctx
 
 
 main()

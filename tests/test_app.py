@@ -329,6 +329,24 @@ def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_pat
     assert {f"Depth {kind}", f"Layer 1 {kind}"} <= set(download_labels(app))  # its figures, as every view's
 
 
+# ---------------------------------------------------------------- issue 18: what a new user met in Chromium
+def test_the_view_survives_runs_that_stop_early(app):
+    """A run that stops before the views (no image yet, a model that does not load) keeps the view."""
+    app.radio(key="view").set_value("Attention maps").run()
+    app.radio(key="img-source").set_value("Upload").run()
+    assert any("Upload at least one image" in i.value for i in app.info)
+    assert app.radio(key="view").value == "Attention maps"
+    app.file_uploader(key="uploads").set_value(("one.png", png_bytes(), "image/png")).run()
+    assert problems(app) == [] and app.radio(key="view").value == "Attention maps"
+    assert any(h.value == "One query's attention" for h in app.subheader)
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value("vit_tiny_patch16_22").run()
+    assert any("Did you mean" in e.value for e in app.error) and app.radio(key="view").value == "Attention maps"
+    app.text_input(key="m1-timm").set_value("vit_tiny_patch16_224").run()
+    assert problems(app) == [] and not app.error and app.radio(key="view").value == "Attention maps"
+    assert any(h.value == "One query's attention" for h in app.subheader)
+
+
 def download_labels(app: AppTest) -> list[str]:
     return [d.proto.label for d in app.get("download_button")]
 
@@ -394,6 +412,48 @@ def page(browser_app):
     page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
     yield page
     context.close()
+
+
+CHECKED_RADIOS = """() => Object.fromEntries([...document.querySelectorAll("[data-testid='stRadio']")].map(r => [
+    r.querySelector("[data-testid='stWidgetLabel']")?.innerText.trim(),
+    [...r.querySelectorAll("input[type=radio]")].filter(i => i.checked)
+        .map(i => i.closest("label").innerText.trim())]))"""
+
+
+def checked_view(page) -> list[str]:
+    return page.evaluate(CHECKED_RADIOS).get("View", [])
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_view_selector_shows_the_view_drawn_in_chromium(page, tmp_path):
+    upload = tmp_path / "upload.png"
+    upload.write_bytes(png_bytes(size=(120, 90)))
+    page.get_by_text("Attention maps", exact=True).first.click()
+    page.get_by_text("One query's attention").wait_for(timeout=90000)
+    page.get_by_text("Upload", exact=True).click()  # a run that stops early: no image yet
+    page.get_by_text("Upload at least one image").wait_for(timeout=60000)
+    page.locator("input[type=file]").last.set_input_files(str(upload))
+    page.get_by_text("upload.png").first.wait_for(timeout=60000)
+    page.get_by_text("One query's attention").wait_for(timeout=90000)
+    page.wait_for_load_state("networkidle")
+    assert checked_view(page) == ["Attention maps"]  # was "Filters" over the attention maps
+    page.get_by_text("Filters", exact=True).first.click()  # and clicking "Filters" did nothing
+    page.get_by_text("Principal components").wait_for(timeout=60000)
+    assert checked_view(page) == ["Filters"] and page.get_by_text("One query's attention").count() == 0
+    # a model name that does not load, then corrected
+    page.get_by_text("Position embeddings", exact=True).first.click()
+    page.get_by_text("Similarity of patch").first.wait_for(timeout=90000)
+    page.get_by_text("Name", exact=True).first.click()
+    name = page.locator("[data-testid='stTextInput'] input").first
+    name.fill("vit_tiny_patch16_22")
+    name.press("Enter")
+    page.get_by_text("Did you mean").first.wait_for(timeout=90000)
+    assert checked_view(page) == ["Position embeddings"]
+    name.fill("vit_tiny_patch16_224")
+    name.press("Enter")
+    page.get_by_text("Position embedding similarity").first.wait_for(timeout=120000)
+    page.wait_for_load_state("networkidle")
+    assert checked_view(page) == ["Position embeddings"] and page.get_by_text("Principal components").count() == 0
 
 
 REFERENCE_DISTANCE_PNG = """
