@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import plotly.graph_objects as go
 import streamlit as st
 
 import vitlens as vl
@@ -197,22 +198,69 @@ def render_filters(ctx: Context) -> None:
     downloads(res, fig, "filters")
 
 
+def clickable_tiles(fig: go.Figure, grid: tuple[int, int], shown: tuple[int, int]) -> go.Figure:
+    """The tile mosaic with one invisible marker on each tile's centre, carrying its patch (row, column),
+    and the tile of patch ``shown`` outlined.
+
+    Plotly selects points of a scatter trace on a click (Streamlit's ``selection_mode="points"``), never
+    cells of a heatmap, so a click on the mosaic alone selects nothing. With no hover cutoff the marker
+    nearest to the pointer is the one hovered and clicked: a click anywhere in a tile selects its patch.
+    The outline also makes the chart new whenever the shown patch changes, which clears Plotly's
+    selection: a tile clicked before is not still selected, where a second click would only unselect it.
+    """
+    gh, gw = grid
+    rows, cols = np.mgrid[0:gh, 0:gw]
+    out = go.Figure(fig)
+    r, c = shown
+    out.add_shape(type="rect", x0=c * (gw + 1) - 0.5, x1=c * (gw + 1) + gw - 0.5, y0=r * (gh + 1) - 0.5,
+                  y1=r * (gh + 1) + gh - 0.5, line=dict(color="white", width=2), layer="above")
+    out.add_trace(go.Scatter(
+        x=(cols * (gw + 1) + (gw - 1) / 2).ravel(), y=(rows * (gh + 1) + (gh - 1) / 2).ravel(), mode="markers",
+        # plain lists: a numpy array would travel as a typed array and come back as {"0": r, "1": c}
+        customdata=np.stack([rows.ravel(), cols.ravel()], -1).tolist(), showlegend=False, name="tiles",
+        marker=dict(symbol="square", size=12, color="rgba(0,0,0,0)"),
+        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
+        hovertemplate="tile of patch (%{customdata[0]}, %{customdata[1]})<br>click to see it large<extra></extra>"))
+    out.update_layout(hoverdistance=-1, clickmode="event+select")
+    return out
+
+
+def tile_clicked() -> None:
+    """A tile clicked in the mosaic: its patch goes into the patch row and column boxes, the one place
+    the shown patch is kept (so the boxes and a click never disagree)."""
+    state = st.session_state.get("pos-fig") or {}
+    for point in (state.get("selection") or {}).get("points") or []:
+        where = point.get("customdata")
+        if isinstance(where, dict):  # a typed array's row, as the browser serialises it
+            where = [where.get("0"), where.get("1")]
+        if isinstance(where, (list, tuple)) and len(where) == 2 and all(isinstance(v, (int, float)) for v in where):
+            st.session_state["pr"], st.session_state["pc"] = int(where[0]), int(where[1])
+            return
+
+
+def recentre() -> None:
+    """A new grid: the patch boxes start again at its centre."""
+    for key in ("pr", "pc"):
+        st.session_state.pop(key, None)
+
+
 def render_position(ctx: Context) -> None:
     spec = ctx.m.spec
     c = st.columns(4)
-    gh = int(c[0].number_input("Grid rows", 1, 64, spec.grid[0], key="gh"))
-    gw = int(c[1].number_input("Grid columns", 1, 64, spec.grid[1], key="gw"))
+    gh = int(c[0].number_input("Grid rows", 1, 64, spec.grid[0], key="gh", on_change=recentre))
+    gw = int(c[1].number_input("Grid columns", 1, 64, spec.grid[1], key="gw", on_change=recentre))
     res = position_result(ctx.m, ctx.mkey, (gh, gw))
-    r = int(c[2].number_input("Patch row", 0, gh - 1, min(gh // 2, gh - 1), key="pr"))
-    col = int(c[3].number_input("Patch column", 0, gw - 1, min(gw // 2, gw - 1), key="pc"))
+    st.session_state.setdefault("pr", gh // 2)
+    st.session_state.setdefault("pc", gw // 2)
+    r = int(c[2].number_input("Patch row", 0, gh - 1, key="pr"))
+    col = int(c[3].number_input("Patch column", 0, gw - 1, key="pc"))
     fig = figures.position_figure(res)
     left, right = st.columns([3, 2])
-    event = left.plotly_chart(fig, key="pos-fig", on_select="rerun", selection_mode="points")
-    points = event.selection.points if event else []
-    if points and "customdata" in points[0]:
-        r, col = int(points[0]["customdata"][0]), int(points[0]["customdata"][1])
+    left.plotly_chart(clickable_tiles(fig, res.grid, (r, col)), key="pos-fig", on_select=tile_clicked,
+                      selection_mode="points")
     right.plotly_chart(figures.similarity_tile_figure(res, r, col), key="tile-fig")
-    right.caption("Click a tile on the left, or set the patch row and column above.")
+    right.caption("Click a tile on the left (the one shown here is outlined), or set the patch row and column "
+                  "above.")
     downloads(res, fig, "position_similarity")
 
 

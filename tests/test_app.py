@@ -456,6 +456,44 @@ def test_the_view_selector_shows_the_view_drawn_in_chromium(page, tmp_path):
     assert checked_view(page) == ["Position embeddings"] and page.get_by_text("Principal components").count() == 0
 
 
+TILE_CENTRE = """([r, c, gh, gw]) => {
+    const gd = [...document.querySelectorAll(".js-plotly-plot")].find(
+        g => String(g.layout.title?.text ?? g.layout.title).includes("Position embedding similarity"));
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+    return [box.left + xa._offset + xa.l2p(c * (gw + 1) + (gw - 1) / 2),
+            box.top + ya._offset + ya.l2p(r * (gh + 1) + (gh - 1) / 2)];
+}"""
+
+
+def hovered(page, row: int, col: int) -> None:
+    """Wait until the pointer hovers patch (row, col)'s tile, as a user's pointer does before a click."""
+    page.locator(".hoverlayer .hovertext").filter(has_text=f"patch ({row}, {col})").first.wait_for(timeout=30000)
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_clicking_a_position_tile_shows_it_large_in_chromium(page):
+    page.get_by_text("Position embeddings", exact=True).first.click()
+    page.get_by_text("Similarity of patch (4, 4) to all patches").wait_for(timeout=90000)
+    page.wait_for_load_state("networkidle")
+    for row, col in ((1, 1), (6, 6), (0, 7)):
+        x, y = page.evaluate(TILE_CENTRE, [row, col, 8, 8])
+        page.mouse.move(x + 6, y - 6, steps=4)  # off the centre: anywhere in the tile
+        hovered(page, row, col)
+        page.mouse.click(x + 6, y - 6)
+        page.get_by_text(f"Similarity of patch ({row}, {col}) to all patches").wait_for(timeout=60000)
+        assert page.get_by_label("Patch row").input_value() == str(row)
+        assert page.get_by_label("Patch column").input_value() == str(col)
+    page.get_by_label("Patch row").fill("2")  # the number boxes still choose the patch after a click
+    page.get_by_label("Patch row").press("Enter")
+    page.get_by_text("Similarity of patch (2, 7) to all patches").wait_for(timeout=60000)
+    page.wait_for_load_state("networkidle")
+    x, y = page.evaluate(TILE_CENTRE, [0, 7, 8, 8])  # the tile clicked last, clicked again, is shown again
+    page.mouse.move(x, y, steps=4)
+    hovered(page, 0, 7)
+    page.mouse.click(x, y)
+    page.get_by_text("Similarity of patch (0, 7) to all patches").wait_for(timeout=60000)
+
+
 REFERENCE_DISTANCE_PNG = """
 import sys
 from pathlib import Path
