@@ -391,6 +391,26 @@ def test_the_apps_figure_export_is_the_command_lines_png(tmp_path):
     assert Image.open(io.BytesIO(ours)).size == (1000, 460)
 
 
+def listening_addresses(port: int) -> list[str]:
+    """The local addresses of the TCP sockets listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path("/proc/net") / table
+        for line in path.read_text().splitlines()[1:] if path.exists() else []:
+            local, state = line.split()[1], line.split()[3]
+            address, local_port = local.split(":")
+            if state == "0A" and int(local_port, 16) == port:  # 0A: LISTEN
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                found.append(socket.inet_ntop(family, raw))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
+def test_the_app_serves_loopback_only_by_default():
+    with served_app(address=None) as port:  # no --server.address: what `streamlit run app.py` does
+        assert listening_addresses(port) == ["127.0.0.1"]
+
+
 # real Chromium: one app server and one browser for the tests below
 @pytest.fixture(scope="module")
 def browser_app():
