@@ -32,6 +32,7 @@ from vitlens.compare.heads import cost as head_cost
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
+from vitlens.views.rollout import format_probability
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
@@ -473,8 +474,10 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
         st.caption(next(p.description for p in hub if p.name == choice))
         return choice, True, None, device
     if source == "Name":
-        name = st.text_input("Model name: timm (vit_*, deit_*, beit*, eva02_*), hf:ORG/NAME or hf:FOLDER, "
-                             "torchvision:vit_b_16", "vit_tiny_patch16_224", key=f"{prefix}-timm").strip()
+        # code spans: the label is Markdown, where the names' * and _ would turn into emphasis
+        name = st.text_input("Model name: timm (`vit_*`, `deit_*`, `beit*`, `eva02_*`), `hf:ORG/NAME` or "
+                             "`hf:FOLDER`, `torchvision:vit_b_16`", "vit_tiny_patch16_224",
+                             key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
         return (name, pretrained, None, device) if name else None
     path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()
@@ -516,6 +519,17 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | N
     return uploads.images, uploads.names, uploads.key, None, None, "upload"
 
 
+def facts(m: vl.LoadedModel) -> tuple[list[dict], str]:
+    """The sidebar's facts table, and the weights' full location when the table shows only its last part
+    (a path or hub id is one long word: in a narrow sidebar the table would clip it)."""
+    described = m.describe()
+    weights = described.get("weights", "")
+    short = weights.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if short and short != weights:
+        described["weights"] = short
+    return [{"fact": k, "value": v} for k, v in described.items()], weights if short != weights else ""
+
+
 def main() -> None:
     st.set_page_config(page_title="vitlens", layout="wide")
     st.title("vitlens")
@@ -553,7 +567,10 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
         st.stop()
     with st.sidebar:
         st.header("Facts")
-        st.table([{"fact": k, "value": v} for k, v in m.describe().items()], hide_index=True)
+        rows, weights = facts(m)
+        st.table(rows, hide_index=True)
+        if weights:
+            st.caption(f"Weights: {weights}")
         import torch
 
         st.caption(f"GPU: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else
@@ -579,7 +596,7 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
                  width=220)
     if preds:
         top[1].markdown("**Top-5 predictions**")
-        top[1].table([{"class": label, "probability": f"{100 * p:.1f}%"} for label, p in preds])
+        top[1].table([{"class": label, "probability": format_probability(p)} for label, p in preds])
     else:
         top[1].info("This model has no classifier head (a feature model): no predictions to show.")
     return ctx

@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -58,11 +59,24 @@ def test_opens_on_the_embedded_vit_with_facts_and_top5(app):
     assert not app.error
 
 
+# Streamlit's chart theme sends these colours as placeholders and the browser swaps each for a colour
+# of its palette: a figure colour that happens to be one of them is drawn in another (Magma's #000004
+# made the bottom of the CKA colour bar pink)
+THEME_PLACEHOLDER = re.compile(r"#0000[0-4][0-9](?![0-9a-f])", re.I)
+
+
+def figure_colours_streamlit_would_replace(spec: dict) -> list[str]:
+    spec = {**spec, "layout": {k: v for k, v in spec.get("layout", {}).items() if k != "template"}}
+    return THEME_PLACEHOLDER.findall(json.dumps(spec))
+
+
 @pytest.mark.parametrize("view", VIEWS)
 def test_every_view_renders_a_chart_without_errors(app, view):
     app.radio(key="view").set_value(view).run()
     assert problems(app) == [] and [e.value for e in app.error] == []
     assert len(app.get("plotly_chart")) >= 1
+    for i in range(len(app.get("plotly_chart"))):
+        assert figure_colours_streamlit_would_replace(chart(app, i)) == [], chart(app, i)["layout"].get("title")
 
 
 def chart(app: AppTest, index: int = 0) -> dict:
@@ -347,6 +361,14 @@ def test_the_view_survives_runs_that_stop_early(app):
     assert any(h.value == "One query's attention" for h in app.subheader)
 
 
+def test_facts_show_the_weights_file_and_its_full_path_beneath(app):
+    facts = app.sidebar.table[0].value
+    shown = dict(zip(facts["fact"], facts["value"]))
+    assert shown["weights"] == "ref-vit.safetensors"  # a path is one long word: the narrow table clipped it
+    full = [c.value.removeprefix("Weights: ") for c in app.sidebar.caption if c.value.startswith("Weights: ")]
+    assert len(full) == 1 and os.path.isabs(full[0]) and full[0].endswith("/ref-vit.safetensors")
+
+
 def download_labels(app: AppTest) -> list[str]:
     return [d.proto.label for d in app.get("download_button")]
 
@@ -464,6 +486,9 @@ def test_the_view_selector_shows_the_view_drawn_in_chromium(page, tmp_path):
     page.get_by_text("Position embeddings", exact=True).first.click()
     page.get_by_text("Similarity of patch").first.wait_for(timeout=90000)
     page.get_by_text("Name", exact=True).first.click()
+    label = page.locator("[data-testid='stTextInput'] [data-testid='stWidgetLabel']").first
+    label.wait_for(timeout=30000)
+    assert "timm (vit_*, deit_*, beit*, eva02_*)" in label.inner_text()  # as written, not Markdown emphasis
     name = page.locator("[data-testid='stTextInput'] input").first
     name.fill("vit_tiny_patch16_22")
     name.press("Enter")
