@@ -511,32 +511,46 @@ TILE_CENTRE = """([r, c, gh, gw]) => {
 }"""
 
 
-def hovered(page, row: int, col: int) -> None:
-    """Wait until the pointer hovers patch (row, col)'s tile, as a user's pointer does before a click."""
-    page.locator(".hoverlayer .hovertext").filter(has_text=f"patch ({row}, {col})").first.wait_for(timeout=30000)
+def settled(page) -> None:
+    """Wait until the app's run has ended: no running indicator, no stale element still drawn."""
+    busy = "[data-testid^='stStatusWidgetRunning'], [data-stale='true']"
+    page.wait_for_function(f"() => !document.querySelector(\"{busy}\")", timeout=120000)
+
+
+def hover_tile(page, row: int, col: int) -> tuple[float, float]:
+    """Move the pointer onto patch (row, col)'s tile, off its centre, until Plotly shows that tile hovered
+    (as a user's pointer is before a click; a chart drawn anew under a still pointer hovers nothing)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(10):
+        x, y = page.evaluate(TILE_CENTRE, [row, col, 8, 8])
+        x, y = x + 6, y - 6
+        page.mouse.move(x - 12, y + 4, steps=2)
+        page.mouse.move(x, y, steps=4)
+        try:
+            page.locator(".hoverlayer .hovertext").filter(has_text=f"patch ({row}, {col})").first.wait_for(timeout=3000)
+            return x, y
+        except PlaywrightTimeout:
+            settled(page)
+    raise AssertionError(f"tile ({row}, {col}) was never hovered")
 
 
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_clicking_a_position_tile_shows_it_large_in_chromium(page):
     page.get_by_text("Position embeddings", exact=True).first.click()
     page.get_by_text("Similarity of patch (4, 4) to all patches").wait_for(timeout=90000)
-    page.wait_for_load_state("networkidle")
+    settled(page)
     for row, col in ((1, 1), (6, 6), (0, 7)):
-        x, y = page.evaluate(TILE_CENTRE, [row, col, 8, 8])
-        page.mouse.move(x + 6, y - 6, steps=4)  # off the centre: anywhere in the tile
-        hovered(page, row, col)
-        page.mouse.click(x + 6, y - 6)
+        page.mouse.click(*hover_tile(page, row, col))
         page.get_by_text(f"Similarity of patch ({row}, {col}) to all patches").wait_for(timeout=60000)
+        settled(page)
         assert page.get_by_label("Patch row").input_value() == str(row)
         assert page.get_by_label("Patch column").input_value() == str(col)
     page.get_by_label("Patch row").fill("2")  # the number boxes still choose the patch after a click
     page.get_by_label("Patch row").press("Enter")
     page.get_by_text("Similarity of patch (2, 7) to all patches").wait_for(timeout=60000)
-    page.wait_for_load_state("networkidle")
-    x, y = page.evaluate(TILE_CENTRE, [0, 7, 8, 8])  # the tile clicked last, clicked again, is shown again
-    page.mouse.move(x, y, steps=4)
-    hovered(page, 0, 7)
-    page.mouse.click(x, y)
+    settled(page)
+    page.mouse.click(*hover_tile(page, 0, 7))  # the tile clicked last, clicked again, is shown again
     page.get_by_text("Similarity of patch (0, 7) to all patches").wait_for(timeout=60000)
 
 
