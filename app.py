@@ -214,7 +214,7 @@ def clickable_tiles(fig: go.Figure, grid: tuple[int, int], shown: tuple[int, int
     out = go.Figure(fig)
     r, c = shown
     out.add_shape(type="rect", x0=c * (gw + 1) - 0.5, x1=c * (gw + 1) + gw - 0.5, y0=r * (gh + 1) - 0.5,
-                  y1=r * (gh + 1) + gh - 0.5, line=dict(color="white", width=2), layer="above")
+                  y1=r * (gh + 1) + gh - 0.5, line=dict(color="#d62728", width=2), layer="above")
     out.add_trace(go.Scatter(
         x=(cols * (gw + 1) + (gw - 1) / 2).ravel(), y=(rows * (gh + 1) + (gh - 1) / 2).ravel(), mode="markers",
         # plain lists: a numpy array would travel as a typed array and come back as {"0": r, "1": c}
