@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import plotly.graph_objects as go
 import streamlit as st
 
 import vitlens as vl
@@ -25,10 +26,13 @@ from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploa
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison
+from vitlens.report.export import figure_html, figure_png
+from vitlens.report.html import attribution_figures
 from vitlens.compare.heads import cost as head_cost
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
+from vitlens.views.rollout import format_probability
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
@@ -152,18 +156,24 @@ def show_error(e: Exception) -> None:
         st.error(f"Something went wrong ({type(e).__name__}: {e}). Try other settings; the app keeps working.")
 
 
+def figure_download(where: Any, fig: Any, stem: str, label: str = "Figure") -> None:
+    """A figure's download through the command line's export path (``vitlens.report.export``): PNG when
+    Chromium is there for kaleido, self-contained HTML otherwise; made only when clicked."""
+    if PNG_EXPORT:
+        where.download_button(f"{label} (PNG)", lambda: figure_png(fig), f"{stem}.png", "image/png",
+                              key=f"png-{stem}", on_click="ignore")
+    else:
+        where.download_button(f"{label} (HTML)", lambda: figure_html(fig), f"{stem}.html", "text/html",
+                              key=f"html-{stem}", on_click="ignore")
+
+
 def downloads(result: vl.Result, fig: Any, stem: str) -> None:
     cols = st.columns(3)
     cols[0].download_button("Numbers (CSV)", result.to_csv(), f"{stem}.csv", "text/csv", key=f"csv-{stem}",
                             on_click="ignore")
     cols[1].download_button("Numbers (JSON)", result.to_json().encode(), f"{stem}.json", "application/json",
                             key=f"json-{stem}", on_click="ignore")
-    if PNG_EXPORT:
-        cols[2].download_button("Figure (PNG)", lambda: fig.to_image(format="png", width=1000), f"{stem}.png",
-                                "image/png", key=f"png-{stem}", on_click="ignore")
-    else:
-        cols[2].download_button("Figure (HTML)", lambda: fig.to_html(include_plotlyjs=True).encode(),
-                                f"{stem}.html", "text/html", key=f"html-{stem}", on_click="ignore")
+    figure_download(cols[2], fig, stem)
 
 
 def image_count(where: Any, available: int, key: str) -> int:
@@ -189,22 +199,69 @@ def render_filters(ctx: Context) -> None:
     downloads(res, fig, "filters")
 
 
+def clickable_tiles(fig: go.Figure, grid: tuple[int, int], shown: tuple[int, int]) -> go.Figure:
+    """The tile mosaic with one invisible marker on each tile's centre, carrying its patch (row, column),
+    and the tile of patch ``shown`` outlined.
+
+    Plotly selects points of a scatter trace on a click (Streamlit's ``selection_mode="points"``), never
+    cells of a heatmap, so a click on the mosaic alone selects nothing. With no hover cutoff the marker
+    nearest to the pointer is the one hovered and clicked: a click anywhere in a tile selects its patch.
+    The outline also makes the chart new whenever the shown patch changes, which clears Plotly's
+    selection: a tile clicked before is not still selected, where a second click would only unselect it.
+    """
+    gh, gw = grid
+    rows, cols = np.mgrid[0:gh, 0:gw]
+    out = go.Figure(fig)
+    r, c = shown
+    out.add_shape(type="rect", x0=c * (gw + 1) - 0.5, x1=c * (gw + 1) + gw - 0.5, y0=r * (gh + 1) - 0.5,
+                  y1=r * (gh + 1) + gh - 0.5, line=dict(color="#d62728", width=2), layer="above")
+    out.add_trace(go.Scatter(
+        x=(cols * (gw + 1) + (gw - 1) / 2).ravel(), y=(rows * (gh + 1) + (gh - 1) / 2).ravel(), mode="markers",
+        # plain lists: a numpy array would travel as a typed array and come back as {"0": r, "1": c}
+        customdata=np.stack([rows.ravel(), cols.ravel()], -1).tolist(), showlegend=False, name="tiles",
+        marker=dict(symbol="square", size=12, color="rgba(0,0,0,0)"),
+        selected=dict(marker=dict(opacity=0)), unselected=dict(marker=dict(opacity=0)),
+        hovertemplate="tile of patch (%{customdata[0]}, %{customdata[1]})<br>click to see it large<extra></extra>"))
+    out.update_layout(hoverdistance=-1, clickmode="event+select")
+    return out
+
+
+def tile_clicked() -> None:
+    """A tile clicked in the mosaic: its patch goes into the patch row and column boxes, the one place
+    the shown patch is kept (so the boxes and a click never disagree)."""
+    state = st.session_state.get("pos-fig") or {}
+    for point in (state.get("selection") or {}).get("points") or []:
+        where = point.get("customdata")
+        if isinstance(where, dict):  # a typed array's row, as the browser serialises it
+            where = [where.get("0"), where.get("1")]
+        if isinstance(where, (list, tuple)) and len(where) == 2 and all(isinstance(v, (int, float)) for v in where):
+            st.session_state["pr"], st.session_state["pc"] = int(where[0]), int(where[1])
+            return
+
+
+def recentre() -> None:
+    """A new grid: the patch boxes start again at its centre."""
+    for key in ("pr", "pc"):
+        st.session_state.pop(key, None)
+
+
 def render_position(ctx: Context) -> None:
     spec = ctx.m.spec
     c = st.columns(4)
-    gh = int(c[0].number_input("Grid rows", 1, 64, spec.grid[0], key="gh"))
-    gw = int(c[1].number_input("Grid columns", 1, 64, spec.grid[1], key="gw"))
+    gh = int(c[0].number_input("Grid rows", 1, 64, spec.grid[0], key="gh", on_change=recentre))
+    gw = int(c[1].number_input("Grid columns", 1, 64, spec.grid[1], key="gw", on_change=recentre))
     res = position_result(ctx.m, ctx.mkey, (gh, gw))
-    r = int(c[2].number_input("Patch row", 0, gh - 1, min(gh // 2, gh - 1), key="pr"))
-    col = int(c[3].number_input("Patch column", 0, gw - 1, min(gw // 2, gw - 1), key="pc"))
+    st.session_state.setdefault("pr", gh // 2)
+    st.session_state.setdefault("pc", gw // 2)
+    r = int(c[2].number_input("Patch row", 0, gh - 1, key="pr"))
+    col = int(c[3].number_input("Patch column", 0, gw - 1, key="pc"))
     fig = figures.position_figure(res)
     left, right = st.columns([3, 2])
-    event = left.plotly_chart(fig, key="pos-fig", on_select="rerun", selection_mode="points")
-    points = event.selection.points if event else []
-    if points and "customdata" in points[0]:
-        r, col = int(points[0]["customdata"][0]), int(points[0]["customdata"][1])
+    left.plotly_chart(clickable_tiles(fig, res.grid, (r, col)), key="pos-fig", on_select=tile_clicked,
+                      selection_mode="points")
     right.plotly_chart(figures.similarity_tile_figure(res, r, col), key="tile-fig")
-    right.caption("Click a tile on the left, or set the patch row and column above.")
+    right.caption("Click a tile on the left (the one shown here is outlined), or set the patch row and column "
+                  "above.")
     downloads(res, fig, "position_similarity")
 
 
@@ -292,13 +349,16 @@ def render_attributions(ctx: Context) -> None:
         method_table(m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
                      (("n_steps", steps),) if method == "integrated_gradients" else (), mask)
         for method in methods])
-    st.plotly_chart(figures.attribution_figure(table.attributions, ctx.shown, 0), key="attr-fig")
-    st.plotly_chart(figures.faithfulness_figure(table.faithfulness), key="faith-fig")
+    figs = attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
+    st.plotly_chart(figs["attributions"], key="attr-fig")
+    st.plotly_chart(figs["faithfulness"], key="faith-fig")
     st.dataframe(table.to_pandas().round(3), hide_index=True)
-    cols = st.columns(2)
+    cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
                             "application/json", on_click="ignore")
+    figure_download(cols[2], figs["attributions"], "attributions", "Maps")
+    figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
 
 
 def render_compare(ctx: Context) -> None:
@@ -337,7 +397,8 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name])
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
-    st.plotly_chart(figures.distance_figure(data.distances, names=data.models, units=data.units), key="cmp-fig")
+    distance_fig = figures.distance_figure(data.distances, names=data.models, units=data.units)
+    st.plotly_chart(distance_fig, key="cmp-fig")
     st.markdown(data.reading())
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
                f"Local heads (below {100 * data.local_threshold:.0f}% of the width) in layers 1-{data.first_layers}: "
@@ -345,14 +406,17 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     st.dataframe(data.to_pandas().round(3), hide_index=True)
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
-    st.plotly_chart(figures.overlay_grid_figure(
+    rollout_fig = figures.overlay_grid_figure(
         [(ctx.shown, r1.maps[0], ctx.m.spec.name), (m2.display([ctx.current])[0], r2.maps[0], m2.spec.name)],
-        "Attention rollout on the same image"), key="cmp-roll")
-    cols = st.columns(2)
+        "Attention rollout on the same image")
+    st.plotly_chart(rollout_fig, key="cmp-roll")
+    cols = st.columns(4)
     cols[0].download_button("Comparison (JSON)", data.to_json().encode(), "compare.json", "application/json",
                             on_click="ignore")
     cols[1].download_button("Per-layer table (CSV)", data.to_csv(), "compare_layers.csv", "text/csv",
                             on_click="ignore")
+    figure_download(cols[2], distance_fig, "compare_distance", "Distances")
+    figure_download(cols[3], rollout_fig, "compare_rollout", "Rollout")
 
 
 def render_survey(ctx: Context) -> None:
@@ -368,14 +432,20 @@ def render_survey(ctx: Context) -> None:
     if result.table.empty:
         st.info("This survey has no finished model yet.")
         return
-    for name, fig in survey_figures(result).items():
+    figs = survey_figures(result)
+    for name, fig in figs.items():
         st.plotly_chart(fig, key=f"survey-{name}")
     st.dataframe(summary_rows(result), hide_index=True)
     for name, reason in result.failed.items():
         st.warning(f"{name} failed: {reason}")
-    st.download_button("Table (CSV)", result.table.to_csv(index=False).encode(), "survey.csv", "text/csv",
-                       on_click="ignore")
+    cols = st.columns(1 + len(figs))
+    cols[0].download_button("Table (CSV)", result.table.to_csv(index=False).encode(), "survey.csv", "text/csv",
+                            on_click="ignore")
+    for where, (name, fig) in zip(cols[1:], figs.items()):
+        figure_download(where, fig, f"survey-{name}", SURVEY_FIGURES.get(name, name))
 
+
+SURVEY_FIGURES = {"depth": "Depth", "layer1": "Layer 1", "per-class": "Per class"}  # download labels
 
 VIEWS: dict[str, Callable[[Context], None]] = {
     "Filters": render_filters,
@@ -404,8 +474,10 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
         st.caption(next(p.description for p in hub if p.name == choice))
         return choice, True, None, device
     if source == "Name":
-        name = st.text_input("Model name: timm (vit_*, deit_*, beit*, eva02_*), hf:ORG/NAME or hf:FOLDER, "
-                             "torchvision:vit_b_16", "vit_tiny_patch16_224", key=f"{prefix}-timm").strip()
+        # code spans: the label is Markdown, where the names' * and _ would turn into emphasis
+        name = st.text_input("Model name: timm (`vit_*`, `deit_*`, `beit*`, `eva02_*`), `hf:ORG/NAME` or "
+                             "`hf:FOLDER`, `torchvision:vit_b_16`", "vit_tiny_patch16_224",
+                             key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
         return (name, pretrained, None, device) if name else None
     path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()
@@ -447,6 +519,17 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | N
     return uploads.images, uploads.names, uploads.key, None, None, "upload"
 
 
+def facts(m: vl.LoadedModel) -> tuple[list[dict], str]:
+    """The sidebar's facts table, and the weights' full location when the table shows only its last part
+    (a path or hub id is one long word: in a narrow sidebar the table would clip it)."""
+    described = m.describe()
+    weights = described.get("weights", "")
+    short = weights.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if short and short != weights:
+        described["weights"] = short
+    return [{"fact": k, "value": v} for k, v in described.items()], weights if short != weights else ""
+
+
 def main() -> None:
     st.set_page_config(page_title="vitlens", layout="wide")
     st.title("vitlens")
@@ -458,6 +541,23 @@ def main() -> None:
         picked = model_picker("m1", "ref-vit")
         st.header("Images")
         images, names, ikey, masks, labels, image_source = image_set()
+    # The view selector is drawn on every run, before anything below can stop the run: a widget left out
+    # of a run loses its state, and the browser would then show its first option over the old view.
+    # Its own key is the one record of the current view.
+    head = st.container()
+    view = st.radio("View", list(VIEWS), horizontal=True, key="view")
+    with head:
+        ctx = model_and_image(picked, images, names, ikey, masks, labels, image_source)
+    try:
+        VIEWS[view](ctx)
+    except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working
+        show_error(e)
+
+
+def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: str, masks: np.ndarray | None,
+                    labels: np.ndarray | None, image_source: str) -> Context:
+    """The model's facts, the current image and its predictions; stops the run with a message when
+    there is no model or no image to show."""
     if picked is None:
         st.stop()
     try:
@@ -467,7 +567,10 @@ def main() -> None:
         st.stop()
     with st.sidebar:
         st.header("Facts")
-        st.table([{"fact": k, "value": v} for k, v in m.describe().items()], hide_index=True)
+        rows, weights = facts(m)
+        st.table(rows, hide_index=True)
+        if weights:
+            st.caption(f"Weights: {weights}")
         import torch
 
         st.caption(f"GPU: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else
@@ -493,14 +596,10 @@ def main() -> None:
                  width=220)
     if preds:
         top[1].markdown("**Top-5 predictions**")
-        top[1].table([{"class": label, "probability": f"{100 * p:.1f}%"} for label, p in preds])
+        top[1].table([{"class": label, "probability": format_probability(p)} for label, p in preds])
     else:
         top[1].info("This model has no classifier head (a feature model): no predictions to show.")
-    view = st.radio("View", list(VIEWS), horizontal=True, key="view")
-    try:
-        VIEWS[view](ctx)
-    except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working
-        show_error(e)
+    return ctx
 
 
 main()

@@ -2,8 +2,11 @@
 end-to-end run in real headless Chromium with a screenshot of each view."""
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -56,17 +59,28 @@ def test_opens_on_the_embedded_vit_with_facts_and_top5(app):
     assert not app.error
 
 
+# Streamlit's chart theme sends these colours as placeholders and the browser swaps each for a colour
+# of its palette: a figure colour that happens to be one of them is drawn in another (Magma's #000004
+# made the bottom of the CKA colour bar pink)
+THEME_PLACEHOLDER = re.compile(r"#0000[0-4][0-9](?![0-9a-f])", re.I)
+
+
+def figure_colours_streamlit_would_replace(spec: dict) -> list[str]:
+    spec = {**spec, "layout": {k: v for k, v in spec.get("layout", {}).items() if k != "template"}}
+    return THEME_PLACEHOLDER.findall(json.dumps(spec))
+
+
 @pytest.mark.parametrize("view", VIEWS)
 def test_every_view_renders_a_chart_without_errors(app, view):
     app.radio(key="view").set_value(view).run()
     assert problems(app) == [] and [e.value for e in app.error] == []
     assert len(app.get("plotly_chart")) >= 1
+    for i in range(len(app.get("plotly_chart"))):
+        assert figure_colours_streamlit_would_replace(chart(app, i)) == [], chart(app, i)["layout"].get("title")
 
 
 def chart(app: AppTest, index: int = 0) -> dict:
     """The figure of the index-th Plotly chart on the page, as Plotly JSON."""
-    import json
-
     return json.loads(app.get("plotly_chart")[index].proto.spec)
 
 
@@ -232,17 +246,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_end_to_end_in_headless_chromium(tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    out_dir = ROOT / "test-output" / "app"
-    out_dir.mkdir(parents=True, exist_ok=True)
+@contextlib.contextmanager
+def served_app(address: str | None = "127.0.0.1"):
+    """``streamlit run app.py`` on a free port until the block ends; yields the port. ``address=None``
+    leaves the address to the repository's ``.streamlit/config.toml``."""
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true",
-                               "--server.address", "127.0.0.1", "--server.port", str(port),
-                               "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env,
+    where = ["--server.address", address] if address else []
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", APP, "--server.headless", "true", *where,
+                               "--server.port", str(port), "--browser.gatherUsageStats", "false"], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 90
@@ -252,8 +264,22 @@ def test_end_to_end_in_headless_chromium(tmp_path):
                     break
             except OSError:
                 pass
+            assert server.poll() is None, "streamlit exited"
             assert time.time() < deadline, "streamlit did not come up"
             time.sleep(0.5)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_end_to_end_in_headless_chromium(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out_dir = ROOT / "test-output" / "app"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with served_app() as port:
         upload = tmp_path / "upload.png"
         upload.write_bytes(png_bytes(size=(120, 90)))
         with sync_playwright() as p:
@@ -276,9 +302,6 @@ def test_end_to_end_in_headless_chromium(tmp_path):
                 assert page.locator(".js-plotly-plot .main-svg").count() > 0, view
                 page.screenshot(path=str(out_dir / f"{view.lower().replace(' ', '_')}.png"), full_page=True)
             browser.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     assert len(list(out_dir.glob("*.png"))) >= len(VIEWS)
 
 
@@ -316,3 +339,262 @@ def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_pat
     assert any(t.startswith("Attention distance against depth") for t in titles)
     assert list(app.dataframe[0].value["model"]) == ["ref-vit", "no_such_model_x"]
     assert any("no_such_model_x failed" in w.value for w in app.warning)
+    kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
+    assert {f"Depth {kind}", f"Layer 1 {kind}"} <= set(download_labels(app))  # its figures, as every view's
+
+
+# ---------------------------------------------------------------- issue 18: what a new user met in Chromium
+def test_the_view_survives_runs_that_stop_early(app):
+    """A run that stops before the views (no image yet, a model that does not load) keeps the view."""
+    app.radio(key="view").set_value("Attention maps").run()
+    app.radio(key="img-source").set_value("Upload").run()
+    assert any("Upload at least one image" in i.value for i in app.info)
+    assert app.radio(key="view").value == "Attention maps"
+    app.file_uploader(key="uploads").set_value(("one.png", png_bytes(), "image/png")).run()
+    assert problems(app) == [] and app.radio(key="view").value == "Attention maps"
+    assert any(h.value == "One query's attention" for h in app.subheader)
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value("vit_tiny_patch16_22").run()
+    assert any("Did you mean" in e.value for e in app.error) and app.radio(key="view").value == "Attention maps"
+    app.text_input(key="m1-timm").set_value("vit_tiny_patch16_224").run()
+    assert problems(app) == [] and not app.error and app.radio(key="view").value == "Attention maps"
+    assert any(h.value == "One query's attention" for h in app.subheader)
+
+
+def test_facts_show_the_weights_file_and_its_full_path_beneath(app):
+    facts = app.sidebar.table[0].value
+    shown = dict(zip(facts["fact"], facts["value"]))
+    assert shown["weights"] == "ref-vit.safetensors"  # a path is one long word: the narrow table clipped it
+    full = [c.value.removeprefix("Weights: ") for c in app.sidebar.caption if c.value.startswith("Weights: ")]
+    assert len(full) == 1 and os.path.isabs(full[0]) and full[0].endswith("/ref-vit.safetensors")
+
+
+def download_labels(app: AppTest) -> list[str]:
+    return [d.proto.label for d in app.get("download_button")]
+
+
+def test_attributions_and_compare_offer_their_figures(app):
+    kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["rollout"]).run()
+    assert problems(app) == [] and {f"Maps {kind}", f"Curves {kind}"} <= set(download_labels(app))
+    app.session_state["n-cmp"] = 4  # the fewest images CKA takes
+    app.radio(key="view").set_value("Compare").run()
+    assert problems(app) == []
+    assert {f"Distances {kind}", f"Rollout {kind}", f"Figure {kind}"} <= set(download_labels(app))  # Figure: CKA
+
+
+FIGURE_CODE = """
+import plotly.graph_objects as go
+fig = go.Figure(go.Scatter(x=[1, 2, 3, 4, 5, 6], y=[3, 35, 12, 20, 33, 8], mode="markers"))
+fig.update_layout(title="Mean attention distance by head<br><sup>renormalised</sup>", height=460,
+                  xaxis_title="Network depth (layer)", yaxis_title="Mean attention distance (pixels)",
+                  margin=dict(l=10, r=10, t=70, b=10))
+"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium (.ci/run installs it)")
+def test_the_apps_figure_export_is_the_command_lines_png(tmp_path):
+    """In the app's process Streamlit is Plotly's default template (placeholder colours, no automargin:
+    clipped ticks); the export renders what ``vitlens report --png`` writes, byte for byte."""
+    import plotly.io as pio
+
+    from vitlens.report.export import figure_png
+
+    assert pio.templates.default == "streamlit"  # importing streamlit (as this module does) sets it
+    scope: dict = {}
+    exec(FIGURE_CODE, scope)
+    ours = figure_png(scope["fig"])
+    script = FIGURE_CODE + ("import sys\nfrom pathlib import Path\nassert 'streamlit' not in sys.modules\n"
+                            "from vitlens.report.cli import write_png\nwrite_png({'fig': fig}, Path(sys.argv[1]))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=300)
+    assert ours == (tmp_path / "fig.png").read_bytes()
+    assert Image.open(io.BytesIO(ours)).size == (1000, 460)
+
+
+def listening_addresses(port: int) -> list[str]:
+    """The local addresses of the TCP sockets listening on ``port`` (from /proc/net/tcp and tcp6)."""
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path("/proc/net") / table
+        for line in path.read_text().splitlines()[1:] if path.exists() else []:
+            local, state = line.split()[1], line.split()[3]
+            address, local_port = local.split(":")
+            if state == "0A" and int(local_port, 16) == port:  # 0A: LISTEN
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                found.append(socket.inet_ntop(family, raw))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
+def test_the_app_serves_loopback_only_by_default():
+    with served_app(address=None) as port:  # no --server.address: what `streamlit run app.py` does
+        assert listening_addresses(port) == ["127.0.0.1"]
+
+
+# real Chromium: one app server and one browser for the tests below
+@pytest.fixture(scope="module")
+def browser_app():
+    from playwright.sync_api import sync_playwright
+
+    with served_app() as port, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield browser, f"http://127.0.0.1:{port}/"
+        browser.close()
+
+
+@pytest.fixture()
+def page(browser_app):
+    """A new session of the app in Chromium, opened on its first view."""
+    browser, url = browser_app
+    context = browser.new_context(viewport={"width": 1400, "height": 2200}, accept_downloads=True)
+    page = context.new_page()
+    page.goto(url, wait_until="domcontentloaded")
+    page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+    yield page
+    context.close()
+
+
+CHECKED_RADIOS = """() => Object.fromEntries([...document.querySelectorAll("[data-testid='stRadio']")].map(r => [
+    r.querySelector("[data-testid='stWidgetLabel']")?.innerText.trim(),
+    [...r.querySelectorAll("input[type=radio]")].filter(i => i.checked)
+        .map(i => i.closest("label").innerText.trim())]))"""
+
+
+def checked_view(page) -> list[str]:
+    return page.evaluate(CHECKED_RADIOS).get("View", [])
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_view_selector_shows_the_view_drawn_in_chromium(page, tmp_path):
+    upload = tmp_path / "upload.png"
+    upload.write_bytes(png_bytes(size=(120, 90)))
+    page.get_by_text("Attention maps", exact=True).first.click()
+    page.get_by_text("One query's attention").wait_for(timeout=90000)
+    page.get_by_text("Upload", exact=True).click()  # a run that stops early: no image yet
+    page.get_by_text("Upload at least one image").wait_for(timeout=60000)
+    page.locator("input[type=file]").last.set_input_files(str(upload))
+    page.get_by_text("upload.png").first.wait_for(timeout=60000)
+    page.get_by_text("One query's attention").wait_for(timeout=90000)
+    page.wait_for_load_state("networkidle")
+    assert checked_view(page) == ["Attention maps"]  # was "Filters" over the attention maps
+    page.get_by_text("Filters", exact=True).first.click()  # and clicking "Filters" did nothing
+    page.get_by_text("Principal components").wait_for(timeout=60000)
+    page.get_by_text("One query's attention").wait_for(state="detached", timeout=60000)  # left when the run ends
+    assert checked_view(page) == ["Filters"]
+    # a model name that does not load, then corrected
+    page.get_by_text("Position embeddings", exact=True).first.click()
+    page.get_by_text("Similarity of patch").first.wait_for(timeout=90000)
+    page.get_by_text("Name", exact=True).first.click()
+    label = page.locator("[data-testid='stTextInput'] [data-testid='stWidgetLabel']").first
+    label.wait_for(timeout=30000)
+    assert "timm (vit_*, deit_*, beit*, eva02_*)" in label.inner_text()  # as written, not Markdown emphasis
+    name = page.locator("[data-testid='stTextInput'] input").first
+    name.fill("vit_tiny_patch16_22")
+    name.press("Enter")
+    page.get_by_text("Did you mean").first.wait_for(timeout=90000)
+    assert checked_view(page) == ["Position embeddings"]
+    name.fill("vit_tiny_patch16_224")
+    name.press("Enter")
+    page.get_by_text("Position embedding similarity").first.wait_for(timeout=120000)
+    page.wait_for_load_state("networkidle")
+    assert checked_view(page) == ["Position embeddings"] and page.get_by_text("Principal components").count() == 0
+
+
+TILE_CENTRE = """([r, c, gh, gw]) => {
+    const gd = [...document.querySelectorAll(".js-plotly-plot")].find(
+        g => String(g.layout.title?.text ?? g.layout.title).includes("Position embedding similarity"));
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, box = gd.getBoundingClientRect();
+    return [box.left + xa._offset + xa.l2p(c * (gw + 1) + (gw - 1) / 2),
+            box.top + ya._offset + ya.l2p(r * (gh + 1) + (gh - 1) / 2)];
+}"""
+
+
+def settled(page) -> None:
+    """Wait until the app's run has ended: no running indicator, no stale element still drawn."""
+    busy = "[data-testid^='stStatusWidgetRunning'], [data-stale='true']"
+    page.wait_for_function(f"() => !document.querySelector(\"{busy}\")", timeout=120000)
+
+
+def hover_tile(page, row: int, col: int) -> tuple[float, float]:
+    """Move the pointer onto patch (row, col)'s tile, off its centre, until Plotly shows that tile hovered
+    (as a user's pointer is before a click; a chart drawn anew under a still pointer hovers nothing)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(10):
+        x, y = page.evaluate(TILE_CENTRE, [row, col, 8, 8])
+        x, y = x + 6, y - 6
+        page.mouse.move(x - 12, y + 4, steps=2)
+        page.mouse.move(x, y, steps=4)
+        try:
+            page.locator(".hoverlayer .hovertext").filter(has_text=f"patch ({row}, {col})").first.wait_for(timeout=3000)
+            return x, y
+        except PlaywrightTimeout:
+            settled(page)
+    raise AssertionError(f"tile ({row}, {col}) was never hovered")
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_clicking_a_position_tile_shows_it_large_in_chromium(page):
+    page.get_by_text("Position embeddings", exact=True).first.click()
+    page.get_by_text("Similarity of patch (4, 4) to all patches").wait_for(timeout=90000)
+    settled(page)
+    for row, col in ((1, 1), (6, 6), (0, 7)):
+        page.mouse.click(*hover_tile(page, row, col))
+        page.get_by_text(f"Similarity of patch ({row}, {col}) to all patches").wait_for(timeout=60000)
+        settled(page)
+        assert page.get_by_label("Patch row").input_value() == str(row)
+        assert page.get_by_label("Patch column").input_value() == str(col)
+    page.get_by_label("Patch row").fill("2")  # the number boxes still choose the patch after a click
+    page.get_by_label("Patch row").press("Enter")
+    page.get_by_text("Similarity of patch (2, 7) to all patches").wait_for(timeout=60000)
+    settled(page)
+    page.mouse.click(*hover_tile(page, 0, 7))  # the tile clicked last, clicked again, is shown again
+    page.get_by_text("Similarity of patch (0, 7) to all patches").wait_for(timeout=60000)
+
+
+REFERENCE_DISTANCE_PNG = """
+import sys
+from pathlib import Path
+from PIL import Image
+import vitlens as vl
+from vitlens import figures
+from vitlens.reference.shapes import HELD_OUT_SEED, generate
+from vitlens.report.cli import write_png
+
+assert "streamlit" not in sys.modules
+images = [Image.fromarray(a) for a in generate(32, seed=HELD_OUT_SEED).images]  # the app's opening images
+res = vl.analyze(vl.load_model("ref-vit", device="cpu"), images, batch_size=16, renormalize=True,
+                 views=("distance", "prefix"))
+write_png({"attention_distance": figures.distance_figure(res.distance)}, Path(sys.argv[1]))
+"""
+
+
+def ink_box(img: np.ndarray) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of everything that is not the white page."""
+    rows, cols = np.nonzero((img < 200).any(-1))
+    return int(cols.min()), int(rows.min()), int(cols.max()), int(rows.max())
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path):
+    page.get_by_text("Attention distance", exact=True).first.click()
+    page.get_by_text("Mean attention distance by head").first.wait_for(timeout=120000)
+    page.wait_for_load_state("networkidle")  # not the Filters view's button, still shown while this one runs
+    button = page.get_by_role("button", name="Figure (PNG)")
+    assert button.count() == 1
+    with page.expect_download(timeout=180000) as download:
+        button.click()
+    got = tmp_path / "app.png"
+    download.value.save_as(got)
+    (ROOT / "test-output" / "app").mkdir(parents=True, exist_ok=True)
+    shutil.copy(got, ROOT / "test-output" / "app" / "attention_distance-download.png")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", REFERENCE_DISTANCE_PNG, str(tmp_path / "cli")], check=True, env=env,
+                   timeout=600)
+    app_img = np.asarray(Image.open(got).convert("RGB")).astype(int)
+    cli_img = np.asarray(Image.open(tmp_path / "cli" / "attention_distance.png").convert("RGB")).astype(int)
+    assert app_img.shape == cli_img.shape == (460, 1000, 3)
+    assert ink_box(app_img) == ink_box(cli_img)  # the same margins: no tick label or title cut at the edge
+    assert (np.abs(app_img - cli_img).max(-1) > 40).mean() < 0.005  # the same picture, up to antialiasing

@@ -122,6 +122,18 @@ def test_rollout_rows_are_one_per_image_row_and_column():
     assert r.caption(0) == "cat (90%)" and "mean fusion" in r.title()
 
 
+def test_probabilities_are_shown_with_the_digits_they_need():
+    from vitlens.views.rollout import format_probability
+
+    shown = {p: format_probability(p) for p in (0.0, 0.0004, 0.002, 0.043, 0.0996, 0.9, 0.996, 0.9996, 1.0)}
+    assert shown == {0.0: "0%", 0.0004: "<0.1%", 0.002: "0.2%", 0.043: "4.3%", 0.0996: "10.0%", 0.9: "90%",
+                     0.996: "99.6%", 0.9996: ">99.9%", 1.0: "100%"}
+    r = vl.RolloutResult(maps=np.zeros((2, 1, 1)), predictions=np.array([3, 1]),
+                         probabilities=np.array([0.002, 0.0001]), grid=(1, 1), image_size=(16, 16), head_fusion="mean", discard_ratio=0.0,
+                         source_token="class token", predicted_labels=["langur", "dog"])
+    assert r.caption(0) == "langur (0.2%)" and r.caption(1) == "dog (<0.1%)"  # never "langur (0%)"
+
+
 def test_position_rows_are_one_per_pair_of_patches():
     sim = np.arange(16, dtype=float).reshape(1, 4, 1, 4) / 16
     p = vl.PositionSimilarityResult(similarity=sim, grid=(1, 4), model_grid=(1, 4), resized=False)

@@ -279,7 +279,9 @@ def cka_figure(result: Any, title: str | None = None) -> go.Figure:
     """Layer-by-layer CKA of two models: model A's layers down (first at the top), model B's across."""
     la, lb = result.matrix.shape
     fig = go.Figure(go.Heatmap(
-        z=result.matrix, x=list(range(1, lb + 1)), y=list(range(1, la + 1)), zmin=0, zmax=1, colorscale="Magma",
+        # sequential over CKA's [0, 1]; not Magma or Inferno, whose first colour #000004 is one of the
+        # placeholders Streamlit's chart theme swaps for its palette (a pink band at 0 in the app)
+        z=result.matrix, x=list(range(1, lb + 1)), y=list(range(1, la + 1)), zmin=0, zmax=1, colorscale="Plasma",
         customdata=np.stack([result.ci_low, result.ci_high], -1), colorbar=dict(title="CKA"),
         hovertemplate=f"{result.model_a} layer %{{y}} vs {result.model_b} layer %{{x}}<br>CKA %{{z:.3f}} "
                       "(90% CI %{customdata[0]:.3f}-%{customdata[1]:.3f})<extra></extra>"))

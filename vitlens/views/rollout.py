@@ -28,6 +28,26 @@ if TYPE_CHECKING:
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
+def format_probability(p: float) -> str:
+    """A probability as a percentage with the digits it needs: "92%", "4.3%", "0.2%", "<0.1%", ">99.9%".
+
+    Whole percents from 10% up (one decimal near 100%), one decimal below 10%, and bounds rather than a
+    misleading "0%" or "100%" for a probability that is neither (the app's top-5 and every caption).
+    """
+    pct = 100 * float(p)
+    if not np.isfinite(pct):
+        return "n/a"
+    if pct <= 0 or pct >= 100:
+        return f"{pct:.0f}%"
+    if pct < 0.1:
+        return "<0.1%"
+    if pct > 99.9:
+        return ">99.9%"
+    if pct < 10 or pct >= 99.5:
+        return f"{pct:.1f}%"
+    return f"{pct:.0f}%"
+
+
 @dataclass(eq=False, repr=False)
 class RolloutResult(Result):
     """Rollout maps of a batch of images.
@@ -69,9 +89,9 @@ class RolloutResult(Result):
     def caption(self, index: int) -> str:
         """'ring (92%)' / 'class 3 (40%)' for image ``index``; '' for a model without classifier."""
         if self.predicted_labels:
-            return f"{self.predicted_labels[index]} ({100 * self.probabilities[index]:.0f}%)"
+            return f"{self.predicted_labels[index]} ({format_probability(self.probabilities[index])})"
         if self.predictions[index] >= 0:
-            return f"class {self.predictions[index]} ({100 * self.probabilities[index]:.0f}%)"
+            return f"class {self.predictions[index]} ({format_probability(self.probabilities[index])})"
         return ""
 
     def to_rows(self) -> list[dict]:
