@@ -25,9 +25,10 @@ from vitlens.attribution import METHODS, ComparisonTable, compare_methods
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
-from vitlens.report.data import comparison
+from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import figure_html, figure_png
 from vitlens.report.html import attribution_figures
+from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
@@ -273,6 +274,7 @@ def render_distance(ctx: Context) -> None:
     fig = figures.distance_figure(res.distance)
     left, right = st.columns([3, 2])
     left.plotly_chart(fig, key="dist-fig")
+    left.markdown(distance_reading(res.distance, ctx.m.spec.name, ctx.m.weights))
     if res.prefix.labels:
         right.plotly_chart(figures.prefix_figure(res.prefix), key="prefix-fig")
         parked = res.prefix.parked()
@@ -352,7 +354,7 @@ def render_attributions(ctx: Context) -> None:
     figs = attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
     st.plotly_chart(figs["attributions"], key="attr-fig")
     st.plotly_chart(figs["faithfulness"], key="faith-fig")
-    st.dataframe(table.to_pandas().round(3), hide_index=True)
+    st.dataframe(round_significant(table.to_pandas()), hide_index=True)
     cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
@@ -394,7 +396,7 @@ def render_cka(ctx: Context, m2: vl.LoadedModel, m2key: str, n: int) -> None:
 def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: int) -> None:
     d1 = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
     d2 = distance_result(m2, f"{other}", ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
-    data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name])
+    data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name], weights=[ctx.m.weights, m2.weights])
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
     distance_fig = figures.distance_figure(data.distances, names=data.models, units=data.units)

@@ -159,12 +159,13 @@ def write_png(figs: dict[str, Any], out_dir: Path) -> None:
         import kaleido  # noqa: F401
     except ImportError as e:
         raise CliError("--png needs the kaleido package: pip install kaleido") from e
+    from vitlens.report.export import figure_png
     from vitlens.results import atomic_write_bytes
 
     pngs = {}
     for name, fig in figs.items():  # every figure rendered before the first file is written
         try:
-            pngs[name] = fig.to_image(format="png", width=1000, scale=1)
+            pngs[name] = figure_png(fig)
         except Exception as e:  # kaleido raises several types when no Chrome/Chromium is found
             raise CliError(f"--png could not render with kaleido ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
                            "Install Chromium (Debian: apt-get install chromium) or leave out --png.") from e
