@@ -66,6 +66,15 @@ def build(family: str) -> tuple[nn.Module, callable]:
     if family == "timm-eva":
         return timm.create_model("eva_giant_patch14_224", pretrained=False, img_size=56, depth=2, embed_dim=64,
                                  num_heads=2, num_classes=5), timm_reference
+    if family == "timm-pe-core":  # Perception Encoder: AttentionRope, class token, MAP head, abs. table + RoPE
+        return timm.create_model("vit_pe_core_tiny_patch16_384", pretrained=False, img_size=64, depth=2,
+                                 embed_dim=64, num_heads=2, num_classes=5), timm_reference
+    if family == "timm-rope-mixed":  # RoPE-Mixed: learned per-block, per-head frequencies, no abs. table
+        return timm.create_model("vit_small_patch16_rope_mixed_224", pretrained=False, img_size=64, depth=2,
+                                 embed_dim=64, num_heads=2, num_classes=5), timm_reference
+    if family == "timm-rope-gqa":  # AttentionRope with separate projections and grouped-query key/value heads
+        return timm.create_model("vit_small_patch16_rope_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
+                                 num_heads=4, qkv_fused=False, num_kv_heads=2, num_classes=5), timm_reference
     if family == "timm-vit-subclass":
         from timm.models.vision_transformer import VisionTransformer
 
@@ -96,9 +105,13 @@ def build(family: str) -> tuple[nn.Module, callable]:
     raise KeyError(family)
 
 
-FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
+FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-pe-core", "timm-rope-mixed", "timm-rope-gqa",
+            "timm-vit-subclass", "hf-vit", "hf-vit-eager",
             "hf-deit", "hf-dinov2", "hf-dinov2-reg", "torchvision"]
 PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5}
+#: families without a learned absolute position table, and what the position view says instead
+NO_TABLE = {"timm-beit": "relative-position bias", "timm-beitv2": "relative-position bias",
+            "timm-rope-mixed": "rotary embeddings", "timm-rope-gqa": "rotary embeddings"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -132,8 +145,8 @@ def test_every_view_and_an_attribution_run(family):
     assert r.distance.mean_px.shape == (m.spec.num_layers, m.spec.num_heads) and np.isfinite(r.distance.mean_px).all()
     assert r.rollout.maps.shape == (3, *m.spec.grid)
     assert r.filters.components.shape[0] == 3
-    if family.startswith("timm-beit"):
-        assert r.position is None and "relative-position bias" in r.position_note
+    if family in NO_TABLE:
+        assert r.position is None and NO_TABLE[family] in r.position_note
     else:
         assert r.position is not None and r.position.similarity.shape == (*m.spec.grid, *m.spec.grid)
     if m.spec.num_classes:
@@ -156,7 +169,8 @@ def test_eva_without_a_learned_position_table_says_so_in_the_position_view():
 
 
 @pytest.mark.parametrize("name,what", [("swin_tiny_patch4_window7_224", "Swin"), ("cait_xxs24_224", "CaiT"),
-                                       ("samvit_base_patch16", "SAM"), ("xcit_nano_12_p16_224", "XCiT")])
+                                       ("samvit_base_patch16", "SAM"), ("xcit_nano_12_p16_224", "XCiT"),
+                                       ("naflexvit_base_patch16_gap", "NaFlexViT")])
 def test_remaining_refusals_name_what_is_unsupported(name, what):
     with pytest.raises(vl.UnsupportedModelError, match=what):
         vl.load_model(name, pretrained=False)
