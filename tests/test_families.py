@@ -21,6 +21,18 @@ def timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     return reference_attention(model, x)[0]
 
 
+def parallel_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """timm's non-fused path of ParallelScalingBlock (the block computes its own attention)."""
+    ref = copy.deepcopy(model)
+    maps: list[torch.Tensor] = []
+    for block in ref.blocks:
+        block.fused_attn = False
+        block.attn_drop.register_forward_hook(lambda _m, inp, _out: maps.append(inp[0].detach().clone()))
+    with torch.no_grad():
+        ref(x)
+    return maps
+
+
 def hf_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     ref = copy.deepcopy(model)
     ref.config._attn_implementation = "eager"
@@ -75,6 +87,9 @@ def build(family: str) -> tuple[nn.Module, callable]:
     if family == "timm-rope-gqa":  # AttentionRope with separate projections and grouped-query key/value heads
         return timm.create_model("vit_small_patch16_rope_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
                                  num_heads=4, qkv_fused=False, num_kv_heads=2, num_classes=5), timm_reference
+    if family == "timm-vit-parallel":  # ViT-22B-style parallel blocks: one fused qkv + MLP projection, qk norm
+        return timm.create_model("vit_base_patch16_xp_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
+                                 num_heads=2, num_classes=5), parallel_reference
     if family == "timm-vit-subclass":
         from timm.models.vision_transformer import VisionTransformer
 
@@ -106,7 +121,7 @@ def build(family: str) -> tuple[nn.Module, callable]:
 
 
 FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-pe-core", "timm-rope-mixed", "timm-rope-gqa",
-            "timm-vit-subclass", "hf-vit", "hf-vit-eager",
+            "timm-vit-parallel", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
             "hf-deit", "hf-dinov2", "hf-dinov2-reg", "torchvision"]
 PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5}
 #: families without a learned absolute position table, and what the position view says instead
@@ -238,3 +253,16 @@ def test_without_transformers_the_message_says_how_to_get_it(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_transformers)
     with pytest.raises(vl.UnsupportedModelError, match=r"pip install 'vitlens\[hf\]'"):
         vl.load_model("hf:google/vit-base-patch16-224")
+
+
+def test_parallel_blocks_expose_their_blocks_and_where_their_heads_meet():
+    import timm
+
+    model = timm.create_model("vit_base_patch16_xp_224", pretrained=False, img_size=32, patch_size=16, depth=2,
+                              embed_dim=32, num_heads=2, num_classes=3)
+    m = vl.LoadedModel.from_module(model, name="xp", device="cpu")
+    attns = m.family.attention_modules(m.model)
+    assert [m.family.head_outputs(a) for a in attns] == [b.attn_out_proj for b in model.blocks]
+    names = {id(mod): n for n, mod in model.named_modules()}
+    assert [names[id(a)].rsplit(".", 1)[0] for a in attns] == ["blocks.0", "blocks.1"]
+    assert vl.head_importance(m, torch.randn(2, 3, 32, 32), batch_size=2).logit_drop.shape == (2, 2)
