@@ -33,11 +33,44 @@ def parallel_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     return maps
 
 
-def hf_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+def eager_copy(model: nn.Module) -> nn.Module:
+    """A copy on transformers' eager attention (every sub-config: CLIP's vision tower has its own)."""
     ref = copy.deepcopy(model)
-    ref.config._attn_implementation = "eager"
+    for mod in ref.modules():
+        if getattr(mod, "config", None) is not None:
+            mod.config._attn_implementation = "eager"
+    return ref
+
+
+def hf_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     with torch.no_grad():
-        return list(ref(pixel_values=x, output_attentions=True).attentions)
+        return list(eager_copy(model)(pixel_values=x, output_attentions=True).attentions)
+
+
+def hf_tower_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """CLIPModel / SiglipModel: the vision tower's own eager attentions (the text tower is not run)."""
+    with torch.no_grad():
+        return list(eager_copy(model).vision_model(pixel_values=x, output_attentions=True).attentions)
+
+
+def mae_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """ViTMAE with mask_ratio 0, handed increasing noise: every patch kept in the image's order."""
+    noise = torch.arange(16, dtype=x.dtype).expand(x.shape[0], -1)
+    with torch.no_grad():
+        out = eager_copy(model)(pixel_values=x, noise=noise, output_attentions=True)
+    assert out.ids_restore.equal(torch.arange(16).expand(x.shape[0], -1)) and not out.mask.any()
+    return list(out.attentions)
+
+
+def siglip2_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Siglip2 on patches cut by its image processor's own function, one 4 x 4 grid, no padding."""
+    from transformers.models.siglip2.image_processing_siglip2 import convert_image_to_patches
+
+    patches = torch.stack([convert_image_to_patches(xi, 8) for xi in x])
+    b, n = patches.shape[:2]
+    with torch.no_grad():
+        return list(eager_copy(model)(pixel_values=patches, pixel_attention_mask=torch.ones(b, n, dtype=torch.long),
+                                      spatial_shapes=torch.tensor([[4, 4]] * b), output_attentions=True).attentions)
 
 
 def torchvision_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
@@ -102,7 +135,24 @@ def build(family: str) -> tuple[nn.Module, callable]:
 
         common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
                       patch_size=8)
+        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64,
+                    bos_token_id=0, eos_token_id=1, pad_token_id=1)
+        references = {"hf-clip-model": hf_tower_reference, "hf-siglip-model": hf_tower_reference,
+                      "hf-vitmae": mae_reference, "hf-siglip2": siglip2_reference}
+        patches = {k: v for k, v in common.items() if k != "image_size"}
         model = {
+            "hf-clip": lambda: tr.CLIPVisionModel(tr.CLIPVisionConfig(**common)),
+            "hf-clip-eager": lambda: tr.CLIPVisionModel(tr.CLIPVisionConfig(attn_implementation="eager", **common)),
+            "hf-clip-model": lambda: tr.CLIPModel(tr.CLIPConfig(vision_config=common, text_config=text,
+                                                                projection_dim=16)),
+            "hf-siglip": lambda: tr.SiglipVisionModel(tr.SiglipVisionConfig(**common)),
+            "hf-siglip-eager": lambda: tr.SiglipVisionModel(tr.SiglipVisionConfig(attn_implementation="eager",
+                                                                                  **common)),
+            "hf-siglip-model": lambda: tr.SiglipModel(tr.SiglipConfig(vision_config=common, text_config=text)),
+            "hf-siglip2": lambda: tr.Siglip2VisionModel(tr.Siglip2VisionConfig(num_patches=16, **patches)),
+            "hf-ijepa": lambda: tr.IJepaModel(tr.IJepaConfig(**common)),
+            "hf-ijepa-cls": lambda: tr.IJepaForImageClassification(tr.IJepaConfig(num_labels=5, **common)),
+            "hf-vitmae": lambda: tr.ViTMAEModel(tr.ViTMAEConfig(mask_ratio=0.0, **common)),
             "hf-vit": lambda: tr.ViTForImageClassification(tr.ViTConfig(num_labels=5, **common)),
             "hf-vit-eager": lambda: tr.ViTForImageClassification(tr.ViTConfig(num_labels=5, attn_implementation="eager",
                                                                               **common)),
@@ -111,7 +161,7 @@ def build(family: str) -> tuple[nn.Module, callable]:
             "hf-dinov2-reg": lambda: tr.Dinov2WithRegistersForImageClassification(
                 tr.Dinov2WithRegistersConfig(num_register_tokens=4, num_labels=5, **common)),
         }[family]()
-        return model.eval(), hf_reference
+        return model.eval(), references.get(family, hf_reference)
     if family == "torchvision":
         from torchvision.models.vision_transformer import VisionTransformer
 
@@ -122,14 +172,18 @@ def build(family: str) -> tuple[nn.Module, callable]:
 
 FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-pe-core", "timm-rope-mixed", "timm-rope-gqa",
             "timm-vit-parallel", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
-            "hf-deit", "hf-dinov2", "hf-dinov2-reg", "torchvision"]
-PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5}
+            "hf-deit", "hf-dinov2", "hf-dinov2-reg", "hf-clip", "hf-clip-model", "hf-siglip", "hf-siglip-model",
+            "hf-siglip2", "hf-ijepa", "hf-ijepa-cls", "hf-vitmae", "torchvision"]
+#: the same models on transformers' eager attention (the rows above run sdpa, transformers' default): maps only
+EAGER = ["hf-clip-eager", "hf-siglip-eager"]
+PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5, "hf-siglip": 0, "hf-siglip-eager": 0, "hf-siglip-model": 0,
+          "hf-siglip2": 0, "hf-ijepa": 0, "hf-ijepa-cls": 0}
 #: families without a learned absolute position table, and what the position view says instead
 NO_TABLE = {"timm-beit": "relative-position bias", "timm-beitv2": "relative-position bias",
-            "timm-rope-mixed": "rotary embeddings", "timm-rope-gqa": "rotary embeddings"}
+            "timm-rope-mixed": "rotary embeddings", "timm-rope-gqa": "rotary embeddings", "hf-vitmae": "sin-cos"}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + EAGER)
 def test_maps_are_exact_and_logits_unchanged(family):
     module, reference = build(family)
     m = vl.LoadedModel.from_module(module, name=family, device="cpu")
@@ -266,3 +320,36 @@ def test_parallel_blocks_expose_their_blocks_and_where_their_heads_meet():
     names = {id(mod): n for n, mod in model.named_modules()}
     assert [names[id(a)].rsplit(".", 1)[0] for a in attns] == ["blocks.0", "blocks.1"]
     assert vl.head_importance(m, torch.randn(2, 3, 32, 32), batch_size=2).logit_drop.shape == (2, 2)
+
+
+def test_clip_and_mae_checkpoints_load_from_a_folder_as_vitlens_reads_them(tmp_path):
+    import json
+
+    import transformers as tr
+
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                  patch_size=8)
+    clip = tr.CLIPModel(tr.CLIPConfig(vision_config=common, projection_dim=16, text_config=dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1)))
+    clip.save_pretrained(tmp_path / "clip")
+    (tmp_path / "clip" / "preprocessor_config.json").write_text(json.dumps({
+        "do_resize": True, "size": {"shortest_edge": 32}, "do_center_crop": True, "crop_size": {"height": 32, "width": 32},
+        "resample": 3, "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}))
+    m = vl.load_model(f"hf:{tmp_path / 'clip'}", device="cpu")
+    assert type(m.model).__name__ == "CLIPModel" and m.model.text_model is not None  # the text tower stays
+    assert m.spec.num_layers == 2 and m.spec.grid == (4, 4) and m.data_config["crop_mode"] == "center"
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():  # the projected image embedding of the checkpoint as transformers loads it
+        want = tr.CLIPModel.from_pretrained(tmp_path / "clip").eval().get_image_features(pixel_values=x).pooler_output
+    assert torch.equal(m.logits(x), want)
+
+    mae = tr.ViTMAEModel(tr.ViTMAEConfig(**common))  # mask_ratio 0.75, as MAE checkpoints are saved
+    with pytest.raises(vl.UnsupportedModelError, match="mask_ratio"):
+        vl.LoadedModel.from_module(copy.deepcopy(mae))
+    mae.save_pretrained(tmp_path / "mae")
+    m = vl.load_model(f"hf:{tmp_path / 'mae'}", device="cpu")
+    assert m.model.config.mask_ratio == 0.0 and m.spec.num_prefix_tokens == 1
+    with vl.capture_attention(m) as cap:
+        m.logits(x)
+    assert cap.maps[0].shape == (1, 2, 17, 17)  # every patch, behind the class token

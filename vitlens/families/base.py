@@ -145,10 +145,11 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
         raise UnsupportedModelError(
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
             "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
-            "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids), BEiT and EVA models, Hugging Face "
-            "ViT/DeiT/Dinov2 and torchvision ViTs.")
+            "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids, parallel blocks), BEiT, EVA and other "
+            "RoPE models (vit_pe_*, *_rope_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/SigLIP vision "
+            "towers, and torchvision ViTs.")
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
-        "vitlens reads timm VisionTransformer, BEiT and EVA models, Hugging Face ViT/DeiT/Dinov2 and torchvision "
-        "ViTs: try e.g. 'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
+        "vitlens reads timm VisionTransformer, BEiT, EVA and RoPE models, Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE "
+        "and CLIP/SigLIP vision towers, and torchvision ViTs: try e.g. 'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
         "embedded 'ref-vit'.")

@@ -48,7 +48,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
     """(model, display name, source, data config or None) for ``hf:ORG/NAME`` or ``hf:/a/folder``.
 
     Raises:
-        UnsupportedModelError: transformers is missing, or the model is not a ViT/DeiT/Dinov2.
+        UnsupportedModelError: transformers is missing, or the model is not one the hf family reads (ViT, DeiT,
+            Dinov2, IJepa, ViTMAE with mask_ratio set to 0, CLIP/SigLIP/SigLIP2 vision towers).
         WeightsUnavailableError: not on disk and no network (or HF_HUB_OFFLINE).
     """
     transformers = _transformers()
@@ -76,10 +77,14 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
                            "app": "Save it where there is network (save_pretrained) and give hf:FOLDER as the name."})
     try:
         config = transformers.AutoConfig.from_pretrained(target, **kwargs)
+        if config.model_type == "vit_mae":  # the encoder on every patch: MAE would drop a random 75% at each forward
+            config.mask_ratio = 0.0
         arch = (getattr(config, "architectures", None) or [None])[0]
         cls = getattr(transformers, arch, None) if arch else None
         cls = cls or transformers.AutoModel
-        model = cls.from_pretrained(target, **kwargs) if pretrained else cls.from_config(config)
+        # CLIP/SigLIP checkpoints load whole (CLIPModel, SiglipModel): vitlens reads the vision tower, the text
+        # tower stays available as model.text_model
+        model = cls.from_pretrained(target, config=config, **kwargs) if pretrained else cls.from_config(config)
     except (OSError, ValueError) as e:
         raise UnknownModelError(f"transformers could not load {ref!r}: {str(e).splitlines()[0]}") from e
     processor = _processor_config(target, local)

@@ -138,7 +138,7 @@ def load_model(
         name: an embedded reference model ("ref-vit", "ref-hybrid"), a timm model name with optional
             pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k"; ViT, DeiT, BEiT, EVA, ...), a
             local checkpoint file (.safetensors, .pth/.pt/.bin state dict, original ViT .npz) together
-            with ``arch``, "hf:ORG/NAME" or "hf:FOLDER" (Hugging Face ViT/DeiT/Dinov2; needs
+            with ``arch``, "hf:ORG/NAME" or "hf:FOLDER" (Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE, CLIP/SigLIP; needs
             transformers), "torchvision:vit_b_16" (and torchvision's other ViTs), or a module built in
             code (as ``LoadedModel.from_module``).
         pretrained: load hub weights for a timm name (False: random init).
