@@ -85,6 +85,38 @@ def torchvision_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tenso
     return maps
 
 
+def open_clip_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """open_clip's image blocks: nn.MultiheadAttention with need_weights=True, per head."""
+    visual, maps = model.visual, []
+    with torch.no_grad():
+        h = visual._embeds(x)  # patches, class token, position table, ln_pre
+        for block in visual.transformer.resblocks:
+            y = block.ln_1(h)
+            maps.append(block.attn(y, y, y, need_weights=True, average_attn_weights=False)[1])
+            h = block(h)
+    return maps
+
+
+def open_clip_timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    return reference_attention(model.visual.trunk, x)[0]
+
+
+def tiny_open_clip(timm_trunk: bool = False) -> nn.Module:
+    """open_clip's CLIP built small: a 2-block 32 px image tower (or a tiny timm SigLIP trunk, MAP head)."""
+    open_clip = pytest.importorskip("open_clip")
+    import timm
+
+    text = dict(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
+    if not timm_trunk:
+        return open_clip.model.CLIP(embed_dim=16, vision_cfg=dict(image_size=32, patch_size=8, width=32, layers=2,
+                                                                  head_width=16), text_cfg=text)
+    model = open_clip.model.CLIP(embed_dim=16, vision_cfg=dict(image_size=32, timm_model_name="vit_tiny_patch16_224",
+                                                               timm_pool="map", timm_proj="none"), text_cfg=text)
+    model.visual.trunk = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, img_size=32, patch_size=8,
+                                           embed_dim=16, depth=2, num_heads=2, num_classes=0, global_pool="map")
+    return model
+
+
 def randomise_relative_bias(model: nn.Module) -> nn.Module:
     """BEiT starts its relative-position tables at zero; give them values so the bias shows."""
     g = torch.Generator().manual_seed(0)
@@ -162,6 +194,10 @@ def build(family: str) -> tuple[nn.Module, callable]:
                 tr.Dinov2WithRegistersConfig(num_register_tokens=4, num_labels=5, **common)),
         }[family]()
         return model.eval(), references.get(family, hf_reference)
+    if family == "openclip":
+        return tiny_open_clip().eval(), open_clip_reference
+    if family == "openclip-timm":
+        return tiny_open_clip(timm_trunk=True).eval(), open_clip_timm_reference
     if family == "torchvision":
         from torchvision.models.vision_transformer import VisionTransformer
 
@@ -173,11 +209,11 @@ def build(family: str) -> tuple[nn.Module, callable]:
 FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-pe-core", "timm-rope-mixed", "timm-rope-gqa",
             "timm-vit-parallel", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
             "hf-deit", "hf-dinov2", "hf-dinov2-reg", "hf-clip", "hf-clip-model", "hf-siglip", "hf-siglip-model",
-            "hf-siglip2", "hf-ijepa", "hf-ijepa-cls", "hf-vitmae", "torchvision"]
+            "hf-siglip2", "hf-ijepa", "hf-ijepa-cls", "hf-vitmae", "torchvision", "openclip", "openclip-timm"]
 #: the same models on transformers' eager attention (the rows above run sdpa, transformers' default): maps only
 EAGER = ["hf-clip-eager", "hf-siglip-eager"]
 PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5, "hf-siglip": 0, "hf-siglip-eager": 0, "hf-siglip-model": 0,
-          "hf-siglip2": 0, "hf-ijepa": 0, "hf-ijepa-cls": 0}
+          "hf-siglip2": 0, "hf-ijepa": 0, "hf-ijepa-cls": 0, "openclip-timm": 0}
 #: families without a learned absolute position table, and what the position view says instead
 NO_TABLE = {"timm-beit": "relative-position bias", "timm-beitv2": "relative-position bias",
             "timm-rope-mixed": "rotary embeddings", "timm-rope-gqa": "rotary embeddings", "hf-vitmae": "sin-cos"}
@@ -309,6 +345,21 @@ def test_without_transformers_the_message_says_how_to_get_it(monkeypatch):
         vl.load_model("hf:google/vit-base-patch16-224")
 
 
+def test_without_open_clip_the_message_says_how_to_get_it(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_open_clip(name, *args, **kwargs):
+        if name == "open_clip" or name.startswith("open_clip."):
+            raise ImportError("No module named 'open_clip'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_open_clip)
+    with pytest.raises(vl.UnsupportedModelError, match=r"pip install 'vitlens\[openclip\]'"):
+        vl.load_model("open_clip:ViT-B-32")
+
+
 def test_parallel_blocks_expose_their_blocks_and_where_their_heads_meet():
     import timm
 
@@ -353,3 +404,41 @@ def test_clip_and_mae_checkpoints_load_from_a_folder_as_vitlens_reads_them(tmp_p
     with vl.capture_attention(m) as cap:
         m.logits(x)
     assert cap.maps[0].shape == (1, 2, 17, 17)  # every patch, behind the class token
+
+
+def test_open_clip_names_load_random_or_from_the_local_cache_only(tmp_path, monkeypatch):
+    import json
+
+    open_clip = pytest.importorskip("open_clip")
+    import huggingface_hub
+    from open_clip import pretrained as oc_pretrained
+
+    (tmp_path / "vitlens-tiny.json").write_text(json.dumps({
+        "embed_dim": 16, "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 2, "head_width": 16},
+        "text_cfg": {"context_length": 8, "vocab_size": 64, "width": 32, "heads": 2, "layers": 1}}))
+    open_clip.add_model_config(tmp_path / "vitlens-tiny.json")
+    m = vl.load_model("open_clip:vitlens-tiny", device="cpu")
+    assert m.spec.family == "openclip-vit" and m.source == "random init" and m.spec.grid == (4, 4)
+    assert m.model.transformer is not None  # the text tower stays
+    with pytest.raises(vl.UnknownModelError, match="no architecture"):
+        vl.load_model("open_clip:ViT-B-99")
+    with pytest.raises(vl.WeightsUnavailableError, match="local cache"):
+        vl.load_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
+
+    # a tag whose weights are in the hub cache: loaded from that file, with the tag's preprocessing
+    weights = open_clip.create_model("vitlens-tiny", pretrained=None)
+    torch.save(weights.state_dict(), tmp_path / "open_clip_pytorch_model.bin")
+    monkeypatch.setitem(oc_pretrained._PRETRAINED, "vitlens-tiny", {"tiny": {
+        "hf_hub": "vitlens/tiny/", "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}})
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name, **_: str(
+        tmp_path / name) if (repo, name) == ("vitlens/tiny", "open_clip_pytorch_model.bin") else None)
+    m = vl.load_model("open_clip:vitlens-tiny/tiny", device="cpu")
+    assert m.source.endswith("open_clip_pytorch_model.bin") and m.data_config["mean"] == (0.5, 0.5, 0.5)
+    loaded = m.model.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in weights.state_dict().items())
+
+    custom = open_clip.model.CLIP(embed_dim=16, vision_cfg={**json.loads(
+        (tmp_path / "vitlens-tiny.json").read_text())["vision_cfg"], "qk_norm": True}, text_cfg=dict(
+        context_length=8, vocab_size=64, width=32, heads=2, layers=1))
+    with pytest.raises(vl.UnsupportedModelError, match="CustomResidualAttentionBlock"):
+        vl.LoadedModel.from_module(custom)
