@@ -442,3 +442,63 @@ def test_open_clip_names_load_random_or_from_the_local_cache_only(tmp_path, monk
         context_length=8, vocab_size=64, width=32, heads=2, layers=1))
     with pytest.raises(vl.UnsupportedModelError, match="CustomResidualAttentionBlock"):
         vl.LoadedModel.from_module(custom)
+
+
+def timm_pool_reference(pool: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm AttentionPoolLatent's non-fused scores, written out: its latent queries over every token."""
+    b, n, _ = x.shape
+    if pool.pos_embed is not None:
+        x = x + pool.pos_embed.unsqueeze(0)
+    q = pool.q(pool.latent.expand(b, -1, -1)).reshape(b, pool.latent_len, pool.num_heads, pool.head_dim).transpose(1, 2)
+    k = pool.kv(x).reshape(b, n, 2, pool.num_heads, pool.head_dim).permute(2, 0, 3, 1, 4)[0]
+    q, k = pool.q_norm(q), pool.k_norm(k)
+    return ((q * pool.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+
+def hf_pool_reference(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """SigLIP's MAP head: its nn.MultiheadAttention's own per-head weights (need_weights, not averaged)."""
+    probe = head.probe.repeat(x.shape[0], 1, 1)
+    return head.attention(probe, x, x, need_weights=True, average_attn_weights=False)[1]
+
+
+@pytest.mark.parametrize("family", ["timm-siglip-map", "timm-pe-core", "hf-siglip", "hf-siglip2", "openclip-timm"])
+def test_map_heads_show_their_own_attention_exactly(family):
+    from vitlens.families.pooling import capture_pool_attention
+
+    if family == "timm-siglip-map":
+        import timm
+
+        torch.manual_seed(0)
+        module = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, img_size=32, patch_size=8,
+                                   embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    else:
+        module = build(family)[0]
+    m = vl.LoadedModel.from_module(module, name=family, device="cpu")
+    if family.startswith("hf-"):
+        pool, reference = vl.families.hf.vision_tower(m.model).head, hf_pool_reference
+    else:
+        pool, reference = (m.model.visual.trunk if family.startswith("openclip") else m.model).attn_pool, \
+            timm_pool_reference
+    seen = []
+    handle = pool.register_forward_pre_hook(lambda _mod, args: seen.append(args[0]))
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain = m.forward(x)
+        with capture_pool_attention(m) as cap:
+            captured = m.forward(x)
+        want = reference(pool, seen[0])
+    handle.remove()
+    assert torch.equal(plain, captured), "pool capture changed the output"
+    t = m.spec.num_prefix_tokens + m.spec.grid[0] * m.spec.grid[1]
+    assert cap.maps[0].shape == want.shape == (2, want.shape[1], want.shape[2], t)
+    torch.testing.assert_close(cap.maps[0], want.float(), atol=1e-5, rtol=0)
+    assert cap.patch_maps(m.spec).shape == (*want.shape[:3], *m.spec.grid)
+
+
+def test_models_without_a_map_head_say_there_is_no_pool_attention():
+    from vitlens.families.pooling import capture_pool_attention
+
+    m = vl.LoadedModel.from_module(build("timm-vit-subclass")[0], device="cpu")
+    with pytest.raises(vl.ViewNotAvailableError, match="no pool attention"):
+        with capture_pool_attention(m):
+            pass

@@ -80,6 +80,18 @@ class Family:
         """(weight [D, C, kh, kw] float64, module name, description) of the pixel-space filters (Fig. 7 left)."""
         raise NotImplementedError
 
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        """Side capture of the attention pool's own attention, for models that pool through one (a MAP head: its
+        probe queries over the tokens): ``emit(0, probs[B, heads, queries, T])``, the output untouched.
+
+        Raises:
+            ViewNotAvailableError: the model pools otherwise (class token, mean) or by a pool vitlens does not read.
+        """
+        from ..errors import ViewNotAvailableError
+
+        raise ViewNotAvailableError(f"{type(model).__name__} pools without an attention pool (MAP head) vitlens reads, "
+                                    "so there is no pool attention to show.")
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         """The module whose input is the heads' outputs side by side, [B, T, heads * head_dim]
         (where head ablation acts), or None when the family has no such module."""

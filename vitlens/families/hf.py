@@ -263,6 +263,39 @@ class HuggingFaceViT(Family):
             config._attn_implementation = INLINE_KEY
             handles.on_remove(lambda config=config, old=old: setattr(config, "_attn_implementation", old))
 
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        """SigLIP's / Siglip2's MAP head: its probe's nn.MultiheadAttention over the tokens, softmax(q / sqrt(d) @ k^T
+        + mask) per head (what the module returns with ``average_attn_weights=False``), from its own in-projection."""
+        import torch.nn.functional as F
+
+        from ..errors import ViewNotAvailableError
+
+        head = getattr(vision_tower(model), "head", None)
+        mha = getattr(head, "attention", None)
+        if not (isinstance(mha, nn.MultiheadAttention) and hasattr(head, "probe") and mha._qkv_same_embed_dim
+                and mha.batch_first):
+            raise ViewNotAvailableError(f"{type(model).__name__} has no MAP head (SigLIP's probe attention), so "
+                                        "there is no pool attention to show.")
+
+        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            e, h = mod.embed_dim, mod.num_heads
+            w, b = mod.in_proj_weight, mod.in_proj_bias
+            with torch.no_grad():
+                q = F.linear(query, w[:e], None if b is None else b[:e])
+                k = F.linear(key, w[e:2 * e], None if b is None else b[e:2 * e])
+                q = q.unflatten(-1, (h, e // h)).transpose(1, 2)
+                k = k.unflatten(-1, (h, e // h)).transpose(1, 2)
+                if mask is not None and mask.dim() == 3:  # [B * heads, queries, T], as nn.MultiheadAttention takes it
+                    mask = mask.reshape(q.shape[0], h, q.shape[2], k.shape[2])
+                bias = () if mask is None else (mask,)
+                with torch.autocast(device_type=q.device.type, enabled=False):
+                    probs = attention_probs(q, k, (e // h) ** -0.5, biases=bias)
+            emit(0, probs)
+
+        handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.o_proj
 

@@ -191,6 +191,10 @@ class OpenClipTimm(Family):
         trunk, inner = self._inner(model)
         inner.install_inline(trunk, emit, handles, detach)
 
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        trunk, inner = self._inner(model)
+        inner.install_pool(trunk, emit, handles)
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return None  # a feature model: no classifier whose logit a head could lower
 

@@ -172,6 +172,21 @@ class TimmFamily(Family):
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
         inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
 
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        """timm's MAP head (``AttentionPoolLatent``): softmax(q_norm(q(latent)) * scale @ k_norm(k(x))^T + mask),
+        its latent queries over every token, read from its q_norm / k_norm as a block's."""
+        from timm.layers import AttentionPoolLatent
+
+        from ..errors import ViewNotAvailableError
+
+        pool = getattr(model, "attn_pool", None)
+        if type(pool) is not AttentionPoolLatent or pool.q_norm is pool.k_norm:
+            what = f"its {type(pool).__name__}" if pool is not None else \
+                f"global_pool={getattr(model, 'global_pool', '')!r}"
+            raise ViewNotAvailableError(f"{type(model).__name__} pools with {what}, not timm's MAP head "
+                                        "(AttentionPoolLatent), so there is no pool attention to show.")
+        install_qk_norm_hooks([pool], emit, handles, {"attn_mask": 1})
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.norm  # timm's scale norm (Identity unless scale_norm), before the output projection
 
