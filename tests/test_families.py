@@ -152,6 +152,9 @@ def build(family: str) -> tuple[nn.Module, callable]:
     if family == "timm-rope-gqa":  # AttentionRope with separate projections and grouped-query key/value heads
         return timm.create_model("vit_small_patch16_rope_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
                                  num_heads=4, qkv_fused=False, num_kv_heads=2, num_classes=5), timm_reference
+    if family == "timm-dinov3":  # DINOv3 port: AttentionRope, DINOv3 RoPE, class token + 4 registers
+        return timm.create_model("vit_small_patch16_dinov3", pretrained=False, img_size=64, depth=2, embed_dim=64,
+                                 num_heads=2, num_classes=5), timm_reference
     if family == "timm-vit-parallel":  # ViT-22B-style parallel blocks: one fused qkv + MLP projection, qk norm
         return timm.create_model("vit_base_patch16_xp_224", pretrained=False, img_size=64, depth=2, embed_dim=64,
                                  num_heads=2, num_classes=5), parallel_reference
@@ -207,23 +210,25 @@ def build(family: str) -> tuple[nn.Module, callable]:
 
 
 FAMILIES = ["timm-beit", "timm-beitv2", "timm-eva02", "timm-eva", "timm-pe-core", "timm-rope-mixed", "timm-rope-gqa",
-            "timm-vit-parallel", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
+            "timm-dinov3", "timm-vit-parallel", "timm-vit-subclass", "hf-vit", "hf-vit-eager",
             "hf-deit", "hf-dinov2", "hf-dinov2-reg", "hf-clip", "hf-clip-model", "hf-siglip", "hf-siglip-model",
             "hf-siglip2", "hf-ijepa", "hf-ijepa-cls", "hf-vitmae", "torchvision", "openclip", "openclip-timm"]
 #: the same models on transformers' eager attention (the rows above run sdpa, transformers' default): maps only
 EAGER = ["hf-clip-eager", "hf-siglip-eager"]
-PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5, "hf-siglip": 0, "hf-siglip-eager": 0, "hf-siglip-model": 0,
+PREFIX = {"hf-deit": 2, "hf-dinov2-reg": 5, "timm-dinov3": 5, "hf-siglip": 0, "hf-siglip-eager": 0,
+          "hf-siglip-model": 0,
           "hf-siglip2": 0, "hf-ijepa": 0, "hf-ijepa-cls": 0, "openclip-timm": 0}
 #: families without a learned absolute position table, and what the position view says instead
 NO_TABLE = {"timm-beit": "relative-position bias", "timm-beitv2": "relative-position bias",
-            "timm-rope-mixed": "rotary embeddings", "timm-rope-gqa": "rotary embeddings", "hf-vitmae": "sin-cos"}
+            "timm-rope-mixed": "rotary embeddings", "timm-rope-gqa": "rotary embeddings",
+            "timm-dinov3": "rotary embeddings", "hf-vitmae": "sin-cos"}
 
 
 @pytest.mark.parametrize("family", FAMILIES + EAGER)
 def test_maps_are_exact_and_logits_unchanged(family):
     module, reference = build(family)
     m = vl.LoadedModel.from_module(module, name=family, device="cpu")
-    assert m.spec.num_prefix_tokens == PREFIX.get(family, 1)
+    assert m.spec.num_prefix_tokens == PREFIX.get(family, 1) == len(m.spec.prefix_labels)
     x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         plain = m.forward(x)
@@ -385,8 +390,9 @@ def test_clip_and_mae_checkpoints_load_from_a_folder_as_vitlens_reads_them(tmp_p
         bos_token_id=0, eos_token_id=1, pad_token_id=1)))
     clip.save_pretrained(tmp_path / "clip")
     (tmp_path / "clip" / "preprocessor_config.json").write_text(json.dumps({
-        "do_resize": True, "size": {"shortest_edge": 32}, "do_center_crop": True, "crop_size": {"height": 32, "width": 32},
-        "resample": 3, "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}))
+        "do_resize": True, "size": {"shortest_edge": 32}, "do_center_crop": True,
+        "crop_size": {"height": 32, "width": 32}, "resample": 3, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711]}))
     m = vl.load_model(f"hf:{tmp_path / 'clip'}", device="cpu")
     assert type(m.model).__name__ == "CLIPModel" and m.model.text_model is not None  # the text tower stays
     assert m.spec.num_layers == 2 and m.spec.grid == (4, 4) and m.data_config["crop_mode"] == "center"

@@ -163,5 +163,6 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
         "vitlens reads timm VisionTransformer, BEiT, EVA and RoPE models, Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE "
-        "and CLIP/SigLIP vision towers, and torchvision ViTs: try e.g. 'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
+        "and CLIP/SigLIP vision towers, OpenCLIP image towers and torchvision ViTs: try e.g. "
+        "'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
         "embedded 'ref-vit'.")

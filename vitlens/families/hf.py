@@ -122,7 +122,8 @@ def embeddings_of(model: nn.Module) -> nn.Module:
 
 
 def position_rows(emb: nn.Module) -> torch.Tensor:
-    """The position table [1, rows, D]: a parameter (ViT, DeiT, Dinov2, IJepa, MAE) or an nn.Embedding (CLIP, SigLIP)."""
+    """The position table [1, rows, D]: a parameter (ViT, DeiT, Dinov2, IJepa, MAE) or an nn.Embedding
+    (CLIP, SigLIP)."""
     if getattr(emb, "position_embeddings", None) is not None:
         return emb.position_embeddings.detach()
     return emb.position_embedding.weight.detach().unsqueeze(0)

@@ -122,7 +122,8 @@ class OpenClipViT(TorchvisionViT):
         return visual.positional_embedding.detach()[1:].unsqueeze(0), spec.grid
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
-        return "this open_clip tower adds a fixed 2-D sin-cos position table (pos_embed_type='sin_cos_2d'), not a learned one"
+        return ("this open_clip tower adds a fixed 2-D sin-cos position table (pos_embed_type='sin_cos_2d'), not a "
+                "learned one")
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return open_clip_data_config(model, spec)

@@ -11,8 +11,9 @@ as the block does; inline capture turns ``fused_attn`` off and reads the probabi
 enter ``attn_drop``. ``AttentionRope`` computes its scores the same way (only its output gate,
 scale norm and grouped-query key/value heads differ; the key heads are repeated to the query heads
 after norm and RoPE, as the block does). Mixed RoPE hands each block its own (learned, per-head)
-frequencies, which the hook reads from the block's call like any rotary embedding. SwiGLU MLPs and the scale norms do not touch the maps. Variants without a
-learned absolute position table (position only through RoPE) say so in the position view.
+frequencies, which the hook reads from the block's call like any rotary embedding. SwiGLU MLPs
+and the scale norms do not touch the maps. Variants without a learned absolute position table
+(position only through RoPE) say so in the position view.
 """
 from __future__ import annotations
 

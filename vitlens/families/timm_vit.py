@@ -158,7 +158,7 @@ class TimmFamily(Family):
             dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name,
             prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
                                         getattr(model, "dist_token", None) is not None,
-                                        int(getattr(model, "num_reg_tokens", 0) or 0)))
+                                        _registers(model)))
 
     def kind(self, model: nn.Module) -> str:
         return "vit"
@@ -204,6 +204,15 @@ class TimmFamily(Family):
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return timm_data_config(model, spec)
+
+
+def _registers(model: nn.Module) -> int:
+    """Register tokens: ``num_reg_tokens`` (VisionTransformer), else the rows of ``reg_token`` (Eva)."""
+    n = getattr(model, "num_reg_tokens", None)
+    if n is None:
+        reg = getattr(model, "reg_token", None)
+        n = int(reg.shape[1]) if isinstance(reg, torch.Tensor) else 0
+    return int(n or 0)
 
 
 def check_patch_embed(model: nn.Module, name: str, allowed: tuple) -> None:

@@ -194,7 +194,8 @@ def load_open_clip(name: str, pretrained: bool = True) -> tuple[nn.Module, str, 
     cfg = get_pretrained_cfg(arch, tag)
     if not cfg:
         tags = list_pretrained_tags_by_model(arch)
-        raise UnknownModelError(f"open_clip has no pretrained tag {tag!r} for {arch}. Tags: {', '.join(tags) or 'none'}.",
+        raise UnknownModelError(f"open_clip has no pretrained tag {tag!r} for {arch}. "
+                                f"Tags: {', '.join(tags) or 'none'}.",
                                 fixes={"python": f"Or, for random weights: vl.load_model('open_clip:{arch}').",
                                        "cli": f"Or, for random weights: --model open_clip:{arch}.",
                                        "app": f"Or, for random weights: open_clip:{arch}."})
@@ -202,10 +203,11 @@ def load_open_clip(name: str, pretrained: bool = True) -> tuple[nn.Module, str, 
     if path is None:
         where = cfg.get("hf_hub") or cfg.get("url")
         raise WeightsUnavailableError(
-            f"The open_clip weights {arch}/{tag} ({where}) are not in the local cache; vitlens loads open_clip tags from "
-            "the cache only.",
-            fixes={"python": f"Download them where there is network (open_clip.create_model({arch!r}, pretrained={tag!r}))"
-                             f" and copy the cache over, or use vl.load_model('open_clip:{arch}') for random weights.",
+            f"The open_clip weights {arch}/{tag} ({where}) are not in the local cache; vitlens loads open_clip tags "
+            "from the cache only.",
+            fixes={"python": "Download them where there is network (open_clip.create_model("
+                             f"{arch!r}, pretrained={tag!r})) and copy the cache over, or use "
+                             f"vl.load_model('open_clip:{arch}') for random weights.",
                    "cli": f"Download them where there is network and copy the cache over, or --model open_clip:{arch}.",
                    "app": f"Download them where there is network and copy the cache over, or open_clip:{arch}."})
     preprocess = {k: cfg[k] for k in ("mean", "std", "interpolation", "resize_mode") if cfg.get(k) is not None}
