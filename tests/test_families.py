@@ -508,3 +508,18 @@ def test_models_without_a_map_head_say_there_is_no_pool_attention():
     with pytest.raises(vl.ViewNotAvailableError, match="no pool attention"):
         with capture_pool_attention(m):
             pass
+
+
+def test_hugging_face_classifiers_on_clip_and_siglip_towers_ablate_heads_at_their_out_proj():
+    import transformers as tr
+
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
+                  patch_size=8)
+    model = tr.CLIPForImageClassification(tr.CLIPConfig(vision_config=common, num_labels=3, text_config=dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1)))
+    m = vl.LoadedModel.from_module(model, device="cpu")
+    assert m.spec.num_classes == 3 and m.spec.num_layers == 2
+    assert [m.family.head_outputs(a) for a in m.family.attention_modules(m.model)] == \
+        [layer.self_attn.out_proj for layer in model.vision_model.encoder.layers]
+    assert vl.head_importance(m, torch.randn(2, 3, 32, 32), batch_size=2).logit_drop.shape == (2, 2)

@@ -204,7 +204,7 @@ class HuggingFaceViT(Family):
         return ModelSpec(
             name=name, kind="vit", image_size=size, grid=(size[0] // patch[0], size[1] // patch[1]), stride_px=patch,
             num_prefix_tokens=prefix, num_layers=len(attns), num_heads=int(cfg.num_attention_heads),
-            embed_dim=int(cfg.hidden_size), has_class_token=cls, has_pos_embed=True,
+            embed_dim=int(cfg.hidden_size), has_class_token=cls, has_pos_embed=kind != "vit_mae",
             pos_embed_prefix=int(position_rows(emb).shape[1]) - table_grid[0] * table_grid[1],
             num_classes=int(model.config.num_labels) if head else 0,
             num_params=sum(p.numel() for p in model.parameters()),
@@ -298,7 +298,8 @@ class HuggingFaceViT(Family):
         handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.o_proj
+        proj = getattr(attn, "o_proj", None)  # ViT, DeiT, Dinov2, IJepa, MAE; CLIP and SigLIP call it out_proj
+        return proj if proj is not None else getattr(attn, "out_proj", None)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         emb = embeddings_of(model)

@@ -107,9 +107,9 @@ class OpenClipViT(TorchvisionViT):
         return ModelSpec(
             name=name, kind="vit", image_size=size, grid=grid, stride_px=patch,  # type: ignore[arg-type]
             num_prefix_tokens=1, num_layers=len(blocks), num_heads=int(blocks[0].attn.num_heads),
-            embed_dim=int(visual.transformer.width), has_class_token=True, has_pos_embed=True, pos_embed_prefix=1,
-            num_classes=0, num_params=sum(p.numel() for p in model.parameters()), family=self.name,
-            prefix_labels=("class",))
+            embed_dim=int(visual.transformer.width), has_class_token=True,
+            has_pos_embed=not _is_sincos(visual, grid), pos_embed_prefix=1, num_classes=0,
+            num_params=sum(p.numel() for p in model.parameters()), family=self.name, prefix_labels=("class",))
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         prefix = "visual." if visual_of(model) is not model else ""
@@ -117,7 +117,7 @@ class OpenClipViT(TorchvisionViT):
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         visual = visual_of(model)
-        if _is_sincos(visual, spec):
+        if _is_sincos(visual, spec.grid):
             return None
         return visual.positional_embedding.detach()[1:].unsqueeze(0), spec.grid
 
@@ -132,13 +132,13 @@ class OpenClipViT(TorchvisionViT):
         return encode_image(model, x)
 
 
-def _is_sincos(visual: nn.Module, spec: ModelSpec) -> bool:
+def _is_sincos(visual: nn.Module, grid: tuple[int, int]) -> bool:
     """Whether the tower's position table is open_clip's fixed 2-D sin-cos one."""
     from open_clip.pos_embed import get_2d_sincos_pos_embed
 
-    if spec.grid[0] != spec.grid[1]:
+    if grid[0] != grid[1]:
         return False
-    table = torch.from_numpy(get_2d_sincos_pos_embed(int(visual.positional_embedding.shape[1]), spec.grid[0],
+    table = torch.from_numpy(get_2d_sincos_pos_embed(int(visual.positional_embedding.shape[1]), grid[0],
                                                      cls_token=True)).float()
     return torch.equal(visual.positional_embedding.detach().cpu().float(), table)
 
