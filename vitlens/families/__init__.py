@@ -24,7 +24,7 @@ def _load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    from . import hf, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: F401
+    from . import hf, openclip, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: F401
 
     _LOADED = True
 

@@ -83,6 +83,18 @@ class Family:
         """(weight [D, C, kh, kw] float64, module name, description) of the pixel-space filters (Fig. 7 left)."""
         raise NotImplementedError
 
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        """Side capture of the attention pool's own attention, for models that pool through one (a MAP head: its
+        probe queries over the tokens): ``emit(0, probs[B, heads, queries, T])``, the output untouched.
+
+        Raises:
+            ViewNotAvailableError: the model pools otherwise (class token, mean) or by a pool vitlens does not read.
+        """
+        from ..errors import ViewNotAvailableError
+
+        raise ViewNotAvailableError(f"{type(model).__name__} pools without an attention pool (MAP head) vitlens reads, "
+                                    "so there is no pool attention to show.")
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         """The module whose input is the heads' outputs side by side, [B, T, heads * head_dim]
         (where head ablation acts), or None when the family has no such module."""
@@ -148,10 +160,12 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
         raise UnsupportedModelError(
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
             "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
-            "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids), BEiT and EVA models, Hugging Face "
-            "ViT/DeiT/Dinov2 and torchvision ViTs.")
+            "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids, parallel blocks), BEiT, EVA and other "
+            "RoPE models (vit_pe_*, *_rope_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/SigLIP vision "
+            "towers, and torchvision ViTs.")
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
-        "vitlens reads timm VisionTransformer, BEiT and EVA models, Hugging Face ViT/DeiT/Dinov2 and torchvision "
-        "ViTs: try e.g. 'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
+        "vitlens reads timm VisionTransformer, BEiT, EVA and RoPE models, Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE "
+        "and CLIP/SigLIP vision towers, OpenCLIP image towers and torchvision ViTs: try e.g. "
+        "'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
         "embedded 'ref-vit'.")

@@ -1,5 +1,8 @@
 """Hugging Face transformers ViTs: ``ViT*``, ``DeiT*`` (distillation token), ``Dinov2*`` and
-``Dinov2WithRegisters*`` (register tokens).
+``Dinov2WithRegisters*`` (register tokens), ``IJepa*`` (no class token), ``ViTMAE*`` (the encoder, on
+every patch), and the vision towers of ``CLIP*`` and ``Siglip*`` / ``Siglip2*`` (``CLIPVisionModel``,
+or ``CLIPModel`` / ``SiglipModel`` with their text tower left as it is: only ``vision_model`` is read,
+and a feature model's output is ``get_image_features``, the projected image embedding).
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -8,6 +11,18 @@ maps equal what the ``eager`` implementation returns with ``output_attentions``.
 switches the blocks to an attention function registered with transformers' own
 ``AttentionInterface``: transformers' eager computation, whose probabilities are the ones the
 output uses (what gradient methods need), handed to vitlens as they are made.
+
+Two models need their inputs fixed for the maps to be those of an image:
+
+- ``ViTMAE`` drops a random ``mask_ratio`` of the patches and shuffles the rest. vitlens reads it
+  with ``mask_ratio == 0`` only (``hf:`` names load that way; a module with another ratio is
+  refused with the fix), and hands it ``noise = arange(T)``, so the kept order is the image's own
+  row-major order: every patch, in place, behind the class token.
+- ``Siglip2`` takes pre-cut patches, their grid (``spatial_shapes``) and a padding mask
+  (NaFlex-style packing). vitlens feeds one fixed size, the position table's own square grid
+  (``sqrt(num_patches) * patch_size`` pixels, squashed), cut into patches as Siglip2's image
+  processor cuts them, with no padding: the mask is all ones, the maps are exact. Aspect-preserving
+  variable-resolution packing itself is not reproduced.
 
 transformers is an optional dependency (``pip install 'vitlens[hf]'``).
 """
@@ -24,16 +39,27 @@ from ..loading.spec import ModelSpec
 from .base import Emit, Family, Handles, prefix_labels, register
 from .timm_vit import attention_probs, conv_filters
 
-#: model types (``config.model_type``) whose attention vitlens reproduces
-MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers")
+#: model types (``config.model_type`` of the vision tower) whose attention vitlens reproduces
+MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "ijepa", "vit_mae", "clip_vision_model",
+               "siglip_vision_model", "siglip2_vision_model")
+#: model types without a class token
+NO_CLASS_TOKEN = ("ijepa", "siglip_vision_model", "siglip2_vision_model")
+#: a whole model's type -> its vision tower's
+TOWER_TYPES = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
 INLINE_KEY = "vitlens_inline"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 #: each model type's image-processor defaults: (resize, crop_pct, mean, std, interpolation)
 PROCESSOR_DEFAULTS = {
     "vit": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "deit": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
     "dinov2": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
     "dinov2_with_registers": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+    "ijepa": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+    "vit_mae": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+    "clip_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+    "siglip_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
+    "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
 }
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
@@ -58,8 +84,11 @@ def _register_inline() -> None:
     global _REGISTERED
     if not _REGISTERED:
         from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
         AttentionInterface.register(INLINE_KEY, _inline_attention)
+        # masks for it are made as for eager (an additive float mask; Siglip2 makes one)
+        AttentionMaskInterface.register(INLINE_KEY, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
         _REGISTERED = True
 
 
@@ -67,11 +96,59 @@ def is_hf_model(model: nn.Module) -> bool:
     return type(model).__module__.startswith("transformers.")
 
 
+def vision_tower(model: nn.Module) -> nn.Module:
+    """The module vitlens reads: ``vision_model`` of CLIP/SigLIP models (their text tower untouched), the
+    encoder ``vit`` of ``ViTMAEForPreTraining`` (not its decoder), else the model itself."""
+    for attr in ("vision_model", "vit"):
+        sub = getattr(model, attr, None)
+        if isinstance(sub, nn.Module) and hasattr(sub, "embeddings") and hasattr(sub, "config"):
+            return sub
+    return model
+
+
+def tower_type(model: nn.Module) -> str | None:
+    model_type = getattr(getattr(vision_tower(model), "config", None), "model_type", None)
+    return TOWER_TYPES.get(model_type, model_type)
+
+
 def embeddings_of(model: nn.Module) -> nn.Module:
+    emb = getattr(vision_tower(model), "embeddings", None)
+    if emb is not None and (hasattr(emb, "patch_embedding") or hasattr(emb, "patch_embeddings")):
+        return emb
     for _name, mod in model.named_modules():
         if hasattr(mod, "patch_embeddings") and hasattr(mod.patch_embeddings, "projection"):
             return mod
     raise UnsupportedModelError(f"{type(model).__name__} has no patch embeddings vitlens recognises.")
+
+
+def position_rows(emb: nn.Module) -> torch.Tensor:
+    """The position table [1, rows, D]: a parameter (ViT, DeiT, Dinov2, IJepa, MAE) or an nn.Embedding
+    (CLIP, SigLIP)."""
+    if getattr(emb, "position_embeddings", None) is not None:
+        return emb.position_embeddings.detach()
+    return emb.position_embedding.weight.detach().unsqueeze(0)
+
+
+def siglip2_inputs(x: torch.Tensor, patch: int) -> dict[str, torch.Tensor]:
+    """Siglip2's inputs for a batch of one size [B, C, H, W]: the patches cut as its image processor cuts them
+    ((row, column) order, each patch flattened as (py, px, channel)), their grid, and a mask with no padding."""
+    b, c, h, w = x.shape
+    gh, gw = h // patch, w // patch
+    patches = x[:, :, :gh * patch, :gw * patch].reshape(b, c, gh, patch, gw, patch).permute(0, 2, 4, 3, 5, 1)
+    return {"pixel_values": patches.reshape(b, gh * gw, patch * patch * c),
+            "pixel_attention_mask": torch.ones(b, gh * gw, dtype=torch.long, device=x.device),
+            "spatial_shapes": torch.tensor([[gh, gw]] * b, dtype=torch.long, device=x.device)}
+
+
+def model_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    """The keyword inputs of a preprocessed batch [B, 3, H, W], as vitlens feeds the model."""
+    kind = tower_type(model)
+    if kind == "siglip2_vision_model":
+        return siglip2_inputs(x, int(vision_tower(model).config.patch_size))
+    if kind == "vit_mae":  # every patch, kept in the image's own order (mask_ratio is 0)
+        n = (x.shape[-2] // _pair(model.config.patch_size)[0]) * (x.shape[-1] // _pair(model.config.patch_size)[1])
+        return {"pixel_values": x, "noise": torch.arange(n, device=x.device, dtype=x.dtype).expand(x.shape[0], -1)}
+    return {"pixel_values": x}
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -87,27 +164,41 @@ class HuggingFaceViT(Family):
         return is_hf_model(model)
 
     def check(self, model: nn.Module, name: str) -> None:
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        model_type = tower_type(model)
         if model_type not in MODEL_TYPES:
             raise UnsupportedModelError(
                 f"{name!r} is a Hugging Face {type(model).__name__} (model type {model_type!r}); vitlens reads "
-                f"{', '.join(MODEL_TYPES)} models from transformers (ViT*, DeiT*, Dinov2*).")
-        for i, attn in enumerate(self.attention_modules(model)):
-            if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj") and hasattr(attn, "scaling")):
+                f"{', '.join(MODEL_TYPES)} models from transformers (ViT*, DeiT*, Dinov2*, IJepa*, ViTMAE*, and "
+                "the vision towers of CLIP*, Siglip*, Siglip2*).")
+        if model_type == "vit_mae" and float(getattr(vision_tower(model).config, "mask_ratio", 0.0)) != 0.0:
+            raise UnsupportedModelError(
+                f"{name!r} is a ViTMAE with mask_ratio={vision_tower(model).config.mask_ratio}: it drops that share of "
+                "the patches at random on every forward, so its attention maps are of a random subset of the image. "
+                "vitlens reads the encoder on every patch: build it with ViTMAEConfig(mask_ratio=0.0), or set "
+                "model.config.mask_ratio = 0.0 before loading it (hf: names load that way).")
+        attns = self.attention_modules(model)
+        if not attns:
+            raise UnsupportedModelError(f"{name!r}: no attention module with q_proj/k_proj found in "
+                                        f"{type(model).__name__}; this transformers version is not supported.")
+        for i, attn in enumerate(attns):
+            if not (hasattr(attn, "q_proj") and hasattr(attn, "k_proj") and _scale_of(attn) is not None):
                 raise UnsupportedModelError(f"{name!r}: attention module {i} ({type(attn).__name__}) has no "
                                             "q_proj/k_proj/scaling; this transformers version is not supported.")
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [mod for _n, mod in model.named_modules()
+        """The self-attention of every block of the vision tower (not a text tower, decoder or pooling head)."""
+        return [mod for _n, mod in vision_tower(model).named_modules()
                 if type(mod).__name__.endswith("Attention") and hasattr(mod, "q_proj")]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        cfg = model.config
+        cfg = vision_tower(model).config
+        kind = tower_type(model)
         emb = embeddings_of(model)
         patch = _pair(cfg.patch_size)
-        size = _pair(input_size or cfg.image_size)
+        size = _pair(input_size or _image_size(cfg))
         registers = int(emb.register_tokens.shape[1]) if getattr(emb, "register_tokens", None) is not None else 0
-        labels = prefix_labels(True, hasattr(emb, "distillation_token"), registers)
+        cls = kind not in NO_CLASS_TOKEN
+        labels = prefix_labels(cls, hasattr(emb, "distillation_token"), registers)
         prefix = len(labels)
         table_grid = self._table_grid(model)
         attns = self.attention_modules(model)
@@ -115,20 +206,23 @@ class HuggingFaceViT(Family):
         return ModelSpec(
             name=name, kind="vit", image_size=size, grid=(size[0] // patch[0], size[1] // patch[1]), stride_px=patch,
             num_prefix_tokens=prefix, num_layers=len(attns), num_heads=int(cfg.num_attention_heads),
-            embed_dim=int(cfg.hidden_size), has_class_token=True, has_pos_embed=True,
-            pos_embed_prefix=int(emb.position_embeddings.shape[1]) - table_grid[0] * table_grid[1],
-            num_classes=int(cfg.num_labels) if head else 0,
+            embed_dim=int(cfg.hidden_size), has_class_token=cls, has_pos_embed=kind != "vit_mae",
+            pos_embed_prefix=int(position_rows(emb).shape[1]) - table_grid[0] * table_grid[1],
+            num_classes=int(model.config.num_labels) if head else 0,
             num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=cfg.model_type.startswith("dinov2"), family=self.name, prefix_labels=labels)
+            dynamic_img_size=kind.startswith("dinov2"), family=self.name, prefix_labels=labels)
 
     def _table_grid(self, model: nn.Module) -> tuple[int, int]:
         emb = embeddings_of(model)
-        n = int(emb.position_embeddings.shape[1])
-        cfg_grid = tuple(s // p for s, p in zip(_pair(model.config.image_size), _pair(model.config.patch_size)))
-        for prefix in (2, 1):  # DeiT keeps rows for the class and distillation tokens, the others for the class
-            side = math.isqrt(max(n - prefix, 0))
+        cfg = vision_tower(model).config
+        n = int(position_rows(emb).shape[1])
+        cfg_grid = tuple(s // p for s, p in zip(_pair(_image_size(cfg)), _pair(cfg.patch_size)))
+        # DeiT keeps rows for the class and distillation tokens, ViT/CLIP/MAE for the class, SigLIP/IJepa none
+        for prefix in (2, 1, 0):
             if (n - prefix) == cfg_grid[0] * cfg_grid[1]:
                 return cfg_grid  # type: ignore[return-value]
+        for prefix in (2, 1, 0):
+            side = math.isqrt(max(n - prefix, 0))
             if side * side == n - prefix:
                 return side, side
         raise UnsupportedModelError(f"{type(model).__name__}: a position table of {n} rows fits no square grid.")
@@ -148,12 +242,12 @@ class HuggingFaceViT(Family):
                        attn: nn.Module = attn) -> None:
                 q = state.pop("q")
                 b, t = k.shape[:2]
-                d = getattr(attn, "head_dim", q.shape[-1] // attn.config.num_attention_heads)
+                d = getattr(attn, "head_dim", None) or q.shape[-1] // attn.config.num_attention_heads
                 q = q.view(b, t, -1, d).transpose(1, 2)
                 k = k.view(b, t, -1, d).transpose(1, 2)
                 with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
                     mask = state.get("mask")
-                    probs = attention_probs(q, k, attn.scaling, biases=() if mask is None else (mask,),
+                    probs = attention_probs(q, k, _scale_of(attn), biases=() if mask is None else (mask,),
                                             scale_after=True)
                 emit(layer, probs)
 
@@ -172,20 +266,74 @@ class HuggingFaceViT(Family):
             config._attn_implementation = INLINE_KEY
             handles.on_remove(lambda config=config, old=old: setattr(config, "_attn_implementation", old))
 
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        """SigLIP's / Siglip2's MAP head: its probe's nn.MultiheadAttention over the tokens, softmax(q / sqrt(d) @ k^T
+        + mask) per head (what the module returns with ``average_attn_weights=False``), from its own in-projection."""
+        import torch.nn.functional as F
+
+        from ..errors import ViewNotAvailableError
+
+        head = getattr(vision_tower(model), "head", None)
+        mha = getattr(head, "attention", None)
+        if not (isinstance(mha, nn.MultiheadAttention) and hasattr(head, "probe") and mha._qkv_same_embed_dim
+                and mha.batch_first):
+            raise ViewNotAvailableError(f"{type(model).__name__} has no MAP head (SigLIP's probe attention), so "
+                                        "there is no pool attention to show.")
+
+        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+            query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            e, h = mod.embed_dim, mod.num_heads
+            w, b = mod.in_proj_weight, mod.in_proj_bias
+            with torch.no_grad():
+                q = F.linear(query, w[:e], None if b is None else b[:e])
+                k = F.linear(key, w[e:2 * e], None if b is None else b[e:2 * e])
+                q = q.unflatten(-1, (h, e // h)).transpose(1, 2)
+                k = k.unflatten(-1, (h, e // h)).transpose(1, 2)
+                if mask is not None and mask.dim() == 3:  # [B * heads, queries, T], as nn.MultiheadAttention takes it
+                    mask = mask.reshape(q.shape[0], h, q.shape[2], k.shape[2])
+                bias = () if mask is None else (mask,)
+                with torch.autocast(device_type=q.device.type, enabled=False):
+                    probs = attention_probs(q, k, (e // h) ** -0.5, biases=bias)
+            emit(0, probs)
+
+        handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.o_proj
+        proj = getattr(attn, "o_proj", None)  # ViT, DeiT, Dinov2, IJepa, MAE; CLIP and SigLIP call it out_proj
+        return proj if proj is not None else getattr(attn, "out_proj", None)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        conv = embeddings_of(model).patch_embeddings.projection
-        return conv_filters(conv, "embeddings.patch_embeddings.projection", "the patch embedding E", spec.name)
+        emb = embeddings_of(model)
+        where = {id(mod): n for n, mod in model.named_modules()}
+        if hasattr(emb, "patch_embeddings"):
+            conv = emb.patch_embeddings.projection
+            return conv_filters(conv, where[id(conv)], "the patch embedding E", spec.name)
+        proj = emb.patch_embedding
+        if isinstance(proj, nn.Linear):  # Siglip2: a linear map of patches flattened as (py, px, channel)
+            p = _pair(vision_tower(model).config.patch_size)
+            w = proj.weight.detach().to(torch.float64).cpu()
+            w = w.reshape(w.shape[0], p[0], p[1], -1).permute(0, 3, 1, 2).contiguous()
+            d, c, kh, kw = w.shape
+            return w, where[id(proj)], (f"{where[id(proj)]}: {d} filters of {kh}x{kw}x{c}, the patch embedding E "
+                                        "(a linear map of the cut patches)")
+        return conv_filters(proj, where[id(proj)], "the patch embedding E", spec.name)
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        if tower_type(model) == "vit_mae":
+            return None
         grid = self._table_grid(model)
-        pos = embeddings_of(model).position_embeddings.detach()
+        pos = position_rows(embeddings_of(model))
         return pos[:, pos.shape[1] - grid[0] * grid[1]:], grid
 
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        if tower_type(model) == "vit_mae":
+            return ("ViTMAE adds a fixed 2-D sin-cos position table, not a learned one (its similarities show the "
+                    "formula, not what the model learned)")
+        return super().no_position_reason(model, spec)
+
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[model.config.model_type]
+        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[tower_type(model)]
         out = {"input_size": (3, *spec.image_size), "interpolation": interpolation, "mean": mean, "std": std,
                "crop_pct": crop_pct, "crop_mode": mode}
         names = _label_names(model)
@@ -194,15 +342,38 @@ class HuggingFaceViT(Family):
         return out
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        out = model(pixel_values=x)
+        """Class logits of a classifier; else the image embedding: ``get_image_features`` of a CLIP/SigLIP model
+        (projected), the pooled output, or the class token (the mean token without one)."""
+        inputs = model_inputs(model, x)
+        if "ForImageClassification" not in type(model).__name__ and hasattr(model, "get_image_features"):
+            out = model.get_image_features(**inputs)
+            return out if isinstance(out, torch.Tensor) else out.pooler_output
+        if "ForImageClassification" not in type(model).__name__:
+            model = vision_tower(model)
+        out = model(**inputs)
         if getattr(out, "logits", None) is not None:
             return out.logits
         pooled = getattr(out, "pooler_output", None)
-        return pooled if pooled is not None else out.last_hidden_state[:, 0]
+        if pooled is not None:
+            return pooled
+        return out.last_hidden_state[:, 0] if tower_type(model) not in NO_CLASS_TOKEN else out.last_hidden_state.mean(1)
 
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         sy, sx = spec.stride_px
         return input_hw[0] // sy, input_hw[1] // sx
+
+
+def _scale_of(attn: nn.Module) -> float | None:
+    """The score scale an attention module hands the attention function (``scaling``; CLIP/SigLIP: ``scale``)."""
+    scale = getattr(attn, "scaling", None)
+    return getattr(attn, "scale", None) if scale is None else scale
+
+
+def _image_size(cfg: Any) -> Any:
+    """The input size a vision config was built for (Siglip2: the position table's square grid)."""
+    if getattr(cfg, "image_size", None) is not None:
+        return cfg.image_size
+    return math.isqrt(int(cfg.num_patches)) * _pair(cfg.patch_size)[0]
 
 
 def _label_names(model: nn.Module) -> list[str] | None:
@@ -216,7 +387,12 @@ def _label_names(model: nn.Module) -> list[str] | None:
 
 def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[str, Any]:
     """timm-style preprocessing from a Hugging Face ``preprocessor_config.json``."""
+    model_type = TOWER_TYPES.get(model_type, model_type)
     mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS.get(model_type, PROCESSOR_DEFAULTS["vit"])
+    if model_type == "siglip2_vision_model":  # NaFlex: the size is the model's (its table's grid), not the processor's
+        return {"interpolation": _RESAMPLE.get(processor.get("resample"), interpolation),
+                "mean": tuple(processor.get("image_mean", mean)), "std": tuple(processor.get("image_std", std)),
+                "crop_pct": 1.0, "crop_mode": "squash"}
     size = processor.get("size") or {}
     crop = processor.get("crop_size") or {}
     if processor.get("do_center_crop") and crop:

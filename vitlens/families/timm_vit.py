@@ -1,13 +1,24 @@
 """timm's ``VisionTransformer``: plain ViTs, DeiT (distillation token), register models, GAP/MAP
-heads without a class token, R50 and other hybrids, non-square and dynamic input sizes.
+heads without a class token, R50 and other hybrids, non-square and dynamic input sizes, and
+ViT-22B-style parallel blocks (``ParallelScalingBlock``, e.g. ``vit_base_patch16_xp_224``).
 
 Attention of timm's ``Attention`` is ``softmax(q_norm(q) * scale @ k_norm(k)^T + mask)``. Side
 capture hooks ``q_norm`` and ``k_norm``, whose outputs are the very queries and keys the fused
 kernel receives; inline capture turns ``fused_attn`` off and reads the probabilities as they
 enter ``attn_drop``.
+
+A ``ParallelScalingBlock`` has no attention module: one fused ``in_proj`` makes the MLP input
+and q, k, v together, and the block itself computes the same softmax(q_norm(q) * scale @
+k_norm(k)^T + mask). Its ``q_norm`` / ``k_norm`` act on [B, T, heads, head_dim] before the
+transpose to [B, heads, T, head_dim], so side capture hooks them there and transposes as the
+block does; inline capture turns the block's ``fused_attn`` off and reads its ``attn_drop`` input.
+The block's ``attn_drop`` stands for its attention module (its parent is the block), and the heads
+meet at the input of ``attn_out_proj`` (none when the block fuses the attention and MLP output
+projections into one ``out_proj``: head ablation is then refused).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -139,14 +150,15 @@ class TimmFamily(Family):
             grid=grid,  # type: ignore[arg-type]
             stride_px=self.stride(model),
             num_prefix_tokens=int(model.num_prefix_tokens), num_layers=len(model.blocks),
-            num_heads=int(model.blocks[0].attn.num_heads), embed_dim=int(model.embed_dim),
+            num_heads=int(getattr(model.blocks[0], "attn", model.blocks[0]).num_heads),
+            embed_dim=int(model.embed_dim),
             has_class_token=getattr(model, "cls_token", None) is not None, has_pos_embed=pos is not None,
             pos_embed_prefix=pos_prefix, num_classes=int(getattr(model, "num_classes", 0)),
             num_params=sum(p.numel() for p in model.parameters()),
             dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name,
             prefix_labels=prefix_labels(getattr(model, "cls_token", None) is not None,
                                         getattr(model, "dist_token", None) is not None,
-                                        int(getattr(model, "num_reg_tokens", 0) or 0)))
+                                        _registers(model)))
 
     def kind(self, model: nn.Module) -> str:
         return "vit"
@@ -159,6 +171,21 @@ class TimmFamily(Family):
 
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
         inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+
+    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        """timm's MAP head (``AttentionPoolLatent``): softmax(q_norm(q(latent)) * scale @ k_norm(k(x))^T + mask),
+        its latent queries over every token, read from its q_norm / k_norm as a block's."""
+        from timm.layers import AttentionPoolLatent
+
+        from ..errors import ViewNotAvailableError
+
+        pool = getattr(model, "attn_pool", None)
+        if type(pool) is not AttentionPoolLatent or pool.q_norm is pool.k_norm:
+            what = f"its {type(pool).__name__}" if pool is not None else \
+                f"global_pool={getattr(model, 'global_pool', '')!r}"
+            raise ViewNotAvailableError(f"{type(model).__name__} pools with {what}, not timm's MAP head "
+                                        "(AttentionPoolLatent), so there is no pool attention to show.")
+        install_qk_norm_hooks([pool], emit, handles, {"attn_mask": 1})
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.norm  # timm's scale norm (Identity unless scale_norm), before the output projection
@@ -177,6 +204,15 @@ class TimmFamily(Family):
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return timm_data_config(model, spec)
+
+
+def _registers(model: nn.Module) -> int:
+    """Register tokens: ``num_reg_tokens`` (VisionTransformer), else the rows of ``reg_token`` (Eva)."""
+    n = getattr(model, "num_reg_tokens", None)
+    if n is None:
+        reg = getattr(model, "reg_token", None)
+        n = int(reg.shape[1]) if isinstance(reg, torch.Tensor) else 0
+    return int(n or 0)
 
 
 def check_patch_embed(model: nn.Module, name: str, allowed: tuple) -> None:
@@ -234,6 +270,23 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
         handles.hook(attn.k_norm.register_forward_hook(k_hook))
 
 
+#: a parallel block's ``attn_drop`` (its stand-in attention module) -> where its heads meet (or None)
+_PARALLEL_HEADS: "weakref.WeakKeyDictionary[nn.Module, nn.Module | None]" = weakref.WeakKeyDictionary()
+
+
+def _is_parallel(block: nn.Module) -> bool:
+    from timm.models.vision_transformer import ParallelScalingBlock
+
+    return type(block) is ParallelScalingBlock
+
+
+def _parallel_heads_first(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, _call: dict) -> tuple:
+    """A parallel block's normalised q and k are [B, T, heads, d]: transpose them as the block does."""
+    if _is_parallel(attn):
+        return q.transpose(1, 2), k.transpose(1, 2)
+    return q, k
+
+
 class TimmViT(TimmFamily):
     name = "timm-vit"
     reads = ("timm VisionTransformer: plain ViTs, DeiT (distillation token), register tokens, GAP/MAP heads, "
@@ -251,14 +304,18 @@ class TimmViT(TimmFamily):
     def check(self, model: nn.Module, name: str) -> None:
         from timm.layers import HybridEmbed, PatchEmbed
         from timm.layers.attention import Attention
-        from timm.models.vision_transformer import Block, ResPostBlock
+        from timm.models.vision_transformer import Block, ParallelScalingBlock, ResPostBlock
 
         check_patch_embed(model, name, (PatchEmbed, HybridEmbed))
         for i, block in enumerate(model.blocks):
+            if type(block) is ParallelScalingBlock:
+                if block.q_norm is block.k_norm:
+                    raise UnsupportedModelError(f"{name!r}: block {i} shares one module as q_norm and k_norm.")
+                continue
             if type(block) not in (Block, ResPostBlock):
                 raise UnsupportedModelError(
                     f"{name!r}: block {i} is a {type(block).__name__}, which computes attention its own way; "
-                    "vitlens captures the attention of timm's Block/ResPostBlock only.")
+                    "vitlens captures the attention of timm's Block/ResPostBlock/ParallelScalingBlock only.")
             if type(block.attn) is not Attention:
                 raise UnsupportedModelError(
                     f"{name!r}: block {i} uses {type(block.attn).__name__}; vitlens reproduces timm's standard "
@@ -276,8 +333,31 @@ class TimmViT(TimmFamily):
     def stride(self, model: nn.Module) -> tuple[int, int]:
         return tuple(int(s) for s in model.patch_embed.feat_ratio(as_scalar=False))  # type: ignore[return-value]
 
+    @staticmethod
+    def _computing(model: nn.Module) -> list[nn.Module]:
+        """Per block, the module that computes its attention: ``block.attn``, or the parallel block itself."""
+        return [block if _is_parallel(block) else block.attn for block in model.blocks]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        out = []
+        for block in model.blocks:
+            if _is_parallel(block):
+                _PARALLEL_HEADS[block.attn_drop] = block.attn_out_proj  # None when out_proj is fused
+                out.append(block.attn_drop)
+            else:
+                out.append(block.attn)
+        return out
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        if attn in _PARALLEL_HEADS:
+            return _PARALLEL_HEADS[attn]
+        return super().head_outputs(attn)
+
     def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        install_qk_norm_hooks(self.attention_modules(model), emit, handles, TIMM_ARGS)
+        install_qk_norm_hooks(self._computing(model), emit, handles, TIMM_ARGS, _parallel_heads_first)
+
+    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+        inline_at_attn_drop(self._computing(model), emit, handles, detach)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         from ..errors import ViewNotAvailableError

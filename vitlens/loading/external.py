@@ -1,7 +1,8 @@
 """Models from outside timm: ``hf:ORG/NAME`` (the Hugging Face hub, or a local folder written by
-``save_pretrained``) and ``torchvision:vit_b_16``-style names, offline-aware like the timm path:
-weights already on disk are used without network, and a machine without network is told so at
-once instead of hanging in a download.
+``save_pretrained``), ``torchvision:vit_b_16``-style names and ``open_clip:ARCH`` / ``open_clip:ARCH/TAG``
+(OpenCLIP; random init, or a pretrained tag's weights from the local cache only), offline-aware
+like the timm path: weights already on disk are used without network, and a machine without
+network is told so at once instead of hanging in a download.
 """
 from __future__ import annotations
 
@@ -14,11 +15,16 @@ from torch import nn
 from ..errors import UnknownModelError, UnsupportedModelError, WeightsUnavailableError
 from .hub import hub_offline, hub_reachable
 
-HF_PREFIX, TORCHVISION_PREFIX = "hf:", "torchvision:"
+HF_PREFIX, TORCHVISION_PREFIX, OPENCLIP_PREFIX = "hf:", "torchvision:", "open_clip:"
 TORCHVISION_VITS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
 HF_INSTALL = {"python": "Install it with: pip install 'vitlens[hf]' (or pip install transformers).",
               "cli": "Install it with: pip install 'vitlens[hf]'.",
               "app": "Install it in the app's environment: pip install 'vitlens[hf]'."}
+
+
+OPENCLIP_INSTALL = {"python": "Install it with: pip install 'vitlens[openclip]' (or pip install open_clip_torch).",
+                    "cli": "Install it with: pip install 'vitlens[openclip]'.",
+                    "app": "Install it in the app's environment: pip install 'vitlens[openclip]'."}
 
 
 def _transformers() -> Any:
@@ -48,7 +54,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
     """(model, display name, source, data config or None) for ``hf:ORG/NAME`` or ``hf:/a/folder``.
 
     Raises:
-        UnsupportedModelError: transformers is missing, or the model is not a ViT/DeiT/Dinov2.
+        UnsupportedModelError: transformers is missing, or the model is not one the hf family reads (ViT, DeiT,
+            Dinov2, IJepa, ViTMAE with mask_ratio set to 0, CLIP/SigLIP/SigLIP2 vision towers).
         WeightsUnavailableError: not on disk and no network (or HF_HUB_OFFLINE).
     """
     transformers = _transformers()
@@ -76,10 +83,14 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
                            "app": "Save it where there is network (save_pretrained) and give hf:FOLDER as the name."})
     try:
         config = transformers.AutoConfig.from_pretrained(target, **kwargs)
+        if config.model_type == "vit_mae":  # the encoder on every patch: MAE would drop a random 75% at each forward
+            config.mask_ratio = 0.0
         arch = (getattr(config, "architectures", None) or [None])[0]
         cls = getattr(transformers, arch, None) if arch else None
         cls = cls or transformers.AutoModel
-        model = cls.from_pretrained(target, **kwargs) if pretrained else cls.from_config(config)
+        # CLIP/SigLIP checkpoints load whole (CLIPModel, SiglipModel): vitlens reads the vision tower, the text
+        # tower stays available as model.text_model
+        model = cls.from_pretrained(target, config=config, **kwargs) if pretrained else cls.from_config(config)
     except (OSError, ValueError) as e:
         raise UnknownModelError(f"transformers could not load {ref!r}: {str(e).splitlines()[0]}") from e
     processor = _processor_config(target, local)
@@ -119,3 +130,87 @@ def load_torchvision(name: str, pretrained: bool = True) -> tuple[nn.Module, str
                    "app": "Put the file there, or untick 'Pretrained weights'."})
     model.load_state_dict(weights.get_state_dict(progress=False))
     return model, f"torchvision:{arch}", weights.url
+
+
+def _open_clip() -> Any:
+    try:
+        import open_clip
+    except ImportError as e:
+        raise UnsupportedModelError("OpenCLIP models need the open_clip_torch package, which is not installed.",
+                                    fixes=OPENCLIP_INSTALL) from e
+    return open_clip
+
+
+def _open_clip_cached(cfg: dict) -> Path | None:
+    """The local file of an open_clip pretrained tag (hub cache, or open_clip's ~/.cache/clip), or None."""
+    import os
+
+    hub = cfg.get("hf_hub", "")
+    if hub:
+        from huggingface_hub import try_to_load_from_cache
+
+        # as open_clip resolves it: 'org/repo/file' or 'org/repo/' (its default file), safetensors first
+        repo, filename = os.path.split(hub)
+        filename = filename or "open_clip_pytorch_model.bin"
+        safe = filename[:-4].replace("pytorch_model", "model") + ".safetensors" if filename.endswith(".bin") else None
+        for n in dict.fromkeys([x for x in (safe, filename) if x]):
+            found = try_to_load_from_cache(repo, n)
+            if isinstance(found, str) and Path(found).is_file():
+                return Path(found)
+    url = cfg.get("url", "")
+    if url:
+        legacy = Path("~/.cache/clip").expanduser() / Path(url).name
+        if legacy.is_file():
+            return legacy
+    return None
+
+
+def load_open_clip(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str]:
+    """(model, display name, source) for ``open_clip:ARCH`` (random init) or ``open_clip:ARCH/TAG`` (the tag's
+    weights, from the local cache only: open_clip never downloads here).
+
+    The whole CLIP model is loaded; vitlens reads its image tower (``model.visual``), the text tower stays.
+
+    Raises:
+        UnsupportedModelError: open_clip_torch is missing.
+        UnknownModelError: not an open_clip architecture or tag.
+        WeightsUnavailableError: the tag's weights are not in the local cache.
+    """
+    open_clip = _open_clip()
+    from open_clip.pretrained import get_pretrained_cfg, list_pretrained_tags_by_model
+
+    ref = name[len(OPENCLIP_PREFIX):].strip()
+    arch, _, tag = ref.partition("/")
+    if arch not in open_clip.list_models():
+        import difflib
+
+        close = difflib.get_close_matches(arch, open_clip.list_models(), n=5, cutoff=0.6)
+        raise UnknownModelError(f"open_clip has no architecture {arch!r}." +
+                                (f" Did you mean: {', '.join(close)}?" if close else "") +
+                                " open_clip.list_models() lists them.")
+    if not tag or not pretrained:
+        model = open_clip.create_model(arch, pretrained=None)
+        return model, f"open_clip:{arch}", "random init"
+    cfg = get_pretrained_cfg(arch, tag)
+    if not cfg:
+        tags = list_pretrained_tags_by_model(arch)
+        raise UnknownModelError(f"open_clip has no pretrained tag {tag!r} for {arch}. "
+                                f"Tags: {', '.join(tags) or 'none'}.",
+                                fixes={"python": f"Or, for random weights: vl.load_model('open_clip:{arch}').",
+                                       "cli": f"Or, for random weights: --model open_clip:{arch}.",
+                                       "app": f"Or, for random weights: open_clip:{arch}."})
+    path = _open_clip_cached(cfg)
+    if path is None:
+        where = cfg.get("hf_hub") or cfg.get("url")
+        raise WeightsUnavailableError(
+            f"The open_clip weights {arch}/{tag} ({where}) are not in the local cache; vitlens loads open_clip tags "
+            "from the cache only.",
+            fixes={"python": "Download them where there is network (open_clip.create_model("
+                             f"{arch!r}, pretrained={tag!r})) and copy the cache over, or use "
+                             f"vl.load_model('open_clip:{arch}') for random weights.",
+                   "cli": f"Download them where there is network and copy the cache over, or --model open_clip:{arch}.",
+                   "app": f"Download them where there is network and copy the cache over, or open_clip:{arch}."})
+    preprocess = {k: cfg[k] for k in ("mean", "std", "interpolation", "resize_mode") if cfg.get(k) is not None}
+    model = open_clip.create_model(arch, pretrained=str(path), force_quick_gelu=bool(cfg.get("quick_gelu", False)),
+                                   force_preprocess_cfg=preprocess)
+    return model, f"open_clip:{arch}/{tag}", str(path)

@@ -138,9 +138,10 @@ def load_model(
         name: an embedded reference model ("ref-vit", "ref-hybrid"), a timm model name with optional
             pretrained tag ("vit_base_patch16_224.augreg2_in21k_ft_in1k"; ViT, DeiT, BEiT, EVA, ...), a
             local checkpoint file (.safetensors, .pth/.pt/.bin state dict, original ViT .npz) together
-            with ``arch``, "hf:ORG/NAME" or "hf:FOLDER" (Hugging Face ViT/DeiT/Dinov2; needs
-            transformers), "torchvision:vit_b_16" (and torchvision's other ViTs), or a module built in
-            code (as ``LoadedModel.from_module``).
+            with ``arch``, "hf:ORG/NAME" or "hf:FOLDER" (Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE, CLIP/SigLIP; needs
+            transformers), "torchvision:vit_b_16" (and torchvision's other ViTs), "open_clip:ViT-B-32"
+            (random init) or "open_clip:ViT-B-32/laion2b_s34b_b79k" (a tag's weights from the local cache;
+            needs open_clip_torch), or a module built in code (as ``LoadedModel.from_module``).
         pretrained: load hub weights for a timm name (False: random init).
         arch: architecture of a local checkpoint (timm name or reference name).
         device: torch device; default CUDA when available, else CPU.
@@ -161,12 +162,16 @@ def load_model(
         return LoadedModel.from_module(name, device=dev, dtype=dtype)
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
-    from .external import HF_PREFIX, TORCHVISION_PREFIX, load_hf, load_torchvision
+    from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX, load_hf, load_open_clip, load_torchvision
 
     if name.startswith(HF_PREFIX):
         model, label, source, data_config = load_hf(name, pretrained)
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
                                        data_config=data_config, weights=_hub_weights(source))
+    if name.startswith(OPENCLIP_PREFIX):
+        model, label, source = load_open_clip(name, pretrained)
+        return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
+                                       weights=_hub_weights(source))
     if name.startswith(TORCHVISION_PREFIX):
         model, label, source = load_torchvision(name, pretrained)
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,

@@ -1,0 +1,73 @@
+"""The attention of a model's attention pool (a MAP head: timm's ``AttentionPoolLatent``, SigLIP's probe
+attention), where the model pools through one instead of a class token: an extra map beside the
+blocks' own, [B, heads, queries, T] over every token the pool reads (T = prefix + patch tokens).
+
+The capture is ``side`` (the model's output untouched), computed in float32 from the very queries
+and keys the pool uses, as the family's block capture is::
+
+    from vitlens.families.pooling import capture_pool_attention
+
+    with capture_pool_attention(m) as pool:
+        m.logits(x)
+    probs = pool.maps[0]              # [B, heads, queries, T]
+    grid = pool.patch_maps(m.spec)    # [B, heads, queries, gh, gw], the patch tokens on their grid
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Handles
+
+
+class PoolAttentionCapture:
+    """Context manager: the attention pool's probabilities of the latest forward in ``maps`` (one entry)."""
+
+    def __init__(self, m: object) -> None:
+        from ..loading.model import LoadedModel
+        from . import family_of
+
+        if isinstance(m, LoadedModel):
+            self.model, self.family = m.model, m.family
+        else:
+            self.model, self.family = m, family_of(m)  # type: ignore[arg-type]
+        self._maps: dict[int, torch.Tensor] = {}
+        self._handles: Handles | None = None
+
+    @property
+    def maps(self) -> list[torch.Tensor]:
+        return [self._maps[i] for i in sorted(self._maps)]
+
+    def patch_maps(self, spec: object) -> torch.Tensor:
+        """The latest map over the patch tokens only, on their grid: [B, heads, queries, gh, gw]."""
+        probs = self.maps[0]
+        prefix, (gh, gw) = spec.num_prefix_tokens, spec.grid  # type: ignore[attr-defined]
+        return probs[..., prefix:].reshape(*probs.shape[:-1], gh, gw)
+
+    def _emit(self, layer: int, probs: torch.Tensor) -> None:
+        self._maps[layer] = probs.detach()
+
+    def __enter__(self) -> "PoolAttentionCapture":
+        self._handles = Handles()
+        try:
+            self.family.install_pool(self.model, self._emit, self._handles)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handles is not None:
+            self._handles.remove()
+        self._handles = None
+
+
+def capture_pool_attention(m: object) -> PoolAttentionCapture:
+    """Capture the attention pool's own attention during forwards inside the ``with`` block.
+
+    Raises:
+        ViewNotAvailableError: the model pools otherwise (class token, mean), so there is no pool attention.
+    """
+    return PoolAttentionCapture(m)
+
+
+__all__ = ["PoolAttentionCapture", "capture_pool_attention"]
