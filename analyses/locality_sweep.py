@@ -10,7 +10,7 @@ recipe trains a ViT (and, where the recipe changes the grid, its hybrid), then m
 vitlens on held-out scenes:
 
 (a) layer-1 heads: min and max mean distance / uniform-attention distance (target: >= 2 heads
-    <= 0.6, >= 1 head >= 0.9);
+    <= 0.6);
 (b) depth ratio: median distance of the last layer / of the first (target >= 1.3);
 (c) hybrid layer-1 median / ViT layer-1 median (target >= 1.15);
 plus held-out accuracy, position-embedding neighbours - far, and rollout mass ratio in the mask.

@@ -325,7 +325,7 @@ def test_compare_has_a_cka_tab(app):
     titles = [chart(app, i)["layout"]["title"]["text"] for i in range(len(app.get("plotly_chart")))]
     assert any(t.startswith("Representation similarity (linear CKA)") for t in titles)
     assert any("ref-vit x ref-hybrid: 6x6 layers" in c.value for c in app.caption)
-    assert any(m.value.startswith("Flat:") for m in app.markdown)  # the one-line reading of the picture
+    assert any(m.value.startswith("Fig. 11's contrast: ref-hybrid") for m in app.markdown)  # the one-line reading
 
 
 def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_path, shapes_survey):

@@ -157,7 +157,8 @@ def _pair(v: Any) -> tuple[int, int]:
 
 class HuggingFaceViT(Family):
     name = "hf-vit"
-    reads = "Hugging Face transformers ViT, DeiT, Dinov2 (with registers); needs transformers"
+    reads = ("Hugging Face transformers ViT, DeiT, Dinov2 (with registers), CLIP and SigLIP / SigLIP2 vision towers "
+             "(text towers kept), I-JEPA, ViTMAE (every patch kept); needs transformers")
     names = ("hf:ORG/NAME (the Hub, e.g. hf:google/vit-base-patch16-224) or hf:FOLDER (a saved model)",)
 
     def matches(self, model: nn.Module) -> bool:

@@ -66,6 +66,9 @@ class OpenClipViT(TorchvisionViT):
     """open_clip's own ``VisionTransformer``: nn.MultiheadAttention blocks, captured as torchvision's."""
 
     name = "openclip-vit"
+    reads = "OpenCLIP image towers built on open_clip's own VisionTransformer (CLIP ViT-B/L/H...); needs open_clip_torch"
+    names = ("open_clip:ARCH (random init, e.g. open_clip:ViT-B-32) or open_clip:ARCH/TAG (the tag's weights, from "
+             "the local cache only)",)
     view_mode = "side"
 
     def matches(self, model: nn.Module) -> bool:
@@ -149,6 +152,8 @@ class OpenClipTimm(Family):
     gives the preprocessing and the output."""
 
     name = "openclip-timm"
+    reads = "OpenCLIP image towers on a timm trunk (SigLIP, PE-Core, EVA configs), read by the trunk's timm family"
+    names = ("open_clip:ARCH, e.g. open_clip:ViT-B-16-SigLIP, open_clip:PE-Core-T-16-384",)
 
     @staticmethod
     def _inner(model: nn.Module) -> tuple[nn.Module, Family]:

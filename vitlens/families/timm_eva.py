@@ -54,8 +54,10 @@ def rotated(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict) -> tu
 
 class TimmEva(TimmFamily):
     name = "timm-eva"
-    reads = "timm EVA and EVA-02 (rotary position embeddings)"
-    names = ("timm names: eva02_tiny_patch14_224, eva02_base_patch14_224 (timm.list_models('eva*'))",)
+    reads = ("timm EVA and EVA-02, Perception Encoder and RoPE ViTs (AttentionRope: rotary position embeddings, "
+             "grouped key heads)")
+    names = ("timm names: eva02_tiny_patch14_224, eva02_base_patch14_224 (timm.list_models('eva*')), "
+             "vit_pe_core_small_patch16_384, vit_small_patch16_rope_mixed_224",)
 
     def matches(self, model: nn.Module) -> bool:
         from timm.models.eva import Eva

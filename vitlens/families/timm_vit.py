@@ -290,7 +290,7 @@ def _parallel_heads_first(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, _ca
 class TimmViT(TimmFamily):
     name = "timm-vit"
     reads = ("timm VisionTransformer: plain ViTs, DeiT (distillation token), register tokens, GAP/MAP heads, "
-             "R50 and other hybrids")
+             "R50 and other hybrids, parallel blocks (vit_*_xp_*), DINOv3, SigLIP and CLIP towers")
     names = ("timm names: vit_base_patch16_224, vit_base_patch16_224.augreg2_in21k_ft_in1k (a pretrained tag), "
              "deit_small_patch16_224, vit_base_r50_s16_224 (hybrid), vit_small_patch14_reg4_dinov2 (registers); "
              "timm.list_models('vit_*')",

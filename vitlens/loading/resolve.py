@@ -183,7 +183,7 @@ def load_model(
         if not path.is_file():
             raise WeightsUnavailableError(
                 f"The weights of the embedded model {name!r} are missing ({path}); reinstall vitlens or "
-                "train them with: python analyses/train_reference.py")
+                "train them with: python analyses/locality_sweep.py --recipes pair-alike (MODEL_CARD.md)")
         load_checkpoint_into(model, path, name)
         model, label, source = model, name, str(path)
     elif looks_like_checkpoint_path(name) and not _is_timm_name(name):

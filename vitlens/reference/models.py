@@ -7,7 +7,8 @@ transformer (width 128, depth 6, 8 heads) and the same 8x8 token grid on 64x64 i
 - ``ref-hybrid``: a small residual CNN of total stride 8 whose feature map gives 1x1 tokens,
   as in the paper's R50+ViT hybrid (section 3.1, "Hybrid Architecture").
 
-Weights are trained by ``analyses/train_reference.py`` and shipped as safetensors.
+Weights are trained alike by ``analyses/locality_sweep.py --recipes pair-alike`` (MODEL_CARD.md) and
+shipped as safetensors.
 """
 from __future__ import annotations
 
