@@ -78,14 +78,16 @@ def distance(grid=(8, 8), stride=(8, 8), name="m") -> vl.AttentionDistanceResult
                                       stride_px=stride, renormalize=True, model_name=name)
 
 
-def test_uniform_attention_lines_are_labelled_with_text_never_a_placeholder():
+def test_uniform_attention_lines_are_named_with_text_never_a_placeholder():
+    def lines(fig):
+        return [t.name for t in fig.data if t.mode == "lines"]
+
     two_same = figures.distance_figure([distance(name="vit"), distance(name="hybrid")])
-    texts = [a.text for a in two_same.layout.annotations]
-    assert texts == ["uniform attention"]  # one label for the shared level, no "new text"
-    assert len(two_same.layout.shapes) == 2  # both dotted lines drawn
-    two_levels = figures.distance_figure([distance(), distance(grid=(14, 14), stride=(16, 16))])  # 33 vs 116 px
-    assert [a.text for a in two_levels.layout.annotations] == ["uniform attention"] * 2
-    assert all(a.text and a.text != "new text" for a in two_levels.layout.annotations)
+    assert lines(two_same) == ["uniform attention (vit)"]  # one line for the shared level
+    assert not two_same.layout.annotations  # no text over the dots, never Plotly's "new text"
+    two_levels = figures.distance_figure([distance(name="a"), distance(grid=(14, 14), stride=(16, 16), name="b")])
+    assert lines(two_levels) == ["uniform attention (a)", "uniform attention (b)"]  # 33 vs 116 px
+    assert lines(figures.distance_figure(distance())) == ["uniform attention"]
 
 
 def test_titles_fit_an_exported_figure():

@@ -85,7 +85,11 @@ class AttentionConsumer:
         raise NotImplementedError
 
     def __call__(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
-        self.on_attention(layer, attn, rows)  # a consumer is also a capture callback
+        # a consumer is also a capture callback; whole maps reach one written as on_attention(layer, attn)
+        if rows is None:
+            self.on_attention(layer, attn)
+        else:
+            self.on_attention(layer, attn, rows)
 
 
 def query_rows(attn: torch.Tensor, rows: slice | None) -> tuple[int, int, bool]:
