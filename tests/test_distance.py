@@ -36,7 +36,7 @@ def brute_force_distance(attn: np.ndarray, grid, stride, prefix: int, renormaliz
 
 def run_accumulator(attn: torch.Tensor, grid, stride, prefix: int, renormalize: bool = True):
     acc = AttentionDistanceAccumulator(1, attn.shape[1], prefix, stride, renormalize)
-    acc.begin_batch(grid, (grid[0] * stride[0], grid[1] * stride[1]), torch.device("cpu"))
+    acc.begin_batch(vl.BatchInfo.of(grid, (grid[0] * stride[0], grid[1] * stride[1])))
     acc(0, attn)
     return acc.result("hand-built")
 
@@ -133,7 +133,7 @@ def test_merging_is_exact_for_the_same_per_image_values():
     parts = []
     for chunk in (values[:2], values[2:7], values[7:]):
         acc = AttentionDistanceAccumulator(2, 3, 1, (16, 16))
-        acc.begin_batch((4, 4), (64, 64), "cpu")
+        acc.begin_batch(vl.BatchInfo.of((4, 4), (64, 64)))
         for layer in range(2):
             acc.add(layer, chunk[:, layer])
         parts.append(acc)

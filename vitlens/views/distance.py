@@ -242,13 +242,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         # the distance matrix is rebuilt where it is needed; a layer in flight does not travel
         return {**self.__dict__, "_distances": None, "_queries": {}}
 
-    def begin_batch(self, batch: BatchInfo | tuple[int, int], image_size: tuple[int, int] | None = None,
-                    device: torch.device | str | None = None) -> None:
-        """A new batch: a ``BatchInfo``, or (grid, image_size, device) as earlier versions took them."""
-        if isinstance(batch, BatchInfo):
-            grid, image_size, device = batch.grid, batch.input_size, batch.device
-        else:
-            grid = batch
+    def begin_batch(self, batch: BatchInfo) -> None:
+        grid, image_size, device = batch.grid, batch.input_size, batch.device
         grid = (int(grid[0]), int(grid[1]))
         if self.grid is not None and grid != self.grid:
             raise InvalidParameterError(
@@ -258,7 +253,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if self._distances is None or self._distances.device != device:
             self._distances = key_weights(grid, self.stride_px, self.num_prefix_tokens, device)
         self.grid = grid
-        self.image_size = (int(image_size[0]), int(image_size[1])) if image_size is not None else \
+        self.image_size = (int(image_size[0]), int(image_size[1])) if image_size and min(image_size) > 0 else \
             (grid[0] * self.stride_px[0], grid[1] * self.stride_px[1])
 
     def per_image(self, layer: int, attn: torch.Tensor) -> np.ndarray:

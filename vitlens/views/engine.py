@@ -62,6 +62,14 @@ class BatchInfo:
     labels: np.ndarray | None = None
     masks: np.ndarray | None = None
 
+    @classmethod
+    def of(cls, grid: tuple[int, int], input_size: tuple[int, int] | None = None, size: int = 0,
+           device: torch.device | str = "cpu") -> "BatchInfo":
+        """A batch described by its grid alone (feeding a consumer by hand, e.g. captured maps)."""
+        grid = (int(grid[0]), int(grid[1]))
+        return cls(index=0, start=0, size=size, input_size=tuple(input_size) if input_size else (0, 0), grid=grid,
+                   device=torch.device(device))
+
 
 class AttentionConsumer:
     """Base class of the streaming consumers (see the module docstring for the protocol)."""

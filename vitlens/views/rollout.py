@@ -184,8 +184,9 @@ def row_map(row: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) ->
 
 
 class RolloutAccumulator(AttentionConsumer):
-    """Streams per-block attention into the running product A'_l ... A'_1 of each image, and
-    records each image's map and prediction when its batch ends.
+    """Keeps each block's head-fused map of the batch (B x T x T numbers per block) and, when the
+    batch ends, rolls out the source row as a vector-matrix chain from the last block back
+    (``rollout_row``), recording each image's map and prediction.
 
     A consumer of the streaming engine (``vitlens.views.engine``); accumulators over disjoint
     image sets merge (the maps of ``self`` first, then ``other``'s).
@@ -220,13 +221,8 @@ class RolloutAccumulator(AttentionConsumer):
     def source_token(self) -> str:
         return "class token" if self.has_class_token else "mean over patch tokens"
 
-    def begin_batch(self, batch: BatchInfo | tuple[int, int], image_size: tuple[int, int] | None = None,
-                    device: torch.device | str | None = None) -> None:
-        """A new batch: a ``BatchInfo``, or (grid, image_size, device) as earlier versions took them."""
-        if isinstance(batch, BatchInfo):
-            grid, image_size = batch.grid, batch.input_size
-        else:
-            grid = batch
+    def begin_batch(self, batch: BatchInfo) -> None:
+        grid, image_size = batch.grid, batch.input_size
         self.grid = (int(grid[0]), int(grid[1]))
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
@@ -314,7 +310,7 @@ def rollout_from_maps(maps: list[torch.Tensor], num_prefix_tokens: int, has_clas
                       grid: tuple[int, int], head_fusion: str = "mean", discard_ratio: float = 0.0) -> np.ndarray:
     """Rollout of captured maps (list of [B, H, T, T], first block first) -> [B, gh, gw]."""
     acc = RolloutAccumulator(len(maps), num_prefix_tokens, has_class_token, head_fusion, discard_ratio)
-    acc.begin_batch(grid)
+    acc.begin_batch(BatchInfo.of(grid))
     for layer, a in enumerate(maps):
         acc.on_attention(layer, a)
     return acc.end_batch()
