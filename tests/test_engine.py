@@ -214,3 +214,32 @@ def test_row_blocks_that_do_not_match_the_attention_are_refused(tiny):
                                  device=torch.device("cpu")))
     with pytest.raises(vl.InvalidParameterError, match="do not match"):
         acc.on_attention(0, torch.full((1, 3, 4, 197), 1 / 197), slice(0, 5))
+
+
+def _hook_count(model: torch.nn.Module) -> int:
+    return sum(len(mod._forward_hooks) + len(mod._forward_pre_hooks) for mod in model.modules())
+
+
+def test_every_hook_session_removes_its_hooks_on_exit_and_on_error(tiny):
+    """Issue 19: attention capture, token norms, CKA features and head ablation share one managed
+    hook mechanism (HookSession), which leaves no hook behind, also when the forward raises."""
+    from vitlens.compare.cka import OutputHooks
+    from vitlens.compare.heads import HeadAblation
+    from vitlens.views.prefix import TokenNorms
+
+    before = _hook_count(tiny.model)
+    sites = [tiny.family.head_outputs(a) for a in tiny.family.attention_modules(tiny.model)]
+    sessions = [lambda: vl.capture_attention(tiny), lambda: vl.capture_attention(tiny, mode="inline"),
+                lambda: TokenNorms(tiny), lambda: OutputHooks(tiny.blocks(), tiny.block_names(), {}),
+                lambda: HeadAblation(sites, tiny.spec.num_heads, "zero")]
+    x = torch.randn(1, 3, 224, 224)
+    for make in sessions:
+        with make():
+            assert _hook_count(tiny.model) > before
+            tiny.logits(x)
+        assert _hook_count(tiny.model) == before
+        with pytest.raises(ZeroDivisionError):
+            with make():
+                1 / 0
+        assert _hook_count(tiny.model) == before
+    assert torch.equal(tiny.logits(x), tiny.logits(x))  # nothing left that changes the forward

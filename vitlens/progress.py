@@ -5,6 +5,7 @@ Long computations take ``progress``: ``True`` for a tqdm bar (on stderr), a call
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable, Union
 
 ProgressFn = Callable[[int, "int | None"], None]
@@ -31,6 +32,11 @@ class Progress:
             self._bar.update(done - self._bar.n)
         elif self._fn is not None:
             self._fn(done, self.total)
+
+    def note(self, text: str) -> None:
+        """A line for the person watching (beside a tqdm bar, on stderr); callables and silence get none."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidParameterError
+from ..families import Handles, HookSession
 from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
@@ -208,22 +209,27 @@ def _tokens(x: Any, side: _Side, policy: str, grid: tuple[int, int] | None) -> t
     return x.flatten(1)
 
 
+class OutputHooks(HookSession):
+    """Keep each named module's output of the latest forward in ``outputs`` (a context manager)."""
+
+    def __init__(self, modules: Sequence[nn.Module], names: Sequence[str], outputs: dict[str, torch.Tensor]) -> None:
+        self.modules, self.names, self.outputs = list(modules), list(names), outputs
+
+    def install(self, handles: Handles) -> None:
+        for mod, name in zip(self.modules, self.names):
+            handles.hook(mod.register_forward_hook(lambda _m, _i, out, n=name: self.outputs.__setitem__(n, out)))
+
+
 def _features(side: _Side, x: torch.Tensor, policy: str, grid: tuple[int, int] | None) -> list[torch.Tensor]:
     modules = dict(side.module.named_modules())
     missing = [n for n in side.layers if n not in modules]
     if missing:
         raise InvalidParameterError(f"{side.name} has no module named {missing[0]!r}; see model.named_modules().")
-    handles = [modules[n].register_forward_hook(lambda _m, _i, out, n=n: side.outputs.__setitem__(n, out))
-               for n in side.layers]
-    try:
-        with torch.no_grad():
-            if side.autocast is not None:
-                side.forward(x)
-            else:
-                side.module(x)
-    finally:
-        for h in handles:
-            h.remove()
+    with OutputHooks([modules[n] for n in side.layers], side.layers, side.outputs), torch.no_grad():
+        if side.autocast is not None:
+            side.forward(x)
+        else:
+            side.module(x)
     feats = [_tokens(side.outputs[n], side, policy, grid) for n in side.layers]
     side.outputs.clear()
     return feats

@@ -10,14 +10,14 @@ this asks whether the local heads matter.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
+from ..families import Handles, HookSession
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
@@ -74,6 +74,42 @@ def cost(m: LoadedModel, n_images: int) -> int:
     return n_images * (1 + m.spec.num_layers * m.spec.num_heads)
 
 
+class HeadAblation(HookSession):
+    """Pre-hooks where each block's heads meet (before the output projection) that remove heads.
+
+    While ``plan`` is None a forward runs intact and the hooks add up each site's input per token
+    (``sums``, for mean-ablation); with ``plan`` a list of (layer, head), the batch holds
+    ``len(plan)`` copies of ``rows`` images and copy j has head ``plan[j]`` replaced by zero or
+    by its mean output (``means``).
+    """
+
+    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str) -> None:
+        self.sites, self.heads, self.ablation = list(sites), heads, ablation
+        self.plan: list[tuple[int, int]] | None = None
+        self.rows = 0
+        self.sums: list[torch.Tensor | None] = [None] * len(self.sites)
+        self.means: list[torch.Tensor] = []
+
+    def install(self, handles: Handles) -> None:
+        for layer, site in enumerate(self.sites):
+            handles.hook(site.register_forward_pre_hook(lambda _mod, args, layer=layer: self._hook(layer, args)))
+
+    def _hook(self, layer: int, args: tuple) -> tuple | None:
+        x = args[0]
+        if self.plan is None:  # the intact run: collect the per-token sums
+            s = x.detach().double().sum(0)
+            self.sums[layer] = s if self.sums[layer] is None else self.sums[layer] + s
+            return None
+        d = x.shape[-1] // self.heads
+        x = x.clone()
+        for j, (l, h) in enumerate(self.plan):
+            if l == layer:
+                rows = slice(j * self.rows, (j + 1) * self.rows)
+                cols = slice(h * d, (h + 1) * d)
+                x[rows, :, cols] = 0.0 if self.ablation == "zero" else self.means[layer][:, cols].to(x.dtype)
+        return (x, *args[1:])
+
+
 def head_importance(
     m: LoadedModel,
     images: Images,
@@ -107,65 +143,40 @@ def head_importance(
     if labels is not None and len(labels) != n:
         raise InvalidParameterError(f"labels must have one entry per image ({n}); got {len(labels)}.")
     total = cost(m, n)
-    if progress:
-        print(f"head importance: {layers * heads} heads x {n} images = {total} image forwards "
-              f"({ablation}-ablation)", file=sys.stderr, flush=True)
 
-    state: dict[str, Any] = {"plan": None, "b": 0, "sums": [None] * layers}
-
-    def make_hook(layer: int):
-        def hook(_mod: torch.nn.Module, args: tuple) -> tuple | None:
-            x = args[0]
-            if state["plan"] is None:  # the intact run: collect the per-token means
-                s = x.detach().double().sum(0)
-                state["sums"][layer] = s if state["sums"][layer] is None else state["sums"][layer] + s
-                return None
-            d = x.shape[-1] // heads
-            x = x.clone()
-            b = state["b"]
-            for j, (l, h) in enumerate(state["plan"]):
-                if l == layer:
-                    rows = slice(j * b, (j + 1) * b)
-                    cols = slice(h * d, (h + 1) * d)
-                    x[rows, :, cols] = 0.0 if ablation == "zero" else state["means"][layer][:, cols].to(x.dtype)
-            return (x, *args[1:])
-        return hook
-
-    handles = [site.register_forward_pre_hook(make_hook(i)) for i, site in enumerate(sites)]
-    try:
-        with torch.no_grad(), Progress(progress, total, "head importance") as bar:
-            base = torch.cat([m.forward(x_all[i: i + batch_size]).float() for i in range(0, n, batch_size)])
-            bar.update(n)
-            state["means"] = [s / n for s in state["sums"]]
-            pred = base.argmax(-1)
-            base_logit = base.gather(1, pred[:, None])[:, 0]
-            drop = np.zeros((layers, heads))
-            correct = np.zeros((layers, heads))
-            pairs = [(l, h) for l in range(layers) for h in range(heads)]
-            b = min(n, batch_size)
-            k = max(1, batch_size // b)
-            done = n
-            for start in range(0, n, b):
-                xb = x_all[start: start + b]
-                state["b"] = int(xb.shape[0])
-                for c in range(0, len(pairs), k):
-                    plan = pairs[c: c + k]
-                    state["plan"] = plan
-                    out = m.forward(xb.repeat(len(plan), 1, 1, 1)).float()
-                    state["plan"] = None
-                    p = pred[start: start + b].repeat(len(plan))
-                    ablated = out.gather(1, p[:, None])[:, 0].reshape(len(plan), -1)
-                    lost = (base_logit[start: start + b][None] - ablated).double().cpu().numpy()
-                    hits = out.argmax(-1).reshape(len(plan), -1).cpu().numpy()
-                    for j, (l, h) in enumerate(plan):
-                        drop[l, h] += lost[j].sum()
-                        if labels is not None:
-                            correct[l, h] += (hits[j] == labels[start: start + b]).sum()
-                    done += len(plan) * int(xb.shape[0])
-                    bar.update(done)
-    finally:
-        for hd in handles:
-            hd.remove()
+    ablate = HeadAblation(sites, heads, ablation)
+    with ablate, torch.no_grad(), Progress(progress, total, "head importance") as bar:
+        if progress:
+            bar.note(f"head importance: {layers * heads} heads x {n} images = {total} image forwards "
+                     f"({ablation}-ablation)")
+        base = torch.cat([m.forward(x_all[i: i + batch_size]).float() for i in range(0, n, batch_size)])
+        bar.update(n)
+        ablate.means = [s / n for s in ablate.sums]
+        pred = base.argmax(-1)
+        base_logit = base.gather(1, pred[:, None])[:, 0]
+        drop = np.zeros((layers, heads))
+        correct = np.zeros((layers, heads))
+        pairs = [(l, h) for l in range(layers) for h in range(heads)]
+        b = min(n, batch_size)
+        k = max(1, batch_size // b)
+        done = n
+        for start in range(0, n, b):
+            xb = x_all[start: start + b]
+            for c in range(0, len(pairs), k):
+                plan = pairs[c: c + k]
+                ablate.plan, ablate.rows = plan, int(xb.shape[0])
+                out = m.forward(xb.repeat(len(plan), 1, 1, 1)).float()
+                ablate.plan = None
+                p = pred[start: start + b].repeat(len(plan))
+                ablated = out.gather(1, p[:, None])[:, 0].reshape(len(plan), -1)
+                lost = (base_logit[start: start + b][None] - ablated).double().cpu().numpy()
+                hits = out.argmax(-1).reshape(len(plan), -1).cpu().numpy()
+                for j, (l, h) in enumerate(plan):
+                    drop[l, h] += lost[j].sum()
+                    if labels is not None:
+                        correct[l, h] += (hits[j] == labels[start: start + b]).sum()
+                done += len(plan) * int(xb.shape[0])
+                bar.update(done)
     base_acc = float((pred.cpu().numpy() == labels).mean()) if labels is not None else None
     return HeadImportanceResult(
         logit_drop=drop / n, accuracy_drop=None if labels is None else base_acc - correct / n,

@@ -4,7 +4,7 @@ model, or refuses it with a message that names what is unsupported.
 """
 from __future__ import annotations
 
-from .base import FAMILIES, Emit, Family, Handles, family_of, register
+from .base import FAMILIES, Emit, Family, Handles, HookSession, family_of, register
 
 #: timm model modules vitlens refuses, with what it would silently get wrong.
 REFUSED_FAMILIES = {
@@ -36,5 +36,5 @@ def describe_families() -> list[dict[str, object]]:
     return [{"name": f.name, "reads": f.reads, "names": list(f.names)} for f in FAMILIES]
 
 
-__all__ = ["FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles", "describe_families", "family_of",
+__all__ = ["FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles", "HookSession", "describe_families", "family_of",
            "register"]

@@ -42,6 +42,34 @@ class Handles:
             self._undo.pop()()
 
 
+class HookSession:
+    """The one managed hook mechanism: a context manager whose ``install(handles)`` puts its hooks
+    (and attribute changes) on a model when the ``with`` block starts; every one is removed when
+    it ends, by an exception too, and by a failure half-way through installing. Attention
+    capture, pool attention, token norms, CKA features and head ablation are all sessions."""
+
+    _handles: Handles | None = None
+
+    def install(self, handles: Handles) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # noqa: ANN204 (returns the session itself, whatever its subclass)
+        if self._handles is not None:
+            raise RuntimeError(f"This {type(self).__name__} is already active; nest a new one instead.")
+        self._handles = Handles()
+        try:
+            self.install(self._handles)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._handles is not None:
+            self._handles.remove()
+        self._handles = None
+
+
 class Family:
     """Base class of the model families; subclasses fill in every method."""
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Handles
+from .base import Handles, HookSession
 
 
-class PoolAttentionCapture:
+class PoolAttentionCapture(HookSession):
     """Context manager: the attention pool's probabilities of the latest forward in ``maps`` (one entry)."""
 
     def __init__(self, m: object) -> None:
@@ -31,7 +31,6 @@ class PoolAttentionCapture:
         else:
             self.model, self.family = m, family_of(m)  # type: ignore[arg-type]
         self._maps: dict[int, torch.Tensor] = {}
-        self._handles: Handles | None = None
 
     @property
     def maps(self) -> list[torch.Tensor]:
@@ -46,19 +45,8 @@ class PoolAttentionCapture:
     def _emit(self, layer: int, probs: torch.Tensor) -> None:
         self._maps[layer] = probs.detach()
 
-    def __enter__(self) -> "PoolAttentionCapture":
-        self._handles = Handles()
-        try:
-            self.family.install_pool(self.model, self._emit, self._handles)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handles is not None:
-            self._handles.remove()
-        self._handles = None
+    def install(self, handles: Handles) -> None:
+        self.family.install_pool(self.model, self._emit, handles)
 
 
 def capture_pool_attention(m: object) -> PoolAttentionCapture:

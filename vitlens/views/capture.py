@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidParameterError
-from ..families import Handles, family_of
+from ..families import Handles, HookSession, family_of
 from ..families.timm_vit import attention_probs
 from ..loading.model import LoadedModel
 
@@ -29,7 +29,7 @@ AttentionCallback = Callable[[int, torch.Tensor], None]
 CAPTURE_MODES = ("side", "inline")
 
 
-class AttentionCapture:
+class AttentionCapture(HookSession):
     """Context manager that captures the attention probabilities of every block.
 
     Use ``vl.capture_attention(m)``; after a forward, ``maps[l]`` is block l's [B, heads, T, T]
@@ -57,7 +57,6 @@ class AttentionCapture:
         self.store = store
         self.consumers: list[AttentionCallback] = list(consumers)
         self._maps: dict[int, torch.Tensor] = {}
-        self._handles: Handles | None = None
 
     @property
     def maps(self) -> list[torch.Tensor]:
@@ -70,24 +69,11 @@ class AttentionCapture:
         for consumer in self.consumers:
             consumer(layer, probs)
 
-    def __enter__(self) -> "AttentionCapture":
-        if self._handles is not None:
-            raise RuntimeError("This AttentionCapture is already active; nest a new one instead.")
-        self._handles = Handles()
-        try:
-            if self.mode == "inline":
-                self.family.install_inline(self.model, self._emit, self._handles, self.detach)
-            else:
-                self.family.install_side(self.model, self._emit, self._handles)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._handles is not None:
-            self._handles.remove()
-        self._handles = None
+    def install(self, handles: Handles) -> None:
+        if self.mode == "inline":
+            self.family.install_inline(self.model, self._emit, handles, self.detach)
+        else:
+            self.family.install_side(self.model, self._emit, handles)
 
 
 def capture_attention(m: LoadedModel | nn.Module, store: bool = True,

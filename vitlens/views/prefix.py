@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
+from ..families import Handles, HookSession
 from ..images import Images
 from ..loading.model import LoadedModel
 from ..loading.spec import ModelSpec
@@ -176,27 +177,20 @@ class PrefixDiagnosticsResult(Result):
                 for t in range(self.mass.shape[2])]
 
 
-class TokenNorms:
-    """Context manager: hooks on every block's output that feed a ``TokenNormAccumulator``."""
+class TokenNorms(HookSession):
+    """Hooks on every block's output that feed a ``TokenNormAccumulator`` (a context manager)."""
 
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
-        self.handles: list = []
 
-    def __enter__(self) -> "TokenNorms":
+    def install(self, handles: Handles) -> None:
         for i, block in enumerate(self.blocks):
             def hook(_mod: torch.nn.Module, _inp: tuple, out: object, layer: int = i) -> None:
                 tokens = out[0] if isinstance(out, (tuple, list)) else out
                 if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
                     self.acc.add(layer, tokens)
-            self.handles.append(block.register_forward_hook(hook))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+            handles.hook(block.register_forward_hook(hook))
 
     def fill(self, r: "PrefixDiagnosticsResult") -> "PrefixDiagnosticsResult":
         """Put the measured norms into ``r``."""
