@@ -7,7 +7,8 @@ for any timm Vision Transformer.
 
 The package, by what each part is:
 
-- ``loading``: names to models (embedded pair, timm hub, checkpoints, user modules) and ``ModelSpec``;
+- ``core``: ``ModelSpec`` and the attention and filter maths every family shares (imports nothing of vitlens);
+- ``loading``: names to models (embedded pair, timm hub, checkpoints, user modules);
 - ``families``: how each kind of ViT is read exactly (spec, attention capture, filters, E_pos);
 - ``views``: the paper's four views, one image's attention maps, and the streaming engine;
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;

@@ -51,7 +51,7 @@ def _current_umask() -> int:
 
 
 def _encode(value: Any) -> Any:
-    from .loading.spec import ModelSpec
+    from .core.spec import ModelSpec
 
     if isinstance(value, ModelSpec):
         return {"__spec__": _encode(value.to_dict())}
@@ -75,7 +75,7 @@ def _decode(value: Any) -> Any:
         if "__ndarray__" in value:
             return np.asarray(value["__ndarray__"], dtype=value["dtype"]).reshape(value["shape"])
         if "__spec__" in value:
-            from .loading.spec import ModelSpec
+            from .core.spec import ModelSpec
 
             return ModelSpec.from_dict(_decode(value["__spec__"]))
         if "__result__" in value:

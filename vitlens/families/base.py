@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 
 #: ``emit(layer, probs[B, heads, T, T])``: how a family hands over one block's attention.
 Emit = Callable[[int, torch.Tensor], None]

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from .base import Emit, Family, Handles, prefix_labels, register
-from .timm_vit import attention_probs, conv_filters
+from ..core.attention import attention_probs, conv_filters
 
 #: model types (``config.model_type`` of the vision tower) whose attention vitlens reproduces
 MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "ijepa", "vit_mae", "clip_vision_model",

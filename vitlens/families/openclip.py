@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from .base import Emit, Family, Handles, register
-from .timm_vit import conv_filters
+from ..core.attention import conv_filters
 from .torchvision_vit import TorchvisionViT
 
 #: open_clip's resize modes -> timm's crop modes

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import torch
 
-from .base import Handles, HookSession
+from .base import Family, Handles, HookSession
 
 
 class PoolAttentionCapture(HookSession):
     """Context manager: the attention pool's probabilities of the latest forward in ``maps`` (one entry)."""
 
     def __init__(self, m: object) -> None:
-        from ..loading.model import LoadedModel
         from . import family_of
 
-        if isinstance(m, LoadedModel):
+        if isinstance(getattr(m, "family", None), Family):  # a LoadedModel (families import nothing of loading)
             self.model, self.family = m.model, m.family
         else:
             self.model, self.family = m, family_of(m)  # type: ignore[arg-type]

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from .base import Emit, Handles, register
-from .timm_vit import TimmFamily, attention_probs, check_patch_embed
+from ..core.attention import attention_probs
+from .timm_vit import TimmFamily, check_patch_embed
 
 
 def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

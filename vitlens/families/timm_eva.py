@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from .base import Emit, Handles, register
 from .timm_vit import TimmFamily, call_argument, check_patch_embed, install_qk_norm_hooks
 

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from .base import Emit, Family, Handles, register
-from .timm_vit import attention_probs, conv_filters
+from ..core.attention import attention_probs, conv_filters
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -6,7 +6,7 @@ from ..families import REFUSED_FAMILIES, family_of
 from .model import LoadedModel, resolve_device
 from .presets import PRESETS, Preset, list_models
 from .resolve import load_model, loadable, suggest
-from .spec import ModelSpec, param_count_str
+from ..core.spec import ModelSpec, param_count_str
 
 __all__ = ["LoadedModel", "ModelSpec", "PRESETS", "Preset", "REFUSED_FAMILIES", "family_of", "list_models",
            "load_model", "loadable", "param_count_str", "resolve_device", "suggest"]

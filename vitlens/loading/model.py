@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..families import Family, family_of
-from .spec import ModelSpec
+from ..core.spec import ModelSpec
 
 #: the kinds of weights a model can have (``LoadedModel.weights``, the survey table's ``weights`` column)
 WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from ..errors import InvalidParameterError, ViewNotAvailableError
 from ..images import Images
 from ..loading.model import LoadedModel
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult

@@ -14,7 +14,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..images import ImageLike
 from ..loading.model import LoadedModel
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from ..results import Result
 from .capture import capture_attention
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import InvalidParameterError
 from ..families import Handles, HookSession, family_of
-from ..families.timm_vit import attention_probs
+from ..core.attention import attention_probs
 from ..loading.model import LoadedModel
 
 AttentionCallback = Callable[[int, torch.Tensor], None]

@@ -31,7 +31,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..images import Images, count_images, iter_batches, preprocess_masks
 from ..loading.model import LoadedModel
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
 

@@ -18,7 +18,7 @@ from ..errors import InvalidParameterError
 from ..families import Handles, HookSession
 from ..images import Images
 from ..loading.model import LoadedModel
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
 from .engine import AttentionConsumer, model_name, query_rows, stream_attention

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..loading.spec import ModelSpec
+from ..core.spec import ModelSpec
 from ..results import Result
 from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
 

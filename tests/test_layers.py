@@ -1,0 +1,37 @@
+"""The package's layers point one way (issue 19): ``core`` imports nothing of vitlens but its
+errors, ``families`` imports nothing of ``loading`` (or of the views, reports and surveys above it)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "vitlens"
+
+
+def imported_subpackages(folder: str) -> dict[str, set[str]]:
+    """{file: vitlens subpackages/modules it imports, relative or absolute}."""
+    out = {}
+    for path in (PKG / folder).glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 2 and node.module:  # from ..x import
+                    names.add(node.module.split(".")[0])
+                elif node.level == 2:
+                    names.update(a.name for a in node.names)
+                elif node.level == 0 and node.module and node.module.startswith("vitlens"):
+                    names.add(node.module.split(".")[1] if "." in node.module else "vitlens")
+            elif isinstance(node, ast.Import):
+                names.update(a.name.split(".")[1] for a in node.names if a.name.startswith("vitlens."))
+        out[path.name] = names
+    return out
+
+
+def test_families_import_nothing_of_loading_or_the_layers_above():
+    for name, imports in imported_subpackages("families").items():
+        assert not imports & {"loading", "views", "report", "survey", "attribution", "compare", "figures"}, name
+
+
+def test_core_imports_nothing_of_vitlens_but_its_errors():
+    for name, imports in imported_subpackages("core").items():
+        assert imports <= {"errors"}, (name, imports)

@@ -1,0 +1,72 @@
+"""The maths every model family shares, below both ``loading`` and ``families``: the attention
+probabilities a block computes (every attention view: Fig. 6/14 rollout, Fig. 7 right and Fig. 11
+attention distance) and the filters a patch-embedding convolution applies (Fig. 7 left).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    biases: Sequence[torch.Tensor] = (),
+    scale_after: bool = False,
+) -> torch.Tensor:
+    """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
+
+    Args:
+        q, k: [B, heads, T, head_dim] as the block uses them (after q_norm / k_norm, RoPE).
+        scale: the module's ``scale`` (head_dim ** -0.5).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to [B, heads, T, T].
+        is_causal: mask future keys (takes precedence over ``attn_mask``, as in timm).
+        biases: additive biases of the scores, added one after the other before the mask, in the
+            order the model adds them (relative-position bias, then a shared one).
+        scale_after: scale the product (q @ k^T) * scale instead of the queries, as Hugging Face
+            does (the same numbers for power-of-two scales, rounding apart otherwise).
+    """
+    if scale_after:
+        scores = (q.float() @ k.float().transpose(-2, -1)) * scale
+    else:
+        scores = (q.float() * scale) @ k.float().transpose(-2, -1)
+    for bias in biases:
+        scores = scores + bias.float()
+    n = scores.shape[-1]
+    if is_causal:
+        scores = scores + scores.new_full((n, n), float("-inf")).triu_(1)
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            add = torch.zeros_like(attn_mask, dtype=scores.dtype).masked_fill_(~attn_mask, float("-inf"))
+        else:
+            add = attn_mask.float()
+        scores = scores + add
+    return scores.softmax(dim=-1)
+
+
+def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
+    """The weight a conv actually applies: weight-standardised for timm's StdConv2d(Same)."""
+    w = conv.weight.detach().to(torch.float64).cpu()
+    if type(conv).__name__ in ("StdConv2d", "StdConv2dSame"):
+        flat = w.reshape(w.shape[0], -1)
+        mean = flat.mean(dim=1, keepdim=True)
+        var = flat.var(dim=1, unbiased=False, keepdim=True)
+        w = ((flat - mean) / torch.sqrt(var + conv.eps)).reshape_as(w)
+    return w
+
+
+def conv_filters(conv: nn.Module, name: str, why: str, model_name: str) -> tuple[torch.Tensor, str, str]:
+    """(weight, module name, description) of a convolution's filters, as the layer applies them."""
+    from ..errors import ViewNotAvailableError
+
+    if not isinstance(conv, nn.Conv2d):
+        raise ViewNotAvailableError(f"{model_name}: {name} is a {type(conv).__name__}, not a convolution.")
+    w = effective_weight(conv)
+    d, c, kh, kw = w.shape
+    std = " (weight-standardised, as the layer applies it)" if type(conv).__name__.startswith("StdConv") else ""
+    return w, name, f"{name}: {d} filters of {kh}x{kw}x{c}, {why}{std}"
