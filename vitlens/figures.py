@@ -184,11 +184,6 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
     return fig
 
 
-def prediction_caption(result: RolloutResult, index: int) -> str:
-    """'ring (92%)' / 'class 3 (40%)' for image ``index``; '' for a model without classifier."""
-    return result.caption(index)
-
-
 def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
     """Fig. 6: the rollout map of image ``index`` over the image (uint8 [H, W, 3])."""
     caption = result.caption(index)

@@ -66,15 +66,6 @@ class ModelSpec:
                 d[key] = tuple(d[key])
         return cls(**d)
 
-    def __getitem__(self, key: str) -> Any:
-        """``spec["name"]`` as well as ``spec.name`` (results once stored the spec as a dict)."""
-        if key not in {f.name for f in fields(self)}:
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
     @property
     def num_patch_tokens(self) -> int:
         return self.grid[0] * self.grid[1]

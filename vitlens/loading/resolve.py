@@ -19,9 +19,6 @@ from .model import LoadedModel, check_dtype, resolve_device
 #: how each interface asks for random weights / a checkpoint with its architecture
 RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
                "app": "untick 'Pretrained weights' (Name source)"}
-WITH_ARCH = {"python": "vl.load_model('path/to/model.safetensors', arch='vit_base_patch16_224')",
-             "cli": "--model path/to/model.safetensors --arch vit_base_patch16_224",
-             "app": "the Checkpoint source (a path or an upload, and its architecture)"}
 
 
 def loadable(name: str) -> bool:

@@ -106,10 +106,6 @@ class AnalysisResult(Result):
     prefix: PrefixDiagnosticsResult | None = None
     views: tuple = DEFAULT_VIEWS
 
-    def __post_init__(self) -> None:
-        if isinstance(self.spec, dict):  # files written before the spec was a ModelSpec
-            self.spec = ModelSpec.from_dict(self.spec)
-
     def summary(self) -> str:
         n = self.distance.n_images if self.distance is not None else (
             len(self.rollout.maps) if self.rollout is not None else 0)

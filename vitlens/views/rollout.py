@@ -119,12 +119,6 @@ def fuse(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
     return attn.amin(dim=1)
 
 
-def fuse_heads(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
-    """[B, H, T, T] -> [B, T, T] float64; fused in the attention's dtype (max/min are exact, the
-    mean rounds like the attention itself), everything after it runs in float64."""
-    return fuse(attn, head_fusion).to(torch.float64)
-
-
 def discard_smallest(fused: torch.Tensor, discard_ratio: float, protect_class_token: bool) -> torch.Tensor:
     """Zero the smallest ``discard_ratio`` fraction of each image's T*T fused weights.
 
