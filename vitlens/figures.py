@@ -12,7 +12,7 @@ Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -23,6 +23,13 @@ from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
 from .views.rollout import RolloutResult
+
+if TYPE_CHECKING:  # figures take typed results; these modules import figures lazily, so no cycle at run time
+    from .attribution.faithfulness import FaithfulnessResult
+    from .attribution.methods import AttributionResult
+    from .compare.cka import CKAResult
+    from .compare.heads import HeadImportanceResult
+    from .views.prefix import PrefixDiagnosticsResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
@@ -242,7 +249,7 @@ def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int, head: int,
                                   f"{query_label}", opacity)
 
 
-def attribution_figure(results: Sequence[Any], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
+def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
     """Maps of several attribution methods side by side over one image (negative evidence
     clipped, each map scaled to its maximum)."""
     panels = []
@@ -254,7 +261,7 @@ def attribution_figure(results: Sequence[Any], image: np.ndarray, index: int = 0
                                opacity, columns=min(6, len(panels)))
 
 
-def faithfulness_figure(results: Sequence[Any]) -> go.Figure:
+def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
     """Mean deletion and insertion curves of each method, with their mean areas under the curve."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Deletion (lower is more faithful)",
                                                         "Insertion (higher is more faithful)"])
@@ -270,7 +277,7 @@ def faithfulness_figure(results: Sequence[Any]) -> go.Figure:
     return fig
 
 
-def cka_figure(result: Any, title: str | None = None) -> go.Figure:
+def cka_figure(result: "CKAResult", title: str | None = None) -> go.Figure:
     """Layer-by-layer CKA of two models: model A's layers down (first at the top), model B's across."""
     la, lb = result.matrix.shape
     fig = go.Figure(go.Heatmap(
@@ -290,7 +297,7 @@ def cka_figure(result: Any, title: str | None = None) -> go.Figure:
     return fig
 
 
-def head_importance_figure(importance: Any, distance: AttentionDistanceResult, title: str | None = None) -> go.Figure:
+def head_importance_figure(importance: "HeadImportanceResult", distance: AttentionDistanceResult, title: str | None = None) -> go.Figure:
     """Do local heads matter? Each head's importance (logit drop when removed) against its mean
     attention distance (paper Fig. 7 right), coloured by layer."""
     layers, heads = importance.logit_drop.shape
@@ -311,7 +318,7 @@ def head_importance_figure(importance: Any, distance: AttentionDistanceResult, t
     return fig
 
 
-def prefix_figure(result: Any, title: str | None = None) -> go.Figure:
+def prefix_figure(result: "PrefixDiagnosticsResult", title: str | None = None) -> go.Figure:
     """Attention parked on prefix tokens: share of each head's patch-query attention on all prefix
     tokens together, layer by layer (first layer at the top)."""
     total = result.mass.sum(-1) if result.mass.size else np.zeros((0, 0))
