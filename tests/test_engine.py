@@ -243,3 +243,42 @@ def test_every_hook_session_removes_its_hooks_on_exit_and_on_error(tiny):
                 1 / 0
         assert _hook_count(tiny.model) == before
     assert torch.equal(tiny.logits(x), tiny.logits(x))  # nothing left that changes the forward
+
+
+@pytest.mark.parametrize("name,kwargs", [("vit_tiny_patch16_224", {}), ("deit_tiny_distilled_patch16_224", {}),
+                                         ("eva02_tiny_patch14_224", {"img_size": 112})])
+def test_query_chunked_side_capture_gives_the_same_maps_and_views_as_whole_maps(name, kwargs):
+    """Issue 20's lever: the family computes softmax(q k^T) a block of queries at a time from the
+    very q and k of the untouched fused forward (uneven blocks: 50 rows, the last shorter)."""
+    m = get_model(name, **kwargs)
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(8))
+    with torch.no_grad(), vl.capture_attention(m) as whole:
+        logits = m.model(x)
+    with torch.no_grad(), vl.capture_attention(m, query_rows=50) as chunked:
+        assert torch.equal(m.model(x), logits)  # the model's own forward is untouched
+    for a, b in zip(whole.maps, chunked.maps):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0)  # the same rows, computed in blocks
+    t = whole.maps[0].shape[-1]
+    assert t % 50 != 0  # the last block is shorter
+    rows_seen = []
+
+    class Rows(vl.AttentionConsumer):
+        def on_attention(self, layer, attn, rows=None):
+            rows_seen.append((layer, None if rows is None else (rows.start, rows.stop)))
+
+    consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m), Rows()]
+    vl.stream_attention(m, x, consumers, query_rows=50)
+    blocks = [(start, min(t, start + 50)) for start in range(0, t, 50)]
+    assert rows_seen == [(layer, b) for layer in range(m.spec.num_layers) for b in blocks]  # in order, every row once
+    want = vl.analyze(m, x, views=("distance", "rollout"))
+    from vitlens.views.distance import FLOAT32_RTOL
+
+    np.testing.assert_allclose(consumers[0].result(m.spec).mean_px, want.distance.mean_px, rtol=2 * FLOAT32_RTOL)
+    np.testing.assert_allclose(consumers[1].result(m.spec).maps, want.rollout.maps, rtol=1e-5, atol=1e-7)
+
+
+def test_query_rows_from_a_memory_budget():
+    from vitlens.views.engine import query_rows_for_budget
+
+    assert query_rows_for_budget(4, 12, 2305, budget_mb=256) == 256 * 2**20 // (4 * 4 * 12 * 2305)
+    assert query_rows_for_budget(1, 1, 10, budget_mb=1000) == 10 and query_rows_for_budget(512, 16, 4097, 1) == 1

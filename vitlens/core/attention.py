@@ -70,3 +70,31 @@ def conv_filters(conv: nn.Module, name: str, why: str, model_name: str) -> tuple
     d, c, kh, kw = w.shape
     std = " (weight-standardised, as the layer applies it)" if type(conv).__name__.startswith("StdConv") else ""
     return w, name, f"{name}: {d} filters of {kh}x{kw}x{c}, {why}{std}"
+
+
+def attention_probs_in_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    query_rows: int | None,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    biases: Sequence[torch.Tensor] = (),
+    scale_after: bool = False,
+):
+    """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
+    T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
+    the whole computation (the same products and softmax over the same keys). ``query_rows`` None
+    (or >= T), and causal attention, give one block of every row."""
+    t = q.shape[-2]
+    if not query_rows or query_rows >= t or is_causal:
+        yield attention_probs(q, k, scale, attn_mask, is_causal, biases, scale_after), None
+        return
+
+    def rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+        return x[..., rows, :] if x is not None and x.dim() >= 2 and x.shape[-2] == t else x
+
+    for start in range(0, t, int(query_rows)):
+        rows = slice(start, min(t, start + int(query_rows)))
+        yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
+                              [rows_of(b, rows) for b in biases], scale_after), rows

@@ -22,7 +22,16 @@ from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 
 #: ``emit(layer, probs[B, heads, T, T])``: how a family hands over one block's attention.
-Emit = Callable[[int, torch.Tensor], None]
+Emit = Callable[..., None]
+"""What a capture hands each block's probabilities to: ``emit(layer, probs)`` with a whole map, or
+``emit(layer, probs, rows)`` with the query rows ``rows`` of it (see ``vitlens.views.engine``). A
+family that computes the probabilities itself (side capture) reads ``query_rows_of(emit)``: how many
+query rows it may compute at a time (None: whole maps)."""
+
+
+def query_rows_of(emit: Emit) -> int | None:
+    """The query-block size a capture asked its family for (None: whole maps)."""
+    return getattr(emit, "query_rows", None)
 
 
 class Handles:

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..core.attention import attention_probs, conv_filters
+from ..core.attention import attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, prefix_labels, register
+from .base import Emit, Family, Handles, prefix_labels, query_rows_of, register
 
 
 def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
@@ -201,8 +201,11 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
                 mask = call_argument(state, "attn_mask", positions)
                 causal = bool(call_argument(state, "is_causal", positions, False))
                 with torch.autocast(device_type=k.device.type, enabled=False):
-                    probs = attention_probs(q, k, attn.scale, mask, causal)
-            emit(layer, probs)
+                    for probs, rows in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal):
+                        if rows is None:
+                            emit(layer, probs)
+                        else:
+                            emit(layer, probs, rows)
 
         handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
         handles.hook(attn.q_norm.register_forward_hook(q_hook))

@@ -39,12 +39,16 @@ class AttentionCapture(HookSession):
     """
 
     def __init__(self, m: LoadedModel | nn.Module, store: bool = True,
-                 consumers: Iterable[AttentionCallback] = (), mode: str = "side", detach: bool = True) -> None:
+                 consumers: Iterable[AttentionCallback] = (), mode: str = "side", detach: bool = True,
+                 query_rows: int | None = None) -> None:
         if mode not in CAPTURE_MODES:
             raise InvalidParameterError(f"mode must be one of {', '.join(CAPTURE_MODES)}; got {mode!r}.")
         if not detach and mode != "inline":
             raise InvalidParameterError("detach=False needs mode='inline': only then does the output depend on "
                                         "the captured maps.")
+        if query_rows is not None and (int(query_rows) < 1 or mode != "side"):
+            raise InvalidParameterError(f"query_rows must be >= 1 and needs mode='side' (inline capture runs the "
+                                        f"block's own path, which makes whole maps); got {query_rows!r}, {mode!r}.")
         if isinstance(m, LoadedModel):
             self.model, self.family = m.model, m.family
         else:
@@ -56,29 +60,58 @@ class AttentionCapture(HookSession):
         self.detach = detach
         self.store = store
         self.consumers: list[AttentionCallback] = list(consumers)
+        self.query_rows = None if query_rows is None else int(query_rows)
         self._maps: dict[int, torch.Tensor] = {}
+        self._rows: dict[int, list[torch.Tensor]] = {}  # row blocks of a layer in flight, for whole-map takers
 
     @property
     def maps(self) -> list[torch.Tensor]:
         """Attention of each block from the latest forward, first block first."""
         return [self._maps[i] for i in sorted(self._maps)]
 
-    def _emit(self, layer: int, probs: torch.Tensor) -> None:
+    def _emit(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
+        """A block's map, whole or as query rows: streaming consumers hear every row block; the
+        stored maps and plain callbacks get the whole map once its last rows have come."""
+        from .engine import AttentionConsumer, query_rows
+
+        streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
+        for consumer in streaming:
+            consumer(layer, probs, rows)
+        whole = probs
+        if rows is not None:
+            wanted = self.store or len(streaming) < len(self.consumers)
+            if wanted:
+                self._rows.setdefault(layer, []).append(probs)
+            if not query_rows(probs, rows)[2] or not wanted:
+                return
+            parts = self._rows.pop(layer)
+            whole = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
         if self.store:
-            self._maps[layer] = probs
+            self._maps[layer] = whole
         for consumer in self.consumers:
-            consumer(layer, probs)
+            if not isinstance(consumer, AttentionConsumer):
+                consumer(layer, whole)
 
     def install(self, handles: Handles) -> None:
         if self.mode == "inline":
             self.family.install_inline(self.model, self._emit, handles, self.detach)
         else:
-            self.family.install_side(self.model, self._emit, handles)
+            self.family.install_side(self.model, _Emitter(self._emit, self.query_rows), handles)
+
+
+class _Emitter:
+    """The capture's emit callback with the query-block size a family may compute at (``query_rows_of``)."""
+
+    def __init__(self, fn: Callable[..., None], query_rows: int | None) -> None:
+        self.fn, self.query_rows = fn, query_rows
+
+    def __call__(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
+        self.fn(layer, probs, rows)
 
 
 def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
                       consumers: Iterable[AttentionCallback] = (), mode: str = "side",
-                      detach: bool = True) -> AttentionCapture:
+                      detach: bool = True, query_rows: int | None = None) -> AttentionCapture:
     """Capture every block's attention probabilities during forwards inside the ``with`` block.
 
     Args:
@@ -88,8 +121,12 @@ def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
         mode: "side" (outputs bit-for-bit unchanged; attention computed beside the fused
             forward) or "inline" (the non-fused path; maps are the ones the output uses).
         detach: with mode="inline", False keeps the maps in the autograd graph (for gradients).
+        query_rows: with mode="side", let the family compute each block's probabilities this many
+            queries at a time (timm's ViT and EVA families do; others make whole maps): streaming
+            consumers (``AttentionConsumer``) then get row blocks and no [B, heads, T, T] map need
+            exist at once (unless ``store`` or a plain callback asks for whole maps).
     """
-    return AttentionCapture(m, store=store, consumers=consumers, mode=mode, detach=detach)
+    return AttentionCapture(m, store=store, consumers=consumers, mode=mode, detach=detach, query_rows=query_rows)
 
 
 __all__ = ["AttentionCapture", "CAPTURE_MODES", "attention_probs", "capture_attention"]

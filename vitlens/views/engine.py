@@ -126,6 +126,13 @@ def split_rows(attn: torch.Tensor, sizes: Sequence[int]) -> list[tuple[torch.Ten
     return out
 
 
+def query_rows_for_budget(batch: int, heads: int, tokens: int, budget_mb: float = 256.0) -> int:
+    """How many query rows of a block's float32 probabilities [batch, heads, rows, tokens] fit in
+    ``budget_mb`` megabytes (at least 1, at most ``tokens``)."""
+    per_row = 4 * batch * heads * tokens
+    return int(max(1, min(tokens, budget_mb * 2**20 // max(per_row, 1))))
+
+
 def model_name(spec: ModelSpec | str | None) -> str:
     return spec if isinstance(spec, str) else (spec.name if spec is not None else "")
 
@@ -140,6 +147,7 @@ def stream_attention(
     masks: np.ndarray | None = None,
     desc: str = "vitlens",
     capture_mode: str | None = "side",
+    query_rows: int | None = None,
 ) -> int:
     """Run ``images`` through the model once, batch by batch, feeding every consumer; returns the count.
 
@@ -156,11 +164,18 @@ def stream_attention(
         capture_mode: "side" (the model's fused forward untouched, its logits bit-identical),
             "inline" (the non-fused path; see ``vitlens.views.capture``), or None for the model
             family's faster one (``Family.view_mode``; what the views use).
+        query_rows: compute each block's probabilities this many queries at a time (side capture;
+            families that compute them themselves honour it) and feed the consumers row blocks, so
+            no whole [B, heads, T, T] map is made: memory for high resolutions
+            (``query_rows_for_budget`` picks it from a memory budget). None: whole maps.
     """
+    if query_rows is not None:
+        capture_mode = capture_mode or "side"
     capture_mode = capture_mode or m.family.view_mode
     done, index = 0, 0
     with Progress(progress, count_images(images), desc) as bar, \
-            capture_attention(m, store=False, consumers=consumers, mode=capture_mode), torch.no_grad():
+            capture_attention(m, store=False, consumers=consumers, mode=capture_mode, query_rows=query_rows), \
+            torch.no_grad():
         for x in iter_batches(images, m.data_config, batch_size):
             x = x.to(m.device)
             size = int(x.shape[0])
