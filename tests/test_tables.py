@@ -83,7 +83,7 @@ def test_a_flat_reading_says_what_is_true_of_the_models_compared():
     u = distance(np.ones((2, 4))).uniform_px
     vit, tiny = distance(np.full((2, 4), u), name="ref-vit"), distance(np.full((2, 4), 1.02 * u), name="vit_tiny")
     pair = comparison([vit, distance(np.full((2, 4), u), name="ref-hybrid")]).reading()
-    assert pair.startswith("Flat:") and "the embedded pair, trained briefly on shapes" in pair
+    assert pair.startswith("Flat:") and "the embedded pair, trained for minutes on shapes" in pair
     mixed = comparison([vit, tiny], weights=["embedded", "random init"]).reading()
     assert mixed.startswith("Flat:") and "embedded pair" not in mixed
     assert "ref-vit is an embedded model" in mixed and "vit_tiny has random weights" in mixed
@@ -96,8 +96,10 @@ def test_a_flat_reading_says_what_is_true_of_the_models_compared():
     assert one.startswith("Flat: 100% of vit_tiny's heads") and "vit_tiny has random weights" in one
     assert "embedded" not in one and "ref-vit is an embedded model" in distance_reading(vit)
     local = distance_reading(distance(np.array([[2.0, 3.0, 30.0, 33.0], [30.0, 33.0, 40.0, 33.0]]), name="v"))
-    assert local == ("v: 2 of 4 layer-1 heads are local (below 15% of the image width); the median head attends "
-                     "0.26 of the width in layer 1 and 0.52 in layer 2, rising with depth, as in Fig. 7 (right).")
+    u = distance(np.ones((2, 4))).uniform_px  # 33.1 px on the 8x8 grid of 8 px: local at <= 19.9 px
+    assert local == (f"v: 2 of 4 layer-1 heads are local (at most 0.6x the uniform-attention distance, {u:.1f} px); "
+                     "the median head attends 0.26 of the width in layer 1 and 0.52 in layer 2, rising with depth, "
+                     "as in Fig. 7 (right).")
 
 
 def test_distance_rows_are_one_per_layer_and_head_one_based():

@@ -139,7 +139,7 @@ def why_flat(names: Sequence[str], weights: Sequence[str] | None = None) -> str:
     parts = []
     if "embedded" in groups:
         e = groups.pop("embedded")
-        parts.append("the embedded pair, trained briefly on shapes, is like this: MODEL_CARD.md"
+        parts.append("the embedded pair, trained for minutes on shapes (MODEL_CARD.md), is flat on these images"
                      if len(e) == 2 and set(e) == {"ref-vit", "ref-hybrid"} and len(names) == 2 else
                      f"{_listed(e)} {'is an embedded model' if len(e) == 1 else 'are embedded models'}, trained "
                      "briefly on shapes: MODEL_CARD.md")
@@ -154,8 +154,13 @@ def why_flat(names: Sequence[str], weights: Sequence[str] | None = None) -> str:
     return "; ".join(parts)
 
 
-def distance_reading(d: AttentionDistanceResult, name: str | None = None, weights: str | None = None,
-                     local_threshold: float = 0.15) -> str:
+#: a head is local, for the one-line reading of one model, at or below this multiple of the distance of
+#: uniform attention on its grid (the model card's and the locality sweep's criterion; grid-relative, so it
+#: reads an 8x8 grid of 64 px, where uniform attention is half the width, as it reads a 14x14 one)
+LOCAL_OF_UNIFORM = 0.6
+
+
+def distance_reading(d: AttentionDistanceResult, name: str | None = None, weights: str | None = None) -> str:
     """One sentence on one model's attention distance (Fig. 7 right), from the numbers: flat at
     the uniform-attention distance (and why, as ``ComparisonData.reading`` says it), or how many
     layer-1 heads are local and how the median distance changes with depth. The report page
@@ -166,7 +171,6 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
         name: the model's name (default ``d.model_name``).
         weights: its kind of weights (``LoadedModel.weights``: "pretrained", "random init",
             "embedded", ...); unknown when None (the embedded pair is known by name).
-        local_threshold: a head is local below this fraction of the image width.
     """
     name = name or d.model_name or "this model"
     near = near_uniform_share(d)
@@ -179,12 +183,12 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
                 f"{f': {why}' if why else ''}{tail}.")
     widths = d.mean_fraction_of_width
     first, last = float(np.median(widths[0])), float(np.median(widths[-1]))
-    local = int((widths[0] < local_threshold).sum())
+    local = int((d.mean_px[0] <= LOCAL_OF_UNIFORM * d.uniform_px).sum())
     trend = ("rising with depth, as in Fig. 7 (right)" if last > 1.15 * first else
              "falling with depth" if last < first / 1.15 else "about level across depth")
-    return (f"{name}: {local} of {widths.shape[1]} layer-1 heads are local (below {100 * local_threshold:.0f}% of "
-            f"the image width); the median head attends {first:.2f} of the width in layer 1 and {last:.2f} in "
-            f"layer {widths.shape[0]}, {trend}.")
+    return (f"{name}: {local} of {widths.shape[1]} layer-1 heads are local (at most {LOCAL_OF_UNIFORM:g}x the "
+            f"uniform-attention distance, {d.uniform_px:.1f} px); the median head attends {first:.2f} of the width "
+            f"in layer 1 and {last:.2f} in layer {widths.shape[0]}, {trend}.")
 
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
