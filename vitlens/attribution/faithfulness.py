@@ -91,6 +91,9 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
     """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
+    if getattr(attribution, "target_kind", "class") != "class":
+        raise InvalidParameterError("deletion / insertion score class probabilities; these maps explain a text "
+                                    "prompt's similarity, which they do not score yet.")
     grid = attribution.grid
     n_tok = grid[0] * grid[1]
     counts = [round(n_tok * s / steps) for s in range(steps + 1)]
