@@ -60,7 +60,7 @@ def blocks(a: torch.Tensor, reduce=torch.sum) -> np.ndarray:
     return reduce(reduce(b, dim=4), dim=2).numpy()
 
 
-def test_text_target_maps_equal_the_method_applied_by_hand_to_the_cosine_similarity(open_clip_named):
+def test_text_target_maps_equal_the_method_applied_by_hand_to_the_cosine_similarity(open_clip_named, tmp_path):
     m, x, prompt = open_clip_named, images(), "a photo of a dog"
     xg = x.clone().requires_grad_(True)
     with torch.enable_grad():
@@ -80,8 +80,24 @@ def test_text_target_maps_equal_the_method_applied_by_hand_to_the_cosine_similar
     assert sal.target_kind == "text" and sal.label_names == [prompt] and sal.target_name(1) == prompt
     assert list(sal.targets) == [0, 0] and "cosine similarity" in sal.params["score"]
     assert "for 'a photo of a dog'" in sal.summary()
-    with pytest.raises(vl.InvalidParameterError, match="text prompt"):
-        vl.deletion_insertion(m, x, sal)  # class probabilities would mean nothing here
+    # deletion / insertion follow the similarity the maps explain: all tokens kept = s(x), all removed = s(mean)
+    f = vl.deletion_insertion(m, x, sal, steps=2)
+    with torch.no_grad():
+        base = x.mean(dim=(2, 3), keepdim=True).expand_as(x)
+        np.testing.assert_allclose(f.deletion[:, 0], hand_similarity(m, x, prompt).numpy(), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(f.deletion[:, -1], hand_similarity(m, base, prompt).numpy(), rtol=1e-4, atol=1e-6)
+    assert f.score == "cosine similarity to the prompt"
+    back = vl.load_result(sal.save(tmp_path / "sal.json"))
+    assert back.target_name(0) == prompt and np.allclose(back.text_embeddings, sal.text_embeddings)
+    # every method of the comparison, rollout too (its class-agnostic map scored against the prompt)
+    cmp = vl.compare_methods(m, x, methods=["rollout", "saliency"], target=prompt, steps=2)
+    assert [r["method"] for r in cmp.rows] == ["rollout", "saliency"]
+    np.testing.assert_allclose(cmp.faithfulness[1].deletion_auc, vl.deletion_insertion(m, x, sal, steps=2).deletion_auc)
+    from vitlens.report.html import attribution_figures
+
+    figs = attribution_figures(cmp, m.display(x)[0])
+    assert prompt in figs["attributions"].layout.title.text
+    assert figs["faithfulness"].layout.yaxis.title.text == "cosine similarity to the prompt"
 
 
 @pytest.mark.parametrize("kind", ["openclip", "hf-clip-model", "hf-siglip-model"])
@@ -114,7 +130,7 @@ def test_every_method_explains_a_prompt_on_random_init_towers(kind):
         # the same prompt, the same map (float32 noise of a batch of two prompts apart)
         np.testing.assert_allclose(a.maps[1], b.maps[1], rtol=1e-3, atol=1e-3 * np.abs(a.maps[1]).max())
         assert b.label_names == [cat, dog] and [b.target_name(i) for i in range(2)] == [cat, dog]
-    r = vl.attribute(m, x, method="rollout", target=dog)  # class-agnostic: the prompt is recorded, not encoded
+    r = vl.attribute(m, x, method="rollout", target=dog, tokenizer=tokenizer)  # class-agnostic: the prompt recorded
     assert r.target_name(0) == dog and "recorded only" in r.params["score"] and r.maps.shape == (2, 4, 4)
     assert torch.equal(x, x0)
     assert all(torch.equal(v, before[k]) for k, v in m.model.state_dict().items())
@@ -143,8 +159,9 @@ def test_text_targets_say_what_is_missing_and_take_pre_tokenised_ids():
     m = vl.LoadedModel.from_module(tr.CLIPModel(tr.CLIPConfig(vision_config=vision, text_config=text,
                                                               projection_dim=16)), device="cpu")
     x = images()
-    with pytest.raises(vl.InvalidParameterError, match="tokenizer="):
-        vl.attribute(m, x, method="saliency", target="a photo of a dog")
+    for method in ("saliency", "rollout"):
+        with pytest.raises(vl.InvalidParameterError, match="tokenizer="):
+            vl.attribute(m, x, method=method, target="a photo of a dog")
     with pytest.raises(vl.InvalidParameterError, match="one per image"):
         vl.attribute(m, x, method="saliency", target=["a", "b", "c"], tokenizer=char_tokenizer)
     with pytest.raises(vl.InvalidParameterError, match="vocabulary of 64"):

@@ -255,6 +255,8 @@ def attribution_figure(results: Sequence[Any], image: np.ndarray, index: int = 0
         mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
         panels.append((image, mp / max(float(mp.max()), 1e-12), r.method.replace("_", " ")))
     target = results[0].target_name(index) if results else "no class"
+    if results and getattr(results[0], "target_kind", "class") == "text":
+        target = f"the prompt \"{target}\""
     return overlay_grid_figure(panels, f"Attributions for {target} (positive evidence, scaled to max)",
                                opacity, columns=min(6, len(panels)))
 
@@ -270,7 +272,9 @@ def faithfulness_figure(results: Sequence[Any]) -> go.Figure:
                                      name=f"{r.method.replace('_', ' ')} (AUC {significant(auc.mean())})", legendgroup=r.method,
                                      showlegend=col == 1), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
-    fig.update_yaxes(title="target-class probability", rangemode="tozero")
+    text = bool(results) and all(getattr(r, "score", "probability") != "probability" for r in results)
+    fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability",
+                     rangemode="normal" if text else "tozero")
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
     return fig
 

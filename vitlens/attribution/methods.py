@@ -53,6 +53,8 @@ class AttributionResult(Result):
         label_names: the model's class names (empty when it has none), for ``target_name``; for a text
             target, the distinct prompts, which ``targets`` index.
         target_kind: "class", or "text" when a prompt was explained (``vitlens.attribution.text``).
+        text_embeddings: for a text target, [P, D] float32 unit text embeddings of the
+            prompts (what deletion / insertion score against); None otherwise.
     """
 
     kind = "attribution"
@@ -67,6 +69,7 @@ class AttributionResult(Result):
     model_name: str = ""
     label_names: list = field(default_factory=list)
     target_kind: str = "class"
+    text_embeddings: np.ndarray | None = None
 
     def target_name(self, index: int) -> str:
         """The class (or prompt) explained for image ``index`` in words: 'ring', 'a photo of a dog', or 'class 4'
@@ -272,10 +275,11 @@ def attribute(
     p = {**spec.defaults, **params}
     text, explained = None, {}
     if is_text_target(target):
-        # rollout is class-agnostic: the prompt is recorded only, never encoded
-        text = TextTargets(m, target, count_images(images), tokenizer, embed=spec.needs_target)
+        # rollout is class-agnostic: its map ignores the prompt, which is recorded (and embedded, so that
+        # deletion / insertion can score the map against it as against a class)
+        text = TextTargets(m, target, count_images(images), tokenizer)
         explained["score"] = SCORE if spec.needs_target else "none (class-agnostic); the prompt is recorded only"
-    score = text.scorer(m) if text is not None and text.embeddings is not None else _forward_fn(m)
+    score = text.scorer(m) if text is not None else _forward_fn(m)
     maps, targets, grid, size, done = [], [], None, None, 0
     start = time.perf_counter()
     with Progress(progress, count_images(images), method) as bar:
@@ -305,4 +309,5 @@ def attribute(
                              seconds_per_image=elapsed / max(done, 1), params={**p, **explained}, note="; ".join(notes),
                              model_name=m.spec.name,
                              label_names=list(text.names) if text is not None else list(m.label_names() or []),
-                             target_kind="text" if text is not None else "class")
+                             target_kind="text" if text is not None else "class",
+                             text_embeddings=None if text is None else text.embeddings.cpu().numpy().astype(np.float32))

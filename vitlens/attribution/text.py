@@ -181,8 +181,7 @@ def text_embeddings(m: LoadedModel, ids: dict[str, torch.Tensor]) -> torch.Tenso
 class TextTargets:
     """The prompts of one ``attribute`` call: distinct prompts, each image's index, their unit embeddings."""
 
-    def __init__(self, m: LoadedModel, target: Any, n_images: int | None, tokenizer: Any = None,
-                 embed: bool = True) -> None:
+    def __init__(self, m: LoadedModel, target: Any, n_images: int | None, tokenizer: Any = None) -> None:
         if not has_text_tower(m):
             raise InvalidParameterError(
                 f"{m.spec.name} has no text tower, so a text target cannot be scored; text targets work with "
@@ -203,10 +202,8 @@ class TextTargets:
         if self.index is not None and n_images is not None and len(self.index) != n_images:
             raise InvalidParameterError(f"a text target is one prompt for all images or one per image; got "
                                         f"{len(self.index)} for {n_images} images.")
-        self.embeddings: torch.Tensor | None = None
-        if embed:
-            ids = self._ids if self._ids is not None else _tokenize(m, self.names, tokenizer)
-            self.embeddings = text_embeddings(m, ids)
+        ids = self._ids if self._ids is not None else _tokenize(m, self.names, tokenizer)
+        self.embeddings = text_embeddings(m, ids)
 
     def batch(self, start: int, size: int, device: torch.device) -> torch.Tensor:
         """Each image's prompt index for images ``start`` .. ``start + size``."""
@@ -223,7 +220,7 @@ class TextTargets:
 
         def score(inp: torch.Tensor) -> torch.Tensor:
             image = torch.nn.functional.normalize(m.forward(inp).float(), dim=-1)
-            return image @ text.to(image.device).T  # type: ignore[union-attr]
+            return image @ text.to(image.device).T
 
         return score
 
