@@ -22,6 +22,7 @@ import streamlit as st
 import vitlens as vl
 from vitlens import figures
 from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution.text import has_text_tower
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
@@ -77,7 +78,7 @@ def maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> vl.Att
 
 
 @st.cache_data(max_entries=32, show_spinner="Attributing and scoring ...")
-def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | None,
+def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | str | None,
                  params: tuple, _mask: np.ndarray | None) -> ComparisonTable:
     """One method's maps and scores on the current image (cached per method)."""
     with heavy_lock():
@@ -331,15 +332,23 @@ def render_maps(ctx: Context) -> None:
 
 def render_attributions(ctx: Context) -> None:
     m = ctx.m
-    st.caption("Rollout shows where information was mixed; the other methods ask what supports one class. "
-               "Deletion/insertion curves test each map: removing the patches it ranks first should make the "
-               "class probability fall fast (low deletion AUC), inserting them should make it rise fast.")
+    text = has_text_tower(m)
+    what = "the image's similarity to the prompt" if text else "the class probability"
+    st.caption("Rollout shows where information was mixed; the other methods ask what supports "
+               f"{'the prompt (the cosine similarity of image and text embeddings)' if text else 'one class'}. "
+               "Deletion/insertion curves test each map: removing the patches it ranks first should make "
+               f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
     methods = c[0].multiselect("Methods", list(METHODS), default=["rollout", "grad_rollout", "saliency"],
                                key="methods")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
-    target = None
-    if m.spec.num_classes > 0:
+    target: int | str | None = None
+    if text:  # CLIP / SigLIP: explain the similarity to a prompt (vitlens.attribution.text)
+        target = c[1].text_input("Prompt", "a photo of a dog", key="prompt").strip() or None
+        if target is None:
+            st.info("Type a prompt: the maps explain the image's similarity to it.")
+            return
+    elif m.spec.num_classes > 0:
         choice = c[1].selectbox("Target class", ["predicted"] + names, key="target")
         target = None if choice == "predicted" else names.index(choice)
     steps = int(c[2].number_input("IG steps", 2, 64, 16, key="ig-steps"))
@@ -478,7 +487,7 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
     if source == "Name":
         # code spans: the label is Markdown, where the names' * and _ would turn into emphasis
         name = st.text_input("Model name: timm (`vit_*`, `deit_*`, `beit*`, `eva02_*`), `hf:ORG/NAME` or "
-                             "`hf:FOLDER`, `torchvision:vit_b_16`", "vit_tiny_patch16_224",
+                             "`hf:FOLDER`, `torchvision:vit_b_16`, `open_clip:ViT-B-32`", "vit_tiny_patch16_224",
                              key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
         return (name, pretrained, None, device) if name else None

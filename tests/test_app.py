@@ -598,3 +598,28 @@ def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path
     assert app_img.shape == cli_img.shape == (460, 1000, 3)
     assert ink_box(app_img) == ink_box(cli_img)  # the same margins: no tick label or title cut at the edge
     assert (np.abs(app_img - cli_img).max(-1) > 40).mean() < 0.005  # the same picture, up to antialiasing
+
+
+def test_attributions_of_a_clip_model_take_a_prompt(app, tmp_path):
+    """A CLIP (open_clip:NAME, a tiny config registered here) shows a prompt box instead of a class picker, and
+    the maps shown are the library's for that prompt; a model without a text tower shows no prompt box."""
+    import json
+
+    open_clip = pytest.importorskip("open_clip")
+    app.radio(key="view").set_value("Attributions").run()
+    assert not [t for t in app.text_input if t.key == "prompt"]  # ref-vit: no text tower, a class picker
+    (tmp_path / "vitlens-app-clip.json").write_text(json.dumps({
+        "embed_dim": 16, "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 2, "head_width": 16},
+        "text_cfg": {"context_length": 8, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}))
+    open_clip.add_model_config(tmp_path / "vitlens-app-clip.json")
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value("open_clip:vitlens-app-clip").run()
+    app.multiselect(key="methods").set_value(["saliency"]).run()
+    assert problems(app) == [] and not app.error
+    assert app.text_input(key="prompt").value == "a photo of a dog"
+    assert "the prompt \"a photo of a dog\"" in chart(app)["layout"]["title"]["text"]
+    dog = chart(app)["data"]
+    app.text_input(key="prompt").set_value("a diagram of a ship").run()
+    assert problems(app) == [] and not app.error
+    assert "a diagram of a ship" in chart(app)["layout"]["title"]["text"] and chart(app)["data"] != dog
+    assert list(app.dataframe[0].value["method"]) == ["saliency"]

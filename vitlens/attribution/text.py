@@ -76,10 +76,12 @@ def _vocab_size(model: nn.Module) -> int | None:
 
 def _no_tokenizer(m: LoadedModel, why: str) -> InvalidParameterError:
     return InvalidParameterError(
-        f"{m.spec.name} has a text tower but {why}, so the prompt cannot be tokenised. Pass tokenizer= to "
-        "vl.attribute (a Hugging Face tokenizer, or a callable taking a list of prompts and returning token ids "
-        "[P, L]), set m.tokenizer, or pass pre-tokenised ids as the target: "
-        "target={'input_ids': ids [P, L], 'attention_mask': mask}.")
+        f"{m.spec.name} has a text tower but {why}, so the prompt cannot be tokenised.",
+        fixes={"python": "Pass tokenizer= to vl.attribute (a Hugging Face tokenizer, or a callable taking a list of "
+                         "prompts and returning token ids [P, L]), set m.tokenizer, or pass pre-tokenised ids as the "
+                         "target: target={'input_ids': ids [P, L], 'attention_mask': mask}.",
+               "app": "Load a checkpoint folder saved with its tokenizer (hf:FOLDER, after "
+                      "tokenizer.save_pretrained(FOLDER)), or an open_clip:ARCH name."})
 
 
 def resolve_tokenizer(m: LoadedModel, tokenizer: Any = None) -> Any:
