@@ -313,21 +313,30 @@ def render_maps(ctx: Context) -> None:
                    + ", ".join(f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
                                for p in parked[:6]) + "); rollout counts that mass, though no patch earned it.")
     c = st.columns(4)
-    layer = c[0].slider("Layer", 1, spec.num_layers, 1, key="layer") - 1
-    query_kind = c[1].radio("Query", ["class token", "patch"] if spec.has_class_token else ["patch"], key="qkind")
+    kinds = (["class token"] if spec.has_class_token else []) + ["patch"] + \
+        (["attention pool"] if maps.pool is not None else [])  # a MAP head's probe over the tokens
+    query_kind = c[1].radio("Query", kinds, key="qkind")
+    layer: int | None = None
+    if query_kind != "attention pool":
+        layer = c[0].slider("Layer", 1, spec.num_layers, 1, key="layer") - 1
     row = col = None
     if query_kind == "patch":
         row = int(c[2].number_input("Query row", 0, maps.grid[0] - 1, maps.grid[0] // 2, key="qr"))
         col = int(c[3].number_input("Query column", 0, maps.grid[1] - 1, maps.grid[1] // 2, key="qc"))
-    query = vl.query_token(spec, row, col, grid=maps.grid)
-    head_maps = maps.query_attention(layer, query)
-    head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(spec.num_heads)], key="head")
-    if head == "all heads":
-        st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity),
-                        key="heads-fig")
+    if layer is None:
+        label = "the pool's probe"
+        head_maps = maps.pool_attention(0)
+        st.caption("The attention pool (MAP head) pools the image: its probe query's attention over the patch "
+                   "tokens, after the last block (the model's output is untouched).")
     else:
-        st.plotly_chart(figures.head_figure(ctx.shown, head_maps, layer, int(head.split()[1]) - 1,
-                                            query_label(row, col), opacity), key="head-fig")
+        label = query_label(row, col)
+        head_maps = maps.query_attention(layer, vl.query_token(spec, row, col, grid=maps.grid))
+    head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(len(head_maps))], key="head")
+    if head == "all heads":
+        st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, label, opacity), key="heads-fig")
+    else:
+        st.plotly_chart(figures.head_figure(ctx.shown, head_maps, layer, int(head.split()[1]) - 1, label, opacity),
+                        key="head-fig")
 
 
 def render_attributions(ctx: Context) -> None:

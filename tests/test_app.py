@@ -623,3 +623,25 @@ def test_attributions_of_a_clip_model_take_a_prompt(app, tmp_path):
     assert problems(app) == [] and not app.error
     assert "a diagram of a ship" in chart(app)["layout"]["title"]["text"] and chart(app)["data"] != dog
     assert list(app.dataframe[0].value["method"]) == ["saliency"]
+
+
+def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):
+    """A SigLIP tower (hf:FOLDER, tiny, random init) offers its attention pool as the query; ref-vit does not."""
+    import torch
+
+    tr = pytest.importorskip("transformers")
+    app.radio(key="view").set_value("Attention maps").run()
+    assert "attention pool" not in app.radio(key="qkind").options
+    torch.manual_seed(0)
+    tr.SiglipVisionModel(tr.SiglipVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                               intermediate_size=64, image_size=32, patch_size=8)).save_pretrained(
+        tmp_path / "siglip")
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value(f"hf:{tmp_path / 'siglip'}").run()
+    assert problems(app) == [] and not app.error
+    app.radio(key="qkind").set_value("attention pool").run()
+    assert problems(app) == [] and not app.error
+    fig = chart(app, 1)  # after the rollout figure
+    assert fig["layout"]["title"]["text"].startswith("Attention pool: attention of the pool's probe")
+    assert not [s for s in app.slider if s.key == "layer"]  # the pool sits after the last block
+    assert any("attention pool" in c.value.lower() for c in app.caption)

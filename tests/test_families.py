@@ -510,6 +510,27 @@ def test_models_without_a_map_head_say_there_is_no_pool_attention():
             pass
 
 
+@pytest.mark.parametrize("family", ["hf-siglip", "timm-pe-core"])
+def test_attention_maps_carry_the_pool_attention_of_map_heads(family):
+    """The Attention maps view's pool query: the pool's own probabilities of the same forward, its probe over the
+    patch tokens on their grid (PE-Core: a class token too, which the pool reads and the grid leaves out)."""
+    from vitlens.families.pooling import capture_pool_attention
+
+    m = vl.LoadedModel.from_module(build(family)[0], name=family, device="cpu")
+    x = torch.randn(1, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(4))
+    r = vl.attention_maps(m, x)
+    with torch.no_grad(), capture_pool_attention(m) as cap:
+        m.forward(x)
+    np.testing.assert_allclose(r.pool, cap.maps[0][0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(r.pool_attention(0), cap.patch_maps(m.spec)[0, :, 0].numpy(), atol=1e-6)
+    assert r.maps.shape[0] == m.spec.num_layers and "attention pool" in r.summary()
+    plain = vl.attention_maps(vl.LoadedModel.from_module(build("timm-vit-subclass")[0], device="cpu"),
+                              torch.zeros(1, 3, 32, 32))
+    assert plain.pool is None
+    with pytest.raises(vl.ViewNotAvailableError, match="no pool attention"):
+        plain.pool_attention()
+
+
 def test_hugging_face_classifiers_on_clip_and_siglip_towers_ablate_heads_at_their_out_proj():
     import transformers as tr
 
