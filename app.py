@@ -66,9 +66,9 @@ def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> vl.
 
 @st.cache_data(max_entries=32, show_spinner="Rolling out attention ...")
 def rollout_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, fusion: str,
-                   discard: float) -> vl.RolloutResult:
+                   discard: float, source: str | None = None) -> vl.RolloutResult:
     with heavy_lock():
-        return vl.attention_rollout(_m, [_image], head_fusion=fusion, discard_ratio=discard)
+        return vl.attention_rollout(_m, [_image], head_fusion=fusion, discard_ratio=discard, source=source)
 
 
 @st.cache_data(max_entries=8, show_spinner="Capturing attention ...")
@@ -301,12 +301,18 @@ def render_maps(ctx: Context) -> None:
     fusion = c[0].selectbox("Head fusion", ["mean", "max", "min"], key="fusion")
     discard = c[1].slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard")
     opacity = c[2].slider("Opacity", 0.0, 1.0, 0.5, 0.05, key="opacity")
-    roll = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, fusion, discard)
+    maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
+    source = None
+    if maps.pool is not None:  # a MAP head: its probe's row may stand in for a class token's
+        default_row = "class token" if spec.has_class_token else "mean over patch tokens"
+        row_choice = st.radio("Rollout row", [default_row, "attention pool"], horizontal=True, key="roll-source",
+                              index=0 if spec.has_class_token else 1)
+        source = "pool" if row_choice == "attention pool" else None
+    roll = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, fusion, discard, source)
     fig = figures.rollout_figure(roll, ctx.shown, 0, opacity)
     st.plotly_chart(fig, key="rollout-fig")
     downloads(roll, fig, "rollout")
     st.subheader("One query's attention")
-    maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
     parked = maps.parked_heads(prefix_labels(spec))
     if parked:
         st.warning(f"{len(parked)} head(s) park more than half their attention on a prefix token in this image ("

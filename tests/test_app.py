@@ -645,3 +645,8 @@ def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):
     assert fig["layout"]["title"]["text"].startswith("Attention pool: attention of the pool's probe")
     assert not [s for s in app.slider if s.key == "layer"]  # the pool sits after the last block
     assert any("attention pool" in c.value.lower() for c in app.caption)
+    # rollout of a model without a class token starts from the pool's row by default there, the mean on request
+    assert app.radio(key="roll-source").value == "attention pool" and "attention pool" in chart(app, 0)["layout"][
+        "title"]["text"]
+    app.radio(key="roll-source").set_value("mean over patch tokens").run()
+    assert problems(app) == [] and "mean over patch tokens" in chart(app, 0)["layout"]["title"]["text"]
