@@ -174,3 +174,22 @@ def test_text_targets_say_what_is_missing_and_take_pre_tokenised_ids():
     vision_only = vl.LoadedModel.from_module(tr.CLIPVisionModel(tr.CLIPVisionConfig(**vision)), device="cpu")
     with pytest.raises(vl.InvalidParameterError, match="no text tower"):
         vl.attribute(vision_only, x, method="saliency", target="a photo of a dog")
+
+
+def test_a_hugging_face_folder_saved_with_its_tokenizer_needs_no_tokenizer_argument(tmp_path):
+    """hf:FOLDER with tokenizer files: vitlens reads the tokenizer from there (SigLIP padded to full length)."""
+    tr = pytest.importorskip("transformers")
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+                  patch_size=8)
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=64,
+                bos_token_id=0, eos_token_id=1, pad_token_id=0, max_position_embeddings=8)
+    torch.manual_seed(0)
+    tr.SiglipModel(tr.SiglipConfig(vision_config=vision, text_config=text)).save_pretrained(tmp_path / "siglip")
+    word_tokenizer().save_pretrained(tmp_path / "siglip")
+    m = vl.load_model(f"hf:{tmp_path / 'siglip'}", device="cpu")
+    x = images()
+    a = vl.attribute(m, x, method="saliency", target="a photo of a dog")
+    ids = word_tokenizer()(["a photo of a dog"], padding="max_length", max_length=8, return_tensors="pt")
+    b = vl.attribute(m, x, method="saliency", target={"input_ids": ids["input_ids"]})
+    np.testing.assert_allclose(a.maps, b.maps)
+    assert a.target_name(0) == "a photo of a dog" and np.isfinite(a.maps).all()

@@ -137,6 +137,7 @@ def _tokenize(m: LoadedModel, prompts: list[str], tokenizer: Any) -> dict[str, t
             cfg = m.model.config.text_config
             out = tok(prompts, padding="max_length", max_length=int(cfg.max_position_embeddings), truncation=True,
                       return_tensors="pt")
+            out = {"input_ids": out["input_ids"]}  # as SiglipProcessor gives them: the ids alone
         else:
             out = tok(prompts, padding=True, truncation=True, return_tensors="pt")
     elif callable(tok):
