@@ -101,7 +101,11 @@ def resolve_tokenizer(m: LoadedModel, tokenizer: Any = None) -> Any:
 
         arch = m.spec.name.split(":", 1)[1].split("/", 1)[0] if m.spec.name.startswith("open_clip:") else None
         if arch:
-            tok = open_clip.get_tokenizer(arch)
+            try:
+                tok = open_clip.get_tokenizer(arch)
+            except Exception as e:  # noqa: BLE001 - e.g. a Hugging Face tokenizer (SigLIP configs) not cached offline
+                raise _no_tokenizer(m, f"open_clip.get_tokenizer({arch!r}) failed ({type(e).__name__}: "
+                                       f"{str(e).splitlines()[0] if str(e) else ''})") from e
         elif _vocab_size(model) == OPEN_CLIP_VOCAB:
             from open_clip.tokenizer import SimpleTokenizer
 
