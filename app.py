@@ -22,6 +22,7 @@ import streamlit as st
 import vitlens as vl
 from vitlens import figures
 from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution.text import has_text_tower
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
@@ -65,9 +66,9 @@ def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> vl.
 
 @st.cache_data(max_entries=32, show_spinner="Rolling out attention ...")
 def rollout_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, fusion: str,
-                   discard: float) -> vl.RolloutResult:
+                   discard: float, source: str | None = None) -> vl.RolloutResult:
     with heavy_lock():
-        return vl.attention_rollout(_m, [_image], head_fusion=fusion, discard_ratio=discard)
+        return vl.attention_rollout(_m, [_image], head_fusion=fusion, discard_ratio=discard, source=source)
 
 
 @st.cache_data(max_entries=8, show_spinner="Capturing attention ...")
@@ -77,7 +78,7 @@ def maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> vl.Att
 
 
 @st.cache_data(max_entries=32, show_spinner="Attributing and scoring ...")
-def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | None,
+def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | str | None,
                  params: tuple, _mask: np.ndarray | None) -> ComparisonTable:
     """One method's maps and scores on the current image (cached per method)."""
     with heavy_lock():
@@ -300,46 +301,69 @@ def render_maps(ctx: Context) -> None:
     fusion = c[0].selectbox("Head fusion", ["mean", "max", "min"], key="fusion")
     discard = c[1].slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard")
     opacity = c[2].slider("Opacity", 0.0, 1.0, 0.5, 0.05, key="opacity")
-    roll = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, fusion, discard)
+    maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
+    source = None
+    if maps.pool is not None:  # a MAP head: its probe's row may stand in for a class token's
+        default_row = "class token" if spec.has_class_token else "mean over patch tokens"
+        row_choice = st.radio("Rollout row", [default_row, "attention pool"], horizontal=True, key="roll-source",
+                              index=0 if spec.has_class_token else 1)
+        source = "pool" if row_choice == "attention pool" else None
+    roll = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, fusion, discard, source)
     fig = figures.rollout_figure(roll, ctx.shown, 0, opacity)
     st.plotly_chart(fig, key="rollout-fig")
     downloads(roll, fig, "rollout")
     st.subheader("One query's attention")
-    maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
     parked = maps.parked_heads(prefix_labels(spec))
     if parked:
         st.warning(f"{len(parked)} head(s) park more than half their attention on a prefix token in this image ("
                    + ", ".join(f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
                                for p in parked[:6]) + "); rollout counts that mass, though no patch earned it.")
     c = st.columns(4)
-    layer = c[0].slider("Layer", 1, spec.num_layers, 1, key="layer") - 1
-    query_kind = c[1].radio("Query", ["class token", "patch"] if spec.has_class_token else ["patch"], key="qkind")
+    kinds = (["class token"] if spec.has_class_token else []) + ["patch"] + \
+        (["attention pool"] if maps.pool is not None else [])  # a MAP head's probe over the tokens
+    query_kind = c[1].radio("Query", kinds, key="qkind")
+    layer: int | None = None
+    if query_kind != "attention pool":
+        layer = c[0].slider("Layer", 1, spec.num_layers, 1, key="layer") - 1
     row = col = None
     if query_kind == "patch":
         row = int(c[2].number_input("Query row", 0, maps.grid[0] - 1, maps.grid[0] // 2, key="qr"))
         col = int(c[3].number_input("Query column", 0, maps.grid[1] - 1, maps.grid[1] // 2, key="qc"))
-    query = vl.query_token(spec, row, col, grid=maps.grid)
-    head_maps = maps.query_attention(layer, query)
-    head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(spec.num_heads)], key="head")
-    if head == "all heads":
-        st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity),
-                        key="heads-fig")
+    if layer is None:
+        label = "the pool's probe"
+        head_maps = maps.pool_attention(0)
+        st.caption("The attention pool (MAP head) pools the image: its probe query's attention over the patch "
+                   "tokens, after the last block (the model's output is untouched).")
     else:
-        st.plotly_chart(figures.head_figure(ctx.shown, head_maps, layer, int(head.split()[1]) - 1,
-                                            query_label(row, col), opacity), key="head-fig")
+        label = query_label(row, col)
+        head_maps = maps.query_attention(layer, vl.query_token(spec, row, col, grid=maps.grid))
+    head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(len(head_maps))], key="head")
+    if head == "all heads":
+        st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, label, opacity), key="heads-fig")
+    else:
+        st.plotly_chart(figures.head_figure(ctx.shown, head_maps, layer, int(head.split()[1]) - 1, label, opacity),
+                        key="head-fig")
 
 
 def render_attributions(ctx: Context) -> None:
     m = ctx.m
-    st.caption("Rollout shows where information was mixed; the other methods ask what supports one class. "
-               "Deletion/insertion curves test each map: removing the patches it ranks first should make the "
-               "class probability fall fast (low deletion AUC), inserting them should make it rise fast.")
+    text = has_text_tower(m)
+    what = "the image's similarity to the prompt" if text else "the class probability"
+    st.caption("Rollout shows where information was mixed; the other methods ask what supports "
+               f"{'the prompt (the cosine similarity of image and text embeddings)' if text else 'one class'}. "
+               "Deletion/insertion curves test each map: removing the patches it ranks first should make "
+               f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
     methods = c[0].multiselect("Methods", list(METHODS), default=["rollout", "grad_rollout", "saliency"],
                                key="methods")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
-    target = None
-    if m.spec.num_classes > 0:
+    target: int | str | None = None
+    if text:  # CLIP / SigLIP: explain the similarity to a prompt (vitlens.attribution.text)
+        target = c[1].text_input("Prompt", "a photo of a dog", key="prompt").strip() or None
+        if target is None:
+            st.info("Type a prompt: the maps explain the image's similarity to it.")
+            return
+    elif m.spec.num_classes > 0:
         choice = c[1].selectbox("Target class", ["predicted"] + names, key="target")
         target = None if choice == "predicted" else names.index(choice)
     steps = int(c[2].number_input("IG steps", 2, 64, 16, key="ig-steps"))
@@ -478,7 +502,7 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
     if source == "Name":
         # code spans: the label is Markdown, where the names' * and _ would turn into emphasis
         name = st.text_input("Model name: timm (`vit_*`, `deit_*`, `beit*`, `eva02_*`), `hf:ORG/NAME` or "
-                             "`hf:FOLDER`, `torchvision:vit_b_16`", "vit_tiny_patch16_224",
+                             "`hf:FOLDER`, `torchvision:vit_b_16`, `open_clip:ViT-B-32`", "vit_tiny_patch16_224",
                              key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
         return (name, pretrained, None, device) if name else None

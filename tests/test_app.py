@@ -600,3 +600,55 @@ def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path
     assert app_img.shape == cli_img.shape == (460, 1000, 3)
     assert ink_box(app_img) == ink_box(cli_img)  # the same margins: no tick label or title cut at the edge
     assert (np.abs(app_img - cli_img).max(-1) > 40).mean() < 0.005  # the same picture, up to antialiasing
+
+
+def test_attributions_of_a_clip_model_take_a_prompt(app, tmp_path):
+    """A CLIP (open_clip:NAME, a tiny config registered here) shows a prompt box instead of a class picker, and
+    the maps shown are the library's for that prompt; a model without a text tower shows no prompt box."""
+    import json
+
+    open_clip = pytest.importorskip("open_clip")
+    app.radio(key="view").set_value("Attributions").run()
+    assert not [t for t in app.text_input if t.key == "prompt"]  # ref-vit: no text tower, a class picker
+    (tmp_path / "vitlens-app-clip.json").write_text(json.dumps({
+        "embed_dim": 16, "vision_cfg": {"image_size": 32, "patch_size": 8, "width": 32, "layers": 2, "head_width": 16},
+        "text_cfg": {"context_length": 8, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1}}))
+    open_clip.add_model_config(tmp_path / "vitlens-app-clip.json")
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value("open_clip:vitlens-app-clip").run()
+    app.multiselect(key="methods").set_value(["saliency"]).run()
+    assert problems(app) == [] and not app.error
+    assert app.text_input(key="prompt").value == "a photo of a dog"
+    assert "the prompt \"a photo of a dog\"" in chart(app)["layout"]["title"]["text"]
+    dog = chart(app)["data"]
+    app.text_input(key="prompt").set_value("a diagram of a ship").run()
+    assert problems(app) == [] and not app.error
+    assert "a diagram of a ship" in chart(app)["layout"]["title"]["text"] and chart(app)["data"] != dog
+    assert list(app.dataframe[0].value["method"]) == ["saliency"]
+
+
+def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):
+    """A SigLIP tower (hf:FOLDER, tiny, random init) offers its attention pool as the query; ref-vit does not."""
+    import torch
+
+    tr = pytest.importorskip("transformers")
+    app.radio(key="view").set_value("Attention maps").run()
+    assert "attention pool" not in app.radio(key="qkind").options
+    torch.manual_seed(0)
+    tr.SiglipVisionModel(tr.SiglipVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                               intermediate_size=64, image_size=32, patch_size=8)).save_pretrained(
+        tmp_path / "siglip")
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value(f"hf:{tmp_path / 'siglip'}").run()
+    assert problems(app) == [] and not app.error
+    app.radio(key="qkind").set_value("attention pool").run()
+    assert problems(app) == [] and not app.error
+    fig = chart(app, 1)  # after the rollout figure
+    assert fig["layout"]["title"]["text"].startswith("Attention pool: attention of the pool's probe")
+    assert not [s for s in app.slider if s.key == "layer"]  # the pool sits after the last block
+    assert any("attention pool" in c.value.lower() for c in app.caption)
+    # rollout of a model without a class token starts from the pool's row by default there, the mean on request
+    assert app.radio(key="roll-source").value == "attention pool" and "attention pool" in chart(app, 0)["layout"][
+        "title"]["text"]
+    app.radio(key="roll-source").set_value("mean over patch tokens").run()
+    assert problems(app) == [] and "mean over patch tokens" in chart(app, 0)["layout"]["title"]["text"]

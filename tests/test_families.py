@@ -510,6 +510,27 @@ def test_models_without_a_map_head_say_there_is_no_pool_attention():
             pass
 
 
+@pytest.mark.parametrize("family", ["hf-siglip", "timm-pe-core"])
+def test_attention_maps_carry_the_pool_attention_of_map_heads(family):
+    """The Attention maps view's pool query: the pool's own probabilities of the same forward, its probe over the
+    patch tokens on their grid (PE-Core: a class token too, which the pool reads and the grid leaves out)."""
+    from vitlens.families.pooling import capture_pool_attention
+
+    m = vl.LoadedModel.from_module(build(family)[0], name=family, device="cpu")
+    x = torch.randn(1, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(4))
+    r = vl.attention_maps(m, x)
+    with torch.no_grad(), capture_pool_attention(m) as cap:
+        m.forward(x)
+    np.testing.assert_allclose(r.pool, cap.maps[0][0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(r.pool_attention(0), cap.patch_maps(m.spec)[0, :, 0].numpy(), atol=1e-6)
+    assert r.maps.shape[0] == m.spec.num_layers and "attention pool" in r.summary()
+    plain = vl.attention_maps(vl.LoadedModel.from_module(build("timm-vit-subclass")[0], device="cpu"),
+                              torch.zeros(1, 3, 32, 32))
+    assert plain.pool is None
+    with pytest.raises(vl.ViewNotAvailableError, match="no pool attention"):
+        plain.pool_attention()
+
+
 def test_hugging_face_classifiers_on_clip_and_siglip_towers_ablate_heads_at_their_out_proj():
     import transformers as tr
 
@@ -523,3 +544,31 @@ def test_hugging_face_classifiers_on_clip_and_siglip_towers_ablate_heads_at_thei
     assert [m.family.head_outputs(a) for a in m.family.attention_modules(m.model)] == \
         [layer.self_attn.out_proj for layer in model.vision_model.encoder.layers]
     assert vl.head_importance(m, torch.randn(2, 3, 32, 32), batch_size=2).logit_drop.shape == (2, 2)
+
+
+@pytest.mark.parametrize("family", ["hf-siglip", "timm-pe-core"])
+def test_rollout_can_start_from_the_attention_pools_row(family):
+    """source="pool": v = the pool's probabilities (heads mean-fused, queries averaged), then v A'_L ... A'_1, the
+    chain written out here with the full matrices; source_token says the pool was used."""
+    from vitlens.families.pooling import capture_pool_attention
+
+    m = vl.LoadedModel.from_module(build(family)[0], name=family, device="cpu")
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(5))
+    r = vl.attention_rollout(m, x, source="pool")
+    with torch.no_grad(), vl.capture_attention(m) as cap, capture_pool_attention(m) as pool:
+        m.forward(x)
+    v = pool.maps[0].double().mean(dim=(1, 2))  # [B, T]
+    eye = torch.eye(v.shape[-1], dtype=torch.float64)
+    for a in reversed(cap.maps):
+        a = a.double().mean(1) + eye
+        v = torch.bmm(v.unsqueeze(1), a / a.sum(-1, keepdim=True)).squeeze(1)
+    want = v[:, m.spec.num_prefix_tokens:]
+    want = (want / want.amax(-1, keepdim=True)).reshape(2, *m.spec.grid).numpy()
+    np.testing.assert_allclose(r.maps, want, atol=1e-6)
+    assert r.source_token == "attention pool"
+    default = vl.attention_rollout(m, x)
+    assert default.source_token == ("class token" if m.spec.has_class_token else "mean over patch tokens")
+    assert not np.allclose(default.maps, r.maps)
+    with pytest.raises(vl.ViewNotAvailableError, match="no pool attention"):
+        vl.attention_rollout(vl.LoadedModel.from_module(build("timm-vit-subclass")[0], device="cpu"),
+                             torch.zeros(1, 3, 32, 32), source="pool")

@@ -227,25 +227,31 @@ def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opa
     return overlay_grid_figure(panels, result.title(), opacity)
 
 
-def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int, query_label: str,
+def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, query_label: str,
                  opacity: float = 0.5) -> go.Figure:
     """All heads of one layer as small multiples: where ``query_label`` attends, per head.
 
     Args:
         image: uint8 [H, W, 3] as the model sees it.
         head_maps: [heads, gh, gw] attention of the query over patch keys (``AttentionMapsResult.query_attention``).
-        layer: 0-based block index (shown 1-based).
-        query_label: e.g. "the class token" or "patch (3, 4)".
+        layer: 0-based block index (shown 1-based), or None for an attention pool's map
+            (``AttentionMapsResult.pool_attention``).
+        query_label: e.g. "the class token", "patch (3, 4)" or "the pool's probe".
     """
     panels = [(image, hm / max(float(hm.max()), 1e-12), f"head {h + 1}") for h, hm in enumerate(head_maps)]
-    return overlay_grid_figure(panels, f"Layer {layer + 1}: attention of {query_label}<br><sup>each head scaled "
+    return overlay_grid_figure(panels, f"{_where(layer)}: attention of {query_label}<br><sup>each head scaled "
                                "to its max</sup>", opacity, columns=min(6, len(panels)))
 
 
-def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int, head: int, query_label: str,
+def _where(layer: int | None) -> str:
+    """'Layer 3' for a block (0-based in, 1-based out); 'Attention pool' for the pool (``layer`` None)."""
+    return "Attention pool" if layer is None else f"Layer {layer + 1}"
+
+
+def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, head: int, query_label: str,
                 opacity: float = 0.5) -> go.Figure:
     """One head of one layer: where ``query_label`` attends (0-based layer and head, shown 1-based)."""
-    return heatmap_overlay_figure(image, head_maps[head], f"Layer {layer + 1}, head {head + 1}: attention of "
+    return heatmap_overlay_figure(image, head_maps[head], f"{_where(layer)}, head {head + 1}: attention of "
                                   f"{query_label}", opacity)
 
 
@@ -257,6 +263,8 @@ def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray
         mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
         panels.append((image, mp / max(float(mp.max()), 1e-12), r.method.replace("_", " ")))
     target = results[0].target_name(index) if results else "no class"
+    if results and getattr(results[0], "target_kind", "class") == "text":
+        target = f"the prompt \"{target}\""
     return overlay_grid_figure(panels, f"Attributions for {target} (positive evidence, scaled to max)",
                                opacity, columns=min(6, len(panels)))
 
@@ -272,7 +280,9 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
                                      name=f"{r.method.replace('_', ' ')} (AUC {significant(auc.mean())})", legendgroup=r.method,
                                      showlegend=col == 1), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
-    fig.update_yaxes(title="target-class probability", rangemode="tozero")
+    text = bool(results) and all(getattr(r, "score", "probability") != "probability" for r in results)
+    fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability",
+                     rangemode="normal" if text else "tozero")
     fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
     return fig
 

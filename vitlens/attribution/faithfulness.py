@@ -37,6 +37,8 @@ class FaithfulnessResult(Result):
         deletion_auc, insertion_auc: [B] trapezoidal areas under the curves.
         baseline: "mean" (each channel's image mean) or "blur" (Gaussian blur of the image).
         model_name: the model's name.
+        score: what the curves follow: "probability" (of the target class), or, for maps of a text
+            target, "cosine similarity to the prompt" (the image-text similarity the maps explain).
     """
 
     kind = "faithfulness"
@@ -48,6 +50,7 @@ class FaithfulnessResult(Result):
     insertion_auc: np.ndarray
     baseline: str
     model_name: str = ""
+    score: str = "probability"
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {self.method} over {len(self.deletion)} images, deletion AUC "
@@ -91,6 +94,12 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
     """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
+    text = None
+    if attribution.target_kind == "text":
+        if attribution.text_embeddings is None:
+            raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text embedding "
+                                        "to score against; compute them with vl.attribute.")
+        text = torch.as_tensor(attribution.text_embeddings, device=m.device)
     grid = attribution.grid
     n_tok = grid[0] * grid[1]
     counts = [round(n_tok * s / steps) for s in range(steps + 1)]
@@ -105,7 +114,11 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
             masks = _token_masks(order, grid, m.spec.stride_px, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
             deleted = torch.where(masks, base[i:i + 1], x[i:i + 1])
             inserted = torch.where(masks, x[i:i + 1], base[i:i + 1])
-            probs = m.logits(torch.cat([deleted, inserted])).softmax(-1)[:, int(attribution.targets[j])]
+            out = m.logits(torch.cat([deleted, inserted]))
+            if text is None:
+                probs = out.softmax(-1)[:, int(attribution.targets[j])]
+            else:  # the cosine similarity to the image's prompt, the score the maps explain
+                probs = torch.nn.functional.normalize(out, dim=-1) @ text[int(attribution.targets[j])]
             dels.append(probs[: steps + 1].cpu().numpy().astype(np.float64))
             ins.append(probs[steps + 1:].cpu().numpy().astype(np.float64))
         offset += x.shape[0]
@@ -113,7 +126,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
     return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
                               deletion_auc=np.trapezoid(deletion, fractions, axis=1),
                               insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline=baseline,
-                              model_name=m.spec.name)
+                              model_name=m.spec.name,
+                              score="probability" if text is None else "cosine similarity to the prompt")
 
 
 @dataclass(eq=False, repr=False)
@@ -164,7 +178,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
         methods: names from ``METHODS``.
         masks: [B, h, w] bool object masks of the images, for pointing game and mass in mask (brought
             through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model).
-        target: class to explain (one for all, one per image, or None for the predictions).
+        target: class to explain (one for all, one per image, or None for the predictions), or for a model
+            with a text tower a prompt (one for all or one per image): the curves then follow the similarity.
         steps: deletion/insertion steps.
         baseline: what removed patches become ("mean" or "blur").
         batch_size: images per step.

@@ -50,7 +50,11 @@ class AttributionResult(Result):
         params: the method's parameters.
         note: what the map means for this method/model (e.g. class-agnostic, no class token).
         model_name: the model's name.
-        label_names: the model's class names (empty when it has none), for ``target_name``.
+        label_names: the model's class names (empty when it has none), for ``target_name``; for a text
+            target, the distinct prompts, which ``targets`` index.
+        target_kind: "class", or "text" when a prompt was explained (``vitlens.attribution.text``).
+        text_embeddings: for a text target, [P, D] float32 unit text embeddings of the
+            prompts (what deletion / insertion score against); None otherwise.
     """
 
     kind = "attribution"
@@ -64,14 +68,18 @@ class AttributionResult(Result):
     note: str = ""
     model_name: str = ""
     label_names: list = field(default_factory=list)
+    target_kind: str = "class"
+    text_embeddings: np.ndarray | None = None
 
     def target_name(self, index: int) -> str:
-        """The class explained for image ``index`` in words: 'ring', or 'class 4' without names."""
+        """The class (or prompt) explained for image ``index`` in words: 'ring', 'a photo of a dog', or 'class 4'
+        without names."""
         t = int(self.targets[index])
         return self.label_names[t] if 0 <= t < len(self.label_names) else f"class {t}"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} maps of {len(self.maps)} images on "
+        prompt = f" for {self.label_names[0]!r}" if self.target_kind == "text" and len(self.label_names) == 1 else ""
+        return (f"{self.model_name or 'model'}: {self.method} maps of {len(self.maps)} images{prompt} on "
                 f"{self.grid[0]}x{self.grid[1]}, {self.seconds_per_image:.3f} s/image")
 
     def to_rows(self) -> list[dict]:
@@ -112,19 +120,21 @@ def _pixels_to_grid(attr: torch.Tensor, grid: tuple[int, int], reduce: str = "su
     return out.cpu().numpy()
 
 
+Scorer = Callable[[torch.Tensor], torch.Tensor]
+
+
 def _rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor | None, grid: tuple[int, int],
-             params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+             params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
     r = attention_rollout(m, x, batch_size=x.shape[0], **params)
     return r.maps, (r.predictions if t is None else t.cpu().numpy())
 
 
 def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                  params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+                  params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
     x = x.detach().clone().requires_grad_(True)
     with torch.enable_grad(), capture_attention(m, mode="inline", detach=False) as cap:
-        logits = m.forward(x).float()
-        score = logits.gather(1, t[:, None]).sum()
-        grads = torch.autograd.grad(score, cap.maps)  # one gradient per block, in block order
+        logits = score(x)
+        grads = torch.autograd.grad(logits.gather(1, t[:, None]).sum(), cap.maps)  # one gradient per block, in block order
     tokens = cap.maps[0].shape[-1]
     r = torch.eye(tokens, dtype=torch.float64, device=x.device).expand(x.shape[0], tokens, tokens).clone()
     for attn, grad in zip(cap.maps, grads):
@@ -133,42 +143,43 @@ def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[
     return rollout_map(r, m.spec.num_prefix_tokens, m.spec.has_class_token, grid), t.cpu().numpy()
 
 
-def _forward_fn(m: LoadedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+def _forward_fn(m: LoadedModel) -> Scorer:
+    """The class scorer: x -> [B, classes] logits in float32."""
     return lambda inp: m.forward(inp).float()
 
 
 def _integrated_gradients(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                          params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+                          params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
     import captum.attr as ca
 
     x = x.detach().clone().requires_grad_(True)
     baseline = torch.zeros_like(x)  # the normalised mean colour
     with torch.enable_grad():
-        attr = ca.IntegratedGradients(_forward_fn(m)).attribute(
+        attr = ca.IntegratedGradients(score).attribute(
             x, baselines=baseline, target=t, n_steps=int(params["n_steps"]), internal_batch_size=x.shape[0])
     return _pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-              params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+              params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
     import captum.attr as ca
 
     with torch.enable_grad():
-        attr = ca.Saliency(_forward_fn(m)).attribute(x.detach().clone().requires_grad_(True), target=t, abs=True)
+        attr = ca.Saliency(score).attribute(x.detach().clone().requires_grad_(True), target=t, abs=True)
     return _pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                      params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+                      params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
     import captum.attr as ca
 
     with torch.enable_grad():
-        attr = ca.InputXGradient(_forward_fn(m)).attribute(x.detach().clone().requires_grad_(True), target=t)
+        attr = ca.InputXGradient(score).attribute(x.detach().clone().requires_grad_(True), target=t)
     return _pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-               params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+               params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
     import captum.attr as ca
 
     sy, sx = m.spec.stride_px
@@ -176,7 +187,7 @@ def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int
     if win < 1 or not 1 <= step <= win:
         raise InvalidParameterError(f"occlusion needs window_tokens >= stride_tokens >= 1; got {win}, {step}.")
     with torch.no_grad():
-        attr = ca.Occlusion(_forward_fn(m)).attribute(
+        attr = ca.Occlusion(score).attribute(
             x.detach(), sliding_window_shapes=(x.shape[1], win * sy, win * sx),
             strides=(x.shape[1], step * sy, step * sx), baselines=0.0, target=t,
             perturbations_per_eval=int(params["perturbations_per_eval"]))
@@ -185,7 +196,7 @@ def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int
     return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
 
 
-MethodFn = Callable[[LoadedModel, torch.Tensor, Any, tuple, dict], tuple[np.ndarray, np.ndarray]]
+MethodFn = Callable[[LoadedModel, torch.Tensor, Any, tuple, dict, Scorer], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,8 @@ class Method:
 
     Attributes:
         name: the name ``attribute`` takes.
-        fn: (model, batch, targets, grid, params) -> (maps [b, gh, gw], targets [b]).
+        fn: (model, batch, targets, grid, params, score) -> (maps [b, gh, gw], targets [b]); ``score``
+            maps a batch to [b, K] outputs (class logits, or similarities to K prompts) that ``targets`` index.
         defaults: parameters and their defaults (the only ones it accepts).
         needs_target: False for class-agnostic maps (rollout), which work without a classifier.
         note: what the map means, when that needs saying.
@@ -227,23 +239,32 @@ def attribute(
     target: Any = None,
     batch_size: int = 16,
     progress: ProgressArg = None,
+    tokenizer: Any = None,
     **params: Any,
 ) -> AttributionResult:
-    """Attribution maps on the patch grid for the target class (default: the predicted class).
+    """Attribution maps on the patch grid for the target class (default: the predicted class), or for a prompt.
 
     Args:
         m: the model.
         images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
         method: one of ``METHODS``.
-        target: class index for all images, one per image, or None for each image's prediction.
+        target: class index for all images, one per image, or None for each image's prediction; for a
+            model with a text tower (CLIP, SigLIP), a prompt ("a photo of a dog"), one prompt per image, or
+            pre-tokenised ids ({"input_ids": [P, L], ...}): the map explains the cosine similarity of the
+            image embedding and the prompt's text embedding (``vitlens.attribution.text``).
         batch_size: images per step.
         progress: True for a progress bar, or a callable ``f(done, total)``.
+        tokenizer: for a text target, the text tower's tokenizer when vitlens cannot find it (a Hugging Face
+            model built from a config): a Hugging Face tokenizer, or a callable prompts -> ids [P, L].
         **params: method parameters (``n_steps`` for integrated gradients, ``perturbations_per_eval``
             for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout).
 
     Returns:
-        An ``AttributionResult``; its ``maps`` are [B, gh, gw].
+        An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the
+        prompts, ``targets`` index them and ``params['score']`` says what was explained.
     """
+    from .text import SCORE, TextTargets, is_text_target
+
     if method not in METHOD_TABLE:
         raise InvalidParameterError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
     spec = METHOD_TABLE[method]
@@ -252,17 +273,27 @@ def attribute(
         raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "
                                     f"got {', '.join(sorted(unknown))}.")
     p = {**spec.defaults, **params}
+    text, explained = None, {}
+    if is_text_target(target):
+        # rollout is class-agnostic: its map ignores the prompt, which is recorded (and embedded, so that
+        # deletion / insertion can score the map against it as against a class)
+        text = TextTargets(m, target, count_images(images), tokenizer)
+        explained["score"] = SCORE if spec.needs_target else "none (class-agnostic); the prompt is recorded only"
+    score = text.scorer(m) if text is not None else _forward_fn(m)
     maps, targets, grid, size, done = [], [], None, None, 0
     start = time.perf_counter()
     with Progress(progress, count_images(images), method) as bar:
         for x in iter_batches(images, m.data_config, batch_size):
             x = x.to(m.device)
             grid, size = m.grid_for(x.shape[-2:]), (int(x.shape[-2]), int(x.shape[-1]))
-            batch_target = target
-            if target is not None and np.ndim(target) > 0 and len(target) > 1:
-                batch_target = list(target)[done: done + x.shape[0]]
-            t = None if (target is None and not spec.needs_target) else _targets(m, x, batch_target)
-            batch_maps, batch_targets = spec.fn(m, x, t, grid, p)
+            if text is not None:
+                t = text.batch(done, x.shape[0], m.device)
+            else:
+                batch_target = target
+                if target is not None and np.ndim(target) > 0 and len(target) > 1:
+                    batch_target = list(target)[done: done + x.shape[0]]
+                t = None if (target is None and not spec.needs_target) else _targets(m, x, batch_target)
+            batch_maps, batch_targets = spec.fn(m, x, t, grid, p, score)
             maps.append(batch_maps)
             targets.append(np.asarray(batch_targets))
             done += x.shape[0]
@@ -271,7 +302,12 @@ def attribute(
     notes = [spec.note] if spec.note else []
     if method in ("rollout", "grad_rollout") and not m.spec.has_class_token:
         notes.append("no class token: mean over the patch tokens' rows")
+    if text is not None and spec.needs_target:
+        notes.append("explains the image-text cosine similarity to the prompt")
     return AttributionResult(method=method, maps=np.concatenate(maps).astype(np.float64),
                              targets=np.concatenate(targets).astype(np.int64), grid=grid, image_size=size,
-                             seconds_per_image=elapsed / max(done, 1), params=p, note="; ".join(notes),
-                             model_name=m.spec.name, label_names=list(m.label_names() or []))
+                             seconds_per_image=elapsed / max(done, 1), params={**p, **explained}, note="; ".join(notes),
+                             model_name=m.spec.name,
+                             label_names=list(text.names) if text is not None else list(m.label_names() or []),
+                             target_kind="text" if text is not None else "class",
+                             text_embeddings=None if text is None else text.embeddings.cpu().numpy().astype(np.float32))

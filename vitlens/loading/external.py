@@ -90,7 +90,10 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         cls = cls or transformers.AutoModel
         # CLIP/SigLIP checkpoints load whole (CLIPModel, SiglipModel): vitlens reads the vision tower, the text
         # tower stays available as model.text_model
-        model = cls.from_pretrained(target, config=config, **kwargs) if pretrained else cls.from_config(config)
+        if pretrained:
+            model = cls.from_pretrained(target, config=config, **kwargs)
+        else:  # random init from the config: AutoModel builds through from_config, a model class from its config
+            model = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
     except (OSError, ValueError) as e:
         raise UnknownModelError(f"transformers could not load {ref!r}: {str(e).splitlines()[0]}") from e
     processor = _processor_config(target, local)

@@ -62,6 +62,8 @@ class LoadedModel:
         weights: what kind of weights they are, one of ``WEIGHT_KINDS``: "pretrained" (hub
             weights), "random init", "embedded" (the reference pair's own), "checkpoint" (a
             local file) or "module" (a model built in user code).
+        tokenizer: the text tower's tokenizer for models with one (CLIP/SigLIP), when known: set it for a
+            Hugging Face model built from a config; open_clip's is found from the name (``vitlens.attribution.text``).
     """
 
     model: nn.Module
@@ -72,6 +74,7 @@ class LoadedModel:
     source: str = ""
     family: Family | None = field(default=None, repr=False, compare=False)
     weights: str = "module"
+    tokenizer: Any = field(default=None, repr=False, compare=False)
     _label_cache: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -42,6 +42,13 @@ def attention_distance(
         renormalize: renormalise each query's weights over patch keys (the default choice);
             False keeps the raw weights (the keras example's convention).
         progress: True for a progress bar, or a callable ``f(done, total)``.
+        source: the row rolled out: None (the class token, or without one the mean over the patch tokens) or
+            "pool": a MAP head's own attention (its probe queries over the tokens, heads fused as the blocks,
+            queries averaged) as the class-like row, for models that pool through one (SigLIP, timm MAP heads);
+            ``RolloutResult.source_token`` says which row was used.
+
+    Raises:
+        ViewNotAvailableError: ``source="pool"`` for a model without an attention pool.
 
     One pass over the images for this view alone; for several views of the same images, ask
     ``analyze(m, images, views=(...))``, which computes them all from one forward per batch.
@@ -57,6 +64,7 @@ def attention_rollout(
     discard_ratio: float = 0.0,
     batch_size: int = 32,
     progress: ProgressArg = None,
+    source: str | None = None,
 ) -> RolloutResult:
     """Attention rollout maps (paper Fig. 6, Fig. 14) with the model's predictions.
 
@@ -67,12 +75,27 @@ def attention_rollout(
         discard_ratio: fraction of the smallest fused weights zeroed per image and block.
         batch_size: images per forward.
         progress: True for a progress bar, or a callable ``f(done, total)``.
+        source: the row rolled out: None (the class token, or without one the mean over the patch tokens) or
+            "pool": a MAP head's own attention (its probe queries over the tokens, heads fused as the blocks,
+            queries averaged) as the class-like row, for models that pool through one (SigLIP, timm MAP heads);
+            ``RolloutResult.source_token`` says which row was used.
+
+    Raises:
+        ViewNotAvailableError: ``source="pool"`` for a model without an attention pool.
 
     One pass over the images for this view alone; ``analyze(m, images, views=("distance",
     "rollout"))`` gives both views from one forward per batch.
     """
-    return _stream_one(m, images, batch_size, progress, "rollout",
-                       RolloutAccumulator.for_model(m, head_fusion, discard_ratio))
+    acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
+    if source is None:
+        return _stream_one(m, images, batch_size, progress, "rollout", acc)
+    if source != "pool":
+        raise InvalidParameterError(f"source must be None or 'pool'; got {source!r}.")
+    from ..families.pooling import capture_pool_attention
+
+    with capture_pool_attention(m) as pool:  # side hooks on the pool, beside the blocks' capture
+        acc.pool_source = lambda: pool.maps[0] if pool.maps else None
+        return _stream_one(m, images, batch_size, progress, "rollout", acc)
 
 
 def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any) -> Any:

@@ -51,6 +51,9 @@ class AttentionMapsResult(Result):
         num_prefix_tokens: tokens before the patches.
         image_size: (H, W) input pixels.
         model_name: the model's name.
+        pool: for a model that pools through an attention pool (a MAP head: timm's ``AttentionPoolLatent``,
+            SigLIP's probe), that pool's own attention [heads, queries, T] over every token it reads
+            (``vitlens.families.pooling``); None for models that pool otherwise (class token, mean).
     """
 
     kind = "attention_maps"
@@ -59,10 +62,30 @@ class AttentionMapsResult(Result):
     num_prefix_tokens: int
     image_size: tuple[int, int]
     model_name: str = ""
+    pool: np.ndarray | None = None
 
     def summary(self) -> str:
         layers, heads, t, _ = self.maps.shape
-        return f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {t} tokens of one image"
+        pool = ", and its attention pool's" if self.pool is not None else ""
+        return f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {t} tokens of one image{pool}"
+
+    def pool_attention(self, query: int = 0) -> np.ndarray:
+        """Where the attention pool's probe ``query`` (0-based; SigLIP and timm MAP heads have one) attends among
+        the patch tokens: [heads, gh, gw], raw weights (they sum to 1 over every token the pool reads).
+
+        Raises:
+            ViewNotAvailableError: the model has no attention pool.
+        """
+        if self.pool is None:
+            from ..errors import ViewNotAvailableError
+
+            raise ViewNotAvailableError(f"{self.model_name or 'this model'} pools without an attention pool (a class "
+                                        "token or the mean), so there is no pool attention to show.")
+        heads, queries, _t = self.pool.shape
+        if not 0 <= query < queries:
+            raise InvalidParameterError(f"query must be a pool query in [0, {queries}); got {query}.")
+        n = self.grid[0] * self.grid[1]  # the patch tokens come last, whether or not the pool reads the prefix
+        return self.pool[:, query, -n:].reshape(heads, *self.grid)
 
     def query_attention(self, layer: int, query: int) -> np.ndarray:
         """Where token ``query`` attends among the patch tokens in block ``layer`` (0-based): [heads, gh, gw].
@@ -97,11 +120,22 @@ class AttentionMapsResult(Result):
 
 
 def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor) -> AttentionMapsResult:
-    """Every block's attention for one image (side capture: the model's output is untouched)."""
+    """Every block's attention for one image, and the attention pool's for a model with a MAP head (side
+    capture: the model's output is untouched)."""
+    import contextlib
+
+    from ..errors import ViewNotAvailableError
+    from ..families.pooling import capture_pool_attention
+
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
     x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)
-    with torch.no_grad(), capture_attention(m) as cap:
+    with torch.no_grad(), capture_attention(m) as cap, contextlib.ExitStack() as stack:
+        try:
+            pool = stack.enter_context(capture_pool_attention(m))
+        except ViewNotAvailableError:  # pools by a class token or the mean: no pool attention
+            pool = None
         m.forward(x)
     return AttentionMapsResult(maps=np.stack([a[0].cpu().numpy() for a in cap.maps]),
                                grid=m.grid_for(x.shape[-2:]), num_prefix_tokens=m.spec.num_prefix_tokens,
-                               image_size=(int(x.shape[-2]), int(x.shape[-1])), model_name=m.spec.name)
+                               image_size=(int(x.shape[-2]), int(x.shape[-1])), model_name=m.spec.name,
+                               pool=None if pool is None or not pool.maps else pool.maps[0][0].float().cpu().numpy())

@@ -12,7 +12,7 @@ attribution methods before reading it as an explanation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -60,7 +60,8 @@ class RolloutResult(Result):
         image_size: (H, W) input size.
         head_fusion: "mean", "max" or "min".
         discard_ratio: fraction of fused weights zeroed per image and block.
-        source_token: "class token" or "mean over patch tokens".
+        source_token: the row shown: "class token", "mean over patch tokens" (no class token), or
+            "attention pool" (a MAP head's probe row, ``attention_rollout(source="pool")``).
         predicted_labels: class names of the predictions when known.
         model_name: the model's name.
     """
@@ -155,14 +156,29 @@ def source_vector(batch: int, tokens: int, num_prefix_tokens: int, has_class_tok
     return v
 
 
-def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool) -> torch.Tensor:
-    """The source row of R = A'_L ... A'_1, [B, T] float64, from the fused maps of every block.
+def pool_vector(pool: torch.Tensor, tokens: int, head_fusion: str = "mean") -> torch.Tensor:
+    """[B, T] float64: an attention pool's probabilities [B, heads, queries, T_pool] fused over heads (as the
+    blocks are) and averaged over its queries; a pool that reads the patch tokens only (T_pool < T) gives the
+    prefix tokens zero. The class-like row of a model that pools through a MAP head."""
+    p = pool.float()
+    p = (p.mean(dim=1) if head_fusion == "mean" else p.amax(dim=1) if head_fusion == "max" else p.amin(dim=1))
+    v = p.mean(dim=1).to(torch.float64)
+    if v.shape[-1] < tokens:
+        v = torch.cat([v.new_zeros(v.shape[0], tokens - v.shape[-1]), v], dim=-1)
+    return v
+
+
+def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool,
+                start: torch.Tensor | None = None) -> torch.Tensor:
+    """The source row of R = A'_L ... A'_1, [B, T] float64, from the fused maps of every block
+    (``start``: another source vector [B, T], e.g. an attention pool's, ``pool_vector``).
 
     Only one row of R is shown, so it is computed as a vector-matrix chain from the last block
     back: v <- v A'_l for l = L..1, with v A' = w (A + I), w = v / rowsum(A + I). That is T^2
     work per block and image instead of the T^3 of the full product (same numbers, float64).
     """
-    v = source_vector(fused[0].shape[0], fused[0].shape[-1], num_prefix_tokens, has_class_token, fused[0].device)
+    v = source_vector(fused[0].shape[0], fused[0].shape[-1], num_prefix_tokens, has_class_token, fused[0].device) \
+        if start is None else start.to(device=fused[0].device, dtype=torch.float64)
     for a in reversed(fused):
         a = a.to(torch.float64)
         w = v / (a.sum(dim=-1) + 1.0)
@@ -204,6 +220,9 @@ class RolloutAccumulator(AttentionConsumer):
         self._maps: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
         self._probs: list[np.ndarray] = []
+        #: the attention pool's latest probabilities [B, heads, queries, T] (a MAP head), when rollout starts
+        #: from the pool's row instead of the class token or the patch mean (``attention_rollout(source="pool")``)
+        self.pool_source: Any = None
 
     @classmethod
     def for_model(cls, m: "LoadedModel", head_fusion: str = "mean", discard_ratio: float = 0.0) -> "RolloutAccumulator":
@@ -213,6 +232,8 @@ class RolloutAccumulator(AttentionConsumer):
 
     @property
     def source_token(self) -> str:
+        if self.pool_source is not None:
+            return "attention pool"
         return "class token" if self.has_class_token else "mean over patch tokens"
 
     def begin_batch(self, batch: BatchInfo) -> None:
@@ -246,7 +267,13 @@ class RolloutAccumulator(AttentionConsumer):
         """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
         if len(self._fused) != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
-        row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token)
+        start = None
+        if self.pool_source is not None:
+            pool = self.pool_source()
+            if pool is None:
+                raise RuntimeError("Rollout from the attention pool saw no pool attention in this forward.")
+            start = pool_vector(pool, self._fused[0].shape[-1], self.head_fusion)
+        row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token, start)
         maps = row_map(row, self.num_prefix_tokens, self.grid)
         self._maps.append(maps)
         b = maps.shape[0]
@@ -272,6 +299,9 @@ class RolloutAccumulator(AttentionConsumer):
             raise InvalidParameterError(f"Rollout maps of grid {self.grid} and {other.grid} do not merge.")
         out = RolloutAccumulator(self.num_layers, self.num_prefix_tokens, self.has_class_token, self.head_fusion,
                                  self.discard_ratio, self.label_names, self.has_classifier)
+        if (self.pool_source is None) != (other.pool_source is None):
+            raise InvalidParameterError("Rollout from the attention pool and from another row do not merge.")
+        out.pool_source = self.pool_source
         out.grid, out.image_size = self.grid or other.grid, self.image_size or other.image_size
         out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
                                              self._probs + other._probs)
