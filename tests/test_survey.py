@@ -347,3 +347,80 @@ def test_the_survey_report_opens_offline_in_chromium(reference, tmp_path):
         browser.close()
     assert "no_such_model_x" in text and "ref-vit" in text
     assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []
+
+
+def _damage(folder: Path) -> dict[str, bytes]:
+    """Truncate ref-vit's shard 1 to half and zero its shard 2, as a bad disk or copy would: their bytes before."""
+    one, two = (next((folder / "shards").glob(f"ref-vit-*/shard-0000{i}.npz")) for i in (1, 2))
+    before = {"shard-00001": one.read_bytes(), "shard-00002": two.read_bytes()}
+    one.write_bytes(before["shard-00001"][: len(before["shard-00001"]) // 2])
+    two.write_bytes(bytes(len(before["shard-00002"])))
+    return before
+
+
+def test_a_damaged_folder_loads_and_names_its_damaged_shards(reference, tmp_path, capsys):
+    from vitlens.report.cli import main
+    from vitlens.survey.store import DamagedShardError, DamagedSurveyWarning
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    _damage(folder)
+    with pytest.warns(DamagedSurveyWarning, match=r"shard-00001 \(truncated .*shard-00002 \(zeroed"):
+        result = vl.load_survey(folder)
+    assert set(result.damaged["ref-vit"]) == {"shard-00001", "shard-00002"}
+    assert result.damaged["ref-vit"]["shard-00001"].startswith("truncated (")
+    assert "2 damaged shards" in repr(result)
+    with pytest.raises(DamagedShardError, match=r"shard-00001.npz is damaged: truncated .* Rerun"):
+        result.distance("ref-vit")
+    assert main(["survey-report", str(folder), "--out", str(tmp_path / "zoo.html"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "BadZipFile" not in err and "shard-00001 (truncated" in err and "shard-00002 (zeroed" in err
+
+
+def test_a_shard_is_trusted_by_its_checksum_or_for_older_folders_by_reading_back(reference, tmp_path):
+    from vitlens.survey.store import SurveyStore
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    store, shards = SurveyStore(folder), shapes_source(N).shards(6)
+    key = next(k for k, v in store.manifest()["models"].items() if v["name"] == "ref-vit")
+    assert store.damaged(key, shards) == {} and store.checksum_path(key, shards[0]).is_file()
+    path = store.shard_path(key, shards[3])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    path.write_bytes(bytes(data))
+    assert "fails its checksum" in store.problem(key, shards[3])
+    store.checksum_path(key, shards[0]).unlink()  # a folder from before the records: read back instead
+    assert store.problem(key, shards[0]) == ""
+    store.checksum_path(key, shards[3]).unlink()
+    assert store.problem(key, shards[3]).startswith("cannot be read (")
+
+
+def test_a_rerun_sets_damaged_shards_aside_and_recomputes_exactly_those(reference, tmp_path, capsys):
+    import pandas as pd
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    before = _damage(folder)
+    kept = {p.name: p.stat().st_mtime_ns for p in (folder / "shards").glob("ref-vit-*/shard-0000[03].npz")}
+    result = vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=6, batch_size=4)
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    damaged_lines = [line for line in lines if "is damaged" in line]
+    assert len(damaged_lines) == 2, lines
+    assert "ref-vit: shard-00001 is damaged (truncated" in damaged_lines[0] and "set aside as shards/" in damaged_lines[0]
+    assert "ref-vit: shard-00002 is damaged (zeroed" in damaged_lines[1]
+    assert "ref-vit: done: 2 shards computed this run (12 images), 2 reused" in lines
+    assert {p.name: p.stat().st_mtime_ns for p in (folder / "shards").glob("ref-vit-*/shard-0000[03].npz")} == kept
+    for name, data in before.items():  # set aside with the damaged bytes, not deleted
+        moved = list((folder / "shards").glob(f"ref-vit-*/{name}.npz.damaged-*"))
+        assert len(moved) == 1 and moved[0].read_bytes() != data
+    entry = next(v for v in result.manifest["models"].values() if v["name"] == "ref-vit")
+    assert [s["shard"] for s in entry["set_aside"]] == ["shard-00001", "shard-00002"]
+    assert not result.damaged
+    pd.testing.assert_frame_equal(result.table, vl.load_survey(out).table, check_exact=False, rtol=1e-6)
+    np.testing.assert_allclose(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px,
+                               rtol=1e-6)
+

@@ -21,6 +21,7 @@ import shlex
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -367,9 +368,16 @@ def cmd_survey_report(args: argparse.Namespace) -> int:
     import vitlens as vl
     from vitlens.results import atomic_write_bytes
     from vitlens.survey.report import survey_figures, survey_html
+    from vitlens.survey.store import DamagedSurveyWarning
 
     check_outputs(args)
-    result = vl.load_survey(args.folder)
+    with warnings.catch_warnings():  # said below, in one line per model
+        warnings.simplefilter("ignore", DamagedSurveyWarning)
+        result = vl.load_survey(args.folder)
+    for label, bad in result.damaged.items():
+        print(f"vitlens: warning: {label}: damaged shard files: "
+              + ", ".join(f"{name} ({why})" for name, why in bad.items())
+              + "; rerun the same vitlens survey command to set them aside and recompute them.", file=sys.stderr)
     if result.table.empty:
         raise CliError(f"{args.folder} holds no finished model yet; run vitlens survey first.")
     out = Path(args.out)

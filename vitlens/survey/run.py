@@ -188,6 +188,7 @@ def survey(
     shards = source.shards(shard_size)
     names = list(dict.fromkeys(models))
     weights = {name: pretrained or name in REFERENCE_NAMES for name in names}  # the embedded pair has its weights
+    repaired = set_aside_damaged(store, manifest, shards, progress)
     for name in names:
         key = model_key(name, weights[name])
         entry = manifest["models"].setdefault(key, {"name": name, "key": key, "pretrained": weights[name],
@@ -200,8 +201,15 @@ def survey(
                   file=sys.stderr, flush=True)
     store.write_manifest(manifest)
 
+    revived = set()
+    for key in repaired:  # a finished model of an earlier run, not named now: its damaged shards are recomputed too
+        entry = manifest["models"][key]
+        if entry.get("status") == "done" and not all(store.done(key, s) for s in shards):
+            entry["status"] = "pending"
+            revived.add(key)
     todo = {k: e for k, e in manifest["models"].items()
-            if e["name"] in names and e["pretrained"] == weights[e["name"]] and e["status"] != "done"}
+            if (k in revived or (e["name"] in names and e["pretrained"] == weights[e["name"]]))
+            and e["status"] != "done"}
     if todo:
         _run(todo, manifest, store, source, shards, settings, address, num_gpus_per_worker, num_cpus_per_worker,
              strict, progress, num_cpus)
@@ -215,6 +223,28 @@ def survey(
     write_table(store.out, rows)
     store.write_manifest(manifest)
     return load_survey(store.out)
+
+
+def set_aside_damaged(store: SurveyStore, manifest: dict, shards: list[Shard], progress: bool) -> set[str]:
+    """Every damaged shard of the folder renamed out of the way (kept, recorded in its model's
+    manifest entry under "set_aside", and said on stderr): the keys of the models that had one."""
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    repaired = set()
+    for key, entry in manifest["models"].items():
+        for shard in shards:
+            why = store.problem(key, shard)
+            if not why:
+                continue
+            moved = store.set_aside(key, shard, stamp)
+            repaired.add(key)
+            where = moved.relative_to(store.out)
+            entry.setdefault("set_aside", []).append({"shard": shard.name, "reason": why, "path": str(where),
+                                                      "time": stamp})
+            (entry.get("shards") or {}).pop(shard.name, None)
+            if progress:
+                print(f"{entry.get('label', entry['name'])}: {shard.name} is damaged ({why}); set aside as "
+                      f"{where}, computing it again", file=sys.stderr, flush=True)
+    return repaired
 
 
 def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource, shards: list[Shard],
