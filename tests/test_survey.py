@@ -424,3 +424,71 @@ def test_a_rerun_sets_damaged_shards_aside_and_recomputes_exactly_those(referenc
     np.testing.assert_allclose(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px,
                                rtol=1e-6)
 
+
+def _ref_vit_checkpoint(path: Path, seed: int) -> None:
+    """ref-vit's weights, nudged by a seeded amount: a fine-tuned checkpoint of the same architecture."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = vl.load_model("ref-vit", device="cpu").model.state_dict()
+    g = torch.Generator().manual_seed(seed)
+    save_file({k: (v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v).contiguous()
+               for k, v in state.items()}, str(path))
+
+
+def test_two_checkpoints_side_by_side_and_one_whose_weights_changed_is_recomputed(local_ray, tmp_path, capsys):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    _ref_vit_checkpoint(a, 1)
+    _ref_vit_checkpoint(b, 2)
+    names = [f"{a}@ref-vit", f"{b}@ref-vit"]
+    folder, n = tmp_path / "zoo", 8
+    first = vl.survey(names, shapes_source(n), folder, shard_size=4, batch_size=4, progress=False,
+                      views=("distance",))
+    assert sorted(first.models()) == sorted(names) and not first.failed
+    assert set(first.table["weights"]) == {"checkpoint"}
+    entries = {e["name"]: e for e in first.manifest["models"].values()}
+    assert entries[names[0]]["checkpoint"]["sha256"] == file_sha(a) and entries[names[0]]["checkpoint"]["arch"] == "ref-vit"
+    a_shards = sorted((folder / "shards" / entries[names[0]]["key"]).glob("*.npz"))
+    a_stamps = [p.stat().st_mtime_ns for p in a_shards]
+    images = list(generate(n, seed=HELD_OUT_SEED).images)
+    for name, path in zip(names, (a, b)):  # each is its own checkpoint's numbers
+        want = vl.attention_distance(vl.load_model(str(path), arch="ref-vit", device="cpu"), images, batch_size=4)
+        np.testing.assert_allclose(first.distance(name).mean_px, want.mean_px, rtol=1e-6)
+    old_b = first.distance(names[1]).mean_px
+
+    _ref_vit_checkpoint(b, 3)  # b's file now holds other weights
+    second = vl.survey(names, shapes_source(n), folder, shard_size=4, batch_size=4, views=("distance",))
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    changed = [line for line in lines if "weights changed" in line]
+    assert len(changed) == 1 and changed[0].startswith(f"{names[1]}: its weights changed since its shards were "
+                                                       "written") and "2 old shards set aside" in changed[0]
+    assert f"{names[0]}: already done (2 shards reused)" in lines
+    assert f"{names[1]}: done: 2 shards computed this run ({n} images)" in lines  # none of the old ones reused
+    assert [p.stat().st_mtime_ns for p in a_shards] == a_stamps
+    want = vl.attention_distance(vl.load_model(str(b), arch="ref-vit", device="cpu"), images, batch_size=4)
+    np.testing.assert_allclose(second.distance(names[1]).mean_px, want.mean_px, rtol=1e-6)
+    assert not np.allclose(second.distance(names[1]).mean_px, old_b)
+    entry = next(e for e in second.manifest["models"].values() if e["name"] == names[1])
+    assert entry["checkpoint"]["sha256"] == file_sha(b) and len(entry["set_aside"]) == 2
+    assert len(list((folder / "shards" / entry["key"]).glob("*.npz.weights-changed-*"))) == 2
+
+
+def file_sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_command_line_takes_checkpoints_as_path_at_arch(tmp_path, monkeypatch):
+    from vitlens.report.cli import main
+    from vitlens.survey.store import checkpoint_of
+
+    seen = {}
+    monkeypatch.setattr(vl, "survey", lambda names, *a, **k: seen.setdefault("names", names) and 1 / 0)
+    (tmp_path / "zoo.txt").write_text("ref-vit\nruns/epoch3.safetensors@vit_tiny_patch16_224  # mine\n")
+    main(["survey", "--models", "ft.pth@ref-vit", "--models-file", str(tmp_path / "zoo.txt"),
+          "--out", str(tmp_path / "out"), "--quiet"])
+    assert seen["names"] == ["ft.pth@ref-vit", "ref-vit", "runs/epoch3.safetensors@vit_tiny_patch16_224"]
+    assert checkpoint_of("runs/epoch3.safetensors@vit_tiny_patch16_224") == ("runs/epoch3.safetensors",
+                                                                             "vit_tiny_patch16_224")
+    assert checkpoint_of("vit_tiny_patch16_224") is None and checkpoint_of("hf:org/vit@main") is None

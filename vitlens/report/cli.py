@@ -453,8 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_models, debug=False)
     sv = sub.add_parser("survey", help="a model zoo x an image set on Ray: resumable, one tidy table (Fig. 11 "
                                        "across a zoo)")
-    sv.add_argument("--models", nargs="+", default=None, help="model names")
-    sv.add_argument("--models-file", default=None, help="a file with one model name per line (# comments)")
+    sv.add_argument("--models", nargs="+", default=None,
+                    help="model names, or local checkpoints as PATH@ARCH (runs/e3.safetensors@vit_tiny_patch16_224)")
+    sv.add_argument("--models-file", default=None,
+                    help="a file with one model name or PATH@ARCH per line (# comments)")
     sv.add_argument("--images", default=None, help="folder (searched recursively) or glob of images; default: "
                                                    "held-out shapes scenes")
     sv.add_argument("--per-class", action="store_true", help="each image's parent folder is its class")

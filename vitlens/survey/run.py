@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import InvalidParameterError, VitlensError
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
-from .store import SurveyResult, SurveyStore, load_survey, model_key, table_rows, weights_of, write_table
+from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
+                    weights_of, write_table)
 from .worker import VIEWS, SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
@@ -145,7 +146,11 @@ def survey(
     """Survey several models over one image set on Ray; resumable, one tidy table at the end.
 
     Args:
-        models: model names (as ``vl.load_model`` takes them).
+        models: model names (as ``vl.load_model`` takes them), or local checkpoints with their
+            architecture as ``PATH@ARCH`` ("runs/epoch3.safetensors@vit_tiny_patch16_224",
+            "ft.pth@ref-vit"; safe-loaded, as ``vl.load_model(PATH, arch=ARCH)``). The sha256 of
+            each checkpoint file is recorded; when the file changed since its shards were written,
+            they are set aside (kept) and computed again from the new weights, never mixed.
         images: an ``ImageSource`` (``files_source`` / ``shapes_source``), or a folder / glob.
         out: the survey folder; a rerun with the same images and settings skips finished shards,
             and new models extend it.
@@ -187,12 +192,15 @@ def survey(
     manifest = store.open(source, settings)
     shards = source.shards(shard_size)
     names = list(dict.fromkeys(models))
-    weights = {name: pretrained or name in REFERENCE_NAMES for name in names}  # the embedded pair has its weights
+    # the embedded pair and local checkpoints have their own weights
+    weights = {name: pretrained or name in REFERENCE_NAMES or checkpoint_of(name) is not None for name in names}
     repaired = set_aside_damaged(store, manifest, shards, progress)
     for name in names:
         key = model_key(name, weights[name])
         entry = manifest["models"].setdefault(key, {"name": name, "key": key, "pretrained": weights[name],
                                                     "label": name if weights[name] else f"{name} (random init)"})
+        if checkpoint_of(name) is not None:
+            check_checkpoint(store, entry, name, progress)
         entry.setdefault("weights", weights_of(entry))
         entry["status"] = "done" if all(store.done(key, s) for s in shards) and entry.get("spec") else "pending"
         entry.pop("reason", None)
@@ -223,6 +231,38 @@ def survey(
     write_table(store.out, rows)
     store.write_manifest(manifest)
     return load_survey(store.out)
+
+
+def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool) -> None:
+    """Record a checkpoint's path, architecture and the sha256 of its file in its manifest entry;
+    when the file's weights changed since its shards were written, set those shards aside (kept)
+    so that they are computed again from the new weights, and say so in one line."""
+    path, arch = checkpoint_of(name)  # type: ignore[misc]
+    full = Path(path).expanduser().resolve()
+    digest = file_sha256(full) if full.is_file() else None  # a missing file fails when the worker loads it
+    old = (entry.get("checkpoint") or {}).get("sha256")
+    entry["checkpoint"] = {"path": str(full), "arch": arch, "sha256": digest}
+    entry["weights"] = "checkpoint"
+    if old is None or digest is None or old == digest:
+        return
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    moved = store.set_aside_model(entry["key"], stamp, "weights-changed")
+    entry.pop("shards", None)
+    entry.pop("spec", None)
+    if moved:
+        entry.setdefault("set_aside", []).extend(
+            {"shard": p.name.split(".")[0], "reason": f"weights changed (sha256 {old[:12]} -> {digest[:12]})",
+             "path": str(p.relative_to(store.out)), "time": stamp} for p in moved)
+    if progress:
+        print(f"{name}: its weights changed since its shards were written (sha256 {old[:12]}... -> "
+              f"{digest[:12]}...): {len(moved)} old shard{'s' * (len(moved) != 1)} set aside "
+              f"(*.weights-changed-{stamp}), not reused; computing them again", file=sys.stderr, flush=True)
+
+
+def worker_name(entry: dict) -> str:
+    """What a worker loads: the name, or a checkpoint's resolved ``PATH@ARCH``."""
+    ckpt = entry.get("checkpoint")
+    return f"{ckpt['path']}@{ckpt['arch']}" if ckpt else entry["name"]
 
 
 def set_aside_damaged(store: SurveyStore, manifest: dict, shards: list[Shard], progress: bool) -> set[str]:
@@ -279,7 +319,7 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
     for key, entry in todo.items():
         pending = [s for s in shards if not store.done(key, s)]
         replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
-        actors = [remote.remote(entry["name"], entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
+        actors = [remote.remote(worker_name(entry), entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
         w = _Model(entry["label"], key, pending, actors, {}, reused=len(shards) - len(pending))
         w.load = actors[0].load.remote()
         if "weights" in settings["views"]:
@@ -331,6 +371,12 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
             if what == "load":
                 if not value["ok"]:
                     _fail(ray, w, entry, value["reason"], waiting, store, manifest, strict, bar)
+                    continue
+                recorded = (entry.get("checkpoint") or {}).get("sha256")
+                if recorded and value.get("checkpoint_sha256") not in (None, recorded):
+                    _fail(ray, w, entry, f"its checkpoint file changed while the survey ran (sha256 {recorded[:12]}"
+                          f"... when it started, {value['checkpoint_sha256'][:12]}... when loaded); rerun to "
+                          "survey the new weights", waiting, store, manifest, strict, bar)
                     continue
                 entry.update(spec=value["spec"], source=value["source"], device=value["device"])
                 entry["weights"] = value.get("weights") or entry.get("weights")

@@ -58,6 +58,26 @@ def model_key(name: str, pretrained: bool = True) -> str:
     return f"{safe}{'' if pretrained else '-random'}-{hashlib.sha1(ident.encode()).hexdigest()[:6]}"
 
 
+def checkpoint_of(name: str) -> tuple[str, str] | None:
+    """(path, arch) of a model named as a local checkpoint with its architecture, ``PATH@ARCH``
+    ("runs/epoch3.safetensors@vit_tiny_patch16_224", "ft.pth@ref-vit"); None for any other name."""
+    from ..loading.checkpoint import looks_like_checkpoint_path
+
+    path, sep, arch = name.rpartition("@")
+    if not sep or not path.strip() or not arch.strip() or not looks_like_checkpoint_path(path):
+        return None
+    return path, arch.strip()
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def weights_of(entry: dict[str, Any]) -> str:
     """The kind of weights of a manifest entry ("pretrained", "random init", "embedded", ...): what
     its worker reported, else (older folders) what its name and pretrained flag say."""
@@ -65,6 +85,8 @@ def weights_of(entry: dict[str, Any]) -> str:
 
     if entry.get("weights"):
         return str(entry["weights"])
+    if entry.get("checkpoint"):
+        return "checkpoint"
     if entry.get("name") in REFERENCE_NAMES:
         return "embedded"
     return "pretrained" if entry.get("pretrained", True) else "random init"
@@ -187,14 +209,31 @@ class SurveyStore:
         """{shard name: what is wrong} for the model's damaged shards."""
         return {s.name: why for s in shards if (why := self.problem(key, s))}
 
-    def set_aside(self, key: str, shard: Shard, stamp: str) -> Path:
-        """Rename a damaged shard (and its checksum record) out of the way, kept: the new path."""
+    def set_aside(self, key: str, shard: Shard, stamp: str, why: str = "damaged") -> Path:
+        """Rename a shard (and its checksum record) out of the way, kept, as
+        ``shard-00003.npz.<why>-<stamp>``: the new path."""
         path = self.shard_path(key, shard)
-        moved = path.with_name(f"{path.name}.damaged-{stamp}")
+        moved = path.with_name(f"{path.name}.{why}-{stamp}")
         path.rename(moved)
         record = self.checksum_path(key, shard)
         if record.is_file():
-            record.rename(record.with_name(f"{record.name}.damaged-{stamp}"))
+            record.rename(record.with_name(f"{record.name}.{why}-{stamp}"))
+        return moved
+
+    def set_aside_model(self, key: str, stamp: str, why: str) -> list[Path]:
+        """Every shard of a model (and its weight views) renamed out of the way, kept: the shards' new paths."""
+        folder = self.out / "shards" / key
+        moved = []
+        for path in sorted(folder.glob("*.npz")) if folder.is_dir() else []:
+            new = path.with_name(f"{path.name}.{why}-{stamp}")
+            path.rename(new)
+            moved.append(new)
+            record = path.with_name(f"{path.name}.sha256")
+            if record.is_file():
+                record.rename(record.with_name(f"{record.name}.{why}-{stamp}"))
+        views = self.out / "weights" / f"{key}.json"
+        if views.is_file():
+            views.rename(views.with_name(f"{views.name}.{why}-{stamp}"))
         return moved
 
     def read_shard(self, key: str, shard: Shard) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
