@@ -492,3 +492,117 @@ def test_the_command_line_takes_checkpoints_as_path_at_arch(tmp_path, monkeypatc
     assert checkpoint_of("runs/epoch3.safetensors@vit_tiny_patch16_224") == ("runs/epoch3.safetensors",
                                                                              "vit_tiny_patch16_224")
     assert checkpoint_of("vit_tiny_patch16_224") is None and checkpoint_of("hf:org/vit@main") is None
+
+
+# a local survey (no --address) that stops once its model's worker is up, says the GCS address and
+# waits for a line on stdin before it finishes
+LOCAL_SURVEY = r"""
+import importlib, os, sys
+import vitlens as vl
+from vitlens.survey import shapes_source
+
+run = importlib.import_module("vitlens.survey.run")  # vl.survey is the function
+
+real = run._collect
+
+def collect(ray, work, *args, **kwargs):
+    ray.get([w.load for w in work.values()])
+    print("READY", ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_MODE"), flush=True)
+    sys.stdin.readline()
+    return real(ray, work, *args, **kwargs)
+
+run._collect = collect
+result = vl.survey(["ref-vit"], shapes_source(4), sys.argv[1], shard_size=2, batch_size=2, progress=False,
+                   num_cpus=1, views=("distance",))
+print("DONE", result.models(), flush=True)
+"""
+
+# a driver joining the cluster at argv[1]: with the token when RAY_AUTH_TOKEN is in its environment
+RAY_CLIENT = r"""
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    print("CONNECTED", ray.cluster_resources().get("CPU"))
+except Exception as e:
+    print("REFUSED", type(e).__name__, " ".join(str(e).split())[:300])
+"""
+
+
+def listening_sockets(root: int) -> list[tuple[str, str, int]]:
+    """(process name, local address, port) of every listening TCP socket held by ``root`` or its descendants."""
+    import socket
+
+    inodes = {}
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in (Path("/proc/net") / table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                address, port = fields[1].split(":")
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                inodes[fields[9]] = (socket.inet_ntop(family, raw), int(port, 16))
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                found.add((name, *inodes[link[8:-1]]))
+    return sorted(found)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+def test_a_local_survey_listens_on_loopback_only_and_refuses_clients_without_the_token(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(home), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", LOCAL_SURVEY, str(tmp_path / "zoo")], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        _, gcs, mode = line.split()
+        sockets = listening_sockets(proc.pid)
+        token = home / ".ray" / "auth_token"
+        clients = [subprocess.run([sys.executable, "-c", RAY_CLIENT, gcs], capture_output=True, text=True, timeout=120,
+                                  # keep 127.0.0.1 (Ray resolves a loopback address to the routable one)
+                                  env={**env, "HOME": str(tmp_path), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", **extra})
+                   for extra in ({"RAY_gcs_rpc_server_connect_timeout_s": "3"},
+                                 {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token.read_text().strip()})]
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    names = {name for name, _, _ in sockets}
+    # the GCS, the raylet (node manager and object manager), the driver's and the worker's core-worker servers
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names), sockets
+    assert all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for _, address, _ in sockets), sockets
+    assert gcs.startswith("127.0.0.1:") and mode == "token"
+    refused, admitted = clients
+    # no token: the GCS itself says no ("Unauthenticated: ... InvalidAuthToken: Authentication token is missing")
+    assert refused.stdout.startswith("REFUSED") and "InvalidAuthToken" in refused.stderr, refused
+    assert admitted.stdout.strip() == "CONNECTED 1.0", admitted  # the same client with the token gets in
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert proc.returncode == 0 and "DONE ['ref-vit']" in out, err
+    manifest = vl.load_survey(tmp_path / "zoo").manifest
+    assert manifest["ray"]["listen"] == "127.0.0.1" and manifest["ray"]["auth"] == "token"

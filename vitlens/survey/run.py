@@ -46,9 +46,28 @@ def _ray() -> Any:
     return ray
 
 
+#: where a local Ray's servers listen: loopback only (see ``start_ray``)
+LOCAL_HOST = "127.0.0.1"
+#: what ``start_ray`` changed in os.environ for a local Ray, put back by ``restore_local_env``
+_ENV_BEFORE: dict[str, str | None] = {}
+
+
 def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bool, float]:
     """(ray, whether this call started it, seconds it took): a cluster at ``address`` (or
-    RAY_ADDRESS), else a local Ray with this machine's cores."""
+    RAY_ADDRESS), else a local Ray with this machine's cores.
+
+    A local Ray is kept off the network and authenticated (Ray 2.60):
+
+    - every server of it (GCS, raylet and its object manager, the workers' core-worker servers,
+      the runtime-env and dashboard agents) listens on 127.0.0.1 only. Ray binds its servers to the
+      node IP (ray-project/ray#59852), but ``ray.init(_node_ip_address="127.0.0.1")`` alone turns
+      a loopback address back into the routable one (``services.resolve_ip_for_localhost``) unless
+      ``ray_constants.ENABLE_RAY_CLUSTER`` is false, as it is on macOS and Windows
+      (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, read once at import): it is made false for the call;
+    - token authentication is on (RAY_AUTH_MODE=token, whatever it was), with the token file
+      (~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH) private to the user, mode 0600: Ray itself
+      writes it with the umask's mode, readable by every local user.
+    """
     ray = _ray()
     t0 = time.perf_counter()
     if ray.is_initialized():
@@ -56,10 +75,77 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
+        return ray, True, time.perf_counter() - t0
+    _token_auth_on()
+    constants = sys.modules.get("ray._private.ray_constants")
+    cluster = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if constants is not None and cluster is not None:
+        constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as the node IP (see above)
+    try:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 * 2**20)
+                 object_store_memory=200 * 2**20, _node_ip_address=LOCAL_HOST)
+    except BaseException:
+        restore_local_env()
+        raise
+    finally:
+        if constants is not None and cluster is not None:
+            constants.ENABLE_RAY_CLUSTER = cluster
+    node_ip = getattr(getattr(ray._private.worker, "_global_node", None), "node_ip_address", LOCAL_HOST)
+    if node_ip != LOCAL_HOST:  # another Ray version: said in the driver log, and in the manifest
+        logging.getLogger("ray").warning("vitlens: the local Ray's node IP is %s, not %s: its servers may listen "
+                                         "beyond loopback (token authentication is on).", node_ip, LOCAL_HOST)
     return ray, True, time.perf_counter() - t0
+
+
+def token_path() -> Path:
+    """The token file a local Ray reads: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+
+
+def _token_auth_on() -> None:
+    """RAY_AUTH_MODE=token for the local Ray about to start, and a private token file (0600):
+    created here when there is none (Ray would create it world-readable), tightened when it is
+    readable by others. A token given in RAY_AUTH_TOKEN is Ray's to use, as it is."""
+    _ENV_BEFORE.setdefault("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE"))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not os.environ.get("RAY_AUTH_TOKEN"):
+        path = token_path()
+        if not path.is_file():
+            from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another process made it meanwhile
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(generate_new_authentication_token())
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+    try:  # Ray caches its config and the token; both are read again now
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except Exception:  # another Ray version: it reads them when it starts
+        pass
+
+
+def restore_local_env() -> None:
+    """Put back what ``start_ray`` changed in os.environ (after the local Ray shut down)."""
+    for name, value in _ENV_BEFORE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _ENV_BEFORE.clear()
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except Exception:
+        pass
 
 
 @contextlib.contextmanager
@@ -300,6 +386,8 @@ def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: Imag
         finally:
             if started:
                 ray.shutdown()
+                if local:
+                    restore_local_env()
                 if session_logs is not None and session_logs.is_dir():  # the local session's own logs, kept
                     try:
                         shutil.copytree(session_logs, store.out / "logs" / f"ray-{session_logs.parent.name}",
@@ -334,6 +422,9 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
         entry["replicas"] = replicas
     manifest["ray"] = {"address": address or os.environ.get("RAY_ADDRESS") or "local", "startup_seconds": startup,
                        "slots": total_slots, "driver_log": "logs/ray-driver.log"}
+    if session_logs is not None:  # the local Ray this run started: where it listens, and how clients authenticate
+        node = getattr(getattr(ray._private.worker, "_global_node", None), "node_ip_address", None)
+        manifest["ray"].update(listen=node, auth=os.environ.get("RAY_AUTH_MODE"))
     if session_logs is not None:
         manifest["ray"]["session_logs"] = f"logs/ray-{session_logs.parent.name}"
     store.write_manifest(manifest)
