@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -347,3 +348,279 @@ def test_the_survey_report_opens_offline_in_chromium(reference, tmp_path):
         browser.close()
     assert "no_such_model_x" in text and "ref-vit" in text
     assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []
+
+
+def _damage(folder: Path) -> dict[str, bytes]:
+    """Truncate ref-vit's shard 1 to half and zero its shard 2, as a bad disk or copy would: their bytes before."""
+    one, two = (next((folder / "shards").glob(f"ref-vit-*/shard-0000{i}.npz")) for i in (1, 2))
+    before = {"shard-00001": one.read_bytes(), "shard-00002": two.read_bytes()}
+    one.write_bytes(before["shard-00001"][: len(before["shard-00001"]) // 2])
+    two.write_bytes(bytes(len(before["shard-00002"])))
+    return before
+
+
+def test_a_damaged_folder_loads_and_names_its_damaged_shards(reference, tmp_path, capsys):
+    from vitlens.report.cli import main
+    from vitlens.survey.store import DamagedShardError, DamagedSurveyWarning
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    _damage(folder)
+    with pytest.warns(DamagedSurveyWarning, match=r"shard-00001 \(truncated .*shard-00002 \(zeroed"):
+        result = vl.load_survey(folder)
+    assert set(result.damaged["ref-vit"]) == {"shard-00001", "shard-00002"}
+    assert result.damaged["ref-vit"]["shard-00001"].startswith("truncated (")
+    assert "2 damaged shards" in repr(result)
+    with pytest.raises(DamagedShardError, match=r"shard-00001.npz is damaged: truncated .* Rerun"):
+        result.distance("ref-vit")
+    assert main(["survey-report", str(folder), "--out", str(tmp_path / "zoo.html"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "BadZipFile" not in err and "shard-00001 (truncated" in err and "shard-00002 (zeroed" in err
+
+
+def test_a_shard_is_trusted_by_its_checksum_or_for_older_folders_by_reading_back(reference, tmp_path):
+    from vitlens.survey.store import SurveyStore
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    store, shards = SurveyStore(folder), shapes_source(N).shards(6)
+    key = next(k for k, v in store.manifest()["models"].items() if v["name"] == "ref-vit")
+    assert store.damaged(key, shards) == {} and store.checksum_path(key, shards[0]).is_file()
+    path = store.shard_path(key, shards[3])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    path.write_bytes(bytes(data))
+    assert "fails its checksum" in store.problem(key, shards[3])
+    store.checksum_path(key, shards[0]).unlink()  # a folder from before the records: read back instead
+    assert store.problem(key, shards[0]) == ""
+    store.checksum_path(key, shards[3]).unlink()
+    assert store.problem(key, shards[3]).startswith("cannot be read (")
+
+
+def test_a_rerun_sets_damaged_shards_aside_and_recomputes_exactly_those(reference, tmp_path, capsys):
+    import pandas as pd
+
+    out, _ = reference
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    before = _damage(folder)
+    kept = {p.name: p.stat().st_mtime_ns for p in (folder / "shards").glob("ref-vit-*/shard-0000[03].npz")}
+    result = vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=6, batch_size=4)
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    damaged_lines = [line for line in lines if "is damaged" in line]
+    assert len(damaged_lines) == 2, lines
+    assert "ref-vit: shard-00001 is damaged (truncated" in damaged_lines[0] and "set aside as shards/" in damaged_lines[0]
+    assert "ref-vit: shard-00002 is damaged (zeroed" in damaged_lines[1]
+    assert "ref-vit: done: 2 shards computed this run (12 images), 2 reused" in lines
+    assert {p.name: p.stat().st_mtime_ns for p in (folder / "shards").glob("ref-vit-*/shard-0000[03].npz")} == kept
+    for name, data in before.items():  # set aside with the damaged bytes, not deleted
+        moved = list((folder / "shards").glob(f"ref-vit-*/{name}.npz.damaged-*"))
+        assert len(moved) == 1 and moved[0].read_bytes() != data
+    entry = next(v for v in result.manifest["models"].values() if v["name"] == "ref-vit")
+    assert [s["shard"] for s in entry["set_aside"]] == ["shard-00001", "shard-00002"]
+    assert not result.damaged
+    pd.testing.assert_frame_equal(result.table, vl.load_survey(out).table, check_exact=False, rtol=1e-6)
+    np.testing.assert_allclose(result.distance("ref-vit").mean_px, vl.load_survey(out).distance("ref-vit").mean_px,
+                               rtol=1e-6)
+
+
+def _ref_vit_checkpoint(path: Path, seed: int) -> None:
+    """ref-vit's weights, nudged by a seeded amount: a fine-tuned checkpoint of the same architecture."""
+    import torch
+    from safetensors.torch import save_file
+
+    state = vl.load_model("ref-vit", device="cpu").model.state_dict()
+    g = torch.Generator().manual_seed(seed)
+    save_file({k: (v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v).contiguous()
+               for k, v in state.items()}, str(path))
+
+
+def test_two_checkpoints_side_by_side_and_one_whose_weights_changed_is_recomputed(local_ray, tmp_path, capsys):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    _ref_vit_checkpoint(a, 1)
+    _ref_vit_checkpoint(b, 2)
+    names = [f"{a}@ref-vit", f"{b}@ref-vit"]
+    folder, n = tmp_path / "zoo", 8
+    first = vl.survey(names, shapes_source(n), folder, shard_size=4, batch_size=4, progress=False,
+                      views=("distance",))
+    assert sorted(first.models()) == sorted(names) and not first.failed
+    assert set(first.table["weights"]) == {"checkpoint"}
+    entries = {e["name"]: e for e in first.manifest["models"].values()}
+    assert entries[names[0]]["checkpoint"]["sha256"] == file_sha(a) and entries[names[0]]["checkpoint"]["arch"] == "ref-vit"
+    a_shards = sorted((folder / "shards" / entries[names[0]]["key"]).glob("*.npz"))
+    a_stamps = [p.stat().st_mtime_ns for p in a_shards]
+    images = list(generate(n, seed=HELD_OUT_SEED).images)
+    want = vl.attention_distance(vl.load_model(str(a), arch="ref-vit", device="cpu"), images, batch_size=4)
+    np.testing.assert_allclose(first.distance(names[0]).mean_px, want.mean_px, rtol=1e-6)  # a's own numbers
+    old_b = first.distance(names[1]).mean_px
+    assert not np.allclose(old_b, want.mean_px)  # b's are its own
+
+    _ref_vit_checkpoint(b, 3)  # b's file now holds other weights
+    second = vl.survey(names, shapes_source(n), folder, shard_size=4, batch_size=4, views=("distance",))
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    changed = [line for line in lines if "weights changed" in line]
+    assert len(changed) == 1 and changed[0].startswith(f"{names[1]}: its weights changed since its shards were "
+                                                       "written") and "2 old shards set aside" in changed[0]
+    assert f"{names[0]}: already done (2 shards reused)" in lines
+    assert f"{names[1]}: done: 2 shards computed this run ({n} images)" in lines  # none of the old ones reused
+    assert [p.stat().st_mtime_ns for p in a_shards] == a_stamps
+    want = vl.attention_distance(vl.load_model(str(b), arch="ref-vit", device="cpu"), images, batch_size=4)
+    np.testing.assert_allclose(second.distance(names[1]).mean_px, want.mean_px, rtol=1e-6)
+    assert not np.allclose(second.distance(names[1]).mean_px, old_b)
+    entry = next(e for e in second.manifest["models"].values() if e["name"] == names[1])
+    assert entry["checkpoint"]["sha256"] == file_sha(b) and len(entry["set_aside"]) == 2
+    assert len(list((folder / "shards" / entry["key"]).glob("*.npz.weights-changed-*"))) == 2
+
+
+def file_sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_command_line_takes_checkpoints_as_path_at_arch(tmp_path, monkeypatch):
+    from vitlens.report.cli import main
+    from vitlens.survey.store import checkpoint_of
+
+    seen = {}
+    monkeypatch.setattr(vl, "survey", lambda names, *a, **k: seen.setdefault("names", names) and 1 / 0)
+    (tmp_path / "zoo.txt").write_text("ref-vit\nruns/epoch3.safetensors@vit_tiny_patch16_224  # mine\n")
+    main(["survey", "--models", "ft.pth@ref-vit", "--models-file", str(tmp_path / "zoo.txt"),
+          "--out", str(tmp_path / "out"), "--quiet"])
+    assert seen["names"] == ["ft.pth@ref-vit", "ref-vit", "runs/epoch3.safetensors@vit_tiny_patch16_224"]
+    assert checkpoint_of("runs/epoch3.safetensors@vit_tiny_patch16_224") == ("runs/epoch3.safetensors",
+                                                                             "vit_tiny_patch16_224")
+    assert checkpoint_of("vit_tiny_patch16_224") is None and checkpoint_of("hf:org/vit@main") is None
+
+
+# a local survey (no --address) that stops once its model's worker is up, says the GCS address and
+# waits for a line on stdin before it finishes
+LOCAL_SURVEY = r"""
+import importlib, os, sys
+import vitlens as vl
+from vitlens.survey import shapes_source
+
+run = importlib.import_module("vitlens.survey.run")  # vl.survey is the function
+
+real = run._collect
+
+def collect(ray, work, *args, **kwargs):
+    ray.get([w.load for w in work.values()])
+    print("READY", ray.get_runtime_context().gcs_address, os.environ.get("RAY_AUTH_MODE"), flush=True)
+    sys.stdin.readline()
+    return real(ray, work, *args, **kwargs)
+
+run._collect = collect
+result = vl.survey(["ref-vit"], shapes_source(4), sys.argv[1], shard_size=2, batch_size=2, progress=False,
+                   num_cpus=1, views=("distance",))
+print("DONE", result.models(), flush=True)
+"""
+
+# a driver joining the cluster at argv[1]: with the token when RAY_AUTH_TOKEN is in its environment
+RAY_CLIENT = r"""
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], log_to_driver=False)
+    print("CONNECTED", ray.cluster_resources().get("CPU"))
+except Exception as e:
+    print("REFUSED", type(e).__name__, " ".join(str(e).split())[:300])
+"""
+
+
+def first_line_with(text: str, cmd: list[str], env: dict[str, str], timeout: float = 90) -> str:
+    """The first line of ``cmd``'s stderr that holds ``text`` ("" if none came before it ended or
+    the timeout); the process is then killed."""
+    client = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    timer = threading.Timer(timeout, lambda: os.killpg(client.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        return next((line for line in client.stderr if text in line), "")
+    finally:
+        timer.cancel()
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
+        client.wait()
+        client.stderr.close()
+
+
+def listening_sockets(root: int) -> list[tuple[str, str, int]]:
+    """(process name, local address, port) of every listening TCP socket held by ``root`` or its descendants."""
+    import socket
+
+    inodes = {}
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in (Path("/proc/net") / table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                address, port = fields[1].split(":")
+                raw = b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8))
+                inodes[fields[9]] = (socket.inet_ntop(family, raw), int(port, 16))
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                found.add((name, *inodes[link[8:-1]]))
+    return sorted(found)
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+def test_a_local_survey_listens_on_loopback_only_and_refuses_clients_without_the_token(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(home), HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", LOCAL_SURVEY, str(tmp_path / "zoo")], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        _, gcs, mode = line.split()
+        sockets = listening_sockets(proc.pid)
+        token = home / ".ray" / "auth_token"
+        # keep 127.0.0.1 in the clients (Ray resolves a loopback address to the routable one)
+        client_env = {**env, "HOME": str(tmp_path), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        refused = first_line_with("InvalidAuthToken", [sys.executable, "-c", RAY_CLIENT, gcs], client_env)
+        admitted = subprocess.run([sys.executable, "-c", RAY_CLIENT, gcs], capture_output=True, text=True,
+                                  timeout=120, env={**client_env, "RAY_AUTH_MODE": "token",
+                                                    "RAY_AUTH_TOKEN": token.read_text().strip()})
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    names = {name for name, _, _ in sockets}
+    # the GCS, the raylet (node manager and object manager), the driver's and the worker's core-worker servers
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names), sockets
+    assert all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for _, address, _ in sockets), sockets
+    assert gcs.startswith("127.0.0.1:") and mode == "token"
+    # no token: the GCS itself says no (the client retries for ~20 s before it gives up; its first refusal is enough)
+    assert "Unauthenticated" in refused and "InvalidAuthToken: Authentication token is missing" in refused, refused
+    assert admitted.stdout.strip() == "CONNECTED 1.0", admitted  # the same client with the token gets in
+    assert token.stat().st_mode & 0o777 == 0o600
+    assert proc.returncode == 0 and "DONE ['ref-vit']" in out, err
+    manifest = vl.load_survey(tmp_path / "zoo").manifest
+    assert manifest["ray"]["listen"] == "127.0.0.1" and manifest["ray"]["auth"] == "token"

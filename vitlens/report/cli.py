@@ -21,6 +21,7 @@ import shlex
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -367,9 +368,16 @@ def cmd_survey_report(args: argparse.Namespace) -> int:
     import vitlens as vl
     from vitlens.results import atomic_write_bytes
     from vitlens.survey.report import survey_figures, survey_html
+    from vitlens.survey.store import DamagedSurveyWarning
 
     check_outputs(args)
-    result = vl.load_survey(args.folder)
+    with warnings.catch_warnings():  # said below, in one line per model
+        warnings.simplefilter("ignore", DamagedSurveyWarning)
+        result = vl.load_survey(args.folder)
+    for label, bad in result.damaged.items():
+        print(f"vitlens: warning: {label}: damaged shard files: "
+              + ", ".join(f"{name} ({why})" for name, why in bad.items())
+              + "; rerun the same vitlens survey command to set them aside and recompute them.", file=sys.stderr)
     if result.table.empty:
         raise CliError(f"{args.folder} holds no finished model yet; run vitlens survey first.")
     out = Path(args.out)
@@ -445,8 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_models, debug=False)
     sv = sub.add_parser("survey", help="a model zoo x an image set on Ray: resumable, one tidy table (Fig. 11 "
                                        "across a zoo)")
-    sv.add_argument("--models", nargs="+", default=None, help="model names")
-    sv.add_argument("--models-file", default=None, help="a file with one model name per line (# comments)")
+    sv.add_argument("--models", nargs="+", default=None,
+                    help="model names, or local checkpoints as PATH@ARCH (runs/e3.safetensors@vit_tiny_patch16_224)")
+    sv.add_argument("--models-file", default=None,
+                    help="a file with one model name or PATH@ARCH per line (# comments)")
     sv.add_argument("--images", default=None, help="folder (searched recursively) or glob of images; default: "
                                                    "held-out shapes scenes")
     sv.add_argument("--per-class", action="store_true", help="each image's parent folder is its class")

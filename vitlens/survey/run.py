@@ -25,7 +25,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import InvalidParameterError, VitlensError
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
-from .store import SurveyResult, SurveyStore, load_survey, model_key, table_rows, weights_of, write_table
+from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
+                    weights_of, write_table)
 from .worker import VIEWS, SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
@@ -45,9 +46,28 @@ def _ray() -> Any:
     return ray
 
 
+#: where a local Ray's servers listen: loopback only (see ``start_ray``)
+LOCAL_HOST = "127.0.0.1"
+#: what ``start_ray`` changed in os.environ for a local Ray, put back by ``restore_local_env``
+_ENV_BEFORE: dict[str, str | None] = {}
+
+
 def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bool, float]:
     """(ray, whether this call started it, seconds it took): a cluster at ``address`` (or
-    RAY_ADDRESS), else a local Ray with this machine's cores."""
+    RAY_ADDRESS), else a local Ray with this machine's cores.
+
+    A local Ray is kept off the network and authenticated (Ray 2.60):
+
+    - every server of it (GCS, raylet and its object manager, the workers' core-worker servers,
+      the runtime-env and dashboard agents) listens on 127.0.0.1 only. Ray binds its servers to the
+      node IP (ray-project/ray#59852), but ``ray.init(_node_ip_address="127.0.0.1")`` alone turns
+      a loopback address back into the routable one (``services.resolve_ip_for_localhost``) unless
+      ``ray_constants.ENABLE_RAY_CLUSTER`` is false, as it is on macOS and Windows
+      (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, read once at import): it is made false for the call;
+    - token authentication is on (RAY_AUTH_MODE=token, whatever it was), with the token file
+      (~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH) private to the user, mode 0600: Ray itself
+      writes it with the umask's mode, readable by every local user.
+    """
     ray = _ray()
     t0 = time.perf_counter()
     if ray.is_initialized():
@@ -55,10 +75,77 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)
-    else:
+        return ray, True, time.perf_counter() - t0
+    _token_auth_on()
+    constants = sys.modules.get("ray._private.ray_constants")
+    cluster = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if constants is not None and cluster is not None:
+        constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as the node IP (see above)
+    try:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 * 2**20)
+                 object_store_memory=200 * 2**20, _node_ip_address=LOCAL_HOST)
+    except BaseException:
+        restore_local_env()
+        raise
+    finally:
+        if constants is not None and cluster is not None:
+            constants.ENABLE_RAY_CLUSTER = cluster
+    node_ip = getattr(getattr(ray._private.worker, "_global_node", None), "node_ip_address", LOCAL_HOST)
+    if node_ip != LOCAL_HOST:  # another Ray version: said in the driver log, and in the manifest
+        logging.getLogger("ray").warning("vitlens: the local Ray's node IP is %s, not %s: its servers may listen "
+                                         "beyond loopback (token authentication is on).", node_ip, LOCAL_HOST)
     return ray, True, time.perf_counter() - t0
+
+
+def token_path() -> Path:
+    """The token file a local Ray reads: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
+
+
+def _token_auth_on() -> None:
+    """RAY_AUTH_MODE=token for the local Ray about to start, and a private token file (0600):
+    created here when there is none (Ray would create it world-readable), tightened when it is
+    readable by others. A token given in RAY_AUTH_TOKEN is Ray's to use, as it is."""
+    _ENV_BEFORE.setdefault("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE"))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not os.environ.get("RAY_AUTH_TOKEN"):
+        path = token_path()
+        if not path.is_file():
+            from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another process made it meanwhile
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(generate_new_authentication_token())
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+    try:  # Ray caches its config and the token; both are read again now
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except Exception:  # another Ray version: it reads them when it starts
+        pass
+
+
+def restore_local_env() -> None:
+    """Put back what ``start_ray`` changed in os.environ (after the local Ray shut down)."""
+    for name, value in _ENV_BEFORE.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _ENV_BEFORE.clear()
+    try:
+        from ray._raylet import Config
+
+        Config.initialize("")
+    except Exception:
+        pass
 
 
 @contextlib.contextmanager
@@ -145,7 +232,11 @@ def survey(
     """Survey several models over one image set on Ray; resumable, one tidy table at the end.
 
     Args:
-        models: model names (as ``vl.load_model`` takes them).
+        models: model names (as ``vl.load_model`` takes them), or local checkpoints with their
+            architecture as ``PATH@ARCH`` ("runs/epoch3.safetensors@vit_tiny_patch16_224",
+            "ft.pth@ref-vit"; safe-loaded, as ``vl.load_model(PATH, arch=ARCH)``). The sha256 of
+            each checkpoint file is recorded; when the file changed since its shards were written,
+            they are set aside (kept) and computed again from the new weights, never mixed.
         images: an ``ImageSource`` (``files_source`` / ``shapes_source``), or a folder / glob.
         out: the survey folder; a rerun with the same images and settings skips finished shards,
             and new models extend it.
@@ -187,11 +278,15 @@ def survey(
     manifest = store.open(source, settings)
     shards = source.shards(shard_size)
     names = list(dict.fromkeys(models))
-    weights = {name: pretrained or name in REFERENCE_NAMES for name in names}  # the embedded pair has its weights
+    # the embedded pair and local checkpoints have their own weights
+    weights = {name: pretrained or name in REFERENCE_NAMES or checkpoint_of(name) is not None for name in names}
+    repaired = set_aside_damaged(store, manifest, shards, progress)
     for name in names:
         key = model_key(name, weights[name])
         entry = manifest["models"].setdefault(key, {"name": name, "key": key, "pretrained": weights[name],
                                                     "label": name if weights[name] else f"{name} (random init)"})
+        if checkpoint_of(name) is not None:
+            check_checkpoint(store, entry, name, progress)
         entry.setdefault("weights", weights_of(entry))
         entry["status"] = "done" if all(store.done(key, s) for s in shards) and entry.get("spec") else "pending"
         entry.pop("reason", None)
@@ -200,8 +295,15 @@ def survey(
                   file=sys.stderr, flush=True)
     store.write_manifest(manifest)
 
+    revived = set()
+    for key in repaired:  # a finished model of an earlier run, not named now: its damaged shards are recomputed too
+        entry = manifest["models"][key]
+        if entry.get("status") == "done" and not all(store.done(key, s) for s in shards):
+            entry["status"] = "pending"
+            revived.add(key)
     todo = {k: e for k, e in manifest["models"].items()
-            if e["name"] in names and e["pretrained"] == weights[e["name"]] and e["status"] != "done"}
+            if (k in revived or (e["name"] in names and e["pretrained"] == weights[e["name"]]))
+            and e["status"] != "done"}
     if todo:
         _run(todo, manifest, store, source, shards, settings, address, num_gpus_per_worker, num_cpus_per_worker,
              strict, progress, num_cpus)
@@ -217,6 +319,60 @@ def survey(
     return load_survey(store.out)
 
 
+def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool) -> None:
+    """Record a checkpoint's path, architecture and the sha256 of its file in its manifest entry;
+    when the file's weights changed since its shards were written, set those shards aside (kept)
+    so that they are computed again from the new weights, and say so in one line."""
+    path, arch = checkpoint_of(name)  # type: ignore[misc]
+    full = Path(path).expanduser().resolve()
+    digest = file_sha256(full) if full.is_file() else None  # a missing file fails when the worker loads it
+    old = (entry.get("checkpoint") or {}).get("sha256")
+    entry["checkpoint"] = {"path": str(full), "arch": arch, "sha256": digest}
+    entry["weights"] = "checkpoint"
+    if old is None or digest is None or old == digest:
+        return
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    moved = store.set_aside_model(entry["key"], stamp, "weights-changed")
+    entry.pop("shards", None)
+    entry.pop("spec", None)
+    if moved:
+        entry.setdefault("set_aside", []).extend(
+            {"shard": p.name.split(".")[0], "reason": f"weights changed (sha256 {old[:12]} -> {digest[:12]})",
+             "path": str(p.relative_to(store.out)), "time": stamp} for p in moved)
+    if progress:
+        print(f"{name}: its weights changed since its shards were written (sha256 {old[:12]}... -> "
+              f"{digest[:12]}...): {len(moved)} old shard{'s' * (len(moved) != 1)} set aside "
+              f"(*.weights-changed-{stamp}), not reused; computing them again", file=sys.stderr, flush=True)
+
+
+def worker_name(entry: dict) -> str:
+    """What a worker loads: the name, or a checkpoint's resolved ``PATH@ARCH``."""
+    ckpt = entry.get("checkpoint")
+    return f"{ckpt['path']}@{ckpt['arch']}" if ckpt else entry["name"]
+
+
+def set_aside_damaged(store: SurveyStore, manifest: dict, shards: list[Shard], progress: bool) -> set[str]:
+    """Every damaged shard of the folder renamed out of the way (kept, recorded in its model's
+    manifest entry under "set_aside", and said on stderr): the keys of the models that had one."""
+    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+    repaired = set()
+    for key, entry in manifest["models"].items():
+        for shard in shards:
+            why = store.problem(key, shard)
+            if not why:
+                continue
+            moved = store.set_aside(key, shard, stamp)
+            repaired.add(key)
+            where = moved.relative_to(store.out)
+            entry.setdefault("set_aside", []).append({"shard": shard.name, "reason": why, "path": str(where),
+                                                      "time": stamp})
+            (entry.get("shards") or {}).pop(shard.name, None)
+            if progress:
+                print(f"{entry.get('label', entry['name'])}: {shard.name} is damaged ({why}); set aside as "
+                      f"{where}, computing it again", file=sys.stderr, flush=True)
+    return repaired
+
+
 def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource, shards: list[Shard],
          settings: dict, address: str | None, gpus: float, cpus: int, strict: bool, progress: bool,
          num_cpus: int | None) -> None:
@@ -230,6 +386,8 @@ def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: Imag
         finally:
             if started:
                 ray.shutdown()
+                if local:
+                    restore_local_env()
                 if session_logs is not None and session_logs.is_dir():  # the local session's own logs, kept
                     try:
                         shutil.copytree(session_logs, store.out / "logs" / f"ray-{session_logs.parent.name}",
@@ -249,7 +407,7 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
     for key, entry in todo.items():
         pending = [s for s in shards if not store.done(key, s)]
         replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
-        actors = [remote.remote(entry["name"], entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
+        actors = [remote.remote(worker_name(entry), entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
         w = _Model(entry["label"], key, pending, actors, {}, reused=len(shards) - len(pending))
         w.load = actors[0].load.remote()
         if "weights" in settings["views"]:
@@ -264,6 +422,9 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
         entry["replicas"] = replicas
     manifest["ray"] = {"address": address or os.environ.get("RAY_ADDRESS") or "local", "startup_seconds": startup,
                        "slots": total_slots, "driver_log": "logs/ray-driver.log"}
+    if session_logs is not None:  # the local Ray this run started: where it listens, and how clients authenticate
+        node = getattr(getattr(ray._private.worker, "_global_node", None), "node_ip_address", None)
+        manifest["ray"].update(listen=node, auth=os.environ.get("RAY_AUTH_MODE"))
     if session_logs is not None:
         manifest["ray"]["session_logs"] = f"logs/ray-{session_logs.parent.name}"
     store.write_manifest(manifest)
@@ -301,6 +462,12 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
             if what == "load":
                 if not value["ok"]:
                     _fail(ray, w, entry, value["reason"], waiting, store, manifest, strict, bar)
+                    continue
+                recorded = (entry.get("checkpoint") or {}).get("sha256")
+                if recorded and value.get("checkpoint_sha256") not in (None, recorded):
+                    _fail(ray, w, entry, f"its checkpoint file changed while the survey ran (sha256 {recorded[:12]}"
+                          f"... when it started, {value['checkpoint_sha256'][:12]}... when loaded); rerun to "
+                          "survey the new weights", waiting, store, manifest, strict, bar)
                     continue
                 entry.update(spec=value["spec"], source=value["source"], device=value["device"])
                 entry["weights"] = value.get("weights") or entry.get("weights")

@@ -2,6 +2,8 @@
 
     OUT/manifest.json                  settings, image source, models (spec, status, reason), versions
     OUT/shards/<model>/shard-00003.npz one finished (model, shard): its partial states, written atomically
+    OUT/shards/<model>/shard-00003.npz.sha256  its checksum record (sha256 and size of the .npz bytes),
+                                       written atomically just before the .npz itself
     OUT/weights/<model>.json           the weight-only views of a model
     OUT/table.parquet                  the tidy table: model, weights, layer, head, metric, value, n_images, class
     OUT/logs/                          Ray's messages to the driver, and a local Ray's own session logs
@@ -9,6 +11,12 @@
 The shard files are the record of what is done: a rerun skips every shard whose file exists,
 so a driver killed at any moment loses at most the shards in flight, and none is counted twice.
 The manifest and the table are rebuilt from them.
+
+A shard is trusted only when its bytes match its checksum record (a folder written before the
+records existed: when every array in it reads back). One that is truncated, zeroed, changed or
+unreadable is *damaged*: a rerun renames it to ``shard-00003.npz.damaged-<time>`` (kept, and named
+in the output and the manifest) and computes it again; ``vl.load_survey`` names it (a warning and
+``SurveyResult.damaged``), and reading it raises ``DamagedShardError``, never a zip error.
 """
 from __future__ import annotations
 
@@ -17,6 +25,7 @@ import hashlib
 import io
 import json
 import platform
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,11 +43,39 @@ FORMAT = 1
 PINNED = ("shard_size", "batch_size", "views", "renormalize")
 
 
+class DamagedShardError(InvalidParameterError):
+    """A shard file of a survey folder that is truncated, zeroed, fails its checksum or cannot be read."""
+
+
+class DamagedSurveyWarning(UserWarning):
+    """A survey folder loaded with damaged shards (``SurveyResult.damaged`` names them)."""
+
+
 def model_key(name: str, pretrained: bool = True) -> str:
     """A file name for a model and its weights (readable, and unique through a short hash)."""
     ident = name if pretrained else f"{name}#random-init"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
     return f"{safe}{'' if pretrained else '-random'}-{hashlib.sha1(ident.encode()).hexdigest()[:6]}"
+
+
+def checkpoint_of(name: str) -> tuple[str, str] | None:
+    """(path, arch) of a model named as a local checkpoint with its architecture, ``PATH@ARCH``
+    ("runs/epoch3.safetensors@vit_tiny_patch16_224", "ft.pth@ref-vit"); None for any other name."""
+    from ..loading.checkpoint import looks_like_checkpoint_path
+
+    path, sep, arch = name.rpartition("@")
+    if not sep or not path.strip() or not arch.strip() or not looks_like_checkpoint_path(path):
+        return None
+    return path, arch.strip()
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def weights_of(entry: dict[str, Any]) -> str:
@@ -48,6 +85,8 @@ def weights_of(entry: dict[str, Any]) -> str:
 
     if entry.get("weights"):
         return str(entry["weights"])
+    if entry.get("checkpoint"):
+        return "checkpoint"
     if entry.get("name") in REFERENCE_NAMES:
         return "embedded"
     return "pretrained" if entry.get("pretrained", True) else "random init"
@@ -111,17 +150,101 @@ class SurveyStore:
     def done(self, key: str, shard: Shard) -> bool:
         return self.shard_path(key, shard).is_file()
 
+    def checksum_path(self, key: str, shard: Shard) -> Path:
+        return self.out / "shards" / key / f"{shard.name}.npz.sha256"
+
     def write_shard(self, key: str, shard: Shard, result: dict[str, Any]) -> None:
+        """The shard's checksum record, then the shard: each written atomically, in that order, so a
+        shard file on disk always has the record of its own bytes (a crash between the two leaves a
+        record without its shard, which is not done and is overwritten when it is computed)."""
         buf = io.BytesIO()
         meta = {"n_images": result["n_images"], "skipped": result["skipped"], "seconds": result["seconds"],
                 "start": shard.start, "stop": shard.stop}
         np.savez_compressed(buf, __meta__=np.asarray(json.dumps(meta)), **stats.flatten(result["states"]))
-        atomic_write_bytes(self.shard_path(key, shard), buf.getvalue())
+        data = buf.getvalue()
+        record = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        atomic_write_bytes(self.checksum_path(key, shard), json.dumps(record).encode())
+        atomic_write_bytes(self.shard_path(key, shard), data)
+
+    def _verified_bytes(self, key: str, shard: Shard) -> tuple[bytes | None, str]:
+        """(the shard's bytes, "") when they can be trusted, else (None, what is wrong, in words)."""
+        path = self.shard_path(key, shard)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            return None, f"cannot be read ({e.strerror or type(e).__name__})"
+        record_path = self.checksum_path(key, shard)
+        if not data:
+            return None, "empty (0 bytes)"
+        if not any(data):
+            return None, f"zeroed ({len(data)} bytes of zeros)"
+        if record_path.is_file():
+            try:
+                record = json.loads(record_path.read_text())
+                want, size = str(record["sha256"]), int(record["bytes"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None, "its checksum record is unreadable"
+            if len(data) != size:
+                kind = "truncated" if len(data) < size else "longer than written"
+                return None, f"{kind} ({len(data)} of {size} bytes)"
+            if hashlib.sha256(data).hexdigest() != want:
+                return None, "fails its checksum (sha256 differs from the one recorded when it was written)"
+            return data, ""
+        try:  # a folder written before checksum records: trusted only when every array reads back
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                for k in npz.files:
+                    npz[k]
+                json.loads(str(npz["__meta__"]))
+        except Exception as e:  # BadZipFile, a bad CRC, a missing member, ...
+            return None, f"cannot be read ({type(e).__name__}: {e})"
+        return data, ""
+
+    def problem(self, key: str, shard: Shard) -> str:
+        """What is wrong with a shard on disk, in words ("" when it is sound, or not written yet)."""
+        if not self.shard_path(key, shard).is_file():
+            return ""
+        return self._verified_bytes(key, shard)[1]
+
+    def damaged(self, key: str, shards: list[Shard]) -> dict[str, str]:
+        """{shard name: what is wrong} for the model's damaged shards."""
+        return {s.name: why for s in shards if (why := self.problem(key, s))}
+
+    def set_aside(self, key: str, shard: Shard, stamp: str, why: str = "damaged") -> Path:
+        """Rename a shard (and its checksum record) out of the way, kept, as
+        ``shard-00003.npz.<why>-<stamp>``: the new path."""
+        path = self.shard_path(key, shard)
+        moved = path.with_name(f"{path.name}.{why}-{stamp}")
+        path.rename(moved)
+        record = self.checksum_path(key, shard)
+        if record.is_file():
+            record.rename(record.with_name(f"{record.name}.{why}-{stamp}"))
+        return moved
+
+    def set_aside_model(self, key: str, stamp: str, why: str) -> list[Path]:
+        """Every shard of a model (and its weight views) renamed out of the way, kept: the shards' new paths."""
+        folder = self.out / "shards" / key
+        moved = []
+        for path in sorted(folder.glob("*.npz")) if folder.is_dir() else []:
+            new = path.with_name(f"{path.name}.{why}-{stamp}")
+            path.rename(new)
+            moved.append(new)
+            record = path.with_name(f"{path.name}.sha256")
+            if record.is_file():
+                record.rename(record.with_name(f"{record.name}.{why}-{stamp}"))
+        views = self.out / "weights" / f"{key}.json"
+        if views.is_file():
+            views.rename(views.with_name(f"{views.name}.{why}-{stamp}"))
+        return moved
 
     def read_shard(self, key: str, shard: Shard) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-        with np.load(self.shard_path(key, shard), allow_pickle=False) as data:
-            meta = json.loads(str(data["__meta__"]))
-            arrays = {k: data[k] for k in data.files if k != "__meta__"}
+        data, why = self._verified_bytes(key, shard)
+        if data is None:
+            raise DamagedShardError(
+                f"{self.shard_path(key, shard)} is damaged: {why}. Rerun the same vitlens survey command "
+                f"on {self.out}: it sets the damaged shard aside and computes it again.")
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            meta = json.loads(str(npz["__meta__"]))
+            arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
         return stats.unflatten(arrays), meta
 
     def write_weights(self, key: str, values: dict[str, Any]) -> None:
@@ -232,19 +355,24 @@ class SurveyResult:
 
     ``table`` is a pandas DataFrame with one row per (model, weights, layer, head, metric[, class]);
     ``manifest`` says which models were surveyed, with their spec, status and failure reason;
-    ``failed`` maps the name of each failed model to its reason.
+    ``failed`` maps the name of each failed model to its reason;
+    ``damaged`` maps the label of each finished model with damaged shard files to {shard: what is
+    wrong} (the table was written from them before the damage; a rerun recomputes them).
     """
 
     path: Path
     table: Any
     manifest: dict[str, Any]
     failed: dict[str, str] = field(default_factory=dict)
+    damaged: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         models = self.manifest.get("models", {})
         done = sum(m.get("status") == "done" for m in models.values())
+        bad = sum(len(v) for v in self.damaged.values())
         return (f"SurveyResult({self.path}: {done}/{len(models)} models done, {len(self.table)} rows, "
-                f"{_count(self.manifest.get('source', {}))} images)")
+                f"{_count(self.manifest.get('source', {}))} images"
+                + (f", {bad} damaged shard{'s' * (bad != 1)}" if bad else "") + ")")
 
     def _repr_html_(self) -> str:
         import html
@@ -306,7 +434,33 @@ def load_survey(path: str | Path) -> SurveyResult:
     if "weights" not in table.columns:  # folders written before the weights had their own column
         table = _split_weights(table, manifest)
     failed = {m["name"]: m.get("reason", "") for m in manifest["models"].values() if m.get("status") == "failed"}
-    return SurveyResult(path=Path(path), table=table, manifest=manifest, failed=failed)
+    damaged = damaged_shards(store, manifest)
+    if damaged:
+        warnings.warn(damage_message(Path(path), damaged), DamagedSurveyWarning, stacklevel=2)
+    return SurveyResult(path=Path(path), table=table, manifest=manifest, failed=failed, damaged=damaged)
+
+
+def damaged_shards(store: SurveyStore, manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """{model label: {shard: what is wrong}} over the finished models of a folder."""
+    try:
+        shards = ImageSource.from_dict(manifest["source"]).shards(manifest["settings"]["shard_size"])
+    except Exception:  # a source this version cannot rebuild: nothing to check against
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for entry in manifest.get("models", {}).values():
+        if entry.get("status") == "done":
+            bad = store.damaged(entry["key"], shards)
+            if bad:
+                out[entry.get("label", entry["name"])] = bad
+    return out
+
+
+def damage_message(path: Path, damaged: dict[str, dict[str, str]]) -> str:
+    """One sentence naming the damaged shards of a folder and what to do."""
+    parts = [f"{label}: " + ", ".join(f"{name} ({why})" for name, why in bad.items())
+             for label, bad in damaged.items()]
+    return (f"{path} has damaged shard files ({'; '.join(parts)}); the table was written before the damage, "
+            "but they are not trusted: rerun the same vitlens survey command to set them aside and recompute them.")
 
 
 def _split_weights(table: Any, manifest: dict[str, Any]) -> Any:

@@ -19,6 +19,7 @@ from ..memory import peak_rss_mb
 from ..views.engine import stream_attention
 from . import stats
 from .sources import ImageSource, Shard
+from .store import checkpoint_of, file_sha256
 
 #: a testing hook: when set to a file path that does not exist yet, the worker creates the file
 #: and kills its own process in the middle of a shard (Ray must restart it and rerun the shard)
@@ -79,8 +80,10 @@ class SurveyWorker:
     """A Ray actor's body: one model, loaded once, many shards (see ``vitlens.survey.run``)."""
 
     def __init__(self, name: str, pretrained: bool, num_threads: int, use_gpu: bool) -> None:
+        """``name`` as ``vl.load_model`` takes it, or ``PATH@ARCH`` for a local checkpoint."""
         self.name, self.pretrained, self.use_gpu = name, pretrained, use_gpu
         self.m: LoadedModel | None = None
+        self.checkpoint_sha256: str | None = None
         torch.set_num_threads(max(1, num_threads))
 
     def _model(self) -> LoadedModel:
@@ -89,7 +92,12 @@ class SurveyWorker:
 
             torch.manual_seed(0)  # random-init models are the same in every worker
             device = "cuda" if self.use_gpu and torch.cuda.is_available() else "cpu"
-            self.m = vl.load_model(self.name, pretrained=self.pretrained, device=device)
+            ckpt = checkpoint_of(self.name)
+            if ckpt is not None:  # a local checkpoint, safe-loaded with its architecture
+                self.checkpoint_sha256 = file_sha256(ckpt[0]) if Path(ckpt[0]).is_file() else None
+                self.m = vl.load_model(ckpt[0], arch=ckpt[1], device=device)
+            else:
+                self.m = vl.load_model(self.name, pretrained=self.pretrained, device=device)
         return self.m
 
     def load(self) -> dict[str, Any]:
@@ -99,7 +107,7 @@ class SurveyWorker:
         except VitlensError as e:
             return {"ok": False, "reason": e.message_for("cli"), "error": type(e).__name__}
         return {"ok": True, "spec": m.spec.to_dict(), "source": m.source, "weights": m.weights,
-                "device": str(m.device)}
+                "device": str(m.device), "checkpoint_sha256": self.checkpoint_sha256}
 
     def run(self, source: dict[str, Any], shard: tuple[int, int, int], views: tuple[str, ...], batch_size: int,
             renormalize: bool = True) -> dict[str, Any]:
