@@ -42,13 +42,6 @@ def attention_distance(
         renormalize: renormalise each query's weights over patch keys (the default choice);
             False keeps the raw weights (the keras example's convention).
         progress: True for a progress bar, or a callable ``f(done, total)``.
-        source: the row rolled out: None (the class token, or without one the mean over the patch tokens) or
-            "pool": a MAP head's own attention (its probe queries over the tokens, heads fused as the blocks,
-            queries averaged) as the class-like row, for models that pool through one (SigLIP, timm MAP heads);
-            ``RolloutResult.source_token`` says which row was used.
-
-    Raises:
-        ViewNotAvailableError: ``source="pool"`` for a model without an attention pool.
 
     One pass over the images for this view alone; for several views of the same images, ask
     ``analyze(m, images, views=(...))``, which computes them all from one forward per batch.
