@@ -335,34 +335,21 @@ def test_hub_and_torchvision_weights_offline_fail_fast_with_a_way_out(monkeypatc
         vl.load_model("torchvision:resnet50")
 
 
-def test_without_transformers_the_message_says_how_to_get_it(monkeypatch):
+@pytest.mark.parametrize("package,name,extra", [("transformers", "hf:google/vit-base-patch16-224", "hf"),
+                                                ("open_clip", "open_clip:ViT-B-32", "openclip")])
+def test_without_an_optional_package_the_message_says_how_to_get_it(monkeypatch, package, name, extra):
     import builtins
 
     real_import = builtins.__import__
 
-    def no_transformers(name, *args, **kwargs):
-        if name == "transformers" or name.startswith("transformers."):
-            raise ImportError("No module named 'transformers'")
-        return real_import(name, *args, **kwargs)
+    def without(module, *args, **kwargs):
+        if module == package or module.startswith(package + "."):
+            raise ImportError(f"No module named {package!r}")
+        return real_import(module, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_transformers)
-    with pytest.raises(vl.UnsupportedModelError, match=r"pip install 'vitlens\[hf\]'"):
-        vl.load_model("hf:google/vit-base-patch16-224")
-
-
-def test_without_open_clip_the_message_says_how_to_get_it(monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_open_clip(name, *args, **kwargs):
-        if name == "open_clip" or name.startswith("open_clip."):
-            raise ImportError("No module named 'open_clip'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_open_clip)
-    with pytest.raises(vl.UnsupportedModelError, match=r"pip install 'vitlens\[openclip\]'"):
-        vl.load_model("open_clip:ViT-B-32")
+    monkeypatch.setattr(builtins, "__import__", without)
+    with pytest.raises(vl.UnsupportedModelError, match=rf"pip install 'vitlens\[{extra}\]'"):
+        vl.load_model(name)
 
 
 def test_parallel_blocks_expose_their_blocks_and_where_their_heads_meet():

@@ -27,13 +27,17 @@ OPENCLIP_INSTALL = {"python": "Install it with: pip install 'vitlens[openclip]' 
                     "app": "Install it in the app's environment: pip install 'vitlens[openclip]'."}
 
 
-def _transformers() -> Any:
+def _optional(module: str, models: str, package: str, fixes: dict[str, str]) -> Any:
+    """An optional dependency, imported; a missing one is an UnsupportedModelError saying how to install it."""
     try:
-        import transformers
+        return __import__(module)  # the import statement's own hook (what a test without the package patches)
     except ImportError as e:
-        raise UnsupportedModelError("Hugging Face models need the transformers package, which is not installed.",
-                                    fixes=HF_INSTALL) from e
-    return transformers
+        raise UnsupportedModelError(f"{models} models need the {package} package, which is not installed.",
+                                    fixes=fixes) from e
+
+
+def _transformers() -> Any:
+    return _optional("transformers", "Hugging Face", "transformers", HF_INSTALL)
 
 
 def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
@@ -136,12 +140,7 @@ def load_torchvision(name: str, pretrained: bool = True) -> tuple[nn.Module, str
 
 
 def _open_clip() -> Any:
-    try:
-        import open_clip
-    except ImportError as e:
-        raise UnsupportedModelError("OpenCLIP models need the open_clip_torch package, which is not installed.",
-                                    fixes=OPENCLIP_INSTALL) from e
-    return open_clip
+    return _optional("open_clip", "OpenCLIP", "open_clip_torch", OPENCLIP_INSTALL)
 
 
 def _open_clip_cached(cfg: dict) -> Path | None:
