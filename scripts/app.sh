@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install (if needed) and start the app on http://localhost:8501 (offline: embedded models by default).
+# Install (if needed) and start the app on http://127.0.0.1:8501 (offline: embedded models by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
