@@ -482,7 +482,7 @@ def test_the_view_selector_shows_the_view_drawn_in_chromium(page, tmp_path):
     page.wait_for_load_state("networkidle")
     assert checked_view(page) == ["Attention maps"]  # was "Filters" over the attention maps
     page.get_by_text("Filters", exact=True).first.click()  # and clicking "Filters" did nothing
-    page.get_by_text("Principal components").wait_for(timeout=60000)
+    page.get_by_text("Principal components", exact=True).wait_for(timeout=60000)
     page.get_by_text("One query's attention").wait_for(state="detached", timeout=60000)  # left when the run ends
     assert checked_view(page) == ["Filters"]
     # a model name that does not load, then corrected
@@ -501,7 +501,7 @@ def test_the_view_selector_shows_the_view_drawn_in_chromium(page, tmp_path):
     name.press("Enter")
     page.get_by_text("Position embedding similarity").first.wait_for(timeout=120000)
     page.wait_for_load_state("networkidle")
-    assert checked_view(page) == ["Position embeddings"] and page.get_by_text("Principal components").count() == 0
+    assert checked_view(page) == ["Position embeddings"] and page.get_by_text("Principal components", exact=True).count() == 0
 
 
 TILE_CENTRE = """([r, c, gh, gw]) => {
