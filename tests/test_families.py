@@ -73,28 +73,29 @@ def siglip2_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
                                       spatial_shapes=torch.tensor([[4, 4]] * b), output_attentions=True).attentions)
 
 
-def torchvision_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+def mha_block_maps(h: torch.Tensor, blocks: nn.Module, attention: str) -> list[torch.Tensor]:
+    """Pre-norm blocks whose ``attention`` is an nn.MultiheadAttention: its need_weights=True maps, per head."""
     maps = []
+    with torch.no_grad():
+        for block in blocks:
+            y = block.ln_1(h)
+            maps.append(getattr(block, attention)(y, y, y, need_weights=True, average_attn_weights=False)[1])
+            h = block(h)
+    return maps
+
+
+def torchvision_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     with torch.no_grad():
         h = model._process_input(x)
         h = torch.cat([model.class_token.expand(h.shape[0], -1, -1), h], dim=1) + model.encoder.pos_embedding
-        for block in model.encoder.layers:
-            y = block.ln_1(h)
-            maps.append(block.self_attention(y, y, y, need_weights=True, average_attn_weights=False)[1])
-            h = block(h)
-    return maps
+    return mha_block_maps(h, model.encoder.layers, "self_attention")
 
 
 def open_clip_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """open_clip's image blocks: nn.MultiheadAttention with need_weights=True, per head."""
-    visual, maps = model.visual, []
     with torch.no_grad():
-        h = visual._embeds(x)  # patches, class token, position table, ln_pre
-        for block in visual.transformer.resblocks:
-            y = block.ln_1(h)
-            maps.append(block.attn(y, y, y, need_weights=True, average_attn_weights=False)[1])
-            h = block(h)
-    return maps
+        h = model.visual._embeds(x)  # patches, class token, position table, ln_pre
+    return mha_block_maps(h, model.visual.transformer.resblocks, "attn")
 
 
 def open_clip_timm_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
