@@ -4,6 +4,7 @@ query-token arithmetic the app uses."""
 from __future__ import annotations
 
 import pickle
+from typing import Sequence
 
 import numpy as np
 import pytest
@@ -175,10 +176,24 @@ def test_distance_then_rollout_equals_analyze_of_both(tiny):
     assert both.rollout.equals(vl.attention_rollout(tiny, x, batch_size=3))
 
 
+def split_rows(attn: torch.Tensor, sizes: Sequence[int]) -> list[tuple[torch.Tensor, slice]]:
+    """A whole map [B, H, T, T] as blocks of ``sizes`` query rows (the last takes the rest), as
+    query-chunked capture hands them over."""
+    t, out, start = attn.shape[-2], [], 0
+    for size in list(sizes) + [t]:
+        stop = min(t, start + int(size))
+        if stop > start:
+            out.append((attn[:, :, start:stop], slice(start, stop)))
+        start = stop
+        if start >= t:
+            break
+    return out
+
+
+
 @pytest.mark.parametrize("sizes", [(1,), (5, 2, 11), (60,)])  # uneven blocks; one that splits the prefix off
 def test_every_consumer_gives_identical_results_from_whole_maps_and_from_row_blocks(sizes):
     """Issue 19: consumers take a layer's attention as blocks of query rows as well as whole."""
-    from vitlens.views.engine import split_rows
     from vitlens.views.prefix import PrefixAttentionAccumulator
 
     m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))  # 2 prefix tokens, 4x6 grid: T = 26

@@ -72,14 +72,13 @@ class AttentionCapture(HookSession):
     def _emit(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         """A block's map, whole or as query rows: streaming consumers hear every row block; the
         stored maps and plain callbacks get the whole map once its last rows have come."""
-        from .engine import AttentionConsumer, query_rows
+        from .engine import query_rows
 
-        streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
-        for consumer in streaming:
+        for consumer in self._streaming:
             consumer(layer, probs, rows)
         whole = probs
         if rows is not None:
-            wanted = self.store or len(streaming) < len(self.consumers)
+            wanted = self.store or bool(self._plain)
             if wanted:
                 self._rows.setdefault(layer, []).append(probs)
             if not query_rows(probs, rows)[2] or not wanted:
@@ -88,11 +87,15 @@ class AttentionCapture(HookSession):
             whole = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
         if self.store:
             self._maps[layer] = whole
-        for consumer in self.consumers:
-            if not isinstance(consumer, AttentionConsumer):
-                consumer(layer, whole)
+        for consumer in self._plain:
+            consumer(layer, whole)
 
     def install(self, handles: Handles) -> None:
+        from .engine import AttentionConsumer  # the engine imports this module
+
+        # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps
+        self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
+        self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
         if self.mode == "inline":
             self.family.install_inline(self.model, self._emit, handles, self.detach)
         else:

@@ -256,11 +256,6 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self.image_size = (int(image_size[0]), int(image_size[1])) if image_size and min(image_size) > 0 else \
             (grid[0] * self.stride_px[0], grid[1] * self.stride_px[1])
 
-    def per_image(self, layer: int, attn: torch.Tensor) -> np.ndarray:
-        """[B, H] attention distance of each image of the batch in block ``layer`` (float64)."""
-        self._check(layer, attn)
-        return per_image_distance(attn, self._distances, self.num_prefix_tokens, self.renormalize).cpu().numpy()
-
     def _check(self, layer: int, attn: torch.Tensor) -> None:
         if self._distances is None:
             raise RuntimeError("begin_batch must be called before the forward")

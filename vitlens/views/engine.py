@@ -112,20 +112,6 @@ def query_rows(attn: torch.Tensor, rows: slice | None) -> tuple[int, int, bool]:
     return start, stop, stop == t
 
 
-def split_rows(attn: torch.Tensor, sizes: Sequence[int]) -> list[tuple[torch.Tensor, slice]]:
-    """A whole map [B, H, T, T] as blocks of ``sizes`` query rows (the last takes the rest):
-    what an engine that computes a block of queries at a time hands over."""
-    t, out, start = attn.shape[-2], [], 0
-    for size in list(sizes) + [t]:
-        stop = min(t, start + int(size))
-        if stop > start:
-            out.append((attn[:, :, start:stop], slice(start, stop)))
-        start = stop
-        if start >= t:
-            break
-    return out
-
-
 def query_rows_for_budget(batch: int, heads: int, tokens: int, budget_mb: float = 256.0) -> int:
     """How many query rows of a block's float32 probabilities [batch, heads, rows, tokens] fit in
     ``budget_mb`` megabytes (at least 1, at most ``tokens``)."""
