@@ -624,3 +624,26 @@ def test_a_local_survey_listens_on_loopback_only_and_refuses_clients_without_the
     assert proc.returncode == 0 and "DONE ['ref-vit']" in out, err
     manifest = vl.load_survey(tmp_path / "zoo").manifest
     assert manifest["ray"]["listen"] == "127.0.0.1" and manifest["ray"]["auth"] == "token"
+
+
+def test_ctrl_c_while_a_shard_is_written_waits_for_the_whole_shard(tiny, tmp_path, monkeypatch):
+    """CI once saw Ctrl-C land inside np.savez: the zip's clean-up raised a ValueError in place of the
+    KeyboardInterrupt. The interrupt now waits for the shard, which is then whole and trusted."""
+    from vitlens.survey import store as store_module
+    from vitlens.survey.store import SurveyStore
+
+    source = shapes_source(4)
+    shard = source.shards(4)[0]
+    result = run_shard(tiny, source, shard, ("distance",), batch_size=4)
+    real = store_module.np.savez_compressed
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives mid-write
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store_module.np, "savez_compressed", interrupted)
+    store = SurveyStore(tmp_path / "zoo")
+    with pytest.raises(KeyboardInterrupt):
+        store.write_shard("m", shard, result)
+    assert store.problem("m", shard) == ""
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler given back

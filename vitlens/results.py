@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import contextlib
 import json
 import os
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -42,6 +46,27 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back until the block ends, then raise it: for short writes that must
+    finish whole. Without it an interrupt inside ``np.savez`` leaves its zip half-closed, and the
+    zip's own clean-up then raises a ValueError in place of the KeyboardInterrupt. Off the main
+    thread (where no signal handler can be set) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, Any]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])  # the default handler raises KeyboardInterrupt here
+        elif caught and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def _current_umask() -> int:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameterError
-from ..results import atomic_write_bytes
+from ..results import atomic_write_bytes, interrupts_deferred
 from ..views.distance import AttentionDistanceResult, uniform_distance
 from . import stats
 from .sources import ImageSource, Shard
@@ -156,7 +156,12 @@ class SurveyStore:
     def write_shard(self, key: str, shard: Shard, result: dict[str, Any]) -> None:
         """The shard's checksum record, then the shard: each written atomically, in that order, so a
         shard file on disk always has the record of its own bytes (a crash between the two leaves a
-        record without its shard, which is not done and is overwritten when it is computed)."""
+        record without its shard, which is not done and is overwritten when it is computed). Ctrl-C
+        waits for the shard to be written whole, then stops the survey."""
+        with interrupts_deferred():
+            self._write_shard(key, shard, result)
+
+    def _write_shard(self, key: str, shard: Shard, result: dict[str, Any]) -> None:
         buf = io.BytesIO()
         meta = {"n_images": result["n_images"], "skipped": result["skipped"], "seconds": result["seconds"],
                 "start": shard.start, "stop": shard.stop}
