@@ -4,6 +4,8 @@ scikit-image. ``Images`` is every form of image input the views accept.
 """
 from __future__ import annotations
 
+import glob
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence, Union
@@ -19,12 +21,33 @@ ImageLike = Union[Image.Image, str, Path, np.ndarray]
 #: image or a sequence of PIL images / file paths / arrays (read batch by batch); or any iterable
 #: of tensors [b, 3, H, W] such as a DataLoader (``(x, y)`` pairs accepted).
 Images = Union[torch.Tensor, ImageLike, Sequence[ImageLike], Iterable[torch.Tensor]]
-#: Upload formats the app accepts, with the extensions a file picker should allow.
+#: The image formats vitlens reads, as file extensions: a folder's images, the app's uploads.
 UPLOAD_TYPES: tuple[str, ...] = ("png", "jpg", "jpeg", "webp", "bmp", "tif", "tiff", "gif")
+IMAGE_SUFFIXES: tuple[str, ...] = tuple(f".{t}" for t in UPLOAD_TYPES)
 #: Largest image upload, in megabytes (the app's widget, its hint and the error all use it).
 MAX_UPLOAD_MB = 20
 SAMPLE_NAMES: tuple[str, ...] = ("astronaut", "coffee", "chelsea", "rocket")
 _ALPHA_BACKGROUND = (255, 255, 255)
+
+
+def find_image_files(spec: str, recursive: bool = False) -> list[Path]:
+    """The image files named by a folder (its images, ``IMAGE_SUFFIXES``; with ``recursive`` those of
+    its subfolders too), a glob pattern ("val/*/*.JPEG", ``**`` allowed) or a single file, sorted."""
+    path = Path(spec).expanduser()
+    if any(ch in spec for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
+        if not files:
+            raise InvalidParameterError(f"No files match {spec!r}.")
+        return files
+    if path.is_dir():
+        found = path.rglob("*") if recursive else path.iterdir()
+        files = sorted(p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise InvalidParameterError(f"The folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
+        return files
+    if path.is_file():
+        return [path]
+    raise InvalidParameterError(f"Image folder or file not found: {path}.")
 
 
 def _composite(img: Image.Image) -> Image.Image:

@@ -14,9 +14,6 @@ leaves half a report or replaces a good one.
 from __future__ import annotations
 
 import argparse
-import glob
-import os
-import platform
 import shlex
 import sys
 import tempfile
@@ -27,7 +24,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 EXIT_USAGE, EXIT_ERROR = 2, 1
 N_ROLLOUT_SHOWN = 4
 
@@ -78,30 +74,14 @@ def _log(args: argparse.Namespace, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def find_image_files(spec: str) -> list[Path]:
-    """Files named by a folder, a glob pattern or a single file, sorted."""
-    path = Path(spec).expanduser()
-    if any(ch in spec for ch in "*?["):
-        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
-        if not files:
-            raise CliError(f"No files match {spec!r}.")
-        return files
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise CliError(f"The folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
-        return files
-    if path.is_file():
-        return [path]
-    raise CliError(f"Image folder or file not found: {path}.")
-
-
 def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarray | None, np.ndarray | None]:
     """(images, description of the set, object masks or None, labels or None) from --images / --samples / --shapes."""
     import vitlens as vl
     from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
     if args.images:
+        from vitlens.images import find_image_files
+
         files = find_image_files(args.images)
         good, skipped = [], []
         for f in files:
@@ -128,16 +108,6 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
     return list(data.images), {"source": "shapes", "description": f"vitlens held-out shapes scenes "
                                f"(seed {HELD_OUT_SEED}, first {args.n_images})", "count": args.n_images,
                                "skipped": []}, data.masks, data.labels
-
-
-def environment(device: str) -> dict:
-    import timm
-    import torch
-
-    import vitlens
-
-    return {"vitlens": vitlens.__version__, "timm": timm.__version__, "torch": torch.__version__,
-            "python": platform.python_version(), "device": device}
 
 
 def load_all(args: argparse.Namespace, names: Sequence[str]) -> list[Any]:
@@ -181,6 +151,8 @@ def _data_path(out: Path, data: str | None) -> Path:
 
 def cmd_report(args: argparse.Namespace) -> int:
     import vitlens as vl
+    from vitlens.environment import versions
+    from vitlens.views.registry import VIEW_NAMES
     from vitlens.report.data import ReportData
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
@@ -192,8 +164,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     analyses, shown, timings, tables, notes, heads = [], [], {}, [], {}, []
     for m in models:
         t1 = time.perf_counter()
-        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet,
-                       views=("filters", "position", "distance", "rollout", "prefix"))
+        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet, views=VIEW_NAMES)
         t2 = time.perf_counter()
         shown.append(m.display(images[:N_ROLLOUT_SHOWN]))
         analyses.append(a)
@@ -207,7 +178,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         _log(args, f"{m.spec.name}: analysed {a.distance.n_images} images in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
-                      environment=environment(str(models[0].device)), timings=timings, command=_command(),
+                      environment=versions(str(models[0].device)), timings=timings, command=_command(),
                       attributions=tables, notes=notes, heads=heads,
                       weights={m.spec.name: m.weights for m in models})
     figs = report_figures(data, shown)
@@ -248,6 +219,7 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
 
 def cmd_compare(args: argparse.Namespace) -> int:
     import vitlens as vl
+    from vitlens.environment import versions
     from vitlens.report.data import comparison
     from vitlens.report.html import comparison_figures, comparison_html
     from vitlens.results import atomic_write_bytes
@@ -271,7 +243,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         _log(args, f"{m.spec.name}: {distances[-1].n_images} images in {timings[m.spec.name]:.1f} s")
     timings["total"] = time.perf_counter() - t_start
     data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
-                      image_set=image_set, environment=environment(str(models[0].device)), timings=timings,
+                      image_set=image_set, environment=versions(str(models[0].device)), timings=timings,
                       command=_command(), weights=[m.weights for m in models])
     if args.cka:
         data.cka = [vl.cka(models[0], other, images, batch_size=max(4, args.batch_size), progress=not args.quiet)
@@ -423,6 +395,8 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitlens.views.registry import SURVEY_VIEW_NAMES
+
     p = argparse.ArgumentParser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("report", help="every view for one or more models (Fig. 6, 7)")
@@ -465,8 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "RAY_ADDRESS, else a local Ray on this machine's cores")
     sv.add_argument("--batch-size", type=_positive, default=32)
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
-    sv.add_argument("--views", nargs="+", default=["distance", "rollout", "predictions", "weights"],
-                    choices=["distance", "rollout", "predictions", "weights"])
+    sv.add_argument("--views", nargs="+", default=list(SURVEY_VIEW_NAMES), choices=list(SURVEY_VIEW_NAMES))
     sv.add_argument("--num-gpus-per-worker", type=float, default=0.0)
     weights = sv.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,

@@ -27,6 +27,7 @@ from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
 from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
                     weights_of, write_table)
+from ..views.registry import check_views
 from .worker import VIEWS, SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
@@ -263,9 +264,7 @@ def survey(
     """
     from .sources import files_source
 
-    views = tuple(views)
-    if [v for v in views if v not in VIEWS] or not views:
-        raise InvalidParameterError(f"views must be among {', '.join(VIEWS)}; got {list(views)}.")
+    views = check_views(views, VIEWS)
     if not models:
         raise InvalidParameterError("Name at least one model to survey.")
     source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images)

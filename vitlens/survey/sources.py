@@ -7,7 +7,6 @@ worker regenerates from (seed, index) instead of receiving pixels.
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 from dataclasses import asdict, dataclass
@@ -17,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ImageLoadError, InvalidParameterError
+from ..images import find_image_files
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 
 
 @dataclass(frozen=True)
@@ -109,17 +108,7 @@ def files_source(spec: str, per_class: bool = False, max_images: int | None = No
         per_class: each file's parent folder name is its class.
         max_images: keep the first N files (after sorting).
     """
-    path = Path(spec).expanduser()
-    if any(ch in spec for ch in "*?["):
-        files = sorted(p for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
-    elif path.is_dir():
-        files = sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    elif path.is_file():
-        files = [str(path)]
-    else:
-        raise InvalidParameterError(f"Image folder or file not found: {path}.")
-    if not files:
-        raise InvalidParameterError(f"No image files under {spec!r} ({', '.join(IMAGE_SUFFIXES)}).")
+    files = [str(f) for f in find_image_files(spec, recursive=True)]
     files = files[: max_images] if max_images else files
     classes: tuple[str, ...] = ()
     labels: tuple[int, ...] = ()

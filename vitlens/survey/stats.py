@@ -7,7 +7,9 @@ states are plain arrays, saved as npz and merged exactly on the driver.
   part, and with masks the share of patch mass on the object (Fig. 6), as sums and sums of squares;
 - ``Predictions``: how many images were predicted right, overall and per class.
 
-Merging is exact up to float64 rounding, so a survey equals one process over the same images
+They are ordinary consumers of the streaming engine: a shard's states are their ``state()``
+arrays, and two shards merge as ``from_state(x).merge(from_state(y))``. Merging is exact up to
+float64 rounding, so a survey equals one process over the same images
 whatever the shard size and the order shards finish in.
 """
 from __future__ import annotations
@@ -20,22 +22,28 @@ import torch
 from ..attribution.masks import patch_coverage
 from ..errors import InvalidParameterError
 from ..loading.model import LoadedModel
-from ..views.distance import AttentionDistanceAccumulator, add_samples, merge_moment_rows
+from ..core.spec import ModelSpec
+from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult, add_samples, merge_moment_rows
 from ..views.engine import AttentionConsumer, BatchInfo
-from ..views.rollout import RolloutAccumulator, rollout_row
+from ..views.registry import SURVEY_VIEWS
+from ..views.rollout import RolloutAccumulator
 
 
 class SurveyDistance(AttentionConsumer):
     """Attention distance per head over all images, and per class when the images have labels."""
 
-    def __init__(self, m: LoadedModel, num_classes: int = 0, renormalize: bool = True) -> None:
-        self.all = AttentionDistanceAccumulator.for_model(m.spec, renormalize)
+    def __init__(self, m: LoadedModel | None, num_classes: int = 0, renormalize: bool = True) -> None:
+        self.all = AttentionDistanceAccumulator.for_model(m.spec, renormalize) if m is not None else None
         self.num_classes = num_classes
-        layers, heads = m.spec.num_layers, m.spec.num_heads
+        layers, heads = (m.spec.num_layers, m.spec.num_heads) if m is not None else (0, 0)
         self.class_mean = np.zeros((num_classes, layers, heads))
         self.class_m2 = np.zeros((num_classes, layers, heads))
         self.class_n = np.zeros((num_classes, layers), dtype=np.int64)
         self._labels: np.ndarray | None = None
+
+    @classmethod
+    def for_survey(cls, m: LoadedModel, num_classes: int, renormalize: bool = True) -> "SurveyDistance":
+        return cls(m, num_classes, renormalize)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         self.all.begin_batch(batch)
@@ -54,80 +62,107 @@ class SurveyDistance(AttentionConsumer):
                     self.class_mean[c, layer], self.class_m2[c, layer], int(self.class_n[c, layer]),
                     d[self._labels == c])
 
-    def state(self) -> dict[str, Any]:
-        a = self.all
-        return {"mean": a.mean, "m2": a.m2, "counts": a.counts, "grid": np.asarray(a.grid or (0, 0)),
-                "image_size": np.asarray(a.image_size or (0, 0)), "class_mean": self.class_mean,
-                "class_m2": self.class_m2, "class_n": self.class_n}
+    def state(self) -> dict[str, np.ndarray]:
+        return {**self.all.state(), "class_mean": self.class_mean, "class_m2": self.class_m2,
+                "class_n": self.class_n}
 
-    @staticmethod
-    def merge_states(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
-        out = dict(x)
-        out["mean"], out["m2"], out["counts"] = merge_moment_rows(
-            x["mean"], x["m2"], x["counts"], y["mean"], y["m2"], y["counts"])
-        out["class_mean"], out["class_m2"], out["class_n"] = merge_moment_rows(
-            x["class_mean"], x["class_m2"], x["class_n"], y["class_mean"], y["class_m2"], y["class_n"])
-        if not np.asarray(x["grid"]).any():
-            out["grid"], out["image_size"] = y["grid"], y["image_size"]
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "SurveyDistance":
+        out = cls(None, len(state["class_n"]))
+        out.all = AttentionDistanceAccumulator.from_state(state)
+        out.class_mean, out.class_m2 = np.asarray(state["class_mean"]), np.asarray(state["class_m2"])
+        out.class_n = np.asarray(state["class_n"])
         return out
 
+    def merge(self, other: "SurveyDistance") -> "SurveyDistance":
+        out = SurveyDistance(None, self.num_classes)
+        out.all = self.all.merge(other.all)
+        out.class_mean, out.class_m2, out.class_n = merge_moment_rows(
+            self.class_mean, self.class_m2, self.class_n, other.class_mean, other.class_m2, other.class_n)
+        return out
 
-class RolloutStats(RolloutAccumulator):
+    def result(self, spec: ModelSpec | str = "") -> AttentionDistanceResult:
+        """Attention distance over all images, as ``vl.attention_distance`` gives it."""
+        return self.all.result(spec)
+
+
+class RolloutStats(AttentionConsumer):
     """Per-image rollout statistics, accumulated as sums (no map is kept).
 
     For the source row r of R (class token, or the mean of the patch rows) over all tokens:
     ``prefix_mass`` = its mass on prefix tokens; ``entropy`` = entropy (nats) of its patch part
     normalised to sum 1; with masks, ``mass_in_mask`` = share of the patch part on the object.
+    The row comes from a ``RolloutAccumulator`` it feeds (``batch_row``).
     """
 
     METRICS = ("prefix_mass", "entropy", "mass_in_mask")
 
-    def __init__(self, m: LoadedModel) -> None:
-        s = m.spec
-        super().__init__(s.num_layers, s.num_prefix_tokens, s.has_class_token)
+    def __init__(self, m: LoadedModel | None) -> None:
+        self.rollout = RolloutAccumulator.for_model(m) if m is not None else None
         self.sums = np.zeros(len(self.METRICS))
         self.squares = np.zeros(len(self.METRICS))
         self.counts = np.zeros(len(self.METRICS), dtype=np.int64)
         self._masks: np.ndarray | None = None
 
+    @classmethod
+    def for_survey(cls, m: LoadedModel, num_classes: int, renormalize: bool = True) -> "RolloutStats":
+        return cls(m)
+
     def begin_batch(self, batch: BatchInfo) -> None:
-        super().begin_batch(batch)
+        self.rollout.begin_batch(batch)
         self._masks = batch.masks
 
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        self.rollout.on_attention(layer, attn, rows)
+
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
-        if len(self._fused) != self.num_layers or self.grid is None:
-            raise RuntimeError("Rollout needs one complete forward per batch.")
-        row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token).cpu().numpy()
-        self._fused = []
-        p = self.num_prefix_tokens
+        row = self.rollout.batch_row().cpu().numpy()
+        p, grid = self.rollout.num_prefix_tokens, self.rollout.grid
         patch = row[:, p:]
         share = patch / np.maximum(patch.sum(1, keepdims=True), np.finfo(np.float64).tiny)
         values = [row[:, :p].sum(1), -(share * np.log(np.where(share > 0, share, 1.0))).sum(1)]
         if self._masks is not None:
-            cover = np.stack([patch_coverage(mk, self.grid) for mk in np.asarray(self._masks, dtype=bool)])
+            cover = np.stack([patch_coverage(mk, grid) for mk in np.asarray(self._masks, dtype=bool)])
             values.append((share * cover.reshape(len(cover), -1)).sum(1))
         for i, v in enumerate(values):
             self.sums[i] += v.sum()
             self.squares[i] += (v ** 2).sum()
             self.counts[i] += v.size
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, np.ndarray]:
         return {"sums": self.sums, "squares": self.squares, "counts": self.counts}
 
-    @staticmethod
-    def merge_states(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
-        return {"sums": x["sums"] + y["sums"], "squares": x["squares"] + y["squares"],
-                "counts": x["counts"] + y["counts"]}
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "RolloutStats":
+        out = cls(None)
+        out.sums, out.squares, out.counts = (np.asarray(state[k]) for k in ("sums", "squares", "counts"))
+        return out
+
+    def merge(self, other: "RolloutStats") -> "RolloutStats":
+        out = RolloutStats(None)
+        out.sums, out.squares, out.counts = (self.sums + other.sums, self.squares + other.squares,
+                                             self.counts + other.counts)
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> dict[str, float]:
+        """The mean of each metric over the images that have it."""
+        return {f"rollout_{k}": float(self.sums[i] / self.counts[i]) for i, k in enumerate(self.METRICS)
+                if self.counts[i]}
 
 
 class Predictions(AttentionConsumer):
     """Correct predictions overall and per class (images with labels; label -1 = unknown)."""
 
-    def __init__(self, m: LoadedModel, num_classes: int = 0) -> None:
-        self.has_classifier = m.spec.num_classes > 0
+    def __init__(self, has_classifier: bool, num_classes: int = 0) -> None:
+        self.has_classifier = has_classifier
         self.correct = np.zeros(max(num_classes, 1), dtype=np.int64)
         self.total = np.zeros(max(num_classes, 1), dtype=np.int64)
         self._labels: np.ndarray | None = None
+
+    @classmethod
+    def for_survey(cls, m: LoadedModel, num_classes: int, renormalize: bool = True) -> "Predictions | None":
+        """None when the images have no classes (nothing to count)."""
+        return cls(m.spec.num_classes > 0, num_classes) if num_classes else None
 
     def begin_batch(self, batch: BatchInfo) -> None:
         self._labels = batch.labels
@@ -143,23 +178,44 @@ class Predictions(AttentionConsumer):
             self.correct[c] += int((pred[sel] == c).sum())
             self.total[c] += int(sel.sum())
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> dict[str, np.ndarray]:
         return {"correct": self.correct, "total": self.total}
 
-    @staticmethod
-    def merge_states(x: dict[str, Any], y: dict[str, Any]) -> dict[str, Any]:
-        return {"correct": x["correct"] + y["correct"], "total": x["total"] + y["total"]}
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "Predictions":
+        out = cls(True, len(state["total"]))
+        out.correct, out.total = np.asarray(state["correct"]), np.asarray(state["total"])
+        return out
+
+    def merge(self, other: "Predictions") -> "Predictions":
+        out = Predictions(self.has_classifier, len(self.total))
+        out.correct, out.total = self.correct + other.correct, self.total + other.total
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> float:
+        """Accuracy over the labelled images (nan without any)."""
+        n = int(self.total.sum())
+        return float(self.correct.sum() / n) if n else float("nan")
 
 
-#: the consumer behind each state in a shard file
-STATS = {"distance": SurveyDistance, "rollout": RolloutStats, "predictions": Predictions}
+def stat_class(name: str) -> type[AttentionConsumer]:
+    """The consumer behind a survey state (``vitlens.views.registry.SURVEY_VIEWS``)."""
+    view = SURVEY_VIEWS.get(name)
+    if view is None or not view.stat:
+        raise InvalidParameterError(f"A survey shard holds an unknown statistic {name!r}.")
+    return view.stat_class()
 
 
 def merge(x: dict[str, dict[str, Any]], y: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Merge two shards' states (``{stat name: state}``); stats missing on one side are taken as is."""
+    """Merge two shards' states (``{stat name: state}``) through their consumers' ``merge``; stats
+    missing on one side are taken as is."""
     out = dict(x)
     for name, state in y.items():
-        out[name] = STATS[name].merge_states(out[name], state) if name in out else state
+        if name in out:
+            cls = stat_class(name)
+            out[name] = cls.from_state(out[name]).merge(cls.from_state(state)).state()
+        else:
+            out[name] = state
     return out
 
 
@@ -172,7 +228,6 @@ def unflatten(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for key, value in arrays.items():
         name, _, field = key.partition(".")
-        if name not in STATS:
-            raise InvalidParameterError(f"A survey shard holds an unknown statistic {name!r}.")
+        stat_class(name)  # a clear error for a statistic this vitlens does not know
         out.setdefault(name, {})[field] = value
     return out

@@ -24,7 +24,6 @@ import datetime as _dt
 import hashlib
 import io
 import json
-import platform
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..environment import versions
 from ..results import atomic_write_bytes, interrupts_deferred
-from ..views.distance import AttentionDistanceResult, uniform_distance
+from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult, uniform_distance
 from . import stats
 from .sources import ImageSource, Shard
 
@@ -90,23 +90,6 @@ def weights_of(entry: dict[str, Any]) -> str:
     if entry.get("name") in REFERENCE_NAMES:
         return "embedded"
     return "pretrained" if entry.get("pretrained", True) else "random init"
-
-
-def versions() -> dict[str, str]:
-    import timm
-    import torch
-
-    import vitlens
-
-    out = {"vitlens": vitlens.__version__, "timm": timm.__version__, "torch": torch.__version__,
-           "python": platform.python_version()}
-    try:
-        import ray
-
-        out["ray"] = ray.__version__
-    except ImportError:
-        pass
-    return out
 
 
 class SurveyStore:
@@ -299,12 +282,8 @@ def distance_result(states: dict[str, dict[str, Any]], spec: dict[str, Any], nam
     d = states.get("distance")
     if d is None or int(np.min(d["counts"])) == 0:
         return None
-    n = int(d["counts"][0])
-    return AttentionDistanceResult(mean_px=d["mean"], std_px=np.sqrt(d["m2"] / n), m2=d["m2"], n_images=n,
-                                   image_size=tuple(int(v) for v in d["image_size"]),  # type: ignore[arg-type]
-                                   grid=tuple(int(v) for v in d["grid"]),  # type: ignore[arg-type]
-                                   stride_px=tuple(spec["stride_px"]), renormalize=renormalize,  # type: ignore[arg-type]
-                                   model_name=name)
+    return AttentionDistanceAccumulator.from_state(d, tuple(spec["stride_px"]), int(spec.get("num_prefix_tokens", 0)),
+                                                   renormalize).result(name)
 
 
 def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]], n_images: int,

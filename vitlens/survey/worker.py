@@ -17,25 +17,25 @@ from ..errors import VitlensError
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..views.engine import stream_attention
-from . import stats
+from ..views.registry import SURVEY_VIEW_NAMES, SURVEY_VIEWS
 from .sources import ImageSource, Shard
 from .store import checkpoint_of, file_sha256
 
 #: a testing hook: when set to a file path that does not exist yet, the worker creates the file
 #: and kills its own process in the middle of a shard (Ray must restart it and rerun the shard)
 CRASH_ONCE = "VITLENS_SURVEY_CRASH_ONCE"
-VIEWS = ("distance", "rollout", "predictions", "weights")
+VIEWS = SURVEY_VIEW_NAMES
 
 
 def consumers_for(m: LoadedModel, views: tuple[str, ...], num_classes: int,
                   renormalize: bool = True) -> dict[str, Any]:
+    """The survey statistics of ``views`` (``vitlens.views.registry.SURVEY_VIEWS``) as consumers."""
     out: dict[str, Any] = {}
-    if "distance" in views:
-        out["distance"] = stats.SurveyDistance(m, num_classes, renormalize)
-    if "rollout" in views:
-        out["rollout"] = stats.RolloutStats(m)
-    if "predictions" in views and num_classes:
-        out["predictions"] = stats.Predictions(m, num_classes)
+    for name in views:
+        if SURVEY_VIEWS[name].stat:
+            consumer = SURVEY_VIEWS[name].stat_class().for_survey(m, num_classes, renormalize)
+            if consumer is not None:
+                out[name] = consumer
     return out
 
 
@@ -88,16 +88,16 @@ class SurveyWorker:
 
     def _model(self) -> LoadedModel:
         if self.m is None:
-            import vitlens as vl
+            from ..loading import load_model
 
             torch.manual_seed(0)  # random-init models are the same in every worker
             device = "cuda" if self.use_gpu and torch.cuda.is_available() else "cpu"
             ckpt = checkpoint_of(self.name)
             if ckpt is not None:  # a local checkpoint, safe-loaded with its architecture
                 self.checkpoint_sha256 = file_sha256(ckpt[0]) if Path(ckpt[0]).is_file() else None
-                self.m = vl.load_model(ckpt[0], arch=ckpt[1], device=device)
+                self.m = load_model(ckpt[0], arch=ckpt[1], device=device)
             else:
-                self.m = vl.load_model(self.name, pretrained=self.pretrained, device=device)
+                self.m = load_model(self.name, pretrained=self.pretrained, device=device)
         return self.m
 
     def load(self) -> dict[str, Any]:

@@ -4,7 +4,6 @@ views (Fig. 7 left and centre).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -16,14 +15,14 @@ from ..progress import ProgressArg
 from ..results import Result
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .engine import stream_attention
-from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
-from .position import PositionSimilarityResult, position_similarity
-from .prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, TokenNorms
+from .filters import FilterPCAResult
+from .position import PositionSimilarityResult
+from .prefix import PrefixDiagnosticsResult
+from .registry import DEFAULT_VIEWS, VIEW_NAMES, VIEWS as REGISTRY, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
 
-#: what ``analyze`` can compute; the attention views among them share one forward per batch
-VIEWS = ("filters", "position", "distance", "rollout", "prefix")
-DEFAULT_VIEWS = ("filters", "position", "distance", "rollout")
+#: what ``analyze`` can compute (``vitlens.views.registry``); the attention views share one forward per batch
+VIEWS = VIEW_NAMES
 
 
 def attention_distance(
@@ -158,35 +157,28 @@ def analyze(
         n_components: filter-PCA components, capped at the number the model's filters allow.
         renormalize, head_fusion, discard_ratio: as for ``attention_distance`` / ``attention_rollout``.
         progress: True for a progress bar, or a callable ``f(done, total)``.
-        views: any of "filters", "position", "distance", "rollout", "prefix" (default: the paper's four).
+        views: any of ``VIEWS`` ("filters", "position", "distance", "rollout", "prefix"; the registry in
+            ``vitlens.views.registry`` lists them), by default the paper's four.
     """
-    views = tuple(views)
-    unknown = [v for v in views if v not in VIEWS]
-    if unknown or not views:
-        raise InvalidParameterError(f"views must be among {', '.join(VIEWS)}; got {list(views)}.")
+    views = check_views(views)
     if n_components < 1:
         raise InvalidParameterError(f"n_components must be >= 1; got {n_components}.")
-    dist = AttentionDistanceAccumulator.for_model(m.spec, renormalize) if "distance" in views else None
-    roll = RolloutAccumulator.for_model(m, head_fusion, discard_ratio) if "rollout" in views else None
-    pre = PrefixAttentionAccumulator.for_model(m.spec) if "prefix" in views else None
-    consumers = [c for c in (dist, roll, pre) if c is not None]
-    prefix = None
+    params = ViewParams(n_components=n_components, renormalize=renormalize, head_fusion=head_fusion,
+                        discard_ratio=discard_ratio)
+    consumers = {name: REGISTRY[name].build(m, params) for name in views if REGISTRY[name].kind == "attention"}
     if consumers:
-        norms = TokenNorms(m) if pre is not None else contextlib.nullcontext()
-        with norms:
-            stream_attention(m, images, consumers, batch_size, progress, desc="analyze", capture_mode=None)
-        prefix = norms.fill(pre.result(m.spec)) if pre is not None else None
-    position, note = None, ""
-    if "position" in views:
-        try:
-            position = position_similarity(m)
-        except ViewNotAvailableError as e:
-            note = str(e)
-    filters = embedding_filter_pca(m, min(n_components, max_filter_components(m))) if "filters" in views else None
-    return AnalysisResult(spec=m.spec, filters=filters, position=position,
-                          distance=dist.result(m.spec) if dist is not None else None,
-                          rollout=roll.result(m.spec) if roll is not None else None, position_note=note,
-                          prefix=prefix, views=views)
+        stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None)
+    results: dict[str, Any] = {name: c.result(m.spec) for name, c in consumers.items()}
+    notes: dict[str, str] = {}
+    for name in views:
+        if REGISTRY[name].kind == "weights":
+            try:
+                results[name] = REGISTRY[name].build(m, params)
+            except ViewNotAvailableError as e:
+                notes[name] = str(e)
+    return AnalysisResult(spec=m.spec, filters=results.get("filters"), position=results.get("position"),
+                          distance=results.get("distance"), rollout=results.get("rollout"),
+                          position_note=notes.get("position", ""), prefix=results.get("prefix"), views=views)
 
 
 __all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

@@ -80,10 +80,19 @@ class AttentionDistanceResult(Result):
                 or self.stride_px != other.stride_px or self.renormalize != other.renormalize):
             raise InvalidParameterError("Only results of the same model, grid and renormalize setting merge.")
         mean, m2, n = merge_moments(self.mean_px, self.m2, self.n_images, other.mean_px, other.m2, other.n_images)
-        return AttentionDistanceResult(
-            mean_px=mean, std_px=np.sqrt(m2 / max(n, 1)), m2=m2, n_images=n, image_size=self.image_size,
-            grid=self.grid, stride_px=self.stride_px, renormalize=self.renormalize, model_name=self.model_name,
-        )
+        return AttentionDistanceResult.from_moments(mean, m2, n, self.image_size, self.grid, self.stride_px,
+                                                    self.renormalize, self.model_name)
+
+    @classmethod
+    def from_moments(cls, mean_px: np.ndarray, m2: np.ndarray, n_images: int, image_size: tuple[int, int],
+                     grid: tuple[int, int], stride_px: tuple[int, int], renormalize: bool = True,
+                     model_name: str = "") -> "AttentionDistanceResult":
+        """The result of running moments over ``n_images`` images (mean and sum of squared deviations
+        per head): the one way a result is built, by the accumulator, ``merge`` and a survey."""
+        size, g, stride = (tuple(int(v) for v in t) for t in (image_size, grid, stride_px))
+        return cls(mean_px=np.asarray(mean_px, dtype=np.float64), std_px=np.sqrt(np.asarray(m2) / max(n_images, 1)),
+                   m2=np.asarray(m2, dtype=np.float64), n_images=int(n_images), image_size=size,  # type: ignore[arg-type]
+                   grid=g, stride_px=stride, renormalize=bool(renormalize), model_name=model_name)  # type: ignore[arg-type]
 
 
 def merge_moments(mean_a: np.ndarray, m2_a: np.ndarray, n_a: int,
@@ -305,14 +314,29 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         out.image_size = self.image_size or other.image_size
         return out
 
+    def state(self) -> dict[str, np.ndarray]:
+        """The running moments as arrays: mean, m2, counts, grid and image_size ((0, 0) before any image)."""
+        return {"mean": self.mean, "m2": self.m2, "counts": self.counts, "grid": np.asarray(self.grid or (0, 0)),
+                "image_size": np.asarray(self.image_size or (0, 0))}
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray], stride_px: tuple[int, int] = (0, 0), num_prefix_tokens: int = 0,
+                   renormalize: bool = True) -> "AttentionDistanceAccumulator":
+        """The accumulator of a ``state()``; the model's stride, prefix and renormalize setting are not
+        in the state: pass them where its result is made (they only label it)."""
+        mean = np.asarray(state["mean"], dtype=np.float64)
+        out = cls(mean.shape[0], mean.shape[1], num_prefix_tokens, stride_px, renormalize)
+        out.mean, out.m2, out.counts = mean, np.asarray(state["m2"], dtype=np.float64), np.asarray(state["counts"])
+        grid, size = (tuple(int(v) for v in np.asarray(state[k])) for k in ("grid", "image_size"))
+        out.grid = grid if any(grid) else None  # type: ignore[assignment]
+        out.image_size = size if any(size) else None  # type: ignore[assignment]
+        return out
+
     def result(self, spec: ModelSpec | str = "") -> AttentionDistanceResult:
         if self.grid is None or self.counts.min() == 0:
             raise InvalidParameterError("No images were processed; pass at least one image.")
         if self.counts.min() != self.counts.max():
             raise RuntimeError("Blocks saw different numbers of images; a forward was interrupted.")
-        n = int(self.counts[0])
-        return AttentionDistanceResult(
-            mean_px=self.mean.copy(), std_px=np.sqrt(self.m2 / n), m2=self.m2.copy(), n_images=n,
-            image_size=self.image_size, grid=self.grid, stride_px=self.stride_px,  # type: ignore[arg-type]
-            renormalize=self.renormalize, model_name=model_name(spec),
-        )
+        return AttentionDistanceResult.from_moments(
+            self.mean.copy(), self.m2.copy(), int(self.counts[0]), image_size=self.image_size,  # type: ignore[arg-type]
+            grid=self.grid, stride_px=self.stride_px, renormalize=self.renormalize, model_name=model_name(spec))

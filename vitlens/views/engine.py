@@ -16,12 +16,22 @@ A consumer (``AttentionConsumer``) is told four things and answers two:
 - ``merge(other)``: the consumer state over the images of both (partial states of disjoint
   image sets, e.g. shards computed on different workers, combine into the state over all).
 
-A new attention view is one consumer class in ``vitlens/views/`` and nothing else: attention
-distance (Fig. 7 right, Fig. 11) and rollout (Fig. 6) are two, and ``analyze`` feeds both from
-one forward per batch.
+Two more, where they serve:
+
+- ``hooks()``: a context manager of further hooks the consumer needs during the pass (token
+  norms of the block outputs, a pool's attention); the engine holds it for the whole stream,
+  and a ``HookSession`` removes its hooks on exit and on error;
+- ``state()`` / ``from_state(state)``: the consumer's partial state as plain numpy arrays and
+  back, which is how a survey's statistics cross process boundaries and land in npz files
+  (loaded without pickle); ``merge`` is the one way states combine.
+
+A new attention view is one consumer class in ``vitlens/views/`` and one entry in
+``vitlens.views.registry``: attention distance (Fig. 7 right, Fig. 11) and rollout (Fig. 6) are
+two, and ``analyze`` feeds every one asked for from one forward per batch.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence, TypeVar
 
@@ -92,6 +102,19 @@ class AttentionConsumer:
         """A consumer whose state covers the images of both (disjoint image sets)."""
         raise NotImplementedError
 
+    def hooks(self) -> contextlib.AbstractContextManager:
+        """Further hooks the consumer needs while the images run (none by default)."""
+        return contextlib.nullcontext()
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The partial state as plain arrays (what crosses processes); see ``from_state``."""
+        raise NotImplementedError(f"{type(self).__name__} does not travel as a state.")
+
+    @classmethod
+    def from_state(cls: type[C], state: dict[str, np.ndarray]) -> C:
+        """The consumer a ``state()`` came from (enough of it to ``merge`` and give its result)."""
+        raise NotImplementedError(f"{cls.__name__} does not travel as a state.")
+
     def __call__(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         # a consumer is also a capture callback; whole maps reach one written as on_attention(layer, attn)
         if rows is None:
@@ -159,9 +182,11 @@ def stream_attention(
         capture_mode = capture_mode or "side"
     capture_mode = capture_mode or m.family.view_mode
     done, index = 0, 0
-    with Progress(progress, count_images(images), desc) as bar, \
+    with Progress(progress, count_images(images), desc) as bar, contextlib.ExitStack() as hooks, \
             capture_attention(m, store=False, consumers=consumers, mode=capture_mode, query_rows=query_rows), \
             torch.no_grad():
+        for c in consumers:
+            hooks.enter_context(c.hooks())
         for x in iter_batches(images, m.data_config, batch_size):
             x = x.to(m.device)
             size = int(x.shape[0])

@@ -204,14 +204,31 @@ class TokenNorms(HookSession):
         return r
 
 
+class PrefixDiagnostics(AttentionConsumer):
+    """The prefix view as one consumer: attention parked on prefix tokens (``PrefixAttentionAccumulator``)
+    and, through its ``hooks()``, the norms of every block's output tokens (``TokenNorms``)."""
+
+    def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
+        self.attention = PrefixAttentionAccumulator.for_model(m.spec)
+        self.norms = TokenNorms(m, outlier_factor)
+
+    def hooks(self) -> TokenNorms:
+        return self.norms
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        self.attention.on_attention(layer, attn, rows)
+
+    def result(self, spec: ModelSpec | str) -> "PrefixDiagnosticsResult":
+        return self.norms.fill(self.attention.result(spec))
+
+
 def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, progress: ProgressArg = None,
                        outlier_factor: float = OUTLIER_FACTOR) -> PrefixDiagnosticsResult:
     """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass)."""
-    acc = PrefixAttentionAccumulator.for_model(m.spec)
-    with TokenNorms(m, outlier_factor) as norms:
-        stream_attention(m, images, [acc], batch_size, progress, desc="prefix tokens", capture_mode=None)
-    return norms.fill(acc.result(m.spec))
+    consumer = PrefixDiagnostics(m, outlier_factor)
+    stream_attention(m, images, [consumer], batch_size, progress, desc="prefix tokens", capture_mode=None)
+    return consumer.result(m.spec)
 
 
-__all__ = ["PrefixAttentionAccumulator", "TokenNorms", "PrefixDiagnosticsResult", "parked_heads", "prefix_diagnostics",
+__all__ = ["PrefixAttentionAccumulator", "PrefixDiagnostics", "TokenNorms", "PrefixDiagnosticsResult", "parked_heads", "prefix_diagnostics",
            "prefix_labels"]

@@ -263,8 +263,10 @@ class RolloutAccumulator(AttentionConsumer):
             fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token)
         self._fused.append(fused)
 
-    def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
-        """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
+    def batch_row(self) -> torch.Tensor:
+        """The batch's rolled-out source row [b, T] over all tokens (float64); the blocks' fused maps
+        are let go. ``end_batch`` calls it; a consumer that keeps statistics of the row instead of
+        maps (the survey's ``RolloutStats``) calls it from its own ``end_batch``."""
         if len(self._fused) != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
         start = None
@@ -274,6 +276,12 @@ class RolloutAccumulator(AttentionConsumer):
                 raise RuntimeError("Rollout from the attention pool saw no pool attention in this forward.")
             start = pool_vector(pool, self._fused[0].shape[-1], self.head_fusion)
         row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token, start)
+        self._fused, self._rows = [], []
+        return row
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
+        """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
+        row = self.batch_row()
         maps = row_map(row, self.num_prefix_tokens, self.grid)
         self._maps.append(maps)
         b = maps.shape[0]
@@ -284,7 +292,6 @@ class RolloutAccumulator(AttentionConsumer):
         else:
             self._preds.append(np.full(b, -1, dtype=np.int64))
             self._probs.append(np.full(b, np.nan))
-        self._fused, self._rows = [], []
         return maps
 
     @property
