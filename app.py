@@ -34,6 +34,7 @@ from vitlens.compare.heads import cost as head_cost
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
+from vitlens.views.registry import VIEWS as REGISTRY
 from vitlens.views.rollout import format_probability
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
@@ -446,7 +447,7 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
 
 
 def render_survey(ctx: Context) -> None:
-    from vitlens.survey.report import summary_rows, survey_figures
+    from vitlens.report.survey import summary_rows, survey_figures
 
     st.caption("A survey folder written by `vitlens survey` (a model zoo x an image set on Ray): attention distance "
                "against depth across the zoo (Fig. 11), the layer-1 heads of every model, and a table.")
@@ -474,10 +475,11 @@ def render_survey(ctx: Context) -> None:
 SURVEY_FIGURES = {"depth": "Depth", "layer1": "Layer 1", "per-class": "Per class"}  # download labels
 
 VIEWS: dict[str, Callable[[Context], None]] = {
-    "Filters": render_filters,
-    "Position embeddings": render_position,
-    "Attention distance": render_distance,
-    "Attention maps": render_maps,
+    # the library's views by their registry labels (vitlens.views.registry), then the app's own pages
+    REGISTRY["filters"].label: render_filters,
+    REGISTRY["position"].label: render_position,
+    REGISTRY["distance"].label: render_distance,  # with the prefix view beside it
+    "Attention maps": render_maps,  # one image's maps per head, and its rollout
     "Attributions": render_attributions,
     "Compare": render_compare,
     "Survey": render_survey,

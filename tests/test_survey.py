@@ -155,7 +155,7 @@ def test_an_older_table_gets_its_weights_column(reference, tmp_path):
 
 
 def test_the_survey_page_speaks_in_image_widths_and_words(extended):
-    from vitlens.survey.report import summary_rows, survey_figures, survey_html
+    from vitlens.report.survey import summary_rows, survey_figures, survey_html
 
     _, result, _, _ = extended
     figs = survey_figures(result)

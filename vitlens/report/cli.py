@@ -339,7 +339,7 @@ def interrupted_survey(out: Path) -> str:
 def cmd_survey_report(args: argparse.Namespace) -> int:
     import vitlens as vl
     from vitlens.results import atomic_write_bytes
-    from vitlens.survey.report import survey_figures, survey_html
+    from vitlens.report.survey import survey_figures, survey_html
     from vitlens.survey.store import DamagedSurveyWarning
 
     check_outputs(args)

@@ -17,6 +17,10 @@ from ..views.analyze import AnalysisResult
 from ..views.distance import AttentionDistanceResult
 
 
+#: a model's curve is "flat" when this share of its heads sits within FLAT_TOLERANCE of the uniform distance
+FLAT_SHARE, FLAT_TOLERANCE = 0.9, 0.1
+
+
 @dataclass(eq=False, repr=False)
 class ReportData(Result):
     """The numbers behind a report: one AnalysisResult per model and how they were made."""
@@ -80,7 +84,7 @@ class ComparisonData(Result):
             raise InvalidParameterError("The ratio needs two models.")
         return first[1] / first[0]
 
-    def near_uniform_share(self, tolerance: float = 0.1) -> list[float]:
+    def near_uniform_share(self, tolerance: float = FLAT_TOLERANCE) -> list[float]:
         """Per model, the share of heads (all layers) within ``tolerance`` of the distance of uniform
         attention on its grid: near 1 means the curves of Fig. 11 are flat at the dotted line."""
         return [near_uniform_share(d, tolerance) for d in self.distances]
@@ -91,7 +95,8 @@ class ComparisonData(Result):
         near = self.near_uniform_share()
         if min(near) >= FLAT_SHARE:
             why = why_flat(self.models, self.weights)
-            return ("Flat: at least 90% of every model's heads sit within 10% of the uniform-attention distance, "
+            return (f"Flat: at least {FLAT_SHARE:.0%} of every model's heads sit within {FLAT_TOLERANCE:.0%} of the "
+                    "uniform-attention distance, "
                     f"so no model has local heads and the paper's contrast cannot show here ({why}"
                     f"{'; ' if why else ''}hub checkpoints show Fig. 11).")
         ratio = self.layer1_median_ratio()
@@ -103,10 +108,6 @@ class ComparisonData(Result):
             return f"{first}'s layer-1 heads attend {1 / ratio:.2f}x as far as {second}'s (median)."
         return (f"Layer 1 alike: median distance ratio {second} / {first} = {ratio:.2f} "
                 f"(Fig. 11 shows a hybrid well above its ViT).")
-
-
-#: a model's curve is "flat" when this share of its heads sits within FLAT_TOLERANCE of the uniform distance
-FLAT_SHARE, FLAT_TOLERANCE = 0.9, 0.1
 
 
 def near_uniform_share(d: AttentionDistanceResult, tolerance: float = FLAT_TOLERANCE) -> float:

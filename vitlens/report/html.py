@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from .. import figures
 from ..results import significant
 from ..views.analyze import AnalysisResult
+from ..views.registry import VIEWS as REGISTRY
 from .data import ComparisonData, ReportData, distance_reading
 
 
@@ -34,14 +35,28 @@ th{background:#f3f3f3}.muted{color:#666;font-size:13px}
 """
 
 
-def _table(rows: Sequence[dict], floatfmt: str = "{:.2f}") -> str:
+def html_table(rows: Sequence[dict], floatfmt: str = "{:.2f}", sortable: bool = False, empty: str = "") -> str:
+    """The one HTML table builder of the reports: a column per key (in first-seen order over the rows),
+    floats through ``floatfmt`` (NaN as an empty cell), text escaped. ``sortable``: the survey's
+    click-to-sort table (class ``sortable``; each cell carries its raw value in ``data-v``).
+    ``empty``: what to show for no rows."""
     if not rows:
-        return ""
-    keys = list(rows[0])
+        return empty
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{html.escape(str(k))}</th>" for k in keys)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{floatfmt.format(r[k]) if isinstance(r[k], float) else html.escape(str(r[k]))}</td>"
-                         for k in keys) + "</tr>" for r in rows)
+
+    def cell(v: Any) -> str:
+        if v is None:
+            v = ""
+        if isinstance(v, float):
+            shown, raw = ("", "") if np.isnan(v) else (floatfmt.format(v), repr(v))
+        else:
+            shown = raw = html.escape(str(v))
+        return f"<td data-v='{raw}'>{shown}</td>" if sortable else f"<td>{shown}</td>"
+
+    body = "".join("<tr>" + "".join(cell(r.get(k, "")) for k in keys) + "</tr>" for r in rows)
+    if sortable:
+        return f"<table class='sortable'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -72,7 +87,8 @@ def page_figure(fig: go.Figure) -> go.Figure:
     return light
 
 
-def _fig(fig: go.Figure) -> str:
+def figure_html(fig: go.Figure) -> str:
+    """One figure as an HTML fragment for a report page (plotly.js is inlined once, by ``page_html``)."""
     return page_figure(fig).to_html(full_html=False, include_plotlyjs=False,
                                     config={"displaylogo": False, "responsive": True})
 
@@ -119,7 +135,8 @@ def _hoist_repeats(body: str) -> tuple[str, str]:
     return body, script
 
 
-def _page(title: str, body: str) -> str:
+def page_html(title: str, body: str) -> str:
+    """A whole offline report page: the CSS, plotly.js inlined once, repeated figure data hoisted."""
     from plotly.offline import get_plotlyjs
 
     body, shared = _hoist_repeats(body)
@@ -142,7 +159,7 @@ def _header(title: str, image_set: dict, environment: dict, timings: dict) -> st
 
 
 def _facts(a: AnalysisResult) -> str:
-    return _table([a.spec.describe()])
+    return html_table([a.spec.describe()])
 
 
 def _notes(notes: Sequence[str]) -> str:
@@ -152,13 +169,13 @@ def _notes(notes: Sequence[str]) -> str:
 def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> dict[str, go.Figure]:
     """Every figure of one model's views, by name (filters, position, distance, rollout): the
     report page shows them and ``--png`` writes them, from this one list."""
-    figs = {"filters": figures.filters_figure(a.filters)}
-    if a.position is not None:
-        figs["position"] = figures.position_figure(a.position)
-    figs["distance"] = figures.distance_figure(a.distance)
-    if a.prefix is not None and a.prefix.labels:
-        figs["prefix"] = figures.prefix_figure(a.prefix)
-    figs["rollout"] = figures.rollout_grid_figure(a.rollout, display_images)
+    figs: dict[str, go.Figure] = {}
+    for name in a.views:  # each view's figure function, as the registry names it
+        result = a.view(name)
+        if result is None or (name == "prefix" and not result.labels):
+            continue
+        draw = getattr(figures, REGISTRY[name].figure)
+        figs[name] = draw(result, display_images) if name == "rollout" else draw(result)
     return figs
 
 
@@ -181,25 +198,31 @@ def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, 
 
 def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[str, float],
                   notes: Sequence[str] = (), reading: str = "") -> str:
-    """Every view of one model: facts, filters, position tiles, distance (with its one-line
-    ``reading``, ``distance_reading``), rollout on a few images."""
+    """Every view of one model that was computed: facts, filters, position tiles, distance (with its
+    one-line ``reading``, ``distance_reading``), prefix tokens, head importance, rollout on a few
+    images, then any further registered view under its heading."""
     parts = [f"<h2>{html.escape(a.spec.name)}</h2>", _facts(a), _notes(notes),
-             "<p class='muted'>" + html.escape(", ".join(f"{k} {v:.2f} s" for k, v in timing.items())) + "</p>",
-             "<h3>Embedding filters (Fig. 7 left)</h3>", _fig(figs["filters"]),
-             "<h3>Position embedding similarity (Fig. 7 centre)</h3>"]
-    if "position" in figs:
-        parts.append(_fig(figs["position"]))
-    else:
-        parts.append(f"<p class='note'>{html.escape(a.position_note)}</p>")
-    parts += ["<h3>Mean attention distance (Fig. 7 right)</h3>",
-              f"<p><b>{html.escape(reading)}</b></p>" if reading else "", _fig(figs["distance"])]
+             "<p class='muted'>" + html.escape(", ".join(f"{k} {v:.2f} s" for k, v in timing.items())) + "</p>"]
+    if "filters" in figs:
+        parts += [f"<h3>{REGISTRY['filters'].heading}</h3>", figure_html(figs["filters"])]
+    if "position" in a.views:
+        parts.append(f"<h3>{REGISTRY['position'].heading}</h3>")
+        parts.append(figure_html(figs["position"]) if "position" in figs else
+                     f"<p class='note'>{html.escape(a.position_note)}</p>")
+    if "distance" in figs:
+        parts += [f"<h3>{REGISTRY['distance'].heading}</h3>",
+                  f"<p><b>{html.escape(reading)}</b></p>" if reading else "", figure_html(figs["distance"])]
     if a.prefix is not None:
         parts.append(prefix_section(a.prefix, figs.get("prefix")))
     if "heads" in figs:
         parts.append(heads_section(figs["heads"], a))
-    parts += ["<h3>Attention rollout (Fig. 6)</h3>",
-              "<p class='muted'>Rollout shows where information was mixed across layers, not what caused the "
-              "prediction.</p>", _fig(figs["rollout"])]
+    if "rollout" in figs:
+        parts += [f"<h3>{REGISTRY['rollout'].heading}</h3>",
+                  "<p class='muted'>Rollout shows where information was mixed across layers, not what caused the "
+                  "prediction.</p>", figure_html(figs["rollout"])]
+    for name in a.others:  # a registered view of vitlens's own beyond the paper's: its heading and figure
+        if name in figs:
+            parts += [f"<h3>{html.escape(REGISTRY[name].heading)}</h3>", figure_html(figs[name])]
     return "".join(parts)
 
 
@@ -216,13 +239,13 @@ def prefix_section(prefix: Any, fig: go.Figure | None) -> str:
              f"{100 * prefix.outlier_share.max():.1f}% in layer {worst + 1}." if prefix.outlier_share.size else "")
     return ("<h3>Attention on prefix tokens</h3><p class='muted'>Heads that park attention on the class, "
             "distillation or register tokens look local with raw weights (why attention distance renormalises over "
-            "patch keys) and add rollout mass no patch earned.</p>" + (_fig(fig) if fig is not None else "")
+            "patch keys) and add rollout mass no patch earned.</p>" + (figure_html(fig) if fig is not None else "")
             + f"<p>Parked heads (more than half on one prefix token): {html.escape(listed)}. {html.escape(norms)}</p>")
 
 
 def heads_section(fig: go.Figure, a: AnalysisResult) -> str:
     return ("<h3>Which heads matter</h3><p class='muted'>One head removed at a time; importance is the drop of the "
-            "predicted class's logit, set against the head's mean attention distance.</p>" + _fig(fig))
+            "predicted class's logit, set against the head's mean attention distance.</p>" + figure_html(fig))
 
 
 def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
@@ -231,7 +254,7 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
             "higher is more faithful; pointing game and mass in mask where object masks exist.</p>"
-            + _table(fmt_rows) + _fig(figs["attributions"]) + _fig(figs["faithfulness"]))
+            + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"]))
 
 
 def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:
@@ -258,7 +281,7 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
                                   reading))
         if i < len(data.attributions) and data.attributions[i] is not None:
             body.append(attribution_section(data.attributions[i], f))
-    return _page("vitlens report", "".join(body))
+    return page_html("vitlens report", "".join(body))
 
 
 def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = (),
@@ -272,16 +295,16 @@ def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.
               for n, s in zip(data.models, data.local_share)]
     fmt = "{:.1f}" if data.units == "px" else "{:.3f}"
     body = [_header("vitlens comparison (Fig. 11)", data.image_set, data.environment, data.timings),
-            unit_note, _notes(notes), f"<p><b>{html.escape(data.reading())}</b></p>", _fig(figs["distance"]),
+            unit_note, _notes(notes), f"<p><b>{html.escape(data.reading())}</b></p>", figure_html(figs["distance"]),
             f"<h2>Share of local heads</h2><p>Heads whose mean distance is below {100 * data.local_threshold:.0f}% "
-            f"of the image width, in the first {data.first_layers} layers.</p>", _table(shares),
+            f"of the image width, in the first {data.first_layers} layers.</p>", html_table(shares),
             f"<h2>Per layer ({'pixels' if data.units == 'px' else 'fraction of image width'})</h2>",
-            _table(data.table, fmt)]
+            html_table(data.table, fmt)]
     for i, c in enumerate(data.cka):
         body += [f"<h2>Representation similarity: {html.escape(c.model_a)} vs {html.escape(c.model_b)}</h2>",
                  "<p class='muted'>Linear CKA of every pair of layers (Raghu et al. 2021): 1 means the same "
                  "representation up to rotation and scale. Intervals: bootstrap over minibatches.</p>",
-                 _fig(figs[f"cka-{i + 1}"])]
+                 figure_html(figs[f"cka-{i + 1}"])]
     if "rollout" in figs:
-        body += ["<h2>Rollout on the same image</h2>", _fig(figs["rollout"])]
-    return _page("vitlens comparison", "".join(body))
+        body += ["<h2>Rollout on the same image</h2>", figure_html(figs["rollout"])]
+    return page_html("vitlens comparison", "".join(body))

@@ -6,7 +6,7 @@ merged into one tidy table (paper Fig. 11 across a whole zoo).
 - ``worker``: a model loaded once per Ray actor, shards in, states out;
 - ``run``: the driver (``vl.survey``);
 - ``store``: the survey folder (shards, manifest, Parquet table; ``vl.load_survey``);
-- ``report``: the survey's offline HTML page.
+- the survey's offline HTML page is ``vitlens.report.survey``.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import InvalidParameterError, VitlensError
+from ..progress import Progress
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
 from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
@@ -439,9 +440,8 @@ def _slots(ray: Any, gpus: float, cpus: int) -> int:
 
 def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveyStore, strict: bool, progress: bool,
              total: int) -> None:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, desc="survey", unit="shard", disable=not progress, file=sys.stderr)
+    bar = Progress(progress, total, "survey", unit="shard")
+    finished = 0
     waiting = {w.load: ("load", w) for w in work.values()}
     waiting.update({w.weights: ("weights", w) for w in work.values() if w.weights is not None})
     waiting.update({f: ("shard", w) for w in work.values() for f in w.futures})
@@ -481,20 +481,20 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                     "n_images": value["n_images"], "seconds": round(value["seconds"], 3),
                     "skipped": len(value["skipped"]), "pid": value["pid"],
                     "peak_rss_mb": round(value.get("peak_rss_mb", 0.0), 1)}
-                bar.update(1)
+                finished += 1
+                bar.update(finished)
             if not w.futures and entry.get("spec") and not any(v[1] is w for v in waiting.values()):
                 entry["status"] = "done"
                 for actor in w.actors:
                     ray.kill(actor)  # frees its CPU/GPU for the models still waiting
-                if progress:
-                    bar.write(done_line(w.name, w.computed, w.images, w.reused), file=sys.stderr)
+                bar.note(done_line(w.name, w.computed, w.images, w.reused))
             store.write_manifest(manifest)
     finally:
         bar.close()
 
 
 def _fail(ray: Any, w: _Model, entry: dict, reason: str, waiting: dict, store: SurveyStore, manifest: dict,
-          strict: bool, bar: Any) -> None:
+          strict: bool, bar: Progress) -> None:
     w.failed = reason
     entry.update(status="failed", reason=reason)
     for fut in [f for f, (_what, owner) in waiting.items() if owner is w]:
@@ -504,8 +504,7 @@ def _fail(ray: Any, w: _Model, entry: dict, reason: str, waiting: dict, store: S
     store.write_manifest(manifest)
     if strict:  # the error says it, once
         raise SurveyError(f"{w.name}: {reason} (--strict stops at the first failed model).")
-    if not bar.disable:
-        bar.write(f"{w.name}: failed: {reason}", file=sys.stderr)
+    bar.note(f"{w.name}: failed: {reason}")
 
 
 def done_line(name: str, computed: int, images: int, reused: int) -> str:

@@ -4,7 +4,7 @@ views (Fig. 7 left and centre).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from ..errors import InvalidParameterError, ViewNotAvailableError
@@ -120,6 +120,16 @@ class AnalysisResult(Result):
     position_note: str = ""
     prefix: PrefixDiagnosticsResult | None = None
     views: tuple = DEFAULT_VIEWS
+    #: results of registered views without a field of their own, by name (``view(name)`` reads both)
+    others: dict[str, Any] = field(default_factory=dict)
+
+    def view(self, name: str) -> Any:
+        """The result of view ``name`` (None when it was not asked for or is not available)."""
+        if name in self.others:
+            return self.others[name]
+        if name not in REGISTRY:
+            raise InvalidParameterError(f"No view {name!r}; the views are {', '.join(REGISTRY)}.")
+        return getattr(self, name, None)
 
     def summary(self) -> str:
         n = self.distance.n_images if self.distance is not None else (
@@ -176,9 +186,11 @@ def analyze(
                 results[name] = REGISTRY[name].build(m, params)
             except ViewNotAvailableError as e:
                 notes[name] = str(e)
+    named = {f.name for f in fields(AnalysisResult)}
     return AnalysisResult(spec=m.spec, filters=results.get("filters"), position=results.get("position"),
                           distance=results.get("distance"), rollout=results.get("rollout"),
-                          position_note=notes.get("position", ""), prefix=results.get("prefix"), views=views)
+                          position_note=notes.get("position", ""), prefix=results.get("prefix"), views=views,
+                          others={k: v for k, v in results.items() if k not in named})
 
 
 __all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

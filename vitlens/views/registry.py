@@ -79,6 +79,7 @@ class View:
         result_type: "module:Class" of the result it gives.
         figure: the function of ``vitlens.figures`` that draws the result.
         default: one of ``analyze``'s default views (the paper's four).
+        label: its short name in the app's view selector.
     """
 
     name: str
@@ -89,6 +90,7 @@ class View:
     result_type: str
     figure: str
     default: bool = True
+    label: str = ""
 
     @property
     def heading(self) -> str:
@@ -129,15 +131,18 @@ def _resolve(path: str) -> Any:
 
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("filters", "Embedding filters", "Fig. 7 left", "weights", _filters,
-         "vitlens.views.filters:FilterPCAResult", "filters_figure"),
+         "vitlens.views.filters:FilterPCAResult", "filters_figure", label="Filters"),
     View("position", "Position embedding similarity", "Fig. 7 centre", "weights", _position,
-         "vitlens.views.position:PositionSimilarityResult", "position_figure"),
+         "vitlens.views.position:PositionSimilarityResult", "position_figure",
+         label="Position embeddings"),
     View("distance", "Mean attention distance", "Fig. 7 right", "attention", _distance,
-         "vitlens.views.distance:AttentionDistanceResult", "distance_figure"),
+         "vitlens.views.distance:AttentionDistanceResult", "distance_figure",
+         label="Attention distance"),
     View("rollout", "Attention rollout", "Fig. 6", "attention", _rollout,
-         "vitlens.views.rollout:RolloutResult", "rollout_grid_figure"),
+         "vitlens.views.rollout:RolloutResult", "rollout_grid_figure", label="Attention rollout"),
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
-         "vitlens.views.prefix:PrefixDiagnosticsResult", "prefix_figure", default=False),
+         "vitlens.views.prefix:PrefixDiagnosticsResult", "prefix_figure", default=False,
+         label="Prefix tokens"),
 )}
 
 #: the view names ``analyze`` takes, and the paper's four it computes by default
@@ -156,8 +161,10 @@ SURVEY_VIEWS: dict[str, SurveyView] = {v.name: v for v in (
 SURVEY_VIEW_NAMES: tuple[str, ...] = tuple(SURVEY_VIEWS)
 
 
-def check_views(views: Any, known: tuple[str, ...] = VIEW_NAMES) -> tuple[str, ...]:
-    """``views`` as a tuple of known names, or a clear error naming what is wrong."""
+def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """``views`` as a tuple of known names (by default those of ``VIEWS``), or a clear error naming
+    what is wrong."""
+    known = tuple(VIEWS) if known is None else known
     if isinstance(views, str):
         views = (views,)
     views = tuple(views)

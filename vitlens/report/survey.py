@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..figures import PALETTE
-from .store import SurveyResult, weights_of
+from ..survey.store import SurveyResult, weights_of
 
 KIND_WORDS = {"vit": "ViT", "hybrid": "hybrid"}
 
@@ -193,22 +193,6 @@ document.querySelectorAll('table.sortable th').forEach(function(th, col) {
 """
 
 
-def sortable_table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "<p>No models.</p>"
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in keys)
-
-    def cell(v: Any) -> str:
-        if isinstance(v, float):
-            shown = "" if np.isnan(v) else f"{v:.3f}"
-            return f"<td data-v='{'' if np.isnan(v) else v}'>{shown}</td>"
-        return f"<td data-v='{html.escape(str(v if v is not None else ''))}'>{html.escape(str(v if v is not None else ''))}</td>"
-
-    body = "".join("<tr>" + "".join(cell(r.get(k, "")) for k in keys) + "</tr>" for r in rows)
-    return f"<table class='sortable'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def survey_figures(result: SurveyResult) -> dict[str, go.Figure]:
     figs = {"depth": depth_figure(result), "layer1": layer1_figure(result)}
     per_class = class_figure(result)
@@ -236,7 +220,7 @@ def settings_text(manifest: dict) -> str:
 
 def survey_html(result: SurveyResult) -> str:
     """The whole survey page (plotly.js inlined once; opens offline)."""
-    from ..report.html import _fig, _page
+    from .html import figure_html, html_table, page_html
     from .store import _count
 
     m = result.manifest
@@ -250,12 +234,12 @@ def survey_html(result: SurveyResult) -> str:
             f"<p>Images: {html.escape(m['source']['description'])} ({_count(m['source'])} images)</p>"
             f"<p class='muted'>Settings: {html.escape(settings_text(m))}<br>Versions: {html.escape(versions)}</p>",
             f"<p class='note'>Failed models:</p><ul>{failed}</ul>" if failed else "",
-            _fig(figs["depth"]), _fig(figs["layer1"]),
+            figure_html(figs["depth"]), figure_html(figs["layer1"]),
             "<h2>Models</h2><p class='muted'>Click a column to sort. Distances in image widths; depth ratio = "
-            "last layer's median / first layer's.</p>", sortable_table(rows)]
+            "last layer's median / first layer's.</p>", html_table(rows, "{:.3f}", sortable=True, empty="<p>No models.</p>")]
     if notes:
         body.append(f"<p class='note'>What the accuracy means:</p><ul>{''.join(notes)}</ul>")
     if "per-class" in figs:
-        body += ["<h2>Per class</h2>", _fig(figs["per-class"])]
+        body += ["<h2>Per class</h2>", figure_html(figs["per-class"])]
     body.append(f"<script>{_SORT_JS}</script>")
-    return _page("vitlens survey", "".join(body))
+    return page_html("vitlens survey", "".join(body))
