@@ -474,6 +474,26 @@ def render_survey(ctx: Context) -> None:
 
 SURVEY_FIGURES = {"depth": "Depth", "layer1": "Layer 1", "per-class": "Per class"}  # download labels
 
+def render_registered(name: str) -> Callable[[Context], None]:
+    """The page of a registered view that has no page written for it: its figure over the image set
+    and its numbers (``vitlens.views.registry``), from one ``analyze`` pass."""
+    view = REGISTRY[name]
+
+    def render(ctx: Context) -> None:
+        k = image_count(st, len(ctx.images), f"{name}-n")
+        result = remembered("view_memo", (ctx.mkey, ctx.ikey, k, name), lambda progress: vl.analyze(
+            ctx.m, ctx.images[:k], batch_size=16, progress=progress, views=(name,)).view(name),
+            f"{view.title} over {k} images", k)
+        if result is None:
+            st.info(f"{view.title} is not available for this model.")
+            return
+        fig = getattr(figures, view.figure)(result)
+        st.plotly_chart(fig, key=f"{name}-fig")
+        st.dataframe(result.to_pandas(), hide_index=True)
+        downloads(result, fig, name)
+    return render
+
+
 VIEWS: dict[str, Callable[[Context], None]] = {
     # the library's views by their registry labels (vitlens.views.registry), then the app's own pages
     REGISTRY["filters"].label: render_filters,
@@ -484,6 +504,8 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Compare": render_compare,
     "Survey": render_survey,
 }
+VIEWS.update({v.label or v.name: render_registered(name) for name, v in REGISTRY.items()
+              if not v.shown_in and (v.label or v.name) not in VIEWS})
 
 
 # ---------------------------------------------------------------- sidebar: model and images

@@ -652,3 +652,27 @@ def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):
         "title"]["text"]
     app.radio(key="roll-source").set_value("mean over patch tokens").run()
     assert problems(app) == [] and "mean over patch tokens" in chart(app, 0)["layout"]["title"]["text"]
+
+
+def test_a_registered_view_without_a_page_of_its_own_gets_one(monkeypatch):
+    """The app's selector reads the view registry: a new view (here the test's query counter) is
+    offered, computed over the image set and drawn with its figure, with no edit to the app."""
+    import plotly.graph_objects as go
+    from test_registry import QueryCounter
+
+    from vitlens import figures
+    from vitlens.views import registry
+
+    toy = registry.View("queries", "Query rows per block", "", "attention",
+                        lambda m, p: QueryCounter(m.spec.num_layers), "test_registry:QueryCountResult",
+                        "query_count_figure", default=False, label="Queries")
+    monkeypatch.setitem(registry.VIEWS, "queries", toy)
+    monkeypatch.setattr(figures, "query_count_figure", lambda r: go.Figure(go.Bar(y=r.rows)), raising=False)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    assert "Queries" in at.radio(key="view").options
+    at.radio(key="view").set_value("Queries").run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) == 1
+    table = at.dataframe[0].value
+    assert list(table.columns) == ["layer", "rows", "mass"] and len(table) == vl.load_model("ref-vit").spec.num_layers

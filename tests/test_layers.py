@@ -35,3 +35,27 @@ def test_families_import_nothing_of_loading_or_the_layers_above():
 def test_core_imports_nothing_of_vitlens_but_its_errors():
     for name, imports in imported_subpackages("core").items():
         assert imports <= {"errors"}, (name, imports)
+
+
+def _target_subpackage(path: Path, node: ast.ImportFrom) -> str:
+    """The first part of what ``node`` in ``path`` imports from, below vitlens ("" if not vitlens)."""
+    if node.level == 0:
+        parts = (node.module or "").split(".")
+        return parts[1] if parts[0] == "vitlens" and len(parts) > 1 else ""
+    here = list(path.relative_to(PKG).parts[:-1])
+    base = here[:len(here) - (node.level - 1)]
+    parts = base + (node.module.split(".") if node.module else [])
+    return parts[0] if parts else ""
+
+
+def test_no_private_name_crosses_a_subpackage():
+    crossing = []
+    for path in PKG.rglob("*.py"):
+        own = path.relative_to(PKG).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = _target_subpackage(path, node)
+                if target and target != own:
+                    crossing += [f"{path.relative_to(PKG)}: {a.name} from {target}" for a in node.names
+                                 if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not crossing, crossing

@@ -53,6 +53,9 @@ class QueryCountResult(Result):
     rows: np.ndarray
     mass: np.ndarray
 
+    def to_rows(self) -> list[dict]:
+        return [{"layer": i + 1, "rows": int(r), "mass": float(w)} for i, (r, w) in enumerate(zip(self.rows, self.mass))]
+
 
 class QueryCounter(AttentionConsumer):
     """Known answers: every block has T query rows per image, and each row sums to 1."""

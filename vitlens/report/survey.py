@@ -221,7 +221,7 @@ def settings_text(manifest: dict) -> str:
 def survey_html(result: SurveyResult) -> str:
     """The whole survey page (plotly.js inlined once; opens offline)."""
     from .html import figure_html, html_table, page_html
-    from .store import _count
+    from ..survey.store import source_count
 
     m = result.manifest
     figs = survey_figures(result)
@@ -231,7 +231,7 @@ def survey_html(result: SurveyResult) -> str:
              f"{html.escape(r['accuracy note'])}</li>" for r in rows if r.get("accuracy note")]
     versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
     body = [f"<h1>vitlens survey</h1><p class='muted'>{html.escape(str(result.path))}</p>"
-            f"<p>Images: {html.escape(m['source']['description'])} ({_count(m['source'])} images)</p>"
+            f"<p>Images: {html.escape(m['source']['description'])} ({source_count(m['source'])} images)</p>"
             f"<p class='muted'>Settings: {html.escape(settings_text(m))}<br>Versions: {html.escape(versions)}</p>",
             f"<p class='note'>Failed models:</p><ul>{failed}</ul>" if failed else "",
             figure_html(figs["depth"]), figure_html(figs["layer1"]),

@@ -85,6 +85,30 @@ class SurveyDistance(AttentionConsumer):
         """Attention distance over all images, as ``vl.attention_distance`` gives it."""
         return self.all.result(spec)
 
+    def table_rows(self, spec: dict[str, Any], classes: list[str], renormalize: bool = True) -> list[dict[str, Any]]:
+        """The survey table's rows of it (``metric``, ``value``, ``n``, ``layer``, ``head``, ``cls``):
+        uniform distance, per head mean / std in pixels and mean in image widths, and per class."""
+        if self.all is None or int(self.all.counts.min(initial=0)) == 0:
+            return []
+        acc = AttentionDistanceAccumulator.from_state(self.all.state(), tuple(spec["stride_px"]),
+                                                      int(spec.get("num_prefix_tokens", 0)), renormalize)
+        d = acc.result()
+        n, width = d.n_images, float(d.image_size[1])
+        rows = [dict(metric="uniform_distance_px", value=d.uniform_px, n=n)]
+        for l, h in np.ndindex(*d.mean_px.shape):
+            rows += [dict(metric="mean_distance_px", value=d.mean_px[l, h], n=n, layer=l + 1, head=h + 1),
+                     dict(metric="std_distance_px", value=d.std_px[l, h], n=n, layer=l + 1, head=h + 1),
+                     dict(metric="mean_distance_width", value=d.mean_px[l, h] / width, n=n, layer=l + 1, head=h + 1)]
+        for c, name in enumerate(classes):
+            if c < len(self.class_n) and int(self.class_n[c].min()) > 0:
+                for l, h in np.ndindex(*self.class_mean.shape[1:]):
+                    cn = int(self.class_n[c, l])
+                    rows += [dict(metric="mean_distance_px", value=self.class_mean[c, l, h], n=cn, layer=l + 1,
+                                  head=h + 1, cls=name),
+                             dict(metric="mean_distance_width", value=self.class_mean[c, l, h] / width, n=cn,
+                                  layer=l + 1, head=h + 1, cls=name)]
+        return rows
+
 
 class RolloutStats(AttentionConsumer):
     """Per-image rollout statistics, accumulated as sums (no map is kept).
@@ -149,6 +173,11 @@ class RolloutStats(AttentionConsumer):
         return {f"rollout_{k}": float(self.sums[i] / self.counts[i]) for i, k in enumerate(self.METRICS)
                 if self.counts[i]}
 
+    def table_rows(self, spec: dict[str, Any], classes: list[str], renormalize: bool = True) -> list[dict[str, Any]]:
+        """One row per metric: its mean over the images that have it."""
+        return [dict(metric=f"rollout_{k}", value=self.sums[i] / self.counts[i], n=int(self.counts[i]))
+                for i, k in enumerate(self.METRICS) if int(self.counts[i])]
+
 
 class Predictions(AttentionConsumer):
     """Correct predictions overall and per class (images with labels; label -1 = unknown)."""
@@ -196,6 +225,18 @@ class Predictions(AttentionConsumer):
         """Accuracy over the labelled images (nan without any)."""
         n = int(self.total.sum())
         return float(self.correct.sum() / n) if n else float("nan")
+
+    def table_rows(self, spec: dict[str, Any], classes: list[str], renormalize: bool = True) -> list[dict[str, Any]]:
+        """Accuracy over all labelled images, then per class."""
+        n = int(self.total.sum())
+        if not n:
+            return []
+        rows = [dict(metric="accuracy", value=self.correct.sum() / n, n=n)]
+        for c, name in enumerate(classes):
+            if c < len(self.total) and int(self.total[c]):
+                rows.append(dict(metric="accuracy", value=self.correct[c] / self.total[c], n=int(self.total[c]),
+                                 cls=name))
+        return rows
 
 
 def stat_class(name: str) -> type[AttentionConsumer]:

@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import InvalidParameterError
 from ..environment import versions
 from ..results import atomic_write_bytes, interrupts_deferred
-from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult, uniform_distance
+from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
+from ..views.registry import SURVEY_VIEWS
 from . import stats
 from .sources import ImageSource, Shard
 
@@ -115,7 +116,7 @@ class SurveyStore:
         if old.get("fingerprint") != source.fingerprint():
             described = old["source"]["description"]
             raise InvalidParameterError(f"{self.out} holds a survey of other images ({described!r}, "
-                                        f"{_count(old['source'])} images); use a new --out for this image set.")
+                                        f"{source_count(old['source'])} images); use a new --out for this image set.")
         before = old["settings"]
         changed = [f"{k}={before.get(k)!r}" for k in PINNED if before.get(k) != settings.get(k)]
         if changed:
@@ -258,7 +259,8 @@ class SurveyStore:
         return states, n, skipped
 
 
-def _count(source: dict[str, Any]) -> int:
+def source_count(source: dict[str, Any]) -> int:
+    """How many images a manifest's image source holds."""
     return len(source.get("files") or ()) or int(source.get("n", 0))
 
 
@@ -298,35 +300,9 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
         rows.append({"model": name, "weights": weights, "layer": layer, "head": head, "metric": metric,
                      "value": float(value), "n_images": int(n), "class": cls})
 
-    dist = distance_result(states, spec, name, renormalize)
-    if dist is not None:
-        width = float(dist.image_size[1])
-        add("uniform_distance_px", uniform_distance(dist.grid, dist.stride_px), dist.n_images)
-        for l in range(dist.mean_px.shape[0]):
-            for h in range(dist.mean_px.shape[1]):
-                add("mean_distance_px", dist.mean_px[l, h], dist.n_images, l + 1, h + 1)
-                add("std_distance_px", dist.std_px[l, h], dist.n_images, l + 1, h + 1)
-                add("mean_distance_width", dist.mean_px[l, h] / width, dist.n_images, l + 1, h + 1)
-        d = states["distance"]
-        for c, cname in enumerate(classes):
-            if c < len(d["class_n"]) and int(d["class_n"][c].min()) > 0:
-                for l in range(d["class_mean"].shape[1]):
-                    for h in range(d["class_mean"].shape[2]):
-                        add("mean_distance_px", d["class_mean"][c, l, h], int(d["class_n"][c, l]), l + 1, h + 1,
-                            cname)
-                        add("mean_distance_width", d["class_mean"][c, l, h] / width, int(d["class_n"][c, l]),
-                            l + 1, h + 1, cname)
-    roll = states.get("rollout")
-    if roll is not None:
-        for i, metric in enumerate(stats.RolloutStats.METRICS):
-            if int(roll["counts"][i]):
-                add(f"rollout_{metric}", roll["sums"][i] / roll["counts"][i], int(roll["counts"][i]))
-    pred = states.get("predictions")
-    if pred is not None and int(pred["total"].sum()):
-        add("accuracy", pred["correct"].sum() / pred["total"].sum(), int(pred["total"].sum()))
-        for c, cname in enumerate(classes):
-            if c < len(pred["total"]) and int(pred["total"][c]):
-                add("accuracy", pred["correct"][c] / pred["total"][c], int(pred["total"][c]), cls=cname)
+    for stat in [k for k in SURVEY_VIEWS if k in states]:  # each statistic says its rows, in the registry's order
+        for row in stats.stat_class(stat).from_state(states[stat]).table_rows(spec, classes, renormalize):
+            add(**row)
     for metric, value in weight_views.items():
         add(metric, value, 0)
     add("images_used", n_images, n_images)
@@ -355,7 +331,7 @@ class SurveyResult:
         done = sum(m.get("status") == "done" for m in models.values())
         bad = sum(len(v) for v in self.damaged.values())
         return (f"SurveyResult({self.path}: {done}/{len(models)} models done, {len(self.table)} rows, "
-                f"{_count(self.manifest.get('source', {}))} images"
+                f"{source_count(self.manifest.get('source', {}))} images"
                 + (f", {bad} damaged shard{'s' * (bad != 1)}" if bad else "") + ")")
 
     def _repr_html_(self) -> str:

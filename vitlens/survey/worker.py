@@ -17,7 +17,8 @@ from ..errors import VitlensError
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..views.engine import stream_attention
-from ..views.registry import SURVEY_VIEW_NAMES, SURVEY_VIEWS
+from ..views.registry import SURVEY_VIEW_NAMES, SURVEY_VIEWS, ViewParams
+from ..views.registry import VIEWS as VIEW_REGISTRY
 from .sources import ImageSource, Shard
 from .store import checkpoint_of, file_sha256
 
@@ -57,22 +58,17 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
 
 
 def weight_views(m: LoadedModel) -> dict[str, Any]:
-    """The weight-only views, once per model: filter PCA's explained variance, E_pos structure."""
+    """The weight-only views, once per model, as the registry summarises them (filter PCA's explained
+    variance, E_pos structure); a view this model does not have is left out."""
     from ..errors import ViewNotAvailableError
-    from ..views.filters import embedding_filter_pca, max_filter_components
-    from ..views.position import neighbour_similarity, position_similarity
 
     out: dict[str, Any] = {}
-    try:
-        f = embedding_filter_pca(m, min(28, max_filter_components(m)))
-        out["filter_pca_top1"] = float(f.explained_variance_ratio[0])
-        out["filter_pca_top28"] = float(f.explained_variance_ratio.sum())
-    except ViewNotAvailableError:
-        pass
-    try:
-        out.update({f"position_{k}": float(v) for k, v in neighbour_similarity(position_similarity(m)).items()})
-    except ViewNotAvailableError:
-        pass
+    for view in VIEW_REGISTRY.values():
+        if view.kind == "weights" and view.summary is not None:
+            try:
+                out.update(view.summary(view.build(m, ViewParams())))
+            except ViewNotAvailableError:
+                pass
     return out
 
 

@@ -45,6 +45,17 @@ def _position(m: "LoadedModel", p: ViewParams) -> Any:
     return position_similarity(m)
 
 
+def _filters_summary(result: Any) -> dict[str, float]:
+    return {"filter_pca_top1": float(result.explained_variance_ratio[0]),
+            "filter_pca_top28": float(result.explained_variance_ratio.sum())}
+
+
+def _position_summary(result: Any) -> dict[str, float]:
+    from .position import neighbour_similarity
+
+    return {f"position_{k}": float(v) for k, v in neighbour_similarity(result).items()}
+
+
 def _distance(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
     from .distance import AttentionDistanceAccumulator
 
@@ -80,6 +91,10 @@ class View:
         figure: the function of ``vitlens.figures`` that draws the result.
         default: one of ``analyze``'s default views (the paper's four).
         label: its short name in the app's view selector.
+        shown_in: the app page that shows it beside another view ("" : a page of its own; a view
+            without a page written for it gets a generic one, its figure and its numbers).
+        summary: for a weight-only view, result -> the few numbers a survey's table keeps of it
+            (its "weights" rows, once per model).
     """
 
     name: str
@@ -91,6 +106,8 @@ class View:
     figure: str
     default: bool = True
     label: str = ""
+    shown_in: str = ""
+    summary: Callable[[Any], dict[str, float]] | None = None
 
     @property
     def heading(self) -> str:
@@ -131,18 +148,20 @@ def _resolve(path: str) -> Any:
 
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("filters", "Embedding filters", "Fig. 7 left", "weights", _filters,
-         "vitlens.views.filters:FilterPCAResult", "filters_figure", label="Filters"),
+         "vitlens.views.filters:FilterPCAResult", "filters_figure", label="Filters",
+         summary=_filters_summary),
     View("position", "Position embedding similarity", "Fig. 7 centre", "weights", _position,
          "vitlens.views.position:PositionSimilarityResult", "position_figure",
-         label="Position embeddings"),
+         label="Position embeddings", summary=_position_summary),
     View("distance", "Mean attention distance", "Fig. 7 right", "attention", _distance,
          "vitlens.views.distance:AttentionDistanceResult", "distance_figure",
          label="Attention distance"),
     View("rollout", "Attention rollout", "Fig. 6", "attention", _rollout,
-         "vitlens.views.rollout:RolloutResult", "rollout_grid_figure", label="Attention rollout"),
+         "vitlens.views.rollout:RolloutResult", "rollout_grid_figure", label="Attention rollout",
+         shown_in="Attention maps"),
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
          "vitlens.views.prefix:PrefixDiagnosticsResult", "prefix_figure", default=False,
-         label="Prefix tokens"),
+         label="Prefix tokens", shown_in="Attention distance"),
 )}
 
 #: the view names ``analyze`` takes, and the paper's four it computes by default
