@@ -164,3 +164,35 @@ def test_road_equals_quantus_road_on_the_same_inputs():
     np.testing.assert_array_equal(ours.morf.mean(0), [morf[p] for p in pct])
     np.testing.assert_array_equal(ours.lerf.mean(0), [lerf[p] for p in pct])
     assert 0 < ours.morf.mean() < 1  # the curves move: the check is not all ones
+
+
+def test_compare_methods_gains_the_perturbation_columns_and_road_on_request(one_patch):
+    x = key_patch_images(2)
+    labels = np.zeros(2, dtype=int)
+    table = vl.compare_methods(one_patch, x, methods=["occlusion", "rollout"], metrics=["perturbation", "road"],
+                               labels=labels)
+    row = table.rows[0]
+    assert list(row) == ["method", "chefer_positive_auc", "chefer_negative_auc", "road_morf", "road_lerf",
+                         "seconds_per_image"]
+    direct = perturbation_test(one_patch, x, table.attributions[0], labels=labels)
+    assert row["chefer_positive_auc"] == pytest.approx(0.05) == pytest.approx(direct.positive_auc.mean())
+    assert row["chefer_negative_auc"] == pytest.approx(0.9)  # occlusion ranks the key patch first: it is never removed
+    assert row["road_lerf"] == 1.0 and row["road_morf"] == table.roads[0].means()[0]
+    assert len(table.perturbations) == 2 and not table.faithfulness
+    default = vl.compare_methods(one_patch, x, methods=["occlusion"], steps=4)
+    assert {"deletion_auc", "chefer_positive_auc"} <= set(default.rows[0]) and "road_morf" not in default.rows[0]
+    with pytest.raises(vl.InvalidParameterError, match="metrics"):
+        vl.compare_methods(one_patch, x, methods=["occlusion"], metrics=["roar"])
+
+
+def test_perturbation_figure_draws_the_mean_curves(one_patch):
+    from vitlens.figures import perturbation_figure
+
+    x = key_patch_images(2)
+    a = key_first_maps(2)
+    pt, rd = perturbation_test(one_patch, x, a), road(one_patch, x, a)
+    fig = perturbation_figure([pt], [rd])
+    assert len(fig.data) == 4 and len(fig.layout.annotations) == 4
+    np.testing.assert_allclose(fig.data[0].y, pt.positive.mean(0))
+    np.testing.assert_allclose(fig.data[3].y, rd.lerf.mean(0))
+    assert len(perturbation_figure([pt]).data) == 2
