@@ -23,6 +23,7 @@ from __future__ import annotations
 from .attribution import METHODS as ATTRIBUTION_METHODS
 from .attribution import (
     AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
+from .attribution import SanityResult, perturbation_test, road, sanity_check, sanity_table
 from .compare import CKAResult, HeadImportanceResult, cka, head_importance
 from .errors import (
     CheckpointError,
@@ -63,4 +64,5 @@ __all__ = [
     "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
     "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",
     "query_token", "sample_images", "stream_attention", "to_rgb",
+    "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
 ]

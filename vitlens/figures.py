@@ -6,6 +6,8 @@
 - ``rollout_figure``: Fig. 6 / Fig. 14, rollout over the image.
 - ``heads_figure``: one query's attention in every head of a layer.
 - ``attribution_figure`` / ``faithfulness_figure``: maps of several methods and their curves.
+- ``perturbation_figure`` / ``sanity_figure``: Chefer et al.'s and ROAD's perturbation curves; Adebayo et al.'s
+  cascading randomisation (Fig. 2).
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown.
 """
@@ -27,6 +29,8 @@ from .views.rollout import RolloutResult
 if TYPE_CHECKING:  # figures take typed results; these modules import figures lazily, so no cycle at run time
     from .attribution.faithfulness import FaithfulnessResult
     from .attribution.methods import AttributionResult
+    from .attribution.perturbation import PerturbationResult, RoadResult
+    from .attribution.sanity import SanityResult
     from .compare.cka import CKAResult
     from .compare.heads import HeadImportanceResult
     from .views.prefix import PrefixDiagnosticsResult
@@ -342,4 +346,58 @@ def prefix_figure(result: "PrefixDiagnosticsResult", title: str | None = None) -
     fig.update_layout(title=title or f"Attention on prefix tokens ({', '.join(result.labels) or 'none'})<br><sup>share "
                                      "of patch queries' attention; above 0.5 a head is parked</sup>",
                       height=380, margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str | None = None) -> go.Figure:
+    """Cascading randomisation (Adebayo et al. 2018, Fig. 2): each similarity to the original maps against the
+    step of the cascade (original first, then the head, the blocks from the top, the embedding), one curve per
+    method; mean over images, NaNs skipped."""
+    results = [results] if not isinstance(results, Sequence) else list(results)
+    panels = (("spearman_abs", "Spearman, |maps|"), ("spearman", "Spearman, signed maps"), ("ssim", "SSIM, |maps|"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], shared_yaxes=True)
+    for i, r in enumerate(results):
+        color = PALETTE[i % len(PALETTE)]
+        x = ["original", *r.steps]
+        rows = r.to_rows()
+        for col, (key, _) in enumerate(panels, start=1):
+            y = [1.0, *[row[key] for row in rows]]
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", line=dict(color=color), legendgroup=r.method,
+                                     name=r.method.replace("_", " "), showlegend=col == 1,
+                                     hovertemplate=f"{r.method}<br>%{{x}}: %{{y:.3f}}<extra></extra>"), row=1, col=col)
+    if results:
+        fig.add_hline(y=results[0].threshold, line=dict(dash="dot", width=1, color="#888"), row=1, col=1)
+    fig.update_xaxes(title="randomised down to", tickangle=-45)
+    fig.update_yaxes(range=[-1.05, 1.05])
+    fig.update_layout(title=title or "Cascading randomisation (Adebayo et al. 2018)<br><sup>similarity of each step's "
+                                     "maps to the original model's; dotted: the verdict's threshold</sup>",
+                      height=440, margin=dict(l=10, r=10, t=80, b=10), legend=dict(orientation="h", y=-0.45))
+    return fig
+
+
+def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence["RoadResult"] = ()) -> go.Figure:
+    """Chefer et al.'s positive and negative perturbation curves (and, given, ROAD's MoRF and LeRF curves) of each
+    method: mean over images, with the mean AUC (positive: lower is better; negative: higher)."""
+    cols = 2 + 2 * bool(roads)
+    titles = ["Positive perturbation (lower is better)", "Negative perturbation (higher is better)"]
+    if roads:
+        titles += ["ROAD MoRF (lower is better)", "ROAD LeRF (higher is better)"]
+    fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
+    for i, r in enumerate(results):
+        color = PALETTE[i % len(PALETTE)]
+        for col, curve, auc in ((1, r.positive, r.positive_auc), (2, r.negative, r.negative_auc)):
+            fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
+                                     name=f"{r.method.replace('_', ' ')}", legendgroup=r.method, showlegend=col == 1,
+                                     hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
+                                                   "%{y:.3f}<extra></extra>"), row=1, col=col)
+    for i, r in enumerate(roads):
+        color = PALETTE[i % len(PALETTE)]
+        for col, curve in ((3, r.morf), (4, r.lerf)):
+            fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
+                                     name=r.method.replace("_", " "), legendgroup=r.method, showlegend=not results and col == 3),
+                          row=1, col=col)
+    fig.update_xaxes(title="share removed", range=[0, 1])
+    score = results[0].score if results else (roads[0].score if roads else "score")
+    fig.update_yaxes(title=score)
+    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
     return fig

@@ -28,7 +28,9 @@ _REGISTRY: dict[str, type["Result"]] = {}
 # result kinds defined in modules that ``import vitlens`` does not load
 _LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.data",
                "attribution": "vitlens.attribution.methods", "faithfulness": "vitlens.attribution.faithfulness",
-               "attribution_comparison": "vitlens.attribution.faithfulness"}
+               "attribution_comparison": "vitlens.attribution.faithfulness",
+               "perturbation": "vitlens.attribution.perturbation", "road": "vitlens.attribution.perturbation",
+               "sanity": "vitlens.attribution.sanity", "sanity_table": "vitlens.attribution.sanity"}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -4,6 +4,9 @@
   gradient-weighted rollout and captum's integrated gradients, saliency, input x gradient,
   occlusion;
 - ``faithfulness``: deletion/insertion curves and the methods x metrics comparison table;
+- ``perturbation``: Chefer et al.'s positive/negative perturbation and ROAD (``imputation``: its noisy
+  linear imputation);
+- ``sanity``: Adebayo et al.'s cascading model-parameter randomisation;
 - ``masks``: does a map point at the object (mass in mask, pointing game);
 - ``evaluation``: accuracy and rollout-in-mask on labelled, masked image sets.
 """
@@ -13,7 +16,11 @@ from .evaluation import accuracy, rollout_mask_scores
 from .faithfulness import BASELINES, ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
 from .masks import MaskScores, mask_scores, patch_coverage
 from .methods import DEFAULTS, METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
+from .sanity import SanityResult, SanityTable, sanity_check, sanity_table
 
 __all__ = ["BASELINES", "DEFAULTS", "METHODS", "METHOD_TABLE", "AttributionResult", "ComparisonTable",
            "FaithfulnessResult", "MaskScores", "Method", "accuracy", "attribute", "compare_methods",
-           "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores"]
+           "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores",
+           "PerturbationResult", "RoadResult", "SanityResult", "SanityTable", "perturbation_test", "road",
+           "sanity_check", "sanity_table"]

@@ -1,5 +1,6 @@
 """How faithful is a map? Deletion and insertion curves over patch tokens, and the comparison
-table of methods x metrics (with mask metrics from ``vitlens.attribution.masks`` where masks exist).
+table of methods x metrics (with Chefer et al.'s and ROAD's perturbation tests from
+``vitlens.attribution.perturbation``, and mask metrics from ``vitlens.attribution.masks`` where masks exist).
 
 Deletion: replace the tokens' pixel blocks by a baseline in the order of the map (highest
 first) and follow the target-class probability; a faithful map makes it fall fast (low area
@@ -130,15 +131,23 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
                               score="probability" if text is None else "cosine similarity to the prompt")
 
 
+METRICS = ("deletion_insertion", "perturbation", "road")
+DEFAULT_METRICS = ("deletion_insertion", "perturbation")
+
+
 @dataclass(eq=False, repr=False)
 class ComparisonTable(Result):
     """Methods x metrics over one image set.
 
     Attributes:
-        rows: one dict per method: deletion/insertion AUC (mean), seconds per image, and with masks
-            the pointing-game hit rate and share of map mass inside the mask.
+        rows: one dict per method: deletion/insertion AUC (mean), Chefer et al.'s positive/negative perturbation
+            AUC, ROAD's mean MoRF/LeRF (when asked for), seconds per image, and with masks the pointing-game hit
+            rate and share of map mass inside the mask.
         n_images: images compared.
-        attributions: the maps of every method; faithfulness: the curves of every method.
+        attributions: the maps of every method; faithfulness: the deletion/insertion curves of every method;
+        perturbations: Chefer et al.'s curves; roads: the ROAD curves (empty when those metrics were not asked for).
+        sanity: a ``sanity.SanityTable`` of some of the methods on some of the images, when one was attached
+            (``vitlens report --attributions`` does); None otherwise.
     """
 
     kind = "attribution_comparison"
@@ -147,6 +156,9 @@ class ComparisonTable(Result):
     attributions: list[AttributionResult] = field(default_factory=list)
     faithfulness: list[FaithfulnessResult] = field(default_factory=list)
     model_name: str = ""
+    perturbations: list = field(default_factory=list)
+    roads: list = field(default_factory=list)
+    sanity: Any = None
 
     def summary(self) -> str:
         return f"{self.model_name or 'model'}: {len(self.rows)} methods x {self.n_images} images"
@@ -164,13 +176,15 @@ class ComparisonTable(Result):
             raise InvalidParameterError("Only tables over the same images concatenate.")
         return cls(rows=[r for t in tables for r in t.rows], n_images=tables[0].n_images,
                    attributions=[a for t in tables for a in t.attributions],
-                   faithfulness=[f for t in tables for f in t.faithfulness], model_name=tables[0].model_name)
+                   faithfulness=[f for t in tables for f in t.faithfulness], model_name=tables[0].model_name,
+                   perturbations=[p for t in tables for p in t.perturbations], roads=[r for t in tables for r in t.roads])
 
 
 def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = METHODS, masks: np.ndarray | None = None,
                     target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
-                    progress: ProgressArg = None, method_params: dict[str, dict] | None = None) -> ComparisonTable:
-    """Every method's maps, their deletion/insertion AUCs and (with masks) mask metrics, timed.
+                    progress: ProgressArg = None, method_params: dict[str, dict] | None = None,
+                    metrics: Sequence[str] = DEFAULT_METRICS, labels: np.ndarray | None = None) -> ComparisonTable:
+    """Every method's maps, their faithfulness scores and (with masks) mask metrics, timed.
 
     Args:
         m: the model.
@@ -181,28 +195,51 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
         target: class to explain (one for all, one per image, or None for the predictions), or for a model
             with a text tower a prompt (one for all or one per image): the curves then follow the similarity.
         steps: deletion/insertion steps.
-        baseline: what removed patches become ("mean" or "blur").
+        baseline: what removed patches become in deletion/insertion ("mean" or "blur").
         batch_size: images per step.
         progress: True for a progress bar, or a callable ``f(done, total)`` (per method).
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 32}}``.
+        metrics: which faithfulness scores, from ``METRICS``: "deletion_insertion" (columns deletion_auc,
+            insertion_auc; 2 x (steps + 1) forwards per image), "perturbation" (Chefer et al.'s positive and
+            negative perturbation, ``perturbation.perturbation_test`` with its defaults: chefer_positive_auc,
+            chefer_negative_auc; 20 forwards per image), both by default, and "road" (opt-in: road_morf,
+            road_lerf, the curves' means; 18 forwards and 18 sparse solves per image, the solves dominating).
+        labels: [B] true classes: the perturbation and ROAD curves are then top-1 accuracy, as in their papers;
+            without, the target class's probability. Deletion/insertion always follow the probability.
     """
+    from .perturbation import perturbation_test, road
+
+    bad = [k for k in metrics if k not in METRICS]
+    if bad:
+        raise InvalidParameterError(f"metrics must be names from {', '.join(METRICS)}; got {', '.join(map(repr, bad))}.")
     images = list(images) if not isinstance(images, torch.Tensor) else images
     if masks is not None:
         masks = masks_at_input(masks, m.data_config, images)
-    rows, attrs, faiths = [], [], []
+    rows, attrs, faiths, perts, roads = [], [], [], [], []
     for method in methods:
         a = attribute(m, images, method=method, target=target, batch_size=batch_size, progress=progress,
                       **(method_params or {}).get(method, {}))
-        f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size)
-        row: dict[str, Any] = {"method": method, "deletion_auc": float(f.deletion_auc.mean()),
-                               "insertion_auc": float(f.insertion_auc.mean()),
-                               "seconds_per_image": a.seconds_per_image}
+        row: dict[str, Any] = {"method": method}
+        if "deletion_insertion" in metrics:
+            f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size)
+            row.update({"deletion_auc": float(f.deletion_auc.mean()), "insertion_auc": float(f.insertion_auc.mean())})
+            faiths.append(f)
+        if "perturbation" in metrics:
+            pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size)
+            row.update({"chefer_positive_auc": float(pt.positive_auc.mean()),
+                        "chefer_negative_auc": float(pt.negative_auc.mean())})
+            perts.append(pt)
+        if "road" in metrics:
+            rd = road(m, images, a, labels=labels, batch_size=batch_size)
+            morf, lerf = rd.means()
+            row.update({"road_morf": morf, "road_lerf": lerf})
+            roads.append(rd)
+        row["seconds_per_image"] = a.seconds_per_image
         if masks is not None:
             s = mask_scores(a.maps, masks).summary()
             row.update({"pointing_game": s["pointing_game"], "mass_in_mask": s["mass_in_mask"],
                         "mass_ratio": s["ratio_mean"]})
         rows.append(row)
         attrs.append(a)
-        faiths.append(f)
     return ComparisonTable(rows=rows, n_images=len(attrs[0].maps) if attrs else 0, attributions=attrs,
-                           faithfulness=faiths, model_name=m.spec.name)
+                           faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads)

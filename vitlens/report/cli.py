@@ -212,9 +212,15 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     if m.spec.num_classes <= 0:
         _log(args, f"{m.spec.name}: no classifier head, so no attributions")
         return None
+    from vitlens.attribution.sanity import QUICK_METHODS, sanity_table
+
     n = min(args.attribution_images, len(images))
-    return compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
-                           batch_size=args.batch_size, progress=not args.quiet)
+    table = compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
+                            batch_size=args.batch_size, progress=not args.quiet)
+    # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
+    table.sanity = sanity_table(m, images[:min(n, 4)], methods=[mt for mt in QUICK_METHODS if mt in METHODS],
+                                batch_size=args.batch_size)
+    return table
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

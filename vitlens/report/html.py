@@ -181,8 +181,11 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
 
 def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
     """The attribution maps of every method on one image, and the mean deletion/insertion curves."""
-    return {"attributions": figures.attribution_figure(table.attributions, image, 0),
+    figs = {"attributions": figures.attribution_figure(table.attributions, image, 0),
             "faithfulness": figures.faithfulness_figure(table.faithfulness)}
+    if getattr(table, "perturbations", None):
+        figs["perturbation"] = figures.perturbation_figure(table.perturbations, getattr(table, "roads", ()))
+    return figs
 
 
 def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
@@ -253,8 +256,26 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
-            "higher is more faithful; pointing game and mass in mask where object masks exist.</p>"
-            + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"]))
+            "higher is more faithful; Chefer et al.'s positive / negative perturbation AUC (top-1 accuracy with labels, "
+            "else the target's probability, over 0-90% of tokens removed to black): lower / higher is more faithful; "
+            "pointing game and mass in mask where object masks exist.</p>"
+            + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"])
+            + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table))
+
+
+def sanity_section(table: Any) -> str:
+    """The sanity-check table (Adebayo et al. 2018) attached to a comparison table, when there is one."""
+    sanity = getattr(table, "sanity", None)
+    if sanity is None or not sanity.results:
+        return ""
+    rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in sanity.to_rows()]
+    first = sanity.results[0]
+    return ("<h3>Sanity checks: cascading randomisation</h3>"
+            f"<p class='muted'>Adebayo et al. 2018: the head, then the blocks from the top, then the embedding "
+            f"re-initialised in turn (Gaussian with each tensor's mean and std, seed {first.seed}) on a copy of the model, "
+            f"the maps of {len(first.targets)} images recomputed for the same targets. Similarity to the original maps "
+            f"at full randomisation; 'depends on the weights' when the mean Spearman of |maps| is below "
+            f"{significant(first.threshold)}.</p>" + html_table(rows))
 
 
 def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:

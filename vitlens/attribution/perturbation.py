@@ -1,0 +1,314 @@
+"""Perturbation tests as the papers report them, beside deletion/insertion (``faithfulness``).
+
+- ``perturbation_test``: Chefer et al. 2021 ("Transformer Interpretability Beyond Attention
+  Visualization", section 4.2, Table 1/2): remove 10%, 20%, .., 90% of the input by relevance
+  (positive: most relevant first, where a faithful map makes the score fall fast, lower AUC is
+  better; negative: least relevant first, where it should hold, higher AUC is better) and follow
+  top-1 accuracy against labels, or without labels the target class's softmax probability. The
+  AUC is the trapezoid over the fractions 0, 0.1, .., 0.9, the point at 0 being the unperturbed
+  image (as the paper's evaluation script records it), so an AUC is at most 0.9.
+- ``road``: ROAD (Rong et al. 2022, "A Consistent and Efficient Evaluation Strategy for
+  Attribution Methods"): the removed pixels are filled by noisy linear imputation
+  (``imputation.noisy_linear_impute``) instead of a constant, which removes the information the
+  removal's shape would otherwise leak; most-relevant-first (MoRF, lower is better) and
+  least-relevant-first (LeRF, higher is better) curves at the given percentages.
+
+What is removed (``granularity``): "token" (default) removes whole patch tokens, ranked by the
+map's value, the unit every map of ``vitlens.attribution`` is computed on; "pixel" ranks the pixels
+of the map upsampled bilinearly to the input size, as Chefer et al.'s script does with their
+16x-upsampled maps (their ``torch.topk`` over 224x224 pixels). Token removal is the default because
+bilinear upsampling invents an order inside each patch that no method computed, and a half-removed
+patch is a token the model never saw. Chefer et al. set removed pixels to 0 before normalisation
+(black): ``fill="black"``, the default of ``perturbation_test``; "mean" and "blur" are the
+baselines of deletion/insertion.
+
+Ties (a constant map, rollout's equal tokens) are broken by token index, the same way in every
+test, by a stable sort.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InvalidParameterError
+from ..images import Images, iter_batches
+from ..loading.model import LoadedModel
+from ..results import Result, significant
+from .faithfulness import baseline_image
+from .methods import AttributionResult
+
+CHEFER_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))  # 0 (unperturbed), 0.1, .., 0.9
+ROAD_PERCENTAGES: tuple[float, ...] = tuple(i / 10 for i in range(1, 10))  # 0.1, .., 0.9
+GRANULARITIES = ("token", "pixel")
+FILLS = ("black", "mean", "blur")
+
+
+def removal_counts(n_units: int, fractions: Sequence[float]) -> np.ndarray:
+    """How many of ``n_units`` a fraction removes: floor(n x f), as ``int(base_size * step)`` in Chefer et al.'s
+    script and ``int(a_size * p / 100)`` in quantus's ROAD (a tiny epsilon keeps 0.7 x 10 at 7)."""
+    return np.floor(n_units * np.asarray(fractions, dtype=np.float64) + 1e-9).astype(np.int64)
+
+
+def removal_masks(maps: np.ndarray, fractions: Sequence[float], most_relevant_first: bool, stride: tuple[int, int],
+                  size: tuple[int, int], granularity: str = "token") -> torch.Tensor:
+    """[B, S, H, W] bool, True on the pixels removed at each fraction, for maps [B, gh, gw].
+
+    Built for the whole batch at once: each unit's rank in the order (stable sort, so ties go by
+    index), and a unit is removed at step s when its rank is below that step's count.
+    """
+    if granularity not in GRANULARITIES:
+        raise InvalidParameterError(f"granularity must be one of {', '.join(GRANULARITIES)}; got {granularity!r}.")
+    maps = np.asarray(maps, dtype=np.float64)
+    b, gh, gw = maps.shape
+    h, w = size
+    if granularity == "pixel":
+        from ..figures import upsample_map
+
+        units = np.stack([upsample_map(mp, size) for mp in maps]).reshape(b, -1)
+    else:
+        units = maps.reshape(b, -1)
+    key = -units if most_relevant_first else units
+    order = np.argsort(key, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(units.shape[1])[None].repeat(b, 0), axis=1)
+    counts = removal_counts(units.shape[1], fractions)
+    removed = torch.as_tensor(rank[:, None, :] < counts[None, :, None])  # [B, S, U]
+    if granularity == "pixel":
+        return removed.reshape(b, len(counts), h, w)
+    sy, sx = stride
+    grid = removed.reshape(b, len(counts), gh, gw).repeat_interleave(sy, 2).repeat_interleave(sx, 3)
+    out = torch.zeros(b, len(counts), h, w, dtype=torch.bool)
+    out[:, :, : grid.shape[2], : grid.shape[3]] = grid[:, :, :h, :w]  # pixels past the grid are never removed
+    return out
+
+
+def fill_image(x: torch.Tensor, fill: str, data_config: dict) -> torch.Tensor:
+    """What removed pixels become, for a normalised batch [B, C, H, W]: "black" is pixel value 0 before
+    normalisation, (0 - mean) / std (Chefer et al.); "mean" and "blur" are deletion/insertion's baselines."""
+    if fill == "black":
+        mean = torch.as_tensor(data_config.get("mean", (0.0,) * x.shape[1]), dtype=x.dtype, device=x.device)
+        std = torch.as_tensor(data_config.get("std", (1.0,) * x.shape[1]), dtype=x.dtype, device=x.device)
+        return ((0.0 - mean) / std)[None, :, None, None].expand_as(x).clone()
+    if fill in ("mean", "blur"):
+        return baseline_image(x, fill)
+    raise InvalidParameterError(f"fill must be one of {', '.join(FILLS)}; got {fill!r}.")
+
+
+class _Scorer:
+    """Scores of perturbed batches: accuracy against labels, else the target's probability (or, for maps of a
+    text target, the cosine similarity to the prompt)."""
+
+    def __init__(self, m: LoadedModel, attribution: AttributionResult, labels: np.ndarray | None):
+        n = len(attribution.maps)
+        self.m, self.targets = m, np.asarray(attribution.targets)
+        self.labels = None if labels is None else np.asarray(labels).reshape(-1)
+        if self.labels is not None and len(self.labels) != n:
+            raise InvalidParameterError(f"labels must hold one class per image ({n}); got {len(self.labels)}.")
+        self.text = None
+        if attribution.target_kind == "text":
+            if attribution.text_embeddings is None:
+                raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text "
+                                            "embedding to score against; compute them with vl.attribute.")
+            if self.labels is not None:
+                raise InvalidParameterError("labels (accuracy) need class maps; these maps explain a prompt.")
+            self.text = torch.as_tensor(attribution.text_embeddings, device=m.device)
+        self.name = ("top-1 accuracy" if self.labels is not None else
+                     "probability" if self.text is None else "cosine similarity to the prompt")
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor, image_index: np.ndarray, batch_size: int) -> np.ndarray:
+        """[N] scores of perturbed images x [N, C, H, W], image ``image_index[k]`` each, in forwards of ``batch_size``."""
+        out = torch.cat([self.m.logits(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+        if self.labels is not None:
+            return (out.argmax(-1).cpu().numpy() == self.labels[image_index]).astype(np.float64)
+        t = torch.as_tensor(self.targets[image_index], device=out.device)
+        if self.text is None:
+            return out.softmax(-1).gather(1, t[:, None])[:, 0].cpu().numpy().astype(np.float64)
+        return (torch.nn.functional.normalize(out, dim=-1) * self.text[t]).sum(-1).cpu().numpy().astype(np.float64)
+
+
+def _check_fractions(fractions: Sequence[float], name: str) -> np.ndarray:
+    f = np.asarray(fractions, dtype=np.float64)
+    if f.ndim != 1 or len(f) == 0 or np.any(f < 0) or np.any(f >= 1) or np.any(np.diff(f) <= 0):
+        raise InvalidParameterError(f"{name} must be increasing values in [0, 1); got {list(fractions)}.")
+    return f
+
+
+def _check_maps(m: LoadedModel, attribution: AttributionResult) -> None:
+    if tuple(attribution.grid) != tuple(m.grid_for(attribution.image_size)):
+        raise InvalidParameterError(f"these {attribution.method} maps are on a {attribution.grid} grid, not this "
+                                    f"model's {m.grid_for(attribution.image_size)}; compute them on this model.")
+
+
+@dataclass(eq=False, repr=False)
+class PerturbationResult(Result):
+    """Chefer et al.'s positive and negative perturbation curves of one method's maps.
+
+    Attributes:
+        method: the attribution method the maps came from.
+        fractions: [S] share of tokens (or pixels) removed; the first is 0, the unperturbed image.
+        positive: [B, S] score as the most relevant units are removed first.
+        negative: [B, S] score as the least relevant units are removed first.
+        positive_auc, negative_auc: [B] trapezoid areas over ``fractions`` (mean over images = the area of the mean
+            curve). Positive: lower is more faithful; negative: higher is more faithful.
+        score: "top-1 accuracy" (against labels), "probability" (of the target class), or "cosine similarity to
+            the prompt".
+        granularity: "token" or "pixel"; fill: "black", "mean" or "blur".
+        model_name: the model's name.
+    """
+
+    kind = "perturbation"
+    method: str
+    fractions: np.ndarray
+    positive: np.ndarray
+    negative: np.ndarray
+    positive_auc: np.ndarray
+    negative_auc: np.ndarray
+    score: str
+    granularity: str = "token"
+    fill: str = "black"
+    model_name: str = ""
+
+    def summary(self) -> str:
+        return (f"{self.model_name or 'model'}: {self.method} over {len(self.positive)} images, positive perturbation "
+                f"AUC {significant(self.positive_auc.mean())} (lower is better), negative "
+                f"{significant(self.negative_auc.mean())} (higher is better), {self.score}, {self.granularity}s "
+                f"removed to {self.fill}")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (order, fraction): the mean score over images, with the order's mean AUC."""
+        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v), "auc": float(auc.mean())}
+                for name, curve, auc in (("positive", self.positive, self.positive_auc),
+                                         ("negative", self.negative, self.negative_auc))
+                for f, v in zip(self.fractions, curve.mean(0))]
+
+
+def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,
+                      fractions: Sequence[float] = CHEFER_FRACTIONS, granularity: str = "token", fill: str = "black",
+                      batch_size: int = 16) -> PerturbationResult:
+    """Chefer et al. 2021's positive and negative perturbation of ``attribution``'s maps (same images, same targets).
+
+    Args:
+        m: the model the maps explain.
+        images: the images the maps were computed on, in the same order.
+        attribution: the maps (``vl.attribute``).
+        labels: [B] true classes: the curves are then top-1 accuracy, as in the paper; without, the target class's
+            probability.
+        fractions: shares removed, increasing in [0, 1); the paper's 0, 0.1, .., 0.9 by default (0 = unperturbed).
+        granularity: "token" (whole patches) or "pixel" (the bilinearly upsampled map's pixels, the paper's way).
+        fill: what removed pixels become: "black" (the paper's zero before normalisation), "mean" or "blur".
+        batch_size: images per step; every image's perturbed copies go through the model together, in forwards of
+            ``batch_size`` x len(fractions) images.
+    """
+    f = _check_fractions(fractions, "fractions")
+    _check_maps(m, attribution)
+    scorer = _Scorer(m, attribution, labels)
+    curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    offset = 0
+    for x in iter_batches(images, m.data_config, batch_size):
+        x = x.to(m.device)
+        b, s = x.shape[0], len(f)
+        fill_x = fill_image(x, fill, m.data_config)
+        index = np.repeat(np.arange(offset, offset + b), s)
+        for most_first in (True, False):
+            masks = removal_masks(attribution.maps[offset:offset + b], f, most_first, m.spec.stride_px,
+                                  tuple(x.shape[-2:]), granularity).to(x.device)[:, :, None]  # [b, S, 1, H, W]
+            perturbed = torch.where(masks, fill_x[:, None], x[:, None]).reshape(b * s, *x.shape[1:])
+            curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
+        offset += x.shape[0]
+    if offset != len(attribution.maps):
+        raise InvalidParameterError(f"{offset} images for {len(attribution.maps)} maps; pass the images the maps "
+                                    "were computed on.")
+    pos, neg = np.concatenate(curves[True]), np.concatenate(curves[False])
+    return PerturbationResult(method=attribution.method, fractions=f, positive=pos, negative=neg,
+                              positive_auc=np.trapezoid(pos, f, axis=1), negative_auc=np.trapezoid(neg, f, axis=1),
+                              score=scorer.name, granularity=granularity, fill=fill, model_name=m.spec.name)
+
+
+@dataclass(eq=False, repr=False)
+class RoadResult(Result):
+    """ROAD curves of one method's maps: most relevant first (MoRF) and least relevant first (LeRF).
+
+    Attributes:
+        method: the attribution method the maps came from.
+        percentages: [P] share of tokens (or pixels) removed and imputed.
+        morf: [B, P] score with the most relevant units removed; lower is more faithful.
+        lerf: [B, P] score with the least relevant units removed; higher is more faithful.
+        score: "top-1 accuracy", "probability" or "cosine similarity to the prompt" (see ``perturbation_test``).
+        noise_std: the imputation's noise, in normalised input units; granularity: "token" or "pixel".
+        seed: the noise's seed.
+        model_name: the model's name.
+    """
+
+    kind = "road"
+    method: str
+    percentages: np.ndarray
+    morf: np.ndarray
+    lerf: np.ndarray
+    score: str
+    noise_std: float = 0.01
+    granularity: str = "token"
+    seed: int = 0
+    model_name: str = ""
+
+    def means(self) -> tuple[float, float]:
+        """(MoRF, LeRF): the curves' mean over images and percentages (one number each, as a table column)."""
+        return float(self.morf.mean()), float(self.lerf.mean())
+
+    def summary(self) -> str:
+        morf, lerf = self.means()
+        return (f"{self.model_name or 'model'}: {self.method} ROAD over {len(self.morf)} images, mean MoRF "
+                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), {self.score}")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (order, percentage): the mean score over images."""
+        return [{"method": self.method, "order": name, "percentage": float(p), "score": float(v)}
+                for name, curve in (("MoRF", self.morf), ("LeRF", self.lerf)) for p, v in zip(self.percentages, curve.mean(0))]
+
+
+def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,
+         percentages: Sequence[float] = ROAD_PERCENTAGES, noise_std: float = 0.01, granularity: str = "token",
+         seed: int = 0, batch_size: int = 16) -> RoadResult:
+    """ROAD (remove and debias) of ``attribution``'s maps: MoRF and LeRF curves with noisy linear imputation.
+
+    Args:
+        m: the model the maps explain.
+        images: the images the maps were computed on, in the same order.
+        attribution: the maps (``vl.attribute``).
+        labels: [B] true classes: the curves are then top-1 accuracy, as in the paper; without, the target class's
+            probability.
+        percentages: shares removed, increasing in [0, 1) (default 0.1, .., 0.9).
+        noise_std: noise of the imputation in normalised input units (the paper's 0.01).
+        granularity: "token" (whole patches, imputed from their border) or "pixel" (the upsampled map's pixels).
+        seed: seed of the noise (the curves are reproducible).
+        batch_size: images per step: one sparse solve per (order, percentage) for the batch, then one forward pass
+            over all its imputed images in chunks of ``batch_size`` x len(percentages).
+    """
+    from .imputation import noisy_linear_impute
+
+    pct = _check_fractions(percentages, "percentages")
+    _check_maps(m, attribution)
+    scorer = _Scorer(m, attribution, labels)
+    rng = np.random.default_rng(seed)
+    curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    offset = 0
+    for x in iter_batches(images, m.data_config, batch_size):
+        b, s = x.shape[0], len(pct)
+        xs = x.detach().cpu().to(torch.float64).numpy()
+        index = np.repeat(np.arange(offset, offset + b), s)
+        for most_first in (True, False):
+            masks = removal_masks(attribution.maps[offset:offset + b], pct, most_first, m.spec.stride_px,
+                                  tuple(x.shape[-2:]), granularity).numpy()  # [b, S, H, W]
+            filled = np.stack([noisy_linear_impute(xs, masks[:, k], noise_std, rng) for k in range(s)], axis=1)
+            perturbed = torch.as_tensor(filled.reshape(b * s, *x.shape[1:]), dtype=x.dtype, device=m.device)
+            curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
+        offset += b
+    if offset != len(attribution.maps):
+        raise InvalidParameterError(f"{offset} images for {len(attribution.maps)} maps; pass the images the maps "
+                                    "were computed on.")
+    return RoadResult(method=attribution.method, percentages=pct, morf=np.concatenate(curves[True]),
+                      lerf=np.concatenate(curves[False]), score=scorer.name, noise_std=float(noise_std),
+                      granularity=granularity, seed=int(seed), model_name=m.spec.name)
