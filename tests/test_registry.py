@@ -132,3 +132,21 @@ def test_a_consumers_own_hooks_are_removed_when_the_pass_fails(tiny, tmp_path):
     assert [len(b._forward_hooks) for b in tiny.blocks()] == before
     r = vl.prefix_diagnostics(tiny, [good, good], batch_size=2)
     assert r.n_images == 2 and np.isfinite(r.prefix_norm).all()
+
+
+def test_each_survey_statistic_says_its_table_rows(tiny):
+    source = shapes_source(4)
+    states = run_shard(tiny, source, source.shards(4)[0], ("distance", "rollout", "predictions"), batch_size=4)["states"]
+    spec = tiny.spec.to_dict()
+    classes = list(source.classes)
+    d = SurveyDistance.from_state(states["distance"]).table_rows(spec, classes)
+    layers, heads = tiny.spec.num_layers, tiny.spec.num_heads
+    overall = [r for r in d if r.get("cls") is None]
+    assert len(overall) == 1 + 3 * layers * heads and overall[0]["metric"] == "uniform_distance_px"
+    direct = vl.attention_distance(tiny, source.read(source.shards(4)[0])[0], batch_size=4)
+    means = [r["value"] for r in overall if r["metric"] == "mean_distance_px"]
+    np.testing.assert_allclose(means, direct.mean_px.ravel(), rtol=1e-6)
+    r = RolloutStats.from_state(states["rollout"]).table_rows(spec, classes)
+    assert [row["metric"] for row in r] == ["rollout_prefix_mass", "rollout_entropy", "rollout_mass_in_mask"]
+    p = Predictions.from_state(states["predictions"]).table_rows(spec, classes)
+    assert p[0]["metric"] == "accuracy" and p[0]["n"] == 4 and sum(row["n"] for row in p[1:]) == 4

@@ -88,7 +88,7 @@ class SurveyDistance(AttentionConsumer):
     def table_rows(self, spec: dict[str, Any], classes: list[str], renormalize: bool = True) -> list[dict[str, Any]]:
         """The survey table's rows of it (``metric``, ``value``, ``n``, ``layer``, ``head``, ``cls``):
         uniform distance, per head mean / std in pixels and mean in image widths, and per class."""
-        if self.all is None or int(self.all.counts.min(initial=0)) == 0:
+        if self.all is None or not self.all.counts.size or int(self.all.counts.min()) == 0:
             return []
         acc = AttentionDistanceAccumulator.from_state(self.all.state(), tuple(spec["stride_px"]),
                                                       int(spec.get("num_prefix_tokens", 0)), renormalize)
