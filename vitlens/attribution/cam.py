@@ -188,7 +188,7 @@ def cam_maps(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, 
     finally:
         cam.activations_and_grads.release()  # before ScoreCAM's forwards, which the hooks must not record
     if method == "scorecam":
-        weights = _score_cam_weights(score, x.detach(), acts, t, int(params["batch_size"]))
+        weights = _score_cam_weights(score, x.detach(), acts, t, int(params["masked_per_forward"]))
         maps = (weights[:, :, None, None] * acts).sum(axis=1)
     else:
         targets = [ClassifierOutputTarget(int(c)) for c in t.tolist()] if t is not None else None

@@ -231,9 +231,9 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     Method("input_x_gradient", _input_x_gradient),
     Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16}),
     # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm;
-    # scorecam's batch_size = masked images per forward
+    # scorecam's masked_per_forward: masked images per forward
     *(Method(name, partial(cam_maps, method=name),
-             {"target_layer": None, **({"batch_size": 64} if name == "scorecam" else {})},
+             {"target_layer": None, **({"masked_per_forward": 64} if name == "scorecam" else {})},
              needs_target=name != "eigencam",
              note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
@@ -268,7 +268,8 @@ def attribute(
         tokenizer: for a text target, the text tower's tokenizer when vitlens cannot find it (a Hugging Face
             model built from a config): a Hugging Face tokenizer, or a callable prompts -> ids [P, L].
         **params: method parameters (``n_steps`` for integrated gradients, ``perturbations_per_eval``
-            for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout).
+            for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout, ``target_layer`` for the CAMs
+            (a module name; default the last block's pre-attention norm), ``masked_per_forward`` for scorecam).
 
     Returns:
         An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the
