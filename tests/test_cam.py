@@ -86,18 +86,23 @@ def test_grad_cam_equals_an_independent_autograd_computation_on_the_patch_tokens
     ("torchvision", "ln_1", 1),
     ("timm-eva02", "norm1", 1),
     ("timm-beit", "norm1", 1),
+    ("timm-vit-parallel", "in_norm", 1),
 ])
 def test_grad_cam_reads_each_family_at_its_last_pre_attention_norm(family, norm, prefix):
     from test_families import build
 
     module, _ = build(family)
+    if family == "torchvision":  # torchvision starts its head at zero, which would make every CAM zero
+        torch.nn.init.normal_(module.heads.head.weight, std=0.5)
     m = vl.LoadedModel.from_module(module, name=family, device="cpu")
     layer = default_target_layer(m)
     assert layer == f"{m.block_names()[-1]}.{norm}" and m.spec.num_prefix_tokens == prefix
     x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(8))
     t = torch.tensor([0, 4])
     a = attribute(m, x, method="gradcam", target=t.tolist())
-    np.testing.assert_allclose(a.maps, independent_cam(m, x, layer, prefix, m.spec.grid, t), rtol=1e-5, atol=1e-7)
+    want = independent_cam(m, x, layer, prefix, m.spec.grid, t)
+    assert want.max() > 0
+    np.testing.assert_allclose(a.maps, want, rtol=1e-5, atol=1e-6 * want.max())
     for method in CAM_CLASSES:
         params = {"masked_per_forward": 16} if method == "scorecam" else {}
         other = attribute(m, x, method=method, target=t.tolist(), **params)

@@ -2,7 +2,7 @@
 
 - ``methods``: one contract for every method (images in, [B, gh, gw] maps out): rollout,
   gradient-weighted rollout and captum's integrated gradients, saliency, input x gradient,
-  occlusion;
+  occlusion, the Grad-CAM family (``cam``) and AttnLRP (``lrp``);
 - ``faithfulness``: deletion/insertion curves and the methods x metrics comparison table;
 - ``masks``: does a map point at the object (mass in mask, pointing game);
 - ``evaluation``: accuracy and rollout-in-mask on labelled, masked image sets.

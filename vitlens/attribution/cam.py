@@ -50,8 +50,8 @@ CAM_INSTALL = {"python": "Install it with: pip install 'vitlens[cam]' (or pip in
                "app": "Install it in the app's environment: pip install 'vitlens[cam]'."}
 
 #: the pre-attention norm of a block, by family: timm (ViT, DeiT, EVA, BEiT), Hugging Face ViT/DeiT/Dinov2,
-#: Hugging Face CLIP/SigLIP, torchvision and open_clip
-_PRE_ATTENTION_NORMS = ("norm1", "layernorm_before", "layer_norm1", "ln_1")
+#: Hugging Face CLIP/SigLIP, torchvision and open_clip, timm's parallel blocks (one norm before attention and MLP)
+_PRE_ATTENTION_NORMS = ("norm1", "layernorm_before", "layer_norm1", "ln_1", "in_norm")
 
 
 def grad_cam_package() -> Any:
