@@ -63,6 +63,13 @@ def grad_cam_package() -> Any:
                                     "installed.", fixes=CAM_INSTALL) from e
 
 
+def cam_package_available() -> bool:
+    """Whether grad-cam is installed (without importing it, which pulls opencv)."""
+    import importlib.util
+
+    return importlib.util.find_spec("pytorch_grad_cam") is not None
+
+
 def default_target_layer(m: LoadedModel) -> str:
     """The module name CAMs read by default: the pre-attention norm of the last block (``blocks.11.norm1``).
 

@@ -242,7 +242,12 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
         _log(args, f"{m.spec.name}: no classifier head, so no attributions")
         return None
     n = min(args.attribution_images, len(images))
-    return compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
+    from vitlens.attribution.cam import CAM_CLASSES, cam_package_available
+
+    methods = [name for name in METHODS if name not in CAM_CLASSES or cam_package_available()]
+    if len(methods) < len(METHODS):
+        _log(args, "grad-cam is not installed, so no CAM methods (pip install 'vitlens[cam]')")
+    return compare_methods(m, images[:n], methods=methods, masks=None if masks is None else masks[:n],
                            batch_size=args.batch_size, progress=not args.quiet)
 
 
