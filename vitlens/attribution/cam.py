@@ -98,7 +98,7 @@ def resolve_target_layer(m: LoadedModel, name: str) -> nn.Module:
     modules = dict(m.model.named_modules())
     if not isinstance(name, str) or name not in modules:
         near = difflib.get_close_matches(str(name), list(modules), n=6, cutoff=0.5)
-        hint = f"nearest names: {', '.join(near)}" if near else f"e.g. {default_target_layer(m)}"
+        hint = f"nearest names: {', '.join(near)}" if near else f"the blocks are {m.block_names()[0]} ... {m.block_names()[-1]}"
         raise InvalidParameterError(f"target_layer must name a module of {m.spec.name} (model.named_modules()); "
                                     f"got {name!r}; {hint}.")
     return modules[name]
