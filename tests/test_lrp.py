@@ -119,6 +119,39 @@ def test_on_uniform_attention_the_uniform_rule_gives_half_the_attention_branch()
     np.testing.assert_allclose(relevance_sums(m, x, t), f_skip + (logit - f_skip) / 2, rtol=1e-10)
 
 
+def test_with_real_attention_the_softmax_absorbs_what_its_rule_says():
+    """One block, no norms, MLP and biases at zero, q and k not: the model is f = head(mean(X + proj(A v))).
+    The input relevance is then f_skip + f_attn / 2 (the v half of A v, passed on linearly) plus what reaches
+    the scores s = q k^T: the paper's softmax rule R_s = s * (R_A - A sum R_A), R_A = A * h with h half of
+    df/dA (the A half of A v), and the uniform rule passes all of R_s on through q and k. Computed here by hand
+    from the weights, with autograd only for df/dA."""
+    model = small_vit(norm_layer=nn.Identity, depth=1)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.weight.normal_(0, 0.5)
+        attn.proj.weight.normal_(0, 0.5)
+        model.blocks[0].mlp.fc2.weight.zero_()
+    m = load(model)
+    x, t = inputs(), torch.tensor([0, 2, 1])
+    with torch.no_grad():
+        tokens = model.patch_embed(x)  # [B, 16, D] (the position table is zero)
+        b, n, d = tokens.shape
+        q, k, v = (tokens @ attn.qkv.weight.T).reshape(b, n, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) * attn.scale
+    probs = scores.softmax(-1).requires_grad_(True)
+    branch = attn.proj((probs @ v).transpose(1, 2).reshape(b, n, d))
+    head = model.head.weight[t]  # [B, D]
+    f_attn = (branch.mean(1) * head).sum(-1)
+    (df_da,) = torch.autograd.grad(f_attn.sum(), probs)
+    f_skip = (tokens.mean(1) * head).sum(-1)
+    np.testing.assert_allclose((f_skip + f_attn).detach().numpy(), target_logit(m, x, t), rtol=1e-10)  # the hand model
+    r_a = probs.detach() * df_da / 2
+    r_s = scores * (r_a - probs.detach() * r_a.sum(-1, keepdim=True))
+    want = f_skip + f_attn.detach() / 2 + r_s.sum(dim=(1, 2, 3))
+    assert np.abs(r_s.sum(dim=(1, 2, 3)).numpy()).min() > 1e-4  # the scores do carry relevance here
+    np.testing.assert_allclose(relevance_sums(m, x, t), want.numpy(), rtol=1e-9)
+
+
 def test_the_softmax_rule_of_the_paper_is_the_softmax_gradient_times_its_input():
     """Prop. 3.1: R_s = s * (R_A - A sum(R_A)) with R_A = A * g_A equals s * (d softmax / d s)^T g_A."""
     g = torch.Generator().manual_seed(3)
