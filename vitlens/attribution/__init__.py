@@ -2,7 +2,7 @@
 
 - ``methods``: one contract for every method (images in, [B, gh, gw] maps out): rollout,
   gradient-weighted rollout and captum's integrated gradients, saliency, input x gradient,
-  occlusion;
+  occlusion, the Grad-CAM family (``cam``) and AttnLRP (``lrp``);
 - ``faithfulness``: deletion/insertion curves and the methods x metrics comparison table;
 - ``perturbation``: Chefer et al.'s positive/negative perturbation and ROAD (``imputation``: its noisy
   linear imputation);

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -34,6 +35,8 @@ from ..results import Result
 from ..views.analyze import attention_rollout
 from ..views.capture import capture_attention
 from ..views.rollout import rollout_map
+from .cam import CAM_CLASSES, cam_maps
+from .lrp import attnlrp_maps
 
 
 @dataclass(eq=False, repr=False)
@@ -227,6 +230,14 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     Method("saliency", _saliency),
     Method("input_x_gradient", _input_x_gradient),
     Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16}),
+    # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm;
+    # scorecam's masked_per_forward: masked images per forward
+    *(Method(name, partial(cam_maps, method=name),
+             {"target_layer": None, **({"masked_per_forward": 64} if name == "scorecam" else {})},
+             needs_target=name != "eigencam",
+             note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
+                   if name == "eigencam" else "")) for name in CAM_CLASSES),
+    Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit"),
 )}
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
 DEFAULTS: dict[str, dict[str, Any]] = {name: dict(mt.defaults) for name, mt in METHOD_TABLE.items()}
@@ -257,7 +268,8 @@ def attribute(
         tokenizer: for a text target, the text tower's tokenizer when vitlens cannot find it (a Hugging Face
             model built from a config): a Hugging Face tokenizer, or a callable prompts -> ids [P, L].
         **params: method parameters (``n_steps`` for integrated gradients, ``perturbations_per_eval``
-            for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout).
+            for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout, ``target_layer`` for the CAMs
+            (a module name; default the last block's pre-attention norm), ``masked_per_forward`` for scorecam).
 
     Returns:
         An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the

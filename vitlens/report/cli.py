@@ -215,10 +215,15 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     from vitlens.attribution.sanity import QUICK_METHODS, sanity_table
 
     n = min(args.attribution_images, len(images))
-    table = compare_methods(m, images[:n], methods=METHODS, masks=None if masks is None else masks[:n],
+    from vitlens.attribution.cam import CAM_CLASSES, cam_package_available
+
+    methods = [name for name in METHODS if name not in CAM_CLASSES or cam_package_available()]
+    if len(methods) < len(METHODS):
+        _log(args, "grad-cam is not installed, so no CAM methods (pip install 'vitlens[cam]')")
+    table = compare_methods(m, images[:n], methods=methods, masks=None if masks is None else masks[:n],
                             batch_size=args.batch_size, progress=not args.quiet)
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
-    table.sanity = sanity_table(m, images[:min(n, 4)], methods=[mt for mt in QUICK_METHODS if mt in METHODS],
+    table.sanity = sanity_table(m, images[:min(n, 4)], methods=[mt for mt in QUICK_METHODS if mt in methods],
                                 batch_size=args.batch_size)
     return table
 
