@@ -22,6 +22,7 @@ import streamlit as st
 import vitlens as vl
 from vitlens import figures
 from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
@@ -386,6 +387,21 @@ def render_attributions(ctx: Context) -> None:
                             "application/json", on_click="ignore")
     figure_download(cols[2], figs["attributions"], "attributions", "Maps")
     figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
+    if not text and st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
+        render_sanity(ctx, methods, target)
+
+
+def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:
+    """Adebayo et al. (2018): does each map depend on the weights? The cascade re-initialises the head, then
+    the blocks from the top, then the embedding, on a copy of the model (``vl.sanity_table``)."""
+    table = remembered("sanity_memo", (ctx.mkey, ctx.cur_key, tuple(methods), target), lambda progress: sanity_table(
+        ctx.m, [ctx.current], methods=methods, target=target), f"Sanity checks of {len(methods)} methods",
+        ctx.m.spec.num_layers + 2)
+    st.caption("Each map recomputed after every step of the cascade, for the same target; similarity to the "
+               "original map (Spearman on |maps| and on signed maps, SSIM). A map that barely changes when the "
+               "weights are random cannot be explaining the model.")
+    st.plotly_chart(figures.sanity_figure(table.results), key="sanity-fig")
+    st.dataframe(round_significant(table.to_pandas()), hide_index=True)
 
 
 def render_compare(ctx: Context) -> None:

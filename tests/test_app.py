@@ -676,3 +676,23 @@ def test_a_registered_view_without_a_page_of_its_own_gets_one(monkeypatch):
     assert len(at.get("plotly_chart")) == 1 and len(at.dataframe) == 1
     table = at.dataframe[0].value
     assert list(table.columns) == ["layer", "rows", "mass"] and len(table) == vl.load_model("ref-vit").spec.num_layers
+
+
+def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["rollout", "gradcam"]).run()
+    app.toggle(key="sanity").set_value(True).run()
+    assert problems(app) == [] and not app.error
+    table = app.dataframe[1].value
+    assert list(table["method"]) == ["rollout", "gradcam"] and "verdict" in table.columns
+    assert len(app.get("plotly_chart")) == 3  # maps, deletion/insertion curves, the cascade
+    # the numbers shown are the library's: vl.sanity_table on the current scene
+    from vitlens.attribution.sanity import sanity_table
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
+    from vitlens.results import significant
+
+    scene = generate(1, seed=HELD_OUT_SEED)
+    want = sanity_table(vl.load_model("ref-vit", device="cpu"), list(scene.images), methods=["rollout", "gradcam"])
+    for shown, row in zip(table.to_dict("records"), want.to_rows()):
+        assert shown["spearman_abs"] == pytest.approx(float(significant(row["spearman_abs"])), abs=1e-12)

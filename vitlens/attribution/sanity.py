@@ -45,7 +45,7 @@ from .methods import METHOD_TABLE, METHODS, attribute
 
 THRESHOLD = 0.5
 # one forward and at most one backward per image: cheap enough to run L + 2 times in a report
-QUICK_METHODS = ("rollout", "grad_rollout", "saliency", "input_x_gradient")
+QUICK_METHODS = ("rollout", "grad_rollout", "saliency", "input_x_gradient", "gradcam")
 
 
 def parameter_groups(m: LoadedModel) -> list[tuple[str, list[str]]]:
