@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import vitlens as vl
 from vitlens import figures
@@ -31,6 +32,7 @@ from vitlens.report.export import figure_html, figure_png
 from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
+from vitlens.fair_lock import FairLock
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
@@ -42,10 +44,18 @@ PNG_EXPORT = shutil.which("chromium") is not None
 
 
 # ---------------------------------------------------------------- cached models and results
+def session_id() -> str:
+    """The browser session running this script (names the holder in the heavy lock's log)."""
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else threading.current_thread().name
+
+
 @st.cache_resource
-def heavy_lock() -> threading.Lock:
-    """One heavy computation at a time across sessions: two tabs must not thrash 2 cores."""
-    return threading.Lock()
+def heavy_lock() -> FairLock:
+    """One heavy computation at a time across sessions: two tabs must not thrash 2 cores. Served in the
+    order asked (a session waits for at most one computation of each other session); VITLENS_LOCK_LOG=PATH
+    logs every hold (analyses/app_load.py reads it)."""
+    return FairLock.from_env(owner=session_id)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading model ...")
@@ -59,7 +69,8 @@ def filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> vl.FilterPCAResult:
     return vl.embedding_filter_pca(_m, n_components=k)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+# 4, not 16: one entry is (gh * gw)^2 float64 similarities, 128 MB at the 64 x 64 grid the boxes allow
+@st.cache_data(max_entries=4, show_spinner=False)
 def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> vl.PositionSimilarityResult:
     return vl.position_similarity(_m, grid=grid)
 
