@@ -97,6 +97,14 @@ def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: 
                                method_params={method: dict(params)})
 
 
+@st.cache_data(max_entries=64, show_spinner=False)
+def predictions_result(_m: vl.LoadedModel, mkey: str, _x: Any, ikey: str) -> list[tuple[str, float]]:
+    """The current image's top-5, under the heavy lock like every forward of a shared model: a forward in one
+    session while another session's capture hooks the same model feeds its maps into that capture."""
+    with heavy_lock():
+        return _m.top_predictions(_x)
+
+
 def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, total: int) -> Any:
     """A heavy result with a progress bar, remembered per session (a few entries per kind)."""
     memo = st.session_state.setdefault(name, {})
@@ -621,7 +629,7 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
         x = m.preprocess([images[idx]])
         ctx = Context(m=m, mkey=f"{picked}", images=images, names=names, ikey=ikey, masks=masks, labels=labels,
                       index=idx, shown=m.display(x)[0])
-        preds = m.top_predictions(x)
+        preds = predictions_result(m, ctx.mkey, x, ctx.cur_key)
     except Exception as e:  # noqa: BLE001
         show_error(e)
         st.stop()
