@@ -88,6 +88,12 @@ SETTLED = """([marker, scope]) => {
 }"""
 PROBLEMS = """() => [...document.querySelectorAll(
     "[data-testid='stException'], [data-testid='stAlertContentError']")].map(e => e.innerText.slice(0, 300))"""
+DIAGNOSE = """([marker, scope]) => ({
+    state: document.querySelector("[data-testid='stApp']")?.dataset.testScriptState,
+    stale: document.querySelectorAll("[data-stale='true']").length,
+    connection: document.querySelector("[data-testid='stApp']")?.dataset.testConnectionState,
+    marker: !!document.querySelector(scope)?.textContent.includes(marker),
+    scope: !!document.querySelector(scope)})"""
 CHECKED_VIEW = """() => [...document.querySelectorAll("[data-testid='stRadio']")].filter(r =>
     r.querySelector("[data-testid='stWidgetLabel']")?.innerText.trim() === "View").flatMap(r =>
     [...r.querySelectorAll("input[type=radio]")].filter(i => i.checked).map(i => i.closest("label").innerText.trim()))[0]"""
@@ -153,8 +159,8 @@ class RssSampler(threading.Thread):
 class Session:
     """One Chromium page driving the app; records each action's latency and every problem seen."""
 
-    def __init__(self, index: int, page: Any) -> None:
-        self.index, self.page = index, page
+    def __init__(self, index: int, page: Any, shots: Path | None = None, timeout_s: float = 120) -> None:
+        self.index, self.page, self.shots, self.timeout_s = index, page, shots, timeout_s
         self.actions: list[dict] = []
         self.problems: list[str] = []
         page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
@@ -166,7 +172,15 @@ class Session:
                   scope: str = "[data-testid='stApp']") -> None:
         t = time.perf_counter()
         await do()
-        await self.settle(marker, scope)
+        try:
+            await self.settle(marker, scope, self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - say what the page showed instead, then stop this session
+            state = await self.page.evaluate(DIAGNOSE, [marker, scope])
+            if self.shots is not None:
+                await self.page.screenshot(path=str(self.shots / f"stuck-{self.index}-{cycle}-{kind}.png"),
+                                           full_page=True)
+            raise RuntimeError(f"{kind} {name!r} (cycle {cycle}) never settled in {self.timeout_s:.0f} s: "
+                               f"{state}") from e
         dt = time.perf_counter() - t
         shown = await self.page.evaluate(PROBLEMS)
         self.problems += [f"{name}: {s}" for s in shown]
@@ -217,7 +231,7 @@ class Session:
                                    "[data-testid='stMain']")
 
 
-async def drive(url: str, n: int, seconds: float, survey: Path) -> tuple[list[Session], list[float]]:
+async def drive(url: str, n: int, seconds: float, survey: Path, shots: Path) -> tuple[list[Session], list[float]]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
@@ -225,7 +239,7 @@ async def drive(url: str, n: int, seconds: float, survey: Path) -> tuple[list[Se
         sessions = []
         for i in range(n):
             context = await browser.new_context(viewport={"width": 1400, "height": 2200})
-            sessions.append(Session(i, await context.new_page()))
+            sessions.append(Session(i, await context.new_page(), shots))
         opens = await asyncio.gather(*(s.open(url) for s in sessions))  # all at once, as the load itself
         deadline = time.time() + seconds
 
@@ -236,7 +250,7 @@ async def drive(url: str, n: int, seconds: float, survey: Path) -> tuple[list[Se
                     await s.cycle(c, survey, deadline)
                     c += 1
             except Exception as e:  # noqa: BLE001 - a driver failure is a finding, recorded with the session
-                s.problems.append(f"driver: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                s.problems.append(f"driver: {type(e).__name__}: {str(e).splitlines()[0][:500]}")
 
         await asyncio.gather(*(loop(s) for s in sessions))
         await browser.close()
@@ -265,7 +279,7 @@ def measure(n: int, seconds: float, survey: Path, work: Path) -> dict:
     sampler = RssSampler(server.pid)
     sampler.start()
     try:
-        sessions, opens = asyncio.run(drive(f"http://127.0.0.1:{port}/", n, seconds, survey))
+        sessions, opens = asyncio.run(drive(f"http://127.0.0.1:{port}/", n, seconds, survey, work))
     finally:
         sampler.stop.set()
         sampler.join()
@@ -296,6 +310,7 @@ def measure(n: int, seconds: float, survey: Path, work: Path) -> dict:
                    "end": sampler.samples[-1][1] if sampler.samples else rss0},
         "rss_samples": [(round(t, 2), round(r, 1)) for t, r in sampler.samples[::4]],
         "model_loads": len(loads),
+        "actions": [[{k: a[k] for k in ("kind", "name", "cycle", "seconds")} for a in s.actions] for s in sessions],
         "lock": {"holds": len(records), "by_what": {w: sum(r["what"] == w for r in records)
                                                     for w in sorted({r["what"] for r in records})},
                  "per_session": {f"session {owners[o]}": v for o, v in fair.items()},
