@@ -37,6 +37,12 @@ largest result as Streamlit stores it (pickled), on the embedded pair at the wid
 Fairness: from the lock's log, per session its longest wait, the longest hold of any other session,
 the FIFO bound (one hold of each other session), and ``max_bypass``: the most holds one other
 session got during one of its waits (1 or less: nobody starved; ``vitlens.fair_lock.lock_fairness``).
+The log names Streamlit's session ids; the JSON numbers them in the order of their first request
+(not the driver's order). ``lock_contrast`` puts ``threading.Lock`` (the app's lock before) beside
+``FairLock`` on threads that compute several times in a row.
+
+A driver failure (a click or a wait that timed out: the session stops, with a screenshot
+``stuck-*.png`` beside the JSON) is listed apart from the app's exceptions.
 """
 from __future__ import annotations
 
@@ -162,7 +168,8 @@ class Session:
     def __init__(self, index: int, page: Any, shots: Path | None = None, timeout_s: float = 120) -> None:
         self.index, self.page, self.shots, self.timeout_s = index, page, shots, timeout_s
         self.actions: list[dict] = []
-        self.problems: list[str] = []
+        self.problems: list[str] = []  # what the app showed or threw
+        self.failures: list[str] = []  # where the driver itself could not go on
         page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
 
     async def settle(self, marker: str, scope: str = "[data-testid='stApp']", timeout_s: float = 300) -> None:
@@ -191,9 +198,12 @@ class Session:
         return self.page.locator(f"[data-testid='{testid}']").filter(
             has=self.page.locator("[data-testid='stWidgetLabel']").get_by_text(label, exact=True))
 
-    async def choose(self, label: str, option: str | re.Pattern) -> None:
-        """Pick an option of the selectbox labelled ``label`` (open it, click the option)."""
-        await self.widget("stSelectbox", label).locator("input").click()
+    async def choose(self, label: str, typed: str, option: str | re.Pattern) -> None:
+        """Pick an option of the selectbox labelled ``label``: type ``typed`` into it (its list draws only the
+        options in view: scene 15 of 32 is not there to click until the list is filtered), click ``option``."""
+        box = self.widget("stSelectbox", label).locator("input")
+        await box.click()
+        await box.fill(typed)
         await self.page.get_by_role("option", name=option).first.click()
 
     async def open(self, url: str) -> float:
@@ -209,11 +219,11 @@ class Session:
                 return
             current = await self.widget("stSelectbox", "Embedded model").locator("input").input_value()
             if current != model:
-                await self.act("model", model, c, lambda: self.choose("Embedded model", model),
+                await self.act("model", model, c, lambda: self.choose("Embedded model", model, model),
                                f"{model}.safetensors", "[data-testid='stSidebar']")
             k = (7 * self.index + 2 * c + mi + 1) % SCENES  # a new scene each time, different across sessions
             await self.act("image", f"scene {k}", c,
-                           lambda: self.choose("Current image", re.compile(rf"^scene {k} \(")),
+                           lambda: self.choose("Current image", f"scene {k} (", re.compile(rf"^scene {k} \(")),
                            f"scene {k} (", "[data-testid='stImageCaption']")
             for view in VIEWS:
                 if time.time() > deadline:
@@ -250,7 +260,7 @@ async def drive(url: str, n: int, seconds: float, survey: Path, shots: Path) -> 
                     await s.cycle(c, survey, deadline)
                     c += 1
             except Exception as e:  # noqa: BLE001 - a driver failure is a finding, recorded with the session
-                s.problems.append(f"driver: {type(e).__name__}: {str(e).splitlines()[0][:500]}")
+                s.failures.append(f"session {s.index}: {type(e).__name__}: {str(e).splitlines()[0][:500]}")
 
         await asyncio.gather(*(loop(s) for s in sessions))
         await browser.close()
@@ -305,6 +315,7 @@ def measure(n: int, seconds: float, survey: Path, work: Path) -> dict:
         "per_session_p95_s": [quantile([a["seconds"] for a in s.actions if a["kind"] == "view"], 0.95)
                               for s in sessions],
         "exceptions": sum(len(s.problems) for s in sessions) + len(stderr),
+        "driver_failures": [f for s in sessions for f in s.failures],
         "problems": [p for s in sessions for p in s.problems][:50], "stderr_problems": stderr[:50],
         "rss_mb": {"after_start": rss0, "peak": max((r for _, r in sampler.samples), default=rss0),
                    "end": sampler.samples[-1][1] if sampler.samples else rss0},
@@ -456,15 +467,15 @@ def table(results: list[dict]) -> str:
         return "-" if x is None else f"{x:.2f}"
 
     lines = ["| sessions | switches | p50 s | p95 s | max s | warm p95 s | exceptions | peak RSS MB | model loads "
-             "| longest wait s | FIFO bound s | max bypass | fair |", "|" + "---|" * 13]
+             "| longest wait s | longest hold s | max bypass | fair | driver failures |", "|" + "---|" * 14]
     for r in results:
         waits = [v["max_wait_s"] for v in r["lock"]["per_session"].values()]
-        bounds = [v["wait_bound_s"] for v in r["lock"]["per_session"].values()]
+        holds = [v["max_hold_s"] for v in r["lock"]["per_session"].values()]
         lines.append(f"| {r['sessions']} | {r['switches']} | {f(r['view_switch']['p50_s'])} | "
                      f"{f(r['view_switch']['p95_s'])} | {f(r['view_switch']['max_s'])} | "
                      f"{f(r['view_switch_warm']['p95_s'])} | {r['exceptions']} | {r['rss_mb']['peak']:.0f} | "
-                     f"{r['model_loads']} | {f(max(waits, default=None))} | {f(max(bounds, default=None))} | "
-                     f"{r['lock']['max_bypass']} | {r['lock']['fair']} |")
+                     f"{r['model_loads']} | {f(max(waits, default=None))} | {f(max(holds, default=None))} | "
+                     f"{r['lock']['max_bypass']} | {r['lock']['fair']} | {len(r['driver_failures'])} |")
     return "\n".join(lines)
 
 
@@ -503,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         report["load_average_end"] = os.getloadavg()
         print(table(report["runs"]))
         for r in report["runs"]:
-            for p in r["problems"] + r["stderr_problems"]:
+            for p in r["problems"] + r["stderr_problems"] + [f"driver: {f}" for f in r["driver_failures"]]:
                 print(f"  [{r['sessions']} sessions] {p}")
     args.out.write_text(json.dumps(report, indent=1, default=float))
     print(f"wrote {args.out}")
