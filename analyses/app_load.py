@@ -379,6 +379,7 @@ def cache_bound() -> dict:
             sizes["position_result"].append((f"{name} grid {grid[0]}x{grid[1]}",
                                              pickled_mb(vl.position_similarity(m, grid=grid))))
         sizes["rollout_result"].append((name, pickled_mb(vl.attention_rollout(m, [image]))))
+        sizes["predictions_result"].append((name, pickled_mb(m.top_predictions(m.preprocess([image])))))
         sizes["maps_result"].append((name, pickled_mb(vl.attention_maps(m, image))))
         for method in METHODS:
             sizes["method_table"].append((f"{name} {method}", pickled_mb(compare_methods(
