@@ -18,6 +18,17 @@ ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app.py"
 
 
+@pytest.fixture()
+def fresh_caches():
+    """The app's caches emptied before and after: models and the lock made again under the test's patches,
+    and never left behind for later tests (even when the test fails)."""
+    st.cache_resource.clear()
+    st.cache_data.clear()
+    yield
+    st.cache_resource.clear()
+    st.cache_data.clear()
+
+
 def load_script():
     spec = importlib.util.spec_from_file_location("app_load", ROOT / "analyses" / "app_load.py")
     module = importlib.util.module_from_spec(spec)
@@ -59,12 +70,11 @@ def test_a_position_result_grows_as_the_square_of_the_patches():
     assert 64 ** 4 * 8 / 2 ** 20 == 128
 
 
-def test_a_second_session_reuses_the_models_and_the_lock_names_each_session(monkeypatch, tmp_path):
+def test_a_second_session_reuses_the_models_and_the_lock_names_each_session(monkeypatch, tmp_path, fresh_caches):
     calls: list[str] = []
     load = vl.load_model
     monkeypatch.setattr(vl, "load_model", lambda name, *a, **k: calls.append(name) or load(name, *a, **k))
-    monkeypatch.setenv("VITLENS_LOCK_LOG", str(tmp_path / "lock.jsonl"))
-    st.cache_resource.clear()  # models loaded by earlier tests, and the lock, made again under this log
+    monkeypatch.setenv("VITLENS_LOCK_LOG", str(tmp_path / "lock.jsonl"))  # the lock is made again under it
     sessions = [AppTest.from_file(str(APP), default_timeout=120) for _ in range(2)]
     for at in sessions:
         at.run()
@@ -76,10 +86,9 @@ def test_a_second_session_reuses_the_models_and_the_lock_names_each_session(monk
     assert [r["what"] for r in records].count("load_model") == 2  # each model's load held the lock once
     assert records[0]["owner"] != "MainThread"  # named by the session, not the thread
     assert all(v["fair"] for v in lock_fairness(records).values())
-    st.cache_resource.clear()  # later tests make their lock without this log
 
 
-def test_every_forward_of_a_shared_model_runs_under_the_heavy_lock(monkeypatch):
+def test_every_forward_of_a_shared_model_runs_under_the_heavy_lock(monkeypatch, fresh_caches):
     """Two sessions share one cached model; the views' capture hooks it, so a forward by another session in
     between would feed that session's attention into the capture (the load test met "Blocks saw different
     numbers of images" from the Top-5 predictions' forward). Every forward, in every view, holds the lock."""
@@ -111,16 +120,12 @@ def test_every_forward_of_a_shared_model_runs_under_the_heavy_lock(monkeypatch):
         return m
 
     monkeypatch.setattr(fair_lock.FairLock, "__init__", register)
-    monkeypatch.setattr(vl, "load_model", hooked)
-    st.cache_resource.clear()
-    st.cache_data.clear()  # results cached by earlier tests would skip the forwards under test
+    monkeypatch.setattr(vl, "load_model", hooked)  # fresh_caches: no result cached before skips its forward
     at = AppTest.from_file(str(APP), default_timeout=180)
     at.run()
     at.session_state["n-cmp"] = 4  # CKA's fewest images: a short Compare
     for view in ["Attention distance", "Attention maps", "Attributions", "Compare"]:
         at.radio(key="view").set_value(view).run()
         assert not at.exception and not at.error, view
-    st.cache_resource.clear()
-    st.cache_data.clear()
     assert len(forwards) > 10 and len(locks) == 1
     assert unlocked == [], unlocked[0]
