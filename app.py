@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import plotly.graph_objects as go
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import vitlens as vl
 from vitlens import figures
@@ -32,6 +33,7 @@ from vitlens.report.export import figure_html, figure_png
 from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
+from vitlens.fair_lock import FairLock
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
@@ -44,10 +46,18 @@ PNG_EXPORT = shutil.which("chromium") is not None
 
 
 # ---------------------------------------------------------------- cached models and results
+def session_id() -> str:
+    """The browser session running this script (names the holder in the heavy lock's log)."""
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else threading.current_thread().name
+
+
 @st.cache_resource
-def heavy_lock() -> threading.Lock:
-    """One heavy computation at a time across sessions: two tabs must not thrash 2 cores."""
-    return threading.Lock()
+def heavy_lock() -> FairLock:
+    """One heavy computation at a time across sessions: two tabs must not thrash 2 cores. Served in the
+    order asked (a session waits for at most one computation of each other session); VITLENS_LOCK_LOG=PATH
+    logs every hold (analyses/app_load.py reads it)."""
+    return FairLock.from_env(owner=session_id)
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading model ...")
@@ -61,7 +71,8 @@ def filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> vl.FilterPCAResult:
     return vl.embedding_filter_pca(_m, n_components=k)
 
 
-@st.cache_data(max_entries=16, show_spinner=False)
+# 4, not 16: one entry is (gh * gw)^2 float64 similarities, 128 MB at the 64 x 64 grid the boxes allow
+@st.cache_data(max_entries=4, show_spinner=False)
 def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> vl.PositionSimilarityResult:
     return vl.position_similarity(_m, grid=grid)
 
@@ -86,6 +97,14 @@ def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: 
     with heavy_lock():
         return compare_methods(_m, [_image], methods=[method], masks=_mask, target=target,
                                method_params={method: dict(params)})
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def predictions_result(_m: vl.LoadedModel, mkey: str, _x: Any, ikey: str) -> list[tuple[str, float]]:
+    """The current image's top-5, under the heavy lock like every forward of a shared model: a forward in one
+    session while another session's capture hooks the same model feeds its maps into that capture."""
+    with heavy_lock():
+        return _m.top_predictions(_x)
 
 
 def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, total: int) -> Any:
@@ -650,7 +669,7 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
         x = m.preprocess([images[idx]])
         ctx = Context(m=m, mkey=f"{picked}", images=images, names=names, ikey=ikey, masks=masks, labels=labels,
                       index=idx, shown=m.display(x)[0])
-        preds = m.top_predictions(x)
+        preds = predictions_result(m, ctx.mkey, x, ctx.cur_key)
     except Exception as e:  # noqa: BLE001
         show_error(e)
         st.stop()
