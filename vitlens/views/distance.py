@@ -122,32 +122,41 @@ def uniform_distance(grid: tuple[int, int], stride_px: tuple[int, int]) -> float
 
 
 def token_distance_matrix(grid: tuple[int, int], stride_px: tuple[int, int],
-                          device: torch.device | str = "cpu") -> torch.Tensor:
-    """[N, N] Euclidean distances in pixels between patch-token centres, row-major, float64."""
+                          device: torch.device | str = "cpu", queries: slice | None = None) -> torch.Tensor:
+    """[N, N] Euclidean distances in pixels between patch-token centres, row-major, float64
+    (``queries``: only those rows, [q, N], so a block of queries never needs the whole matrix)."""
     gh, gw = grid
     rows, cols = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
                                 indexing="ij")
     y = (rows.reshape(-1) * stride_px[0]).to(device)
     x = (cols.reshape(-1) * stride_px[1]).to(device)
-    return torch.sqrt((y[:, None] - y[None, :]) ** 2 + (x[:, None] - x[None, :]) ** 2)
+    qy, qx = (y, x) if queries is None else (y[queries], x[queries])
+    return torch.sqrt((qy[:, None] - y[None, :]) ** 2 + (qx[:, None] - x[None, :]) ** 2)
 
 
 def weights_for_distances(distances: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """[N, T, 2] per patch query q, from its [N, N] pixel distances: the distance to every key (0
+    """[q, T, 2] per patch query, from its [q, N] pixel distances: the distance to every key (0
     for prefix keys) and the indicator of patch keys, so one batched matrix product gives both
     sums over keys. Same dtype and device as ``distances``."""
-    n, p = distances.shape[0], num_prefix_tokens
-    w = distances.new_zeros(n, p + n, 2)
+    q, n, p = distances.shape[0], distances.shape[1], num_prefix_tokens
+    w = distances.new_zeros(q, p + n, 2)
     w[:, p:, 0] = distances
     w[:, p:, 1] = 1.0
     return w
 
 
 def key_weights(grid: tuple[int, int], stride_px: tuple[int, int], num_prefix_tokens: int,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``weights_for_distances`` of a grid (built in float64, then cast)."""
-    return weights_for_distances(token_distance_matrix(grid, stride_px), num_prefix_tokens).to(device=device,
-                                                                                                dtype=dtype)
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                queries: slice | None = None) -> torch.Tensor:
+    """``weights_for_distances`` of a grid (built in float64, then cast); ``queries``: the rows of
+    those patch queries only."""
+    return weights_for_distances(token_distance_matrix(grid, stride_px, queries=queries),
+                                 num_prefix_tokens).to(device=device, dtype=dtype)
+
+
+#: the accumulator keeps a grid's whole ``key_weights`` up to this many bytes, and builds each block's
+#: rows as they come above it (1024 px: 134 MB for the whole table, 6 MB for a block of 151 queries)
+WHOLE_WEIGHTS_BYTES = 16 * 2**20
 
 
 KEY_BLOCK = 64
@@ -231,7 +240,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self.counts = np.zeros(num_layers, dtype=np.int64)
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
-        self._distances: torch.Tensor | None = None
+        self._distances: torch.Tensor | None = None  # the grid's whole key_weights, when small
+        self._device = torch.device("cpu")
         self._queries: dict[int, list[torch.Tensor]] = {}  # layer -> per-query distances of a layer in flight
 
     @classmethod
@@ -250,17 +260,29 @@ class AttentionDistanceAccumulator(AttentionConsumer):
                 f"All images of one attention-distance result must share a grid; got {grid} after {self.grid}. "
                 "Compute a result per input size.")
         device = torch.device(device or "cpu")
-        if self._distances is None or self._distances.device != device:
-            self._distances = key_weights(grid, self.stride_px, self.num_prefix_tokens, device)
+        n, p = grid[0] * grid[1], self.num_prefix_tokens
+        whole = n * (n + p) * 2 * 4 <= WHOLE_WEIGHTS_BYTES
+        if whole and (self._distances is None or self._distances.device != device or self.grid != grid):
+            self._distances = key_weights(grid, self.stride_px, p, device)
+        elif not whole:
+            self._distances = None  # each block's rows are built as they come (``_weights``)
+        self._device = device
         self.grid = grid
         self.image_size = (int(image_size[0]), int(image_size[1])) if image_size and min(image_size) > 0 else \
             (grid[0] * self.stride_px[0], grid[1] * self.stride_px[1])
 
+    def _weights(self, queries: slice) -> torch.Tensor:
+        """``key_weights`` rows [q, T, 2] of the patch queries ``queries`` (0 = the first patch token)."""
+        if self._distances is not None:
+            return self._distances[queries]
+        return key_weights(self.grid, self.stride_px, self.num_prefix_tokens, self._device,  # type: ignore[arg-type]
+                           queries=queries)
+
     def _check(self, layer: int, attn: torch.Tensor) -> None:
-        if self._distances is None:
+        if self.grid is None:
             raise RuntimeError("begin_batch must be called before the forward")
-        n = self._distances.shape[0]
-        if attn.shape[-1] != n + self.num_prefix_tokens or self._distances.shape[1] != attn.shape[-1]:
+        n = self.grid[0] * self.grid[1]
+        if attn.shape[-1] != n + self.num_prefix_tokens:
             raise InvalidParameterError(
                 f"Block {layer} attends over {attn.shape[-1]} tokens, but {self.num_prefix_tokens} prefix + {n} "
                 "patch tokens were expected; the input size does not match the model's grid.")
@@ -281,7 +303,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if q0 < stop:
             block = attn[:, :, q0 - start:]
             self._queries.setdefault(layer, []).append(
-                per_query_distance(block, self._distances[q0 - p: stop - p], p, self.renormalize))
+                per_query_distance(block, self._weights(slice(q0 - p, stop - p)), p, self.renormalize))
         if not last:
             return None
         return torch.cat(self._queries.pop(layer, [])).mean(0).cpu().numpy()
