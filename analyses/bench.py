@@ -22,6 +22,22 @@ repetitions of that repetition's row time / its plain-forward time (seconds: the
 Memory: peak resident memory of a process computing attention distance over 64 and over 1,024
 images (it must not grow), and of one batch of ``vl.analyze`` against one batch of (a) (which
 keeps every map); on CUDA, peak GPU memory instead.
+
+The resolution table (``--table``; ``--quick`` for a smoke run at 224 px, batch 2):
+
+    python analyses/bench.py --table [--sizes 224:16 768:4 1024:2] [--columns ...] [--mem-cap-gb 20]
+
+Rows: random-init ``--model`` built at each input size, one random batch; every cell (input size x
+column) runs in its own process: load, set up (a peer's own model), one warm-up image, then the timed
+run; its peak is VmHWM above the process's resident size just before the timed run (``clear_refs``
+restarts the high-water mark there). Columns: the plain fused forward; ``vl.analyze(views=("distance",
+"rollout"))`` and distance alone, as the views choose their capture (``capture_plan``); (a) timm's
+``AttentionExtract`` + batched torch; (b) the per-image hook loop (vit-explain); (c) Hugging Face
+``ViTModel`` with eager attention and ``output_attentions=True``, the timm weights copied in. Every
+peer's distance and rollout are checked against vitlens's. A cell estimated to need more than
+``--mem-cap-gb`` above the model is reported as OOM with the estimate, not run; one that runs past
+the cap (an address-space limit of the cap + 4 GB) is reported as OOM too. ``--columns plain
+distance_whole distance_rows`` times whole maps against query-chunked capture (the crossover).
 """
 from __future__ import annotations
 
@@ -377,9 +393,7 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
               if line.startswith("VmSize:"))
     limit = int(vm + (cap_gb + 4) * 1e9)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    before = peak_rss_mb()
-    start = time.perf_counter()
-    try:
+    def run(x: Any) -> None:
         with torch.no_grad():
             if column == "plain":
                 m.model(x)
@@ -406,6 +420,16 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
                 out.update(distance=d.tolist(), rollout=r.tolist())
             else:
                 raise ValueError(f"unknown column {column!r}")
+
+    try:
+        run(x[:1])  # warm-up on one image (first-call costs), then the peak starts afresh from here
+        import gc
+
+        gc.collect()
+        reset_peak()
+        before = peak_rss_mb()
+        start = time.perf_counter()
+        run(x)
     except (MemoryError, RuntimeError) as e:
         if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
             raise
@@ -414,6 +438,15 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
     out.update(seconds=round(time.perf_counter() - start, 2), peak_above_model_mb=round(peak_rss_mb() - before, 1),
                model_mb=round(before, 1))
     return out
+
+
+def reset_peak() -> None:
+    """Start this process's VmHWM afresh at its current resident size (Linux ``clear_refs``), so what was
+    built before (a peer's own model copy, the warm-up) does not count."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def run_cell(args: argparse.Namespace, column: str, img: int, batch: int) -> dict:

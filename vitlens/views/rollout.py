@@ -8,6 +8,16 @@ without a class token: the mean of the patch tokens' rows), divided by its maxim
 
 Rollout shows where information was mixed, not what caused the prediction; compare it with
 attribution methods before reading it as an explanation.
+
+Memory (what it must hold, and holds no more): the chain runs from the last block back, so every
+block's head-fused map of the batch is kept until the batch's last block, L x B x T x T float32
+(vit_base: 1.0 GB at 768 px batch 4, T = 2,305; 1.6 GB at 1024 px batch 2, T = 4,097), plus the
+block in flight's one [B, T, T] buffer, filled row block by row block under query-chunked
+capture; the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. A running
+product from the first block would hold one [B, T, T] but cost T^3 per block and image (12 GFLOP
+at T = 2,305, more than the block's own forward), so it is not used; neither is bf16 storage.
+``discard_ratio > 0`` adds, per block, ``topk``'s k = discard_ratio x T^2 values and indices
+(12 bytes each per image) while it ranks; the map itself is zeroed in place.
 """
 from __future__ import annotations
 
@@ -210,9 +220,10 @@ def row_map(row: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) ->
 
 
 class RolloutAccumulator(AttentionConsumer):
-    """Keeps each block's head-fused map of the batch (B x T x T numbers per block) and, when the
-    batch ends, rolls out the source row as a vector-matrix chain from the last block back
-    (``rollout_row``), recording each image's map and prediction.
+    """Keeps each block's head-fused map of the batch (B x T x T float32 numbers per block, L x B x T
+    x T in all: see the module docstring) and, when the batch ends, rolls out the source row as a
+    vector-matrix chain from the last block back (``rollout_row``), recording each image's map and
+    prediction.
 
     A consumer of the streaming engine (``vitlens.views.engine``); accumulators over disjoint
     image sets merge (the maps of ``self`` first, then ``other``'s).
