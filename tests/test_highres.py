@@ -164,3 +164,24 @@ def test_discard_in_place_equals_the_copying_discard_and_keeps_the_class_token()
     assert got.data_ptr() == g.data_ptr() and torch.equal(got, want)
     assert (want == 0).sum(dim=(1, 2)).tolist() == [40, 40]  # int(81 * 0.5) zeroed, the class token's own kept
     assert torch.equal(f[:, 0, 0], want[:, 0, 0])
+
+
+def test_row_consumers_keep_no_row_block_alive():
+    """A consumer that kept a view of a row block would keep every block of a layer (a whole map) alive."""
+    from vitlens.views.prefix import PrefixAttentionAccumulator
+
+    m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))  # T = 26
+    info = vl.BatchInfo(index=0, start=0, size=2, input_size=(64, 96), grid=(4, 6), device=torch.device("cpu"))
+    consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), PrefixAttentionAccumulator.for_model(m.spec),
+                 vl.RolloutAccumulator.for_model(m)]
+    for c in consumers:
+        c.begin_batch(info)
+    blocks = []
+    for start, stop in ((0, 10), (10, 26)):
+        a = torch.rand(2, 3, stop - start, 26).softmax(-1)
+        blocks.append(weakref.ref(a))
+        for c in consumers:
+            c.on_attention(0, a, slice(start, stop))
+        del a
+    gc.collect()
+    assert [b() is None for b in blocks] == [True, True]
