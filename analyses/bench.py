@@ -22,6 +22,22 @@ repetitions of that repetition's row time / its plain-forward time (seconds: the
 Memory: peak resident memory of a process computing attention distance over 64 and over 1,024
 images (it must not grow), and of one batch of ``vl.analyze`` against one batch of (a) (which
 keeps every map); on CUDA, peak GPU memory instead.
+
+The resolution table (``--table``; ``--quick`` for a smoke run at 224 px, batch 2):
+
+    python analyses/bench.py --table [--sizes 224:16 768:4 1024:2] [--columns ...] [--mem-cap-gb 20]
+
+Rows: random-init ``--model`` built at each input size, one random batch; every cell (input size x
+column) runs in its own process: load, set up (a peer's own model), one warm-up image, then the timed
+run; its peak is VmHWM above the process's resident size just before the timed run (``clear_refs``
+restarts the high-water mark there). Columns: the plain fused forward; ``vl.analyze(views=("distance",
+"rollout"))`` and distance alone, as the views choose their capture (``capture_plan``); (a) timm's
+``AttentionExtract`` + batched torch; (b) the per-image hook loop (vit-explain); (c) Hugging Face
+``ViTModel`` with eager attention and ``output_attentions=True``, the timm weights copied in. Every
+peer's distance and rollout are checked against vitlens's. A cell estimated to need more than
+``--mem-cap-gb`` above the model is reported as OOM with the estimate, not run; one that runs past
+the cap (an address-space limit of the cap + 4 GB) is reported as OOM too. ``--columns plain
+distance_whole distance_rows`` times whole maps against query-chunked capture (the crossover).
 """
 from __future__ import annotations
 
@@ -46,7 +62,17 @@ def peer_attention_extract(extractor: Any, x: Any, stride: int, prefix: int = 1)
 
     with torch.no_grad():
         maps = list(extractor(x).values())  # [B, H, T, T] per block
+        distances, rollout = peer_views(maps, stride, prefix)
+    return distances, rollout, maps
+
+
+def peer_views(maps: list[Any], stride: int, prefix: int = 1) -> tuple[Any, Any]:
+    """Batched torch distance and rollout from every block's whole map, as a user writes them."""
+    import torch
+
+    with torch.no_grad():
         b, _, t, _ = maps[0].shape
+        x = maps[0]
         n = t - prefix
         side = int(round(n ** 0.5))
         yy, xx = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
@@ -65,7 +91,7 @@ def peer_attention_extract(extractor: Any, x: Any, stride: int, prefix: int = 1)
             r = f @ r
         rollout = r[:, 0, prefix:]
         rollout = rollout / rollout.amax(-1, keepdim=True)
-    return torch.stack(distances), rollout.reshape(b, side, side), maps
+    return torch.stack(distances), rollout.reshape(b, side, side)
 
 
 def peer_per_image_loop(model: Any, images: Any) -> list[Any]:
@@ -252,6 +278,253 @@ def child(args: argparse.Namespace, kind: str, n: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# ---- the resolution table: one subprocess per (input size, column) ---------------------------------------------
+
+#: the table's rows: (input px, batch); ``--quick``: 224 px at a small batch only
+TABLE_SIZES = ((224, 16), (768, 4), (1024, 2))
+QUICK_SIZES = ((224, 2),)
+#: the table's columns; each runs in a fresh process, its peak VmHWM above the loaded model
+TABLE_COLUMNS = ("plain", "analyze", "distance", "peer_a", "peer_b", "peer_c")
+#: columns for the whole-map / query-chunked crossover (``--columns plain distance_whole distance_rows``)
+CROSSOVER_COLUMNS = ("distance_whole", "distance_rows")
+COLUMN_TITLES = {
+    "plain": "plain fused forward",
+    "analyze": 'vl.analyze(views=("distance", "rollout"))',
+    "distance": "distance alone",
+    "peer_a": "(a) timm AttentionExtract + batched torch",
+    "peer_b": "(b) per-image hook loop (vit-explain)",
+    "peer_c": "(c) HF ViTModel eager, output_attentions",
+    "distance_whole": "distance, whole maps (inline)",
+    "distance_rows": "distance, query-chunked side capture",
+}
+
+
+def whole_maps_gb(layers: int, batch: int, heads: int, tokens: int) -> float:
+    """GB of every block's whole [batch, heads, T, T] float32 map (what a peer that keeps them all holds)."""
+    return 4.0 * layers * batch * heads * tokens * tokens / 1e9
+
+
+def needed_gb(column: str, layers: int, batch: int, heads: int, tokens: int) -> float:
+    """An estimate of a column's memory above the loaded model, for refusing what cannot fit: the
+    peers keep every map (a, c: the batch's; b: one image's) plus a block's scores and softmax (and,
+    for a's and c's rollout, two [B, T, T] products); vitlens's columns hold at most rollout's
+    L x B x T x T fused maps."""
+    block = 4.0 * batch * heads * tokens * tokens / 1e9
+    if column in ("peer_a", "peer_c"):
+        return whole_maps_gb(layers, batch, heads, tokens) + 2 * block + 2 * 4.0 * batch * tokens ** 2 / 1e9
+    if column == "peer_b":
+        return whole_maps_gb(layers, 1, heads, tokens) + 2 * block / batch + 3 * 8.0 * tokens ** 2 / 1e9
+    if column == "analyze":
+        return 4.0 * layers * batch * tokens ** 2 / 1e9 + block
+    return block
+
+
+def hf_vit_from_timm(model: Any) -> Any:
+    """A Hugging Face ``ViTModel`` (eager attention) carrying a timm ViT's weights (transformers 5 names).
+
+    Only plain timm ViTs with a class token map one to one (qkv split into q, k, v; LayerNorm eps 1e-6).
+    """
+    import torch
+    from transformers import ViTConfig, ViTModel
+
+    pe = model.patch_embed
+    blk = model.blocks[0]
+    cfg = ViTConfig(image_size=int(pe.img_size[0]), patch_size=int(pe.patch_size[0]), hidden_size=int(model.embed_dim),
+                    num_hidden_layers=len(model.blocks), num_attention_heads=int(blk.attn.num_heads),
+                    intermediate_size=int(blk.mlp.fc1.out_features), layer_norm_eps=float(blk.norm1.eps),
+                    qkv_bias=blk.attn.qkv.bias is not None, hidden_act="gelu", attn_implementation="eager")
+    hf = ViTModel(cfg, add_pooling_layer=False).eval()
+    sd = {"embeddings.cls_token": model.cls_token, "embeddings.position_embeddings": model.pos_embed,
+          "embeddings.patch_embeddings.projection.weight": pe.proj.weight,
+          "embeddings.patch_embeddings.projection.bias": pe.proj.bias,
+          "layernorm.weight": model.norm.weight, "layernorm.bias": model.norm.bias}
+    for i, b in enumerate(model.blocks):
+        q, k, v = b.attn.qkv.weight.chunk(3)
+        qb, kb, vb = b.attn.qkv.bias.chunk(3)
+        pre = f"layers.{i}."
+        sd.update({pre + "attention.q_proj.weight": q, pre + "attention.q_proj.bias": qb,
+                   pre + "attention.k_proj.weight": k, pre + "attention.k_proj.bias": kb,
+                   pre + "attention.v_proj.weight": v, pre + "attention.v_proj.bias": vb,
+                   pre + "attention.o_proj.weight": b.attn.proj.weight, pre + "attention.o_proj.bias": b.attn.proj.bias,
+                   pre + "layernorm_before.weight": b.norm1.weight, pre + "layernorm_before.bias": b.norm1.bias,
+                   pre + "layernorm_after.weight": b.norm2.weight, pre + "layernorm_after.bias": b.norm2.bias,
+                   pre + "mlp.fc1.weight": b.mlp.fc1.weight, pre + "mlp.fc1.bias": b.mlp.fc1.bias,
+                   pre + "mlp.fc2.weight": b.mlp.fc2.weight, pre + "mlp.fc2.bias": b.mlp.fc2.bias})
+    with torch.no_grad():
+        hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=True)
+    return hf
+
+
+def table_child(column: str, model_name: str, img: int, batch: int, threads: int, cap_gb: float) -> dict:
+    """One cell of the resolution table, in this (fresh) process."""
+    import resource
+
+    import numpy as np
+    import torch
+
+    import vitlens as vl
+    from vitlens.memory import peak_rss_mb
+    from vitlens.views.engine import default_budget_mb, query_rows_for_budget
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    m = vl.load_model(model_name, pretrained=False, device="cpu", img_size=img)
+    s = m.spec
+    t = s.num_prefix_tokens + s.grid[0] * s.grid[1]
+    out: dict[str, Any] = {"column": column, "img_size": img, "batch": batch, "tokens": t}
+    need = needed_gb(column, s.num_layers, batch, s.num_heads, t)
+    out["estimate_gb"] = round(need, 2)
+    if need > cap_gb:
+        out["oom"] = f"OOM: needs ~{need:.1f} GB above the model (estimate), over the {cap_gb:g} GB cap"
+        return out
+    x = torch.randn(batch, 3, img, img, generator=torch.Generator().manual_seed(0))
+    peer_model = None
+    if column in ("peer_a", "peer_b"):
+        for blk in m.model.blocks:
+            blk.attn.fused_attn = False
+    if column == "peer_a":
+        from timm.utils import AttentionExtract
+
+        peer_model = AttentionExtract(m.model, method="fx")
+    elif column == "peer_c":
+        peer_model = hf_vit_from_timm(m.model)
+    # the backstop for an estimate that is too low: the address space may grow by the cap and 4 GB more
+    vm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+              if line.startswith("VmSize:"))
+    limit = int(vm + (cap_gb + 4) * 1e9)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    def run(x: Any) -> None:
+        with torch.no_grad():
+            if column == "plain":
+                m.model(x)
+            elif column == "analyze":
+                a = vl.analyze(m, x, batch_size=batch, views=("distance", "rollout"))
+                out.update(distance=a.distance.mean_px.tolist(), rollout=a.rollout.maps.tolist())
+            elif column == "distance":
+                out["distance"] = vl.attention_distance(m, x, batch_size=batch).mean_px.tolist()
+            elif column in CROSSOVER_COLUMNS:
+                acc = vl.AttentionDistanceAccumulator.for_model(s)
+                rows = None if column == "distance_whole" else \
+                    query_rows_for_budget(batch, s.num_heads, t, default_budget_mb(batch, t, s.embed_dim))
+                vl.stream_attention(m, x, [acc], batch_size=batch, capture_mode="inline" if rows is None else "side",
+                                    query_rows=rows)
+                out.update(distance=acc.result(s).mean_px.tolist(), query_rows=rows)
+            elif column == "peer_a":
+                d, r, _ = peer_attention_extract(peer_model, x, s.stride_px[0], s.num_prefix_tokens)
+                out.update(distance=d.tolist(), rollout=r.tolist())
+            elif column == "peer_b":
+                out["rollout"] = np.stack(peer_per_image_loop(m.model, x)).tolist()
+            elif column == "peer_c":
+                hf_out = peer_model(pixel_values=x, output_attentions=True)
+                d, r = peer_views(list(hf_out.attentions), s.stride_px[0], s.num_prefix_tokens)
+                out.update(distance=d.tolist(), rollout=r.tolist())
+            else:
+                raise ValueError(f"unknown column {column!r}")
+
+    try:
+        run(x[:1])  # warm-up on one image (first-call costs), then the peak starts afresh from here
+        import gc
+
+        gc.collect()
+        reset_peak()
+        before = peak_rss_mb()
+        start = time.perf_counter()
+        run(x)
+    except (MemoryError, RuntimeError) as e:
+        if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
+            raise
+        out["oom"] = f"OOM at the {cap_gb:g} GB cap (estimate {need:.1f} GB): {str(e)[:80]}"
+        return out
+    out.update(seconds=round(time.perf_counter() - start, 2), peak_above_model_mb=round(peak_rss_mb() - before, 1),
+               model_mb=round(before, 1))
+    return out
+
+
+def reset_peak() -> None:
+    """Start this process's VmHWM afresh at its current resident size (Linux ``clear_refs``), so what was
+    built before (a peer's own model copy, the warm-up) does not count."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def run_cell(args: argparse.Namespace, column: str, img: int, batch: int) -> dict:
+    cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--mem-cap-gb",
+           str(args.mem_cap_gb), "--table-child", column, str(img), str(batch)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        killed = proc.returncode in (-9, 137)
+        return {"column": column, "img_size": img, "batch": batch,
+                "oom" if killed else "failed": f"{'killed (out of memory?)' if killed else 'exit'} "
+                                               f"{proc.returncode}: {tail[:200]}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_same_numbers(cells: dict[str, dict]) -> list[str]:
+    """Every column's distance and rollout against vitlens's (the race is fair); returns the notes."""
+    import numpy as np
+
+    notes = []
+    for key, rtol, atol in (("distance", 1e-4, 0.0), ("rollout", 1e-3, 1e-4)):
+        have = {c: np.asarray(v[key]) for c, v in cells.items() if key in v}
+        ref_col = "analyze" if "analyze" in have else next(iter(have), None)
+        if ref_col is None:
+            continue
+        for c, v in have.items():
+            if c == ref_col:
+                continue
+            np.testing.assert_allclose(v, have[ref_col], rtol=rtol, atol=atol, err_msg=f"{c} vs {ref_col}: {key}")
+            rel = float(np.max(np.abs(v - have[ref_col]) / np.maximum(np.abs(have[ref_col]), 1e-12)))
+            notes.append(f"{key}: {c} = {ref_col} (largest relative difference {rel:.1e})")
+    return notes
+
+
+def format_table(results: list[dict], columns: list[str]) -> str:
+    """The README's resolution table: time ratio and peak above the loaded model, per column."""
+    head = "| input | " + " | ".join(COLUMN_TITLES[c] for c in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 1)]
+    for (img, batch) in dict.fromkeys((r["img_size"], r["batch"]) for r in results):
+        row = {r["column"]: r for r in results if (r["img_size"], r["batch"]) == (img, batch)}
+        plain = row.get("plain", {})
+        t = next((r.get("tokens") for r in row.values() if r.get("tokens")), "?")
+        cells = []
+        for c in columns:
+            r = row.get(c, {})
+            if "oom" in r or "failed" in r:
+                cells.append(r.get("oom") or r.get("failed", ""))
+            elif "seconds" not in r:
+                cells.append("—")
+            elif c == "plain":
+                cells.append(f"{r['seconds']:.2f} s, +{r['peak_above_model_mb']:,.0f} MB")
+            else:
+                ratio = r["seconds"] / plain["seconds"] if plain.get("seconds") else float("nan")
+                mem = r["peak_above_model_mb"] / plain["peak_above_model_mb"] if plain.get("peak_above_model_mb") \
+                    else float("nan")
+                cells.append(f"{ratio:.2f}x, +{r['peak_above_model_mb']:,.0f} MB ({mem:.2f}x)")
+        lines.append(f"| {img} px, T={t}, batch {batch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def table(args: argparse.Namespace) -> dict:
+    sizes = QUICK_SIZES if args.quick else tuple(tuple(int(v) for v in s.split(":")) for s in args.sizes) \
+        if args.sizes else TABLE_SIZES
+    columns = list(args.columns or TABLE_COLUMNS)
+    results, notes = [], []
+    for img, batch in sizes:
+        cells = {}
+        for c in columns:
+            cells[c] = r = run_cell(args, c, img, batch)
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("distance", "rollout")}), flush=True)
+        notes += [f"{img} px: {n}" for n in check_same_numbers(cells)]
+    text = format_table(results, columns)
+    print("\n" + text + "\n\n" + "\n".join(notes))
+    return {"cells": [{k: v for k, v in r.items() if k not in ("distance", "rollout")} for r in results],
+            "table": text, "same_numbers": notes}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="vit_base_patch16_224")
@@ -265,12 +538,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--rows", nargs="*", default=None, help="time only these rows (plain_forward always)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--table", action="store_true", help="the resolution table (one process per cell) instead")
+    p.add_argument("--quick", action="store_true", help="with --table: 224 px at batch 2 only (a smoke run)")
+    p.add_argument("--sizes", nargs="*", default=None, help="with --table: PX:BATCH rows (default 224:16 768:4 1024:2)")
+    p.add_argument("--columns", nargs="*", default=None, choices=list(TABLE_COLUMNS + CROSSOVER_COLUMNS),
+                   help="with --table: these columns (default every one but the crossover pair)")
+    p.add_argument("--threads", type=int, default=2, help="with --table: torch threads per cell")
+    p.add_argument("--mem-cap-gb", type=float, default=20.0,
+                   help="with --table: a cell estimated (or found) to need more above the model is reported as OOM")
     p.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--table-child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child is not None:
         print(json.dumps(memory_child(args.child[0], args.model, int(args.child[1]), args.batch, args.device)))
         return 0
+    if args.table_child is not None:
+        column, img, batch = args.table_child
+        print(json.dumps(table_child(column, args.model, int(img), int(batch), args.threads, args.mem_cap_gb)))
+        return 0
     report: dict[str, Any] = {}
+    if args.table:
+        report["table"] = table(args)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+        return 0
     if not args.skip_speed:
         report["speed"] = s = speed(args)
         print(json.dumps(s, indent=1))

@@ -46,7 +46,10 @@ def attention_probs(
         else:
             add = attn_mask.float()
         scores = scores + add
-    return scores.softmax(dim=-1)
+    if scores.requires_grad:
+        return scores.softmax(dim=-1)
+    # in place: one [B, heads, rows, T] buffer instead of two (the same numbers as softmax into a new tensor)
+    return torch.softmax(scores, dim=-1, out=scores)
 
 
 def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
@@ -94,6 +97,9 @@ def attention_probs_in_rows(
     def rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
         return x[..., rows, :] if x is not None and x.dim() >= 2 and x.shape[-2] == t else x
 
+    # one contiguous float32 copy of the keys for all of the layer's blocks (k is a strided view of the
+    # fused qkv projection, which each block's product would otherwise copy again)
+    k = k.float().contiguous()
     for start in range(0, t, int(query_rows)):
         rows = slice(start, min(t, start + int(query_rows)))
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,

@@ -92,6 +92,9 @@ class Family:
     #: the capture the views use: "inline" where the family's own non-fused path is cheaper than
     #: computing the probabilities a second time beside the fused one (measured by analyses/bench.py)
     view_mode = "inline"
+    #: whether side capture computes the probabilities a block of query rows at a time when asked
+    #: (``query_rows_of(emit)``), so the views can bound their memory at high resolution
+    chunks_queries = False
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` belongs to this family (refusals included: ``check`` says why)."""

@@ -54,6 +54,7 @@ def rotated(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict) -> tu
 
 class TimmEva(TimmFamily):
     name = "timm-eva"
+    chunks_queries = True  # install_qk_norm_hooks
     reads = ("timm EVA and EVA-02, Perception Encoder and RoPE ViTs (AttentionRope: rotary position embeddings, "
              "grouped key heads)")
     names = ("timm names: eva02_tiny_patch14_224, eva02_base_patch14_224 (timm.list_models('eva*')), "

@@ -200,12 +200,17 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
                     q, k = queries_keys(attn, q, k, state)
                 mask = call_argument(state, "attn_mask", positions)
                 causal = bool(call_argument(state, "is_causal", positions, False))
+                # the block's call arguments (its input, B x T x dim) must not outlive the block: a forward
+                # would otherwise hold every block's input at once (12 x 28 MB at 768 px, batch 4)
+                state.clear()
                 with torch.autocast(device_type=k.device.type, enabled=False):
-                    for probs, rows in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal):
+                    for item in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal):
+                        probs, rows = item
                         if rows is None:
                             emit(layer, probs)
                         else:
                             emit(layer, probs, rows)
+                        del item, probs  # let the next row block's probabilities take this one's memory
 
         handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
         handles.hook(attn.q_norm.register_forward_hook(q_hook))
@@ -231,6 +236,7 @@ def _parallel_heads_first(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, _ca
 
 class TimmViT(TimmFamily):
     name = "timm-vit"
+    chunks_queries = True  # install_qk_norm_hooks
     reads = ("timm VisionTransformer: plain ViTs, DeiT (distillation token), register tokens, GAP/MAP heads, "
              "R50 and other hybrids, parallel blocks (vit_*_xp_*), DINOv3, SigLIP and CLIP towers")
     names = ("timm names: vit_base_patch16_224, vit_base_patch16_224.augreg2_in21k_ft_in1k (a pretrained tag), "

@@ -31,6 +31,7 @@ def attention_distance(
     batch_size: int = 32,
     renormalize: bool = True,
     progress: ProgressArg = None,
+    memory_budget_mb: float | None = None,
 ) -> AttentionDistanceResult:
     """Mean attention distance of every head, averaged over images (paper Fig. 7 right, Fig. 11).
 
@@ -41,12 +42,15 @@ def attention_distance(
         renormalize: renormalise each query's weights over patch keys (the default choice);
             False keeps the raw weights (the keras example's convention).
         progress: True for a progress bar, or a callable ``f(done, total)``.
+        memory_budget_mb: megabytes of attention probabilities allowed at once; above it the
+            probabilities are computed a block of query rows at a time (``capture_plan``; None:
+            one block's MLP activation, so whole maps up to 256 tokens for 64-dim heads).
 
     One pass over the images for this view alone; for several views of the same images, ask
     ``analyze(m, images, views=(...))``, which computes them all from one forward per batch.
     """
     return _stream_one(m, images, batch_size, progress, "attention distance",
-                       AttentionDistanceAccumulator.for_model(m.spec, renormalize))
+                       AttentionDistanceAccumulator.for_model(m.spec, renormalize), memory_budget_mb)
 
 
 def attention_rollout(
@@ -57,6 +61,7 @@ def attention_rollout(
     batch_size: int = 32,
     progress: ProgressArg = None,
     source: str | None = None,
+    memory_budget_mb: float | None = None,
 ) -> RolloutResult:
     """Attention rollout maps (paper Fig. 6, Fig. 14) with the model's predictions.
 
@@ -71,6 +76,8 @@ def attention_rollout(
             "pool": a MAP head's own attention (its probe queries over the tokens, heads fused as the blocks,
             queries averaged) as the class-like row, for models that pool through one (SigLIP, timm MAP heads);
             ``RolloutResult.source_token`` says which row was used.
+        memory_budget_mb: as for ``attention_distance`` (the capture's blocks; rollout itself keeps
+            every block's head-fused map of the batch, L x B x T x T float32: see ``RolloutAccumulator``).
 
     Raises:
         ViewNotAvailableError: ``source="pool"`` for a model without an attention pool.
@@ -80,19 +87,21 @@ def attention_rollout(
     """
     acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
     if source is None:
-        return _stream_one(m, images, batch_size, progress, "rollout", acc)
+        return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
     if source != "pool":
         raise InvalidParameterError(f"source must be None or 'pool'; got {source!r}.")
     from ..families.pooling import capture_pool_attention
 
     with capture_pool_attention(m) as pool:  # side hooks on the pool, beside the blocks' capture
         acc.pool_source = lambda: pool.maps[0] if pool.maps else None
-        return _stream_one(m, images, batch_size, progress, "rollout", acc)
+        return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
 
 
-def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any) -> Any:
+def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any,
+                memory_budget_mb: float | None = None) -> Any:
     """One consumer's result over ``images`` (nothing is kept between calls)."""
-    stream_attention(m, images, [acc], batch_size, progress, desc=desc, capture_mode=None)
+    stream_attention(m, images, [acc], batch_size, progress, desc=desc, capture_mode=None,
+                     memory_budget_mb=memory_budget_mb)
     return acc.result(m.spec)
 
 
@@ -153,6 +162,7 @@ def analyze(
     discard_ratio: float = 0.0,
     progress: ProgressArg = None,
     views: Sequence[str] = DEFAULT_VIEWS,
+    memory_budget_mb: float | None = None,
 ) -> AnalysisResult:
     """Several views at once; every attention view comes from ONE forward per batch.
 
@@ -169,6 +179,8 @@ def analyze(
         progress: True for a progress bar, or a callable ``f(done, total)``.
         views: any of ``VIEWS`` ("filters", "position", "distance", "rollout", "prefix"; the registry in
             ``vitlens.views.registry`` lists them), by default the paper's four.
+        memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
+            maps within it, query-chunked side capture above; None: one block's MLP activation).
     """
     views = check_views(views)
     if n_components < 1:
@@ -177,7 +189,8 @@ def analyze(
                         discard_ratio=discard_ratio)
     consumers = {name: REGISTRY[name].build(m, params) for name in views if REGISTRY[name].kind == "attention"}
     if consumers:
-        stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None)
+        stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None,
+                         memory_budget_mb=memory_budget_mb)
     results: dict[str, Any] = {name: c.result(m.spec) for name, c in consumers.items()}
     notes: dict[str, str] = {}
     for name in views:

@@ -142,6 +142,64 @@ def query_rows_for_budget(batch: int, heads: int, tokens: int, budget_mb: float 
     return int(max(1, min(tokens, budget_mb * 2**20 // max(per_row, 1))))
 
 
+def default_budget_mb(batch: int, tokens: int, embed_dim: int) -> float:
+    """The views' default memory budget for captured probabilities: one block's MLP activation
+    [batch, tokens, 4 * embed_dim] in float32, which the plain forward allocates anyway (at least
+    ``MIN_BUDGET_MB``: smaller maps are not worth computing in blocks)."""
+    return max(MIN_BUDGET_MB, 4.0 * batch * tokens * 4 * embed_dim / 2**20)
+
+
+MIN_BUDGET_MB = 4.0
+
+
+@dataclass(frozen=True)
+class CapturePlan:
+    """How the views capture attention for a stream (``capture_plan``).
+
+    Attributes:
+        mode: "side" or "inline".
+        query_rows: query rows per block of probabilities (None: whole maps).
+        budget_mb: the memory budget the plan keeps to.
+        whole_map_mb: one block's whole [batch, heads, T, T] float32 map.
+    """
+
+    mode: str
+    query_rows: int | None
+    budget_mb: float
+    whole_map_mb: float
+
+
+def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
+                 memory_budget_mb: float | None = None) -> CapturePlan:
+    """The views' choice between whole maps and query-chunked side capture.
+
+    Rule: a block's whole map [batch, heads, T, T] (float32) is made when it fits in the budget,
+    with the family's view capture (``Family.view_mode``: inline for timm's ViTs, the cheaper one);
+    above it, families that compute the probabilities by query rows (timm ViT and EVA) run side
+    capture in blocks of ``query_rows_for_budget(batch, heads, T, budget)`` rows, so no more than
+    the budget of probabilities exists at once; other families keep whole maps. The default budget
+    is one block's MLP activation at this batch and T (``default_budget_mb``), so whole maps are
+    made up to T = 4 * embed_dim / heads tokens (256 for every ViT with 64-dim heads, whatever the
+    batch: 224 px runs whole, 256 px and up in blocks of 256 queries), and whenever a whole map
+    takes under ``MIN_BUDGET_MB``.
+
+    Args:
+        m: the model.
+        batch: images per forward.
+        tokens: tokens per image (default: the model's at its spec input size).
+        memory_budget_mb: megabytes of probabilities allowed at once (None: ``default_budget_mb``).
+    """
+    s = m.spec
+    t = int(tokens) if tokens is not None else s.num_prefix_tokens + s.grid[0] * s.grid[1]
+    if memory_budget_mb is not None and not float(memory_budget_mb) > 0:
+        raise InvalidParameterError(f"memory_budget_mb must be > 0 (megabytes); got {memory_budget_mb!r}.")
+    budget = float(memory_budget_mb) if memory_budget_mb is not None else default_budget_mb(batch, t, s.embed_dim)
+    whole = 4.0 * batch * s.num_heads * t * t / 2**20
+    if whole <= budget or not m.family.chunks_queries:
+        return CapturePlan(m.family.view_mode, None, budget, whole)
+    return CapturePlan("side", query_rows_for_budget(batch, s.num_heads, t, budget), budget, whole)
+
+
 def model_name(spec: ModelSpec | str | None) -> str:
     return spec if isinstance(spec, str) else (spec.name if spec is not None else "")
 
@@ -157,6 +215,7 @@ def stream_attention(
     desc: str = "vitlens",
     capture_mode: str | None = "side",
     query_rows: int | None = None,
+    memory_budget_mb: float | None = None,
 ) -> int:
     """Run ``images`` through the model once, batch by batch, feeding every consumer; returns the count.
 
@@ -176,11 +235,17 @@ def stream_attention(
         query_rows: compute each block's probabilities this many queries at a time (side capture;
             families that compute them themselves honour it) and feed the consumers row blocks, so
             no whole [B, heads, T, T] map is made: memory for high resolutions
-            (``query_rows_for_budget`` picks it from a memory budget). None: whole maps.
+            (``query_rows_for_budget`` picks it from a memory budget). None: whole maps, unless
+            ``capture_mode`` is None too: then ``capture_plan`` chooses both.
+        memory_budget_mb: with ``capture_mode`` and ``query_rows`` None, the megabytes of probabilities
+            allowed at once (None: ``default_budget_mb``, one block's MLP activation); see ``capture_plan``.
     """
     if query_rows is not None:
         capture_mode = capture_mode or "side"
-    capture_mode = capture_mode or m.family.view_mode
+    elif capture_mode is None:
+        n = count_images(images)
+        plan = capture_plan(m, max(1, min(batch_size, n) if n else batch_size), memory_budget_mb=memory_budget_mb)
+        capture_mode, query_rows = plan.mode, plan.query_rows
     done, index = 0, 0
     with Progress(progress, count_images(images), desc) as bar, contextlib.ExitStack() as hooks, \
             capture_attention(m, store=False, consumers=consumers, mode=capture_mode, query_rows=query_rows), \

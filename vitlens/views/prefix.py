@@ -82,8 +82,9 @@ class PrefixAttentionAccumulator(AttentionConsumer):
         start, stop, last = query_rows(attn, rows)
         p = self.num_prefix_tokens
         if p and max(start, p) < stop:
-            # [B, H, patch queries, prefix keys] of this block, kept until the layer is complete
-            self._queries.setdefault(layer, []).append(attn[:, :, max(start, p) - start:, :p])
+            # [B, H, patch queries, prefix keys] of this block, kept until the layer is complete: a copy,
+            # since a view would keep the whole row block (every block of the layer: a whole map) alive
+            self._queries.setdefault(layer, []).append(attn[:, :, max(start, p) - start:, :p].clone())
         if last:
             if p:
                 # per image: mean over every patch query; summed over images

@@ -8,6 +8,16 @@ without a class token: the mean of the patch tokens' rows), divided by its maxim
 
 Rollout shows where information was mixed, not what caused the prediction; compare it with
 attribution methods before reading it as an explanation.
+
+Memory (what it must hold, and holds no more): the chain runs from the last block back, so every
+block's head-fused map of the batch is kept until the batch's last block, L x B x T x T float32
+(vit_base: 1.0 GB at 768 px batch 4, T = 2,305; 1.6 GB at 1024 px batch 2, T = 4,097), plus the
+block in flight's one [B, T, T] buffer, filled row block by row block under query-chunked
+capture; the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. A running
+product from the first block would hold one [B, T, T] but cost T^3 per block and image (12 GFLOP
+at T = 2,305, more than the block's own forward), so it is not used; neither is bf16 storage.
+``discard_ratio > 0`` adds, per block, ``topk``'s k = discard_ratio x T^2 values and indices
+(12 bytes each per image) while it ranks; the map itself is zeroed in place.
 """
 from __future__ import annotations
 
@@ -120,22 +130,27 @@ def fuse(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
     return attn.amin(dim=1)
 
 
-def discard_smallest(fused: torch.Tensor, discard_ratio: float, protect_class_token: bool) -> torch.Tensor:
+def discard_smallest(fused: torch.Tensor, discard_ratio: float, protect_class_token: bool,
+                     inplace: bool = False) -> torch.Tensor:
     """Zero the smallest ``discard_ratio`` fraction of each image's T*T fused weights.
 
     The class token's attention to itself (flat index 0) is never zeroed when protected.
+    ``inplace``: zero them in ``fused`` itself (contiguous; the rollout consumer's own buffer), so
+    no copy of the B x T x T map is made (the ranking still needs ``topk``'s k values and indices).
     """
     b, t, _ = fused.shape
     k = int(t * t * discard_ratio)
     if k == 0:
         return fused
-    flat = fused.reshape(b, t * t).clone()
-    ranked = flat.clone()
+    flat = fused.reshape(b, t * t) if inplace and fused.is_contiguous() else fused.reshape(b, t * t).clone()
+    kept = flat[:, 0].clone()
     if protect_class_token:
-        ranked[:, 0] = float("inf")
+        flat[:, 0] = float("inf")  # ranked last, restored below
         k = min(k, t * t - 1)
-    idx = ranked.topk(k, dim=-1, largest=False).indices
+    idx = flat.topk(k, dim=-1, largest=False).indices
     flat.scatter_(1, idx, 0.0)
+    if protect_class_token:
+        flat[:, 0] = kept
     return flat.reshape(b, t, t)
 
 
@@ -177,13 +192,24 @@ def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_tok
     back: v <- v A'_l for l = L..1, with v A' = w (A + I), w = v / rowsum(A + I). That is T^2
     work per block and image instead of the T^3 of the full product (same numbers, float64).
     """
-    v = source_vector(fused[0].shape[0], fused[0].shape[-1], num_prefix_tokens, has_class_token, fused[0].device) \
+    b, t = fused[0].shape[0], fused[0].shape[-1]
+    v = source_vector(b, t, num_prefix_tokens, has_class_token, fused[0].device) \
         if start is None else start.to(device=fused[0].device, dtype=torch.float64)
+    # float64 a block of rows at a time (at most ROLLOUT_ROWS_BYTES), never a float64 copy of a whole map
+    step = max(1, ROLLOUT_ROWS_BYTES // (8 * b * t))
     for a in reversed(fused):
-        a = a.to(torch.float64)
-        w = v / (a.sum(dim=-1) + 1.0)
-        v = torch.bmm(w.unsqueeze(1), a).squeeze(1) + w
+        w = torch.empty_like(v)
+        out = torch.zeros_like(v)
+        for r0 in range(0, t, step):
+            part = a[:, r0:r0 + step].to(torch.float64)  # [B, rows, T]
+            w[:, r0:r0 + step] = v[:, r0:r0 + step] / (part.sum(dim=-1) + 1.0)
+            out += torch.bmm(w[:, None, r0:r0 + step], part).squeeze(1)
+        v = out + w
     return v
+
+
+#: the float64 rows ``rollout_row`` converts at once (16 MiB)
+ROLLOUT_ROWS_BYTES = 16 * 2**20
 
 
 def row_map(row: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) -> np.ndarray:
@@ -194,9 +220,10 @@ def row_map(row: torch.Tensor, num_prefix_tokens: int, grid: tuple[int, int]) ->
 
 
 class RolloutAccumulator(AttentionConsumer):
-    """Keeps each block's head-fused map of the batch (B x T x T numbers per block) and, when the
-    batch ends, rolls out the source row as a vector-matrix chain from the last block back
-    (``rollout_row``), recording each image's map and prediction.
+    """Keeps each block's head-fused map of the batch (B x T x T float32 numbers per block, L x B x T
+    x T in all: see the module docstring) and, when the batch ends, rolls out the source row as a
+    vector-matrix chain from the last block back (``rollout_row``), recording each image's map and
+    prediction.
 
     A consumer of the streaming engine (``vitlens.views.engine``); accumulators over disjoint
     image sets merge (the maps of ``self`` first, then ``other``'s).
@@ -216,7 +243,7 @@ class RolloutAccumulator(AttentionConsumer):
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
         self._fused: list[torch.Tensor] = []
-        self._rows: list[torch.Tensor] = []  # fused query rows of the block in flight
+        self._layer: torch.Tensor | None = None  # the fused map of the block in flight, filled row block by row block
         self._maps: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
         self._probs: list[np.ndarray] = []
@@ -241,26 +268,34 @@ class RolloutAccumulator(AttentionConsumer):
         self.grid = (int(grid[0]), int(grid[1]))
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
-        self._fused, self._rows = [], []
+        self._fused, self._layer = [], None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fused": [], "_rows": []}  # a batch in flight does not travel
+        return {**self.__dict__, "_fused": [], "_layer": None}  # a batch in flight does not travel
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         """Whole maps or blocks of query rows: rollout needs every block's head-fused map (B x T x T
         numbers per block: the chain runs from the last block back), assembled from its rows."""
         if layer != len(self._fused):
             raise RuntimeError(f"Rollout expected block {len(self._fused)}, got block {layer}.")
-        _, _, last = query_rows(attn, rows)
+        start, stop, last = query_rows(attn, rows)
         # the fused map is kept in the attention's dtype (max/min exact, the mean rounds like the
         # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
-        self._rows.append(fuse(attn, self.head_fusion))
-        if not last:
-            return
-        fused = self._rows[0] if len(self._rows) == 1 else torch.cat(self._rows, dim=1)
-        self._rows = []
+        part = fuse(attn, self.head_fusion)
+        if rows is None or (start == 0 and last):
+            fused = part
+        else:  # row blocks are written into the layer's one [B, T, T] buffer (no list of blocks, no concatenation)
+            if start == 0:
+                t = attn.shape[-1]
+                self._layer = part.new_empty(part.shape[0], t, t)
+            self._layer[:, start:stop] = part
+            del part
+            if not last:
+                return
+            fused, self._layer = self._layer, None
         if self.discard_ratio > 0:
-            fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token)
+            fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token,
+                                     inplace=fused.is_contiguous() and fused.data_ptr() != attn.data_ptr())
         self._fused.append(fused)
 
     def batch_row(self) -> torch.Tensor:
@@ -276,7 +311,7 @@ class RolloutAccumulator(AttentionConsumer):
                 raise RuntimeError("Rollout from the attention pool saw no pool attention in this forward.")
             start = pool_vector(pool, self._fused[0].shape[-1], self.head_fusion)
         row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token, start)
-        self._fused, self._rows = [], []
+        self._fused, self._layer = [], None
         return row
 
     def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:

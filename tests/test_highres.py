@@ -1,0 +1,195 @@
+"""Issue 20: exact attention views in bounded memory at high resolution. The views choose between
+whole maps and query-chunked side capture by T, batch and a memory budget; chunked capture gives
+the same numbers (relative error <= 1e-5 against float64) with uneven chunks; nothing of a block
+outlives it; distance builds its key weights by block; rollout converts to float64 by rows."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import vitlens as vl
+from conftest import get_model
+from vitlens.views.engine import capture_plan, default_budget_mb, query_rows_for_budget
+
+
+def test_capture_plan_makes_whole_maps_within_the_budget_and_query_blocks_above_it(tiny):
+    # vit_tiny at 224 px: T = 197, 3 heads, embed 192. A whole block map at batch 8 is 4*8*3*197^2 bytes
+    whole_mb = 4 * 8 * 3 * 197 ** 2 / 2**20
+    plan = capture_plan(tiny, 8)
+    assert plan.whole_map_mb == pytest.approx(whole_mb)
+    assert plan.budget_mb == pytest.approx(max(4.0, 4 * 8 * 197 * 4 * 192 / 2**20))
+    assert (plan.mode, plan.query_rows) == ("inline", None)  # T = 197 <= 4 * 192 / 3 = 256
+    small = capture_plan(tiny, 8, memory_budget_mb=whole_mb / 3)
+    assert small.mode == "side" and small.query_rows == query_rows_for_budget(8, 3, 197, whole_mb / 3) == 65
+    assert capture_plan(tiny, 8, memory_budget_mb=whole_mb).query_rows is None  # exactly fits: whole maps
+    with pytest.raises(vl.InvalidParameterError, match="memory_budget_mb"):
+        capture_plan(tiny, 8, memory_budget_mb=0)
+
+
+def test_default_budget_is_one_mlp_activation_so_whole_maps_stop_at_256_tokens(tiny):
+    # B * T * 4 * dim * 4 bytes >= B * heads * T^2 * 4 bytes  <=>  T <= 4 * dim / heads (= 256 for 64-dim heads)
+    assert default_budget_mb(64, 256, 192) * 2**20 == 4 * 64 * 256 * 4 * 192
+    assert default_budget_mb(1, 10, 8) == 4.0  # never below MIN_BUDGET_MB
+    for t in (256, 257):
+        plan = capture_plan(tiny, 64, tokens=t)
+        assert (plan.query_rows is None) == (t <= 256)
+        if t > 256:
+            assert plan.query_rows == 256  # budget / (4 * B * heads * T) = 4 * dim / heads rows
+
+
+def test_families_that_cannot_chunk_keep_whole_maps():
+    from types import SimpleNamespace
+
+    m = get_model("vit_tiny_patch16_224")
+    plan = capture_plan(m, 4, tokens=5000, memory_budget_mb=1.0)
+    assert plan.mode == "side" and plan.query_rows == 2**20 // (4 * 4 * 3 * 5000) == 4  # timm ViT: by query rows
+    other = SimpleNamespace(spec=m.spec, family=SimpleNamespace(chunks_queries=False, view_mode="side"))
+    assert capture_plan(other, 4, tokens=5000, memory_budget_mb=1.0).query_rows is None  # whole maps, whatever T
+
+
+def _float64_distance(maps: list[torch.Tensor], grid: tuple[int, int], stride: int, p: int) -> np.ndarray:
+    """Independent reference: mean attention distance per layer and head in float64, renormalised."""
+    gh, gw = grid
+    ys, xs = np.meshgrid(np.arange(gh) * stride, np.arange(gw) * stride, indexing="ij")
+    pos = np.stack([ys.ravel(), xs.ravel()], 1).astype(np.float64)
+    d = np.sqrt(((pos[:, None] - pos[None]) ** 2).sum(-1))
+    out = []
+    for a in maps:
+        w = a[:, :, p:, p:].double().numpy()
+        out.append(((w * d).sum(-1) / w.sum(-1)).mean(-1).mean(0))
+    return np.stack(out)
+
+
+def test_views_chunk_by_themselves_above_256_tokens_with_uneven_blocks_and_the_same_numbers():
+    m = get_model("vit_tiny_patch16_224", img_size=288)  # 18 x 18 grid: T = 325 = 256 + 69 (uneven blocks)
+    x = torch.randn(5, 3, 288, 288, generator=torch.Generator().manual_seed(20))
+    plan = capture_plan(m, 5)  # budget 5 * 325 * 768 * 4 bytes (4.8 MB) < whole map 5 * 3 * 325^2 * 4 (6.0 MB)
+    assert plan.mode == "side" and plan.query_rows == 256
+    seen = []
+
+    class Rows(vl.AttentionConsumer):
+        def on_attention(self, layer, attn, rows=None):
+            seen.append((layer, None if rows is None else (rows.start, rows.stop)))
+
+    vl.stream_attention(m, x, [Rows()], batch_size=5, capture_mode=None)
+    assert seen == [(layer, b) for layer in range(m.spec.num_layers) for b in ((0, 256), (256, 325))]
+    chunked = vl.analyze(m, x, batch_size=5, views=("distance", "rollout", "prefix"))
+    whole = vl.analyze(m, x, batch_size=5, views=("distance", "rollout", "prefix"), memory_budget_mb=1e6)
+    with torch.no_grad(), vl.capture_attention(m, mode="inline") as cap:
+        m.model(x)
+    want = _float64_distance(cap.maps, (18, 18), 16, 1)
+    np.testing.assert_allclose(chunked.distance.mean_px, want, rtol=1e-5, atol=0)
+    np.testing.assert_allclose(whole.distance.mean_px, want, rtol=1e-5, atol=0)
+    np.testing.assert_allclose(chunked.rollout.maps, whole.rollout.maps, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(chunked.prefix.mass, whole.prefix.mass, rtol=1e-5, atol=0)
+    # the one-view calls take the same choice
+    np.testing.assert_array_equal(vl.attention_distance(m, x, batch_size=5).mean_px, chunked.distance.mean_px)
+
+
+def test_side_capture_keeps_no_block_input_alive_during_the_forward():
+    """Each block's input (B x T x dim) must be freed when the block is done, as in a plain forward:
+    the capture once held every block's input until the next forward (12 x 28 MB at 768 px, batch 4)."""
+    m = get_model("vit_tiny_patch16_224")
+    inputs: list[weakref.ref] = []
+    alive_at_last_block: list[int] = []
+
+    def keep(_mod, args):
+        inputs.append(weakref.ref(args[0]))
+
+    def count(_mod, _args):
+        gc.collect()
+        alive_at_last_block.append(sum(r() is not None for r in inputs[:-1]))
+
+    handles = [b.attn.register_forward_pre_hook(keep) for b in m.model.blocks]
+    handles.append(m.model.blocks[-1].register_forward_pre_hook(count))
+    try:
+        for rows in (None, 50):
+            inputs.clear()
+            with torch.no_grad(), vl.capture_attention(m, store=False, consumers=[vl.AttentionConsumer()],
+                                                       query_rows=rows):
+                m.model(torch.randn(1, 3, 224, 224))
+    finally:
+        for h in handles:
+            h.remove()
+    assert alive_at_last_block == [0, 0]  # at the last block, no earlier block's input is still held
+
+
+def test_distance_key_weights_by_block_equal_the_whole_table(monkeypatch):
+    from vitlens.views import distance
+
+    w = distance.key_weights((5, 7), (16, 8), 2)
+    for q in (slice(0, 35), slice(3, 11), slice(34, 35)):
+        assert torch.equal(distance.key_weights((5, 7), (16, 8), 2, queries=q), w[q])
+    m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))
+    x = torch.randn(3, 3, 64, 96, generator=torch.Generator().manual_seed(3))
+    whole = vl.AttentionDistanceAccumulator.for_model(m.spec)
+    vl.stream_attention(m, x, [whole], query_rows=7)
+    monkeypatch.setattr(distance, "WHOLE_WEIGHTS_BYTES", 0)  # every block builds its own rows
+    by_block = vl.AttentionDistanceAccumulator.for_model(m.spec)
+    vl.stream_attention(m, x, [by_block], query_rows=7)
+    assert by_block._distances is None
+    assert whole.result(m.spec).equals(by_block.result(m.spec))  # bit for bit
+
+
+@pytest.mark.parametrize("head_fusion,discard", [("mean", 0.0), ("max", 0.3)])
+def test_rollout_row_in_float64_row_blocks_equals_the_full_matrix_product(monkeypatch, head_fusion, discard):
+    from vitlens.views import rollout
+
+    g = torch.Generator().manual_seed(5)
+    maps = [torch.rand(2, 3, 13, 13, generator=g).softmax(-1) for _ in range(4)]
+    monkeypatch.setattr(rollout, "ROLLOUT_ROWS_BYTES", 8 * 2 * 13 * 5)  # blocks of 5 rows: 5, 5, 3
+    got = rollout.rollout_from_maps(maps, 1, True, (3, 4), head_fusion, discard)
+    # independent: fuse, discard, (A + I) / rowsum, multiply the full float64 matrices, take the class row
+    prod = torch.eye(13, dtype=torch.float64).expand(2, 13, 13)
+    for a in maps:
+        f = rollout.fuse(a, head_fusion)
+        f = rollout.discard_smallest(f, discard, True)
+        prod = rollout.residual_normalize(f.double()) @ prod
+    want = rollout.rollout_map(prod, 1, True, (3, 4))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+def test_discard_in_place_equals_the_copying_discard_and_keeps_the_class_token():
+    from vitlens.views.rollout import discard_smallest
+
+    f = torch.rand(2, 9, 9, generator=torch.Generator().manual_seed(1))
+    f[:, 0, 0] = 1e-9  # the smallest weight, protected
+    want = discard_smallest(f, 0.5, True)
+    g = f.clone()
+    got = discard_smallest(g, 0.5, True, inplace=True)
+    assert got.data_ptr() == g.data_ptr() and torch.equal(got, want)
+    assert (want == 0).sum(dim=(1, 2)).tolist() == [40, 40]  # int(81 * 0.5) zeroed, the class token's own kept
+    assert torch.equal(f[:, 0, 0], want[:, 0, 0])
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def test_row_consumers_keep_no_row_block_alive():
+    """A consumer that kept a view of a row block would keep the block's whole storage (and so every
+    block of a layer: a whole map) alive: every tensor a consumer holds owns no more than its numbers."""
+    from vitlens.views.prefix import PrefixAttentionAccumulator
+
+    m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))  # T = 26
+    info = vl.BatchInfo(index=0, start=0, size=2, input_size=(64, 96), grid=(4, 6), device=torch.device("cpu"))
+    consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), PrefixAttentionAccumulator.for_model(m.spec)]
+    for c in consumers:
+        c.begin_batch(info)
+    a = torch.rand(2, 3, 10, 26).softmax(-1)
+    for c in consumers:
+        c.on_attention(0, a, slice(0, 10))  # the layer's first block: its state is held until the last
+    held = [t for c in consumers for t in _tensors(vars(c)) if t.untyped_storage().data_ptr() == a.data_ptr()
+            or t.untyped_storage().nbytes() > t.numel() * t.element_size()]
+    assert held == []
