@@ -23,6 +23,9 @@ Memory: peak resident memory of a process computing attention distance over 64 a
 images (it must not grow), and of one batch of ``vl.analyze`` against one batch of (a) (which
 keeps every map); on CUDA, peak GPU memory instead.
 
+Attribution methods (``--attributions``, ``analyses/attribution_cost.py``): seconds per image of every
+method of ``vitlens.attribution`` on ref-vit and a random-init vit_base at batch 16.
+
 The resolution table (``--table``; ``--quick`` for a smoke run at 224 px, batch 2):
 
     python analyses/bench.py --table [--sizes 224:16 768:4 1024:2] [--columns ...] [--mem-cap-gb 20]
@@ -548,7 +551,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --table: a cell estimated (or found) to need more above the model is reported as OOM")
     p.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--table-child", nargs=3, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--attributions", action="store_true",
+                   help="instead: seconds per image of every attribution method (analyses/attribution_cost.py)")
     args = p.parse_args(argv)
+    if args.attributions:
+        from attribution_cost import main as attribution_cost
+
+        return attribution_cost(["--threads", str(args.threads)] + (["--json", str(args.json)] if args.json else []))
     if args.child is not None:
         print(json.dumps(memory_child(args.child[0], args.model, int(args.child[1]), args.batch, args.device)))
         return 0

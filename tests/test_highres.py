@@ -193,3 +193,39 @@ def test_row_consumers_keep_no_row_block_alive():
     held = [t for c in consumers for t in _tensors(vars(c)) if t.untyped_storage().data_ptr() == a.data_ptr()
             or t.untyped_storage().nbytes() > t.numel() * t.element_size()]
     assert held == []
+
+
+def test_one_querys_maps_keep_only_its_rows_and_equal_the_whole_maps():
+    """``attention_maps(queries=...)`` at a resolution where the plan chunks (vit_base at 288 px, one image:
+    T = 325, blocks of 268 + 57 query rows under the 4 MB floor): the rows kept equal the whole maps' rows,
+    queries in both blocks."""
+    m = get_model("vit_base_patch16_224", img_size=288)
+    x = torch.randn(1, 3, 288, 288, generator=torch.Generator().manual_seed(3))
+    assert capture_plan(m, 1).query_rows == 268  # the chunked path engages
+    whole = vl.attention_maps(m, x)
+    queries = (0, 17, 300)  # the class token, a patch in the first row block, one in the second
+    some = vl.attention_maps(m, x, queries=queries)
+    assert some.maps.shape == (12, 12, 3, 325) and some.queries == queries
+    np.testing.assert_allclose(some.maps, whole.maps[:, :, list(queries)], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(some.query_attention(5, 300), whole.query_attention(5, 300), rtol=1e-5, atol=1e-7)
+    with pytest.raises(vl.InvalidParameterError, match="keep the rows of queries"):
+        some.query_attention(5, 1)
+    with pytest.raises(vl.InvalidParameterError, match="without queries"):
+        some.prefix_mass()
+    with pytest.raises(vl.InvalidParameterError, match=r"token indices in \[0, 325\)"):
+        vl.attention_maps(m, x, queries=[325])
+
+
+@pytest.mark.parametrize("max_keys", [0, 10**6])  # float64 products over a few queries / float32 key blocks
+def test_both_ways_of_summing_over_keys_stay_within_the_float32_bound(monkeypatch, max_keys):
+    from vitlens.views import distance as dist
+
+    monkeypatch.setattr(dist, "FLOAT32_BLOCKED_MAX_KEYS", max_keys)
+    g = torch.Generator().manual_seed(5)
+    grid, p = (9, 11), 2
+    attn = torch.softmax(torch.randn(2, 3, 40, p + 99, generator=g) * 4, dim=-1)
+    w = dist.key_weights(grid, (16, 16), p, dtype=torch.float64, queries=slice(10, 50))
+    got = dist.per_query_distance(attn, w, p)
+    a = attn.double()[..., p:]
+    want = (a * w[None, None, :, p:, 0]).sum(-1) / a.sum(-1)  # [B, H, q] in float64
+    np.testing.assert_allclose(got.permute(1, 2, 0).numpy(), want.numpy(), rtol=dist.FLOAT32_RTOL)

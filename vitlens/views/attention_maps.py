@@ -7,6 +7,7 @@ then the patch tokens row by row, so patch (r, c) is token ``prefix + r * gw + c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..results import Result
 from .capture import capture_attention
+from .engine import AttentionConsumer, query_rows
 
 
 def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
@@ -54,6 +56,8 @@ class AttentionMapsResult(Result):
         pool: for a model that pools through an attention pool (a MAP head: timm's ``AttentionPoolLatent``,
             SigLIP's probe), that pool's own attention [heads, queries, T] over every token it reads
             (``vitlens.families.pooling``); None for models that pool otherwise (class token, mean).
+        queries: None when ``maps`` hold every query's row; else the query tokens whose rows they hold
+            ([layers, heads, Q, T], in this order).
     """
 
     kind = "attention_maps"
@@ -63,11 +67,14 @@ class AttentionMapsResult(Result):
     image_size: tuple[int, int]
     model_name: str = ""
     pool: np.ndarray | None = None
+    queries: tuple[int, ...] | None = None
 
     def summary(self) -> str:
-        layers, heads, t, _ = self.maps.shape
+        layers, heads, _q, t = self.maps.shape
         pool = ", and its attention pool's" if self.pool is not None else ""
-        return f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {t} tokens of one image{pool}"
+        kept = f" ({len(self.queries)} queries kept)" if self.queries is not None else ""
+        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {t} tokens of one image"
+                f"{kept}{pool}")
 
     def pool_attention(self, query: int = 0) -> np.ndarray:
         """Where the attention pool's probe ``query`` (0-based; SigLIP and timm MAP heads have one) attends among
@@ -92,17 +99,27 @@ class AttentionMapsResult(Result):
 
         The values are the raw attention weights (they sum to 1 over all keys, prefix included).
         """
-        layers, heads, t, _ = self.maps.shape
+        layers, heads, _q, t = self.maps.shape
         if not 0 <= layer < layers:
             raise InvalidParameterError(f"layer must be in [0, {layers}); got {layer}.")
-        if not 0 <= query < t:
+        if self.queries is not None:
+            if query not in self.queries:
+                raise InvalidParameterError(f"These maps keep the rows of queries {list(self.queries)}; got {query}. "
+                                            "Ask attention_maps for that query (or for every query: queries=None).")
+            row = self.queries.index(query)
+        elif not 0 <= query < t:
             raise InvalidParameterError(f"query must be a token index in [0, {t}); got {query}.")
-        return self.maps[layer, :, query, self.num_prefix_tokens:].reshape(heads, *self.grid)
+        else:
+            row = query
+        return self.maps[layer, :, row, self.num_prefix_tokens:].reshape(heads, *self.grid)
 
     def prefix_mass(self) -> np.ndarray:
         """[layers, heads, P] share of the patch queries' attention on each prefix token (mean over queries)."""
         from .prefix import prefix_mass
 
+        if self.queries is not None:
+            raise InvalidParameterError("The prefix mass averages every patch query's row; these maps keep "
+                                        f"{len(self.queries)} queries. Call attention_maps without queries.")
         return prefix_mass(self.maps, self.num_prefix_tokens)
 
     def parked_heads(self, labels: list[str], threshold: float = 0.5) -> list[dict]:
@@ -119,23 +136,73 @@ class AttentionMapsResult(Result):
                 for h in range(att.shape[0]) for r in range(att.shape[1]) for c in range(att.shape[2])]
 
 
-def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor) -> AttentionMapsResult:
+class QueryRows(AttentionConsumer):
+    """Keeps only the rows of some query tokens of every block (one image): [heads, Q, T] per block, from
+    whole maps or row blocks alike, so ``attention_maps(..., queries=...)`` never holds a whole map."""
+
+    def __init__(self, queries: Sequence[int]) -> None:
+        self.queries = tuple(int(q) for q in queries)
+        self.rows: list[np.ndarray] = []  # per block: [heads, Q, T] float32
+        self._layer: np.ndarray | None = None
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        start, stop, last = query_rows(attn, rows)
+        if layer != len(self.rows):
+            raise RuntimeError(f"Query rows expected block {len(self.rows)}, got block {layer}.")
+        if self._layer is None:
+            self._layer = np.zeros((attn.shape[1], len(self.queries), attn.shape[-1]), dtype=np.float32)
+        for i, q in enumerate(self.queries):
+            if start <= q < stop:
+                self._layer[:, i] = attn[0, :, q - start].float().cpu().numpy()
+        if last:
+            self.rows.append(self._layer)
+            self._layer = None
+
+
+def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Sequence[int] | None = None,
+                   memory_budget_mb: float | None = None) -> AttentionMapsResult:
     """Every block's attention for one image, and the attention pool's for a model with a MAP head (side
-    capture: the model's output is untouched)."""
+    capture: the model's output is untouched).
+
+    Args:
+        m: the model.
+        image: one image (or a preprocessed tensor; its first image is used).
+        queries: None for every query's row (the whole [layers, heads, T, T] maps); or the token indices
+            (``query_token``) whose rows to keep, [layers, heads, Q, T]: the probabilities are then computed
+            as the views' capture plan says (a block of query rows at a time at high resolution), so memory
+            stays at one block of rows plus the kept rows whatever T.
+        memory_budget_mb: with ``queries``, as for ``attention_distance`` (``capture_plan``).
+    """
     import contextlib
 
     from ..errors import ViewNotAvailableError
     from ..families.pooling import capture_pool_attention
+    from .engine import stream_attention
 
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
     x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)
-    with torch.no_grad(), capture_attention(m) as cap, contextlib.ExitStack() as stack:
+    grid = m.grid_for(x.shape[-2:])
+    t = m.spec.num_prefix_tokens + grid[0] * grid[1]
+    if queries is not None:
+        queries = tuple(int(q) for q in queries)
+        bad = [q for q in queries if not 0 <= q < t]
+        if bad or not queries:
+            raise InvalidParameterError(f"queries must be token indices in [0, {t}) (see query_token); got "
+                                        f"{list(queries)}.")
+    with contextlib.ExitStack() as stack:
         try:
             pool = stack.enter_context(capture_pool_attention(m))
         except ViewNotAvailableError:  # pools by a class token or the mean: no pool attention
             pool = None
-        m.forward(x)
-    return AttentionMapsResult(maps=np.stack([a[0].cpu().numpy() for a in cap.maps]),
-                               grid=m.grid_for(x.shape[-2:]), num_prefix_tokens=m.spec.num_prefix_tokens,
+        if queries is None:
+            with torch.no_grad(), capture_attention(m) as cap:
+                m.forward(x)
+            maps = np.stack([a[0].cpu().numpy() for a in cap.maps])
+        else:
+            keep = QueryRows(queries)
+            stream_attention(m, x, [keep], batch_size=1, capture_mode=None, memory_budget_mb=memory_budget_mb)
+            maps = np.stack(keep.rows)
+    return AttentionMapsResult(maps=maps, grid=grid, num_prefix_tokens=m.spec.num_prefix_tokens,
                                image_size=(int(x.shape[-2]), int(x.shape[-1])), model_name=m.spec.name,
-                               pool=None if pool is None or not pool.maps else pool.maps[0][0].float().cpu().numpy())
+                               pool=None if pool is None or not pool.maps else pool.maps[0][0].float().cpu().numpy(),
+                               queries=queries)

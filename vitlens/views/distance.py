@@ -169,7 +169,8 @@ WHOLE_WEIGHTS_BYTES = 16 * 2**20
 
 
 KEY_BLOCK = 64
-"""Keys per float32 matrix product of the bound below (the products now run in float64, tighter)."""
+"""Keys per float32 matrix product of the bound below (up to ``FLOAT32_BLOCKED_MAX_KEYS`` patch keys;
+above, the products run in float64, tighter)."""
 
 FLOAT64_ROWS_BYTES = 4 * 2**20
 """Attention rows ``per_query_distance`` converts to float64 at once (4 MiB)."""
@@ -223,6 +224,8 @@ def per_query_distance(attn: torch.Tensor, weights: torch.Tensor, num_prefix_tok
     """
     p = num_prefix_tokens
     b, h, q, t = attn.shape
+    if attn.dtype != torch.float64 and t - p <= FLOAT32_BLOCKED_MAX_KEYS:
+        return _per_query_distance_blocked(attn, weights, p, renormalize)
     w = weights[:, p:].to(device=attn.device, dtype=torch.float64).contiguous()  # prefix keys weigh 0; strided: 5x slower
     rows = attn.reshape(b * h, q, t)
     sums = torch.empty(q, b * h, 2, dtype=torch.float64, device=attn.device)
@@ -231,6 +234,30 @@ def per_query_distance(attn: torch.Tensor, weights: torch.Tensor, num_prefix_tok
         # queries become the batch of the product: [s, B*H, keys] @ [s, keys, 2] -> [s, B*H, 2]
         part = rows[:, q0:q0 + step, p:].to(torch.float64).transpose(0, 1)
         sums[q0:q0 + step] = torch.bmm(part, w[q0:q0 + step])
+    per_query = sums[..., 0]
+    if renormalize:
+        per_query = per_query / sums[..., 1].clamp_min(torch.finfo(torch.float64).tiny)
+    return per_query.reshape(q, b, h)
+
+
+#: up to this many patch keys (a few ``KEY_BLOCK`` products), ``per_query_distance`` multiplies in the
+#: attention's float32 over blocks of ``KEY_BLOCK`` keys and adds the blocks in float64 (the derivation of
+#: ``FLOAT32_RTOL``): cheaper than converting every row to float64 when the products are few (224 px:
+#: 4 products); above it, the float64 products over a few queries at a time
+FLOAT32_BLOCKED_MAX_KEYS = 1024
+
+
+def _per_query_distance_blocked(attn: torch.Tensor, weights: torch.Tensor, p: int, renormalize: bool) -> torch.Tensor:
+    """``per_query_distance`` by float32 products over blocks of ``KEY_BLOCK`` keys, added in float64."""
+    if attn.dtype not in (torch.float32, torch.float64):  # half-precision maps (inline capture under autocast)
+        attn = attn.float()
+    b, h, q, t = attn.shape
+    w = weights.to(device=attn.device, dtype=attn.dtype)
+    # queries become the batch of the product: [q, B*H, keys] @ [q, keys, 2] -> [q, B*H, 2]
+    queries = attn.reshape(b * h, q, t).transpose(0, 1)
+    sums = torch.zeros(q, b * h, 2, dtype=torch.float64, device=attn.device)
+    for k0 in range(p, t, KEY_BLOCK):  # prefix keys weigh 0: start at the first patch key
+        sums += torch.bmm(queries[:, :, k0:k0 + KEY_BLOCK], w[:, k0:k0 + KEY_BLOCK])
     per_query = sums[..., 0]
     if renormalize:
         per_query = per_query / sums[..., 1].clamp_min(torch.finfo(torch.float64).tiny)
