@@ -264,7 +264,8 @@ def test_report_with_attributions_scores_every_method(tmp_path):
     page = out.read_text()
     assert "Attributions and faithfulness" in page
     assert "Sanity checks: cascading randomisation" in page and "chefer_positive_auc" in table.rows[0]
-    assert [r["method"] for r in table.sanity.to_rows()] == ["rollout", "grad_rollout", "saliency", "input_x_gradient"]
+    assert [r["method"] for r in table.sanity.to_rows()] == ["rollout", "grad_rollout", "saliency", "input_x_gradient",
+                                                             "gradcam"]  # sanity.QUICK_METHODS
     # plotly.js once, and so every image, array and plotly template: the attribution panels all show the
     # same image, which the rollout grid shows too, and plotly writes its template into every figure
     assert page.count("plotly.js v") == 1 and '"template":{' not in page.split("VL_TEMPLATE=", 1)[-1]
