@@ -464,6 +464,13 @@ CHECKED_RADIOS = """() => Object.fromEntries([...document.querySelectorAll("[dat
         .map(i => i.closest("label").innerText.trim())]))"""
 
 
+#: the page is settled: Streamlit's script is not running and no element of an earlier run is stale
+SETTLED = """() => {
+    const app = document.querySelector("[data-testid='stApp']");
+    return !!app && app.dataset.testScriptState === "notRunning" && !document.querySelector("[data-stale='true']");
+}"""
+
+
 def checked_view(page) -> list[str]:
     return page.evaluate(CHECKED_RADIOS).get("View", [])
 
@@ -583,7 +590,10 @@ def ink_box(img: np.ndarray) -> tuple[int, int, int, int]:
 def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path):
     page.get_by_text("Attention distance", exact=True).first.click()
     page.get_by_text("Mean attention distance by head").first.wait_for(timeout=120000)
-    page.wait_for_load_state("networkidle")  # not the Filters view's button, still shown while this one runs
+    # not the Filters view's button, still shown while this one runs: wait until the script has finished
+    # and nothing on the page is stale (a button clicked mid-rerun is replaced and its click lost; a
+    # fresh-clone CI run once waited 180 s for a download that never started)
+    page.wait_for_function(SETTLED, timeout=120000)
     button = page.get_by_role("button", name="Figure (PNG)")
     assert button.count() == 1
     with page.expect_download(timeout=180000) as download:
