@@ -89,18 +89,24 @@ def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, in
     return out
 
 
+def prompt_embeddings(m: LoadedModel, attribution: AttributionResult) -> torch.Tensor | None:
+    """The text embeddings a text target's maps are scored against (on the model's device), None for class
+    maps; a clear error for maps that name a prompt but carry no embedding."""
+    if attribution.target_kind != "text":
+        return None
+    if attribution.text_embeddings is None:
+        raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text embedding "
+                                    "to score against; compute them with vl.attribute.")
+    return torch.as_tensor(attribution.text_embeddings, device=m.device)
+
+
 @torch.no_grad()
 def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionResult, steps: int = 16,
                        baseline: str = "mean", batch_size: int = 16) -> FaithfulnessResult:
     """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
-    text = None
-    if attribution.target_kind == "text":
-        if attribution.text_embeddings is None:
-            raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text embedding "
-                                        "to score against; compute them with vl.attribute.")
-        text = torch.as_tensor(attribution.text_embeddings, device=m.device)
+    text = prompt_embeddings(m, attribution)
     grid = attribution.grid
     n_tok = grid[0] * grid[1]
     counts = [round(n_tok * s / steps) for s in range(steps + 1)]

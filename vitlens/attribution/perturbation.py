@@ -37,7 +37,7 @@ from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .faithfulness import baseline_image
+from .faithfulness import baseline_image, prompt_embeddings
 from .methods import AttributionResult
 
 CHEFER_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))  # 0 (unperturbed), 0.1, .., 0.9
@@ -107,14 +107,9 @@ class _Scorer:
         self.labels = None if labels is None else np.asarray(labels).reshape(-1)
         if self.labels is not None and len(self.labels) != n:
             raise InvalidParameterError(f"labels must hold one class per image ({n}); got {len(self.labels)}.")
-        self.text = None
-        if attribution.target_kind == "text":
-            if attribution.text_embeddings is None:
-                raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text "
-                                            "embedding to score against; compute them with vl.attribute.")
-            if self.labels is not None:
-                raise InvalidParameterError("labels (accuracy) need class maps; these maps explain a prompt.")
-            self.text = torch.as_tensor(attribution.text_embeddings, device=m.device)
+        self.text = prompt_embeddings(m, attribution)
+        if self.text is not None and self.labels is not None:
+            raise InvalidParameterError("labels (accuracy) need class maps; these maps explain a prompt.")
         self.name = ("top-1 accuracy" if self.labels is not None else
                      "probability" if self.text is None else "cosine similarity to the prompt")
 

@@ -175,9 +175,7 @@ def pool_vector(pool: torch.Tensor, tokens: int, head_fusion: str = "mean") -> t
     """[B, T] float64: an attention pool's probabilities [B, heads, queries, T_pool] fused over heads (as the
     blocks are) and averaged over its queries; a pool that reads the patch tokens only (T_pool < T) gives the
     prefix tokens zero. The class-like row of a model that pools through a MAP head."""
-    p = pool.float()
-    p = (p.mean(dim=1) if head_fusion == "mean" else p.amax(dim=1) if head_fusion == "max" else p.amin(dim=1))
-    v = p.mean(dim=1).to(torch.float64)
+    v = fuse(pool.float(), head_fusion).mean(dim=1).to(torch.float64)
     if v.shape[-1] < tokens:
         v = torch.cat([v.new_zeros(v.shape[0], tokens - v.shape[-1]), v], dim=-1)
     return v
