@@ -118,17 +118,17 @@ def test_side_capture_keeps_no_block_input_alive_during_the_forward():
     assert alive_at_last_block == [0, 0]  # at the last block, no earlier block's input is still held
 
 
-def test_distance_key_weights_by_block_equal_the_whole_table(monkeypatch):
+def test_distance_rows_by_block_equal_the_whole_matrix(monkeypatch):
     from vitlens.views import distance
 
-    w = distance.key_weights((5, 7), (16, 8), 2)
+    d = distance.token_distance_matrix((5, 7), (16, 8))
     for q in (slice(0, 35), slice(3, 11), slice(34, 35)):
-        assert torch.equal(distance.key_weights((5, 7), (16, 8), 2, queries=q), w[q])
+        assert torch.equal(distance.token_distance_matrix((5, 7), (16, 8), queries=q), d[q])
     m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))
     x = torch.randn(3, 3, 64, 96, generator=torch.Generator().manual_seed(3))
     whole = vl.AttentionDistanceAccumulator.for_model(m.spec)
     vl.stream_attention(m, x, [whole], query_rows=7)
-    monkeypatch.setattr(distance, "WHOLE_WEIGHTS_BYTES", 0)  # every block builds its own rows
+    monkeypatch.setattr(distance, "WHOLE_DISTANCES_BYTES", 0)  # every block builds its own rows
     by_block = vl.AttentionDistanceAccumulator.for_model(m.spec)
     vl.stream_attention(m, x, [by_block], query_rows=7)
     assert by_block._distances is None
@@ -216,16 +216,21 @@ def test_one_querys_maps_keep_only_its_rows_and_equal_the_whole_maps():
         vl.attention_maps(m, x, queries=[325])
 
 
-@pytest.mark.parametrize("max_keys", [0, 10**6])  # float64 products over a few queries / float32 key blocks
-def test_both_ways_of_summing_over_keys_stay_within_the_float32_bound(monkeypatch, max_keys):
+@pytest.mark.parametrize("scratch_rows", [1, 7, 40])  # products a query at a time, uneven chunks, all at once
+def test_sums_over_keys_stay_within_the_float32_bound_however_the_queries_are_chunked(monkeypatch, scratch_rows):
+    """99 patch keys: one whole block of 64 and a shorter one; the scratch buffer holds 1, 7 (uneven: 40 =
+    5 x 7 + 5) or all 40 queries' products; against the same sums in float64, within the derived bound."""
     from vitlens.views import distance as dist
 
-    monkeypatch.setattr(dist, "FLOAT32_BLOCKED_MAX_KEYS", max_keys)
     g = torch.Generator().manual_seed(5)
     grid, p = (9, 11), 2
     attn = torch.softmax(torch.randn(2, 3, 40, p + 99, generator=g) * 4, dim=-1)
-    w = dist.key_weights(grid, (16, 16), p, dtype=torch.float64, queries=slice(10, 50))
-    got = dist.per_query_distance(attn, w, p)
+    monkeypatch.setattr(dist, "SCRATCH_BYTES", 4 * 2 * 3 * 99 * scratch_rows)
+    d = dist.token_distance_matrix(grid, (16, 16), queries=slice(10, 50))
     a = attn.double()[..., p:]
-    want = (a * w[None, None, :, p:, 0]).sum(-1) / a.sum(-1)  # [B, H, q] in float64
-    np.testing.assert_allclose(got.permute(1, 2, 0).numpy(), want.numpy(), rtol=dist.FLOAT32_RTOL)
+    for renormalize in (True, False):
+        got = dist.per_query_distance(attn, d.float(), p, renormalize)
+        want = (a * d).sum(-1) / (a.sum(-1) if renormalize else 1.0)  # [B, H, q] in float64
+        np.testing.assert_allclose(got.permute(1, 2, 0).numpy(), want.numpy(), rtol=dist.FLOAT32_RTOL)
+    with pytest.raises(vl.InvalidParameterError, match="do not fit 40 queries over 99 patch keys"):
+        dist.per_query_distance(attn, d[:5], p)

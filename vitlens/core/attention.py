@@ -18,6 +18,7 @@ def attention_probs(
     is_causal: bool = False,
     biases: Sequence[torch.Tensor] = (),
     scale_after: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
 
@@ -30,13 +31,22 @@ def attention_probs(
             order the model adds them (relative-position bias, then a shared one).
         scale_after: scale the product (q @ k^T) * scale instead of the queries, as Hugging Face
             does (the same numbers for power-of-two scales, rounding apart otherwise).
+        out: a contiguous float32 tensor of the result's shape to compute into (no gradients): the
+            scores and then the probabilities are written there, no new [B, heads, rows, T] tensor
+            (``attention_probs_in_rows`` reuses one for every block of a layer). The same numbers.
     """
-    if scale_after:
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if out is not None and not grad:
+        if scale_after:
+            scores = torch.matmul(q.float(), k.float().transpose(-2, -1), out=out).mul_(scale)
+        else:
+            scores = torch.matmul(q.float() * scale, k.float().transpose(-2, -1), out=out)
+    elif scale_after:
         scores = (q.float() @ k.float().transpose(-2, -1)) * scale
     else:
         scores = (q.float() * scale) @ k.float().transpose(-2, -1)
     for bias in biases:
-        scores = scores + bias.float()
+        scores = scores + bias.float() if scores.requires_grad else scores.add_(bias.float())
     n = scores.shape[-1]
     if is_causal:
         scores = scores + scores.new_full((n, n), float("-inf")).triu_(1)
@@ -45,7 +55,7 @@ def attention_probs(
             add = torch.zeros_like(attn_mask, dtype=scores.dtype).masked_fill_(~attn_mask, float("-inf"))
         else:
             add = attn_mask.float()
-        scores = scores + add
+        scores = scores + add if scores.requires_grad else scores.add_(add)
     if scores.requires_grad:
         return scores.softmax(dim=-1)
     # in place: one [B, heads, rows, T] buffer instead of two (the same numbers as softmax into a new tensor)
@@ -88,7 +98,11 @@ def attention_probs_in_rows(
     """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
     T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
     the whole computation (the same products and softmax over the same keys). ``query_rows`` None
-    (or >= T), and causal attention, give one block of every row."""
+    (or >= T), and causal attention, give one block of every row.
+
+    The blocks of a layer are computed into one buffer (a fresh [B, heads, rows, T] tensor per block
+    cost a third of a block's work at 768 px in page faults alone), so a yielded block is valid until
+    the next one is asked for: what a caller keeps, it copies (the engine's consumer protocol says so)."""
     t = q.shape[-2]
     if not query_rows or query_rows >= t or is_causal:
         yield attention_probs(q, k, scale, attn_mask, is_causal, biases, scale_after), None
@@ -100,7 +114,11 @@ def attention_probs_in_rows(
     # one contiguous float32 copy of the keys for all of the layer's blocks (k is a strided view of the
     # fused qkv projection, which each block's product would otherwise copy again)
     k = k.float().contiguous()
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    flat = None if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) else \
+        torch.empty(lead.numel() * int(query_rows) * t, dtype=torch.float32, device=q.device)
     for start in range(0, t, int(query_rows)):
         rows = slice(start, min(t, start + int(query_rows)))
+        out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * t].view(*lead, rows.stop - start, t)
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
-                              [rows_of(b, rows) for b in biases], scale_after), rows
+                              [rows_of(b, rows) for b in biases], scale_after, out=out), rows

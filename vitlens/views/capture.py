@@ -62,7 +62,7 @@ class AttentionCapture(HookSession):
         self.consumers: list[AttentionCallback] = list(consumers)
         self.query_rows = None if query_rows is None else int(query_rows)
         self._maps: dict[int, torch.Tensor] = {}
-        self._rows: dict[int, list[torch.Tensor]] = {}  # row blocks of a layer in flight, for whole-map takers
+        self._rows: dict[int, torch.Tensor] = {}  # a layer's whole map being filled from its row blocks
 
     @property
     def maps(self) -> list[torch.Tensor]:
@@ -79,12 +79,18 @@ class AttentionCapture(HookSession):
         whole = probs
         if rows is not None:
             wanted = self.store or bool(self._plain)
-            if wanted:
-                self._rows.setdefault(layer, []).append(probs)
-            if not query_rows(probs, rows)[2] or not wanted:
+            if not wanted:
                 return
-            parts = self._rows.pop(layer)
-            whole = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+            start, stop, last = query_rows(probs, rows)
+            if start == 0 and last:
+                whole = probs.clone()
+            else:  # a row block is only valid during the call (its memory is the next block's): copied in
+                if start == 0:
+                    self._rows[layer] = probs.new_empty(*probs.shape[:-2], probs.shape[-1], probs.shape[-1])
+                self._rows[layer][..., start:stop, :] = probs
+                if not last:
+                    return
+                whole = self._rows.pop(layer)
         if self.store:
             self._maps[layer] = whole
         for consumer in self._plain:

@@ -143,51 +143,32 @@ def token_distance_matrix(grid: tuple[int, int], stride_px: tuple[int, int],
     return torch.sqrt((qy[:, None] - y[None, :]) ** 2 + (qx[:, None] - x[None, :]) ** 2)
 
 
-def weights_for_distances(distances: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
-    """[q, T, 2] per patch query, from its [q, N] pixel distances: the distance to every key (0
-    for prefix keys) and the indicator of patch keys, so one batched matrix product gives both
-    sums over keys. Same dtype and device as ``distances``."""
-    q, n, p = distances.shape[0], distances.shape[1], num_prefix_tokens
-    w = distances.new_zeros(q, p + n, 2)
-    w[:, p:, 0] = distances
-    w[:, p:, 1] = 1.0
-    return w
-
-
-def key_weights(grid: tuple[int, int], stride_px: tuple[int, int], num_prefix_tokens: int,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                queries: slice | None = None) -> torch.Tensor:
-    """``weights_for_distances`` of a grid (built in float64, then cast); ``queries``: the rows of
-    those patch queries only."""
-    return weights_for_distances(token_distance_matrix(grid, stride_px, queries=queries),
-                                 num_prefix_tokens).to(device=device, dtype=dtype)
-
-
-#: the accumulator keeps a grid's whole float64 ``key_weights`` up to this many bytes, and builds each
-#: block's rows as they come above it (1024 px: 268 MB for the whole table, 17 MB for 256 queries)
-WHOLE_WEIGHTS_BYTES = 16 * 2**20
+#: the accumulator keeps a grid's whole float32 patch-distance matrix [N, N] up to this many bytes (1024 px:
+#: 67 MB), and builds each block's rows as they come above it
+WHOLE_DISTANCES_BYTES = 128 * 2**20
 
 
 KEY_BLOCK = 64
-"""Keys per float32 matrix product of the bound below (up to ``FLOAT32_BLOCKED_MAX_KEYS`` patch keys;
-above, the products run in float64, tighter)."""
+"""Keys per float32 partial sum of the bound below (the partial sums are added in float64)."""
 
-FLOAT64_ROWS_BYTES = 4 * 2**20
-"""Attention rows ``per_query_distance`` converts to float64 at once (4 MiB)."""
+SCRATCH_BYTES = 8 * 2**20
+"""Float32 products ``per_query_distance`` makes at once (a few queries' worth, cache-sized: 8 MiB)."""
 
 FLOAT32_RTOL = (2 * KEY_BLOCK + 3) * 2.0 ** -24
-"""Bound on the relative error of one image's attention distance against float64 (7.8e-6), as
-promised to callers; since issue 20 the sums over keys run in float64, so the error is far below it.
+"""Bound on the relative error of one image's attention distance against float64 (7.8e-6).
 
-Derived, not observed, so it holds for any BLAS and any summation order: each query's two sums
-over keys (distance-weighted, and the patch-key mass) are float32 dot products over blocks of at
-most ``KEY_BLOCK`` keys of non-negative terms; with u = 2^-24, a block's sum carries a relative
-error of at most ``KEY_BLOCK * u`` in any order, plus ``u`` for the distance rounded to float32.
-Block sums, the ratio of the two and the mean over queries run in float64, so the per-query ratio
-is within ``(2 * KEY_BLOCK + 3) * u`` and so is their mean (all terms positive). The standard
-deviation over images is then within ``FLOAT32_RTOL * max(mean_px)`` in pixels (it moves by at
-most the largest change of one image's value), which is the precision to read it at: the spread
-of per-image means can be far smaller than the means themselves.
+Derived, not observed, so it holds for any BLAS, any vector width and any summation order: each
+query's two sums over patch keys (distance-weighted, and the patch-key mass) are float32 sums over
+blocks of at most ``KEY_BLOCK`` keys of non-negative terms; with u = 2^-24, a product A[q, k] * d(q, k)
+rounds once (u), the distance itself was rounded to float32 (u), and a block's sum of at most
+``KEY_BLOCK`` terms carries a relative error of at most ``(KEY_BLOCK - 1) * u`` in any order: so at most
+``(KEY_BLOCK + 1) * u`` for the weighted sum and ``(KEY_BLOCK - 1) * u`` for the mass. Block sums, the
+ratio of the two and the mean over queries run in float64, so the per-query ratio is within
+``(2 * KEY_BLOCK + 3) * u`` (to first order, with room for the float64 steps) and so is their mean (all
+terms positive). The standard deviation over images is then within ``FLOAT32_RTOL * max(mean_px)`` in
+pixels (it moves by at most the largest change of one image's value), which is the precision to read
+it at: the spread of per-image means can be far smaller than the means themselves. Float64 attention
+is summed in float64 throughout (tighter still).
 """
 
 
@@ -195,73 +176,66 @@ def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
                        renormalize: bool = True) -> torch.Tensor:
     """Attention distance of each image and head: [B, H, T, T] -> [B, H] float64.
 
-    For every patch query, sum_k A[q, k] d(q, k) and sum_k A[q, k] over patch keys come from
-    batched float64 matrix products of the attention with ``key_weights`` (``per_query_distance``):
-    relative error well within ``FLOAT32_RTOL`` (7.8e-6) against a float64 computation on any CPU. The renormalisation, the
-    mean over queries and all accumulation across images run in float64.
+    For every patch query, sum_k A[q, k] d(q, k) and sum_k A[q, k] over patch keys
+    (``per_query_distance``): relative error within ``FLOAT32_RTOL`` (7.8e-6) of a float64
+    computation on any CPU. The renormalisation, the mean over queries and all accumulation across
+    images run in float64.
 
     Args:
         attn: attention probabilities of one block.
-        distances: ``key_weights`` of the grid ([N, T, 2]), or the [N, N] pixel distances between
-            patch tokens (``token_distance_matrix``).
+        distances: the [N, N] pixel distances between patch tokens (``token_distance_matrix``).
         num_prefix_tokens: leading non-patch tokens to drop as queries and keys.
         renormalize: renormalise each query's weights over patch keys to sum to 1.
     """
     p = num_prefix_tokens
-    w = weights_for_distances(distances, p) if distances.ndim == 2 else distances
-    return per_query_distance(attn[:, :, p:], w, p, renormalize).mean(0)
+    return per_query_distance(attn[:, :, p:], distances, p, renormalize).mean(0)
 
 
-def per_query_distance(attn: torch.Tensor, weights: torch.Tensor, num_prefix_tokens: int,
+def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,
                        renormalize: bool = True) -> torch.Tensor:
     """Each patch query's attention distance: [B, H, q, T] patch-query rows -> [q, B, H] float64.
 
-    ``weights`` are the ``key_weights`` rows [q, T, 2] of the same queries. The sums over keys are
-    float64 matrix products over a few queries at a time (at most ``FLOAT64_ROWS_BYTES`` converted at
-    once): within ``FLOAT32_RTOL`` of float64 with room to spare (the only rounding beyond float64's
-    is the weights' cast, none with float64 weights), and ~3x faster than float32 products over key
-    blocks, whose many small calls dominated a query-chunked pass at 768 px.
+    ``distances`` are the [q, N] pixel distances of the same queries to the N patch keys
+    (``token_distance_matrix`` rows). The products A[q, k] * d(q, k) are made in the attention's
+    float32 a few queries at a time (``SCRATCH_BYTES``, one reused buffer: no large temporary), summed
+    over blocks of ``KEY_BLOCK`` keys in float32 and the block sums added in float64 (the derivation of
+    ``FLOAT32_RTOL``). Float64 attention is summed in float64; half precision is widened to float32.
     """
     p = num_prefix_tokens
-    b, h, q, t = attn.shape
-    if attn.dtype != torch.float64 and t - p <= FLOAT32_BLOCKED_MAX_KEYS:
-        return _per_query_distance_blocked(attn, weights, p, renormalize)
-    w = weights[:, p:].to(device=attn.device, dtype=torch.float64).contiguous()  # prefix keys weigh 0; strided: 5x slower
-    rows = attn.reshape(b * h, q, t)
-    sums = torch.empty(q, b * h, 2, dtype=torch.float64, device=attn.device)
-    step = max(1, FLOAT64_ROWS_BYTES // (8 * b * h * t))
-    for q0 in range(0, q, step):
-        # queries become the batch of the product: [s, B*H, keys] @ [s, keys, 2] -> [s, B*H, 2]
-        part = rows[:, q0:q0 + step, p:].to(torch.float64).transpose(0, 1)
-        sums[q0:q0 + step] = torch.bmm(part, w[q0:q0 + step])
-    per_query = sums[..., 0]
-    if renormalize:
-        per_query = per_query / sums[..., 1].clamp_min(torch.finfo(torch.float64).tiny)
-    return per_query.reshape(q, b, h)
-
-
-#: up to this many patch keys (a few ``KEY_BLOCK`` products), ``per_query_distance`` multiplies in the
-#: attention's float32 over blocks of ``KEY_BLOCK`` keys and adds the blocks in float64 (the derivation of
-#: ``FLOAT32_RTOL``): cheaper than converting every row to float64 when the products are few (224 px:
-#: 4 products); above it, the float64 products over a few queries at a time
-FLOAT32_BLOCKED_MAX_KEYS = 1024
-
-
-def _per_query_distance_blocked(attn: torch.Tensor, weights: torch.Tensor, p: int, renormalize: bool) -> torch.Tensor:
-    """``per_query_distance`` by float32 products over blocks of ``KEY_BLOCK`` keys, added in float64."""
     if attn.dtype not in (torch.float32, torch.float64):  # half-precision maps (inline capture under autocast)
         attn = attn.float()
     b, h, q, t = attn.shape
-    w = weights.to(device=attn.device, dtype=attn.dtype)
-    # queries become the batch of the product: [q, B*H, keys] @ [q, keys, 2] -> [q, B*H, 2]
-    queries = attn.reshape(b * h, q, t).transpose(0, 1)
-    sums = torch.zeros(q, b * h, 2, dtype=torch.float64, device=attn.device)
-    for k0 in range(p, t, KEY_BLOCK):  # prefix keys weigh 0: start at the first patch key
-        sums += torch.bmm(queries[:, :, k0:k0 + KEY_BLOCK], w[:, k0:k0 + KEY_BLOCK])
-    per_query = sums[..., 0]
+    n = t - p
+    if distances.shape != (q, n):
+        raise InvalidParameterError(f"Distances of shape {tuple(distances.shape)} do not fit {q} queries over "
+                                    f"{n} patch keys.")
+    rows = attn.reshape(b * h, q, t)[..., p:]  # [BH, q, N]: prefix keys weigh 0
+    d = distances.to(device=attn.device, dtype=attn.dtype)
+    sums = torch.empty(2, b * h, q, dtype=torch.float64, device=attn.device)
+    step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
+    scratch = attn.new_empty(b * h, step, n)
+    for q0 in range(0, q, step):
+        s = min(step, q - q0)
+        block = rows[:, q0:q0 + s]
+        _key_block_sums(torch.mul(block, d[q0:q0 + s], out=scratch[:, :s]), sums[0, :, q0:q0 + s])
+        _key_block_sums(block, sums[1, :, q0:q0 + s])
+    per_query = sums[0]
     if renormalize:
-        per_query = per_query / sums[..., 1].clamp_min(torch.finfo(torch.float64).tiny)
-    return per_query.reshape(q, b, h)
+        per_query = per_query / sums[1].clamp_min(torch.finfo(torch.float64).tiny)
+    return per_query.transpose(0, 1).reshape(q, b, h)
+
+
+def _key_block_sums(x: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` [BH, s] (float64) = sums over the last axis of ``x`` [BH, s, N]: in ``x``'s dtype over blocks
+    of ``KEY_BLOCK`` keys, the block sums (and a shorter last block) added in float64."""
+    n = x.shape[-1]
+    whole = n - n % KEY_BLOCK
+    if whole:
+        out.copy_(x[..., :whole].unflatten(-1, (whole // KEY_BLOCK, KEY_BLOCK)).sum(-1).sum(-1, dtype=torch.float64))
+    else:
+        out.zero_()
+    if whole < n:
+        out += x[..., whole:].sum(-1, dtype=torch.float64)
 
 
 class AttentionDistanceAccumulator(AttentionConsumer):
@@ -281,7 +255,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self.counts = np.zeros(num_layers, dtype=np.int64)
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
-        self._distances: torch.Tensor | None = None  # the grid's whole key_weights, when small
+        self._distances: torch.Tensor | None = None  # the grid's whole float32 distance matrix, when small
         self._device = torch.device("cpu")
         self._queries: dict[int, list[torch.Tensor]] = {}  # layer -> per-query distances of a layer in flight
 
@@ -301,10 +275,10 @@ class AttentionDistanceAccumulator(AttentionConsumer):
                 f"All images of one attention-distance result must share a grid; got {grid} after {self.grid}. "
                 "Compute a result per input size.")
         device = torch.device(device or "cpu")
-        n, p = grid[0] * grid[1], self.num_prefix_tokens
-        whole = n * (n + p) * 2 * 8 <= WHOLE_WEIGHTS_BYTES
+        n = grid[0] * grid[1]
+        whole = n * n * 4 <= WHOLE_DISTANCES_BYTES
         if whole and (self._distances is None or self._distances.device != device or self.grid != grid):
-            self._distances = key_weights(grid, self.stride_px, p, device, torch.float64)
+            self._distances = token_distance_matrix(grid, self.stride_px, device).float()
         elif not whole:
             self._distances = None  # each block's rows are built as they come (``_weights``)
         self._device = device
@@ -313,11 +287,11 @@ class AttentionDistanceAccumulator(AttentionConsumer):
             (grid[0] * self.stride_px[0], grid[1] * self.stride_px[1])
 
     def _weights(self, queries: slice) -> torch.Tensor:
-        """``key_weights`` rows [q, T, 2] of the patch queries ``queries`` (0 = the first patch token)."""
+        """Pixel distances [q, N] of the patch queries ``queries`` (0 = the first patch token) to every
+        patch key, float32 (rounded from float64, as ``FLOAT32_RTOL`` counts)."""
         if self._distances is not None:
             return self._distances[queries]
-        return key_weights(self.grid, self.stride_px, self.num_prefix_tokens, self._device,  # type: ignore[arg-type]
-                           torch.float64, queries=queries)
+        return token_distance_matrix(self.grid, self.stride_px, self._device, queries=queries).float()  # type: ignore[arg-type]
 
     def _check(self, layer: int, attn: torch.Tensor) -> None:
         if self.grid is None:

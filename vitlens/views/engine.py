@@ -10,7 +10,9 @@ A consumer (``AttentionConsumer``) is told four things and answers two:
   (``rows=None``, attn [B, heads, T, T]) or as blocks of query rows: ``rows`` is the slice of
   queries ``attn`` [B, heads, rows.stop - rows.start, T] holds; a layer's blocks arrive in order,
   cover every query once, and the one with ``rows.stop == T`` is its last (an engine that
-  computes the probabilities a block of queries at a time never holds a whole map);
+  computes the probabilities a block of queries at a time never holds a whole map). A row block
+  is valid during the call only: its memory holds the next block after it, so a consumer copies
+  (``.clone()``, ``.cpu().numpy()``, a reduction) what it keeps;
 - ``end_batch(logits)``: the batch's model output (float32), after the last block;
 - ``result(spec)``: the finished result object (a ``vitlens.results.Result``);
 - ``merge(other)``: the consumer state over the images of both (partial states of disjoint
