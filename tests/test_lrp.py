@@ -164,33 +164,34 @@ def test_the_softmax_rule_of_the_paper_is_the_softmax_gradient_times_its_input()
     torch.testing.assert_close(s.detach() * grad, rule, rtol=1e-12, atol=1e-14)
 
 
+def _rule_state(model: nn.Module) -> list:
+    """What the mode switches: per-instance forwards, timm's fused_attn flags, Hugging Face attention choices."""
+    return [("forward" in mod.__dict__, getattr(mod, "fused_attn", None),
+             getattr(getattr(mod, "config", None), "_attn_implementation", None)) for mod in model.modules()]
+
+
 @pytest.mark.parametrize("name", ["ref-vit", "deit_tiny_distilled_patch16_224", "vit_little_patch16_reg4_gap_256"])
-def test_the_patched_mode_leaves_outputs_unchanged_and_restores_every_forward(name):
+def test_the_mode_leaves_outputs_unchanged_and_restores_every_switch(name):
     m = vl.load_model(name, device="cpu") if name.startswith("ref-") else get_model(name, img_size=64, num_classes=5)
+    for b in m.blocks():
+        b.attn.fused_attn = False  # the user's setting, which the mode switches to the fused path and back
+    state = _rule_state(m.model)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(6))
     before = m.logits(x)
-    with attnlrp_mode(m):
-        assert all("forward" in b.attn.__dict__ for b in m.blocks())
+    with attnlrp_mode(m) as mode:
+        assert all(b.attn.fused_attn for b in m.blocks())
         torch.testing.assert_close(m.logits(x), before, rtol=1e-5, atol=1e-5)
-    assert not any("forward" in mod.__dict__ for mod in m.model.modules())
+        assert mode.attention_calls == m.spec.num_layers
+    assert _rule_state(m.model) == state
     assert torch.equal(m.logits(x), before)
     with pytest.raises(RuntimeError, match="inside"):
         with attnlrp_mode(m):
             raise RuntimeError("failed inside")
-    assert not any("forward" in mod.__dict__ for mod in m.model.modules())
+    assert _rule_state(m.model) == state
+    assert not torch._C._is_torch_function_mode_enabled()  # the mode is off again on this thread
     a = attribute(m, x, method="attnlrp")
     assert a.maps.shape == (2, *m.spec.grid) and np.isfinite(a.maps).all()
     assert all(p.grad is None and not p.requires_grad for p in m.model.parameters())
-
-
-@pytest.mark.parametrize("family", ["timm-eva02", "hf-vit"])
-def test_families_without_the_patched_mode_are_refused_by_name(family):
-    from test_families import build
-
-    module, _ = build(family)
-    m = vl.LoadedModel.from_module(module, name=family, device="cpu")
-    with pytest.raises(vl.ViewNotAvailableError, match="timm VisionTransformer blocks"):
-        attribute(m, torch.randn(1, 3, *m.spec.image_size), method="attnlrp")
 
 
 def _lxt_rules() -> types.ModuleType:
