@@ -478,3 +478,39 @@ def test_every_familys_own_modules_pass_on_the_known_share_of_the_score(family):
     xi = x.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(m.forward(xi)[torch.arange(2), t].sum(), xi)
     assert ((xi * g).sum(dim=(1, 2, 3)) - share * score).abs().max() > 1e-3 * score.abs().max()
+
+
+@pytest.mark.parametrize("name", ["beit_base_patch16_224", "eva02_tiny_patch14_224",
+                                  "vit_small_patch16_rope_mixed_224", "vit_small_patch16_rope_224"])
+def test_relative_bias_and_rotary_attention_hand_half_the_attention_branch_to_the_input(name):
+    """The uniform-attention test on BEiT's relative-position bias (a random table: the rows are not uniform,
+    but constant in x, the bias being added to the scores) and on EVA02's and the RoPE ViTs' rotary q and k
+    (rotating q = k = 0 leaves them 0): norms as identities, MLP and constants at zero, so the model is
+    linear with f = f_skip + f_attn and the rules give the input f_skip + f_attn / 2."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2,
+                              num_classes=3, norm_layer=nn.Identity)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "relative_position_bias_table" in pname:
+                p.normal_(0, 1)
+            elif "gamma" in pname:  # layer scale at 1, so the attention branch is as large as the skip
+                p.fill_(1.0)
+            elif any(c in pname for c in CONSTANTS) or pname.endswith(("mlp.fc2.weight", *QUERY_KEY)):
+                p.zero_()
+            elif pname.endswith("qkv.weight"):
+                p.normal_(0, 0.5)
+                p[: 2 * p.shape[1]].zero_()  # the query and key rows
+            elif p.ndim >= 2 and "rope" not in pname:
+                p.normal_(0, p[0].numel() ** -0.5)
+    model = model.double().eval()
+    skip = copy.deepcopy(model)
+    with torch.no_grad():
+        skip.blocks[0].attn.proj.weight.zero_()
+    m = load(model)
+    x, t = inputs(), torch.tensor([1, 0, 2])
+    logit, f_skip = target_logit(m, x, t), target_logit(load(skip), x, t)
+    assert np.abs(logit - f_skip).min() > 1e-3  # the attention branch matters
+    np.testing.assert_allclose(relevance_sums(m, x, t), f_skip + (logit - f_skip) / 2, rtol=1e-10)
