@@ -514,3 +514,100 @@ def test_relative_bias_and_rotary_attention_hand_half_the_attention_branch_to_th
     logit, f_skip = target_logit(m, x, t), target_logit(load(skip), x, t)
     assert np.abs(logit - f_skip).min() > 1e-3  # the attention branch matters
     np.testing.assert_allclose(relevance_sums(m, x, t), f_skip + (logit - f_skip) / 2, rtol=1e-10)
+
+
+def _family_matrix() -> list[str]:
+    from test_families import FAMILIES
+
+    return FAMILIES
+
+
+@pytest.mark.parametrize("family", _family_matrix())
+def test_attnlrp_runs_on_every_family_with_its_outputs_unchanged_and_every_switch_restored(family):
+    """Every family of the matrix: the mode leaves the output unchanged within float32 rounding (the rule forms
+    are the same operations in another order than the fused kernels: each float32 op rounds at ~6e-8 relative,
+    a handful per block over two blocks stays far below the 1e-5 of the output's scale allowed here), every
+    attention ran under the uniform rule, the maps are finite on the patch grid (a class; a prompt for a text
+    tower; a feature for a feature model, whose attribution needs a target it does not have), and every
+    switch is back afterwards."""
+    from test_families import build
+    from test_text_targets import char_tokenizer
+
+    from vitlens.attribution.text import has_text_tower
+
+    module, _ = build(family)
+    if family == "torchvision":  # torchvision starts its head at zero, which would make every map zero
+        torch.nn.init.normal_(module.heads.head.weight, std=0.5)
+    m = vl.LoadedModel.from_module(module, name=family, device="cpu")
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(2))
+    state = _rule_state(m.model)
+    with torch.no_grad():
+        before = m.forward(x)
+        with attnlrp_mode(m) as mode:
+            during = m.forward(x)
+    assert mode.attention_calls >= m.spec.num_layers
+    torch.testing.assert_close(during, before, rtol=1e-5, atol=1e-5 * float(before.abs().max()))
+    if m.spec.num_classes:
+        a = attribute(m, x, method="attnlrp")
+    elif has_text_tower(m):
+        a = attribute(m, x, method="attnlrp", target="a photo", tokenizer=char_tokenizer)
+        assert a.target_kind == "text"
+    else:
+        with pytest.raises(vl.InvalidParameterError, match="no classifier head"):
+            attribute(m, x, method="attnlrp")
+        relevance = attnlrp_relevance(m, x, torch.tensor([0, 1]))  # the rules on the model's features
+        from vitlens.attribution.methods import _pixels_to_grid
+
+        a = types.SimpleNamespace(maps=_pixels_to_grid(relevance, m.spec.grid))
+    assert a.maps.shape == (2, *m.spec.grid) and np.isfinite(a.maps).all() and np.abs(a.maps).max() > 0
+    assert _rule_state(m.model) == state
+    with torch.no_grad():
+        assert torch.equal(m.forward(x), before)
+
+
+def hand_softmax_attention(self, x, attn_mask=None, is_causal=False):
+    """A user's attention written out with its own softmax (timm's non-fused path, by hand)."""
+    b, n, c = x.shape
+    q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    return self.proj((((q * self.scale) @ k.transpose(-2, -1)).softmax(-1) @ v).transpose(1, 2).reshape(b, n, c))
+
+
+def test_what_no_rule_covers_is_refused_saying_what_and_what_to_use():
+    x, t = inputs(1), torch.tensor([0])
+    m = load(small_vit())
+    m.model.blocks[1].attn.forward = types.MethodType(hand_softmax_attention, m.model.blocks[1].attn)
+    with pytest.raises(vl.ViewNotAvailableError, match="computes a softmax outside scaled_dot_product_attention.*"
+                                                       "Use grad_rollout"):
+        attnlrp_relevance(m, x, t)
+    del m.model.blocks[1].attn.forward
+    m.model.blocks[0].attn.gate = nn.Linear(16, 16).double()  # timm's gated attention (sigmoid gate on the output)
+    with pytest.raises(vl.ViewNotAvailableError, match="blocks.0.attn is a Attention with a sigmoid gate"):
+        attnlrp_relevance(m, x, t)
+    m.model.blocks[0].attn.gate = None
+    m.model.train()  # dropout on the attention: the rules are for the model as it predicts
+    m.model.blocks[0].attn.attn_drop.p = 0.1
+    with pytest.raises(vl.ViewNotAvailableError, match="dropout_p=0.1.*model.eval"):
+        attnlrp_relevance(m, x, t)
+    m.model.eval()
+    assert np.isfinite(relevance_sums(m, x, t)).all()  # and the model is fine again
+    from test_families import build
+
+    tv = vl.LoadedModel.from_module(build("torchvision")[0], name="torchvision", device="cpu")
+    tv.model.encoder.layers[0].self_attention.add_zero_attn = True
+    with pytest.raises(vl.ViewNotAvailableError, match="uses add_zero_attn. Use grad_rollout"):
+        attribute(tv, torch.randn(1, 3, 32, 32), method="attnlrp", target=0)
+
+
+def test_the_mode_is_on_only_in_the_thread_that_entered_it():
+    """The app serves several users in threads: a torch function mode is per thread, so another thread's
+    forward of another model runs its own plain operations meanwhile."""
+    import threading
+
+    m = load(small_vit())
+    seen = []
+    with attnlrp_mode(m):
+        worker = threading.Thread(target=lambda: seen.append(torch._C._is_torch_function_mode_enabled()))
+        worker.start()
+        worker.join()
+        assert torch._C._is_torch_function_mode_enabled()
+    assert seen == [False]
