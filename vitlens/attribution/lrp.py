@@ -21,15 +21,28 @@ logit. Per operation of a timm ``Block`` (and what the paper calls it):
   (with R_A = A * g_A: s * J^T g_A = s * (A g_A - A <A, g_A>)), so softmax needs no change; its
   bias term absorbs sum(R_A) - sum(R_s) of the relevance.
 
+Beyond ``Block``: a gated MLP's unit act(a) * b (timm ``GluMlp`` / ``SwiGLU`` in EVA02, DINOv2's
+``SwiGLUFFN``) is a product of two activations and gets the uniform rule, half to each factor (as lxt
+treats gated units); QuickGELU, x * sigmoid(1.702 x), gets the identity rule as a whole; RMSNorm the
+identity rule with its root mean square detached; rotary q / k (EVA, RoPE, DINOv3, PE-Core) are linear in
+q and k and relative-position biases (BEiT) are additive constants in the scores, so neither needs a rule.
+
 So the input relevance sums to the target logit less what the biases (including the class token,
 registers and position embedding, which enter as additive constants) and each softmax absorb; the
-tests check that ledger on hand-built models. The patched mode replaces, per module instance (not
-per class), the ``forward`` of timm's ``Attention`` (explicit ops instead of fused SDPA),
-``nn.LayerNorm`` and the GELU/SiLU activations for the duration of one call; ``attnlrp_mode``
-restores them on exit and on error. The model's outputs are unchanged within float rounding.
-Families: timm ``VisionTransformer`` (ViT, DeiT and distilled DeiT, register and GAP models, hybrids);
-others are refused by name. LRP is a patented technique, free for personal and scientific use
-(lxt's README); this module is our own code following the paper and lxt's rule definitions.
+tests check that ledger on hand-built models.
+
+How: ``attnlrp_mode`` enters a ``torch.overrides.TorchFunctionMode`` (thread-local, so the app's other
+users are untouched) for the forward whose gradient is taken. It replaces ``F.scaled_dot_product_attention``
+(timm modules switched to their fused path, Hugging Face configs to ``sdpa`` for the call),
+``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision, open_clip, SigLIP's MAP probe),
+``F.layer_norm``, ``F.rms_norm``, ``F.gelu`` and ``F.silu`` by the rule forms of ``lrp_rules``; per module
+instance it sets a rule ``forward`` only where function interception cannot see the operation (QuickGELU,
+gated MLPs, timm's hand-written ``RmsNorm``). A softmax or an rsqrt that the model computes outside these
+(an attention or a normalisation written out by hand) is refused while the model runs, and so is a forward
+with fewer attention calls than blocks; a gated attention is refused before. Everything is restored on exit
+and on error, and the model's outputs are unchanged within float rounding. LRP is a patented technique, free
+for personal and scientific use (lxt's README); this module is our own code following the paper and lxt's
+rule definitions.
 """
 from __future__ import annotations
 
