@@ -1,7 +1,11 @@
 """AttnLRP: relevance conservation on hand-built bias-free models (exact, float64), the exact bias ledger
 when biases are there, the uniform rule's known share on uniform attention, the softmax rule as the
-paper writes it, outputs unchanged by the patched mode and the modules' own forward restored, refusals,
-and agreement with a reference built from lxt's own rule functions where lxt is present."""
+paper writes it, outputs unchanged by the mode and every switch restored, and agreement with a reference
+built from lxt's own rule functions where lxt is present. On the other families: Hugging Face and
+torchvision copies of a timm ViT get the timm relevance (float64), the rule forms of SDPA and multi-head
+attention equal torch's, each family's own modules (gated MLPs, QuickGELU, RmsNorm, relative bias, rotary
+attention) pass on a known share of the score, every family of the matrix runs, and what no rule covers
+is refused by name."""
 from __future__ import annotations
 
 import copy
@@ -517,9 +521,9 @@ def test_relative_bias_and_rotary_attention_hand_half_the_attention_branch_to_th
 
 
 def _family_matrix() -> list[str]:
-    from test_families import FAMILIES
+    from test_families import EAGER, FAMILIES
 
-    return FAMILIES
+    return FAMILIES + EAGER  # the eager rows: switched to sdpa for the call and back
 
 
 @pytest.mark.parametrize("family", _family_matrix())
@@ -590,6 +594,10 @@ def test_what_no_rule_covers_is_refused_saying_what_and_what_to_use():
         attnlrp_relevance(m, x, t)
     m.model.eval()
     assert np.isfinite(relevance_sums(m, x, t)).all()  # and the model is fine again
+    m.model.blocks[1].attn.forward = lambda x, **_: x * 0  # an attention that is neither SDPA nor a softmax
+    with pytest.raises(vl.ViewNotAvailableError, match="saw 1 attention calls .* fewer than its 2 blocks"):
+        attnlrp_relevance(m, x, t)
+    del m.model.blocks[1].attn.forward
     from test_families import build
 
     tv = vl.LoadedModel.from_module(build("torchvision")[0], name="torchvision", device="cpu")
