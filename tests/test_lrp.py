@@ -404,8 +404,8 @@ QUERY_KEY = ("q_proj.weight", "k_proj.weight")
 
 
 def one_block_model(family: str) -> nn.Module:
-    """A one-block model of the family that pools its class token (Hugging Face CLIP with QuickGELU, DINOv2
-    with its gated SwiGLUFFN, open_clip, torchvision)."""
+    """A one-block model of the family that pools its class token (Hugging Face CLIP with QuickGELU, ViT with
+    the tanh GELU formula, DINOv2 with its gated SwiGLUFFN, open_clip, torchvision)."""
     import transformers as tr
 
     torch.manual_seed(0)
@@ -413,6 +413,8 @@ def one_block_model(family: str) -> nn.Module:
                   patch_size=8)
     if family == "hf-clip":
         return tr.CLIPVisionModel(tr.CLIPVisionConfig(**common))
+    if family == "hf-vit-gelu-new":  # transformers' tanh GELU formula (NewGELUActivation), elementwise ops
+        return tr.ViTForImageClassification(tr.ViTConfig(hidden_act="gelu_new", num_labels=5, **common))
     if family == "hf-dinov2-swiglu":
         return tr.Dinov2Model(tr.Dinov2Config(use_swiglu_ffn=True, **common))
     if family == "openclip":
@@ -463,8 +465,8 @@ def rule_linear_model(family: str) -> tuple[nn.Module, float]:
     return model.double().eval(), share
 
 
-@pytest.mark.parametrize("family", ["timm-eva02", "timm-vit-parallel", "hf-clip", "hf-dinov2-swiglu", "openclip",
-                                    "torchvision"])
+@pytest.mark.parametrize("family", ["timm-eva02", "timm-vit-parallel", "hf-clip", "hf-vit-gelu-new",
+                                    "hf-dinov2-swiglu", "openclip", "torchvision"])
 def test_every_familys_own_modules_pass_on_the_known_share_of_the_score(family):
     """The first and third tests' constructions on the other families' own modules: EVA02's SwiGLU (GluMlp;
     plain backprop counts a product's gradient x input twice, the uniform rule once), the parallel block's

@@ -36,8 +36,9 @@ users are untouched) for the forward whose gradient is taken. It replaces ``F.sc
 (timm modules switched to their fused path, Hugging Face configs to ``sdpa`` for the call),
 ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision, open_clip, SigLIP's MAP probe),
 ``F.layer_norm``, ``F.rms_norm``, ``F.gelu`` and ``F.silu`` by the rule forms of ``lrp_rules``; per module
-instance it sets a rule ``forward`` only where function interception cannot see the operation (QuickGELU,
-gated MLPs, timm's hand-written ``RmsNorm``). A softmax or an rsqrt that the model computes outside these
+instance it sets a rule ``forward`` only where function interception cannot see the operation (QuickGELU
+and transformers' GELU formulas, gated MLPs; timm's ``RmsNorm``, which calls F.rms_norm on this torch but
+apex's kernel or its own rsqrt form elsewhere). A softmax or an rsqrt that the model computes outside these
 (an attention or a normalisation written out by hand) is refused while the model runs, and so is a forward
 with fewer attention calls than blocks; a gated attention is refused before. Everything is restored on exit
 and on error, and the model's outputs are unchanged within float rounding. LRP is a patented technique, free
@@ -109,8 +110,9 @@ class _RuleMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _quick_gelu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """QuickGELU, x * sigmoid(1.702 x), is written with elementwise ops: the identity rule on the whole."""
+def _activation_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """An activation written with elementwise ops (QuickGELU's x * sigmoid(1.702 x), transformers' tanh and erf
+    GELU formulas): the identity rule on the whole."""
     return identity_rule(type(self).forward.__get__(self), x)
 
 
@@ -133,7 +135,8 @@ def _hf_swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """timm ``RmsNorm`` (written with rsqrt, not F.rms_norm) with its root mean square detached."""
+    """timm ``RmsNorm`` (F.rms_norm, apex's fused kernel or an rsqrt form, by version) with its root mean square
+    detached."""
     return rms_norm_rule(x, self.normalized_shape, self.weight, self.eps)
 
 
@@ -145,8 +148,9 @@ def _rms_norm_fp32_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 #: modules whose rule function interception cannot see (elementwise ops, or a product of two activations),
 #: by class name and the attributes their rule form reads
 _MODULE_RULES: dict[str, tuple[Callable[..., torch.Tensor], tuple[str, ...]]] = {
-    "QuickGELU": (_quick_gelu_forward, ()),
-    "QuickGELUActivation": (_quick_gelu_forward, ()),
+    **{name: (_activation_forward, ()) for name in (
+        "QuickGELU", "QuickGELUActivation", "GELUActivation", "GELUTanh", "NewGELUActivation", "FastGELUActivation",
+        "AccurateGELUActivation")},
     "GluMlp": (_glu_mlp_forward, ("fc1", "chunk_dim", "gate_last", "act", "drop1", "norm", "fc2", "drop2")),
     "SwiGLU": (_swiglu_forward, ("fc1_g", "fc1_x", "act", "drop1", "norm", "fc2", "drop2")),
     "Dinov2SwiGLUFFN": (_hf_swiglu_forward, ("gate_proj", "up_proj", "down_proj", "act_fn")),
