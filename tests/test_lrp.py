@@ -621,3 +621,45 @@ def test_the_mode_is_on_only_in_the_thread_that_entered_it():
         worker.join()
         assert torch._C._is_torch_function_mode_enabled()
     assert seen == [False]
+
+
+def map_model(family: str) -> nn.Module:
+    """A ViT whose output is its attention pool's (MAP head), float64, bias- and position-free, with every block's
+    attention output at zero and the pool's keys at zero: the pool's latent query then attends uniformly."""
+    import timm
+    import transformers as tr
+
+    torch.manual_seed(0)
+    if family == "timm-siglip-map":
+        model = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, img_size=32, patch_size=8,
+                                  embed_dim=32, depth=2, num_heads=2, num_classes=5)
+        pool_keys, key_rows = "attn_pool.kv.weight", slice(0, 32)  # keys, then values
+    else:
+        model = tr.SiglipVisionModel(tr.SiglipVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                           intermediate_size=64, image_size=32, patch_size=8))
+        pool_keys, key_rows = "head.attention.in_proj_weight", slice(32, 64)  # queries, keys, values
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            in_pool = name.startswith(("attn_pool.", "head.attention"))
+            if any(c in name for c in CONSTANTS) or (not in_pool and name.endswith(ATTENTION_OUT)):
+                p.zero_()
+            elif p.ndim >= 2:
+                p.copy_(torch.randn_like(p) / p[0].numel() ** 0.5)
+                if name == pool_keys:
+                    p[key_rows].zero_()
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("family", ["timm-siglip-map", "hf-siglip"])
+def test_a_map_head_with_uniform_pool_attention_passes_on_half_of_the_score(family):
+    """timm's AttentionPoolLatent (SDPA) and SigLIP's MAP head (nn.MultiheadAttention with a learned probe):
+    with the blocks' attention at zero the patch tokens reach the pool through rule-linear operations; the
+    pool's scores are zero (no keys), so the uniform rule keeps half of A v's relevance in A and passes half
+    on through v; the pool's norm, MLP and head are rule-linear: the input relevance is half the score."""
+    m = vl.LoadedModel.from_module(map_model(family), name=family, device="cpu")
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    t = torch.tensor([1, 2])
+    with torch.no_grad():
+        score = m.forward(x)[torch.arange(2), t]
+    assert score.abs().min() > 1e-3
+    torch.testing.assert_close(float64_relevance(m, x, t).sum(dim=(1, 2, 3)), score / 2, rtol=1e-10, atol=1e-12)
