@@ -663,3 +663,6 @@ def test_a_map_head_with_uniform_pool_attention_passes_on_half_of_the_score(fami
         score = m.forward(x)[torch.arange(2), t]
     assert score.abs().min() > 1e-3
     torch.testing.assert_close(float64_relevance(m, x, t).sum(dim=(1, 2, 3)), score / 2, rtol=1e-10, atol=1e-12)
+    xi = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(m.forward(xi)[torch.arange(2), t].sum(), xi)
+    assert ((xi * g).sum(dim=(1, 2, 3)) - score / 2).abs().max() > 1e-3 * score.abs().max()
