@@ -21,7 +21,7 @@ from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
 from .masks import mask_scores, masks_at_input
-from .methods import METHODS, AttributionResult, attribute
+from .methods import AttributionResult, attribute, default_methods
 
 BASELINES = ("mean", "blur")
 
@@ -186,7 +186,7 @@ class ComparisonTable(Result):
                    perturbations=[p for t in tables for p in t.perturbations], roads=[r for t in tables for r in t.roads])
 
 
-def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = METHODS, masks: np.ndarray | None = None,
+def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | None = None, masks: np.ndarray | None = None,
                     target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
                     progress: ProgressArg = None, method_params: dict[str, dict] | None = None,
                     metrics: Sequence[str] = DEFAULT_METRICS, labels: np.ndarray | None = None) -> ComparisonTable:
@@ -195,7 +195,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
     Args:
         m: the model.
         images: the images (read once into a list unless a tensor).
-        methods: names from ``METHODS``.
+        methods: names from ``METHODS``; None for ``default_methods()`` (every available method but scorecam).
         masks: [B, h, w] bool object masks of the images, for pointing game and mass in mask (brought
             through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model).
         target: class to explain (one for all, one per image, or None for the predictions), or for a model
@@ -215,6 +215,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] = MET
     """
     from .perturbation import perturbation_test, road
 
+    methods = default_methods() if methods is None else methods
     bad = [k for k in metrics if k not in METRICS]
     if bad:
         raise InvalidParameterError(f"metrics must be names from {', '.join(METRICS)}; got {', '.join(map(repr, bad))}.")

@@ -21,15 +21,29 @@ logit. Per operation of a timm ``Block`` (and what the paper calls it):
   (with R_A = A * g_A: s * J^T g_A = s * (A g_A - A <A, g_A>)), so softmax needs no change; its
   bias term absorbs sum(R_A) - sum(R_s) of the relevance.
 
+Beyond ``Block``: a gated MLP's unit act(a) * b (timm ``GluMlp`` / ``SwiGLU`` in EVA02, DINOv2's
+``SwiGLUFFN``) is a product of two activations and gets the uniform rule, half to each factor (as lxt
+treats gated units); QuickGELU, x * sigmoid(1.702 x), gets the identity rule as a whole; RMSNorm the
+identity rule with its root mean square detached; rotary q / k (EVA, RoPE, DINOv3, PE-Core) are linear in
+q and k and relative-position biases (BEiT) are additive constants in the scores, so neither needs a rule.
+
 So the input relevance sums to the target logit less what the biases (including the class token,
 registers and position embedding, which enter as additive constants) and each softmax absorb; the
-tests check that ledger on hand-built models. The patched mode replaces, per module instance (not
-per class), the ``forward`` of timm's ``Attention`` (explicit ops instead of fused SDPA),
-``nn.LayerNorm`` and the GELU/SiLU activations for the duration of one call; ``attnlrp_mode``
-restores them on exit and on error. The model's outputs are unchanged within float rounding.
-Families: timm ``VisionTransformer`` (ViT, DeiT and distilled DeiT, register and GAP models, hybrids);
-others are refused by name. LRP is a patented technique, free for personal and scientific use
-(lxt's README); this module is our own code following the paper and lxt's rule definitions.
+tests check that ledger on hand-built models.
+
+How: ``attnlrp_mode`` enters a ``torch.overrides.TorchFunctionMode`` (thread-local, so the app's other
+users are untouched) for the forward whose gradient is taken. It replaces ``F.scaled_dot_product_attention``
+(timm modules switched to their fused path, Hugging Face configs to ``sdpa`` for the call),
+``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision, open_clip, SigLIP's MAP probe),
+``F.layer_norm``, ``F.rms_norm``, ``F.gelu`` and ``F.silu`` by the rule forms of ``lrp_rules``; per module
+instance it sets a rule ``forward`` only where function interception cannot see the operation (QuickGELU
+and transformers' GELU formulas, gated MLPs; timm's ``RmsNorm``, which calls F.rms_norm on this torch but
+apex's kernel or its own rsqrt form elsewhere). A softmax or an rsqrt that the model computes outside these
+(an attention or a normalisation written out by hand) is refused while the model runs, and so is a forward
+with fewer attention calls than blocks; a gated attention is refused before. Everything is restored on exit
+and on error, and the model's outputs are unchanged within float rounding. LRP is a patented technique, free
+for personal and scientific use (lxt's README); this module is our own code following the paper and lxt's
+rule definitions.
 """
 from __future__ import annotations
 
@@ -38,130 +52,134 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..errors import ViewNotAvailableError
 from ..families.base import Handles, HookSession
 from ..loading.model import LoadedModel
+from .lrp_rules import (gated_product, half_gradient, identity_rule, layer_norm_rule, multi_head_attention,
+                        rms_norm_rule, uniform_attention)
+
+__all__ = ["SUPPORTED", "attnlrp_maps", "attnlrp_mode", "attnlrp_relevance", "check_supported", "half_gradient"]
 
 _MISSING = object()
+_INSTEAD = "Use grad_rollout, input_x_gradient or a CAM method instead."
+
+SUPPORTED = ("attention through F.scaled_dot_product_attention or nn.MultiheadAttention (timm ViT / DeiT / "
+             "EVA / BEiT / RoPE / parallel blocks / MAP heads, Hugging Face models on sdpa, torchvision, "
+             "open_clip), LayerNorm / RMSNorm, GELU / SiLU / QuickGELU and gated MLPs")
+
+#: functions whose value the mode keeps and whose backward it replaces by a rule; attention calls are counted
+_ATTENTION = {F.scaled_dot_product_attention: uniform_attention,
+              F.multi_head_attention_forward: multi_head_attention}
+_NORMS = {F.layer_norm: layer_norm_rule, F.rms_norm: rms_norm_rule}
+#: calls that mean a rule would be bypassed: an attention or a normalisation written out by hand
+_BYPASS = {torch.softmax: "a softmax", torch.Tensor.softmax: "a softmax", F.softmax: "a softmax",
+           torch.rsqrt: "an rsqrt (a hand-written normalisation)",
+           torch.Tensor.rsqrt: "an rsqrt (a hand-written normalisation)"}
 
 
-class _HalfGradient(torch.autograd.Function):
-    """Identity forward, half the gradient backward: the uniform rule on one operand of a bilinear product."""
+class _RuleMode(TorchFunctionMode):
+    """Replaces, on this thread only, the functions that have an AttnLRP rule by their rule forms (inside the
+    handler the mode is off, so the rule's own ops are not intercepted again) and refuses the calls that
+    would bypass a rule."""
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_calls = 0
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad * 0.5
-
-
-class _IdentityRule(torch.autograd.Function):
-    """``fn(x)`` forward; backward multiplies by fn(x) / x (0 where x == 0): the identity rule."""
-
-    @staticmethod
-    def forward(ctx: Any, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        y = fn(x)
-        ctx.save_for_backward(torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x)))
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        (ratio,) = ctx.saved_tensors
-        return None, grad * ratio
-
-
-def half_gradient(x: torch.Tensor) -> torch.Tensor:
-    return _HalfGradient.apply(x)
-
-
-def _layer_norm_forward(self: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """LayerNorm over the last dimension with its standard deviation detached (the identity rule)."""
-    mean = x.mean(-1, keepdim=True)
-    centred = x - mean
-    std = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
-    y = centred / std.detach()
-    if self.weight is not None:
-        y = y * self.weight
-    if self.bias is not None:
-        y = y + self.bias
-    return y
-
-
-def _attention_forward(self: nn.Module, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                       is_causal: bool = False) -> torch.Tensor:
-    """timm ``Attention.forward`` on explicit ops, with the uniform rule on both matmuls."""
-    if attn_mask is not None or is_causal:
-        raise ViewNotAvailableError("attnlrp does not take attention masks (a masked or causal timm Attention).")
-    b, n, _ = x.shape
-    qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = self.q_norm(q), self.k_norm(k)
-    scores = (half_gradient(q) * self.scale) @ half_gradient(k).transpose(-2, -1)
-    probs = self.attn_drop(scores.softmax(dim=-1))  # Prop. 3.1 is the softmax's own gradient in this form
-    out = half_gradient(probs) @ half_gradient(v)
-    out = self.norm(out.transpose(1, 2).reshape(b, n, self.attn_dim))
-    return self.proj_drop(self.proj(out))
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _ATTENTION:
+            self.attention_calls += 1
+            return _ATTENTION[func](*args, **kwargs)
+        if func in _NORMS:
+            return _NORMS[func](*args, **kwargs)
+        if func is F.gelu:
+            approximate = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+            return identity_rule(lambda t: F.gelu(t, approximate=approximate), args[0])
+        if func is F.silu:
+            return identity_rule(F.silu, args[0])  # never in place: the rule needs x after fn(x)
+        if func in _BYPASS:
+            raise ViewNotAvailableError(
+                f"attnlrp cannot apply its rules to this model: its forward computes {_BYPASS[func]} outside "
+                "scaled_dot_product_attention / LayerNorm, so an attention or a normalisation would get the plain "
+                f"gradient instead of its rule (the rules cover {SUPPORTED}). {_INSTEAD}")
+        return func(*args, **kwargs)
 
 
 def _activation_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return _IdentityRule.apply(type(self).forward.__get__(self), x)
+    """An activation written with elementwise ops (QuickGELU's x * sigmoid(1.702 x), transformers' tanh and erf
+    GELU formulas): the identity rule on the whole."""
+    return identity_rule(type(self).forward.__get__(self), x)
 
 
-def _is_activation(mod: nn.Module) -> bool:
-    return isinstance(mod, (nn.GELU, nn.SiLU)) or type(mod).__name__ in ("GELU", "GELUTanh", "QuickGELU", "SiLU")
+def _glu_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm ``GluMlp`` (EVA02's SwiGLU, packed): the gated unit's product with the uniform rule."""
+    x1, x2 = self.fc1(x).chunk(2, dim=self.chunk_dim)
+    x = gated_product(x1, self.act(x2)) if self.gate_last else gated_product(self.act(x1), x2)
+    return self.drop2(self.fc2(self.norm(self.drop1(x))))
 
 
-SUPPORTED = ("timm VisionTransformer blocks (ViT, DeiT and distilled DeiT, register and GAP models, hybrids) "
-             "with timm's Attention and Mlp")
+def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm ``SwiGLU``: act(fc1_g(x)) * fc1_x(x) with the uniform rule."""
+    x = gated_product(self.act(self.fc1_g(x)), self.fc1_x(x))
+    return self.drop2(self.fc2(self.norm(self.drop1(x))))
+
+
+def _hf_swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face DINOv2's ``SwiGLUFFN``: down_proj(act(gate_proj(x)) * up_proj(x)) with the uniform rule."""
+    return self.down_proj(gated_product(self.act_fn(self.gate_proj(x)), self.up_proj(x)))
+
+
+def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """timm ``RmsNorm`` (F.rms_norm, apex's fused kernel or an rsqrt form, by version) with its root mean square
+    detached."""
+    return rms_norm_rule(x, self.normalized_shape, self.weight, self.eps)
+
+
+def _rms_norm_fp32_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    weight = self.weight.float() if self.weight is not None else None
+    return rms_norm_rule(x.float(), self.normalized_shape, weight, self.eps).to(x.dtype)
+
+
+#: modules whose rule function interception cannot see (elementwise ops, or a product of two activations),
+#: by class name and the attributes their rule form reads
+_MODULE_RULES: dict[str, tuple[Callable[..., torch.Tensor], tuple[str, ...]]] = {
+    **{name: (_activation_forward, ()) for name in (
+        "QuickGELU", "QuickGELUActivation", "GELUActivation", "GELUTanh", "NewGELUActivation", "FastGELUActivation",
+        "AccurateGELUActivation")},
+    "GluMlp": (_glu_mlp_forward, ("fc1", "chunk_dim", "gate_last", "act", "drop1", "norm", "fc2", "drop2")),
+    "SwiGLU": (_swiglu_forward, ("fc1_g", "fc1_x", "act", "drop1", "norm", "fc2", "drop2")),
+    "Dinov2SwiGLUFFN": (_hf_swiglu_forward, ("gate_proj", "up_proj", "down_proj", "act_fn")),
+    "Dinov2WithRegistersSwiGLUFFN": (_hf_swiglu_forward, ("gate_proj", "up_proj", "down_proj", "act_fn")),
+    "RmsNorm": (_rms_norm_forward, ("normalized_shape", "weight", "eps")),
+    "RmsNormFp32": (_rms_norm_fp32_forward, ("normalized_shape", "weight", "eps")),
+}
 
 
 def check_supported(m: LoadedModel) -> None:
-    """Raise ViewNotAvailableError unless every block is one the patched mode covers exactly."""
-    from timm.layers import Mlp
-    from timm.layers.attention import Attention
-    from timm.models.vision_transformer import VisionTransformer
-
+    """Raise ViewNotAvailableError for the parts of a model no AttnLRP rule covers (found before running it;
+    an attention or a normalisation computed by hand is found while it runs)."""
     why = ""
-    if not isinstance(m.model, VisionTransformer):
-        why = f"it is a {type(m.model).__name__} (family {m.spec.family})"
-    elif getattr(m.model, "attn_pool", None) is not None:
-        why = "it pools through an attention pool (MAP head), whose fused attention the mode does not cover"
-    else:
-        for name, block in zip(m.block_names(), m.blocks()):
-            if type(getattr(block, "attn", None)) is not Attention or type(getattr(block, "mlp", None)) is not Mlp:
-                why = (f"block {name} is a {type(block).__name__} with {type(getattr(block, 'attn', None)).__name__} / "
-                       f"{type(getattr(block, 'mlp', None)).__name__}")
-                break
-            if getattr(block.attn, "gate", None) is not None:
-                why = f"block {name} has a gated attention"
-                break
-    if why:
-        raise ViewNotAvailableError(f"attnlrp's rules are implemented for {SUPPORTED}; {m.spec.name} is not one: "
-                                    f"{why}. Use grad_rollout, input_x_gradient or a CAM method instead.")
+    for name, mod in m.model.named_modules():
+        kind = type(mod).__name__
+        if getattr(mod, "gate", None) is not None and "Attention" in kind:
+            why = (f"{name} is a {kind} with a sigmoid gate on its output, a product that is neither an attention "
+                   "nor a gated MLP unit in the paper's rules")
+        elif kind in _MODULE_RULES and not all(hasattr(mod, a) for a in _MODULE_RULES[kind][1]):
+            why = f"{name} is a {kind} whose attributes are not those of the {kind} the rules were written for"
+        if why:
+            raise ViewNotAvailableError(f"attnlrp's rules cover {SUPPORTED}; {m.spec.name} is not covered: {why}. "
+                                        f"{_INSTEAD}")
 
 
-class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a function)
-    """``with attnlrp_mode(m):`` the model's Attention, LayerNorm and GELU/SiLU modules run with AttnLRP's
-    backward rules; their own ``forward`` is back on exit, by an exception too."""
-
-    def __init__(self, m: LoadedModel) -> None:
-        check_supported(m)
-        self.m = m
-
-    def install(self, handles: Handles) -> None:
-        from timm.layers.attention import Attention
-
-        for mod in self.m.model.modules():
-            if type(mod) is Attention:
-                _set_forward(mod, _attention_forward, handles)
-            elif type(mod).__name__ == "LayerNorm" and isinstance(mod, nn.LayerNorm):  # not LayerNorm2d (channels)
-                _set_forward(mod, _layer_norm_forward, handles)
-            elif _is_activation(mod):
-                _set_forward(mod, _activation_forward, handles)
+def _set_attr(obj: Any, attr: str, value: Any, handles: Handles) -> None:
+    previous = getattr(obj, attr)
+    setattr(obj, attr, value)
+    handles.on_remove(lambda: setattr(obj, attr, previous))
 
 
 def _set_forward(mod: nn.Module, fn: Callable[..., torch.Tensor], handles: Handles) -> None:
@@ -177,13 +195,65 @@ def _set_forward(mod: nn.Module, fn: Callable[..., torch.Tensor], handles: Handl
     handles.on_remove(restore)
 
 
+def _hf_configs(model: nn.Module) -> list[Any]:
+    """Every distinct Hugging Face config the modules read their attention implementation from."""
+    seen: dict[int, Any] = {}
+    for mod in model.modules():
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+            seen.setdefault(id(cfg), cfg)
+    return list(seen.values())
+
+
+class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a function)
+    """``with attnlrp_mode(m):`` the model runs with AttnLRP's backward rules on this thread.
+
+    A ``TorchFunctionMode`` (thread-local, active only inside the block) puts the rule forms in place of
+    ``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``, ``F.layer_norm``, ``F.rms_norm``,
+    ``F.gelu`` and ``F.silu``; timm modules are switched to their fused (SDPA) attention and Hugging Face
+    configs to ``sdpa``; QuickGELU, gated MLPs and timm's RmsNorm get a rule ``forward`` per module
+    instance. Everything is back on exit, by an exception too. ``attention_calls`` counts the attentions
+    that ran under the uniform rule.
+    """
+
+    def __init__(self, m: LoadedModel) -> None:
+        check_supported(m)
+        self.m = m
+        self._mode: _RuleMode | None = None
+
+    @property
+    def attention_calls(self) -> int:
+        return self._mode.attention_calls if self._mode is not None else 0
+
+    def install(self, handles: Handles) -> None:
+        for mod in self.m.model.modules():
+            if isinstance(getattr(mod, "fused_attn", None), bool):  # timm: the fused path calls SDPA
+                _set_attr(mod, "fused_attn", True, handles)
+            rule = _MODULE_RULES.get(type(mod).__name__)
+            if rule is not None:
+                _set_forward(mod, rule[0], handles)
+        for cfg in _hf_configs(self.m.model):
+            if cfg._attn_implementation != "sdpa":  # eager would write the softmax out by hand
+                _set_attr(cfg, "_attn_implementation", "sdpa", handles)
+        self._mode = _RuleMode()
+        self._mode.__enter__()
+        handles.on_remove(lambda mode=self._mode: mode.__exit__(None, None, None))
+
+
 def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,
                       score: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """Pixel relevance [B, C, H, W] of the target scores ``t`` (one class per image) under AttnLRP's rules."""
+    """Pixel relevance [B, C, H, W] of the target scores ``t`` (one index per image) under AttnLRP's rules."""
     score = score or (lambda inp: m.forward(inp).float())
     xi = x.detach().clone().requires_grad_(True)
-    with torch.enable_grad(), attnlrp_mode(m):
-        (grad,) = torch.autograd.grad(score(xi).gather(1, t[:, None]).sum(), xi)
+    with torch.enable_grad():
+        with attnlrp_mode(m) as mode:
+            out = score(xi).gather(1, t[:, None]).sum()
+            if mode.attention_calls < m.spec.num_layers:
+                raise ViewNotAvailableError(
+                    f"attnlrp saw {mode.attention_calls} attention calls through scaled_dot_product_attention or "
+                    f"nn.MultiheadAttention in {m.spec.name}'s forward, fewer than its {m.spec.num_layers} blocks: "
+                    f"the others would get the plain gradient (the rules cover {SUPPORTED}). {_INSTEAD}")
+        (grad,) = torch.autograd.grad(out, xi)
     return (xi * grad).detach()
 
 

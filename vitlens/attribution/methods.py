@@ -240,6 +240,17 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit"),
 )}
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+#: methods left out of ``compare_methods``'s default: scorecam runs masked_per_forward-sized batches of
+#: masked images per image (about 1 s per image on a CPU)
+SLOW_METHODS: tuple[str, ...] = ("scorecam",)
+
+
+def default_methods() -> tuple[str, ...]:
+    """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam) and not slow."""
+    from .cam import cam_package_available
+
+    cams = cam_package_available()
+    return tuple(name for name in METHODS if name not in SLOW_METHODS and (cams or name not in CAM_CLASSES))
 DEFAULTS: dict[str, dict[str, Any]] = {name: dict(mt.defaults) for name, mt in METHOD_TABLE.items()}
 
 

@@ -1,0 +1,27 @@
+"""compare_methods's default method list: every method that is available and not slow (scorecam is left out;
+the CAMs only with grad-cam installed), and a default call runs exactly those."""
+from __future__ import annotations
+
+import torch
+
+import vitlens as vl
+from vitlens.attribution import METHODS
+from vitlens.attribution import cam as cam_module
+from vitlens.attribution.cam import CAM_CLASSES
+from vitlens.attribution.methods import SLOW_METHODS, default_methods
+
+
+def test_the_default_is_every_available_method_but_the_slow_ones(monkeypatch):
+    monkeypatch.setattr(cam_module, "cam_package_available", lambda: True)
+    assert default_methods() == tuple(name for name in METHODS if name != "scorecam")
+    assert SLOW_METHODS == ("scorecam",) and "gradcam" in default_methods() and "attnlrp" in default_methods()
+    monkeypatch.setattr(cam_module, "cam_package_available", lambda: False)
+    assert default_methods() == tuple(name for name in METHODS if name not in CAM_CLASSES)
+
+
+def test_a_default_compare_methods_call_runs_the_default_methods(monkeypatch):
+    monkeypatch.setattr(cam_module, "cam_package_available", lambda: False)  # as without grad-cam installed
+    m = vl.load_model("ref-vit", device="cpu")
+    table = vl.compare_methods(m, torch.randn(1, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0)),
+                               steps=2, metrics=["deletion_insertion"])
+    assert [row["method"] for row in table.to_rows()] == list(default_methods())
