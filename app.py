@@ -34,6 +34,8 @@ from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
 from vitlens.fair_lock import FairLock
+from vitlens.families.pooling import capture_pool_attention
+from vitlens.views import attention_maps as maps_view
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
@@ -85,9 +87,27 @@ def rollout_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, fusion
 
 
 @st.cache_data(max_entries=8, show_spinner="Capturing attention ...")
-def maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> vl.AttentionMapsResult:
+def maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str,
+                queries: tuple[int, ...] | None = None) -> vl.AttentionMapsResult:
+    """Every query's maps of the image, or (``queries``) those queries' rows only (high resolution)."""
     with heavy_lock():
-        return vl.attention_maps(_m, _image)
+        return vl.attention_maps(_m, _image, queries=queries)
+
+
+@st.cache_data(max_entries=8, show_spinner="Measuring attention on prefix tokens ...")
+def parked_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list[dict]:
+    """Heads parked on a prefix token, from the streaming prefix statistics (no whole map is kept)."""
+    with heavy_lock():
+        return vl.prefix_diagnostics(_m, [_image]).parked()
+
+
+def has_pool_attention(m: vl.LoadedModel) -> bool:
+    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown."""
+    try:
+        with capture_pool_attention(m):
+            return True
+    except vl.ViewNotAvailableError:
+        return False
 
 
 @st.cache_data(max_entries=32, show_spinner="Attributing and scoring ...")
@@ -322,9 +342,12 @@ def render_maps(ctx: Context) -> None:
     fusion = c[0].selectbox("Head fusion", ["mean", "max", "min"], key="fusion")
     discard = c[1].slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard")
     opacity = c[2].slider("Opacity", 0.0, 1.0, 0.5, 0.05, key="opacity")
-    maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
+    pool = has_pool_attention(ctx.m)
+    # small models: every query's maps at once (one computation for every query picked); high resolution:
+    # the picked query's rows only, computed a block of rows at a time (vitlens.views.attention_maps)
+    whole = maps_view.whole_maps_mb(spec) <= maps_view.WHOLE_MAPS_MB
     source = None
-    if maps.pool is not None:  # a MAP head: its probe's row may stand in for a class token's
+    if pool:  # a MAP head: its probe's row may stand in for a class token's
         default_row = "class token" if spec.has_class_token else "mean over patch tokens"
         row_choice = st.radio("Rollout row", [default_row, "attention pool"], horizontal=True, key="roll-source",
                               index=0 if spec.has_class_token else 1)
@@ -334,22 +357,31 @@ def render_maps(ctx: Context) -> None:
     st.plotly_chart(fig, key="rollout-fig")
     downloads(roll, fig, "rollout")
     st.subheader("One query's attention")
-    parked = maps.parked_heads(prefix_labels(spec))
+    maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key) if whole else None
+    parked = maps.parked_heads(prefix_labels(spec)) if maps is not None else \
+        parked_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
+    if not whole:
+        st.caption(f"Every query's maps of this image would take {maps_view.whole_maps_mb(spec):,.0f} MB, so the "
+                   "view computes the picked query's rows only (a block of query rows at a time); each new "
+                   "query is one more forward.")
     if parked:
         st.warning(f"{len(parked)} head(s) park more than half their attention on a prefix token in this image ("
                    + ", ".join(f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
                                for p in parked[:6]) + "); rollout counts that mass, though no patch earned it.")
     c = st.columns(4)
     kinds = (["class token"] if spec.has_class_token else []) + ["patch"] + \
-        (["attention pool"] if maps.pool is not None else [])  # a MAP head's probe over the tokens
+        (["attention pool"] if pool else [])  # a MAP head's probe over the tokens
     query_kind = c[1].radio("Query", kinds, key="qkind")
     layer: int | None = None
     if query_kind != "attention pool":
         layer = c[0].slider("Layer", 1, spec.num_layers, 1, key="layer") - 1
     row = col = None
     if query_kind == "patch":
-        row = int(c[2].number_input("Query row", 0, maps.grid[0] - 1, maps.grid[0] // 2, key="qr"))
-        col = int(c[3].number_input("Query column", 0, maps.grid[1] - 1, maps.grid[1] // 2, key="qc"))
+        row = int(c[2].number_input("Query row", 0, spec.grid[0] - 1, spec.grid[0] // 2, key="qr"))
+        col = int(c[3].number_input("Query column", 0, spec.grid[1] - 1, spec.grid[1] // 2, key="qc"))
+    token = vl.query_token(spec, row, col) if layer is not None else 0
+    if maps is None:
+        maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, (token,))
     if layer is None:
         label = "the pool's probe"
         head_maps = maps.pool_attention(0)
@@ -357,7 +389,7 @@ def render_maps(ctx: Context) -> None:
                    "tokens, after the last block (the model's output is untouched).")
     else:
         label = query_label(row, col)
-        head_maps = maps.query_attention(layer, vl.query_token(spec, row, col, grid=maps.grid))
+        head_maps = maps.query_attention(layer, token)
     head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(len(head_maps))], key="head")
     if head == "all heads":
         st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, label, opacity), key="heads-fig")

@@ -664,6 +664,38 @@ def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):
     assert problems(app) == [] and "mean over patch tokens" in chart(app, 0)["layout"]["title"]["text"]
 
 
+def test_attention_maps_above_the_whole_maps_limit_ask_for_the_picked_querys_rows(app, monkeypatch):
+    """High resolution (here: the limit set to 0 MB): the view asks attention_maps for the picked query's rows
+    only, a new query is a new call, and the figure is the one the whole maps give; parked heads come from the
+    streaming prefix statistics."""
+    from vitlens.views import attention_maps as maps_view
+
+    app.radio(key="view").set_value("Attention maps").run()
+    app.radio(key="qkind").set_value("patch").run()
+    app.slider(key="layer").set_value(4).run()
+    app.selectbox(key="head").set_value("head 3").run()
+    want = heatmap_z(chart(app, 1))
+    asked: list = []
+    real = vl.attention_maps
+
+    def recording(m, image, queries=None, memory_budget_mb=None):
+        asked.append(queries)
+        return real(m, image, queries=queries, memory_budget_mb=memory_budget_mb)
+
+    monkeypatch.setattr(vl, "attention_maps", recording)
+    monkeypatch.setattr(maps_view, "WHOLE_MAPS_MB", 0.0)
+    app.run()
+    assert problems(app) == [] and not app.error
+    assert any("picked query's rows only" in c.value for c in app.caption)
+    spec = vl.load_model("ref-vit").spec
+    assert asked == [(vl.query_token(spec, 4, 4),)]  # the centre patch of the 8x8 grid, its rows alone
+    np.testing.assert_allclose(heatmap_z(chart(app, 1)), want, rtol=1e-5, atol=1e-7)
+    app.number_input(key="qr").set_value(1).run()
+    assert problems(app) == [] and asked[-1] == (vl.query_token(spec, 1, 4),)
+    app.radio(key="qkind").set_value("class token").run()
+    assert problems(app) == [] and asked[-1] == (0,)
+
+
 def test_a_registered_view_without_a_page_of_its_own_gets_one(monkeypatch):
     """The app's selector reads the view registry: a new view (here the test's query counter) is
     offered, computed over the image set and drawn with its figure, with no edit to the app."""

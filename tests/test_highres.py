@@ -13,7 +13,7 @@ import torch
 
 import vitlens as vl
 from conftest import get_model
-from vitlens.views.engine import capture_plan, default_budget_mb, query_rows_for_budget
+from vitlens.views.engine import ROW_BLOCK_MB, capture_plan, default_budget_mb, query_rows_for_budget
 
 
 def test_capture_plan_makes_whole_maps_within_the_budget_and_query_blocks_above_it(tiny):
@@ -37,8 +37,20 @@ def test_default_budget_is_one_mlp_activation_so_whole_maps_stop_at_256_tokens(t
     for t in (256, 257):
         plan = capture_plan(tiny, 64, tokens=t)
         assert (plan.query_rows is None) == (t <= 256)
-        if t > 256:
-            assert plan.query_rows == 256  # budget / (4 * B * heads * T) = 4 * dim / heads rows
+        if t > 256:  # blocks of ROW_BLOCK_MB (48 MB) at most, below this budget of 48.2 MB
+            assert plan.budget_mb == default_budget_mb(64, 257, 192) > ROW_BLOCK_MB
+            assert plan.query_rows == int(ROW_BLOCK_MB * 2**20 // (4 * 64 * 3 * 257)) == 255
+
+
+def test_blocks_of_query_rows_stay_within_the_row_block_cap_whatever_the_budget(tiny):
+    """A budget above ROW_BLOCK_MB chunks as ROW_BLOCK_MB does (faster blocks, less memory); a budget below it
+    chunks as the budget says."""
+    big = capture_plan(tiny, 8, tokens=2305, memory_budget_mb=400.0)  # whole maps: 486 MB
+    capped = capture_plan(tiny, 8, tokens=2305, memory_budget_mb=ROW_BLOCK_MB)
+    assert big.mode == capped.mode == "side" and big.query_rows == capped.query_rows
+    assert big.query_rows * 4 * 8 * 3 * 2305 <= ROW_BLOCK_MB * 2**20
+    small = capture_plan(tiny, 8, tokens=2305, memory_budget_mb=ROW_BLOCK_MB / 4)
+    assert small.query_rows == query_rows_for_budget(8, 3, 2305, ROW_BLOCK_MB / 4) < big.query_rows
 
 
 def test_families_that_cannot_chunk_keep_whole_maps():

@@ -251,6 +251,8 @@ def default_methods() -> tuple[str, ...]:
 
     cams = cam_package_available()
     return tuple(name for name in METHODS if name not in SLOW_METHODS and (cams or name not in CAM_CLASSES))
+
+
 DEFAULTS: dict[str, dict[str, Any]] = {name: dict(mt.defaults) for name, mt in METHOD_TABLE.items()}
 
 

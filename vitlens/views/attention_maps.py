@@ -136,6 +136,19 @@ class AttentionMapsResult(Result):
                 for h in range(att.shape[0]) for r in range(att.shape[1]) for c in range(att.shape[2])]
 
 
+WHOLE_MAPS_MB = 256.0
+"""Up to this many megabytes of whole maps for one image (``whole_maps_mb``), the app's Attention maps view
+keeps every query's rows (one computation serves every query picked); above it (a ViT-B at 448 px and up),
+it asks ``attention_maps`` for the picked query's rows only."""
+
+
+def whole_maps_mb(spec: ModelSpec, grid: tuple[int, int] | None = None) -> float:
+    """Megabytes of one image's whole maps [layers, heads, T, T] in float32 (``grid``: another input's grid)."""
+    gh, gw = grid or spec.grid
+    t = spec.num_prefix_tokens + gh * gw
+    return 4.0 * spec.num_layers * spec.num_heads * t * t / 2**20
+
+
 class QueryRows(AttentionConsumer):
     """Keeps only the rows of some query tokens of every block (one image): [heads, Q, T] per block, from
     whole maps or row blocks alike, so ``attention_maps(..., queries=...)`` never holds a whole map."""

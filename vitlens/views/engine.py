@@ -153,6 +153,12 @@ def default_budget_mb(batch: int, tokens: int, embed_dim: int) -> float:
 
 MIN_BUDGET_MB = 4.0
 
+ROW_BLOCK_MB = 48.0
+"""The largest block of query rows the plan computes at once, whatever the budget: a block a little above
+the last-level cache stays fast to reduce (768 px, batch 4, this project's 2-core AMD EPYC with 32 MB of L3:
+blocks of 94 and 127 rows, 40 and 54 MB, took 25.0 s for distance + rollout, 189 and 256 rows 28.8 and 31.0 s;
+``analyses/bench.py --table --columns plain analyze`` measures it)."""
+
 
 @dataclass(frozen=True)
 class CapturePlan:
@@ -179,10 +185,11 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
     with the family's view capture (``Family.view_mode``: inline for timm's ViTs, the cheaper one);
     above it, families that compute the probabilities by query rows (timm ViT and EVA) run side
     capture in blocks of ``query_rows_for_budget(batch, heads, T, budget)`` rows, so no more than
-    the budget of probabilities exists at once; other families keep whole maps. The default budget
+    the budget of probabilities exists at once (and no more than ``ROW_BLOCK_MB`` per block, which is
+    faster); other families keep whole maps. The default budget
     is one block's MLP activation at this batch and T (``default_budget_mb``), so whole maps are
     made up to T = 4 * embed_dim / heads tokens (256 for every ViT with 64-dim heads, whatever the
-    batch: 224 px runs whole, 256 px and up in blocks of 256 queries), and whenever a whole map
+    batch: 224 px runs whole, 256 px and up in blocks of query rows), and whenever a whole map
     takes under ``MIN_BUDGET_MB``.
 
     Args:
@@ -199,7 +206,7 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
     whole = 4.0 * batch * s.num_heads * t * t / 2**20
     if whole <= budget or not m.family.chunks_queries:
         return CapturePlan(m.family.view_mode, None, budget, whole)
-    return CapturePlan("side", query_rows_for_budget(batch, s.num_heads, t, budget), budget, whole)
+    return CapturePlan("side", query_rows_for_budget(batch, s.num_heads, t, min(budget, ROW_BLOCK_MB)), budget, whole)
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
