@@ -442,7 +442,7 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
             raise
         out["oom"] = f"OOM at the {cap_gb:g} GB cap (estimate {need:.1f} GB): {str(e)[:80]}"
         return out
-    out.update(seconds=statistics.median(runs), runs=runs, peak_above_model_mb=round(peak_rss_mb() - before, 1),
+    out.update(seconds=round(statistics.median(runs), 2), runs=runs, peak_above_model_mb=round(peak_rss_mb() - before, 1),
                model_mb=round(before, 1))
     return out
 
