@@ -102,6 +102,19 @@ def test_the_bias_ledger_closes_exactly():
     np.testing.assert_allclose(float(per_image.sum()) + absorbed, target_logit(m, x, t).sum(), rtol=1e-10)
 
 
+def assert_half_of_the_attention_branch(model: nn.Module, t: torch.Tensor) -> None:
+    """The input relevance is f_skip + f_attn / 2: the logit without the first block's attention output
+    (f_skip) plus half of what that output adds (the uniform rule on A v, with uniform attention)."""
+    skip = copy.deepcopy(model)
+    with torch.no_grad():
+        skip.blocks[0].attn.proj.weight.zero_()
+    m = load(model)
+    x = inputs()
+    logit, f_skip = target_logit(m, x, t), target_logit(load(skip), x, t)
+    assert np.abs(logit - f_skip).min() > 1e-3  # the attention branch matters
+    np.testing.assert_allclose(relevance_sums(m, x, t), f_skip + (logit - f_skip) / 2, rtol=1e-10)
+
+
 def test_on_uniform_attention_the_uniform_rule_gives_half_the_attention_branch():
     """q = k = 0 makes every attention row uniform (the scores are 0, and their relevance s x grad is 0); the
     uniform rule hands half of A v's relevance to A, where it stays, and half to v. Without norms and with
@@ -113,14 +126,7 @@ def test_on_uniform_attention_the_uniform_rule_gives_half_the_attention_branch()
         model.blocks[0].attn.qkv.weight[32:].normal_(0, 0.5)  # the values and the output: an attention branch
         model.blocks[0].attn.proj.weight.normal_(0, 0.5)  # as large as the skip path
         model.blocks[0].mlp.fc2.weight.zero_()
-    skip = copy.deepcopy(model)
-    with torch.no_grad():
-        skip.blocks[0].attn.proj.weight.zero_()
-    m = load(model)
-    x, t = inputs(), torch.tensor([1, 1, 2])
-    logit, f_skip = target_logit(m, x, t), target_logit(load(skip), x, t)
-    assert np.abs(logit - f_skip).min() > 1e-3  # the attention branch matters
-    np.testing.assert_allclose(relevance_sums(m, x, t), f_skip + (logit - f_skip) / 2, rtol=1e-10)
+    assert_half_of_the_attention_branch(model, torch.tensor([1, 1, 2]))
 
 
 def test_with_real_attention_the_softmax_absorbs_what_its_rule_says():
@@ -511,15 +517,7 @@ def test_relative_bias_and_rotary_attention_hand_half_the_attention_branch_to_th
                 p[: 2 * p.shape[1]].zero_()  # the query and key rows
             elif p.ndim >= 2 and "rope" not in pname:
                 p.normal_(0, p[0].numel() ** -0.5)
-    model = model.double().eval()
-    skip = copy.deepcopy(model)
-    with torch.no_grad():
-        skip.blocks[0].attn.proj.weight.zero_()
-    m = load(model)
-    x, t = inputs(), torch.tensor([1, 0, 2])
-    logit, f_skip = target_logit(m, x, t), target_logit(load(skip), x, t)
-    assert np.abs(logit - f_skip).min() > 1e-3  # the attention branch matters
-    np.testing.assert_allclose(relevance_sums(m, x, t), f_skip + (logit - f_skip) / 2, rtol=1e-10)
+    assert_half_of_the_attention_branch(model.double().eval(), torch.tensor([1, 0, 2]))
 
 
 def _family_matrix() -> list[str]:
