@@ -34,8 +34,8 @@ Rows: random-init ``--model`` built at each input size, one random batch; every 
 column) runs in its own process: load, set up (a peer's own model), one warm-up image, then the timed
 run; its peak is VmHWM above the process's resident size just before the timed run (``clear_refs``
 restarts the high-water mark there); the timed run is repeated up to 3 times while the cell's runs took
-under 75 s in all, and the median is reported (``CELL_RUNS``, ``CELL_SECONDS``). Columns: the plain fused forward; ``vl.analyze(views=("distance",
-"rollout"))`` and distance alone, as the views choose their capture (``capture_plan``); (a) timm's
+under 75 s in all, and the median is reported (``CELL_RUNS``, ``CELL_SECONDS``). Columns: the plain
+fused forward; ``vl.analyze(views=("distance", "rollout"))`` and distance alone, as the views choose their capture (``capture_plan``); (a) timm's
 ``AttentionExtract`` + batched torch; (b) the per-image hook loop (vit-explain); (c) Hugging Face
 ``ViTModel`` with eager attention and ``output_attentions=True``, the timm weights copied in. Every
 peer's distance and rollout are checked against vitlens's. A cell estimated to need more than

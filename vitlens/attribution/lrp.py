@@ -176,12 +176,6 @@ def check_supported(m: LoadedModel) -> None:
                                         f"{_INSTEAD}")
 
 
-def _set_attr(obj: Any, attr: str, value: Any, handles: Handles) -> None:
-    previous = getattr(obj, attr)
-    setattr(obj, attr, value)
-    handles.on_remove(lambda: setattr(obj, attr, previous))
-
-
 def _set_forward(mod: nn.Module, fn: Callable[..., torch.Tensor], handles: Handles) -> None:
     previous = mod.__dict__.get("forward", _MISSING)
     mod.forward = types.MethodType(fn, mod)
@@ -228,13 +222,13 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
     def install(self, handles: Handles) -> None:
         for mod in self.m.model.modules():
             if isinstance(getattr(mod, "fused_attn", None), bool):  # timm: the fused path calls SDPA
-                _set_attr(mod, "fused_attn", True, handles)
+                handles.set_attr(mod, "fused_attn", True)
             rule = _MODULE_RULES.get(type(mod).__name__)
             if rule is not None:
                 _set_forward(mod, rule[0], handles)
         for cfg in _hf_configs(self.m.model):
             if cfg._attn_implementation != "sdpa":  # eager would write the softmax out by hand
-                _set_attr(cfg, "_attn_implementation", "sdpa", handles)
+                handles.set_attr(cfg, "_attn_implementation", "sdpa")
         self._mode = _RuleMode()
         self._mode.__enter__()
         handles.on_remove(lambda mode=self._mode: mode.__exit__(None, None, None))

@@ -46,6 +46,12 @@ class Handles:
     def on_remove(self, fn: Callable[[], None]) -> None:
         self._undo.append(fn)
 
+    def set_attr(self, obj: Any, name: str, value: Any) -> None:
+        """``setattr(obj, name, value)`` now, the previous value put back by ``remove``."""
+        previous = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(lambda: setattr(obj, name, previous))
+
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()

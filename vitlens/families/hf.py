@@ -263,9 +263,7 @@ class HuggingFaceViT(Family):
         _ACTIVE.append(entry)
         handles.on_remove(lambda: _ACTIVE.remove(entry))
         for config in {id(a.config): a.config for a in attns}.values():
-            old = config._attn_implementation
-            config._attn_implementation = INLINE_KEY
-            handles.on_remove(lambda config=config, old=old: setattr(config, "_attn_implementation", old))
+            handles.set_attr(config, "_attn_implementation", INLINE_KEY)
 
     def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
         """SigLIP's / Siglip2's MAP head: its probe's nn.MultiheadAttention over the tokens, softmax(q / sqrt(d) @ k^T

@@ -37,9 +37,7 @@ def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handl
         def drop_pre_hook(_mod: nn.Module, args: tuple, layer: int = layer) -> None:
             emit(layer, args[0].detach() if detach else args[0])
 
-        fused = attn.fused_attn
-        attn.fused_attn = False
-        handles.on_remove(lambda attn=attn, fused=fused: setattr(attn, "fused_attn", fused))
+        handles.set_attr(attn, "fused_attn", False)
         handles.hook(attn.attn_drop.register_forward_pre_hook(drop_pre_hook))
 
 

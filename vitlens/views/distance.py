@@ -280,13 +280,13 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if whole and (self._distances is None or self._distances.device != device or self.grid != grid):
             self._distances = token_distance_matrix(grid, self.stride_px, device).float()
         elif not whole:
-            self._distances = None  # each block's rows are built as they come (``_weights``)
+            self._distances = None  # each block's rows are built as they come (``_distance_rows``)
         self._device = device
         self.grid = grid
         self.image_size = (int(image_size[0]), int(image_size[1])) if image_size and min(image_size) > 0 else \
             (grid[0] * self.stride_px[0], grid[1] * self.stride_px[1])
 
-    def _weights(self, queries: slice) -> torch.Tensor:
+    def _distance_rows(self, queries: slice) -> torch.Tensor:
         """Pixel distances [q, N] of the patch queries ``queries`` (0 = the first patch token) to every
         patch key, float32 (rounded from float64, as ``FLOAT32_RTOL`` counts)."""
         if self._distances is not None:
@@ -318,7 +318,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if q0 < stop:
             block = attn[:, :, q0 - start:]
             self._queries.setdefault(layer, []).append(
-                per_query_distance(block, self._weights(slice(q0 - p, stop - p)), p, self.renormalize))
+                per_query_distance(block, self._distance_rows(slice(q0 - p, stop - p)), p, self.renormalize))
         if not last:
             return None
         return torch.cat(self._queries.pop(layer, [])).mean(0).cpu().numpy()

@@ -155,9 +155,10 @@ MIN_BUDGET_MB = 4.0
 
 ROW_BLOCK_MB = 48.0
 """The largest block of query rows the plan computes at once, whatever the budget: a block a little above
-the last-level cache stays fast to reduce (768 px, batch 4, this project's 2-core AMD EPYC with 32 MB of L3:
-blocks of 94 and 127 rows, 40 and 54 MB, took 25.0 s for distance + rollout, 189 and 256 rows 28.8 and 31.0 s;
-``analyses/bench.py --table --columns plain analyze`` measures it)."""
+the last-level cache stays fast to reduce. Measured once, with ``vl.analyze(m, x, views=("distance",
+"rollout"), memory_budget_mb=B)`` for B = 54, 40, 80 and the default 108 MB (127, 94, 189, 256 rows; vit_base
+at 768 px, batch 4, this project's 2-core AMD EPYC with 32 MB of L3), two rounds: 25.0, 25.1, 28.8, 31.0 s,
+then 26.1, 28.8, 28.9, 28.7 s; 127 rows was the fastest in both, the rest is within this VM's noise."""
 
 
 @dataclass(frozen=True)
