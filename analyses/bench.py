@@ -41,7 +41,9 @@ fused forward; ``vl.analyze(views=("distance", "rollout"))`` and distance alone,
 peer's distance and rollout are checked against vitlens's. A cell estimated to need more than
 ``--mem-cap-gb`` above the model is reported as OOM with the estimate, not run; one that runs past
 the cap (an address-space limit of the cap + 4 GB) is reported as OOM too. ``--columns plain
-distance_whole distance_rows`` times whole maps against query-chunked capture (the crossover).
+distance_whole distance_rows distance_inline_rows`` times whole maps (timm's own non-fused path) against
+query-chunked side capture and inline capture by query rows (the crossover; the views use the last for
+timm ViTs, one block when the whole map fits).
 """
 from __future__ import annotations
 
@@ -290,7 +292,7 @@ QUICK_SIZES = ((224, 2),)
 #: the table's columns; each runs in a fresh process, its peak VmHWM above the loaded model
 TABLE_COLUMNS = ("plain", "analyze", "distance", "peer_a", "peer_b", "peer_c")
 #: columns for the whole-map / query-chunked crossover (``--columns plain distance_whole distance_rows``)
-CROSSOVER_COLUMNS = ("distance_whole", "distance_rows")
+CROSSOVER_COLUMNS = ("distance_whole", "distance_rows", "distance_inline_rows")
 COLUMN_TITLES = {
     "plain": "plain fused forward",
     "analyze": 'vl.analyze(views=("distance", "rollout"))',
@@ -300,6 +302,7 @@ COLUMN_TITLES = {
     "peer_c": "(c) HF ViTModel eager, output_attentions",
     "distance_whole": "distance, whole maps (inline)",
     "distance_rows": "distance, query-chunked side capture",
+    "distance_inline_rows": "distance, inline by query rows",
 }
 
 
@@ -368,7 +371,7 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
 
     import vitlens as vl
     from vitlens.memory import peak_rss_mb
-    from vitlens.views.engine import default_budget_mb, query_rows_for_budget
+    from vitlens.views.engine import ROW_BLOCK_MB, default_budget_mb, query_rows_for_budget
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -408,10 +411,10 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
                 out["distance"] = vl.attention_distance(m, x, batch_size=batch).mean_px.tolist()
             elif column in CROSSOVER_COLUMNS:
                 acc = vl.AttentionDistanceAccumulator.for_model(s)
-                rows = None if column == "distance_whole" else \
-                    query_rows_for_budget(batch, s.num_heads, t, default_budget_mb(batch, t, s.embed_dim))
-                vl.stream_attention(m, x, [acc], batch_size=batch, capture_mode="inline" if rows is None else "side",
-                                    query_rows=rows)
+                budget = min(ROW_BLOCK_MB, default_budget_mb(batch, t, s.embed_dim))
+                rows = None if column == "distance_whole" else query_rows_for_budget(batch, s.num_heads, t, budget)
+                mode = "side" if column == "distance_rows" else "inline"
+                vl.stream_attention(m, x, [acc], batch_size=batch, capture_mode=mode, query_rows=rows)
                 out.update(distance=acc.result(s).mean_px.tolist(), query_rows=rows)
             elif column == "peer_a":
                 d, r, _ = peer_attention_extract(peer_model, x, s.stride_px[0], s.num_prefix_tokens)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import vitlens as vl
-from conftest import get_model
-from vitlens.views.engine import ROW_BLOCK_MB, capture_plan, default_budget_mb, query_rows_for_budget
+from conftest import get_model, reference_attention
+from vitlens.views.engine import ROW_BLOCK_MB, CapturePlan, capture_plan, default_budget_mb, query_rows_for_budget
 
 
 def test_capture_plan_makes_whole_maps_within_the_budget_and_query_blocks_above_it(tiny):
@@ -22,10 +22,10 @@ def test_capture_plan_makes_whole_maps_within_the_budget_and_query_blocks_above_
     plan = capture_plan(tiny, 8)
     assert plan.whole_map_mb == pytest.approx(whole_mb)
     assert plan.budget_mb == pytest.approx(max(4.0, 4 * 8 * 197 * 4 * 192 / 2**20))
-    assert (plan.mode, plan.query_rows) == ("inline", None)  # T = 197 <= 4 * 192 / 3 = 256
+    assert (plan.mode, plan.query_rows) == ("inline", 197)  # one block of every row: T = 197 <= 4 * 192 / 3 = 256
     small = capture_plan(tiny, 8, memory_budget_mb=whole_mb / 3)
-    assert small.mode == "side" and small.query_rows == query_rows_for_budget(8, 3, 197, whole_mb / 3) == 65
-    assert capture_plan(tiny, 8, memory_budget_mb=whole_mb).query_rows is None  # exactly fits: whole maps
+    assert small.mode == "inline" and small.query_rows == query_rows_for_budget(8, 3, 197, whole_mb / 3) == 65
+    assert capture_plan(tiny, 8, memory_budget_mb=whole_mb).query_rows == 197  # exactly fits: whole maps
     with pytest.raises(vl.InvalidParameterError, match="memory_budget_mb"):
         capture_plan(tiny, 8, memory_budget_mb=0)
 
@@ -36,7 +36,7 @@ def test_default_budget_is_one_mlp_activation_so_whole_maps_stop_at_256_tokens(t
     assert default_budget_mb(1, 10, 8) == 4.0  # never below MIN_BUDGET_MB
     for t in (256, 257):
         plan = capture_plan(tiny, 64, tokens=t)
-        assert (plan.query_rows is None) == (t <= 256)
+        assert (plan.query_rows == t) == (t <= 256)
         if t > 256:  # blocks of ROW_BLOCK_MB (48 MB) at most, below this budget of 48.2 MB
             assert plan.budget_mb == default_budget_mb(64, 257, 192) > ROW_BLOCK_MB
             assert plan.query_rows == int(ROW_BLOCK_MB * 2**20 // (4 * 64 * 3 * 257)) == 255
@@ -47,7 +47,7 @@ def test_blocks_of_query_rows_stay_within_the_row_block_cap_whatever_the_budget(
     chunks as the budget says."""
     big = capture_plan(tiny, 8, tokens=2305, memory_budget_mb=400.0)  # whole maps: 486 MB
     capped = capture_plan(tiny, 8, tokens=2305, memory_budget_mb=ROW_BLOCK_MB)
-    assert big.mode == capped.mode == "side" and big.query_rows == capped.query_rows
+    assert big.mode == capped.mode == "inline" and big.query_rows == capped.query_rows
     assert big.query_rows * 4 * 8 * 3 * 2305 <= ROW_BLOCK_MB * 2**20
     small = capture_plan(tiny, 8, tokens=2305, memory_budget_mb=ROW_BLOCK_MB / 4)
     assert small.query_rows == query_rows_for_budget(8, 3, 2305, ROW_BLOCK_MB / 4) < big.query_rows
@@ -58,8 +58,13 @@ def test_families_that_cannot_chunk_keep_whole_maps():
 
     m = get_model("vit_tiny_patch16_224")
     plan = capture_plan(m, 4, tokens=5000, memory_budget_mb=1.0)
-    assert plan.mode == "side" and plan.query_rows == 2**20 // (4 * 4 * 3 * 5000) == 4  # timm ViT: by query rows
-    other = SimpleNamespace(spec=m.spec, family=SimpleNamespace(chunks_queries=False, view_mode="side"))
+    assert plan.mode == "inline" and plan.query_rows == 2**20 // (4 * 4 * 3 * 5000) == 4  # timm ViT: by query rows
+    side_rows = SimpleNamespace(spec=m.spec, model=None, family=SimpleNamespace(
+        chunks_queries=True, view_mode="inline", chunks_inline=lambda _model: False))  # e.g. parallel blocks, EVA
+    assert capture_plan(side_rows, 4, tokens=5000, memory_budget_mb=1.0) == (
+        CapturePlan("side", plan.query_rows, plan.budget_mb, plan.whole_map_mb))
+    other = SimpleNamespace(spec=m.spec, model=None, family=SimpleNamespace(
+        chunks_queries=False, view_mode="side", chunks_inline=lambda _model: False))
     assert capture_plan(other, 4, tokens=5000, memory_budget_mb=1.0).query_rows is None  # whole maps, whatever T
 
 
@@ -80,7 +85,7 @@ def test_views_chunk_by_themselves_above_256_tokens_with_uneven_blocks_and_the_s
     m = get_model("vit_tiny_patch16_224", img_size=288)  # 18 x 18 grid: T = 325 = 256 + 69 (uneven blocks)
     x = torch.randn(5, 3, 288, 288, generator=torch.Generator().manual_seed(20))
     plan = capture_plan(m, 5)  # budget 5 * 325 * 768 * 4 bytes (4.8 MB) < whole map 5 * 3 * 325^2 * 4 (6.0 MB)
-    assert plan.mode == "side" and plan.query_rows == 256
+    assert plan.mode == "inline" and plan.query_rows == 256
     seen = []
 
     class Rows(vl.AttentionConsumer):
@@ -246,3 +251,51 @@ def test_sums_over_keys_stay_within_the_float32_bound_however_the_queries_are_ch
         np.testing.assert_allclose(got.permute(1, 2, 0).numpy(), want.numpy(), rtol=dist.FLOAT32_RTOL)
     with pytest.raises(vl.InvalidParameterError, match="do not fit 40 queries over 99 patch keys"):
         dist.per_query_distance(attn, d[:5], p)
+
+
+def test_inline_capture_by_query_rows_gives_the_whole_maps_and_the_non_fused_output(tiny):
+    """Inline by query rows (timm's Attention computed a block of queries at a time, each block emitted and then
+    multiplied by v): the maps are the whole non-fused path's (the same products; tolerance as the families'
+    exactness test), the output the non-fused path's to float rounding, uneven blocks (197 = 3 x 50 + 47)
+    included; the modules' own forward is back afterwards (no instance attribute left)."""
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(21))
+    ref_maps, ref_out = reference_attention(tiny.model, x)
+    seen = []
+
+    class Rows(vl.AttentionConsumer):
+        def on_attention(self, layer, attn, rows=None):
+            seen.append((layer, rows.start, rows.stop))
+
+    with torch.no_grad(), vl.capture_attention(tiny, mode="inline", query_rows=50, consumers=[Rows()]) as cap:
+        out = tiny.model(x)
+    assert seen == [(layer, a, b) for layer in range(12) for a, b in ((0, 50), (50, 100), (100, 150), (150, 197))]
+    for got, want in zip(cap.maps, ref_maps):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    assert all("forward" not in vars(b.attn) for b in tiny.model.blocks)
+    with torch.no_grad():
+        assert torch.equal(tiny.model(x), tiny.model(x))  # the fused path again, deterministic
+        torch.testing.assert_close(tiny.model(x), ref_out, atol=1e-4, rtol=1e-4)
+
+
+def test_inline_capture_by_query_rows_keeps_gradients_and_runs_under_autocast(tiny):
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(22)).requires_grad_(True)
+    with vl.capture_attention(tiny, mode="inline", detach=False) as whole:
+        g_whole, = torch.autograd.grad(tiny.model(x)[0, 3], x)
+    with vl.capture_attention(tiny, mode="inline", detach=False, query_rows=64, store=False):
+        g_rows, = torch.autograd.grad(tiny.model(x)[0, 3], x)
+    assert len(whole.maps) == 12
+    torch.testing.assert_close(g_rows, g_whole, atol=1e-5, rtol=1e-4)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = tiny.model(x).float()
+        with vl.capture_attention(tiny, mode="inline", query_rows=64) as cap:
+            rows = tiny.model(x).float()
+    assert all(a.dtype == torch.float32 for a in cap.maps)  # float32 probabilities, as side capture gives
+    torch.testing.assert_close(rows, plain, atol=0.1, rtol=0.05)  # bf16 rounding of the activations
+
+
+def test_inline_by_query_rows_is_refused_where_the_family_runs_its_own_path():
+    m = get_model("vit_base_patch16_xp_224", img_size=32, depth=1, embed_dim=64, num_heads=2)  # parallel blocks
+    with pytest.raises(vl.InvalidParameterError, match="mode='side'"):
+        vl.capture_attention(m, mode="inline", query_rows=4)
+    assert capture_plan(m, 2, tokens=5000, memory_budget_mb=1.0).mode == "side"  # the views chunk beside it

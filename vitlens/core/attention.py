@@ -4,7 +4,7 @@ attention distance) and the filters a patch-embedding convolution applies (Fig. 
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -94,19 +94,26 @@ def attention_probs_in_rows(
     is_causal: bool = False,
     biases: Sequence[torch.Tensor] = (),
     scale_after: bool = False,
+    workspace: dict | None = None,
 ):
     """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
     T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
     the whole computation (the same products and softmax over the same keys). ``query_rows`` None
-    (or >= T), and causal attention, give one block of every row.
+    (or >= T), and causal attention, give one block of every row (rows None: a fresh tensor).
 
     The blocks of a layer are computed into one buffer (a fresh [B, heads, rows, T] tensor per block
     cost a third of a block's work at 768 px in page faults alone), so a yielded block is valid until
-    the next one is asked for: what a caller keeps, it copies (the engine's consumer protocol says so)."""
+    the next one is asked for: what a caller keeps, it copies (the engine's consumer protocol says so).
+    ``workspace``: a dict the caller keeps for a capture session, where that buffer stays from layer to
+    layer and forward to forward (grown when a larger one is needed); with it, ``query_rows >= T``
+    gives one block ``slice(0, T)`` in that buffer too (a whole map's fresh 28 MB per layer at 224 px,
+    batch 16, is page faults again)."""
     t = q.shape[-2]
-    if not query_rows or query_rows >= t or is_causal:
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if not query_rows or is_causal or (query_rows >= t and (workspace is None or grad)):
         yield attention_probs(q, k, scale, attn_mask, is_causal, biases, scale_after), None
         return
+    query_rows = min(int(query_rows), t)
 
     def rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
         return x[..., rows, :] if x is not None and x.dim() >= 2 and x.shape[-2] == t else x
@@ -115,10 +122,58 @@ def attention_probs_in_rows(
     # fused qkv projection, which each block's product would otherwise copy again)
     k = k.float().contiguous()
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    flat = None if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) else \
-        torch.empty(lead.numel() * int(query_rows) * t, dtype=torch.float32, device=q.device)
-    for start in range(0, t, int(query_rows)):
-        rows = slice(start, min(t, start + int(query_rows)))
+    size = lead.numel() * query_rows * t
+    flat = None
+    if not grad:
+        flat = None if workspace is None else workspace.get("probs")
+        if flat is None or flat.numel() < size or flat.device != q.device:
+            flat = torch.empty(size, dtype=torch.float32, device=q.device)
+            if workspace is not None:
+                workspace["probs"] = flat
+    for start in range(0, t, query_rows):
+        rows = slice(start, min(t, start + query_rows))
         out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * t].view(*lead, rows.stop - start, t)
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
                               [rows_of(b, rows) for b in biases], scale_after, out=out), rows
+
+
+def attention_output_in_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    query_rows: int,
+    on_probs: Callable[[torch.Tensor, "slice | None"], None],
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    drop: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    workspace: dict | None = None,
+) -> torch.Tensor:
+    """A block's non-fused attention output ``softmax(q * scale @ k^T + mask) @ v`` computed
+    ``query_rows`` queries at a time, handing each block of probabilities to ``on_probs(probs,
+    rows)`` before it is multiplied by ``v`` (inline capture by query rows: every attention view,
+    Fig. 6 and Fig. 7 right, at any T without a [B, heads, T, T] map and without computing the
+    probabilities twice). Returns [B, heads, T, head_dim] (a view of a [B, T, heads, head_dim]
+    tensor, so the usual ``transpose(1, 2).reshape(B, T, heads * head_dim)`` costs nothing).
+
+    The probabilities are ``attention_probs_in_rows``'s, float32 (a block is valid during its
+    ``on_probs`` call only); ``drop`` (the module's attention dropout) is applied to each block
+    before the product, which runs in ``v``'s dtype. Each output row is that of the whole
+    product up to float rounding (the same terms; BLAS may block the sums differently).
+    ``workspace``: as for ``attention_probs_in_rows`` (the probabilities' buffer kept across layers).
+    """
+    b, h, t, d = v.shape
+    # one contiguous copy of the values for all blocks: v is a strided view of the fused qkv projection,
+    # which each block's product would otherwise copy again (a 28 MB copy per block at 768 px, batch 4)
+    v = v.contiguous()
+    out = v.new_empty(b, t, h, d)
+    for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, workspace=workspace):
+        on_probs(probs, rows)
+        p = drop(probs) if drop is not None else probs
+        block = torch.matmul(p.to(v.dtype), v)  # [B, heads, rows, d]
+        if rows is None:
+            out.copy_(block.transpose(1, 2))
+        else:
+            out[:, rows].copy_(block.transpose(1, 2))
+        del probs, p
+    return out.transpose(1, 2)

@@ -47,10 +47,17 @@ class Handles:
         self._undo.append(fn)
 
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
-        """``setattr(obj, name, value)`` now, the previous value put back by ``remove``."""
+        """``setattr(obj, name, value)`` now, the previous value put back by ``remove`` (an attribute the
+        object had from its class, e.g. a module's ``forward``, is deleted again, so the class's is seen)."""
+        import inspect
+
+        # an attribute the class provides and setattr shadows (a method) is deleted again; an instance
+        # attribute, or one a descriptor of the class stores (a property), is set back
+        shadowed = name not in getattr(obj, "__dict__", {}) and \
+            not hasattr(inspect.getattr_static(type(obj), name, None), "__set__")
         previous = getattr(obj, name)
         setattr(obj, name, value)
-        self._undo.append(lambda: setattr(obj, name, previous))
+        self._undo.append(lambda: delattr(obj, name) if shadowed else setattr(obj, name, previous))
 
     def remove(self) -> None:
         while self._undo:
@@ -101,6 +108,12 @@ class Family:
     #: whether side capture computes the probabilities a block of query rows at a time when asked
     #: (``query_rows_of(emit)``), so the views can bound their memory at high resolution
     chunks_queries = False
+
+    def chunks_inline(self, model: nn.Module) -> bool:
+        """Whether inline capture of ``model`` computes its blocks' attention a block of query rows at a
+        time when asked (``query_rows_of(emit)``): the probabilities made once, the output computed from
+        them, no whole map (what the views use at high resolution where the family allows it)."""
+        return False
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` belongs to this family (refusals included: ``check`` says why)."""

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..core.attention import attention_probs_in_rows, conv_filters
+from ..core.attention import attention_output_in_rows, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
 from .base import Emit, Family, Handles, prefix_labels, query_rows_of, register
 
@@ -39,6 +39,39 @@ def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handl
 
         handles.set_attr(attn, "fused_attn", False)
         handles.hook(attn.attn_drop.register_forward_pre_hook(drop_pre_hook))
+
+
+def inline_in_rows(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
+    """Inline capture by query rows for timm's standard ``Attention``: each module's forward is, for
+    the session, timm's non-fused path computed ``query_rows_of(emit)`` queries at a time
+    (``attention_output_in_rows``), every block of probabilities emitted as it is made and then
+    multiplied by v. No [B, heads, T, T] map exists and the probabilities are computed once (side
+    capture computes them a second time beside the fused kernel). The output is the non-fused
+    path's up to float rounding; under autocast the probabilities are float32 and the product
+    with v runs in v's dtype."""
+    rows = query_rows_of(emit)
+    workspace: dict = {}  # the probabilities' buffer, shared by every block for the session
+    for layer, attn in enumerate(modules):
+        def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                    attn: nn.Module = attn, layer: int = layer) -> torch.Tensor:
+            def on_probs(probs: torch.Tensor, block: slice | None) -> None:
+                probs = probs.detach() if detach else probs
+                emit(layer, probs) if block is None else emit(layer, probs, block)
+
+            b, n, _ = x.shape
+            gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
+            qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)
+            q, k = attn.q_norm(q), attn.k_norm(k)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                out = attention_output_in_rows(q, k, v, attn.scale, rows, on_probs, attn_mask, is_causal,
+                                               attn.attn_drop, workspace)
+            out = attn.norm(out.transpose(1, 2).reshape(b, n, attn.num_heads * attn.head_dim))
+            if gate is not None:
+                out = out * gate
+            return attn.proj_drop(attn.proj(out))
+
+        handles.set_attr(attn, "forward", forward)
 
 
 def timm_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
@@ -180,6 +213,7 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
     multiplies (e.g. apply rotary embeddings); ``call`` holds the block call's arguments
     (``call_argument``) and the projection's dtype (``call["dtype"]``).
     """
+    workspace: dict = {}  # the probabilities' buffer, shared by every block for the session
     for layer, attn in enumerate(modules):
         state: dict[str, Any] = {}
 
@@ -191,7 +225,7 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
             state["q"], state["dtype"] = q, inp[0].dtype
 
         def k_hook(_mod: nn.Module, _inp: tuple, k: torch.Tensor, state: dict = state, layer: int = layer,
-                   attn: nn.Module = attn) -> None:
+                   attn: nn.Module = attn, workspace: dict = workspace) -> None:
             q = state.pop("q")
             with torch.no_grad():
                 if queries_keys is not None:
@@ -202,7 +236,8 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
                 # would otherwise hold every block's input at once (12 x 28 MB at 768 px, batch 4)
                 state.clear()
                 with torch.autocast(device_type=k.device.type, enabled=False):
-                    for item in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal):
+                    for item in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal,
+                                                        workspace=workspace if query_rows_of(emit) else None):
                         probs, rows = item
                         if rows is None:
                             emit(layer, probs)
@@ -302,8 +337,14 @@ class TimmViT(TimmFamily):
     def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
         install_qk_norm_hooks(self._computing(model), emit, handles, TIMM_ARGS, _parallel_heads_first)
 
+    def chunks_inline(self, model: nn.Module) -> bool:
+        return not any(_is_parallel(block) for block in model.blocks)  # timm's standard Attention only
+
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        inline_at_attn_drop(self._computing(model), emit, handles, detach)
+        if query_rows_of(emit) and self.chunks_inline(model):
+            inline_in_rows(self._computing(model), emit, handles, detach)
+        else:
+            inline_at_attn_drop(self._computing(model), emit, handles, detach)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         from ..errors import ViewNotAvailableError

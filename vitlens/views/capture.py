@@ -11,7 +11,9 @@ the hooks:
 - ``mode="inline"``: each block runs its family's own non-fused path and the probabilities are
   taken as they enter dropout: no extra work beyond un-fusing, and the captured maps are the
   ones the output depends on (what gradient methods need). Outputs then equal a non-fused run
-  exactly and the fused run to float rounding.
+  exactly and the fused run to float rounding. With ``query_rows`` (timm ViTs), the non-fused
+  path is computed a block of query rows at a time and each block is handed over before it is
+  multiplied by v: high resolutions without a whole map and without a second q k^T.
 """
 from __future__ import annotations
 
@@ -46,13 +48,18 @@ class AttentionCapture(HookSession):
         if not detach and mode != "inline":
             raise InvalidParameterError("detach=False needs mode='inline': only then does the output depend on "
                                         "the captured maps.")
-        if query_rows is not None and (int(query_rows) < 1 or mode != "side"):
-            raise InvalidParameterError(f"query_rows must be >= 1 and needs mode='side' (inline capture runs the "
-                                        f"block's own path, which makes whole maps); got {query_rows!r}, {mode!r}.")
+        if query_rows is not None and int(query_rows) < 1:
+            raise InvalidParameterError(f"query_rows must be >= 1 (queries per block of probabilities); got "
+                                        f"{query_rows!r}.")
         if isinstance(m, LoadedModel):
             self.model, self.family = m.model, m.family
         else:
             self.model, self.family = m, family_of(m)
+        if query_rows is not None and mode == "inline" and not self.family.chunks_inline(self.model):
+            raise InvalidParameterError(
+                f"query_rows with mode='inline' needs a family whose non-fused path vitlens computes by query rows "
+                f"(timm's standard Attention); {self.family.name} runs its own path, which makes whole maps: use "
+                "mode='side' (the probabilities computed by query rows beside the model's own forward).")
         if mode == "inline" and not self.family.has_inline:
             raise InvalidParameterError(f"{self.family.name} models have no non-fused path to capture inline; "
                                         "use mode='side'.")
@@ -103,7 +110,8 @@ class AttentionCapture(HookSession):
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
         if self.mode == "inline":
-            self.family.install_inline(self.model, self._emit, handles, self.detach)
+            emit = self._emit if self.query_rows is None else _Emitter(self._emit, self.query_rows)
+            self.family.install_inline(self.model, emit, handles, self.detach)
         else:
             self.family.install_side(self.model, _Emitter(self._emit, self.query_rows), handles)
 
@@ -130,10 +138,12 @@ def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
         mode: "side" (outputs bit-for-bit unchanged; attention computed beside the fused
             forward) or "inline" (the non-fused path; maps are the ones the output uses).
         detach: with mode="inline", False keeps the maps in the autograd graph (for gradients).
-        query_rows: with mode="side", let the family compute each block's probabilities this many
-            queries at a time (timm's ViT and EVA families do; others make whole maps): streaming
-            consumers (``AttentionConsumer``) then get row blocks and no [B, heads, T, T] map need
-            exist at once (unless ``store`` or a plain callback asks for whole maps).
+        query_rows: let the family compute each block's probabilities this many queries at a time:
+            with mode="side" timm's ViT and EVA families do (others make whole maps); with
+            mode="inline", timm ViTs with the standard ``Attention`` (``Family.chunks_inline``; others
+            are refused), whose output is then computed from those very blocks. Streaming consumers
+            (``AttentionConsumer``) then get row blocks and no [B, heads, T, T] map need exist at once
+            (unless ``store`` or a plain callback asks for whole maps).
     """
     return AttentionCapture(m, store=store, consumers=consumers, mode=mode, detach=detach, query_rows=query_rows)
 

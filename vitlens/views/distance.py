@@ -192,7 +192,7 @@ def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
 
 
 def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,
-                       renormalize: bool = True) -> torch.Tensor:
+                       renormalize: bool = True, workspace: dict | None = None) -> torch.Tensor:
     """Each patch query's attention distance: [B, H, q, T] patch-query rows -> [q, B, H] float64.
 
     ``distances`` are the [q, N] pixel distances of the same queries to the N patch keys
@@ -200,6 +200,7 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     float32 a few queries at a time (``SCRATCH_BYTES``, one reused buffer: no large temporary), summed
     over blocks of ``KEY_BLOCK`` keys in float32 and the block sums added in float64 (the derivation of
     ``FLOAT32_RTOL``). Float64 attention is summed in float64; half precision is widened to float32.
+    ``workspace``: a dict kept by the caller (the accumulator) where that buffer stays from call to call.
     """
     p = num_prefix_tokens
     if attn.dtype not in (torch.float32, torch.float64):  # half-precision maps (inline capture under autocast)
@@ -213,7 +214,13 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     d = distances.to(device=attn.device, dtype=attn.dtype)
     sums = torch.empty(2, b * h, q, dtype=torch.float64, device=attn.device)
     step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
-    scratch = attn.new_empty(b * h, step, n)
+    size = b * h * step * n
+    flat = None if workspace is None else workspace.get("products")
+    if flat is None or flat.numel() < size or flat.dtype != attn.dtype or flat.device != attn.device:
+        flat = attn.new_empty(size)  # a fresh buffer's pages cost as much as the products at 224 px
+        if workspace is not None:
+            workspace["products"] = flat
+    scratch = flat[:size].view(b * h, step, n)
     for q0 in range(0, q, step):
         s = min(step, q - q0)
         block = rows[:, q0:q0 + s]
@@ -258,6 +265,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self._distances: torch.Tensor | None = None  # the grid's whole float32 distance matrix, when small
         self._device = torch.device("cpu")
         self._queries: dict[int, list[torch.Tensor]] = {}  # layer -> per-query distances of a layer in flight
+        self._workspace: dict = {}  # the products' buffer, kept from block to block
 
     @classmethod
     def for_model(cls, spec: ModelSpec, renormalize: bool = True) -> "AttentionDistanceAccumulator":
@@ -265,7 +273,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
 
     def __getstate__(self) -> dict:
         # the distance matrix is rebuilt where it is needed; a layer in flight does not travel
-        return {**self.__dict__, "_distances": None, "_queries": {}}
+        return {**self.__dict__, "_distances": None, "_queries": {}, "_workspace": {}}
 
     def begin_batch(self, batch: BatchInfo) -> None:
         grid, image_size, device = batch.grid, batch.input_size, batch.device
@@ -318,7 +326,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if q0 < stop:
             block = attn[:, :, q0 - start:]
             self._queries.setdefault(layer, []).append(
-                per_query_distance(block, self._distance_rows(slice(q0 - p, stop - p)), p, self.renormalize))
+                per_query_distance(block, self._distance_rows(slice(q0 - p, stop - p)), p, self.renormalize,
+                                   self._workspace))
         if not last:
             return None
         return torch.cat(self._queries.pop(layer, [])).mean(0).cpu().numpy()

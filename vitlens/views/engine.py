@@ -180,14 +180,21 @@ class CapturePlan:
 
 def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
                  memory_budget_mb: float | None = None) -> CapturePlan:
-    """The views' choice between whole maps and query-chunked side capture.
+    """The views' choice between whole maps and capture by blocks of query rows.
 
-    Rule: a block's whole map [batch, heads, T, T] (float32) is made when it fits in the budget,
-    with the family's view capture (``Family.view_mode``: inline for timm's ViTs, the cheaper one);
-    above it, families that compute the probabilities by query rows (timm ViT and EVA) run side
-    capture in blocks of ``query_rows_for_budget(batch, heads, T, budget)`` rows, so no more than
-    the budget of probabilities exists at once (and no more than ``ROW_BLOCK_MB`` per block, which is
-    faster); other families keep whole maps. The default budget
+    Rule: where the family's view capture is inline and vitlens computes its non-fused path by query
+    rows (``Family.chunks_inline``: timm ViTs with the standard ``Attention``), the views run that path
+    in blocks of ``query_rows_for_budget(batch, heads, T, min(budget, ROW_BLOCK_MB))`` rows: one block
+    of every row (``query_rows == T``, a whole map) when that fits, more above. The probabilities are
+    made once and the block's output computed from them, and this path is faster than timm's own
+    non-fused one (contiguous keys and values, the softmax in place): at 224 px, batch 16, 1.00-1.03x
+    the plain fused forward against 1.14x (``analyses/bench.py --table``; README, Performance).
+    Otherwise a block's whole map [batch, heads, T, T] (float32) is made when it fits in the budget,
+    with the family's view capture (``Family.view_mode``); above it, families that compute the
+    probabilities by query rows beside their own forward (timm ViTs with parallel blocks, EVA) run
+    side capture in blocks of that many rows (q k^T and softmax then run a second time beside the
+    fused kernel); other families keep whole maps. No more than the budget of probabilities exists at
+    once, and no block is above ``ROW_BLOCK_MB`` (faster). The default budget
     is one block's MLP activation at this batch and T (``default_budget_mb``), so whole maps are
     made up to T = 4 * embed_dim / heads tokens (256 for every ViT with 64-dim heads, whatever the
     batch: 224 px runs whole, 256 px and up in blocks of query rows), and whenever a whole map
@@ -205,9 +212,12 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
         raise InvalidParameterError(f"memory_budget_mb must be > 0 (megabytes); got {memory_budget_mb!r}.")
     budget = float(memory_budget_mb) if memory_budget_mb is not None else default_budget_mb(batch, t, s.embed_dim)
     whole = 4.0 * batch * s.num_heads * t * t / 2**20
+    rows = query_rows_for_budget(batch, s.num_heads, t, min(budget, ROW_BLOCK_MB))
+    if m.family.view_mode == "inline" and m.family.chunks_inline(m.model):
+        return CapturePlan("inline", rows, budget, whole)  # one block (rows == T) when the whole map fits
     if whole <= budget or not m.family.chunks_queries:
         return CapturePlan(m.family.view_mode, None, budget, whole)
-    return CapturePlan("side", query_rows_for_budget(batch, s.num_heads, t, min(budget, ROW_BLOCK_MB)), budget, whole)
+    return CapturePlan("side", rows, budget, whole)
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
