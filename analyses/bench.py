@@ -3,6 +3,10 @@
 Usage:
     python analyses/bench.py [--model vit_base_patch16_224] [--batch 32] [--reps 5] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--loop-images 8] [--mem-images 64 1024] [--skip-memory] [--json out.json]
+        [--img-size 768] [--rows distance_rollout stream_side_rows ...]
+
+    e.g. the views' capture against side capture by query rows at 768 px, interleaved (no peers run):
+    python analyses/bench.py --skip-memory --img-size 768 --batch 4 --reps 3 --rows distance_rollout stream_side_rows
 
 Rows on one random batch of a random-init model. Shared machines drift by 10-20% over a minute,
 so every repetition runs each row once, one after the other, and a ratio is the median over
@@ -135,10 +139,12 @@ def speed(args: argparse.Namespace) -> dict:
     import torch
 
     import vitlens as vl
+    from vitlens.views.engine import capture_plan
 
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
-    m = vl.load_model(args.model, pretrained=False, device=args.device, dtype=dtype)
+    size = {"img_size": args.img_size} if args.img_size else {}
+    m = vl.load_model(args.model, pretrained=False, device=args.device, dtype=dtype, **size)
     x = torch.randn(args.batch, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0)).to(m.device)
     cuda = m.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -153,6 +159,11 @@ def speed(args: argparse.Namespace) -> dict:
     def streamed(mode: str) -> None:
         consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
         vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode)
+
+    def by_rows(mode: str) -> None:  # the views' blocks of query rows, with side or inline capture
+        consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
+        rows = capture_plan(m, args.batch).query_rows or m.spec.num_prefix_tokens + m.spec.grid[0] * m.spec.grid[1]
+        vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode, query_rows=rows)
 
     def separately() -> None:
         vl.attention_distance(m, x, batch_size=args.batch)
@@ -177,12 +188,16 @@ def speed(args: argparse.Namespace) -> dict:
         "distance_rollout": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance", "rollout")),
         "stream_side": lambda: streamed("side"),
         "stream_inline": lambda: streamed("inline"),
+        "stream_side_rows": lambda: by_rows("side"),
+        "stream_inline_rows": lambda: by_rows("inline"),
         "peer_attention_extract": peer,
         "two_views_called_separately": separately,
     }
     rows_all = list(rows)
+    peers = True
     if args.rows:
-        rows = {k: v for k, v in rows.items() if k in ("plain_forward", "analyze") or k in args.rows}
+        peers = any(r.startswith("peer") for r in args.rows)  # the peers' checks below compare with analyze
+        rows = {k: v for k, v in rows.items() if k == "plain_forward" or k in args.rows or (peers and k == "analyze")}
     for fn in rows.values():  # warm-up
         fn()
     sync()
@@ -201,6 +216,10 @@ def speed(args: argparse.Namespace) -> dict:
             return float("nan")
         return round(statistics.median(a / b for a, b in zip(runs[k], runs[base])), 3)
 
+    if args.rows and not peers:  # no peer timed: no peer run either
+        out["seconds"] = {k: round(v, 4) for k, v in t.items()}
+        out["ratios"] = {f"{k} / plain forward": ratio(k) for k in rows if k != "plain_forward"}
+        return out
     d_peer, r_peer, _ = peer_attention_extract(extractor, x, stride, m.spec.num_prefix_tokens)
     k = min(args.loop_images, args.batch)
     peer_per_image_loop(ref, x[:1])  # warm-up
@@ -223,6 +242,8 @@ def speed(args: argparse.Namespace) -> dict:
         "distance + rollout / plain forward": ratio("distance_rollout"),
         "stream side / plain forward": ratio("stream_side"),
         "stream inline / plain forward": ratio("stream_inline"),
+        "stream side by query rows / plain forward": ratio("stream_side_rows"),
+        "stream inline by query rows / plain forward": ratio("stream_inline_rows"),
         "(a) AttentionExtract + torch / plain forward": ratio("peer_attention_extract"),
         "distance + rollout / (a)": ratio("distance_rollout", "peer_attention_extract"),
         "analyze / (a)": ratio("analyze", "peer_attention_extract"),
@@ -546,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="vit_base_patch16_224")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--img-size", type=int, default=None, help="build --model at this input size (speed rows)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -589,6 +611,10 @@ def main(argv: list[str] | None = None) -> int:
         report["speed"] = s = speed(args)
         print(json.dumps(s, indent=1))
         sec, r = s["seconds"], s["ratios"]
+        if "peer_loop_per_image" not in sec:  # --rows without a peer: the rows timed, and nothing else
+            print("\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n" + "\n".join(
+                f"| {k} | {sec[k]:.3f} | {r.get(f'{k} / plain forward', 1.0):.3f} |" for k in s["runs_seconds"]))
+    if not args.skip_speed and "peer_loop_per_image" in s["seconds"]:
         print(f"\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n| plain fused forward, batch "
               f"{args.batch} | {sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "
               f"{sec['analyze']:.3f} | {r['analyze / plain forward']:.3f} |\n| vl.analyze(views=(distance, rollout)) | "
