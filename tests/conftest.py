@@ -15,6 +15,14 @@ import torch  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+# A suite started as a background job (`cmd &` in a script, nohup) inherits SIGINT ignored, and so would
+# every process it starts: the Ctrl-C tests need Ctrl-C as a terminal delivers it (KeyboardInterrupt here,
+# Python's default handler in the `vitlens survey` processes they start).
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @functools.lru_cache(maxsize=16)
 def _cached_model(name: str, kwargs_items: tuple) -> object:
