@@ -65,6 +65,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def plan_rows(m: Any, batch: int) -> int:
+    """The query rows per block the views' capture plan takes at this batch (T when it makes whole maps): what
+    the query-chunked rows and columns run, with whichever capture they time."""
+    from vitlens.views.engine import capture_plan
+
+    s = m.spec
+    return capture_plan(m, batch).query_rows or s.num_prefix_tokens + s.grid[0] * s.grid[1]
+
+
 def peer_attention_extract(extractor: Any, x: Any, stride: int, prefix: int = 1) -> tuple[Any, Any, Any]:
     """(a) What a user writes with timm's AttentionExtract (built once, over the non-fused model):
     every map kept, then batched torch for distance and rollout."""
@@ -139,7 +148,6 @@ def speed(args: argparse.Namespace) -> dict:
     import torch
 
     import vitlens as vl
-    from vitlens.views.engine import capture_plan
 
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -162,8 +170,7 @@ def speed(args: argparse.Namespace) -> dict:
 
     def by_rows(mode: str) -> None:  # the views' blocks of query rows, with side or inline capture
         consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
-        rows = capture_plan(m, args.batch).query_rows or m.spec.num_prefix_tokens + m.spec.grid[0] * m.spec.grid[1]
-        vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode, query_rows=rows)
+        vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode, query_rows=plan_rows(m, args.batch))
 
     def separately() -> None:
         vl.attention_distance(m, x, batch_size=args.batch)
@@ -392,7 +399,6 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
 
     import vitlens as vl
     from vitlens.memory import peak_rss_mb
-    from vitlens.views.engine import ROW_BLOCK_MB, default_budget_mb, query_rows_for_budget
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -432,8 +438,7 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
                 out["distance"] = vl.attention_distance(m, x, batch_size=batch).mean_px.tolist()
             elif column in CROSSOVER_COLUMNS:
                 acc = vl.AttentionDistanceAccumulator.for_model(s)
-                budget = min(ROW_BLOCK_MB, default_budget_mb(batch, t, s.embed_dim))
-                rows = None if column == "distance_whole" else query_rows_for_budget(batch, s.num_heads, t, budget)
+                rows = None if column == "distance_whole" else plan_rows(m, batch)
                 mode = "side" if column == "distance_rows" else "inline"
                 vl.stream_attention(m, x, [acc], batch_size=batch, capture_mode=mode, query_rows=rows)
                 out.update(distance=acc.result(s).mean_px.tolist(), query_rows=rows)
@@ -614,19 +619,19 @@ def main(argv: list[str] | None = None) -> int:
         if "peer_loop_per_image" not in sec:  # --rows without a peer: the rows timed, and nothing else
             print("\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n" + "\n".join(
                 f"| {k} | {sec[k]:.3f} | {r.get(f'{k} / plain forward', 1.0):.3f} |" for k in s["runs_seconds"]))
-    if not args.skip_speed and "peer_loop_per_image" in s["seconds"]:
-        print(f"\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n| plain fused forward, batch "
-              f"{args.batch} | {sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "
-              f"{sec['analyze']:.3f} | {r['analyze / plain forward']:.3f} |\n| vl.analyze(views=(distance, rollout)) | "
-              f"{sec['distance_rollout']:.3f} | {r['distance + rollout / plain forward']:.3f} |\n| stream, side capture "
-              f"| {sec['stream_side']:.3f} | {r['stream side / plain forward']:.3f} |\n| stream, inline capture | "
-              f"{sec['stream_inline']:.3f} | {r['stream inline / plain forward']:.3f} |\n| (a) AttentionExtract + "
-              f"torch | {sec['peer_attention_extract']:.3f} | {r['(a) AttentionExtract + torch / plain forward']:.3f}; "
-              f"vitlens distance + rollout / (a) = {r['distance + rollout / (a)']:.3f}, analyze / (a) = "
-              f"{r['analyze / (a)']:.3f} |\n| (b) per-image loop + numpy, per image | "
-              f"{sec['peer_loop_per_image']:.3f} | (b)/vitlens = {r['(b) per-image loop / vitlens, per image']:.2f}x |"
-              f"\n| distance then rollout, called separately | {sec['two_views_called_separately']:.3f} | "
-              f"{r['two views separately / plain forward']:.3f} (two passes; analyze of both is one) |")
+        else:
+            print(f"\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n| plain fused forward, batch "
+                  f"{args.batch} | {sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "
+                  f"{sec['analyze']:.3f} | {r['analyze / plain forward']:.3f} |\n| vl.analyze(views=(distance, rollout)) | "
+                  f"{sec['distance_rollout']:.3f} | {r['distance + rollout / plain forward']:.3f} |\n| stream, side capture "
+                  f"| {sec['stream_side']:.3f} | {r['stream side / plain forward']:.3f} |\n| stream, inline capture | "
+                  f"{sec['stream_inline']:.3f} | {r['stream inline / plain forward']:.3f} |\n| (a) AttentionExtract + "
+                  f"torch | {sec['peer_attention_extract']:.3f} | {r['(a) AttentionExtract + torch / plain forward']:.3f}; "
+                  f"vitlens distance + rollout / (a) = {r['distance + rollout / (a)']:.3f}, analyze / (a) = "
+                  f"{r['analyze / (a)']:.3f} |\n| (b) per-image loop + numpy, per image | "
+                  f"{sec['peer_loop_per_image']:.3f} | (b)/vitlens = {r['(b) per-image loop / vitlens, per image']:.2f}x |"
+                  f"\n| distance then rollout, called separately | {sec['two_views_called_separately']:.3f} | "
+                  f"{r['two views separately / plain forward']:.3f} (two passes; analyze of both is one) |")
     if not args.skip_memory:
         report["memory"] = mem = [child(args, "distance", n) for n in args.mem_images]
         report["batch_memory"] = [child(args, "analyze", args.batch), child(args, "peer", args.batch)]

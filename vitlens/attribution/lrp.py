@@ -64,7 +64,6 @@ from .lrp_rules import (gated_product, half_gradient, identity_rule, layer_norm_
 
 __all__ = ["SUPPORTED", "attnlrp_maps", "attnlrp_mode", "attnlrp_relevance", "check_supported", "half_gradient"]
 
-_MISSING = object()
 _INSTEAD = "Use grad_rollout, input_x_gradient or a CAM method instead."
 
 SUPPORTED = ("attention through F.scaled_dot_product_attention or nn.MultiheadAttention (timm ViT / DeiT / "
@@ -176,19 +175,6 @@ def check_supported(m: LoadedModel) -> None:
                                         f"{_INSTEAD}")
 
 
-def _set_forward(mod: nn.Module, fn: Callable[..., torch.Tensor], handles: Handles) -> None:
-    previous = mod.__dict__.get("forward", _MISSING)
-    mod.forward = types.MethodType(fn, mod)
-
-    def restore(mod: nn.Module = mod, previous: Any = previous) -> None:
-        if previous is _MISSING:
-            del mod.forward
-        else:
-            mod.forward = previous
-
-    handles.on_remove(restore)
-
-
 def _hf_configs(model: nn.Module) -> list[Any]:
     """Every distinct Hugging Face config the modules read their attention implementation from."""
     seen: dict[int, Any] = {}
@@ -225,7 +211,7 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
                 handles.set_attr(mod, "fused_attn", True)
             rule = _MODULE_RULES.get(type(mod).__name__)
             if rule is not None:
-                _set_forward(mod, rule[0], handles)
+                handles.set_attr(mod, "forward", types.MethodType(rule[0], mod))
         for cfg in _hf_configs(self.m.model):
             if cfg._attn_implementation != "sdpa":  # eager would write the softmax out by hand
                 handles.set_attr(cfg, "_attn_implementation", "sdpa")

@@ -85,6 +85,20 @@ def conv_filters(conv: nn.Module, name: str, why: str, model_name: str) -> tuple
     return w, name, f"{name}: {d} filters of {kh}x{kw}x{c}, {why}{std}"
 
 
+def session_buffer(workspace: dict | None, key: str, numel: int, dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """A flat tensor of at least ``numel`` elements for a computation repeated block after block:
+    ``workspace[key]`` when it is large enough (same dtype and device), else a new one, kept there for
+    the next call. A fresh large tensor per block costs its page faults every time. Without a
+    workspace, a new tensor each call."""
+    flat = None if workspace is None else workspace.get(key)
+    if flat is None or flat.numel() < numel or flat.dtype != dtype or flat.device != device:
+        flat = torch.empty(numel, dtype=dtype, device=device)
+        if workspace is not None:
+            workspace[key] = flat
+    return flat
+
+
 def attention_probs_in_rows(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -122,14 +136,7 @@ def attention_probs_in_rows(
     # fused qkv projection, which each block's product would otherwise copy again)
     k = k.float().contiguous()
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    size = lead.numel() * query_rows * t
-    flat = None
-    if not grad:
-        flat = None if workspace is None else workspace.get("probs")
-        if flat is None or flat.numel() < size or flat.device != q.device:
-            flat = torch.empty(size, dtype=torch.float32, device=q.device)
-            if workspace is not None:
-                workspace["probs"] = flat
+    flat = None if grad else session_buffer(workspace, "probs", lead.numel() * query_rows * t, torch.float32, q.device)
     for start in range(0, t, query_rows):
         rows = slice(start, min(t, start + query_rows))
         out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * t].view(*lead, rows.stop - start, t)

@@ -237,7 +237,7 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
                 state.clear()
                 with torch.autocast(device_type=k.device.type, enabled=False):
                     for item in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal,
-                                                        workspace=workspace if query_rows_of(emit) else None):
+                                                        workspace=workspace):
                         probs, rows = item
                         if rows is None:
                             emit(layer, probs)

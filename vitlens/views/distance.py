@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.attention import session_buffer
 from ..errors import InvalidParameterError
 from ..core.spec import ModelSpec
 from ..results import Result
@@ -214,13 +215,8 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     d = distances.to(device=attn.device, dtype=attn.dtype)
     sums = torch.empty(2, b * h, q, dtype=torch.float64, device=attn.device)
     step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
-    size = b * h * step * n
-    flat = None if workspace is None else workspace.get("products")
-    if flat is None or flat.numel() < size or flat.dtype != attn.dtype or flat.device != attn.device:
-        flat = attn.new_empty(size)  # a fresh buffer's pages cost as much as the products at 224 px
-        if workspace is not None:
-            workspace["products"] = flat
-    scratch = flat[:size].view(b * h, step, n)
+    size = b * h * step * n  # a fresh buffer's pages cost as much as the products at 224 px
+    scratch = session_buffer(workspace, "products", size, attn.dtype, attn.device)[:size].view(b * h, step, n)
     for q0 in range(0, q, step):
         s = min(step, q - q0)
         block = rows[:, q0:q0 + s]

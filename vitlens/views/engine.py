@@ -188,9 +188,11 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
     rows (``Family.chunks_inline``: timm ViTs with the standard ``Attention``), the views run that path
     in blocks of ``query_rows_for_budget(batch, heads, T, min(budget, ROW_BLOCK_MB))`` rows: one block
     of every row (``query_rows == T``, a whole map) when that fits, more above. The probabilities are
-    made once and the block's output computed from them, and this path is faster than timm's own
-    non-fused one (contiguous keys and values, the softmax in place): at 224 px, batch 16, 1.00-1.03x
-    the plain fused forward against 1.14x (``analyses/bench.py --table``; README, Performance).
+    made once and the block's output computed from them. Per block it is faster than timm's own
+    non-fused code (contiguous keys and values, the softmax in place: 31 ms against 51 ms at 224 px,
+    batch 16, a one-off microbenchmark); whole views at 224 px are within this VM's noise of timm's
+    whole-map path (1.078x against 1.062x the plain forward in ``analyses/bench.py --skip-memory
+    --batch 16 --rows distance_rollout stream_inline``; README, Performance).
     Otherwise a block's whole map [batch, heads, T, T] (float32) is made when it fits in the budget,
     with the family's view capture (``Family.view_mode``); above it, families that compute the
     probabilities by query rows beside their own forward (timm ViTs with parallel blocks, EVA) run
