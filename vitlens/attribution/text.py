@@ -122,7 +122,7 @@ def resolve_tokenizer(m: LoadedModel, tokenizer: Any = None) -> Any:
         try:
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(source, local_files_only=True)
+            tok = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
         except Exception as e:  # noqa: BLE001 - any failure means: no tokenizer saved there
             raise _no_tokenizer(m, f"no tokenizer could be read from {source} ({type(e).__name__})") from e
         m.tokenizer = tok

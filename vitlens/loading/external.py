@@ -7,12 +7,13 @@ network is told so at once instead of hanging in a download.
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from ..errors import UnknownModelError, UnsupportedModelError, WeightsUnavailableError
+from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
 from .hub import hub_offline, hub_reachable
 
 HF_PREFIX, TORCHVISION_PREFIX, OPENCLIP_PREFIX = "hf:", "torchvision:", "open_clip:"
@@ -54,6 +55,46 @@ def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
     return json.loads(path.read_text())
 
 
+def _hf_config_json(folder_or_repo: str, local: bool) -> dict:
+    """The raw config.json of a local folder or a cached hub repo ({} when there is none), read as JSON only."""
+    if local:
+        path: Path | None = Path(folder_or_repo) / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(folder_or_repo, "config.json")
+        path = Path(found) if isinstance(found, str) else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UnknownModelError(f"{path} is not a readable config.json ({type(e).__name__}: {e}).") from e
+    if not isinstance(data, dict):
+        raise UnknownModelError(f"{path} is not a Hugging Face config (a JSON object); got {type(data).__name__}.")
+    return data
+
+
+#: config.json keys through which a Hugging Face folder names Python code of its own to run
+REMOTE_CODE_KEYS = ("auto_map", "custom_pipelines")
+
+
+def refuse_remote_code(ref: str, config: dict) -> None:
+    """Refuse a Hugging Face model whose config names its own code (``auto_map``): vitlens never runs a model
+    folder's Python, and never asks whether to (it passes ``trust_remote_code=False`` as well).
+
+    Raises:
+        UnsupportedModelError: the config has an ``auto_map`` / ``custom_pipelines`` entry.
+    """
+    for key in REMOTE_CODE_KEYS:
+        if config.get(key):
+            where = ", ".join(sorted(str(v) for v in config[key].values())) if isinstance(config[key], dict) \
+                else str(config[key])
+            raise UnsupportedModelError(
+                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code ({where[:200]}); "
+                "vitlens loads models without running code. Use a checkpoint of a standard transformers class.")
+
+
 def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, dict | None]:
     """(model, display name, source, data config or None) for ``hf:ORG/NAME`` or ``hf:/a/folder``.
 
@@ -85,12 +126,18 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
                                      "vl.load_model('hf:folder').",
                            "cli": "Save it where there is network (save_pretrained) and pass --model hf:FOLDER.",
                            "app": "Save it where there is network (save_pretrained) and give hf:FOLDER as the name."})
+    refuse_remote_code(ref, _hf_config_json(target, local))
+    kwargs["trust_remote_code"] = False  # never run, nor ask to run, a folder's own code
     try:
         config = transformers.AutoConfig.from_pretrained(target, **kwargs)
         if config.model_type == "vit_mae":  # the encoder on every patch: MAE would drop a random 75% at each forward
             config.mask_ratio = 0.0
         arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = getattr(transformers, arch, None) if arch else None
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.isidentifier() else None
+        if arch is not None and not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+            raise UnsupportedModelError(
+                f"Refused hf:{ref}: its config.json names the architecture {arch!r}, which is not a transformers "
+                "model class. Save the model with save_pretrained from a standard transformers class.")
         cls = cls or transformers.AutoModel
         # CLIP/SigLIP checkpoints load whole (CLIPModel, SiglipModel): vitlens reads the vision tower, the text
         # tower stays available as model.text_model
@@ -98,6 +145,13 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
             model = cls.from_pretrained(target, config=config, **kwargs)
         else:  # random init from the config: AutoModel builds through from_config, a model class from its config
             model = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"Refused to load hf:{ref}: its weights are a pickle that needs code to unpickle; vitlens only loads "
+            "weights (weights_only=True). "
+            "Re-save the model with save_pretrained (safetensors) from a trusted environment.") from e
+    except UnsupportedModelError:
+        raise
     except (OSError, ValueError) as e:
         raise UnknownModelError(f"transformers could not load {ref!r}: {str(e).splitlines()[0]}") from e
     processor = _processor_config(target, local)
