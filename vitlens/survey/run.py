@@ -26,7 +26,7 @@ from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
-from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
+from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
                     weights_of, write_table)
 from ..views.registry import check_views
 from .worker import VIEWS, SurveyWorker
@@ -230,6 +230,7 @@ def survey(
     renormalize: bool = True,
     progress: bool = True,
     num_cpus: int | None = None,
+    hash_images: bool = False,
 ) -> SurveyResult:
     """Survey several models over one image set on Ray; resumable, one tidy table at the end.
 
@@ -255,6 +256,12 @@ def survey(
         progress: one progress bar over all (model, shard) tasks, and on stderr a line per model
             (shards computed this run and reused, or why it failed).
         num_cpus: cores of a local Ray (default: all of this machine's).
+        hash_images: record each image file's sha256 besides its size and modification time, so that a file
+            replaced with the same size and time is noticed too (a folder keeps the choice it was made with).
+
+    One run writes a folder at a time (a lock on ``out/.lock`` that dies with its process); an image whose
+    size, modification time (or hash) changed since its shard was written has that shard set aside and
+    computed again, named on stderr.
 
     Ray's own messages to the driver (start-up, task retries, dead workers) go to
     ``out/logs/ray-driver.log``, not the terminal; a local Ray's session logs are copied to
@@ -262,20 +269,53 @@ def survey(
 
     Raises:
         SurveyError: Ray is missing, or ``strict`` and a model failed.
+        SurveyBusyError: another survey is writing to ``out`` now.
     """
     from .sources import files_source
 
     views = check_views(views, VIEWS)
     if not models:
         raise InvalidParameterError("Name at least one model to survey.")
-    source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images)
+    source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images, hash_images)
+    refuse_out_inside_images(out, source)
+    store = SurveyStore(out)
+    with store.lock():
+        return _survey_locked(store, models, source, images, address, batch_size, shard_size, views,
+                              num_gpus_per_worker, num_cpus_per_worker, pretrained, max_images, strict, renormalize,
+                              progress, num_cpus)
+
+
+def refuse_out_inside_images(out: str | Path, source: ImageSource) -> None:
+    """A survey folder inside the folder of its own images is refused before anything is written (a later
+    glob would read its files back as images)."""
+    if source.kind != "files" or not source.files:
+        return
+    out_path = Path(out).expanduser().resolve()
+    root = Path(os.path.commonpath([str(Path(f).parent) for f in source.files]))
+    if out_path == root or root in out_path.parents:
+        raise InvalidParameterError(f"--out {out} is inside the image folder {root}; put the survey folder "
+                                    "somewhere else, so that its files never become images.")
+
+
+def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSource, images: Any,
+                   address: str | None, batch_size: int, shard_size: int, views: Sequence[str], num_gpus_per_worker: float,
+                   num_cpus_per_worker: int, pretrained: bool, max_images: int | None, strict: bool,
+                   renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
     if isinstance(images, ImageSource) and max_images and len(source) > max_images:
         source = ImageSource.from_dict({**source.to_dict(), "files": source.files[:max_images],
                                         "labels": source.labels[:max_images]} if source.kind == "files" else
                                        {**source.to_dict(), "n": max_images})
     settings = {"shard_size": shard_size, "batch_size": batch_size, "views": list(views), "renormalize": renormalize}
-    store = SurveyStore(out)
     manifest = store.open(source, settings)
+    recorded = ImageSource.from_dict(manifest["source"])
+    if source.stats and recorded.stats and any(h for *_x, h in recorded.stats) != any(h for *_x, h in source.stats):
+        from .sources import file_stat  # the folder keeps its own choice of content hashes
+
+        hashed = any(h for *_x, h in recorded.stats)
+        source = ImageSource.from_dict({**source.to_dict(),
+                                        "stats": [file_stat(f, hashed) for f in source.files]})
+    store.bind(manifest, source)
+    manifest["source"] = {**manifest["source"], "stats": [list(x) for x in source.stats]}
     shards = source.shards(shard_size)
     names = list(dict.fromkeys(models))
     # the embedded pair and local checkpoints have their own weights
@@ -358,17 +398,18 @@ def set_aside_damaged(store: SurveyStore, manifest: dict, shards: list[Shard], p
     repaired = set()
     for key, entry in manifest["models"].items():
         for shard in shards:
-            why = store.problem(key, shard)
+            why, kind = store.problem_kind(key, shard)
             if not why:
                 continue
-            moved = store.set_aside(key, shard, stamp)
+            moved = store.set_aside(key, shard, stamp, kind)
             repaired.add(key)
             where = moved.relative_to(store.out)
             entry.setdefault("set_aside", []).append({"shard": shard.name, "reason": why, "path": str(where),
                                                       "time": stamp})
             (entry.get("shards") or {}).pop(shard.name, None)
             if progress:
-                print(f"{entry.get('label', entry['name'])}: {shard.name} is damaged ({why}); set aside as "
+                said = f"is damaged ({why})" if kind == "damaged" else why
+                print(f"{entry.get('label', entry['name'])}: {shard.name} {said}; set aside as "
                       f"{where}, computing it again", file=sys.stderr, flush=True)
     return repaired
 

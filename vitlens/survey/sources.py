@@ -45,6 +45,9 @@ class ImageSource:
         classes: class names, index = label.
         n: number of scenes (kind "shapes").
         seed: the scenes' stream (kind "shapes").
+        stats: each file's (size in bytes, modification time in ns, sha256 or "") when the source was made
+            (kind "files"): what tells a rerun that an image was replaced under its name. Not part of the
+            fingerprint (the set is its files; a changed file recomputes only its shards).
     """
 
     kind: str
@@ -54,6 +57,7 @@ class ImageSource:
     classes: tuple[str, ...] = ()
     n: int = 0
     seed: int = 0
+    stats: tuple[tuple[int, int, str], ...] = ()
 
     def __len__(self) -> int:
         return len(self.files) if self.kind == "files" else self.n
@@ -72,13 +76,20 @@ class ImageSource:
         h = hashlib.sha256(repr((self.kind, self.files, self.labels, self.classes, self.n, self.seed)).encode())
         return h.hexdigest()[:16]
 
+    def range_digest(self, start: int, stop: int) -> str | None:
+        """A digest of the stats of images ``start .. stop - 1`` (None without stats)."""
+        if not self.stats:
+            return None
+        return hashlib.sha256(repr([tuple(s) for s in self.stats[start:stop]]).encode()).hexdigest()[:16]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ImageSource":
         return cls(**{**d, "files": tuple(d.get("files", ())), "labels": tuple(d.get("labels", ())),
-                      "classes": tuple(d.get("classes", ()))})
+                      "classes": tuple(d.get("classes", ())),
+                      "stats": tuple(tuple(x) for x in d.get("stats", ()))})
 
     def read(self, shard: Shard) -> tuple[list[Any], np.ndarray | None, np.ndarray | None, list[str]]:
         """(images, labels or None, masks or None, names of unreadable files) of one shard."""
@@ -100,13 +111,31 @@ class ImageSource:
         return images, (np.asarray(labels, dtype=np.int64) if self.has_labels else None), None, skipped
 
 
-def files_source(spec: str, per_class: bool = False, max_images: int | None = None) -> ImageSource:
+def file_stat(path: str, content_hash: bool = False) -> tuple[int, int, str]:
+    """(size in bytes, modification time in ns, sha256 of the bytes or "") of one image file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (-1, -1, "")
+    digest = ""
+    if content_hash:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = h.hexdigest()
+    return (int(st.st_size), int(st.st_mtime_ns), digest)
+
+
+def files_source(spec: str, per_class: bool = False, max_images: int | None = None,
+                 hash_images: bool = False) -> ImageSource:
     """Image files named by a folder (searched recursively) or a glob pattern, sorted.
 
     Args:
         spec: a folder, a glob ("val/*/*.JPEG") or one file.
         per_class: each file's parent folder name is its class.
         max_images: keep the first N files (after sorting).
+        hash_images: record each file's sha256 besides its size and modification time (reads every file).
     """
     files = [str(f) for f in find_image_files(spec, recursive=True)]
     files = files[: max_images] if max_images else files
@@ -116,8 +145,9 @@ def files_source(spec: str, per_class: bool = False, max_images: int | None = No
         classes = tuple(sorted({Path(f).parent.name for f in files}))
         index = {c: i for i, c in enumerate(classes)}
         labels = tuple(index[Path(f).parent.name] for f in files)
-    return ImageSource(kind="files", description=spec, files=tuple(str(Path(f).resolve()) for f in files),
-                       labels=labels, classes=classes)
+    resolved = tuple(str(Path(f).resolve()) for f in files)
+    return ImageSource(kind="files", description=spec, files=resolved, labels=labels, classes=classes,
+                       stats=tuple(file_stat(f, hash_images) for f in resolved))
 
 
 def shapes_source(n: int, seed: int | None = None) -> ImageSource:

@@ -2,8 +2,11 @@
 
     OUT/manifest.json                  settings, image source, models (spec, status, reason), versions
     OUT/shards/<model>/shard-00003.npz one finished (model, shard): its partial states, written atomically
-    OUT/shards/<model>/shard-00003.npz.sha256  its checksum record (sha256 and size of the .npz bytes),
-                                       written atomically just before the .npz itself
+    OUT/shards/<model>/shard-00003.npz.sha256  its checksum record (sha256 and size of the .npz bytes, and
+                                       what the shard is: model key, shard index, image range, the image
+                                       set's fingerprint, the settings' digest and its images' sizes and
+                                       modification times), written atomically just before the .npz itself
+    OUT/.lock                          held (flock) by the one run that writes the folder
     OUT/weights/<model>.json           the weight-only views of a model
     OUT/table.parquet                  the tidy table: model, weights, layer, head, metric, value, n_images, class
     OUT/logs/                          Ray's messages to the driver, and a local Ray's own session logs
@@ -17,17 +20,28 @@ records existed: when every array in it reads back). One that is truncated, zero
 unreadable is *damaged*: a rerun renames it to ``shard-00003.npz.damaged-<time>`` (kept, and named
 in the output and the manifest) and computes it again; ``vl.load_survey`` names it (a warning and
 ``SurveyResult.damaged``), and reading it raises ``DamagedShardError``, never a zip error.
+
+A shard whose record says it is another shard (another model's, another index or image range, another
+image set or settings: a file copied in or over another) is set aside the same way
+(``.mismatch-<time>``), and one whose images changed since it was written (size or modification time,
+or content with ``hash_images``) as ``.images-changed-<time>``, naming the files; both are computed again.
+
+One run writes a folder at a time: ``SurveyStore.lock`` holds an ``flock`` on ``OUT/.lock`` (the
+kernel drops it when the process dies, so a killed run never leaves it stuck), and the manifest is
+written by merging with what is on disk, never dropping another run's models.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
+import os
 import io
 import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -50,6 +64,19 @@ class DamagedShardError(InvalidParameterError):
 
 class DamagedSurveyWarning(UserWarning):
     """A survey folder loaded with damaged shards (``SurveyResult.damaged`` names them)."""
+
+
+class SurveyBusyError(InvalidParameterError):
+    """A survey folder another vitlens survey is writing to now."""
+
+
+LOCK_NAME = ".lock"
+
+
+def settings_digest(settings: dict[str, Any]) -> str:
+    """A short digest of the settings that change a shard's numbers (``PINNED``)."""
+    return hashlib.sha256(json.dumps({k: settings.get(k) for k in PINNED}, sort_keys=True,
+                                     default=str).encode()).hexdigest()[:16]
 
 
 def model_key(name: str, pretrained: bool = True) -> str:
@@ -99,17 +126,68 @@ class SurveyStore:
     def __init__(self, out: str | Path) -> None:
         self.out = Path(out)
         self.manifest_path = self.out / "manifest.json"
+        #: what every shard record must say besides its own model and range (set by ``bind``)
+        self.fingerprint: str | None = None
+        self.settings_digest: str | None = None
+        #: the image source now (its files' stats) and the one the folder recorded (to name changed files)
+        self.source: ImageSource | None = None
+        self.recorded: ImageSource | None = None
+
+    def bind(self, manifest: dict[str, Any], source: ImageSource | None = None) -> None:
+        """Check shard records against this manifest's image set and settings (and, with ``source``, against
+        the current size/mtime of its images)."""
+        self.fingerprint = manifest.get("fingerprint")
+        self.settings_digest = settings_digest(manifest.get("settings", {}))
+        try:
+            self.recorded = ImageSource.from_dict(manifest["source"])
+        except (KeyError, TypeError):
+            self.recorded = None
+        self.source = source
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Own the folder for the block: an exclusive ``flock`` on ``OUT/.lock``, released when the block ends
+        or the process dies (never stuck after a kill).
+
+        Raises:
+            SurveyBusyError: another process holds it.
+        """
+        import fcntl
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                raise SurveyBusyError(
+                    f"{self.out} is being written by another vitlens survey ({held or 'a running process'}); "
+                    "wait for it to finish, or use another --out.") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()}, since {_now()}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing drops the flock
 
     def manifest(self) -> dict[str, Any] | None:
         if not self.manifest_path.is_file():
             return None
-        return json.loads(self.manifest_path.read_text())
+        try:
+            data = json.loads(self.manifest_path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise InvalidParameterError(f"{self.manifest_path} is not a readable survey manifest "
+                                        f"({type(e).__name__}: {e}); use a new --out.") from e
+        if not isinstance(data, dict) or not isinstance(data.get("models", {}), dict):
+            raise InvalidParameterError(f"{self.manifest_path} is not a survey manifest (no models table).")
+        return data
 
     def open(self, source: ImageSource, settings: dict[str, Any]) -> dict[str, Any]:
         """The manifest to continue: a new one, or the folder's own when the images and settings match."""
         old = self.manifest()
         if old is None:
-            if self.out.exists() and any(self.out.iterdir()):
+            if self.out.exists() and any(p.name != LOCK_NAME for p in self.out.iterdir()):
                 raise InvalidParameterError(f"{self.out} exists and is not a survey folder; choose a new --out.")
             return {"format": FORMAT, "created": _now(), "source": source.to_dict(),
                     "fingerprint": source.fingerprint(), "settings": settings, "models": {}}
@@ -125,6 +203,16 @@ class SurveyStore:
         return old
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
+        """Write the manifest, merged with the one on disk: a model another run recorded there and this one does
+        not know is kept (added to ``manifest`` too), never dropped."""
+        try:
+            disk = self.manifest() or {}
+        except InvalidParameterError:
+            disk = {}
+        if disk.get("fingerprint") == manifest.get("fingerprint"):
+            for key, entry in (disk.get("models") or {}).items():
+                if isinstance(entry, dict) and key not in manifest["models"]:
+                    manifest["models"][key] = entry
         manifest = {**manifest, "updated": _now(), "versions": versions()}
         atomic_write_bytes(self.manifest_path, json.dumps(manifest, indent=1, default=_jsonable).encode())
 
@@ -148,15 +236,63 @@ class SurveyStore:
     def _write_shard(self, key: str, shard: Shard, result: dict[str, Any]) -> None:
         buf = io.BytesIO()
         meta = {"n_images": result["n_images"], "skipped": result["skipped"], "seconds": result["seconds"],
-                "start": shard.start, "stop": shard.stop}
+                "start": shard.start, "stop": shard.stop, "model": key, "shard": shard.index}
         np.savez_compressed(buf, __meta__=np.asarray(json.dumps(meta)), **stats.flatten(result["states"]))
         data = buf.getvalue()
-        record = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        record = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), **self._identity(key, shard)}
         atomic_write_bytes(self.checksum_path(key, shard), json.dumps(record).encode())
         atomic_write_bytes(self.shard_path(key, shard), data)
 
+    def _identity(self, key: str, shard: Shard) -> dict[str, Any]:
+        """What a shard's record says it is: model, index, image range, image set, settings, its images' stats."""
+        ident: dict[str, Any] = {"model": key, "shard": shard.index, "start": shard.start, "stop": shard.stop,
+                                 "fingerprint": self.fingerprint, "settings": self.settings_digest}
+        if self.source is not None and self.source.stats:
+            ident["images"] = self.source.range_digest(shard.start, shard.stop)
+        return ident
+
+    def _mismatch(self, key: str, shard: Shard, record: dict[str, Any]) -> tuple[str, str]:
+        """("", "") when the record is this shard's, else (what it says instead, "mismatch" / "images-changed")."""
+        if "model" not in record:  # a record written before records said what they are
+            return "", ""
+        want = self._identity(key, shard)
+        for field_ in ("model", "shard", "start", "stop", "fingerprint", "settings"):
+            if want[field_] is not None and record.get(field_) != want[field_]:
+                return (f"belongs elsewhere: its record says {field_} {record.get(field_)!r}, this is "
+                        f"{want[field_]!r} (a file copied in or over another)"), "mismatch"
+        if "images" in want and record.get("images") not in (None, want["images"]):
+            changed = self.changed_files(shard)
+            names = ", ".join(os.path.basename(f) for f in changed[:5]) + (" ..." if len(changed) > 5 else "")
+            return f"was computed from images that changed since ({names or 'size or modification time'})", \
+                "images-changed"
+        return "", ""
+
+    def changed_files(self, shard: Shard) -> list[str]:
+        """The files of a shard whose recorded stats differ from their current ones."""
+        if self.source is None or self.recorded is None or not self.recorded.stats:
+            return []
+        return [self.source.files[i] for i in range(shard.start, shard.stop)
+                if i < len(self.recorded.stats) and tuple(self.recorded.stats[i]) != tuple(self.source.stats[i])]
+
     def _verified_bytes(self, key: str, shard: Shard) -> tuple[bytes | None, str]:
         """(the shard's bytes, "") when they can be trusted, else (None, what is wrong, in words)."""
+        data, why, _kind = self._checked(key, shard)
+        return data, why
+
+    def _checked(self, key: str, shard: Shard) -> tuple[bytes | None, str, str]:
+        """(bytes, "", "") for a sound shard, else (None, what is wrong, "damaged" / "mismatch" / "images-changed")."""
+        data, why = self._read_verified(key, shard)
+        if data is None:
+            return None, why, "damaged"
+        try:
+            record = json.loads(self.checksum_path(key, shard).read_text())
+        except (OSError, ValueError):
+            record = {}
+        why, kind = self._mismatch(key, shard, record if isinstance(record, dict) else {})
+        return (None, why, kind) if why else (data, "", "")
+
+    def _read_verified(self, key: str, shard: Shard) -> tuple[bytes | None, str]:
+        """(the bytes, "") when they match their checksum record (or, without one, read back), else (None, why)."""
         path = self.shard_path(key, shard)
         try:
             data = path.read_bytes()
@@ -194,6 +330,13 @@ class SurveyStore:
             return ""
         return self._verified_bytes(key, shard)[1]
 
+    def problem_kind(self, key: str, shard: Shard) -> tuple[str, str]:
+        """(what is wrong, "damaged" / "mismatch" / "images-changed"), or ("", "") for a sound or missing shard."""
+        if not self.shard_path(key, shard).is_file():
+            return "", ""
+        _data, why, kind = self._checked(key, shard)
+        return why, kind
+
     def damaged(self, key: str, shards: list[Shard]) -> dict[str, str]:
         """{shard name: what is wrong} for the model's damaged shards."""
         return {s.name: why for s in shards if (why := self.problem(key, s))}
@@ -226,10 +369,10 @@ class SurveyStore:
         return moved
 
     def read_shard(self, key: str, shard: Shard) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-        data, why = self._verified_bytes(key, shard)
+        data, why, kind = self._checked(key, shard)
         if data is None:
             raise DamagedShardError(
-                f"{self.shard_path(key, shard)} is damaged: {why}. Rerun the same vitlens survey command "
+                f"{self.shard_path(key, shard)} {'is damaged: ' if kind == 'damaged' else ''}{why}. Rerun the same vitlens survey command "
                 f"on {self.out}: it sets the damaged shard aside and computes it again.")
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             meta = json.loads(str(npz["__meta__"]))
@@ -253,7 +396,13 @@ class SurveyStore:
         n, skipped = 0, []
         for shard in shards:
             s, meta = self.read_shard(key, shard)
-            states = stats.merge(states, s) if states else s
+            try:
+                states = stats.merge(states, s) if states else s
+            except Exception as e:  # shapes or keys that do not fit the others
+                raise DamagedShardError(
+                    f"{self.shard_path(key, shard)} does not merge with the model's other shards "
+                    f"({type(e).__name__}: {e}). Rerun the same vitlens survey command on {self.out}, or set that "
+                    "shard aside by hand (rename it) and rerun.") from e
             n += int(meta["n_images"])
             skipped += meta["skipped"]
         return states, n, skipped
@@ -369,6 +518,7 @@ class SurveyResult:
         """
         entry = self._entry(model, weights)
         store = SurveyStore(self.path)
+        store.bind(self.manifest)
         source = ImageSource.from_dict(self.manifest["source"])
         states, _, _ = store.merged(entry["key"], source.shards(self.manifest["settings"]["shard_size"]))
         result = distance_result(states, entry["spec"], entry["name"],
@@ -389,6 +539,7 @@ def load_survey(path: str | Path) -> SurveyResult:
     manifest = store.manifest()
     if manifest is None:
         raise InvalidParameterError(f"{path} is not a survey folder (no manifest.json); run vitlens survey first.")
+    store.bind(manifest)
     table_path = Path(path) / "table.parquet"
     table = pd.read_parquet(table_path) if table_path.is_file() else pd.DataFrame(columns=TABLE_COLUMNS)
     if "weights" not in table.columns:  # folders written before the weights had their own column

@@ -1,0 +1,159 @@
+"""Survey folders under hostile or clumsy use (issue 33, items 2-5): two runs in one folder, shards copied in or
+over each other, images replaced under their names, --out inside the images, symlink loops in a glob."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vitlens as vl
+from vitlens.survey import files_source, shapes_source
+from vitlens.errors import InvalidParameterError
+from vitlens.survey.store import DamagedSurveyWarning, SurveyBusyError, SurveyStore
+
+ray = pytest.importorskip("ray")
+N, SHARD = 8, 4
+
+
+@pytest.fixture(scope="module")
+def pair(local_ray, tmp_path_factory):
+    """ref-vit and ref-hybrid over 8 scenes, two shards each: the folder, and each model's mean distance."""
+    out = tmp_path_factory.mktemp("trust") / "zoo"
+    result = vl.survey(["ref-vit", "ref-hybrid"], shapes_source(N), out, shard_size=SHARD, batch_size=4,
+                       views=("distance",), progress=False)
+    return out, {m: result.distance(m).mean_px for m in ("ref-vit", "ref-hybrid")}
+
+
+def _shard_dir(folder: Path, model: str) -> Path:
+    return next(p for p in (folder / "shards").iterdir() if p.name.startswith(model + "-"))
+
+
+def test_a_second_survey_in_a_busy_folder_is_refused_and_both_are_kept_after(local_ray, tmp_path):
+    out = tmp_path / "zoo"
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            vl.survey(["ref-vit"], shapes_source(N), out, shard_size=SHARD, batch_size=4, views=("distance",),
+                      progress=False)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    t = threading.Thread(target=first)
+    t.start()
+    deadline = time.time() + 60
+    while not ((out / ".lock").is_file() and (out / ".lock").read_text()) and time.time() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(SurveyBusyError, match="being written by another vitlens survey .pid"):
+        vl.survey(["ref-hybrid"], shapes_source(N), out, shard_size=SHARD, batch_size=4, views=("distance",),
+                  progress=False)
+    t.join(120)
+    assert not errors
+    result = vl.survey(["ref-hybrid"], shapes_source(N), out, shard_size=SHARD, batch_size=4, views=("distance",),
+                       progress=False)
+    assert sorted(result.models()) == ["ref-hybrid", "ref-vit"]
+    assert set(result.table["model"]) == {"ref-hybrid", "ref-vit"}
+
+
+def test_a_killed_run_does_not_leave_the_folder_locked(tmp_path):
+    out = tmp_path / "zoo"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from vitlens.survey.store import SurveyStore\n"
+        f"with SurveyStore({str(out)!r}).lock():\n    print('held', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SurveyBusyError, match=f"pid {holder.pid}"):
+            with SurveyStore(out).lock():
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with SurveyStore(out).lock():  # SIGKILL dropped it
+        pass
+
+
+def test_the_manifest_is_merged_never_overwriting_another_runs_models(pair, tmp_path):
+    out, _ = pair
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    store = SurveyStore(folder)
+    mine = store.manifest()
+    vit = next(k for k, e in mine["models"].items() if e["name"] == "ref-vit")
+    del mine["models"][vit]  # a run that never knew ref-vit writes its manifest
+    store.write_manifest(mine)
+    assert any(e["name"] == "ref-vit" for e in store.manifest()["models"].values())
+
+
+@pytest.mark.parametrize("how", ["other model", "other index"])
+def test_a_copied_shard_is_set_aside_and_recomputed(pair, tmp_path, capsys, how):
+    out, means = pair
+    folder = tmp_path / "zoo"
+    shutil.copytree(out, folder)
+    vit = _shard_dir(folder, "ref-vit")
+    source = _shard_dir(folder, "ref-hybrid") / "shard-00001.npz" if how == "other model" else vit / "shard-00000.npz"
+    for suffix in ("", ".sha256"):  # the shard with its own checksum record
+        shutil.copyfile(f"{source}{suffix}", vit / f"shard-00001.npz{suffix}")
+    with pytest.warns(DamagedSurveyWarning, match="belongs elsewhere"):
+        assert "ref-vit" in vl.load_survey(folder).damaged
+    result = vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=SHARD, batch_size=4, views=("distance",))
+    err = capsys.readouterr().err
+    assert "ref-vit: shard-00001 belongs elsewhere: its record says" in err, err
+    assert list(vit.glob("shard-00001.npz.mismatch-*"))
+    np.testing.assert_array_equal(result.distance("ref-vit").mean_px, means["ref-vit"])
+    np.testing.assert_array_equal(result.distance("ref-hybrid").mean_px, means["ref-hybrid"])
+
+
+def _photos(folder: Path, n: int = 4) -> None:
+    folder.mkdir(parents=True)
+    for i, img in enumerate(vl.sample_images()[:n]):
+        img.resize((64, 64)).save(folder / f"{i}.png")
+
+
+def test_an_image_replaced_under_its_name_recomputes_its_shard_and_says_which(local_ray, tmp_path, capsys):
+    photos = tmp_path / "photos"
+    _photos(photos)
+    out = tmp_path / "zoo"
+    kw = dict(shard_size=2, batch_size=2, views=("distance",))
+    vl.survey(["ref-vit"], str(photos), out, **kw)
+    capsys.readouterr()
+    kept = (_shard_dir(out, "ref-vit") / "shard-00000.npz").read_bytes()
+    vl.sample_images()[3].resize((64, 64)).rotate(90).save(photos / "2.png")  # shard-00001 holds 2.png and 3.png
+    stat = (photos / "2.png").stat()
+    os.utime(photos / "2.png", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    result = vl.survey(["ref-vit"], str(photos), out, **kw)
+    err = capsys.readouterr().err
+    assert "ref-vit: shard-00001 was computed from images that changed since (2.png)" in err, err
+    assert "1 shard computed this run (2 images), 1 reused" in err
+    assert (_shard_dir(out, "ref-vit") / "shard-00000.npz").read_bytes() == kept
+    fresh = vl.survey(["ref-vit"], str(photos), tmp_path / "fresh", progress=False, **kw)
+    np.testing.assert_allclose(result.distance("ref-vit").mean_px, fresh.distance("ref-vit").mean_px, rtol=1e-6)
+
+
+def test_same_size_and_time_is_caught_with_hash_images(tmp_path):
+    photos = tmp_path / "photos"
+    _photos(photos, 2)
+    a = files_source(str(photos), hash_images=True)
+    data = bytearray((photos / "1.png").read_bytes())
+    st = (photos / "1.png").stat()
+    data[-20] ^= 0xFF  # one byte flipped, same size, same mtime put back
+    (photos / "1.png").write_bytes(bytes(data))
+    os.utime(photos / "1.png", ns=(st.st_atime_ns, st.st_mtime_ns))
+    b = files_source(str(photos), hash_images=True)
+    assert a.stats[0] == b.stats[0] and a.stats[1][:2] == b.stats[1][:2] and a.stats[1][2] != b.stats[1][2]
+    assert a.range_digest(1, 2) != b.range_digest(1, 2) and a.range_digest(0, 1) == b.range_digest(0, 1)
+
+
+def test_out_inside_the_images_is_refused_before_anything_is_written(tmp_path):
+    photos = tmp_path / "photos"
+    _photos(photos, 2)
+    with pytest.raises(InvalidParameterError, match="inside the image folder"):
+        vl.survey(["ref-vit"], str(photos), photos / "zoo", progress=False)
+    assert not (photos / "zoo").exists()
