@@ -4,7 +4,6 @@ scikit-image. ``Images`` is every form of image input the views accept.
 """
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,19 +34,37 @@ def find_image_files(spec: str, recursive: bool = False) -> list[Path]:
     its subfolders too), a glob pattern ("val/*/*.JPEG", ``**`` allowed) or a single file, sorted."""
     path = Path(spec).expanduser()
     if any(ch in spec for ch in "*?["):
-        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec), recursive=True) if Path(p).is_file())
+        files = _once(p for p in _glob_no_links(os.path.expanduser(spec)) if p.is_file())
         if not files:
             raise InvalidParameterError(f"No files match {spec!r}.")
         return files
     if path.is_dir():
         found = path.rglob("*") if recursive else path.iterdir()
-        files = sorted(p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        files = _once(p for p in found if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise InvalidParameterError(f"The folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)}).")
         return files
     if path.is_file():
         return [path]
     raise InvalidParameterError(f"Image folder or file not found: {path}.")
+
+
+def _glob_no_links(pattern: str) -> Iterator[Path]:
+    """The paths a glob pattern matches, ``**`` included, without descending into symlinked folders (pathlib's
+    rule: a symlink loop such as ``ln -s . self`` ends instead of recursing until the OS gives up)."""
+    parts = Path(pattern).parts
+    first = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
+    root = Path(*parts[:first]) if first else Path(".")
+    rest = str(Path(*parts[first:]))
+    return root.glob(rest) if root.is_dir() else iter(())
+
+
+def _once(paths: Iterable[Path]) -> list[Path]:
+    """Each file once (by its resolved path, the shortest name kept: ``a.png`` over ``self/a.png``), sorted."""
+    by_target: dict[str, Path] = {}
+    for p in sorted(paths, key=lambda q: (len(q.parts), str(q))):
+        by_target.setdefault(os.path.realpath(p), p)
+    return sorted(by_target.values())
 
 
 def _composite(img: Image.Image) -> Image.Image:
