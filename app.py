@@ -25,7 +25,7 @@ from vitlens import figures
 from vitlens.attribution import METHODS, ComparisonTable, compare_methods
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
-from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
+from vitlens.images import APP_MAX_SIDE_PX, MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison, distance_reading
@@ -628,7 +628,9 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | N
     files = st.file_uploader(f"Images: {', '.join(t.upper() for t in UPLOAD_TYPES)}; up to {MAX_UPLOAD_MB} MB each",
                              type=list(UPLOAD_TYPES), accept_multiple_files=True, key="uploads",
                              max_upload_size=MAX_UPLOAD_MB)
-    uploads = read_uploads((f.name, f.getvalue()) for f in files or [])
+    # decoded and resized once per file, kept in the session (not the files): a rerun never decodes them again
+    uploads = read_uploads(((f.name, f.getvalue()) for f in files or []), max_side_px=APP_MAX_SIDE_PX,
+                           memo=st.session_state.setdefault("upload-images", {}))
     for message in uploads.skipped:
         st.warning(f"Skipped: {message}")
     if uploads.duplicates:

@@ -110,22 +110,53 @@ def _from_array(a: np.ndarray, what: str) -> Image.Image:
     return Image.fromarray(a, "RGB")
 
 
-def open_image(source: Path | IO[bytes], what: str) -> Image.Image:
-    """Decode a file (path or binary stream) fully, so corrupt or truncated data fails here.
+#: The most pixels vitlens decodes from one image file (36 MP, 6000 x 6000: ~108 MB as RGB). A JPEG above it
+#: is decoded reduced (PIL's draft mode: 1/2, 1/4 or 1/8 scale) to fit; another format is refused before its
+#: pixels are decoded, however small the file (a 13000 x 13000 PNG can be 0.5 MB).
+MAX_DECODE_PIXELS = 36_000_000
+
+
+def open_image(source: Path | IO[bytes], what: str, max_pixels: int = MAX_DECODE_PIXELS) -> Image.Image:
+    """Decode a file (path or binary stream) fully, so corrupt or truncated data fails here, within a pixel
+    budget, and turned upright by its EXIF orientation (as a photo viewer shows it).
+
+    Args:
+        max_pixels: the budget (``MAX_DECODE_PIXELS``); a JPEG above it is decoded reduced to fit.
 
     Raises:
-        ImageLoadError: naming ``what``, for undecodable data or a decompression bomb.
+        ImageLoadError: naming ``what``, for undecodable data or an image above the budget ("too large").
     """
     try:
         with Image.open(source) as opened:
+            w, h = opened.size
+            if w * h > max_pixels and opened.format == "JPEG":
+                scale = 1
+                while scale < 8 and (w // scale) * (h // scale) > max_pixels:
+                    scale *= 2
+                opened.draft(opened.mode if opened.mode in ("RGB", "L") else "RGB", (w // scale, h // scale))
+                w, h = opened.size
+            if w * h > max_pixels:
+                raise ImageLoadError(f"{what}: image too large to analyse safely ({w} x {h} = {w * h:,} pixels, "
+                                     f"more than vitlens decodes: {max_pixels:,}). Downscale it first.")
             opened.load()
-            return opened.copy()
+            img = opened.copy()
+        return _upright(img)
     except Image.DecompressionBombError as e:
         raise ImageLoadError(f"{what}: image too large to analyse safely ({e}). Downscale it first.") from e
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageLoadError(f"Cannot read {what} as an image ({_reason(e, source)}). "
                              f"Pass a {', '.join(t.upper() for t in UPLOAD_TYPES if t not in ('jpeg', 'tif'))} "
                              "file.") from e
+
+
+def _upright(img: Image.Image) -> Image.Image:
+    """The image turned by its EXIF orientation tag (unchanged without one)."""
+    from PIL import ImageOps
+
+    try:
+        return ImageOps.exif_transpose(img) or img
+    except Exception:  # a malformed EXIF block: the pixels as stored
+        return img
 
 
 def _reason(e: Exception, source: object) -> str:
@@ -316,23 +347,50 @@ class Uploads:
     duplicates: list[str]
 
 
-def read_uploads(files: Iterable[tuple[str, bytes]], max_bytes: int = MAX_UPLOAD_MB * 2**20) -> Uploads:
-    """Read ``(name, bytes)`` uploads: same bytes twice count once; unreadable files become messages."""
+#: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
+#: when uploaded; every view resizes to the model's input anyway, 1024 px at most for the high-resolution runs).
+APP_MAX_SIDE_PX = 2048
+
+
+def read_uploads(files: Iterable[tuple[str, bytes]], max_bytes: int = MAX_UPLOAD_MB * 2**20,
+                 max_side_px: int | None = None, memo: dict[str, Image.Image | str] | None = None) -> Uploads:
+    """Read ``(name, bytes)`` uploads: same bytes twice count once; unreadable files become messages.
+
+    Args:
+        max_side_px: resize (aspect kept) an image whose longer side is above this, once, when read.
+        memo: {digest: decoded image or error message} kept between calls (the app's session): a file read
+            before is not decoded again; entries of files no longer uploaded are dropped from it.
+    """
     import hashlib
 
     images, names, digests, skipped, duplicates = [], [], [], [], []
-    for name, data in files:
+    seen = list(files)
+    for name, data in seen:
         digest = hashlib.sha256(data).hexdigest()[:12]
         if digest in digests:
             duplicates.append(name)
             continue
-        try:
-            images.append(read_upload(name, data, max_bytes))
-        except ImageLoadError as e:
-            skipped.append(str(e))
+        known = memo.get(digest) if memo is not None else None
+        if known is None:
+            try:
+                known = read_upload(name, data, max_bytes)
+                if max_side_px and max(known.size) > max_side_px:
+                    known = known.copy()
+                    known.thumbnail((max_side_px, max_side_px), Image.Resampling.LANCZOS)
+            except ImageLoadError as e:
+                known = str(e)
+            if memo is not None:
+                memo[digest] = known
+        if isinstance(known, str):
+            skipped.append(known)
             continue
+        images.append(known)
         names.append(name)
         digests.append(digest)
+    if memo is not None:
+        current = {hashlib.sha256(data).hexdigest()[:12] for _name, data in seen}
+        for stale in [d for d in memo if d not in current]:
+            del memo[stale]
     return Uploads(images=images, names=names, key="upload-" + "-".join(digests), skipped=skipped,
                    duplicates=duplicates)
 
