@@ -7,9 +7,7 @@ is one render function of a ``Context`` (model, images, current image), dispatch
 """
 from __future__ import annotations
 
-import hashlib
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ from vitlens import figures
 from vitlens.attribution import METHODS, ComparisonTable, compare_methods
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
+from vitlens.uploads import UploadFolder
 from vitlens.images import APP_MAX_SIDE_PX, MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
@@ -602,13 +601,12 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
                               key=f"{prefix}-ckpt")
     arch = st.text_input("Architecture (timm name or ref-vit/ref-hybrid)", key=f"{prefix}-arch").strip()
     if upload is not None:
-        data = upload.getvalue()
-        target = Path(tempfile.gettempdir()) / "vitlens-uploads" / \
-            f"{hashlib.sha256(data).hexdigest()[:16]}{Path(upload.name).suffix}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not target.exists():
-            target.write_bytes(data)
-        path = str(target)
+        # a private folder of this session's (0700, inside this server's own), removed when the session ends;
+        # the file's bytes are checked against the upload each time, so nothing planted there is read
+        folder = st.session_state.get("upload-folder")
+        if folder is None:
+            folder = st.session_state["upload-folder"] = UploadFolder()
+        path = str(folder.save(upload.name, upload.getvalue()))
     if not path:
         st.info("Give a checkpoint path or upload a file, and its architecture.")
         return None
