@@ -201,20 +201,44 @@ class Result:
         if cls is not Result and not issubclass(target, cls):
             raise InvalidParameterError(f"This file holds a {kind!r} result, not {cls.kind!r}.")
         names = {f.name for f in dataclasses.fields(target)}
-        return target(**{k: v for k, v in d.items() if k in names})  # type: ignore[return-value]
+        values = {k: v for k, v in d.items() if k in names}
+        if _CHECKING.path is not None:  # loading a file: each field checked, and any failure names it
+            from .result_schema import check_fields, fail
+
+            check_fields(_CHECKING.path, target, values)
+            try:
+                return target(**values)  # type: ignore[return-value]
+            except InvalidParameterError:
+                raise
+            except Exception as e:  # a check of the class's own (__post_init__) on values that do not fit
+                raise fail(_CHECKING.path, None, f"{type(e).__name__}: {e}") from e
+        return target(**values)  # type: ignore[return-value]
 
     @classmethod
     def load(cls: type[T], path: str | Path) -> T:
         """Load a result saved by ``save`` (the file says which kind of result it is)."""
         path = Path(path)
-        if path.suffix == ".json":
-            return cls.from_dict(_decode(json.loads(path.read_text())))
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as data:
-                d = _decode(json.loads(str(data["__meta__"])))
-                d.update({k: data[k] for k in data.files if k != "__meta__"})
+        if path.suffix not in (".json", ".npz"):
+            raise InvalidParameterError(f"Load results from .json or .npz, not {path.suffix or 'no suffix'!r}.")
+        from .result_schema import fail
+
+        if not path.is_file():
+            raise InvalidParameterError(f"Result file not found: {path}. Check the path.")
+        outer = _CHECKING.path
+        _CHECKING.path = path
+        try:
+            d = _read_checked(path)
+            if not isinstance(d, dict):
+                raise fail(path, None, f"a {type(d).__name__} at the top, not a result object")
             return cls.from_dict(d)
-        raise InvalidParameterError(f"Load results from .json or .npz, not {path.suffix or 'no suffix'!r}.")
+        except InvalidParameterError:
+            raise
+        except RecursionError as e:
+            raise fail(path, None, "nested too deep") from e
+        except Exception as e:  # a malformed encoded array, spec or value
+            raise fail(path, None, f"{type(e).__name__}: {str(e)[:200]}") from e
+        finally:
+            _CHECKING.path = outer
 
     def equals(self, other: object, rtol: float = 0.0, atol: float = 0.0) -> bool:
         """Field-by-field equality; arrays compared with ``np.allclose(rtol, atol)`` (exact by default)."""
@@ -274,6 +298,65 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> bytes:
         writer.writeheader()
         writer.writerows(rows)
     return buf.getvalue().encode()
+
+
+class _Checking(threading.local):
+    path: Path | None = None
+
+
+#: the file being loaded (``Result.load``), in this thread: ``from_dict`` checks fields against it
+_CHECKING = _Checking()
+
+
+def _read_checked(path: Path) -> Any:
+    """The decoded contents of a result file, its size bounded before anything is inflated or parsed deep."""
+    import zipfile
+
+    from .result_schema import MAX_JSON_DEPTH, MAX_RESULT_BYTES, fail, json_depth_ok
+
+    if path.suffix == ".json":
+        if path.stat().st_size > MAX_RESULT_BYTES:
+            raise fail(path, None, f"{path.stat().st_size:,} bytes, more than a result may hold ({MAX_RESULT_BYTES:,})")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise fail(path, None, f"not readable as UTF-8 text ({type(e).__name__})") from e
+        if not json_depth_ok(text):
+            raise fail(path, None, f"nested more than {MAX_JSON_DEPTH} deep")
+        try:
+            raw = json.loads(text)
+        except ValueError as e:
+            raise fail(path, None, f"not valid JSON ({e})") from e
+        return _decode(raw)
+    try:
+        with zipfile.ZipFile(path) as z:
+            inflated = sum(i.file_size for i in z.infolist())
+    except (OSError, zipfile.BadZipFile, ValueError) as e:
+        raise fail(path, None, f"not a readable .npz archive ({type(e).__name__}: {e})") from e
+    if inflated > MAX_RESULT_BYTES:
+        raise fail(path, None, f"its arrays would inflate to {inflated:,} bytes, more than a result may hold "
+                               f"({MAX_RESULT_BYTES:,}); not read")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "__meta__" not in data.files:
+                raise fail(path, "__meta__", "missing")
+            meta_text = str(data["__meta__"])
+            if not json_depth_ok(meta_text):
+                raise fail(path, "__meta__", f"nested more than {MAX_JSON_DEPTH} deep")
+            d = _decode(json.loads(meta_text))
+            if not isinstance(d, dict):
+                raise fail(path, "__meta__", f"a {type(d).__name__}, not an object")
+            for k in data.files:
+                if k != "__meta__":
+                    try:
+                        d[k] = data[k]
+                    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+                        raise fail(path, k, f"unreadable array ({type(e).__name__}: {e})") from e
+    except InvalidParameterError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        raise fail(path, None, f"not readable ({type(e).__name__}: {e})") from e
+    return d
 
 
 def load_result(path: str | Path) -> Result:

@@ -1,0 +1,96 @@
+"""Tampered result files (issue 33, item 8): one vitlens error naming the file and the field, never a raw Python
+error, a wrong type never loading silently, and an archive judged by what it would inflate to before it is read."""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+import vitlens as vl
+from vitlens.result_schema import MAX_RESULT_BYTES, ResultFileError
+from vitlens.views.distance import AttentionDistanceResult
+
+
+def _result() -> AttentionDistanceResult:
+    z = np.zeros((2, 3))
+    return AttentionDistanceResult(mean_px=z + 1.0, std_px=z, m2=z, n_images=4, image_size=(32, 32), grid=(2, 2),
+                                   stride_px=(16, 16), renormalize=True, model_name="m")
+
+
+def _tamper(tmp_path, **changes):
+    path = _result().save(tmp_path / "r.json")
+    d = json.loads(path.read_text())
+    d.update(changes)
+    path.write_text(json.dumps(d))
+    return path
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("n_images", "four", "not an integer"),
+    ("grid", [2, 2, 2], "3 items, not 2"),
+    ("renormalize", 1, "not true/false"),
+    ("mean_px", [[1, 2], [3, 4]], "not an array"),
+    ("mean_px", {"__ndarray__": [1.0, 2.0, 3.0], "dtype": "float64", "shape": [3]}, "1 dimensions"),
+    ("m2", {"__ndarray__": [[0.0], [0.0]], "dtype": "float64", "shape": [2, 1]}, "H = 1, but mean_px has H = 3"),
+    ("std_px", {"__ndarray__": ["a"], "dtype": "<U1", "shape": [1]}, "not numbers"),
+])
+def test_a_field_of_the_wrong_type_or_shape_is_named(tmp_path, field, value, why):
+    path = _tamper(tmp_path, **{field: value})
+    with pytest.raises(ResultFileError, match=f"r.json \\(field '{field}'\\): .*{why}"):
+        vl.load_result(path)
+
+
+def test_a_missing_field_and_broken_encodings_are_named(tmp_path):
+    path = _tamper(tmp_path)
+    d = json.loads(path.read_text())
+    del d["grid"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ResultFileError, match="field 'grid'.*missing"):
+        vl.load_result(path)
+    path.write_text(json.dumps({**d, "grid": [2, 2], "mean_px": {"__ndarray__": [1, 2], "dtype": "float64",
+                                                                  "shape": [5]}}))
+    with pytest.raises(ResultFileError, match="r.json.*ValueError"):
+        vl.load_result(path)
+    for junk in ("{not json", "[1, 2]", '{"kind": 3}'):
+        path.write_text(junk)
+        with pytest.raises(vl.errors.VitlensError, match="r.json|kind"):
+            vl.load_result(path)
+
+
+def test_deep_nesting_is_refused_without_recursing(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ResultFileError, match="deep.json: nested more than"):
+        vl.load_result(path)
+
+
+def test_an_npz_that_would_inflate_past_the_bound_is_not_read(tmp_path):
+    path = tmp_path / "bomb.npz"
+    buf = io.BytesIO()
+    big = np.zeros(MAX_RESULT_BYTES // 8 + 1024)  # zeros: a tiny file that inflates past the bound
+    np.savez_compressed(buf, __meta__=np.asarray(json.dumps({"kind": "attention_distance"})), mean_px=big)
+    del big
+    path.write_bytes(buf.getvalue())
+    assert path.stat().st_size < 2 * 2**20
+    with pytest.raises(ResultFileError, match="bomb.npz: its arrays would inflate to .* not read"):
+        vl.load_result(path)
+
+
+def test_a_tampered_npz_names_the_file(tmp_path):
+    path = _result().save(tmp_path / "r.npz")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # truncated
+    with pytest.raises(ResultFileError, match="r.npz"):
+        vl.load_result(path)
+    with zipfile.ZipFile(tmp_path / "nometa.npz", "w") as z:
+        z.writestr("x.npy", b"")
+    with pytest.raises(ResultFileError, match="nometa.npz \\(field '__meta__'\\): missing"):
+        vl.load_result(tmp_path / "nometa.npz")
+
+
+def test_a_good_file_still_round_trips(tmp_path):
+    for suffix in (".json", ".npz"):
+        assert vl.load_result(_result().save(tmp_path / f"r{suffix}")).equals(_result())
