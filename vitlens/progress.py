@@ -33,6 +33,15 @@ class Progress:
         elif self._fn is not None:
             self._fn(done, self.total)
 
+    def drop(self, n: int) -> None:
+        """``n`` items that will never finish (a failed model's shards) leave the total, so the bar still ends full."""
+        if self.total is None or n <= 0:
+            return
+        self.total = max(0, self.total - n)
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.refresh()
+
     def note(self, text: str) -> None:
         """A line for the person watching (beside a tqdm bar, on stderr); callables and silence get none."""
         if self._bar is not None:

@@ -5,6 +5,7 @@ import pickle
 import sys
 import zipfile
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -56,6 +57,20 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return _unwrap_state_dict(obj, path)
 
 
+def refuse_non_finite(tensors: "Iterable[tuple[str, torch.Tensor]]", what: str) -> None:
+    """Refuse weights with NaN or infinite values: every view would read nan ("attends nan of the width").
+
+    Raises:
+        CheckpointError: naming up to three such tensors.
+    """
+    bad = [name for name, t in tensors if isinstance(t, torch.Tensor) and t.is_floating_point()
+           and not bool(torch.isfinite(t).all())]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckpointError(f"{what} holds NaN or infinite weights ({', '.join(bad[:3])}{more}); vitlens refuses "
+                              "them, as every number it reports would be nan. Check the run that wrote them.")
+
+
 def _unwrap_state_dict(obj: object, path: Path) -> dict[str, torch.Tensor]:
     if isinstance(obj, dict):
         for key in ("state_dict_ema", "model_ema", "state_dict", "model", "module"):
@@ -75,12 +90,18 @@ def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
     files through the architecture's ``checkpoint_filter_fn`` when timm has one (it renames
     legacy keys and resamples position embeddings to the model's grid).
     """
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file. Give the weights file inside it "
+                              "(.safetensors, .pth/.pt/.bin, .npz), or, for a folder written by save_pretrained, "
+                              f"the model name hf:{path}.")
     if not path.is_file():
         raise CheckpointError(f"Checkpoint file not found: {path}. Check the path.")
     if path.suffix.lower() == ".npz":
         _load_npz(model, path, arch)
+        refuse_non_finite(model.state_dict().items(), str(path))
         return
     state = read_state_dict(path)
+    refuse_non_finite(state.items(), str(path))
     filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
     if filter_fn is not None:
         try:

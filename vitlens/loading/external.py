@@ -143,6 +143,9 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         # tower stays available as model.text_model
         if pretrained:
             model = cls.from_pretrained(target, config=config, **kwargs)
+            from .checkpoint import refuse_non_finite
+
+            refuse_non_finite(model.state_dict().items(), f"hf:{ref}")
         else:  # random init from the config: AutoModel builds through from_config, a model class from its config
             model = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
     except pickle.UnpicklingError as e:

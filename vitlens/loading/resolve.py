@@ -72,6 +72,10 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
     from .checkpoint import load_checkpoint_into
 
     path = Path(name).expanduser()
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file. Give the weights file inside it "
+                              "(.safetensors, .pth/.pt/.bin, .npz), or, for a folder written by save_pretrained, "
+                              f"the model name hf:{path}.")
     if not path.is_file():
         raise CheckpointError(f"Checkpoint file not found: {path}. Check the path.")
     if not arch:

@@ -14,6 +14,7 @@ leaves half a report or replaces a good one.
 from __future__ import annotations
 
 import argparse
+import errno
 import shlex
 import sys
 import tempfile
@@ -496,6 +497,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:
         if args.debug:
             raise
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:  # a full disk is the machine's state, not a bug
+            where = e.filename or getattr(args, "out", None) or "the output folder"
+            print(f"vitlens: error: no space left on device at {where}; free some space or write elsewhere "
+                  "(--out), then rerun.", file=sys.stderr)
+            return EXIT_ERROR
         print(f"vitlens: unexpected error ({type(e).__name__}: {e}); rerun with --debug for the traceback.",
               file=sys.stderr)
         return EXIT_ERROR

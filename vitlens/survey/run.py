@@ -538,6 +538,7 @@ def _fail(ray: Any, w: _Model, entry: dict, reason: str, waiting: dict, store: S
           strict: bool, bar: Progress) -> None:
     w.failed = reason
     entry.update(status="failed", reason=reason)
+    bar.drop(len(w.futures))  # its shards will not come: the bar's total counts only what will
     for fut in [f for f, (_what, owner) in waiting.items() if owner is w]:
         waiting.pop(fut)
     for actor in w.actors:

@@ -240,6 +240,7 @@ class SurveyStore:
         np.savez_compressed(buf, __meta__=np.asarray(json.dumps(meta)), **stats.flatten(result["states"]))
         data = buf.getvalue()
         record = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), **self._identity(key, shard)}
+        self._inside(self.shard_path(key, shard).parent)
         atomic_write_bytes(self.checksum_path(key, shard), json.dumps(record).encode())
         atomic_write_bytes(self.shard_path(key, shard), data)
 
@@ -379,7 +380,20 @@ class SurveyStore:
             arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
         return stats.unflatten(arrays), meta
 
+    def _inside(self, folder: Path) -> None:
+        """Refuse to write through a symlinked folder, or one that resolves outside the survey folder."""
+        root = self.out.resolve()
+        probe = folder
+        while probe != self.out and probe != probe.parent:
+            if probe.is_symlink():
+                raise InvalidParameterError(f"{probe} is a symbolic link ({os.readlink(probe)}); vitlens writes "
+                                            "a survey's files only inside its folder. Remove the link and rerun.")
+            probe = probe.parent
+        if folder.exists() and root not in folder.resolve().parents and folder.resolve() != root:
+            raise InvalidParameterError(f"{folder} resolves outside the survey folder {root}; remove it and rerun.")
+
     def write_weights(self, key: str, values: dict[str, Any]) -> None:
+        self._inside(self.out / "weights")
         atomic_write_bytes(self.out / "weights" / f"{key}.json", json.dumps(values).encode())
 
     def read_weights(self, key: str) -> dict[str, Any]:

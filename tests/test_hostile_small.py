@@ -1,0 +1,74 @@
+"""The smaller items of issue 33: NaN/Inf weights, a folder given as a checkpoint, a symlinked shards folder, the
+progress bar of failed models, a full disk on the command line."""
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import vitlens as vl
+from vitlens.errors import CheckpointError, InvalidParameterError
+from vitlens.progress import Progress
+from vitlens.survey.sources import Shard
+from vitlens.survey.store import SurveyStore
+
+
+def _saved(tiny, path, poison: float | None = None):
+    state = {k: v.detach().clone().contiguous() for k, v in tiny.model.state_dict().items()}
+    if poison is not None:
+        next(v for k, v in state.items() if v.is_floating_point() and v.numel() > 1).view(-1)[0] = poison
+    save_file(state, str(path))
+    return path
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_nan_or_inf_weights_are_refused_at_load(tmp_path, poison):
+    m = vl.load_model("ref-vit", device="cpu")
+    path = _saved(m, tmp_path / "bad.safetensors", poison)
+    with pytest.raises(CheckpointError, match="NaN or infinite weights"):
+        vl.load_model(str(path), arch="ref-vit")
+    assert vl.load_model(str(_saved(m, tmp_path / "good.safetensors")), arch="ref-vit").weights == "checkpoint"
+
+
+def test_a_folder_given_as_a_checkpoint_says_so(tmp_path):
+    folder = tmp_path / "run.pth"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match="is a folder, not a checkpoint file.*hf:"):
+        vl.load_model(str(folder), arch="ref-vit")
+
+
+def test_writes_never_follow_a_symlinked_model_folder(tmp_path):
+    out, elsewhere = tmp_path / "zoo", tmp_path / "elsewhere"
+    (out / "shards").mkdir(parents=True)
+    elsewhere.mkdir()
+    os.symlink(elsewhere, out / "shards" / "m-123456")
+    store = SurveyStore(out)
+    result = {"n_images": 1, "skipped": [], "seconds": 0.0, "states": {}}
+    with pytest.raises(InvalidParameterError, match="is a symbolic link"):
+        store.write_shard("m-123456", Shard(0, 0, 1), result)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_progress_total_drops_a_failed_models_shards():
+    seen = []
+    bar = Progress(lambda done, total: seen.append((done, total)), 6)
+    bar.update(2)
+    bar.drop(4)  # the failed model's 4 shards will never come
+    bar.update(2)
+    assert seen[-1] == (2, 2)
+
+
+def test_a_full_disk_says_no_space_left_at_the_path(monkeypatch, tmp_path):
+    from tests.test_cli import run_cli_here
+    import vitlens.report.cli as cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r.html"))
+
+    monkeypatch.setattr(cli, "cmd_report", full)
+    proc = run_cli_here("report", "--out", str(tmp_path / "r.html"))
+    assert proc.returncode == 1
+    assert f"no space left on device at {tmp_path / 'r.html'}" in proc.stderr and "unexpected" not in proc.stderr
