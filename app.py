@@ -326,7 +326,9 @@ def render_distance(ctx: Context) -> None:
     else:
         right.info("No prefix tokens: every token is a patch, so no attention is parked outside the image.")
     downloads(res.distance, fig, "attention_distance")
-    with st.expander("Which heads matter? (removes one head at a time; costly)"):
+    # a keyed expander whose state the server keeps: it stays open across the run that brings the result
+    with st.expander("Which heads matter? (removes one head at a time; costly)", key="heads-exp",
+                     expanded=bool(st.session_state.get("heads-on")), on_change="rerun"):
         k = min(n, 16)
         st.caption(f"Mean-ablation of each of the {ctx.m.spec.num_layers * ctx.m.spec.num_heads} heads on {k} images: "
                    f"{head_cost(ctx.m, k)} image forwards.")
@@ -488,15 +490,16 @@ def render_cka(ctx: Context, m2: vl.LoadedModel, m2key: str, n: int) -> None:
 def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: int) -> None:
     d1 = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
     d2 = distance_result(m2, f"{other}", ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
-    data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name], weights=[ctx.m.weights, m2.weights])
+    data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name], weights=[ctx.m.weights, m2.weights],
+                      kinds=[ctx.m.spec.kind, m2.spec.kind])
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
     distance_fig = figures.distance_figure(data.distances, names=data.models, units=data.units)
     st.plotly_chart(distance_fig, key="cmp-fig")
     st.markdown(data.reading())
+    local = data.local_statement()
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
-               f"Local heads (below {100 * data.local_threshold:.0f}% of the width) in layers 1-{data.first_layers}: "
-               + ", ".join(f"{name} {100 * s:.0f}%" for name, s in zip(data.models, data.local_share)) + ".")
+               f"{local[:1].upper()}{local[1:]}.")
     st.dataframe(data.to_pandas().round(3), hide_index=True)
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
@@ -671,6 +674,11 @@ def main() -> None:
         show_error(e)
 
 
+def image_box_key(ikey: str) -> str:
+    """The "Current image" box's widget key for one image set."""
+    return f"img-idx-{ikey}"
+
+
 def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: str, masks: np.ndarray | None,
                     labels: np.ndarray | None, image_source: str) -> Context:
     """The model's facts, the current image and its predictions; stops the run with a message when
@@ -695,7 +703,10 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
     if not images:
         st.info("Upload at least one image, or pick sample photos or shapes in the sidebar.")
         st.stop()
-    idx = st.selectbox("Current image", range(len(images)), format_func=lambda i: names[i], key="img-idx")
+    # keyed by the image set: a new set is a new box, so the name shown is always the image shown (one key
+    # across sets kept the old set's label in the browser over the new set's image)
+    idx = st.selectbox("Current image", range(len(images)), format_func=lambda i: names[i],
+                       key=image_box_key(ikey))
     idx = min(idx, len(images) - 1)
     try:
         x = m.preprocess([images[idx]])

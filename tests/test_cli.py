@@ -109,6 +109,22 @@ def test_compare_of_the_embedded_pair_writes_table_and_local_share(tmp_path):
     import html
 
     assert data.reading().startswith("Fig. 11's contrast: ref-hybrid") and data.reading() in html.unescape(out.read_text())
+    assert data.kinds == ["vit", "hybrid"] and "at most 0.6x the uniform-attention distance" in out.read_text()
+
+
+def test_compare_of_two_plain_vits_never_names_a_cnn_stem(tmp_path):
+    """Issue 29: the embedded ViT against a random-init plain ViT read as "as when a CNN stem has already done
+    the local work"."""
+    out = tmp_path / "cmp.html"
+    proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "4",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = vl.load_result(out.with_suffix(".json"))
+    assert data.kinds == ["vit", "vit"] and data.weights == ["embedded", "random init"]
+    said = proc.stdout + proc.stderr
+    assert "CNN stem" not in said and "CNN stem" not in out.read_text()
+    assert "random weights" in data.reading() or data.reading().startswith("Flat"), data.reading()
+    assert "Local heads (at most 0.6x the uniform-attention distance) in layers 1-4" in said
 
 
 def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):

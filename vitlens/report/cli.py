@@ -24,6 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vitlens.views.distance import LOCAL_OF_UNIFORM
+
 EXIT_USAGE, EXIT_ERROR = 2, 1
 N_ROLLOUT_SHOWN = 4
 
@@ -255,7 +257,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     timings["total"] = time.perf_counter() - t_start
     data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
                       image_set=image_set, environment=versions(str(models[0].device)), timings=timings,
-                      command=_command(), weights=[m.weights for m in models])
+                      command=_command(), weights=[m.weights for m in models],
+                      kinds=[m.spec.kind for m in models])
     if args.cka:
         data.cka = [vl.cka(models[0], other, images, batch_size=max(4, args.batch_size), progress=not args.quiet)
                     for other in models[1:]]
@@ -267,6 +270,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     data.save(_data_path(out, args.data))
     atomic_write_bytes(out, page.encode())
     _log(args, data.reading())
+    _log(args, data.local_statement()[:1].upper() + data.local_statement()[1:] + ".")
     _log(args, f"wrote {out} and {_data_path(out, args.data)}")
     return 0
 
@@ -427,8 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")
     c.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"])
     c.add_argument("--out", default="compare.html")
-    c.add_argument("--local-threshold", type=float, default=0.15,
-                   help="a head is local below this fraction of the image width (default 0.15)")
+    c.add_argument("--local-threshold", type=float, default=LOCAL_OF_UNIFORM,
+                   help="a head is local at or below this multiple of the uniform-attention distance on its "
+                        f"grid (default {LOCAL_OF_UNIFORM:g}, the one definition every view uses)")
     c.add_argument("--first-layers", type=_positive, default=4, help="layers counted for the local share")
     c.add_argument("--cka", action="store_true",
                    help="add layer-by-layer representation similarity (linear CKA) of each model with the first")

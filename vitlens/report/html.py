@@ -23,6 +23,7 @@ from .. import figures
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
+from ..views.distance import local_rule
 from .data import ComparisonData, ReportData, distance_reading
 
 
@@ -317,8 +318,8 @@ def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.
     fmt = "{:.1f}" if data.units == "px" else "{:.3f}"
     body = [_header("vitlens comparison (Fig. 11)", data.image_set, data.environment, data.timings),
             unit_note, _notes(notes), f"<p><b>{html.escape(data.reading())}</b></p>", figure_html(figs["distance"]),
-            f"<h2>Share of local heads</h2><p>Heads whose mean distance is below {100 * data.local_threshold:.0f}% "
-            f"of the image width, in the first {data.first_layers} layers.</p>", html_table(shares),
+            f"<h2>Share of local heads</h2><p>Heads whose mean distance is {local_rule(data.local_threshold)} "
+            f"on the model's grid, in the first {data.first_layers} layers.</p>", html_table(shares),
             f"<h2>Per layer ({'pixels' if data.units == 'px' else 'fraction of image width'})</h2>",
             html_table(data.table, fmt)]
     for i, c in enumerate(data.cka):

@@ -25,6 +25,18 @@ from ..results import Result
 from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
 
 
+#: THE definition of a local head (Fig. 7 right, Fig. 11), used by every view, reading and report: a head is
+#: local when its mean attention distance is at most this multiple of the distance of uniform attention on
+#: its grid. Grid-relative, so it reads an 8x8 grid of 64 px (where uniform attention is half the width) as
+#: it reads a 14x14 one; the model card's and the locality sweep's criterion.
+LOCAL_OF_UNIFORM = 0.6
+
+
+def local_rule(multiple: float = LOCAL_OF_UNIFORM) -> str:
+    """The definition of a local head in words, as every page states it (``LOCAL_OF_UNIFORM``)."""
+    return f"at most {multiple:g}x the uniform-attention distance"
+
+
 @dataclass(eq=False, repr=False)
 class AttentionDistanceResult(Result):
     """Mean attention distance of every head, averaged over images.
@@ -69,6 +81,11 @@ class AttentionDistanceResult(Result):
     def uniform_px(self) -> float:
         """The distance of uniform attention on this grid (the figure's dotted line)."""
         return uniform_distance(self.grid, self.stride_px)
+
+    def local_heads(self, multiple: float = LOCAL_OF_UNIFORM) -> np.ndarray:
+        """[L, H] booleans: which heads are local (mean distance at most ``multiple`` x ``uniform_px``,
+        the one rule of ``LOCAL_OF_UNIFORM``)."""
+        return self.mean_px <= multiple * self.uniform_px
 
     @property
     def mean_fraction_of_width(self) -> np.ndarray:
