@@ -36,6 +36,21 @@ if TYPE_CHECKING:  # figures take typed results; these modules import figures la
     from .views.prefix import PrefixDiagnosticsResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+#: one colour per attribution method (Plotly's Dark24, 24 distinct hues), indexed by the method's place in
+#: the registry (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour,
+#: the same one in every figure; none is a placeholder Streamlit's chart theme swaps (#0000xx)
+METHOD_PALETTE = ("#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#222A2A", "#B68100", "#750D86",
+                  "#EB663B", "#511CFB", "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE",
+                  "#862A16", "#A777F1", "#620042", "#1616A7", "#DA60CA", "#6C4516", "#0D2A63", "#AF0038")
+
+
+def method_colour(method: str, position: int = 0) -> str:
+    """The colour of one attribution method in every figure (``METHOD_PALETTE``, by its place in the registry;
+    a name the registry does not hold takes its ``position`` in the figure)."""
+    from .attribution.methods import METHODS
+
+    index = METHODS.index(method) if method in METHODS else position
+    return METHOD_PALETTE[index % len(METHOD_PALETTE)]
 
 
 def component_rgb(component: np.ndarray) -> np.ndarray:
@@ -278,16 +293,23 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Deletion (lower is more faithful)",
                                                         "Insertion (higher is more faithful)"])
     for i, r in enumerate(results):
-        color = PALETTE[i % len(PALETTE)]
-        for col, curve, auc in ((1, r.deletion, r.deletion_auc), (2, r.insertion, r.insertion_auc)):
+        color = method_colour(r.method, i)
+        # one legend entry per method, under both panels, with both areas (deletion / insertion)
+        name = (f"{r.method.replace('_', ' ')} (AUC deletion {significant(r.deletion_auc.mean())}, "
+                f"insertion {significant(r.insertion_auc.mean())})")
+        for col, curve, auc, what in ((1, r.deletion, r.deletion_auc, "deletion"),
+                                      (2, r.insertion, r.insertion_auc, "insertion")):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines", line=dict(color=color),
-                                     name=f"{r.method.replace('_', ' ')} (AUC {significant(auc.mean())})", legendgroup=r.method,
-                                     showlegend=col == 1), row=1, col=col)
+                                     name=name, legendgroup=r.method, showlegend=col == 1,
+                                     hovertemplate=f"{r.method} ({what} AUC {significant(auc.mean())})<br>"
+                                                   "%{x:.0%}: %{y:.3f}<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
     text = bool(results) and all(getattr(r, "score", "probability") != "probability" for r in results)
     fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability",
                      rangemode="normal" if text else "tozero")
-    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
+    # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
+    fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 
@@ -357,7 +379,7 @@ def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str |
     panels = (("spearman_abs", "Spearman, |maps|"), ("spearman", "Spearman, signed maps"), ("ssim", "SSIM, |maps|"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], shared_yaxes=True)
     for i, r in enumerate(results):
-        color = PALETTE[i % len(PALETTE)]
+        color = method_colour(r.method, i)
         x = ["original", *r.steps]
         rows = r.to_rows()
         for col, (key, _) in enumerate(panels, start=1):
@@ -384,14 +406,14 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
         titles += ["ROAD MoRF (lower is better)", "ROAD LeRF (higher is better)"]
     fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
     for i, r in enumerate(results):
-        color = PALETTE[i % len(PALETTE)]
+        color = method_colour(r.method, i)
         for col, curve, auc in ((1, r.positive, r.positive_auc), (2, r.negative, r.negative_auc)):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
                                      name=f"{r.method.replace('_', ' ')}", legendgroup=r.method, showlegend=col == 1,
                                      hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
                                                    "%{y:.3f}<extra></extra>"), row=1, col=col)
     for i, r in enumerate(roads):
-        color = PALETTE[i % len(PALETTE)]
+        color = method_colour(r.method, i)
         for col, curve in ((3, r.morf), (4, r.lerf)):
             fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
                                      name=r.method.replace("_", " "), legendgroup=r.method, showlegend=not results and col == 3),
@@ -399,5 +421,7 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
     fig.update_xaxes(title="share removed", range=[0, 1])
     score = results[0].score if results else (roads[0].score if roads else "score")
     fig.update_yaxes(title=score)
-    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
+    # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
+    fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
+                      legend=dict(orientation="h", y=-0.25))
     return fig
