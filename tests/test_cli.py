@@ -151,6 +151,38 @@ def test_same_command_gives_the_same_numbers(tmp_path):
     assert ra.analyses[0].equals(rb.analyses[0])
 
 
+def test_every_skipped_image_says_why_even_when_none_is_left(tmp_path, monkeypatch):
+    """Issue 29: a 14000x14000 PNG was "unreadable" and then "None of the images could be read": the library's
+    own reason (too large, downscale it first) reaches the command line. The library's refusal is stood in
+    for here (its own pixel budget is tested in test_images.py), so no 588 MB image is made."""
+    import vitlens.images
+
+    folder = tmp_path / "giant"
+    folder.mkdir()
+    vl.sample_images(["coffee"])[0].save(folder / "giant.png")
+    Image = __import__("PIL.Image", fromlist=["Image"])
+    Image.new("RGB", (1, 1)).save(folder / "dot.png")
+    real = vitlens.images.to_rgb
+
+    def refuse_giant(img, what=None):
+        if str(img).endswith("giant.png"):
+            raise vl.ImageLoadError("giant.png: image too large to analyse safely (a stand-in). Downscale it first.")
+        return real(img, what)
+
+    monkeypatch.setattr(vl, "to_rgb", refuse_giant)
+    only_giant = tmp_path / "only"
+    only_giant.mkdir()
+    (folder / "giant.png").rename(only_giant / "giant.png")
+    proc = run_cli_here("report", "--model", "ref-vit", "--images", str(only_giant), "--out", str(tmp_path / "g.html"))
+    assert proc.returncode == 2 and "could be read: giant.png: image too large" in proc.stderr
+    assert "Downscale it first" in proc.stderr and not (tmp_path / "g.html").exists()
+    # a 1x1 image is analysed, with a word on what that means
+    proc = run_cli_here("report", "--model", "ref-vit", "--images", str(folder), "--out", str(tmp_path / "d.html"),
+                        "--n-images", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "dot.png (1x1 px) is smaller than 16 px: it is enlarged" in proc.stderr
+
+
 def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp_path):
     folder = tmp_path / "imgs"
     folder.mkdir()
@@ -160,7 +192,7 @@ def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp
     proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "skipped 1 unreadable image(s): b.jpg" in proc.stderr
+    assert "warning: skipped b.jpg: Cannot read" in proc.stderr and "(s)" not in proc.stderr
     assert vl.load_result(out.with_suffix(".json")).image_set["skipped"] == ["b.jpg"]
     strict = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
                      "--strict", "--out", str(tmp_path / "s.html"))

@@ -27,6 +27,13 @@ import numpy as np
 from vitlens.views.distance import LOCAL_OF_UNIFORM
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
+#: an image narrower or shorter than this is analysed with a warning (it is enlarged many times to the input)
+TINY_IMAGE_PX = 16
+
+
+def _count(n: int, noun: str) -> str:
+    """"1 image", "2 images": counts in words without "(s)"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 N_ROLLOUT_SHOWN = 4
 
 
@@ -85,23 +92,32 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
         from vitlens.images import find_image_files
 
         files = find_image_files(args.images)
-        good, skipped = [], []
+        good, skipped, why = [], [], {}
+        tiny = []
         for f in files:
             if len(good) >= args.n_images:
                 break
             try:
-                vl.to_rgb(f)
+                size = vl.to_rgb(f).size
                 good.append(f)
-            except vl.ImageLoadError:
+                if min(size) < TINY_IMAGE_PX:
+                    tiny.append(f"{f.name} ({size[0]}x{size[1]} px)")
+            except vl.ImageLoadError as e:  # every skip says why: the library's reason, as it gave it
                 skipped.append(f.name)
-        listed = f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
+                why[f.name] = str(e)
+        reasons = [why[name] if name in why[name] else f"{name}: {why[name]}" for name in skipped[:5]] + ([f"... and {len(skipped) - 5} more"] if len(skipped) > 5 else [])
         if skipped and args.strict:
-            raise CliError(f"{len(skipped)} unreadable image(s) (--strict): {listed}.")
-        if skipped:
-            _log(args, f"warning: skipped {len(skipped)} unreadable image(s): {listed}")
+            raise CliError(f"{_count(len(skipped), 'image')} could not be read (--strict): " + " ".join(reasons))
+        if skipped and good:
+            for reason in reasons:
+                _log(args, f"warning: skipped {reason}")
         if not good:
-            raise CliError(f"None of the images under {args.images!r} could be read.")
-        return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped}, None, None
+            raise CliError(f"None of the images under {args.images!r} could be read: " + " ".join(reasons))
+        for t in tiny:
+            _log(args, f"warning: {t} is smaller than {TINY_IMAGE_PX} px: it is enlarged to the model's input, so "
+                       "its maps show the interpolation more than the image")
+        return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped,
+                      "skipped_why": why}, None, None
     if args.samples:
         imgs = vl.sample_images()[: args.n_images]
         return imgs, {"source": "samples", "description": "scikit-image sample photographs "
