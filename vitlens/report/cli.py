@@ -104,8 +104,8 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
                     tiny.append(f"{f.name} ({size[0]}x{size[1]} px)")
             except vl.ImageLoadError as e:  # every skip says why: the library's reason, as it gave it
                 skipped.append(f.name)
-                why[f.name] = str(e)
-        reasons = [why[name] if name in why[name] else f"{name}: {why[name]}" for name in skipped[:5]] + ([f"... and {len(skipped) - 5} more"] if len(skipped) > 5 else [])
+                why[f.name] = str(e).replace(str(f), f.name)
+        reasons = [f"{name} ({why[name]})" for name in skipped[:5]] + ([f"... and {len(skipped) - 5} more"] if len(skipped) > 5 else [])
         if skipped and args.strict:
             raise CliError(f"{_count(len(skipped), 'image')} could not be read (--strict): " + " ".join(reasons))
         if skipped and good:
