@@ -182,3 +182,21 @@ def test_loaded_model_prints_in_one_line_and_renders_as_a_table(tiny):
     assert text.startswith("LoadedModel(vit_tiny_patch16_224: ViT, 224x224 px, 14x14 tokens, 12 x 3 heads")
     page = tiny._repr_html_()
     assert page.startswith("<table>") and "14x14 tokens" in page and "float32" in page
+
+
+def test_a_file_that_is_no_checkpoint_is_named_for_what_it_is_without_torchs_unsafe_advice(tmp_path):
+    """Issue 29: a PNG quoted torch's "Re-running torch.load with weights_only set to False will likely succeed";
+    a text file gave "(IndexError: list index out of range)"."""
+    from PIL import Image
+
+    png, text, junk = tmp_path / "x.png", tmp_path / "passwd", tmp_path / "junk.pt"
+    Image.new("RGB", (4, 4)).save(png)
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    junk.write_bytes(bytes(range(256)) * 8)
+    for path, said in ((png, "is a PNG image, not a checkpoint"), (text, "is a text file, not a checkpoint"),
+                       (junk, "is not a PyTorch checkpoint vitlens can read")):
+        with pytest.raises(vl.CheckpointError) as e:
+            vl.load_model(str(path), arch="ref-vit" if path is png else "vit_tiny_patch16_224")
+        message = str(e.value)
+        assert said in message and "Pass a .safetensors" in message, message
+        assert "will likely succeed" not in message and "False" not in message and "IndexError" not in message

@@ -20,6 +20,43 @@ def looks_like_checkpoint_path(name: str) -> bool:
     return Path(name).suffix.lower() in CHECKPOINT_SUFFIXES or Path(name).is_file()
 
 
+READABLE_FORMATS = "Pass a .safetensors, .pth/.pt/.bin (state dict) or original ViT .npz file."
+
+#: leading bytes of files often passed by mistake, and what to call them
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"BM", "a BMP image"), (b"RIFF", "a RIFF file (WebP image or WAV audio)"), (b"%PDF", "a PDF document"),
+    (b"\x1f\x8b", "a gzip archive"), (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"),
+)
+
+
+def file_kind(path: Path) -> str:
+    """What a file evidently is when it is no checkpoint ("a PNG image", "a text file"); "" when it may be
+    one (a zip archive, a pickle, anything else)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return ""
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    if head and b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+            return "a text file"
+        except UnicodeDecodeError:
+            pass
+    return ""
+
+
+def _torch_reason(e: Exception) -> str:
+    """torch's complaint, without its advice to retry with weights_only=False (vitlens never suggests it)."""
+    lines = [line for line in str(e).splitlines() if line.strip() and "weights_only" not in line]
+    sentences = [s for s in " ".join(lines).split(". ") if "weights_only" not in s and "trusted source" not in s]
+    return ". ".join(sentences).strip() or type(e).__name__
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Read the tensors of a .safetensors or torch checkpoint, refusing pickled code.
 
@@ -37,22 +74,24 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             return load_file(str(path), device="cpu")
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{path} is not a readable safetensors file ({e}).") from e
+    kind = file_kind(path)
+    if kind:  # an image, a text file, an archive: say what it is rather than what torch tripped on
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint. {READABLE_FORMATS}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "global" not in str(e).lower():
-            raise CheckpointError(f"{path} is not a PyTorch checkpoint vitlens can read ({first}).") from e
+            raise CheckpointError(f"{path} is not a PyTorch checkpoint vitlens can read: its data is not a "
+                                  f"pickled state dict. {READABLE_FORMATS}") from e
         raise CheckpointError(
-            f"Refused to load {path}: it is a pickle that needs code to unpickle ({first}). "
+            f"Refused to load {path}: it is a pickle that needs code to unpickle ({_torch_reason(e)}). "
             "vitlens only loads weights (weights_only=True). Re-save the state dict as safetensors, e.g. "
             "safetensors.torch.save_file(model.state_dict(), 'model.safetensors'), from a trusted environment."
         ) from e
     except Exception as e:  # torch raises many types (RuntimeError, IndexError, EOFError, ...) on junk files
         raise CheckpointError(
-            f"{path} is not a PyTorch checkpoint vitlens can read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            "Pass a .safetensors, .pth/.pt/.bin (state dict) or original ViT .npz file."
-        ) from e
+            f"{path} is not a PyTorch checkpoint vitlens can read: neither a torch zip archive nor a pickled "
+            f"state dict. {READABLE_FORMATS}") from e
     return _unwrap_state_dict(obj, path)
 
 
