@@ -200,3 +200,33 @@ def test_a_file_that_is_no_checkpoint_is_named_for_what_it_is_without_torchs_uns
         message = str(e.value)
         assert said in message and "Pass a .safetensors" in message, message
         assert "will likely succeed" not in message and "False" not in message and "IndexError" not in message
+
+
+def test_a_checkpoint_without_its_architecture_is_told_only_the_ones_that_fit(tmp_path):
+    """Issue 29: ref-vit.safetensors without --arch was told to try vit_base_patch16_224."""
+    from vitlens.reference import weights_path
+
+    with pytest.raises(vl.CheckpointError) as e:
+        vl.load_model(str(weights_path("ref-vit")))
+    assert "ref-vit fits its tensors" in str(e.value) and "vit_base" not in str(e.value)
+    assert "--arch ref-vit" in e.value.fixes["cli"]
+    odd = tmp_path / "odd.safetensors"
+    save_file({"blocks.0.attn.qkv.weight": torch.zeros(24, 8), "cls_token": torch.zeros(1, 1, 8)}, str(odd))
+    with pytest.raises(vl.CheckpointError) as e:
+        vl.load_model(str(odd))
+    assert "none of vitlens's usual architectures fits it" in str(e.value) and "1 blocks, width 8" in str(e.value)
+    assert "vit_base" not in str(e.value) + " ".join(e.value.fixes.values())
+
+
+def test_a_wrong_architecture_is_summarised_and_arch_is_never_ignored():
+    """Issue 29: 800+ characters of missing keys; and --model ref-vit --arch vit_tiny... ignored --arch."""
+    from vitlens.reference import weights_path
+
+    with pytest.raises(vl.CheckpointError) as e:
+        vl.load_model(str(weights_path("ref-vit")), arch="vit_tiny_patch16_224")
+    message = str(e.value)
+    assert ("the file has 6 blocks, width 128, patch 8 px, 6 classes; vit_tiny_patch16_224 has 12 blocks, "
+            "width 192, patch 16 px, 1000 classes") in message and len(message.replace(str(weights_path("ref-vit")), "")) < 400
+    with pytest.raises(vl.InvalidParameterError, match="is for a checkpoint file"):
+        vl.load_model("ref-vit", arch="vit_tiny_patch16_224")
+    assert vl.load_model("ref-vit", arch="ref-vit").spec.name == "ref-vit"  # naming itself is no conflict

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
+from ..errors import (CheckpointError, InvalidParameterError, UnknownModelError, UnsupportedModelError,
+                      WeightsUnavailableError)
 from .model import LoadedModel, check_dtype, resolve_device
 
 #: how each interface asks for random weights / a checkpoint with its architecture
@@ -69,15 +70,27 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
     import timm
 
     from ..reference import REFERENCE_NAMES, build_reference
-    from .checkpoint import load_checkpoint_into
+    from .checkpoint import fitting_architectures, load_checkpoint_into, shape_summary, tensor_shapes
 
     path = Path(name).expanduser()
     if not path.is_file():
         raise CheckpointError(f"Checkpoint file not found: {path}. Check the path.")
-    if not arch:
-        raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too.",
-                              fixes={"python": f"For example: vl.load_model({str(path)!r}, arch='vit_base_patch16_224').",
-                                     "cli": f"For example: --model {path} --arch vit_base_patch16_224.",
+    if not arch:  # suggest only architectures whose every tensor fits the file's, or none
+        fits = fitting_architectures(path)
+        if fits:
+            raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too; "
+                                  f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''} its tensors.",
+                                  fixes={"python": f"For example: vl.load_model({str(path)!r}, arch={fits[0]!r}).",
+                                         "cli": f"For example: --model {path} --arch {fits[0]}.",
+                                         "app": f"Give it in the Architecture field: {fits[0]}."})
+        try:
+            shape = shape_summary(tensor_shapes(path))
+        except CheckpointError:
+            shape = "tensors vitlens cannot read"
+        raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too (the one it was trained "
+                              f"with; the file has {shape}, and none of vitlens's usual architectures fits it).",
+                              fixes={"python": "Pass arch= the timm name it was trained with.",
+                                     "cli": "Pass --arch with the timm name it was trained with.",
                                      "app": "Give it in the Architecture field (a timm name, or ref-vit / ref-hybrid)."})
     if arch in REFERENCE_NAMES:
         model = build_reference(arch)
@@ -174,6 +187,12 @@ def load_model(
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
                                        weights=_hub_weights(source))
     weights = "embedded"
+    if arch and arch != name and not looks_like_checkpoint_path(name):  # never ignored silently
+        raise InvalidParameterError(
+            f"arch={arch!r} is for a checkpoint file; {name!r} is a model name that brings its own architecture.",
+            fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', arch={arch!r}).",
+                   "cli": f"Drop --arch, or pass a checkpoint file: --model weights.safetensors --arch {arch}.",
+                   "app": "The Architecture field is for checkpoint files only."})
     if name in REFERENCE_NAMES:
         model = build_reference(name)
         path = weights_path(name)

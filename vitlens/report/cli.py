@@ -134,10 +134,14 @@ def load_all(args: argparse.Namespace, names: Sequence[str]) -> list[Any]:
 
     import vitlens as vl
 
+    from vitlens.loading.checkpoint import looks_like_checkpoint_path
+
     models = []
+    # --arch goes to the checkpoint files; with none among the models it goes to all, which refuse it
+    files = [n for n in names if looks_like_checkpoint_path(n)]
     for name in names:
         torch.manual_seed(args.seed)  # random-init models are the same on every run
-        kwargs: dict[str, Any] = {"arch": args.arch} if args.arch else {}
+        kwargs: dict[str, Any] = {"arch": args.arch} if args.arch and (name in files or not files) else {}
         models.append(vl.load_model(name, pretrained=not args.random_init, device=args.device, **kwargs))
     return models
 
