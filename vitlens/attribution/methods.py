@@ -100,6 +100,11 @@ class AttributionResult(Result):
 
 def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
     if m.spec.num_classes <= 0:
+        from .text import has_text_tower
+
+        if has_text_tower(m):  # CLIP / SigLIP: the map explains the similarity to a prompt
+            raise InvalidParameterError(f"{m.spec.name} has a text tower and no classifier head: give the prompt "
+                                        "to explain, e.g. target=\"a photo of a dog\" (the image's similarity to it).")
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so there is no class to attribute; "
                                     "use method='rollout' or a model with a head.")
     if target is None:
