@@ -414,3 +414,18 @@ def test_reports_say_when_predictions_mean_nothing(tmp_path):
         reading = distance_reading(a.distance, a.spec.name, data.weights[a.spec.name])
         assert reading in text and reading.startswith(("Flat:", a.spec.name))
     assert "vit_tiny_patch16_224 is an embedded model" not in text
+
+
+def test_help_describes_out_and_survey_takes_device_like_report_and_compare(tmp_path):
+    """Issue 29 item 16: `report --help` showed `--out OUT` bare; `survey --device cuda` was unrecognised."""
+    for command, default in (("report", "report.html"), ("compare", "compare.html"), ("survey-report", "survey.html")):
+        proc = run_cli_here(command, "--help")
+        assert "--out FILE" in proc.stdout and f"default {default}" in proc.stdout, proc.stdout
+    import torch
+
+    proc = run_cli_here("survey", "--models", "ref-vit", "--out", str(tmp_path / "s"), "--device", "cuda")
+    if not torch.cuda.is_available():
+        assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "unrecognized" not in proc.stderr
+    proc = run_cli_here("survey", "--models", "ref-vit", "--out", str(tmp_path / "s"), "--device", "cpu",
+                        "--num-gpus-per-worker", "1")
+    assert proc.returncode == 2 and "contradict" in proc.stderr

@@ -329,6 +329,15 @@ def cmd_survey(args: argparse.Namespace) -> int:
         names += [name for name in (line.split("#")[0].strip() for line in path.read_text().splitlines()) if name]
     if not names:
         raise CliError("Name the models to survey: --models A B ... or --models-file zoo.txt.")
+    if args.device == "cpu" and args.num_gpus_per_worker > 0:
+        raise CliError("--device cpu and --num-gpus-per-worker > 0 contradict each other: pass one of them.")
+    if args.device == "cuda" and args.num_gpus_per_worker == 0:
+        import torch
+
+        if args.address is None and not torch.cuda.is_available():
+            raise CliError("--device cuda: this machine has no CUDA GPU for the local Ray (pass --address of a "
+                           "cluster with GPUs, or drop --device).")
+        args.num_gpus_per_worker = 1.0  # each model worker asks Ray for one GPU and runs on it
     check_writable(args.out, "--out", folder=True)
     if args.images:
         try:
@@ -437,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="every view for one or more models (Fig. 6, 7)")
     r.add_argument("--model", action="append", default=None, help="model name or checkpoint (repeatable; "
                    "default ref-vit)")
-    r.add_argument("--out", default="report.html")
+    r.add_argument("--out", default="report.html", metavar="FILE",
+                   help="the HTML report to write (default report.html; the numbers go beside it as .json)")
     r.add_argument("--attributions", action="store_true",
                    help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
     r.add_argument("--attribution-images", type=_positive, default=16,
@@ -450,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")
     c.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"])
-    c.add_argument("--out", default="compare.html")
+    c.add_argument("--out", default="compare.html", metavar="FILE",
+                   help="the HTML comparison to write (default compare.html; the numbers go beside it as .json)")
     c.add_argument("--local-threshold", type=float, default=LOCAL_OF_UNIFORM,
                    help="a head is local at or below this multiple of the uniform-attention distance on its "
                         f"grid (default {LOCAL_OF_UNIFORM:g}, the one definition every view uses)")
@@ -476,7 +487,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--batch-size", type=_positive, default=32)
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
     sv.add_argument("--views", nargs="+", default=list(SURVEY_VIEW_NAMES), choices=list(SURVEY_VIEW_NAMES))
-    sv.add_argument("--num-gpus-per-worker", type=float, default=0.0)
+    sv.add_argument("--num-gpus-per-worker", type=float, default=0.0,
+                    help="GPUs each model worker asks Ray for (default 0: CPU; a worker with a GPU runs on it)")
+    sv.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="where the model workers run, as for report and compare: cuda asks Ray for one GPU per "
+                         "worker (--num-gpus-per-worker 1), cpu for none (default: --num-gpus-per-worker)")
     weights = sv.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
                          help="hub weights (the default)")
@@ -490,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_survey)
     sr = sub.add_parser("survey-report", help="one offline HTML page of a survey folder")
     sr.add_argument("folder")
-    sr.add_argument("--out", default="survey.html")
+    sr.add_argument("--out", default="survey.html", metavar="FILE", help="the HTML page to write (default survey.html)")
     sr.add_argument("--png", default=None, metavar="DIR", help="also write the figures as PNGs (kaleido)")
     sr.add_argument("--quiet", action="store_true")
     sr.add_argument("--debug", action="store_true")
