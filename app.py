@@ -30,6 +30,7 @@ from vitlens.loading.presets import PRESETS
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import figure_html, figure_png
+from vitlens.words import counted, listed_some
 from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
@@ -320,8 +321,9 @@ def render_distance(ctx: Context) -> None:
     if res.prefix.labels:
         right.plotly_chart(figures.prefix_figure(res.prefix), key="prefix-fig")
         parked = res.prefix.parked()
-        right.caption(f"{len(parked)} head(s) park more than half their attention on a prefix token"
-                      + (": " + ", ".join(f"L{p['layer']}H{p['head']}" for p in parked[:8]) if parked else "")
+        right.caption(f"{counted(len(parked), 'head')} park{'s' if len(parked) == 1 else ''} more than half "
+                      "their attention on a prefix token"
+                      + (": " + listed_some([f"L{p['layer']}H{p['head']}" for p in parked], 8) if parked else "")
                       + ". With raw weights such heads would look local; renormalising over patch keys discounts it.")
     else:
         right.info("No prefix tokens: every token is a patch, so no attention is parked outside the image.")
@@ -367,9 +369,10 @@ def render_maps(ctx: Context) -> None:
                    "view computes the picked query's rows only (a block of query rows at a time); each new "
                    "query is one more forward.")
     if parked:
-        st.warning(f"{len(parked)} head(s) park more than half their attention on a prefix token in this image ("
-                   + ", ".join(f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
-                               for p in parked[:6]) + "); rollout counts that mass, though no patch earned it.")
+        st.warning(f"{counted(len(parked), 'head')} park{'s' if len(parked) == 1 else ''} more than half their "
+                   "attention on a prefix token in this image ("
+                   + listed_some([f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
+                                  for p in parked], 6) + "); rollout counts that mass, though no patch earned it.")
     c = st.columns(4)
     kinds = (["class token"] if spec.has_class_token else []) + ["patch"] + \
         (["attention pool"] if pool else [])  # a MAP head's probe over the tokens

@@ -237,3 +237,14 @@ def test_spec_describes_itself_in_words():
     assert d["parameters"] == "21.7M" and d["classes"] == "none (feature model)"
     with pytest.raises(TypeError):  # a spec is a dataclass, not a dict (no dict-style shim)
         spec["grid"]
+
+
+def test_counts_and_cut_lists_read_as_words():
+    """Issue 29 items 15 and 18: "maps of 1 images", "7 head(s) park ..." listing 6 with no "…"."""
+    from vitlens.words import counted, listed_some
+
+    assert counted(1, "image") == "1 image" and counted(2, "image") == "2 images" and counted(0, "head") == "0 heads"
+    assert listed_some(list("abcdefg"), 6) == "a, b, c, d, e, f, … (1 more)" and listed_some(["a", "b"], 6) == "a, b"
+    one = distance(np.ones((1, 2)))
+    one.n_images = 1
+    assert "over 1 image," in one.summary()

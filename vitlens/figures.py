@@ -25,6 +25,7 @@ from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
 from .views.rollout import RolloutResult
+from .words import counted
 
 if TYPE_CHECKING:  # figures take typed results; these modules import figures lazily, so no cycle at run time
     from .attribution.faithfulness import FaithfulnessResult
@@ -177,7 +178,7 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
     fig.update_layout(
-        title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {first.n_images} images; "
+        title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {counted(first.n_images, 'image')}; "
                        "dotted: uniform attention</sup>",
         xaxis=dict(title="Network depth (layer)", dtick=1, range=[0.5, depth + 0.5]),
         yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
@@ -328,7 +329,7 @@ def cka_figure(result: "CKAResult", title: str | None = None) -> go.Figure:
     fig.update_yaxes(title=f"{result.model_a} layer", range=[la + 0.5, 0.5], dtick=1 if la <= 24 else None,
                      scaleanchor="x", constrain="domain")
     fig.update_layout(title=title or f"Representation similarity (linear CKA)<br><sup>{result.estimator} HSIC, "
-                                     f"{result.token_policy} tokens, {result.n_images} images</sup>",
+                                     f"{result.token_policy} tokens, {counted(result.n_images, 'image')}</sup>",
                       height=480, margin=dict(l=10, r=10, t=70, b=10))
     return fig
 
@@ -347,7 +348,7 @@ def head_importance_figure(importance: "HeadImportanceResult", distance: Attenti
     fig.add_vline(x=distance.uniform_px, line=dict(dash="dot", width=1, color="#888"),
                   annotation_text="uniform attention", annotation_position="top right")
     fig.update_layout(title=title or f"Do local heads matter?<br><sup>{importance.ablation}-ablation of one head at "
-                                     f"a time, {importance.n_images} images</sup>",
+                                     f"a time, {counted(importance.n_images, 'image')}</sup>",
                       xaxis_title="Mean attention distance (pixels)",
                       yaxis_title="Drop of the predicted class's logit", height=440,
                       margin=dict(l=10, r=10, t=70, b=10))

@@ -22,6 +22,7 @@ from ..progress import ProgressArg
 from ..results import Result, significant
 from .masks import mask_scores, masks_at_input
 from .methods import AttributionResult, attribute, default_methods
+from ..words import counted
 
 BASELINES = ("mean", "blur")
 
@@ -54,7 +55,7 @@ class FaithfulnessResult(Result):
     score: str = "probability"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {len(self.deletion)} images, deletion AUC "
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.deletion), 'image')}, deletion AUC "
                 f"{significant(self.deletion_auc.mean())}, insertion AUC {significant(self.insertion_auc.mean())} ({self.baseline} "
                 "baseline)")
 
@@ -167,7 +168,7 @@ class ComparisonTable(Result):
     sanity: Any = None
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}: {len(self.rows)} methods x {self.n_images} images"
+        return f"{self.model_name or 'model'}: {counted(len(self.rows), 'method')} x {counted(self.n_images, 'image')}"
 
     def to_rows(self) -> list[dict]:
         """One row per method: its scores (the table as shown)."""

@@ -37,6 +37,7 @@ from ..views.capture import capture_attention
 from ..views.rollout import rollout_map
 from .cam import CAM_CLASSES, cam_maps
 from .lrp import attnlrp_maps
+from ..words import counted
 
 
 @dataclass(eq=False, repr=False)
@@ -82,7 +83,7 @@ class AttributionResult(Result):
 
     def summary(self) -> str:
         prompt = f" for {self.label_names[0]!r}" if self.target_kind == "text" and len(self.label_names) == 1 else ""
-        return (f"{self.model_name or 'model'}: {self.method} maps of {len(self.maps)} images{prompt} on "
+        return (f"{self.model_name or 'model'}: {self.method} maps of {counted(len(self.maps), 'image')}{prompt} on "
                 f"{self.grid[0]}x{self.grid[1]}, {self.seconds_per_image:.3f} s/image")
 
     def to_rows(self) -> list[dict]:

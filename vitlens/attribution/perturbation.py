@@ -39,6 +39,7 @@ from ..loading.model import LoadedModel
 from ..results import Result, significant
 from .faithfulness import baseline_image, prompt_embeddings
 from .methods import AttributionResult
+from ..words import counted
 
 CHEFER_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))  # 0 (unperturbed), 0.1, .., 0.9
 ROAD_PERCENTAGES: tuple[float, ...] = tuple(i / 10 for i in range(1, 10))  # 0.1, .., 0.9
@@ -168,7 +169,7 @@ class PerturbationResult(Result):
     model_name: str = ""
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {len(self.positive)} images, positive perturbation "
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.positive), 'image')}, positive perturbation "
                 f"AUC {significant(self.positive_auc.mean())} (lower is better), negative "
                 f"{significant(self.negative_auc.mean())} (higher is better), {self.score}, {self.granularity}s "
                 f"removed to {self.fill}")
@@ -255,7 +256,7 @@ class RoadResult(Result):
 
     def summary(self) -> str:
         morf, lerf = self.means()
-        return (f"{self.model_name or 'model'}: {self.method} ROAD over {len(self.morf)} images, mean MoRF "
+        return (f"{self.model_name or 'model'}: {self.method} ROAD over {counted(len(self.morf), 'image')}, mean MoRF "
                 f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), {self.score}")
 
     def to_rows(self) -> list[dict]:

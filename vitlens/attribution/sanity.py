@@ -42,6 +42,7 @@ from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
 from .methods import METHOD_TABLE, METHODS, attribute
+from ..words import counted
 
 THRESHOLD = 0.5
 # one forward and at most one backward per image: cheap enough to run L + 2 times in a report
@@ -166,7 +167,7 @@ class SanityResult(Result):
                 f"{significant(self.threshold)})")
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}, {len(self.targets)} images, {len(self.steps)} steps: {self.verdict()}"
+        return f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, {counted(len(self.steps), 'step')}: {self.verdict()}"
 
     def to_rows(self) -> list[dict]:
         """One row per step: the mean similarities to the original maps (NaNs skipped)."""

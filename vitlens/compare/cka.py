@@ -30,6 +30,7 @@ from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
+from ..words import counted
 
 ESTIMATORS = ("unbiased", "biased")
 TOKEN_POLICIES = ("cls", "mean", "patches")
@@ -135,7 +136,7 @@ class CKAResult(Result):
         diag = np.diagonal(self.matrix) if self.matrix.shape[0] == self.matrix.shape[1] else None
         extra = f", diagonal {diag.min():.2f}-{diag.max():.2f}" if diag is not None else ""
         return (f"{self.model_a} x {self.model_b}: {self.matrix.shape[0]}x{self.matrix.shape[1]} layers, "
-                f"{self.estimator} CKA of {self.token_policy} tokens over {self.n_images} images{extra}")
+                f"{self.estimator} CKA of {self.token_policy} tokens over {counted(self.n_images, 'image')}{extra}")
 
     def to_rows(self) -> list[dict]:
         """One row per layer pair (1-based indices, with the module names)."""

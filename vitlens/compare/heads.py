@@ -22,6 +22,7 @@ from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
+from ..words import counted
 
 ABLATIONS = ("mean", "zero")
 
@@ -54,7 +55,7 @@ class HeadImportanceResult(Result):
     def summary(self) -> str:
         l, h = np.unravel_index(int(np.argmax(self.logit_drop)), self.logit_drop.shape)
         return (f"{self.model_name or 'model'}: {self.ablation}-ablation of {self.logit_drop.size} heads over "
-                f"{self.n_images} images; most important: layer {l + 1} head {h + 1} "
+                f"{counted(self.n_images, 'image')}; most important: layer {l + 1} head {h + 1} "
                 f"(logit drop {self.logit_drop[l, h]:.3f})")
 
     def to_rows(self) -> list[dict]:

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vitlens.views.distance import LOCAL_OF_UNIFORM
+from vitlens.words import counted
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
 #: an image narrower or shorter than this is analysed with a warning (it is enlarged many times to the input)
@@ -197,7 +198,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.attributions:
             tables.append(_attributions(args, m, images, masks))
             timings[m.spec.name]["attributions"] = time.perf_counter() - t2
-        _log(args, f"{m.spec.name}: analysed {a.distance.n_images} images in {t2 - t1:.1f} s")
+        _log(args, f"{m.spec.name}: analysed {counted(a.distance.n_images, 'image')} in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=versions(str(models[0].device)), timings=timings, command=_command(),

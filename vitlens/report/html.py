@@ -25,6 +25,7 @@ from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
 from ..views.distance import local_rule
 from .data import ComparisonData, ReportData, distance_reading
+from ..words import counted, listed_some
 
 
 _CSS = """
@@ -236,8 +237,8 @@ def prefix_section(prefix: Any, fig: go.Figure | None) -> str:
         return ("<h3>Prefix tokens</h3><p class='muted'>This model has no prefix tokens: every token is a patch, "
                 "so no attention is parked outside the image.</p>")
     parked = prefix.parked()
-    listed = ", ".join(f"layer {p['layer']} head {p['head']} ({100 * p['share']:.0f}% on {p['token']})"
-                       for p in parked[:12]) or "none"
+    listed = listed_some([f"layer {p['layer']} head {p['head']} ({100 * p['share']:.0f}% on {p['token']})"
+                          for p in parked], 12) or "none"
     worst = int(np.argmax(prefix.outlier_share)) if prefix.outlier_share.size else 0
     norms = (f"Largest share of high-norm patch tokens (norm above {prefix.outlier_factor:g}x the layer's median): "
              f"{100 * prefix.outlier_share.max():.1f}% in layer {worst + 1}." if prefix.outlier_share.size else "")
@@ -256,7 +257,7 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and the mean curves."""
     fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     return ("<h3>Attributions and faithfulness</h3>"
-            f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
+            f"<p class='muted'>Over {counted(table.n_images, 'image')}; deletion AUC: lower is more faithful, insertion AUC: "
             "higher is more faithful; Chefer et al.'s positive / negative perturbation AUC (top-1 accuracy with labels, "
             "else the target's probability, over 0-90% of tokens removed to black): lower / higher is more faithful; "
             "pointing game and mass in mask where object masks exist.</p>"
@@ -274,7 +275,7 @@ def sanity_section(table: Any) -> str:
     return ("<h3>Sanity checks: cascading randomisation</h3>"
             f"<p class='muted'>Adebayo et al. 2018: the head, then the blocks from the top, then the embedding "
             f"re-initialised in turn (Gaussian with each tensor's mean and std, seed {first.seed}) on a copy of the model, "
-            f"the maps of {len(first.targets)} images recomputed for the same targets. Similarity to the original maps "
+            f"the maps of {counted(len(first.targets), 'image')} recomputed for the same targets. Similarity to the original maps "
             f"at full randomisation; 'depends on the weights' when the mean Spearman of |maps| is below "
             f"{significant(first.threshold)}.</p>" + html_table(rows))
 

@@ -20,6 +20,7 @@ from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
 from .registry import DEFAULT_VIEWS, VIEW_NAMES, VIEWS as REGISTRY, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
+from ..words import counted
 
 #: what ``analyze`` can compute (``vitlens.views.registry``); the attention views share one forward per batch
 VIEWS = VIEW_NAMES
@@ -143,7 +144,7 @@ class AnalysisResult(Result):
     def summary(self) -> str:
         n = self.distance.n_images if self.distance is not None else (
             len(self.rollout.maps) if self.rollout is not None else 0)
-        return f"{self.spec.name}: {', '.join(self.views)} over {n} images"
+        return f"{self.spec.name}: {', '.join(self.views)} over {counted(n, 'image')}"
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The attention-distance rows (the view with a number per head)."""

@@ -23,6 +23,7 @@ from ..errors import InvalidParameterError
 from ..core.spec import ModelSpec
 from ..results import Result
 from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
+from ..words import counted
 
 
 #: THE definition of a local head (Fig. 7 right, Fig. 11), used by every view, reading and report: a head is
@@ -66,7 +67,7 @@ class AttentionDistanceResult(Result):
 
     def summary(self) -> str:
         layers, heads = self.mean_px.shape
-        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {self.n_images} images, "
+        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {counted(self.n_images, 'image')}, "
                 f"{self.mean_px.min():.1f}-{self.mean_px.max():.1f} px (uniform "
                 f"{uniform_distance(self.grid, self.stride_px):.1f} px), "
                 f"{'renormalised' if self.renormalize else 'raw weights'}")

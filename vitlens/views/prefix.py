@@ -22,6 +22,7 @@ from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
 from .engine import AttentionConsumer, model_name, query_rows, stream_attention
+from ..words import counted
 
 #: a head "parks" its attention when patch queries put more than this share on one prefix token
 PARKED = 0.5
@@ -168,8 +169,8 @@ class PrefixDiagnosticsResult(Result):
     def summary(self) -> str:
         total = self.mass.sum(-1) if self.mass.size else np.zeros((0, 0))
         most = f"{total.max():.2f}" if total.size else "0"
-        return (f"{self.model_name or 'model'}: {len(self.labels)} prefix token(s), up to {most} of a head's attention "
-                f"on them, {len(self.parked())} parked head(s) over {self.n_images} images")
+        return (f"{self.model_name or 'model'}: {counted(len(self.labels), 'prefix token')}, up to {most} of a head's attention "
+                f"on them, {counted(len(self.parked()), 'parked head')} over {counted(self.n_images, 'image')}")
 
     def to_rows(self) -> list[dict]:
         """One row per (layer, head, prefix token), 1-based layer and head."""
