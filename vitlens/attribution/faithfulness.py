@@ -6,6 +6,10 @@ Deletion: replace the tokens' pixel blocks by a baseline in the order of the map
 first) and follow the target-class probability; a faithful map makes it fall fast (low area
 under the curve). Insertion: start from the baseline image and put the blocks back in the same
 order; a faithful map makes it rise fast (high area).
+
+``protocol="petsiuk2018"`` runs Petsiuk et al. 2018's (RISE, section 4.1) own procedure instead: pixels
+of the upsampled map, W a step, deletion to 0 in the normalised input, insertion from their blur
+(``protocols``); ``ordering="absolute"`` ranks by |R|. The result records protocol and ordering.
 """
 from __future__ import annotations
 
@@ -52,15 +56,18 @@ class FaithfulnessResult(Result):
     baseline: str
     model_name: str = ""
     score: str = "probability"
+    protocol: str = "vitlens"
+    ordering: str = "signed"
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {self.method} over {len(self.deletion)} images, deletion AUC "
                 f"{significant(self.deletion_auc.mean())}, insertion AUC {significant(self.insertion_auc.mean())} ({self.baseline} "
-                "baseline)")
+                f"baseline), protocol {self.protocol}, ordered by {'|R|' if self.ordering == 'absolute' else 'signed R'}")
 
     def to_rows(self) -> list[dict]:
         """One row per image: its deletion and insertion AUC."""
-        return [{"method": self.method, "image": i, "deletion_auc": float(d), "insertion_auc": float(n)}
+        return [{"method": self.method, "image": i, "deletion_auc": float(d), "insertion_auc": float(n),
+                 "protocol": self.protocol, "ordering": self.ordering}
                 for i, (d, n) in enumerate(zip(self.deletion_auc, self.insertion_auc))]
 
 
@@ -100,10 +107,78 @@ def prompt_embeddings(m: LoadedModel, attribution: AttributionResult) -> torch.T
     return torch.as_tensor(attribution.text_embeddings, device=m.device)
 
 
+def rise_blur(x: torch.Tensor, klen: int = 11, nsig: float = 5.0) -> torch.Tensor:
+    """Petsiuk et al.'s insertion substrate: each channel convolved (zero padding ``klen // 2``) with their
+    kernel, ``scipy.ndimage.gaussian_filter`` of a ``klen`` x ``klen`` delta with sigma ``nsig`` (its default
+    reflect mode folds the tails back in, so the kernel sums to 1)."""
+    from scipy.ndimage import gaussian_filter
+
+    delta = np.zeros((klen, klen))
+    delta[klen // 2, klen // 2] = 1.0
+    k = torch.as_tensor(gaussian_filter(delta, nsig), dtype=x.dtype, device=x.device)
+    c = x.shape[1]
+    return torch.nn.functional.conv2d(x, k.expand(c, 1, klen, klen), padding=klen // 2, groups=c)
+
+
+@torch.no_grad()
+def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ordering: str,
+             batch_size: int) -> FaithfulnessResult:
+    """RISE's CausalMetric (Petsiuk et al. 2018): W pixels a step over H steps of the upsampled map's pixel order,
+    deletion to 0 (normalised), insertion from ``rise_blur``; score the target's probability (or prompt
+    similarity); AUC the trapezoid over i / n_steps."""
+    from .perturbation import removal_masks
+
+    text = prompt_embeddings(m, attribution)
+    dels, ins, offset, fractions = [], [], 0, np.zeros(1)
+    for x in iter_batches(images, m.data_config, batch_size):
+        x = x.to(m.device)
+        h, w = x.shape[-2:]
+        n_steps = (h * w + w - 1) // w
+        counts = [min(w * i, h * w) for i in range(n_steps + 1)]
+        fractions = np.arange(n_steps + 1, dtype=np.float64) / n_steps
+        blurred = rise_blur(x)
+        for i in range(x.shape[0]):
+            j = offset + i
+            masks = removal_masks(attribution.maps[j:j + 1], None, True, m.spec.stride_px, (h, w), "pixel", ordering,
+                                  counts=counts)[0].to(x.device)[:, None]  # [S, 1, H, W]
+            deleted = torch.where(masks, torch.zeros_like(x[i:i + 1]), x[i:i + 1])
+            inserted = torch.where(masks, x[i:i + 1], blurred[i:i + 1])
+            both = torch.cat([deleted, inserted])
+            out = torch.cat([m.logits(both[k:k + batch_size * 8]) for k in range(0, len(both), batch_size * 8)])
+            if text is None:
+                probs = out.softmax(-1)[:, int(attribution.targets[j])]
+            else:
+                probs = torch.nn.functional.normalize(out, dim=-1) @ text[int(attribution.targets[j])]
+            probs = probs.cpu().numpy().astype(np.float64)
+            dels.append(probs[: n_steps + 1])
+            ins.append(probs[n_steps + 1:])
+        offset += x.shape[0]
+    deletion, insertion = np.stack(dels), np.stack(ins)
+    return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
+                              deletion_auc=np.trapezoid(deletion, fractions, axis=1),
+                              insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline="zero/blur",
+                              model_name=m.spec.name,
+                              score="probability" if text is None else "cosine similarity to the prompt",
+                              protocol="petsiuk2018", ordering=ordering)
+
+
 @torch.no_grad()
 def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionResult, steps: int = 16,
-                       baseline: str = "mean", batch_size: int = 16) -> FaithfulnessResult:
-    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
+                       baseline: str = "mean", batch_size: int = 16, protocol: str = "vitlens",
+                       ordering: str | None = None) -> FaithfulnessResult:
+    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets.
+
+    Args:
+        steps, baseline: the vitlens protocol's token steps and substrate ("mean" or "blur").
+        protocol: "vitlens" (tokens, ``steps`` steps, one ``baseline``) or "petsiuk2018" (RISE's own procedure,
+            ``protocols``; ``steps`` and ``baseline`` are then theirs).
+        ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+    """
+    from .protocols import check_ordering, protocol as get_protocol
+
+    ordering = check_ordering(get_protocol("deletion_insertion", protocol).ordering if ordering is None else ordering)
+    if protocol == "petsiuk2018":
+        return _petsiuk(m, images, attribution, ordering, batch_size)
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
     text = prompt_embeddings(m, attribution)
@@ -117,7 +192,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
         base = baseline_image(x, baseline)
         for i in range(x.shape[0]):
             j = offset + i
-            order = np.argsort(-attribution.maps[j].reshape(-1), kind="stable")
+            values = attribution.maps[j].reshape(-1)
+            order = np.argsort(-(np.abs(values) if ordering == "absolute" else values), kind="stable")
             masks = _token_masks(order, grid, m.spec.stride_px, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
             deleted = torch.where(masks, base[i:i + 1], x[i:i + 1])
             inserted = torch.where(masks, x[i:i + 1], base[i:i + 1])
@@ -134,7 +210,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
                               deletion_auc=np.trapezoid(deletion, fractions, axis=1),
                               insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline=baseline,
                               model_name=m.spec.name,
-                              score="probability" if text is None else "cosine similarity to the prompt")
+                              score="probability" if text is None else "cosine similarity to the prompt",
+                              ordering=ordering)
 
 
 METRICS = ("deletion_insertion", "perturbation", "road")
