@@ -231,6 +231,8 @@ class ComparisonTable(Result):
         perturbations: Chefer et al.'s curves; roads: the ROAD curves (empty when those metrics were not asked for).
         sanity: a ``sanity.SanityTable`` of some of the methods on some of the images, when one was attached
             (``vitlens report --attributions`` does); None otherwise.
+        protocols: metric -> "protocol, ordering" that made its columns (e.g. ``{"perturbation": "chefer2021,
+            signed"}``); empty for tables saved before protocols were recorded.
     """
 
     kind = "attribution_comparison"
@@ -242,9 +244,12 @@ class ComparisonTable(Result):
     perturbations: list = field(default_factory=list)
     roads: list = field(default_factory=list)
     sanity: Any = None
+    protocols: dict = field(default_factory=dict)
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}: {len(self.rows)} methods x {self.n_images} images"
+        made = "; ".join(f"{k}: {v}" for k, v in self.protocols.items())
+        return f"{self.model_name or 'model'}: {len(self.rows)} methods x {self.n_images} images" + (
+            f" (protocols {made})" if made else "")
 
     def to_rows(self) -> list[dict]:
         """One row per method: its scores (the table as shown)."""
@@ -260,13 +265,15 @@ class ComparisonTable(Result):
         return cls(rows=[r for t in tables for r in t.rows], n_images=tables[0].n_images,
                    attributions=[a for t in tables for a in t.attributions],
                    faithfulness=[f for t in tables for f in t.faithfulness], model_name=tables[0].model_name,
-                   perturbations=[p for t in tables for p in t.perturbations], roads=[r for t in tables for r in t.roads])
+                   perturbations=[p for t in tables for p in t.perturbations], roads=[r for t in tables for r in t.roads],
+                   protocols=dict(tables[0].protocols))
 
 
 def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | None = None, masks: np.ndarray | None = None,
                     target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
                     progress: ProgressArg = None, method_params: dict[str, dict] | None = None,
-                    metrics: Sequence[str] = DEFAULT_METRICS, labels: np.ndarray | None = None) -> ComparisonTable:
+                    metrics: Sequence[str] = DEFAULT_METRICS, labels: np.ndarray | None = None,
+                    protocol: str = "vitlens", ordering: str | None = None) -> ComparisonTable:
     """Every method's maps, their faithfulness scores and (with masks) mask metrics, timed.
 
     Args:
@@ -289,8 +296,17 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
             road_lerf, the curves' means; 18 forwards and 18 sparse solves per image, the solves dominating).
         labels: [B] true classes: the perturbation and ROAD curves are then top-1 accuracy, as in their papers;
             without, the target class's probability. Deletion/insertion always follow the probability.
+        protocol: "vitlens" (every metric's token default) or "published" (each metric's paper: petsiuk2018,
+            chefer2021, rong2022; ``protocols.PUBLISHED``); the table's ``protocols`` records which.
+        ordering: "signed" or "absolute" for every metric; None for each protocol's own ("signed").
     """
     from .perturbation import perturbation_test, road
+    from .protocols import PUBLISHED, check_ordering, protocol as get_protocol
+
+    if protocol not in ("vitlens", "published"):
+        raise InvalidParameterError(f"protocol must be 'vitlens' or 'published'; got {protocol!r}.")
+    names = {k: ("vitlens" if protocol == "vitlens" else PUBLISHED[k]) for k in METRICS}
+    orders = {k: check_ordering(get_protocol(k, names[k]).ordering if ordering is None else ordering) for k in METRICS}
 
     methods = default_methods() if methods is None else methods
     bad = [k for k in metrics if k not in METRICS]
@@ -305,16 +321,18 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
                       **(method_params or {}).get(method, {}))
         row: dict[str, Any] = {"method": method}
         if "deletion_insertion" in metrics:
-            f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size)
+            f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size,
+                                   protocol=names["deletion_insertion"], ordering=orders["deletion_insertion"])
             row.update({"deletion_auc": float(f.deletion_auc.mean()), "insertion_auc": float(f.insertion_auc.mean())})
             faiths.append(f)
         if "perturbation" in metrics:
-            pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size)
+            pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size, protocol=names["perturbation"],
+                                   ordering=orders["perturbation"])
             row.update({"chefer_positive_auc": float(pt.positive_auc.mean()),
                         "chefer_negative_auc": float(pt.negative_auc.mean())})
             perts.append(pt)
         if "road" in metrics:
-            rd = road(m, images, a, labels=labels, batch_size=batch_size)
+            rd = road(m, images, a, labels=labels, batch_size=batch_size, protocol=names["road"], ordering=orders["road"])
             morf, lerf = rd.means()
             row.update({"road_morf": morf, "road_lerf": lerf})
             roads.append(rd)
@@ -326,4 +344,5 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
         rows.append(row)
         attrs.append(a)
     return ComparisonTable(rows=rows, n_images=len(attrs[0].maps) if attrs else 0, attributions=attrs,
-                           faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads)
+                           faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads,
+                           protocols={k: f"{names[k]}, {orders[k]}" for k in metrics})

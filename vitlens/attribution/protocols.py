@@ -62,6 +62,9 @@ PROTOCOLS: dict[tuple[str, str], Protocol] = {(p_.metric, p_.name): p_ for p_ in
              "Petsiuk et al. 2018, RISE section 4.1 (W pixels a step; deletion to 0, insertion from blur)"),
 )}
 
+# each metric's published protocol: what compare_methods(protocol="published") runs
+PUBLISHED: dict[str, str] = {"deletion_insertion": "petsiuk2018", "perturbation": "chefer2021", "road": "rong2022"}
+
 
 def protocol(metric: str, name: str) -> Protocol:
     """The named protocol of ``metric``, or a message listing the names it has."""
