@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from .evaluation import accuracy, rollout_mask_scores
 from .faithfulness import BASELINES, ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
+from .lrp_ledger import ConservationLedger, attnlrp_ledger
 from .masks import MaskScores, mask_scores, patch_coverage
 from .methods import DEFAULTS, METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+from .protocols import ORDERINGS, PROTOCOLS
 from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
 from .sanity import SanityResult, SanityTable, sanity_check, sanity_table
 
@@ -23,4 +25,4 @@ __all__ = ["BASELINES", "DEFAULTS", "METHODS", "METHOD_TABLE", "AttributionResul
            "FaithfulnessResult", "MaskScores", "Method", "accuracy", "attribute", "compare_methods",
            "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores",
            "PerturbationResult", "RoadResult", "SanityResult", "SanityTable", "perturbation_test", "road",
-           "sanity_check", "sanity_table"]
+           "sanity_check", "sanity_table", "ConservationLedger", "attnlrp_ledger", "PROTOCOLS", "ORDERINGS"]

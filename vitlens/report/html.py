@@ -259,6 +259,9 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
             "higher is more faithful; Chefer et al.'s positive / negative perturbation AUC (top-1 accuracy with labels, "
             "else the target's probability, over 0-90% of tokens removed to black): lower / higher is more faithful; "
             "pointing game and mass in mask where object masks exist.</p>"
+            + (f"<p class='muted'>Protocols (protocol, ordering): "
+               f"{html.escape('; '.join(f'{k}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}.</p>"
+               if getattr(table, "protocols", None) else "")
             + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"])
             + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table))
 
@@ -268,14 +271,18 @@ def sanity_section(table: Any) -> str:
     sanity = getattr(table, "sanity", None)
     if sanity is None or not sanity.results:
         return ""
+    from vitlens.attribution.sanity import INSENSITIVE
+
     rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in sanity.to_rows()]
     first = sanity.results[0]
     return ("<h3>Sanity checks: cascading randomisation</h3>"
             f"<p class='muted'>Adebayo et al. 2018: the head, then the blocks from the top, then the embedding "
             f"re-initialised in turn (Gaussian with each tensor's mean and std, seed {first.seed}) on a copy of the model, "
             f"the maps of {len(first.targets)} images recomputed for the same targets. Similarity to the original maps "
-            f"at full randomisation; 'depends on the weights' when the mean Spearman of |maps| is below "
-            f"{significant(first.threshold)}.</p>" + html_table(rows))
+            f"at full randomisation; first_decorrelated: the first step whose mean Spearman of |maps| is below "
+            f"{significant(first.threshold)}; ignores: the head and top blocks after which it is still at least "
+            f"{significant(INSENSITIVE)} (a map that ignores the head is not explaining the classifier).</p>"
+            + html_table(rows))
 
 
 def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:
