@@ -432,6 +432,9 @@ def render_attributions(ctx: Context) -> None:
     st.plotly_chart(figs["attributions"], key="attr-fig")
     st.plotly_chart(figs["faithfulness"], key="faith-fig")
     st.dataframe(round_significant(table.to_pandas()), hide_index=True)
+    st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
+    if "attnlrp" in methods and not text:
+        render_ledger(ctx, target)
     cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
@@ -440,6 +443,29 @@ def render_attributions(ctx: Context) -> None:
     figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
     if not text and st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
         render_sanity(ctx, methods, target)
+
+
+@st.cache_data(max_entries=16, show_spinner="Drawing up AttnLRP's ledger ...")
+def ledger_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> Any:
+    """AttnLRP's conservation ledger of the current image (``vitlens.attribution.lrp_ledger``)."""
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger
+
+    with heavy_lock():
+        return attnlrp_ledger(_m, [_image], target=target)
+
+
+def render_ledger(ctx: Context, target: int | None) -> None:
+    """Where AttnLRP's relevance of the target logit goes: input pixels, position table, prefix tokens, biases,
+    softmax; the entries add up to the logit (float64)."""
+    try:
+        ledger = ledger_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target)
+    except vl.ViewNotAvailableError as e:
+        st.info(f"No AttnLRP ledger for this model: {e}")
+        return
+    import pandas as pd
+
+    st.caption("AttnLRP's ledger: where the target logit's relevance goes (the map shows the input pixels' share).")
+    st.dataframe(round_significant(pd.DataFrame(ledger.entry_rows())), hide_index=True)
 
 
 def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:

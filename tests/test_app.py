@@ -738,3 +738,24 @@ def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
     want = sanity_table(vl.load_model("ref-vit", device="cpu"), list(scene.images), methods=["rollout", "gradcam"])
     for shown, row in zip(table.to_dict("records"), want.to_rows()):
         assert shown["spearman_abs"] == pytest.approx(float(significant(row["spearman_abs"])), abs=1e-12)
+
+
+def test_attributions_view_shows_attnlrps_ledger_and_the_protocols(app):
+    """With attnlrp chosen, the view shows the ledger's small table (the library's numbers for the current scene, the
+    entries adding up to the target logit) and says which protocol and ordering made the scores."""
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["attnlrp"]).run()
+    assert problems(app) == [] and not app.error
+    assert any("deletion_insertion: vitlens, signed" in c.value for c in app.caption)
+    shown = app.dataframe[1].value
+    assert list(shown["entry"])[:5] == ["input pixels", "position table", "prefix tokens", "biases",
+                                        "softmax (absorbed)"]
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
+    from vitlens.results import significant
+
+    want = attnlrp_ledger(vl.load_model("ref-vit", device="cpu"), list(generate(1, seed=HELD_OUT_SEED).images))
+    assert want.closure().max() < 1e-6
+    for row, w in zip(shown.to_dict("records")[:6], want.entry_rows()[:6]):
+        assert row["relevance"] == pytest.approx(float(significant(w["relevance"])), abs=1e-12)

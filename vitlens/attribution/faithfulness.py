@@ -231,6 +231,8 @@ class ComparisonTable(Result):
         perturbations: Chefer et al.'s curves; roads: the ROAD curves (empty when those metrics were not asked for).
         sanity: a ``sanity.SanityTable`` of some of the methods on some of the images, when one was attached
             (``vitlens report --attributions`` does); None otherwise.
+        ledger: an ``lrp_ledger.ConservationLedger`` of AttnLRP on some of the images, when one was attached
+            (``vitlens report --attributions`` does when attnlrp runs); None otherwise.
         protocols: metric -> "protocol, ordering" that made its columns (e.g. ``{"perturbation": "chefer2021,
             signed"}``); empty for tables saved before protocols were recorded.
     """
@@ -245,6 +247,7 @@ class ComparisonTable(Result):
     roads: list = field(default_factory=list)
     sanity: Any = None
     protocols: dict = field(default_factory=dict)
+    ledger: Any = None
 
     def summary(self) -> str:
         made = "; ".join(f"{k}: {v}" for k, v in self.protocols.items())

@@ -91,6 +91,19 @@ class ConservationLedger(Result):
         return (f"{self.model_name or 'model'}: AttnLRP ledger over {len(self.score)} images, share of the score: "
                 f"{shares}; closes to {significant(float(self.closure().max()))} relative ({self.dtype})")
 
+    def entry_rows(self) -> list[dict]:
+        """The small table the app and the report show: one row per entry (summed over images), its share of the
+        summed score, then the score and the largest closure gap."""
+        words = {"input": "input pixels", "position": "position table", "prefix": "prefix tokens",
+                 "biases": "biases", "softmax": "softmax (absorbed)"}
+        total = float(self.score.sum())
+        rows = [{"entry": words[e], "relevance": float(getattr(self, e).sum()), "share": float(getattr(self, e).sum()) / total}
+                for e in ENTRIES]
+        rows.append({"entry": "target score", "relevance": total, "share": 1.0})
+        rows.append({"entry": f"closure (max relative gap, {self.dtype})", "relevance": float(self.closure().max()),
+                     "share": float("nan")})
+        return rows
+
     def to_rows(self) -> list[dict]:
         """One row per image: the score, each entry, and the closure."""
         return [{"image": i, "target": int(self.targets[i]), "score": float(self.score[i]),

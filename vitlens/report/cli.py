@@ -225,6 +225,14 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
     table.sanity = sanity_table(m, images[:min(n, 4)], methods=[mt for mt in QUICK_METHODS if mt in methods],
                                 batch_size=args.batch_size)
+    if "attnlrp" in methods:  # where AttnLRP's relevance goes, on the images the sanity check uses
+        from vitlens.attribution.lrp_ledger import attnlrp_ledger
+        from vitlens.errors import ViewNotAvailableError
+
+        try:
+            table.ledger = attnlrp_ledger(m, images[:min(n, 4)], batch_size=args.batch_size)
+        except ViewNotAvailableError as e:
+            _log(args, f"{m.spec.name}: no AttnLRP ledger ({e})")
     return table
 
 

@@ -263,7 +263,21 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
                f"{html.escape('; '.join(f'{k}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}.</p>"
                if getattr(table, "protocols", None) else "")
             + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"])
-            + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table))
+            + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table) + ledger_section(table))
+
+
+def ledger_section(table: Any) -> str:
+    """AttnLRP's conservation ledger (``lrp_ledger``) attached to a comparison table, when there is one."""
+    ledger = getattr(table, "ledger", None)
+    if ledger is None:
+        return ""
+    rows = [{k: (significant(v) if isinstance(v, float) and v == v else ("" if isinstance(v, float) else v))
+             for k, v in row.items()} for row in ledger.entry_rows()]
+    return ("<h3>Where AttnLRP's relevance goes</h3>"
+            f"<p class='muted'>The target logit of {len(ledger.score)} images, summed, split by where the rules "
+            "leave it: the input pixels (what the map shows), the position table, the prefix tokens, the biases and "
+            f"what each softmax absorbs; computed in {html.escape(ledger.dtype)}, the entries add up to the "
+            "logit.</p>" + html_table(rows))
 
 
 def sanity_section(table: Any) -> str:
