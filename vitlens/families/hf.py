@@ -76,8 +76,28 @@ def _inline_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     out, weights = eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
     for layers, emit, detach in _ACTIVE:
         if id(module) in layers:
+            refuse_padding_in_views(emit, attention_mask)
             emit(layers[id(module)], weights.detach() if detach else weights)
     return out, weights
+
+
+def masks_keys(mask: torch.Tensor | None) -> bool:
+    """Whether an attention mask, boolean (True = attend) or additive, masks any key (Siglip2's padding)."""
+    if mask is None:
+        return False
+    if mask.dtype == torch.bool:
+        return not bool(mask.all())
+    return bool((mask <= torch.finfo(mask.dtype).min / 2).any())
+
+
+def refuse_padding_in_views(emit: Emit, mask: torch.Tensor | None) -> None:
+    """The views read every token as a patch of one grid (``spec.grid``); a packed Siglip2 batch with
+    padding has per-image grids and padding tokens, which they would count as patches. Its maps (padding
+    keys at exactly zero, as in the model) are for ``capture_attention``; the views feed one size unpadded."""
+    if getattr(emit, "views", False) and masks_keys(mask):
+        raise UnsupportedModelError(
+            "vitlens views do not read packed Siglip2 inputs with padding (pixel_attention_mask with zeros): pass "
+            "images (the views feed one unpadded size), or use vl.capture_attention for the maps themselves.")
 
 
 def _register_inline() -> None:
@@ -246,10 +266,12 @@ class HuggingFaceViT(Family):
                 d = getattr(attn, "head_dim", None) or q.shape[-1] // attn.config.num_attention_heads
                 q = q.view(b, t, -1, d).transpose(1, 2)
                 k = k.view(b, t, -1, d).transpose(1, 2)
+                mask = state.get("mask")
+                refuse_padding_in_views(emit, mask)
                 with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
-                    mask = state.get("mask")
-                    probs = attention_probs(q, k, _scale_of(attn), biases=() if mask is None else (mask,),
-                                            scale_after=True)
+                    # the mask as the attention function gets it: boolean (True = attend) under sdpa, additive
+                    # under eager; attention_probs takes both (a boolean added as a bias would mask nothing)
+                    probs = attention_probs(q, k, _scale_of(attn), mask, scale_after=True)
                 emit(layer, probs)
 
             handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -271,6 +293,7 @@ class HuggingFaceViT(Family):
         import torch.nn.functional as F
 
         from ..errors import ViewNotAvailableError
+        from .torchvision_vit import call_mask
 
         head = getattr(vision_tower(model), "head", None)
         mha = getattr(head, "attention", None)
@@ -281,7 +304,6 @@ class HuggingFaceViT(Family):
 
         def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
             e, h = mod.embed_dim, mod.num_heads
             w, b = mod.in_proj_weight, mod.in_proj_bias
             with torch.no_grad():
@@ -289,11 +311,10 @@ class HuggingFaceViT(Family):
                 k = F.linear(key, w[e:2 * e], None if b is None else b[e:2 * e])
                 q = q.unflatten(-1, (h, e // h)).transpose(1, 2)
                 k = k.unflatten(-1, (h, e // h)).transpose(1, 2)
-                if mask is not None and mask.dim() == 3:  # [B * heads, queries, T], as nn.MultiheadAttention takes it
-                    mask = mask.reshape(q.shape[0], h, q.shape[2], k.shape[2])
-                bias = () if mask is None else (mask,)
+                # its attn_mask / key_padding_mask with nn.MultiheadAttention's semantics (bool True = masked)
+                mask = call_mask(mod, q, k, args, kwargs)
                 with torch.autocast(device_type=q.device.type, enabled=False):
-                    probs = attention_probs(q, k, (e // h) ** -0.5, biases=bias)
+                    probs = attention_probs(q, k, (e // h) ** -0.5, mask)
             emit(0, probs)
 
         handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
