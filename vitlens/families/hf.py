@@ -160,15 +160,48 @@ def siglip2_inputs(x: torch.Tensor, patch: int) -> dict[str, torch.Tensor]:
             "spatial_shapes": torch.tensor([[gh, gw]] * b, dtype=torch.long, device=x.device)}
 
 
-def model_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
-    """The keyword inputs of a preprocessed batch [B, 3, H, W], as vitlens feeds the model."""
+#: model types whose embeddings resample the position table to any input size by themselves
+ANY_SIZE = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
+
+
+def size_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str, Any]:
+    """``interpolate_pos_encoding=True`` for an input of another size than the config's, where ``fn`` (the
+    call vitlens makes) takes it; nothing at the config's size (the outputs those of a plain call).
+
+    Raises:
+        InvalidParameterError: another size, and a model that cannot take one.
+    """
+    import inspect
+
+    cfg = vision_tower(model).config
+    size, hw = _pair(_image_size(cfg)), (int(x.shape[-2]), int(x.shape[-1]))
+    if hw == size or tower_type(model) in ANY_SIZE:
+        return {}
+    try:
+        takes = "interpolate_pos_encoding" in inspect.signature(fn or model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if takes:
+        return {"interpolate_pos_encoding": True}
+    from ..errors import InvalidParameterError
+
+    raise InvalidParameterError(
+        f"{type(model).__name__} was built for {size[0]}x{size[1]} px inputs and cannot resample its position table "
+        f"(no interpolate_pos_encoding); got {hw[0]}x{hw[1]} px: load it without another input_size.")
+
+
+def model_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str, Any]:
+    """The keyword inputs of a preprocessed batch [B, 3, H, W], as vitlens feeds the model (``fn``: the call
+    they are for, whose signature says whether it resamples the position table: ``size_inputs``)."""
     kind = tower_type(model)
     if kind == "siglip2_vision_model":
         return siglip2_inputs(x, int(vision_tower(model).config.patch_size))
+    extra = size_inputs(model, x, fn)
     if kind == "vit_mae":  # every patch, kept in the image's own order (mask_ratio is 0)
         n = (x.shape[-2] // _pair(model.config.patch_size)[0]) * (x.shape[-1] // _pair(model.config.patch_size)[1])
-        return {"pixel_values": x, "noise": torch.arange(n, device=x.device, dtype=x.dtype).expand(x.shape[0], -1)}
-    return {"pixel_values": x}
+        return {"pixel_values": x, "noise": torch.arange(n, device=x.device, dtype=x.dtype).expand(x.shape[0], -1),
+                **extra}
+    return {"pixel_values": x, **extra}
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -364,13 +397,12 @@ class HuggingFaceViT(Family):
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a CLIP/SigLIP model
         (projected), the pooled output, or the class token (the mean token without one)."""
-        inputs = model_inputs(model, x)
         if "ForImageClassification" not in type(model).__name__ and hasattr(model, "get_image_features"):
-            out = model.get_image_features(**inputs)
+            out = model.get_image_features(**model_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
         if "ForImageClassification" not in type(model).__name__:
             model = vision_tower(model)
-        out = model(**inputs)
+        out = model(**model_inputs(model, x, model.forward))
         if getattr(out, "logits", None) is not None:
             return out.logits
         pooled = getattr(out, "pooler_output", None)
