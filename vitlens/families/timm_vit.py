@@ -155,8 +155,10 @@ class TimmFamily(Family):
                 f"global_pool={getattr(model, 'global_pool', '')!r}"
             raise ViewNotAvailableError(f"{type(model).__name__} pools with {what}, not timm's MAP head "
                                         "(AttentionPoolLatent), so there is no pool attention to show.")
-        prefix = 0 if getattr(model, "pool_include_prefix", False) else int(model.num_prefix_tokens)
-        if prefix:  # timm's pool reads the patch tokens only: the prefix tokens (registers) get exactly zero weight
+        # VisionTransformer's pool reads the patch tokens only unless pool_include_prefix (Eva's reads every token):
+        # the prefix tokens (registers, a class token) then get exactly zero weight
+        prefix = 0 if getattr(model, "pool_include_prefix", True) else int(model.num_prefix_tokens)
+        if prefix:
             emit = _prefix_columns(emit, prefix)
         install_qk_norm_hooks([pool], emit, handles, {"attn_mask": 1})
 
