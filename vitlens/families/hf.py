@@ -29,6 +29,7 @@ transformers is an optional dependency (``pip install 'vitlens[hf]'``).
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -63,8 +64,16 @@ PROCESSOR_DEFAULTS = {
 }
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
-# the captures whose inline hooks are active: (id(attention module) -> layer, emit, detach)
-_ACTIVE: list[tuple[dict[int, int], Emit, bool]] = []
+class _Active(threading.local):
+    """Per thread, the captures whose inline hooks are active: (id(attention module) -> layer, emit, detach).
+    Thread-local, so an attention call routes to the captures its own thread opened (the model's lock keeps
+    two threads' captures of one model apart; this keeps a forward of another thread out of them)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[dict[int, int], Emit, bool]] = []
+
+
+_ACTIVE = _Active()
 _REGISTERED = False
 
 
@@ -74,7 +83,7 @@ def _inline_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     from transformers.models.vit.modeling_vit import eager_attention_forward
 
     out, weights = eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    for layers, emit, detach in _ACTIVE:
+    for layers, emit, detach in _ACTIVE.entries:
         if id(module) in layers:
             refuse_padding_in_views(emit, attention_mask)
             emit(layers[id(module)], weights.detach() if detach else weights)
@@ -315,8 +324,9 @@ class HuggingFaceViT(Family):
         _register_inline()
         attns = self.attention_modules(model)
         entry = ({id(a): i for i, a in enumerate(attns)}, emit, detach)
-        _ACTIVE.append(entry)
-        handles.on_remove(lambda: _ACTIVE.remove(entry))
+        active = _ACTIVE.entries  # this thread's list (removal may run after an exception, still on it)
+        active.append(entry)
+        handles.on_remove(lambda: active.remove(entry))
         for config in {id(a.config): a.config for a in attns}.values():
             handles.set_attr(config, "_attn_implementation", INLINE_KEY)
 
