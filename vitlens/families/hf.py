@@ -22,7 +22,13 @@ Two models need their inputs fixed for the maps to be those of an image:
   (NaFlex-style packing). vitlens feeds one fixed size, the position table's own square grid
   (``sqrt(num_patches) * patch_size`` pixels, squashed), cut into patches as Siglip2's image
   processor cuts them, with no padding: the mask is all ones, the maps are exact. Aspect-preserving
-  variable-resolution packing itself is not reproduced.
+  variable-resolution packing itself is not reproduced by the views, which refuse a padded batch in
+  one line (``refuse_padding_in_views``); ``vl.capture_attention`` of a user's own packed inputs is
+  exact, padding keys at zero: the mask is taken as the attention gets it, boolean (True = attend)
+  under sdpa, additive under eager.
+
+Another input size than the config's: ``interpolate_pos_encoding=True`` where the call takes it
+(``size_inputs``), a one-line refusal where it does not (Dinov2 and Siglip2 resample by themselves).
 
 transformers is an optional dependency (``pip install 'vitlens[hf]'``).
 """
