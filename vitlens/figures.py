@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .core.resample import upsample_map  # re-exported: figures draw with the numeric resampling
 from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
@@ -170,15 +171,6 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18),
     )
     return fig
-
-
-def upsample_map(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Bilinear resize of a [gh, gw] map to (H, W) for display."""
-    import torch
-    import torch.nn.functional as F
-
-    t = torch.as_tensor(np.asarray(values, dtype=np.float64))[None, None]
-    return F.interpolate(t, size=tuple(size), mode="bilinear", align_corners=False)[0, 0].numpy()
 
 
 def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, opacity: float = 0.5,

@@ -20,10 +20,10 @@ from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
+from .baselines import BASELINES, baseline_image, prompt_embeddings
 from .masks import mask_scores, masks_at_input
 from .methods import AttributionResult, attribute, default_methods
 
-BASELINES = ("mean", "blur")
 
 
 @dataclass(eq=False, repr=False)
@@ -64,18 +64,6 @@ class FaithfulnessResult(Result):
                 for i, (d, n) in enumerate(zip(self.deletion_auc, self.insertion_auc))]
 
 
-def baseline_image(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """What a removed token is replaced by, for a batch [B, C, H, W]."""
-    if kind == "mean":
-        return x.mean(dim=(2, 3), keepdim=True).expand_as(x).clone()
-    if kind == "blur":
-        from torchvision.transforms.functional import gaussian_blur
-
-        k = max(3, (min(x.shape[-2:]) // 8) | 1)
-        return gaussian_blur(x, kernel_size=[k, k], sigma=[k / 3.0, k / 3.0])
-    raise InvalidParameterError(f"baseline must be one of {', '.join(BASELINES)}; got {kind!r}.")
-
-
 def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, int], counts: Sequence[int],
                  size: tuple[int, int]) -> torch.Tensor:
     """[S + 1, H, W] masks, True where the first ``counts[s]`` tokens of ``order`` lie."""
@@ -87,17 +75,6 @@ def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, in
             r, col = divmod(int(tok), gw)
             out[s, r * sy:(r + 1) * sy, col * sx:(col + 1) * sx] = True
     return out
-
-
-def prompt_embeddings(m: LoadedModel, attribution: AttributionResult) -> torch.Tensor | None:
-    """The text embeddings a text target's maps are scored against (on the model's device), None for class
-    maps; a clear error for maps that name a prompt but carry no embedding."""
-    if attribution.target_kind != "text":
-        return None
-    if attribution.text_embeddings is None:
-        raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text embedding "
-                                    "to score against; compute them with vl.attribute.")
-    return torch.as_tensor(attribution.text_embeddings, device=m.device)
 
 
 @torch.no_grad()

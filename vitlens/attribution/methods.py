@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..core.resample import pixels_to_grid, upsample_map
 from ..errors import InvalidParameterError
 from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
@@ -93,8 +94,6 @@ class AttributionResult(Result):
 
     def upsampled(self) -> np.ndarray:
         """[B, H, W] maps resized (bilinear) to the input size, for display."""
-        from ..figures import upsample_map
-
         return np.stack([upsample_map(mp, self.image_size) for mp in self.maps])
 
 
@@ -111,16 +110,6 @@ def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
         raise InvalidParameterError(f"target must be one class index or one per image, in [0, {m.spec.num_classes}); "
                                     f"got {target!r}.")
     return t
-
-
-def _pixels_to_grid(attr: torch.Tensor, grid: tuple[int, int], reduce: str = "sum") -> np.ndarray:
-    """[B, C, H, W] pixel attributions -> [B, gh, gw]: channels summed, each token's block reduced."""
-    b, _, h, w = attr.shape
-    gh, gw = grid
-    a = attr.detach().to(torch.float64).sum(1)[:, : gh * (h // gh), : gw * (w // gw)]
-    blocks = a.reshape(b, gh, h // gh, gw, w // gw)
-    out = blocks.sum(dim=(2, 4)) if reduce == "sum" else blocks.mean(dim=(2, 4))
-    return out.cpu().numpy()
 
 
 Scorer = Callable[[torch.Tensor], torch.Tensor]
@@ -160,7 +149,7 @@ def _integrated_gradients(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid
     with torch.enable_grad():
         attr = ca.IntegratedGradients(score).attribute(
             x, baselines=baseline, target=t, n_steps=int(params["n_steps"]), internal_batch_size=x.shape[0])
-    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+    return pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
@@ -169,7 +158,7 @@ def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int,
 
     with torch.enable_grad():
         attr = ca.Saliency(score).attribute(x.detach().clone().requires_grad_(True), target=t, abs=True)
-    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+    return pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
@@ -178,7 +167,7 @@ def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tu
 
     with torch.enable_grad():
         attr = ca.InputXGradient(score).attribute(x.detach().clone().requires_grad_(True), target=t)
-    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+    return pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
@@ -196,7 +185,7 @@ def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int
             perturbations_per_eval=int(params["perturbations_per_eval"]))
     # captum gives each pixel the mean score drop of the windows covering it (the same value on
     # every channel); with the default one-token window the block mean is that token's drop
-    return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
+    return pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
 
 
 MethodFn = Callable[[LoadedModel, torch.Tensor, Any, tuple, dict, Scorer], tuple[np.ndarray, np.ndarray]]

@@ -33,11 +33,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..core.resample import upsample_map
 from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .faithfulness import baseline_image, prompt_embeddings
+from .baselines import baseline_image, prompt_embeddings
 from .methods import AttributionResult
 
 CHEFER_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))  # 0 (unperturbed), 0.1, .., 0.9
@@ -65,8 +66,6 @@ def removal_masks(maps: np.ndarray, fractions: Sequence[float], most_relevant_fi
     b, gh, gw = maps.shape
     h, w = size
     if granularity == "pixel":
-        from ..figures import upsample_map
-
         units = np.stack([upsample_map(mp, size) for mp in maps]).reshape(b, -1)
     else:
         units = maps.reshape(b, -1)

@@ -197,22 +197,28 @@ def register(family: Family) -> Family:
     return family
 
 
+#: timm model modules vitlens refuses, with what it would silently get wrong.
+REFUSED_FAMILIES = {
+    "vision_transformer_relpos": "relative-position bias added to the attention logits",
+    "vision_transformer_sam": "windowed attention with decomposed relative-position bias (SAM)",
+    "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
+    "cait": "class-attention layers and talking heads (CaiT)",
+    "xcit": "cross-covariance attention over channels (XCiT)",
+    "swin_transformer": "windowed attention with relative-position bias (Swin)",
+}
+
+
 def family_of(model: nn.Module, name: str | None = None) -> Family:
     """The family that can capture ``model`` exactly (after its ``check``).
 
     Raises:
         UnsupportedModelError: no family knows the model, or its family refuses it (and says why).
     """
-    from . import _load_all
-
-    _load_all()
     name = name or type(model).__name__
     for family in FAMILIES:
         if family.matches(model):
             family.check(model, name)
             return family
-    from . import REFUSED_FAMILIES
-
     module = type(model).__module__
     short = module.rsplit(".", 1)[-1]
     if module.startswith("timm.") and short in REFUSED_FAMILIES:

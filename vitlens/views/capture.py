@@ -26,6 +26,7 @@ from ..errors import InvalidParameterError
 from ..families import Handles, HookSession, family_of
 from ..core.attention import attention_probs
 from ..loading.model import LoadedModel
+from .consumer import AttentionConsumer, query_rows
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
 CAPTURE_MODES = ("side", "inline")
@@ -79,8 +80,6 @@ class AttentionCapture(HookSession):
     def _emit(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         """A block's map, whole or as query rows: streaming consumers hear every row block; the
         stored maps and plain callbacks get the whole map once its last rows have come."""
-        from .engine import query_rows
-
         for consumer in self._streaming:
             consumer(layer, probs, rows)
         whole = probs
@@ -104,8 +103,6 @@ class AttentionCapture(HookSession):
             consumer(layer, whole)
 
     def install(self, handles: Handles) -> None:
-        from .engine import AttentionConsumer  # the engine imports this module
-
         # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
