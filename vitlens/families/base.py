@@ -124,8 +124,9 @@ class Family:
         raise NotImplementedError
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it, where the family
-        lets that differ from the size the model was built for."""
+        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it (None: the size it was
+        built for). A family honours it (Hugging Face towers, timm models built with ``dynamic_img_size``) or
+        refuses another size (``refuse_other_size``); none ignores it."""
         raise NotImplementedError
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
@@ -190,6 +191,15 @@ def prefix_labels(cls: bool, distillation: bool = False, registers: int = 0) -> 
 
 
 FAMILIES: list[Family] = []
+
+
+def refuse_other_size(name: str, family: str, built: Sequence[int], input_size: Sequence[int] | None) -> None:
+    """For a family that reads a model only at the size it was built for: refuse another ``input_size``
+    (what ``Family.spec`` is given from a data config), rather than describe the model at a size it is not fed."""
+    if input_size is not None and tuple(int(s) for s in input_size) != tuple(int(s) for s in built):
+        raise UnsupportedModelError(
+            f"{name!r} is built for {built[0]}x{built[1]} inputs and vitlens reads {family} models at that size only; "
+            f"got input_size {tuple(input_size)} in the data config: drop it, or build the model at that size.")
 
 
 def register(family: Family) -> Family:

@@ -212,6 +212,8 @@ def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[st
         parts.append(f"<h3>{REGISTRY['position'].heading}</h3>")
         parts.append(figure_html(figs["position"]) if "position" in figs else
                      f"<p class='note'>{html.escape(a.position_note)}</p>")
+    parts += [f"<h3>{html.escape(REGISTRY[k].heading)}</h3><p class='note'>{html.escape(v)}</p>"
+              for k, v in getattr(a, "notes", {}).items() if k != "position" and k in REGISTRY]
     if "distance" in figs:
         parts += [f"<h3>{REGISTRY['distance'].heading}</h3>",
                   f"<p><b>{html.escape(reading)}</b></p>" if reading else "", figure_html(figs["distance"])]

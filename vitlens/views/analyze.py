@@ -115,9 +115,11 @@ class AnalysisResult(Result):
         position: position-embedding similarity (Fig. 7 centre), or None (see ``position_note``).
         distance: attention distance (Fig. 7 right).
         rollout: rollout maps of every image (Fig. 6).
-        position_note: why ``position`` is None, if it is.
+        position_note: why ``position`` is None, if it is (``notes["position"]``, kept by that name).
         prefix: attention parked on prefix tokens and token norms, when asked for.
         views: the views computed (the others are None).
+        notes: why each weight view that was asked for and is not available is None, by view name
+            (every one, e.g. a position table a family does not have or filters it cannot read).
     """
 
     kind = "analysis"
@@ -131,6 +133,7 @@ class AnalysisResult(Result):
     views: tuple = DEFAULT_VIEWS
     #: results of registered views without a field of their own, by name (``view(name)`` reads both)
     others: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def view(self, name: str) -> Any:
         """The result of view ``name`` (None when it was not asked for or is not available)."""
@@ -203,7 +206,7 @@ def analyze(
     return AnalysisResult(spec=m.spec, filters=results.get("filters"), position=results.get("position"),
                           distance=results.get("distance"), rollout=results.get("rollout"),
                           position_note=notes.get("position", ""), prefix=results.get("prefix"), views=views,
-                          others={k: v for k, v in results.items() if k not in named})
+                          others={k: v for k, v in results.items() if k not in named}, notes=notes)
 
 
 __all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

@@ -7,6 +7,7 @@ says which weight was used.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,10 @@ class FilterPCAResult(Result):
                 for i, v in enumerate(self.explained_variance_ratio)]
 
 
+#: held around the process-wide BLAS thread limit of ``embedding_filter_pca`` (see there)
+_BLAS_LIMIT_LOCK = threading.Lock()
+
+
 def pixel_filters(m: LoadedModel) -> tuple[torch.Tensor, str, str]:
     """(weight [D, C, kh, kw] in float64, module name, description) of the pixel-space filters,
     as the model's family finds them (the patch embedding, or a hybrid's first convolution)."""
@@ -75,10 +80,13 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
     # the eigenvectors of the filters' covariance: the principal axes, 2-3x faster than a full SVD
     # at these sizes and equal to it to about 1e-10 (tests compare with numpy's SVD)
     # one BLAS thread: right after a torch forward, torch's OpenMP workers still spin, and a
-    # multi-threaded eigh beside them took 0.5-7 s instead of 0.2-0.3 s (vit_base, 2 cores)
+    # multi-threaded eigh beside them is many times slower. threadpool_limits is process-wide (it
+    # sets the BLAS libraries' thread count for every thread while it is held and puts back what it
+    # found), so entries are serialised: two overlapping ones would put back each other's limit and
+    # could leave the process at one thread
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _BLAS_LIMIT_LOCK, threadpool_limits(limits=1, user_api="blas"):
         pca = PCA(n_components=n_components, svd_solver="covariance_eigh").fit(x)
     return FilterPCAResult(
         components=pca.components_.reshape(n_components, c, kh, kw),
