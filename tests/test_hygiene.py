@@ -126,3 +126,30 @@ def test_random_init_loads_are_seeded_and_leave_the_callers_random_stream_alone(
     sa, sb, sc = a.model.state_dict(), b.model.state_dict(), c.model.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+
+
+def test_an_error_hint_for_an_interface_there_is_not_is_refused():
+    from vitlens.errors import INTERFACES, VitlensError
+
+    assert INTERFACES == ("python", "cli", "app")
+    e = VitlensError("wrong.", fixes={"python": "do a.", "cli": "do b."})
+    assert e.message_for("cli") == "wrong. do b." and e.message_for("app") == "wrong. do a."
+    with pytest.raises(ValueError, match="'CLI'"):
+        VitlensError("wrong.", fixes={"CLI": "never shown"})
+    with pytest.raises(ValueError, match="'web'"):
+        e.message_for("web")
+
+
+def test_attribution_defaults_are_read_from_the_method_table_with_a_deprecation():
+    import vitlens.attribution as va
+
+    with pytest.warns(DeprecationWarning, match="METHOD_TABLE"):
+        defaults = va.DEFAULTS
+    assert defaults == {k: mt.defaults for k, mt in va.METHOD_TABLE.items()}
+    assert "DEFAULTS" not in va.__all__
+
+
+def test_num_tokens_counts_the_prefix_and_the_patch_tokens_of_a_grid():
+    spec = vl.load_model("ref-vit").spec
+    assert spec.num_tokens() == spec.num_prefix_tokens + spec.num_patch_tokens == 1 + 8 * 8
+    assert spec.num_tokens((3, 5)) == 1 + 15

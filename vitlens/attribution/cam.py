@@ -111,7 +111,7 @@ def token_reshape(spec: ModelSpec, grid: tuple[int, int], batch: int, layer: str
     vitlens reads and are dropped; a feature map [B, C, gh, gw] at the grid passes through.
     """
     gh, gw = grid
-    tokens = spec.num_prefix_tokens + gh * gw
+    tokens = spec.num_tokens(grid)
 
     def reshape(out: Any) -> torch.Tensor:
         if not isinstance(out, torch.Tensor):

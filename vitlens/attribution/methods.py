@@ -242,9 +242,6 @@ def default_methods() -> tuple[str, ...]:
     return tuple(name for name in METHODS if name not in SLOW_METHODS and (cams or name not in CAM_CLASSES))
 
 
-DEFAULTS: dict[str, dict[str, Any]] = {name: dict(mt.defaults) for name, mt in METHOD_TABLE.items()}
-
-
 def attribute(
     m: LoadedModel,
     images: Images,

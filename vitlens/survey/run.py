@@ -194,8 +194,8 @@ def _session_logs(ray: Any) -> Path | None:
         return None
 
 
-#: environment the workers need from the driver (offline mode, caches, the crash hook of the tests)
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME", "VITLENS_SURVEY_CRASH_ONCE")
+#: environment the workers need from the driver (offline mode, caches)
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME")
 
 
 @dataclass

@@ -144,8 +144,7 @@ it asks ``attention_maps`` for the picked query's rows only."""
 
 def whole_maps_mb(spec: ModelSpec, grid: tuple[int, int] | None = None) -> float:
     """Megabytes of one image's whole maps [layers, heads, T, T] in float32 (``grid``: another input's grid)."""
-    gh, gw = grid or spec.grid
-    t = spec.num_prefix_tokens + gh * gw
+    t = spec.num_tokens(grid)
     return 4.0 * spec.num_layers * spec.num_heads * t * t / 2**20
 
 
@@ -195,7 +194,7 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
     x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)
     grid = m.grid_for(x.shape[-2:])
-    t = m.spec.num_prefix_tokens + grid[0] * grid[1]
+    t = m.spec.num_tokens(grid)
     if queries is not None:
         queries = tuple(int(q) for q in queries)
         bad = [q for q in queries if not 0 <= q < t]

@@ -122,7 +122,7 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
         memory_budget_mb: megabytes of probabilities allowed at once (None: ``default_budget_mb``).
     """
     s = m.spec
-    t = int(tokens) if tokens is not None else s.num_prefix_tokens + s.grid[0] * s.grid[1]
+    t = int(tokens) if tokens is not None else s.num_tokens()
     if memory_budget_mb is not None and not float(memory_budget_mb) > 0:
         raise InvalidParameterError(f"memory_budget_mb must be > 0 (megabytes); got {memory_budget_mb!r}.")
     budget = float(memory_budget_mb) if memory_budget_mb is not None else default_budget_mb(batch, t, s.embed_dim)
