@@ -230,7 +230,7 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
 )}
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
 #: methods left out of ``compare_methods``'s default: scorecam runs masked_per_forward-sized batches of
-#: masked images per image (about 1 s per image on a CPU)
+#: masked images per image (one forward per masked_per_forward images, for every channel of the layer)
 SLOW_METHODS: tuple[str, ...] = ("scorecam",)
 
 

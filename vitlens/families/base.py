@@ -1,9 +1,12 @@
 """What a model family tells vitlens: its spec, where its attention is computed and how to capture
 it exactly, its pixel-space embedding filters and its position-embedding table.
 
-Every view of the paper reads a model only through this interface, so supporting a new family
-(BEiT, EVA, Hugging Face, torchvision, ...) is one module in ``vitlens/families/`` and nothing
-else. The capture guarantee is the family's to keep:
+Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
+Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
+``vitlens/families/__init__.py``; a family loaded by a name prefix also needs that prefix in
+``vitlens/loading/``, and the Grad-CAM target layer (``attribution/cam.py``'s ``_PRE_ATTENTION_NORMS``)
+and AttnLRP's rules (``attribution/lrp.py``'s ``_MODULE_RULES``) are still matched by module and class
+names there. The capture guarantee is the family's to keep:
 
 - ``side`` capture leaves the model's own forward untouched (its outputs bit-for-bit those of a
   run without capture) and computes the post-softmax probabilities beside it from the very

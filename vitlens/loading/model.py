@@ -52,7 +52,10 @@ class LoadedModel:
     """A ViT in eval mode with what the views need to read it.
 
     Attributes:
-        model: the plain module (timm, or another family's); never modified by vitlens.
+        model: the plain module (timm, or another family's). Loading puts it in eval mode, turns off its
+            parameters' ``requires_grad`` and moves it to ``device`` (``from_module``); its weights are never
+            changed. A capture or an attribution method installs hooks (and AttnLRP switches attention paths)
+            only for its duration and removes them on exit and on error.
         spec: grid, stride, prefix tokens, depth, ... (``ModelSpec``).
         device: where it runs.
         dtype: compute dtype (bf16/fp16 run the forward under autocast).

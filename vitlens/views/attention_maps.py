@@ -173,8 +173,12 @@ class QueryRows(AttentionConsumer):
 
 def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Sequence[int] | None = None,
                    memory_budget_mb: float | None = None) -> AttentionMapsResult:
-    """Every block's attention for one image, and the attention pool's for a model with a MAP head (side
-    capture: the model's output is untouched).
+    """Every block's attention for one image, and the attention pool's for a model with a MAP head.
+
+    Whole maps (``queries=None``) come from side capture (the model's own forward untouched); the rows of
+    ``queries`` come from the views' capture plan (``capture_plan``), which on timm ViTs is inline capture
+    at the non-fused path: the probabilities the block's output is computed from, a block of query rows at
+    a time.
 
     Args:
         m: the model.

@@ -65,13 +65,9 @@ def default_budget_mb(batch: int, tokens: int, embed_dim: int) -> float:
 MIN_BUDGET_MB = 4.0
 
 ROW_BLOCK_MB = 48.0
-"""The largest block of query rows the plan computes at once, whatever the budget: a block a little above
-the last-level cache stays fast to reduce. Measured once, with ``vl.analyze(m, x, views=("distance",
-"rollout"), memory_budget_mb=B)`` for B = 54, 40, 80 and the default 108 MB (127, 94, 189, 256 rows; vit_base
-at 768 px, batch 4, this project's 2-core AMD EPYC with 32 MB of L3), two rounds: 25.0, 25.1, 28.8, 31.0 s,
-then 26.1, 28.8, 28.9, 28.7 s; 127 rows was the fastest in both, the rest is within this VM's noise. Inline
-capture by query rows (what the views use on timm ViTs) with 64, 127 and 255 rows: 21.4/22.2, 22.6/20.5 and
-22.5/21.0 s against plain forwards of 17.4/16.4 s (a one-off script): no row count ahead of the noise."""
+"""The largest block of query rows the plan computes at once, whatever the budget. Rule: a block a little
+above the last-level cache stays fast to reduce, and no larger block measured faster (the runs behind the
+number are in the README's Performance section)."""
 
 
 @dataclass(frozen=True)
@@ -99,11 +95,9 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
     rows (``Family.chunks_inline``: timm ViTs with the standard ``Attention``), the views run that path
     in blocks of ``query_rows_for_budget(batch, heads, T, min(budget, ROW_BLOCK_MB))`` rows: one block
     of every row (``query_rows == T``, a whole map) when that fits, more above. The probabilities are
-    made once and the block's output computed from them. Per block it is faster than timm's own
-    non-fused code (contiguous keys and values, the softmax in place: 31 ms against 51 ms at 224 px,
-    batch 16, a one-off microbenchmark); whole views at 224 px are within this VM's noise of timm's
-    whole-map path (1.078x against 1.062x the plain forward in ``analyses/bench.py --skip-memory
-    --batch 16 --rows distance_rollout stream_inline``; README, Performance).
+    made once and the block's output computed from them, with contiguous keys and values and the
+    softmax in place, which is why it is not timm's own non-fused code (the measurements: README,
+    Performance; ``analyses/bench.py`` prints them again).
     Otherwise a block's whole map [batch, heads, T, T] (float32) is made when it fits in the budget,
     with the family's view capture (``Family.view_mode``); above it, families that compute the
     probabilities by query rows beside their own forward (timm ViTs with parallel blocks, EVA) run

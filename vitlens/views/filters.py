@@ -77,8 +77,8 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
             f"n_components must be between 1 and {limit} for {m.spec.name} ({d} filters of {c * kh * kw} values); "
             f"got {n_components}.")
     x = w.reshape(d, -1).numpy()
-    # the eigenvectors of the filters' covariance: the principal axes, 2-3x faster than a full SVD
-    # at these sizes and equal to it to about 1e-10 (tests compare with numpy's SVD)
+    # the eigenvectors of the filters' covariance: the principal axes, cheaper than a full SVD of the
+    # filters and equal to it to about 1e-10 (tests compare with numpy's SVD)
     # one BLAS thread: right after a torch forward, torch's OpenMP workers still spin, and a
     # multi-threaded eigh beside them is many times slower. threadpool_limits is process-wide (it
     # sets the BLAS libraries' thread count for every thread while it is held and puts back what it
