@@ -22,7 +22,8 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import vitlens as vl
 from vitlens import figures
-from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
+from vitlens.attribution.methods import preselected_methods
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
@@ -411,7 +412,7 @@ def render_attributions(ctx: Context) -> None:
                "Deletion/insertion curves test each map: removing the patches it ranks first should make "
                f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
-    methods = c[0].multiselect("Methods", list(METHODS), default=["rollout", "grad_rollout", "saliency"],
+    methods = c[0].multiselect("Methods", list(METHOD_TABLE), default=list(preselected_methods()),
                                key="methods")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
     target: int | str | None = None

@@ -153,3 +153,71 @@ def test_num_tokens_counts_the_prefix_and_the_patch_tokens_of_a_grid():
     spec = vl.load_model("ref-vit").spec
     assert spec.num_tokens() == spec.num_prefix_tokens + spec.num_patch_tokens == 1 + 8 * 8
     assert spec.num_tokens((3, 5)) == 1 + 15
+
+
+# ---------------------------------------------------------------- METHOD_TABLE is the one source
+def test_the_method_lists_are_derived_from_the_table():
+    from vitlens.attribution import methods as am
+    from vitlens.attribution import sanity
+
+    table = am.METHOD_TABLE
+    assert am.SLOW_METHODS == ("scorecam",) == tuple(k for k, mt in table.items() if mt.slow)
+    assert sanity.QUICK_METHODS == ("rollout", "grad_rollout", "saliency", "input_x_gradient", "gradcam")
+    assert am.preselected_methods() == ("rollout", "grad_rollout", "saliency")
+    assert {k for k, mt in table.items() if mt.class_agnostic} == {"rollout", "eigencam"}
+    assert {k for k, mt in table.items() if mt.rollout_row} == {"rollout", "grad_rollout"}
+    cams = {k for k, mt in table.items() if mt.package == "pytorch_grad_cam"}
+    from vitlens.attribution.cam import CAM_CLASSES, cam_package_available
+
+    assert cams == set(CAM_CLASSES)
+    assert set(am.available_methods()) == set(table) - (set() if cam_package_available() else cams)
+    assert set(am.default_methods()) == set(am.available_methods()) - {"scorecam"}
+
+
+@pytest.fixture()
+def registered_method():
+    """A method registered by this test alone: the mean of the input's channels on each token's block."""
+    from vitlens.attribution import methods as am
+    from vitlens.core.resample import pixels_to_grid
+
+    def brightness(m, x, t, grid, params, score):
+        return pixels_to_grid(x * params["gain"], grid, reduce="mean"), t.cpu().numpy()
+
+    method = am.register_method(am.Method("test_brightness", brightness, {"gain": 1.0}, quick=True, preselected=True))
+    with pytest.raises(InvalidParameterError, match="exists already"):
+        am.register_method(method)
+    yield method
+    del am.METHOD_TABLE[method.name]
+
+
+def test_a_registered_method_is_attributed_compared_and_listed(registered_method):
+    from vitlens.attribution import compare_methods
+    from vitlens.attribution.methods import available_methods, default_methods, preselected_methods
+    from vitlens.attribution.sanity import quick_methods
+
+    m = vl.load_model("ref-vit")
+    x = torch.rand(2, 3, 64, 64)
+    a = vl.attribute(m, x, method="test_brightness", gain=2.0)
+    want = (x.double() * 2.0).sum(1).reshape(2, 8, 8, 8, 8).mean(dim=(2, 4)).numpy()  # channels summed, block mean
+    np.testing.assert_allclose(a.maps, want, rtol=1e-12)
+    for names in (available_methods(), default_methods(), preselected_methods(), quick_methods()):
+        assert "test_brightness" in names
+    table = compare_methods(m, x, methods=["test_brightness"], metrics=("deletion_insertion",), steps=2)
+    assert [r["method"] for r in table.rows] == ["test_brightness"]
+
+
+def test_a_registered_method_is_in_the_cli_choices_and_the_report(registered_method, tmp_path, capsys):
+    from vitlens.report import cli
+
+    report = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["report"]._actions
+                  if a.dest == "methods")
+    assert "test_brightness" in report.choices
+    assert "test_brightness" in cli.report_methods(None)
+    assert cli.report_methods(["test_brightness"]) == ["test_brightness"]
+    out = tmp_path / "r.html"
+    assert cli.main(["report", "--model", "ref-vit", "--out", str(out), "--attributions", "--methods", "test_brightness",
+                     "--attribution-images", "2", "--n-images", "4", "--quiet"]) == 0
+    page = out.read_text()
+    assert "test_brightness" in page
+    assert cli.main(["report", "--model", "ref-vit", "--out", str(tmp_path / "s.html"), "--methods", "saliency"]) == 2
+    assert "add --attributions" in capsys.readouterr().err
