@@ -20,9 +20,15 @@ from torch import nn
 
 from .shapes import CLASSES, IMAGE_SIZE
 
+#: the folder of the embedded pair's safetensors files
 WEIGHTS_DIR = Path(__file__).parent / "weights"
+#: the names ``load_model`` knows the embedded pair by
 REFERENCE_NAMES: tuple[str, ...] = ("ref-vit", "ref-hybrid")
-EMBED_DIM, DEPTH, NUM_HEADS, PATCH = 128, 6, 8, 8
+#: the pair's width, depth, heads per block and patch size (the hybrid's CNN has stride PATCH too)
+EMBED_DIM: int = 128
+DEPTH: int = 6
+NUM_HEADS: int = 8
+PATCH: int = 8
 
 
 class _BasicBlock(nn.Module):
