@@ -31,7 +31,11 @@ def _load_all() -> None:
 
 def describe_families() -> list[dict[str, object]]:
     """Each family vitlens reads: its name, what it reads and the model names that lead to it
-    (what ``vitlens models`` lists)."""
+    (what ``vitlens models`` lists).
+
+    Returns:
+        One dict per family: "family", "reads" and "names".
+    """
     _load_all()
     return [{"name": f.name, "reads": f.reads, "names": list(f.names)} for f in FAMILIES]
 

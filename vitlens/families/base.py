@@ -193,12 +193,27 @@ FAMILIES: list[Family] = []
 
 
 def register(family: Family) -> Family:
+    """Add ``family`` to ``FAMILIES``, the one list ``family_of`` reads (in order: the first that matches wins).
+
+    Args:
+        family: the family to add.
+
+    Returns:
+        ``family``, so that ``register(MyFamily())`` can be a module-level statement.
+    """
     FAMILIES.append(family)
     return family
 
 
 def family_of(model: nn.Module, name: str | None = None) -> Family:
     """The family that can capture ``model`` exactly (after its ``check``).
+
+    Args:
+        model: the model module.
+        name: its name, for messages (default: its class name).
+
+    Returns:
+        The ``Family`` that reads it.
 
     Raises:
         UnsupportedModelError: no family knows the model, or its family refuses it (and says why).

@@ -94,6 +94,12 @@ def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE)
         patch: the token stride in pixels: the ViT's patch size, or the hybrid CNN's total stride
             (8 or 4; the embedded pair uses 8). Experiments (``analyses/locality_sweep.py``) vary it.
         image_size: input side in pixels.
+
+    Returns:
+        The timm ``VisionTransformer`` (random weights; ``load_model(name)`` loads the embedded ones).
+
+    Raises:
+        ValueError: a name other than the two.
     """
     from timm.layers import HybridEmbed
     from timm.models.vision_transformer import VisionTransformer
@@ -121,5 +127,12 @@ def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE)
 
 
 def weights_path(name: str) -> Path:
-    """Where the committed safetensors file of reference model ``name`` lives."""
+    """Where the committed safetensors file of reference model ``name`` lives.
+
+    Args:
+        name: "ref-vit" or "ref-hybrid".
+
+    Returns:
+        The path of its ``.safetensors`` file inside the package.
+    """
     return WEIGHTS_DIR / f"{name}.safetensors"

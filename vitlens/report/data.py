@@ -226,9 +226,16 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         names: model names (default: the results' own).
         local_threshold: a head is local below this fraction of the image width.
         first_layers: layers counted for the share of local heads.
-        image_set, environment, timings, command: how the numbers were made, stored with them.
+        image_set: which images (kind, count), stored with the numbers.
+        environment: the versions record (``vitlens.environment``).
+        timings: seconds per step.
+        command: the command line that made it.
         weights: each model's kind of weights (``LoadedModel.weights``), so that ``reading()``
             says what is true of them; unknown when omitted (the embedded pair is known by name).
+
+    Returns:
+        A ``ComparisonData``: the per-layer table (min, median, max of the heads' mean distance) and each
+        model's share of local heads, in pixels or fractions of the image width (``comparison_units``).
     """
     distances = list(distances)
     if len(distances) < 2:
