@@ -43,7 +43,19 @@ def gram(x: torch.Tensor) -> torch.Tensor:
 
 
 def hsic(k: torch.Tensor, l: torch.Tensor, estimator: str = "unbiased") -> torch.Tensor:
-    """HSIC of two [n, n] Gram matrices (float64), unbiased (n >= 4) or biased."""
+    """HSIC of two [n, n] Gram matrices (float64), unbiased (n >= 4) or biased.
+
+    Args:
+        k: [n, n] Gram matrix of the first representation.
+        l: [n, n] Gram matrix of the second.
+        estimator: "unbiased" (Song et al. 2012; needs n >= 4) or "biased".
+
+    Returns:
+        A float64 scalar tensor.
+
+    Raises:
+        InvalidParameterError: an unknown estimator, or n < 4 for the unbiased one.
+    """
     n = k.shape[0]
     if estimator == "biased":
         h = torch.eye(n, dtype=k.dtype, device=k.device) - 1.0 / n
