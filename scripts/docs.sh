@@ -13,6 +13,6 @@ else
     PY=.venv/bin/python
 fi
 SITE=${1:-site}
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" scripts/tutorials.py
 "$PY" -m mkdocs build --strict --site-dir "$SITE"

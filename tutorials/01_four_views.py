@@ -74,7 +74,7 @@ for k, values in by_distance.items():
 #
 # For each head, the distance in pixels between a query and the keys it attends to, weighted by
 # the attention, averaged over queries and images. The paper's reading: in the lowest layers some
-# heads attend locally and some globally, and distance grows with depth. The dashed line is what
+# heads attend locally and some globally, and distance grows with depth. The dotted line is what
 # uniform attention over the image would give.
 
 # %%

@@ -4,7 +4,7 @@ attention distance) and the filters a patch-embedding convolution applies (Fig. 
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -133,7 +133,7 @@ def attention_probs_in_rows(
     biases: Sequence[torch.Tensor] = (),
     scale_after: bool = False,
     workspace: dict | None = None,
-):
+) -> Iterator[tuple[torch.Tensor, slice]]:
     """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
     T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
     the whole computation (the same products and softmax over the same keys). ``query_rows`` None
@@ -160,7 +160,7 @@ def attention_probs_in_rows(
 
     Yields:
         ``(probs, rows)``: probs [B, heads, rows, T] float32 (valid until the next block), rows the slice
-        of query indices it holds.
+        of query indices it holds (None for one fresh block of every row, without a workspace).
     """
     t = q.shape[-2]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
