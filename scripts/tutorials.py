@@ -6,7 +6,8 @@ page shows its code, what it printed, and its last expression the way a notebook
 as a PNG (through kaleido, the same export as ``vitlens report --png``), a pandas DataFrame as a table,
 anything else as its repr. Pages go to ``docs/tutorials/NN_name.md``, figures beside them; a cell that
 raises stops the run with its traceback and a non-zero exit, so a tutorial that no longer runs fails
-the docs build (and so CI). Each tutorial runs in a fresh temporary working directory.
+the docs build (and so CI). Each tutorial runs in its own Python process (what one registers, another
+never sees) and in a fresh temporary working directory.
 
     python scripts/tutorials.py                 # every tutorial
     python scripts/tutorials.py 01_four_views   # some, by name
@@ -18,6 +19,7 @@ import contextlib
 import io
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -116,15 +118,21 @@ def main(argv: list[str]) -> int:
             print(f"no tutorial named {', '.join(sorted(missing))} under {SOURCES}", file=sys.stderr)
             return 2
     for source in sources:
-        try:
-            seconds = run_tutorial(source)
-        except RuntimeError as e:
-            print(e, file=sys.stderr)
+        start = time.perf_counter()
+        if subprocess.run([sys.executable, __file__, "--one", str(source)]).returncode != 0:
+            print(f"tutorial {source.stem} failed", file=sys.stderr)
             return 1
-        print(f"tutorial {source.stem}: {seconds:.1f} s", file=sys.stderr)
+        print(f"tutorial {source.stem}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
+    if sys.argv[1:2] == ["--one"]:
+        try:
+            run_tutorial(Path(sys.argv[2]))
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+            raise SystemExit(1)
+        raise SystemExit(0)
     raise SystemExit(main(sys.argv[1:]))
