@@ -32,6 +32,15 @@ d = vl.attention_distance(t, images)
 print(d)
 
 # %% [markdown]
+# The views read the grid from the input: 10x14 tokens here, distances in pixels of the 160x224 input
+# (random weights: every head attends almost uniformly, near the dotted line).
+
+# %%
+from vitlens import figures
+
+figures.distance_figure([d], names=["vit_tiny_patch16_224, 160x224, random init"])
+
+# %% [markdown]
 # ## A checkpoint file with its architecture
 #
 # Your own fine-tuned weights: a `.safetensors` file, or a torch state dict (`.pth`, `.pt`, `.bin`),
