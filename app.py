@@ -102,9 +102,11 @@ def parked_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list
 
 
 def has_pool_attention(m: vl.LoadedModel) -> bool:
-    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown."""
+    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown: a pool
+    capture session, under the heavy lock like every other hook session on a shared model (the session
+    holds the model's own lock too)."""
     try:
-        with capture_pool_attention(m):
+        with heavy_lock(), capture_pool_attention(m):
             return True
     except vl.ViewNotAvailableError:
         return False

@@ -224,8 +224,10 @@ def _tokens(x: Any, side: _Side, policy: str, grid: tuple[int, int] | None) -> t
 class OutputHooks(HookSession):
     """Keep each named module's output of the latest forward in ``outputs`` (a context manager)."""
 
-    def __init__(self, modules: Sequence[nn.Module], names: Sequence[str], outputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, modules: Sequence[nn.Module], names: Sequence[str], outputs: dict[str, torch.Tensor],
+                 model: nn.Module | None = None) -> None:
         self.modules, self.names, self.outputs = list(modules), list(names), outputs
+        self.model = model  # the model the modules belong to, whose lock the session holds
 
     def install(self, handles: Handles) -> None:
         for mod, name in zip(self.modules, self.names):
@@ -237,7 +239,7 @@ def _features(side: _Side, x: torch.Tensor, policy: str, grid: tuple[int, int] |
     missing = [n for n in side.layers if n not in modules]
     if missing:
         raise InvalidParameterError(f"{side.name} has no module named {missing[0]!r}; see model.named_modules().")
-    with OutputHooks([modules[n] for n in side.layers], side.layers, side.outputs), torch.no_grad():
+    with OutputHooks([modules[n] for n in side.layers], side.layers, side.outputs, side.module), torch.no_grad():
         if side.autocast is not None:
             side.forward(x)
         else:

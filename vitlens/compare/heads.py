@@ -83,8 +83,10 @@ class HeadAblation(HookSession):
     by its mean output (``means``).
     """
 
-    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str) -> None:
+    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str,
+                 model: torch.nn.Module | None = None) -> None:
         self.sites, self.heads, self.ablation = list(sites), heads, ablation
+        self.model = model  # the model the sites belong to, whose lock the session holds
         self.plan: list[tuple[int, int]] | None = None
         self.rows = 0
         self.sums: list[torch.Tensor | None] = [None] * len(self.sites)
@@ -148,7 +150,7 @@ def head_importance(
         raise InvalidParameterError(f"labels must have one entry per image ({n}); got {len(labels)}.")
     total = cost(m, n)
 
-    ablate = HeadAblation(sites, heads, ablation)
+    ablate = HeadAblation(sites, heads, ablation, m.model)
     with ablate, torch.no_grad(), Progress(progress, total, "head importance") as bar:
         if progress:
             bar.note(f"head importance: {layers * heads} heads x {n} images = {total} image forwards "

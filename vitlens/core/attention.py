@@ -66,6 +66,27 @@ def attention_probs(
     return torch.softmax(scores, dim=-1, out=scores)
 
 
+def mha_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, batch: int, heads: int,
+             queries: int, keys: int) -> torch.Tensor | None:
+    """The additive float mask [B, heads, queries, keys] that ``nn.MultiheadAttention`` applies for its
+    ``attn_mask`` ([queries, keys] or [B * heads, queries, keys]) and ``key_padding_mask`` ([B, keys]),
+    with its semantics: a boolean True means *not allowed* (the opposite of SDPA's and timm's, where
+    True means attend), a float mask is added to the scores. None when neither is given."""
+    out = None
+    for mask, shape in ((attn_mask, None), (key_padding_mask, (batch, 1, 1, keys))):
+        if mask is None:
+            continue
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(mask, float("-inf"))
+        mask = mask.float()
+        if shape is None:
+            mask = mask.reshape(batch, heads, queries, keys) if mask.dim() == 3 else mask.reshape(1, 1, queries, keys)
+        else:
+            mask = mask.reshape(shape)
+        out = mask if out is None else out + mask
+    return out
+
+
 def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
     """The weight a conv actually applies: weight-standardised for timm's StdConv2d(Same).
 

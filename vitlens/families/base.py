@@ -13,6 +13,8 @@ else. The capture guarantee is the family's to keep:
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -64,20 +66,52 @@ class Handles:
             self._undo.pop()()
 
 
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(module: nn.Module) -> "threading.RLock":
+    """The one lock of a model module (``LoadedModel.lock``): every hook session on it holds it from
+    install to removal, and ``LoadedModel.forward`` holds it for the forward, so a second thread waits
+    until the first thread's session is over and its hooks never see the other thread's forwards.
+    Re-entrant: the sessions one capture nests (a view's pool or token-norm hooks) and their forwards run
+    on the holding thread. A plain ``module(x)`` from user code in another thread does not take it."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(module)
+        if lock is None:
+            lock = _LOCKS[module] = threading.RLock()
+        return lock
+
+
 class HookSession:
     """The one managed hook mechanism: a context manager whose ``install(handles)`` puts its hooks
     (and attribute changes) on a model when the ``with`` block starts; every one is removed when
     it ends, by an exception too, and by a failure half-way through installing. Attention
-    capture, pool attention, token norms, CKA features and head ablation are all sessions."""
+    capture, pool attention, token norms, CKA features, head ablation and AttnLRP's mode are all
+    sessions, and each holds its model's lock (``model_lock``) while it is active: two threads'
+    sessions on one model run one after the other, never mixed."""
 
     _handles: Handles | None = None
+    _lock: Any = None
 
     def install(self, handles: Handles) -> None:
         raise NotImplementedError
 
+    def locked_module(self) -> nn.Module | None:
+        """The model whose lock the session holds: its ``model`` (or its LoadedModel ``m``'s) by default."""
+        model = getattr(self, "model", None)
+        if model is None and getattr(self, "m", None) is not None:
+            model = getattr(self.m, "model", None)
+        return model if isinstance(model, nn.Module) else None
+
     def __enter__(self):  # noqa: ANN204 (returns the session itself, whatever its subclass)
         if self._handles is not None:
             raise RuntimeError(f"This {type(self).__name__} is already active; nest a new one instead.")
+        module = self.locked_module()
+        lock = model_lock(module) if module is not None else None
+        if lock is not None:
+            lock.acquire()
+        self._lock = lock
         self._handles = Handles()
         try:
             self.install(self._handles)
@@ -87,9 +121,14 @@ class HookSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._handles is not None:
-            self._handles.remove()
-        self._handles = None
+        try:
+            if self._handles is not None:
+                self._handles.remove()
+        finally:
+            self._handles = None
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
 
 class Family:

@@ -209,9 +209,20 @@ class LoadedModel:
             return None
         return names if len(names) == self.spec.num_classes else None
 
+    @property
+    def lock(self) -> Any:
+        """The model's lock (``vitlens.families.base.model_lock``, re-entrant): every hook session on it (capture,
+        pool attention, token norms, AttnLRP, ...) and every ``forward`` holds it, so two threads sharing this
+        model (the app's sessions) wait for each other and never see each other's maps. Hold it yourself
+        (``with m.lock:``) around several calls that must not interleave with another thread's."""
+        from ..families.base import model_lock
+
+        return model_lock(self.model)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's output for a batch already on the device (autocast applied; graph kept)."""
-        with self.autocast():
+        """The model's output for a batch already on the device (autocast applied; graph kept), under the
+        model's lock (``lock``): a forward waits while another thread's hook session is on the model."""
+        with self.lock, self.autocast():
             return self.family.logits(self.model, x)
 
     @torch.no_grad()

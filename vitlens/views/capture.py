@@ -109,18 +109,19 @@ class AttentionCapture(HookSession):
         # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
+        emit = _Emitter(self._emit, self.query_rows, views=bool(self._streaming))
         if self.mode == "inline":
-            emit = self._emit if self.query_rows is None else _Emitter(self._emit, self.query_rows)
             self.family.install_inline(self.model, emit, handles, self.detach)
         else:
-            self.family.install_side(self.model, _Emitter(self._emit, self.query_rows), handles)
+            self.family.install_side(self.model, emit, handles)
 
 
 class _Emitter:
-    """The capture's emit callback with the query-block size a family may compute at (``query_rows_of``)."""
+    """The capture's emit callback with the query-block size a family may compute at (``query_rows_of``),
+    and whether views (streaming consumers, which read every token as a patch of one grid) listen."""
 
-    def __init__(self, fn: Callable[..., None], query_rows: int | None) -> None:
-        self.fn, self.query_rows = fn, query_rows
+    def __init__(self, fn: Callable[..., None], query_rows: int | None, views: bool = False) -> None:
+        self.fn, self.query_rows, self.views = fn, query_rows, views
 
     def __call__(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         self.fn(layer, probs, rows)

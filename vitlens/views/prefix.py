@@ -184,6 +184,7 @@ class TokenNorms(HookSession):
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
+        self.model = m.model  # whose lock the session holds
 
     def install(self, handles: Handles) -> None:
         for i, block in enumerate(self.blocks):
