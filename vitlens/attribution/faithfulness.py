@@ -80,7 +80,27 @@ def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, in
 @torch.no_grad()
 def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionResult, steps: int = 16,
                        baseline: str = "mean", batch_size: int = 16) -> FaithfulnessResult:
-    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
+    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets.
+
+    Deletion replaces the tokens the map ranks highest first by the baseline and follows the target's
+    probability (lower area is more faithful); insertion starts from the baseline image and puts the
+    highest-ranked tokens back first (higher area is more faithful).
+
+    Args:
+        m: the model the maps explain.
+        images: the images the maps were made on.
+        attribution: the maps (and their targets: a class, or a prompt for a text tower).
+        steps: curve points beyond the first (the share of tokens changed goes 0, 1/steps, .., 1).
+        baseline: what removed tokens become: "mean" (the image's mean colour) or "blur".
+        batch_size: images per step.
+
+    Returns:
+        A ``FaithfulnessResult``: ``deletion`` and ``insertion`` [B, steps + 1] curves (probabilities, or
+        cosine similarities for a prompt), their AUCs [B] over the fractions in [0, 1].
+
+    Raises:
+        InvalidParameterError: ``steps`` < 1 or an unknown baseline.
+    """
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
     text = prompt_embeddings(m, attribution)
@@ -189,6 +209,10 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
             road_lerf, the curves' means; 18 forwards and 18 sparse solves per image, the solves dominating).
         labels: [B] true classes: the perturbation and ROAD curves are then top-1 accuracy, as in their papers;
             without, the target class's probability. Deletion/insertion always follow the probability.
+
+    Returns:
+        A ``ComparisonTable``: one row per method (its metrics' scores and seconds per image), with every
+        method's maps and curves.
     """
     from .perturbation import perturbation_test, road
 

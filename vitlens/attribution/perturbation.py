@@ -196,6 +196,11 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
         fill: what removed pixels become: "black" (the paper's zero before normalisation), "mean" or "blur".
         batch_size: images per step; every image's perturbed copies go through the model together, in forwards of
             ``batch_size`` x len(fractions) images.
+
+    Returns:
+        A ``PerturbationResult``: ``positive`` (most relevant removed first; lower AUC is better) and
+        ``negative`` (least relevant first; higher is better) curves [B, len(fractions)], their AUCs, as
+        accuracy with ``labels`` or the target's probability without.
     """
     f = _check_fractions(fractions, "fractions")
     _check_maps(m, attribution)
@@ -280,6 +285,11 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
         seed: seed of the noise (the curves are reproducible).
         batch_size: images per step: one sparse solve per (order, percentage) for the batch, then one forward pass
             over all its imputed images in chunks of ``batch_size`` x len(percentages).
+
+    Returns:
+        A ``RoadResult``: ``morf`` (most relevant first; lower is better) and ``lerf`` (least relevant first;
+        higher is better) curves over ``percentages``, as accuracy with ``labels`` or the target's
+        probability without (``score`` says which).
     """
     from .imputation import noisy_linear_impute
 

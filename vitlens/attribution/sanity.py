@@ -217,6 +217,9 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         batch_size: images per step of each method.
         progress: passed to ``attribute``.
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 8}}``.
+
+    Returns:
+        A ``SanityTable``: one ``SanityResult`` per method (``results``), each with its verdict.
     """
     methods = preselected_methods() if methods is None else methods
     bad = [mt for mt in methods if mt not in METHOD_TABLE]

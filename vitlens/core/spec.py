@@ -113,7 +113,14 @@ class ModelSpec:
 
 
 def param_count_str(n: int) -> str:
-    """3.1M-style parameter count for display."""
+    """3.1M-style parameter count for display.
+
+    Args:
+        n: a parameter count.
+
+    Returns:
+        The count with a K/M/B suffix (e.g. "3.1M").
+    """
     if n <= 0:
         return "0"
     exp = min(int(math.log10(n)) // 3, 3)

@@ -13,7 +13,11 @@ from . import hf, openclip, timm_beit, timm_eva, timm_vit, torchvision_vit  # no
 
 def describe_families() -> list[dict[str, object]]:
     """Each family vitlens reads: its name, what it reads and the model names that lead to it
-    (what ``vitlens models`` lists)."""
+    (what ``vitlens models`` lists).
+
+    Returns:
+        One dict per family: "family", "reads" and "names".
+    """
     return [{"name": f.name, "reads": f.reads, "names": list(f.names)} for f in FAMILIES]
 
 

@@ -245,6 +245,14 @@ def refuse_other_size(name: str, family: str, built: Sequence[int], input_size: 
 
 
 def register(family: Family) -> Family:
+    """Add ``family`` to ``FAMILIES``, the one list ``family_of`` reads (in order: the first that matches wins).
+
+    Args:
+        family: the family to add.
+
+    Returns:
+        ``family``, so that ``register(MyFamily())`` can be a module-level statement.
+    """
     FAMILIES.append(family)
     return family
 
@@ -262,6 +270,13 @@ REFUSED_FAMILIES = {
 
 def family_of(model: nn.Module, name: str | None = None) -> Family:
     """The family that can capture ``model`` exactly (after its ``check``).
+
+    Args:
+        model: the model module.
+        name: its name, for messages (default: its class name).
+
+    Returns:
+        The ``Family`` that reads it.
 
     Raises:
         UnsupportedModelError: no family knows the model, or its family refuses it (and says why).

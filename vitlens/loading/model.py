@@ -19,7 +19,18 @@ WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly."""
+    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly.
+
+    Args:
+        device: "cpu", "cuda", "cuda:1", a ``torch.device``, or None.
+
+    Returns:
+        The torch device.
+
+    Raises:
+        DeviceUnavailableError: CUDA asked for on a machine without a usable GPU.
+        InvalidParameterError: a value that is not a torch device.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -23,7 +23,14 @@ RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
 
 
 def loadable(name: str) -> bool:
-    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory)."""
+    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory).
+
+    Args:
+        name: a timm model name.
+
+    Returns:
+        True when a family would capture it exactly.
+    """
     import timm
 
     from ..families import family_of
@@ -36,7 +43,14 @@ def loadable(name: str) -> bool:
 
 
 def suggest(name: str) -> UnknownModelError:
-    """The error for an unknown name, with close timm names that vitlens can load."""
+    """The error for an unknown name, with close timm names that vitlens can load.
+
+    Args:
+        name: the name that did not resolve.
+
+    Returns:
+        An ``UnknownModelError`` (to raise) whose message names up to five close names.
+    """
     import timm
 
     base = name.split(".")[0]
@@ -147,9 +161,17 @@ def load_model(
             statistic vitlens computes stays in float32/float64.
         **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=(160, 224)``, ``dynamic_img_size=True``).
 
+    Returns:
+        A ``LoadedModel``: the module in eval mode on ``device``, its ``spec`` (grid, stride, prefix
+        tokens, layers x heads), its preprocessing and its family.
+
     Raises:
-        UnknownModelError, UnsupportedModelError, WeightsUnavailableError, CheckpointError,
-        DeviceUnavailableError, InvalidParameterError.
+        UnknownModelError: a name that is no reference model, timm name, prefix or file (close names suggested).
+        UnsupportedModelError: a model whose attention no family reproduces exactly (Swin, CaiT, ...).
+        WeightsUnavailableError: hub weights with no network and no local cache.
+        CheckpointError: a checkpoint without ``arch``, unreadable, mismatched, or a pickle that needs code.
+        DeviceUnavailableError: a device that is not there.
+        InvalidParameterError: a bad keyword argument.
     """
     from ..reference import REFERENCE_NAMES, build_reference, weights_path
     from .checkpoint import load_checkpoint_into, looks_like_checkpoint_path

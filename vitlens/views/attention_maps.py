@@ -25,6 +25,15 @@ def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
                 grid: tuple[int, int] | None = None) -> int:
     """Token index of patch (row, col), or of the class token when ``row`` and ``col`` are None.
 
+    Args:
+        spec: the model's spec (its grid and prefix tokens).
+        row: the patch's row on the grid (0-based), or None for the class token.
+        col: the patch's column on the grid (0-based), or None for the class token.
+        grid: the token grid of the actual input, (gh, gw); None: ``spec.grid``.
+
+    Returns:
+        The token's index in the sequence (prefix tokens first, then patches row by row).
+
     Raises:
         InvalidParameterError: a patch outside the grid, or the class token of a model without one.
     """
@@ -188,6 +197,10 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
             as the views' capture plan says (a block of query rows at a time at high resolution), so memory
             stays at one block of rows plus the kept rows whatever T.
         memory_budget_mb: with ``queries``, as for ``attention_distance`` (``capture_plan``).
+
+    Returns:
+        An ``AttentionMapsResult``: ``maps`` [layers, heads, T, T] (or [layers, heads, Q, T] for ``queries``),
+        probabilities summing to 1 over keys, and ``pool`` for a MAP head.
     """
     import contextlib
 

@@ -142,6 +142,15 @@ def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
             are refused), whose output is then computed from those very blocks. Streaming consumers
             (``AttentionConsumer``) then get row blocks and no [B, heads, T, T] map need exist at once
             (unless ``store`` or a plain callback asks for whole maps).
+
+    Returns:
+        An ``AttentionCapture`` context manager; inside the ``with`` block, every forward fills ``.maps``
+        (one [B, heads, T, T] float32 tensor per block, probabilities over keys) and calls the consumers.
+        The hooks are removed on exit and on error.
+
+    Raises:
+        UnsupportedModelError: a model no family can capture exactly.
+        InvalidParameterError: an unknown mode, or ``query_rows`` where the family cannot honour it.
     """
     return AttentionCapture(m, store=store, consumers=consumers, mode=mode, detach=detach, query_rows=query_rows)
 

@@ -168,6 +168,9 @@ def stream_attention(
             ``capture_mode`` is None too: then ``capture_plan`` chooses both.
         memory_budget_mb: with ``capture_mode`` and ``query_rows`` None, the megabytes of probabilities
             allowed at once (None: ``default_budget_mb``, one block's MLP activation); see ``capture_plan``.
+
+    Returns:
+        The number of images run; each consumer then answers ``result(spec)``.
     """
     if query_rows is not None:
         capture_mode = capture_mode or "side"

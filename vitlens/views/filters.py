@@ -66,6 +66,14 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
     Args:
         m: the model.
         n_components: components to keep; at most min(number of filters, C*kh*kw).
+
+    Returns:
+        A ``FilterPCAResult``: the components [n_components, C, P, P] (unit-norm directions in filter
+        space), their explained variance ratios, and ``source``, the convolution read.
+
+    Raises:
+        ViewNotAvailableError: a model whose patch embedding is not a convolution.
+        InvalidParameterError: ``n_components`` outside 1 .. min(filters, C*kh*kw).
     """
     from sklearn.decomposition import PCA
 
