@@ -22,11 +22,13 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import vitlens as vl
 from vitlens import figures
-from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
+from vitlens.attribution.methods import preselected_methods
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
+from vitlens.loading.seeded import load_model_seeded
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import figure_html, figure_png
@@ -64,8 +66,11 @@ def heavy_lock() -> FairLock:
 
 @st.cache_resource(max_entries=2, show_spinner="Loading model ...")
 def load_model(name: str, pretrained: bool, arch: str | None, device: str) -> vl.LoadedModel:
+    """Cached by (name, pretrained, arch, device), and the results beside it by the same key: random-init
+    weights are seeded (``RANDOM_INIT_SEED``, as the CLI's ``--seed``), so a model evicted and loaded again
+    is the model those results were computed on."""
     with heavy_lock():
-        return vl.load_model(name, pretrained=pretrained, arch=arch or None, device=None if device == "auto" else device)
+        return load_model_seeded(name, pretrained=pretrained, arch=arch or None, device=None if device == "auto" else device)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -409,7 +414,7 @@ def render_attributions(ctx: Context) -> None:
                "Deletion/insertion curves test each map: removing the patches it ranks first should make "
                f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
-    methods = c[0].multiselect("Methods", list(METHODS), default=["rollout", "grad_rollout", "saliency"],
+    methods = c[0].multiselect("Methods", list(METHOD_TABLE), default=list(preselected_methods()),
                                key="methods")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
     target: int | str | None = None

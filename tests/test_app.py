@@ -759,3 +759,23 @@ def test_attributions_view_shows_attnlrps_ledger_and_the_protocols(app):
     assert want.closure().max() < 1e-6
     for row, w in zip(shown.to_dict("records")[:6], want.entry_rows()[:6]):
         assert row["relevance"] == pytest.approx(float(significant(w["relevance"])), abs=1e-12)
+
+
+def test_a_method_registered_by_the_test_is_offered_preselected_and_scored(monkeypatch):
+    """The Attributions view reads METHOD_TABLE: a method registered here alone is offered and preselected
+    (``Method.preselected``), and its row is scored with no edit to the app."""
+    from vitlens.attribution import methods as am
+    from vitlens.core.resample import pixels_to_grid
+
+    def brightness(m, x, t, grid, params, score):
+        return pixels_to_grid(x, grid, reduce="mean"), t.cpu().numpy()
+
+    monkeypatch.setitem(am.METHOD_TABLE, "test_brightness", am.Method("test_brightness", brightness, preselected=True))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.radio(key="view").set_value("Attributions").run()
+    picker = at.multiselect(key="methods")
+    assert "test_brightness" in picker.options and "test_brightness" in picker.value
+    picker.set_value(["test_brightness"]).run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert list(at.dataframe[0].value["method"]) == ["test_brightness"]

@@ -278,5 +278,12 @@ def rows_to_csv(rows: list[dict[str, Any]]) -> bytes:
 
 
 def load_result(path: str | Path) -> Result:
-    """Load any saved vitlens result."""
+    """Load any saved vitlens result.
+
+    Args:
+        path: a ``.json`` or ``.npz`` file written by a result's ``save``.
+
+    Returns:
+        The result, as the class that saved it (``AnalysisResult``, ``AttentionDistanceResult``, ...).
+    """
     return Result.load(path)

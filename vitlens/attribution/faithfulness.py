@@ -24,10 +24,10 @@ from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
+from .baselines import BASELINES, baseline_image, prompt_embeddings
 from .masks import mask_scores, masks_at_input
 from .methods import AttributionResult, attribute, default_methods
 
-BASELINES = ("mean", "blur")
 
 
 @dataclass(eq=False, repr=False)
@@ -71,18 +71,6 @@ class FaithfulnessResult(Result):
                 for i, (d, n) in enumerate(zip(self.deletion_auc, self.insertion_auc))]
 
 
-def baseline_image(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """What a removed token is replaced by, for a batch [B, C, H, W]."""
-    if kind == "mean":
-        return x.mean(dim=(2, 3), keepdim=True).expand_as(x).clone()
-    if kind == "blur":
-        from torchvision.transforms.functional import gaussian_blur
-
-        k = max(3, (min(x.shape[-2:]) // 8) | 1)
-        return gaussian_blur(x, kernel_size=[k, k], sigma=[k / 3.0, k / 3.0])
-    raise InvalidParameterError(f"baseline must be one of {', '.join(BASELINES)}; got {kind!r}.")
-
-
 def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, int], counts: Sequence[int],
                  size: tuple[int, int]) -> torch.Tensor:
     """[S + 1, H, W] masks, True where the first ``counts[s]`` tokens of ``order`` lie."""
@@ -94,17 +82,6 @@ def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, in
             r, col = divmod(int(tok), gw)
             out[s, r * sy:(r + 1) * sy, col * sx:(col + 1) * sx] = True
     return out
-
-
-def prompt_embeddings(m: LoadedModel, attribution: AttributionResult) -> torch.Tensor | None:
-    """The text embeddings a text target's maps are scored against (on the model's device), None for class
-    maps; a clear error for maps that name a prompt but carry no embedding."""
-    if attribution.target_kind != "text":
-        return None
-    if attribution.text_embeddings is None:
-        raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text embedding "
-                                    "to score against; compute them with vl.attribute.")
-    return torch.as_tensor(attribution.text_embeddings, device=m.device)
 
 
 def rise_blur(x: torch.Tensor, klen: int = 11, nsig: float = 5.0) -> torch.Tensor:
@@ -168,11 +145,27 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
                        ordering: str | None = None) -> FaithfulnessResult:
     """Deletion and insertion curves of ``attribution``'s maps on the same images and targets.
 
+    Deletion replaces the tokens the map ranks highest first by the baseline and follows the target's
+    probability (lower area is more faithful); insertion starts from the baseline image and puts the
+    highest-ranked tokens back first (higher area is more faithful).
+
     Args:
-        steps, baseline: the vitlens protocol's token steps and substrate ("mean" or "blur").
+        m: the model the maps explain.
+        images: the images the maps were made on.
+        attribution: the maps (and their targets: a class, or a prompt for a text tower).
+        steps: curve points beyond the first (the share of tokens changed goes 0, 1/steps, .., 1).
+        baseline: what removed tokens become: "mean" (the image's mean colour) or "blur".
+        batch_size: images per step.
         protocol: "vitlens" (tokens, ``steps`` steps, one ``baseline``) or "petsiuk2018" (RISE's own procedure,
             ``protocols``; ``steps`` and ``baseline`` are then theirs).
         ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+
+    Returns:
+        A ``FaithfulnessResult``: ``deletion`` and ``insertion`` [B, steps + 1] curves (probabilities, or
+        cosine similarities for a prompt), their AUCs [B] over the fractions in [0, 1].
+
+    Raises:
+        InvalidParameterError: ``steps`` < 1 or an unknown baseline.
     """
     from .protocols import check_ordering, protocol as get_protocol
 
@@ -302,6 +295,10 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
         protocol: "vitlens" (every metric's token default) or "published" (each metric's paper: petsiuk2018,
             chefer2021, rong2022; ``protocols.PUBLISHED``); the table's ``protocols`` records which.
         ordering: "signed" or "absolute" for every metric; None for each protocol's own ("signed").
+
+    Returns:
+        A ``ComparisonTable``: one row per method (its metrics' scores and seconds per image), with every
+        method's maps and curves.
     """
     from .perturbation import perturbation_test, road
     from .protocols import PUBLISHED, check_ordering, protocol as get_protocol

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..core.resample import pixels_to_grid
 from ..errors import ViewNotAvailableError
 from ..families.base import Handles, HookSession
 from ..loading.model import LoadedModel
@@ -244,6 +245,4 @@ def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,
 def attnlrp_maps(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int], params: dict[str, Any],
                  score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
     """The ``attnlrp`` method: pixel relevance summed over channels and over each token's pixels."""
-    from .methods import _pixels_to_grid
-
-    return _pixels_to_grid(attnlrp_relevance(m, x, t, score), grid), t.cpu().numpy()
+    return pixels_to_grid(attnlrp_relevance(m, x, t, score), grid), t.cpu().numpy()

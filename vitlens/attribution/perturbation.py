@@ -37,11 +37,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..core.resample import upsample_map
 from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .faithfulness import baseline_image, prompt_embeddings
+from .baselines import baseline_image, prompt_embeddings
 from .methods import AttributionResult
 from .protocols import check_ordering, protocol as get_protocol
 
@@ -74,8 +75,6 @@ def removal_masks(maps: np.ndarray, fractions: Sequence[float] | None, most_rele
     b, gh, gw = maps.shape
     h, w = size
     if granularity == "pixel":
-        from ..figures import upsample_map
-
         units = np.stack([upsample_map(mp, size) for mp in maps]).reshape(b, -1)
     else:
         units = maps.reshape(b, -1)
@@ -217,6 +216,11 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
             ``batch_size`` x len(fractions) images.
         protocol: "vitlens" (tokens) or "chefer2021" (Chefer et al.'s script: pixels, black), see ``protocols``.
         ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+
+    Returns:
+        A ``PerturbationResult``: ``positive`` (most relevant removed first; lower AUC is better) and
+        ``negative`` (least relevant first; higher is better) curves [B, len(fractions)], their AUCs, as
+        accuracy with ``labels`` or the target's probability without.
     """
     proto = get_protocol("perturbation", protocol)
     granularity = proto.granularity if granularity is None else granularity
@@ -313,6 +317,11 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
             over all its imputed images in chunks of ``batch_size`` x len(percentages).
         protocol: "vitlens" (tokens) or "rong2022" (pixels, as Rong et al.), see ``protocols``.
         ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+
+    Returns:
+        A ``RoadResult``: ``morf`` (most relevant first; lower is better) and ``lerf`` (least relevant first;
+        higher is better) curves over ``percentages``, as accuracy with ``labels`` or the target's
+        probability without (``score`` says which).
     """
     from .imputation import noisy_linear_impute
 

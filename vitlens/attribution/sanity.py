@@ -48,13 +48,19 @@ from ..images import Images
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
-from .methods import METHOD_TABLE, METHODS, attribute
+from .methods import METHOD_TABLE, attribute, preselected_methods
 
 THRESHOLD = 0.5
 # a map this similar after a step (mean Spearman of |maps|) is insensitive to the weights randomised so far
 INSENSITIVE = 0.9
-# one forward and at most one backward per image: cheap enough to run L + 2 times in a report
-QUICK_METHODS = ("rollout", "grad_rollout", "saliency", "input_x_gradient", "gradcam")
+#: the built-in methods cheap enough to run L + 2 times in a report (``Method.quick``: one forward and at most
+#: one backward per image); ``quick_methods()`` reads the table at call time
+QUICK_METHODS = tuple(name for name, mt in METHOD_TABLE.items() if mt.quick)
+
+
+def quick_methods() -> tuple[str, ...]:
+    """Every method of ``METHOD_TABLE`` marked ``quick`` (one registered later too)."""
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.quick)
 
 
 def parameter_groups(m: LoadedModel) -> list[tuple[str, list[str]]]:
@@ -248,7 +254,7 @@ class SanityTable(Result):
         return rows
 
 
-def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] = ("rollout", "grad_rollout", "saliency"),
+def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None = None,
                  target: Any = None, seed: int = 0, threshold: float = THRESHOLD, batch_size: int = 16,
                  progress: ProgressArg = None, method_params: dict[str, dict] | None = None) -> SanityTable:
     """Cascading randomisation of several methods at once: one deep copy, randomised step by step, every method's
@@ -257,7 +263,7 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] = ("roll
     Args:
         m: the model (never modified: the cascade runs on a deep copy).
         images: the images (read once into a list unless a tensor).
-        methods: names from ``METHODS``.
+        methods: names from ``METHOD_TABLE``; None for ``preselected_methods()`` (rollout, grad_rollout, saliency).
         target: class to explain (one for all, one per image, or None for the original model's predictions);
             the same targets are explained at every step.
         seed: seed of the re-initialisation.
@@ -265,10 +271,14 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] = ("roll
         batch_size: images per step of each method.
         progress: passed to ``attribute``.
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 8}}``.
+
+    Returns:
+        A ``SanityTable``: one ``SanityResult`` per method (``results``), each with its verdict.
     """
+    methods = preselected_methods() if methods is None else methods
     bad = [mt for mt in methods if mt not in METHOD_TABLE]
     if bad or not methods:
-        raise InvalidParameterError(f"methods must be names from {', '.join(METHODS)}; got {list(methods)!r}.")
+        raise InvalidParameterError(f"methods must be names from {', '.join(METHOD_TABLE)}; got {list(methods)!r}.")
     if isinstance(target, str) or (isinstance(target, Sequence) and target and isinstance(target[0], str)):
         raise InvalidParameterError("sanity checks explain classes; a text prompt target is not supported here.")
     images = list(images) if not isinstance(images, torch.Tensor) else images

@@ -129,6 +129,10 @@ def head_importance(
         ablation: "mean" (the head's mean output over these images, per token) or "zero".
         batch_size: images per forward (several heads share a forward when the set is small).
         progress: True for a progress bar and the cost printed first, or a callable ``f(done, total)``.
+
+    Returns:
+        A ``HeadImportanceResult``: ``logit_drop`` [layers, heads] (mean drop of the predicted class's logit),
+        ``accuracy_drop`` [layers, heads] with labels (else None), and the unablated ``base_logit``.
     """
     if ablation not in ABLATIONS:
         raise InvalidParameterError(f"ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}.")

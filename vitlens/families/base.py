@@ -1,9 +1,12 @@
 """What a model family tells vitlens: its spec, where its attention is computed and how to capture
 it exactly, its pixel-space embedding filters and its position-embedding table.
 
-Every view of the paper reads a model only through this interface, so supporting a new family
-(BEiT, EVA, Hugging Face, torchvision, ...) is one module in ``vitlens/families/`` and nothing
-else. The capture guarantee is the family's to keep:
+Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
+Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
+``vitlens/families/__init__.py``; a family loaded by a name prefix also needs that prefix in
+``vitlens/loading/``, and the Grad-CAM target layer (``attribution/cam.py``'s ``_PRE_ATTENTION_NORMS``)
+and AttnLRP's rules (``attribution/lrp.py``'s ``_MODULE_RULES``) are still matched by module and class
+names there. The capture guarantee is the family's to keep:
 
 - ``side`` capture leaves the model's own forward untouched (its outputs bit-for-bit those of a
   run without capture) and computes the post-softmax probabilities beside it from the very
@@ -163,8 +166,9 @@ class Family:
         raise NotImplementedError
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it, where the family
-        lets that differ from the size the model was built for."""
+        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it (None: the size it was
+        built for). A family honours it (Hugging Face towers, timm models built with ``dynamic_img_size``) or
+        refuses another size (``refuse_other_size``); none ignores it."""
         raise NotImplementedError
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
@@ -231,27 +235,57 @@ def prefix_labels(cls: bool, distillation: bool = False, registers: int = 0) -> 
 FAMILIES: list[Family] = []
 
 
+def refuse_other_size(name: str, family: str, built: Sequence[int], input_size: Sequence[int] | None) -> None:
+    """For a family that reads a model only at the size it was built for: refuse another ``input_size``
+    (what ``Family.spec`` is given from a data config), rather than describe the model at a size it is not fed."""
+    if input_size is not None and tuple(int(s) for s in input_size) != tuple(int(s) for s in built):
+        raise UnsupportedModelError(
+            f"{name!r} is built for {built[0]}x{built[1]} inputs and vitlens reads {family} models at that size only; "
+            f"got input_size {tuple(input_size)} in the data config: drop it, or build the model at that size.")
+
+
 def register(family: Family) -> Family:
+    """Add ``family`` to ``FAMILIES``, the one list ``family_of`` reads (in order: the first that matches wins).
+
+    Args:
+        family: the family to add.
+
+    Returns:
+        ``family``, so that ``register(MyFamily())`` can be a module-level statement.
+    """
     FAMILIES.append(family)
     return family
+
+
+#: timm model modules vitlens refuses, with what it would silently get wrong.
+REFUSED_FAMILIES = {
+    "vision_transformer_relpos": "relative-position bias added to the attention logits",
+    "vision_transformer_sam": "windowed attention with decomposed relative-position bias (SAM)",
+    "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
+    "cait": "class-attention layers and talking heads (CaiT)",
+    "xcit": "cross-covariance attention over channels (XCiT)",
+    "swin_transformer": "windowed attention with relative-position bias (Swin)",
+}
 
 
 def family_of(model: nn.Module, name: str | None = None) -> Family:
     """The family that can capture ``model`` exactly (after its ``check``).
 
+    Args:
+        model: the model module.
+        name: its name, for messages (default: its class name).
+
+    Returns:
+        The ``Family`` that reads it.
+
     Raises:
         UnsupportedModelError: no family knows the model, or its family refuses it (and says why).
     """
-    from . import _load_all
-
-    _load_all()
     name = name or type(model).__name__
     for family in FAMILIES:
         if family.matches(model):
             family.check(model, name)
             return family
-    from . import REFUSED_FAMILIES
-
     module = type(model).__module__
     short = module.rsplit(".", 1)[-1]
     if module.startswith("timm.") and short in REFUSED_FAMILIES:

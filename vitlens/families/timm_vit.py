@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.attention import attention_output_in_rows, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, prefix_labels, query_rows_of, register
+from .base import Emit, Family, Handles, prefix_labels, query_rows_of, refuse_other_size, register
 
 
 def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
@@ -110,6 +110,8 @@ class TimmFamily(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
+        if not getattr(model, "dynamic_img_size", False):  # a dynamic model is read at any size (grid_for)
+            refuse_other_size(name, self.name, pe.img_size, input_size)
         grid = tuple(int(g) for g in pe.grid_size)
         pos = getattr(model, "pos_embed", None)
         pos_prefix = 0 if (pos is None or getattr(model, "no_embed_class", False)) else \

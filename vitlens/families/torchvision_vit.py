@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, register
+from .base import Emit, Family, Handles, refuse_other_size, register
 from ..core.attention import attention_probs, conv_filters, mha_mask
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -74,6 +74,7 @@ class TorchvisionViT(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         size, patch = int(model.image_size), int(model.patch_size)
+        refuse_other_size(name, self.name, (size, size), input_size)
         head = model.heads[-1] if isinstance(model.heads, nn.Sequential) else model.heads
         return ModelSpec(
             name=name, kind="vit", image_size=(size, size), grid=(size // patch, size // patch), stride_px=(patch, patch),

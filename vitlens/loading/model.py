@@ -19,7 +19,18 @@ WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly."""
+    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly.
+
+    Args:
+        device: "cpu", "cuda", "cuda:1", a ``torch.device``, or None.
+
+    Returns:
+        The torch device.
+
+    Raises:
+        DeviceUnavailableError: CUDA asked for on a machine without a usable GPU.
+        InvalidParameterError: a value that is not a torch device.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -52,7 +63,10 @@ class LoadedModel:
     """A ViT in eval mode with what the views need to read it.
 
     Attributes:
-        model: the plain module (timm, or another family's); never modified by vitlens.
+        model: the plain module (timm, or another family's). Loading puts it in eval mode, turns off its
+            parameters' ``requires_grad`` and moves it to ``device`` (``from_module``); its weights are never
+            changed. A capture or an attribution method installs hooks (and AttnLRP switches attention paths)
+            only for its duration and removes them on exit and on error.
         spec: grid, stride, prefix tokens, depth, ... (``ModelSpec``).
         device: where it runs.
         dtype: compute dtype (bf16/fp16 run the forward under autocast).

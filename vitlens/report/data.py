@@ -193,12 +193,28 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
 
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
-    """Pixels when every model sees the same input width, else fractions of the image width."""
+    """Pixels when every model sees the same input width, else fractions of the image width.
+
+    Args:
+        distances: one attention distance per model.
+
+    Returns:
+        "px" or "width".
+    """
     return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
 
 
 def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[str], units: str) -> list[dict]:
-    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``."""
+    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``.
+
+    Args:
+        distances: one attention distance per model.
+        names: the models' names.
+        units: "px" or "width" (``comparison_units``).
+
+    Returns:
+        One dict per (model, layer).
+    """
     rows = []
     for d, name in zip(distances, names):
         values = d.mean_px if units == "px" else d.mean_fraction_of_width
@@ -210,7 +226,16 @@ def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[st
 
 def local_head_share(d: AttentionDistanceResult, threshold_fraction: float, first_layers: int) -> float:
     """Share of heads in the first ``first_layers`` layers whose mean distance is below
-    ``threshold_fraction`` of the image width (the paper's "local" heads, Fig. 7 right)."""
+    ``threshold_fraction`` of the image width (the paper's "local" heads, Fig. 7 right).
+
+    Args:
+        d: one model's attention distance.
+        threshold_fraction: a head is local below this fraction of the image width.
+        first_layers: how many of the first layers count.
+
+    Returns:
+        The share of those heads that are local, in [0, 1].
+    """
     heads = d.mean_fraction_of_width[:first_layers]
     return float((heads < threshold_fraction).mean())
 
@@ -226,9 +251,16 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         names: model names (default: the results' own).
         local_threshold: a head is local below this fraction of the image width.
         first_layers: layers counted for the share of local heads.
-        image_set, environment, timings, command: how the numbers were made, stored with them.
+        image_set: which images (kind, count), stored with the numbers.
+        environment: the versions record (``vitlens.environment``).
+        timings: seconds per step.
+        command: the command line that made it.
         weights: each model's kind of weights (``LoadedModel.weights``), so that ``reading()``
             says what is true of them; unknown when omitted (the embedded pair is known by name).
+
+    Returns:
+        A ``ComparisonData``: the per-layer table (min, median, max of the heads' mean distance) and each
+        model's share of local heads, in pixels or fractions of the image width (``comparison_units``).
     """
     distances = list(distances)
     if len(distances) < 2:
