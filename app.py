@@ -22,11 +22,13 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import vitlens as vl
 from vitlens import figures
-from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
+from vitlens.attribution.methods import preselected_methods
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
+from vitlens.loading.seeded import load_model_seeded
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import figure_html, figure_png
@@ -65,8 +67,11 @@ def heavy_lock() -> FairLock:
 
 @st.cache_resource(max_entries=2, show_spinner="Loading model ...")
 def load_model(name: str, pretrained: bool, arch: str | None, device: str) -> vl.LoadedModel:
+    """Cached by (name, pretrained, arch, device), and the results beside it by the same key: random-init
+    weights are seeded (``RANDOM_INIT_SEED``, as the CLI's ``--seed``), so a model evicted and loaded again
+    is the model those results were computed on."""
     with heavy_lock():
-        return vl.load_model(name, pretrained=pretrained, arch=arch or None, device=None if device == "auto" else device)
+        return load_model_seeded(name, pretrained=pretrained, arch=arch or None, device=None if device == "auto" else device)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -103,9 +108,11 @@ def parked_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list
 
 
 def has_pool_attention(m: vl.LoadedModel) -> bool:
-    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown."""
+    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown: a pool
+    capture session, under the heavy lock like every other hook session on a shared model (the session
+    holds the model's own lock too)."""
     try:
-        with capture_pool_attention(m):
+        with heavy_lock(), capture_pool_attention(m):
             return True
     except vl.ViewNotAvailableError:
         return False
@@ -412,7 +419,7 @@ def render_attributions(ctx: Context) -> None:
                "Deletion/insertion curves test each map: removing the patches it ranks first should make "
                f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
-    methods = c[0].multiselect("Methods", list(METHODS), default=["rollout", "grad_rollout", "saliency"],
+    methods = c[0].multiselect("Methods", list(METHOD_TABLE), default=list(preselected_methods()),
                                key="methods")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
     target: int | str | None = None
@@ -437,6 +444,9 @@ def render_attributions(ctx: Context) -> None:
     st.plotly_chart(figs["attributions"], key="attr-fig")
     st.plotly_chart(figs["faithfulness"], key="faith-fig")
     st.dataframe(round_significant(table.to_pandas()), hide_index=True)
+    st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
+    if "attnlrp" in methods and not text:
+        render_ledger(ctx, target)
     cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
@@ -445,6 +455,29 @@ def render_attributions(ctx: Context) -> None:
     figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
     if not text and st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
         render_sanity(ctx, methods, target)
+
+
+@st.cache_data(max_entries=16, show_spinner="Drawing up AttnLRP's ledger ...")
+def ledger_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> Any:
+    """AttnLRP's conservation ledger of the current image (``vitlens.attribution.lrp_ledger``)."""
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger
+
+    with heavy_lock():
+        return attnlrp_ledger(_m, [_image], target=target)
+
+
+def render_ledger(ctx: Context, target: int | None) -> None:
+    """Where AttnLRP's relevance of the target logit goes: input pixels, position table, prefix tokens, biases,
+    softmax; the entries add up to the logit (float64)."""
+    try:
+        ledger = ledger_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target)
+    except vl.ViewNotAvailableError as e:
+        st.info(f"No AttnLRP ledger for this model: {e}")
+        return
+    import pandas as pd
+
+    st.caption("AttnLRP's ledger: where the target logit's relevance goes (the map shows the input pixels' share).")
+    st.dataframe(round_significant(pd.DataFrame(ledger.entry_rows())), hide_index=True)
 
 
 def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:

@@ -831,3 +831,44 @@ def test_the_current_image_box_and_the_head_importance_expander_in_chromium(page
     chart = page.locator(".js-plotly-plot").filter(has_text="Do local heads matter?").first
     assert chart.is_visible()
     page.screenshot(path=str(out_dir / "head_importance_open.png"), full_page=True)
+
+
+def test_attributions_view_shows_attnlrps_ledger_and_the_protocols(app):
+    """With attnlrp chosen, the view shows the ledger's small table (the library's numbers for the current scene, the
+    entries adding up to the target logit) and says which protocol and ordering made the scores."""
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["attnlrp"]).run()
+    assert problems(app) == [] and not app.error
+    assert any("deletion_insertion: vitlens, signed" in c.value for c in app.caption)
+    shown = app.dataframe[1].value
+    assert list(shown["entry"])[:5] == ["input pixels", "position table", "prefix tokens", "biases",
+                                        "softmax (absorbed)"]
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
+    from vitlens.results import significant
+
+    want = attnlrp_ledger(vl.load_model("ref-vit", device="cpu"), list(generate(1, seed=HELD_OUT_SEED).images))
+    assert want.closure().max() < 1e-6
+    for row, w in zip(shown.to_dict("records")[:6], want.entry_rows()[:6]):
+        assert row["relevance"] == pytest.approx(float(significant(w["relevance"])), abs=1e-12)
+
+
+def test_a_method_registered_by_the_test_is_offered_preselected_and_scored(monkeypatch):
+    """The Attributions view reads METHOD_TABLE: a method registered here alone is offered and preselected
+    (``Method.preselected``), and its row is scored with no edit to the app."""
+    from vitlens.attribution import methods as am
+    from vitlens.core.resample import pixels_to_grid
+
+    def brightness(m, x, t, grid, params, score):
+        return pixels_to_grid(x, grid, reduce="mean"), t.cpu().numpy()
+
+    monkeypatch.setitem(am.METHOD_TABLE, "test_brightness", am.Method("test_brightness", brightness, preselected=True))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.radio(key="view").set_value("Attributions").run()
+    picker = at.multiselect(key="methods")
+    assert "test_brightness" in picker.options and "test_brightness" in picker.value
+    picker.set_value(["test_brightness"]).run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert list(at.dataframe[0].value["method"]) == ["test_brightness"]

@@ -210,7 +210,8 @@ def test_attribution_and_faithfulness_rows():
     f = vl.FaithfulnessResult(method="saliency", fractions=np.array([0.0, 1.0]), deletion=np.ones((2, 2)),
                               insertion=np.ones((2, 2)), deletion_auc=np.array([0.2, 0.4]),
                               insertion_auc=np.array([0.9, 0.7]), baseline="mean")
-    assert f.to_rows()[1] == {"method": "saliency", "image": 1, "deletion_auc": 0.4, "insertion_auc": 0.7}
+    assert f.to_rows()[1] == {"method": "saliency", "image": 1, "deletion_auc": 0.4, "insertion_auc": 0.7,
+                              "protocol": "vitlens", "ordering": "signed"}  # every row says what made it
 
 
 def test_results_print_in_one_short_line_and_render_as_html():

@@ -84,8 +84,10 @@ class HeadAblation(HookSession):
     by its mean output (``means``).
     """
 
-    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str) -> None:
+    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str,
+                 model: torch.nn.Module | None = None) -> None:
         self.sites, self.heads, self.ablation = list(sites), heads, ablation
+        self.model = model  # the model the sites belong to, whose lock the session holds
         self.plan: list[tuple[int, int]] | None = None
         self.rows = 0
         self.sums: list[torch.Tensor | None] = [None] * len(self.sites)
@@ -128,6 +130,10 @@ def head_importance(
         ablation: "mean" (the head's mean output over these images, per token) or "zero".
         batch_size: images per forward (several heads share a forward when the set is small).
         progress: True for a progress bar and the cost printed first, or a callable ``f(done, total)``.
+
+    Returns:
+        A ``HeadImportanceResult``: ``logit_drop`` [layers, heads] (mean drop of the predicted class's logit),
+        ``accuracy_drop`` [layers, heads] with labels (else None), and the unablated ``base_logit``.
     """
     if ablation not in ABLATIONS:
         raise InvalidParameterError(f"ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}.")
@@ -145,7 +151,7 @@ def head_importance(
         raise InvalidParameterError(f"labels must have one entry per image ({n}); got {len(labels)}.")
     total = cost(m, n)
 
-    ablate = HeadAblation(sites, heads, ablation)
+    ablate = HeadAblation(sites, heads, ablation, m.model)
     with ablate, torch.no_grad(), Progress(progress, total, "head importance") as bar:
         if progress:
             bar.note(f"head importance: {layers * heads} heads x {n} images = {total} image forwards "

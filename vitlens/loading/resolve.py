@@ -23,7 +23,14 @@ RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
 
 
 def loadable(name: str) -> bool:
-    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory)."""
+    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory).
+
+    Args:
+        name: a timm model name.
+
+    Returns:
+        True when a family would capture it exactly.
+    """
     import timm
 
     from ..families import family_of
@@ -36,7 +43,14 @@ def loadable(name: str) -> bool:
 
 
 def suggest(name: str) -> UnknownModelError:
-    """The error for an unknown name, with close timm names that vitlens can load."""
+    """The error for an unknown name, with close timm names that vitlens can load.
+
+    Args:
+        name: the name that did not resolve.
+
+    Returns:
+        An ``UnknownModelError`` (to raise) whose message names up to five close names.
+    """
     import timm
 
     base = name.split(".")[0]
@@ -159,9 +173,17 @@ def load_model(
             statistic vitlens computes stays in float32/float64.
         **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=(160, 224)``, ``dynamic_img_size=True``).
 
+    Returns:
+        A ``LoadedModel``: the module in eval mode on ``device``, its ``spec`` (grid, stride, prefix
+        tokens, layers x heads), its preprocessing and its family.
+
     Raises:
-        UnknownModelError, UnsupportedModelError, WeightsUnavailableError, CheckpointError,
-        DeviceUnavailableError, InvalidParameterError.
+        UnknownModelError: a name that is no reference model, timm name, prefix or file (close names suggested).
+        UnsupportedModelError: a model whose attention no family reproduces exactly (Swin, CaiT, ...).
+        WeightsUnavailableError: hub weights with no network and no local cache.
+        CheckpointError: a checkpoint without ``arch``, unreadable, mismatched, or a pickle that needs code.
+        DeviceUnavailableError: a device that is not there.
+        InvalidParameterError: a bad keyword argument.
     """
     from ..reference import REFERENCE_NAMES, build_reference, weights_path
     from .checkpoint import load_checkpoint_into, looks_like_checkpoint_path
@@ -169,11 +191,17 @@ def load_model(
     check_dtype(dtype)
     dev = resolve_device(device)
     if isinstance(name, nn.Module):
+        _refuse_unused("a module built in code", "it is already built", arch, kwargs)
         return LoadedModel.from_module(name, device=dev, dtype=dtype)
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
     from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX, load_hf, load_open_clip, load_torchvision
 
+    for prefix, why in ((HF_PREFIX, "Hugging Face models are built from their own config"),
+                        (OPENCLIP_PREFIX, "OpenCLIP models are built from their own config"),
+                        (TORCHVISION_PREFIX, "torchvision ViTs are built at their own size")):
+        if name.startswith(prefix):
+            _refuse_unused(repr(name), why, arch, kwargs)
     if name.startswith(HF_PREFIX):
         model, label, source, data_config = load_hf(name, pretrained)
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
@@ -194,6 +222,7 @@ def load_model(
                    "cli": f"Drop --arch, or pass a checkpoint file: --model weights.safetensors --arch {arch}.",
                    "app": "The Architecture field is for checkpoint files only."})
     if name in REFERENCE_NAMES:
+        _refuse_unused(repr(name), "the embedded reference models are built as they were trained", arch, kwargs)
         model = build_reference(name)
         path = weights_path(name)
         if not path.is_file():
@@ -206,9 +235,20 @@ def load_model(
         model, label, source = _from_checkpoint(name, arch, **kwargs)
         weights = "checkpoint"
     else:
+        _refuse_unused(repr(name), "arch= names the architecture of a checkpoint file", arch, {})
         model, label, source = _from_timm(name, pretrained, **kwargs)
         weights = _hub_weights(source)
     return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source, weights=weights)
+
+
+def _refuse_unused(what: str, why: str, arch: str | None, kwargs: dict[str, Any]) -> None:
+    """Refuse the ``arch`` and keyword arguments a loader would silently ignore, naming each."""
+    unused = ([f"arch={arch!r}"] if arch is not None else []) + [f"{k}={v!r}" for k, v in kwargs.items()]
+    if unused:
+        raise InvalidParameterError(
+            f"load_model({what}) cannot honour {', '.join(unused)}: {why}, so vitlens would ignore "
+            f"{'it' if len(unused) == 1 else 'them'}. Drop {'it' if len(unused) == 1 else 'them'} (keyword arguments "
+            "reach timm.create_model for timm names; arch= goes with a checkpoint file).")
 
 
 def _hub_weights(source: str) -> str:

@@ -180,6 +180,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
 
+    if getattr(args, "methods", None) and not args.attributions:
+        raise CliError("--methods picks the methods of the attribution section; add --attributions.")
     check_outputs(args)
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
@@ -230,25 +232,51 @@ def _heads(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | 
 
 def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndarray | None) -> Any:
     """Methods x metrics for the report, on the first --attribution-images images."""
-    from vitlens.attribution import METHODS, compare_methods
+    from vitlens.attribution import compare_methods
 
     if m.spec.num_classes <= 0:
         _log(args, f"{m.spec.name}: no classifier head, so no attributions")
         return None
-    from vitlens.attribution.sanity import QUICK_METHODS, sanity_table
+    from vitlens.attribution.sanity import quick_methods, sanity_table
 
     n = min(args.attribution_images, len(images))
-    from vitlens.attribution.cam import CAM_CLASSES, cam_package_available
-
-    methods = [name for name in METHODS if name not in CAM_CLASSES or cam_package_available()]
-    if len(methods) < len(METHODS):
-        _log(args, "grad-cam is not installed, so no CAM methods (pip install 'vitlens[cam]')")
+    methods = report_methods(getattr(args, "methods", None), lambda line: _log(args, line))
+    quick = quick_methods()
     table = compare_methods(m, images[:n], methods=methods, masks=None if masks is None else masks[:n],
                             batch_size=args.batch_size, progress=not args.quiet)
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
-    table.sanity = sanity_table(m, images[:min(n, 4)], methods=[mt for mt in QUICK_METHODS if mt in methods],
-                                batch_size=args.batch_size)
+    checked = [mt for mt in methods if mt in quick]
+    table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size) if checked else None
+    if "attnlrp" in methods:  # where AttnLRP's relevance goes, on the images the sanity check uses
+        from vitlens.attribution.lrp_ledger import attnlrp_ledger
+        from vitlens.errors import ViewNotAvailableError
+
+        try:
+            table.ledger = attnlrp_ledger(m, images[:min(n, 4)], batch_size=args.batch_size)
+        except ViewNotAvailableError as e:
+            _log(args, f"{m.spec.name}: no AttnLRP ledger ({e})")
     return table
+
+
+def report_methods(picked: Sequence[str] | None, log: Any = None) -> list[str]:
+    """The attribution methods of a report, read from ``METHOD_TABLE``: those ``--methods`` picked, else every
+    method available here (one whose extra package is missing is left out, and ``log`` says which and how to
+    install it). A picked method that is not available is a CliError."""
+    from vitlens.attribution.methods import METHOD_TABLE, available_methods, missing_packages
+
+    available = available_methods()
+    if picked:
+        missing = [name for name in picked if name not in available]
+        if missing:
+            raise CliError(f"{', '.join(missing)} need{'s' if len(missing) == 1 else ''} "
+                           f"{', '.join(sorted({METHOD_TABLE[k].package for k in missing}))}, which is not installed. "
+                           + " ".join(sorted({METHOD_TABLE[k].install for k in missing if METHOD_TABLE[k].install})))
+        return list(dict.fromkeys(picked))
+    if log is not None:
+        for package, install in missing_packages().items():
+            left = [k for k, mt in METHOD_TABLE.items() if mt.package == package]
+            log(f"{package} is not installed, so no {', '.join(left)} ({install})")
+    return list(available)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -440,6 +468,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitlens.attribution.methods import METHOD_TABLE
     from vitlens.views.registry import SURVEY_VIEW_NAMES
 
     p = argparse.ArgumentParser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
@@ -451,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the HTML report to write (default report.html; the numbers go beside it as .json)")
     r.add_argument("--attributions", action="store_true",
                    help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
+    r.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_TABLE), metavar="METHOD",
+                   help="attribution methods for --attributions (default: every available one): "
+                        + ", ".join(METHOD_TABLE))
     r.add_argument("--attribution-images", type=_positive, default=16,
                    help="images for the attribution section (default 16; occlusion and IG are costly)")
     r.add_argument("--heads", action="store_true",

@@ -207,12 +207,28 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
 
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
-    """Pixels when every model sees the same input width, else fractions of the image width."""
+    """Pixels when every model sees the same input width, else fractions of the image width.
+
+    Args:
+        distances: one attention distance per model.
+
+    Returns:
+        "px" or "width".
+    """
     return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
 
 
 def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[str], units: str) -> list[dict]:
-    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``."""
+    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``.
+
+    Args:
+        distances: one attention distance per model.
+        names: the models' names.
+        units: "px" or "width" (``comparison_units``).
+
+    Returns:
+        One dict per (model, layer).
+    """
     rows = []
     for d, name in zip(distances, names):
         values = d.mean_px if units == "px" else d.mean_fraction_of_width
@@ -242,11 +258,18 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         local_threshold: a head is local at or below this multiple of the uniform-attention distance on
             its grid (default ``LOCAL_OF_UNIFORM``, the one definition every view uses).
         first_layers: layers counted for the share of local heads.
-        image_set, environment, timings, command: how the numbers were made, stored with them.
+        image_set: which images (kind, count), stored with the numbers.
+        environment: the versions record (``vitlens.environment``).
+        timings: seconds per step.
+        command: the command line that made it.
         weights: each model's kind of weights (``LoadedModel.weights``), so that ``reading()``
             says what is true of them; unknown when omitted (the embedded pair is known by name).
         kinds: each model's ``ModelSpec.kind`` ("vit" or "hybrid"): the reading names a CNN stem only when
             exactly one model is a hybrid; unknown when omitted (the embedded pair is known by name).
+
+    Returns:
+        A ``ComparisonData``: the per-layer table (min, median, max of the heads' mean distance) and each
+        model's share of local heads, in pixels or fractions of the image width (``comparison_units``).
     """
     distances = list(distances)
     if len(distances) < 2:

@@ -191,25 +191,6 @@ is summed in float64 throughout (tighter still).
 """
 
 
-def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,
-                       renormalize: bool = True) -> torch.Tensor:
-    """Attention distance of each image and head: [B, H, T, T] -> [B, H] float64.
-
-    For every patch query, sum_k A[q, k] d(q, k) and sum_k A[q, k] over patch keys
-    (``per_query_distance``): relative error within ``FLOAT32_RTOL`` (7.8e-6) of a float64
-    computation on any CPU. The renormalisation, the mean over queries and all accumulation across
-    images run in float64.
-
-    Args:
-        attn: attention probabilities of one block.
-        distances: the [N, N] pixel distances between patch tokens (``token_distance_matrix``).
-        num_prefix_tokens: leading non-patch tokens to drop as queries and keys.
-        renormalize: renormalise each query's weights over patch keys to sum to 1.
-    """
-    p = num_prefix_tokens
-    return per_query_distance(attn[:, :, p:], distances, p, renormalize).mean(0)
-
-
 def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,
                        renormalize: bool = True, workspace: dict | None = None) -> torch.Tensor:
     """Each patch query's attention distance: [B, H, q, T] patch-query rows -> [q, B, H] float64.

@@ -185,6 +185,7 @@ class TokenNorms(HookSession):
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
+        self.model = m.model  # whose lock the session holds
 
     def install(self, handles: Handles) -> None:
         for i, block in enumerate(self.blocks):
@@ -226,7 +227,22 @@ class PrefixDiagnostics(AttentionConsumer):
 
 def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, progress: ProgressArg = None,
                        outlier_factor: float = OUTLIER_FACTOR) -> PrefixDiagnosticsResult:
-    """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass)."""
+    """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass).
+
+    Darcet et al. 2024 ("Vision Transformers need registers"): how much attention patch queries park on the
+    class, distillation and register tokens, and which tokens have outlier norms.
+
+    Args:
+        m: the model.
+        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
+        batch_size: images per forward.
+        progress: True for a progress bar, or a callable ``f(done, total)``.
+        outlier_factor: a token is a high-norm outlier above this multiple of its layer's median norm.
+
+    Returns:
+        A ``PrefixDiagnosticsResult``: attention mass on each prefix token per layer and head (fractions
+        in [0, 1]) and token norms per layer.
+    """
     consumer = PrefixDiagnostics(m, outlier_factor)
     stream_attention(m, images, [consumer], batch_size, progress, desc="prefix tokens", capture_mode=None)
     return consumer.result(m.spec)
