@@ -20,15 +20,18 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 import vitlens as vl
 from vitlens import figures
-from vitlens.attribution import METHODS, ComparisonTable, compare_methods
+from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
+from vitlens.attribution.methods import preselected_methods
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
 from vitlens.uploads import UploadFolder
 from vitlens.images import APP_MAX_SIDE_PX, MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.presets import PRESETS
+from vitlens.loading.seeded import load_model_seeded
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import figure_html, figure_png
+from vitlens.words import counted, listed_some
 from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
@@ -63,8 +66,11 @@ def heavy_lock() -> FairLock:
 
 @st.cache_resource(max_entries=2, show_spinner="Loading model ...")
 def load_model(name: str, pretrained: bool, arch: str | None, device: str) -> vl.LoadedModel:
+    """Cached by (name, pretrained, arch, device), and the results beside it by the same key: random-init
+    weights are seeded (``RANDOM_INIT_SEED``, as the CLI's ``--seed``), so a model evicted and loaded again
+    is the model those results were computed on."""
     with heavy_lock():
-        return vl.load_model(name, pretrained=pretrained, arch=arch or None, device=None if device == "auto" else device)
+        return load_model_seeded(name, pretrained=pretrained, arch=arch or None, device=None if device == "auto" else device)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -101,9 +107,11 @@ def parked_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list
 
 
 def has_pool_attention(m: vl.LoadedModel) -> bool:
-    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown."""
+    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown: a pool
+    capture session, under the heavy lock like every other hook session on a shared model (the session
+    holds the model's own lock too)."""
     try:
-        with capture_pool_attention(m):
+        with heavy_lock(), capture_pool_attention(m):
             return True
     except vl.ViewNotAvailableError:
         return False
@@ -319,13 +327,16 @@ def render_distance(ctx: Context) -> None:
     if res.prefix.labels:
         right.plotly_chart(figures.prefix_figure(res.prefix), key="prefix-fig")
         parked = res.prefix.parked()
-        right.caption(f"{len(parked)} head(s) park more than half their attention on a prefix token"
-                      + (": " + ", ".join(f"L{p['layer']}H{p['head']}" for p in parked[:8]) if parked else "")
+        right.caption(f"{counted(len(parked), 'head')} park{'s' if len(parked) == 1 else ''} more than half "
+                      "their attention on a prefix token"
+                      + (": " + listed_some([f"L{p['layer']}H{p['head']}" for p in parked], 8) if parked else "")
                       + ". With raw weights such heads would look local; renormalising over patch keys discounts it.")
     else:
         right.info("No prefix tokens: every token is a patch, so no attention is parked outside the image.")
     downloads(res.distance, fig, "attention_distance")
-    with st.expander("Which heads matter? (removes one head at a time; costly)"):
+    # a keyed expander whose state the server keeps: it stays open across the run that brings the result
+    with st.expander("Which heads matter? (removes one head at a time; costly)", key="heads-exp",
+                     expanded=bool(st.session_state.get("heads-on")), on_change="rerun"):
         k = min(n, 16)
         st.caption(f"Mean-ablation of each of the {ctx.m.spec.num_layers * ctx.m.spec.num_heads} heads on {k} images: "
                    f"{head_cost(ctx.m, k)} image forwards.")
@@ -364,9 +375,10 @@ def render_maps(ctx: Context) -> None:
                    "view computes the picked query's rows only (a block of query rows at a time); each new "
                    "query is one more forward.")
     if parked:
-        st.warning(f"{len(parked)} head(s) park more than half their attention on a prefix token in this image ("
-                   + ", ".join(f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
-                               for p in parked[:6]) + "); rollout counts that mass, though no patch earned it.")
+        st.warning(f"{counted(len(parked), 'head')} park{'s' if len(parked) == 1 else ''} more than half their "
+                   "attention on a prefix token in this image ("
+                   + listed_some([f"layer {p['layer']} head {p['head']}: {100 * p['share']:.0f}% on {p['token']}"
+                                  for p in parked], 6) + "); rollout counts that mass, though no patch earned it.")
     c = st.columns(4)
     kinds = (["class token"] if spec.has_class_token else []) + ["patch"] + \
         (["attention pool"] if pool else [])  # a MAP head's probe over the tokens
@@ -406,7 +418,7 @@ def render_attributions(ctx: Context) -> None:
                "Deletion/insertion curves test each map: removing the patches it ranks first should make "
                f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
-    methods = c[0].multiselect("Methods", list(METHODS), default=["rollout", "grad_rollout", "saliency"],
+    methods = c[0].multiselect("Methods", list(METHOD_TABLE), default=list(preselected_methods()),
                                key="methods")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
     target: int | str | None = None
@@ -431,6 +443,9 @@ def render_attributions(ctx: Context) -> None:
     st.plotly_chart(figs["attributions"], key="attr-fig")
     st.plotly_chart(figs["faithfulness"], key="faith-fig")
     st.dataframe(round_significant(table.to_pandas()), hide_index=True)
+    st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
+    if "attnlrp" in methods and not text:
+        render_ledger(ctx, target)
     cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
@@ -439,6 +454,29 @@ def render_attributions(ctx: Context) -> None:
     figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
     if not text and st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
         render_sanity(ctx, methods, target)
+
+
+@st.cache_data(max_entries=16, show_spinner="Drawing up AttnLRP's ledger ...")
+def ledger_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> Any:
+    """AttnLRP's conservation ledger of the current image (``vitlens.attribution.lrp_ledger``)."""
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger
+
+    with heavy_lock():
+        return attnlrp_ledger(_m, [_image], target=target)
+
+
+def render_ledger(ctx: Context, target: int | None) -> None:
+    """Where AttnLRP's relevance of the target logit goes: input pixels, position table, prefix tokens, biases,
+    softmax; the entries add up to the logit (float64)."""
+    try:
+        ledger = ledger_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target)
+    except vl.ViewNotAvailableError as e:
+        st.info(f"No AttnLRP ledger for this model: {e}")
+        return
+    import pandas as pd
+
+    st.caption("AttnLRP's ledger: where the target logit's relevance goes (the map shows the input pixels' share).")
+    st.dataframe(round_significant(pd.DataFrame(ledger.entry_rows())), hide_index=True)
 
 
 def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:
@@ -487,15 +525,16 @@ def render_cka(ctx: Context, m2: vl.LoadedModel, m2key: str, n: int) -> None:
 def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: int) -> None:
     d1 = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
     d2 = distance_result(m2, f"{other}", ctx.images[:n], f"{ctx.ikey}-{n}", True).distance
-    data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name], weights=[ctx.m.weights, m2.weights])
+    data = comparison([d1, d2], [ctx.m.spec.name, m2.spec.name], weights=[ctx.m.weights, m2.weights],
+                      kinds=[ctx.m.spec.kind, m2.spec.kind])
     if data.units == "width":
         st.info("The models see inputs of different widths: distances are in units of the image width.")
     distance_fig = figures.distance_figure(data.distances, names=data.models, units=data.units)
     st.plotly_chart(distance_fig, key="cmp-fig")
     st.markdown(data.reading())
+    local = data.local_statement()
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
-               f"Local heads (below {100 * data.local_threshold:.0f}% of the width) in layers 1-{data.first_layers}: "
-               + ", ".join(f"{name} {100 * s:.0f}%" for name, s in zip(data.models, data.local_share)) + ".")
+               f"{local[:1].upper()}{local[1:]}.")
     st.dataframe(data.to_pandas().round(3), hide_index=True)
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
@@ -671,6 +710,11 @@ def main() -> None:
         show_error(e)
 
 
+def image_box_key(ikey: str) -> str:
+    """The "Current image" box's widget key for one image set."""
+    return f"img-idx-{ikey}"
+
+
 def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: str, masks: np.ndarray | None,
                     labels: np.ndarray | None, image_source: str) -> Context:
     """The model's facts, the current image and its predictions; stops the run with a message when
@@ -695,7 +739,10 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
     if not images:
         st.info("Upload at least one image, or pick sample photos or shapes in the sidebar.")
         st.stop()
-    idx = st.selectbox("Current image", range(len(images)), format_func=lambda i: names[i], key="img-idx")
+    # keyed by the image set: a new set is a new box, so the name shown is always the image shown (one key
+    # across sets kept the old set's label in the browser over the new set's image)
+    idx = st.selectbox("Current image", range(len(images)), format_func=lambda i: names[i],
+                       key=image_box_key(ikey))
     idx = min(idx, len(images) - 1)
     try:
         x = m.preprocess([images[idx]])

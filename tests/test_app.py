@@ -79,6 +79,13 @@ def test_every_view_renders_a_chart_without_errors(app, view):
         assert figure_colours_streamlit_would_replace(chart(app, i)) == [], chart(app, i)["layout"].get("title")
 
 
+def image_box(app: AppTest):
+    """The "Current image" box (its key follows the image set)."""
+    boxes = [b for b in app.selectbox if b.label == "Current image"]
+    assert len(boxes) == 1, [b.label for b in app.selectbox]
+    return boxes[0]
+
+
 def chart(app: AppTest, index: int = 0) -> dict:
     """The figure of the index-th Plotly chart on the page, as Plotly JSON."""
     return json.loads(app.get("plotly_chart")[index].proto.spec)
@@ -154,13 +161,13 @@ def test_hybrid_filters_say_they_show_the_stem_convolution(app):
 
 def test_shapes_and_uploads_as_image_sources(app):
     app.radio(key="img-source").set_value("Shapes (with masks)").run()
-    assert problems(app) == [] and "scene 0" in app.selectbox(key="img-idx").format_func(0)
+    assert problems(app) == [] and "scene 0" in image_box(app).format_func(0)
     app.radio(key="img-source").set_value("Upload").run()
     app.file_uploader(key="uploads").set_value([("gray.png", png_bytes("L"), "image/png"),
                                                 ("rgba.png", png_bytes("RGBA"), "image/png"),
                                                 ("cmyk.png", png_bytes("RGB"), "image/png")]).run()
     assert problems(app) == [] and not app.error
-    assert len(app.selectbox(key="img-idx").options) == 3
+    assert len(image_box(app).options) == 3
     for view in VIEWS[:4]:
         app.radio(key="view").set_value(view).run()
         assert problems(app) == [] and not app.error, view
@@ -178,7 +185,7 @@ def test_corrupt_and_oversized_uploads_are_skipped_with_a_message(app, monkeypat
     warnings = " ".join(w.value for w in app.warning)
     assert "broken.png" in warnings and "huge.png" in warnings and "limit" in warnings
     assert "BytesIO" not in warnings and "0x" not in warnings  # the file is named, not a Python object
-    assert problems(app) == [] and len(app.selectbox(key="img-idx").options) == 1
+    assert problems(app) == [] and len(image_box(app).options) == 1
 
 
 def test_upload_limits_and_formats_are_one_truth_and_duplicates_count_once(app):
@@ -192,7 +199,7 @@ def test_upload_limits_and_formats_are_one_truth_and_duplicates_count_once(app):
     same = png_bytes()
     widget.set_value([("a.png", same, "image/png"), ("a-again.png", same, "image/png"),
                       ("b.png", png_bytes(size=(40, 30)), "image/png")]).run()
-    assert list(app.selectbox(key="img-idx").options) == ["a.png", "b.png"]
+    assert list(image_box(app).options) == ["a.png", "b.png"]
     assert any("a-again.png" in c.value for c in app.caption)
 
 
@@ -738,3 +745,130 @@ def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
     want = sanity_table(vl.load_model("ref-vit", device="cpu"), list(scene.images), methods=["rollout", "gradcam"])
     for shown, row in zip(table.to_dict("records"), want.to_rows()):
         assert shown["spearman_abs"] == pytest.approx(float(significant(row["spearman_abs"])), abs=1e-12)
+
+
+def test_the_current_image_box_names_the_image_shown_across_image_sets(app):
+    """Issue 29: after Shapes -> Sample photos the box still read "scene 0 (ring)" over the astronaut; the box
+    is keyed by the image set, so a new set is a new box whose label is the image shown (Chromium: below)."""
+    def shown() -> str:
+        return app.get("image")[0].proto.imgs[0].caption.split(" as the model sees it")[0]
+
+    def named() -> str:
+        return image_box(app).format_func(image_box(app).value)
+
+    assert named() == shown() == "scene 0 (ring)"
+    first_key = image_box(app).key
+    app.radio(key="img-source").set_value("Sample photos").run()
+    assert image_box(app).key != first_key and named() == shown() == image_box(app).options[0] != "scene 0 (ring)"
+    image_box(app).set_value(list(image_box(app).options).index("chelsea")).run()
+    assert named() == shown() == "chelsea"
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    assert image_box(app).key == first_key and named() == shown() and "scene" in shown()
+
+
+def test_the_head_importance_expander_stays_open_when_its_result_arrives(app):
+    """Issue 29: the expander closed itself when the chart arrived. It is a keyed expander whose open
+    state the server keeps, opened from the start once the computation is asked for."""
+    app.radio(key="view").set_value("Attention distance").run()
+    app.slider(key="n-dist").set_value(4).run()
+    exp = next(e for e in app.expander if "Which heads matter?" in e.label)
+    assert exp.proto.expanded is False  # closed until asked
+    app.checkbox(key="heads-on").check().run()
+    assert problems(app) == [] and not app.error
+    exp = next(e for e in app.expander if "Which heads matter?" in e.label)
+    assert exp.proto.expanded is True
+    assert any(chart(app, i)["layout"]["title"]["text"].startswith("Do local heads matter?")
+               for i in range(len(app.get("plotly_chart"))))
+
+
+CURRENT_IMAGE = """() => {
+    const box = [...document.querySelectorAll("[data-testid='stSelectbox']")].find(
+        b => b.querySelector("[data-testid='stWidgetLabel']")?.innerText.trim() === "Current image");
+    const shown = document.querySelector("[data-testid='stImageCaption'], [data-testid='stImage'] + div");
+    const input = box?.querySelector("input");
+    return [box ? ((input && input.value) || box.innerText.replace("Current image", "")).trim() : null,
+            shown ? shown.innerText.split(" as the model sees it")[0].trim() : null];
+}"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_current_image_box_and_the_head_importance_expander_in_chromium(page):
+    """Issue 29, items 1 and 3 as a user meets them: the box names the image shown after every change of
+    image set, and "Which heads matter?" stays open when its chart arrives."""
+    out_dir = ROOT / "test-output" / "app"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settled(page)
+    assert page.evaluate(CURRENT_IMAGE) == ["scene 0 (ring)", "scene 0 (ring)"]
+    page.get_by_text("Sample photos", exact=True).click()
+    page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1] !== 'scene 0 (ring)'", timeout=90000)
+    settled(page)
+    named, shown = page.evaluate(CURRENT_IMAGE)
+    assert named == shown and "scene" not in named, (named, shown)
+    page.screenshot(path=str(out_dir / "image_box_samples.png"), full_page=True)
+    box = page.locator("[data-testid='stSelectbox']").filter(has_text="Current image").first
+    box.click()
+    page.get_by_role("option", name="chelsea").click()
+    page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1] === 'chelsea'", timeout=90000)
+    settled(page)
+    assert page.evaluate(CURRENT_IMAGE) == ["chelsea", "chelsea"]
+    page.get_by_text("Shapes (with masks)", exact=True).click()
+    page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1].startsWith('scene')", timeout=90000)
+    settled(page)
+    named, shown = page.evaluate(CURRENT_IMAGE)
+    assert named == shown and named.startswith("scene"), (named, shown)  # was "chelsea" over a scene
+    page.get_by_text("Sample photos", exact=True).click()  # few images: head importance is quick
+    page.wait_for_function(f"() => !({CURRENT_IMAGE})()[1].startsWith('scene')", timeout=90000)
+    page.get_by_text("Attention distance", exact=True).first.click()
+    expander = page.locator("[data-testid='stExpander']").filter(has_text="Which heads matter?").first
+    expander.wait_for(timeout=90000)
+    settled(page)
+    expander.locator("summary").click()
+    page.get_by_text("Compute head importance").click()
+    page.get_by_text("most important: layer").first.wait_for(timeout=180000)
+    settled(page)
+    page.wait_for_timeout(1000)
+    assert expander.locator("details").get_attribute("open") is not None  # still open
+    chart = page.locator(".js-plotly-plot").filter(has_text="Do local heads matter?").first
+    assert chart.is_visible()
+    page.screenshot(path=str(out_dir / "head_importance_open.png"), full_page=True)
+
+
+def test_attributions_view_shows_attnlrps_ledger_and_the_protocols(app):
+    """With attnlrp chosen, the view shows the ledger's small table (the library's numbers for the current scene, the
+    entries adding up to the target logit) and says which protocol and ordering made the scores."""
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    app.radio(key="view").set_value("Attributions").run()
+    app.multiselect(key="methods").set_value(["attnlrp"]).run()
+    assert problems(app) == [] and not app.error
+    assert any("deletion_insertion: vitlens, signed" in c.value for c in app.caption)
+    shown = app.dataframe[1].value
+    assert list(shown["entry"])[:5] == ["input pixels", "position table", "prefix tokens", "biases",
+                                        "softmax (absorbed)"]
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger
+    from vitlens.reference.shapes import HELD_OUT_SEED, generate
+    from vitlens.results import significant
+
+    want = attnlrp_ledger(vl.load_model("ref-vit", device="cpu"), list(generate(1, seed=HELD_OUT_SEED).images))
+    assert want.closure().max() < 1e-6
+    for row, w in zip(shown.to_dict("records")[:6], want.entry_rows()[:6]):
+        assert row["relevance"] == pytest.approx(float(significant(w["relevance"])), abs=1e-12)
+
+
+def test_a_method_registered_by_the_test_is_offered_preselected_and_scored(monkeypatch):
+    """The Attributions view reads METHOD_TABLE: a method registered here alone is offered and preselected
+    (``Method.preselected``), and its row is scored with no edit to the app."""
+    from vitlens.attribution import methods as am
+    from vitlens.core.resample import pixels_to_grid
+
+    def brightness(m, x, t, grid, params, score):
+        return pixels_to_grid(x, grid, reduce="mean"), t.cpu().numpy()
+
+    monkeypatch.setitem(am.METHOD_TABLE, "test_brightness", am.Method("test_brightness", brightness, preselected=True))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.radio(key="view").set_value("Attributions").run()
+    picker = at.multiselect(key="methods")
+    assert "test_brightness" in picker.options and "test_brightness" in picker.value
+    picker.set_value(["test_brightness"]).run()
+    assert problems(at) == [] and [e.value for e in at.error] == []
+    assert list(at.dataframe[0].value["method"]) == ["test_brightness"]

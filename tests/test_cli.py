@@ -109,6 +109,22 @@ def test_compare_of_the_embedded_pair_writes_table_and_local_share(tmp_path):
     import html
 
     assert data.reading().startswith("Fig. 11's contrast: ref-hybrid") and data.reading() in html.unescape(out.read_text())
+    assert data.kinds == ["vit", "hybrid"] and "at most 0.6x the uniform-attention distance" in out.read_text()
+
+
+def test_compare_of_two_plain_vits_never_names_a_cnn_stem(tmp_path):
+    """Issue 29: the embedded ViT against a random-init plain ViT read as "as when a CNN stem has already done
+    the local work"."""
+    out = tmp_path / "cmp.html"
+    proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "4",
+                   "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = vl.load_result(out.with_suffix(".json"))
+    assert data.kinds == ["vit", "vit"] and data.weights == ["embedded", "random init"]
+    said = proc.stdout + proc.stderr
+    assert "CNN stem" not in said and "CNN stem" not in out.read_text()
+    assert "random weights" in data.reading() or data.reading().startswith("Flat"), data.reading()
+    assert "Local heads (at most 0.6x the uniform-attention distance) in layers 1-4" in said
 
 
 def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
@@ -135,6 +151,38 @@ def test_same_command_gives_the_same_numbers(tmp_path):
     assert ra.analyses[0].equals(rb.analyses[0])
 
 
+def test_every_skipped_image_says_why_even_when_none_is_left(tmp_path, monkeypatch):
+    """Issue 29: a 14000x14000 PNG was "unreadable" and then "None of the images could be read": the library's
+    own reason (too large, downscale it first) reaches the command line. The library's refusal is stood in
+    for here (its own pixel budget is tested in test_images.py), so no 588 MB image is made."""
+    import vitlens.images
+
+    folder = tmp_path / "giant"
+    folder.mkdir()
+    vl.sample_images(["coffee"])[0].save(folder / "giant.png")
+    Image = __import__("PIL.Image", fromlist=["Image"])
+    Image.new("RGB", (1, 1)).save(folder / "dot.png")
+    real = vitlens.images.to_rgb
+
+    def refuse_giant(img, what=None):
+        if str(img).endswith("giant.png"):
+            raise vl.ImageLoadError("giant.png: image too large to analyse safely (a stand-in). Downscale it first.")
+        return real(img, what)
+
+    monkeypatch.setattr(vl, "to_rgb", refuse_giant)
+    only_giant = tmp_path / "only"
+    only_giant.mkdir()
+    (folder / "giant.png").rename(only_giant / "giant.png")
+    proc = run_cli_here("report", "--model", "ref-vit", "--images", str(only_giant), "--out", str(tmp_path / "g.html"))
+    assert proc.returncode == 2 and "could be read: giant.png (giant.png: image too large" in proc.stderr
+    assert "Downscale it first" in proc.stderr and not (tmp_path / "g.html").exists()
+    # a 1x1 image is analysed, with a word on what that means
+    proc = run_cli_here("report", "--model", "ref-vit", "--images", str(folder), "--out", str(tmp_path / "d.html"),
+                        "--n-images", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "dot.png (1x1 px) is smaller than 16 px: it is enlarged" in proc.stderr
+
+
 def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp_path):
     folder = tmp_path / "imgs"
     folder.mkdir()
@@ -144,7 +192,7 @@ def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp
     proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
                    "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "skipped 1 unreadable image(s): b.jpg" in proc.stderr
+    assert "warning: skipped b.jpg (Cannot read b.jpg as an image" in proc.stderr and "(s)" not in proc.stderr
     assert vl.load_result(out.with_suffix(".json")).image_set["skipped"] == ["b.jpg"]
     strict = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
                      "--strict", "--out", str(tmp_path / "s.html"))
@@ -366,3 +414,18 @@ def test_reports_say_when_predictions_mean_nothing(tmp_path):
         reading = distance_reading(a.distance, a.spec.name, data.weights[a.spec.name])
         assert reading in text and reading.startswith(("Flat:", a.spec.name))
     assert "vit_tiny_patch16_224 is an embedded model" not in text
+
+
+def test_help_describes_out_and_survey_takes_device_like_report_and_compare(tmp_path):
+    """Issue 29 item 16: `report --help` showed `--out OUT` bare; `survey --device cuda` was unrecognised."""
+    for command, default in (("report", "report.html"), ("compare", "compare.html"), ("survey-report", "survey.html")):
+        proc = run_cli_here(command, "--help")
+        assert "--out FILE" in proc.stdout and f"default {default}" in proc.stdout, proc.stdout
+    import torch
+
+    proc = run_cli_here("survey", "--models", "ref-vit", "--out", str(tmp_path / "s"), "--device", "cuda")
+    if not torch.cuda.is_available():
+        assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr and "unrecognized" not in proc.stderr
+    proc = run_cli_here("survey", "--models", "ref-vit", "--out", str(tmp_path / "s"), "--device", "cpu",
+                        "--num-gpus-per-worker", "1")
+    assert proc.returncode == 2 and "contradict" in proc.stderr

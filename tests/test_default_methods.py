@@ -6,21 +6,25 @@ import torch
 
 import vitlens as vl
 from vitlens.attribution import METHODS
-from vitlens.attribution import cam as cam_module
-from vitlens.attribution.cam import CAM_CLASSES
+from vitlens.attribution import methods as methods_module
+from vitlens.attribution.cam import CAM_CLASSES, CAM_PACKAGE
 from vitlens.attribution.methods import SLOW_METHODS, default_methods
+
+# the one place a method's extra package is looked for (Method.available)
+with_cams = (methods_module, "package_available", lambda package: True)
+without_cams = (methods_module, "package_available", lambda package: package != CAM_PACKAGE)
 
 
 def test_the_default_is_every_available_method_but_the_slow_ones(monkeypatch):
-    monkeypatch.setattr(cam_module, "cam_package_available", lambda: True)
+    monkeypatch.setattr(*with_cams)
     assert default_methods() == tuple(name for name in METHODS if name != "scorecam")
     assert SLOW_METHODS == ("scorecam",) and "gradcam" in default_methods() and "attnlrp" in default_methods()
-    monkeypatch.setattr(cam_module, "cam_package_available", lambda: False)
+    monkeypatch.setattr(*without_cams)
     assert default_methods() == tuple(name for name in METHODS if name not in CAM_CLASSES)
 
 
 def test_a_default_compare_methods_call_runs_the_default_methods(monkeypatch):
-    monkeypatch.setattr(cam_module, "cam_package_available", lambda: False)  # as without grad-cam installed
+    monkeypatch.setattr(*without_cams)  # as without grad-cam installed
     m = vl.load_model("ref-vit", device="cpu")
     table = vl.compare_methods(m, torch.randn(1, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0)),
                                steps=2, metrics=["deletion_insertion"])

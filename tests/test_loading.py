@@ -182,3 +182,50 @@ def test_loaded_model_prints_in_one_line_and_renders_as_a_table(tiny):
     assert text.startswith("LoadedModel(vit_tiny_patch16_224: ViT, 224x224 px, 14x14 tokens, 12 x 3 heads")
     page = tiny._repr_html_()
     assert page.startswith("<table>") and "14x14 tokens" in page and "float32" in page
+
+
+def test_a_file_that_is_no_checkpoint_is_named_for_what_it_is_without_torchs_unsafe_advice(tmp_path):
+    """Issue 29: a PNG quoted torch's "Re-running torch.load with weights_only set to False will likely succeed";
+    a text file gave "(IndexError: list index out of range)"."""
+    from PIL import Image
+
+    png, text, junk = tmp_path / "x.png", tmp_path / "passwd", tmp_path / "junk.pt"
+    Image.new("RGB", (4, 4)).save(png)
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    junk.write_bytes(bytes(range(256)) * 8)
+    for path, said in ((png, "is a PNG image, not a checkpoint"), (text, "is a text file, not a checkpoint"),
+                       (junk, "is not a PyTorch checkpoint vitlens can read")):
+        with pytest.raises(vl.CheckpointError) as e:
+            vl.load_model(str(path), arch="ref-vit" if path is png else "vit_tiny_patch16_224")
+        message = str(e.value)
+        assert said in message and "Pass a .safetensors" in message, message
+        assert "will likely succeed" not in message and "False" not in message and "IndexError" not in message
+
+
+def test_a_checkpoint_without_its_architecture_is_told_only_the_ones_that_fit(tmp_path):
+    """Issue 29: ref-vit.safetensors without --arch was told to try vit_base_patch16_224."""
+    from vitlens.reference import weights_path
+
+    with pytest.raises(vl.CheckpointError) as e:
+        vl.load_model(str(weights_path("ref-vit")))
+    assert "ref-vit fits its tensors" in str(e.value) and "vit_base" not in str(e.value)
+    assert "--arch ref-vit" in e.value.fixes["cli"]
+    odd = tmp_path / "odd.safetensors"
+    save_file({"blocks.0.attn.qkv.weight": torch.zeros(24, 8), "cls_token": torch.zeros(1, 1, 8)}, str(odd))
+    with pytest.raises(vl.CheckpointError) as e:
+        vl.load_model(str(odd))
+    assert "none of vitlens's usual architectures fits it" in str(e.value) and "1 blocks, width 8" in str(e.value)
+    assert "vit_base" not in str(e.value) + " ".join(e.value.fixes.values())
+
+
+def test_a_wrong_architecture_is_summarised_and_arch_is_never_ignored():
+    """Issue 29: 800+ characters of missing keys; and --model ref-vit --arch vit_tiny... ignored --arch."""
+    from vitlens.reference import weights_path
+
+    with pytest.raises(vl.CheckpointError) as e:
+        vl.load_model(str(weights_path("ref-vit")), arch="vit_tiny_patch16_224")
+    message = str(e.value)
+    assert ("the file has 6 blocks, width 128, patch 8 px, 6 classes; vit_tiny_patch16_224 has 12 blocks, "
+            "width 192, patch 16 px, 1000 classes") in message and len(message.replace(str(weights_path("ref-vit")), "")) < 400
+    with pytest.raises(vl.InvalidParameterError, match="is for a checkpoint file"):
+        vl.load_model("ref-vit", arch="vit_tiny_patch16_224")

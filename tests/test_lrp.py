@@ -560,9 +560,9 @@ def test_attnlrp_runs_on_every_family_with_its_outputs_unchanged_and_every_switc
         with pytest.raises(vl.InvalidParameterError, match="no classifier head"):
             attribute(m, x, method="attnlrp")
         relevance = attnlrp_relevance(m, x, torch.tensor([0, 1]))  # the rules on the model's features
-        from vitlens.attribution.methods import _pixels_to_grid
+        from vitlens.core.resample import pixels_to_grid
 
-        a = types.SimpleNamespace(maps=_pixels_to_grid(relevance, m.spec.grid))
+        a = types.SimpleNamespace(maps=pixels_to_grid(relevance, m.spec.grid))
     assert a.maps.shape == (2, *m.spec.grid) and np.isfinite(a.maps).all() and np.abs(a.maps).max() > 0
     assert _rule_state(m.model) == state
     with torch.no_grad():

@@ -8,7 +8,7 @@ import torch
 
 import vitlens as vl
 from conftest import get_model
-from vitlens.attribution import METHOD_TABLE, Method
+from vitlens.attribution import METHOD_TABLE, Method, sanity
 from vitlens.attribution.sanity import (
     normalise_abs, parameter_groups, randomise_, sanity_check, sanity_table, spearman_rows, ssim_maps)
 
@@ -146,3 +146,38 @@ def test_sanity_table_puts_methods_side_by_side_and_has_a_figure(ref_vit, monkey
     assert vl.load_result(t.save(tmp_path / "t.json")).equals(t)
     with pytest.raises(vl.InvalidParameterError, match="methods"):
         sanity_table(ref_vit, scenes(1), methods=["nope"])
+
+
+def test_the_verdict_reads_the_cascade_rollout_ignores_the_head_saliency_does_not(ref_vit):
+    """Adebayo et al. read Fig. 2 step by step: rollout reads attention only, so randomising the head leaves it exactly
+    as it was (Spearman 1 by construction) and it is flagged (on ref-vit it also survives blocks 5 and 4); saliency's
+    gradient runs through the head, so randomising the head alone already moves it below 0.9 and it is not flagged,
+    though on ref-vit it decorrelates (< 0.5) only further down."""
+    t = sanity_table(ref_vit, scenes(4), methods=["rollout", "saliency"], seed=0)
+    rollout, saliency = t.results
+    np.testing.assert_allclose(rollout.spearman_abs[:, 0], 1.0)
+    assert rollout.insensitive_to()[0] == "head" and rollout.verdict_word().startswith("ignores the head")
+    assert "still >= 0.9 after randomising head (1)" in rollout.verdict()
+    assert rollout.first_decorrelated() is not None and rollout.first_decorrelated() >= 1
+    assert saliency.step_means()[0] < 0.9 and saliency.first_decorrelated() is not None
+    assert saliency.insensitive_to() == [] and saliency.verdict_word() == "depends on the weights"
+    first = saliency.first_decorrelated()
+    assert f"first decorrelates at step {first + 1} of 8, {saliency.steps[first]}" in saliency.verdict()
+    rows = t.to_rows()
+    assert rows[0]["ignores"].startswith("head") and rows[0]["verdict"] == rollout.verdict_word()
+    assert rows[1]["first_decorrelated"] == saliency.steps[first] and rows[1]["ignores"] == ""
+
+
+def test_the_verdict_of_hand_set_similarities():
+    """Known answers from hand-set Spearman curves (3 steps, 2 images)."""
+    def result(curve):
+        a = np.tile(np.asarray(curve, dtype=np.float64), (2, 1))
+        return sanity.SanityResult(method="m", steps=["head", "blocks.1", "blocks.0"], parameters=[[], [], []],
+                                   spearman_abs=a, spearman=a, ssim=a, maps=np.zeros((4, 2, 3, 3)),
+                                   targets=np.zeros(2, dtype=np.int64))
+
+    assert result([0.95, 0.92, 0.2]).verdict_word() == "ignores the head and 1 top block"
+    assert result([0.95, 0.92, 0.2]).first_decorrelated() == 2
+    assert result([0.95, 0.6, 0.55]).verdict_word() == "barely changes"
+    assert result([0.7, 0.4, 0.1]).verdict_word() == "depends on the weights"
+    assert result([0.7, 0.4, 0.1]).insensitive_to() == []

@@ -193,7 +193,22 @@ def test_unreadable_images_are_skipped_and_counted(local_ray, tmp_path):
 def test_a_worker_process_killed_mid_task_is_retried_with_identical_numbers(reference, tmp_path, monkeypatch):
     out, _ = reference
     marker = tmp_path / "crashed"
-    monkeypatch.setenv("VITLENS_SURVEY_CRASH_ONCE", str(marker))
+    mark = str(marker)
+    from vitlens.survey import run as survey_run
+    from vitlens.survey.worker import SurveyWorker
+
+    class CrashingOnce(SurveyWorker):
+        """The fault, injected by this test alone: the first shard's process dies in the middle of it (the
+        class is defined here, so Ray ships it to the workers by value; the marker makes it once)."""
+
+        def run(self, *args, **kwargs):
+            if not os.path.exists(mark):
+                with open(mark, "w") as f:
+                    f.write(str(os.getpid()))
+                os._exit(1)  # a real process death in the middle of a shard
+            return super().run(*args, **kwargs)
+
+    monkeypatch.setattr(survey_run, "SurveyWorker", CrashingOnce)
     result = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "zoo", shard_size=6, batch_size=4, progress=False)
     assert marker.is_file()  # a worker really died in the middle of a shard
     assert result.models() == ["ref-vit"] and not result.failed

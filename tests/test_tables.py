@@ -20,13 +20,43 @@ def distance(mean_px: np.ndarray, width: int = 64, name: str = "m") -> vl.Attent
                                       renormalize=True, model_name=name)
 
 
-def test_local_head_share_counts_heads_below_the_threshold_in_the_first_layers():
-    # 64 px wide: 0.15 of the width is 9.6 px
-    d = distance(np.array([[5.0, 9.0, 10.0, 30.0], [9.5, 40.0, 2.0, 9.7], [1.0, 1.0, 1.0, 1.0]]))
-    assert local_head_share(d, 0.15, 1) == 0.5  # 5 and 9 of layer 1
-    assert local_head_share(d, 0.15, 2) == 4 / 8  # + 9.5 and 2.0; 9.7 is above 9.6
-    assert local_head_share(d, 0.15, 3) == 8 / 12
-    assert local_head_share(d, 0.5, 1) == 1.0
+def uniform_8x8() -> float:
+    """Uniform attention on the 8x8 grid of 8 px, computed independently of vitlens: the mean distance
+    between two cell centres, self-pairs included (33.09 px)."""
+    cells = [(y, x) for y in range(8) for x in range(8)]
+    return 8 * float(np.mean([np.hypot(a[0] - b[0], a[1] - b[1]) for a in cells for b in cells]))
+
+
+def test_local_head_share_counts_local_heads_by_the_one_rule_in_the_first_layers():
+    from vitlens.views.distance import LOCAL_OF_UNIFORM
+
+    # 64 px wide, 8x8 grid: local at or below 0.6 x 33.09 = 19.85 px
+    limit = LOCAL_OF_UNIFORM * uniform_8x8()
+    assert LOCAL_OF_UNIFORM == 0.6 and 19.8 < limit < 19.9
+    d = distance(np.array([[5.0, 19.8, 19.9, 30.0], [9.5, 40.0, 2.0, 25.0], [1.0, 1.0, 1.0, 1.0]]))
+    assert d.local_heads().tolist() == [[True, True, False, False], [True, False, True, False], [True] * 4]
+    assert local_head_share(d, LOCAL_OF_UNIFORM, 1) == 0.5  # 5 and 19.8 of layer 1
+    assert local_head_share(d, LOCAL_OF_UNIFORM, 2) == 4 / 8  # + 9.5 and 2.0
+    assert local_head_share(d, LOCAL_OF_UNIFORM, 3) == 8 / 12
+    assert local_head_share(d, 1.0, 1) == 1.0  # 30 px is below the uniform 33.09 px
+
+
+def test_one_definition_of_a_local_head_in_every_reading():
+    """The Distance view's and the report's sentence and the comparison's (CLI, app, compare.html) state the
+    same rule, and count the same heads."""
+    from vitlens.report.data import distance_reading
+    from vitlens.report.html import comparison_html
+    from vitlens.views.distance import local_rule
+
+    a = distance(np.array([[5.0, 19.8, 19.9, 30.0], [30.0, 33.0, 34.0, 35.0]]), name="a")
+    b = distance(np.array([[30.0, 31.0, 32.0, 33.0], [30.0, 33.0, 34.0, 35.0]]), name="b")
+    data = comparison([a, b], first_layers=1)
+    rule = local_rule()
+    assert rule == "at most 0.6x the uniform-attention distance"
+    assert data.local_statement() == f"local heads ({rule}) in layers 1-1: a 50%, b 0%"
+    assert rule in data.summary() and f"2 of 4 layer-1 heads are local ({rule}" in distance_reading(a)
+    page = comparison_html(data)
+    assert rule in page and "of the image width, in the first" not in page
 
 
 def test_layer_table_gives_min_median_max_per_layer_in_pixels_or_widths():
@@ -47,7 +77,7 @@ def test_comparison_chooses_units_and_reports_the_layer1_ratio():
     data = comparison([a, b])
     assert data.models == ["vit", "hybrid"] and data.units == "px"
     assert data.layer1_median_ratio() == 3.0
-    assert data.local_share == [2 / 3, 1 / 3]  # below 9.6 px
+    assert data.local_share == [1.0, 2 / 3]  # at most 19.85 px (0.6x the uniform 33.09 px): not 20
     assert comparison([a, distance(np.array([[1.0]]), width=128)]).units == "width"
     with pytest.raises(vl.InvalidParameterError, match="two models"):
         comparison([a])
@@ -68,13 +98,34 @@ def test_comparison_reads_flat_curves_and_the_fig11_contrast_from_the_numbers():
     # one head in ten off by more than 10% still reads as flat; two in eight do not
     vit = distance(np.array([[10.0, 12.0, 30.0, 33.0], [30.0, 33.0, 33.0, 34.0]]), name="vit")
     hybrid = distance(np.array([[20.0, 25.0, 33.0, 33.0], [33.0, 33.0, 33.0, 33.0]]), name="hybrid")
-    data = comparison([vit, hybrid])
+    data = comparison([vit, hybrid], kinds=["vit", "hybrid"])
     assert data.near_uniform_share() == [pytest.approx(6 / 8), pytest.approx(6 / 8)]
     # layer-1 medians: vit (12 + 30) / 2 = 21, hybrid (25 + 33) / 2 = 29 -> 1.38
-    assert data.reading().startswith("Fig. 11's contrast: hybrid's layer-1 heads attend 1.38x as far as vit's")
+    assert data.reading() == ("Fig. 11's contrast: hybrid's layer-1 heads attend 1.38x as far as vit's (median), "
+                              "as when a CNN stem has already done the local work.")
+    assert comparison([hybrid, vit], kinds=["hybrid", "vit"]).reading() == data.reading()  # either order
     assert comparison([hybrid, vit]).reading() == "hybrid's layer-1 heads attend 1.38x as far as vit's (median)."
     alike = comparison([vit, distance(vit.mean_px * 1.05, name="b")])
     assert alike.reading().startswith("Layer 1 alike: median distance ratio b / vit = 1.05")
+
+
+def test_a_cnn_stem_is_named_only_when_exactly_one_model_is_a_hybrid():
+    """Issue 29: ref-vit against a random-init vit_tiny read as 'as when a CNN stem has already done the
+    local work'. Two plain ViTs (or two hybrids, or kinds unknown) never read as Fig. 11's contrast, and
+    random weights are said to show the untrained architecture."""
+    near = distance(np.array([[10.0, 12.0, 30.0, 33.0], [30.0, 33.0, 33.0, 34.0]]), name="ref-vit")
+    far = distance(np.array([[20.0, 25.0, 33.0, 33.0], [33.0, 33.0, 33.0, 33.0]]), name="vit_tiny")
+    two_vits = comparison([near, far], weights=["embedded", "random init"], kinds=["vit", "vit"]).reading()
+    assert two_vits == ("vit_tiny's layer-1 heads attend 1.38x as far as ref-vit's (median) (both are plain ViTs: "
+                        "not Fig. 11's contrast); vit_tiny has random weights: its distances show the untrained "
+                        "architecture, not what training learns.")
+    for kinds in (["hybrid", "hybrid"], None, ["vit", ""]):
+        assert "CNN stem" not in comparison([near, far], kinds=kinds).reading(), kinds
+    reverse = comparison([near, far], kinds=["hybrid", "vit"]).reading()
+    assert "CNN stem" not in reverse and "the reverse of Fig. 11" in reverse
+    # the embedded pair is known by name: ref-hybrid is the hybrid
+    pair = comparison([near, distance(far.mean_px, name="ref-hybrid")]).reading()
+    assert pair.startswith("Fig. 11's contrast: ref-hybrid's")
 
 
 def test_a_flat_reading_says_what_is_true_of_the_models_compared():
@@ -159,7 +210,8 @@ def test_attribution_and_faithfulness_rows():
     f = vl.FaithfulnessResult(method="saliency", fractions=np.array([0.0, 1.0]), deletion=np.ones((2, 2)),
                               insertion=np.ones((2, 2)), deletion_auc=np.array([0.2, 0.4]),
                               insertion_auc=np.array([0.9, 0.7]), baseline="mean")
-    assert f.to_rows()[1] == {"method": "saliency", "image": 1, "deletion_auc": 0.4, "insertion_auc": 0.7}
+    assert f.to_rows()[1] == {"method": "saliency", "image": 1, "deletion_auc": 0.4, "insertion_auc": 0.7,
+                              "protocol": "vitlens", "ordering": "signed"}  # every row says what made it
 
 
 def test_results_print_in_one_short_line_and_render_as_html():
@@ -186,3 +238,14 @@ def test_spec_describes_itself_in_words():
     assert d["parameters"] == "21.7M" and d["classes"] == "none (feature model)"
     with pytest.raises(TypeError):  # a spec is a dataclass, not a dict (no dict-style shim)
         spec["grid"]
+
+
+def test_counts_and_cut_lists_read_as_words():
+    """Issue 29 items 15 and 18: "maps of 1 images", "7 head(s) park ..." listing 6 with no "…"."""
+    from vitlens.words import counted, listed_some
+
+    assert counted(1, "image") == "1 image" and counted(2, "image") == "2 images" and counted(0, "head") == "0 heads"
+    assert listed_some(list("abcdefg"), 6) == "a, b, c, d, e, f, … (1 more)" and listed_some(["a", "b"], 6) == "a, b"
+    one = distance(np.ones((1, 2)))
+    one.n_images = 1
+    assert "over 1 image," in one.summary()

@@ -193,3 +193,11 @@ def test_a_hugging_face_folder_saved_with_its_tokenizer_needs_no_tokenizer_argum
     b = vl.attribute(m, x, method="saliency", target={"input_ids": ids["input_ids"]})
     np.testing.assert_allclose(a.maps, b.maps)
     assert a.target_name(0) == "a photo of a dog" and np.isfinite(a.maps).all()
+
+
+def test_a_clip_model_without_a_target_is_told_to_give_a_prompt(open_clip_named):
+    """Issue 29: vl.attribute(clip, img, method="saliency") said to use rollout or a model with a head; what the
+    user needs is target="a prompt"."""
+    with pytest.raises(vl.InvalidParameterError) as e:
+        vl.attribute(open_clip_named, images(1), method="saliency")
+    assert 'target="a photo of a dog"' in str(e.value) and "rollout" not in str(e.value)

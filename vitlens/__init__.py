@@ -50,7 +50,7 @@ from .views.position import PositionSimilarityResult, position_similarity
 from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
 from .views.rollout import RolloutAccumulator, RolloutResult
 
-__version__ = "0.2.0"
+from ._version import __version__
 
 __all__ = [
     "ATTRIBUTION_METHODS", "AnalysisResult", "CKAResult", "HeadImportanceResult", "PrefixAttentionAccumulator",

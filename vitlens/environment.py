@@ -10,9 +10,9 @@ def versions(device: str | None = None) -> dict[str, str]:
     import timm
     import torch
 
-    import vitlens
+    from ._version import __version__
 
-    out = {"vitlens": vitlens.__version__, "timm": timm.__version__, "torch": torch.__version__,
+    out = {"vitlens": __version__, "timm": timm.__version__, "torch": torch.__version__,
            "python": platform.python_version()}
     try:
         import ray

@@ -7,7 +7,14 @@ hint by default (``str(e)``); the command line and the app ask for theirs with
 """
 from __future__ import annotations
 
+#: the interfaces a hint is written for: the only keys ``fixes`` and ``message_for`` take
 INTERFACES = ("python", "cli", "app")
+
+
+def _check_interfaces(names) -> None:
+    bad = [n for n in names if n not in INTERFACES]
+    if bad:  # a mistyped key would be a hint silently never shown
+        raise ValueError(f"interface must be one of {', '.join(INTERFACES)}; got {', '.join(map(repr, bad))}.")
 
 
 class VitlensError(Exception):
@@ -16,10 +23,12 @@ class VitlensError(Exception):
     def __init__(self, message: str, fixes: dict[str, str] | None = None) -> None:
         self.message = message
         self.fixes = dict(fixes or {})
+        _check_interfaces(self.fixes)
         super().__init__(self.message_for("python"))
 
     def message_for(self, interface: str = "python") -> str:
         """The message with the hint for ``interface`` ("python", "cli" or "app"), when there is one."""
+        _check_interfaces([interface])
         fix = self.fixes.get(interface) or self.fixes.get("python")
         return f"{self.message} {fix}" if fix else self.message
 

@@ -20,11 +20,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .core.resample import upsample_map  # re-exported: figures draw with the numeric resampling
 from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
 from .views.rollout import RolloutResult
+from .words import counted
 
 if TYPE_CHECKING:  # figures take typed results; these modules import figures lazily, so no cycle at run time
     from .attribution.faithfulness import FaithfulnessResult
@@ -36,10 +38,32 @@ if TYPE_CHECKING:  # figures take typed results; these modules import figures la
     from .views.prefix import PrefixDiagnosticsResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+#: one colour per attribution method (Plotly's Dark24, 24 distinct hues), indexed by the method's place in
+#: the registry (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour,
+#: the same one in every figure; none is a placeholder Streamlit's chart theme swaps (#0000xx)
+METHOD_PALETTE = ("#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#222A2A", "#B68100", "#750D86",
+                  "#EB663B", "#511CFB", "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE",
+                  "#862A16", "#A777F1", "#620042", "#1616A7", "#DA60CA", "#6C4516", "#0D2A63", "#AF0038")
+
+
+def method_colour(method: str, position: int = 0) -> str:
+    """The colour of one attribution method in every figure (``METHOD_PALETTE``, by its place in the registry;
+    a name the registry does not hold takes its ``position`` in the figure)."""
+    from .attribution.methods import METHODS
+
+    index = METHODS.index(method) if method in METHODS else position
+    return METHOD_PALETTE[index % len(METHOD_PALETTE)]
 
 
 def component_rgb(component: np.ndarray) -> np.ndarray:
-    """[C, kh, kw] component -> uint8 [kh, kw, 3], min-max scaled per component (gray if C != 3)."""
+    """[C, kh, kw] component -> uint8 [kh, kw, 3], min-max scaled per component (gray if C != 3).
+
+    Args:
+        component: [C, kh, kw] one principal component of the filters.
+
+    Returns:
+        uint8 [kh, kw, 3] pixels.
+    """
     c = component.astype(np.float64)
     span = c.max() - c.min()
     c = (c - c.min()) / span if span > 0 else np.zeros_like(c)
@@ -50,7 +74,16 @@ def component_rgb(component: np.ndarray) -> np.ndarray:
 
 
 def filters_figure(result: FilterPCAResult, columns: int = 7, title: str | None = None) -> go.Figure:
-    """Grid of the top principal components as small RGB images, with explained variance."""
+    """Grid of the top principal components as small RGB images, with explained variance.
+
+    Args:
+        result: the filter PCA (``embedding_filter_pca``).
+        columns: tiles per row.
+        title: the figure's title (default: the model and how much variance the components explain).
+
+    Returns:
+        A plotly ``Figure``.
+    """
     k = len(result.components)
     cols = min(columns, k)
     rows = math.ceil(k / cols)
@@ -72,7 +105,16 @@ def filters_figure(result: FilterPCAResult, columns: int = 7, title: str | None 
 
 
 def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.ndarray]:
-    """The tile grid as one array with a NaN gap between tiles, and [4] patch coords per cell."""
+    """The tile grid as one array with a NaN gap between tiles, and [4] patch coords per cell.
+
+    Args:
+        result: the position similarity (``position_similarity``).
+
+    Returns:
+        ``(mosaic, coords)``: mosaic [gh*(gh+1) - 1, gw*(gw+1) - 1] of cosine similarities in [-1, 1],
+        NaN in the one-cell gaps between tiles; coords [same, 4] int64 (tile row, tile column, patch row,
+        patch column) per cell, -1 in the gaps.
+    """
     gh, gw = result.grid
     h, w = gh * (gh + 1) - 1, gw * (gw + 1) - 1
     mosaic = np.full((h, w), np.nan)
@@ -87,7 +129,15 @@ def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.nd
 
 
 def position_figure(result: PositionSimilarityResult, title: str | None = None) -> go.Figure:
-    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch."""
+    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch.
+
+    Args:
+        result: the position similarity (``position_similarity``).
+        title: the figure's title (default: the model's name and grid).
+
+    Returns:
+        A plotly ``Figure``.
+    """
     mosaic, coords = position_mosaic(result)
     gh, gw = result.grid
     fig = go.Figure(go.Heatmap(
@@ -105,7 +155,16 @@ def position_figure(result: PositionSimilarityResult, title: str | None = None) 
 
 
 def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int) -> go.Figure:
-    """One tile large: cosine similarity of patch (row, col) to every patch, row 0 at the top."""
+    """One tile large: cosine similarity of patch (row, col) to every patch, row 0 at the top.
+
+    Args:
+        result: the position similarity.
+        row: the patch's row (0-based).
+        col: the patch's column (0-based).
+
+    Returns:
+        A plotly ``Figure``.
+    """
     gh, gw = result.grid
     fig = go.Figure(go.Heatmap(z=result.similarity[row, col], x=list(range(gw)), y=list(range(gh)),
                                colorscale="Viridis", zmin=-1, zmax=1,
@@ -128,6 +187,10 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         names: legend names (default: the results' model names).
         units: "px" (input pixels) or "width" (fraction of the image width, for models whose
             input sizes differ).
+        title: the figure's title (default: what is shown and over how many images).
+
+    Returns:
+        A plotly ``Figure``. The dashed line is the uniform-attention distance.
     """
     results = [results] if isinstance(results, AttentionDistanceResult) else list(results)
     names = list(names) if names is not None else [r.model_name or f"model {i + 1}" for i, r in enumerate(results)]
@@ -162,7 +225,7 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
     fig.update_layout(
-        title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {first.n_images} images; "
+        title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {counted(first.n_images, 'image')}; "
                        "dotted: uniform attention</sup>",
         xaxis=dict(title="Network depth (layer)", dtick=1, range=[0.5, depth + 0.5]),
         yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
@@ -172,18 +235,20 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
     return fig
 
 
-def upsample_map(values: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Bilinear resize of a [gh, gw] map to (H, W) for display."""
-    import torch
-    import torch.nn.functional as F
-
-    t = torch.as_tensor(np.asarray(values, dtype=np.float64))[None, None]
-    return F.interpolate(t, size=tuple(size), mode="bilinear", align_corners=False)[0, 0].numpy()
-
-
 def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, opacity: float = 0.5,
                            colorscale: str = "Jet") -> go.Figure:
-    """A [gh, gw] map upsampled over an RGB uint8 image [H, W, 3]."""
+    """A [gh, gw] map upsampled over an RGB uint8 image [H, W, 3].
+
+    Args:
+        image: uint8 [H, W, 3].
+        values: [gh, gw] map (upsampled bilinearly to the image).
+        title: the figure's title.
+        opacity: the map's opacity over the image, in [0, 1].
+        colorscale: a plotly colour scale name.
+
+    Returns:
+        A plotly ``Figure``.
+    """
     h, w = image.shape[:2]
     up = upsample_map(values, (h, w))
     fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
@@ -196,7 +261,17 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
 
 
 def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
-    """Fig. 6: the rollout map of image ``index`` over the image (uint8 [H, W, 3])."""
+    """Fig. 6: the rollout map of image ``index`` over the image (uint8 [H, W, 3]).
+
+    Args:
+        result: rollout maps (``attention_rollout``).
+        image: uint8 [H, W, 3], the image as the model sees it.
+        index: which image of the result.
+        opacity: the map's opacity over the image, in [0, 1].
+
+    Returns:
+        A plotly ``Figure``.
+    """
     caption = result.caption(index)
     label = f"<br><sup>predicted {caption}</sup>" if caption else ""
     return heatmap_overlay_figure(image, result.maps[index], result.title() + label, opacity)
@@ -204,7 +279,17 @@ def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opa
 
 def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,
                         columns: int = 4) -> go.Figure:
-    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale."""
+    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale.
+
+    Args:
+        panels: (image uint8 [H, W, 3], map [gh, gw], caption) triples.
+        title: the figure's title.
+        opacity: the maps' opacity over the images, in [0, 1].
+        columns: panels per row.
+
+    Returns:
+        A plotly ``Figure``.
+    """
     cols = min(columns, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[p[2] for p in panels], horizontal_spacing=0.02,
@@ -226,7 +311,16 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
 
 
 def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opacity: float = 0.5) -> go.Figure:
-    """Fig. 6 for several images: rollout over each of ``images`` (result rows 0..n-1)."""
+    """Fig. 6 for several images: rollout over each of ``images`` (result rows 0..n-1).
+
+    Args:
+        result: rollout maps of at least ``len(images)`` images.
+        images: uint8 [H, W, 3] images, as the model sees them.
+        opacity: the maps' opacity, in [0, 1].
+
+    Returns:
+        A plotly ``Figure``.
+    """
     panels = [(image, result.maps[i], result.caption(i) or f"image {i + 1}") for i, image in enumerate(images)]
     return overlay_grid_figure(panels, result.title(), opacity)
 
@@ -241,6 +335,10 @@ def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, qu
         layer: 0-based block index (shown 1-based), or None for an attention pool's map
             (``AttentionMapsResult.pool_attention``).
         query_label: e.g. "the class token", "patch (3, 4)" or "the pool's probe".
+        opacity: the maps' opacity, in [0, 1].
+
+    Returns:
+        A plotly ``Figure``.
     """
     panels = [(image, hm / max(float(hm.max()), 1e-12), f"head {h + 1}") for h, hm in enumerate(head_maps)]
     return overlay_grid_figure(panels, f"{_where(layer)}: attention of {query_label}<br><sup>each head scaled "
@@ -254,14 +352,36 @@ def _where(layer: int | None) -> str:
 
 def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, head: int, query_label: str,
                 opacity: float = 0.5) -> go.Figure:
-    """One head of one layer: where ``query_label`` attends (0-based layer and head, shown 1-based)."""
+    """One head of one layer: where ``query_label`` attends (0-based layer and head, shown 1-based).
+
+    Args:
+        image: uint8 [H, W, 3] as the model sees it.
+        head_maps: [heads, gh, gw] attention of the query over patch keys.
+        layer: 0-based block index, or None for an attention pool's map.
+        head: 0-based head index.
+        query_label: e.g. "the class token" or "patch (3, 4)".
+        opacity: the map's opacity, in [0, 1].
+
+    Returns:
+        A plotly ``Figure``.
+    """
     return heatmap_overlay_figure(image, head_maps[head], f"{_where(layer)}, head {head + 1}: attention of "
                                   f"{query_label}", opacity)
 
 
 def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
     """Maps of several attribution methods side by side over one image (negative evidence
-    clipped, each map scaled to its maximum)."""
+    clipped, each map scaled to its maximum).
+
+    Args:
+        results: one ``AttributionResult`` per method, over the same images.
+        image: uint8 [H, W, 3], image ``index`` as the model sees it.
+        index: which image of the results.
+        opacity: the maps' opacity, in [0, 1].
+
+    Returns:
+        A plotly ``Figure``.
+    """
     panels = []
     for r in results:
         mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
@@ -274,25 +394,47 @@ def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray
 
 
 def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
-    """Mean deletion and insertion curves of each method, with their mean areas under the curve."""
+    """Mean deletion and insertion curves of each method, with their mean areas under the curve.
+
+    Args:
+        results: one ``FaithfulnessResult`` per method (``deletion_insertion``).
+
+    Returns:
+        A plotly ``Figure``.
+    """
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Deletion (lower is more faithful)",
                                                         "Insertion (higher is more faithful)"])
     for i, r in enumerate(results):
-        color = PALETTE[i % len(PALETTE)]
-        for col, curve, auc in ((1, r.deletion, r.deletion_auc), (2, r.insertion, r.insertion_auc)):
+        color = method_colour(r.method, i)
+        # one legend entry per method, under both panels, with both areas (deletion / insertion)
+        name = (f"{r.method.replace('_', ' ')} (AUC deletion {significant(r.deletion_auc.mean())}, "
+                f"insertion {significant(r.insertion_auc.mean())})")
+        for col, curve, auc, what in ((1, r.deletion, r.deletion_auc, "deletion"),
+                                      (2, r.insertion, r.insertion_auc, "insertion")):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines", line=dict(color=color),
-                                     name=f"{r.method.replace('_', ' ')} (AUC {significant(auc.mean())})", legendgroup=r.method,
-                                     showlegend=col == 1), row=1, col=col)
+                                     name=name, legendgroup=r.method, showlegend=col == 1,
+                                     hovertemplate=f"{r.method} ({what} AUC {significant(auc.mean())})<br>"
+                                                   "%{x:.0%}: %{y:.3f}<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
     text = bool(results) and all(getattr(r, "score", "probability") != "probability" for r in results)
     fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability",
                      rangemode="normal" if text else "tozero")
-    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
+    # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
+    fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 
 def cka_figure(result: "CKAResult", title: str | None = None) -> go.Figure:
-    """Layer-by-layer CKA of two models: model A's layers down (first at the top), model B's across."""
+    """Layer-by-layer CKA of two models: model A's layers down (first at the top), model B's across.
+
+    Args:
+        result: the CKA (``cka``).
+        title: the figure's title (default: the two models).
+
+    Returns:
+        A plotly ``Figure``.
+    """
     la, lb = result.matrix.shape
     fig = go.Figure(go.Heatmap(
         # sequential over CKA's [0, 1]; not Magma or Inferno, whose first colour #000004 is one of the
@@ -306,14 +448,23 @@ def cka_figure(result: "CKAResult", title: str | None = None) -> go.Figure:
     fig.update_yaxes(title=f"{result.model_a} layer", range=[la + 0.5, 0.5], dtick=1 if la <= 24 else None,
                      scaleanchor="x", constrain="domain")
     fig.update_layout(title=title or f"Representation similarity (linear CKA)<br><sup>{result.estimator} HSIC, "
-                                     f"{result.token_policy} tokens, {result.n_images} images</sup>",
+                                     f"{result.token_policy} tokens, {counted(result.n_images, 'image')}</sup>",
                       height=480, margin=dict(l=10, r=10, t=70, b=10))
     return fig
 
 
 def head_importance_figure(importance: "HeadImportanceResult", distance: AttentionDistanceResult, title: str | None = None) -> go.Figure:
     """Do local heads matter? Each head's importance (logit drop when removed) against its mean
-    attention distance (paper Fig. 7 right), coloured by layer."""
+    attention distance (paper Fig. 7 right), coloured by layer.
+
+    Args:
+        importance: head importance (``head_importance``).
+        distance: the same model's attention distance (``attention_distance``).
+        title: the figure's title.
+
+    Returns:
+        A plotly ``Figure``.
+    """
     layers, heads = importance.logit_drop.shape
     ll, hh = np.meshgrid(np.arange(layers), np.arange(heads), indexing="ij")
     fig = go.Figure(go.Scatter(
@@ -325,7 +476,7 @@ def head_importance_figure(importance: "HeadImportanceResult", distance: Attenti
     fig.add_vline(x=distance.uniform_px, line=dict(dash="dot", width=1, color="#888"),
                   annotation_text="uniform attention", annotation_position="top right")
     fig.update_layout(title=title or f"Do local heads matter?<br><sup>{importance.ablation}-ablation of one head at "
-                                     f"a time, {importance.n_images} images</sup>",
+                                     f"a time, {counted(importance.n_images, 'image')}</sup>",
                       xaxis_title="Mean attention distance (pixels)",
                       yaxis_title="Drop of the predicted class's logit", height=440,
                       margin=dict(l=10, r=10, t=70, b=10))
@@ -334,7 +485,15 @@ def head_importance_figure(importance: "HeadImportanceResult", distance: Attenti
 
 def prefix_figure(result: "PrefixDiagnosticsResult", title: str | None = None) -> go.Figure:
     """Attention parked on prefix tokens: share of each head's patch-query attention on all prefix
-    tokens together, layer by layer (first layer at the top)."""
+    tokens together, layer by layer (first layer at the top).
+
+    Args:
+        result: the prefix diagnostics (``prefix_diagnostics``).
+        title: the figure's title.
+
+    Returns:
+        A plotly ``Figure``.
+    """
     total = result.mass.sum(-1) if result.mass.size else np.zeros((0, 0))
     layers, heads = total.shape
     fig = go.Figure(go.Heatmap(
@@ -352,12 +511,20 @@ def prefix_figure(result: "PrefixDiagnosticsResult", title: str | None = None) -
 def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str | None = None) -> go.Figure:
     """Cascading randomisation (Adebayo et al. 2018, Fig. 2): each similarity to the original maps against the
     step of the cascade (original first, then the head, the blocks from the top, the embedding), one curve per
-    method; mean over images, NaNs skipped."""
+    method; mean over images, NaNs skipped.
+
+    Args:
+        results: one ``SanityResult`` or several (one per method).
+        title: the figure's title.
+
+    Returns:
+        A plotly ``Figure``.
+    """
     results = [results] if not isinstance(results, Sequence) else list(results)
     panels = (("spearman_abs", "Spearman, |maps|"), ("spearman", "Spearman, signed maps"), ("ssim", "SSIM, |maps|"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], shared_yaxes=True)
     for i, r in enumerate(results):
-        color = PALETTE[i % len(PALETTE)]
+        color = method_colour(r.method, i)
         x = ["original", *r.steps]
         rows = r.to_rows()
         for col, (key, _) in enumerate(panels, start=1):
@@ -377,21 +544,29 @@ def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str |
 
 def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence["RoadResult"] = ()) -> go.Figure:
     """Chefer et al.'s positive and negative perturbation curves (and, given, ROAD's MoRF and LeRF curves) of each
-    method: mean over images, with the mean AUC (positive: lower is better; negative: higher)."""
+    method: mean over images, with the mean AUC (positive: lower is better; negative: higher).
+
+    Args:
+        results: one ``PerturbationResult`` per method (``perturbation_test``).
+        roads: ``RoadResult`` curves to add (``road``), or none.
+
+    Returns:
+        A plotly ``Figure``.
+    """
     cols = 2 + 2 * bool(roads)
     titles = ["Positive perturbation (lower is better)", "Negative perturbation (higher is better)"]
     if roads:
         titles += ["ROAD MoRF (lower is better)", "ROAD LeRF (higher is better)"]
     fig = make_subplots(rows=1, cols=cols, subplot_titles=titles)
     for i, r in enumerate(results):
-        color = PALETTE[i % len(PALETTE)]
+        color = method_colour(r.method, i)
         for col, curve, auc in ((1, r.positive, r.positive_auc), (2, r.negative, r.negative_auc)):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
                                      name=f"{r.method.replace('_', ' ')}", legendgroup=r.method, showlegend=col == 1,
                                      hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
                                                    "%{y:.3f}<extra></extra>"), row=1, col=col)
     for i, r in enumerate(roads):
-        color = PALETTE[i % len(PALETTE)]
+        color = method_colour(r.method, i)
         for col, curve in ((3, r.morf), (4, r.lerf)):
             fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
                                      name=r.method.replace("_", " "), legendgroup=r.method, showlegend=not results and col == 3),
@@ -399,5 +574,7 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
     fig.update_xaxes(title="share removed", range=[0, 1])
     score = results[0].score if results else (roads[0].score if roads else "score")
     fig.update_yaxes(title=score)
-    fig.update_layout(height=420, margin=dict(l=10, r=10, t=60, b=10), legend=dict(orientation="h", y=-0.25))
+    # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
+    fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
+                      legend=dict(orientation="h", y=-0.25))
     return fig

@@ -173,6 +173,13 @@ def to_rgb(img: ImageLike, what: str | None = None) -> Image.Image:
     Grayscale, palette, CMYK and YCbCr are converted; alpha is composited onto white; 16-bit and
     32-bit integer or float images are scaled by their range.
 
+    Args:
+        img: a PIL image, a file path, or an array (HxW, HxWx3, HxWx4; any integer or float dtype).
+        what: how to name the image in an error message (default: its path or type).
+
+    Returns:
+        An 8-bit RGB PIL image.
+
     Raises:
         ImageLoadError: unreadable, corrupt, truncated or non-image input.
     """
@@ -204,7 +211,19 @@ def to_rgb(img: ImageLike, what: str | None = None) -> Image.Image:
 
 
 def preprocess(images: Any, data_config: dict[str, Any]) -> torch.Tensor:
-    """Images -> [B, 3, H, W] float tensor with timm's eval transform for ``data_config``."""
+    """Images -> [B, 3, H, W] float tensor with timm's eval transform for ``data_config``.
+
+    Args:
+        images: a tensor [B, 3, H, W] (returned as float), one image or a sequence of PIL images, file
+            paths or arrays (HxW, HxWx3, HxWx4).
+        data_config: timm's data config (``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``).
+
+    Returns:
+        A float32 tensor [B, 3, H, W], normalised with the config's mean and std.
+
+    Raises:
+        ImageLoadError: an image that cannot be read.
+    """
     from timm.data import create_transform
 
     cfg = {k: data_config[k] for k in ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
@@ -305,6 +324,15 @@ def sample_images(names: Sequence[str] = SAMPLE_NAMES) -> list[Image.Image]:
 
     Each image carries its name in ``img.info["name"]``. Available: astronaut, coffee, chelsea,
     rocket.
+
+    Args:
+        names: which photographs, in order.
+
+    Returns:
+        The images as RGB PIL images (no download).
+
+    Raises:
+        InvalidParameterError: a name that is not one of the four.
     """
     import skimage.data
 

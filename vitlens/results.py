@@ -30,7 +30,8 @@ _LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.da
                "attribution": "vitlens.attribution.methods", "faithfulness": "vitlens.attribution.faithfulness",
                "attribution_comparison": "vitlens.attribution.faithfulness",
                "perturbation": "vitlens.attribution.perturbation", "road": "vitlens.attribution.perturbation",
-               "sanity": "vitlens.attribution.sanity", "sanity_table": "vitlens.attribution.sanity"}
+               "sanity": "vitlens.attribution.sanity", "sanity_table": "vitlens.attribution.sanity",
+               "lrp_ledger": "vitlens.attribution.lrp_ledger"}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -360,5 +361,12 @@ def _read_checked(path: Path) -> Any:
 
 
 def load_result(path: str | Path) -> Result:
-    """Load any saved vitlens result."""
+    """Load any saved vitlens result.
+
+    Args:
+        path: a ``.json`` or ``.npz`` file written by a result's ``save``.
+
+    Returns:
+        The result, as the class that saved it (``AnalysisResult``, ``AttentionDistanceResult``, ...).
+    """
     return Result.load(path)

@@ -14,13 +14,26 @@ from __future__ import annotations
 
 from .evaluation import accuracy, rollout_mask_scores
 from .faithfulness import BASELINES, ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
+from .lrp_ledger import ConservationLedger, attnlrp_ledger
 from .masks import MaskScores, mask_scores, patch_coverage
-from .methods import DEFAULTS, METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+from .methods import METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+from .protocols import ORDERINGS, PROTOCOLS
 from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
 from .sanity import SanityResult, SanityTable, sanity_check, sanity_table
 
-__all__ = ["BASELINES", "DEFAULTS", "METHODS", "METHOD_TABLE", "AttributionResult", "ComparisonTable",
+__all__ = ["BASELINES", "METHODS", "METHOD_TABLE", "AttributionResult", "ComparisonTable",
            "FaithfulnessResult", "MaskScores", "Method", "accuracy", "attribute", "compare_methods",
            "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores",
            "PerturbationResult", "RoadResult", "SanityResult", "SanityTable", "perturbation_test", "road",
-           "sanity_check", "sanity_table"]
+           "sanity_check", "sanity_table", "ConservationLedger", "attnlrp_ledger", "PROTOCOLS", "ORDERINGS"]
+
+
+def __getattr__(name: str):
+    """``DEFAULTS`` (each method's default parameters) is read from ``METHOD_TABLE``: ``METHOD_TABLE[m].defaults``."""
+    if name == "DEFAULTS":
+        import warnings
+
+        warnings.warn("vitlens.attribution.DEFAULTS is deprecated; read METHOD_TABLE[name].defaults.", DeprecationWarning,
+                      stacklevel=2)
+        return {k: dict(mt.defaults) for k, mt in METHOD_TABLE.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

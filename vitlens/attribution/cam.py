@@ -44,6 +44,9 @@ CAM_CLASSES: dict[str, str] = {
     "layercam": "LayerCAM", "eigencam": "EigenCAM", "eigengradcam": "EigenGradCAM", "scorecam": "ScoreCAM",
 }
 
+#: the import name of the package the CAMs need (grad-cam)
+CAM_PACKAGE = "pytorch_grad_cam"
+
 CAM_INSTALL = {"python": "Install it with: pip install 'vitlens[cam]' (or pip install grad-cam; it pulls "
                          "opencv-python, about 72 MB, and ttach).",
                "cli": "Install it with: pip install 'vitlens[cam]'.",
@@ -67,7 +70,7 @@ def cam_package_available() -> bool:
     """Whether grad-cam is installed (without importing it, which pulls opencv)."""
     import importlib.util
 
-    return importlib.util.find_spec("pytorch_grad_cam") is not None
+    return importlib.util.find_spec(CAM_PACKAGE) is not None
 
 
 def default_target_layer(m: LoadedModel) -> str:
@@ -111,7 +114,7 @@ def token_reshape(spec: ModelSpec, grid: tuple[int, int], batch: int, layer: str
     vitlens reads and are dropped; a feature map [B, C, gh, gw] at the grid passes through.
     """
     gh, gw = grid
-    tokens = spec.num_prefix_tokens + gh * gw
+    tokens = spec.num_tokens(grid)
 
     def reshape(out: Any) -> torch.Tensor:
         if not isinstance(out, torch.Tensor):

@@ -6,6 +6,10 @@ Deletion: replace the tokens' pixel blocks by a baseline in the order of the map
 first) and follow the target-class probability; a faithful map makes it fall fast (low area
 under the curve). Insertion: start from the baseline image and put the blocks back in the same
 order; a faithful map makes it rise fast (high area).
+
+``protocol="petsiuk2018"`` runs Petsiuk et al. 2018's (RISE, section 4.1) own procedure instead: pixels
+of the upsampled map, W a step, deletion to 0 in the normalised input, insertion from their blur
+(``protocols``); ``ordering="absolute"`` ranks by |R|. The result records protocol and ordering.
 """
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
+from .baselines import BASELINES, baseline_image, prompt_embeddings
 from .masks import mask_scores, masks_at_input
 from .methods import AttributionResult, attribute, default_methods
+from ..words import counted
 
-BASELINES = ("mean", "blur")
 
 
 @dataclass(eq=False, repr=False)
@@ -52,28 +57,19 @@ class FaithfulnessResult(Result):
     baseline: str
     model_name: str = ""
     score: str = "probability"
+    protocol: str = "vitlens"
+    ordering: str = "signed"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {len(self.deletion)} images, deletion AUC "
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.deletion), 'image')}, deletion AUC "
                 f"{significant(self.deletion_auc.mean())}, insertion AUC {significant(self.insertion_auc.mean())} ({self.baseline} "
-                "baseline)")
+                f"baseline), protocol {self.protocol}, ordered by {'|R|' if self.ordering == 'absolute' else 'signed R'}")
 
     def to_rows(self) -> list[dict]:
         """One row per image: its deletion and insertion AUC."""
-        return [{"method": self.method, "image": i, "deletion_auc": float(d), "insertion_auc": float(n)}
+        return [{"method": self.method, "image": i, "deletion_auc": float(d), "insertion_auc": float(n),
+                 "protocol": self.protocol, "ordering": self.ordering}
                 for i, (d, n) in enumerate(zip(self.deletion_auc, self.insertion_auc))]
-
-
-def baseline_image(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """What a removed token is replaced by, for a batch [B, C, H, W]."""
-    if kind == "mean":
-        return x.mean(dim=(2, 3), keepdim=True).expand_as(x).clone()
-    if kind == "blur":
-        from torchvision.transforms.functional import gaussian_blur
-
-        k = max(3, (min(x.shape[-2:]) // 8) | 1)
-        return gaussian_blur(x, kernel_size=[k, k], sigma=[k / 3.0, k / 3.0])
-    raise InvalidParameterError(f"baseline must be one of {', '.join(BASELINES)}; got {kind!r}.")
 
 
 def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, int], counts: Sequence[int],
@@ -89,21 +85,94 @@ def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, in
     return out
 
 
-def prompt_embeddings(m: LoadedModel, attribution: AttributionResult) -> torch.Tensor | None:
-    """The text embeddings a text target's maps are scored against (on the model's device), None for class
-    maps; a clear error for maps that name a prompt but carry no embedding."""
-    if attribution.target_kind != "text":
-        return None
-    if attribution.text_embeddings is None:
-        raise InvalidParameterError(f"these {attribution.method} maps name a prompt but hold no text embedding "
-                                    "to score against; compute them with vl.attribute.")
-    return torch.as_tensor(attribution.text_embeddings, device=m.device)
+def rise_blur(x: torch.Tensor, klen: int = 11, nsig: float = 5.0) -> torch.Tensor:
+    """Petsiuk et al.'s insertion substrate: each channel convolved (zero padding ``klen // 2``) with their
+    kernel, ``scipy.ndimage.gaussian_filter`` of a ``klen`` x ``klen`` delta with sigma ``nsig`` (its default
+    reflect mode folds the tails back in, so the kernel sums to 1)."""
+    from scipy.ndimage import gaussian_filter
+
+    delta = np.zeros((klen, klen))
+    delta[klen // 2, klen // 2] = 1.0
+    k = torch.as_tensor(gaussian_filter(delta, nsig), dtype=x.dtype, device=x.device)
+    c = x.shape[1]
+    return torch.nn.functional.conv2d(x, k.expand(c, 1, klen, klen), padding=klen // 2, groups=c)
+
+
+@torch.no_grad()
+def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ordering: str,
+             batch_size: int) -> FaithfulnessResult:
+    """RISE's CausalMetric (Petsiuk et al. 2018): W pixels a step over H steps of the upsampled map's pixel order,
+    deletion to 0 (normalised), insertion from ``rise_blur``; score the target's probability (or prompt
+    similarity); AUC the trapezoid over i / n_steps."""
+    from .perturbation import removal_masks
+
+    text = prompt_embeddings(m, attribution)
+    dels, ins, offset, fractions = [], [], 0, np.zeros(1)
+    for x in iter_batches(images, m.data_config, batch_size):
+        x = x.to(m.device)
+        h, w = x.shape[-2:]
+        n_steps = (h * w + w - 1) // w
+        counts = [min(w * i, h * w) for i in range(n_steps + 1)]
+        fractions = np.arange(n_steps + 1, dtype=np.float64) / n_steps
+        blurred = rise_blur(x)
+        for i in range(x.shape[0]):
+            j = offset + i
+            masks = removal_masks(attribution.maps[j:j + 1], None, True, m.spec.stride_px, (h, w), "pixel", ordering,
+                                  counts=counts)[0].to(x.device)[:, None]  # [S, 1, H, W]
+            deleted = torch.where(masks, torch.zeros_like(x[i:i + 1]), x[i:i + 1])
+            inserted = torch.where(masks, x[i:i + 1], blurred[i:i + 1])
+            both = torch.cat([deleted, inserted])
+            out = torch.cat([m.logits(both[k:k + batch_size * 8]) for k in range(0, len(both), batch_size * 8)])
+            if text is None:
+                probs = out.softmax(-1)[:, int(attribution.targets[j])]
+            else:
+                probs = torch.nn.functional.normalize(out, dim=-1) @ text[int(attribution.targets[j])]
+            probs = probs.cpu().numpy().astype(np.float64)
+            dels.append(probs[: n_steps + 1])
+            ins.append(probs[n_steps + 1:])
+        offset += x.shape[0]
+    deletion, insertion = np.stack(dels), np.stack(ins)
+    return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
+                              deletion_auc=np.trapezoid(deletion, fractions, axis=1),
+                              insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline="zero/blur",
+                              model_name=m.spec.name,
+                              score="probability" if text is None else "cosine similarity to the prompt",
+                              protocol="petsiuk2018", ordering=ordering)
 
 
 @torch.no_grad()
 def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionResult, steps: int = 16,
-                       baseline: str = "mean", batch_size: int = 16) -> FaithfulnessResult:
-    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets."""
+                       baseline: str = "mean", batch_size: int = 16, protocol: str = "vitlens",
+                       ordering: str | None = None) -> FaithfulnessResult:
+    """Deletion and insertion curves of ``attribution``'s maps on the same images and targets.
+
+    Deletion replaces the tokens the map ranks highest first by the baseline and follows the target's
+    probability (lower area is more faithful); insertion starts from the baseline image and puts the
+    highest-ranked tokens back first (higher area is more faithful).
+
+    Args:
+        m: the model the maps explain.
+        images: the images the maps were made on.
+        attribution: the maps (and their targets: a class, or a prompt for a text tower).
+        steps: curve points beyond the first (the share of tokens changed goes 0, 1/steps, .., 1).
+        baseline: what removed tokens become: "mean" (the image's mean colour) or "blur".
+        batch_size: images per step.
+        protocol: "vitlens" (tokens, ``steps`` steps, one ``baseline``) or "petsiuk2018" (RISE's own procedure,
+            ``protocols``; ``steps`` and ``baseline`` are then theirs).
+        ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+
+    Returns:
+        A ``FaithfulnessResult``: ``deletion`` and ``insertion`` [B, steps + 1] curves (probabilities, or
+        cosine similarities for a prompt), their AUCs [B] over the fractions in [0, 1].
+
+    Raises:
+        InvalidParameterError: ``steps`` < 1 or an unknown baseline.
+    """
+    from .protocols import check_ordering, protocol as get_protocol
+
+    ordering = check_ordering(get_protocol("deletion_insertion", protocol).ordering if ordering is None else ordering)
+    if protocol == "petsiuk2018":
+        return _petsiuk(m, images, attribution, ordering, batch_size)
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
     text = prompt_embeddings(m, attribution)
@@ -117,7 +186,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
         base = baseline_image(x, baseline)
         for i in range(x.shape[0]):
             j = offset + i
-            order = np.argsort(-attribution.maps[j].reshape(-1), kind="stable")
+            values = attribution.maps[j].reshape(-1)
+            order = np.argsort(-(np.abs(values) if ordering == "absolute" else values), kind="stable")
             masks = _token_masks(order, grid, m.spec.stride_px, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
             deleted = torch.where(masks, base[i:i + 1], x[i:i + 1])
             inserted = torch.where(masks, x[i:i + 1], base[i:i + 1])
@@ -134,7 +204,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
                               deletion_auc=np.trapezoid(deletion, fractions, axis=1),
                               insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline=baseline,
                               model_name=m.spec.name,
-                              score="probability" if text is None else "cosine similarity to the prompt")
+                              score="probability" if text is None else "cosine similarity to the prompt",
+                              ordering=ordering)
 
 
 METRICS = ("deletion_insertion", "perturbation", "road")
@@ -154,6 +225,10 @@ class ComparisonTable(Result):
         perturbations: Chefer et al.'s curves; roads: the ROAD curves (empty when those metrics were not asked for).
         sanity: a ``sanity.SanityTable`` of some of the methods on some of the images, when one was attached
             (``vitlens report --attributions`` does); None otherwise.
+        ledger: an ``lrp_ledger.ConservationLedger`` of AttnLRP on some of the images, when one was attached
+            (``vitlens report --attributions`` does when attnlrp runs); None otherwise.
+        protocols: metric -> "protocol, ordering" that made its columns (e.g. ``{"perturbation": "chefer2021,
+            signed"}``); empty for tables saved before protocols were recorded.
     """
 
     kind = "attribution_comparison"
@@ -165,9 +240,13 @@ class ComparisonTable(Result):
     perturbations: list = field(default_factory=list)
     roads: list = field(default_factory=list)
     sanity: Any = None
+    protocols: dict = field(default_factory=dict)
+    ledger: Any = None
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}: {len(self.rows)} methods x {self.n_images} images"
+        made = "; ".join(f"{k}: {v}" for k, v in self.protocols.items())
+        return f"{self.model_name or 'model'}: {counted(len(self.rows), 'method')} x {counted(self.n_images, 'image')}" + (
+            f" (protocols {made})" if made else "")
 
     def to_rows(self) -> list[dict]:
         """One row per method: its scores (the table as shown)."""
@@ -183,13 +262,15 @@ class ComparisonTable(Result):
         return cls(rows=[r for t in tables for r in t.rows], n_images=tables[0].n_images,
                    attributions=[a for t in tables for a in t.attributions],
                    faithfulness=[f for t in tables for f in t.faithfulness], model_name=tables[0].model_name,
-                   perturbations=[p for t in tables for p in t.perturbations], roads=[r for t in tables for r in t.roads])
+                   perturbations=[p for t in tables for p in t.perturbations], roads=[r for t in tables for r in t.roads],
+                   protocols=dict(tables[0].protocols))
 
 
 def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | None = None, masks: np.ndarray | None = None,
                     target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
                     progress: ProgressArg = None, method_params: dict[str, dict] | None = None,
-                    metrics: Sequence[str] = DEFAULT_METRICS, labels: np.ndarray | None = None) -> ComparisonTable:
+                    metrics: Sequence[str] = DEFAULT_METRICS, labels: np.ndarray | None = None,
+                    protocol: str = "vitlens", ordering: str | None = None) -> ComparisonTable:
     """Every method's maps, their faithfulness scores and (with masks) mask metrics, timed.
 
     Args:
@@ -212,8 +293,21 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
             road_lerf, the curves' means; 18 forwards and 18 sparse solves per image, the solves dominating).
         labels: [B] true classes: the perturbation and ROAD curves are then top-1 accuracy, as in their papers;
             without, the target class's probability. Deletion/insertion always follow the probability.
+        protocol: "vitlens" (every metric's token default) or "published" (each metric's paper: petsiuk2018,
+            chefer2021, rong2022; ``protocols.PUBLISHED``); the table's ``protocols`` records which.
+        ordering: "signed" or "absolute" for every metric; None for each protocol's own ("signed").
+
+    Returns:
+        A ``ComparisonTable``: one row per method (its metrics' scores and seconds per image), with every
+        method's maps and curves.
     """
     from .perturbation import perturbation_test, road
+    from .protocols import PUBLISHED, check_ordering, protocol as get_protocol
+
+    if protocol not in ("vitlens", "published"):
+        raise InvalidParameterError(f"protocol must be 'vitlens' or 'published'; got {protocol!r}.")
+    names = {k: ("vitlens" if protocol == "vitlens" else PUBLISHED[k]) for k in METRICS}
+    orders = {k: check_ordering(get_protocol(k, names[k]).ordering if ordering is None else ordering) for k in METRICS}
 
     methods = default_methods() if methods is None else methods
     bad = [k for k in metrics if k not in METRICS]
@@ -228,16 +322,18 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
                       **(method_params or {}).get(method, {}))
         row: dict[str, Any] = {"method": method}
         if "deletion_insertion" in metrics:
-            f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size)
+            f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size,
+                                   protocol=names["deletion_insertion"], ordering=orders["deletion_insertion"])
             row.update({"deletion_auc": float(f.deletion_auc.mean()), "insertion_auc": float(f.insertion_auc.mean())})
             faiths.append(f)
         if "perturbation" in metrics:
-            pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size)
+            pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size, protocol=names["perturbation"],
+                                   ordering=orders["perturbation"])
             row.update({"chefer_positive_auc": float(pt.positive_auc.mean()),
                         "chefer_negative_auc": float(pt.negative_auc.mean())})
             perts.append(pt)
         if "road" in metrics:
-            rd = road(m, images, a, labels=labels, batch_size=batch_size)
+            rd = road(m, images, a, labels=labels, batch_size=batch_size, protocol=names["road"], ordering=orders["road"])
             morf, lerf = rd.means()
             row.update({"road_morf": morf, "road_lerf": lerf})
             roads.append(rd)
@@ -249,4 +345,5 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
         rows.append(row)
         attrs.append(a)
     return ComparisonTable(rows=rows, n_images=len(attrs[0].maps) if attrs else 0, attributions=attrs,
-                           faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads)
+                           faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads,
+                           protocols={k: f"{names[k]}, {orders[k]}" for k in metrics})

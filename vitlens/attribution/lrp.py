@@ -31,8 +31,11 @@ So the input relevance sums to the target logit less what the biases (including 
 registers and position embedding, which enter as additive constants) and each softmax absorb; the
 tests check that ledger on hand-built models.
 
-How: ``attnlrp_mode`` enters a ``torch.overrides.TorchFunctionMode`` (thread-local, so the app's other
-users are untouched) for the forward whose gradient is taken. It replaces ``F.scaled_dot_product_attention``
+How: ``attnlrp_mode`` enters a ``torch.overrides.TorchFunctionMode`` (thread-local: the function rules act on
+this thread's calls only) for the forward whose gradient is taken. Its switches on the model itself (timm's
+``fused_attn``, per-instance ``forward`` rules, Hugging Face configs) are on the shared module, so the mode is
+a hook session that holds the model's lock (``LoadedModel.lock``) until they are undone: another thread's
+forward or capture of that model waits instead of running under them. It replaces ``F.scaled_dot_product_attention``
 (timm modules switched to their fused path, Hugging Face configs to ``sdpa`` for the call),
 ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``: torchvision, open_clip, SigLIP's MAP probe),
 ``F.layer_norm``, ``F.rms_norm``, ``F.gelu`` and ``F.silu`` by the rule forms of ``lrp_rules``; per module
@@ -56,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from ..core.resample import pixels_to_grid
 from ..errors import ViewNotAvailableError
 from ..families.base import Handles, HookSession
 from ..loading.model import LoadedModel
@@ -192,8 +196,9 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
     ``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``, ``F.layer_norm``, ``F.rms_norm``,
     ``F.gelu`` and ``F.silu``; timm modules are switched to their fused (SDPA) attention and Hugging Face
     configs to ``sdpa``; QuickGELU, gated MLPs and timm's RmsNorm get a rule ``forward`` per module
-    instance. Everything is back on exit, by an exception too. ``attention_calls`` counts the attentions
-    that ran under the uniform rule.
+    instance. Everything is back on exit, by an exception too. The switches are on the shared module, so
+    the session holds the model's lock (``LoadedModel.lock``) while they are on: other threads' forwards
+    and captures of the model wait. ``attention_calls`` counts the attentions that ran under the uniform rule.
     """
 
     def __init__(self, m: LoadedModel) -> None:
@@ -240,6 +245,4 @@ def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,
 def attnlrp_maps(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int], params: dict[str, Any],
                  score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
     """The ``attnlrp`` method: pixel relevance summed over channels and over each token's pixels."""
-    from .methods import _pixels_to_grid
-
-    return _pixels_to_grid(attnlrp_relevance(m, x, t, score), grid), t.cpu().numpy()
+    return pixels_to_grid(attnlrp_relevance(m, x, t, score), grid), t.cpu().numpy()

@@ -18,12 +18,17 @@ has the backward that the paper's rule implies in gradient x input form:
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ViewNotAvailableError
+
+
+#: on this thread, while ``lrp_ledger`` draws up a ledger: ``pairs``, a list of every attention's (scores, probabilities)
+SOFTMAX_RECORD = threading.local()
 
 
 class _HalfGradient(torch.autograd.Function):
@@ -101,7 +106,13 @@ def _attention_probs(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor |
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
-    return scores.softmax(dim=-1)  # Prop. 3.1 is the softmax's own gradient in gradient x input form
+    probs = scores.softmax(dim=-1)  # Prop. 3.1 is the softmax's own gradient in gradient x input form
+    pairs = getattr(SOFTMAX_RECORD, "pairs", None)
+    if pairs is not None and scores.requires_grad:  # a conservation ledger is being drawn up (lrp_ledger)
+        scores.retain_grad()
+        probs.retain_grad()
+        pairs.append((scores, probs))
+    return probs
 
 
 def uniform_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

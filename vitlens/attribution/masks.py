@@ -19,6 +19,13 @@ def patch_coverage(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     """Share of each patch's pixels inside ``mask``: bool [H, W] -> float64 [gh, gw].
 
     H and W must be multiples of the grid (the model's input size and token grid).
+
+    Args:
+        mask: [H, W] bool mask.
+        grid: (gh, gw), the token grid.
+
+    Returns:
+        [gh, gw] float64 shares in [0, 1].
     """
     h, w = mask.shape
     gh, gw = grid
@@ -73,6 +80,15 @@ class MaskScores:
 
 def mask_scores(maps: np.ndarray, masks: np.ndarray) -> MaskScores:
     """Score maps [B, gh, gw] against bool masks [B, H, W] (images with empty masks are skipped).
+
+    Args:
+        maps: [B, gh, gw] attribution maps.
+        masks: [B, H, W] bool object masks on the model's input (H, W multiples of the grid).
+
+    Returns:
+        ``MaskScores``: per image ``mass_in_mask`` (share of the map's mass inside the mask, [0, 1]),
+        ``area_share`` (the mask's share of the image), ``ratio`` (their quotient) and ``pointing_hit``
+        (whether the map's maximum lies in the mask).
 
     Negative values (signed attributions) are clipped to 0 before measuring mass.
     """

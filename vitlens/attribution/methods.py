@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..core.resample import pixels_to_grid, upsample_map
 from ..errors import InvalidParameterError
 from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
@@ -35,8 +36,9 @@ from ..results import Result
 from ..views.analyze import attention_rollout
 from ..views.capture import capture_attention
 from ..views.rollout import rollout_map
-from .cam import CAM_CLASSES, cam_maps
+from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps
 from .lrp import attnlrp_maps
+from ..words import counted
 
 
 @dataclass(eq=False, repr=False)
@@ -82,7 +84,7 @@ class AttributionResult(Result):
 
     def summary(self) -> str:
         prompt = f" for {self.label_names[0]!r}" if self.target_kind == "text" and len(self.label_names) == 1 else ""
-        return (f"{self.model_name or 'model'}: {self.method} maps of {len(self.maps)} images{prompt} on "
+        return (f"{self.model_name or 'model'}: {self.method} maps of {counted(len(self.maps), 'image')}{prompt} on "
                 f"{self.grid[0]}x{self.grid[1]}, {self.seconds_per_image:.3f} s/image")
 
     def to_rows(self) -> list[dict]:
@@ -93,13 +95,16 @@ class AttributionResult(Result):
 
     def upsampled(self) -> np.ndarray:
         """[B, H, W] maps resized (bilinear) to the input size, for display."""
-        from ..figures import upsample_map
-
         return np.stack([upsample_map(mp, self.image_size) for mp in self.maps])
 
 
 def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
     if m.spec.num_classes <= 0:
+        from .text import has_text_tower
+
+        if has_text_tower(m):  # CLIP / SigLIP: the map explains the similarity to a prompt
+            raise InvalidParameterError(f"{m.spec.name} has a text tower and no classifier head: give the prompt "
+                                        "to explain, e.g. target=\"a photo of a dog\" (the image's similarity to it).")
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so there is no class to attribute; "
                                     "use method='rollout' or a model with a head.")
     if target is None:
@@ -111,16 +116,6 @@ def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
         raise InvalidParameterError(f"target must be one class index or one per image, in [0, {m.spec.num_classes}); "
                                     f"got {target!r}.")
     return t
-
-
-def _pixels_to_grid(attr: torch.Tensor, grid: tuple[int, int], reduce: str = "sum") -> np.ndarray:
-    """[B, C, H, W] pixel attributions -> [B, gh, gw]: channels summed, each token's block reduced."""
-    b, _, h, w = attr.shape
-    gh, gw = grid
-    a = attr.detach().to(torch.float64).sum(1)[:, : gh * (h // gh), : gw * (w // gw)]
-    blocks = a.reshape(b, gh, h // gh, gw, w // gw)
-    out = blocks.sum(dim=(2, 4)) if reduce == "sum" else blocks.mean(dim=(2, 4))
-    return out.cpu().numpy()
 
 
 Scorer = Callable[[torch.Tensor], torch.Tensor]
@@ -160,7 +155,7 @@ def _integrated_gradients(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid
     with torch.enable_grad():
         attr = ca.IntegratedGradients(score).attribute(
             x, baselines=baseline, target=t, n_steps=int(params["n_steps"]), internal_batch_size=x.shape[0])
-    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+    return pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
@@ -169,7 +164,7 @@ def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int,
 
     with torch.enable_grad():
         attr = ca.Saliency(score).attribute(x.detach().clone().requires_grad_(True), target=t, abs=True)
-    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+    return pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
@@ -178,7 +173,7 @@ def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tu
 
     with torch.enable_grad():
         attr = ca.InputXGradient(score).attribute(x.detach().clone().requires_grad_(True), target=t)
-    return _pixels_to_grid(attr, grid), t.cpu().numpy()
+    return pixels_to_grid(attr, grid), t.cpu().numpy()
 
 
 def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
@@ -196,7 +191,7 @@ def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int
             perturbations_per_eval=int(params["perturbations_per_eval"]))
     # captum gives each pixel the mean score drop of the windows covering it (the same value on
     # every channel); with the default one-token window the block mean is that token's drop
-    return _pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
+    return pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
 
 
 MethodFn = Callable[[LoadedModel, torch.Tensor, Any, tuple, dict, Scorer], tuple[np.ndarray, np.ndarray]]
@@ -211,8 +206,16 @@ class Method:
         fn: (model, batch, targets, grid, params, score) -> (maps [b, gh, gw], targets [b]); ``score``
             maps a batch to [b, K] outputs (class logits, or similarities to K prompts) that ``targets`` index.
         defaults: parameters and their defaults (the only ones it accepts).
-        needs_target: False for class-agnostic maps (rollout), which work without a classifier.
+        needs_target: False for class-agnostic maps (rollout, eigencam), which work without a classifier.
         note: what the map means, when that needs saying.
+        slow: left out of ``compare_methods``'s default (``default_methods``) and so of the report's.
+        quick: cheap enough for the cascading randomisation (one forward and at most one backward per
+            image, run L + 2 times): ``sanity.QUICK_METHODS``, what the report's sanity check runs.
+        preselected: one of the few methods the app preselects and ``sanity_table`` runs by default.
+        package: the extra package (its import name) the method needs, "" for none; ``install`` says how
+            to get it. A method whose package is missing is left out of ``available_methods``.
+        rollout_row: the map is a row of a rolled-out attention product, so a model without a class token
+            gets the mean over the patch tokens' rows (``attribute`` says so in the note).
     """
 
     name: str
@@ -220,40 +223,83 @@ class Method:
     defaults: dict = field(default_factory=dict)
     needs_target: bool = True
     note: str = ""
+    slow: bool = False
+    quick: bool = False
+    preselected: bool = False
+    package: str = ""
+    install: str = ""
+    rollout_row: bool = False
+
+    @property
+    def class_agnostic(self) -> bool:
+        """The same map for every target (no classifier needed)."""
+        return not self.needs_target
+
+    def available(self) -> bool:
+        """Whether its extra package is installed (``package_available``)."""
+        return not self.package or package_available(self.package)
+
+
+def package_available(package: str) -> bool:
+    """Whether ``package`` (an import name) is installed, found without importing it (grad-cam pulls opencv)."""
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
 
 
 METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     Method("rollout", _rollout, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
-           note="class-agnostic: the same map for every target"),
-    Method("grad_rollout", _grad_rollout),
+           note="class-agnostic: the same map for every target", quick=True, preselected=True, rollout_row=True),
+    Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True),
     Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}),  # captum's 50 is slow on a CPU
-    Method("saliency", _saliency),
-    Method("input_x_gradient", _input_x_gradient),
+    Method("saliency", _saliency, quick=True, preselected=True),
+    Method("input_x_gradient", _input_x_gradient, quick=True),
     Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16}),
     # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm;
     # scorecam's masked_per_forward: masked images per forward
     *(Method(name, partial(cam_maps, method=name),
              {"target_layer": None, **({"masked_per_forward": 64} if name == "scorecam" else {})},
-             needs_target=name != "eigencam",
+             needs_target=name != "eigencam", package=CAM_PACKAGE, install=CAM_INSTALL["python"],
+             slow=name == "scorecam", quick=name == "gradcam",
              note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit"),
 )}
+#: the built-in methods' names (a snapshot of the table at import; what reads the table at call time
+#: also sees a method registered later, ``register_method``)
 METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
-#: methods left out of ``compare_methods``'s default: scorecam runs masked_per_forward-sized batches of
-#: masked images per image (about 1 s per image on a CPU)
-SLOW_METHODS: tuple[str, ...] = ("scorecam",)
+#: methods left out of ``compare_methods``'s default (``Method.slow``): scorecam runs masked_per_forward-sized
+#: batches of masked images per image (one forward per masked_per_forward images, for every channel of the layer)
+SLOW_METHODS: tuple[str, ...] = tuple(name for name, mt in METHOD_TABLE.items() if mt.slow)
+
+
+def register_method(method: Method) -> Method:
+    """Add ``method`` to ``METHOD_TABLE``; ``attribute``, ``compare_methods``, the report and the app read it
+    from there. Refuses a name already taken."""
+    if method.name in METHOD_TABLE:
+        raise InvalidParameterError(f"an attribution method named {method.name!r} exists already.")
+    METHOD_TABLE[method.name] = method
+    return method
+
+
+def available_methods() -> tuple[str, ...]:
+    """Every method whose extra package (``Method.package``) is installed here."""
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.available())
+
+
+def missing_packages() -> dict[str, str]:
+    """For the methods left out of ``available_methods``: their package -> how to install it."""
+    return {mt.package: mt.install for mt in METHOD_TABLE.values() if not mt.available()}
 
 
 def default_methods() -> tuple[str, ...]:
     """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam) and not slow."""
-    from .cam import cam_package_available
-
-    cams = cam_package_available()
-    return tuple(name for name in METHODS if name not in SLOW_METHODS and (cams or name not in CAM_CLASSES))
+    return tuple(name for name in available_methods() if not METHOD_TABLE[name].slow)
 
 
-DEFAULTS: dict[str, dict[str, Any]] = {name: dict(mt.defaults) for name, mt in METHOD_TABLE.items()}
+def preselected_methods() -> tuple[str, ...]:
+    """The few methods the app preselects and ``sanity_table`` runs by default (``Method.preselected``)."""
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected)
 
 
 def attribute(
@@ -291,7 +337,7 @@ def attribute(
     from .text import SCORE, TextTargets, is_text_target
 
     if method not in METHOD_TABLE:
-        raise InvalidParameterError(f"method must be one of {', '.join(METHODS)}; got {method!r}.")
+        raise InvalidParameterError(f"method must be one of {', '.join(METHOD_TABLE)}; got {method!r}.")
     spec = METHOD_TABLE[method]
     unknown = set(params) - set(spec.defaults)
     if unknown:
@@ -325,7 +371,7 @@ def attribute(
             bar.update(done)
     elapsed = time.perf_counter() - start
     notes = [spec.note] if spec.note else []
-    if method in ("rollout", "grad_rollout") and not m.spec.has_class_token:
+    if spec.rollout_row and not m.spec.has_class_token:
         notes.append("no class token: mean over the patch tokens' rows")
     if text is not None and spec.needs_target:
         notes.append("explains the image-text cosine similarity to the prompt")

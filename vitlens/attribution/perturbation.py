@@ -24,6 +24,10 @@ baselines of deletion/insertion.
 
 Ties (a constant map, rollout's equal tokens) are broken by token index, the same way in every
 test, by a stable sort.
+
+Protocols and ordering (``protocols``): ``protocol="chefer2021"`` is Chefer et al.'s script (pixels,
+black), ``road(protocol="rong2022")`` ROAD on pixels as Rong et al.; ``ordering="absolute"`` ranks by |R|
+instead of R. Each result records its protocol, granularity and ordering, and its summary says them.
 """
 from __future__ import annotations
 
@@ -33,12 +37,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ..core.resample import upsample_map
 from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .faithfulness import baseline_image, prompt_embeddings
+from .baselines import baseline_image, prompt_embeddings
 from .methods import AttributionResult
+from ..words import counted
+from .protocols import check_ordering, protocol as get_protocol
 
 CHEFER_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))  # 0 (unperturbed), 0.1, .., 0.9
 ROAD_PERCENTAGES: tuple[float, ...] = tuple(i / 10 for i in range(1, 10))  # 0.1, .., 0.9
@@ -52,29 +59,34 @@ def removal_counts(n_units: int, fractions: Sequence[float]) -> np.ndarray:
     return np.floor(n_units * np.asarray(fractions, dtype=np.float64) + 1e-9).astype(np.int64)
 
 
-def removal_masks(maps: np.ndarray, fractions: Sequence[float], most_relevant_first: bool, stride: tuple[int, int],
-                  size: tuple[int, int], granularity: str = "token") -> torch.Tensor:
+def removal_masks(maps: np.ndarray, fractions: Sequence[float] | None, most_relevant_first: bool,
+                  stride: tuple[int, int], size: tuple[int, int], granularity: str = "token",
+                  ordering: str = "signed", counts: Sequence[int] | None = None) -> torch.Tensor:
     """[B, S, H, W] bool, True on the pixels removed at each fraction, for maps [B, gh, gw].
 
     Built for the whole batch at once: each unit's rank in the order (stable sort, so ties go by
-    index), and a unit is removed at step s when its rank is below that step's count.
+    index), and a unit is removed at step s when its rank is below that step's count
+    (``removal_counts`` of the fractions, or ``counts`` given directly, e.g. Petsiuk et al.'s W pixels a step).
+    ``ordering`` "signed" ranks by the map's value, "absolute" by its magnitude.
     """
+    check_ordering(ordering)
     if granularity not in GRANULARITIES:
         raise InvalidParameterError(f"granularity must be one of {', '.join(GRANULARITIES)}; got {granularity!r}.")
     maps = np.asarray(maps, dtype=np.float64)
     b, gh, gw = maps.shape
     h, w = size
     if granularity == "pixel":
-        from ..figures import upsample_map
-
         units = np.stack([upsample_map(mp, size) for mp in maps]).reshape(b, -1)
     else:
         units = maps.reshape(b, -1)
+    if ordering == "absolute":
+        units = np.abs(units)
     key = -units if most_relevant_first else units
     order = np.argsort(key, axis=1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(units.shape[1])[None].repeat(b, 0), axis=1)
-    counts = removal_counts(units.shape[1], fractions)
+    counts = (removal_counts(units.shape[1], fractions) if counts is None
+              else np.minimum(np.asarray(counts, dtype=np.int64), units.shape[1]))
     removed = torch.as_tensor(rank[:, None, :] < counts[None, :, None])  # [B, S, U]
     if granularity == "pixel":
         return removed.reshape(b, len(counts), h, w)
@@ -153,6 +165,8 @@ class PerturbationResult(Result):
             the prompt".
         granularity: "token" or "pixel"; fill: "black", "mean" or "blur".
         model_name: the model's name.
+        protocol: the named protocol (``protocols.PROTOCOLS``: "vitlens" or "chefer2021");
+        ordering: "signed" (by R) or "absolute" (by |R|).
     """
 
     kind = "perturbation"
@@ -166,24 +180,27 @@ class PerturbationResult(Result):
     granularity: str = "token"
     fill: str = "black"
     model_name: str = ""
+    protocol: str = "vitlens"
+    ordering: str = "signed"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {len(self.positive)} images, positive perturbation "
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.positive), 'image')}, positive perturbation "
                 f"AUC {significant(self.positive_auc.mean())} (lower is better), negative "
                 f"{significant(self.negative_auc.mean())} (higher is better), {self.score}, {self.granularity}s "
-                f"removed to {self.fill}")
+                f"removed to {self.fill}, protocol {self.protocol}, ordered by {_ordering_words(self.ordering)}")
 
     def to_rows(self) -> list[dict]:
         """One row per (order, fraction): the mean score over images, with the order's mean AUC."""
-        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v), "auc": float(auc.mean())}
+        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v), "auc": float(auc.mean()),
+                 "protocol": self.protocol, "ordering": self.ordering}
                 for name, curve, auc in (("positive", self.positive, self.positive_auc),
                                          ("negative", self.negative, self.negative_auc))
                 for f, v in zip(self.fractions, curve.mean(0))]
 
 
 def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,
-                      fractions: Sequence[float] = CHEFER_FRACTIONS, granularity: str = "token", fill: str = "black",
-                      batch_size: int = 16) -> PerturbationResult:
+                      fractions: Sequence[float] = CHEFER_FRACTIONS, granularity: str | None = None, fill: str = "black",
+                      batch_size: int = 16, protocol: str = "vitlens", ordering: str | None = None) -> PerturbationResult:
     """Chefer et al. 2021's positive and negative perturbation of ``attribution``'s maps (same images, same targets).
 
     Args:
@@ -193,11 +210,22 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
         labels: [B] true classes: the curves are then top-1 accuracy, as in the paper; without, the target class's
             probability.
         fractions: shares removed, increasing in [0, 1); the paper's 0, 0.1, .., 0.9 by default (0 = unperturbed).
-        granularity: "token" (whole patches) or "pixel" (the bilinearly upsampled map's pixels, the paper's way).
+        granularity: "token" (whole patches) or "pixel" (the bilinearly upsampled map's pixels, the paper's way);
+            None for the protocol's.
         fill: what removed pixels become: "black" (the paper's zero before normalisation), "mean" or "blur".
         batch_size: images per step; every image's perturbed copies go through the model together, in forwards of
             ``batch_size`` x len(fractions) images.
+        protocol: "vitlens" (tokens) or "chefer2021" (Chefer et al.'s script: pixels, black), see ``protocols``.
+        ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+
+    Returns:
+        A ``PerturbationResult``: ``positive`` (most relevant removed first; lower AUC is better) and
+        ``negative`` (least relevant first; higher is better) curves [B, len(fractions)], their AUCs, as
+        accuracy with ``labels`` or the target's probability without.
     """
+    proto = get_protocol("perturbation", protocol)
+    granularity = proto.granularity if granularity is None else granularity
+    ordering = check_ordering(proto.ordering if ordering is None else ordering)
     f = _check_fractions(fractions, "fractions")
     _check_maps(m, attribution)
     scorer = _Scorer(m, attribution, labels)
@@ -210,7 +238,7 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
         index = np.repeat(np.arange(offset, offset + b), s)
         for most_first in (True, False):
             masks = removal_masks(attribution.maps[offset:offset + b], f, most_first, m.spec.stride_px,
-                                  tuple(x.shape[-2:]), granularity).to(x.device)[:, :, None]  # [b, S, 1, H, W]
+                                  tuple(x.shape[-2:]), granularity, ordering).to(x.device)[:, :, None]  # [b, S, 1, H, W]
             perturbed = torch.where(masks, fill_x[:, None], x[:, None]).reshape(b * s, *x.shape[1:])
             curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
         offset += x.shape[0]
@@ -220,7 +248,8 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
     pos, neg = np.concatenate(curves[True]), np.concatenate(curves[False])
     return PerturbationResult(method=attribution.method, fractions=f, positive=pos, negative=neg,
                               positive_auc=np.trapezoid(pos, f, axis=1), negative_auc=np.trapezoid(neg, f, axis=1),
-                              score=scorer.name, granularity=granularity, fill=fill, model_name=m.spec.name)
+                              score=scorer.name, granularity=granularity, fill=fill, model_name=m.spec.name,
+                              protocol=protocol, ordering=ordering)
 
 
 @dataclass(eq=False, repr=False)
@@ -236,6 +265,7 @@ class RoadResult(Result):
         noise_std: the imputation's noise, in normalised input units; granularity: "token" or "pixel".
         seed: the noise's seed.
         model_name: the model's name.
+        protocol: "vitlens" (tokens) or "rong2022" (pixels, as Rong et al.); ordering: "signed" or "absolute".
     """
 
     kind = "road"
@@ -248,6 +278,8 @@ class RoadResult(Result):
     granularity: str = "token"
     seed: int = 0
     model_name: str = ""
+    protocol: str = "vitlens"
+    ordering: str = "signed"
 
     def means(self) -> tuple[float, float]:
         """(MoRF, LeRF): the curves' mean over images and percentages (one number each, as a table column)."""
@@ -255,18 +287,20 @@ class RoadResult(Result):
 
     def summary(self) -> str:
         morf, lerf = self.means()
-        return (f"{self.model_name or 'model'}: {self.method} ROAD over {len(self.morf)} images, mean MoRF "
-                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), {self.score}")
+        return (f"{self.model_name or 'model'}: {self.method} ROAD over {counted(len(self.morf), 'image')}, mean MoRF "
+                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), {self.score}, "
+                f"{self.granularity}s imputed, protocol {self.protocol}, ordered by {_ordering_words(self.ordering)}")
 
     def to_rows(self) -> list[dict]:
         """One row per (order, percentage): the mean score over images."""
-        return [{"method": self.method, "order": name, "percentage": float(p), "score": float(v)}
+        return [{"method": self.method, "order": name, "percentage": float(p), "score": float(v),
+                 "protocol": self.protocol, "ordering": self.ordering}
                 for name, curve in (("MoRF", self.morf), ("LeRF", self.lerf)) for p, v in zip(self.percentages, curve.mean(0))]
 
 
 def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,
-         percentages: Sequence[float] = ROAD_PERCENTAGES, noise_std: float = 0.01, granularity: str = "token",
-         seed: int = 0, batch_size: int = 16) -> RoadResult:
+         percentages: Sequence[float] = ROAD_PERCENTAGES, noise_std: float = 0.01, granularity: str | None = None,
+         seed: int = 0, batch_size: int = 16, protocol: str = "vitlens", ordering: str | None = None) -> RoadResult:
     """ROAD (remove and debias) of ``attribution``'s maps: MoRF and LeRF curves with noisy linear imputation.
 
     Args:
@@ -277,13 +311,24 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
             probability.
         percentages: shares removed, increasing in [0, 1) (default 0.1, .., 0.9).
         noise_std: noise of the imputation in normalised input units (the paper's 0.01).
-        granularity: "token" (whole patches, imputed from their border) or "pixel" (the upsampled map's pixels).
+        granularity: "token" (whole patches, imputed from their border) or "pixel" (the upsampled map's pixels);
+            None for the protocol's.
         seed: seed of the noise (the curves are reproducible).
         batch_size: images per step: one sparse solve per (order, percentage) for the batch, then one forward pass
             over all its imputed images in chunks of ``batch_size`` x len(percentages).
+        protocol: "vitlens" (tokens) or "rong2022" (pixels, as Rong et al.), see ``protocols``.
+        ordering: "signed" (rank by R) or "absolute" (by |R|); None for the protocol's ("signed").
+
+    Returns:
+        A ``RoadResult``: ``morf`` (most relevant first; lower is better) and ``lerf`` (least relevant first;
+        higher is better) curves over ``percentages``, as accuracy with ``labels`` or the target's
+        probability without (``score`` says which).
     """
     from .imputation import noisy_linear_impute
 
+    proto = get_protocol("road", protocol)
+    granularity = proto.granularity if granularity is None else granularity
+    ordering = check_ordering(proto.ordering if ordering is None else ordering)
     pct = _check_fractions(percentages, "percentages")
     _check_maps(m, attribution)
     scorer = _Scorer(m, attribution, labels)
@@ -296,7 +341,7 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
         index = np.repeat(np.arange(offset, offset + b), s)
         for most_first in (True, False):
             masks = removal_masks(attribution.maps[offset:offset + b], pct, most_first, m.spec.stride_px,
-                                  tuple(x.shape[-2:]), granularity).numpy()  # [b, S, H, W]
+                                  tuple(x.shape[-2:]), granularity, ordering).numpy()  # [b, S, H, W]
             filled = np.stack([noisy_linear_impute(xs, masks[:, k], noise_std, rng) for k in range(s)], axis=1)
             perturbed = torch.as_tensor(filled.reshape(b * s, *x.shape[1:]), dtype=x.dtype, device=m.device)
             curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
@@ -306,4 +351,9 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
                                     "were computed on.")
     return RoadResult(method=attribution.method, percentages=pct, morf=np.concatenate(curves[True]),
                       lerf=np.concatenate(curves[False]), score=scorer.name, noise_std=float(noise_std),
-                      granularity=granularity, seed=int(seed), model_name=m.spec.name)
+                      granularity=granularity, seed=int(seed), model_name=m.spec.name, protocol=protocol,
+                      ordering=ordering)
+
+
+def _ordering_words(ordering: str) -> str:
+    return "|R|" if ordering == "absolute" else "signed R"

@@ -23,8 +23,15 @@ absolute-value maps normalised as the paper's figures are (divided by their 99th
 [0, 1]; ``data_range`` = 1; a uniform window of ``min(7, grid)`` tokens, odd). A constant map has no ranks, so
 its Spearman is NaN, and means skip NaNs.
 
-Verdict: at full randomisation (the last step), a mean Spearman of the absolute-value maps below
-``threshold`` (0.5) says the map "depends on the weights"; otherwise it "barely changes".
+Verdict, read over the whole cascade as Adebayo et al. read their Fig. 2 (Guided BackProp and Guided
+GradCAM fail because their maps survive the randomisation of the top layers, not only of all of them):
+
+- the step at which the map first decorrelates: the first step whose mean Spearman of |maps| falls below
+  ``threshold`` (0.5); none: the map "barely changes";
+- insensitivity to the top: the leading steps (the head, then the top blocks, as the cascade goes) after
+  which the mean Spearman of |maps| is still at least ``INSENSITIVE`` (0.9): the map "ignores the head"
+  (and those blocks) though it decorrelates further down, e.g. attention rollout, which reads no head;
+- otherwise the map "depends on the weights" from the head down.
 """
 from __future__ import annotations
 
@@ -41,11 +48,20 @@ from ..images import Images
 from ..loading.model import LoadedModel
 from ..progress import ProgressArg
 from ..results import Result, significant
-from .methods import METHOD_TABLE, METHODS, attribute
+from .methods import METHOD_TABLE, attribute, preselected_methods
+from ..words import counted
 
 THRESHOLD = 0.5
-# one forward and at most one backward per image: cheap enough to run L + 2 times in a report
-QUICK_METHODS = ("rollout", "grad_rollout", "saliency", "input_x_gradient", "gradcam")
+# a map this similar after a step (mean Spearman of |maps|) is insensitive to the weights randomised so far
+INSENSITIVE = 0.9
+#: the built-in methods cheap enough to run L + 2 times in a report (``Method.quick``: one forward and at most
+#: one backward per image); ``quick_methods()`` reads the table at call time
+QUICK_METHODS = tuple(name for name, mt in METHOD_TABLE.items() if mt.quick)
+
+
+def quick_methods() -> tuple[str, ...]:
+    """Every method of ``METHOD_TABLE`` marked ``quick`` (one registered later too)."""
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.quick)
 
 
 def parameter_groups(m: LoadedModel) -> list[tuple[str, list[str]]]:
@@ -155,18 +171,60 @@ class SanityResult(Result):
         return {"spearman_abs": _nanmean(self.spearman_abs[:, -1]), "spearman": _nanmean(self.spearman[:, -1]),
                 "ssim": _nanmean(self.ssim[:, -1])}
 
+    def step_means(self) -> np.ndarray:
+        """[S] mean Spearman of |maps| after each step (NaNs skipped)."""
+        return np.array([_nanmean(self.spearman_abs[:, i]) for i in range(len(self.steps))])
+
+    def first_decorrelated(self) -> int | None:
+        """Index of the first step whose mean Spearman of |maps| is below ``threshold``; None if none is."""
+        below = np.flatnonzero(self.step_means() < self.threshold)
+        return int(below[0]) if len(below) else None
+
+    def insensitive_to(self) -> list[str]:
+        """The leading steps (the head, then the top blocks) after which the map is still at least ``INSENSITIVE``
+        similar (mean Spearman of |maps|): the weights the map ignores, as Adebayo et al. read Fig. 2."""
+        out = []
+        for name, v in zip(self.steps, self.step_means()):
+            if not (np.isfinite(v) and v >= INSENSITIVE):
+                break
+            out.append(name)
+        return out
+
+    def verdict_word(self) -> str:
+        """"barely changes", "ignores the head" (or "ignores the head and N top blocks"), "depends on the weights",
+        or "undefined" (constant maps)."""
+        if not np.isfinite(self.final()["spearman_abs"]):
+            return "undefined"
+        first = self.first_decorrelated()
+        if first is None:
+            return "barely changes"
+        top = self.insensitive_to()
+        if top and top[0] == "head":
+            blocks = len(top) - 1
+            return "ignores the head" + (f" and {blocks} top block{'s' if blocks > 1 else ''}" if blocks else "")
+        return "depends on the weights"
+
     def verdict(self) -> str:
-        """"depends on the weights" or "barely changes", with the number and the threshold that decided it."""
-        s = self.final()["spearman_abs"]
-        if not np.isfinite(s):
+        """The verdict word, then the numbers that decided it: the step at which the map first decorrelates
+        (Spearman of |maps| below ``threshold``) and the top steps it ignores (still >= ``INSENSITIVE``)."""
+        word = self.verdict_word()
+        if word == "undefined":
             return f"{self.method}: undefined (constant maps have no rank correlation)"
-        word = "depends on the weights" if s < self.threshold else "barely changes"
-        op = "<" if s < self.threshold else ">="
-        return (f"{self.method}: {word} (mean Spearman of |maps| at full randomisation {significant(s)} {op} "
-                f"{significant(self.threshold)})")
+        means, n = self.step_means(), len(self.steps)
+        first = self.first_decorrelated()
+        if first is None:
+            return (f"{self.method}: {word} (mean Spearman of |maps| at full randomisation {significant(means[-1])} >= "
+                    f"{significant(self.threshold)}; no step of {n} decorrelates it)")
+        parts = [f"first decorrelates at step {first + 1} of {n}, {self.steps[first]} (mean Spearman of |maps| "
+                 f"{significant(means[first])} < {significant(self.threshold)})"]
+        top = self.insensitive_to()
+        if top:
+            parts.append(f"still >= {significant(INSENSITIVE)} after randomising " + ", ".join(
+                f"{name} ({significant(v)})" for name, v in zip(top, means)))
+        return f"{self.method}: {word} ({'; '.join(parts)})"
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}, {len(self.targets)} images, {len(self.steps)} steps: {self.verdict()}"
+        return f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, {counted(len(self.steps), 'step')}: {self.verdict()}"
 
     def to_rows(self) -> list[dict]:
         """One row per step: the mean similarities to the original maps (NaNs skipped)."""
@@ -190,11 +248,14 @@ class SanityTable(Result):
         rows = []
         for r in self.results:
             f = r.final()
-            rows.append({"method": r.method, **f, "verdict": r.verdict().split(": ", 1)[1].split(" (")[0]})
+            first = r.first_decorrelated()
+            rows.append({"method": r.method, **f, "verdict": r.verdict_word(),
+                         "first_decorrelated": "" if first is None else r.steps[first],
+                         "ignores": ", ".join(r.insensitive_to())})
         return rows
 
 
-def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] = ("rollout", "grad_rollout", "saliency"),
+def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None = None,
                  target: Any = None, seed: int = 0, threshold: float = THRESHOLD, batch_size: int = 16,
                  progress: ProgressArg = None, method_params: dict[str, dict] | None = None) -> SanityTable:
     """Cascading randomisation of several methods at once: one deep copy, randomised step by step, every method's
@@ -203,7 +264,7 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] = ("roll
     Args:
         m: the model (never modified: the cascade runs on a deep copy).
         images: the images (read once into a list unless a tensor).
-        methods: names from ``METHODS``.
+        methods: names from ``METHOD_TABLE``; None for ``preselected_methods()`` (rollout, grad_rollout, saliency).
         target: class to explain (one for all, one per image, or None for the original model's predictions);
             the same targets are explained at every step.
         seed: seed of the re-initialisation.
@@ -211,10 +272,14 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] = ("roll
         batch_size: images per step of each method.
         progress: passed to ``attribute``.
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 8}}``.
+
+    Returns:
+        A ``SanityTable``: one ``SanityResult`` per method (``results``), each with its verdict.
     """
+    methods = preselected_methods() if methods is None else methods
     bad = [mt for mt in methods if mt not in METHOD_TABLE]
     if bad or not methods:
-        raise InvalidParameterError(f"methods must be names from {', '.join(METHODS)}; got {list(methods)!r}.")
+        raise InvalidParameterError(f"methods must be names from {', '.join(METHOD_TABLE)}; got {list(methods)!r}.")
     if isinstance(target, str) or (isinstance(target, Sequence) and target and isinstance(target[0], str)):
         raise InvalidParameterError("sanity checks explain classes; a text prompt target is not supported here.")
     images = list(images) if not isinstance(images, torch.Tensor) else images

@@ -30,6 +30,7 @@ from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
+from ..words import counted
 
 ESTIMATORS = ("unbiased", "biased")
 TOKEN_POLICIES = ("cls", "mean", "patches")
@@ -43,7 +44,19 @@ def gram(x: torch.Tensor) -> torch.Tensor:
 
 
 def hsic(k: torch.Tensor, l: torch.Tensor, estimator: str = "unbiased") -> torch.Tensor:
-    """HSIC of two [n, n] Gram matrices (float64), unbiased (n >= 4) or biased."""
+    """HSIC of two [n, n] Gram matrices (float64), unbiased (n >= 4) or biased.
+
+    Args:
+        k: [n, n] Gram matrix of the first representation.
+        l: [n, n] Gram matrix of the second.
+        estimator: "unbiased" (Song et al. 2012; needs n >= 4) or "biased".
+
+    Returns:
+        A float64 scalar tensor.
+
+    Raises:
+        InvalidParameterError: an unknown estimator, or n < 4 for the unbiased one.
+    """
     n = k.shape[0]
     if estimator == "biased":
         h = torch.eye(n, dtype=k.dtype, device=k.device) - 1.0 / n
@@ -135,7 +148,7 @@ class CKAResult(Result):
         diag = np.diagonal(self.matrix) if self.matrix.shape[0] == self.matrix.shape[1] else None
         extra = f", diagonal {diag.min():.2f}-{diag.max():.2f}" if diag is not None else ""
         return (f"{self.model_a} x {self.model_b}: {self.matrix.shape[0]}x{self.matrix.shape[1]} layers, "
-                f"{self.estimator} CKA of {self.token_policy} tokens over {self.n_images} images{extra}")
+                f"{self.estimator} CKA of {self.token_policy} tokens over {counted(self.n_images, 'image')}{extra}")
 
     def to_rows(self) -> list[dict]:
         """One row per layer pair (1-based indices, with the module names)."""
@@ -212,8 +225,10 @@ def _tokens(x: Any, side: _Side, policy: str, grid: tuple[int, int] | None) -> t
 class OutputHooks(HookSession):
     """Keep each named module's output of the latest forward in ``outputs`` (a context manager)."""
 
-    def __init__(self, modules: Sequence[nn.Module], names: Sequence[str], outputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, modules: Sequence[nn.Module], names: Sequence[str], outputs: dict[str, torch.Tensor],
+                 model: nn.Module | None = None) -> None:
         self.modules, self.names, self.outputs = list(modules), list(names), outputs
+        self.model = model  # the model the modules belong to, whose lock the session holds
 
     def install(self, handles: Handles) -> None:
         for mod, name in zip(self.modules, self.names):
@@ -225,7 +240,7 @@ def _features(side: _Side, x: torch.Tensor, policy: str, grid: tuple[int, int] |
     missing = [n for n in side.layers if n not in modules]
     if missing:
         raise InvalidParameterError(f"{side.name} has no module named {missing[0]!r}; see model.named_modules().")
-    with OutputHooks([modules[n] for n in side.layers], side.layers, side.outputs), torch.no_grad():
+    with OutputHooks([modules[n] for n in side.layers], side.layers, side.outputs, side.module), torch.no_grad():
         if side.autocast is not None:
             side.forward(x)
         else:
@@ -251,17 +266,27 @@ def cka(
     """Layer-by-layer linear CKA between two models on the same images (Raghu et al. 2021, Fig. 1).
 
     Args:
-        model_a, model_b: loaded ViTs (their blocks are the default layers), or any ``nn.Module``
-            (e.g. a timm/torchvision ResNet) with ``layers_a``/``layers_b`` naming its modules.
+        model_a: a loaded ViT (its blocks are the default layers), or any ``nn.Module`` (e.g. a
+            timm/torchvision ResNet) with ``layers_a`` naming its modules.
+        model_b: the other model, as ``model_a``.
         images: the images; each model preprocesses them with its own data config.
-        layers_a, layers_b: module names (``named_modules``) whose outputs are compared.
+        layers_a: module names of ``model_a`` (``named_modules``) whose outputs are compared.
+        layers_b: the same for ``model_b``.
         token_policy: "mean" (mean of patch tokens; spatial mean of CNN maps), "cls" (class
             token) or "patches" (every patch token on a matched grid: ``grid``, default the
             smaller of the two models' token grids).
         estimator: "unbiased" (default) or "biased" HSIC.
         batch_size: images per minibatch (>= 4; a last batch below 4 joins the one before).
+        grid: with ``token_policy="patches"``, the (gh, gw) grid both models' tokens are resampled to.
         n_bootstrap: bootstrap resamples of the minibatches for each cell's 90% interval.
         progress: True for a progress bar, or a callable ``f(done, total)``.
+
+    Returns:
+        A ``CKAResult``: ``cka`` [La, Lb] in [0, 1] (up to estimator noise), with each cell's bootstrap interval.
+
+    Raises:
+        InvalidParameterError: an unknown token policy or estimator, a layer name that is not a module,
+            fewer than 4 images.
     """
     if token_policy not in TOKEN_POLICIES:
         raise InvalidParameterError(f"token_policy must be one of {', '.join(TOKEN_POLICIES)}; got {token_policy!r}.")

@@ -22,6 +22,7 @@ from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
+from ..words import counted
 
 ABLATIONS = ("mean", "zero")
 
@@ -54,7 +55,7 @@ class HeadImportanceResult(Result):
     def summary(self) -> str:
         l, h = np.unravel_index(int(np.argmax(self.logit_drop)), self.logit_drop.shape)
         return (f"{self.model_name or 'model'}: {self.ablation}-ablation of {self.logit_drop.size} heads over "
-                f"{self.n_images} images; most important: layer {l + 1} head {h + 1} "
+                f"{counted(self.n_images, 'image')}; most important: layer {l + 1} head {h + 1} "
                 f"(logit drop {self.logit_drop[l, h]:.3f})")
 
     def to_rows(self) -> list[dict]:
@@ -83,8 +84,10 @@ class HeadAblation(HookSession):
     by its mean output (``means``).
     """
 
-    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str) -> None:
+    def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str,
+                 model: torch.nn.Module | None = None) -> None:
         self.sites, self.heads, self.ablation = list(sites), heads, ablation
+        self.model = model  # the model the sites belong to, whose lock the session holds
         self.plan: list[tuple[int, int]] | None = None
         self.rows = 0
         self.sums: list[torch.Tensor | None] = [None] * len(self.sites)
@@ -127,6 +130,10 @@ def head_importance(
         ablation: "mean" (the head's mean output over these images, per token) or "zero".
         batch_size: images per forward (several heads share a forward when the set is small).
         progress: True for a progress bar and the cost printed first, or a callable ``f(done, total)``.
+
+    Returns:
+        A ``HeadImportanceResult``: ``logit_drop`` [layers, heads] (mean drop of the predicted class's logit),
+        ``accuracy_drop`` [layers, heads] with labels (else None), and the unablated ``base_logit``.
     """
     if ablation not in ABLATIONS:
         raise InvalidParameterError(f"ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}.")
@@ -144,7 +151,7 @@ def head_importance(
         raise InvalidParameterError(f"labels must have one entry per image ({n}); got {len(labels)}.")
     total = cost(m, n)
 
-    ablate = HeadAblation(sites, heads, ablation)
+    ablate = HeadAblation(sites, heads, ablation, m.model)
     with ablate, torch.no_grad(), Progress(progress, total, "head importance") as bar:
         if progress:
             bar.note(f"head importance: {layers * heads} heads x {n} images = {total} image forwards "

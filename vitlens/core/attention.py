@@ -4,7 +4,7 @@ attention distance) and the filters a patch-embedding convolution applies (Fig. 
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -23,7 +23,8 @@ def attention_probs(
     """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
 
     Args:
-        q, k: [B, heads, T, head_dim] as the block uses them (after q_norm / k_norm, RoPE).
+        q: [B, heads, T, head_dim] queries as the block uses them (after q_norm, RoPE).
+        k: [B, heads, T, head_dim] keys as the block uses them (after k_norm, RoPE).
         scale: the module's ``scale`` (head_dim ** -0.5).
         attn_mask: bool (True = attend) or additive float mask broadcastable to [B, heads, T, T].
         is_causal: mask future keys (takes precedence over ``attn_mask``, as in timm).
@@ -34,6 +35,9 @@ def attention_probs(
         out: a contiguous float32 tensor of the result's shape to compute into (no gradients): the
             scores and then the probabilities are written there, no new [B, heads, rows, T] tensor
             (``attention_probs_in_rows`` reuses one for every block of a layer). The same numbers.
+
+    Returns:
+        [B, heads, T, T] float32 probabilities, each row summing to 1 over the keys (``out`` when given).
     """
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if out is not None and not grad:
@@ -62,8 +66,36 @@ def attention_probs(
     return torch.softmax(scores, dim=-1, out=scores)
 
 
+def mha_mask(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None, batch: int, heads: int,
+             queries: int, keys: int) -> torch.Tensor | None:
+    """The additive float mask [B, heads, queries, keys] that ``nn.MultiheadAttention`` applies for its
+    ``attn_mask`` ([queries, keys] or [B * heads, queries, keys]) and ``key_padding_mask`` ([B, keys]),
+    with its semantics: a boolean True means *not allowed* (the opposite of SDPA's and timm's, where
+    True means attend), a float mask is added to the scores. None when neither is given."""
+    out = None
+    for mask, shape in ((attn_mask, None), (key_padding_mask, (batch, 1, 1, keys))):
+        if mask is None:
+            continue
+        if mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(mask, float("-inf"))
+        mask = mask.float()
+        if shape is None:
+            mask = mask.reshape(batch, heads, queries, keys) if mask.dim() == 3 else mask.reshape(1, 1, queries, keys)
+        else:
+            mask = mask.reshape(shape)
+        out = mask if out is None else out + mask
+    return out
+
+
 def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
-    """The weight a conv actually applies: weight-standardised for timm's StdConv2d(Same)."""
+    """The weight a conv actually applies: weight-standardised for timm's StdConv2d(Same).
+
+    Args:
+        conv: the convolution.
+
+    Returns:
+        Its [D, C, kh, kw] weight as applied (detached), standardised per filter for ``StdConv2d``.
+    """
     w = conv.weight.detach().to(torch.float64).cpu()
     if type(conv).__name__ in ("StdConv2d", "StdConv2dSame"):
         flat = w.reshape(w.shape[0], -1)
@@ -74,7 +106,20 @@ def effective_weight(conv: nn.Conv2d) -> torch.Tensor:
 
 
 def conv_filters(conv: nn.Module, name: str, why: str, model_name: str) -> tuple[torch.Tensor, str, str]:
-    """(weight, module name, description) of a convolution's filters, as the layer applies them."""
+    """(weight, module name, description) of a convolution's filters, as the layer applies them.
+
+    Args:
+        conv: the module holding the filters (must be an ``nn.Conv2d``).
+        name: its module name, for the description.
+        why: why this convolution is the one shown (e.g. "the hybrid CNN's first convolution").
+        model_name: the model's name, for the error message.
+
+    Returns:
+        ``(weight [D, C, kh, kw], name, description)``.
+
+    Raises:
+        ViewNotAvailableError: ``conv`` is not a convolution.
+    """
     from ..errors import ViewNotAvailableError
 
     if not isinstance(conv, nn.Conv2d):
@@ -109,7 +154,7 @@ def attention_probs_in_rows(
     biases: Sequence[torch.Tensor] = (),
     scale_after: bool = False,
     workspace: dict | None = None,
-):
+) -> Iterator[tuple[torch.Tensor, slice]]:
     """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
     T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
     the whole computation (the same products and softmax over the same keys). ``query_rows`` None
@@ -121,7 +166,23 @@ def attention_probs_in_rows(
     ``workspace``: a dict the caller keeps for a capture session, where that buffer stays from layer to
     layer and forward to forward (grown when a larger one is needed); with it, ``query_rows >= T``
     gives one block ``slice(0, T)`` in that buffer too (a whole map's fresh 28 MB per layer at 224 px,
-    batch 16, is page faults again)."""
+    batch 16, is page faults again).
+
+    Args:
+        q: [B, heads, T, head_dim] queries, as for ``attention_probs``.
+        k: [B, heads, T, head_dim] keys.
+        scale: the module's ``scale``.
+        query_rows: queries per block (None: one block of every row).
+        attn_mask: as for ``attention_probs``.
+        is_causal: as for ``attention_probs``.
+        biases: as for ``attention_probs``.
+        scale_after: as for ``attention_probs``.
+        workspace: the caller's dict for the session's buffer (above), or None.
+
+    Yields:
+        ``(probs, rows)``: probs [B, heads, rows, T] float32 (valid until the next block), rows the slice
+        of query indices it holds (None for one fresh block of every row, without a workspace).
+    """
     t = q.shape[-2]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if not query_rows or is_causal or (query_rows >= t and (workspace is None or grad)):

@@ -68,7 +68,15 @@ class ModelSpec:
 
     @property
     def num_patch_tokens(self) -> int:
+        """Patch tokens at the built size: gh * gw."""
         return self.grid[0] * self.grid[1]
+
+    def num_tokens(self, grid: tuple[int, int] | None = None) -> int:
+        """Tokens T of the sequence every block attends over (the side of its [T, T] maps): the prefix tokens
+        and the patch tokens of ``grid`` (default the built size's, ``spec.grid``; another input size's from
+        ``LoadedModel.grid_for``)."""
+        gh, gw = grid if grid is not None else self.grid
+        return self.num_prefix_tokens + int(gh) * int(gw)
 
     def prefix_description(self) -> str:
         """'1 (class)', '2 (class, distillation)', '4 (4 registers)', '0 (none: GAP/MAP head)'."""
@@ -105,7 +113,14 @@ class ModelSpec:
 
 
 def param_count_str(n: int) -> str:
-    """3.1M-style parameter count for display."""
+    """3.1M-style parameter count for display.
+
+    Args:
+        n: a parameter count.
+
+    Returns:
+        The count with a K/M/B suffix (e.g. "3.1M").
+    """
     if n <= 0:
         return "0"
     exp = min(int(math.log10(n)) // 3, 3)

@@ -1,9 +1,12 @@
 """What a model family tells vitlens: its spec, where its attention is computed and how to capture
 it exactly, its pixel-space embedding filters and its position-embedding table.
 
-Every view of the paper reads a model only through this interface, so supporting a new family
-(BEiT, EVA, Hugging Face, torchvision, ...) is one module in ``vitlens/families/`` and nothing
-else. The capture guarantee is the family's to keep:
+Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
+Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
+``vitlens/families/__init__.py``; a family loaded by a name prefix also needs that prefix in
+``vitlens/loading/``, and the Grad-CAM target layer (``attribution/cam.py``'s ``_PRE_ATTENTION_NORMS``)
+and AttnLRP's rules (``attribution/lrp.py``'s ``_MODULE_RULES``) are still matched by module and class
+names there. The capture guarantee is the family's to keep:
 
 - ``side`` capture leaves the model's own forward untouched (its outputs bit-for-bit those of a
   run without capture) and computes the post-softmax probabilities beside it from the very
@@ -13,6 +16,8 @@ else. The capture guarantee is the family's to keep:
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -64,20 +69,52 @@ class Handles:
             self._undo.pop()()
 
 
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(module: nn.Module) -> "threading.RLock":
+    """The one lock of a model module (``LoadedModel.lock``): every hook session on it holds it from
+    install to removal, and ``LoadedModel.forward`` holds it for the forward, so a second thread waits
+    until the first thread's session is over and its hooks never see the other thread's forwards.
+    Re-entrant: the sessions one capture nests (a view's pool or token-norm hooks) and their forwards run
+    on the holding thread. A plain ``module(x)`` from user code in another thread does not take it."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(module)
+        if lock is None:
+            lock = _LOCKS[module] = threading.RLock()
+        return lock
+
+
 class HookSession:
     """The one managed hook mechanism: a context manager whose ``install(handles)`` puts its hooks
     (and attribute changes) on a model when the ``with`` block starts; every one is removed when
     it ends, by an exception too, and by a failure half-way through installing. Attention
-    capture, pool attention, token norms, CKA features and head ablation are all sessions."""
+    capture, pool attention, token norms, CKA features, head ablation and AttnLRP's mode are all
+    sessions, and each holds its model's lock (``model_lock``) while it is active: two threads'
+    sessions on one model run one after the other, never mixed."""
 
     _handles: Handles | None = None
+    _lock: Any = None
 
     def install(self, handles: Handles) -> None:
         raise NotImplementedError
 
+    def locked_module(self) -> nn.Module | None:
+        """The model whose lock the session holds: its ``model`` (or its LoadedModel ``m``'s) by default."""
+        model = getattr(self, "model", None)
+        if model is None and getattr(self, "m", None) is not None:
+            model = getattr(self.m, "model", None)
+        return model if isinstance(model, nn.Module) else None
+
     def __enter__(self):  # noqa: ANN204 (returns the session itself, whatever its subclass)
         if self._handles is not None:
             raise RuntimeError(f"This {type(self).__name__} is already active; nest a new one instead.")
+        module = self.locked_module()
+        lock = model_lock(module) if module is not None else None
+        if lock is not None:
+            lock.acquire()
+        self._lock = lock
         self._handles = Handles()
         try:
             self.install(self._handles)
@@ -87,9 +124,14 @@ class HookSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._handles is not None:
-            self._handles.remove()
-        self._handles = None
+        try:
+            if self._handles is not None:
+                self._handles.remove()
+        finally:
+            self._handles = None
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
 
 
 class Family:
@@ -124,8 +166,9 @@ class Family:
         raise NotImplementedError
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it, where the family
-        lets that differ from the size the model was built for."""
+        """The model's spec; ``input_size`` is the (H, W) its preprocessing feeds it (None: the size it was
+        built for). A family honours it (Hugging Face towers, timm models built with ``dynamic_img_size``) or
+        refuses another size (``refuse_other_size``); none ignores it."""
         raise NotImplementedError
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
@@ -192,27 +235,57 @@ def prefix_labels(cls: bool, distillation: bool = False, registers: int = 0) -> 
 FAMILIES: list[Family] = []
 
 
+def refuse_other_size(name: str, family: str, built: Sequence[int], input_size: Sequence[int] | None) -> None:
+    """For a family that reads a model only at the size it was built for: refuse another ``input_size``
+    (what ``Family.spec`` is given from a data config), rather than describe the model at a size it is not fed."""
+    if input_size is not None and tuple(int(s) for s in input_size) != tuple(int(s) for s in built):
+        raise UnsupportedModelError(
+            f"{name!r} is built for {built[0]}x{built[1]} inputs and vitlens reads {family} models at that size only; "
+            f"got input_size {tuple(input_size)} in the data config: drop it, or build the model at that size.")
+
+
 def register(family: Family) -> Family:
+    """Add ``family`` to ``FAMILIES``, the one list ``family_of`` reads (in order: the first that matches wins).
+
+    Args:
+        family: the family to add.
+
+    Returns:
+        ``family``, so that ``register(MyFamily())`` can be a module-level statement.
+    """
     FAMILIES.append(family)
     return family
+
+
+#: timm model modules vitlens refuses, with what it would silently get wrong.
+REFUSED_FAMILIES = {
+    "vision_transformer_relpos": "relative-position bias added to the attention logits",
+    "vision_transformer_sam": "windowed attention with decomposed relative-position bias (SAM)",
+    "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
+    "cait": "class-attention layers and talking heads (CaiT)",
+    "xcit": "cross-covariance attention over channels (XCiT)",
+    "swin_transformer": "windowed attention with relative-position bias (Swin)",
+}
 
 
 def family_of(model: nn.Module, name: str | None = None) -> Family:
     """The family that can capture ``model`` exactly (after its ``check``).
 
+    Args:
+        model: the model module.
+        name: its name, for messages (default: its class name).
+
+    Returns:
+        The ``Family`` that reads it.
+
     Raises:
         UnsupportedModelError: no family knows the model, or its family refuses it (and says why).
     """
-    from . import _load_all
-
-    _load_all()
     name = name or type(model).__name__
     for family in FAMILIES:
         if family.matches(model):
             family.check(model, name)
             return family
-    from . import REFUSED_FAMILIES
-
     module = type(model).__module__
     short = module.rsplit(".", 1)[-1]
     if module.startswith("timm.") and short in REFUSED_FAMILIES:

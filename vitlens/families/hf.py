@@ -22,13 +22,20 @@ Two models need their inputs fixed for the maps to be those of an image:
   (NaFlex-style packing). vitlens feeds one fixed size, the position table's own square grid
   (``sqrt(num_patches) * patch_size`` pixels, squashed), cut into patches as Siglip2's image
   processor cuts them, with no padding: the mask is all ones, the maps are exact. Aspect-preserving
-  variable-resolution packing itself is not reproduced.
+  variable-resolution packing itself is not reproduced by the views, which refuse a padded batch in
+  one line (``refuse_padding_in_views``); ``vl.capture_attention`` of a user's own packed inputs is
+  exact, padding keys at zero: the mask is taken as the attention gets it, boolean (True = attend)
+  under sdpa, additive under eager.
+
+Another input size than the config's: ``interpolate_pos_encoding=True`` where the call takes it
+(``size_inputs``), a one-line refusal where it does not (Dinov2 and Siglip2 resample by themselves).
 
 transformers is an optional dependency (``pip install 'vitlens[hf]'``).
 """
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -63,8 +70,16 @@ PROCESSOR_DEFAULTS = {
 }
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
-# the captures whose inline hooks are active: (id(attention module) -> layer, emit, detach)
-_ACTIVE: list[tuple[dict[int, int], Emit, bool]] = []
+class _Active(threading.local):
+    """Per thread, the captures whose inline hooks are active: (id(attention module) -> layer, emit, detach).
+    Thread-local, so an attention call routes to the captures its own thread opened (the model's lock keeps
+    two threads' captures of one model apart; this keeps a forward of another thread out of them)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[dict[int, int], Emit, bool]] = []
+
+
+_ACTIVE = _Active()
 _REGISTERED = False
 
 
@@ -74,10 +89,30 @@ def _inline_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     from transformers.models.vit.modeling_vit import eager_attention_forward
 
     out, weights = eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    for layers, emit, detach in _ACTIVE:
+    for layers, emit, detach in _ACTIVE.entries:
         if id(module) in layers:
+            refuse_padding_in_views(emit, attention_mask)
             emit(layers[id(module)], weights.detach() if detach else weights)
     return out, weights
+
+
+def masks_keys(mask: torch.Tensor | None) -> bool:
+    """Whether an attention mask, boolean (True = attend) or additive, masks any key (Siglip2's padding)."""
+    if mask is None:
+        return False
+    if mask.dtype == torch.bool:
+        return not bool(mask.all())
+    return bool((mask <= torch.finfo(mask.dtype).min / 2).any())
+
+
+def refuse_padding_in_views(emit: Emit, mask: torch.Tensor | None) -> None:
+    """The views read every token as a patch of one grid (``spec.grid``); a packed Siglip2 batch with
+    padding has per-image grids and padding tokens, which they would count as patches. Its maps (padding
+    keys at exactly zero, as in the model) are for ``capture_attention``; the views feed one size unpadded."""
+    if getattr(emit, "views", False) and masks_keys(mask):
+        raise UnsupportedModelError(
+            "vitlens views do not read packed Siglip2 inputs with padding (pixel_attention_mask with zeros): pass "
+            "images (the views feed one unpadded size), or use vl.capture_attention for the maps themselves.")
 
 
 def _register_inline() -> None:
@@ -140,15 +175,48 @@ def siglip2_inputs(x: torch.Tensor, patch: int) -> dict[str, torch.Tensor]:
             "spatial_shapes": torch.tensor([[gh, gw]] * b, dtype=torch.long, device=x.device)}
 
 
-def model_inputs(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
-    """The keyword inputs of a preprocessed batch [B, 3, H, W], as vitlens feeds the model."""
+#: model types whose embeddings resample the position table to any input size by themselves
+ANY_SIZE = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
+
+
+def size_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str, Any]:
+    """``interpolate_pos_encoding=True`` for an input of another size than the config's, where ``fn`` (the
+    call vitlens makes) takes it; nothing at the config's size (the outputs those of a plain call).
+
+    Raises:
+        InvalidParameterError: another size, and a model that cannot take one.
+    """
+    import inspect
+
+    cfg = vision_tower(model).config
+    size, hw = _pair(_image_size(cfg)), (int(x.shape[-2]), int(x.shape[-1]))
+    if hw == size or tower_type(model) in ANY_SIZE:
+        return {}
+    try:
+        takes = "interpolate_pos_encoding" in inspect.signature(fn or model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if takes:
+        return {"interpolate_pos_encoding": True}
+    from ..errors import InvalidParameterError
+
+    raise InvalidParameterError(
+        f"{type(model).__name__} was built for {size[0]}x{size[1]} px inputs and cannot resample its position table "
+        f"(no interpolate_pos_encoding); got {hw[0]}x{hw[1]} px: load it without another input_size.")
+
+
+def model_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str, Any]:
+    """The keyword inputs of a preprocessed batch [B, 3, H, W], as vitlens feeds the model (``fn``: the call
+    they are for, whose signature says whether it resamples the position table: ``size_inputs``)."""
     kind = tower_type(model)
     if kind == "siglip2_vision_model":
         return siglip2_inputs(x, int(vision_tower(model).config.patch_size))
+    extra = size_inputs(model, x, fn)
     if kind == "vit_mae":  # every patch, kept in the image's own order (mask_ratio is 0)
         n = (x.shape[-2] // _pair(model.config.patch_size)[0]) * (x.shape[-1] // _pair(model.config.patch_size)[1])
-        return {"pixel_values": x, "noise": torch.arange(n, device=x.device, dtype=x.dtype).expand(x.shape[0], -1)}
-    return {"pixel_values": x}
+        return {"pixel_values": x, "noise": torch.arange(n, device=x.device, dtype=x.dtype).expand(x.shape[0], -1),
+                **extra}
+    return {"pixel_values": x, **extra}
 
 
 def _pair(v: Any) -> tuple[int, int]:
@@ -246,10 +314,12 @@ class HuggingFaceViT(Family):
                 d = getattr(attn, "head_dim", None) or q.shape[-1] // attn.config.num_attention_heads
                 q = q.view(b, t, -1, d).transpose(1, 2)
                 k = k.view(b, t, -1, d).transpose(1, 2)
+                mask = state.get("mask")
+                refuse_padding_in_views(emit, mask)
                 with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
-                    mask = state.get("mask")
-                    probs = attention_probs(q, k, _scale_of(attn), biases=() if mask is None else (mask,),
-                                            scale_after=True)
+                    # the mask as the attention function gets it: boolean (True = attend) under sdpa, additive
+                    # under eager; attention_probs takes both (a boolean added as a bias would mask nothing)
+                    probs = attention_probs(q, k, _scale_of(attn), mask, scale_after=True)
                 emit(layer, probs)
 
             handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -260,8 +330,9 @@ class HuggingFaceViT(Family):
         _register_inline()
         attns = self.attention_modules(model)
         entry = ({id(a): i for i, a in enumerate(attns)}, emit, detach)
-        _ACTIVE.append(entry)
-        handles.on_remove(lambda: _ACTIVE.remove(entry))
+        active = _ACTIVE.entries  # this thread's list (removal may run after an exception, still on it)
+        active.append(entry)
+        handles.on_remove(lambda: active.remove(entry))
         for config in {id(a.config): a.config for a in attns}.values():
             handles.set_attr(config, "_attn_implementation", INLINE_KEY)
 
@@ -271,6 +342,7 @@ class HuggingFaceViT(Family):
         import torch.nn.functional as F
 
         from ..errors import ViewNotAvailableError
+        from .torchvision_vit import call_mask
 
         head = getattr(vision_tower(model), "head", None)
         mha = getattr(head, "attention", None)
@@ -281,7 +353,6 @@ class HuggingFaceViT(Family):
 
         def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
             query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
-            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
             e, h = mod.embed_dim, mod.num_heads
             w, b = mod.in_proj_weight, mod.in_proj_bias
             with torch.no_grad():
@@ -289,11 +360,10 @@ class HuggingFaceViT(Family):
                 k = F.linear(key, w[e:2 * e], None if b is None else b[e:2 * e])
                 q = q.unflatten(-1, (h, e // h)).transpose(1, 2)
                 k = k.unflatten(-1, (h, e // h)).transpose(1, 2)
-                if mask is not None and mask.dim() == 3:  # [B * heads, queries, T], as nn.MultiheadAttention takes it
-                    mask = mask.reshape(q.shape[0], h, q.shape[2], k.shape[2])
-                bias = () if mask is None else (mask,)
+                # its attn_mask / key_padding_mask with nn.MultiheadAttention's semantics (bool True = masked)
+                mask = call_mask(mod, q, k, args, kwargs)
                 with torch.autocast(device_type=q.device.type, enabled=False):
-                    probs = attention_probs(q, k, (e // h) ** -0.5, biases=bias)
+                    probs = attention_probs(q, k, (e // h) ** -0.5, mask)
             emit(0, probs)
 
         handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -343,13 +413,12 @@ class HuggingFaceViT(Family):
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a CLIP/SigLIP model
         (projected), the pooled output, or the class token (the mean token without one)."""
-        inputs = model_inputs(model, x)
         if "ForImageClassification" not in type(model).__name__ and hasattr(model, "get_image_features"):
-            out = model.get_image_features(**inputs)
+            out = model.get_image_features(**model_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
         if "ForImageClassification" not in type(model).__name__:
             model = vision_tower(model)
-        out = model(**inputs)
+        out = model(**model_inputs(model, x, model.forward))
         if getattr(out, "logits", None) is not None:
             return out.logits
         pooled = getattr(out, "pooler_output", None)

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, register
+from .base import Emit, Family, Handles, refuse_other_size, register
 from ..core.attention import conv_filters
 from .torchvision_vit import TorchvisionViT
 
@@ -104,6 +104,7 @@ class OpenClipViT(TorchvisionViT):
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         visual = visual_of(model)
         size = tuple(int(s) for s in visual.image_size)
+        refuse_other_size(name, self.name, size, input_size)
         patch = tuple(int(p) for p in visual.patch_size)
         grid = (size[0] // patch[0], size[1] // patch[1])
         blocks = visual.transformer.resblocks

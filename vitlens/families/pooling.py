@@ -1,6 +1,7 @@
 """The attention of a model's attention pool (a MAP head: timm's ``AttentionPoolLatent``, SigLIP's probe
 attention), where the model pools through one instead of a class token: an extra map beside the
-blocks' own, [B, heads, queries, T] over every token the pool reads (T = prefix + patch tokens).
+blocks' own, [B, heads, queries, T] over every token (T = prefix + patch tokens; a pool that reads the
+patch tokens only, timm's ``pool_include_prefix=False`` behind registers, puts exactly zero on the prefix).
 
 The capture is ``side`` (the model's output untouched), computed in float32 from the very queries
 and keys the pool uses, as the family's block capture is::
@@ -37,8 +38,14 @@ class PoolAttentionCapture(HookSession):
 
     def patch_maps(self, spec: object) -> torch.Tensor:
         """The latest map over the patch tokens only, on their grid: [B, heads, queries, gh, gw]."""
+        from ..errors import ViewNotAvailableError
+
         probs = self.maps[0]
         prefix, (gh, gw) = spec.num_prefix_tokens, spec.grid  # type: ignore[attr-defined]
+        if probs.shape[-1] != prefix + gh * gw:
+            raise ViewNotAvailableError(
+                f"The pool's map has {probs.shape[-1]} key columns, not the {prefix} prefix + {gh}x{gw} patch tokens "
+                "of this spec: pass the spec of the input the forward ran on (m.spec at its own size).")
         return probs[..., prefix:].reshape(*probs.shape[:-1], gh, gw)
 
     def _emit(self, layer: int, probs: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.attention import attention_output_in_rows, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, prefix_labels, query_rows_of, register
+from .base import Emit, Family, Handles, prefix_labels, query_rows_of, refuse_other_size, register
 
 
 def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
@@ -110,6 +110,8 @@ class TimmFamily(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
+        if not getattr(model, "dynamic_img_size", False):  # a dynamic model is read at any size (grid_for)
+            refuse_other_size(name, self.name, pe.img_size, input_size)
         grid = tuple(int(g) for g in pe.grid_size)
         pos = getattr(model, "pos_embed", None)
         pos_prefix = 0 if (pos is None or getattr(model, "no_embed_class", False)) else \
@@ -155,6 +157,11 @@ class TimmFamily(Family):
                 f"global_pool={getattr(model, 'global_pool', '')!r}"
             raise ViewNotAvailableError(f"{type(model).__name__} pools with {what}, not timm's MAP head "
                                         "(AttentionPoolLatent), so there is no pool attention to show.")
+        # VisionTransformer's pool reads the patch tokens only unless pool_include_prefix (Eva's reads every token):
+        # the prefix tokens (registers, a class token) then get exactly zero weight
+        prefix = 0 if getattr(model, "pool_include_prefix", True) else int(model.num_prefix_tokens)
+        if prefix:
+            emit = _prefix_columns(emit, prefix)
         install_qk_norm_hooks([pool], emit, handles, {"attn_mask": 1})
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
@@ -169,11 +176,55 @@ class TimmFamily(Family):
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         if tuple(input_hw) == spec.image_size:
             return spec.grid
+        check_input_size(model, input_hw)
         gh, gw = model.patch_embed.dynamic_feat_size(tuple(int(s) for s in input_hw))
         return int(gh), int(gw)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return timm_data_config(model, spec)
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        check_input_size(model, x.shape[-2:])
+        return model(x)
+
+
+def check_input_size(model: nn.Module, input_hw: Sequence[int]) -> None:
+    """Refuse, in one line, an input size the timm model's patch embedding asserts against (a fixed size,
+    or a size its patches do not divide without padding), before the model's own assertion would.
+
+    Raises:
+        InvalidParameterError: naming the size, what the model takes, and what to do.
+    """
+    from ..errors import InvalidParameterError
+
+    pe = model.patch_embed
+    size = getattr(pe, "img_size", None)
+    hw = (int(input_hw[0]), int(input_hw[1]))
+    if size is None:
+        return
+    size = tuple(int(s) for s in size)
+    if getattr(pe, "strict_img_size", False) and hw != size:
+        raise InvalidParameterError(
+            f"{type(model).__name__} takes {size[0]}x{size[1]} px inputs only (no dynamic_img_size); got {hw[0]}x{hw[1]} "
+            f"px: feed that size, or build the model with dynamic_img_size=True (or img_size={hw}).")
+    patch = tuple(int(p) for p in getattr(pe, "patch_size", (1, 1)))
+    if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % patch[0] or hw[1] % patch[1]):
+        raise InvalidParameterError(
+            f"{type(model).__name__}: an input of {hw[0]}x{hw[1]} px is not a whole number of {patch[0]}x{patch[1]} px "
+            "patches: feed a multiple of the patch size, or build the model with dynamic_img_pad=True.")
+
+
+def _prefix_columns(emit: Emit, prefix: int) -> Emit:
+    """``emit`` for a pool that attends the patch tokens only (``pool_include_prefix=False``): its map over
+    them, [B, heads, queries, N], handed on over every token, [B, heads, queries, prefix + N], with zero
+    weight on the prefix tokens it does not read (so the pool's map lines up with the blocks' tokens)."""
+    import torch.nn.functional as F
+
+    def padded(layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
+        probs = F.pad(probs, (prefix, 0))
+        emit(layer, probs) if rows is None else emit(layer, probs, rows)
+
+    return padded
 
 
 def _registers(model: nn.Module) -> int:

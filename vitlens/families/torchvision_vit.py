@@ -20,10 +20,19 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, register
-from ..core.attention import attention_probs, conv_filters
+from .base import Emit, Family, Handles, refuse_other_size, register
+from ..core.attention import attention_probs, conv_filters, mha_mask
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def call_mask(mha: nn.MultiheadAttention, q: torch.Tensor, k: torch.Tensor, args: tuple,
+              kwargs: dict) -> torch.Tensor | None:
+    """The additive mask [B, heads, T, T] of an ``nn.MultiheadAttention`` call (its ``key_padding_mask``
+    and ``attn_mask``, keyword or positional, with the module's semantics: ``mha_mask``)."""
+    padding = kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None)
+    mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
+    return mha_mask(mask, padding, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
 def heads_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -65,6 +74,7 @@ class TorchvisionViT(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         size, patch = int(model.image_size), int(model.patch_size)
+        refuse_other_size(name, self.name, (size, size), input_size)
         head = model.heads[-1] if isinstance(model.heads, nn.Sequential) else model.heads
         return ModelSpec(
             name=name, kind="vit", image_size=(size, size), grid=(size // patch, size // patch), stride_px=(patch, patch),
@@ -81,7 +91,8 @@ class TorchvisionViT(Family):
                 with torch.no_grad():
                     q, k, _v = heads_qkv(mod, x)
                     with torch.autocast(device_type=x.device.type, enabled=False):
-                        probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]))
+                        probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]),
+                                                call_mask(mod, q, k, args, kwargs))
                 emit(layer, probs)
 
             handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -91,7 +102,9 @@ class TorchvisionViT(Family):
             def recompute(mod: nn.Module, args: tuple, kwargs: dict, _out: tuple, layer: int = layer) -> tuple:
                 x = args[0] if args else kwargs["query"]
                 q, k, v = heads_qkv(mod, x)
-                probs = ((q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)).softmax(dim=-1)
+                scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
+                mask = call_mask(mod, q, k, args, kwargs)
+                probs = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(dim=-1)
                 emit(layer, probs.detach() if detach else probs)
                 b, h, t, d = q.shape
                 out = F.linear((probs @ v).transpose(1, 2).reshape(b, t, h * d), mod.out_proj.weight, mod.out_proj.bias)

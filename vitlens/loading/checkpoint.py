@@ -21,6 +21,43 @@ def looks_like_checkpoint_path(name: str) -> bool:
     return Path(name).suffix.lower() in CHECKPOINT_SUFFIXES or Path(name).is_file()
 
 
+READABLE_FORMATS = "Pass a .safetensors, .pth/.pt/.bin (state dict) or original ViT .npz file."
+
+#: leading bytes of files often passed by mistake, and what to call them
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"BM", "a BMP image"), (b"RIFF", "a RIFF file (WebP image or WAV audio)"), (b"%PDF", "a PDF document"),
+    (b"\x1f\x8b", "a gzip archive"), (b"II*\x00", "a TIFF image"), (b"MM\x00*", "a TIFF image"),
+)
+
+
+def file_kind(path: Path) -> str:
+    """What a file evidently is when it is no checkpoint ("a PNG image", "a text file"); "" when it may be
+    one (a zip archive, a pickle, anything else)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return ""
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    if head and b"\x00" not in head:
+        try:
+            head.decode("utf-8")
+            return "a text file"
+        except UnicodeDecodeError:
+            pass
+    return ""
+
+
+def _torch_reason(e: Exception) -> str:
+    """torch's complaint, without its advice to retry with weights_only=False (vitlens never suggests it)."""
+    lines = [line for line in str(e).splitlines() if line.strip() and "weights_only" not in line]
+    sentences = [s for s in " ".join(lines).split(". ") if "weights_only" not in s and "trusted source" not in s]
+    return ". ".join(sentences).strip() or type(e).__name__
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """Read the tensors of a .safetensors or torch checkpoint, refusing pickled code.
 
@@ -38,22 +75,24 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             return load_file(str(path), device="cpu")
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{path} is not a readable safetensors file ({e}).") from e
+    kind = file_kind(path)
+    if kind:  # an image, a text file, an archive: say what it is rather than what torch tripped on
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint. {READABLE_FORMATS}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "global" not in str(e).lower():
-            raise CheckpointError(f"{path} is not a PyTorch checkpoint vitlens can read ({first}).") from e
+            raise CheckpointError(f"{path} is not a PyTorch checkpoint vitlens can read: its data is not a "
+                                  f"pickled state dict. {READABLE_FORMATS}") from e
         raise CheckpointError(
-            f"Refused to load {path}: it is a pickle that needs code to unpickle ({first}). "
+            f"Refused to load {path}: it is a pickle that needs code to unpickle ({_torch_reason(e)}). "
             "vitlens only loads weights (weights_only=True). Re-save the state dict as safetensors, e.g. "
             "safetensors.torch.save_file(model.state_dict(), 'model.safetensors'), from a trusted environment."
         ) from e
     except Exception as e:  # torch raises many types (RuntimeError, IndexError, EOFError, ...) on junk files
         raise CheckpointError(
-            f"{path} is not a PyTorch checkpoint vitlens can read ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            "Pass a .safetensors, .pth/.pt/.bin (state dict) or original ViT .npz file."
-        ) from e
+            f"{path} is not a PyTorch checkpoint vitlens can read: neither a torch zip archive nor a pickled "
+            f"state dict. {READABLE_FORMATS}") from e
     return _unwrap_state_dict(obj, path)
 
 
@@ -83,6 +122,69 @@ def _unwrap_state_dict(obj: object, path: Path) -> dict[str, torch.Tensor]:
     return {(k[7:] if k.startswith("module.") else k): v for k, v in obj.items()}
 
 
+#: architectures a checkpoint without --arch is tried against (their shapes, built on the meta device): the
+#: embedded pair and the common timm ViTs and DeiTs. A hint names only those whose every tensor fits.
+CANDIDATE_ARCHS: tuple[str, ...] = (
+    "ref-vit", "ref-hybrid", "vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
+    "vit_base_patch32_224", "vit_large_patch16_224", "vit_base_patch16_384", "vit_base_r50_s16_224",
+    "deit_tiny_patch16_224", "deit_small_patch16_224", "deit_base_patch16_224")
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in a checkpoint (safetensors headers only; torch files are read)."""
+    if path.suffix.lower() == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except Exception as e:  # noqa: BLE001 - any unreadable header is the same answer
+            raise CheckpointError(f"{path} is not a readable safetensors file ({e}).") from e
+    return {k: tuple(v.shape) for k, v in read_state_dict(path).items()}
+
+
+def shape_summary(shapes: dict[str, tuple[int, ...]]) -> str:
+    """A ViT state dict's shape in words: depth (blocks), width, patch size, classes ("" where unknown).
+    Heads are not stored in a state dict (qkv is [3 x width, width]), so they are not said."""
+    depth = 1 + max((int(k.split(".")[1]) for k in shapes if k.startswith("blocks.") and k.split(".")[1].isdigit()),
+                    default=-1)
+    width = next((shape[-1] for key in ("cls_token", "pos_embed", "norm.weight") if (shape := shapes.get(key))), None)
+    patch = shapes.get("patch_embed.proj.weight")
+    head = shapes.get("head.weight")
+    parts = [f"{depth} blocks" if depth else "", f"width {width}" if width else "",
+             f"patch {patch[-1]} px" if patch and len(patch) == 4 else "", f"{head[0]} classes" if head else ""]
+    return ", ".join(p for p in parts if p) or f"{len(shapes)} tensors, none of a ViT's usual names"
+
+
+def _arch_shapes(arch: str) -> dict[str, tuple[int, ...]]:
+    import timm
+
+    from ..reference import REFERENCE_NAMES, build_reference
+
+    if arch in REFERENCE_NAMES:
+        model = build_reference(arch)
+    else:
+        model = timm.create_model(arch, pretrained=False, device="meta")
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def fitting_architectures(path: Path, candidates: tuple[str, ...] = CANDIDATE_ARCHS) -> list[str]:
+    """The candidate architectures whose every tensor has the checkpoint's name and shape (the hint for a
+    checkpoint passed without its architecture; [] when none fits or the file cannot be read)."""
+    try:
+        shapes = tensor_shapes(path)
+    except CheckpointError:
+        return []
+    fits = []
+    for arch in candidates:
+        try:
+            if _arch_shapes(arch) == shapes:
+                fits.append(arch)
+        except Exception:  # noqa: BLE001 - an architecture this timm lacks is simply not a fit
+            continue
+    return fits
+
+
 def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
     """Load ``path`` into ``model`` (built as ``arch``) strictly; mismatches raise CheckpointError.
 
@@ -102,6 +204,7 @@ def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
         return
     state = read_state_dict(path)
     refuse_non_finite(state.items(), str(path))
+    file_shapes = {k: tuple(v.shape) for k, v in state.items()}  # as stored (timm's filter resamples some)
     filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
     if filter_fn is not None:
         try:
@@ -110,10 +213,12 @@ def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
             raise _mismatch_error(path, arch, f"its tensors do not convert ({e})") from e
     try:
         model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        detail = " ".join(str(e).split())
-        if len(detail) > 600:
-            detail = detail[:600] + " ..."
+    except RuntimeError as e:  # a summary, not torch's hundreds of missing keys
+        arch_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        missing, unexpected = len(set(arch_shapes) - set(file_shapes)), len(set(file_shapes) - set(arch_shapes))
+        wrong = sum(1 for k in set(arch_shapes) & set(file_shapes) if arch_shapes[k] != file_shapes[k])
+        detail = (f"the file has {shape_summary(file_shapes)}; {arch} has {shape_summary(arch_shapes)} "
+                  f"({missing} tensors missing, {unexpected} unexpected, {wrong} of another shape)")
         raise _mismatch_error(path, arch, detail) from e
 
 

@@ -19,7 +19,18 @@ WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly."""
+    """``None`` -> CUDA when available, else CPU; a CUDA device without a GPU is refused clearly.
+
+    Args:
+        device: "cpu", "cuda", "cuda:1", a ``torch.device``, or None.
+
+    Returns:
+        The torch device.
+
+    Raises:
+        DeviceUnavailableError: CUDA asked for on a machine without a usable GPU.
+        InvalidParameterError: a value that is not a torch device.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -52,7 +63,10 @@ class LoadedModel:
     """A ViT in eval mode with what the views need to read it.
 
     Attributes:
-        model: the plain module (timm, or another family's); never modified by vitlens.
+        model: the plain module (timm, or another family's). Loading puts it in eval mode, turns off its
+            parameters' ``requires_grad`` and moves it to ``device`` (``from_module``); its weights are never
+            changed. A capture or an attribution method installs hooks (and AttnLRP switches attention paths)
+            only for its duration and removes them on exit and on error.
         spec: grid, stride, prefix tokens, depth, ... (``ModelSpec``).
         device: where it runs.
         dtype: compute dtype (bf16/fp16 run the forward under autocast).
@@ -198,9 +212,20 @@ class LoadedModel:
             return None
         return names if len(names) == self.spec.num_classes else None
 
+    @property
+    def lock(self) -> Any:
+        """The model's lock (``vitlens.families.base.model_lock``, re-entrant): every hook session on it (capture,
+        pool attention, token norms, AttnLRP, ...) and every ``forward`` holds it, so two threads sharing this
+        model (the app's sessions) wait for each other and never see each other's maps. Hold it yourself
+        (``with m.lock:``) around several calls that must not interleave with another thread's."""
+        from ..families.base import model_lock
+
+        return model_lock(self.model)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The model's output for a batch already on the device (autocast applied; graph kept)."""
-        with self.autocast():
+        """The model's output for a batch already on the device (autocast applied; graph kept), under the
+        model's lock (``lock``): a forward waits while another thread's hook session is on the model."""
+        with self.lock, self.autocast():
             return self.family.logits(self.model, x)
 
     @torch.no_grad()

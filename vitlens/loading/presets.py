@@ -28,5 +28,12 @@ PRESETS: tuple[Preset, ...] = (
 
 
 def list_models(include_downloads: bool = True) -> list[Preset]:
-    """Presets: the embedded reference models first, then hub checkpoints (these need a download)."""
+    """Presets: the embedded reference models first, then hub checkpoints (these need a download).
+
+    Args:
+        include_downloads: False: the embedded models only (what works offline).
+
+    Returns:
+        The ``Preset`` entries (name, description, whether it needs a download), in display order.
+    """
     return [p for p in PRESETS if include_downloads or not p.needs_download]

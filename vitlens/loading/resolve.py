@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
+from ..errors import (CheckpointError, InvalidParameterError, UnknownModelError, UnsupportedModelError,
+                      WeightsUnavailableError)
 from .model import LoadedModel, check_dtype, resolve_device
 
 #: how each interface asks for random weights / a checkpoint with its architecture
@@ -22,7 +23,14 @@ RANDOM_INIT = {"python": "pass pretrained=False", "cli": "add --random-init",
 
 
 def loadable(name: str) -> bool:
-    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory)."""
+    """Whether timm's ``name`` builds a model vitlens can capture (built on the meta device: no memory).
+
+    Args:
+        name: a timm model name.
+
+    Returns:
+        True when a family would capture it exactly.
+    """
     import timm
 
     from ..families import family_of
@@ -35,7 +43,14 @@ def loadable(name: str) -> bool:
 
 
 def suggest(name: str) -> UnknownModelError:
-    """The error for an unknown name, with close timm names that vitlens can load."""
+    """The error for an unknown name, with close timm names that vitlens can load.
+
+    Args:
+        name: the name that did not resolve.
+
+    Returns:
+        An ``UnknownModelError`` (to raise) whose message names up to five close names.
+    """
     import timm
 
     base = name.split(".")[0]
@@ -69,7 +84,7 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
     import timm
 
     from ..reference import REFERENCE_NAMES, build_reference
-    from .checkpoint import load_checkpoint_into
+    from .checkpoint import fitting_architectures, load_checkpoint_into, shape_summary, tensor_shapes
 
     path = Path(name).expanduser()
     if path.is_dir():
@@ -78,10 +93,22 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
                               f"the model name hf:{path}.")
     if not path.is_file():
         raise CheckpointError(f"Checkpoint file not found: {path}. Check the path.")
-    if not arch:
-        raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too.",
-                              fixes={"python": f"For example: vl.load_model({str(path)!r}, arch='vit_base_patch16_224').",
-                                     "cli": f"For example: --model {path} --arch vit_base_patch16_224.",
+    if not arch:  # suggest only architectures whose every tensor fits the file's, or none
+        fits = fitting_architectures(path)
+        if fits:
+            raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too; "
+                                  f"{' or '.join(fits)} fit{'s' if len(fits) == 1 else ''} its tensors.",
+                                  fixes={"python": f"For example: vl.load_model({str(path)!r}, arch={fits[0]!r}).",
+                                         "cli": f"For example: --model {path} --arch {fits[0]}.",
+                                         "app": f"Give it in the Architecture field: {fits[0]}."})
+        try:
+            shape = shape_summary(tensor_shapes(path))
+        except CheckpointError:
+            shape = "tensors vitlens cannot read"
+        raise CheckpointError(f"{path} is a checkpoint file: pass its architecture too (the one it was trained "
+                              f"with; the file has {shape}, and none of vitlens's usual architectures fits it).",
+                              fixes={"python": "Pass arch= the timm name it was trained with.",
+                                     "cli": "Pass --arch with the timm name it was trained with.",
                                      "app": "Give it in the Architecture field (a timm name, or ref-vit / ref-hybrid)."})
     if arch in REFERENCE_NAMES:
         model = build_reference(arch)
@@ -150,9 +177,17 @@ def load_model(
             statistic vitlens computes stays in float32/float64.
         **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=(160, 224)``, ``dynamic_img_size=True``).
 
+    Returns:
+        A ``LoadedModel``: the module in eval mode on ``device``, its ``spec`` (grid, stride, prefix
+        tokens, layers x heads), its preprocessing and its family.
+
     Raises:
-        UnknownModelError, UnsupportedModelError, WeightsUnavailableError, CheckpointError,
-        DeviceUnavailableError, InvalidParameterError.
+        UnknownModelError: a name that is no reference model, timm name, prefix or file (close names suggested).
+        UnsupportedModelError: a model whose attention no family reproduces exactly (Swin, CaiT, ...).
+        WeightsUnavailableError: hub weights with no network and no local cache.
+        CheckpointError: a checkpoint without ``arch``, unreadable, mismatched, or a pickle that needs code.
+        DeviceUnavailableError: a device that is not there.
+        InvalidParameterError: a bad keyword argument.
     """
     from ..reference import REFERENCE_NAMES, build_reference, weights_path
     from .checkpoint import load_checkpoint_into, looks_like_checkpoint_path
@@ -160,11 +195,17 @@ def load_model(
     check_dtype(dtype)
     dev = resolve_device(device)
     if isinstance(name, nn.Module):
+        _refuse_unused("a module built in code", "it is already built", arch, kwargs)
         return LoadedModel.from_module(name, device=dev, dtype=dtype)
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
     from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX, load_hf, load_open_clip, load_torchvision
 
+    for prefix, why in ((HF_PREFIX, "Hugging Face models are built from their own config"),
+                        (OPENCLIP_PREFIX, "OpenCLIP models are built from their own config"),
+                        (TORCHVISION_PREFIX, "torchvision ViTs are built at their own size")):
+        if name.startswith(prefix):
+            _refuse_unused(repr(name), why, arch, kwargs)
     if name.startswith(HF_PREFIX):
         model, label, source, data_config = load_hf(name, pretrained)
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
@@ -178,7 +219,14 @@ def load_model(
         return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source,
                                        weights=_hub_weights(source))
     weights = "embedded"
+    if arch and arch != name and not looks_like_checkpoint_path(name):  # never ignored silently
+        raise InvalidParameterError(
+            f"arch={arch!r} is for a checkpoint file; {name!r} is a model name that brings its own architecture.",
+            fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', arch={arch!r}).",
+                   "cli": f"Drop --arch, or pass a checkpoint file: --model weights.safetensors --arch {arch}.",
+                   "app": "The Architecture field is for checkpoint files only."})
     if name in REFERENCE_NAMES:
+        _refuse_unused(repr(name), "the embedded reference models are built as they were trained", arch, kwargs)
         model = build_reference(name)
         path = weights_path(name)
         if not path.is_file():
@@ -191,9 +239,20 @@ def load_model(
         model, label, source = _from_checkpoint(name, arch, **kwargs)
         weights = "checkpoint"
     else:
+        _refuse_unused(repr(name), "arch= names the architecture of a checkpoint file", arch, {})
         model, label, source = _from_timm(name, pretrained, **kwargs)
         weights = _hub_weights(source)
     return LoadedModel.from_module(model, name=label, device=dev, dtype=dtype, source=source, weights=weights)
+
+
+def _refuse_unused(what: str, why: str, arch: str | None, kwargs: dict[str, Any]) -> None:
+    """Refuse the ``arch`` and keyword arguments a loader would silently ignore, naming each."""
+    unused = ([f"arch={arch!r}"] if arch is not None else []) + [f"{k}={v!r}" for k, v in kwargs.items()]
+    if unused:
+        raise InvalidParameterError(
+            f"load_model({what}) cannot honour {', '.join(unused)}: {why}, so vitlens would ignore "
+            f"{'it' if len(unused) == 1 else 'them'}. Drop {'it' if len(unused) == 1 else 'them'} (keyword arguments "
+            "reach timm.create_model for timm names; arch= goes with a checkpoint file).")
 
 
 def _hub_weights(source: str) -> str:

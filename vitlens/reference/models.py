@@ -20,9 +20,15 @@ from torch import nn
 
 from .shapes import CLASSES, IMAGE_SIZE
 
+#: the folder of the embedded pair's safetensors files
 WEIGHTS_DIR = Path(__file__).parent / "weights"
+#: the names ``load_model`` knows the embedded pair by
 REFERENCE_NAMES: tuple[str, ...] = ("ref-vit", "ref-hybrid")
-EMBED_DIM, DEPTH, NUM_HEADS, PATCH = 128, 6, 8, 8
+#: the pair's width, depth, heads per block and patch size (the hybrid's CNN has stride PATCH too)
+EMBED_DIM: int = 128
+DEPTH: int = 6
+NUM_HEADS: int = 8
+PATCH: int = 8
 
 
 class _BasicBlock(nn.Module):
@@ -88,6 +94,12 @@ def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE)
         patch: the token stride in pixels: the ViT's patch size, or the hybrid CNN's total stride
             (8 or 4; the embedded pair uses 8). Experiments (``analyses/locality_sweep.py``) vary it.
         image_size: input side in pixels.
+
+    Returns:
+        The timm ``VisionTransformer`` (random weights; ``load_model(name)`` loads the embedded ones).
+
+    Raises:
+        ValueError: a name other than the two.
     """
     from timm.layers import HybridEmbed
     from timm.models.vision_transformer import VisionTransformer
@@ -115,5 +127,12 @@ def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE)
 
 
 def weights_path(name: str) -> Path:
-    """Where the committed safetensors file of reference model ``name`` lives."""
+    """Where the committed safetensors file of reference model ``name`` lives.
+
+    Args:
+        name: "ref-vit" or "ref-hybrid".
+
+    Returns:
+        The path of its ``.safetensors`` file inside the package.
+    """
     return WEIGHTS_DIR / f"{name}.safetensors"

@@ -123,6 +123,10 @@ def generate(n: int, seed: int = 0, size: int = IMAGE_SIZE, start: int = 0, styl
         start: index of the first scene.
         style: "plain" (the reference pair's scenes) or "field" (the same scenes over a strong
             smooth colour field; used to pretrain with masked patch prediction).
+
+    Returns:
+        A ``ShapesBatch``: ``images`` [n, size, size, 3] uint8, ``labels`` [n] class indices into
+        ``CLASSES``, ``masks`` [n, size, size] bool object masks.
     """
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, not {style!r}")

@@ -25,7 +25,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vitlens.views.distance import LOCAL_OF_UNIFORM
+from vitlens.words import counted
+
 EXIT_USAGE, EXIT_ERROR = 2, 1
+#: an image narrower or shorter than this is analysed with a warning (it is enlarged many times to the input)
+TINY_IMAGE_PX = 16
+
+
+def _count(n: int, noun: str) -> str:
+    """"1 image", "2 images": counts in words without "(s)"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 N_ROLLOUT_SHOWN = 4
 
 
@@ -84,23 +94,32 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
         from vitlens.images import find_image_files
 
         files = find_image_files(args.images)
-        good, skipped = [], []
+        good, skipped, why = [], [], {}
+        tiny = []
         for f in files:
             if len(good) >= args.n_images:
                 break
             try:
-                vl.to_rgb(f)
+                size = vl.to_rgb(f).size
                 good.append(f)
-            except vl.ImageLoadError:
+                if min(size) < TINY_IMAGE_PX:
+                    tiny.append(f"{f.name} ({size[0]}x{size[1]} px)")
+            except vl.ImageLoadError as e:  # every skip says why: the library's reason, as it gave it
                 skipped.append(f.name)
-        listed = f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}"
+                why[f.name] = str(e).replace(str(f), f.name)
+        reasons = [f"{name} ({why[name]})" for name in skipped[:5]] + ([f"... and {len(skipped) - 5} more"] if len(skipped) > 5 else [])
         if skipped and args.strict:
-            raise CliError(f"{len(skipped)} unreadable image(s) (--strict): {listed}.")
-        if skipped:
-            _log(args, f"warning: skipped {len(skipped)} unreadable image(s): {listed}")
+            raise CliError(f"{_count(len(skipped), 'image')} could not be read (--strict): " + " ".join(reasons))
+        if skipped and good:
+            for reason in reasons:
+                _log(args, f"warning: skipped {reason}")
         if not good:
-            raise CliError(f"None of the images under {args.images!r} could be read.")
-        return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped}, None, None
+            raise CliError(f"None of the images under {args.images!r} could be read: " + " ".join(reasons))
+        for t in tiny:
+            _log(args, f"warning: {t} is smaller than {TINY_IMAGE_PX} px: it is enlarged to the model's input, so "
+                       "its maps show the interpolation more than the image")
+        return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped,
+                      "skipped_why": why}, None, None
     if args.samples:
         imgs = vl.sample_images()[: args.n_images]
         return imgs, {"source": "samples", "description": "scikit-image sample photographs "
@@ -117,10 +136,14 @@ def load_all(args: argparse.Namespace, names: Sequence[str]) -> list[Any]:
 
     import vitlens as vl
 
+    from vitlens.loading.checkpoint import looks_like_checkpoint_path
+
     models = []
+    # --arch goes to the checkpoint files; with none among the models it goes to all, which refuse it
+    files = [n for n in names if looks_like_checkpoint_path(n)]
     for name in names:
         torch.manual_seed(args.seed)  # random-init models are the same on every run
-        kwargs: dict[str, Any] = {"arch": args.arch} if args.arch else {}
+        kwargs: dict[str, Any] = {"arch": args.arch} if args.arch and (name in files or not files) else {}
         models.append(vl.load_model(name, pretrained=not args.random_init, device=args.device, **kwargs))
     return models
 
@@ -158,6 +181,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
 
+    if getattr(args, "methods", None) and not args.attributions:
+        raise CliError("--methods picks the methods of the attribution section; add --attributions.")
     check_outputs(args)
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
@@ -176,7 +201,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.attributions:
             tables.append(_attributions(args, m, images, masks))
             timings[m.spec.name]["attributions"] = time.perf_counter() - t2
-        _log(args, f"{m.spec.name}: analysed {a.distance.n_images} images in {t2 - t1:.1f} s")
+        _log(args, f"{m.spec.name}: analysed {counted(a.distance.n_images, 'image')} in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=versions(str(models[0].device)), timings=timings, command=_command(),
@@ -208,25 +233,51 @@ def _heads(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | 
 
 def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndarray | None) -> Any:
     """Methods x metrics for the report, on the first --attribution-images images."""
-    from vitlens.attribution import METHODS, compare_methods
+    from vitlens.attribution import compare_methods
 
     if m.spec.num_classes <= 0:
         _log(args, f"{m.spec.name}: no classifier head, so no attributions")
         return None
-    from vitlens.attribution.sanity import QUICK_METHODS, sanity_table
+    from vitlens.attribution.sanity import quick_methods, sanity_table
 
     n = min(args.attribution_images, len(images))
-    from vitlens.attribution.cam import CAM_CLASSES, cam_package_available
-
-    methods = [name for name in METHODS if name not in CAM_CLASSES or cam_package_available()]
-    if len(methods) < len(METHODS):
-        _log(args, "grad-cam is not installed, so no CAM methods (pip install 'vitlens[cam]')")
+    methods = report_methods(getattr(args, "methods", None), lambda line: _log(args, line))
+    quick = quick_methods()
     table = compare_methods(m, images[:n], methods=methods, masks=None if masks is None else masks[:n],
                             batch_size=args.batch_size, progress=not args.quiet)
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
-    table.sanity = sanity_table(m, images[:min(n, 4)], methods=[mt for mt in QUICK_METHODS if mt in methods],
-                                batch_size=args.batch_size)
+    checked = [mt for mt in methods if mt in quick]
+    table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size) if checked else None
+    if "attnlrp" in methods:  # where AttnLRP's relevance goes, on the images the sanity check uses
+        from vitlens.attribution.lrp_ledger import attnlrp_ledger
+        from vitlens.errors import ViewNotAvailableError
+
+        try:
+            table.ledger = attnlrp_ledger(m, images[:min(n, 4)], batch_size=args.batch_size)
+        except ViewNotAvailableError as e:
+            _log(args, f"{m.spec.name}: no AttnLRP ledger ({e})")
     return table
+
+
+def report_methods(picked: Sequence[str] | None, log: Any = None) -> list[str]:
+    """The attribution methods of a report, read from ``METHOD_TABLE``: those ``--methods`` picked, else every
+    method available here (one whose extra package is missing is left out, and ``log`` says which and how to
+    install it). A picked method that is not available is a CliError."""
+    from vitlens.attribution.methods import METHOD_TABLE, available_methods, missing_packages
+
+    available = available_methods()
+    if picked:
+        missing = [name for name in picked if name not in available]
+        if missing:
+            raise CliError(f"{', '.join(missing)} need{'s' if len(missing) == 1 else ''} "
+                           f"{', '.join(sorted({METHOD_TABLE[k].package for k in missing}))}, which is not installed. "
+                           + " ".join(sorted({METHOD_TABLE[k].install for k in missing if METHOD_TABLE[k].install})))
+        return list(dict.fromkeys(picked))
+    if log is not None:
+        for package, install in missing_packages().items():
+            left = [k for k, mt in METHOD_TABLE.items() if mt.package == package]
+            log(f"{package} is not installed, so no {', '.join(left)} ({install})")
+    return list(available)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -256,7 +307,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     timings["total"] = time.perf_counter() - t_start
     data = comparison(distances, [m.spec.name for m in models], args.local_threshold, args.first_layers,
                       image_set=image_set, environment=versions(str(models[0].device)), timings=timings,
-                      command=_command(), weights=[m.weights for m in models])
+                      command=_command(), weights=[m.weights for m in models],
+                      kinds=[m.spec.kind for m in models])
     if args.cka:
         data.cka = [vl.cka(models[0], other, images, batch_size=max(4, args.batch_size), progress=not args.quiet)
                     for other in models[1:]]
@@ -268,6 +320,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     data.save(_data_path(out, args.data))
     atomic_write_bytes(out, page.encode())
     _log(args, data.reading())
+    _log(args, data.local_statement()[:1].upper() + data.local_statement()[1:] + ".")
     _log(args, f"wrote {out} and {_data_path(out, args.data)}")
     return 0
 
@@ -306,6 +359,15 @@ def cmd_survey(args: argparse.Namespace) -> int:
         names += [name for name in (line.split("#")[0].strip() for line in path.read_text().splitlines()) if name]
     if not names:
         raise CliError("Name the models to survey: --models A B ... or --models-file zoo.txt.")
+    if args.device == "cpu" and args.num_gpus_per_worker > 0:
+        raise CliError("--device cpu and --num-gpus-per-worker > 0 contradict each other: pass one of them.")
+    if args.device == "cuda" and args.num_gpus_per_worker == 0:
+        import torch
+
+        if args.address is None and not torch.cuda.is_available():
+            raise CliError("--device cuda: this machine has no CUDA GPU for the local Ray (pass --address of a "
+                           "cluster with GPUs, or drop --device).")
+        args.num_gpus_per_worker = 1.0  # each model worker asks Ray for one GPU and runs on it
     check_writable(args.out, "--out", folder=True)
     if args.images:
         try:
@@ -407,6 +469,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vitlens.attribution.methods import METHOD_TABLE
     from vitlens.views.registry import SURVEY_VIEW_NAMES
 
     p = argparse.ArgumentParser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
@@ -414,9 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="every view for one or more models (Fig. 6, 7)")
     r.add_argument("--model", action="append", default=None, help="model name or checkpoint (repeatable; "
                    "default ref-vit)")
-    r.add_argument("--out", default="report.html")
+    r.add_argument("--out", default="report.html", metavar="FILE",
+                   help="the HTML report to write (default report.html; the numbers go beside it as .json)")
     r.add_argument("--attributions", action="store_true",
                    help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
+    r.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_TABLE), metavar="METHOD",
+                   help="attribution methods for --attributions (default: every available one): "
+                        + ", ".join(METHOD_TABLE))
     r.add_argument("--attribution-images", type=_positive, default=16,
                    help="images for the attribution section (default 16; occlusion and IG are costly)")
     r.add_argument("--heads", action="store_true",
@@ -427,9 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")
     c.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"])
-    c.add_argument("--out", default="compare.html")
-    c.add_argument("--local-threshold", type=float, default=0.15,
-                   help="a head is local below this fraction of the image width (default 0.15)")
+    c.add_argument("--out", default="compare.html", metavar="FILE",
+                   help="the HTML comparison to write (default compare.html; the numbers go beside it as .json)")
+    c.add_argument("--local-threshold", type=float, default=LOCAL_OF_UNIFORM,
+                   help="a head is local at or below this multiple of the uniform-attention distance on its "
+                        f"grid (default {LOCAL_OF_UNIFORM:g}, the one definition every view uses)")
     c.add_argument("--first-layers", type=_positive, default=4, help="layers counted for the local share")
     c.add_argument("--cka", action="store_true",
                    help="add layer-by-layer representation similarity (linear CKA) of each model with the first")
@@ -452,7 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--batch-size", type=_positive, default=32)
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
     sv.add_argument("--views", nargs="+", default=list(SURVEY_VIEW_NAMES), choices=list(SURVEY_VIEW_NAMES))
-    sv.add_argument("--num-gpus-per-worker", type=float, default=0.0)
+    sv.add_argument("--num-gpus-per-worker", type=float, default=0.0,
+                    help="GPUs each model worker asks Ray for (default 0: CPU; a worker with a GPU runs on it)")
+    sv.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="where the model workers run, as for report and compare: cuda asks Ray for one GPU per "
+                         "worker (--num-gpus-per-worker 1), cpu for none (default: --num-gpus-per-worker)")
     weights = sv.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
                          help="hub weights (the default)")
@@ -466,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=cmd_survey)
     sr = sub.add_parser("survey-report", help="one offline HTML page of a survey folder")
     sr.add_argument("folder")
-    sr.add_argument("--out", default="survey.html")
+    sr.add_argument("--out", default="survey.html", metavar="FILE", help="the HTML page to write (default survey.html)")
     sr.add_argument("--png", default=None, metavar="DIR", help="also write the figures as PNGs (kaleido)")
     sr.add_argument("--quiet", action="store_true")
     sr.add_argument("--debug", action="store_true")

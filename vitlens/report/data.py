@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import InvalidParameterError
 from ..results import Result
 from ..views.analyze import AnalysisResult
-from ..views.distance import AttentionDistanceResult
+from ..views.distance import LOCAL_OF_UNIFORM, AttentionDistanceResult, local_rule
 
 
 #: a model's curve is "flat" when this share of its heads sits within FLAT_TOLERANCE of the uniform distance
@@ -57,7 +57,7 @@ class ComparisonData(Result):
     models: list[str]
     distances: list[AttentionDistanceResult]
     units: str
-    local_threshold: float
+    local_threshold: float  # a head is local at or below this multiple of the uniform distance (LOCAL_OF_UNIFORM)
     first_layers: int
     table: list[dict]
     local_share: list[float]
@@ -67,11 +67,17 @@ class ComparisonData(Result):
     command: str = ""
     cka: list = field(default_factory=list)  # CKAResult of each further model against the first, with --cka
     weights: list = field(default_factory=list)  # kind of weights of each model (LoadedModel.weights), "" unknown
+    kinds: list = field(default_factory=list)  # each model's ModelSpec.kind ("vit" or "hybrid"), "" unknown
 
     def summary(self) -> str:
-        shares = ", ".join(f"{n} {100 * s:.0f}%" for n, s in zip(self.models, self.local_share))
         return (f"{' vs '.join(self.models)} over {self.distances[0].n_images if self.distances else 0} images; "
-                f"local heads in layers 1-{self.first_layers}: {shares}")
+                + self.local_statement())
+
+    def local_statement(self) -> str:
+        """The share of local heads in words, with the one definition of a local head (``local_rule``):
+        what the command line, the app's Compare view and compare.html all print."""
+        shares = ", ".join(f"{n} {100 * s:.0f}%" for n, s in zip(self.models, self.local_share))
+        return f"local heads ({local_rule(self.local_threshold)}) in layers 1-{self.first_layers}: {shares}"
 
     def to_rows(self) -> list[dict]:
         """The per-layer table: model, layer, min, median, max (in ``units``)."""
@@ -101,13 +107,27 @@ class ComparisonData(Result):
                     f"{'; ' if why else ''}hub checkpoints show Fig. 11).")
         ratio = self.layer1_median_ratio()
         first, second = self.models[0], self.models[1]
-        if ratio >= 1.15:
-            return (f"Fig. 11's contrast: {second}'s layer-1 heads attend {ratio:.2f}x as far as {first}'s "
-                    f"(median), as when a CNN stem has already done the local work.")
-        if ratio <= 1 / 1.15:
-            return f"{first}'s layer-1 heads attend {1 / ratio:.2f}x as far as {second}'s (median)."
-        return (f"Layer 1 alike: median distance ratio {second} / {first} = {ratio:.2f} "
-                f"(Fig. 11 shows a hybrid well above its ViT).")
+        if 1 / 1.15 < ratio < 1.15:
+            return (f"Layer 1 alike: median distance ratio {second} / {first} = {ratio:.2f} "
+                    f"(Fig. 11 shows a hybrid well above its ViT){self._random_note()}.")
+        far, close, x = (1, 0, ratio) if ratio >= 1.15 else (0, 1, 1 / ratio)
+        said = f"{self.models[far]}'s layer-1 heads attend {x:.2f}x as far as {self.models[close]}'s (median)"
+        kinds = (list(self.kinds) + [""] * 2)[:2]
+        if kinds[far] == "hybrid" and kinds[close] == "vit":  # exactly one hybrid, and it is the far one
+            said = f"Fig. 11's contrast: {said}, as when a CNN stem has already done the local work"
+        elif kinds[far] == "vit" and kinds[close] == "hybrid":
+            said += " (the hybrid attends nearer than the ViT: the reverse of Fig. 11)"
+        elif kinds[0] == kinds[1] and kinds[0] in ("vit", "hybrid"):
+            said += f" (both are {'hybrids' if kinds[0] == 'hybrid' else 'plain ViTs'}: not Fig. 11's contrast)"
+        return said + self._random_note() + "."
+
+    def _random_note(self) -> str:
+        """What random weights mean for a comparison ("" when no model has them)."""
+        random = [n for n, w in zip(self.models, _weights_or_guess(self.models, self.weights)) if w == "random init"]
+        if not random:
+            return ""
+        return (f"; {_listed(random)} {'has' if len(random) == 1 else 'have'} random weights: its distances show the "
+                "untrained architecture, not what training learns")
 
 
 def near_uniform_share(d: AttentionDistanceResult, tolerance: float = FLAT_TOLERANCE) -> float:
@@ -155,12 +175,6 @@ def why_flat(names: Sequence[str], weights: Sequence[str] | None = None) -> str:
     return "; ".join(parts)
 
 
-#: a head is local, for the one-line reading of one model, at or below this multiple of the distance of
-#: uniform attention on its grid (the model card's and the locality sweep's criterion; grid-relative, so it
-#: reads an 8x8 grid of 64 px, where uniform attention is half the width, as it reads a 14x14 one)
-LOCAL_OF_UNIFORM = 0.6
-
-
 def distance_reading(d: AttentionDistanceResult, name: str | None = None, weights: str | None = None) -> str:
     """One sentence on one model's attention distance (Fig. 7 right), from the numbers: flat at
     the uniform-attention distance (and why, as ``ComparisonData.reading`` says it), or how many
@@ -184,21 +198,37 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
                 f"{f': {why}' if why else ''}{tail}.")
     widths = d.mean_fraction_of_width
     first, last = float(np.median(widths[0])), float(np.median(widths[-1]))
-    local = int((d.mean_px[0] <= LOCAL_OF_UNIFORM * d.uniform_px).sum())
+    local = int(d.local_heads()[0].sum())
     trend = ("rising with depth, as in Fig. 7 (right)" if last > 1.15 * first else
              "falling with depth" if last < first / 1.15 else "about level across depth")
-    return (f"{name}: {local} of {widths.shape[1]} layer-1 heads are local (at most {LOCAL_OF_UNIFORM:g}x the "
-            f"uniform-attention distance, {d.uniform_px:.1f} px); the median head attends {first:.2f} of the width "
+    return (f"{name}: {local} of {widths.shape[1]} layer-1 heads are local ({local_rule()}, "
+            f"{d.uniform_px:.1f} px); the median head attends {first:.2f} of the width "
             f"in layer 1 and {last:.2f} in layer {widths.shape[0]}, {trend}.")
 
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
-    """Pixels when every model sees the same input width, else fractions of the image width."""
+    """Pixels when every model sees the same input width, else fractions of the image width.
+
+    Args:
+        distances: one attention distance per model.
+
+    Returns:
+        "px" or "width".
+    """
     return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
 
 
 def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[str], units: str) -> list[dict]:
-    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``."""
+    """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``.
+
+    Args:
+        distances: one attention distance per model.
+        names: the models' names.
+        units: "px" or "width" (``comparison_units``).
+
+    Returns:
+        One dict per (model, layer).
+    """
     rows = []
     for d, name in zip(distances, names):
         values = d.mean_px if units == "px" else d.mean_fraction_of_width
@@ -208,27 +238,38 @@ def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[st
     return rows
 
 
-def local_head_share(d: AttentionDistanceResult, threshold_fraction: float, first_layers: int) -> float:
-    """Share of heads in the first ``first_layers`` layers whose mean distance is below
-    ``threshold_fraction`` of the image width (the paper's "local" heads, Fig. 7 right)."""
-    heads = d.mean_fraction_of_width[:first_layers]
-    return float((heads < threshold_fraction).mean())
+def local_head_share(d: AttentionDistanceResult, local_of_uniform: float = LOCAL_OF_UNIFORM,
+                     first_layers: int = 4) -> float:
+    """Share of heads in the first ``first_layers`` layers that are local (Fig. 7 right): mean distance at
+    most ``local_of_uniform`` x the uniform-attention distance, the one rule of
+    ``vitlens.views.distance.LOCAL_OF_UNIFORM`` (``AttentionDistanceResult.local_heads``)."""
+    return float(d.local_heads(local_of_uniform)[:first_layers].mean())
 
 
 def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str] | None = None,
-               local_threshold: float = 0.15, first_layers: int = 4, image_set: dict | None = None,
+               local_threshold: float = LOCAL_OF_UNIFORM, first_layers: int = 4, image_set: dict | None = None,
                environment: dict | None = None, timings: dict | None = None, command: str = "",
-               weights: Sequence[str] | None = None) -> ComparisonData:
+               weights: Sequence[str] | None = None, kinds: Sequence[str] | None = None) -> ComparisonData:
     """Compare the attention distances of several models over the same images (Fig. 11).
 
     Args:
         distances: one result per model.
         names: model names (default: the results' own).
-        local_threshold: a head is local below this fraction of the image width.
+        local_threshold: a head is local at or below this multiple of the uniform-attention distance on
+            its grid (default ``LOCAL_OF_UNIFORM``, the one definition every view uses).
         first_layers: layers counted for the share of local heads.
-        image_set, environment, timings, command: how the numbers were made, stored with them.
+        image_set: which images (kind, count), stored with the numbers.
+        environment: the versions record (``vitlens.environment``).
+        timings: seconds per step.
+        command: the command line that made it.
         weights: each model's kind of weights (``LoadedModel.weights``), so that ``reading()``
             says what is true of them; unknown when omitted (the embedded pair is known by name).
+        kinds: each model's ``ModelSpec.kind`` ("vit" or "hybrid"): the reading names a CNN stem only when
+            exactly one model is a hybrid; unknown when omitted (the embedded pair is known by name).
+
+    Returns:
+        A ``ComparisonData``: the per-layer table (min, median, max of the heads' mean distance) and each
+        model's share of local heads, in pixels or fractions of the image width (``comparison_units``).
     """
     distances = list(distances)
     if len(distances) < 2:
@@ -240,7 +281,14 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         table=layer_table(distances, names, units),
         local_share=[local_head_share(d, local_threshold, first_layers) for d in distances],
         image_set=dict(image_set or {}), environment=dict(environment or {}), timings=dict(timings or {}),
-        command=command, weights=list(weights or []))
+        command=command, weights=list(weights or []), kinds=_kinds_or_guess(names, kinds))
+
+
+def _kinds_or_guess(names: Sequence[str], kinds: Sequence[str] | None) -> list[str]:
+    """The given spec kind per model; where unknown, the embedded pair's by name, else ""."""
+    known = {"ref-vit": "vit", "ref-hybrid": "hybrid"}
+    given = list(kinds or []) + [""] * len(names)
+    return [k or known.get(n, "") for n, k in zip(names, given)]
 
 
 __all__ = ["ComparisonData", "ReportData", "comparison", "comparison_units", "distance_reading", "layer_table",

@@ -23,7 +23,9 @@ from .. import figures
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
+from ..views.distance import local_rule
 from .data import ComparisonData, ReportData, distance_reading
+from ..words import counted, listed_some
 
 
 _CSS = """
@@ -168,7 +170,15 @@ def _notes(notes: Sequence[str]) -> str:
 
 def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> dict[str, go.Figure]:
     """Every figure of one model's views, by name (filters, position, distance, rollout): the
-    report page shows them and ``--png`` writes them, from this one list."""
+    report page shows them and ``--png`` writes them, from this one list.
+
+    Args:
+        a: the model's analysis (``analyze``).
+        display_images: uint8 [H, W, 3] images as the model sees them, for the rollout overlays.
+
+    Returns:
+        Figures by name.
+    """
     figs: dict[str, go.Figure] = {}
     for name in a.views:  # each view's figure function, as the registry names it
         result = a.view(name)
@@ -180,7 +190,16 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
 
 
 def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
-    """The attribution maps of every method on one image, and the mean deletion/insertion curves."""
+    """The attribution maps of every method on one image, and the mean deletion/insertion curves.
+
+    Args:
+        table: a ``ComparisonTable`` (``compare_methods``).
+        image: uint8 [H, W, 3], its first image as the model sees it.
+
+    Returns:
+        Figures by name ("attributions", "faithfulness", and the perturbation and sanity figures when the
+        table has them).
+    """
     figs = {"attributions": figures.attribution_figure(table.attributions, image, 0),
             "faithfulness": figures.faithfulness_figure(table.faithfulness)}
     if getattr(table, "perturbations", None):
@@ -189,7 +208,15 @@ def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
 
 
 def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
-    """Every figure of a comparison: distances overlaid (Fig. 11) and, given, rollout side by side."""
+    """Every figure of a comparison: distances overlaid (Fig. 11) and, given, rollout side by side.
+
+    Args:
+        data: the comparison (``vitlens.report.comparison``).
+        rollouts: (model name, ``RolloutResult``, uint8 display images) per model, for the rollout panels.
+
+    Returns:
+        Figures by name.
+    """
     figs = {"distance": figures.distance_figure(data.distances, names=data.models, units=data.units)}
     for i, c in enumerate(data.cka):
         figs[f"cka-{i + 1}"] = figures.cka_figure(c)
@@ -212,6 +239,8 @@ def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[st
         parts.append(f"<h3>{REGISTRY['position'].heading}</h3>")
         parts.append(figure_html(figs["position"]) if "position" in figs else
                      f"<p class='note'>{html.escape(a.position_note)}</p>")
+    parts += [f"<h3>{html.escape(REGISTRY[k].heading)}</h3><p class='note'>{html.escape(v)}</p>"
+              for k, v in getattr(a, "notes", {}).items() if k != "position" and k in REGISTRY]
     if "distance" in figs:
         parts += [f"<h3>{REGISTRY['distance'].heading}</h3>",
                   f"<p><b>{html.escape(reading)}</b></p>" if reading else "", figure_html(figs["distance"])]
@@ -235,8 +264,8 @@ def prefix_section(prefix: Any, fig: go.Figure | None) -> str:
         return ("<h3>Prefix tokens</h3><p class='muted'>This model has no prefix tokens: every token is a patch, "
                 "so no attention is parked outside the image.</p>")
     parked = prefix.parked()
-    listed = ", ".join(f"layer {p['layer']} head {p['head']} ({100 * p['share']:.0f}% on {p['token']})"
-                       for p in parked[:12]) or "none"
+    listed = listed_some([f"layer {p['layer']} head {p['head']} ({100 * p['share']:.0f}% on {p['token']})"
+                          for p in parked], 12) or "none"
     worst = int(np.argmax(prefix.outlier_share)) if prefix.outlier_share.size else 0
     norms = (f"Largest share of high-norm patch tokens (norm above {prefix.outlier_factor:g}x the layer's median): "
              f"{100 * prefix.outlier_share.max():.1f}% in layer {worst + 1}." if prefix.outlier_share.size else "")
@@ -255,12 +284,29 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and the mean curves."""
     fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     return ("<h3>Attributions and faithfulness</h3>"
-            f"<p class='muted'>Over {table.n_images} images; deletion AUC: lower is more faithful, insertion AUC: "
+            f"<p class='muted'>Over {counted(table.n_images, 'image')}; deletion AUC: lower is more faithful, insertion AUC: "
             "higher is more faithful; Chefer et al.'s positive / negative perturbation AUC (top-1 accuracy with labels, "
             "else the target's probability, over 0-90% of tokens removed to black): lower / higher is more faithful; "
             "pointing game and mass in mask where object masks exist.</p>"
+            + (f"<p class='muted'>Protocols (protocol, ordering): "
+               f"{html.escape('; '.join(f'{k}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}.</p>"
+               if getattr(table, "protocols", None) else "")
             + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"])
-            + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table))
+            + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table) + ledger_section(table))
+
+
+def ledger_section(table: Any) -> str:
+    """AttnLRP's conservation ledger (``lrp_ledger``) attached to a comparison table, when there is one."""
+    ledger = getattr(table, "ledger", None)
+    if ledger is None:
+        return ""
+    rows = [{k: (significant(v) if isinstance(v, float) and v == v else ("" if isinstance(v, float) else v))
+             for k, v in row.items()} for row in ledger.entry_rows()]
+    return ("<h3>Where AttnLRP's relevance goes</h3>"
+            f"<p class='muted'>The target logit of {len(ledger.score)} images, summed, split by where the rules "
+            "leave it: the input pixels (what the map shows), the position table, the prefix tokens, the biases and "
+            f"what each softmax absorbs; computed in {html.escape(ledger.dtype)}, the entries add up to the "
+            "logit.</p>" + html_table(rows))
 
 
 def sanity_section(table: Any) -> str:
@@ -268,18 +314,30 @@ def sanity_section(table: Any) -> str:
     sanity = getattr(table, "sanity", None)
     if sanity is None or not sanity.results:
         return ""
+    from vitlens.attribution.sanity import INSENSITIVE
+
     rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in sanity.to_rows()]
     first = sanity.results[0]
     return ("<h3>Sanity checks: cascading randomisation</h3>"
             f"<p class='muted'>Adebayo et al. 2018: the head, then the blocks from the top, then the embedding "
             f"re-initialised in turn (Gaussian with each tensor's mean and std, seed {first.seed}) on a copy of the model, "
-            f"the maps of {len(first.targets)} images recomputed for the same targets. Similarity to the original maps "
-            f"at full randomisation; 'depends on the weights' when the mean Spearman of |maps| is below "
-            f"{significant(first.threshold)}.</p>" + html_table(rows))
+            f"the maps of {counted(len(first.targets), 'image')} recomputed for the same targets. Similarity to the original maps "
+            f"at full randomisation; first_decorrelated: the first step whose mean Spearman of |maps| is below "
+            f"{significant(first.threshold)}; ignores: the head and top blocks after which it is still at least "
+            f"{significant(INSENSITIVE)} (a map that ignores the head is not explaining the classifier).</p>"
+            + html_table(rows))
 
 
 def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:
-    """Model i's figures (its views, and its attributions when there are any), by name."""
+    """Model i's figures (its views, and its attributions when there are any), by name.
+
+    Args:
+        data: the report's numbers.
+        display_images: per model, its uint8 [H, W, 3] display images.
+
+    Returns:
+        One dict of figures by name per model.
+    """
     out = []
     for i, (a, imgs) in enumerate(zip(data.analyses, display_images)):
         figs = model_figures(a, imgs)
@@ -293,7 +351,16 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
 
 def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]],
                 figs: Sequence[dict[str, go.Figure]] | None = None) -> str:
-    """The whole report page; ``display_images[i]`` are model i's preprocessed images for overlays."""
+    """The whole report page; ``display_images[i]`` are model i's preprocessed images for overlays.
+
+    Args:
+        data: the report's numbers.
+        display_images: per model, its uint8 [H, W, 3] display images.
+        figs: figures already made by ``report_figures`` (default: made here).
+
+    Returns:
+        One self-contained HTML page (plotly.js inlined once; opens without network).
+    """
     figs = figs if figs is not None else report_figures(data, display_images)
     body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
     for i, (a, f) in enumerate(zip(data.analyses, figs)):
@@ -307,7 +374,17 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
 
 def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = (),
                     figs: dict[str, go.Figure] | None = None, notes: Sequence[str] = ()) -> str:
-    """Fig. 11 page: overlaid distances, per-layer table, local-head shares, rollout side by side."""
+    """Fig. 11 page: overlaid distances, per-layer table, local-head shares, rollout side by side.
+
+    Args:
+        data: the comparison.
+        rollouts: as for ``comparison_figures``.
+        figs: figures already made by ``comparison_figures`` (default: made here).
+        notes: lines shown above the figures (e.g. that predictions mean nothing).
+
+    Returns:
+        One self-contained HTML page (plotly.js inlined once; opens without network).
+    """
     figs = figs if figs is not None else comparison_figures(data, rollouts)
     unit_note = ("" if data.units == "px" else
                  "<p class='note'>The models see inputs of different widths, so distances are compared in units "
@@ -317,8 +394,8 @@ def comparison_html(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.
     fmt = "{:.1f}" if data.units == "px" else "{:.3f}"
     body = [_header("vitlens comparison (Fig. 11)", data.image_set, data.environment, data.timings),
             unit_note, _notes(notes), f"<p><b>{html.escape(data.reading())}</b></p>", figure_html(figs["distance"]),
-            f"<h2>Share of local heads</h2><p>Heads whose mean distance is below {100 * data.local_threshold:.0f}% "
-            f"of the image width, in the first {data.first_layers} layers.</p>", html_table(shares),
+            f"<h2>Share of local heads</h2><p>Heads whose mean distance is {local_rule(data.local_threshold)} "
+            f"on the model's grid, in the first {data.first_layers} layers.</p>", html_table(shares),
             f"<h2>Per layer ({'pixels' if data.units == 'px' else 'fraction of image width'})</h2>",
             html_table(data.table, fmt)]
     for i, c in enumerate(data.cka):

@@ -194,8 +194,8 @@ def _session_logs(ray: Any) -> Path | None:
         return None
 
 
-#: environment the workers need from the driver (offline mode, caches, the crash hook of the tests)
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME", "VITLENS_SURVEY_CRASH_ONCE")
+#: environment the workers need from the driver (offline mode, caches)
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME")
 
 
 @dataclass
@@ -247,7 +247,8 @@ def survey(
         batch_size: images per forward.
         shard_size: images per task (the unit that is retried and resumed).
         views: any of "distance", "rollout", "predictions", "weights".
-        num_gpus_per_worker / num_cpus_per_worker: resources each model worker asks Ray for.
+        num_gpus_per_worker: GPUs each model worker asks Ray for (fractions share a GPU).
+        num_cpus_per_worker: CPUs each model worker asks Ray for.
         pretrained: hub weights (False: random init, seeded identically in every worker).
         per_class: with a folder or glob, each file's parent folder is its class.
         max_images: use at most this many images.
@@ -266,6 +267,10 @@ def survey(
     Ray's own messages to the driver (start-up, task retries, dead workers) go to
     ``out/logs/ray-driver.log``, not the terminal; a local Ray's session logs are copied to
     ``out/logs/`` when it shuts down.
+
+    Returns:
+        A ``SurveyResult`` over the folder: ``table`` (a pandas DataFrame of model, weights, layer, head,
+        metric, value, n_images, class), the manifest, and the models that failed with their reasons.
 
     Raises:
         SurveyError: Ray is missing, or ``strict`` and a model failed.

@@ -136,6 +136,12 @@ def files_source(spec: str, per_class: bool = False, max_images: int | None = No
         per_class: each file's parent folder name is its class.
         max_images: keep the first N files (after sorting).
         hash_images: record each file's sha256 besides its size and modification time (reads every file).
+
+    Returns:
+        An ``ImageSource`` of the files (and their classes with ``per_class``).
+
+    Raises:
+        InvalidParameterError: nothing matches ``spec``, or the folder holds no images.
     """
     files = [str(f) for f in find_image_files(spec, recursive=True)]
     files = files[: max_images] if max_images else files
@@ -151,7 +157,15 @@ def files_source(spec: str, per_class: bool = False, max_images: int | None = No
 
 
 def shapes_source(n: int, seed: int | None = None) -> ImageSource:
-    """The first ``n`` held-out reference scenes (labels and object masks included)."""
+    """The first ``n`` held-out reference scenes (labels and object masks included).
+
+    Args:
+        n: number of scenes.
+        seed: the scenes' stream seed (default ``HELD_OUT_SEED``, which the embedded pair was not trained on).
+
+    Returns:
+        An ``ImageSource`` of the generated scenes.
+    """
     from ..reference.shapes import CLASSES, HELD_OUT_SEED
 
     seed = HELD_OUT_SEED if seed is None else seed

@@ -543,7 +543,18 @@ class SurveyResult:
 
 
 def load_survey(path: str | Path) -> SurveyResult:
-    """A survey folder written by ``vl.survey`` / ``vitlens survey``."""
+    """A survey folder written by ``vl.survey`` / ``vitlens survey``.
+
+    Args:
+        path: the survey folder (with ``manifest.json`` and ``table.parquet``).
+
+    Returns:
+        A ``SurveyResult``: ``table`` (pandas DataFrame), the manifest, and ``distance(model)`` for one
+        model's ``AttentionDistanceResult``. Damaged shards are named, not fatal.
+
+    Raises:
+        InvalidParameterError: no survey folder at ``path`` (missing, or no manifest.json).
+    """
     import pandas as pd
 
     store = SurveyStore(path)

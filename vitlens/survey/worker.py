@@ -22,9 +22,6 @@ from ..views.registry import VIEWS as VIEW_REGISTRY
 from .sources import ImageSource, Shard
 from .store import checkpoint_of, file_sha256
 
-#: a testing hook: when set to a file path that does not exist yet, the worker creates the file
-#: and kills its own process in the middle of a shard (Ray must restart it and rerun the shard)
-CRASH_ONCE = "VITLENS_SURVEY_CRASH_ONCE"
 VIEWS = SURVEY_VIEW_NAMES
 
 
@@ -108,10 +105,6 @@ class SurveyWorker:
     def run(self, source: dict[str, Any], shard: tuple[int, int, int], views: tuple[str, ...], batch_size: int,
             renormalize: bool = True) -> dict[str, Any]:
         m = self._model()
-        crash = os.environ.get(CRASH_ONCE)
-        if crash and not Path(crash).exists():
-            Path(crash).write_text(str(os.getpid()))
-            os._exit(1)  # a real process death in the middle of a shard
         return run_shard(m, ImageSource.from_dict(source), Shard(*shard), tuple(views), batch_size, renormalize)
 
     def weights(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
 from .registry import DEFAULT_VIEWS, VIEW_NAMES, VIEWS as REGISTRY, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
+from ..words import counted
 
 #: what ``analyze`` can compute (``vitlens.views.registry``); the attention views share one forward per batch
 VIEWS = VIEW_NAMES
@@ -48,6 +49,10 @@ def attention_distance(
 
     One pass over the images for this view alone; for several views of the same images, ask
     ``analyze(m, images, views=(...))``, which computes them all from one forward per batch.
+
+    Returns:
+        An ``AttentionDistanceResult``: ``mean_px`` and ``std_px`` [layers, heads] in pixels of the input,
+        over ``n_images`` images.
     """
     return _stream_one(m, images, batch_size, progress, "attention distance",
                        AttentionDistanceAccumulator.for_model(m.spec, renormalize), memory_budget_mb)
@@ -84,6 +89,10 @@ def attention_rollout(
 
     One pass over the images for this view alone; ``analyze(m, images, views=("distance",
     "rollout"))`` gives both views from one forward per batch.
+
+    Returns:
+        A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
+        summing to at most 1) with the model's predictions.
     """
     acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
     if source is None:
@@ -115,9 +124,11 @@ class AnalysisResult(Result):
         position: position-embedding similarity (Fig. 7 centre), or None (see ``position_note``).
         distance: attention distance (Fig. 7 right).
         rollout: rollout maps of every image (Fig. 6).
-        position_note: why ``position`` is None, if it is.
+        position_note: why ``position`` is None, if it is (``notes["position"]``, kept by that name).
         prefix: attention parked on prefix tokens and token norms, when asked for.
         views: the views computed (the others are None).
+        notes: why each weight view that was asked for and is not available is None, by view name
+            (every one, e.g. a position table a family does not have or filters it cannot read).
     """
 
     kind = "analysis"
@@ -131,6 +142,7 @@ class AnalysisResult(Result):
     views: tuple = DEFAULT_VIEWS
     #: results of registered views without a field of their own, by name (``view(name)`` reads both)
     others: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def view(self, name: str) -> Any:
         """The result of view ``name`` (None when it was not asked for or is not available)."""
@@ -143,7 +155,7 @@ class AnalysisResult(Result):
     def summary(self) -> str:
         n = self.distance.n_images if self.distance is not None else (
             len(self.rollout.maps) if self.rollout is not None else 0)
-        return f"{self.spec.name}: {', '.join(self.views)} over {n} images"
+        return f"{self.spec.name}: {', '.join(self.views)} over {counted(n, 'image')}"
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The attention-distance rows (the view with a number per head)."""
@@ -175,12 +187,22 @@ def analyze(
         images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
         batch_size: images per forward.
         n_components: filter-PCA components, capped at the number the model's filters allow.
-        renormalize, head_fusion, discard_ratio: as for ``attention_distance`` / ``attention_rollout``.
+        renormalize: as for ``attention_distance``.
+        head_fusion: as for ``attention_rollout``.
+        discard_ratio: as for ``attention_rollout``.
         progress: True for a progress bar, or a callable ``f(done, total)``.
         views: any of ``VIEWS`` ("filters", "position", "distance", "rollout", "prefix"; the registry in
             ``vitlens.views.registry`` lists them), by default the paper's four.
         memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
             maps within it, query-chunked side capture above; None: one block's MLP activation).
+
+    Returns:
+        An ``AnalysisResult`` with the views asked for (the others None): ``filters`` (Fig. 7 left),
+        ``position`` (Fig. 7 centre; None with ``position_note`` saying why for a model without a learned
+        E_pos), ``distance`` (Fig. 7 right) and ``rollout`` (Fig. 6), ``prefix`` when asked for.
+
+    Raises:
+        InvalidParameterError: an unknown view name or a bad parameter.
     """
     views = check_views(views)
     if n_components < 1:
@@ -203,7 +225,7 @@ def analyze(
     return AnalysisResult(spec=m.spec, filters=results.get("filters"), position=results.get("position"),
                           distance=results.get("distance"), rollout=results.get("rollout"),
                           position_note=notes.get("position", ""), prefix=results.get("prefix"), views=views,
-                          others={k: v for k, v in results.items() if k not in named})
+                          others={k: v for k, v in results.items() if k not in named}, notes=notes)
 
 
 __all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

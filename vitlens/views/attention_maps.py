@@ -25,6 +25,15 @@ def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
                 grid: tuple[int, int] | None = None) -> int:
     """Token index of patch (row, col), or of the class token when ``row`` and ``col`` are None.
 
+    Args:
+        spec: the model's spec (its grid and prefix tokens).
+        row: the patch's row on the grid (0-based), or None for the class token.
+        col: the patch's column on the grid (0-based), or None for the class token.
+        grid: the token grid of the actual input, (gh, gw); None: ``spec.grid``.
+
+    Returns:
+        The token's index in the sequence (prefix tokens first, then patches row by row).
+
     Raises:
         InvalidParameterError: a patch outside the grid, or the class token of a model without one.
     """
@@ -144,8 +153,7 @@ it asks ``attention_maps`` for the picked query's rows only."""
 
 def whole_maps_mb(spec: ModelSpec, grid: tuple[int, int] | None = None) -> float:
     """Megabytes of one image's whole maps [layers, heads, T, T] in float32 (``grid``: another input's grid)."""
-    gh, gw = grid or spec.grid
-    t = spec.num_prefix_tokens + gh * gw
+    t = spec.num_tokens(grid)
     return 4.0 * spec.num_layers * spec.num_heads * t * t / 2**20
 
 
@@ -174,8 +182,12 @@ class QueryRows(AttentionConsumer):
 
 def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Sequence[int] | None = None,
                    memory_budget_mb: float | None = None) -> AttentionMapsResult:
-    """Every block's attention for one image, and the attention pool's for a model with a MAP head (side
-    capture: the model's output is untouched).
+    """Every block's attention for one image, and the attention pool's for a model with a MAP head.
+
+    Whole maps (``queries=None``) come from side capture (the model's own forward untouched); the rows of
+    ``queries`` come from the views' capture plan (``capture_plan``), which on timm ViTs is inline capture
+    at the non-fused path: the probabilities the block's output is computed from, a block of query rows at
+    a time.
 
     Args:
         m: the model.
@@ -185,6 +197,10 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
             as the views' capture plan says (a block of query rows at a time at high resolution), so memory
             stays at one block of rows plus the kept rows whatever T.
         memory_budget_mb: with ``queries``, as for ``attention_distance`` (``capture_plan``).
+
+    Returns:
+        An ``AttentionMapsResult``: ``maps`` [layers, heads, T, T] (or [layers, heads, Q, T] for ``queries``),
+        probabilities summing to 1 over keys, and ``pool`` for a MAP head.
     """
     import contextlib
 
@@ -195,7 +211,7 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
     x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)
     grid = m.grid_for(x.shape[-2:])
-    t = m.spec.num_prefix_tokens + grid[0] * grid[1]
+    t = m.spec.num_tokens(grid)
     if queries is not None:
         queries = tuple(int(q) for q in queries)
         bad = [q for q in queries if not 0 <= q < t]

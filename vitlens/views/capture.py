@@ -26,6 +26,7 @@ from ..errors import InvalidParameterError
 from ..families import Handles, HookSession, family_of
 from ..core.attention import attention_probs
 from ..loading.model import LoadedModel
+from .consumer import AttentionConsumer, query_rows
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
 CAPTURE_MODES = ("side", "inline")
@@ -79,8 +80,6 @@ class AttentionCapture(HookSession):
     def _emit(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         """A block's map, whole or as query rows: streaming consumers hear every row block; the
         stored maps and plain callbacks get the whole map once its last rows have come."""
-        from .engine import query_rows
-
         for consumer in self._streaming:
             consumer(layer, probs, rows)
         whole = probs
@@ -104,23 +103,22 @@ class AttentionCapture(HookSession):
             consumer(layer, whole)
 
     def install(self, handles: Handles) -> None:
-        from .engine import AttentionConsumer  # the engine imports this module
-
         # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
+        emit = _Emitter(self._emit, self.query_rows, views=bool(self._streaming))
         if self.mode == "inline":
-            emit = self._emit if self.query_rows is None else _Emitter(self._emit, self.query_rows)
             self.family.install_inline(self.model, emit, handles, self.detach)
         else:
-            self.family.install_side(self.model, _Emitter(self._emit, self.query_rows), handles)
+            self.family.install_side(self.model, emit, handles)
 
 
 class _Emitter:
-    """The capture's emit callback with the query-block size a family may compute at (``query_rows_of``)."""
+    """The capture's emit callback with the query-block size a family may compute at (``query_rows_of``),
+    and whether views (streaming consumers, which read every token as a patch of one grid) listen."""
 
-    def __init__(self, fn: Callable[..., None], query_rows: int | None) -> None:
-        self.fn, self.query_rows = fn, query_rows
+    def __init__(self, fn: Callable[..., None], query_rows: int | None, views: bool = False) -> None:
+        self.fn, self.query_rows, self.views = fn, query_rows, views
 
     def __call__(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         self.fn(layer, probs, rows)
@@ -144,6 +142,15 @@ def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
             are refused), whose output is then computed from those very blocks. Streaming consumers
             (``AttentionConsumer``) then get row blocks and no [B, heads, T, T] map need exist at once
             (unless ``store`` or a plain callback asks for whole maps).
+
+    Returns:
+        An ``AttentionCapture`` context manager; inside the ``with`` block, every forward fills ``.maps``
+        (one [B, heads, T, T] float32 tensor per block, probabilities over keys) and calls the consumers.
+        The hooks are removed on exit and on error.
+
+    Raises:
+        UnsupportedModelError: a model no family can capture exactly.
+        InvalidParameterError: an unknown mode, or ``query_rows`` where the family cannot honour it.
     """
     return AttentionCapture(m, store=store, consumers=consumers, mode=mode, detach=detach, query_rows=query_rows)
 

@@ -23,6 +23,19 @@ from ..errors import InvalidParameterError
 from ..core.spec import ModelSpec
 from ..results import Result
 from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
+from ..words import counted
+
+
+#: THE definition of a local head (Fig. 7 right, Fig. 11), used by every view, reading and report: a head is
+#: local when its mean attention distance is at most this multiple of the distance of uniform attention on
+#: its grid. Grid-relative, so it reads an 8x8 grid of 64 px (where uniform attention is half the width) as
+#: it reads a 14x14 one; the model card's and the locality sweep's criterion.
+LOCAL_OF_UNIFORM = 0.6
+
+
+def local_rule(multiple: float = LOCAL_OF_UNIFORM) -> str:
+    """The definition of a local head in words, as every page states it (``LOCAL_OF_UNIFORM``)."""
+    return f"at most {multiple:g}x the uniform-attention distance"
 
 
 @dataclass(eq=False, repr=False)
@@ -54,7 +67,7 @@ class AttentionDistanceResult(Result):
 
     def summary(self) -> str:
         layers, heads = self.mean_px.shape
-        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {self.n_images} images, "
+        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {counted(self.n_images, 'image')}, "
                 f"{self.mean_px.min():.1f}-{self.mean_px.max():.1f} px (uniform "
                 f"{uniform_distance(self.grid, self.stride_px):.1f} px), "
                 f"{'renormalised' if self.renormalize else 'raw weights'}")
@@ -69,6 +82,11 @@ class AttentionDistanceResult(Result):
     def uniform_px(self) -> float:
         """The distance of uniform attention on this grid (the figure's dotted line)."""
         return uniform_distance(self.grid, self.stride_px)
+
+    def local_heads(self, multiple: float = LOCAL_OF_UNIFORM) -> np.ndarray:
+        """[L, H] booleans: which heads are local (mean distance at most ``multiple`` x ``uniform_px``,
+        the one rule of ``LOCAL_OF_UNIFORM``)."""
+        return self.mean_px <= multiple * self.uniform_px
 
     @property
     def mean_fraction_of_width(self) -> np.ndarray:
@@ -171,25 +189,6 @@ pixels (it moves by at most the largest change of one image's value), which is t
 it at: the spread of per-image means can be far smaller than the means themselves. Float64 attention
 is summed in float64 throughout (tighter still).
 """
-
-
-def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,
-                       renormalize: bool = True) -> torch.Tensor:
-    """Attention distance of each image and head: [B, H, T, T] -> [B, H] float64.
-
-    For every patch query, sum_k A[q, k] d(q, k) and sum_k A[q, k] over patch keys
-    (``per_query_distance``): relative error within ``FLOAT32_RTOL`` (7.8e-6) of a float64
-    computation on any CPU. The renormalisation, the mean over queries and all accumulation across
-    images run in float64.
-
-    Args:
-        attn: attention probabilities of one block.
-        distances: the [N, N] pixel distances between patch tokens (``token_distance_matrix``).
-        num_prefix_tokens: leading non-patch tokens to drop as queries and keys.
-        renormalize: renormalise each query's weights over patch keys to sum to 1.
-    """
-    p = num_prefix_tokens
-    return per_query_distance(attn[:, :, p:], distances, p, renormalize).mean(0)
 
 
 def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,

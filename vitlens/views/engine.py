@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence, TypeVar
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -46,96 +46,7 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
-
-C = TypeVar("C", bound="AttentionConsumer")
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """What a consumer learns about a batch before its attention arrives.
-
-    Attributes:
-        index: batch number in this stream (0-based).
-        start: stream index of the batch's first image.
-        size: images in the batch.
-        input_size: (H, W) input pixels.
-        grid: (gh, gw) patch-token grid at that input size.
-        device: where the attention tensors live.
-        labels: [size] class labels, when the image set has them.
-        masks: [size, H, W] bool object masks, when the image set has them.
-    """
-
-    index: int
-    start: int
-    size: int
-    input_size: tuple[int, int]
-    grid: tuple[int, int]
-    device: torch.device
-    labels: np.ndarray | None = None
-    masks: np.ndarray | None = None
-
-    @classmethod
-    def of(cls, grid: tuple[int, int], input_size: tuple[int, int] | None = None, size: int = 0,
-           device: torch.device | str = "cpu") -> "BatchInfo":
-        """A batch described by its grid alone (feeding a consumer by hand, e.g. captured maps)."""
-        grid = (int(grid[0]), int(grid[1]))
-        return cls(index=0, start=0, size=size, input_size=tuple(input_size) if input_size else (0, 0), grid=grid,
-                   device=torch.device(device))
-
-
-class AttentionConsumer:
-    """Base class of the streaming consumers (see the module docstring for the protocol)."""
-
-    def begin_batch(self, batch: BatchInfo) -> None:
-        """A new batch is about to run."""
-
-    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
-        """Block ``layer``'s attention of the current batch: whole [B, heads, T, T], or the query rows
-        ``rows`` of it [B, heads, q, T] (see the module docstring)."""
-
-    def end_batch(self, logits: torch.Tensor | None = None) -> None:
-        """The current batch's model output, after its last block."""
-
-    def result(self, spec: ModelSpec | str) -> Any:
-        """The finished result; ``spec`` names the model (a ``ModelSpec`` or its name)."""
-        raise NotImplementedError
-
-    def merge(self: C, other: C) -> C:
-        """A consumer whose state covers the images of both (disjoint image sets)."""
-        raise NotImplementedError
-
-    def hooks(self) -> contextlib.AbstractContextManager:
-        """Further hooks the consumer needs while the images run (none by default)."""
-        return contextlib.nullcontext()
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The partial state as plain arrays (what crosses processes); see ``from_state``."""
-        raise NotImplementedError(f"{type(self).__name__} does not travel as a state.")
-
-    @classmethod
-    def from_state(cls: type[C], state: dict[str, np.ndarray]) -> C:
-        """The consumer a ``state()`` came from (enough of it to ``merge`` and give its result)."""
-        raise NotImplementedError(f"{cls.__name__} does not travel as a state.")
-
-    def __call__(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
-        # a consumer is also a capture callback; whole maps reach one written as on_attention(layer, attn)
-        if rows is None:
-            self.on_attention(layer, attn)
-        else:
-            self.on_attention(layer, attn, rows)
-
-
-def query_rows(attn: torch.Tensor, rows: slice | None) -> tuple[int, int, bool]:
-    """(first query, stop, last block of the layer?) of an ``on_attention`` call."""
-    t = attn.shape[-1]
-    if rows is None:
-        return 0, attn.shape[-2], True
-    start, stop = int(rows.start or 0), int(rows.stop)
-    if stop - start != attn.shape[-2] or not 0 <= start < stop <= t:
-        raise InvalidParameterError(f"Rows {start}:{stop} do not match an attention block of {attn.shape[-2]} "
-                                    f"queries over {t} keys.")
-    return start, stop, stop == t
-
+from .consumer import AttentionConsumer, BatchInfo, query_rows  # the protocol, re-exported from here
 
 def query_rows_for_budget(batch: int, heads: int, tokens: int, budget_mb: float = 256.0) -> int:
     """How many query rows of a block's float32 probabilities [batch, heads, rows, tokens] fit in
@@ -154,13 +65,9 @@ def default_budget_mb(batch: int, tokens: int, embed_dim: int) -> float:
 MIN_BUDGET_MB = 4.0
 
 ROW_BLOCK_MB = 48.0
-"""The largest block of query rows the plan computes at once, whatever the budget: a block a little above
-the last-level cache stays fast to reduce. Measured once, with ``vl.analyze(m, x, views=("distance",
-"rollout"), memory_budget_mb=B)`` for B = 54, 40, 80 and the default 108 MB (127, 94, 189, 256 rows; vit_base
-at 768 px, batch 4, this project's 2-core AMD EPYC with 32 MB of L3), two rounds: 25.0, 25.1, 28.8, 31.0 s,
-then 26.1, 28.8, 28.9, 28.7 s; 127 rows was the fastest in both, the rest is within this VM's noise. Inline
-capture by query rows (what the views use on timm ViTs) with 64, 127 and 255 rows: 21.4/22.2, 22.6/20.5 and
-22.5/21.0 s against plain forwards of 17.4/16.4 s (a one-off script): no row count ahead of the noise."""
+"""The largest block of query rows the plan computes at once, whatever the budget. Rule: a block a little
+above the last-level cache stays fast to reduce, and no larger block measured faster (the runs behind the
+number are in the README's Performance section)."""
 
 
 @dataclass(frozen=True)
@@ -188,11 +95,9 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
     rows (``Family.chunks_inline``: timm ViTs with the standard ``Attention``), the views run that path
     in blocks of ``query_rows_for_budget(batch, heads, T, min(budget, ROW_BLOCK_MB))`` rows: one block
     of every row (``query_rows == T``, a whole map) when that fits, more above. The probabilities are
-    made once and the block's output computed from them. Per block it is faster than timm's own
-    non-fused code (contiguous keys and values, the softmax in place: 31 ms against 51 ms at 224 px,
-    batch 16, a one-off microbenchmark); whole views at 224 px are within this VM's noise of timm's
-    whole-map path (1.078x against 1.062x the plain forward in ``analyses/bench.py --skip-memory
-    --batch 16 --rows distance_rollout stream_inline``; README, Performance).
+    made once and the block's output computed from them, with contiguous keys and values and the
+    softmax in place, which is why it is not timm's own non-fused code (the measurements: README,
+    Performance; ``analyses/bench.py`` prints them again).
     Otherwise a block's whole map [batch, heads, T, T] (float32) is made when it fits in the budget,
     with the family's view capture (``Family.view_mode``); above it, families that compute the
     probabilities by query rows beside their own forward (timm ViTs with parallel blocks, EVA) run
@@ -211,7 +116,7 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None,
         memory_budget_mb: megabytes of probabilities allowed at once (None: ``default_budget_mb``).
     """
     s = m.spec
-    t = int(tokens) if tokens is not None else s.num_prefix_tokens + s.grid[0] * s.grid[1]
+    t = int(tokens) if tokens is not None else s.num_tokens()
     if memory_budget_mb is not None and not float(memory_budget_mb) > 0:
         raise InvalidParameterError(f"memory_budget_mb must be > 0 (megabytes); got {memory_budget_mb!r}.")
     budget = float(memory_budget_mb) if memory_budget_mb is not None else default_budget_mb(batch, t, s.embed_dim)
@@ -263,6 +168,9 @@ def stream_attention(
             ``capture_mode`` is None too: then ``capture_plan`` chooses both.
         memory_budget_mb: with ``capture_mode`` and ``query_rows`` None, the megabytes of probabilities
             allowed at once (None: ``default_budget_mb``, one block's MLP activation); see ``capture_plan``.
+
+    Returns:
+        The number of images run; each consumer then answers ``result(spec)``.
     """
     if query_rows is not None:
         capture_mode = capture_mode or "side"

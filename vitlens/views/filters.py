@@ -7,6 +7,7 @@ says which weight was used.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +50,10 @@ class FilterPCAResult(Result):
                 for i, v in enumerate(self.explained_variance_ratio)]
 
 
+#: held around the process-wide BLAS thread limit of ``embedding_filter_pca`` (see there)
+_BLAS_LIMIT_LOCK = threading.Lock()
+
+
 def pixel_filters(m: LoadedModel) -> tuple[torch.Tensor, str, str]:
     """(weight [D, C, kh, kw] in float64, module name, description) of the pixel-space filters,
     as the model's family finds them (the patch embedding, or a hybrid's first convolution)."""
@@ -61,6 +66,14 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
     Args:
         m: the model.
         n_components: components to keep; at most min(number of filters, C*kh*kw).
+
+    Returns:
+        A ``FilterPCAResult``: the components [n_components, C, P, P] (unit-norm directions in filter
+        space), their explained variance ratios, and ``source``, the convolution read.
+
+    Raises:
+        ViewNotAvailableError: a model whose patch embedding is not a convolution.
+        InvalidParameterError: ``n_components`` outside 1 .. min(filters, C*kh*kw).
     """
     from sklearn.decomposition import PCA
 
@@ -72,13 +85,16 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
             f"n_components must be between 1 and {limit} for {m.spec.name} ({d} filters of {c * kh * kw} values); "
             f"got {n_components}.")
     x = w.reshape(d, -1).numpy()
-    # the eigenvectors of the filters' covariance: the principal axes, 2-3x faster than a full SVD
-    # at these sizes and equal to it to about 1e-10 (tests compare with numpy's SVD)
+    # the eigenvectors of the filters' covariance: the principal axes, cheaper than a full SVD of the
+    # filters and equal to it to about 1e-10 (tests compare with numpy's SVD)
     # one BLAS thread: right after a torch forward, torch's OpenMP workers still spin, and a
-    # multi-threaded eigh beside them took 0.5-7 s instead of 0.2-0.3 s (vit_base, 2 cores)
+    # multi-threaded eigh beside them is many times slower. threadpool_limits is process-wide (it
+    # sets the BLAS libraries' thread count for every thread while it is held and puts back what it
+    # found), so entries are serialised: two overlapping ones would put back each other's limit and
+    # could leave the process at one thread
     from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    with _BLAS_LIMIT_LOCK, threadpool_limits(limits=1, user_api="blas"):
         pca = PCA(n_components=n_components, svd_solver="covariance_eigh").fit(x)
     return FilterPCAResult(
         components=pca.components_.reshape(n_components, c, kh, kw),

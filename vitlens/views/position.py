@@ -84,6 +84,12 @@ def position_similarity(m: LoadedModel, grid: tuple[int, int] | None = None) -> 
     Args:
         m: the model; must have a learned absolute E_pos.
         grid: (gh, gw) to resample E_pos to before comparing (None: the model's own grid).
+
+    Returns:
+        A ``PositionSimilarityResult``: ``similarity`` [gh, gw, gh, gw], cosine similarities in [-1, 1].
+
+    Raises:
+        ViewNotAvailableError: a model without a learned absolute E_pos (RoPE, relative bias, fixed sin-cos).
     """
     if grid is not None:
         if len(grid) != 2 or min(grid) < 1:

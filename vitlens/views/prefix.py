@@ -22,6 +22,7 @@ from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
 from .engine import AttentionConsumer, model_name, query_rows, stream_attention
+from ..words import counted
 
 #: a head "parks" its attention when patch queries put more than this share on one prefix token
 PARKED = 0.5
@@ -168,8 +169,8 @@ class PrefixDiagnosticsResult(Result):
     def summary(self) -> str:
         total = self.mass.sum(-1) if self.mass.size else np.zeros((0, 0))
         most = f"{total.max():.2f}" if total.size else "0"
-        return (f"{self.model_name or 'model'}: {len(self.labels)} prefix token(s), up to {most} of a head's attention "
-                f"on them, {len(self.parked())} parked head(s) over {self.n_images} images")
+        return (f"{self.model_name or 'model'}: {counted(len(self.labels), 'prefix token')}, up to {most} of a head's attention "
+                f"on them, {counted(len(self.parked()), 'parked head')} over {counted(self.n_images, 'image')}")
 
     def to_rows(self) -> list[dict]:
         """One row per (layer, head, prefix token), 1-based layer and head."""
@@ -184,6 +185,7 @@ class TokenNorms(HookSession):
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
+        self.model = m.model  # whose lock the session holds
 
     def install(self, handles: Handles) -> None:
         for i, block in enumerate(self.blocks):
@@ -225,7 +227,22 @@ class PrefixDiagnostics(AttentionConsumer):
 
 def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, progress: ProgressArg = None,
                        outlier_factor: float = OUTLIER_FACTOR) -> PrefixDiagnosticsResult:
-    """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass)."""
+    """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass).
+
+    Darcet et al. 2024 ("Vision Transformers need registers"): how much attention patch queries park on the
+    class, distillation and register tokens, and which tokens have outlier norms.
+
+    Args:
+        m: the model.
+        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
+        batch_size: images per forward.
+        progress: True for a progress bar, or a callable ``f(done, total)``.
+        outlier_factor: a token is a high-norm outlier above this multiple of its layer's median norm.
+
+    Returns:
+        A ``PrefixDiagnosticsResult``: attention mass on each prefix token per layer and head (fractions
+        in [0, 1]) and token norms per layer.
+    """
     consumer = PrefixDiagnostics(m, outlier_factor)
     stream_attention(m, images, [consumer], batch_size, progress, desc="prefix tokens", capture_mode=None)
     return consumer.result(m.spec)

@@ -154,12 +154,6 @@ def discard_smallest(fused: torch.Tensor, discard_ratio: float, protect_class_to
     return flat.reshape(b, t, t)
 
 
-def residual_normalize(fused: torch.Tensor) -> torch.Tensor:
-    """(A + I) / rowsum(A + I), rows summing to 1 for each image."""
-    a = fused + torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
-    return a / a.sum(dim=-1, keepdim=True)
-
-
 def source_vector(batch: int, tokens: int, num_prefix_tokens: int, has_class_token: bool,
                   device: torch.device | str = "cpu") -> torch.Tensor:
     """[B, T] float64: the class token's indicator, or the mean over the patch tokens."""
@@ -370,11 +364,3 @@ def rollout_map(product: torch.Tensor, num_prefix_tokens: int, has_class_token: 
     return row_map(row, num_prefix_tokens, grid)
 
 
-def rollout_from_maps(maps: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool,
-                      grid: tuple[int, int], head_fusion: str = "mean", discard_ratio: float = 0.0) -> np.ndarray:
-    """Rollout of captured maps (list of [B, H, T, T], first block first) -> [B, gh, gw]."""
-    acc = RolloutAccumulator(len(maps), num_prefix_tokens, has_class_token, head_fusion, discard_ratio)
-    acc.begin_batch(BatchInfo.of(grid))
-    for layer, a in enumerate(maps):
-        acc.on_attention(layer, a)
-    return acc.end_batch()

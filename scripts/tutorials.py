@@ -1,0 +1,138 @@
+"""Run the tutorials (jupytext percent-format scripts under ``tutorials/``) and write each as a page.
+
+Each ``tutorials/NN_name.py`` is split at its ``# %%`` lines. A ``# %% [markdown]`` cell becomes prose
+(its ``# `` prefixes dropped); a code cell is executed, in order, in one namespace per tutorial, and the
+page shows its code, what it printed, and its last expression the way a notebook would: a plotly figure
+as a PNG (through kaleido, the same export as ``vitlens report --png``), a pandas DataFrame as a table,
+anything else as its repr. Pages go to ``docs/tutorials/NN_name.md``, figures beside them; a cell that
+raises stops the run with its traceback and a non-zero exit, so a tutorial that no longer runs fails
+the docs build (and so CI). Each tutorial runs in its own Python process (what one registers, another
+never sees) and in a fresh temporary working directory.
+
+    python scripts/tutorials.py                 # every tutorial
+    python scripts/tutorials.py 01_four_views   # some, by name
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ROOT / "tutorials"
+PAGES = ROOT / "docs" / "tutorials"
+CELL = re.compile(r"^# %%(.*)$", re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def split_cells(text: str) -> list[tuple[str, str]]:
+    """The ``(kind, body)`` cells of a percent-format script, kind ``"markdown"`` or ``"code"``."""
+    marks = list(CELL.finditer(text))
+    cells = []
+    for i, mark in enumerate(marks):
+        body = text[mark.end(): marks[i + 1].start() if i + 1 < len(marks) else len(text)].strip("\n")
+        kind = "markdown" if "[markdown]" in mark.group(1) else "code"
+        if kind == "markdown":
+            body = "\n".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in body.splitlines())
+        if body.strip():
+            cells.append((kind, body))
+    return cells
+
+
+def display(value: Any, stem: str, counter: list[int], out_dir: Path) -> str:
+    """Markdown for a cell's last value: a figure as a PNG file, a DataFrame as a table, else its repr."""
+    if value is None:
+        return ""
+    if type(value).__module__.startswith("plotly") and hasattr(value, "to_image"):
+        from vitlens.report.export import figure_png
+        counter[0] += 1
+        name = f"{stem}_fig{counter[0]}.png"
+        (out_dir / name).write_bytes(figure_png(value))
+        return f"![figure {counter[0]}]({name})\n"
+    if type(value).__name__ == "DataFrame" and hasattr(value, "to_html"):
+        return value.to_html(max_rows=40, float_format=lambda v: f"{v:.4g}", border=0) + "\n"
+    return "```text\n" + repr(value) + "\n```\n"
+
+
+def run_tutorial(source: Path, out_dir: Path = PAGES) -> float:
+    """Execute one tutorial and write its page; returns the seconds it took. Raises on a failing cell."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = source.stem
+    namespace: dict[str, Any] = {"__name__": "__main__", "__file__": str(source)}
+    parts: list[str] = []
+    counter = [0]
+    start = time.perf_counter()
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix=f"vitlens-{stem}-") as work:
+        os.chdir(work)
+        try:
+            for number, (kind, body) in enumerate(split_cells(source.read_text()), 1):
+                if kind == "markdown":
+                    parts.append(body + "\n")
+                    continue
+                parts.append("```python\n" + body + "\n```\n")
+                tree = ast.parse(body)
+                last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+                buffer = io.StringIO()
+                value = None
+                try:
+                    with contextlib.redirect_stdout(buffer):
+                        exec(compile(tree, f"{source.name} cell {number}", "exec"), namespace)
+                        if last is not None:
+                            value = eval(compile(ast.Expression(last.value), f"{source.name} cell {number}", "eval"),
+                                         namespace)
+                except Exception:
+                    sys.stderr.write(buffer.getvalue())
+                    raise RuntimeError(f"{source.name}: cell {number} failed:\n{traceback.format_exc()}") from None
+                printed = ANSI.sub("", buffer.getvalue())
+                if printed.strip():
+                    parts.append("```text\n" + printed.rstrip() + "\n```\n")
+                shown = display(value, stem, counter, out_dir)
+                if shown:
+                    parts.append(shown)
+        finally:
+            os.chdir(cwd)
+    seconds = time.perf_counter() - start
+    note = (f"\n---\n*This page is the output of `tutorials/{source.name}`, executed by `scripts/docs.sh` "
+            "at every build of the site. Run it yourself with `python tutorials/" + source.name + "`.*\n")
+    (out_dir / f"{stem}.md").write_text("\n".join(parts) + note)
+    return seconds
+
+
+def main(argv: list[str]) -> int:
+    """Run the tutorials named in ``argv`` (all when empty); exit status 1 when one fails."""
+    sources = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
+    if argv:
+        sources = [s for s in sources if s.stem in argv]
+        missing = set(argv) - {s.stem for s in sources}
+        if missing:
+            print(f"no tutorial named {', '.join(sorted(missing))} under {SOURCES}", file=sys.stderr)
+            return 2
+    for source in sources:
+        start = time.perf_counter()
+        if subprocess.run([sys.executable, __file__, "--one", str(source)]).returncode != 0:
+            print(f"tutorial {source.stem} failed", file=sys.stderr)
+            return 1
+        print(f"tutorial {source.stem}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    if sys.argv[1:2] == ["--one"]:
+        try:
+            run_tutorial(Path(sys.argv[2]))
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+            raise SystemExit(1)
+        raise SystemExit(0)
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""Compositions of the library's own pieces that only the tests call: the dense rollout product's step, rollout
+of captured maps, and one image's attention distance. They live here, not in vitlens/, because no view
+uses them; the tests compare the streaming code against them and against independent computations."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vitlens.views.consumer import BatchInfo
+from vitlens.views.distance import per_query_distance
+from vitlens.views.rollout import RolloutAccumulator
+
+
+def residual_normalize(fused: torch.Tensor) -> torch.Tensor:
+    """(A + I) / rowsum(A + I), rows summing to 1 for each image."""
+    a = fused + torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
+    return a / a.sum(dim=-1, keepdim=True)
+
+
+def rollout_from_maps(maps: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool,
+                      grid: tuple[int, int], head_fusion: str = "mean", discard_ratio: float = 0.0) -> np.ndarray:
+    """Rollout of captured maps (list of [B, H, T, T], first block first) -> [B, gh, gw]."""
+    acc = RolloutAccumulator(len(maps), num_prefix_tokens, has_class_token, head_fusion, discard_ratio)
+    acc.begin_batch(BatchInfo.of(grid))
+    for layer, a in enumerate(maps):
+        acc.on_attention(layer, a)
+    return acc.end_batch()
+
+
+def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_tokens: int,
+                       renormalize: bool = True) -> torch.Tensor:
+    """Attention distance of each image and head: [B, H, T, T] -> [B, H] float64.
+
+    For every patch query, sum_k A[q, k] d(q, k) and sum_k A[q, k] over patch keys
+    (``per_query_distance``): relative error within ``FLOAT32_RTOL`` (7.8e-6) of a float64
+    computation on any CPU. The renormalisation, the mean over queries and all accumulation across
+    images run in float64.
+
+    Args:
+        attn: attention probabilities of one block.
+        distances: the [N, N] pixel distances between patch tokens (``token_distance_matrix``).
+        num_prefix_tokens: leading non-patch tokens to drop as queries and keys.
+        renormalize: renormalise each query's weights over patch keys to sum to 1.
+    """
+    p = num_prefix_tokens
+    return per_query_distance(attn[:, :, p:], distances, p, renormalize).mean(0)

@@ -1,0 +1,107 @@
+"""The consumer protocol of the streaming engine (``vitlens.views.engine`` describes it): what a
+batch tells a consumer (``BatchInfo``), the consumer base class (``AttentionConsumer``) and the
+reading of a row block (``query_rows``). Below both the capture, which hands consumers their row
+blocks, and the engine, which drives the capture, so neither imports the other for it."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from ..core.spec import ModelSpec
+from ..errors import InvalidParameterError
+
+C = TypeVar("C", bound="AttentionConsumer")
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What a consumer learns about a batch before its attention arrives.
+
+    Attributes:
+        index: batch number in this stream (0-based).
+        start: stream index of the batch's first image.
+        size: images in the batch.
+        input_size: (H, W) input pixels.
+        grid: (gh, gw) patch-token grid at that input size.
+        device: where the attention tensors live.
+        labels: [size] class labels, when the image set has them.
+        masks: [size, H, W] bool object masks, when the image set has them.
+    """
+
+    index: int
+    start: int
+    size: int
+    input_size: tuple[int, int]
+    grid: tuple[int, int]
+    device: torch.device
+    labels: np.ndarray | None = None
+    masks: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, grid: tuple[int, int], input_size: tuple[int, int] | None = None, size: int = 0,
+           device: torch.device | str = "cpu") -> "BatchInfo":
+        """A batch described by its grid alone (feeding a consumer by hand, e.g. captured maps)."""
+        grid = (int(grid[0]), int(grid[1]))
+        return cls(index=0, start=0, size=size, input_size=tuple(input_size) if input_size else (0, 0), grid=grid,
+                   device=torch.device(device))
+
+
+class AttentionConsumer:
+    """Base class of the streaming consumers (see the module docstring for the protocol)."""
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        """A new batch is about to run."""
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        """Block ``layer``'s attention of the current batch: whole [B, heads, T, T], or the query rows
+        ``rows`` of it [B, heads, q, T] (see the module docstring)."""
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        """The current batch's model output, after its last block."""
+
+    def result(self, spec: ModelSpec | str) -> Any:
+        """The finished result; ``spec`` names the model (a ``ModelSpec`` or its name)."""
+        raise NotImplementedError
+
+    def merge(self: C, other: C) -> C:
+        """A consumer whose state covers the images of both (disjoint image sets)."""
+        raise NotImplementedError
+
+    def hooks(self) -> contextlib.AbstractContextManager:
+        """Further hooks the consumer needs while the images run (none by default)."""
+        return contextlib.nullcontext()
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The partial state as plain arrays (what crosses processes); see ``from_state``."""
+        raise NotImplementedError(f"{type(self).__name__} does not travel as a state.")
+
+    @classmethod
+    def from_state(cls: type[C], state: dict[str, np.ndarray]) -> C:
+        """The consumer a ``state()`` came from (enough of it to ``merge`` and give its result)."""
+        raise NotImplementedError(f"{cls.__name__} does not travel as a state.")
+
+    def __call__(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        # a consumer is also a capture callback; whole maps reach one written as on_attention(layer, attn)
+        if rows is None:
+            self.on_attention(layer, attn)
+        else:
+            self.on_attention(layer, attn, rows)
+
+
+def query_rows(attn: torch.Tensor, rows: slice | None) -> tuple[int, int, bool]:
+    """(first query, stop, last block of the layer?) of an ``on_attention`` call."""
+    t = attn.shape[-1]
+    if rows is None:
+        return 0, attn.shape[-2], True
+    start, stop = int(rows.start or 0), int(rows.stop)
+    if stop - start != attn.shape[-2] or not 0 <= start < stop <= t:
+        raise InvalidParameterError(f"Rows {start}:{stop} do not match an attention block of {attn.shape[-2]} "
+                                    f"queries over {t} keys.")
+    return start, stop, stop == t
+
+
+__all__ = ["AttentionConsumer", "BatchInfo", "query_rows"]
