@@ -784,7 +784,8 @@ def test_the_head_importance_expander_stays_open_when_its_result_arrives(app):
 CURRENT_IMAGE = """() => {
     const box = [...document.querySelectorAll("[data-testid='stSelectbox']")].find(
         b => b.querySelector("[data-testid='stWidgetLabel']")?.innerText.trim() === "Current image");
-    const shown = document.querySelector("[data-testid='stImageCaption'], [data-testid='stImage'] + div");
+    const shown = [...document.querySelectorAll("[data-testid='stImageCaption']")].find(
+        c => c.innerText.includes(" as the model sees it"));
     const input = box?.querySelector("input");
     return [box ? ((input && input.value) || box.innerText.replace("Current image", "")).trim() : null,
             shown ? shown.innerText.split(" as the model sees it")[0].trim() : null];
@@ -798,6 +799,7 @@ def test_the_current_image_box_and_the_head_importance_expander_in_chromium(page
     out_dir = ROOT / "test-output" / "app"
     out_dir.mkdir(parents=True, exist_ok=True)
     settled(page)
+    page.wait_for_function(f"() => ({CURRENT_IMAGE})().every(x => x !== null)", timeout=90000)  # both drawn
     assert page.evaluate(CURRENT_IMAGE) == ["scene 0 (ring)", "scene 0 (ring)"]
     page.get_by_text("Sample photos", exact=True).click()
     page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1] !== 'scene 0 (ring)'", timeout=90000)

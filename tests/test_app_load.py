@@ -12,6 +12,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
+from vitlens.loading import seeded
 from vitlens.fair_lock import lock_fairness, read_lock_log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,8 @@ def test_a_position_result_grows_as_the_square_of_the_patches():
 def test_a_second_session_reuses_the_models_and_the_lock_names_each_session(monkeypatch, tmp_path, fresh_caches):
     calls: list[str] = []
     load = vl.load_model
-    monkeypatch.setattr(vl, "load_model", lambda name, *a, **k: calls.append(name) or load(name, *a, **k))
+    # the app loads through load_model_seeded, which calls vitlens.loading.seeded's load_model
+    monkeypatch.setattr(seeded, "load_model", lambda name, *a, **k: calls.append(name) or load(name, *a, **k))
     monkeypatch.setenv("VITLENS_LOCK_LOG", str(tmp_path / "lock.jsonl"))  # the lock is made again under it
     sessions = [AppTest.from_file(str(APP), default_timeout=120) for _ in range(2)]
     for at in sessions:
@@ -120,7 +122,7 @@ def test_every_forward_of_a_shared_model_runs_under_the_heavy_lock(monkeypatch, 
         return m
 
     monkeypatch.setattr(fair_lock.FairLock, "__init__", register)
-    monkeypatch.setattr(vl, "load_model", hooked)  # fresh_caches: no result cached before skips its forward
+    monkeypatch.setattr(seeded, "load_model", hooked)  # fresh_caches: no result cached before skips its forward
     at = AppTest.from_file(str(APP), default_timeout=180)
     at.run()
     at.session_state["n-cmp"] = 4  # CKA's fewest images: a short Compare

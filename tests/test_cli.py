@@ -342,7 +342,7 @@ def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
 
 @pytest.mark.parametrize("args,message,not_wanted", [
     (["report", "--device", "cuda"], "no usable CUDA GPU", "RuntimeError"),
-    (["report", "--model", "ckpt.safetensors"], "--arch vit_base_patch16_224", "vl.load_model"),
+    (["report", "--model", "ckpt.safetensors"], "Pass --arch with the timm name", "vl.load_model"),
     (["report", "--model", "vit_tiny_patch16_224.augreg_in21k_ft_in1k"], "--random-init", "pretrained=False"),
     (["report", "--model", "vit_tiny_patch16_224.no_such_tag"], "--random-init", "pretrained=False"),
 ])

@@ -48,10 +48,19 @@ METHOD_PALETTE = ("#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#222A2
 
 def method_colour(method: str, position: int = 0) -> str:
     """The colour of one attribution method in every figure (``METHOD_PALETTE``, by its place in the registry;
-    a name the registry does not hold takes its ``position`` in the figure)."""
-    from .attribution.methods import METHODS
+    a name the registry does not hold takes its ``position`` in the figure).
 
-    index = METHODS.index(method) if method in METHODS else position
+    Args:
+        method: a name in ``vitlens.attribution.METHOD_TABLE`` (or any other name).
+        position: the method's place in the figure, used only for a name the registry does not hold.
+
+    Returns:
+        A CSS colour string from ``METHOD_PALETTE``.
+    """
+    from .attribution.methods import METHOD_TABLE
+
+    names = list(METHOD_TABLE)  # read at call time: a method registered later has its own place
+    index = names.index(method) if method in names else position
     return METHOD_PALETTE[index % len(METHOD_PALETTE)]
 
 

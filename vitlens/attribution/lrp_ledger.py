@@ -121,6 +121,10 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
         target: one class (or feature) for all, one per image, or None for each image's prediction.
         float64: compute in float64, where the ledger closes to rounding; False keeps the model's dtype.
         batch_size: images read per step (each image is explained on its own).
+
+    Returns:
+        A ``ConservationLedger``: per image, the logit and each entry of the ledger (input pixels, position
+        table, prefix tokens, biases, softmax absorption), whose sum closes to the logit.
     """
     model = copy.deepcopy(m.model)
     if float64:

@@ -220,8 +220,11 @@ def load_model(
                                        weights=_hub_weights(source))
     weights = "embedded"
     if arch and arch != name and not looks_like_checkpoint_path(name):  # never ignored silently
+        ignored = ", ".join([f"arch={arch!r}"] + ([f"{k}={v!r}" for k, v in kwargs.items()]
+                                                 if name in REFERENCE_NAMES else []))
         raise InvalidParameterError(
-            f"arch={arch!r} is for a checkpoint file; {name!r} is a model name that brings its own architecture.",
+            f"load_model({name!r}) cannot honour {ignored}: arch= is for a checkpoint file, and {name!r} is a "
+            "model name that brings its own architecture.",
             fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', arch={arch!r}).",
                    "cli": f"Drop --arch, or pass a checkpoint file: --model weights.safetensors --arch {arch}.",
                    "app": "The Architecture field is for checkpoint files only."})

@@ -242,7 +242,16 @@ def local_head_share(d: AttentionDistanceResult, local_of_uniform: float = LOCAL
                      first_layers: int = 4) -> float:
     """Share of heads in the first ``first_layers`` layers that are local (Fig. 7 right): mean distance at
     most ``local_of_uniform`` x the uniform-attention distance, the one rule of
-    ``vitlens.views.distance.LOCAL_OF_UNIFORM`` (``AttentionDistanceResult.local_heads``)."""
+    ``vitlens.views.distance.LOCAL_OF_UNIFORM`` (``AttentionDistanceResult.local_heads``).
+
+    Args:
+        d: the attention distances of one model.
+        local_of_uniform: a head is local at most this fraction of the uniform-attention distance.
+        first_layers: how many of the first layers count.
+
+    Returns:
+        The share of local heads in ``[0, 1]``.
+    """
     return float(d.local_heads(local_of_uniform)[:first_layers].mean())
 
 
