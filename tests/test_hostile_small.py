@@ -72,3 +72,20 @@ def test_a_full_disk_says_no_space_left_at_the_path(monkeypatch, tmp_path):
     proc = run_cli_here("report", "--out", str(tmp_path / "r.html"))
     assert proc.returncode == 1
     assert f"no space left on device at {tmp_path / 'r.html'}" in proc.stderr and "unexpected" not in proc.stderr
+
+
+def test_a_rerun_says_the_reason_of_a_model_that_failed_in_an_earlier_run(monkeypatch, tmp_path, capsys):
+    """'1 failed (...: the reason is above)' after a rerun said no reason: a model that failed in an earlier run
+    into the folder and is not named now has its reason on the last line; one named now was said as it failed."""
+    import pandas as pd
+
+    from vitlens.report import cli
+    from vitlens.survey.store import SurveyResult
+
+    result = SurveyResult(path=tmp_path / "s", table=pd.DataFrame(), manifest={"models": {}},
+                          failed={"ref-hybrid": "its weights file is missing", "ref-vit": "out of memory"})
+    monkeypatch.setattr(vl, "survey", lambda *a, **k: result)
+    code = cli.main(["survey", "--models", "ref-vit", "--out", str(tmp_path / "s")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code != 0
+    assert "2 failed (ref-vit: the reason is above; ref-hybrid in an earlier run: its weights file is missing)" in last

@@ -309,14 +309,16 @@ def test_a_driver_killed_with_sigkill_resumes_to_the_same_numbers(tmp_path, addr
     np.testing.assert_allclose(result.distance("ref-vit").mean_px, want.mean_px, rtol=1e-6)
 
 
-def test_ctrl_c_on_the_command_line_says_what_was_kept(tmp_path, address):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_on_the_command_line_says_what_was_kept(tmp_path, address, sig):
+    """Ctrl-C, and SIGTERM as Ctrl-C (it printed Ray's C++ stack dump and exited -6)."""
     out = tmp_path / "zoo"
     proc = survey_cli(out, address, "--n-images", "200")  # 50 shards: still running when Ctrl-C comes
     deadline = time.time() + 240
     while time.time() < deadline and len(list(out.glob("shards/*/*.npz"))) < 2:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=120)
     kept = len(list(out.glob("shards/*/*.npz")))
     assert proc.returncode == 130 and 2 <= kept < 50, err

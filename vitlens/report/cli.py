@@ -384,8 +384,14 @@ def cmd_survey(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         raise Interrupted(interrupted_survey(Path(args.out))) from None
     failed = ""
-    if result.failed and not args.quiet:  # each was said as it happened, with its reason
-        failed = f"; {len(result.failed)} failed ({', '.join(result.failed)}: the reason is above)"
+    # a model named now was said as it failed, with its reason; one that failed in an earlier run into this
+    # folder and is not named now is said here, with its reason, since nothing above said it
+    earlier = {name: why for name, why in result.failed.items() if name not in names}
+    if result.failed and not args.quiet:
+        now = [name for name in result.failed if name not in earlier]
+        parts = ([f"{', '.join(now)}: the reason is above"] if now else []) + \
+                [f"{name} in an earlier run: {why}" for name, why in earlier.items()]
+        failed = f"; {len(result.failed)} failed ({'; '.join(parts)})"
     logs = Path(args.out) / "logs"
     _log(args, f"wrote {Path(args.out) / 'table.parquet'} ({len(result.table)} rows) and the manifest; "
                f"{len(result.models())} model(s) done{failed}"

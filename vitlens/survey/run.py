@@ -15,6 +15,7 @@ import datetime as _dt
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -132,6 +133,11 @@ def _token_auth_on() -> None:
         AuthenticationTokenLoader.instance().reset_cache()
     except Exception:  # another Ray version: it reads them when it starts
         pass
+
+
+def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM during a survey ends it as Ctrl-C does: finished shards kept, the folder said, exit 130."""
+    raise KeyboardInterrupt
 
 
 def restore_local_env() -> None:
@@ -424,12 +430,18 @@ def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: Imag
          num_cpus: int | None) -> None:
     with ray_messages_to(store.out / "logs" / "ray-driver.log"):
         local = not (address or os.environ.get("RAY_ADDRESS"))
+        before = signal.getsignal(signal.SIGTERM)
         ray, started, startup = start_ray(address, num_cpus)
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread:  # ray.init's own handler exits mid-wait (Ray's C++ stack dump, exit -6): as Ctrl-C instead
+            signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         session_logs = _session_logs(ray) if started and local else None  # a cluster keeps its own
         try:
             _submit(ray, todo, manifest, store, source, shards, settings, address, gpus, cpus, strict, progress,
                     startup, session_logs)
         finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
             if started:
                 ray.shutdown()
                 if local:
