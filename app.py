@@ -444,8 +444,11 @@ def render_attributions(ctx: Context) -> None:
     st.plotly_chart(figs["faithfulness"], key="faith-fig")
     st.dataframe(round_significant(table.to_pandas()), hide_index=True)
     st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
-    if "attnlrp" in methods and not text:
-        render_ledger(ctx, target)
+    if not text:
+        from vitlens.attribution.lrp_ledger import lrp_methods
+
+        for method in (mt for mt in lrp_methods() if mt in methods):  # AttnLRP and its variants
+            render_ledger(ctx, target, method)
     cols = st.columns(4)
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
@@ -457,25 +460,27 @@ def render_attributions(ctx: Context) -> None:
 
 
 @st.cache_data(max_entries=16, show_spinner="Drawing up AttnLRP's ledger ...")
-def ledger_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> Any:
-    """AttnLRP's conservation ledger of the current image (``vitlens.attribution.lrp_ledger``)."""
+def ledger_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None,
+                  method: str = "attnlrp") -> Any:
+    """The conservation ledger of an AttnLRP method on the current image (``vitlens.attribution.lrp_ledger``)."""
     from vitlens.attribution.lrp_ledger import attnlrp_ledger
 
     with heavy_lock():
-        return attnlrp_ledger(_m, [_image], target=target)
+        return attnlrp_ledger(_m, [_image], target=target, method=method)
 
 
-def render_ledger(ctx: Context, target: int | None) -> None:
-    """Where AttnLRP's relevance of the target logit goes: input pixels, position table, prefix tokens, biases,
-    softmax; the entries add up to the logit (float64)."""
+def render_ledger(ctx: Context, target: int | None, method: str = "attnlrp") -> None:
+    """Where an AttnLRP method's relevance of the target logit goes: input pixels, position table, prefix tokens,
+    biases, softmax; the entries add up to the logit (float64)."""
     try:
-        ledger = ledger_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target)
+        ledger = ledger_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target, method)
     except vl.ViewNotAvailableError as e:
-        st.info(f"No AttnLRP ledger for this model: {e}")
+        st.info(f"No {method} ledger for this model: {e}")
         return
     import pandas as pd
 
-    st.caption("AttnLRP's ledger: where the target logit's relevance goes (the map shows the input pixels' share).")
+    st.caption(f"{method}'s ledger: where the target logit's relevance goes (the map shows the input pixels' "
+               "share).")
     st.dataframe(round_significant(pd.DataFrame(ledger.entry_rows())), hide_index=True)
 
 

@@ -1,5 +1,6 @@
-"""compare_methods's default method list: every method that is available and not slow (scorecam is left out;
-the CAMs only with grad-cam installed), and a default call runs exactly those."""
+"""compare_methods's default method list: every method that is available, not slow (scorecam is left out; the CAMs
+only with grad-cam installed) and not a named variant of another (attnlrp_gamma, cp_lrp), and a default call runs
+exactly those."""
 from __future__ import annotations
 
 import torch
@@ -17,10 +18,11 @@ without_cams = (methods_module, "package_available", lambda package: package != 
 
 def test_the_default_is_every_available_method_but_the_slow_ones(monkeypatch):
     monkeypatch.setattr(*with_cams)
-    assert default_methods() == tuple(name for name in METHODS if name != "scorecam")
+    variants = ("attnlrp_gamma", "cp_lrp")
+    assert default_methods() == tuple(name for name in METHODS if name not in ("scorecam", *variants))
     assert SLOW_METHODS == ("scorecam",) and "gradcam" in default_methods() and "attnlrp" in default_methods()
     monkeypatch.setattr(*without_cams)
-    assert default_methods() == tuple(name for name in METHODS if name not in CAM_CLASSES)
+    assert default_methods() == tuple(name for name in METHODS if name not in (*CAM_CLASSES, *variants))
 
 
 def test_a_default_compare_methods_call_runs_the_default_methods(monkeypatch):

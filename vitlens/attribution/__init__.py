@@ -2,7 +2,7 @@
 
 - ``methods``: one contract for every method (images in, [B, gh, gw] maps out): rollout,
   gradient-weighted rollout and captum's integrated gradients, saliency, input x gradient,
-  occlusion, the Grad-CAM family (``cam``) and AttnLRP (``lrp``);
+  occlusion, the Grad-CAM family (``cam``) and AttnLRP (``lrp``) with its ViT variants (the γ-rule, CP-LRP);
 - ``faithfulness``: deletion/insertion curves and the methods x metrics comparison table;
 - ``perturbation``: Chefer et al.'s positive/negative perturbation and ROAD (``imputation``: its noisy
   linear imputation);
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from .evaluation import accuracy, rollout_mask_scores
 from .faithfulness import BASELINES, ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
-from .lrp_ledger import ConservationLedger, attnlrp_ledger
+from .lrp import LRPRules
+from .lrp_ledger import ConservationLedger, attnlrp_ledger, lrp_methods
 from .masks import MaskScores, mask_scores, patch_coverage
 from .methods import METHOD_TABLE, METHODS, AttributionResult, Method, attribute
 from .protocols import ORDERINGS, PROTOCOLS
@@ -25,7 +26,8 @@ __all__ = ["BASELINES", "METHODS", "METHOD_TABLE", "AttributionResult", "Compari
            "FaithfulnessResult", "MaskScores", "Method", "accuracy", "attribute", "compare_methods",
            "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores",
            "PerturbationResult", "RoadResult", "SanityResult", "SanityTable", "perturbation_test", "road",
-           "sanity_check", "sanity_table", "ConservationLedger", "attnlrp_ledger", "PROTOCOLS", "ORDERINGS"]
+           "sanity_check", "sanity_table", "ConservationLedger", "attnlrp_ledger", "PROTOCOLS", "ORDERINGS",
+           "LRPRules", "lrp_methods"]
 
 
 def __getattr__(name: str):

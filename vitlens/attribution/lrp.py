@@ -27,6 +27,15 @@ treats gated units); QuickGELU, x * sigmoid(1.702 x), gets the identity rule as 
 identity rule with its root mean square detached; rotary q / k (EVA, RoPE, DINOv3, PE-Core) are linear in
 q and k and relative-position biases (BEiT) are additive constants in the scores, so neither needs a rule.
 
+Variants (``LRPRules``, the methods ``attnlrp_gamma`` and ``cp_lrp``), as the authors run AttnLRP on ViTs:
+
+- the γ-rule in the linear layers (and ``conv_gamma`` in the convolutions: the patch embedding), which the AttnLRP
+  paper's ViT experiments use and lxt applies through zennit's ``Gamma``: output k hands its relevance on in
+  proportion to the contributions x_j w_jk amplified by γ where they share z_k's sign (``lrp_rules._GammaRule``); the
+  bias keeps its (amplified) share, so conservation is exact as with the epsilon rule;
+- CP-LRP inside attention (Ali et al., ICML 2022): the attention probabilities are constants, so the relevance of
+  A v goes to v alone and none reaches q, k or the softmax (lxt's recommendation for ViTs, with the γ-rule outside).
+
 So the input relevance sums to the target logit less what the biases (including the class token,
 registers and position embedding, which enter as additive constants) and each softmax absorb; the
 tests check that ledger on hand-built models.
@@ -51,6 +60,7 @@ rule definitions.
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -60,13 +70,14 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..core.resample import pixels_to_grid
-from ..errors import ViewNotAvailableError
+from ..errors import InvalidParameterError, ViewNotAvailableError
 from ..families.base import Handles, HookSession
 from ..loading.model import LoadedModel
-from .lrp_rules import (gated_product, half_gradient, identity_rule, layer_norm_rule, multi_head_attention,
-                        rms_norm_rule, uniform_attention)
+from .lrp_rules import (cp_attention, gamma_conv2d, gamma_linear, gated_product, half_gradient, identity_rule,
+                        layer_norm_rule, multi_head_attention, rms_norm_rule, uniform_attention)
 
-__all__ = ["SUPPORTED", "attnlrp_maps", "attnlrp_mode", "attnlrp_relevance", "check_supported", "half_gradient"]
+__all__ = ["ATTENTION_RULES", "AttnLRPMaps", "LRPRules", "SUPPORTED", "attnlrp_maps", "attnlrp_mode", "attnlrp_relevance",
+           "check_supported", "half_gradient"]
 
 _INSTEAD = "Use grad_rollout, input_x_gradient or a CAM method instead."
 
@@ -74,9 +85,39 @@ SUPPORTED = ("attention through F.scaled_dot_product_attention or nn.MultiheadAt
              "EVA / BEiT / RoPE / parallel blocks / MAP heads, Hugging Face models on sdpa, torchvision, "
              "open_clip), LayerNorm / RMSNorm, GELU / SiLU / QuickGELU and gated MLPs")
 
-#: functions whose value the mode keeps and whose backward it replaces by a rule; attention calls are counted
-_ATTENTION = {F.scaled_dot_product_attention: uniform_attention,
-              F.multi_head_attention_forward: multi_head_attention}
+#: the rules inside attention, by name: AttnLRP's uniform rule with the softmax's own gradient (Achtibat et al.
+#: 2024), or CP-LRP's constant probabilities (Ali et al. 2022)
+ATTENTION_RULES = ("uniform", "cp")
+
+
+@dataclass(frozen=True)
+class LRPRules:
+    """Which rule each kind of operation gets: AttnLRP as vitlens's ``attnlrp`` runs it by default, and its ViT
+    variants.
+
+    Attributes:
+        attention: "uniform" (AttnLRP, Achtibat et al. ICML 2024: the uniform rule on q k^T and A v, the softmax rule
+            Prop. 3.1) or "cp" (CP-LRP, Ali et al. ICML 2022 "XAI for Transformers: Better Explanations through
+            Conservative Propagation": the attention probabilities are constants, relevance flows through v alone).
+        gamma: γ of the generalised γ-rule in every linear layer (``F.linear``: qkv, projections, MLP, head);
+            0 is the epsilon rule (the plain gradient).
+        conv_gamma: γ in every convolution (``F.conv2d``: the patch embedding, a hybrid's CNN stem); 0 the plain rule.
+    """
+
+    attention: str = "uniform"
+    gamma: float = 0.0
+    conv_gamma: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_RULES:
+            raise InvalidParameterError(f"attention must be one of {', '.join(ATTENTION_RULES)}; "
+                                        f"got {self.attention!r}.")
+        for name in ("gamma", "conv_gamma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise InvalidParameterError(f"{name} must be a number >= 0 (0 for the epsilon rule); got {value!r}.")
+
+
 _NORMS = {F.layer_norm: layer_norm_rule, F.rms_norm: rms_norm_rule}
 #: calls that mean a rule would be bypassed: an attention or a normalisation written out by hand
 _BYPASS = {torch.softmax: "a softmax", torch.Tensor.softmax: "a softmax", F.softmax: "a softmax",
@@ -89,15 +130,29 @@ class _RuleMode(TorchFunctionMode):
     handler the mode is off, so the rule's own ops are not intercepted again) and refuses the calls that
     would bypass a rule."""
 
-    def __init__(self) -> None:
+    def __init__(self, rules: LRPRules | None = None) -> None:
         super().__init__()
         self.attention_calls = 0
+        self.rules = rules or LRPRules()
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.rules.gamma:
+            return gamma_linear(x, weight, bias, self.rules.gamma)
+        return F.linear(x, weight, bias)
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in _ATTENTION:
+        cp = self.rules.attention == "cp"
+        if func is F.scaled_dot_product_attention:
             self.attention_calls += 1
-            return _ATTENTION[func](*args, **kwargs)
+            return (cp_attention if cp else uniform_attention)(*args, **kwargs)
+        if func is F.multi_head_attention_forward:
+            self.attention_calls += 1
+            return multi_head_attention(*args, **kwargs, constant_probs=cp, linear=self._linear)
+        if func is F.linear and self.rules.gamma:
+            return self._linear(*args, **kwargs)
+        if func is F.conv2d and self.rules.conv_gamma:
+            return gamma_conv2d(*args, **kwargs, gamma=self.rules.conv_gamma)
         if func in _NORMS:
             return _NORMS[func](*args, **kwargs)
         if func is F.gelu:
@@ -198,12 +253,15 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
     configs to ``sdpa``; QuickGELU, gated MLPs and timm's RmsNorm get a rule ``forward`` per module
     instance. Everything is back on exit, by an exception too. The switches are on the shared module, so
     the session holds the model's lock (``LoadedModel.lock``) while they are on: other threads' forwards
-    and captures of the model wait. ``attention_calls`` counts the attentions that ran under the uniform rule.
+    and captures of the model wait. ``attention_calls`` counts the attentions that ran under an attention rule.
+    ``rules`` (an ``LRPRules``) picks the variant: CP-LRP inside attention, the γ-rule in the linear layers
+    (``F.linear``, also inside ``nn.MultiheadAttention``'s projections) and the convolutions (``F.conv2d``).
     """
 
-    def __init__(self, m: LoadedModel) -> None:
+    def __init__(self, m: LoadedModel, rules: LRPRules | None = None) -> None:
         check_supported(m)
         self.m = m
+        self.rules = rules or LRPRules()
         self._mode: _RuleMode | None = None
 
     @property
@@ -220,18 +278,33 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
         for cfg in _hf_configs(self.m.model):
             if cfg._attn_implementation != "sdpa":  # eager would write the softmax out by hand
                 handles.set_attr(cfg, "_attn_implementation", "sdpa")
-        self._mode = _RuleMode()
+        self._mode = _RuleMode(self.rules)
         self._mode.__enter__()
         handles.on_remove(lambda mode=self._mode: mode.__exit__(None, None, None))
 
 
 def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,
-                      score: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
-    """Pixel relevance [B, C, H, W] of the target scores ``t`` (one index per image) under AttnLRP's rules."""
+                      score: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      rules: LRPRules | None = None) -> torch.Tensor:
+    """Pixel relevance of the target scores under AttnLRP's rules (or a variant of them).
+
+    Args:
+        m: the model.
+        x: [B, C, H, W] preprocessed images.
+        t: [B] the index of the explained score of each image.
+        score: images -> [B, K] scores that ``t`` indexes; None for the model's logits.
+        rules: the variant (``LRPRules``); None for AttnLRP with the epsilon rule in the linear layers.
+
+    Returns:
+        [B, C, H, W] relevance (x times its gradient under the rules).
+
+    Raises:
+        ViewNotAvailableError: when the model has parts no rule covers, or fewer attention calls than blocks.
+    """
     score = score or (lambda inp: m.forward(inp).float())
     xi = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
-        with attnlrp_mode(m) as mode:
+        with attnlrp_mode(m, rules) as mode:
             out = score(xi).gather(1, t[:, None]).sum()
             if mode.attention_calls < m.spec.num_layers:
                 raise ViewNotAvailableError(
@@ -242,7 +315,27 @@ def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,
     return (xi * grad).detach()
 
 
-def attnlrp_maps(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int], params: dict[str, Any],
-                 score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
-    """The ``attnlrp`` method: pixel relevance summed over channels and over each token's pixels."""
-    return pixels_to_grid(attnlrp_relevance(m, x, t, score), grid), t.cpu().numpy()
+@dataclass(frozen=True)
+class AttnLRPMaps:
+    """The function of an ``attnlrp`` method's ``METHOD_TABLE`` entry (``attnlrp``, ``attnlrp_gamma``, ``cp_lrp``):
+    pixel relevance under the entry's rules, summed over channels and over each token's pixels.
+
+    Attributes:
+        attention: the rule inside attention, one of ``ATTENTION_RULES``; the entry's ``gamma`` / ``conv_gamma``
+            parameters (0 when it takes none: the epsilon rule) complete its ``LRPRules``.
+    """
+
+    attention: str = "uniform"
+
+    def rules(self, params: dict[str, Any]) -> LRPRules:
+        """The ``LRPRules`` of this entry with the method parameters ``params``."""
+        return LRPRules(self.attention, params.get("gamma", 0.0), params.get("conv_gamma", 0.0))
+
+    def __call__(self, m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
+                 params: dict[str, Any], score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        relevance = attnlrp_relevance(m, x, t, score, self.rules(params))
+        return pixels_to_grid(relevance, grid), t.cpu().numpy()
+
+
+#: the plain ``attnlrp`` method's function (AttnLRP, epsilon rule in the linear layers)
+attnlrp_maps = AttnLRPMaps()

@@ -14,7 +14,9 @@ gradient x input form under the rules (``attnlrp_mode``), one image at a time:
   (Prop. 3.1 at the scores s).
 
 The five add up to the target score (``closure``): in float64 to rounding, which the tests check on a timm ViT,
-a hybrid and an open_clip tower. A share the ledger does not know (an additive attention bias such as BEiT's
+a hybrid and an open_clip tower. The ledger is drawn up for AttnLRP's variants too (``method="attnlrp_gamma"`` or
+``"cp_lrp"``): under the γ-rule a bias keeps its amplified share (its gradient says so), and under CP-LRP no
+relevance reaches the scores, so the softmax entry is zero by construction. A share the ledger does not know (an additive attention bias such as BEiT's
 relative-position table, a mask) shows as a closure gap rather than being hidden in a remainder.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -31,7 +33,8 @@ from torch import nn
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .lrp import attnlrp_mode
+from ..errors import InvalidParameterError
+from .lrp import AttnLRPMaps, LRPRules, attnlrp_mode
 from .lrp_rules import SOFTMAX_RECORD
 
 POSITION = ("pos_embed", "positional_embedding", "position_embedding", "position_embeddings", "pos_embedding")
@@ -60,6 +63,8 @@ class ConservationLedger(Result):
         targets: [B] the explained indices.
         dtype: the precision the ledger was computed in ("float64" by default).
         model_name: the model's name.
+        method: the AttnLRP method whose relevance it splits ("attnlrp", "attnlrp_gamma", "cp_lrp").
+        params: that method's parameters (``gamma``, ``conv_gamma``).
     """
 
     kind = "lrp_ledger"
@@ -72,6 +77,8 @@ class ConservationLedger(Result):
     targets: np.ndarray
     dtype: str = "float64"
     model_name: str = ""
+    method: str = "attnlrp"
+    params: dict = dataclasses.field(default_factory=dict)
 
     def total(self) -> np.ndarray:
         """[B] the five shares' sum."""
@@ -88,7 +95,7 @@ class ConservationLedger(Result):
 
     def summary(self) -> str:
         shares = ", ".join(f"{e} {significant(v)}" for e, v in self.pooled_shares().items())
-        return (f"{self.model_name or 'model'}: AttnLRP ledger over {len(self.score)} images, share of the score: "
+        return (f"{self.model_name or 'model'}: {self.method} ledger over {len(self.score)} images, share of the score: "
                 f"{shares}; closes to {significant(float(self.closure().max()))} relative ({self.dtype})")
 
     def entry_rows(self) -> list[dict]:
@@ -111,8 +118,21 @@ class ConservationLedger(Result):
                 for i in range(len(self.score))]
 
 
+def lrp_methods() -> tuple[str, ...]:
+    """The ``METHOD_TABLE`` methods a ledger can be drawn up for: AttnLRP and its variants (their function is an
+    ``AttnLRPMaps``), read from the table at call time.
+
+    Returns:
+        Their names, in table order.
+    """
+    from .methods import METHOD_TABLE
+
+    return tuple(name for name, mt in METHOD_TABLE.items() if isinstance(mt.fn, AttnLRPMaps))
+
+
 def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] | None = None,
-                   float64: bool = True, batch_size: int = 16) -> ConservationLedger:
+                   float64: bool = True, batch_size: int = 16, method: str = "attnlrp",
+                   **params: Any) -> ConservationLedger:
     """The conservation ledger of AttnLRP's relevance for each image's target (see the module docstring).
 
     Args:
@@ -121,38 +141,57 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
         target: one class (or feature) for all, one per image, or None for each image's prediction.
         float64: compute in float64, where the ledger closes to rounding; False keeps the model's dtype.
         batch_size: images read per step (each image is explained on its own).
+        method: an AttnLRP method of ``METHOD_TABLE``: "attnlrp", or one of its variants ("attnlrp_gamma",
+            "cp_lrp").
+        **params: that method's parameters (``gamma``, ``conv_gamma``; its table defaults otherwise).
 
     Returns:
         A ``ConservationLedger``: per image, the logit and each entry of the ledger (input pixels, position
         table, prefix tokens, biases, softmax absorption), whose sum closes to the logit.
+
+    Raises:
+        InvalidParameterError: for a method that is not an AttnLRP method, or a parameter it does not take.
     """
+    from .methods import METHOD_TABLE
+
+    if method not in lrp_methods():
+        raise InvalidParameterError(f"the conservation ledger splits an LRP relevance: method must be one of "
+                                    f"{', '.join(lrp_methods())}; got {method!r}.")
+    entry = METHOD_TABLE[method]
+    unknown = set(params) - set(entry.defaults)
+    if unknown:
+        raise InvalidParameterError(f"{method} takes {', '.join(entry.defaults) or 'no parameters'}; "
+                                    f"got {', '.join(sorted(unknown))}.")
+    method_params = {**entry.defaults, **params}
+    rules = entry.fn.rules(method_params)
     model = copy.deepcopy(m.model)
     if float64:
         model = model.double()
     cm = dataclasses.replace(m, model=model.eval())
-    params = dict(model.named_parameters())
-    for p in params.values():
+    weights = dict(model.named_parameters())
+    for p in weights.values():
         p.requires_grad_(True)
     norms = [mod for mod in model.modules() if isinstance(mod, nn.modules.batchnorm._BatchNorm) and not mod.training]
     bn_params = {id(p) for mod in norms for p in (mod.weight, mod.bias) if p is not None}
     rows: dict[str, list[float]] = {k: [] for k in ("score", *ENTRIES, "target")}
-    dtype = next(iter(params.values())).dtype
+    dtype = next(iter(weights.values())).dtype
     k = 0
     for x in iter_batches(images, m.data_config, batch_size):
         for xi in x.to(m.device, dtype):
             t = target if target is None or isinstance(target, (int, np.integer)) else target[k]
             k += 1
-            rows_one = _one(cm, xi[None], t, params, norms, bn_params)
+            rows_one = _one(cm, xi[None], t, weights, norms, bn_params, rules)
             for key, v in rows_one.items():
                 rows[key].append(v)
     return ConservationLedger(**{key: np.asarray(v, dtype=np.int64 if key == "target" else np.float64)
                                  for key, v in rows.items() if key != "target"},
                               targets=np.asarray(rows["target"], dtype=np.int64),
-                              dtype=str(dtype).replace("torch.", ""), model_name=m.spec.name)
+                              dtype=str(dtype).replace("torch.", ""), model_name=m.spec.name, method=method,
+                              params=method_params)
 
 
 def _one(cm: LoadedModel, x: torch.Tensor, target: int | None, params: dict[str, nn.Parameter], norms: list,
-         bn_params: set) -> dict[str, float]:
+         bn_params: set, rules: LRPRules) -> dict[str, float]:
     for p in params.values():
         p.grad = None
     outputs: list[tuple[nn.Module, torch.Tensor]] = []
@@ -166,7 +205,7 @@ def _one(cm: LoadedModel, x: torch.Tensor, target: int | None, params: dict[str,
     SOFTMAX_RECORD.pairs = []
     try:
         xi = x.detach().clone().requires_grad_(True)
-        with torch.enable_grad(), attnlrp_mode(cm):
+        with torch.enable_grad(), attnlrp_mode(cm, rules):
             out = cm.forward(xi)
             t = int(out.argmax(-1)[0]) if target is None else int(target)
             score = out[0, t]

@@ -37,7 +37,7 @@ from ..views.analyze import attention_rollout
 from ..views.capture import capture_attention
 from ..views.rollout import rollout_map
 from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps
-from .lrp import attnlrp_maps
+from .lrp import AttnLRPMaps, attnlrp_maps
 from ..words import counted
 
 
@@ -216,6 +216,9 @@ class Method:
             to get it. A method whose package is missing is left out of ``available_methods``.
         rollout_row: the map is a row of a rolled-out attention product, so a model without a class token
             gets the mean over the patch tokens' rows (``attribute`` says so in the note).
+        variant_of: the method this one is a named variant of ("" for none): the variant is offered wherever the
+            table is read (``attribute``, the CLI's and the report's choices, the app) but left out of
+            ``default_methods``, so a default comparison runs each method once.
     """
 
     name: str
@@ -229,6 +232,7 @@ class Method:
     package: str = ""
     install: str = ""
     rollout_row: bool = False
+    variant_of: str = ""
 
     @property
     def class_agnostic(self) -> bool:
@@ -264,6 +268,15 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
              note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit"),
+    # AttnLRP as its authors run it on ViTs (vitlens.attribution.lrp.LRPRules): the γ-rule in the linear layers
+    # (gamma) and the patch embedding (conv_gamma); CP-LRP's constant attention inside the attention, which lxt
+    # recommends for ViTs together with the γ-rule outside it (gamma 0 there: Ali et al.'s CP-LRP as published)
+    Method("attnlrp_gamma", AttnLRPMaps("uniform"), {"gamma": 0.25, "conv_gamma": 0.25},
+           note="relevance (AttnLRP, γ-rule in the linear and convolution layers); biases and the softmax absorb part "
+                "of the logit", variant_of="attnlrp"),
+    Method("cp_lrp", AttnLRPMaps("cp"), {"gamma": 0.0, "conv_gamma": 0.0},
+           note="relevance (CP-LRP: attention probabilities held constant); biases absorb part of the logit",
+           variant_of="attnlrp"),
 )}
 #: the built-in methods' names (a snapshot of the table at import; what reads the table at call time
 #: also sees a method registered later, ``register_method``)
@@ -293,8 +306,10 @@ def missing_packages() -> dict[str, str]:
 
 
 def default_methods() -> tuple[str, ...]:
-    """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam) and not slow."""
-    return tuple(name for name in available_methods() if not METHOD_TABLE[name].slow)
+    """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam), not slow and
+    not a named variant of another (``Method.variant_of``: ``attnlrp_gamma``, ``cp_lrp``)."""
+    return tuple(name for name in available_methods()
+                 if not METHOD_TABLE[name].slow and not METHOD_TABLE[name].variant_of)
 
 
 def preselected_methods() -> tuple[str, ...]:
@@ -328,7 +343,9 @@ def attribute(
             model built from a config): a Hugging Face tokenizer, or a callable prompts -> ids [P, L].
         **params: method parameters (``n_steps`` for integrated gradients, ``perturbations_per_eval``
             for occlusion, ``head_fusion`` / ``discard_ratio`` for rollout, ``target_layer`` for the CAMs
-            (a module name; default the last block's pre-attention norm), ``masked_per_forward`` for scorecam).
+            (a module name; default the last block's pre-attention norm), ``masked_per_forward`` for scorecam,
+            ``gamma`` / ``conv_gamma`` for ``attnlrp_gamma`` and ``cp_lrp``: the γ of the γ-rule in the linear layers
+            and in the convolutions, 0 for the epsilon rule).
 
     Returns:
         An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the

@@ -248,12 +248,14 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
     checked = [mt for mt in methods if mt in quick]
     table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size) if checked else None
-    if "attnlrp" in methods:  # where AttnLRP's relevance goes, on the images the sanity check uses
-        from vitlens.attribution.lrp_ledger import attnlrp_ledger
+    from vitlens.attribution.lrp_ledger import attnlrp_ledger, lrp_methods
+
+    lrp = [mt for mt in lrp_methods() if mt in methods]
+    if lrp:  # where AttnLRP's relevance goes (the first AttnLRP method run), on the images the sanity check uses
         from vitlens.errors import ViewNotAvailableError
 
         try:
-            table.ledger = attnlrp_ledger(m, images[:min(n, 4)], batch_size=args.batch_size)
+            table.ledger = attnlrp_ledger(m, images[:min(n, 4)], batch_size=args.batch_size, method=lrp[0])
         except ViewNotAvailableError as e:
             _log(args, f"{m.spec.name}: no AttnLRP ledger ({e})")
     return table

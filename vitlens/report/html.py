@@ -302,7 +302,8 @@ def ledger_section(table: Any) -> str:
         return ""
     rows = [{k: (significant(v) if isinstance(v, float) and v == v else ("" if isinstance(v, float) else v))
              for k, v in row.items()} for row in ledger.entry_rows()]
-    return ("<h3>Where AttnLRP's relevance goes</h3>"
+    method = html.escape(getattr(ledger, "method", "attnlrp"))
+    return (f"<h3>Where AttnLRP's relevance goes ({method})</h3>"
             f"<p class='muted'>The target logit of {len(ledger.score)} images, summed, split by where the rules "
             "leave it: the input pixels (what the map shows), the position table, the prefix tokens, the biases and "
             f"what each softmax absorbs; computed in {html.escape(ledger.dtype)}, the entries add up to the "
