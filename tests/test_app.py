@@ -181,11 +181,15 @@ def test_corrupt_and_oversized_uploads_are_skipped_with_a_message(app, monkeypat
     big = b"\x89PNG" + b"0" * (21 * 2**20)
     app.file_uploader(key="uploads").set_value([("broken.png", b"not an image", "image/png"),
                                                 ("huge.png", big, "image/png"),
-                                                ("ok.png", png_bytes(), "image/png")]).run()
+                                                ("ok.png", png_bytes(), "image/png"),
+                                                ("dot.png", png_bytes(size=(1, 1)), "image/png")]).run()
     warnings = " ".join(w.value for w in app.warning)
     assert "broken.png" in warnings and "huge.png" in warnings and "limit" in warnings
     assert "BytesIO" not in warnings and "0x" not in warnings  # the file is named, not a Python object
-    assert problems(app) == [] and len(image_box(app).options) == 1
+    # issue 29 item 21: a 1x1 image is analysed, with the CLI's word on what that means
+    assert "Analysed, but dot.png (1x1 px) is smaller than 16 px: it is enlarged" in warnings
+    assert "ok.png" not in warnings
+    assert problems(app) == [] and len(image_box(app).options) == 2
 
 
 def test_upload_limits_and_formats_are_one_truth_and_duplicates_count_once(app):
@@ -642,6 +646,9 @@ def test_attributions_of_a_clip_model_take_a_prompt(app, tmp_path):
     assert problems(app) == [] and not app.error
     assert "a diagram of a ship" in chart(app)["layout"]["title"]["text"] and chart(app)["data"] != dog
     assert list(app.dataframe[0].value["method"]) == ["saliency"]
+    # issue 29 item 17: no sanity toggle for a prompt's model, and the view says why
+    assert not [t for t in app.toggle if t.key == "sanity"]
+    assert any("No sanity check for a model with a text tower" in c.value for c in app.caption)
 
 
 def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):
