@@ -181,7 +181,7 @@ def test_loaded_model_prints_in_one_line_and_renders_as_a_table(tiny):
     assert "\n" not in text and len(text) < 300, text  # not the nn.Module's thousands of characters
     assert text.startswith("LoadedModel(vit_tiny_patch16_224: ViT, 224x224 px, 14x14 tokens, 12 x 3 heads")
     page = tiny._repr_html_()
-    assert page.startswith("<div class='table-wrap'><table>") and "14x14 tokens" in page and "float32" in page
+    assert page.startswith("<table>") and "14x14 tokens" in page and "float32" in page
 
 
 def test_a_file_that_is_no_checkpoint_is_named_for_what_it_is_without_torchs_unsafe_advice(tmp_path):
