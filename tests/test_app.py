@@ -121,6 +121,13 @@ def test_view_controls_change_the_result(app):
     app.selectbox(key="head").set_value("head 2").run()
     assert problems(app) == [] and not app.error
     assert any("head 2" in str(c.proto.spec) for c in app.get("plotly_chart"))
+    # issue 29 items 12 and 20: the colour bar says what it measures; the queried patch is outlined
+    head_fig = next(json.loads(c.proto.spec) for c in app.get("plotly_chart") if "head 2" in c.proto.spec)
+    assert next(t for t in head_fig["data"] if t["type"] == "heatmap")["colorbar"]["title"]["text"] == "attention weight"
+    assert [sh["type"] for sh in head_fig["layout"]["shapes"]] == ["rect"]
+    app.selectbox(key="head").set_value("all heads").run()
+    heads_fig = next(json.loads(c.proto.spec) for c in app.get("plotly_chart") if "each head scaled" in c.proto.spec)
+    assert len(heads_fig["layout"]["shapes"]) == vl.load_model("ref-vit").spec.num_heads
     app.radio(key="view").set_value("Position embeddings").run()
     assert heatmap_z(chart(app)).shape == (8 * 9 - 1, 8 * 9 - 1)  # 8x8 tiles with gaps
     app.number_input(key="gh").set_value(5).run()
@@ -138,6 +145,10 @@ def test_attributions_view_scores_methods_against_masks(app):
     assert problems(app) == [] and not app.error
     table = app.dataframe[0].value
     assert list(table["method"]) == ["rollout", "occlusion"] and "mass_in_mask" in table.columns
+    # issue 29 item 13: the method column is as wide as its longest name at 8 px a character (every row is
+    # shown through height="content", which lives on the element's layout, out of AppTest's reach)
+    width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
+    assert width >= 8 * len("occlusion")
     assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
     # the numbers shown are the library's: compare_methods on the current scene, its mask and target
     from vitlens.attribution import compare_methods
@@ -339,6 +350,8 @@ def test_compare_has_a_cka_tab(app):
     assert any(t.startswith("Representation similarity (linear CKA)") for t in titles)
     assert any("ref-vit x ref-hybrid: 6x6 layers" in c.value for c in app.caption)
     assert any(m.value.startswith("Fig. 11's contrast: ref-hybrid") for m in app.markdown)  # the one-line reading
+    per_layer = next(d.value for d in app.dataframe if "layer" in d.value.columns)
+    assert {"min (px)", "median (px)", "max (px)"} <= set(per_layer.columns)  # issue 29 item 12: the unit
 
 
 def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_path, shapes_survey):
