@@ -524,8 +524,8 @@ def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:
     """Adebayo et al. (2018): does each map depend on the weights? The cascade re-initialises the head, then
     the blocks from the top, then the embedding, on a copy of the model (``vl.sanity_table``)."""
     table = remembered("sanity_memo", (ctx.mkey, ctx.cur_key, tuple(methods), target), lambda progress: sanity_table(
-        ctx.m, [ctx.current], methods=methods, target=target), f"Sanity checks of {len(methods)} methods",
-        ctx.m.spec.num_layers + 2)
+        ctx.m, [ctx.current], methods=methods, target=target, progress=progress),
+        f"Sanity checks of {counted(len(methods), 'method')} (maps computed)", len(methods) * (ctx.m.spec.num_layers + 3))
     st.caption("Each map recomputed after every step of the cascade, for the same target; similarity to the "
                "original map (Spearman on |maps| and on signed maps, SSIM). A map that barely changes when the "
                "weights are random cannot be explaining the model.")

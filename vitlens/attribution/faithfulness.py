@@ -288,8 +288,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
         baseline: what removed patches become in deletion/insertion ("mean" or "blur").
         batch_size: images per step.
         progress: True for one progress bar over the whole table (tqdm's time left; its description names the
-            method being computed), or a callable ``f(done, total)``; both count method x image steps (an image
-            counts as done for a method when its map is; a method's scores complete its images).
+            method being computed), or a callable ``f(done, total)``; both count two steps per method and image:
+            its map, then its scores.
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 32}}``.
         metrics: which faithfulness scores, from ``METRICS``: "deletion_insertion" (columns deletion_auc,
             insertion_auc; 2 x (steps + 1) forwards per image), "perturbation" (Chefer et al.'s positive and
@@ -323,15 +323,18 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
         masks = masks_at_input(masks, m.data_config, images)
     rows, attrs, faiths, perts, roads = [], [], [], [], []
     n = len(images)
-    with Progress(progress, len(methods) * n, desc="attributions", unit="step") as bar:
+    # two steps per image of a method: its map, then its scores (deletion/insertion and perturbation forwards
+    # outweigh a quick method's map many times on a large model)
+    with Progress(progress, 2 * len(methods) * n, desc="attributions", unit="step") as bar:
         for i, method in enumerate(methods):
             bar.describe(f"attributions: {method}")
 
-            def mapped(done: int, _total: int | None, before: int = i * n) -> None:  # within this method's maps
+            def mapped(done: int, _total: int | None, before: int = 2 * i * n) -> None:  # within this method's maps
                 bar.update(before + min(done, n))
 
             a = attribute(m, images, method=method, target=target, batch_size=batch_size,
                           progress=mapped if progress else None, **(method_params or {}).get(method, {}))
+            bar.describe(f"attributions: {method} (scores)")
             row: dict[str, Any] = {"method": method}
             if "deletion_insertion" in metrics:
                 f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size,
@@ -356,7 +359,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
                             "mass_ratio": s["ratio_mean"]})
             rows.append(row)
             attrs.append(a)
-            bar.update((i + 1) * n)
+            bar.update(2 * (i + 1) * n)
     return ComparisonTable(rows=rows, n_images=len(attrs[0].maps) if attrs else 0, attributions=attrs,
                            faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads,
                            protocols={k: f"{names[k]}, {orders[k]}" for k in metrics})

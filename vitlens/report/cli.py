@@ -245,7 +245,8 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
                             batch_size=args.batch_size, progress=not args.quiet)
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
     checked = [mt for mt in methods if mt in quick]
-    table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size) if checked else None
+    table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size,
+                                progress=not args.quiet) if checked else None
     if "attnlrp" in methods:  # where AttnLRP's relevance goes, on the images the sanity check uses
         from vitlens.attribution.lrp_ledger import attnlrp_ledger
         from vitlens.errors import ViewNotAvailableError
