@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +37,7 @@ from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
 from vitlens.compare.heads import cost as head_cost
 from vitlens.fair_lock import FairLock
+from vitlens.progress import time_left
 from vitlens.families.pooling import capture_pool_attention
 from vitlens.views import attention_maps as maps_view
 from vitlens.views.attention_maps import query_label
@@ -117,7 +119,7 @@ def has_pool_attention(m: vl.LoadedModel) -> bool:
         return False
 
 
-@st.cache_data(max_entries=32, show_spinner="Attributing and scoring ...")
+@st.cache_data(max_entries=32, show_spinner=False)  # attributed_table's bar says which method and the time left
 def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | str | None,
                  params: tuple, _mask: np.ndarray | None) -> ComparisonTable:
     """One method's maps and scores on the current image (cached per method)."""
@@ -139,9 +141,12 @@ def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, 
     memo = st.session_state.setdefault(name, {})
     if key not in memo:
         bar = st.progress(0.0, text=f"{what} ...")
+        start = time.perf_counter()
 
         def progress(done: int, n: int | None) -> None:
-            bar.progress(min(done / max(n or total, 1), 1.0), text=f"{what}: {done}/{n or total}")
+            left = time_left(time.perf_counter() - start, done, n or total)
+            bar.progress(min(done / max(n or total, 1), 1.0),
+                         text=f"{what}: {done}/{n or total}" + (f", {left}" if left else ""))
 
         with heavy_lock():
             memo[key] = compute(progress)
@@ -224,6 +229,14 @@ def downloads(result: vl.Result, fig: Any, stem: str) -> None:
     cols[1].download_button("Numbers (JSON)", result.to_json().encode(), f"{stem}.json", "application/json",
                             key=f"json-{stem}", on_click="ignore")
     figure_download(cols[2], fig, stem)
+
+
+def whole_table(frame: Any, name_column: str = "method") -> None:
+    """A table shown whole: every row (no scroll box of ten) and its name column wide enough for the
+    longest name ("integrated_gradients" was cut to "integrated_gradi…")."""
+    longest = max((len(str(v)) for v in frame[name_column]), default=0) if name_column in frame else 0
+    config = {name_column: st.column_config.TextColumn(name_column, width=max(80, 8 * longest + 24))} if longest else None
+    st.dataframe(frame, hide_index=True, height="content", column_config=config)
 
 
 def image_count(where: Any, available: int, key: str) -> int:
@@ -402,11 +415,13 @@ def render_maps(ctx: Context) -> None:
         label = query_label(row, col)
         head_maps = maps.query_attention(layer, token)
     head = st.selectbox("Head", ["all heads"] + [f"head {h + 1}" for h in range(len(head_maps))], key="head")
+    patch = (row, col) if query_kind == "patch" else None  # outlined on the maps: where the query sits
     if head == "all heads":
-        st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, label, opacity), key="heads-fig")
+        st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, label, opacity, patch=patch),
+                        key="heads-fig")
     else:
-        st.plotly_chart(figures.head_figure(ctx.shown, head_maps, layer, int(head.split()[1]) - 1, label, opacity),
-                        key="head-fig")
+        st.plotly_chart(figures.head_figure(ctx.shown, head_maps, layer, int(head.split()[1]) - 1, label, opacity,
+                                            patch=patch), key="head-fig")
 
 
 def render_attributions(ctx: Context) -> None:
@@ -435,14 +450,11 @@ def render_attributions(ctx: Context) -> None:
         st.info("Choose at least one method.")
         return
     mask = None if ctx.masks is None else ctx.masks[ctx.index: ctx.index + 1]
-    table = ComparisonTable.concat([
-        method_table(m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
-                     (("n_steps", steps),) if method == "integrated_gradients" else (), mask)
-        for method in methods])
+    table = attributed_table(ctx, methods, target, steps, mask)
     figs = attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
     st.plotly_chart(figs["attributions"], key="attr-fig")
     st.plotly_chart(figs["faithfulness"], key="faith-fig")
-    st.dataframe(round_significant(table.to_pandas()), hide_index=True)
+    whole_table(round_significant(table.to_pandas()))
     st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
     if not text:
         from vitlens.attribution.lrp_ledger import lrp_methods
@@ -455,8 +467,37 @@ def render_attributions(ctx: Context) -> None:
                             "application/json", on_click="ignore")
     figure_download(cols[2], figs["attributions"], "attributions", "Maps")
     figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
-    if not text and st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
+    if text:
+        st.caption(NO_TEXT_SANITY)
+    elif st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
         render_sanity(ctx, methods, target)
+
+
+#: why the Attributions view of a CLIP / SigLIP model offers no sanity check
+NO_TEXT_SANITY = ("No sanity check for a model with a text tower: the cascade (Adebayo et al. 2018) re-initialises "
+                  "a classifier's head and then its blocks, and a prompt's model has no classifier head to start "
+                  "from (its text tower would be randomised as the \"head\"), so `vl.sanity_table` explains "
+                  "classes only.")
+
+
+def attributed_table(ctx: Context, methods: list[str], target: int | str | None, steps: int,
+                     mask: np.ndarray | None) -> ComparisonTable:
+    """The chosen methods' table, one method at a time (each cached), under a bar that names the method being
+    computed and the time left at the rate of the methods computed so far in this run (a cached one is free)."""
+    bar = st.progress(0.0, text="Attributing and scoring ...")
+    tables, spent, computed = [], 0.0, 0
+    for i, method in enumerate(methods):
+        left = time_left(spent, computed, computed + len(methods) - i)
+        bar.progress(i / len(methods), text=f"Attributing and scoring: {method} ({i + 1} of {len(methods)})"
+                     + (f", {left}" if left else ""))
+        t0 = time.perf_counter()
+        tables.append(method_table(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
+                                   (("n_steps", steps),) if method == "integrated_gradients" else (), mask))
+        took = time.perf_counter() - t0
+        if took > 0.05:  # computed here, not read from the cache
+            spent, computed = spent + took, computed + 1
+    bar.empty()
+    return ComparisonTable.concat(tables)
 
 
 @st.cache_data(max_entries=16, show_spinner="Drawing up AttnLRP's ledger ...")
@@ -488,13 +529,13 @@ def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:
     """Adebayo et al. (2018): does each map depend on the weights? The cascade re-initialises the head, then
     the blocks from the top, then the embedding, on a copy of the model (``vl.sanity_table``)."""
     table = remembered("sanity_memo", (ctx.mkey, ctx.cur_key, tuple(methods), target), lambda progress: sanity_table(
-        ctx.m, [ctx.current], methods=methods, target=target), f"Sanity checks of {len(methods)} methods",
-        ctx.m.spec.num_layers + 2)
+        ctx.m, [ctx.current], methods=methods, target=target, progress=progress),
+        f"Sanity checks of {counted(len(methods), 'method')} (maps computed)", len(methods) * (ctx.m.spec.num_layers + 3))
     st.caption("Each map recomputed after every step of the cascade, for the same target; similarity to the "
                "original map (Spearman on |maps| and on signed maps, SSIM). A map that barely changes when the "
                "weights are random cannot be explaining the model.")
     st.plotly_chart(figures.sanity_figure(table.results), key="sanity-fig")
-    st.dataframe(round_significant(table.to_pandas()), hide_index=True)
+    whole_table(round_significant(table.to_pandas()))
 
 
 def render_compare(ctx: Context) -> None:
@@ -540,7 +581,8 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     local = data.local_statement()
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
                f"{local[:1].upper()}{local[1:]}.")
-    st.dataframe(data.to_pandas().round(3), hide_index=True)
+    st.caption(f"Attention distance per layer over heads, in {data.unit_label()}.")
+    st.dataframe(data.table_with_units().round(3), hide_index=True)
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
     rollout_fig = figures.overlay_grid_figure(
@@ -675,6 +717,8 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | N
                            memo=st.session_state.setdefault("upload-images", {}))
     for message in uploads.skipped:
         st.warning(f"Skipped: {message}")
+    for message in uploads.tiny:
+        st.warning(f"Analysed, but {message}.")
     if uploads.duplicates:
         st.caption(f"Already uploaded (same file), shown once: {', '.join(uploads.duplicates)}")
     return uploads.images, uploads.names, uploads.key, None, None, "upload"

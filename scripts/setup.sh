@@ -15,6 +15,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -r requirements.txt -r requirements-docs.txt
     .venv/bin/python -m pip install --quiet --no-deps -r requirements-nodeps.txt
-    .venv/bin/python -m pip install --quiet --no-deps -e .
+    # setuptools notes every editable install of a flat layout ("Please be careful with folders in your working
+    # directory with the same name as your package"): here that folder is the package, so the note is noise
+    PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --quiet --no-deps -e .
     echo "$want" > "$stamp"
 fi

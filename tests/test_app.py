@@ -121,6 +121,13 @@ def test_view_controls_change_the_result(app):
     app.selectbox(key="head").set_value("head 2").run()
     assert problems(app) == [] and not app.error
     assert any("head 2" in str(c.proto.spec) for c in app.get("plotly_chart"))
+    # issue 29 items 12 and 20: the colour bar says what it measures; the queried patch is outlined
+    head_fig = next(json.loads(c.proto.spec) for c in app.get("plotly_chart") if "head 2" in c.proto.spec)
+    assert next(t for t in head_fig["data"] if t["type"] == "heatmap")["colorbar"]["title"]["text"] == "attention weight"
+    assert [sh["type"] for sh in head_fig["layout"]["shapes"]] == ["rect"]
+    app.selectbox(key="head").set_value("all heads").run()
+    heads_fig = next(json.loads(c.proto.spec) for c in app.get("plotly_chart") if "each head scaled" in c.proto.spec)
+    assert len(heads_fig["layout"]["shapes"]) == vl.load_model("ref-vit").spec.num_heads
     app.radio(key="view").set_value("Position embeddings").run()
     assert heatmap_z(chart(app)).shape == (8 * 9 - 1, 8 * 9 - 1)  # 8x8 tiles with gaps
     app.number_input(key="gh").set_value(5).run()
@@ -138,6 +145,10 @@ def test_attributions_view_scores_methods_against_masks(app):
     assert problems(app) == [] and not app.error
     table = app.dataframe[0].value
     assert list(table["method"]) == ["rollout", "occlusion"] and "mass_in_mask" in table.columns
+    # issue 29 item 13: the method column is as wide as its longest name at 8 px a character (every row is
+    # shown through height="content", which lives on the element's layout, out of AppTest's reach)
+    width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
+    assert width >= 8 * len("occlusion")
     assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
     # the numbers shown are the library's: compare_methods on the current scene, its mask and target
     from vitlens.attribution import compare_methods
@@ -181,11 +192,15 @@ def test_corrupt_and_oversized_uploads_are_skipped_with_a_message(app, monkeypat
     big = b"\x89PNG" + b"0" * (21 * 2**20)
     app.file_uploader(key="uploads").set_value([("broken.png", b"not an image", "image/png"),
                                                 ("huge.png", big, "image/png"),
-                                                ("ok.png", png_bytes(), "image/png")]).run()
+                                                ("ok.png", png_bytes(), "image/png"),
+                                                ("dot.png", png_bytes(size=(1, 1)), "image/png")]).run()
     warnings = " ".join(w.value for w in app.warning)
     assert "broken.png" in warnings and "huge.png" in warnings and "limit" in warnings
     assert "BytesIO" not in warnings and "0x" not in warnings  # the file is named, not a Python object
-    assert problems(app) == [] and len(image_box(app).options) == 1
+    # issue 29 item 21: a 1x1 image is analysed, with the CLI's word on what that means
+    assert "Analysed, but dot.png (1x1 px) is smaller than 16 px: it is enlarged" in warnings
+    assert "ok.png" not in warnings
+    assert problems(app) == [] and len(image_box(app).options) == 2
 
 
 def test_upload_limits_and_formats_are_one_truth_and_duplicates_count_once(app):
@@ -335,6 +350,8 @@ def test_compare_has_a_cka_tab(app):
     assert any(t.startswith("Representation similarity (linear CKA)") for t in titles)
     assert any("ref-vit x ref-hybrid: 6x6 layers" in c.value for c in app.caption)
     assert any(m.value.startswith("Fig. 11's contrast: ref-hybrid") for m in app.markdown)  # the one-line reading
+    per_layer = next(d.value for d in app.dataframe if "layer" in d.value.columns)
+    assert {"min (px)", "median (px)", "max (px)"} <= set(per_layer.columns)  # issue 29 item 12: the unit
 
 
 def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_path, shapes_survey):
@@ -642,6 +659,9 @@ def test_attributions_of_a_clip_model_take_a_prompt(app, tmp_path):
     assert problems(app) == [] and not app.error
     assert "a diagram of a ship" in chart(app)["layout"]["title"]["text"] and chart(app)["data"] != dog
     assert list(app.dataframe[0].value["method"]) == ["saliency"]
+    # issue 29 item 17: no sanity toggle for a prompt's model, and the view says why
+    assert not [t for t in app.toggle if t.key == "sanity"]
+    assert any("No sanity check for a model with a text tower" in c.value for c in app.caption)
 
 
 def test_attention_maps_show_a_map_heads_pool_attention(app, tmp_path):

@@ -302,7 +302,7 @@ def test_png_export_writes_every_figure(tmp_path):
 
 def test_report_with_attributions_scores_every_method(tmp_path):
     out = tmp_path / "attr.html"
-    proc = run_cli_here("report", "--model", "ref-vit", "--n-images", "4", "--attributions",
+    proc = run_cli_here("report", "--model", "ref-vit", "--n-images", "4", "--attributions", "--methods", "all",
                         "--attribution-images", "3", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     data = vl.load_result(out.with_suffix(".json"))

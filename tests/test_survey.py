@@ -167,7 +167,10 @@ def test_the_survey_page_speaks_in_image_widths_and_words(extended):
     rows = {r["model"]: r for r in summary_rows(result)}
     assert rows["vit_tiny_patch16_224"]["accuracy note"] == "random weights: the accuracy means nothing"
     assert rows["ref-vit"]["accuracy note"] == ""  # the embedded models on their own shape scenes
+    # issue 29 item 12: the rollout entropy names its unit; an 8x8 grid holds at most ln 64 nats
+    assert 0 < rows["ref-vit"]["rollout entropy (nats)"] <= np.log(64) + 1e-9
     page = survey_html(result)
+    assert "<div class='table-wrap'><table class='sortable'>" in page  # issue 29 item 13: scrolls, never spills
     assert "shards of 6 images · batches of 4 · views: distance, rollout, predictions, weights" in page
     assert "{&#x27;shard_size&#x27;" not in page and "{'shard_size'" not in page
     assert "(random init) (vit)" not in page and "random weights: the accuracy means nothing" in page

@@ -245,7 +245,8 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
 
 
 def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, opacity: float = 0.5,
-                           colorscale: str = "Jet") -> go.Figure:
+                           colorscale: str = "Jet", scale_title: str = "value",
+                           patch: tuple[int, int] | None = None) -> go.Figure:
     """A [gh, gw] map upsampled over an RGB uint8 image [H, W, 3].
 
     Args:
@@ -254,6 +255,8 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
         title: the figure's title.
         opacity: the map's opacity over the image, in [0, 1].
         colorscale: a plotly colour scale name.
+        scale_title: the colour bar's title (what the colour measures).
+        patch: (row, column) of a grid cell to outline (the queried patch), or None.
 
     Returns:
         A plotly ``Figure``.
@@ -262,11 +265,24 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
     up = upsample_map(values, (h, w))
     fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
     fig.add_trace(go.Heatmap(z=up, opacity=opacity, colorscale=colorscale, zmin=0, zmax=max(float(up.max()), 1e-12),
-                             showscale=True, hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"))
+                             showscale=True, colorbar=dict(title=dict(text=scale_title, side="right")),
+                             hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"))
+    if patch is not None:
+        _outline_patch(fig, patch, values.shape, (h, w))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x")
     fig.update_layout(title=title, height=420, margin=dict(l=10, r=10, t=50, b=10))
     return fig
+
+
+def _outline_patch(fig: go.Figure, patch: tuple[int, int], grid: tuple[int, int], size: tuple[int, int],
+                   row: int | None = None, col: int | None = None) -> None:
+    """Outline grid cell ``patch`` (row, column) of a ``grid`` map drawn over an image of ``size`` (H, W)
+    pixels: the queried patch of a per-head map, so the reader sees where the query sits."""
+    (r, c), (gh, gw), (h, w) = patch, grid[:2], size
+    kw = {} if row is None else dict(row=row, col=col)
+    fig.add_shape(type="rect", x0=c * w / gw - 0.5, x1=(c + 1) * w / gw - 0.5, y0=r * h / gh - 0.5,
+                  y1=(r + 1) * h / gh - 0.5, line=dict(color="white", width=2), layer="above", **kw)
 
 
 def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
@@ -283,11 +299,13 @@ def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opa
     """
     caption = result.caption(index)
     label = f"<br><sup>predicted {caption}</sup>" if caption else ""
-    return heatmap_overlay_figure(image, result.maps[index], result.title() + label, opacity)
+    return heatmap_overlay_figure(image, result.maps[index], result.title() + label, opacity,
+                                  scale_title="rollout (÷ max)")
 
 
 def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,
-                        columns: int = 4) -> go.Figure:
+                        columns: int = 4, scale_title: str = "rollout (÷ max)",
+                        patch: tuple[int, int] | None = None) -> go.Figure:
     """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale.
 
     Args:
@@ -295,6 +313,8 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
         title: the figure's title.
         opacity: the maps' opacity over the images, in [0, 1].
         columns: panels per row.
+        scale_title: the shared colour bar's title (what the colour measures).
+        patch: (row, column) of a grid cell to outline on every panel (the queried patch), or None.
 
     Returns:
         A plotly ``Figure``.
@@ -309,11 +329,14 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
         fig.add_trace(go.Image(z=image, hoverinfo="skip"), row=r, col=c)
         fig.add_trace(go.Heatmap(z=up, opacity=opacity, coloraxis="coloraxis",
                                  hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"), row=r, col=c)
+        if patch is not None:
+            _outline_patch(fig, patch, values.shape, image.shape[:2], row=r, col=c)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
     for i in range(len(panels)):
         fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
-    fig.update_layout(title=title, coloraxis=dict(colorscale="Jet", cmin=0, cmax=1), height=300 * rows + 80,
+    fig.update_layout(title=title, coloraxis=dict(colorscale="Jet", cmin=0, cmax=1,
+                      colorbar=dict(title=dict(text=scale_title, side="right"))), height=300 * rows + 80,
                       margin=dict(l=10, r=10, t=80, b=10))
     fig.update_annotations(font_size=12)
     return fig
@@ -335,7 +358,7 @@ def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opa
 
 
 def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, query_label: str,
-                 opacity: float = 0.5) -> go.Figure:
+                 opacity: float = 0.5, patch: tuple[int, int] | None = None) -> go.Figure:
     """All heads of one layer as small multiples: where ``query_label`` attends, per head.
 
     Args:
@@ -345,13 +368,15 @@ def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, qu
             (``AttentionMapsResult.pool_attention``).
         query_label: e.g. "the class token", "patch (3, 4)" or "the pool's probe".
         opacity: the maps' opacity, in [0, 1].
+        patch: (row, column) of the query when it is a patch: outlined on every head's map.
 
     Returns:
         A plotly ``Figure``.
     """
     panels = [(image, hm / max(float(hm.max()), 1e-12), f"head {h + 1}") for h, hm in enumerate(head_maps)]
     return overlay_grid_figure(panels, f"{_where(layer)}: attention of {query_label}<br><sup>each head scaled "
-                               "to its max</sup>", opacity, columns=min(6, len(panels)))
+                               "to its max</sup>", opacity, columns=min(6, len(panels)),
+                               scale_title="attention (÷ head's max)", patch=patch)
 
 
 def _where(layer: int | None) -> str:
@@ -360,7 +385,7 @@ def _where(layer: int | None) -> str:
 
 
 def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, head: int, query_label: str,
-                opacity: float = 0.5) -> go.Figure:
+                opacity: float = 0.5, patch: tuple[int, int] | None = None) -> go.Figure:
     """One head of one layer: where ``query_label`` attends (0-based layer and head, shown 1-based).
 
     Args:
@@ -370,12 +395,13 @@ def head_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, hea
         head: 0-based head index.
         query_label: e.g. "the class token" or "patch (3, 4)".
         opacity: the map's opacity, in [0, 1].
+        patch: (row, column) of the query when it is a patch: outlined on the map.
 
     Returns:
         A plotly ``Figure``.
     """
     return heatmap_overlay_figure(image, head_maps[head], f"{_where(layer)}, head {head + 1}: attention of "
-                                  f"{query_label}", opacity)
+                                  f"{query_label}", opacity, scale_title="attention weight", patch=patch)
 
 
 def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
@@ -399,7 +425,7 @@ def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray
     if results and getattr(results[0], "target_kind", "class") == "text":
         target = f"the prompt \"{target}\""
     return overlay_grid_figure(panels, f"Attributions for {target} (positive evidence, scaled to max)",
-                               opacity, columns=min(6, len(panels)))
+                               opacity, columns=min(6, len(panels)), scale_title="evidence (÷ map's max)")
 
 
 def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:

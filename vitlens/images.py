@@ -5,7 +5,7 @@ scikit-image. ``Images`` is every form of image input the views accept.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence, Union
 
@@ -373,6 +373,28 @@ class Uploads:
     key: str
     skipped: list[str]
     duplicates: list[str]
+    tiny: list[str] = field(default_factory=list)  # ``tiny_image_warning`` of each image below TINY_IMAGE_PX
+
+
+#: An image narrower or shorter than this is analysed with a warning (``tiny_image_warning``): it is enlarged
+#: many times to the model's input, so its maps show the interpolation more than the image.
+TINY_IMAGE_PX = 16
+
+
+def tiny_image_warning(name: str, size: tuple[int, int]) -> str:
+    """The one warning for an image below ``TINY_IMAGE_PX`` a side (the CLI and the app print it).
+
+    Args:
+        name: how to name the image (its file name).
+        size: (width, height) in pixels.
+
+    Returns:
+        The warning, or "" for an image large enough.
+    """
+    if min(size) >= TINY_IMAGE_PX:
+        return ""
+    return (f"{name} ({size[0]}x{size[1]} px) is smaller than {TINY_IMAGE_PX} px: it is enlarged to the model's "
+            "input, so its maps show the interpolation more than the image")
 
 
 #: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
@@ -391,7 +413,7 @@ def read_uploads(files: Iterable[tuple[str, bytes]], max_bytes: int = MAX_UPLOAD
     """
     import hashlib
 
-    images, names, digests, skipped, duplicates = [], [], [], [], []
+    images, names, digests, skipped, duplicates, tiny = [], [], [], [], [], []
     seen = list(files)
     for name, data in seen:
         digest = hashlib.sha256(data).hexdigest()[:12]
@@ -415,12 +437,14 @@ def read_uploads(files: Iterable[tuple[str, bytes]], max_bytes: int = MAX_UPLOAD
         images.append(known)
         names.append(name)
         digests.append(digest)
+        if tiny_image_warning(name, known.size):
+            tiny.append(tiny_image_warning(name, known.size))
     if memo is not None:
         current = {hashlib.sha256(data).hexdigest()[:12] for _name, data in seen}
         for stale in [d for d in memo if d not in current]:
             del memo[stale]
     return Uploads(images=images, names=names, key="upload-" + "-".join(digests), skipped=skipped,
-                   duplicates=duplicates)
+                   duplicates=duplicates, tiny=tiny)
 
 
 def display_image(x: torch.Tensor, data_config: dict[str, Any]) -> np.ndarray:

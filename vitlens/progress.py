@@ -12,6 +12,23 @@ ProgressFn = Callable[[int, "int | None"], None]
 ProgressArg = Union[bool, ProgressFn, None]
 
 
+def time_left(elapsed_s: float, done: float, total: float) -> str:
+    """The time left in words from the rate so far, as the app's progress bars write it.
+
+    Args:
+        elapsed_s: seconds spent on the ``done`` items.
+        done: items finished (any unit: images, methods).
+        total: items in all.
+
+    Returns:
+        "about 40 s left", "about 3 min left"; "" before the first item finishes (no rate yet) or when done.
+    """
+    if done <= 0 or total <= done:
+        return ""
+    left = elapsed_s / done * (total - done)
+    return f"about {max(1, round(left))} s left" if left < 90 else f"about {round(left / 60)} min left"
+
+
 class Progress:
     """Reports ``done`` of ``total`` to whatever ``progress`` asked for; a context manager."""
 
@@ -32,6 +49,11 @@ class Progress:
             self._bar.update(done - self._bar.n)
         elif self._fn is not None:
             self._fn(done, self.total)
+
+    def describe(self, text: str) -> None:
+        """Name the part being computed now (a tqdm bar's description; callables and silence get none)."""
+        if self._bar is not None:
+            self._bar.set_description(text)
 
     def drop(self, n: int) -> None:
         """``n`` items that will never finish (a failed model's shards) leave the total, so the bar still ends full."""

@@ -15,4 +15,16 @@ def listed_some(items: Sequence[str], most: int) -> str:
     return shown + (f", … ({len(items) - most} more)" if len(items) > most else "")
 
 
-__all__ = ["counted", "listed_some"]
+def signed(x: float, digits: int = 2) -> str:
+    """``x`` with a typographic minus ("−0.73"), so a negative value never reads as a dash."""
+    text = f"{x:.{digits}f}"
+    return "\u2212" + text[1:] if text.startswith("-") else text
+
+
+def value_range(low: float, high: float, digits: int = 2) -> str:
+    """"−0.73 to −0.02": a range in words, never "-0.73--0.02"; one value when both ends round alike."""
+    a, b = signed(low, digits), signed(high, digits)
+    return a if a == b else f"{a} to {b}"
+
+
+__all__ = ["counted", "listed_some", "signed", "value_range"]

@@ -22,7 +22,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
-from ..progress import ProgressArg
+from ..progress import Progress, ProgressArg
 from ..results import Result, significant
 from .baselines import BASELINES, baseline_image, prompt_embeddings
 from .masks import mask_scores, masks_at_input
@@ -278,13 +278,18 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
         images: the images (read once into a list unless a tensor).
         methods: names from ``METHODS``; None for ``default_methods()`` (every available method but scorecam).
         masks: [B, h, w] bool object masks of the images, for pointing game and mass in mask (brought
-            through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model).
+            through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model). With
+            masks the table gains pointing_game (share of images whose map's top patch hits the object),
+            mass_in_mask (share of a map's non-negative mass on object pixels) and mass_ratio (mass_in_mask
+            / the object's share of the image, per image, then averaged: 1 = no better than a uniform map).
         target: class to explain (one for all, one per image, or None for the predictions), or for a model
             with a text tower a prompt (one for all or one per image): the curves then follow the similarity.
         steps: deletion/insertion steps.
         baseline: what removed patches become in deletion/insertion ("mean" or "blur").
         batch_size: images per step.
-        progress: True for a progress bar, or a callable ``f(done, total)`` (per method).
+        progress: True for one progress bar over the whole table (tqdm's time left; its description names the
+            method being computed), or a callable ``f(done, total)``; both count two steps per method and image:
+            its map, then its scores.
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 32}}``.
         metrics: which faithfulness scores, from ``METRICS``: "deletion_insertion" (columns deletion_auc,
             insertion_auc; 2 x (steps + 1) forwards per image), "perturbation" (Chefer et al.'s positive and
@@ -317,33 +322,44 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
     if masks is not None:
         masks = masks_at_input(masks, m.data_config, images)
     rows, attrs, faiths, perts, roads = [], [], [], [], []
-    for method in methods:
-        a = attribute(m, images, method=method, target=target, batch_size=batch_size, progress=progress,
-                      **(method_params or {}).get(method, {}))
-        row: dict[str, Any] = {"method": method}
-        if "deletion_insertion" in metrics:
-            f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size,
-                                   protocol=names["deletion_insertion"], ordering=orders["deletion_insertion"])
-            row.update({"deletion_auc": float(f.deletion_auc.mean()), "insertion_auc": float(f.insertion_auc.mean())})
-            faiths.append(f)
-        if "perturbation" in metrics:
-            pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size, protocol=names["perturbation"],
-                                   ordering=orders["perturbation"])
-            row.update({"chefer_positive_auc": float(pt.positive_auc.mean()),
-                        "chefer_negative_auc": float(pt.negative_auc.mean())})
-            perts.append(pt)
-        if "road" in metrics:
-            rd = road(m, images, a, labels=labels, batch_size=batch_size, protocol=names["road"], ordering=orders["road"])
-            morf, lerf = rd.means()
-            row.update({"road_morf": morf, "road_lerf": lerf})
-            roads.append(rd)
-        row["seconds_per_image"] = a.seconds_per_image
-        if masks is not None:
-            s = mask_scores(a.maps, masks).summary()
-            row.update({"pointing_game": s["pointing_game"], "mass_in_mask": s["mass_in_mask"],
-                        "mass_ratio": s["ratio_mean"]})
-        rows.append(row)
-        attrs.append(a)
+    n = len(images)
+    # two steps per image of a method: its map, then its scores (deletion/insertion and perturbation forwards
+    # outweigh a quick method's map many times on a large model)
+    with Progress(progress, 2 * len(methods) * n, desc="attributions", unit="step") as bar:
+        for i, method in enumerate(methods):
+            bar.describe(f"attributions: {method}")
+
+            def mapped(done: int, _total: int | None, before: int = 2 * i * n) -> None:  # within this method's maps
+                bar.update(before + min(done, n))
+
+            a = attribute(m, images, method=method, target=target, batch_size=batch_size,
+                          progress=mapped if progress else None, **(method_params or {}).get(method, {}))
+            bar.describe(f"attributions: {method} (scores)")
+            row: dict[str, Any] = {"method": method}
+            if "deletion_insertion" in metrics:
+                f = deletion_insertion(m, images, a, steps=steps, baseline=baseline, batch_size=batch_size,
+                                       protocol=names["deletion_insertion"], ordering=orders["deletion_insertion"])
+                row.update({"deletion_auc": float(f.deletion_auc.mean()), "insertion_auc": float(f.insertion_auc.mean())})
+                faiths.append(f)
+            if "perturbation" in metrics:
+                pt = perturbation_test(m, images, a, labels=labels, batch_size=batch_size, protocol=names["perturbation"],
+                                       ordering=orders["perturbation"])
+                row.update({"chefer_positive_auc": float(pt.positive_auc.mean()),
+                            "chefer_negative_auc": float(pt.negative_auc.mean())})
+                perts.append(pt)
+            if "road" in metrics:
+                rd = road(m, images, a, labels=labels, batch_size=batch_size, protocol=names["road"], ordering=orders["road"])
+                morf, lerf = rd.means()
+                row.update({"road_morf": morf, "road_lerf": lerf})
+                roads.append(rd)
+            row["seconds_per_image"] = a.seconds_per_image
+            if masks is not None:
+                s = mask_scores(a.maps, masks).summary()
+                row.update({"pointing_game": s["pointing_game"], "mass_in_mask": s["mass_in_mask"],
+                            "mass_ratio": s["ratio_mean"]})
+            rows.append(row)
+            attrs.append(a)
+            bar.update(2 * (i + 1) * n)
     return ComparisonTable(rows=rows, n_images=len(attrs[0].maps) if attrs else 0, attributions=attrs,
                            faithfulness=faiths, model_name=m.spec.name, perturbations=perts, roads=roads,
                            protocols={k: f"{names[k]}, {orders[k]}" for k in metrics})

@@ -46,7 +46,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..images import Images
 from ..loading.model import LoadedModel
-from ..progress import ProgressArg
+from ..progress import Progress, ProgressArg
 from ..results import Result, significant
 from .methods import METHOD_TABLE, attribute, preselected_methods
 from ..words import counted
@@ -270,7 +270,8 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         seed: seed of the re-initialisation.
         threshold: the verdict's threshold on the mean Spearman of |maps| at full randomisation.
         batch_size: images per step of each method.
-        progress: passed to ``attribute``.
+        progress: True for one progress bar over the cascade (tqdm's time left), or a callable
+            ``f(done, total)``: both count method x step computations (the original maps, then each step).
         method_params: per-method parameters, e.g. ``{"integrated_gradients": {"n_steps": 8}}``.
 
     Returns:
@@ -285,21 +286,28 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
     images = list(images) if not isinstance(images, torch.Tensor) else images
     params = method_params or {}
 
+    groups = parameter_groups(m)
+    bar = Progress(progress, len(methods) * (len(groups) + 1), desc="sanity check", unit="map")
+    done = [0]
+
     def maps_of(model: LoadedModel, method: str, t: Any) -> Any:
         t = t if METHOD_TABLE[method].needs_target else None
-        return attribute(model, images, method=method, target=t, batch_size=batch_size, progress=progress,
-                         **params.get(method, {}))
+        out = attribute(model, images, method=method, target=t, batch_size=batch_size, **params.get(method, {}))
+        done[0] += 1
+        bar.update(done[0])
+        return out
 
-    first = {mt: maps_of(m, mt, target) for mt in methods}
-    targets = {mt: a.targets for mt, a in first.items()}
-    groups = parameter_groups(m)
-    copy_m = dataclasses.replace(m, model=copy.deepcopy(m.model))
-    gen = torch.Generator().manual_seed(int(seed))
-    stepped: dict[str, list[np.ndarray]] = {mt: [] for mt in methods}
-    for _, names in groups:
-        randomise_(copy_m.model, names, gen)
-        for mt in methods:
-            stepped[mt].append(maps_of(copy_m, mt, targets[mt] if target is None else target).maps)
+    with bar:
+        first = {mt: maps_of(m, mt, target) for mt in methods}
+        targets = {mt: a.targets for mt, a in first.items()}
+        copy_m = dataclasses.replace(m, model=copy.deepcopy(m.model))
+        gen = torch.Generator().manual_seed(int(seed))
+        stepped: dict[str, list[np.ndarray]] = {mt: [] for mt in methods}
+        for step, names in groups:
+            bar.describe(f"sanity check: {step}")
+            randomise_(copy_m.model, names, gen)
+            for mt in methods:
+                stepped[mt].append(maps_of(copy_m, mt, targets[mt] if target is None else target).maps)
     results = []
     for mt in methods:
         orig = first[mt].maps
@@ -330,7 +338,7 @@ def sanity_check(m: LoadedModel, images: Images, method: str = "saliency", targe
         seed: seed of the re-initialisation.
         threshold: the verdict's threshold on the mean Spearman of |maps| at full randomisation.
         batch_size: images per step.
-        progress: passed to ``attribute``.
+        progress: as ``sanity_table``'s.
         **params: the method's parameters.
 
     Returns:

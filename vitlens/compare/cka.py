@@ -30,7 +30,7 @@ from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
-from ..words import counted
+from ..words import counted, value_range
 
 ESTIMATORS = ("unbiased", "biased")
 TOKEN_POLICIES = ("cls", "mean", "patches")
@@ -146,9 +146,20 @@ class CKAResult(Result):
 
     def summary(self) -> str:
         diag = np.diagonal(self.matrix) if self.matrix.shape[0] == self.matrix.shape[1] else None
-        extra = f", diagonal {diag.min():.2f}-{diag.max():.2f}" if diag is not None else ""
+        extra = f", diagonal {value_range(diag.min(), diag.max())}" if diag is not None else ""
         return (f"{self.model_a} x {self.model_b}: {self.matrix.shape[0]}x{self.matrix.shape[1]} layers, "
-                f"{self.estimator} CKA of {self.token_policy} tokens over {counted(self.n_images, 'image')}{extra}")
+                f"{self.estimator} CKA of {self.token_policy} tokens over {counted(self.n_images, 'image')}{extra}"
+                + self.negative_note())
+
+    def negative_note(self) -> str:
+        """Why a CKA below 0 can appear: the unbiased HSIC estimator (the default) is unbiased, not
+        non-negative, so with few images per minibatch unrelated layers scatter around 0, below it too.
+        Empty when no cell is below 0 (or the estimator is the biased one, which cannot go below 0)."""
+        if self.estimator != "unbiased" or not np.nanmin(self.matrix) < 0:
+            return ""
+        return (f". Values below 0 come from the unbiased HSIC estimator: it is unbiased, not non-negative, so "
+                f"with {counted(self.batch_size, 'image')} per minibatch unrelated layers scatter around 0; "
+                "more images (and larger batches) narrow that scatter")
 
     def to_rows(self) -> list[dict]:
         """One row per layer pair (1-based indices, with the module names)."""

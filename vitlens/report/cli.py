@@ -26,11 +26,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from vitlens.views.distance import LOCAL_OF_UNIFORM
+from vitlens.images import tiny_image_warning
 from vitlens.words import counted
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
-#: an image narrower or shorter than this is analysed with a warning (it is enlarged many times to the input)
-TINY_IMAGE_PX = 16
 
 
 def _count(n: int, noun: str) -> str:
@@ -102,8 +101,8 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
             try:
                 size = vl.to_rgb(f).size
                 good.append(f)
-                if min(size) < TINY_IMAGE_PX:
-                    tiny.append(f"{f.name} ({size[0]}x{size[1]} px)")
+                if tiny_image_warning(f.name, size):
+                    tiny.append(tiny_image_warning(f.name, size))
             except vl.ImageLoadError as e:  # every skip says why: the library's reason, as it gave it
                 skipped.append(f.name)
                 why[f.name] = str(e).replace(str(f), f.name)
@@ -116,8 +115,7 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
         if not good:
             raise CliError(f"None of the images under {args.images!r} could be read: " + " ".join(reasons))
         for t in tiny:
-            _log(args, f"warning: {t} is smaller than {TINY_IMAGE_PX} px: it is enlarged to the model's input, so "
-                       "its maps show the interpolation more than the image")
+            _log(args, f"warning: {t}")
         return good, {"source": "files", "description": args.images, "count": len(good), "skipped": skipped,
                       "skipped_why": why}, None, None
     if args.samples:
@@ -247,7 +245,8 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
                             batch_size=args.batch_size, progress=not args.quiet)
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
     checked = [mt for mt in methods if mt in quick]
-    table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size) if checked else None
+    table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size,
+                                progress=not args.quiet) if checked else None
     from vitlens.attribution.lrp_ledger import attnlrp_ledger, lrp_methods
 
     lrp = [mt for mt in lrp_methods() if mt in methods]
@@ -262,24 +261,33 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
 
 
 def report_methods(picked: Sequence[str] | None, log: Any = None) -> list[str]:
-    """The attribution methods of a report, read from ``METHOD_TABLE``: those ``--methods`` picked, else every
-    method available here (one whose extra package is missing is left out, and ``log`` says which and how to
-    install it). A picked method that is not available is a CliError."""
-    from vitlens.attribution.methods import METHOD_TABLE, available_methods, missing_packages
+    """The attribution methods of a report, read from ``METHOD_TABLE``: those ``--methods`` picked; ``all`` for
+    every method available here (one whose extra package is missing is left out, and ``log`` says which and
+    how to install it); by default the quick set the app preselects too (``Method.preselected``: rollout,
+    grad_rollout, saliency), so a default report's attributions take seconds, and the slow methods
+    (integrated gradients, occlusion, the CAMs, AttnLRP) are a choice. A picked method that is not available
+    is a CliError."""
+    from vitlens.attribution.methods import METHOD_TABLE, available_methods, missing_packages, preselected_methods
 
     available = available_methods()
-    if picked:
+    if picked and ALL_METHODS not in picked:
         missing = [name for name in picked if name not in available]
         if missing:
             raise CliError(f"{', '.join(missing)} need{'s' if len(missing) == 1 else ''} "
                            f"{', '.join(sorted({METHOD_TABLE[k].package for k in missing}))}, which is not installed. "
                            + " ".join(sorted({METHOD_TABLE[k].install for k in missing if METHOD_TABLE[k].install})))
         return list(dict.fromkeys(picked))
+    if not picked:
+        return [k for k in preselected_methods() if k in available]
     if log is not None:
         for package, install in missing_packages().items():
             left = [k for k, mt in METHOD_TABLE.items() if mt.package == package]
             log(f"{package} is not installed, so no {', '.join(left)} ({install})")
     return list(available)
+
+
+#: ``--methods all``: every available attribution method (the report's default is the quick, preselected set)
+ALL_METHODS = "all"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -489,9 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the HTML report to write (default report.html; the numbers go beside it as .json)")
     r.add_argument("--attributions", action="store_true",
                    help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
-    r.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_TABLE), metavar="METHOD",
-                   help="attribution methods for --attributions (default: every available one): "
-                        + ", ".join(METHOD_TABLE))
+    r.add_argument("--methods", nargs="+", default=None, choices=[*METHOD_TABLE, ALL_METHODS], metavar="METHOD",
+                   help="attribution methods for --attributions (default: the quick set, "
+                        f"{', '.join(k for k, mt in METHOD_TABLE.items() if mt.preselected)}; "
+                        f"'{ALL_METHODS}' for every available one, the slow ones included): " + ", ".join(METHOD_TABLE))
     r.add_argument("--attribution-images", type=_positive, default=16,
                    help="images for the attribution section (default 16; occlusion and IG are costly)")
     r.add_argument("--heads", action="store_true",

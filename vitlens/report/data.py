@@ -7,7 +7,7 @@ the share of local heads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -82,6 +82,15 @@ class ComparisonData(Result):
     def to_rows(self) -> list[dict]:
         """The per-layer table: model, layer, min, median, max (in ``units``)."""
         return [dict(r) for r in self.table]
+
+    def unit_label(self) -> str:
+        """The distances' unit in words: "px", or "× image width" when the models' input widths differ."""
+        return "px" if self.units == "px" else "× image width"
+
+    def table_with_units(self) -> Any:
+        """The per-layer table as a DataFrame whose distance columns name their unit ("median (px)")."""
+        unit = self.unit_label()
+        return self.to_pandas().rename(columns={c: f"{c} ({unit})" for c in ("min", "median", "max")})
 
     def layer1_median_ratio(self) -> float:
         """Second model's layer-1 median distance / the first model's (e.g. hybrid / ViT, Fig. 11)."""

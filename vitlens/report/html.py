@@ -32,7 +32,9 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
 h1{margin-bottom:4px}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px}
-th{background:#f3f3f3}.muted{color:#666;font-size:13px}
+th{background:#f3f3f3}td{overflow-wrap:break-word}
+.table-wrap{max-width:100%;overflow-x:auto;margin:8px 0}.table-wrap table{margin:0}
+.muted{color:#666;font-size:13px}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:6px 10px}
 """
 
@@ -41,7 +43,8 @@ def html_table(rows: Sequence[dict], floatfmt: str = "{:.2f}", sortable: bool = 
     """The one HTML table builder of the reports: a column per key (in first-seen order over the rows),
     floats through ``floatfmt`` (NaN as an empty cell), text escaped. ``sortable``: the survey's
     click-to-sort table (class ``sortable``; each cell carries its raw value in ``data-v``).
-    ``empty``: what to show for no rows."""
+    ``empty``: what to show for no rows. The table sits in a ``table-wrap`` box that scrolls sideways, so
+    a wide table (fifteen methods' scores, the survey's models) never runs past the page's right margin."""
     if not rows:
         return empty
     keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -58,8 +61,10 @@ def html_table(rows: Sequence[dict], floatfmt: str = "{:.2f}", sortable: bool = 
 
     body = "".join("<tr>" + "".join(cell(r.get(k, "")) for k in keys) + "</tr>" for r in rows)
     if sortable:
-        return f"<table class='sortable'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-    return f"<table><tr>{head}</tr>{body}</table>"
+        table = f"<table class='sortable'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    else:
+        table = f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='table-wrap'>{table}</div>"
 
 
 def _png_uri(rgb: np.ndarray) -> str:

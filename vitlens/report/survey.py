@@ -169,7 +169,7 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
                     "layer-1 min": float(first.min()), "layer-1 median": float(first.median()),
                     "layer-1 max": float(first.max()), "depth ratio": float(med.iloc[-1] / med.iloc[0]),
                     "rollout on prefix": scalars.get("rollout_prefix_mass", np.nan),
-                    "rollout entropy": scalars.get("rollout_entropy", np.nan),
+                    "rollout entropy (nats)": scalars.get("rollout_entropy", np.nan),
                     "rollout in mask": scalars.get("rollout_mass_in_mask", np.nan)})
         rows.append(row)
     return rows
