@@ -137,7 +137,12 @@ def test_view_controls_change_the_result(app):
     assert "resampled from 8x8" in chart(app)["layout"]["title"]["text"]
 
 
-def test_attributions_view_scores_methods_against_masks(app):
+def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
+    import streamlit
+
+    asked = []  # what the app asks of st.dataframe (the element's height is out of AppTest's reach)
+    real = streamlit.dataframe
+    monkeypatch.setattr(streamlit, "dataframe", lambda *a, **k: (asked.append(k), real(*a, **k))[1])
     app.radio(key="img-source").set_value("Shapes (with masks)").run()
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["rollout", "occlusion"]).run()
@@ -145,10 +150,10 @@ def test_attributions_view_scores_methods_against_masks(app):
     assert problems(app) == [] and not app.error
     table = app.dataframe[0].value
     assert list(table["method"]) == ["rollout", "occlusion"] and "mass_in_mask" in table.columns
-    # issue 29 item 13: the method column is as wide as its longest name at 8 px a character (every row is
-    # shown through height="content", which lives on the element's layout, out of AppTest's reach)
+    # issue 29 item 13: the method column is as wide as its longest name at 8 px a character, and the table
+    # is as tall as its rows (height="content": no scroll box of ten rows)
     width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
-    assert width >= 8 * len("occlusion")
+    assert width >= 8 * len("occlusion") and asked and asked[-1].get("height") == "content"  # every row shown
     assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
     # the numbers shown are the library's: compare_methods on the current scene, its mask and target
     from vitlens.attribution import compare_methods
