@@ -899,3 +899,16 @@ def test_a_method_registered_by_the_test_is_offered_preselected_and_scored(monke
     picker.set_value(["test_brightness"]).run()
     assert problems(at) == [] and [e.value for e in at.error] == []
     assert list(at.dataframe[0].value["method"]) == ["test_brightness"]
+
+
+def test_an_attnlrp_variant_chosen_in_the_app_gets_its_own_ledger(app):
+    """AttnLRP's variants are offered from METHOD_TABLE; with cp_lrp chosen the view shows cp_lrp's ledger, whose
+    softmax entry is zero (CP-LRP holds the attention probabilities constant)."""
+    app.radio(key="img-source").set_value("Shapes (with masks)").run()
+    app.radio(key="view").set_value("Attributions").run()
+    assert {"attnlrp_gamma", "cp_lrp"} <= set(app.multiselect(key="methods").options)
+    app.multiselect(key="methods").set_value(["cp_lrp"]).run()
+    assert problems(app) == [] and not app.error
+    assert any(c.value.startswith("cp_lrp's ledger") for c in app.caption)
+    rows = {r["entry"]: r["relevance"] for r in app.dataframe[1].value.to_dict("records")}
+    assert rows["softmax (absorbed)"] == 0 and rows["input pixels"] != 0
