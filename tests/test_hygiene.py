@@ -171,7 +171,10 @@ def test_the_method_lists_are_derived_from_the_table():
 
     assert cams == set(CAM_CLASSES)
     assert set(am.available_methods()) == set(table) - (set() if cam_package_available() else cams)
-    assert set(am.default_methods()) == set(am.available_methods()) - {"scorecam"}
+    variants = {k for k, mt in table.items() if mt.variant_of}
+    assert variants == {"attnlrp_gamma", "cp_lrp"}
+    assert all(table[k].variant_of in table for k in variants)
+    assert set(am.default_methods()) == set(am.available_methods()) - {"scorecam"} - variants
 
 
 @pytest.fixture()
