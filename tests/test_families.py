@@ -134,10 +134,10 @@ def build(family: str) -> tuple[nn.Module, callable]:
     torch.manual_seed(0)
     if family == "timm-beit":
         return randomise_relative_bias(timm.create_model("beit_base_patch16_224", pretrained=False, img_size=64,
-                                                         depth=2, num_classes=5)), timm_reference
+                                                         depth=2, embed_dim=64, num_heads=2, num_classes=5)), timm_reference
     if family == "timm-beitv2":
         return randomise_relative_bias(timm.create_model("beitv2_base_patch16_224", pretrained=False, img_size=64,
-                                                         depth=2, num_classes=5)), timm_reference
+                                                         depth=2, embed_dim=64, num_heads=2, num_classes=5)), timm_reference
     if family == "timm-eva02":
         return timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=56, depth=2,
                                  num_classes=5), timm_reference
