@@ -212,7 +212,7 @@ def test_siglip2_pool_padding_is_masked(attn):
 
 
 def test_views_refuse_packed_padding_in_one_line():
-    """A view reads every token as a patch of one grid: fed padded packing it refuses; unpadded it runs."""
+    """A view reads every token as a patch of one grid: fed padded packing it refuses; one grid unpadded, it runs."""
     pytest.importorskip("transformers")
     from vitlens.views.engine import AttentionConsumer
 
@@ -231,7 +231,8 @@ def test_views_refuse_packed_padding_in_one_line():
         with vl.capture_attention(m, store=False, consumers=[acc]), torch.no_grad():
             model(**inputs)
     assert "\n" not in str(err.value) and acc.layers == []
-    inputs["pixel_attention_mask"][:] = 1  # no padding: the views' own case
+    inputs["pixel_attention_mask"][:] = 1  # no padding and one grid: the views' own case
+    inputs["spatial_shapes"][:] = torch.tensor([4, 4])
     with vl.capture_attention(m, store=False, consumers=[acc]), torch.no_grad():
         model(**inputs)
     assert acc.layers == [0, 1]

@@ -22,10 +22,13 @@ Two models need their inputs fixed for the maps to be those of an image:
   (NaFlex-style packing). vitlens feeds one fixed size, the position table's own square grid
   (``sqrt(num_patches) * patch_size`` pixels, squashed), cut into patches as Siglip2's image
   processor cuts them, with no padding: the mask is all ones, the maps are exact. Aspect-preserving
-  variable-resolution packing itself is not reproduced by the views, which refuse a padded batch in
-  one line (``refuse_padding_in_views``); ``vl.capture_attention`` of a user's own packed inputs is
-  exact, padding keys at zero: the mask is taken as the attention gets it, boolean (True = attend)
-  under sdpa, additive under eager.
+  variable-resolution packing itself is not reproduced by the views, which refuse in one line a
+  batch with padding or with images of other grids (``refuse_packing_in_views``,
+  ``refuse_padding_in_views``); ``vl.capture_attention`` of a user's own packed inputs is exact,
+  padding keys at zero: the mask is taken as the attention gets it (``scores_mask``), boolean
+  (True = attend) under sdpa, additive under eager, a [B, T] padding mask under flash attention;
+  side capture refuses flex attention's ``BlockMask`` in one line (inline capture runs transformers'
+  eager attention with its own mask, whatever the model's implementation).
 
 Another input size than the config's: ``interpolate_pos_encoding=True`` where the call takes it
 (``size_inputs``), a one-line refusal where it does not (Dinov2 and Siglip2 resample by themselves).
@@ -91,9 +94,38 @@ def _inline_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     out, weights = eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
     for layers, emit, detach in _ACTIVE.entries:
         if id(module) in layers:
-            refuse_padding_in_views(emit, attention_mask)
+            refuse_padding_in_views(emit, attention_mask if isinstance(attention_mask, torch.Tensor) else None)
             emit(layers[id(module)], weights.detach() if detach else weights)
     return out, weights
+
+
+def scores_mask(mask: Any) -> torch.Tensor | None:
+    """The mask a transformers attention function is handed, as ``attention_probs`` takes it: a 4-D mask
+    [B, 1, T, T] as it is (boolean, True = attend, under sdpa; additive under eager), a 2-D padding mask
+    [B, T] (flash attention's: nonzero = a real token) as a boolean key mask [B, 1, 1, T].
+
+    Args:
+        mask: the ``attention_mask`` the attention module was called with (None: no mask).
+
+    Returns:
+        A mask ``attention_probs`` applies with these semantics, or None.
+
+    Raises:
+        UnsupportedModelError: a mask side capture cannot read (flex_attention's ``BlockMask``, another shape).
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise UnsupportedModelError(
+            f"Side capture cannot read the {type(mask).__name__} this attention implementation masks with "
+            "(flex_attention): capture with mode='inline' (transformers' eager attention, exact), or load the model "
+            "with attn_implementation='sdpa' or 'eager'.")
+    if mask.dim() == 2:
+        return mask.bool()[:, None, None, :]
+    if mask.dim() == 4:
+        return mask
+    raise UnsupportedModelError(f"Side capture reads a 4-D [B, 1, T, T] or 2-D [B, T] attention mask; the attention "
+                                f"was handed one of shape {tuple(mask.shape)}: capture with mode='inline'.")
 
 
 def masks_keys(mask: torch.Tensor | None) -> bool:
@@ -113,6 +145,39 @@ def refuse_padding_in_views(emit: Emit, mask: torch.Tensor | None) -> None:
         raise UnsupportedModelError(
             "vitlens views do not read packed Siglip2 inputs with padding (pixel_attention_mask with zeros): pass "
             "images (the views feed one unpadded size), or use vl.capture_attention for the maps themselves.")
+
+
+def refuse_packing_in_views(model: nn.Module, emit: Emit, handles: Handles) -> None:
+    """For a Siglip2 tower read by the views (streaming consumers): refuse, before the first block, a packed
+    batch whose images have different grids (``spatial_shapes``) or fewer patches than tokens (padding). The
+    views read every token as a patch of one grid, so either would give them wrong numbers. Nothing is
+    installed for other models, or when no view listens (``capture_attention`` reads any packing exactly).
+
+    Args:
+        model: the model being captured.
+        emit: the capture's emit callback (its ``views`` flag says whether views listen).
+        handles: where the embeddings' pre-hook is put, removed with the capture's other hooks.
+
+    Raises:
+        UnsupportedModelError: (from the hook, at the forward) a batch of other grids or with padding.
+    """
+    if not getattr(emit, "views", False) or tower_type(model) != "siglip2_vision_model":
+        return
+
+    def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        shapes = kwargs.get("spatial_shapes", args[1] if len(args) > 1 else None)
+        if pixels is None or shapes is None:
+            return
+        grids = sorted({(int(h), int(w)) for h, w in shapes.tolist()})
+        tokens = int(pixels.shape[1])
+        if len(grids) > 1 or grids[0][0] * grids[0][1] != tokens:
+            raise UnsupportedModelError(
+                f"vitlens views do not read packed Siglip2 inputs of other grids or with padding (spatial_shapes "
+                f"{', '.join(f'{h}x{w}' for h, w in grids)} for {tokens} tokens): pass images (the views feed one "
+                "unpadded size), or use vl.capture_attention for the maps themselves.")
+
+    handles.hook(embeddings_of(model).register_forward_pre_hook(pre_hook, with_kwargs=True))
 
 
 def _register_inline() -> None:
@@ -297,6 +362,7 @@ class HuggingFaceViT(Family):
         raise UnsupportedModelError(f"{type(model).__name__}: a position table of {n} rows fits no square grid.")
 
     def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+        refuse_packing_in_views(model, emit, handles)
         for layer, attn in enumerate(self.attention_modules(model)):
             state: dict[str, Any] = {}
 
@@ -314,11 +380,12 @@ class HuggingFaceViT(Family):
                 d = getattr(attn, "head_dim", None) or q.shape[-1] // attn.config.num_attention_heads
                 q = q.view(b, t, -1, d).transpose(1, 2)
                 k = k.view(b, t, -1, d).transpose(1, 2)
-                mask = state.get("mask")
+                # the mask as the attention function gets it: boolean (True = attend) under sdpa, additive
+                # under eager, [B, T] padding under flash attention; attention_probs takes the first two (a
+                # boolean added as a bias would mask nothing), scores_mask turns the third into the first
+                mask = scores_mask(state.get("mask"))
                 refuse_padding_in_views(emit, mask)
                 with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
-                    # the mask as the attention function gets it: boolean (True = attend) under sdpa, additive
-                    # under eager; attention_probs takes both (a boolean added as a bias would mask nothing)
                     probs = attention_probs(q, k, _scale_of(attn), mask, scale_after=True)
                 emit(layer, probs)
 
@@ -328,6 +395,7 @@ class HuggingFaceViT(Family):
 
     def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
         _register_inline()
+        refuse_packing_in_views(model, emit, handles)
         attns = self.attention_modules(model)
         entry = ({id(a): i for i, a in enumerate(attns)}, emit, detach)
         active = _ACTIVE.entries  # this thread's list (removal may run after an exception, still on it)
