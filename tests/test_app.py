@@ -408,7 +408,8 @@ def test_attributions_and_compare_offer_their_figures(app):
     kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["rollout"]).run()
-    assert problems(app) == [] and {f"Maps {kind}", f"Curves {kind}"} <= set(download_labels(app))
+    assert problems(app) == [] and {f"Maps {kind}", f"Deletion and insertion {kind}",
+                                    f"Positive and negative perturbation {kind}"} <= set(download_labels(app))
     app.session_state["n-cmp"] = 4  # the fewest images CKA takes
     app.radio(key="view").set_value("Compare").run()
     assert problems(app) == []
