@@ -3,7 +3,7 @@
 Run: streamlit run app.py   (opens on the embedded reference ViT and held-out shape scenes; offline)
 
 Layout and widgets only: every number and figure comes from the ``vitlens`` library. Each view
-is one render function of a ``Context`` (model, images, current image), dispatched from ``VIEWS``.
+is one render function of a ``Context`` (model, images, current image), dispatched from ``PAGES``.
 """
 from __future__ import annotations
 
@@ -653,7 +653,7 @@ def render_registered(name: str) -> Callable[[Context], None]:
     return render
 
 
-VIEWS: dict[str, Callable[[Context], None]] = {
+PAGES: dict[str, Callable[[Context], None]] = {
     # the library's views by their registry labels (vitlens.views.registry), then the app's own pages
     REGISTRY["filters"].label: render_filters,
     REGISTRY["position"].label: render_position,
@@ -663,8 +663,8 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Compare": render_compare,
     "Survey": render_survey,
 }
-VIEWS.update({v.label or v.name: render_registered(name) for name, v in REGISTRY.items()
-              if not v.shown_in and (v.label or v.name) not in VIEWS})
+PAGES.update({v.label or v.name: render_registered(name) for name, v in REGISTRY.items()
+              if not v.shown_in and (v.label or v.name) not in PAGES})
 
 
 # ---------------------------------------------------------------- sidebar: model and images
@@ -757,11 +757,11 @@ def main() -> None:
     # of a run loses its state, and the browser would then show its first option over the old view.
     # Its own key is the one record of the current view.
     head = st.container()
-    view = st.radio("View", list(VIEWS), horizontal=True, key="view")
+    view = st.radio("View", list(PAGES), horizontal=True, key="view")
     with head:
         ctx = model_and_image(picked, images, names, ikey, masks, labels, image_source)
     try:
-        VIEWS[view](ctx)
+        PAGES[view](ctx)
     except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working
         show_error(e)
 

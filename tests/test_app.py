@@ -733,13 +733,13 @@ def test_a_registered_view_without_a_page_of_its_own_gets_one(monkeypatch):
     """The app's selector reads the view registry: a new view (here the test's query counter) is
     offered, computed over the image set and drawn with its figure, with no edit to the app."""
     import plotly.graph_objects as go
-    from test_registry import QueryCounter
+    from test_registry import QueryCounter, QueryCountResult
 
     from vitlens import figures
     from vitlens.views import registry
 
     toy = registry.View("queries", "Query rows per block", "", "attention",
-                        lambda m, p: QueryCounter(m.spec.num_layers), "test_registry:QueryCountResult",
+                        lambda m, p: QueryCounter(m.spec.num_layers), QueryCountResult,
                         "query_count_figure", default=False, label="Queries")
     monkeypatch.setitem(registry.VIEWS, "queries", toy)
     monkeypatch.setattr(figures, "query_count_figure", lambda r: go.Figure(go.Bar(y=r.rows)), raising=False)

@@ -488,7 +488,7 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from vitlens.attribution.methods import METHOD_TABLE
     from vitlens.attribution.metrics import METRIC_TABLE
-    from vitlens.views.registry import SURVEY_VIEW_NAMES
+    from vitlens.survey.stats import SURVEY_VIEW_NAMES
 
     p = argparse.ArgumentParser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
     sub = p.add_subparsers(dest="command", required=True)
