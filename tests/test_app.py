@@ -154,7 +154,10 @@ def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
     # is as tall as its rows (height="content": no scroll box of ten rows)
     width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
     assert width >= 8 * len("occlusion") and asked and asked[-1].get("height") == "content"  # every row shown
-    assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
+    from vitlens.attribution.metrics import default_metrics
+
+    # maps side by side, then each default metric's curves (deletion/insertion, perturbation)
+    assert [c.key for c in app.get("plotly_chart")] == ["attr-fig"] + [f"metric-fig-{k}" for k in default_metrics()]
     # the numbers shown are the library's: compare_methods on the current scene, its mask and target
     from vitlens.attribution import compare_methods
     from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate
@@ -761,7 +764,9 @@ def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
     assert problems(app) == [] and not app.error
     table = app.dataframe[1].value
     assert list(table["method"]) == ["rollout", "gradcam"] and "verdict" in table.columns
-    assert len(app.get("plotly_chart")) == 3  # maps, deletion/insertion curves, the cascade
+    from vitlens.attribution.metrics import default_metrics
+
+    assert len(app.get("plotly_chart")) == 2 + len(default_metrics())  # maps, each metric's curves, the cascade
     # the numbers shown are the library's: vl.sanity_table on the current scene
     from vitlens.attribution.sanity import sanity_table
     from vitlens.reference.shapes import HELD_OUT_SEED, generate

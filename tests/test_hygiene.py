@@ -283,6 +283,13 @@ def test_a_registered_metric_is_scored_in_the_table_and_listed(registered_metric
     assert table.rows[0]["half_removed_drop"] == pytest.approx(want, rel=1e-5, abs=1e-7)
     assert table.protocols == {"test_half_removed": "vitlens, signed"}
     assert [r.method for r in table.scores["test_half_removed"]] == ["saliency"]
+    # its figure is drawn from the entry alone: one panel per Curve, the mean curve, the row's number in the legend
+    from vitlens.figures import metric_figure
+
+    fig = metric_figure(registered_metric, table.scores["test_half_removed"])
+    assert [a.text for a in fig.layout.annotations] == ["Half the tokens removed (test metric)"]
+    np.testing.assert_allclose(fig.data[0].y, table.scores["test_half_removed"][0].positive.mean(0))
+    assert fig.data[0].name == f"saliency (half_removed_drop {vl.results.significant(table.rows[0]['half_removed_drop'])})"
     # the default metrics include it, and two one-method tables concatenate its results
     both = vl.ComparisonTable.concat([table, vl.compare_methods(m, x, methods=["rollout"], steps=2)])
     assert [r.method for r in both.scores["test_half_removed"]] == ["saliency", "rollout"]
