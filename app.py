@@ -3,7 +3,7 @@
 Run: streamlit run app.py   (opens on the embedded reference ViT and held-out shape scenes; offline)
 
 Layout and widgets only: every number and figure comes from the ``vitlens`` library. Each view
-is one render function of a ``Context`` (model, images, current image), dispatched from ``VIEWS``.
+is one render function of a ``Context`` (model, images, current image), dispatched from ``PAGES``.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import vitlens as vl
 from vitlens import figures
 from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
 from vitlens.attribution.methods import preselected_methods
+from vitlens.attribution.metrics import METRIC_TABLE, default_metrics
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
 from vitlens.uploads import UploadFolder
@@ -121,11 +122,12 @@ def has_pool_attention(m: vl.LoadedModel) -> bool:
 
 @st.cache_data(max_entries=32, show_spinner=False)  # attributed_table's bar says which method and the time left
 def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | str | None,
-                 params: tuple, _mask: np.ndarray | None) -> ComparisonTable:
-    """One method's maps and scores on the current image (cached per method)."""
+                 params: tuple, _mask: np.ndarray | None, metrics: tuple[str, ...] | None = None) -> ComparisonTable:
+    """One method's maps and its scores by ``metrics`` (names in ``METRIC_TABLE``) on the current image (cached per
+    method and metrics)."""
     with heavy_lock():
         return compare_methods(_m, [_image], methods=[method], masks=_mask, target=target,
-                               method_params={method: dict(params)})
+                               method_params={method: dict(params)}, metrics=metrics)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -446,14 +448,18 @@ def render_attributions(ctx: Context) -> None:
         choice = c[1].selectbox("Target class", ["predicted"] + names, key="target")
         target = None if choice == "predicted" else names.index(choice)
     steps = int(c[2].number_input("IG steps", 2, 64, 16, key="ig-steps"))
+    metrics = st.multiselect("Faithfulness metrics", list(METRIC_TABLE), default=list(default_metrics()),
+                             key="metrics", help="; ".join(f"{k}: {mt.about}" for k, mt in METRIC_TABLE.items()))
     if not methods:
         st.info("Choose at least one method.")
         return
     mask = None if ctx.masks is None else ctx.masks[ctx.index: ctx.index + 1]
-    table = attributed_table(ctx, methods, target, steps, mask)
+    table = attributed_table(ctx, methods, target, steps, mask, tuple(metrics))
     figs = attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
     st.plotly_chart(figs["attributions"], key="attr-fig")
-    st.plotly_chart(figs["faithfulness"], key="faith-fig")
+    shown = [k for k in metrics if k in figs]  # each chosen metric's curves, drawn from its METRIC_TABLE entry
+    for k in shown:
+        st.plotly_chart(figs[k], key=f"metric-fig-{k}")
     whole_table(round_significant(table.to_pandas()))
     st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
     if not text:
@@ -461,12 +467,13 @@ def render_attributions(ctx: Context) -> None:
 
         for method in (mt for mt in lrp_methods() if mt in methods):  # AttnLRP and its variants
             render_ledger(ctx, target, method)
-    cols = st.columns(4)
+    cols = st.columns(3 + len(shown))
     cols[0].download_button("Scores (CSV)", table.to_csv(), "attributions.csv", "text/csv", on_click="ignore")
     cols[1].download_button("Maps and scores (JSON)", table.to_json().encode(), "attributions.json",
                             "application/json", on_click="ignore")
     figure_download(cols[2], figs["attributions"], "attributions", "Maps")
-    figure_download(cols[3], figs["faithfulness"], "faithfulness", "Curves")
+    for col, k in zip(cols[3:], shown):
+        figure_download(col, figs[k], k, METRIC_TABLE[k].title or k)
     if text:
         st.caption(NO_TEXT_SANITY)
     elif st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
@@ -481,7 +488,7 @@ NO_TEXT_SANITY = ("No sanity check for a model with a text tower: the cascade (A
 
 
 def attributed_table(ctx: Context, methods: list[str], target: int | str | None, steps: int,
-                     mask: np.ndarray | None) -> ComparisonTable:
+                     mask: np.ndarray | None, metrics: tuple[str, ...] | None = None) -> ComparisonTable:
     """The chosen methods' table, one method at a time (each cached), under a bar that names the method being
     computed and the time left at the rate of the methods computed so far in this run (a cached one is free)."""
     bar = st.progress(0.0, text="Attributing and scoring ...")
@@ -492,7 +499,7 @@ def attributed_table(ctx: Context, methods: list[str], target: int | str | None,
                      + (f", {left}" if left else ""))
         t0 = time.perf_counter()
         tables.append(method_table(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
-                                   (("n_steps", steps),) if method == "integrated_gradients" else (), mask))
+                                   (("n_steps", steps),) if method == "integrated_gradients" else (), mask, metrics))
         took = time.perf_counter() - t0
         if took > 0.05:  # computed here, not read from the cache
             spent, computed = spent + took, computed + 1
@@ -646,7 +653,7 @@ def render_registered(name: str) -> Callable[[Context], None]:
     return render
 
 
-VIEWS: dict[str, Callable[[Context], None]] = {
+PAGES: dict[str, Callable[[Context], None]] = {
     # the library's views by their registry labels (vitlens.views.registry), then the app's own pages
     REGISTRY["filters"].label: render_filters,
     REGISTRY["position"].label: render_position,
@@ -656,8 +663,8 @@ VIEWS: dict[str, Callable[[Context], None]] = {
     "Compare": render_compare,
     "Survey": render_survey,
 }
-VIEWS.update({v.label or v.name: render_registered(name) for name, v in REGISTRY.items()
-              if not v.shown_in and (v.label or v.name) not in VIEWS})
+PAGES.update({v.label or v.name: render_registered(name) for name, v in REGISTRY.items()
+              if not v.shown_in and (v.label or v.name) not in PAGES})
 
 
 # ---------------------------------------------------------------- sidebar: model and images
@@ -750,11 +757,11 @@ def main() -> None:
     # of a run loses its state, and the browser would then show its first option over the old view.
     # Its own key is the one record of the current view.
     head = st.container()
-    view = st.radio("View", list(VIEWS), horizontal=True, key="view")
+    view = st.radio("View", list(PAGES), horizontal=True, key="view")
     with head:
         ctx = model_and_image(picked, images, names, ikey, masks, labels, image_source)
     try:
-        VIEWS[view](ctx)
+        PAGES[view](ctx)
     except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working
         show_error(e)
 

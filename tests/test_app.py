@@ -154,7 +154,10 @@ def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
     # is as tall as its rows (height="content": no scroll box of ten rows)
     width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
     assert width >= 8 * len("occlusion") and asked and asked[-1].get("height") == "content"  # every row shown
-    assert len(app.get("plotly_chart")) == 2  # maps side by side, deletion/insertion curves
+    from vitlens.attribution.metrics import default_metrics
+
+    # maps side by side, then each default metric's curves (deletion/insertion, perturbation)
+    assert [c.key for c in app.get("plotly_chart")] == ["attr-fig"] + [f"metric-fig-{k}" for k in default_metrics()]
     # the numbers shown are the library's: compare_methods on the current scene, its mask and target
     from vitlens.attribution import compare_methods
     from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate
@@ -408,7 +411,8 @@ def test_attributions_and_compare_offer_their_figures(app):
     kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["rollout"]).run()
-    assert problems(app) == [] and {f"Maps {kind}", f"Curves {kind}"} <= set(download_labels(app))
+    assert problems(app) == [] and {f"Maps {kind}", f"Deletion and insertion {kind}",
+                                    f"Positive and negative perturbation {kind}"} <= set(download_labels(app))
     app.session_state["n-cmp"] = 4  # the fewest images CKA takes
     app.radio(key="view").set_value("Compare").run()
     assert problems(app) == []
@@ -732,13 +736,13 @@ def test_a_registered_view_without_a_page_of_its_own_gets_one(monkeypatch):
     """The app's selector reads the view registry: a new view (here the test's query counter) is
     offered, computed over the image set and drawn with its figure, with no edit to the app."""
     import plotly.graph_objects as go
-    from test_registry import QueryCounter
+    from test_registry import QueryCounter, QueryCountResult
 
     from vitlens import figures
     from vitlens.views import registry
 
     toy = registry.View("queries", "Query rows per block", "", "attention",
-                        lambda m, p: QueryCounter(m.spec.num_layers), "test_registry:QueryCountResult",
+                        lambda m, p: QueryCounter(m.spec.num_layers), QueryCountResult,
                         "query_count_figure", default=False, label="Queries")
     monkeypatch.setitem(registry.VIEWS, "queries", toy)
     monkeypatch.setattr(figures, "query_count_figure", lambda r: go.Figure(go.Bar(y=r.rows)), raising=False)
@@ -760,7 +764,9 @@ def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
     assert problems(app) == [] and not app.error
     table = app.dataframe[1].value
     assert list(table["method"]) == ["rollout", "gradcam"] and "verdict" in table.columns
-    assert len(app.get("plotly_chart")) == 3  # maps, deletion/insertion curves, the cascade
+    from vitlens.attribution.metrics import default_metrics
+
+    assert len(app.get("plotly_chart")) == 2 + len(default_metrics())  # maps, each metric's curves, the cascade
     # the numbers shown are the library's: vl.sanity_table on the current scene
     from vitlens.attribution.sanity import sanity_table
     from vitlens.reference.shapes import HELD_OUT_SEED, generate

@@ -3,6 +3,8 @@ family honours or refuses the input size it is given, analyze() says why every u
 is missing, the filter PCA's process-wide BLAS limit is serialised, and random-init loads are seeded."""
 from __future__ import annotations
 
+import html
+import json
 import threading
 import time
 
@@ -224,3 +226,110 @@ def test_a_registered_method_is_in_the_cli_choices_and_the_report(registered_met
     assert "test_brightness" in page
     assert cli.main(["report", "--model", "ref-vit", "--out", str(tmp_path / "s.html"), "--methods", "saliency"]) == 2
     assert "add --attributions" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def registered_metric():
+    """A perturbation metric registered by this test alone: the target's probability drop with the half of the
+    tokens the map ranks highest set to black (Chefer et al.'s removal at one fraction)."""
+    from vitlens.attribution import metrics as mm
+    from vitlens.attribution.perturbation import perturbation_test
+
+    def half_removed(m, images, a, s):
+        return perturbation_test(m, images, a, fractions=(0.0, 0.5), labels=s.labels, batch_size=s.batch_size,
+                                 protocol=s.protocol, ordering=s.ordering)
+
+    metric = mm.register_metric(mm.Metric(
+        "test_half_removed", half_removed,
+        lambda r: {"half_removed_drop": float((r.positive[:, 0] - r.positive[:, 1]).mean())},
+        lambda r: (mm.Curve("Half the tokens removed (test metric)", r.fractions, r.positive),),
+        "half_removed_drop: the target's probability drop with the top half of the tokens removed (a test metric)",
+        default=True, title="Test metric: half removed"))
+    with pytest.raises(InvalidParameterError, match="exists already"):
+        mm.register_metric(metric)
+    yield metric
+    del mm.METRIC_TABLE[metric.name]
+    del mm.PROTOCOLS[(metric.name, "vitlens")]
+
+
+def hand_half_removed_drop(m, x, maps, targets):
+    """The probability drop with the top half of each map's tokens set to black, by hand (8x8 px tokens)."""
+    mean = torch.tensor(m.data_config["mean"])[:, None, None]
+    std = torch.tensor(m.data_config["std"])[:, None, None]
+    drops = []
+    for j in range(len(x)):
+        gh, gw = maps[j].shape
+        top = np.argsort(-maps[j].reshape(-1), kind="stable")[: (gh * gw) // 2]
+        y = x[j].clone()
+        for tok in top:
+            r, c = divmod(int(tok), gw)
+            y[:, r * 8:(r + 1) * 8, c * 8:(c + 1) * 8] = ((0.0 - mean) / std)[:, :, :1].expand(-1, 8, 8)
+        with torch.no_grad():
+            p = m.logits(torch.stack([x[j], y])).softmax(-1)[:, int(targets[j])].double()
+        drops.append(float(p[0] - p[1]))
+    return float(np.mean(drops))
+
+
+def test_a_registered_metric_is_scored_in_the_table_and_listed(registered_metric):
+    from vitlens.attribution.metrics import default_metrics, metric_names
+
+    m = vl.load_model("ref-vit")
+    x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    assert "test_half_removed" in metric_names() and "test_half_removed" in default_metrics()
+    table = vl.compare_methods(m, x, methods=["saliency"], metrics=["test_half_removed"])
+    assert list(table.rows[0]) == ["method", "half_removed_drop", "seconds_per_image"]
+    a = table.attributions[0]
+    want = hand_half_removed_drop(m, x, a.maps, a.targets)
+    assert table.rows[0]["half_removed_drop"] == pytest.approx(want, rel=1e-5, abs=1e-7)
+    assert table.protocols == {"test_half_removed": "vitlens, signed"}
+    assert [r.method for r in table.scores["test_half_removed"]] == ["saliency"]
+    # its figure is drawn from the entry alone: one panel per Curve, the mean curve, the row's number in the legend
+    from vitlens.figures import metric_figure
+
+    fig = metric_figure(registered_metric, table.scores["test_half_removed"])
+    assert [a.text for a in fig.layout.annotations] == ["Half the tokens removed (test metric)"]
+    np.testing.assert_allclose(fig.data[0].y, table.scores["test_half_removed"][0].positive.mean(0))
+    assert fig.data[0].name == f"saliency (half_removed_drop {vl.results.significant(table.rows[0]['half_removed_drop'])})"
+    # the default metrics include it, and two one-method tables concatenate its results
+    both = vl.ComparisonTable.concat([table, vl.compare_methods(m, x, methods=["rollout"], steps=2)])
+    assert [r.method for r in both.scores["test_half_removed"]] == ["saliency", "rollout"]
+    with pytest.raises(InvalidParameterError, match="test_half_removed"):  # the refusal lists it among the names
+        vl.compare_methods(m, x, methods=["saliency"], metrics=["roar"])
+
+
+def test_a_registered_metric_is_in_the_cli_choices_and_the_report(registered_metric, tmp_path, capsys):
+    from vitlens.report import cli
+
+    report = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["report"]._actions
+                  if a.dest == "metrics")
+    assert "test_half_removed" in report.choices
+    out = tmp_path / "r.html"
+    assert cli.main(["report", "--model", "ref-vit", "--out", str(out), "--attributions", "--methods", "saliency",
+                     "--metrics", "test_half_removed", "--attribution-images", "2", "--n-images", "4", "--quiet"]) == 0
+    page = out.read_text()
+    # its column, its sentence and its figure (drawn from the entry's curves) are on the page, no other metric's
+    assert "half_removed_drop" in page and html.escape(registered_metric.about) in page
+    assert "Half the tokens removed (test metric)" in page and "deletion_auc" not in page
+    saved = vl.load_result(out.with_suffix(".json"))
+    assert list(saved.attributions[0].scores) == ["test_half_removed"]
+    assert cli.main(["report", "--model", "ref-vit", "--out", str(tmp_path / "s.html"), "--metrics", "road"]) == 2
+    assert "add --attributions" in capsys.readouterr().err
+
+
+def test_a_registered_metric_is_offered_preselected_and_drawn_by_the_app(registered_metric):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=120)
+    at.run()
+    at.radio(key="view").set_value("Attributions").run()
+    picker = at.multiselect(key="metrics")
+    assert "test_half_removed" in picker.options and "test_half_removed" in picker.value  # Metric.default
+    at.multiselect(key="methods").set_value(["saliency"]).run()
+    picker.set_value(["test_half_removed"]).run()
+    assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
+    columns = list(at.dataframe[0].value.columns)  # the app's shapes have masks: the mask metrics follow
+    assert columns[:3] == ["method", "half_removed_drop", "seconds_per_image"] and "deletion_auc" not in columns
+    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+    assert "Test metric: half removed" in titles

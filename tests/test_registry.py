@@ -15,8 +15,8 @@ from vitlens.report import cli
 from vitlens.report.html import model_figures, model_section
 from vitlens.results import Result
 from vitlens.survey import shapes_source
-from vitlens.survey.stats import Predictions, RolloutStats, SurveyDistance, merge
-from vitlens.survey.worker import VIEWS as WORKER_VIEWS, run_shard
+from vitlens.survey.stats import SURVEY_VIEW_NAMES, SURVEY_VIEWS, Predictions, RolloutStats, SurveyDistance, merge
+from vitlens.survey.worker import run_shard
 from vitlens.views import registry
 from vitlens.views.analyze import VIEWS as ANALYZE_VIEWS
 from vitlens.views.engine import AttentionConsumer
@@ -24,12 +24,18 @@ from vitlens.views.rollout import RolloutAccumulator
 
 
 def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
-    assert ANALYZE_VIEWS == registry.VIEW_NAMES == ("filters", "position", "distance", "rollout", "prefix")
+    # "VIEWS" is one thing: the registry, which analyze reads at call time (not a snapshot of its names)
+    assert ANALYZE_VIEWS is registry.VIEWS
+    assert tuple(registry.VIEWS) == registry.VIEW_NAMES == ("filters", "position", "distance", "rollout", "prefix")
     assert registry.DEFAULT_VIEWS == ("filters", "position", "distance", "rollout")  # the paper's four
-    assert WORKER_VIEWS == registry.SURVEY_VIEW_NAMES
+    # the survey's own list names its consumers by class (no importlib strings), and every one is a consumer
+    assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "weights")
+    assert {k: v.stat for k, v in SURVEY_VIEWS.items()} == {"distance": SurveyDistance, "rollout": RolloutStats,
+                                                            "predictions": Predictions, "weights": None}
+    assert all(isinstance(v.result_type, type) for v in registry.VIEWS.values())
     survey = cli.build_parser()._subparsers._group_actions[0].choices["survey"]  # type: ignore[union-attr]
     views = next(a for a in survey._actions if a.dest == "views")
-    assert list(views.choices) == list(registry.SURVEY_VIEW_NAMES) == views.default
+    assert list(views.choices) == list(SURVEY_VIEW_NAMES) == views.default
     with pytest.raises(vl.InvalidParameterError, match="views must be among filters, position, distance"):
         registry.check_views(("distance", "nope"))
 
@@ -74,7 +80,7 @@ class QueryCounter(AttentionConsumer):
 
 def test_a_new_view_is_one_registry_entry_and_shares_the_one_forward(tiny, monkeypatch):
     toy = registry.View("queries", "Query rows per block", "", "attention",
-                        lambda m, p: QueryCounter(m.spec.num_layers), f"{__name__}:QueryCountResult",
+                        lambda m, p: QueryCounter(m.spec.num_layers), QueryCountResult,
                         "query_count_figure", default=False, label="Queries")
     monkeypatch.setitem(registry.VIEWS, "queries", toy)
     monkeypatch.setattr(figures, "query_count_figure",

@@ -97,7 +97,7 @@ def test_text_target_maps_equal_the_method_applied_by_hand_to_the_cosine_similar
 
     figs = attribution_figures(cmp, m.display(x)[0])
     assert prompt in figs["attributions"].layout.title.text
-    assert figs["faithfulness"].layout.yaxis.title.text == "cosine similarity to the prompt"
+    assert figs["deletion_insertion"].layout.yaxis.title.text == "cosine similarity to the prompt"
 
 
 @pytest.mark.parametrize("kind", ["openclip", "hf-clip-model", "hf-siglip-model"])

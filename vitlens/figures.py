@@ -8,6 +8,7 @@
 - ``attribution_figure`` / ``faithfulness_figure``: maps of several methods and their curves.
 - ``perturbation_figure`` / ``sanity_figure``: Chefer et al.'s and ROAD's perturbation curves; Adebayo et al.'s
   cascading randomisation (Fig. 2).
+- ``metric_figure``: any perturbation metric of ``METRIC_TABLE``, drawn from its entry's ``curves``.
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown.
 """
@@ -31,6 +32,7 @@ from .words import counted
 if TYPE_CHECKING:  # figures take typed results; these modules import figures lazily, so no cycle at run time
     from .attribution.faithfulness import FaithfulnessResult
     from .attribution.methods import AttributionResult
+    from .attribution.metrics import Metric
     from .attribution.perturbation import PerturbationResult, RoadResult
     from .attribution.sanity import SanityResult
     from .compare.cka import CKAResult
@@ -456,6 +458,42 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
                      rangemode="normal" if text else "tozero")
     # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
     fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def metric_figure(metric: "Metric", results: Sequence[object]) -> go.Figure:
+    """Any perturbation metric's mean curves of each method, one panel per ``Curve`` of its entry, with the method's
+    columns (``Metric.columns``) in its legend entry: what the report and the app draw for every metric they score.
+
+    Args:
+        metric: the metric's entry (``METRIC_TABLE[name]``).
+        results: the metric's result for each method (``ComparisonTable.scores[name]``).
+
+    Returns:
+        A plotly ``Figure``.
+    """
+    panels = [metric.curves(r) for r in results]
+    titles = [c.title for c in panels[0]] if panels else [metric.title or metric.name]
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles)
+    for i, (r, curves) in enumerate(zip(results, panels)):
+        method = getattr(r, "method", f"method {i + 1}")
+        color = method_colour(method, i)
+        # one legend entry per method, under every panel, with the method's numbers in the table
+        numbers = ", ".join(f"{k} {significant(v)}" for k, v in metric.columns(r).items())
+        for col, c in enumerate(curves, start=1):
+            fig.add_trace(go.Scatter(x=np.asarray(c.x), y=np.asarray(c.y).mean(0), mode="lines+markers",
+                                     line=dict(color=color), name=f"{method.replace('_', ' ')} ({numbers})",
+                                     legendgroup=method, showlegend=col == 1,
+                                     hovertemplate=f"{method}<br>%{{x:.0%}}: %{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
+    scores = {getattr(r, "score", "score") for r in results}
+    score = scores.pop() if len(scores) == 1 else "score"
+    fig.update_xaxes(title="share of the input changed", range=[0, 1])
+    fig.update_yaxes(title="target-class probability" if score == "probability" else score)
+    # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
+    fig.update_layout(title=metric.title or metric.name.replace("_", " "),
+                      height=440 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=80, b=10),
                       legend=dict(orientation="h", y=-0.25))
     return fig
 

@@ -26,12 +26,9 @@ from .errors import InvalidParameterError
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
 # result kinds defined in modules that ``import vitlens`` does not load
-_LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.data",
-               "attribution": "vitlens.attribution.methods", "faithfulness": "vitlens.attribution.faithfulness",
-               "attribution_comparison": "vitlens.attribution.faithfulness",
-               "perturbation": "vitlens.attribution.perturbation", "road": "vitlens.attribution.perturbation",
-               "sanity": "vitlens.attribution.sanity", "sanity_table": "vitlens.attribution.sanity",
-               "lrp_ledger": "vitlens.attribution.lrp_ledger"}
+# (``import vitlens`` loads ``vitlens.attribution``, whose metrics registry imports every metric's module, so
+# the result kinds of the attributions and the perturbation metrics are registered before any file is read)
+_LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.data"}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -165,6 +162,11 @@ class Result:
         return (f"<div><b>{html.escape(type(self).__name__)}</b>: {html.escape(self.summary())}"
                 f"{table}</div>")
 
+    @classmethod
+    def _from_older(cls, d: dict[str, Any]) -> dict[str, Any]:
+        """The fields of a file written by an older vitlens as this version names them (unchanged here)."""
+        return d
+
     def to_dict(self) -> dict[str, Any]:
         """Plain-data dict (arrays stay numpy) of every field, with the result kind."""
         return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
@@ -201,6 +203,7 @@ class Result:
         target = _REGISTRY[kind]
         if cls is not Result and not issubclass(target, cls):
             raise InvalidParameterError(f"This file holds a {kind!r} result, not {cls.kind!r}.")
+        d = target._from_older(d)
         names = {f.name for f in dataclasses.fields(target)}
         values = {k: v for k, v in d.items() if k in names}
         if _CHECKING.path is not None:  # loading a file: each field checked, and any failure names it

@@ -3,9 +3,11 @@
 - ``methods``: one contract for every method (images in, [B, gh, gw] maps out): rollout,
   gradient-weighted rollout and captum's integrated gradients, saliency, input x gradient,
   occlusion, the Grad-CAM family (``cam``) and AttnLRP (``lrp``) with its ViT variants (the γ-rule, CP-LRP);
-- ``faithfulness``: deletion/insertion curves and the methods x metrics comparison table;
-- ``perturbation``: Chefer et al.'s positive/negative perturbation and ROAD (``imputation``: its noisy
-  linear imputation);
+- ``metrics``: the perturbation metrics' one registry (``METRIC_TABLE``, ``register_metric``), what the
+  comparison, the report, the CLI and the app read;
+- ``deletion``: deletion/insertion curves; ``perturbation``: Chefer et al.'s positive/negative perturbation
+  and ROAD (``imputation``: its noisy linear imputation);
+- ``faithfulness``: the methods x metrics comparison table;
 - ``sanity``: Adebayo et al.'s cascading model-parameter randomisation;
 - ``masks``: does a map point at the object (mass in mask, pointing game);
 - ``evaluation``: accuracy and rollout-in-mask on labelled, masked image sets.
@@ -13,11 +15,14 @@
 from __future__ import annotations
 
 from .evaluation import accuracy, rollout_mask_scores
-from .faithfulness import BASELINES, ComparisonTable, FaithfulnessResult, compare_methods, deletion_insertion
+from .baselines import BASELINES
+from .deletion import FaithfulnessResult, deletion_insertion
+from .faithfulness import ComparisonTable, compare_methods
 from .lrp import LRPRules
 from .lrp_ledger import ConservationLedger, attnlrp_ledger, lrp_methods
 from .masks import MaskScores, mask_scores, patch_coverage
 from .methods import METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+from .metrics import METRIC_TABLE, Metric, register_metric
 from .protocols import ORDERINGS, PROTOCOLS
 from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
 from .sanity import SanityResult, SanityTable, sanity_check, sanity_table
@@ -27,7 +32,7 @@ __all__ = ["BASELINES", "METHODS", "METHOD_TABLE", "AttributionResult", "Compari
            "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores",
            "PerturbationResult", "RoadResult", "SanityResult", "SanityTable", "perturbation_test", "road",
            "sanity_check", "sanity_table", "ConservationLedger", "attnlrp_ledger", "PROTOCOLS", "ORDERINGS",
-           "LRPRules", "lrp_methods"]
+           "LRPRules", "lrp_methods", "METRIC_TABLE", "Metric", "register_metric"]
 
 
 def __getattr__(name: str):

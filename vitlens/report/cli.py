@@ -179,8 +179,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
 
-    if getattr(args, "methods", None) and not args.attributions:
-        raise CliError("--methods picks the methods of the attribution section; add --attributions.")
+    for option in ("methods", "metrics"):
+        if getattr(args, option, None) and not args.attributions:
+            raise CliError(f"--{option} picks the {option} of the attribution section; add --attributions.")
     check_outputs(args)
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
@@ -242,7 +243,7 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     methods = report_methods(getattr(args, "methods", None), lambda line: _log(args, line))
     quick = quick_methods()
     table = compare_methods(m, images[:n], methods=methods, masks=None if masks is None else masks[:n],
-                            batch_size=args.batch_size, progress=not args.quiet)
+                            batch_size=args.batch_size, progress=not args.quiet, metrics=getattr(args, "metrics", None))
     # the cascade recomputes every map L + 2 times: the quick methods on at most 4 images
     checked = [mt for mt in methods if mt in quick]
     table.sanity = sanity_table(m, images[:min(n, 4)], methods=checked, batch_size=args.batch_size,
@@ -486,7 +487,8 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from vitlens.attribution.methods import METHOD_TABLE
-    from vitlens.views.registry import SURVEY_VIEW_NAMES
+    from vitlens.attribution.metrics import METRIC_TABLE
+    from vitlens.survey.stats import SURVEY_VIEW_NAMES
 
     p = argparse.ArgumentParser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -501,6 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="attribution methods for --attributions (default: the quick set, "
                         f"{', '.join(k for k, mt in METHOD_TABLE.items() if mt.preselected)}; "
                         f"'{ALL_METHODS}' for every available one, the slow ones included): " + ", ".join(METHOD_TABLE))
+    r.add_argument("--metrics", nargs="+", default=None, choices=list(METRIC_TABLE), metavar="METRIC",
+                   help="perturbation metrics for --attributions (default: "
+                        f"{', '.join(k for k, mt in METRIC_TABLE.items() if mt.default)}): "
+                        + "; ".join(f"{k} ({mt.cost})" if mt.cost else k for k, mt in METRIC_TABLE.items()))
     r.add_argument("--attribution-images", type=_positive, default=16,
                    help="images for the attribution section (default 16; occlusion and IG are costly)")
     r.add_argument("--heads", action="store_true",

@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import figures
+from ..attribution.metrics import METRIC_TABLE
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
@@ -195,20 +196,20 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
 
 
 def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
-    """The attribution maps of every method on one image, and the mean deletion/insertion curves.
+    """The attribution maps of every method on one image, and each scored metric's mean curves.
 
     Args:
         table: a ``ComparisonTable`` (``compare_methods``).
         image: uint8 [H, W, 3], its first image as the model sees it.
 
     Returns:
-        Figures by name ("attributions", "faithfulness", and the perturbation and sanity figures when the
-        table has them).
+        Figures by name: "attributions", then one per metric the table scored, by the metric's name in
+        ``METRIC_TABLE`` ("deletion_insertion", "perturbation", ...; ``figures.metric_figure``).
     """
-    figs = {"attributions": figures.attribution_figure(table.attributions, image, 0),
-            "faithfulness": figures.faithfulness_figure(table.faithfulness)}
-    if getattr(table, "perturbations", None):
-        figs["perturbation"] = figures.perturbation_figure(table.perturbations, getattr(table, "roads", ()))
+    figs = {"attributions": figures.attribution_figure(table.attributions, image, 0)}
+    for name, results in table.scores.items():  # every metric the table holds and this vitlens knows
+        if results and name in METRIC_TABLE:
+            figs[name] = figures.metric_figure(METRIC_TABLE[name], results)
     return figs
 
 
@@ -286,18 +287,18 @@ def heads_section(fig: go.Figure, a: AnalysisResult) -> str:
 
 
 def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
-    """Methods x metrics, the maps of every method on the first image, and the mean curves."""
+    """Methods x metrics, the maps of every method on the first image, and each metric's mean curves."""
     fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
+    scored = [METRIC_TABLE[k] for k in table.scores if k in METRIC_TABLE]
+    about = "; ".join([mt.about for mt in scored] + ["pointing game and mass in mask where object masks exist"])
     return ("<h3>Attributions and faithfulness</h3>"
-            f"<p class='muted'>Over {counted(table.n_images, 'image')}; deletion AUC: lower is more faithful, insertion AUC: "
-            "higher is more faithful; Chefer et al.'s positive / negative perturbation AUC (top-1 accuracy with labels, "
-            "else the target's probability, over 0-90% of tokens removed to black): lower / higher is more faithful; "
-            "pointing game and mass in mask where object masks exist.</p>"
+            f"<p class='muted'>Over {counted(table.n_images, 'image')}; {html.escape(about)}.</p>"
             + (f"<p class='muted'>Protocols (protocol, ordering): "
                f"{html.escape('; '.join(f'{k}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}.</p>"
                if getattr(table, "protocols", None) else "")
-            + html_table(fmt_rows) + figure_html(figs["attributions"]) + figure_html(figs["faithfulness"])
-            + (figure_html(figs["perturbation"]) if "perturbation" in figs else "") + sanity_section(table) + ledger_section(table))
+            + html_table(fmt_rows) + figure_html(figs["attributions"])
+            + "".join(figure_html(figs[mt.name]) for mt in scored if mt.name in figs)
+            + sanity_section(table) + ledger_section(table))
 
 
 def ledger_section(table: Any) -> str:

@@ -30,7 +30,8 @@ from .sources import ImageSource, Shard
 from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
                     weights_of, write_table)
 from ..views.registry import check_views
-from .worker import VIEWS, SurveyWorker
+from .stats import SURVEY_VIEW_NAMES
+from .worker import SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
                "cli": "Install it with: pip install 'vitlens[survey]'.",
@@ -226,7 +227,7 @@ def survey(
     address: str | None = None,
     batch_size: int = 32,
     shard_size: int = 256,
-    views: Sequence[str] = VIEWS,
+    views: Sequence[str] = SURVEY_VIEW_NAMES,
     num_gpus_per_worker: float = 0.0,
     num_cpus_per_worker: int = 1,
     pretrained: bool = True,
@@ -284,7 +285,7 @@ def survey(
     """
     from .sources import files_source
 
-    views = check_views(views, VIEWS)
+    views = check_views(views, SURVEY_VIEW_NAMES)
     if not models:
         raise InvalidParameterError("Name at least one model to survey.")
     source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images, hash_images)

@@ -7,6 +7,10 @@ states are plain arrays, saved as npz and merged exactly on the driver.
   part, and with masks the share of patch mass on the object (Fig. 6), as sums and sums of squares;
 - ``Predictions``: how many images were predicted right, overall and per class.
 
+``SURVEY_VIEWS`` is the survey's one list of what it keeps (``vitlens survey --views``, the worker, the
+store): each entry names its consumer class; the views registry (``vitlens.views.registry``) sits below
+and names none of them.
+
 They are ordinary consumers of the streaming engine: a shard's states are their ``state()``
 arrays, and two shards merge as ``from_state(x).merge(from_state(y))``. Merging is exact up to
 float64 rounding, so a survey equals one process over the same images
@@ -14,6 +18,7 @@ whatever the shard size and the order shards finish in.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +30,6 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult, add_samples, merge_moment_rows
 from ..views.engine import AttentionConsumer, BatchInfo
-from ..views.registry import SURVEY_VIEWS
 from ..views.rollout import RolloutAccumulator
 
 
@@ -239,12 +243,56 @@ class Predictions(AttentionConsumer):
         return rows
 
 
+@dataclass(frozen=True)
+class SurveyView:
+    """One statistic a survey keeps per (model, image shard), or once per model ("weights").
+
+    Attributes:
+        name: what ``vitlens survey --views`` takes and the shard files name it.
+        stat: its consumer class, whose ``for_survey(m, num_classes, renormalize)`` builds it (None when there
+            is nothing to keep, e.g. predictions of a model without classes) and whose ``from_state`` /
+            ``state`` / ``merge`` carry it between processes; None for the weight-only summary, computed once
+            per model from the views' own ``View.summary``.
+        describes: what the table rows of it mean.
+    """
+
+    name: str
+    stat: type[AttentionConsumer] | None
+    describes: str
+
+    def stat_class(self) -> type[AttentionConsumer]:
+        """Its consumer class.
+
+        Returns:
+            ``stat``.
+
+        Raises:
+            InvalidParameterError: the weight-only summary, which has no per-shard statistic.
+        """
+        if self.stat is None:
+            raise InvalidParameterError(f"The survey view {self.name!r} has no per-shard statistic.")
+        return self.stat
+
+
+SURVEY_VIEWS: dict[str, SurveyView] = {v.name: v for v in (
+    SurveyView("distance", SurveyDistance,
+               "attention distance per head (Fig. 7 right, Fig. 11), over all images and per class"),
+    SurveyView("rollout", RolloutStats,
+               "the rollout row's prefix mass, patch entropy and mass in the object mask (Fig. 6)"),
+    SurveyView("predictions", Predictions, "accuracy, overall and per class"),
+    SurveyView("weights", None, "filter PCA's explained variance (Fig. 7 left) and position-embedding structure "
+               "(Fig. 7 centre), once per model"),
+)}
+#: what ``vitlens survey --views`` offers, by default all of it
+SURVEY_VIEW_NAMES: tuple[str, ...] = tuple(SURVEY_VIEWS)
+
+
 def stat_class(name: str) -> type[AttentionConsumer]:
-    """The consumer behind a survey state (``vitlens.views.registry.SURVEY_VIEWS``)."""
+    """The consumer behind a survey state (``SURVEY_VIEWS``)."""
     view = SURVEY_VIEWS.get(name)
-    if view is None or not view.stat:
+    if view is None or view.stat is None:
         raise InvalidParameterError(f"A survey shard holds an unknown statistic {name!r}.")
-    return view.stat_class()
+    return view.stat
 
 
 def merge(x: dict[str, dict[str, Any]], y: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -49,7 +49,6 @@ from ..errors import InvalidParameterError
 from ..environment import versions
 from ..results import atomic_write_bytes, interrupts_deferred
 from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
-from ..views.registry import SURVEY_VIEWS
 from . import stats
 from .sources import ImageSource, Shard
 
@@ -463,7 +462,7 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
         rows.append({"model": name, "weights": weights, "layer": layer, "head": head, "metric": metric,
                      "value": float(value), "n_images": int(n), "class": cls})
 
-    for stat in [k for k in SURVEY_VIEWS if k in states]:  # each statistic says its rows, in the registry's order
+    for stat in [k for k in stats.SURVEY_VIEWS if k in states]:  # each statistic says its rows, in the list's order
         for row in stats.stat_class(stat).from_state(states[stat]).table_rows(spec, classes, renormalize):
             add(**row)
     for metric, value in weight_views.items():

@@ -17,21 +17,19 @@ from ..errors import VitlensError
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..views.engine import stream_attention
-from ..views.registry import SURVEY_VIEW_NAMES, SURVEY_VIEWS, ViewParams
-from ..views.registry import VIEWS as VIEW_REGISTRY
+from ..views.registry import VIEWS as VIEW_REGISTRY, ViewParams
 from .sources import ImageSource, Shard
+from .stats import SURVEY_VIEWS
 from .store import checkpoint_of, file_sha256
-
-VIEWS = SURVEY_VIEW_NAMES
 
 
 def consumers_for(m: LoadedModel, views: tuple[str, ...], num_classes: int,
                   renormalize: bool = True) -> dict[str, Any]:
-    """The survey statistics of ``views`` (``vitlens.views.registry.SURVEY_VIEWS``) as consumers."""
+    """The survey statistics of ``views`` (``stats.SURVEY_VIEWS``) as consumers."""
     out: dict[str, Any] = {}
     for name in views:
-        if SURVEY_VIEWS[name].stat:
-            consumer = SURVEY_VIEWS[name].stat_class().for_survey(m, num_classes, renormalize)
+        if SURVEY_VIEWS[name].stat is not None:
+            consumer = SURVEY_VIEWS[name].stat.for_survey(m, num_classes, renormalize)
             if consumer is not None:
                 out[name] = consumer
     return out

@@ -18,12 +18,9 @@ from .engine import stream_attention
 from .filters import FilterPCAResult
 from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
-from .registry import DEFAULT_VIEWS, VIEW_NAMES, VIEWS as REGISTRY, ViewParams, check_views
+from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
 from ..words import counted
-
-#: what ``analyze`` can compute (``vitlens.views.registry``); the attention views share one forward per batch
-VIEWS = VIEW_NAMES
 
 
 def attention_distance(
@@ -148,8 +145,8 @@ class AnalysisResult(Result):
         """The result of view ``name`` (None when it was not asked for or is not available)."""
         if name in self.others:
             return self.others[name]
-        if name not in REGISTRY:
-            raise InvalidParameterError(f"No view {name!r}; the views are {', '.join(REGISTRY)}.")
+        if name not in VIEWS:
+            raise InvalidParameterError(f"No view {name!r}; the views are {', '.join(VIEWS)}.")
         return getattr(self, name, None)
 
     def summary(self) -> str:
@@ -191,7 +188,7 @@ def analyze(
         head_fusion: as for ``attention_rollout``.
         discard_ratio: as for ``attention_rollout``.
         progress: True for a progress bar, or a callable ``f(done, total)``.
-        views: any of ``VIEWS`` ("filters", "position", "distance", "rollout", "prefix"; the registry in
+        views: any of ``VIEWS`` ("filters", "position", "distance", "rollout", "prefix"; the registry of
             ``vitlens.views.registry`` lists them), by default the paper's four.
         memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
             maps within it, query-chunked side capture above; None: one block's MLP activation).
@@ -209,16 +206,16 @@ def analyze(
         raise InvalidParameterError(f"n_components must be >= 1; got {n_components}.")
     params = ViewParams(n_components=n_components, renormalize=renormalize, head_fusion=head_fusion,
                         discard_ratio=discard_ratio)
-    consumers = {name: REGISTRY[name].build(m, params) for name in views if REGISTRY[name].kind == "attention"}
+    consumers = {name: VIEWS[name].build(m, params) for name in views if VIEWS[name].kind == "attention"}
     if consumers:
         stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None,
                          memory_budget_mb=memory_budget_mb)
     results: dict[str, Any] = {name: c.result(m.spec) for name, c in consumers.items()}
     notes: dict[str, str] = {}
     for name in views:
-        if REGISTRY[name].kind == "weights":
+        if VIEWS[name].kind == "weights":
             try:
-                results[name] = REGISTRY[name].build(m, params)
+                results[name] = VIEWS[name].build(m, params)
             except ViewNotAvailableError as e:
                 notes[name] = str(e)
     named = {f.name for f in fields(AnalysisResult)}
