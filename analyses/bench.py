@@ -8,9 +8,16 @@ Usage:
     e.g. the views' capture against side capture by query rows at 768 px, interleaved (no peers run):
     python analyses/bench.py --skip-memory --img-size 768 --batch 4 --reps 3 --rows distance_rollout stream_side_rows
 
+    the same rows in three runs (each its own process), each run's median and spread, and goals checked in
+    every run (issue 35's repeatable measurement):
+    python analyses/bench.py --img-size 768 --batch 4 --reps 5 --runs 3 --rows distance_rollout distance \
+        --goal distance_rollout=1.20
+
 Rows on one random batch of a random-init model. Shared machines drift by 10-20% over a minute,
 so every repetition runs each row once, one after the other, and a ratio is the median over
-repetitions of that repetition's row time / its plain-forward time (seconds: the median):
+repetitions of that repetition's row time / its plain-forward time (seconds: the median), given with
+its spread (the lowest and highest repetition's ratio). The row ``plain_again`` times the same plain
+forward a second time in each repetition: its ratio is the machine's noise.
 
 - plain forward: ``model(x)`` with timm's fused attention (the baseline of every ratio);
 - ``vl.analyze``: attention distance + rollout from one forward, plus the two weight-only views;
@@ -143,6 +150,78 @@ def peer_per_image_loop(model: Any, images: Any) -> list[Any]:
     return out
 
 
+def ratio_spread(rows: list[float], base: list[float]) -> list[float]:
+    """The lowest and highest of one row's per-repetition ratios to the base row (the rows were interleaved)."""
+    ratios = [a / b for a, b in zip(rows, base)]
+    return [round(min(ratios), 3), round(max(ratios), 3)]
+
+
+def parse_goals(goals: list[str]) -> dict[str, float]:
+    """``ROW=RATIO`` pairs (``distance_rollout=1.20``): a row meets its goal when its median ratio to the plain
+    forward is at most RATIO."""
+    out = {}
+    for goal in goals:
+        row, sep, value = goal.partition("=")
+        if not sep:
+            raise SystemExit(f"bench.py: a goal is ROW=RATIO (e.g. distance_rollout=1.20); got {goal!r}")
+        out[row] = float(value)
+    return out
+
+
+def repeated_runs(args: argparse.Namespace, argv: list[str]) -> dict:
+    """``--runs N``: the speed bench N times, each its own process (one after the other), and for every row the
+    median ratio of each run with its spread; a goal (``--goal``) is met when it is met in every run.
+
+    The rows are interleaved within each repetition of each run (``speed``), so drift over a minute falls on
+    every row alike; the runs show what a single run cannot, whether the median repeats.
+    """
+    import tempfile
+
+    goals = parse_goals(args.goal or [])
+    timed = {"plain_again", *(args.rows or ())}
+    if args.rows and set(goals) - timed:
+        raise SystemExit(f"bench.py: a goal names a row not timed: {', '.join(sorted(set(goals) - timed))} "
+                         f"(--rows {' '.join(args.rows)})")
+    child_argv = []
+    skip = False
+    for a in argv:  # the same options, without --runs N, --goal ... and --json (each run writes its own)
+        if skip and not a.startswith("--"):
+            continue
+        skip = a in ("--runs", "--goal", "--json")
+        if not skip:
+            child_argv.append(a)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            out = Path(tmp) / f"run{i}.json"
+            subprocess.run([sys.executable, __file__, *child_argv, "--skip-memory", "--json", str(out)], check=True,
+                           stdout=subprocess.DEVNULL)
+            runs.append(json.loads(out.read_text())["speed"])
+    rows = [k for k in runs[0]["runs_seconds"] if k != "plain_forward"]
+    summary: dict[str, Any] = {"runs": args.runs, "reps_per_run": args.reps, "img_size": args.img_size,
+                               "batch": args.batch, "rows": {}}
+    print(f"\n{args.runs} runs of {args.reps} interleaved repetitions ({args.model}, batch {args.batch}, "
+          f"{args.img_size or 'default'} px); each cell: median ratio to the plain forward [min, max]\n")
+    print("| row | " + " | ".join(f"run {i + 1}" for i in range(args.runs)) + " | goal | met in every run |")
+    print("|---|" + "---|" * (args.runs + 2))
+    for row in rows:
+        key = f"{row} / plain forward"
+        medians = [statistics.median(a / b for a, b in zip(r["runs_seconds"][row], r["runs_seconds"]["plain_forward"]))
+                   for r in runs]
+        spreads = [r["ratio_spread"][key] for r in runs]
+        goal = goals.get(row)
+        met = None if goal is None else all(v <= goal for v in medians)
+        summary["rows"][row] = {"medians": [round(v, 3) for v in medians], "spreads": spreads, "goal": goal,
+                                "met_in_every_run": met}
+        cells = " | ".join(f"{v:.3f} [{lo:.2f}, {hi:.2f}]" for v, (lo, hi) in zip(medians, spreads))
+        print(f"| {row} | {cells} | {'' if goal is None else f'<= {goal:.2f}'} | "
+              f"{'' if met is None else ('yes' if met else 'no')} |")
+    missing = sorted(set(goals) - set(rows))
+    if missing:
+        raise SystemExit(f"bench.py: no row named {', '.join(missing)} was timed (rows: {', '.join(rows)})")
+    return summary
+
+
 def speed(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
@@ -191,6 +270,8 @@ def speed(args: argparse.Namespace) -> dict:
 
     rows = {
         "plain_forward": plain,
+        "plain_again": plain,  # the machine's noise: the same forward timed again in each repetition
+        "distance": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance",)),
         "analyze": lambda: vl.analyze(m, x, batch_size=args.batch),
         "distance_rollout": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance", "rollout")),
         "stream_side": lambda: streamed("side"),
@@ -204,7 +285,8 @@ def speed(args: argparse.Namespace) -> dict:
     peers = True
     if args.rows:
         peers = any(r.startswith("peer") for r in args.rows)  # the peers' checks below compare with analyze
-        rows = {k: v for k, v in rows.items() if k == "plain_forward" or k in args.rows or (peers and k == "analyze")}
+        rows = {k: v for k, v in rows.items()
+                if k in ("plain_forward", "plain_again") or k in args.rows or (peers and k == "analyze")}
     for fn in rows.values():  # warm-up
         fn()
     sync()
@@ -223,6 +305,10 @@ def speed(args: argparse.Namespace) -> dict:
             return float("nan")
         return round(statistics.median(a / b for a, b in zip(runs[k], runs[base])), 3)
 
+    out["ratio_spread"] = {f"{k} / plain forward": ratio_spread(runs[k], runs["plain_forward"])
+                           for k in rows if k != "plain_forward"}
+    out["noise"] = {"plain again / plain forward": ratio("plain_again"),
+                    "spread": ratio_spread(runs["plain_again"], runs["plain_forward"])}
     if args.rows and not peers:  # no peer timed: no peer run either
         out["seconds"] = {k: round(v, 4) for k, v in t.items()}
         out["ratios"] = {f"{k} / plain forward": ratio(k) for k in rows if k != "plain_forward"}
@@ -247,6 +333,8 @@ def speed(args: argparse.Namespace) -> dict:
     out["ratios"] = {
         "analyze / plain forward": ratio("analyze"),
         "distance + rollout / plain forward": ratio("distance_rollout"),
+        "distance / plain forward": ratio("distance"),
+        "plain again / plain forward": ratio("plain_again"),
         "stream side / plain forward": ratio("stream_side"),
         "stream inline / plain forward": ratio("stream_inline"),
         "stream side by query rows / plain forward": ratio("stream_side_rows"),
@@ -594,7 +682,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table-child", nargs=3, default=None, help=argparse.SUPPRESS)
     p.add_argument("--attributions", action="store_true",
                    help="instead: seconds per image of every attribution method (analyses/attribution_cost.py)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="the speed bench this many times, each its own process, with each run's median ratios")
+    p.add_argument("--goal", nargs="*", default=None, metavar="ROW=RATIO",
+                   help="with --runs: ratio goals to check in every run (e.g. distance_rollout=1.20)")
     args = p.parse_args(argv)
+    if args.runs > 1:
+        summary = repeated_runs(args, list(sys.argv[1:] if argv is None else argv))
+        if args.json:
+            args.json.write_text(json.dumps(summary, indent=1))
+        return 0
     if args.attributions:
         from attribution_cost import main as attribution_cost
 

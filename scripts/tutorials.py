@@ -108,8 +108,20 @@ def run_tutorial(source: Path, out_dir: Path = PAGES) -> float:
     return seconds
 
 
+def jobs_here() -> int:
+    """How many tutorials run at once: ``VITLENS_TUTORIAL_JOBS``, else one per core.
+
+    Each tutorial's process gets an equal share of the cores as its thread count (``OMP_NUM_THREADS``), so
+    two tutorials on two cores run one thread each rather than oversubscribing; a tutorial spends much of its
+    time importing and exporting figures through kaleido, which the other one's computing overlaps.
+    """
+    value = os.environ.get("VITLENS_TUTORIAL_JOBS")
+    return max(1, int(value)) if value else max(1, os.cpu_count() or 1)
+
+
 def main(argv: list[str]) -> int:
-    """Run the tutorials named in ``argv`` (all when empty); exit status 1 when one fails."""
+    """Run the tutorials named in ``argv`` (all when empty), ``jobs_here()`` at a time, each in its own process;
+    exit status 1 when one fails (the others still finish; the failing one's traceback is printed)."""
     sources = sorted(SOURCES.glob("[0-9][0-9]_*.py"))
     if argv:
         sources = [s for s in sources if s.stem in argv]
@@ -117,13 +129,27 @@ def main(argv: list[str]) -> int:
         if missing:
             print(f"no tutorial named {', '.join(sorted(missing))} under {SOURCES}", file=sys.stderr)
             return 2
-    for source in sources:
-        start = time.perf_counter()
-        if subprocess.run([sys.executable, __file__, "--one", str(source)]).returncode != 0:
-            print(f"tutorial {source.stem} failed", file=sys.stderr)
-            return 1
-        print(f"tutorial {source.stem}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    return 0
+    jobs = min(jobs_here(), len(sources)) or 1
+    env = dict(os.environ)
+    if jobs > 1:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    pending, running, failed = list(sources), {}, []
+    while pending or running:
+        while pending and len(running) < jobs:
+            source = pending.pop(0)
+            running[source] = (subprocess.Popen([sys.executable, __file__, "--one", str(source)], env=env),
+                               time.perf_counter())
+        for source, (proc, start) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[source]
+            if proc.returncode != 0:
+                print(f"tutorial {source.stem} failed", file=sys.stderr)
+                failed.append(source.stem)
+            else:
+                print(f"tutorial {source.stem}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        time.sleep(0.2)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -823,6 +823,23 @@ CURRENT_IMAGE = """() => {
 }"""
 
 
+def pick_until(page, label: str, condition: str) -> None:
+    """Click the option ``label`` until ``condition`` (a JS expression) holds: a click that lands while a run of
+    another session holds the heavy lock can be dropped by the rerun it interrupts (seen once under the full
+    suite), so a second click is made after the app has settled; clicking a chosen option again is harmless."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(3):
+        page.get_by_text(label, exact=True).click()
+        try:
+            page.wait_for_function(condition, timeout=60000 * (attempt + 1))
+            return
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+            settled(page)
+
+
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_the_current_image_box_and_the_head_importance_expander_in_chromium(page):
     """Issue 29, items 1 and 3 as a user meets them: the box names the image shown after every change of
@@ -832,8 +849,7 @@ def test_the_current_image_box_and_the_head_importance_expander_in_chromium(page
     settled(page)
     page.wait_for_function(f"() => ({CURRENT_IMAGE})().every(x => x !== null)", timeout=90000)  # both drawn
     assert page.evaluate(CURRENT_IMAGE) == ["scene 0 (ring)", "scene 0 (ring)"]
-    page.get_by_text("Sample photos", exact=True).click()
-    page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1] !== 'scene 0 (ring)'", timeout=90000)
+    pick_until(page, "Sample photos", f"() => ({CURRENT_IMAGE})()[1] !== 'scene 0 (ring)'")
     settled(page)
     named, shown = page.evaluate(CURRENT_IMAGE)
     assert named == shown and "scene" not in named, (named, shown)
@@ -844,13 +860,12 @@ def test_the_current_image_box_and_the_head_importance_expander_in_chromium(page
     page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1] === 'chelsea'", timeout=90000)
     settled(page)
     assert page.evaluate(CURRENT_IMAGE) == ["chelsea", "chelsea"]
-    page.get_by_text("Shapes (with masks)", exact=True).click()
-    page.wait_for_function(f"() => ({CURRENT_IMAGE})()[1].startsWith('scene')", timeout=90000)
+    pick_until(page, "Shapes (with masks)", f"() => ({CURRENT_IMAGE})()[1].startsWith('scene')")
     settled(page)
     named, shown = page.evaluate(CURRENT_IMAGE)
     assert named == shown and named.startswith("scene"), (named, shown)  # was "chelsea" over a scene
-    page.get_by_text("Sample photos", exact=True).click()  # few images: head importance is quick
-    page.wait_for_function(f"() => !({CURRENT_IMAGE})()[1].startsWith('scene')", timeout=90000)
+    # few images: head importance is quick
+    pick_until(page, "Sample photos", f"() => !({CURRENT_IMAGE})()[1].startsWith('scene')")
     page.get_by_text("Attention distance", exact=True).first.click()
     expander = page.locator("[data-testid='stExpander']").filter(has_text="Which heads matter?").first
     expander.wait_for(timeout=90000)

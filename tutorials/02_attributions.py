@@ -30,7 +30,7 @@ print("methods:", ", ".join(vl.ATTRIBUTION_METHODS))
 # 2024). Here every method explains the first scene.
 
 # %%
-results = {name: vl.attribute(m, images, method=name) for name in vl.ATTRIBUTION_METHODS}
+results = {name: vl.attribute(m, images[:1], method=name) for name in vl.ATTRIBUTION_METHODS}
 for name, att in results.items():
     print(f"{name:22s} maps {tuple(att.maps.shape)}  explains {att.target_name(0)!r}")
 
