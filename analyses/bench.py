@@ -309,9 +309,24 @@ def speed(args: argparse.Namespace) -> dict:
                            for k in rows if k != "plain_forward"}
     out["noise"] = {"plain again / plain forward": ratio("plain_again"),
                     "spread": ratio_spread(runs["plain_again"], runs["plain_forward"])}
+    def device_extras() -> None:  # on CUDA: the peak, and the low-precision views' error against float32
+        if not cuda:
+            return
+        out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
+        if args.dtype != "float32":
+            low = vl.analyze(m, x, batch_size=args.batch, views=("distance", "rollout"))
+            m32 = vl.load_model(args.model, pretrained=False, device=args.device, **size)
+            m32.model.load_state_dict({k: v.float() for k, v in m.model.state_dict().items()})
+            a32 = vl.analyze(m32, x.float(), batch_size=args.batch, views=("distance", "rollout"))
+            out[f"{args.dtype}_vs_float32"] = {
+                "distance_max_rel": float(np.max(np.abs(low.distance.mean_px - a32.distance.mean_px)
+                                                 / a32.distance.mean_px)),
+                "rollout_max_abs": float(np.max(np.abs(low.rollout.maps - a32.rollout.maps)))}
+
     if args.rows and not peers:  # no peer timed: no peer run either
         out["seconds"] = {k: round(v, 4) for k, v in t.items()}
         out["ratios"] = {f"{k} / plain forward": ratio(k) for k in rows if k != "plain_forward"}
+        device_extras()
         return out
     d_peer, r_peer, _ = peer_attention_extract(extractor, x, stride, m.spec.num_prefix_tokens)
     k = min(args.loop_images, args.batch)
@@ -346,15 +361,7 @@ def speed(args: argparse.Namespace) -> dict:
         "two views separately / plain forward": ratio("two_views_called_separately"),
     }
     out["same_numbers_as_peers"] = True
-    if cuda:
-        out["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
-        if args.dtype != "float32":
-            m32 = vl.load_model(args.model, pretrained=False, device=args.device)
-            m32.model.load_state_dict(m.model.state_dict())
-            a32 = vl.analyze(m32, x.float(), batch_size=args.batch)
-            out["bf16_vs_fp32"] = {
-                "distance_max_rel": float(np.max(np.abs(a.distance.mean_px - a32.distance.mean_px) / a32.distance.mean_px)),
-                "rollout_max_abs": float(np.max(np.abs(a.rollout.maps - a32.rollout.maps)))}
+    device_extras()
     return out
 
 
