@@ -7,8 +7,9 @@ from __future__ import annotations
 from .base import FAMILIES, REFUSED_FAMILIES, Emit, Family, Handles, HookSession, family_of, register
 
 # every family module, imported here so that each registers itself (they import only ``base``, so none
-# imports this package back); a new family adds its module to this line
-from . import hf, openclip, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: E402,F401
+# imports this package back); a new family adds its module to this line (``generic`` is a fallback: tried last
+# whatever its place in FAMILIES)
+from . import generic, hf, openclip, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: E402,F401
 
 
 def describe_families() -> list[dict[str, object]]:
