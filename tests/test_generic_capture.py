@@ -213,6 +213,55 @@ def test_side_capture_by_query_rows_equals_whole_maps():
         assert (a - b).abs().max().item() < 1e-6
 
 
+class MaskedAttention(RopeBiasAttention):
+    """SDPA with one of its other arguments: a boolean mask (True = attend), is_causal, grouped key/value heads
+    (enable_gqa) or an explicit scale; ``fused=False`` computes softmax(q k^T * scale + mask) by hand."""
+
+    kind = "bool"
+
+    def forward(self, x: torch.Tensor, **_: object) -> torch.Tensor:
+        b, n, c = x.shape
+        q = self.q(x).reshape(b, n, self.heads, self.head_dim).transpose(1, 2)
+        kv_heads = 1 if self.kind == "gqa" else self.heads
+        k, v = (f(x)[..., :kv_heads * self.head_dim].reshape(b, n, kv_heads, self.head_dim).transpose(1, 2)
+                for f in (self.k, self.v))
+        keep = torch.rand(n, n, generator=torch.Generator().manual_seed(8)) < 0.6
+        keep |= torch.eye(n, dtype=torch.bool)
+        kwargs = {"bool": dict(attn_mask=keep), "causal": dict(is_causal=True), "gqa": dict(enable_gqa=True),
+                  "scale": dict(scale=0.3)}[self.kind]
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+        else:
+            if self.kind == "gqa":
+                k, v = k.expand(b, self.heads, n, self.head_dim), v.expand(b, self.heads, n, self.head_dim)
+            scores = (q @ k.transpose(-2, -1)) * (0.3 if self.kind == "scale" else self.head_dim ** -0.5)
+            if self.kind == "bool":
+                scores = scores.masked_fill(~keep, float("-inf"))
+            if self.kind == "causal":
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            self.probs = scores.softmax(dim=-1)
+            out = self.probs @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+@pytest.mark.parametrize("kind", ["bool", "causal", "gqa", "scale"])
+def test_each_sdpa_argument_is_read_as_sdpa_defines_it(kind):
+    attention = type(f"Masked_{kind}", (MaskedAttention,), {"kind": kind})
+    model = tiny_vit(attention)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    want, want_logits = explicit_maps(model, x)
+    with torch.no_grad():
+        plain = model(x)
+    for mode in ("side", "inline"):
+        with torch.no_grad(), vl.capture_attention(model, mode=mode) as cap:
+            out = model(x)
+        assert torch.equal(out, plain) if mode == "side" else (out - want_logits).abs().max().item() < TOL
+        for got, ref in zip(cap.maps, want):
+            assert (got - ref).abs().max().item() < TOL
+    if kind in ("bool", "causal"):  # masked keys get exactly zero, as in the model
+        assert (cap.maps[0][want[0] == 0] == 0).all() and (want[0] == 0).any()
+
+
 @pytest.mark.parametrize("attention,what", [(TwoCallAttention, "more than once"), (NoCallAttention, "made no")])
 def test_a_block_without_exactly_one_sdpa_call_is_refused_by_name(attention, what):
     with pytest.raises(vl.UnsupportedModelError, match=f"block 1's attention \\({attention.__name__}\\) .*{what}"):
