@@ -173,13 +173,15 @@ def relpos_reference(model: nn.Module, x: torch.Tensor) -> tuple[list[torch.Tens
 
 
 @pytest.mark.parametrize("name", ["vit_relpos_base_patch16_224", "vit_srelpos_small_patch16_224",
-                                  "vit_relpos_medium_patch16_cls_224"])
-def test_timm_relative_position_vits_are_exact_against_their_non_fused_path(name):
+                                  "vit_relpos_medium_patch16_cls_224", "qwen3_vit_88m_enc"])
+def test_timm_vits_no_family_names_are_exact_against_their_non_fused_path(name):
+    # relpos: the relative bias reaches SDPA as its attn_mask; Qwen3-VL's encoder: EvaBlocks with 2D RoPE in a
+    # model that is not timm's Eva
     import timm
 
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, img_size=64, depth=2, embed_dim=64, num_heads=2).eval()
-    assert all(block.attn.fused_attn for block in model.blocks)  # the bias goes to SDPA as its attn_mask
+    assert all(block.attn.fused_attn for block in model.blocks)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3))
     want, want_logits = relpos_reference(model, x)
     with torch.no_grad():
@@ -197,6 +199,11 @@ def test_timm_relative_position_vits_are_exact_against_their_non_fused_path(name
         assert len(cap.maps) == 2 and cap.maps[0].shape == (2, 2, 16 + prefix, 16 + prefix)
         for got, ref in zip(cap.maps, want):
             assert (got - ref).abs().max().item() < TOL
+    if name.startswith("qwen3"):  # a square table the model resamples to the grid: read on its own grid
+        table, grid = m.family.position_table(model, m.spec)
+        assert grid[0] == grid[1] and table.shape[1] == grid[0] * grid[1] == model.pos_embed.shape[1]
+    else:
+        assert m.family.position_table(model, m.spec) is None  # position lives in the relative bias
 
 
 def test_side_capture_by_query_rows_equals_whole_maps():

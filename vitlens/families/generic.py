@@ -109,6 +109,20 @@ def _conv_grid(proj: nn.Conv2d, hw: Sequence[int]) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def _table_grid(rows: int, grid: tuple[int, int], prefix: int) -> tuple[int, tuple[int, int]] | None:
+    """(prefix rows, grid) of a ``pos_embed`` table of ``rows`` rows: the patch grid's cells after 0 or ``prefix``
+    rows, else a square table (one the model resamples to the grid in its forward), else None (a layout
+    vitlens does not know, so no position view rather than a wrong one)."""
+    for lead in sorted({prefix, 0}, reverse=True):
+        if rows - lead == grid[0] * grid[1]:
+            return lead, grid
+    for lead in sorted({prefix, 0}, reverse=True):
+        side = int(round(max(rows - lead, 0) ** 0.5))
+        if side > 0 and side * side == rows - lead:
+            return lead, (side, side)
+    return None
+
+
 def install_call_capture(model: nn.Module, emit: Emit, handles: Handles, inline: bool = False, detach: bool = True,
                          name: str | None = None, check_tokens: bool = True) -> None:
     """Capture every block's attention at its ``F.scaled_dot_product_attention`` call (the module docstring).
@@ -278,15 +292,15 @@ class GenericCallCapture(Family):
             int(getattr(model, "num_reg_tokens", 0) or 0)
         labels = prefix_labels(cls, dist, registers) if int(cls) + int(dist) + registers == prefix else ()
         pos = getattr(model, "pos_embed", None)
-        has_pos = isinstance(pos, torch.Tensor) and pos.dim() == 3 and pos.shape[1] >= grid[0] * grid[1]
+        has_pos = isinstance(pos, torch.Tensor) and pos.dim() == 3 and _table_grid(int(pos.shape[1]), grid, prefix) \
+            is not None
         return ModelSpec(
             name=name, kind="vit", image_size=size, grid=grid,
             stride_px=(int(proj.stride[0]), int(proj.stride[1])), num_prefix_tokens=prefix,
             num_layers=len(model.blocks), num_heads=heads,
             embed_dim=int(getattr(model, "embed_dim", proj.out_channels)), has_class_token=cls,
             has_pos_embed=has_pos,
-            pos_embed_prefix=int(pos.shape[1]) - grid[0] * grid[1] if has_pos and not getattr(
-                model, "no_embed_class", False) else 0,
+            pos_embed_prefix=_table_grid(int(pos.shape[1]), grid, prefix)[0] if has_pos else 0,
             num_classes=int(getattr(model, "num_classes", 0) or 0),
             num_params=sum(p.numel() for p in model.parameters()),
             dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name, prefix_labels=labels)
@@ -307,10 +321,12 @@ class GenericCallCapture(Family):
         return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        if not spec.has_pos_embed:
+        pos = getattr(model, "pos_embed", None)
+        found = _table_grid(int(pos.shape[1]), spec.grid, spec.num_prefix_tokens) if spec.has_pos_embed else None
+        if found is None:
             return None
-        pos = model.pos_embed.detach()
-        return pos[:, pos.shape[1] - spec.num_patch_tokens:], spec.grid
+        rows, table_grid = found
+        return pos.detach()[:, rows:], table_grid
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
         return ("it has no learned absolute position table (pos_embed) vitlens can read; position may live in its "
