@@ -287,6 +287,32 @@ def test_a_prefix_count_the_tokens_contradict_is_refused():
         vl.LoadedModel.from_module(model, device="cpu")
 
 
+def test_a_hybrid_with_an_unnamed_attention_is_refused_not_read_at_the_wrong_stride():
+    import timm
+
+    model = timm.create_model("vit_tiny_r_s16_p8_224", pretrained=False, img_size=64, depth=2)
+    for block in model.blocks:
+        block.attn = RopeBiasAttention(192, 3, 5)
+    with pytest.raises(vl.UnsupportedModelError, match="CNN backbone"):
+        vl.LoadedModel.from_module(model, device="cpu")
+
+
+def test_bf16_autocast_side_capture_stays_close_to_float32():
+    import timm
+
+    model = timm.create_model("vit_srelpos_small_patch16_224", pretrained=False, img_size=64, depth=2,
+                              embed_dim=64, num_heads=2).eval()
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(6))
+    m32 = vl.LoadedModel.from_module(model, device="cpu")
+    m16 = vl.LoadedModel.from_module(model, device="cpu", dtype=torch.bfloat16)
+    with torch.no_grad(), vl.capture_attention(m32) as cap32:
+        m32.logits(x)
+    with torch.no_grad(), vl.capture_attention(m16) as cap16:
+        m16.logits(x)
+    assert all(a.dtype == torch.float32 for a in cap16.maps)
+    assert max((a - b).abs().max().item() for a, b in zip(cap16.maps, cap32.maps)) < 0.05
+
+
 def test_class_attention_stays_refused_by_name_before_the_fallback():
     import timm
 

@@ -254,6 +254,11 @@ class GenericCallCapture(Family):
             raise UnsupportedModelError(
                 f"{name!r} has no patch_embed.proj convolution and blocks[i].attn modules, which vitlens's generic "
                 "call-level capture needs.")
+        if isinstance(getattr(model.patch_embed, "backbone", None), nn.Module):
+            raise UnsupportedModelError(
+                f"{name!r} embeds patches through a CNN backbone ({type(model.patch_embed).__name__}), whose pixel "
+                "stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
+                "embedding that is one convolution of the pixels.")
 
     def _image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
         built = getattr(model.patch_embed, "img_size", None)
