@@ -110,17 +110,18 @@ def test_bf16_autocast_keeps_attention_in_float32():
     assert abs(d16.mean_px - d32.mean_px).max() < 2.0
 
 
-def test_relpos_models_are_refused_by_name():
-    with pytest.raises(vl.UnsupportedModelError, match="relative-position bias"):
-        vl.load_model("vit_relpos_small_patch16_224", pretrained=False)
+def test_relpos_models_are_read_by_the_generic_call_level_capture():
+    # their relative bias reaches scaled_dot_product_attention as its attn_mask (tests/test_generic_capture.py)
+    m = vl.load_model("vit_relpos_small_patch16_224", pretrained=False, device="cpu")
+    assert m.spec.family == "generic" and m.spec.grid == (14, 14) and m.spec.num_prefix_tokens == 0
 
 
 def test_capture_refuses_a_raw_unsupported_module():
     import timm
 
-    relpos = timm.create_model("vit_relpos_small_patch16_224", pretrained=False, img_size=32, depth=1)
-    with pytest.raises(vl.UnsupportedModelError, match="relative-position bias"):
-        vl.capture_attention(relpos)
+    cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, depth=1)
+    with pytest.raises(vl.UnsupportedModelError, match="class-attention"):
+        vl.capture_attention(cait)
 
 
 def test_inline_mode_captures_the_maps_the_output_uses_and_restores_fusion():

@@ -139,6 +139,10 @@ class Family:
 
     #: short name, stored in ``ModelSpec.family``
     name = "family"
+    #: which capture path the blocks take, in words, where it is not the family's own (``LoadedModel``'s repr)
+    path = ""
+    #: a fallback family is tried only after every other family and the refusals by name (``family_of``)
+    fallback = False
     #: what the family reads, in words, and the model names that lead to it (``vitlens models``)
     reads = ""
     names: tuple[str, ...] = ()
@@ -235,6 +239,12 @@ def prefix_labels(cls: bool, distillation: bool = False, registers: int = 0) -> 
 FAMILIES: list[Family] = []
 
 
+class AttentionClassUnknown(UnsupportedModelError):
+    """A family's refusal of an attention class it does not name, in a model it otherwise reads: ``family_of``
+    then tries the fallback families (the generic call-level capture, ``vitlens.families.generic``) before it
+    raises this refusal."""
+
+
 def refuse_other_size(name: str, family: str, built: Sequence[int], input_size: Sequence[int] | None) -> None:
     """For a family that reads a model only at the size it was built for: refuse another ``input_size``
     (what ``Family.spec`` is given from a data config), rather than describe the model at a size it is not fed."""
@@ -257,9 +267,9 @@ def register(family: Family) -> Family:
     return family
 
 
-#: timm model modules vitlens refuses, with what it would silently get wrong.
+#: timm model modules vitlens refuses, with what it would silently get wrong (before the fallback families are
+#: tried: these models have a patch embedding and blocks with ``attn`` too, but no one global attention per block).
 REFUSED_FAMILIES = {
-    "vision_transformer_relpos": "relative-position bias added to the attention logits",
     "vision_transformer_sam": "windowed attention with decomposed relative-position bias (SAM)",
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "cait": "class-attention layers and talking heads (CaiT)",
@@ -282,19 +292,32 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
         UnsupportedModelError: no family knows the model, or its family refuses it (and says why).
     """
     name = name or type(model).__name__
+    refusal: AttentionClassUnknown | None = None
     for family in FAMILIES:
-        if family.matches(model):
+        if family.fallback or not family.matches(model):
+            continue
+        try:
             family.check(model, name)
             return family
+        except AttentionClassUnknown as err:  # the rest of the model is read: a fallback may read its attention
+            refusal = err
+            break
     module = type(model).__module__
     short = module.rsplit(".", 1)[-1]
-    if module.startswith("timm.") and short in REFUSED_FAMILIES:
+    if refusal is None and module.startswith("timm.") and short in REFUSED_FAMILIES:
         raise UnsupportedModelError(
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
             "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
             "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids, parallel blocks), BEiT, EVA and other "
             "RoPE models (vit_pe_*, *_rope_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/SigLIP vision "
-            "towers, and torchvision ViTs.")
+            "towers, torchvision ViTs, and timm-style ViTs whose attention ends in one scaled_dot_product_attention "
+            "call per block (generic call-level capture).")
+    for family in FAMILIES:
+        if family.fallback and family.matches(model):
+            family.check(model, name)
+            return family
+    if refusal is not None:
+        raise refusal
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
         "vitlens reads timm VisionTransformer, BEiT, EVA and RoPE models, Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE "

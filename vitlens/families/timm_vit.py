@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.attention import attention_output_in_rows, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, prefix_labels, query_rows_of, refuse_other_size, register
+from .base import AttentionClassUnknown, Emit, Family, Handles, prefix_labels, query_rows_of, refuse_other_size, register
 
 
 def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
@@ -349,7 +349,7 @@ class TimmViT(TimmFamily):
                     f"{name!r}: block {i} is a {type(block).__name__}, which computes attention its own way; "
                     "vitlens captures the attention of timm's Block/ResPostBlock/ParallelScalingBlock only.")
             if type(block.attn) is not Attention:
-                raise UnsupportedModelError(
+                raise AttentionClassUnknown(
                     f"{name!r}: block {i} uses {type(block.attn).__name__}; vitlens reproduces timm's standard "
                     "Attention (softmax(q k^T * scale + mask)) exactly and refuses other attention variants.")
             if block.attn.q_norm is block.attn.k_norm:

@@ -112,7 +112,8 @@ class LoadedModel:
         dtype = str(self.dtype).replace("torch.", "")
         return (f"LoadedModel({self.spec.name}: {d['kind']}, {d['input']}, {d['grid']}, {d['layers x heads']} "
                 f"heads, {d['parameters']} parameters, {self.device}, {dtype}"
-                + (f", from {self.source}" if self.source else "") + ")")
+                + (f", from {self.source}" if self.source else "")
+                + (f", {self.family.path}" if self.family is not None and self.family.path else "") + ")")
 
     def _repr_html_(self) -> str:
         """The spec as a small table in a notebook."""
