@@ -490,7 +490,8 @@ def metric_figure(metric: "Metric", results: Sequence[object]) -> go.Figure:
     scores = {getattr(r, "score", "score") for r in results}
     score = scores.pop() if len(scores) == 1 else "score"
     fig.update_xaxes(title="share of the input changed", range=[0, 1])
-    fig.update_yaxes(title="target-class probability" if score == "probability" else score)
+    fig.update_yaxes(title="target-class probability" if score == "probability" else score,
+                     rangemode="tozero" if score == "probability" else "normal")  # as faithfulness_figure
     # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
     fig.update_layout(title=metric.title or metric.name.replace("_", " "),
                       height=440 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=80, b=10),
