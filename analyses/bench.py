@@ -75,7 +75,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def plan_rows(m: Any, batch: int) -> int:
     """The query rows per block the views' capture plan takes at this batch (T when it makes whole maps): what
     the query-chunked rows and columns run, with whichever capture they time."""
-    from vitlens.views.engine import capture_plan
+    from vitlens.engine import capture_plan
 
     s = m.spec
     return capture_plan(m, batch).query_rows or s.num_prefix_tokens + s.grid[0] * s.grid[1]

@@ -293,7 +293,7 @@ def test_query_chunked_side_capture_gives_the_same_maps_and_views_as_whole_maps(
 
 
 def test_query_rows_from_a_memory_budget():
-    from vitlens.views.engine import query_rows_for_budget
+    from vitlens.engine.plan import query_rows_for_budget
 
     assert query_rows_for_budget(4, 12, 2305, budget_mb=256) == 256 * 2**20 // (4 * 4 * 12 * 2305)
     assert query_rows_for_budget(1, 1, 10, budget_mb=1000) == 10 and query_rows_for_budget(512, 16, 4097, 1) == 1

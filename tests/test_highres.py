@@ -14,7 +14,8 @@ import torch
 import vitlens as vl
 import view_references
 from conftest import get_model, reference_attention
-from vitlens.views.engine import ROW_BLOCK_MB, CapturePlan, capture_plan, default_budget_mb, query_rows_for_budget
+from vitlens.families import CaptureAbilities
+from vitlens.engine.plan import ROW_BLOCK_MB, CapturePlan, capture_plan, default_budget_mb, query_rows_for_budget
 
 
 def test_capture_plan_makes_whole_maps_within_the_budget_and_query_blocks_above_it(tiny):
@@ -60,12 +61,12 @@ def test_families_that_cannot_chunk_keep_whole_maps():
     m = get_model("vit_tiny_patch16_224")
     plan = capture_plan(m, 4, tokens=5000, memory_budget_mb=1.0)
     assert plan.mode == "inline" and plan.query_rows == 2**20 // (4 * 4 * 3 * 5000) == 4  # timm ViT: by query rows
-    side_rows = SimpleNamespace(spec=m.spec, model=None, family=SimpleNamespace(
-        chunks_queries=True, view_mode="inline", chunks_inline=lambda _model: False))  # e.g. parallel blocks, EVA
+    side_rows = SimpleNamespace(spec=m.spec, model=None, family=SimpleNamespace(  # e.g. parallel blocks, EVA
+        abilities=lambda _model: CaptureAbilities(view_mode="inline", side_rows=True, inline_rows=False)))
     assert capture_plan(side_rows, 4, tokens=5000, memory_budget_mb=1.0) == (
         CapturePlan("side", plan.query_rows, plan.budget_mb, plan.whole_map_mb))
     other = SimpleNamespace(spec=m.spec, model=None, family=SimpleNamespace(
-        chunks_queries=False, view_mode="side", chunks_inline=lambda _model: False))
+        abilities=lambda _model: CaptureAbilities(view_mode="side")))
     assert capture_plan(other, 4, tokens=5000, memory_budget_mb=1.0).query_rows is None  # whole maps, whatever T
 
 

@@ -150,7 +150,11 @@ def test_upsample_map_lives_with_the_numbers_and_figures_reexport_it():
 
 
 @pytest.mark.parametrize("name", ["AttentionConsumer", "BatchInfo", "query_rows"])
-def test_engine_still_exports_the_consumer_protocol(name):
-    from vitlens.views import consumer, engine
+def test_the_engine_exports_the_consumer_protocol(name):
+    import vitlens
+    from vitlens import engine
+    from vitlens.engine import consumer, stream
 
-    assert getattr(engine, name) is getattr(consumer, name)
+    assert getattr(engine, name) is getattr(consumer, name) is getattr(stream, name)
+    if name != "query_rows":
+        assert getattr(vitlens, name) is getattr(consumer, name)

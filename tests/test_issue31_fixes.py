@@ -318,7 +318,7 @@ def test_a_boolean_mask_added_as_a_bias_would_be_caught():
 def test_views_read_one_unpadded_grid_only(mode, shapes, padding):
     """A view reads every token as a patch of one grid: packed images of other grids (padded or not) are refused
     in one line before any block is read; a batch of one grid and no padding is the views' own case."""
-    from vitlens.views.engine import AttentionConsumer
+    from vitlens.engine import AttentionConsumer
 
     class Seen(AttentionConsumer):
         def __init__(self) -> None:

@@ -214,7 +214,7 @@ def test_siglip2_pool_padding_is_masked(attn):
 def test_views_refuse_packed_padding_in_one_line():
     """A view reads every token as a patch of one grid: fed padded packing it refuses; one grid unpadded, it runs."""
     pytest.importorskip("transformers")
-    from vitlens.views.engine import AttentionConsumer
+    from vitlens.engine import AttentionConsumer
 
     class Layers(AttentionConsumer):
         def __init__(self) -> None:

@@ -19,7 +19,7 @@ from vitlens.survey.stats import SURVEY_VIEW_NAMES, SURVEY_VIEWS, Predictions, R
 from vitlens.survey.worker import run_shard
 from vitlens.views import registry
 from vitlens.views.analyze import VIEWS as ANALYZE_VIEWS
-from vitlens.views.engine import AttentionConsumer
+from vitlens.engine import AttentionConsumer
 from vitlens.views.rollout import RolloutAccumulator
 
 

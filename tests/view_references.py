@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vitlens.views.consumer import BatchInfo
+from vitlens.engine.consumer import BatchInfo
 from vitlens.views.distance import per_query_distance
 from vitlens.views.rollout import RolloutAccumulator
 

@@ -13,7 +13,7 @@
 # %%
 import numpy as np
 import vitlens as vl
-from vitlens.views.engine import capture_plan
+from vitlens.engine import capture_plan
 
 m = vl.load_model("vit_tiny_patch16_224", pretrained=False, img_size=512)
 print(m.spec.describe())

@@ -113,17 +113,19 @@ figures.attribution_figure([att, vl.attribute(m, images, method="input_x_gradien
 #
 # A family tells vitlens how to read one kind of model exactly: `matches(model)`, `check`,
 # `spec` (grid, stride, prefix tokens, layers x heads), `attention_modules`, `install_side` /
-# `install_inline` (the capture), `pixel_filters`, `position_table`, `data_config`, `logits`
+# `install_inline` (the capture, handed one `CaptureRequest`: where the maps go, by how many query
+# rows), `abilities`, `pixel_filters`, `position_table`, `data_config`, `logits`
 # (`vitlens/families/base.py` documents each). A new family is a subclass registered with
 # `vitlens.families.register`; `family_of` takes the first that matches. Here, a family for a
-# module of our own that wraps a timm ViT as `.backbone` (with its own head): every method
-# delegates to the timm family on the backbone, and only the output is the wrapper's. (The spec is
-# the backbone's, so it reports a feature model; a real family would read the wrapper's head too.)
+# module of our own that wraps a timm ViT as `.backbone` (with its own head). It is an `Adapter`:
+# every method it does not write is the timm family's, called on the backbone, and only the output
+# is the wrapper's. (The spec is the backbone's, so it reports a feature model; a real family would
+# read the wrapper's head too.)
 
 # %%
 import timm
 from torch import nn
-from vitlens.families import FAMILIES, Family, family_of, register
+from vitlens.families import FAMILIES, Adapter, family_of, register
 
 
 class Wrapper(nn.Module):
@@ -137,26 +139,22 @@ class Wrapper(nn.Module):
         return self.head(self.backbone(x))
 
 
-timm_family = family_of(timm.create_model("vit_tiny_patch16_224", pretrained=False))
-
-
-class WrappedTimm(Family):
+class WrappedTimm(Adapter):
     name = "wrapped-timm"
     reads = "a module with a timm ViT as .backbone"
-    has_inline, view_mode, chunks_queries = timm_family.has_inline, timm_family.view_mode, timm_family.chunks_queries
+
+    def inner(self, model):
+        return model.backbone, family_of(model.backbone)
 
     def matches(self, model):
         return isinstance(model, Wrapper)
 
+    def check(self, model, name):
+        family_of(model.backbone, name)  # refuses a backbone no family reads
+
     def logits(self, model, x):
         return model(x)
 
-
-for method in ("chunks_inline", "check", "spec", "attention_modules", "install_side", "install_inline",
-               "pixel_filters", "install_pool", "head_outputs", "position_table", "no_position_reason",
-               "grid_for", "data_config"):
-    setattr(WrappedTimm, method, (lambda name: lambda self, model, *a, **k:
-                                  getattr(timm_family, name)(model.backbone, *a, **k))(method))
 
 register(WrappedTimm())
 w = vl.LoadedModel.from_module(Wrapper().eval(), name="my-wrapper")

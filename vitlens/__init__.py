@@ -42,9 +42,9 @@ from .results import Result, load_result
 from .survey import SurveyResult, load_survey, survey
 from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
 from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
-from .views.capture import AttentionCapture, attention_probs, capture_attention
+from .engine.capture import AttentionCapture, attention_probs, capture_attention
 from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
-from .views.engine import AttentionConsumer, BatchInfo, stream_attention
+from .engine import AttentionConsumer, BatchInfo, stream_attention
 from .views.filters import FilterPCAResult, embedding_filter_pca
 from .views.position import PositionSimilarityResult, position_similarity
 from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics

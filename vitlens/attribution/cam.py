@@ -54,9 +54,6 @@ CAM_INSTALL = {"python": "Install it with: pip install 'vitlens[cam]' (or pip in
 
 #: the pre-attention norm of a block, by family: timm (ViT, DeiT, EVA, BEiT), Hugging Face ViT/DeiT/Dinov2,
 #: Hugging Face CLIP/SigLIP, torchvision and open_clip, timm's parallel blocks (one norm before attention and MLP)
-_PRE_ATTENTION_NORMS = ("norm1", "layernorm_before", "layer_norm1", "ln_1", "in_norm")
-
-
 def grad_cam_package() -> Any:
     """``pytorch_grad_cam``, imported; a missing one is a ViewNotAvailableError saying how to install it."""
     try:
@@ -82,14 +79,17 @@ def default_target_layer(m: LoadedModel) -> str:
     the input of the last attention is the latest place where every patch token still carries both
     its content and a gradient. The norm's output is what the attention actually reads.
 
+    The family names that norm (``Family.attention_input``: ``norm1`` for timm, ``layernorm_before`` /
+    ``layer_norm1`` for Hugging Face, ``ln_1`` for torchvision and OpenCLIP).
+
     Raises:
-        ViewNotAvailableError: the last block has none of the known norms; name a layer with ``target_layer``.
+        ViewNotAvailableError: the family does not name it for this block; name a layer with ``target_layer``.
     """
     last = m.block_names()[-1]
     block = m.blocks()[-1]
-    for child in _PRE_ATTENTION_NORMS:
-        if isinstance(getattr(block, child, None), nn.Module):
-            return f"{last}.{child}"
+    child = m.family.attention_input(m.model, block)  # the family says which child its attention reads
+    if child is not None:
+        return f"{last}.{child}"
     children = ", ".join(n for n, _ in block.named_children())
     raise ViewNotAvailableError(f"vitlens does not know which layer of {type(block).__name__} ({last}: {children}) is "
                                 "the input of its attention; name one with target_layer='...' (a module that "

@@ -34,7 +34,7 @@ from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
 from ..views.analyze import attention_rollout
-from ..views.capture import capture_attention
+from ..engine.capture import capture_attention
 from ..views.rollout import rollout_map
 from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps
 from .lrp import AttnLRPMaps, attnlrp_maps

@@ -4,7 +4,8 @@ model, or refuses it with a message that names what is unsupported.
 """
 from __future__ import annotations
 
-from .base import FAMILIES, REFUSED_FAMILIES, Emit, Family, Handles, HookSession, family_of, register
+from .base import (FAMILIES, REFUSED_FAMILIES, Adapter, CaptureAbilities, CaptureRequest, Emit, Family, Handles,
+                   HookSession, family_of, register)
 
 # every family module, imported here so that each registers itself (they import only ``base``, so none
 # imports this package back); a new family adds its module to this line (``generic`` is a fallback: tried last
@@ -23,5 +24,5 @@ def describe_families() -> list[dict[str, object]]:
     return [{"name": f.name, "reads": f.reads, "names": list(f.names)} for f in FAMILIES]
 
 
-__all__ = ["FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles", "HookSession", "describe_families", "family_of",
-           "register"]
+__all__ = ["Adapter", "CaptureAbilities", "CaptureRequest", "FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles",
+           "HookSession", "describe_families", "family_of", "register"]

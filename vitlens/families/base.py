@@ -3,10 +3,14 @@ it exactly, its pixel-space embedding filters and its position-embedding table.
 
 Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
 Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
-``vitlens/families/__init__.py``; a family loaded by a name prefix also needs that prefix in
-``vitlens/loading/``, and the Grad-CAM target layer (``attribution/cam.py``'s ``_PRE_ATTENTION_NORMS``)
-and AttnLRP's rules (``attribution/lrp.py``'s ``_MODULE_RULES``) are still matched by module and class
-names there. The capture guarantee is the family's to keep:
+``vitlens/families/__init__.py``; a family loaded by a name prefix (``hf:``, ``open_clip:``) also needs that
+prefix in ``vitlens/loading/``. The family says what else reads it: its capture's abilities
+(``abilities``: what ``capture_plan`` chooses from) and the input of its blocks' attention
+(``attention_input``: the Grad-CAM family's default layer). A family that reads a model through another
+family's reading of a module inside it is an ``Adapter``, which hands every method it does not write to
+the inner family. AttnLRP's rules are by layer type (GELU, GLU/SwiGLU MLPs, RMSNorm, matched by class in
+``attribution/lrp.py``), not by family, as zennit's composites map layer types to rules.
+The capture guarantee is the family's to keep:
 
 - ``side`` capture leaves the model's own forward untouched (its outputs bit-for-bit those of a
   run without capture) and computes the post-softmax probabilities beside it from the very
@@ -16,8 +20,11 @@ names there. The capture guarantee is the family's to keep:
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -26,17 +33,63 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 
-#: ``emit(layer, probs[B, heads, T, T])``: how a family hands over one block's attention.
 Emit = Callable[..., None]
-"""What a capture hands each block's probabilities to: ``emit(layer, probs)`` with a whole map, or
-``emit(layer, probs, rows)`` with the query rows ``rows`` of it (see ``vitlens.views.engine``). A
-family that computes the probabilities itself (side capture) reads ``query_rows_of(emit)``: how many
-query rows it may compute at a time (None: whole maps)."""
+"""Where a capture sends each block's probabilities: ``emit(layer, probs)`` with a whole map [B, heads, T, T],
+or ``emit(layer, probs, rows)`` with the query rows ``rows`` of it (see ``vitlens.engine.stream``)."""
 
 
-def query_rows_of(emit: Emit) -> int | None:
-    """The query-block size a capture asked its family for (None: whole maps)."""
-    return getattr(emit, "query_rows", None)
+@dataclass(frozen=True)
+class CaptureRequest:
+    """What a family's install receives: one explicit object saying what to capture and where to send it.
+
+    Calling the request hands a block's probabilities on: ``request(layer, probs)`` (a whole map) or
+    ``request(layer, probs, rows)`` (the query rows ``rows`` of it).
+
+    Attributes:
+        emit: where each block's probabilities go (``Emit``).
+        mode: "side" (beside the model's own forward, its outputs untouched) or "inline" (the family's
+            non-fused path; the maps are the ones the output is computed from).
+        query_rows: how many query rows the family may compute at a time (None: whole maps). A family that
+            cannot go by rows makes whole maps (``CaptureAbilities`` says which can).
+        detach: inline only: hand over detached probabilities (False: in the autograd graph).
+        views: whether views listen (streaming consumers, which read every token as a patch of one grid):
+            a family refuses inputs whose tokens are not that (padded or packed batches) when they do.
+    """
+
+    emit: Emit
+    mode: str = "side"
+    query_rows: int | None = None
+    detach: bool = True
+    views: bool = False
+
+    def __call__(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
+        if rows is None:
+            self.emit(layer, probs)
+        else:
+            self.emit(layer, probs, rows)
+
+    def sending_to(self, emit: Emit) -> "CaptureRequest":
+        """The same request with its probabilities sent to ``emit`` (a family's adapter of the maps)."""
+        return dataclasses.replace(self, emit=emit)
+
+
+@dataclass(frozen=True)
+class CaptureAbilities:
+    """What a family's capture can do for a model (``Family.abilities``): what ``capture_plan`` reads.
+
+    Attributes:
+        has_inline: a non-fused path exists that inline capture reads.
+        view_mode: the capture the views use: "inline" where the family's own non-fused path is cheaper than
+            computing the probabilities a second time beside the fused one (measured by analyses/bench.py).
+        side_rows: side capture computes the probabilities a block of query rows at a time when asked.
+        inline_rows: inline capture computes the block's attention a block of query rows at a time when asked
+            (the probabilities made once, the output computed from them, no whole map).
+    """
+
+    has_inline: bool = True
+    view_mode: str = "inline"
+    side_rows: bool = False
+    inline_rows: bool = False
 
 
 class Handles:
@@ -54,8 +107,6 @@ class Handles:
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
         """``setattr(obj, name, value)`` now, the previous value put back by ``remove`` (an attribute the
         object had from its class, e.g. a module's ``forward``, is deleted again, so the class's is seen)."""
-        import inspect
-
         # an attribute the class provides and setattr shadows (a method) is deleted again; an instance
         # attribute, or one a descriptor of the class stores (a property), is set back
         shadowed = name not in getattr(obj, "__dict__", {}) and \
@@ -146,20 +197,23 @@ class Family:
     #: what the family reads, in words, and the model names that lead to it (``vitlens models``)
     reads = ""
     names: tuple[str, ...] = ()
-    #: whether ``inline`` capture exists (a non-fused path the maps can be taken from)
-    has_inline = True
-    #: the capture the views use: "inline" where the family's own non-fused path is cheaper than
-    #: computing the probabilities a second time beside the fused one (measured by analyses/bench.py)
-    view_mode = "inline"
-    #: whether side capture computes the probabilities a block of query rows at a time when asked
-    #: (``query_rows_of(emit)``), so the views can bound their memory at high resolution
-    chunks_queries = False
+    #: the family's ``abilities`` for every model it reads, unless it says otherwise per model
+    capture = CaptureAbilities()
+    #: the names a block's child module may have whose output is what the block's attention reads (the
+    #: pre-attention norm), in the order they are looked for (``attention_input``)
+    attention_inputs: tuple[str, ...] = ()
 
-    def chunks_inline(self, model: nn.Module) -> bool:
-        """Whether inline capture of ``model`` computes its blocks' attention a block of query rows at a
-        time when asked (``query_rows_of(emit)``): the probabilities made once, the output computed from
-        them, no whole map (what the views use at high resolution where the family allows it)."""
-        return False
+    def abilities(self, model: nn.Module) -> CaptureAbilities:
+        """What capture can do for ``model`` (``capture_plan`` and ``capture_attention`` read it)."""
+        return self.capture
+
+    def attention_input(self, model: nn.Module, block: nn.Module) -> str | None:
+        """The name of ``block``'s child whose output its attention reads (the pre-attention norm), or None
+        when the family does not know it. The Grad-CAM family's default target layer is the last block's."""
+        for child in self.attention_inputs:
+            if isinstance(getattr(block, child, None), nn.Module):
+                return child
+        return None
 
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` belongs to this family (refusals included: ``check`` says why)."""
@@ -179,19 +233,24 @@ class Family:
         """The attention module of every block, first block first."""
         raise NotImplementedError
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        """Side capture (``capture.mode == "side"``): every block's probabilities computed beside the model's
+        own forward from the very queries and keys it uses, sent to ``capture`` (by ``capture.query_rows``
+        where ``abilities(model).side_rows``); the model's outputs bit-for-bit those of a run without it."""
         raise NotImplementedError
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        """Inline capture (``capture.mode == "inline"``): the family's non-fused path, whose probabilities are
+        sent to ``capture`` (detached unless ``capture.detach`` is False) as the output is computed from them."""
         raise NotImplementedError
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         """(weight [D, C, kh, kw] float64, module name, description) of the pixel-space filters (Fig. 7 left)."""
         raise NotImplementedError
 
-    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """Side capture of the attention pool's own attention, for models that pool through one (a MAP head: its
-        probe queries over the tokens): ``emit(0, probs[B, heads, queries, T])``, the output untouched.
+        probe queries over the tokens): ``capture(0, probs[B, heads, queries, T])``, the output untouched.
 
         Raises:
             ViewNotAvailableError: the model pools otherwise (class token, mean) or by a pool vitlens does not read.
@@ -228,6 +287,40 @@ class Family:
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The classifier output (or features) of a preprocessed batch."""
         return model(x)
+
+
+class Adapter(Family):
+    """A family that reads a model through the family of a module inside it (an OpenCLIP tower's timm trunk).
+
+    Every ``Family`` method that takes the model (``ADAPTED``) and that the adapter does not define itself is
+    the inner family's, called on the inner module: an adapter writes only what it changes (its spec's name,
+    preprocessing, output), and what the inner family can do (``abilities``: capture by query rows, ...)
+    is what the adapter can do.
+    """
+
+    def inner(self, model: nn.Module) -> tuple[nn.Module, Family]:
+        """(the inner module, its family)."""
+        raise NotImplementedError
+
+
+def _adapted(name: str) -> Callable[..., Any]:
+    def method(self: Adapter, model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        inner_model, inner = self.inner(model)
+        return getattr(inner, name)(inner_model, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"The inner family's ``{name}``, on the inner module (``Adapter``)."
+    return method
+
+
+#: the ``Family`` methods an ``Adapter`` hands to the inner family: every public one whose first argument is
+#: the model, except the two that decide whether the adapter reads the model at all (derived, not listed)
+ADAPTED = tuple(name for name, fn in vars(Family).items()
+                if inspect.isfunction(fn) and not name.startswith("_") and name not in ("matches", "check")
+                and list(inspect.signature(fn).parameters)[1:2] == ["model"])
+for _name in ADAPTED:
+    setattr(Adapter, _name, _adapted(_name))
+del _name
 
 
 def prefix_labels(cls: bool, distillation: bool = False, registers: int = 0) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
-from .base import Emit, Family, Handles, prefix_labels, query_rows_of, refuse_other_size, register
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, refuse_other_size, register
 
 #: the parameters of ``F.scaled_dot_product_attention`` in order, with their defaults
 _SDPA_PARAMS = (("query", None), ("key", None), ("value", None), ("attn_mask", None), ("dropout_p", 0.0),
@@ -123,8 +123,8 @@ def _table_grid(rows: int, grid: tuple[int, int], prefix: int) -> tuple[int, tup
     return None
 
 
-def install_call_capture(model: nn.Module, emit: Emit, handles: Handles, inline: bool = False, detach: bool = True,
-                         name: str | None = None, check_tokens: bool = True) -> None:
+def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Handles, name: str | None = None,
+                         check_tokens: bool = True) -> None:
     """Capture every block's attention at its ``F.scaled_dot_product_attention`` call (the module docstring).
 
     Each ``blocks[i].attn`` runs, for the session, inside a ``_CallMode`` that reads its one SDPA call;
@@ -133,10 +133,10 @@ def install_call_capture(model: nn.Module, emit: Emit, handles: Handles, inline:
 
     Args:
         model: the model (``patch_embed``, ``blocks[i].attn``).
-        emit: the capture's callback, ``emit(layer, probs[B, heads, T, T])`` (or by query rows, side capture).
+        capture: the capture's request: where the probabilities go, ``capture.mode`` ("inline": return ``P v``
+            computed from the handed-over probabilities, detached unless ``capture.detach`` is False, instead
+            of the fused call's output), and by how many query rows side capture computes them.
         handles: where the forwards and hooks are undone.
-        inline: return ``P v`` computed from the handed-over probabilities instead of the fused call's output.
-        detach: with ``inline``, hand over detached probabilities (False: in the autograd graph).
         name: the model's name, for messages.
         check_tokens: verify each call's tokens against prefix + patches (off for the probe that infers them).
 
@@ -180,18 +180,17 @@ def install_call_capture(model: nn.Module, emit: Emit, handles: Handles, inline:
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if inline:
+                if capture.mode == "inline":
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
-                    emit(_layer, probs.detach() if detach else probs)
+                    capture(_layer, probs.detach() if capture.detach else probs)
                     return (probs.to(v_rep.dtype) @ v_rep)
                 out = F.scaled_dot_product_attention(*a, **kw)
                 with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
-                    for item in attention_probs_in_rows(q, k_rep, scale, query_rows_of(emit), mask, causal,
+                    for item in attention_probs_in_rows(q, k_rep, scale, capture.query_rows, mask, causal,
                                                         workspace=workspace):
-                        probs, rows = item
-                        emit(_layer, probs) if rows is None else emit(_layer, probs, rows)
-                        del item, probs
+                        capture(_layer, *item)
+                        del item
                 return out
 
             with _CallMode(on_call):
@@ -233,8 +232,10 @@ class GenericCallCapture(Family):
     #: how ``LoadedModel``'s repr says which path the blocks take
     path = "generic call-level capture"
     fallback = True
-    chunks_queries = True  # side capture computes by query rows (attention_probs_in_rows)
-    view_mode = "side"  # inline replaces the fused kernel by a whole map; side leaves it and can go by rows
+    # side capture computes by query rows (attention_probs_in_rows); inline replaces the fused kernel by a whole
+    # map, while side leaves it and can go by rows
+    capture = CaptureAbilities(view_mode="side", side_rows=True)
+    attention_inputs = ("norm1",)
     reads = ("generic call-level capture (fallback): a timm-style ViT (patch_embed with a convolution, blocks[i].attn) "
              "whose attention no family names, read at its one scaled_dot_product_attention call per block: RoPE, "
              "relative-position bias (timm vit_relpos_*, vit_srelpos_*), learned biases or qk-norm included")
@@ -313,11 +314,11 @@ class GenericCallCapture(Family):
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in model.blocks]
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        install_call_capture(model, emit, handles)
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        install_call_capture(model, capture, handles)
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        install_call_capture(model, emit, handles, inline=True, detach=detach)
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        install_call_capture(model, capture, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return None  # the heads' outputs meet where the attention class decides; vitlens does not know where
@@ -374,7 +375,7 @@ def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]
     x = torch.zeros(1, int(model.patch_embed.proj.in_channels), *size, device=device, dtype=dtype)
     handles = Handles()
     try:
-        install_call_capture(model, record, handles, name=name, check_tokens=False)
+        install_call_capture(model, CaptureRequest(record), handles, name=name, check_tokens=False)
         with torch.no_grad():
             model(x)
     finally:

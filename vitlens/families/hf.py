@@ -46,7 +46,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, prefix_labels, register
+from .base import CaptureRequest, Family, Handles, prefix_labels, register
 from ..core.attention import attention_probs, conv_filters
 
 #: model types (``config.model_type`` of the vision tower) whose attention vitlens reproduces
@@ -74,12 +74,12 @@ PROCESSOR_DEFAULTS = {
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 class _Active(threading.local):
-    """Per thread, the captures whose inline hooks are active: (id(attention module) -> layer, emit, detach).
+    """Per thread, the captures whose inline hooks are active: (id(attention module) -> layer, the request).
     Thread-local, so an attention call routes to the captures its own thread opened (the model's lock keeps
     two threads' captures of one model apart; this keeps a forward of another thread out of them)."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[dict[int, int], Emit, bool]] = []
+        self.entries: list[tuple[dict[int, int], CaptureRequest]] = []
 
 
 _ACTIVE = _Active()
@@ -92,10 +92,10 @@ def _inline_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     from transformers.models.vit.modeling_vit import eager_attention_forward
 
     out, weights = eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    for layers, emit, detach in _ACTIVE.entries:
+    for layers, capture in _ACTIVE.entries:
         if id(module) in layers:
-            refuse_padding_in_views(emit, attention_mask if isinstance(attention_mask, torch.Tensor) else None)
-            emit(layers[id(module)], weights.detach() if detach else weights)
+            refuse_padding_in_views(capture, attention_mask if isinstance(attention_mask, torch.Tensor) else None)
+            capture(layers[id(module)], weights.detach() if capture.detach else weights)
     return out, weights
 
 
@@ -137,17 +137,17 @@ def masks_keys(mask: torch.Tensor | None) -> bool:
     return bool((mask <= torch.finfo(mask.dtype).min / 2).any())
 
 
-def refuse_padding_in_views(emit: Emit, mask: torch.Tensor | None) -> None:
+def refuse_padding_in_views(capture: CaptureRequest, mask: torch.Tensor | None) -> None:
     """The views read every token as a patch of one grid (``spec.grid``); a packed Siglip2 batch with
     padding has per-image grids and padding tokens, which they would count as patches. Its maps (padding
     keys at exactly zero, as in the model) are for ``capture_attention``; the views feed one size unpadded."""
-    if getattr(emit, "views", False) and masks_keys(mask):
+    if capture.views and masks_keys(mask):
         raise UnsupportedModelError(
             "vitlens views do not read packed Siglip2 inputs with padding (pixel_attention_mask with zeros): pass "
             "images (the views feed one unpadded size), or use vl.capture_attention for the maps themselves.")
 
 
-def refuse_packing_in_views(model: nn.Module, emit: Emit, handles: Handles) -> None:
+def refuse_packing_in_views(model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
     """For a Siglip2 tower read by the views (streaming consumers): refuse, before the first block, a packed
     batch whose images have different grids (``spatial_shapes``) or fewer patches than tokens (padding). The
     views read every token as a patch of one grid, so either would give them wrong numbers. Nothing is
@@ -155,13 +155,13 @@ def refuse_packing_in_views(model: nn.Module, emit: Emit, handles: Handles) -> N
 
     Args:
         model: the model being captured.
-        emit: the capture's emit callback (its ``views`` flag says whether views listen).
+        capture: the capture's request (its ``views`` flag says whether views listen).
         handles: where the embeddings' pre-hook is put, removed with the capture's other hooks.
 
     Raises:
         UnsupportedModelError: (from the hook, at the forward) a batch of other grids or with padding.
     """
-    if not getattr(emit, "views", False) or tower_type(model) != "siglip2_vision_model":
+    if not capture.views or tower_type(model) != "siglip2_vision_model":
         return
 
     def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -293,6 +293,7 @@ class HuggingFaceViT(Family):
     reads = ("Hugging Face transformers ViT, DeiT, Dinov2 (with registers), CLIP and SigLIP / SigLIP2 vision towers "
              "(text towers kept), I-JEPA, ViTMAE (every patch kept); needs transformers")
     names = ("hf:ORG/NAME (the Hub, e.g. hf:google/vit-base-patch16-224) or hf:FOLDER (a saved model)",)
+    attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
 
     def matches(self, model: nn.Module) -> bool:
         return is_hf_model(model)
@@ -361,8 +362,8 @@ class HuggingFaceViT(Family):
                 return side, side
         raise UnsupportedModelError(f"{type(model).__name__}: a position table of {n} rows fits no square grid.")
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        refuse_packing_in_views(model, emit, handles)
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        refuse_packing_in_views(model, capture, handles)
         for layer, attn in enumerate(self.attention_modules(model)):
             state: dict[str, Any] = {}
 
@@ -384,27 +385,27 @@ class HuggingFaceViT(Family):
                 # under eager, [B, T] padding under flash attention; attention_probs takes the first two (a
                 # boolean added as a bias would mask nothing), scores_mask turns the third into the first
                 mask = scores_mask(state.get("mask"))
-                refuse_padding_in_views(emit, mask)
+                refuse_padding_in_views(capture, mask)
                 with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
                     probs = attention_probs(q, k, _scale_of(attn), mask, scale_after=True)
-                emit(layer, probs)
+                capture(layer, probs)
 
             handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
             handles.hook(attn.q_proj.register_forward_hook(q_hook))
             handles.hook(attn.k_proj.register_forward_hook(k_hook))
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         _register_inline()
-        refuse_packing_in_views(model, emit, handles)
+        refuse_packing_in_views(model, capture, handles)
         attns = self.attention_modules(model)
-        entry = ({id(a): i for i, a in enumerate(attns)}, emit, detach)
+        entry = ({id(a): i for i, a in enumerate(attns)}, capture)
         active = _ACTIVE.entries  # this thread's list (removal may run after an exception, still on it)
         active.append(entry)
         handles.on_remove(lambda: active.remove(entry))
         for config in {id(a.config): a.config for a in attns}.values():
             handles.set_attr(config, "_attn_implementation", INLINE_KEY)
 
-    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """SigLIP's / Siglip2's MAP head: its probe's nn.MultiheadAttention over the tokens, softmax(q / sqrt(d) @ k^T
         + mask) per head (what the module returns with ``average_attn_weights=False``), from its own in-projection."""
         import torch.nn.functional as F
@@ -432,7 +433,7 @@ class HuggingFaceViT(Family):
                 mask = call_mask(mod, q, k, args, kwargs)
                 with torch.autocast(device_type=q.device.type, enabled=False):
                     probs = attention_probs(q, k, (e // h) ** -0.5, mask)
-            emit(0, probs)
+            capture(0, probs)
 
         handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
 

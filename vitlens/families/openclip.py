@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, refuse_other_size, register
+from .base import Adapter, CaptureAbilities, Family, refuse_other_size, register
 from ..core.attention import conv_filters
 from .torchvision_vit import TorchvisionViT
 
@@ -69,7 +69,7 @@ class OpenClipViT(TorchvisionViT):
     reads = "OpenCLIP image towers built on open_clip's own VisionTransformer (CLIP ViT-B/L/H...); needs open_clip_torch"
     names = ("open_clip:ARCH (random init, e.g. open_clip:ViT-B-32) or open_clip:ARCH/TAG (the tag's weights, from "
              "the local cache only)",)
-    view_mode = "side"
+    capture = CaptureAbilities(view_mode="side")
 
     def matches(self, model: nn.Module) -> bool:
         if not is_open_clip(model):
@@ -147,17 +147,16 @@ def _is_sincos(visual: nn.Module, grid: tuple[int, int]) -> bool:
     return torch.equal(visual.positional_embedding.detach().cpu().float(), table)
 
 
-class OpenClipTimm(Family):
+class OpenClipTimm(Adapter):
     """An open_clip model whose image tower wraps a timm trunk (``TimmModel``): the trunk's own timm family
-    captures it (every timm family captures inline at its non-fused path, the views' default); open_clip
-    gives the preprocessing and the output."""
+    reads it (an ``Adapter``: capture, abilities, position table, grid are the trunk family's, exact as
+    there); open_clip gives the spec's name, the preprocessing and the output."""
 
     name = "openclip-timm"
     reads = "OpenCLIP image towers on a timm trunk (SigLIP, PE-Core, EVA configs), read by the trunk's timm family"
     names = ("open_clip:ARCH, e.g. open_clip:ViT-B-16-SigLIP, open_clip:PE-Core-T-16-384",)
 
-    @staticmethod
-    def _inner(model: nn.Module) -> tuple[nn.Module, Family]:
+    def inner(self, model: nn.Module) -> tuple[nn.Module, Family]:
         from .base import family_of
 
         trunk = visual_of(model).trunk
@@ -181,46 +180,18 @@ class OpenClipTimm(Family):
                                         f"{type(trunk).__name__}, which vitlens refuses: {e}") from e
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        trunk, inner = self._inner(model)
+        trunk, inner = self.inner(model)
         spec = inner.spec(trunk, name, input_size)
         return dataclasses.replace(spec, family=f"{self.name}:{inner.name}", num_classes=0,
                                    num_params=sum(p.numel() for p in model.parameters()))
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        trunk, inner = self._inner(model)
-        return inner.attention_modules(trunk)
-
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        trunk, inner = self._inner(model)
-        inner.install_side(trunk, emit, handles)
-
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        trunk, inner = self._inner(model)
-        inner.install_inline(trunk, emit, handles, detach)
-
-    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        trunk, inner = self._inner(model)
-        inner.install_pool(trunk, emit, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return None  # a feature model: no classifier whose logit a head could lower
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        trunk, inner = self._inner(model)
+        trunk, inner = self.inner(model)
         w, where, what = inner.pixel_filters(trunk, spec)
         return w, f"visual.trunk.{where}", what.replace(where, f"visual.trunk.{where}", 1)
-
-    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        trunk, inner = self._inner(model)
-        return inner.position_table(trunk, spec)
-
-    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
-        trunk, inner = self._inner(model)
-        return inner.no_position_reason(trunk, spec)
-
-    def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
-        trunk, inner = self._inner(model)
-        return inner.grid_for(trunk, spec, input_hw)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return open_clip_data_config(model, spec)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Family, Handles, HookSession
+from .base import CaptureRequest, Family, Handles, HookSession
 
 
 class PoolAttentionCapture(HookSession):
@@ -52,7 +52,7 @@ class PoolAttentionCapture(HookSession):
         self._maps[layer] = probs.detach()
 
     def install(self, handles: Handles) -> None:
-        self.family.install_pool(self.model, self._emit, handles)
+        self.family.install_pool(self.model, CaptureRequest(self._emit), handles)
 
 
 def capture_pool_attention(m: object) -> PoolAttentionCapture:

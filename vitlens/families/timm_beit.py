@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Handles, register
+from .base import CaptureRequest, Handles, register
 from ..core.attention import attention_probs
 from .timm_vit import TimmFamily, check_patch_embed
 
@@ -58,7 +58,7 @@ class TimmBeit(TimmFamily):
                     f"{name!r}: block {i} is a {type(block).__name__} with {type(block.attn).__name__}; vitlens "
                     "reproduces timm's BEiT Block and Attention (relative-position bias) exactly and refuses others.")
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
             def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
                 shared = kwargs.get("shared_rel_pos_bias", args[1] if len(args) > 1 else None)
@@ -71,7 +71,7 @@ class TimmBeit(TimmFamily):
                         biases.append(shared)
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k, mod.scale, biases=biases)
-                emit(layer, probs)
+                capture(layer, probs)
 
             handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Handles, register
+from .base import CaptureAbilities, CaptureRequest, Handles, register
 from .timm_vit import TimmFamily, call_argument, check_patch_embed, install_qk_norm_hooks
 
 
@@ -54,7 +54,7 @@ def rotated(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict) -> tu
 
 class TimmEva(TimmFamily):
     name = "timm-eva"
-    chunks_queries = True  # install_qk_norm_hooks
+    capture = CaptureAbilities(side_rows=True)  # install_qk_norm_hooks
     reads = ("timm EVA and EVA-02, Perception Encoder and RoPE ViTs (AttentionRope: rotary position embeddings, "
              "grouped key heads)")
     names = ("timm names: eva02_tiny_patch14_224, eva02_base_patch14_224 (timm.list_models('eva*')), "
@@ -79,8 +79,8 @@ class TimmEva(TimmFamily):
             if block.attn.q_norm is block.attn.k_norm:
                 raise UnsupportedModelError(f"{name!r}: block {i} shares one module as q_norm and k_norm.")
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        install_qk_norm_hooks(self.attention_modules(model), emit, handles, EVA_ARGS, rotated)
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        install_qk_norm_hooks(self.attention_modules(model), capture, handles, EVA_ARGS, rotated)
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
         return ("this EVA variant encodes position only through rotary embeddings (RoPE) applied to queries and "

@@ -27,36 +27,36 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.attention import attention_output_in_rows, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from .base import AttentionClassUnknown, Emit, Family, Handles, prefix_labels, query_rows_of, refuse_other_size, register
+from .base import (AttentionClassUnknown, CaptureAbilities, CaptureRequest, Emit, Family, Handles, prefix_labels,
+                   refuse_other_size, register)
 
 
-def inline_at_attn_drop(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
+def inline_at_attn_drop(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles) -> None:
     """Inline capture for timm attention modules with a ``fused_attn`` switch and ``attn_drop``:
     the non-fused path's probabilities, as they enter dropout."""
     for layer, attn in enumerate(modules):
         def drop_pre_hook(_mod: nn.Module, args: tuple, layer: int = layer) -> None:
-            emit(layer, args[0].detach() if detach else args[0])
+            capture(layer, args[0].detach() if capture.detach else args[0])
 
         handles.set_attr(attn, "fused_attn", False)
         handles.hook(attn.attn_drop.register_forward_pre_hook(drop_pre_hook))
 
 
-def inline_in_rows(modules: Sequence[nn.Module], emit: Emit, handles: Handles, detach: bool) -> None:
+def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles) -> None:
     """Inline capture by query rows for timm's standard ``Attention``: each module's forward is, for
-    the session, timm's non-fused path computed ``query_rows_of(emit)`` queries at a time
+    the session, timm's non-fused path computed ``capture.query_rows`` queries at a time
     (``attention_output_in_rows``), every block of probabilities emitted as it is made and then
     multiplied by v. No [B, heads, T, T] map exists and the probabilities are computed once (side
     capture computes them a second time beside the fused kernel). The output is the non-fused
     path's up to float rounding; under autocast the probabilities are float32 and the product
     with v runs in v's dtype."""
-    rows = query_rows_of(emit)
+    rows, detach = capture.query_rows, capture.detach
     workspace: dict = {}  # the probabilities' buffer, shared by every block for the session
     for layer, attn in enumerate(modules):
         def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                     attn: nn.Module = attn, layer: int = layer) -> torch.Tensor:
             def on_probs(probs: torch.Tensor, block: slice | None) -> None:
-                probs = probs.detach() if detach else probs
-                emit(layer, probs) if block is None else emit(layer, probs, block)
+                capture(layer, probs.detach() if detach else probs, block)
 
             b, n, _ = x.shape
             gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
@@ -105,6 +105,8 @@ class TimmFamily(Family):
     ``attn_drop``, a ``pos_embed`` table, prefix tokens, and timm's data config. Subclasses say how
     their attention is computed (``check``, ``install_side``) and what else differs."""
 
+    attention_inputs = ("norm1", "in_norm")  # a Block's pre-attention norm; a ParallelScalingBlock's shared one
+
     def matches(self, model: nn.Module) -> bool:
         raise NotImplementedError
 
@@ -141,10 +143,10 @@ class TimmFamily(Family):
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in model.blocks]
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        inline_at_attn_drop(self.attention_modules(model), emit, handles, detach)
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        inline_at_attn_drop(self.attention_modules(model), capture, handles)
 
-    def install_pool(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """timm's MAP head (``AttentionPoolLatent``): softmax(q_norm(q(latent)) * scale @ k_norm(k(x))^T + mask),
         its latent queries over every token, read from its q_norm / k_norm as a block's."""
         from timm.layers import AttentionPoolLatent
@@ -161,8 +163,8 @@ class TimmFamily(Family):
         # the prefix tokens (registers, a class token) then get exactly zero weight
         prefix = 0 if getattr(model, "pool_include_prefix", True) else int(model.num_prefix_tokens)
         if prefix:
-            emit = _prefix_columns(emit, prefix)
-        install_qk_norm_hooks([pool], emit, handles, {"attn_mask": 1})
+            capture = capture.sending_to(_prefix_columns(capture, prefix))
+        install_qk_norm_hooks([pool], capture, handles, {"attn_mask": 1})
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.norm  # timm's scale norm (Identity unless scale_norm), before the output projection
@@ -256,7 +258,8 @@ def call_argument(call: dict[str, Any], name: str, positions: dict[str, int], de
 TIMM_ARGS = {"attn_mask": 1, "is_causal": 2}
 
 
-def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Handles, positions: dict[str, int],
+def install_qk_norm_hooks(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles,
+                          positions: dict[str, int],
                           queries_keys: Any = None) -> None:
     """Side capture through ``q_norm`` / ``k_norm`` hooks, with the block's own mask arguments.
 
@@ -287,14 +290,10 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], emit: Emit, handles: Han
                 # would otherwise hold every block's input at once (12 x 28 MB at 768 px, batch 4)
                 state.clear()
                 with torch.autocast(device_type=k.device.type, enabled=False):
-                    for item in attention_probs_in_rows(q, k, attn.scale, query_rows_of(emit), mask, causal,
+                    for item in attention_probs_in_rows(q, k, attn.scale, capture.query_rows, mask, causal,
                                                         workspace=workspace):
-                        probs, rows = item
-                        if rows is None:
-                            emit(layer, probs)
-                        else:
-                            emit(layer, probs, rows)
-                        del item, probs  # let the next row block's probabilities take this one's memory
+                        capture(layer, *item)
+                        del item  # let the next row block's probabilities take this one's memory  # let the next row block's probabilities take this one's memory
 
         handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
         handles.hook(attn.q_norm.register_forward_hook(q_hook))
@@ -320,7 +319,7 @@ def _parallel_heads_first(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, _ca
 
 class TimmViT(TimmFamily):
     name = "timm-vit"
-    chunks_queries = True  # install_qk_norm_hooks
+    capture = CaptureAbilities(side_rows=True)  # install_qk_norm_hooks
     reads = ("timm VisionTransformer: plain ViTs, DeiT (distillation token), register tokens, GAP/MAP heads, "
              "R50 and other hybrids, parallel blocks (vit_*_xp_*), DINOv3, SigLIP and CLIP towers")
     names = ("timm names: vit_base_patch16_224, vit_base_patch16_224.augreg2_in21k_ft_in1k (a pretrained tag), "
@@ -385,17 +384,18 @@ class TimmViT(TimmFamily):
             return _PARALLEL_HEADS[attn]
         return super().head_outputs(attn)
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
-        install_qk_norm_hooks(self._computing(model), emit, handles, TIMM_ARGS, _parallel_heads_first)
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        install_qk_norm_hooks(self._computing(model), capture, handles, TIMM_ARGS, _parallel_heads_first)
 
-    def chunks_inline(self, model: nn.Module) -> bool:
-        return not any(_is_parallel(block) for block in model.blocks)  # timm's standard Attention only
+    def abilities(self, model: nn.Module) -> CaptureAbilities:
+        # inline by query rows: timm's standard Attention only (a parallel block computes its own way)
+        return CaptureAbilities(side_rows=True, inline_rows=not any(_is_parallel(b) for b in model.blocks))
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
-        if query_rows_of(emit) and self.chunks_inline(model):
-            inline_in_rows(self._computing(model), emit, handles, detach)
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        if capture.query_rows and self.abilities(model).inline_rows:
+            inline_in_rows(self._computing(model), capture, handles)
         else:
-            inline_at_attn_drop(self._computing(model), emit, handles, detach)
+            inline_at_attn_drop(self._computing(model), capture, handles)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         from ..errors import ViewNotAvailableError

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Emit, Family, Handles, refuse_other_size, register
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from ..core.attention import attention_probs, conv_filters, mha_mask
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -48,7 +48,8 @@ class TorchvisionViT(Family):
     name = "torchvision-vit"
     reads = "torchvision VisionTransformer (vit_b_16, vit_l_16, ...)"
     names = ("torchvision:vit_b_16, torchvision:vit_l_32, ... (torchvision's ViTs)",)
-    view_mode = "side"  # inline recomputes the attention on top of the module's own: side is cheaper
+    capture = CaptureAbilities(view_mode="side")  # inline recomputes the attention on top of the module's own
+    attention_inputs = ("ln_1",)
 
     def matches(self, model: nn.Module) -> bool:
         if not type(model).__module__.startswith("torchvision."):
@@ -84,7 +85,7 @@ class TorchvisionViT(Family):
             num_classes=int(getattr(head, "out_features", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name, prefix_labels=("class",))
 
-    def install_side(self, model: nn.Module, emit: Emit, handles: Handles) -> None:
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
             def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
                 x = args[0] if args else kwargs["query"]
@@ -93,11 +94,11 @@ class TorchvisionViT(Family):
                     with torch.autocast(device_type=x.device.type, enabled=False):
                         probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]),
                                                 call_mask(mod, q, k, args, kwargs))
-                emit(layer, probs)
+                capture(layer, probs)
 
             handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
 
-    def install_inline(self, model: nn.Module, emit: Emit, handles: Handles, detach: bool) -> None:
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
             def recompute(mod: nn.Module, args: tuple, kwargs: dict, _out: tuple, layer: int = layer) -> tuple:
                 x = args[0] if args else kwargs["query"]
@@ -105,7 +106,7 @@ class TorchvisionViT(Family):
                 scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
                 mask = call_mask(mod, q, k, args, kwargs)
                 probs = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(dim=-1)
-                emit(layer, probs.detach() if detach else probs)
+                capture(layer, probs.detach() if capture.detach else probs)
                 b, h, t, d = q.shape
                 out = F.linear((probs @ v).transpose(1, 2).reshape(b, t, h * d), mod.out_proj.weight, mod.out_proj.bias)
                 return out, probs

@@ -29,7 +29,7 @@ from ..errors import InvalidParameterError
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult, add_samples, merge_moment_rows
-from ..views.engine import AttentionConsumer, BatchInfo
+from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..views.rollout import RolloutAccumulator
 
 

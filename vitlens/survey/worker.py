@@ -16,7 +16,7 @@ import torch
 from ..errors import VitlensError
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
-from ..views.engine import stream_attention
+from ..engine.stream import stream_attention
 from ..views.registry import VIEWS as VIEW_REGISTRY, ViewParams
 from .sources import ImageSource, Shard
 from .stats import SURVEY_VIEWS

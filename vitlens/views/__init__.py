@@ -1,16 +1,16 @@
-"""The views of the ViT paper (section 4.5, appendix D.7-D.8) and the engine that feeds them.
+"""The views of the ViT paper (section 4.5, appendix D.7-D.8), consumers of the engine below them
+(``vitlens.engine``: exact capture, the plan, the stream and the consumer protocol).
 
-- ``capture``: exact post-softmax attention of every block (side or inline);
-- ``engine``: images through the model once, every attention consumer fed from that pass;
 - ``distance`` (Fig. 7 right, Fig. 11) and ``rollout`` (Fig. 6): the attention consumers;
 - ``filters`` (Fig. 7 left) and ``position`` (Fig. 7 centre): the weight-only views;
 - ``attention_maps``: one image's attention, head by head, for one query token;
 - ``analyze``: the views as one call each, and all four from one pass;
-- ``prefix``: attention parked on prefix tokens, and token norms.
+- ``prefix``: attention parked on prefix tokens, and token norms;
+- ``registry``: the one list of views.
 
 Every view returns a result object of numpy arrays (``vitlens.results``); figures are drawn
 from results by ``vitlens.figures``.
 """
 from __future__ import annotations
 
-from . import analyze, attention_maps, capture, distance, engine, filters, position, prefix, rollout  # noqa: F401
+from . import analyze, attention_maps, distance, filters, position, prefix, rollout  # noqa: F401

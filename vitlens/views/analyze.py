@@ -14,7 +14,7 @@ from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
-from .engine import stream_attention
+from ..engine.stream import stream_attention
 from .filters import FilterPCAResult
 from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
@@ -91,16 +91,8 @@ def attention_rollout(
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
         summing to at most 1) with the model's predictions.
     """
-    acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio)
-    if source is None:
-        return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
-    if source != "pool":
-        raise InvalidParameterError(f"source must be None or 'pool'; got {source!r}.")
-    from ..families.pooling import capture_pool_attention
-
-    with capture_pool_attention(m) as pool:  # side hooks on the pool, beside the blocks' capture
-        acc.pool_source = lambda: pool.maps[0] if pool.maps else None
-        return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
+    acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool, if asked
+    return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
 
 
 def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any,

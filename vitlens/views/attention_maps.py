@@ -17,8 +17,8 @@ from ..images import ImageLike
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..results import Result
-from .capture import capture_attention
-from .engine import AttentionConsumer, query_rows
+from ..engine.capture import capture_attention
+from ..engine.consumer import AttentionConsumer, query_rows
 
 
 def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
@@ -206,7 +206,7 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
 
     from ..errors import ViewNotAvailableError
     from ..families.pooling import capture_pool_attention
-    from .engine import stream_attention
+    from ..engine.stream import stream_attention
 
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
     x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)

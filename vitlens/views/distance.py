@@ -22,7 +22,8 @@ from ..core.attention import session_buffer
 from ..errors import InvalidParameterError
 from ..core.spec import ModelSpec
 from ..results import Result
-from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
+from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
+from ..engine.stream import model_name
 from ..words import counted
 
 
@@ -243,7 +244,7 @@ def _key_block_sums(x: torch.Tensor, out: torch.Tensor) -> None:
 class AttentionDistanceAccumulator(AttentionConsumer):
     """Streams per-block attention into running per-head statistics (no map is kept).
 
-    A consumer of the streaming engine (``vitlens.views.engine``); partial accumulators over
+    A consumer of the streaming engine (``vitlens.engine``); partial accumulators over
     disjoint image sets merge.
     """
 

@@ -21,7 +21,8 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
-from .engine import AttentionConsumer, model_name, query_rows, stream_attention
+from ..engine.consumer import AttentionConsumer, query_rows
+from ..engine.stream import model_name, stream_attention
 from ..words import counted
 
 #: a head "parks" its attention when patch queries put more than this share on one prefix token

@@ -24,7 +24,7 @@ from .rollout import RolloutAccumulator, RolloutResult
 
 if TYPE_CHECKING:
     from ..loading.model import LoadedModel
-    from .engine import AttentionConsumer
+    from ..engine.consumer import AttentionConsumer
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ at T = 2,305, more than the block's own forward), so it is not used; neither is 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
@@ -30,7 +31,12 @@ import torch
 from ..errors import InvalidParameterError
 from ..core.spec import ModelSpec
 from ..results import Result
-from .engine import AttentionConsumer, BatchInfo, model_name, query_rows
+from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
+from ..engine.stream import model_name
+
+#: the rows rollout starts from: None (the class token, or the mean over the patch tokens without one) or
+#: "pool" (a MAP head's own attention: its probe queries over the tokens, heads fused, queries averaged)
+ROLLOUT_SOURCES = (None, "pool")
 
 if TYPE_CHECKING:
     from ..loading.model import LoadedModel
@@ -217,14 +223,16 @@ class RolloutAccumulator(AttentionConsumer):
     vector-matrix chain from the last block back (``rollout_row``), recording each image's map and
     prediction.
 
-    A consumer of the streaming engine (``vitlens.views.engine``); accumulators over disjoint
+    A consumer of the streaming engine (``vitlens.engine``); accumulators over disjoint
     image sets merge (the maps of ``self`` first, then ``other``'s).
     """
 
     def __init__(self, num_layers: int, num_prefix_tokens: int, has_class_token: bool,
                  head_fusion: str = "mean", discard_ratio: float = 0.0, label_names: list[str] | None = None,
-                 has_classifier: bool = True) -> None:
+                 has_classifier: bool = True, source: str | None = None) -> None:
         check_rollout_params(head_fusion, discard_ratio)
+        if source not in ROLLOUT_SOURCES:
+            raise InvalidParameterError(f"source must be None or 'pool'; got {source!r}.")
         self.has_classifier = has_classifier
         self.num_layers = num_layers
         self.num_prefix_tokens = num_prefix_tokens
@@ -239,19 +247,37 @@ class RolloutAccumulator(AttentionConsumer):
         self._maps: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
         self._probs: list[np.ndarray] = []
-        #: the attention pool's latest probabilities [B, heads, queries, T] (a MAP head), when rollout starts
-        #: from the pool's row instead of the class token or the patch mean (``attention_rollout(source="pool")``)
-        self.pool_source: Any = None
+        #: the row rolled out: None (the class token, or the patch mean) or "pool" (a MAP head's own attention)
+        self.source = source
+        self._model: "LoadedModel | None" = None  # the model whose pool ``hooks`` reads (source "pool")
+        self._pool: Any = None  # the pool's capture while a stream runs
 
     @classmethod
-    def for_model(cls, m: "LoadedModel", head_fusion: str = "mean", discard_ratio: float = 0.0) -> "RolloutAccumulator":
+    def for_model(cls, m: "LoadedModel", head_fusion: str = "mean", discard_ratio: float = 0.0,
+                  source: str | None = None) -> "RolloutAccumulator":
+        """The accumulator for ``m``; ``source="pool"`` rolls out from its attention pool, whose capture
+        the accumulator's own ``hooks`` put on the model for the stream."""
         s = m.spec
-        return cls(s.num_layers, s.num_prefix_tokens, s.has_class_token, head_fusion, discard_ratio, m.label_names(),
-                   has_classifier=s.num_classes > 0)
+        acc = cls(s.num_layers, s.num_prefix_tokens, s.has_class_token, head_fusion, discard_ratio, m.label_names(),
+                  has_classifier=s.num_classes > 0, source=source)
+        acc._model = m if source == "pool" else None
+        return acc
+
+    def hooks(self) -> contextlib.AbstractContextManager:
+        """For ``source="pool"``: the capture of the model's attention pool (side hooks beside the blocks')."""
+        if self.source != "pool":
+            return contextlib.nullcontext()
+        if self._model is None:
+            raise InvalidParameterError("Rollout from the attention pool needs the model: build the accumulator "
+                                        "with RolloutAccumulator.for_model(m, source='pool').")
+        from ..families.pooling import capture_pool_attention
+
+        self._pool = capture_pool_attention(self._model)
+        return self._pool
 
     @property
     def source_token(self) -> str:
-        if self.pool_source is not None:
+        if self.source == "pool":
             return "attention pool"
         return "class token" if self.has_class_token else "mean over patch tokens"
 
@@ -263,7 +289,8 @@ class RolloutAccumulator(AttentionConsumer):
         self._fused, self._layer = [], None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fused": [], "_layer": None}  # a batch in flight does not travel
+        # a batch in flight, the model and its pool's capture do not travel
+        return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None}
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         """Whole maps or blocks of query rows: rollout needs every block's head-fused map (B x T x T
@@ -297,8 +324,8 @@ class RolloutAccumulator(AttentionConsumer):
         if len(self._fused) != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
         start = None
-        if self.pool_source is not None:
-            pool = self.pool_source()
+        if self.source == "pool":
+            pool = self._pool.maps[0] if self._pool is not None and self._pool.maps else None
             if pool is None:
                 raise RuntimeError("Rollout from the attention pool saw no pool attention in this forward.")
             start = pool_vector(pool, self._fused[0].shape[-1], self.head_fusion)
@@ -331,11 +358,11 @@ class RolloutAccumulator(AttentionConsumer):
             raise InvalidParameterError("Only rollout accumulators of the same model and settings merge.")
         if self.grid is not None and other.grid is not None and self.grid != other.grid:
             raise InvalidParameterError(f"Rollout maps of grid {self.grid} and {other.grid} do not merge.")
-        out = RolloutAccumulator(self.num_layers, self.num_prefix_tokens, self.has_class_token, self.head_fusion,
-                                 self.discard_ratio, self.label_names, self.has_classifier)
-        if (self.pool_source is None) != (other.pool_source is None):
+        if self.source != other.source:
             raise InvalidParameterError("Rollout from the attention pool and from another row do not merge.")
-        out.pool_source = self.pool_source
+        out = RolloutAccumulator(self.num_layers, self.num_prefix_tokens, self.has_class_token, self.head_fusion,
+                                 self.discard_ratio, self.label_names, self.has_classifier, self.source)
+        out._model = self._model
         out.grid, out.image_size = self.grid or other.grid, self.image_size or other.image_size
         out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
                                              self._probs + other._probs)

@@ -23,13 +23,13 @@ import torch
 from torch import nn
 
 from ..errors import InvalidParameterError
-from ..families import Handles, HookSession, family_of
+from ..families import CaptureRequest, Handles, HookSession, family_of
 from ..core.attention import attention_probs
 from ..loading.model import LoadedModel
 from .consumer import AttentionConsumer, query_rows
+from .plan import CAPTURE_MODES
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
-CAPTURE_MODES = ("side", "inline")
 
 
 class AttentionCapture(HookSession):
@@ -56,12 +56,13 @@ class AttentionCapture(HookSession):
             self.model, self.family = m.model, m.family
         else:
             self.model, self.family = m, family_of(m)
-        if query_rows is not None and mode == "inline" and not self.family.chunks_inline(self.model):
+        can = self.family.abilities(self.model)
+        if query_rows is not None and mode == "inline" and not can.inline_rows:
             raise InvalidParameterError(
                 f"query_rows with mode='inline' needs a family whose non-fused path vitlens computes by query rows "
                 f"(timm's standard Attention); {self.family.name} runs its own path, which makes whole maps: use "
                 "mode='side' (the probabilities computed by query rows beside the model's own forward).")
-        if mode == "inline" and not self.family.has_inline:
+        if mode == "inline" and not can.has_inline:
             raise InvalidParameterError(f"{self.family.name} models have no non-fused path to capture inline; "
                                         "use mode='side'.")
         self.mode = mode
@@ -106,22 +107,11 @@ class AttentionCapture(HookSession):
         # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
-        emit = _Emitter(self._emit, self.query_rows, views=bool(self._streaming))
+        request = CaptureRequest(self._emit, self.mode, self.query_rows, self.detach, views=bool(self._streaming))
         if self.mode == "inline":
-            self.family.install_inline(self.model, emit, handles, self.detach)
+            self.family.install_inline(self.model, request, handles)
         else:
-            self.family.install_side(self.model, emit, handles)
-
-
-class _Emitter:
-    """The capture's emit callback with the query-block size a family may compute at (``query_rows_of``),
-    and whether views (streaming consumers, which read every token as a patch of one grid) listen."""
-
-    def __init__(self, fn: Callable[..., None], query_rows: int | None, views: bool = False) -> None:
-        self.fn, self.query_rows, self.views = fn, query_rows, views
-
-    def __call__(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
-        self.fn(layer, probs, rows)
+            self.family.install_side(self.model, request, handles)
 
 
 def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
@@ -138,7 +128,7 @@ def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
         detach: with mode="inline", False keeps the maps in the autograd graph (for gradients).
         query_rows: let the family compute each block's probabilities this many queries at a time:
             with mode="side" timm's ViT and EVA families do (others make whole maps); with
-            mode="inline", timm ViTs with the standard ``Attention`` (``Family.chunks_inline``; others
+            mode="inline", timm ViTs with the standard ``Attention`` (``CaptureAbilities.inline_rows``; others
             are refused), whose output is then computed from those very blocks. Streaming consumers
             (``AttentionConsumer``) then get row blocks and no [B, heads, T, T] map need exist at once
             (unless ``store`` or a plain callback asks for whole maps).

@@ -93,7 +93,18 @@ class AttentionConsumer:
 
 
 def query_rows(attn: torch.Tensor, rows: slice | None) -> tuple[int, int, bool]:
-    """(first query, stop, last block of the layer?) of an ``on_attention`` call."""
+    """Where an ``on_attention`` call's attention sits among the layer's queries.
+
+    Args:
+        attn: the attention handed over, [B, heads, queries, T].
+        rows: the slice of queries it holds (None: the whole map).
+
+    Returns:
+        (first query, stop, whether it is the layer's last block).
+
+    Raises:
+        InvalidParameterError: rows that do not match the block's shape.
+    """
     t = attn.shape[-1]
     if rows is None:
         return 0, attn.shape[-2], True
