@@ -49,6 +49,7 @@ from .views.filters import FilterPCAResult, embedding_filter_pca
 from .views.position import PositionSimilarityResult, position_similarity
 from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
 from .views.rollout import RolloutAccumulator, RolloutResult
+from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
 
 from ._version import __version__
 
@@ -59,7 +60,8 @@ __all__ = [
     "AttentionDistanceResult", "AttentionMapsResult", "AttributionResult", "BatchInfo", "CheckpointError",
     "ComparisonTable", "DeviceUnavailableError", "FaithfulnessResult", "FilterPCAResult", "ImageLoadError", "Images",
     "InvalidParameterError", "LoadedModel", "ModelSpec", "PRESETS", "PositionSimilarityResult", "Result",
-    "RolloutAccumulator", "RolloutResult", "UnknownModelError", "UnsupportedModelError", "ViewNotAvailableError",
+    "RolloutAccumulator", "RolloutResult", "WindowedDistanceAccumulator", "WindowedDistanceResult",
+    "WindowedRolloutAccumulator", "UnknownModelError", "UnsupportedModelError", "ViewNotAvailableError",
     "VitlensError", "WeightsUnavailableError", "analyze", "attention_distance", "attention_maps", "attention_probs",
     "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
     "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",

@@ -17,7 +17,9 @@ class ModelSpec:
 
     Attributes:
         name: the name it was loaded by.
-        kind: "vit" (patch embedding) or "hybrid" (CNN feature map, 1x1 tokens).
+        kind: "vit" (patch embedding), "hybrid" (CNN feature map, 1x1 tokens) or "hierarchical" (windowed
+            attention in stages of coarser grids, Swin: ``grid`` and ``stride_px`` are the first stage's,
+            ``num_heads`` the most of any block; each block's windows from ``Family.windows``).
         image_size: (H, W) input size the model was built for.
         grid: (gh, gw) patch-token grid at ``image_size``.
         stride_px: (sy, sx) input pixels between neighbouring tokens: the patch size of a ViT,
@@ -99,7 +101,8 @@ class ModelSpec:
         sy, sx = self.stride_px
         return {
             "name": self.name,
-            "kind": "hybrid (CNN + ViT)" if self.kind == "hybrid" else "ViT",
+            "kind": {"hybrid": "hybrid (CNN + ViT)", "hierarchical": "hierarchical (windowed stages)"}.get(self.kind,
+                                                                                                       "ViT"),
             "input": f"{self.image_size[0]}x{self.image_size[1]} px",
             "grid": f"{self.grid[0]}x{self.grid[1]} tokens",
             "stride": f"{sy} px" if sy == sx else f"{sy}x{sx} px",

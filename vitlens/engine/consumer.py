@@ -53,6 +53,10 @@ class BatchInfo:
 class AttentionConsumer:
     """Base class of the streaming consumers (see the module docstring for the protocol)."""
 
+    #: whether the consumer reads a windowed model's window maps [B * windows, heads, N, N] (Swin: the views of
+    #: ``vitlens.views.windowed``); the stream refuses a hierarchical model for a consumer that does not
+    reads_windows = False
+
     def begin_batch(self, batch: BatchInfo) -> None:
         """A new batch is about to run."""
 

@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, UnsupportedModelError
 from ..images import Images, count_images, iter_batches, preprocess_masks
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
@@ -93,6 +93,14 @@ def stream_attention(
     Returns:
         The number of images run; each consumer then answers ``result(spec)``.
     """
+    if m.spec.kind == "hierarchical":
+        wrong = sorted({type(c).__name__ for c in consumers if not getattr(c, "reads_windows", False)})
+        if wrong:
+            raise UnsupportedModelError(
+                f"{m.spec.name} attends within windows (a hierarchical model: its blocks' maps are [B * windows, heads, "
+                f"N, N] on each stage's grid), which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; "
+                "use the windowed views (attention distance and rollout: vl.attention_distance, vl.attention_rollout, "
+                "vl.analyze) or a consumer with reads_windows = True.")
     n = count_images(images)
     plan = capture_plan(m, max(1, min(batch_size, n) if n else batch_size), memory_budget_mb=memory_budget_mb,
                         mode=capture_mode, query_rows=query_rows)

@@ -233,6 +233,10 @@ class Family:
         """The attention module of every block, first block first."""
         raise NotImplementedError
 
+    #: ``windows(model, input_hw) -> list[WindowGeometry]`` for a family whose blocks attend within windows on stages
+    #: of coarser grids (Swin: ``spec.kind == "hierarchical"``); None for global attention
+    windows: Callable[..., Any] | None = None
+
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """Side capture (``capture.mode == "side"``): every block's probabilities computed beside the model's
         own forward from the very queries and keys it uses, sent to ``capture`` (by ``capture.query_rows``
@@ -367,7 +371,11 @@ REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "cait": "class-attention layers and talking heads (CaiT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
-    "swin_transformer": "windowed attention with relative-position bias (Swin)",
+    "swin_transformer_v2": "scaled cosine window attention with a continuous position bias (Swin V2; Swin v1 is read)",
+    "swin_transformer_v2_cr": "scaled cosine window attention with a continuous position bias (Swin V2 CR)",
+    "hiera": "mask-unit attention over a reordered token sequence (Hiera)",
+    "hieradet_sam2": "mask-unit window attention in stages (SAM 2's Hiera image encoder)",
+    "mvitv2": "pooling attention, keys and values at a coarser grid than the queries (MViT v2)",
 }
 
 

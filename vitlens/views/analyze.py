@@ -13,13 +13,14 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import ProgressArg
 from ..results import Result
-from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
+from .distance import AttentionDistanceResult
 from ..engine.stream import stream_attention
 from .filters import FilterPCAResult
 from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
 from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
+from .windowed import WindowedDistanceResult
 from ..words import counted
 
 
@@ -30,8 +31,12 @@ def attention_distance(
     renormalize: bool = True,
     progress: ProgressArg = None,
     memory_budget_mb: float | None = None,
-) -> AttentionDistanceResult:
+) -> AttentionDistanceResult | WindowedDistanceResult:
     """Mean attention distance of every head, averaged over images (paper Fig. 7 right, Fig. 11).
+
+    For a hierarchical model (Swin: ``spec.kind == "hierarchical"``) the distance is in image pixels per block
+    and stage, beside the distance uniform attention over each query's window gives (``WindowedDistanceResult``,
+    ``vitlens.views.windowed``).
 
     Args:
         m: the model.
@@ -51,8 +56,8 @@ def attention_distance(
         An ``AttentionDistanceResult``: ``mean_px`` and ``std_px`` [layers, heads] in pixels of the input,
         over ``n_images`` images.
     """
-    return _stream_one(m, images, batch_size, progress, "attention distance",
-                       AttentionDistanceAccumulator.for_model(m.spec, renormalize), memory_budget_mb)
+    acc = VIEWS["distance"].build(m, ViewParams(renormalize=renormalize))  # windowed for a hierarchical model
+    return _stream_one(m, images, batch_size, progress, "attention distance", acc, memory_budget_mb)
 
 
 def attention_rollout(
@@ -91,6 +96,9 @@ def attention_rollout(
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
         summing to at most 1) with the model's predictions.
     """
+    if m.spec.kind == "hierarchical" and source is None:  # windowed: through the windows and patch mergings
+        acc = VIEWS["rollout"].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio))
+        return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
     acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool, if asked
     return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
 

@@ -21,6 +21,7 @@ from .filters import FilterPCAResult, embedding_filter_pca, max_filter_component
 from .position import PositionSimilarityResult, neighbour_similarity, position_similarity
 from .prefix import PrefixDiagnostics, PrefixDiagnosticsResult
 from .rollout import RolloutAccumulator, RolloutResult
+from .windowed import WindowedDistanceAccumulator, WindowedRolloutAccumulator
 
 if TYPE_CHECKING:
     from ..loading.model import LoadedModel
@@ -55,10 +56,14 @@ def _position_summary(result: Any) -> dict[str, float]:
 
 
 def _distance(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
+    if m.spec.kind == "hierarchical":  # windowed stages: distance in image pixels per block and stage
+        return WindowedDistanceAccumulator.for_model(m, p.renormalize)
     return AttentionDistanceAccumulator.for_model(m.spec, p.renormalize)
 
 
 def _rollout(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
+    if m.spec.kind == "hierarchical":  # through the windows and the patch mergings to the first stage's grid
+        return WindowedRolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
     return RolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
 
 

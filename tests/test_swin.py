@@ -1,0 +1,256 @@
+"""Swin (issue 32): exact window capture against the block's own non-fused attention, the windows' geometry
+against a hand-written cyclic shift + padding + partition (the Swin paper's, not the model's code), attention
+distance in image pixels against a float64 computation over explicit dense token-to-token matrices, and the
+rollout through windows and patch mergings against a brute-force composition of those dense matrices."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vitlens as vl
+from vitlens.core.windows import merge_transport
+
+
+def tiny_swin(fused: bool = False, window: int = 4, img: int = 56, seed: int = 0) -> torch.nn.Module:
+    """A 3-stage Swin on a 14x14 grid with 4x4 windows (so stage 0 pads to 16x16 and its shifted windows are
+    cut by the border), with large random q/k weights so the attention is far from uniform."""
+    import timm
+
+    torch.manual_seed(seed)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=img, window_size=window,
+                              embed_dim=16, depths=(2, 2, 2), num_heads=(2, 2, 4), num_classes=5).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for stage in model.layers:
+            for block in stage.blocks:
+                block.attn.qkv.weight.normal_(0.0, 0.6, generator=g)
+                block.attn.relative_position_bias_table.normal_(0.0, 1.0, generator=g)
+                block.attn.fused_attn = fused
+    return model
+
+
+def load(module: torch.nn.Module) -> vl.LoadedModel:
+    return vl.LoadedModel.from_module(module, name="tiny-swin")
+
+
+def images(n: int = 3, size: int = 56, seed: int = 1) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def reference_probs(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The block's window attention written out here (Swin paper, eq. 4): softmax(q k^T / sqrt(d) + B + mask)
+    over the windows the block's own partition makes, in float64."""
+    attn = block.attn
+    seen = {}
+    hook = attn.register_forward_pre_hook(lambda _m, args, kwargs: seen.update(x=args[0], mask=kwargs.get("mask")),
+                                          with_kwargs=True)
+    try:
+        with torch.no_grad():
+            block._attn(x)  # the attention branch on the block's normalised input
+    finally:
+        hook.remove()
+    xw, mask = seen["x"].double(), seen["mask"]
+    b_, n, c = xw.shape
+    qkv = torch.nn.functional.linear(xw, attn.qkv.weight.double(), attn.qkv.bias.double())
+    q, k, _v = qkv.reshape(b_, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+    scores = (q * attn.scale) @ k.transpose(-2, -1) + attn._get_rel_pos_bias().double()
+    if mask is not None:
+        nw = mask.shape[0]
+        scores = (scores.view(-1, nw, attn.num_heads, n, n) + mask.double()[None, :, None]).view(-1, attn.num_heads, n, n)
+    return scores.softmax(-1)
+
+
+def recording_block_inputs(model: torch.nn.Module) -> tuple[list[torch.Tensor], list]:
+    """Hooks that record what every block's attention branch is fed in a forward: norm1 of its input."""
+    feeds: list[torch.Tensor] = []
+    hooks = [b.norm1.register_forward_hook(lambda _m, _i, out: feeds.append(out))
+             for stage in model.layers for b in stage.blocks]
+    return feeds, hooks
+
+
+def hand_windows(grid: tuple[int, int], window: int, shift: int) -> np.ndarray:
+    """The Swin paper's partition, written out: pad the grid to whole windows after a cyclic shift of
+    -shift rows and columns, windows in row-major order, positions row-major inside: [windows, N], -1 = padding."""
+    h, w = grid
+    numbers = np.arange(h * w).reshape(h, w)
+    if shift:
+        numbers = np.roll(numbers, (-shift, -shift), axis=(0, 1))
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    padded = np.full((hp, wp), -1)
+    padded[:h, :w] = numbers
+    out = []
+    for r in range(0, hp, window):
+        for c in range(0, wp, window):
+            out.append(padded[r:r + window, c:c + window].ravel())
+    return np.stack(out)
+
+
+def dense(probs: torch.Tensor, index: np.ndarray, tokens: int) -> np.ndarray:
+    """[B, T, T] float64: the block's token-to-token attention, each window's block placed on the stage grid
+    (padding rows and columns dropped)."""
+    nw, n = index.shape
+    p = probs.double().reshape(-1, nw, n, n).numpy()
+    out = np.zeros((p.shape[0], tokens, tokens))
+    for w in range(nw):
+        real = index[w] >= 0
+        rows = index[w][real]
+        out[:, rows[:, None], rows[None, :]] += p[:, w][:, real][:, :, real]
+    return out
+
+
+def test_the_windows_are_the_papers_shift_padding_and_partition():
+    m = load(tiny_swin())
+    windows = m.family.windows(m.model, m.spec.image_size)
+    blocks = [b for stage in m.model.layers for b in stage.blocks]
+    assert [(g.stage, g.grid, g.stride_px, g.kind) for g in windows] == [
+        (0, (14, 14), (4, 4), "window"), (0, (14, 14), (4, 4), "shifted window"),
+        (1, (7, 7), (8, 8), "window"), (1, (7, 7), (8, 8), "shifted window"),
+        (2, (4, 4), (16, 16), "global"), (2, (4, 4), (16, 16), "global")]
+    for g, block in zip(windows, blocks):
+        want = hand_windows(g.grid, block.window_size[0], block.shift_size[0])
+        np.testing.assert_array_equal(g.index, want)
+        real = g.index >= 0
+        assert sorted(g.index[real].tolist()) == list(range(g.grid[0] * g.grid[1]))  # every token once
+    # a shifted window's mask keeps apart tokens the roll brought together from far sides of the grid
+    shifted = windows[1]
+    rows, cols = np.divmod(np.where(shifted.index >= 0, shifted.index, 0), 14)
+    for w in range(shifted.num_windows):
+        for i in range(shifted.window_tokens):
+            for j in range(shifted.window_tokens):
+                if shifted.index[w, i] < 0 or shifted.index[w, j] < 0:
+                    continue
+                near = abs(rows[w, i] - rows[w, j]) < 4 and abs(cols[w, i] - cols[w, j]) < 4
+                assert shifted.allowed[w, i, j] == near
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("mode", ["side", "inline"])
+def test_window_capture_is_the_blocks_own_attention_and_leaves_the_outputs(fused, mode):
+    model = tiny_swin(fused=fused)
+    m = load(model)
+    x = images()
+    with torch.no_grad():
+        plain = model(x)
+        feeds, hooks = recording_block_inputs(model)  # the inputs of this very forward (inline's drift from fused)
+        with vl.capture_attention(m, mode=mode) as cap:
+            out = model(x)
+        for h in hooks:
+            h.remove()
+    if mode == "side":
+        assert torch.equal(out, plain)  # bit for bit
+    else:  # the non-fused path: the fused one to float rounding
+        torch.testing.assert_close(out, plain, rtol=0, atol=1e-5)
+    blocks = [b for stage in model.layers for b in stage.blocks]
+    assert len(cap.maps) == len(blocks) == len(feeds)
+    for block, feed, got in zip(blocks, feeds, cap.maps):
+        want = reference_probs(block, feed)
+        # float32 probabilities of at most 16 keys against float64: a few float32 ulps of values <= 1
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+
+
+def test_distance_in_pixels_equals_a_dense_float64_computation_and_its_window_uniform():
+    m = load(tiny_swin())
+    x = images(4)
+    got = vl.attention_distance(m, x)
+    assert isinstance(got, vl.WindowedDistanceResult) and got.n_images == 4
+    windows = m.family.windows(m.model, m.spec.image_size)
+    with vl.capture_attention(m) as cap, torch.no_grad():
+        m.logits(x)
+    for layer, (g, probs) in enumerate(zip(windows, cap.maps)):
+        h, w = g.grid
+        ys, xs = np.meshgrid((np.arange(h) + 0.5) * g.stride_px[0], (np.arange(w) + 0.5) * g.stride_px[1],
+                             indexing="ij")
+        d = np.sqrt((ys.ravel()[:, None] - ys.ravel()[None]) ** 2 + (xs.ravel()[:, None] - xs.ravel()[None]) ** 2)
+        heads = probs.shape[1]
+        per_image = np.zeros((4, heads))
+        for head in range(heads):
+            a = dense(probs[:, head], g.index, h * w)  # [B, T, T]
+            per_image[:, head] = ((a * d).sum(-1) / a.sum(-1)).mean(-1)
+        np.testing.assert_allclose(got.mean_px[layer, :heads], per_image.mean(0), rtol=1e-10)
+        np.testing.assert_allclose(got.std_px[layer, :heads], per_image.std(0), rtol=1e-8, atol=1e-10)
+        assert np.isnan(got.mean_px[layer, heads:]).all()
+        # uniform attention over what each query may attend: the block's own mask, padding excluded
+        allowed = np.zeros((h * w, h * w), dtype=bool)
+        for win in range(g.num_windows):
+            real = g.index[win] >= 0
+            ids = g.index[win][real]
+            allowed[ids[:, None], ids[None, :]] = g.allowed[win][real][:, real]
+        want_uniform = ((d * allowed).sum(-1) / allowed.sum(-1)).mean()
+        assert got.window_uniform_px[layer] == pytest.approx(want_uniform, rel=1e-12)
+    assert np.nanmax(got.of_window) - np.nanmin(got.of_window) > 0.1  # peaky weights: heads differ
+    rows = got.to_rows()
+    assert len(rows) == 2 * 4 + 4 * 2 and {r["attention"] for r in rows} == {"window", "shifted window", "global"}
+
+
+@pytest.mark.parametrize("self_bias, want", [(0.0, 1.0), (60.0, 0.0)])
+def test_known_answers_uniform_attention_fills_its_window_and_self_attention_is_at_zero(self_bias, want):
+    """With q = k = 0 the scores are the relative bias alone: all zero, each query spreads evenly over its window
+    (padding keys dropped, a shifted window's masked keys at exp(-100)): exactly the window-uniform distance; a
+    bias of +60 at offset (0, 0) puts every query on itself: distance 0."""
+    model = tiny_swin()
+    with torch.no_grad():
+        for stage in model.layers:
+            for block in stage.blocks:
+                attn = block.attn
+                attn.qkv.weight.zero_(), attn.qkv.bias.zero_(), attn.relative_position_bias_table.zero_()
+                ws = block.window_size
+                attn.relative_position_bias_table[(ws[0] - 1) * (2 * ws[1] - 1) + ws[1] - 1] = self_bias  # offset 0
+    got = vl.attention_distance(load(model), images(2))
+    np.testing.assert_allclose(np.nan_to_num(got.of_window, nan=want), want, rtol=0, atol=1e-9)
+
+
+def test_rollout_through_windows_and_patch_merging_equals_a_brute_force_dense_composition():
+    m = load(tiny_swin())
+    x = images(2)
+    got = vl.attention_rollout(m, x)
+    windows = m.family.windows(m.model, m.spec.image_size)
+    with vl.capture_attention(m) as cap, torch.no_grad():
+        m.logits(x)
+    # explicit matrices, float64: per block (A + I) / rowsum over the stage's tokens, per merging the transport
+    product = None
+    for layer, (g, probs) in enumerate(zip(windows, cap.maps)):
+        t = g.grid[0] * g.grid[1]
+        a = dense(probs.mean(dim=1), g.index, t)  # heads fused by their mean, in float32 as the rollout fuses them
+        a = a + np.eye(t)
+        a = a / a.sum(-1, keepdims=True)
+        if layer and windows[layer - 1].stage != g.stage:
+            parent, weight = merge_transport(windows[layer - 1].grid, g.grid)
+            fine = windows[layer - 1].grid[0] * windows[layer - 1].grid[1]
+            merge = np.zeros((t, fine))
+            merge[parent, np.arange(fine)] = weight  # coarse token = mean of the fine tokens it merges
+            product = merge @ product
+        product = a if product is None else a @ product
+    last = windows[-1].grid[0] * windows[-1].grid[1]
+    row = np.full((2, last), 1.0 / last)[:, None, :] @ product  # the mean over the last stage's tokens
+    want = row[:, 0].reshape(2, *windows[0].grid)
+    want = want / want.reshape(2, -1).max(-1)[:, None, None]
+    np.testing.assert_allclose(got.maps, want, rtol=1e-10, atol=1e-12)
+    assert got.grid == (14, 14) and got.image_size == (56, 56)
+
+
+def test_the_transport_of_a_merging_is_the_mean_of_the_fine_tokens_it_merges():
+    parent, weight = merge_transport((3, 5), (2, 3))
+    assert parent.reshape(3, 5).tolist() == [[0, 0, 1, 1, 2], [0, 0, 1, 1, 2], [3, 3, 4, 4, 5]]
+    assert weight.reshape(3, 5).tolist() == [[0.25, 0.25, 0.25, 0.25, 0.5], [0.25, 0.25, 0.25, 0.25, 0.5],
+                                             [0.5, 0.5, 0.5, 0.5, 1.0]]
+    with pytest.raises(ValueError, match="gives 2x3"):
+        merge_transport((3, 5), (2, 2))
+
+
+def test_a_vit_view_is_refused_for_a_windowed_model_in_one_line(tiny):
+    m = load(tiny_swin())
+    with pytest.raises(vl.UnsupportedModelError, match="attends within windows"):
+        vl.prefix_diagnostics(m, images(1))
+    with pytest.raises(vl.UnsupportedModelError, match="attends globally"):
+        vl.WindowedDistanceAccumulator.for_model(tiny)
+    with pytest.raises(vl.InvalidParameterError, match="discard_ratio=0"):
+        vl.attention_rollout(m, images(1), discard_ratio=0.5)
+
+
+def test_analyze_gives_the_windowed_views_and_the_weight_views_say_why_not():
+    m = load(tiny_swin())
+    a = vl.analyze(m, images(2))
+    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 14, 14)
+    assert a.filters is not None
+    assert a.position is None and "relative-position bias" in a.position_note

@@ -1,0 +1,79 @@
+"""Where the tokens of a windowed or hierarchical ViT's attention sit (Swin and its kin): for each block,
+the grid of its stage, the pixel stride of that grid, and, for every window the block attends within,
+which token of the stage's grid each of its positions holds (the cyclic shift undone, padding marked).
+
+What the windowed views read to place a query and a key in the image (attention distance in image pixels,
+Fig. 7 right and Fig. 11 for hierarchical models) and to compose the block-diagonal window maps into a
+rollout through the stages (Fig. 6).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    """One block's windows.
+
+    Attributes:
+        stage: the stage the block belongs to (0: the first, at the patch embedding's grid).
+        grid: (H_s, W_s) the stage's token grid.
+        stride_px: (sy, sx) input pixels between neighbouring tokens of the stage.
+        index: [windows, N] int64: the stage token (row-major, ``r * W_s + c``) at each position of each window,
+            -1 where the window holds padding (a stage grid that is not a whole number of windows).
+        allowed: [windows, N, N] bool: which keys each query of a window may attend (the shifted windows' mask;
+            all True in a plain window), padding excluded.
+        kind: "window", "shifted window" or "global" (one window over the whole grid).
+    """
+
+    stage: int
+    grid: tuple[int, int]
+    stride_px: tuple[int, int]
+    index: np.ndarray
+    allowed: np.ndarray
+    kind: str
+
+    @property
+    def num_windows(self) -> int:
+        return int(self.index.shape[0])
+
+    @property
+    def window_tokens(self) -> int:
+        return int(self.index.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the stage's grid, H_s * W_s."""
+        return int(self.grid[0] * self.grid[1])
+
+    def centres_px(self) -> np.ndarray:
+        """[H_s * W_s, 2] (y, x) of every stage token's centre in input pixels (row-major)."""
+        (gh, gw), (sy, sx) = self.grid, self.stride_px
+        ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
+        return np.stack([ys.ravel(), xs.ravel()], axis=1)
+
+
+def merge_transport(fine: tuple[int, int], coarse: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The stated transport across a patch merging (rollout through stages): each coarse token is the mean of
+    the fine tokens it merges, its 2x2 block (rows 2i, 2i+1, columns 2j, 2j+1; a block cut by the grid's
+    border is the mean of the tokens it has, the padding is no token).
+
+    Args:
+        fine: (H, W) the grid before merging.
+        coarse: (H', W') the grid after it (ceil(H / 2), ceil(W / 2)).
+
+    Returns:
+        (coarse token of each fine token [H * W], weight of each fine token in its coarse token's mean [H * W]).
+    """
+    (h, w), (ch, cw) = fine, coarse
+    if (ch, cw) != (-(-h // 2), -(-w // 2)):
+        raise ValueError(f"A merging of {h}x{w} tokens by 2x2 gives {-(-h // 2)}x{-(-w // 2)}, not {ch}x{cw}.")
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    parent = ((rows // 2) * cw + cols // 2).ravel()
+    counts = np.bincount(parent, minlength=ch * cw)
+    return parent.astype(np.int64), 1.0 / counts[parent]
+
+
+__all__ = ["WindowGeometry", "merge_transport"]

@@ -1,0 +1,298 @@
+"""The paper's attention views for windowed, hierarchical ViTs (Swin): mean attention distance in image pixels
+per block and stage (Fig. 7 right, Fig. 11), beside the distance uniform attention over the same window would
+give, and attention rollout through the windows and the patch mergings to the first stage's grid (Fig. 6).
+
+Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
+
+- a block's tokens sit at their centres in the input image at their stage's stride; each window's positions
+  are stage tokens (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
+- distance of head h, image b: the mean over the real (non-padding) queries of every window of
+  sum_k A[q, k] d(q, k) / sum_k A[q, k] over the real keys (``renormalize``; raw weights otherwise), d in
+  pixels; ``window_uniform_px`` is the same mean for attention spread evenly over the keys each query may
+  attend (its window, the shifted windows' mask respected, padding excluded);
+- rollout: A' = (A + I) / rowsum(A + I) per block on the stage's tokens (A's window blocks placed on the
+  stage grid, weight on padding dropped), the source the mean over the last stage's tokens (the model pools
+  them by their mean), composed from the last block back; across a patch merging, each coarse token is the
+  mean of the fine tokens it merges (``merge_transport``), so the chain runs to the first stage's grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..core.spec import ModelSpec
+from ..core.windows import WindowGeometry, merge_transport
+from ..engine.consumer import AttentionConsumer, BatchInfo
+from ..engine.stream import model_name
+from ..errors import InvalidParameterError, UnsupportedModelError
+from ..results import Result
+from ..words import counted
+from .distance import LOCAL_OF_UNIFORM, add_samples, merge_moments
+from .rollout import RolloutResult, check_rollout_params, fuse
+
+
+def model_windows(m: object) -> list[WindowGeometry]:
+    """Every block's ``WindowGeometry`` of a hierarchical model (``Family.windows`` at its built size).
+
+    Raises:
+        UnsupportedModelError: the model's family has no windows (a ViT with global attention).
+    """
+    windows = getattr(m.family, "windows", None)  # type: ignore[attr-defined]
+    if windows is None:
+        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) attends globally; "  # type: ignore
+                                    "the windowed views are for hierarchical models (Swin).")
+    return windows(m.model, m.spec.image_size)  # type: ignore[attr-defined]
+
+
+def _distances(g: WindowGeometry) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(d [windows, N, N] px with 0 at padding keys, the real positions [windows, N] as 1.0 / 0.0 (the queries
+    and keys that count), the window-uniform distance: mean over real queries of the mean d over the keys each
+    may attend)."""
+    centres = g.centres_px()
+    valid = g.index >= 0
+    pos = centres[np.where(valid, g.index, 0)]  # [windows, N, 2]
+    d = np.sqrt(((pos[:, :, None, :] - pos[:, None, :, :]) ** 2).sum(-1))
+    d = np.where(valid[:, None, :], d, 0.0)
+    allowed = g.allowed & valid[:, :, None] & valid[:, None, :]
+    per_query = (d * allowed).sum(-1) / np.maximum(allowed.sum(-1), 1)
+    uniform = float(per_query[valid].mean())
+    return torch.from_numpy(d), torch.from_numpy(valid.astype(np.float64)), uniform
+
+
+@dataclass(eq=False, repr=False)
+class WindowedDistanceResult(Result):
+    """Mean attention distance of every head of a windowed, hierarchical model, averaged over images.
+
+    Attributes:
+        mean_px: [L, H] mean over images of the per-image distance in input pixels (H the most heads of any
+            block; NaN for the heads a block does not have).
+        std_px: [L, H] standard deviation over images (population).
+        m2: [L, H] sum of squared deviations (kept so results merge).
+        n_images: images averaged.
+        image_size: (H, W) input pixels.
+        stages: [L] the stage of each block.
+        kinds: each block's attention: "window", "shifted window" or "global".
+        stride_px: [L, 2] pixels between the tokens of each block's stage.
+        window_uniform_px: [L] the distance uniform attention over each query's window would give.
+        renormalize: whether weights over real keys were renormalised per query.
+        model_name: the model's name.
+    """
+
+    kind = "windowed_distance"
+    mean_px: np.ndarray
+    std_px: np.ndarray
+    m2: np.ndarray
+    n_images: int
+    image_size: tuple[int, int]
+    stages: np.ndarray
+    kinds: tuple[str, ...]
+    stride_px: np.ndarray
+    window_uniform_px: np.ndarray
+    renormalize: bool
+    model_name: str = ""
+
+    def summary(self) -> str:
+        return (f"{self.model_name or 'model'}: {self.mean_px.shape[0]} blocks in {len(set(self.stages.tolist()))} "
+                f"stages over {counted(self.n_images, 'image')}, {np.nanmin(self.mean_px):.1f}-"
+                f"{np.nanmax(self.mean_px):.1f} px (window-uniform {self.window_uniform_px.min():.1f}-"
+                f"{self.window_uniform_px.max():.1f} px)")
+
+    @property
+    def of_window(self) -> np.ndarray:
+        """[L, H] each head's distance as a multiple of its window's uniform distance (1.0: it fills its window)."""
+        return self.mean_px / self.window_uniform_px[:, None]
+
+    def local_heads(self, multiple: float = LOCAL_OF_UNIFORM) -> np.ndarray:
+        """[L, H] which heads are local: at most ``multiple`` x the uniform distance of their window."""
+        return self.of_window <= multiple
+
+    @property
+    def mean_fraction_of_width(self) -> np.ndarray:
+        """``mean_px`` in units of the image width (Fig. 11 across models of other input sizes)."""
+        return self.mean_px / float(self.image_size[1])
+
+    @property
+    def depth_fraction(self) -> np.ndarray:
+        """[L] each block's depth as a fraction of the model's ((l + 1) / L)."""
+        return (np.arange(self.mean_px.shape[0]) + 1) / self.mean_px.shape[0]
+
+    def to_rows(self) -> list[dict]:
+        """One row per (block, head) the block has, both 1-based."""
+        return [{"layer": layer + 1, "stage": int(self.stages[layer]) + 1, "attention": self.kinds[layer],
+                 "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
+                 "std_px": float(self.std_px[layer, head]),
+                 "window_uniform_px": float(self.window_uniform_px[layer]),
+                 "of_window": float(self.of_window[layer, head]), "n_images": self.n_images}
+                for layer in range(self.mean_px.shape[0]) for head in range(self.mean_px.shape[1])
+                if not np.isnan(self.mean_px[layer, head])]
+
+    def merge(self, other: "WindowedDistanceResult") -> "WindowedDistanceResult":
+        """The result over the images of both (the same model and settings)."""
+        if (self.mean_px.shape != other.mean_px.shape or self.renormalize != other.renormalize
+                or not np.array_equal(self.stride_px, other.stride_px) or self.kinds != other.kinds):
+            raise InvalidParameterError("Only windowed distances of the same model and settings merge.")
+        mean, m2, n = merge_moments(self.mean_px, self.m2, self.n_images, other.mean_px, other.m2, other.n_images)
+        return WindowedDistanceResult(mean, np.sqrt(m2 / max(n, 1)), m2, n, self.image_size, self.stages, self.kinds,
+                                      self.stride_px, self.window_uniform_px, self.renormalize, self.model_name)
+
+
+class WindowedDistanceAccumulator(AttentionConsumer):
+    """Streams the windowed attention distance: per block, the window maps [B * windows, heads, N, N] are
+    reduced as they come (nothing kept), per image and head; running moments over images in float64."""
+
+    reads_windows = True
+
+    def __init__(self, windows: list[WindowGeometry], heads: list[int], image_size: tuple[int, int],
+                 renormalize: bool = True) -> None:
+        self.windows, self.heads, self.image_size = windows, list(heads), tuple(int(s) for s in image_size)
+        self.renormalize = bool(renormalize)
+        self._tables = [_distances(g) for g in windows]
+        shape = (len(windows), max(self.heads))
+        self.mean, self.m2, self.n = np.zeros(shape), np.zeros(shape), 0
+        self._batch: np.ndarray | None = None
+
+    @classmethod
+    def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
+        heads = [int(a.num_heads) for a in m.family.attention_modules(m.model)]  # type: ignore[attr-defined]
+        return cls(model_windows(m), heads, m.spec.image_size, renormalize)  # type: ignore[attr-defined]
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        self._batch = np.full((batch.size, len(self.windows), max(self.heads)), np.nan)
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        if rows is not None:
+            raise InvalidParameterError("The windowed distance reads whole window maps, not blocks of query rows.")
+        d, real, _uniform = self._tables[layer]
+        g = self.windows[layer]
+        b = self._batch.shape[0]
+        p = attn.detach().to(torch.float64).reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.window_tokens)
+        d, real = d.to(p.device), real.to(p.device)
+        num = torch.einsum("bwhqk,wqk->bwhq", p, d)  # d is 0 at padding keys
+        per_query = num / torch.einsum("bwhqk,wk->bwhq", p, real) if self.renormalize else num
+        mean = torch.einsum("bwhq,wq->bh", per_query, real) / real.sum()  # over the real queries
+        self._batch[:, layer, : attn.shape[1]] = mean.cpu().numpy()
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        samples, self._batch = self._batch, None  # NaN at the heads a block does not have: 0 until the result
+        self.mean, self.m2, self.n = add_samples(self.mean, self.m2, self.n, np.nan_to_num(samples, nan=0.0))
+
+    def merge(self, other: "WindowedDistanceAccumulator") -> "WindowedDistanceAccumulator":
+        out = WindowedDistanceAccumulator(self.windows, self.heads, self.image_size, self.renormalize)
+        out.mean, out.m2, out.n = merge_moments(self.mean, self.m2, self.n, other.mean, other.m2, other.n)
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> WindowedDistanceResult:
+        if self.n == 0:
+            raise InvalidParameterError("No images were processed; pass at least one image.")
+        missing = np.arange(self.mean.shape[1])[None, :] >= np.asarray(self.heads)[:, None]
+        mean = np.where(missing, np.nan, self.mean)
+        m2 = np.where(missing, np.nan, self.m2)
+        return WindowedDistanceResult(
+            mean_px=mean, std_px=np.sqrt(m2 / self.n), m2=m2, n_images=self.n, image_size=self.image_size,
+            stages=np.array([g.stage for g in self.windows]), kinds=tuple(g.kind for g in self.windows),
+            stride_px=np.array([g.stride_px for g in self.windows]),
+            window_uniform_px=np.array([t[2] for t in self._tables]), renormalize=self.renormalize,
+            model_name=model_name(spec))
+
+
+def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry]) -> torch.Tensor:
+    """The rolled-out row over the first stage's tokens, [B, H_0 * W_0] float64, from every block's head-fused
+    window maps [B, windows, N, N] (module docstring: A' = (A + I) / rowsum(A + I) on the stage's tokens,
+    composed from the last block back, the source the mean over the last stage's tokens, each patch
+    merging crossed by its transport)."""
+    b = fused[0].shape[0]
+    last = windows[-1]
+    v = torch.full((b, last.num_tokens), 1.0 / last.num_tokens, dtype=torch.float64, device=fused[0].device)
+    for layer in range(len(windows) - 1, -1, -1):
+        g, a = windows[layer], fused[layer].to(torch.float64)
+        index = torch.from_numpy(g.index).to(a.device)
+        real = (index >= 0).to(torch.float64)  # [windows, N]
+        where = index.clamp(min=0)
+        a = a * real[None, :, None, :]  # weight on padding keys is dropped
+        w = v[:, where] * real / (a.sum(-1) + 1.0)  # [B, windows, N]: v / rowsum(A + I) at each real query
+        mixed = torch.einsum("bwq,bwqk->bwk", w, a) * real  # w A, at each real key
+        out = torch.zeros_like(v).scatter_add_(1, where.reshape(1, -1).expand(b, -1), mixed.reshape(b, -1))
+        own = torch.zeros_like(v).scatter_add_(1, where.reshape(1, -1).expand(b, -1), w.reshape(b, -1))
+        v = out + own  # each real token appears once in its block's windows, so ``own`` is w back on the grid
+        if layer and windows[layer - 1].stage != g.stage:  # back across the patch merging into this stage
+            parent, weight = merge_transport(windows[layer - 1].grid, g.grid)
+            v = v[:, torch.from_numpy(parent).to(v.device)] * torch.from_numpy(weight).to(v.device)
+    return v
+
+
+class WindowedRolloutAccumulator(AttentionConsumer):
+    """Keeps each block's head-fused window maps of the batch ([B, windows, N, N], small: the windows hold
+    N tokens each) and rolls them out when the batch ends (``windowed_rollout_row``)."""
+
+    reads_windows = True
+
+    def __init__(self, windows: list[WindowGeometry], image_size: tuple[int, int], head_fusion: str = "mean",
+                 label_names: list[str] | None = None, has_classifier: bool = True) -> None:
+        check_rollout_params(head_fusion, 0.0)
+        self.windows, self.image_size, self.head_fusion = windows, tuple(int(s) for s in image_size), head_fusion
+        self.label_names, self.has_classifier = label_names, has_classifier
+        self._fused: list[torch.Tensor] = []
+        self._maps: list[np.ndarray] = []
+        self._preds: list[np.ndarray] = []
+        self._probs: list[np.ndarray] = []
+
+    @classmethod
+    def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
+                  ) -> "WindowedRolloutAccumulator":
+        if discard_ratio:
+            raise InvalidParameterError("discard_ratio is defined for a ViT's whole maps; the windowed rollout takes "
+                                        "discard_ratio=0.")
+        return cls(model_windows(m), m.spec.image_size, head_fusion, m.label_names(),  # type: ignore[attr-defined]
+                   m.spec.num_classes > 0)  # type: ignore[attr-defined]
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        self._fused = []
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        if rows is not None or layer != len(self._fused):
+            raise InvalidParameterError("The windowed rollout reads every block's whole window maps in order.")
+        g = self.windows[layer]
+        fused = fuse(attn.detach(), self.head_fusion)  # [B * windows, N, N]
+        self._fused.append(fused.reshape(-1, g.num_windows, g.window_tokens, g.window_tokens).float())
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        row = windowed_rollout_row(self._fused, self.windows)
+        self._fused = []
+        grid = self.windows[0].grid
+        maps = row.reshape(-1, *grid)
+        maps = maps / maps.flatten(1).amax(dim=1).clamp_min(torch.finfo(torch.float64).tiny)[:, None, None]
+        self._maps.append(maps.cpu().numpy())
+        b = maps.shape[0]
+        if self.has_classifier and logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
+            p, i = logits.float().softmax(-1).max(-1)
+            self._preds.append(i.cpu().numpy().astype(np.int64))
+            self._probs.append(p.cpu().numpy().astype(np.float64))
+        else:
+            self._preds.append(np.full(b, -1, dtype=np.int64))
+            self._probs.append(np.full(b, np.nan))
+
+    def merge(self, other: "WindowedRolloutAccumulator") -> "WindowedRolloutAccumulator":
+        out = WindowedRolloutAccumulator(self.windows, self.image_size, self.head_fusion, self.label_names,
+                                         self.has_classifier)
+        out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
+                                             self._probs + other._probs)
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> RolloutResult:
+        if not self._maps:
+            raise InvalidParameterError("No images were processed; pass at least one image.")
+        preds = np.concatenate(self._preds)
+        names = self.label_names
+        return RolloutResult(
+            maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
+            grid=self.windows[0].grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
+            source_token="mean over the last stage's tokens, through the windows and patch mergings",
+            predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
+            len(names) > int(preds.max()) else [],
+            model_name=model_name(spec))
+
+
+__all__ = ["WindowedDistanceAccumulator", "WindowedDistanceResult", "WindowedRolloutAccumulator", "model_windows",
+           "windowed_rollout_row"]
