@@ -40,7 +40,7 @@ from vitlens.compare.heads import cost as head_cost
 from vitlens.fair_lock import FairLock
 from vitlens.progress import time_left
 from vitlens.families.pooling import capture_pool_attention
-from vitlens.views import attention_maps as maps_view
+from vitlens.views import attention_maps as maps_view, windowed
 from vitlens.views.attention_maps import query_label
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
@@ -102,6 +102,13 @@ def maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str,
         return vl.attention_maps(_m, _image, queries=queries)
 
 
+@st.cache_data(max_entries=8, show_spinner="Capturing the windows' attention ...")
+def window_maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list:
+    """Every block's window maps of the image, for a hierarchical model (Swin)."""
+    with heavy_lock():
+        return windowed.window_maps(_m, _image)
+
+
 @st.cache_data(max_entries=8, show_spinner="Measuring attention on prefix tokens ...")
 def parked_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list[dict]:
     """Heads parked on a prefix token, from the streaming prefix statistics (no whole map is kept)."""
@@ -159,9 +166,11 @@ def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, 
 
 
 def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renormalize: bool) -> vl.AnalysisResult:
-    """Attention distance and the attention on prefix tokens, from one pass over the images."""
+    """Attention distance and the attention on prefix tokens, from one pass over the images (a hierarchical
+    model has no prefix tokens: its distance alone, per block and stage)."""
+    views = ("distance",) if m.spec.kind == "hierarchical" else ("distance", "prefix")
     return remembered("distance_memo", (mkey, ikey, len(images), renormalize), lambda progress: vl.analyze(
-        m, images, batch_size=16, renormalize=renormalize, progress=progress, views=("distance", "prefix")),
+        m, images, batch_size=16, renormalize=renormalize, progress=progress, views=views),
         f"Attention distance over {len(images)} images", len(images))
 
 
@@ -335,6 +344,9 @@ def render_distance(ctx: Context) -> None:
     n = image_count(c[0], len(ctx.images), "n-dist")
     renorm = c[1].checkbox("Renormalise over patch keys (raw weights when off)", True, key="renorm")
     res = distance_result(ctx.m, ctx.mkey, ctx.images[:n], f"{ctx.ikey}-{n}", renorm)
+    if ctx.m.spec.kind == "hierarchical":
+        render_windowed_distance(ctx, res.distance)
+        return
     fig = figures.distance_figure(res.distance)
     left, right = st.columns([3, 2])
     left.plotly_chart(fig, key="dist-fig")
@@ -361,6 +373,38 @@ def render_distance(ctx: Context) -> None:
             st.caption(imp.summary())
 
 
+def render_windowed_distance(ctx: Context, d: vl.WindowedDistanceResult) -> None:
+    """A hierarchical model's distance: every block's heads coloured by stage beside each window's uniform
+    distance, the reading per stage, and the numbers of the stage picked."""
+    fig = figures.distance_figure(d)
+    st.plotly_chart(fig, key="dist-fig")
+    st.markdown(distance_reading(d, ctx.m.spec.name, ctx.m.weights))
+    stages = [f"stage {s + 1}" for s in sorted(set(d.stages.tolist()))]
+    picked = st.radio("Stage", ["all stages"] + stages, horizontal=True, key="dist-stage")
+    frame = d.to_pandas()
+    if picked != "all stages":
+        frame = frame[frame["stage"] == int(picked.split()[1])]
+    st.dataframe(frame.round(3), hide_index=True)
+    downloads(d, fig, "attention_distance")
+
+
+def render_window_maps(ctx: Context, opacity: float) -> None:
+    """One query's attention in a hierarchical model: the window it attends in the block picked, per head."""
+    st.subheader("One query's attention")
+    windows = windowed.model_windows(ctx.m)
+    c = st.columns(3)
+    layer = c[0].slider("Block", 1, len(windows), 1, key="layer") - 1
+    g = windows[layer]
+    st.caption(f"Block {layer + 1}: stage {g.stage + 1}, {g.kind} attention over a {g.grid[0]}x{g.grid[1]} grid of "
+               f"{g.stride_px[0]} px tokens, windows of {g.window_tokens} tokens.")
+    row = int(c[1].number_input("Query row", 0, g.grid[0] - 1, g.grid[0] // 2, key="qr"))
+    col = int(c[2].number_input("Query column", 0, g.grid[1] - 1, g.grid[1] // 2, key="qc"))
+    maps = window_maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
+    head_maps = windowed.query_window_attention(maps[layer], g, min(row, g.grid[0] - 1), min(col, g.grid[1] - 1))
+    st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity,
+                                         patch=(row, col)), key="heads-fig")
+
+
 def render_maps(ctx: Context) -> None:
     spec = ctx.m.spec
     c = st.columns(3)
@@ -377,10 +421,18 @@ def render_maps(ctx: Context) -> None:
         row_choice = st.radio("Rollout row", [default_row, "attention pool"], horizontal=True, key="roll-source",
                               index=0 if spec.has_class_token else 1)
         source = "pool" if row_choice == "attention pool" else None
+    if spec.kind == "hierarchical" and discard:
+        st.info("The discard ratio is defined for a ViT's whole maps; the windowed rollout uses 0.")
+        discard = 0.0
     roll = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, fusion, discard, source)
     fig = figures.rollout_figure(roll, ctx.shown, 0, opacity)
     st.plotly_chart(fig, key="rollout-fig")
     downloads(roll, fig, "rollout")
+    if spec.kind == "hierarchical":
+        st.caption("Rolled out through the windows and the patch mergings, from the mean of the last stage's tokens "
+                   "to the first stage's grid (docs/definitions.md).")
+        render_window_maps(ctx, opacity)
+        return
     st.subheader("One query's attention")
     maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key) if whole else None
     parked = maps.parked_heads(prefix_labels(spec)) if maps is not None else \

@@ -86,6 +86,18 @@ def hand_windows(grid: tuple[int, int], window: int, shift: int) -> np.ndarray:
     return np.stack(out)
 
 
+def hand_centres(grids: list[tuple[int, int]], patch: int) -> list[np.ndarray]:
+    """Each stage's token centres in pixels, written out: patch centres, then each merged token at the mean of
+    the (up to four) tokens of its 2x2 block."""
+    (h, w), out = grids[0], []
+    out.append(np.array([((r + 0.5) * patch, (c + 0.5) * patch) for r in range(h) for c in range(w)]))
+    for (fh, fw), (ch, cw) in zip(grids, grids[1:]):
+        fine = out[-1].reshape(fh, fw, 2)
+        out.append(np.array([fine[2 * r: 2 * r + 2, 2 * c: 2 * c + 2].reshape(-1, 2).mean(0)
+                             for r in range(ch) for c in range(cw)]))
+    return out
+
+
 def dense(probs: torch.Tensor, index: np.ndarray, tokens: int) -> np.ndarray:
     """[B, T, T] float64: the block's token-to-token attention, each window's block placed on the stage grid
     (padding rows and columns dropped)."""
@@ -157,11 +169,11 @@ def test_distance_in_pixels_equals_a_dense_float64_computation_and_its_window_un
     windows = m.family.windows(m.model, m.spec.image_size)
     with vl.capture_attention(m) as cap, torch.no_grad():
         m.logits(x)
+    centres = hand_centres([(14, 14), (7, 7), (4, 4)], 4)
     for layer, (g, probs) in enumerate(zip(windows, cap.maps)):
         h, w = g.grid
-        ys, xs = np.meshgrid((np.arange(h) + 0.5) * g.stride_px[0], (np.arange(w) + 0.5) * g.stride_px[1],
-                             indexing="ij")
-        d = np.sqrt((ys.ravel()[:, None] - ys.ravel()[None]) ** 2 + (xs.ravel()[:, None] - xs.ravel()[None]) ** 2)
+        ys, xs = centres[g.stage][:, 0], centres[g.stage][:, 1]
+        d = np.sqrt((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2)
         heads = probs.shape[1]
         per_image = np.zeros((4, heads))
         for head in range(heads):

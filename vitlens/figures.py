@@ -27,6 +27,7 @@ from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
 from .views.rollout import RolloutResult
+from .views.windowed import WindowedDistanceResult
 from .words import counted
 
 if TYPE_CHECKING:  # figures take typed results; these modules import figures lazily, so no cycle at run time
@@ -203,8 +204,12 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
     Returns:
         A plotly ``Figure``. The dashed line is the uniform-attention distance.
     """
-    results = [results] if isinstance(results, AttentionDistanceResult) else list(results)
+    results = [results] if isinstance(results, (AttentionDistanceResult, WindowedDistanceResult)) else list(results)
     names = list(names) if names is not None else [r.model_name or f"model {i + 1}" for i, r in enumerate(results)]
+    if any(isinstance(r, WindowedDistanceResult) for r in results):  # hierarchical: by stage, or against depth
+        if len(results) == 1:
+            return windowed_distance_figure(results[0], names[0], units, title)
+        return depth_distance_figure(results, names, title)
     fig = go.Figure()
     offsets = np.linspace(-0.15, 0.15, len(results)) if len(results) > 1 else [0.0]
     for i, (res, name) in enumerate(zip(results, names)):
@@ -243,6 +248,95 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
                    rangemode="tozero"),
         height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18),
     )
+    return fig
+
+
+def windowed_distance_figure(result: WindowedDistanceResult, name: str | None = None, units: str = "px",
+                             title: str | None = None) -> go.Figure:
+    """Fig. 7 right for a windowed, hierarchical model (Swin): one dot per head at its block, coloured by stage,
+    and per block a dash at the distance uniform attention over each query's window gives (what the window
+    allows: a head at 1.0x it only fills its window).
+
+    Args:
+        result: the model's windowed attention distance.
+        name: the model's name (default ``result.model_name``).
+        units: "px" (input pixels) or "width" (fraction of the image width).
+        title: the figure's title (default: what is shown and over how many images).
+
+    Returns:
+        A plotly ``Figure``.
+    """
+    name = name or result.model_name or "model"
+    scale = 1.0 if units == "px" else 1.0 / float(result.image_size[1])
+    fig = go.Figure()
+    layers = np.arange(result.mean_px.shape[0])
+    for stage in sorted(set(result.stages.tolist())):
+        at = layers[result.stages == stage]
+        blocks, heads = np.meshgrid(at, np.arange(result.mean_px.shape[1]), indexing="ij")
+        values = result.mean_px[at] * scale
+        keep = ~np.isnan(values.ravel())
+        stride = result.stride_px[at[0]]
+        fig.add_trace(go.Scatter(
+            x=(blocks.ravel() + 1)[keep], y=values.ravel()[keep], mode="markers",
+            name=f"stage {stage + 1} ({stride[0]} px tokens)", marker=dict(size=7, color=PALETTE[stage % len(PALETTE)]),
+            customdata=np.stack([blocks.ravel() + 1, heads.ravel() + 1, result.of_window[at].ravel()], -1)[keep],
+            hovertemplate=(f"{name}<br>block %{{customdata[0]}}, head %{{customdata[1]}}<br>"
+                           f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} "
+                           f"{'px' if units == 'px' else 'of width'}<br>%{{customdata[2]:.2f}}x its window's uniform "
+                           "distance<extra></extra>")))
+    fig.add_trace(go.Scatter(
+        x=np.repeat(layers + 1, 3) + np.tile([-0.35, 0.35, np.nan], len(layers)),
+        y=np.repeat(result.window_uniform_px * scale, 3) * np.tile([1.0, 1.0, np.nan], len(layers)),
+        mode="lines", line=dict(dash="dot", width=2, color="#555"), hoverinfo="skip",
+        name="uniform attention over each query's window"))
+    kinds = ", ".join(f"{k}" for k in dict.fromkeys(result.kinds))
+    fig.update_layout(
+        title=title or f"Mean attention distance by head, {name}<br><sup>{kinds} attention; mean over "
+                       f"{counted(result.n_images, 'image')}; dotted: uniform attention over the window</sup>",
+        xaxis=dict(title="Network depth (block)", dtick=1, range=[0.5, len(layers) + 0.5]),
+        yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else
+                   "Mean attention distance (image widths)", rangemode="tozero"),
+        height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18))
+    return fig
+
+
+def depth_distance_figure(results: Sequence[AttentionDistanceResult | WindowedDistanceResult],
+                          names: Sequence[str], title: str | None = None) -> go.Figure:
+    """Fig. 11's question across kinds of model (a Swin beside a ViT): every head's mean attention distance in
+    units of the image width against its block's depth as a fraction of the model's ((l + 1) / L), with each
+    model's uniform-attention distance (a ViT's over its grid, a windowed model's over each query's window).
+
+    Args:
+        results: one attention distance per model, windowed or not.
+        names: their legend names.
+        title: the figure's title.
+
+    Returns:
+        A plotly ``Figure``.
+    """
+    fig = go.Figure()
+    for i, (res, name) in enumerate(zip(results, names)):
+        depth = res.mean_px.shape[0]
+        frac = (np.arange(depth) + 1) / depth
+        values = res.mean_fraction_of_width
+        xs = np.repeat(frac, values.shape[1])
+        keep = ~np.isnan(values.ravel())
+        colour = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=xs[keep], y=values.ravel()[keep], mode="markers", name=name,
+                                 marker=dict(size=6, color=colour, opacity=0.8),
+                                 hovertemplate=f"{name}<br>depth %{{x:.2f}}<br>%{{y:.3f}} of the width<extra></extra>"))
+        if isinstance(res, WindowedDistanceResult):
+            uniform = res.window_uniform_px / float(res.image_size[1])
+        else:
+            uniform = np.full(depth, uniform_distance(res.grid, res.stride_px) / float(res.image_size[1]))
+        fig.add_trace(go.Scatter(x=frac, y=uniform, mode="lines", line=dict(dash="dot", width=1.5, color=colour),
+                                 hoverinfo="skip", name=f"uniform attention ({name})"))
+    fig.update_layout(
+        title=title or "Mean attention distance against depth<br><sup>in image widths; dotted: uniform attention "
+                       "(over the grid for a ViT, over each query's window for a windowed model)</sup>",
+        xaxis=dict(title="Depth (fraction of the model's blocks)", range=[0, 1.02]),
+        yaxis=dict(title="Mean attention distance (image widths)", rangemode="tozero"),
+        height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18))
     return fig
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..core.resample import pixels_to_grid, upsample_map
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, UnsupportedModelError
 from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
@@ -356,6 +356,12 @@ def attribute(
     if method not in METHOD_TABLE:
         raise InvalidParameterError(f"method must be one of {', '.join(METHOD_TABLE)}; got {method!r}.")
     spec = METHOD_TABLE[method]
+    if m.spec.kind == "hierarchical":
+        raise UnsupportedModelError(
+            f"{method} maps the tokens of one patch grid; {m.spec.name} is hierarchical (windowed attention on stages "
+            "of coarser grids, Swin), for which vitlens offers no attribution method yet. Its windowed views are "
+            "exact: attention distance per stage and rollout through the windows and patch mergings "
+            "(vl.attention_rollout).")
     unknown = set(params) - set(spec.defaults)
     if unknown:
         raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "

@@ -48,11 +48,6 @@ class WindowGeometry:
         """Tokens of the stage's grid, H_s * W_s."""
         return int(self.grid[0] * self.grid[1])
 
-    def centres_px(self) -> np.ndarray:
-        """[H_s * W_s, 2] (y, x) of every stage token's centre in input pixels (row-major)."""
-        (gh, gw), (sy, sx) = self.grid, self.stride_px
-        ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
-        return np.stack([ys.ravel(), xs.ravel()], axis=1)
 
 
 def merge_transport(fine: tuple[int, int], coarse: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
@@ -76,4 +71,34 @@ def merge_transport(fine: tuple[int, int], coarse: tuple[int, int]) -> tuple[np.
     return parent.astype(np.int64), 1.0 / counts[parent]
 
 
-__all__ = ["WindowGeometry", "merge_transport"]
+def stage_centres(windows: list[WindowGeometry]) -> dict[int, np.ndarray]:
+    """Every stage's token centres in input pixels, [H_s * W_s, 2] (y, x) row-major, by stage.
+
+    The first stage's tokens sit at the centres of their patches ((r + 0.5) * stride); a merged token at the
+    mean of the centres of the tokens it merges (``merge_transport``), so a token of a 2x2 block cut by the
+    grid's border (a grid of odd size) sits at the centre of what it holds, inside the image, and every
+    other at (r + 0.5) * its stage's stride.
+
+    Args:
+        windows: every block's geometry, first block first (the first block's stage is the first stage).
+
+    Returns:
+        {stage: centres}.
+    """
+    first = windows[0]
+    (gh, gw), (sy, sx) = first.grid, first.stride_px
+    ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
+    centres = {first.stage: np.stack([ys.ravel(), xs.ravel()], axis=1)}
+    previous = first
+    for g in windows[1:]:
+        if g.stage == previous.stage:
+            continue
+        parent, weight = merge_transport(previous.grid, g.grid)
+        merged = np.zeros((g.num_tokens, 2))
+        np.add.at(merged, parent, centres[previous.stage] * weight[:, None])
+        centres[g.stage] = merged
+        previous = g
+    return centres
+
+
+__all__ = ["WindowGeometry", "merge_transport", "stage_centres"]

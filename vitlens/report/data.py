@@ -15,6 +15,7 @@ from ..errors import InvalidParameterError
 from ..results import Result
 from ..views.analyze import AnalysisResult
 from ..views.distance import LOCAL_OF_UNIFORM, AttentionDistanceResult, local_rule
+from ..views.windowed import WindowedDistanceResult
 
 
 #: a model's curve is "flat" when this share of its heads sits within FLAT_TOLERANCE of the uniform distance
@@ -55,7 +56,7 @@ class ComparisonData(Result):
 
     kind = "comparison"
     models: list[str]
-    distances: list[AttentionDistanceResult]
+    distances: list[AttentionDistanceResult | WindowedDistanceResult]  # a windowed model: per block and stage
     units: str
     local_threshold: float  # a head is local at or below this multiple of the uniform distance (LOCAL_OF_UNIFORM)
     first_layers: int
@@ -142,7 +143,8 @@ class ComparisonData(Result):
 def near_uniform_share(d: AttentionDistanceResult, tolerance: float = FLAT_TOLERANCE) -> float:
     """Share of the heads (all layers) whose mean distance is within ``tolerance`` of the distance
     of uniform attention on the model's grid (the dotted line of Fig. 7 right and Fig. 11)."""
-    return float((np.abs(d.mean_px / d.uniform_px - 1) <= tolerance).mean())
+    ratio = d.of_uniform  # a windowed model's against each block's window-uniform distance; NaN: a missing head
+    return float((np.abs(ratio[~np.isnan(ratio)] - 1) <= tolerance).mean())
 
 
 def _weights_or_guess(names: Sequence[str], weights: Sequence[str] | None) -> list[str]:
@@ -197,6 +199,8 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
             "embedded", ...); unknown when None (the embedded pair is known by name).
     """
     name = name or d.model_name or "this model"
+    if isinstance(d, WindowedDistanceResult):
+        return windowed_distance_reading(d, name, weights)
     near = near_uniform_share(d)
     if near >= FLAT_SHARE:
         why = why_flat([name], [weights or ""])
@@ -213,6 +217,30 @@ def distance_reading(d: AttentionDistanceResult, name: str | None = None, weight
     return (f"{name}: {local} of {widths.shape[1]} layer-1 heads are local ({local_rule()}, "
             f"{d.uniform_px:.1f} px); the median head attends {first:.2f} of the width "
             f"in layer 1 and {last:.2f} in layer {widths.shape[0]}, {trend}.")
+
+
+def windowed_distance_reading(d: WindowedDistanceResult, name: str | None = None, weights: str | None = None) -> str:
+    """One sentence on a windowed, hierarchical model's attention distance: per stage, the median head as a
+    multiple of its window's uniform distance and how many heads are local (``LOCAL_OF_UNIFORM`` of the window).
+
+    Args:
+        d: the model's windowed attention distance.
+        name: the model's name (default ``d.model_name``).
+        weights: its kind of weights (``LoadedModel.weights``); random weights are named.
+
+    Returns:
+        The sentence.
+    """
+    name = name or d.model_name or "this model"
+    parts = []
+    for stage in sorted(set(d.stages.tolist())):
+        ratio = d.of_window[d.stages == stage]
+        ratio = ratio[~np.isnan(ratio)]
+        local = int((ratio <= LOCAL_OF_UNIFORM).sum())
+        parts.append(f"stage {stage + 1}: median head {np.median(ratio):.2f}x its window's uniform distance, "
+                     f"{local} of {ratio.size} heads local")
+    tail = "; random weights: the untrained architecture" if weights == "random init" else ""
+    return (f"{name} ({local_rule()} of its window): " + "; ".join(parts) + f"{tail}.")
 
 
 def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
@@ -242,6 +270,7 @@ def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[st
     for d, name in zip(distances, names):
         values = d.mean_px if units == "px" else d.mean_fraction_of_width
         for layer, heads in enumerate(values):
+            heads = heads[~np.isnan(heads)]  # a windowed model's block has its own number of heads
             rows.append({"model": name, "layer": layer + 1, "min": float(heads.min()),
                          "median": float(np.median(heads)), "max": float(heads.max())})
     return rows
@@ -261,7 +290,8 @@ def local_head_share(d: AttentionDistanceResult, local_of_uniform: float = LOCAL
     Returns:
         The share of local heads in ``[0, 1]``.
     """
-    return float(d.local_heads(local_of_uniform)[:first_layers].mean())
+    exists = ~np.isnan(d.mean_px[:first_layers])  # a windowed model's blocks differ in their number of heads
+    return float(d.local_heads(local_of_uniform)[:first_layers][exists].mean())
 
 
 def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str] | None = None,

@@ -84,6 +84,11 @@ class AttentionDistanceResult(Result):
         """The distance of uniform attention on this grid (the figure's dotted line)."""
         return uniform_distance(self.grid, self.stride_px)
 
+    @property
+    def of_uniform(self) -> np.ndarray:
+        """[L, H] each head's distance as a multiple of ``uniform_px`` (1.0: as far as uniform attention)."""
+        return self.mean_px / self.uniform_px
+
     def local_heads(self, multiple: float = LOCAL_OF_UNIFORM) -> np.ndarray:
         """[L, H] booleans: which heads are local (mean distance at most ``multiple`` x ``uniform_px``,
         the one rule of ``LOCAL_OF_UNIFORM``)."""

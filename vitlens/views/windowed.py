@@ -4,8 +4,9 @@ give, and attention rollout through the windows and the patch mergings to the fi
 
 Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 
-- a block's tokens sit at their centres in the input image at their stage's stride; each window's positions
-  are stage tokens (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
+- a block's tokens sit at their centres in the input image: a first-stage token at its patch's centre, a merged
+  token at the mean of the centres of the tokens it merges (``stage_centres``: (r + 0.5) x its stage's stride,
+  except where a merging's 2x2 block is cut by an odd grid's border); each window's positions are stage tokens (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
 - distance of head h, image b: the mean over the real (non-padding) queries of every window of
   sum_k A[q, k] d(q, k) / sum_k A[q, k] over the real keys (``renormalize``; raw weights otherwise), d in
   pixels; ``window_uniform_px`` is the same mean for attention spread evenly over the keys each query may
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from ..core.spec import ModelSpec
-from ..core.windows import WindowGeometry, merge_transport
+from ..core.windows import WindowGeometry, merge_transport, stage_centres
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..engine.stream import model_name
 from ..errors import InvalidParameterError, UnsupportedModelError
@@ -46,11 +47,10 @@ def model_windows(m: object) -> list[WindowGeometry]:
     return windows(m.model, m.spec.image_size)  # type: ignore[attr-defined]
 
 
-def _distances(g: WindowGeometry) -> tuple[torch.Tensor, torch.Tensor, float]:
+def _distances(g: WindowGeometry, centres: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(d [windows, N, N] px with 0 at padding keys, the real positions [windows, N] as 1.0 / 0.0 (the queries
     and keys that count), the window-uniform distance: mean over real queries of the mean d over the keys each
     may attend)."""
-    centres = g.centres_px()
     valid = g.index >= 0
     pos = centres[np.where(valid, g.index, 0)]  # [windows, N, 2]
     d = np.sqrt(((pos[:, :, None, :] - pos[:, None, :, :]) ** 2).sum(-1))
@@ -104,6 +104,11 @@ class WindowedDistanceResult(Result):
         """[L, H] each head's distance as a multiple of its window's uniform distance (1.0: it fills its window)."""
         return self.mean_px / self.window_uniform_px[:, None]
 
+    @property
+    def of_uniform(self) -> np.ndarray:
+        """``of_window``: the uniform distance a windowed head is read against is its window's."""
+        return self.of_window
+
     def local_heads(self, multiple: float = LOCAL_OF_UNIFORM) -> np.ndarray:
         """[L, H] which heads are local: at most ``multiple`` x the uniform distance of their window."""
         return self.of_window <= multiple
@@ -148,7 +153,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
                  renormalize: bool = True) -> None:
         self.windows, self.heads, self.image_size = windows, list(heads), tuple(int(s) for s in image_size)
         self.renormalize = bool(renormalize)
-        self._tables = [_distances(g) for g in windows]
+        centres = stage_centres(windows)
+        self._tables = [_distances(g, centres[g.stage]) for g in windows]
         shape = (len(windows), max(self.heads))
         self.mean, self.m2, self.n = np.zeros(shape), np.zeros(shape), 0
         self._batch: np.ndarray | None = None
@@ -294,5 +300,53 @@ class WindowedRolloutAccumulator(AttentionConsumer):
             model_name=model_name(spec))
 
 
-__all__ = ["WindowedDistanceAccumulator", "WindowedDistanceResult", "WindowedRolloutAccumulator", "model_windows",
+def window_maps(m: object, image: object) -> list[torch.Tensor]:
+    """Every block's window maps of one image, [windows, heads, N, N] float32 (side capture: the model's own
+    probabilities, its output untouched), first block first; ``query_window_attention`` reads a query's row.
+
+    Args:
+        m: a hierarchical model (``LoadedModel``).
+        image: one image, or a preprocessed tensor (its first image is used).
+    """
+    model_windows(m)  # refuses a model without windows, in one line
+    x = image[:1] if isinstance(image, torch.Tensor) else m.preprocess([image])  # type: ignore[attr-defined]
+    from ..engine.capture import capture_attention
+
+    with capture_attention(m) as cap, torch.no_grad():  # type: ignore[arg-type]
+        m.forward(x.to(m.device))  # type: ignore[attr-defined]
+    return cap.maps
+
+
+def query_window_attention(probs: torch.Tensor, window: WindowGeometry, row: int, col: int) -> np.ndarray:
+    """One query's attention in one block of a windowed model, on its stage's grid: [heads, H_s, W_s], the window
+    (or, in a shifted block, the keys its mask allows) it attends, zero elsewhere (Fig. 7's per-head maps for
+    hierarchical models).
+
+    Args:
+        probs: the block's captured maps of one image, [windows, heads, N, N] (``capture_attention``'s
+            ``maps[layer]``, batch of one).
+        window: the block's ``WindowGeometry``.
+        row: the query's row on the stage's grid.
+        col: its column.
+
+    Returns:
+        [heads, H_s, W_s] float64.
+
+    Raises:
+        InvalidParameterError: a query outside the stage's grid, or maps of another block.
+    """
+    (h, w) = window.grid
+    if not (0 <= row < h and 0 <= col < w):
+        raise InvalidParameterError(f"The query ({row}, {col}) is outside this block's {h}x{w} stage grid.")
+    if probs.shape[0] != window.num_windows or probs.shape[-1] != window.window_tokens:
+        raise InvalidParameterError(f"Maps of shape {tuple(probs.shape)} are not this block's ({window.num_windows} "
+                                    f"windows of {window.window_tokens} tokens): pass one image's maps of the block.")
+    win, pos = (int(v[0]) for v in np.nonzero(window.index == row * w + col))
+    real = window.index[win] >= 0
+    out = np.zeros((probs.shape[1], h * w))
+    out[:, window.index[win][real]] = probs[win, :, pos].detach().double().cpu().numpy()[:, real]
+    return out.reshape(-1, h, w)
+
+
+__all__ = ["WindowedDistanceAccumulator", "query_window_attention", "window_maps", "WindowedDistanceResult", "WindowedRolloutAccumulator", "model_windows",
            "windowed_rollout_row"]

@@ -1,0 +1,94 @@
+"""A Swin in the app (issue 32): distance per stage with its reading and a stage picker, rollout on the image and
+one query's window per head on the Attention maps view, a one-line refusal on Attributions, and Compare beside
+the embedded ViT against depth in image widths; the report and ``vitlens compare`` draw the same figures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+import vitlens as vl
+
+from test_app import APP, problems
+
+NAME = "vitlens_test_tiny_swin"
+
+
+def _register() -> None:
+    import timm
+    from timm.models import register_model
+    from timm.models.swin_transformer import _create_swin_transformer
+
+    if NAME in timm.list_models(NAME):
+        return
+
+    @register_model
+    def vitlens_test_tiny_swin(pretrained: bool = False, **kwargs):  # noqa: ANN202 (timm's entry point)
+        return _create_swin_transformer("swin_tiny_patch4_window7_224", pretrained=False, img_size=56,
+                                        window_size=4, embed_dim=16, depths=(2, 2, 2), num_heads=(2, 2, 4), **kwargs)
+
+
+@pytest.fixture()
+def swin_app() -> AppTest:
+    _register()
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.slider(key="n-shapes").set_value(8).run()
+    at.radio(key="m1-source").set_value("Name").run()
+    at.text_input(key="m1-timm").set_value(NAME).run()
+    assert problems(at) == [] and not at.error, [e.value for e in at.error]
+    return at
+
+
+def test_a_swin_in_the_app_shows_its_windowed_views_and_refuses_attributions_in_one_line(swin_app):
+    app = swin_app
+    assert "hierarchical" in app.sidebar.table[0].value.to_string()
+    # Attention maps: the rollout through the stages, then one query's window per head
+    app.radio(key="view").set_value("Attention maps").run()
+    assert problems(app) == []
+    assert any(h.value == "One query's attention" for h in app.subheader)
+    assert any("patch mergings" in c.value for c in app.caption)
+    app.slider(key="layer").set_value(3).run()  # block 3: stage 2, 7x7 grid
+    assert problems(app) == []
+    assert any("stage 2" in c.value and "7x7" in c.value for c in app.caption)
+    # Attention distance: per stage, the reading, and the numbers of the stage picked
+    app.session_state["n-dist"] = 4
+    app.radio(key="view").set_value("Attention distance").run()
+    assert problems(app) == [] and any("stage 1: median head" in md.value for md in app.markdown)
+    app.radio(key="dist-stage").set_value("stage 2").run()
+    table = app.dataframe[0].value
+    assert set(table["stage"]) == {2} and {"window_uniform_px", "of_window"} <= set(table.columns)
+    # Attributions: refused in words a person can act on, and the app keeps working
+    app.radio(key="view").set_value("Attributions").run()
+    assert problems(app) == [] and any("hierarchical" in e.value for e in app.error)
+    app.radio(key="view").set_value("Filters").run()
+    assert problems(app) == []
+
+
+def test_compare_and_report_draw_a_swin_beside_a_vit_against_depth(tmp_path):
+    from vitlens import figures
+    from vitlens.report.data import comparison
+
+    _register()
+    torch.manual_seed(0)
+    swin = vl.load_model(NAME, pretrained=False)
+    vit = vl.load_model("ref-vit")
+    images = vl.sample_images()[:2]
+    d_swin, d_vit = vl.attention_distance(swin, images), vl.attention_distance(vit, images)
+    data = comparison([d_vit, d_swin], ["ref-vit", NAME], kinds=["vit", "hierarchical"])
+    assert data.units == "width"  # 64 px beside 56 px
+    fig = figures.distance_figure(data.distances, names=data.models, units=data.units)
+    assert fig.layout.xaxis.title.text.startswith("Depth (fraction")
+    swin_dots = [t for t in fig.data if t.name == NAME][0]
+    np.testing.assert_allclose(sorted(set(swin_dots.x)), (np.arange(6) + 1) / 6)
+    assert max(swin_dots.y) <= 1.0 and "image widths" in fig.layout.yaxis.title.text
+    again = vl.load_result(data.save(tmp_path / "compare.json"))
+    assert isinstance(again.distances[1], vl.WindowedDistanceResult)
+    # the report of the Swin alone: its views through the registry, no prefix section
+    a = vl.analyze(swin, images)
+    from vitlens.report.html import model_figures
+
+    figs = model_figures(a, [np.asarray(i) for i in swin.display(images)])
+    assert {"filters", "distance", "rollout"} <= set(figs)
+    assert figs["distance"].layout.xaxis.title.text == "Network depth (block)"
