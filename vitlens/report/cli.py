@@ -174,7 +174,7 @@ def _data_path(out: Path, data: str | None) -> Path:
 def cmd_report(args: argparse.Namespace) -> int:
     import vitlens as vl
     from vitlens.environment import versions
-    from vitlens.views.registry import VIEW_NAMES
+    from vitlens.views.registry import available_views
     from vitlens.report.data import ReportData
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
@@ -189,7 +189,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     analyses, shown, timings, tables, notes, heads = [], [], {}, [], {}, []
     for m in models:
         t1 = time.perf_counter()
-        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet, views=VIEW_NAMES)
+        a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet, views=available_views(m))
         t2 = time.perf_counter()
         shown.append(m.display(images[:N_ROLLOUT_SHOWN]))
         analyses.append(a)

@@ -92,6 +92,8 @@ class View:
             without a page written for it gets a generic one, its figure and its numbers).
         summary: for a weight-only view, result -> the few numbers a survey's table keeps of it
             (its "weights" rows, once per model).
+        kinds: the ``ModelSpec.kind`` values the view is defined for (a hierarchical model's windows have no
+            prefix tokens: ``available_views``).
     """
 
     name: str
@@ -105,6 +107,7 @@ class View:
     label: str = ""
     shown_in: str = ""
     summary: Callable[[Any], dict[str, float]] | None = None
+    kinds: tuple[str, ...] = ("vit", "hybrid", "hierarchical")
 
     @property
     def heading(self) -> str:
@@ -131,12 +134,17 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          shown_in="Attention maps"),
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
          PrefixDiagnosticsResult, "prefix_figure", default=False,
-         label="Prefix tokens", shown_in="Attention distance"),
+         label="Prefix tokens", shown_in="Attention distance", kinds=("vit", "hybrid")),
 )}
 
 #: the view names ``analyze`` takes, and the paper's four it computes by default
 VIEW_NAMES: tuple[str, ...] = tuple(VIEWS)
 DEFAULT_VIEWS: tuple[str, ...] = tuple(name for name, v in VIEWS.items() if v.default)
+
+
+def available_views(m: "LoadedModel", names: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The views of ``names`` (default every one) defined for ``m``'s kind of model (``View.kinds``)."""
+    return tuple(n for n in (VIEW_NAMES if names is None else names) if m.spec.kind in VIEWS[n].kinds)
 
 
 def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -152,4 +160,4 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "View", "ViewParams", "check_views"]
+__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "View", "ViewParams", "available_views", "check_views"]
