@@ -480,6 +480,11 @@ def render_maps(ctx: Context) -> None:
 
 def render_attributions(ctx: Context) -> None:
     m = ctx.m
+    if m.spec.kind == "hierarchical":  # the library refuses it too (vl.attribute); say so before any work
+        st.info(f"{m.spec.name} is hierarchical (windowed attention on stages of coarser grids): vitlens offers no "
+                "attribution method for it yet. Its windowed views are exact: Attention distance per stage, and "
+                "the rollout through the windows and patch mergings on Attention maps.")
+        return
     text = has_text_tower(m)
     what = "the image's similarity to the prompt" if text else "the class probability"
     st.caption("Rollout shows where information was mixed; the other methods ask what supports "

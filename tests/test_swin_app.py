@@ -61,7 +61,7 @@ def test_a_swin_in_the_app_shows_its_windowed_views_and_refuses_attributions_in_
     assert set(table["stage"]) == {2} and {"window_uniform_px", "of_window"} <= set(table.columns)
     # Attributions: refused in words a person can act on, and the app keeps working
     app.radio(key="view").set_value("Attributions").run()
-    assert problems(app) == [] and any("hierarchical" in e.value for e in app.error)
+    assert problems(app) == [] and any("hierarchical" in i.value for i in app.info) and not app.error
     app.radio(key="view").set_value("Filters").run()
     assert problems(app) == []
 
