@@ -375,3 +375,31 @@ def test_coca_cascade_pool_is_refused_as_a_pool_but_its_blocks_are_read():
     with torch.no_grad(), vl.capture_attention(m) as cap:
         m.logits(images())
     assert len(cap.maps) == 2
+
+
+# ---------------------------------------------------------------------------------------------- token geometry
+
+
+def test_tokens_out_of_the_prefix_then_row_major_order_are_refused():
+    # the token count fits (1 class + 16 patches), the order does not: the class token comes last
+    from timm.models.vision_transformer import Attention, VisionTransformer
+
+    class Renamed(Attention):  # an attention class no family names: the generic capture reads it
+        pass
+
+    class ClassLast(VisionTransformer):
+        def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+            x = super()._pos_embed(x)
+            return torch.cat([x[:, 1:], x[:, :1]], dim=1)
+
+    for cls in (VisionTransformer, ClassLast):
+        torch.manual_seed(0)
+        model = cls(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3).eval()
+        for block in model.blocks:
+            block.attn.__class__ = Renamed
+        if cls is VisionTransformer:
+            assert vl.LoadedModel.from_module(model, device="cpu").spec.family == "generic"
+        else:
+            with pytest.raises(vl.UnsupportedModelError, match=r"patch \(row 0, column 3\) changed token\(s\) \[3\].*"
+                                                                "not token 4.*wrong grid cells"):
+                vl.LoadedModel.from_module(model, device="cpu")

@@ -317,6 +317,7 @@ class GenericCallCapture(Family):
                 f"{name!r}: its blocks attend over {tokens} tokens, which is not the {grid[0]}x{grid[1]} patch grid "
                 f"plus {declared if declared is not None else 'a number of'} prefix tokens, so vitlens could not "
                 "infer the token geometry.")
+        verify_patch_order(model, name, size, prefix, grid)
         _PREFIX[model] = prefix
         cls, dist, registers = layout.prefix_parts(model)
         labels = prefix_labels(cls, dist, registers) if int(cls) + int(dist) + registers == prefix else ()
@@ -368,6 +369,63 @@ class GenericCallCapture(Family):
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return _layout(model).logits(model, x)
+
+
+def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefix: int,
+                       grid: tuple[int, int]) -> None:
+    """Check that the first block attends over the prefix tokens and then the patch tokens in row-major order:
+    light up one patch at a time (the top-right and the bottom-left cell, which a transposed or reversed order would
+    swap) and see which token of the first attention module's input changes. Only that cell's token may, at
+    ``prefix + row * gw + column``: a model that appends its class token, orders patches otherwise or mixes tokens
+    before the first block is refused rather than have its maps read on the wrong grid cells.
+
+    Skipped for a patch convolution whose kernel is not its stride or that pads (a cell's pixels then reach
+    neighbouring tokens too), and when the first attention module is not called with a [B, T, D] tensor.
+
+    Raises:
+        UnsupportedModelError: another token than the cell's changes.
+    """
+    layout = _layout(model, name)
+    conv = layout.patch_conv(model)
+    pad = conv.padding if isinstance(conv.padding, tuple) else (1, 1)
+    if tuple(conv.kernel_size) != tuple(conv.stride) or any(int(p) for p in pad):
+        return
+    tokens = prefix + grid[0] * grid[1]
+    seen: list[torch.Tensor] = []
+
+    def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        first = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        if not seen and isinstance(first, torch.Tensor):
+            seen.append(first.detach().float().clone())
+
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    sy, sx = int(conv.stride[0]), int(conv.stride[1])
+    cells = [(0, grid[1] - 1), (grid[0] - 1, 0)] if grid[0] * grid[1] > 1 else [(0, 0)]
+    hidden = []
+    handle = layout.attention_modules(model)[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        for cell in [None, *cells]:
+            x = torch.zeros(1, int(conv.in_channels), *size, device=device, dtype=dtype)
+            if cell is not None:
+                x[..., cell[0] * sy:(cell[0] + 1) * sy, cell[1] * sx:(cell[1] + 1) * sx] = 1.0
+            seen.clear()
+            with torch.no_grad():
+                layout.forward(model, x)
+            hidden.append(seen[0] if seen else None)
+    finally:
+        handle.remove()
+    if any(h is None or h.dim() != 3 or h.shape[:2] != (1, tokens) for h in hidden):
+        return
+    for cell, h in zip(cells, hidden[1:]):
+        changed = ((h - hidden[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
+        want = prefix + cell[0] * grid[1] + cell[1]
+        if changed != [want]:
+            raise UnsupportedModelError(
+                f"{name!r}: lighting up patch (row {cell[0]}, column {cell[1]}) changed token(s) {changed[:8]} of its "
+                f"first block's input, not token {want} ({prefix} prefix tokens, then the {grid[0]}x{grid[1]} patches "
+                "in row-major order), so vitlens would read its maps on the wrong grid cells.")
 
 
 def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]:
