@@ -220,13 +220,23 @@ class TimmLayout(Layout):
 _HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "layer", "layers", "encoder.blocks", "blocks")
 
 
+def _hf_tower(model: nn.Module) -> nn.Module:
+    """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
+    or the ``model`` it wraps (Kosmos-2's vision model)."""
+    from .hf import vision_tower
+
+    tower = vision_tower(model)
+    inner = getattr(tower, "model", None)
+    if not hasattr(tower, "embeddings") and isinstance(inner, nn.Module) and hasattr(inner, "embeddings"):
+        return inner
+    return tower
+
+
 def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]] | None:
     """(vision tower, patch convolution, layers, each layer's attention module) of a transformers vision model, or
     None when it does not have that shape: one convolution in ``embeddings`` whose kernel is its stride, one list of
     ``num_hidden_layers`` layers of one class, each with exactly one direct child whose class name has "Attention"."""
-    from .hf import vision_tower
-
-    tower = vision_tower(model)
+    tower = _hf_tower(model)
     cfg = getattr(tower, "config", None)
     emb = getattr(tower, "embeddings", None)
     if cfg is None or not isinstance(emb, nn.Module):
@@ -271,6 +281,11 @@ class HuggingFaceLayout(Layout):
     def check(self, model: nn.Module, name: str) -> None:
         tower = self._parts(model)[0]
         impl = getattr(tower.config, "_attn_implementation", None)
+        if impl != "sdpa" and not getattr(type(model), "_supports_sdpa", True):
+            raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__} for which transformers has no sdpa attention "
+                f"implementation (it runs {impl!r}: an explicit softmax), so vitlens's generic call-level capture has "
+                "no scaled_dot_product_attention call to read.")
         if impl != "sdpa":
             raise UnsupportedModelError(
                 f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
@@ -335,6 +350,8 @@ class HuggingFaceLayout(Layout):
             return out.logits
         if getattr(out, "pooler_output", None) is not None:
             return out.pooler_output
+        if getattr(out, "feature_maps", None):  # a backbone (VitPose's): its last feature map
+            return out.feature_maps[-1]
         hidden = out.last_hidden_state
         return hidden[:, 0] if self.prefix_parts(model)[0] else hidden.mean(1)
 
