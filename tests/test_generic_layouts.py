@@ -123,6 +123,39 @@ def test_hf_models_are_exact_against_their_own_eager_attention(key):
         assert "generic call-level capture" in repr(m)
 
 
+def hf_wrappers() -> dict[str, nn.Module]:
+    import transformers
+
+    text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=99,
+                max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    torch.manual_seed(0)
+    return {
+        # the vision tower of a model with a text tower: the output is get_image_features
+        "Aimv2Model": transformers.Aimv2Model(transformers.Aimv2Config(vision_config=SMALL, text_config=text,
+                                                                        projection_dim=16)),
+        # a classifier around the base model (its ``beit``): the output is its logits
+        "BeitForImageClassification": transformers.BeitForImageClassification(
+            transformers.BeitConfig(**SMALL, num_labels=5, use_relative_position_bias=True)),
+        # a backbone: the output is its last feature map
+        "DINOv3ViTBackbone": transformers.DINOv3ViTBackbone(
+            transformers.DINOv3ViTConfig(**SMALL, num_register_tokens=1, out_features=["stage2"])),
+    }
+
+
+def test_hf_wrappers_are_read_at_their_vision_tower():
+    x = images()
+    shapes = {"Aimv2Model": (2, 16), "BeitForImageClassification": (2, 5), "DINOv3ViTBackbone": (2, 32, 4, 4)}
+    for key, model in hf_wrappers().items():
+        model.eval()
+        m = vl.load_model(model, device="cpu")
+        assert m.spec.family == "generic" and m.spec.num_classes == (5 if "Classification" in key else 0)
+        with torch.no_grad():
+            plain = m.logits(x)
+            with vl.capture_attention(m) as cap:
+                out = m.logits(x)
+        assert tuple(out.shape) == shapes[key] and torch.equal(out, plain) and len(cap.maps) == 2, key
+
+
 def test_hf_model_inline_keeps_the_maps_in_the_graph():
     m = vl.LoadedModel.from_module(hf_dinov3(), device="cpu")
     x = images(1).requires_grad_(True)

@@ -222,13 +222,17 @@ _HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "layer", "l
 
 def _hf_tower(model: nn.Module) -> nn.Module:
     """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
-    or the ``model`` it wraps (Kosmos-2's vision model)."""
+    or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
+    it wraps (Kosmos-2's vision model)."""
     from .hf import vision_tower
 
     tower = vision_tower(model)
-    inner = getattr(tower, "model", None)
-    if not hasattr(tower, "embeddings") and isinstance(inner, nn.Module) and hasattr(inner, "embeddings"):
-        return inner
+    for attr in ("base_model", "model"):
+        if hasattr(tower, "embeddings"):
+            break
+        inner = getattr(tower, attr, None)
+        if isinstance(inner, nn.Module) and inner is not tower and hasattr(inner, "embeddings"):
+            tower = inner
     return tower
 
 
