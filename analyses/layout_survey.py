@@ -266,6 +266,43 @@ def reference_for(m: Any, x: torch.Tensor) -> list[torch.Tensor] | str:
     return timm_reference(m, x)
 
 
+def pool_difference(m: Any, x: torch.Tensor) -> str:
+    """The pool attention (``capture_pool_attention``) against the pool's own: CoCa's nn.MultiheadAttention with
+    need_weights=True, AIMv2's head written out; "" for a model without a pool vitlens reads."""
+    from vitlens.errors import ViewNotAvailableError
+    from vitlens.families.pooling import capture_pool_attention
+
+    seen: list[tuple] = []
+    visual = getattr(m.model, "visual", None)
+    pool = getattr(visual, "attn_pool", None)
+    if pool is not None and getattr(visual, "attn_pool_type", "") == "parallel":
+        pool = visual.attn_pool_contrastive
+    head = getattr(getattr(m.model, "head", None), "k_proj", None) and m.model.head
+    target = pool.attn if pool is not None else head
+    if target is None:
+        return ""
+    handle = target.register_forward_pre_hook(lambda _m, args: seen.append(args))
+    try:
+        with torch.no_grad(), capture_pool_attention(m) as cap:
+            m.logits(x)
+    except ViewNotAvailableError as e:
+        return f"; pool refused: {str(e)[:90]}"
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        if pool is not None:
+            query, key, value = seen[-1][:3]
+            want = target(query, key, value, need_weights=True, average_attn_weights=False)[1]
+        else:
+            h = seen[-1][0]
+            b, t, d = h.shape
+            heads = head.num_heads
+            k = head.k_proj(h).reshape(b, t, heads, d // heads).transpose(1, 2)
+            q = head.cls_token.reshape(1, 1, heads, d // heads).transpose(1, 2)
+            want = ((q @ k.transpose(-2, -1)) / (d // heads) ** 0.5).softmax(-1)
+    return f"; pool attention {tuple(cap.maps[0].shape)} max abs diff {fmt((cap.maps[0] - want).abs().max().item())}"
+
+
 def survey(m: Any) -> str:
     """Side and inline capture against the model's own reference, the outputs, the two views."""
     import vitlens as vl
@@ -294,7 +331,7 @@ def survey(m: Any) -> str:
     exact = (f"side {fmt(diffs['side'])}, inline {fmt(diffs['inline'])}" if diffs else ref)
     ok = "exact" if diffs and max(diffs.values()) < 1e-5 else ("NOT EXACT" if diffs else "read (no reference)")
     return (f"{ok} ({m.spec.family}; {geometry}): max abs diff {exact}; side outputs bit-identical: "
-            f"{'yes' if identical else 'NO'}; {views}")
+            f"{'yes' if identical else 'NO'}; {views}{pool_difference(m, x)}")
 
 
 def row(label: str, load: Callable[[], Any]) -> str:

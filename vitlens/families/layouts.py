@@ -115,7 +115,15 @@ LAYOUTS: list[Layout] = []
 
 
 def register_layout(layout: Layout) -> Layout:
-    """Add ``layout`` to ``LAYOUTS`` (tried in order: the first that matches reads the model)."""
+    """Add ``layout`` to ``LAYOUTS``, the list the generic call-level capture reads (in order: the first that matches
+    reads the model).
+
+    Args:
+        layout: the layout to add (an instance of a ``Layout`` subclass).
+
+    Returns:
+        ``layout``, so that ``register_layout(MyLayout())`` can be a module-level statement.
+    """
     LAYOUTS.append(layout)
     return layout
 
