@@ -394,7 +394,9 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     seen: list[torch.Tensor] = []
 
     def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
-        first = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        named = next((kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs), None)
+        first = args[0] if args else named if named is not None else \
+            next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
         if not seen and isinstance(first, torch.Tensor):
             seen.append(first.detach().float().clone())
 
