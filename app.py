@@ -11,7 +11,6 @@ import shutil
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np

@@ -12,6 +12,7 @@ from .base import (FAMILIES, REFUSED_FAMILIES, Adapter, CaptureAbilities, Captur
 # whatever its place in FAMILIES, and registered last so that ``vitlens models`` lists it last)
 from . import hf, openclip, swin, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: E402,F401
 from . import generic  # noqa: E402,F401  (the fallback: listed last)
+from .layouts import LAYOUTS, Layout, register_layout  # noqa: E402  (where the generic capture finds a ViT's pieces)
 
 
 def describe_families() -> list[dict[str, object]]:
@@ -24,5 +25,5 @@ def describe_families() -> list[dict[str, object]]:
     return [{"name": f.name, "reads": f.reads, "names": list(f.names)} for f in FAMILIES]
 
 
-__all__ = ["Adapter", "CaptureAbilities", "CaptureRequest", "FAMILIES", "REFUSED_FAMILIES", "Emit", "Family", "Handles",
-           "HookSession", "describe_families", "family_of", "register"]
+__all__ = ["Adapter", "CaptureAbilities", "CaptureRequest", "FAMILIES", "LAYOUTS", "REFUSED_FAMILIES", "Emit", "Family",
+           "Handles", "HookSession", "Layout", "describe_families", "family_of", "register", "register_layout"]

@@ -410,9 +410,10 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
             "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
             "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids, parallel blocks), BEiT, EVA and other "
-            "RoPE models (vit_pe_*, *_rope_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/SigLIP vision "
-            "towers, torchvision ViTs, and timm-style ViTs whose attention ends in one scaled_dot_product_attention "
-            "call per block (generic call-level capture).")
+            "RoPE models (vit_pe_*, *_rope_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/MetaCLIP 2/SigLIP "
+            "vision towers, torchvision ViTs, and global-attention ViTs whose attention ends in one "
+            "scaled_dot_product_attention call per block (generic call-level capture: timm-style models, Hugging "
+            "Face DINOv3/AIMv2/Data2Vec/BEiT on sdpa, OpenCLIP towers of open_clip's own Attention).")
     for family in FAMILIES:
         if family.fallback and family.matches(model):
             family.check(model, name)
@@ -422,6 +423,8 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
         "vitlens reads timm VisionTransformer, BEiT, EVA and RoPE models, Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE "
-        "and CLIP/SigLIP vision towers, OpenCLIP image towers and torchvision ViTs: try e.g. "
+        "and CLIP/MetaCLIP 2/SigLIP vision towers (and DINOv3, AIMv2, Data2Vec, BEiT on sdpa), OpenCLIP image towers, "
+        "torchvision ViTs, and global-attention ViTs with one patch convolution and one attention module per block "
+        "whose attention ends in one scaled_dot_product_attention call: try e.g. "
         "'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
         "embedded 'ref-vit'.")

@@ -1,8 +1,11 @@
-"""Generic call-level capture: the fallback for a timm-style ViT whose attention class no family names.
+"""Generic call-level capture: the fallback for a global-attention ViT whose attention no family names.
 
 A model is read this way when no family matches it (or when the family that matches refuses only its
-attention class) and it has the shape of a timm ViT: a ``patch_embed`` whose ``proj`` is a convolution
-(its stride is the token stride) and a sequence ``blocks``, each with an ``attn`` module. Whatever that
+attention class) and a layout (``vitlens.families.layouts``) finds its pieces: one convolution that cuts
+the image into patches (its stride is the token stride) and, in every block, one attention module. The
+layouts: a timm-style ViT (``patch_embed.proj``, ``blocks[i].attn``), a Hugging Face vision model run with
+``attn_implementation="sdpa"`` (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...), and open_clip's
+``VisionTransformer`` with open_clip's own ``Attention`` blocks. Whatever that
 module does before (rotary embeddings, relative-position or learned biases, qk-norm, gating), most
 modern attention ends in one call of ``torch.nn.functional.scaled_dot_product_attention(q, k, v,
 attn_mask, dropout_p, is_causal, scale, enable_gqa)``, whose output is exactly ``P v`` with
@@ -27,10 +30,11 @@ A block whose attention makes no SDPA call, or more than one, is refused when th
 forward at the built size) and again at capture, naming the block. So are queries and keys of different
 lengths (pooled or cross attention) and a token count that is not the prefix tokens plus the patch grid.
 
-Token geometry: the grid from the convolution's arithmetic at the input size (checked against
-``patch_embed.grid_size`` where the module has one), the prefix count as the probe forward's tokens minus
-the grid's cells, checked against ``num_prefix_tokens`` (or the ``cls_token`` / ``dist_token`` /
-``reg_token`` parameters) where the model declares it. Windowed attention (Swin, SAM), CaiT's class
+Token geometry: the grid from the convolution's arithmetic at the input size (checked against the grid the
+model declares, timm's ``patch_embed.grid_size``, a config's ``image_size // patch_size``), the prefix count
+as the probe forward's tokens minus the grid's cells, checked against the prefix tokens the model declares
+(timm's ``num_prefix_tokens`` or ``cls_token`` / ``dist_token`` / ``reg_token``; a transformers embedding's
+class, distillation and register tokens; open_clip's class embedding). Windowed attention (Swin, SAM), CaiT's class
 attention and XCiT's cross-covariance attention stay refused by name before this fallback is tried.
 """
 from __future__ import annotations
@@ -41,63 +45,33 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, refuse_other_size, register
-
-#: the parameters of ``F.scaled_dot_product_attention`` in order, with their defaults
-_SDPA_PARAMS = (("query", None), ("key", None), ("value", None), ("attn_mask", None), ("dropout_p", 0.0),
-                ("is_causal", False), ("scale", None), ("enable_gqa", False))
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
+from .layouts import Layout, layout_of
+from .sdpa_calls import CallMode, sdpa_arguments
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
 
 
-def sdpa_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The arguments of one ``F.scaled_dot_product_attention`` call by name, defaults filled in.
-
-    Args:
-        args: the call's positional arguments.
-        kwargs: its keyword arguments.
-
-    Returns:
-        A dict with query, key, value, attn_mask, dropout_p, is_causal, scale and enable_gqa.
-    """
-    out = {}
-    for i, (name, default) in enumerate(_SDPA_PARAMS):
-        out[name] = args[i] if i < len(args) else kwargs.get(name, default)
-    return out
-
-
-class _CallMode(TorchFunctionMode):
-    """While active (on this thread), hands every ``F.scaled_dot_product_attention`` call to ``on_call``;
-    every other function runs as it is. Inside the handler the mode is off, so ``on_call``'s own calls
-    (the real kernel, the probabilities) are not intercepted again."""
-
-    def __init__(self, on_call: Callable[[tuple, dict], torch.Tensor]) -> None:
-        super().__init__()
-        self.on_call = on_call
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            return self.on_call(args, kwargs)
-        return func(*args, **kwargs)
+def _layout(model: nn.Module, name: str | None = None) -> Layout:
+    """The layout that reads ``model`` (``layouts.layout_of``), or a one-line refusal."""
+    layout = layout_of(model)
+    if layout is None:
+        raise UnsupportedModelError(
+            f"{name or type(model).__name__!r} has none of the layouts vitlens's generic call-level capture reads "
+            "(one patch convolution and one attention module per block: timm-style patch_embed.proj and "
+            "blocks[i].attn, a Hugging Face vision model's embeddings and layers, open_clip's conv1 and resblocks).")
+    return layout
 
 
 def _declared_prefix(model: nn.Module) -> int | None:
-    """The prefix tokens the model declares: ``num_prefix_tokens``, else its class / distillation / register
-    token parameters (None when it declares none of them)."""
-    n = getattr(model, "num_prefix_tokens", None)
-    if isinstance(n, int) and not isinstance(n, bool):
-        return n
-    found = [getattr(model, a, None) for a in ("cls_token", "dist_token", "reg_token")]
-    if not any(isinstance(t, torch.Tensor) for t in found):
-        return None
-    return sum(int(t.shape[1]) for t in found if isinstance(t, torch.Tensor) and t.dim() == 3)
+    """The prefix tokens the model declares (its layout's ``declared_prefix``; None when it declares none)."""
+    layout = layout_of(model)
+    return layout.declared_prefix(model) if layout is not None else None
 
 
 def _conv_grid(proj: nn.Conv2d, hw: Sequence[int]) -> tuple[int, int]:
@@ -127,12 +101,12 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                          check_tokens: bool = True) -> None:
     """Capture every block's attention at its ``F.scaled_dot_product_attention`` call (the module docstring).
 
-    Each ``blocks[i].attn`` runs, for the session, inside a ``_CallMode`` that reads its one SDPA call;
-    ``patch_embed``'s output gives the patch tokens of the forward, so the call's token count is verified
-    against prefix + patches.
+    Each block's attention module (the layout's ``attention_modules``) runs, for the session, inside a
+    ``CallMode`` that reads its one SDPA call; the patch convolution's output gives the patch tokens of the
+    forward (its spatial positions), so the call's token count is verified against prefix + patches.
 
     Args:
-        model: the model (``patch_embed``, ``blocks[i].attn``).
+        model: the model (a layout of ``vitlens.families.layouts`` matches it).
         capture: the capture's request: where the probabilities go, ``capture.mode`` ("inline": return ``P v``
             computed from the handed-over probabilities, detached unless ``capture.detach`` is False, instead
             of the fused call's output), and by how many query rows side capture computes them.
@@ -145,17 +119,18 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
             whose call is not a self-attention over prefix + patch tokens.
     """
     name = name or type(model).__name__
+    layout = _layout(model, name)
     state: dict[str, Any] = {}
-    prefix = _PREFIX.get(model, _declared_prefix(model)) if check_tokens else None
+    prefix = _PREFIX.get(model, layout.declared_prefix(model)) if check_tokens else None
     workspace: dict = {}
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and out.dim() >= 3:
-            state["patches"] = out.numel() // (out.shape[0] * out.shape[-1])
+        if isinstance(out, torch.Tensor) and out.dim() == 4:  # [B, D, gh, gw]: one token per spatial position
+            state["patches"] = int(out.shape[-2]) * int(out.shape[-1])
 
-    handles.hook(model.patch_embed.register_forward_hook(patches_hook))
+    handles.hook(layout.patch_conv(model).register_forward_hook(patches_hook))
     handles.on_remove(state.clear)
-    for layer, attn in enumerate(block.attn for block in model.blocks):
+    for layer, attn in enumerate(layout.attention_modules(model)):
         original = attn.forward
 
         def forward(*args: Any, _layer: int = layer, _original: Callable = original, _attn: nn.Module = attn,
@@ -193,14 +168,13 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                         del item
                 return out
 
-            with _CallMode(on_call):
+            with CallMode(on_call):
                 result = _original(*args, **kwargs)
             if not calls:
                 raise UnsupportedModelError(
                     f"{name!r}: block {_layer}'s attention ({type(_attn).__name__}) made no "
                     "scaled_dot_product_attention call, so vitlens's generic call-level capture has nothing exact "
-                    "to read (an explicit softmax is not read: what follows it is not visible). Enable the "
-                    "module's fused path (timm: fused_attn=True) or write a family for it.")
+                    f"to read (an explicit softmax is not read: what follows it is not visible): {layout.fused_hint}.")
             return result
 
         handles.set_attr(attn, "forward", forward)
@@ -226,7 +200,8 @@ def _verify(name: str, layer: int, attn: nn.Module, q: torch.Tensor, k: torch.Te
 
 
 class GenericCallCapture(Family):
-    """The fallback family: timm-style ViTs whose attention ends in one ``scaled_dot_product_attention`` call."""
+    """The fallback family: global-attention ViTs whose attention ends in one ``scaled_dot_product_attention`` call
+    per block, found by a layout (``vitlens.families.layouts``: timm-style, Hugging Face, OpenCLIP)."""
 
     name = "generic"
     #: how ``LoadedModel``'s repr says which path the blocks take
@@ -235,84 +210,57 @@ class GenericCallCapture(Family):
     # side capture computes by query rows (attention_probs_in_rows); inline replaces the fused kernel by a whole
     # map, while side leaves it and can go by rows
     capture = CaptureAbilities(view_mode="side", side_rows=True)
-    attention_inputs = ("norm1",)
-    reads = ("generic call-level capture (fallback): a timm-style ViT (patch_embed with a convolution, blocks[i].attn) "
-             "whose attention no family names, read at its one scaled_dot_product_attention call per block: RoPE, "
-             "relative-position bias (timm vit_relpos_*, vit_srelpos_*), learned biases or qk-norm included")
-    names = ("timm names: vit_relpos_base_patch16_224, vit_srelpos_small_patch16_224; your own attention class in a "
-             "timm-style model",)
+    attention_inputs = ("norm1", "layernorm_before", "layer_norm1", "ln_1")  # timm-style, Hugging Face, OpenCLIP
+    reads = ("generic call-level capture (fallback): a global-attention ViT whose attention no family names, read at "
+             "its one scaled_dot_product_attention call per block (RoPE, relative-position bias, learned biases, "
+             "qk-norm included): a timm-style ViT (patch_embed with a convolution, blocks[i].attn), a Hugging Face "
+             "vision model on attn_implementation='sdpa' (DINOv3, AIMv2, Data2Vec-Vision, BEiT), an OpenCLIP tower "
+             "of open_clip's own Attention blocks (qk-norm, head scale)")
+    names = ("timm names: vit_relpos_base_patch16_224, vit_srelpos_small_patch16_224; hf:ORG/NAME of DINOv3, AIMv2, "
+             "Data2Vec-Vision, BEiT; your own attention class in a timm-style model",)
 
     def matches(self, model: nn.Module) -> bool:
-        pe = getattr(model, "patch_embed", None)
-        blocks = getattr(model, "blocks", None)
-        if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not isinstance(blocks, (nn.Sequential,
-                                                                                              nn.ModuleList)):
-            return False
-        return len(blocks) > 0 and all(isinstance(getattr(b, "attn", None), nn.Module) for b in blocks)
+        return layout_of(model) is not None
 
     def check(self, model: nn.Module, name: str) -> None:
-        if not self.matches(model):
-            raise UnsupportedModelError(
-                f"{name!r} has no patch_embed.proj convolution and blocks[i].attn modules, which vitlens's generic "
-                "call-level capture needs.")
-        if isinstance(getattr(model.patch_embed, "backbone", None), nn.Module):
-            raise UnsupportedModelError(
-                f"{name!r} embeds patches through a CNN backbone ({type(model.patch_embed).__name__}), whose pixel "
-                "stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
-                "embedding that is one convolution of the pixels.")
-
-    def _image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
-        built = getattr(model.patch_embed, "img_size", None)
-        if built is not None and not getattr(model, "dynamic_img_size", False):
-            refuse_other_size(name, self.name, built, input_size)
-        size = input_size if input_size is not None else built
-        if size is None:
-            raise UnsupportedModelError(
-                f"{name!r}: vitlens could not infer the input size (patch_embed has no img_size): pass "
-                "data_config={'input_size': (3, H, W)}.")
-        size = (int(size[0]), int(size[1])) if len(size) >= 2 else (int(size[0]), int(size[0]))
-        return size
+        _layout(model, name).check(model, name)
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        pe, proj = model.patch_embed, model.patch_embed.proj
-        size = self._image_size(model, name, input_size)
+        layout = _layout(model, name)
+        proj = layout.patch_conv(model)
+        size = layout.image_size(model, name, input_size)
         grid = _conv_grid(proj, size)
-        declared_grid = getattr(pe, "grid_size", None)
-        if declared_grid is not None and input_size is None and tuple(int(g) for g in declared_grid) != grid:
+        declared_grid = layout.declared_grid(model)
+        if declared_grid is not None and input_size is None and tuple(declared_grid) != grid:
             raise UnsupportedModelError(
-                f"{name!r}: patch_embed.grid_size {tuple(declared_grid)} is not the {grid[0]}x{grid[1]} grid its "
-                f"convolution makes of {size[0]}x{size[1]} px, so vitlens could not infer the token grid.")
+                f"{name!r}: the {declared_grid[0]}x{declared_grid[1]} patch grid it declares is not the "
+                f"{grid[0]}x{grid[1]} grid its convolution makes of {size[0]}x{size[1]} px, so vitlens could not infer "
+                "the token grid.")
         tokens, heads = probe(model, name, size)
         prefix = tokens - grid[0] * grid[1]
-        declared = _declared_prefix(model)
+        declared = layout.declared_prefix(model)
         if prefix < 0 or (declared is not None and declared != prefix):
             raise UnsupportedModelError(
                 f"{name!r}: its blocks attend over {tokens} tokens, which is not the {grid[0]}x{grid[1]} patch grid "
                 f"plus {declared if declared is not None else 'a number of'} prefix tokens, so vitlens could not "
                 "infer the token geometry.")
+        verify_patch_order(model, name, size, prefix, grid)
         _PREFIX[model] = prefix
-        cls = isinstance(getattr(model, "cls_token", None), torch.Tensor)
-        dist = isinstance(getattr(model, "dist_token", None), torch.Tensor)
-        reg = getattr(model, "reg_token", None)
-        registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else \
-            int(getattr(model, "num_reg_tokens", 0) or 0)
+        cls, dist, registers = layout.prefix_parts(model)
         labels = prefix_labels(cls, dist, registers) if int(cls) + int(dist) + registers == prefix else ()
-        pos = getattr(model, "pos_embed", None)
-        has_pos = isinstance(pos, torch.Tensor) and pos.dim() == 3 and _table_grid(int(pos.shape[1]), grid, prefix) \
-            is not None
+        pos = layout.position_rows(model)
+        table = _table_grid(int(pos.shape[1]), grid, prefix) if pos is not None else None
         return ModelSpec(
             name=name, kind="vit", image_size=size, grid=grid,
             stride_px=(int(proj.stride[0]), int(proj.stride[1])), num_prefix_tokens=prefix,
-            num_layers=len(model.blocks), num_heads=heads,
-            embed_dim=int(getattr(model, "embed_dim", proj.out_channels)), has_class_token=cls,
-            has_pos_embed=has_pos,
-            pos_embed_prefix=_table_grid(int(pos.shape[1]), grid, prefix)[0] if has_pos else 0,
-            num_classes=int(getattr(model, "num_classes", 0) or 0),
-            num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)), family=self.name, prefix_labels=labels)
+            num_layers=len(layout.attention_modules(model)), num_heads=heads,
+            embed_dim=layout.embed_dim(model), has_class_token=cls and prefix > 0,
+            has_pos_embed=table is not None, pos_embed_prefix=table[0] if table is not None else 0,
+            num_classes=layout.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
+            dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels)
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
+        return list(_layout(model).attention_modules(model))
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         install_call_capture(model, capture, handles)
@@ -320,33 +268,93 @@ class GenericCallCapture(Family):
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         install_call_capture(model, capture, handles)
 
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        _layout(model).install_pool(model, capture, handles, type(model).__name__)
+
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return None  # the heads' outputs meet where the attention class decides; vitlens does not know where
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+        layout = _layout(model)
+        conv = layout.patch_conv(model)
+        return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        pos = getattr(model, "pos_embed", None)
-        found = _table_grid(int(pos.shape[1]), spec.grid, spec.num_prefix_tokens) if spec.has_pos_embed else None
+        pos = _layout(model).position_rows(model) if spec.has_pos_embed else None
+        found = _table_grid(int(pos.shape[1]), spec.grid, spec.num_prefix_tokens) if pos is not None else None
         if found is None:
             return None
         rows, table_grid = found
         return pos.detach()[:, rows:], table_grid
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
-        return ("it has no learned absolute position table (pos_embed) vitlens can read; position may live in its "
-                "attention (relative bias, rotary embeddings)")
+        return ("it has no learned absolute position table vitlens can read; position may live in its attention "
+                "(relative bias, rotary embeddings) or in a fixed sin-cos table")
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from timm.data import resolve_data_config
+        return _layout(model).data_config(model, spec)
 
-        cfg = dict(resolve_data_config({}, model=model))
-        cfg["input_size"] = (int(model.patch_embed.proj.in_channels), *spec.image_size)
-        names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
-        if names:
-            cfg["label_names"] = list(names)
-        return cfg
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return _layout(model).logits(model, x)
+
+
+def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefix: int,
+                       grid: tuple[int, int]) -> None:
+    """Check that the first block attends over the prefix tokens and then the patch tokens in row-major order:
+    light up one patch at a time (the top-right and the bottom-left cell, which a transposed or reversed order would
+    swap) and see which token of the first attention module's input changes. Only that cell's token may, at
+    ``prefix + row * gw + column``: a model that appends its class token, orders patches otherwise or mixes tokens
+    before the first block is refused rather than have its maps read on the wrong grid cells.
+
+    Skipped for a patch convolution whose kernel is not its stride or that pads (a cell's pixels then reach
+    neighbouring tokens too), and when the first attention module is not called with a [B, T, D] tensor.
+
+    Raises:
+        UnsupportedModelError: another token than the cell's changes.
+    """
+    layout = _layout(model, name)
+    conv = layout.patch_conv(model)
+    pad = conv.padding if isinstance(conv.padding, tuple) else (1, 1)
+    if tuple(conv.kernel_size) != tuple(conv.stride) or any(int(p) for p in pad):
+        return
+    tokens = prefix + grid[0] * grid[1]
+    seen: list[torch.Tensor] = []
+
+    def pre_hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        named = next((kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs), None)
+        first = args[0] if args else named if named is not None else \
+            next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        if not seen and isinstance(first, torch.Tensor):
+            seen.append(first.detach().float().clone())
+
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    sy, sx = int(conv.stride[0]), int(conv.stride[1])
+    cells = [(0, grid[1] - 1), (grid[0] - 1, 0)] if grid[0] * grid[1] > 1 else [(0, 0)]
+    hidden = []
+    handle = layout.attention_modules(model)[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
+    try:
+        for cell in [None, *cells]:
+            x = torch.zeros(1, int(conv.in_channels), *size, device=device, dtype=dtype)
+            if cell is not None:
+                x[..., cell[0] * sy:(cell[0] + 1) * sy, cell[1] * sx:(cell[1] + 1) * sx] = 1.0
+            seen.clear()
+            with torch.no_grad():
+                layout.forward(model, x)
+            hidden.append(seen[0] if seen else None)
+    finally:
+        handle.remove()
+    if any(h is None or h.dim() != 3 or h.shape[:2] != (1, tokens) for h in hidden):
+        return
+    for cell, h in zip(cells, hidden[1:]):
+        changed = ((h - hidden[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
+        want = prefix + cell[0] * grid[1] + cell[1]
+        if changed != [want]:
+            raise UnsupportedModelError(
+                f"{name!r}: lighting up patch (row {cell[0]}, column {cell[1]}) changed token(s) {changed[:8]} of its "
+                f"first block's input, not token {want} ({prefix} prefix tokens, then the {grid[0]}x{grid[1]} patches "
+                "in row-major order), so vitlens would read its maps on the wrong grid cells.")
 
 
 def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]:
@@ -369,19 +377,20 @@ def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]
     def record(layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         seen[layer] = (int(probs.shape[-1]), int(probs.shape[1]))
 
+    layout = _layout(model, name)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    x = torch.zeros(1, int(model.patch_embed.proj.in_channels), *size, device=device, dtype=dtype)
+    x = torch.zeros(1, int(layout.patch_conv(model).in_channels), *size, device=device, dtype=dtype)
     handles = Handles()
     try:
         install_call_capture(model, CaptureRequest(record), handles, name=name, check_tokens=False)
         with torch.no_grad():
-            model(x)
+            layout.forward(model, x)
     finally:
         handles.remove()
     found = {seen[i] for i in seen}
-    if len(seen) != len(model.blocks) or len(found) != 1:
+    if len(seen) != len(layout.attention_modules(model)) or len(found) != 1:
         raise UnsupportedModelError(f"{name!r}: its blocks' attention calls attend over different token counts "
                                     f"({sorted(found)}), so vitlens could not infer one token geometry.")
     return found.pop()

@@ -1,8 +1,14 @@
 """Hugging Face transformers ViTs: ``ViT*``, ``DeiT*`` (distillation token), ``Dinov2*`` and
 ``Dinov2WithRegisters*`` (register tokens), ``IJepa*`` (no class token), ``ViTMAE*`` (the encoder, on
-every patch), and the vision towers of ``CLIP*`` and ``Siglip*`` / ``Siglip2*`` (``CLIPVisionModel``,
-or ``CLIPModel`` / ``SiglipModel`` with their text tower left as it is: only ``vision_model`` is read,
-and a feature model's output is ``get_image_features``, the projected image embedding).
+every patch), and the vision towers of ``CLIP*``, ``MetaClip2*`` (MetaCLIP 2: the CLIP architecture
+under its own model type) and ``Siglip*`` / ``Siglip2*`` (``CLIPVisionModel``, or ``CLIPModel`` /
+``SiglipModel`` with their text tower left as it is: only ``vision_model`` is read, and a feature
+model's output is ``get_image_features``, the projected image embedding).
+
+Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
+``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
+``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (Swin, Hiera,
+SAM, ViTDet, PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -51,11 +57,29 @@ from ..core.attention import attention_probs, conv_filters
 
 #: model types (``config.model_type`` of the vision tower) whose attention vitlens reproduces
 MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "ijepa", "vit_mae", "clip_vision_model",
-               "siglip_vision_model", "siglip2_vision_model")
+               "metaclip_2_vision_model", "siglip_vision_model", "siglip2_vision_model")
 #: model types without a class token
 NO_CLASS_TOKEN = ("ijepa", "siglip_vision_model", "siglip2_vision_model")
 #: a whole model's type -> its vision tower's
-TOWER_TYPES = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
+TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_model", "siglip": "siglip_vision_model",
+               "siglip2": "siglip2_vision_model"}
+#: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
+#: a reading of them as one global attention over the image's tokens would get wrong
+REFUSED_MODEL_TYPES = {
+    "swin": "windowed attention with relative-position bias and patch merging (Swin)",
+    "swinv2": "windowed scaled-cosine attention and patch merging (Swin V2)",
+    "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
+    "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
+    "hiera": "mask-unit windowed attention over pooled stages (Hiera)",
+    "sam_vision_model": "windowed attention with decomposed relative-position bias (SAM)",
+    "sam": "windowed attention with decomposed relative-position bias (SAM)",
+    "sam_hq": "windowed attention with decomposed relative-position bias (SAM-HQ)",
+    "vitdet": "windowed attention with decomposed relative-position bias (ViTDet)",
+    "dinat": "dilated neighbourhood attention (DiNAT)",
+    "nat": "neighbourhood attention (NAT)",
+    "pvt": "spatial-reduction attention over pooled keys, in stages (PVT)",
+    "pvt_v2": "spatial-reduction attention over pooled keys, in stages (PVTv2)",
+}
 INLINE_KEY = "vitlens_inline"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
@@ -68,6 +92,12 @@ PROCESSOR_DEFAULTS = {
     "ijepa": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
     "vit_mae": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
     "clip_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+    "metaclip_2_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+    # read by the generic call-level capture (vitlens.families.layouts.HuggingFaceLayout)
+    "dinov3_vit": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "aimv2_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+    "data2vec-vision": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
+    "beit": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "siglip_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
 }
@@ -290,7 +320,8 @@ def _pair(v: Any) -> tuple[int, int]:
 
 class HuggingFaceViT(Family):
     name = "hf-vit"
-    reads = ("Hugging Face transformers ViT, DeiT, Dinov2 (with registers), CLIP and SigLIP / SigLIP2 vision towers "
+    reads = ("Hugging Face transformers ViT, DeiT, Dinov2 (with registers), CLIP, MetaCLIP 2 and SigLIP / SigLIP2 "
+             "vision towers "
              "(text towers kept), I-JEPA, ViTMAE (every patch kept); needs transformers")
     names = ("hf:ORG/NAME (the Hub, e.g. hf:google/vit-base-patch16-224) or hf:FOLDER (a saved model)",)
     attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
@@ -299,12 +330,22 @@ class HuggingFaceViT(Family):
         return is_hf_model(model)
 
     def check(self, model: nn.Module, name: str) -> None:
+        from .base import AttentionClassUnknown
+
         model_type = tower_type(model)
-        if model_type not in MODEL_TYPES:
+        if model_type in REFUSED_MODEL_TYPES:
             raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__} (model type {model_type!r}), which uses "
+                f"{REFUSED_MODEL_TYPES[model_type]}; vitlens does not reproduce it exactly, so its attention maps are "
+                "refused rather than shown wrong.")
+        if model_type not in MODEL_TYPES:
+            # the generic call-level capture (a fallback family) may still read it at its SDPA calls
+            raise AttentionClassUnknown(
                 f"{name!r} is a Hugging Face {type(model).__name__} (model type {model_type!r}); vitlens reads "
                 f"{', '.join(MODEL_TYPES)} models from transformers (ViT*, DeiT*, Dinov2*, IJepa*, ViTMAE*, and "
-                "the vision towers of CLIP*, Siglip*, Siglip2*).")
+                "the vision towers of CLIP*, MetaClip2*, Siglip*, Siglip2*), and other vision models with one patch "
+                "convolution and one attention module per layer run with attn_implementation='sdpa' (the generic "
+                "call-level capture); this one has neither.")
         if model_type == "vit_mae" and float(getattr(vision_tower(model).config, "mask_ratio", 0.0)) != 0.0:
             raise UnsupportedModelError(
                 f"{name!r} is a ViTMAE with mask_ratio={vision_tower(model).config.mask_ratio}: it drops that share of "

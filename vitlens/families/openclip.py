@@ -12,10 +12,19 @@ Two kinds of image tower:
 - a timm trunk (``TimmModel``: the SigLIP, PE-Core, EVA and other ``timm_model_name`` configs): read
   by the trunk's own timm family (exact as there), with open_clip's preprocessing and output.
 
-The output is ``encode_image`` (the projected image embedding, not normalised): a feature model,
+The output is ``encode_image`` (the projected image embedding; CoCa's is normalised): a feature model,
 no classifier. Blocks open_clip builds with its own ``Attention`` (``CustomResidualAttentionBlock``:
-qk-norm, scaled-cosine or head-scale options; no built-in config uses them for images) and
-attentional poolers over the tokens (CoCa) are refused, naming what would be wrong.
+qk-norm, head-scale, inner-norm options; no built-in config uses them for images) are refused here with
+``AttentionClassUnknown`` and read by the generic call-level capture (``vitlens.families.layouts``'s
+``OpenClipLayout``) at their one ``scaled_dot_product_attention`` call; scaled-cosine attention (an
+explicit softmax) is refused there in one line.
+
+CoCa's attentional pooler (``attn_pool``: learned queries over every token, an ``nn.MultiheadAttention``)
+is read as the tower's pool attention (``install_attentional_pool``, what ``capture_pool_attention`` shows),
+beside the untouched forward: [B, heads, queries, T]. In open_clip's original CoCa setup the image
+embedding is the output of query 0 (the other queries are the tokens the text decoder reads); in the
+'parallel' setup it is ``attn_pool_contrastive``'s one query, which is then the pool read. The 'cascade'
+setup's contrastive pool reads the first pool's outputs, not the image's tokens, and is refused as a pool.
 
 open_clip is an optional dependency (``pip install 'vitlens[openclip]'``).
 """
@@ -29,7 +38,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import Adapter, CaptureAbilities, Family, refuse_other_size, register
+from .base import Adapter, CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from ..core.attention import conv_filters
 from .torchvision_vit import TorchvisionViT
 
@@ -58,15 +67,71 @@ def open_clip_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
 
 
 def encode_image(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The image embedding: ``encode_image`` of a CLIP/CoCa model, the tower's pooled output of a tower alone (a
+    tower built with ``output_tokens``, CoCa's, returns (pooled, tokens))."""
     encode = getattr(model, "encode_image", None)
-    return encode(x) if encode is not None else model(x)
+    out = encode(x) if encode is not None else model(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def install_attentional_pool(model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+    """Side capture of the attentional pooler the tower's embedding comes from (CoCa, module docstring):
+    softmax(q / sqrt(head_dim) @ k^T) per head of its ``nn.MultiheadAttention``, q and k from the module's own
+    in-projection (packed, or separate when the pooler's width is not the tokens'), as the module returns it with
+    ``need_weights=True, average_attn_weights=False``: ``capture(0, probs[B, heads, queries, T])``.
+
+    Raises:
+        ViewNotAvailableError: the tower has no attentional pooler over its tokens.
+    """
+    import torch.nn.functional as F
+
+    from ..core.attention import attention_probs
+    from ..errors import ViewNotAvailableError
+    from .torchvision_vit import call_mask
+
+    visual = visual_of(model)
+    pool = getattr(visual, "attn_pool", None)
+    kind = getattr(visual, "attn_pool_type", "")
+    if pool is None:
+        raise ViewNotAvailableError(f"{type(model).__name__} pools its class token or its mean, without an attention "
+                                    "pool, so there is no pool attention to show.")
+    if kind == "cascade":
+        raise ViewNotAvailableError(
+            f"{type(model).__name__}'s embedding comes from a cascade of attentional pools whose second reads the "
+            "first's outputs, not the image's tokens, so no pool attention over the image is the embedding's.")
+    if kind == "parallel":
+        pool = visual.attn_pool_contrastive
+    mha = pool.attn
+    if not (isinstance(mha, nn.MultiheadAttention) and mha.batch_first):
+        raise ViewNotAvailableError(f"{type(model).__name__}'s attentional pooler is not a batch-first "
+                                    "nn.MultiheadAttention vitlens reads.")
+
+    def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        query = args[0] if args else kwargs["query"]
+        key = args[1] if len(args) > 1 else kwargs["key"]
+        e, h = mod.embed_dim, mod.num_heads
+        b = mod.in_proj_bias
+        if mod._qkv_same_embed_dim:
+            wq, wk = mod.in_proj_weight[:e], mod.in_proj_weight[e:2 * e]
+        else:
+            wq, wk = mod.q_proj_weight, mod.k_proj_weight
+        with torch.no_grad():
+            q = F.linear(query, wq, None if b is None else b[:e]).unflatten(-1, (h, e // h)).transpose(1, 2)
+            k = F.linear(key, wk, None if b is None else b[e:2 * e]).unflatten(-1, (h, e // h)).transpose(1, 2)
+            mask = call_mask(mod, q, k, args, kwargs)
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                probs = attention_probs(q, k, (e // h) ** -0.5, mask)
+        capture(0, probs)
+
+    handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
 
 
 class OpenClipViT(TorchvisionViT):
     """open_clip's own ``VisionTransformer``: nn.MultiheadAttention blocks, captured as torchvision's."""
 
     name = "openclip-vit"
-    reads = "OpenCLIP image towers built on open_clip's own VisionTransformer (CLIP ViT-B/L/H...); needs open_clip_torch"
+    reads = ("OpenCLIP image towers built on open_clip's own VisionTransformer (CLIP ViT-B/L/H..., CoCa with its "
+             "attentional pooler read as the pool attention); needs open_clip_torch")
     names = ("open_clip:ARCH (random init, e.g. open_clip:ViT-B-32) or open_clip:ARCH/TAG (the tag's weights, from "
              "the local cache only)",)
     capture = CaptureAbilities(view_mode="side")
@@ -81,22 +146,20 @@ class OpenClipViT(TorchvisionViT):
     def check(self, model: nn.Module, name: str) -> None:
         from open_clip.transformer import ResidualAttentionBlock
 
+        from .base import AttentionClassUnknown
+
         visual = visual_of(model)
         for i, block in enumerate(visual.transformer.resblocks):
-            if type(block) is not ResidualAttentionBlock:
-                raise UnsupportedModelError(
+            if type(block) is not ResidualAttentionBlock:  # the generic call-level capture may read it
+                raise AttentionClassUnknown(
                     f"{name!r}: image block {i} is a {type(block).__name__} (open_clip's own Attention, with qk-norm, "
                     "scaled-cosine or head-scale options); vitlens reads open_clip's ResidualAttentionBlock with "
-                    "nn.MultiheadAttention only.")
+                    "nn.MultiheadAttention, and open_clip's Attention at its scaled_dot_product_attention call.")
             mha = block.attn
             if hasattr(block, "ln_1_kv") or not (mha.batch_first and mha._qkv_same_embed_dim
                                                  and mha.in_proj_weight is not None):
                 raise UnsupportedModelError(f"{name!r}: image block {i}'s attention is not batch-first self-attention "
                                             "with a packed in-projection.")
-        if getattr(visual, "attn_pool", None) is not None:
-            raise UnsupportedModelError(
-                f"{name!r}: its image tower pools through an attentional pooler (CoCa) whose queries replace the "
-                "tokens; vitlens reads towers that pool the class token or the mean.")
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in visual_of(model).transformer.resblocks]
@@ -134,6 +197,10 @@ class OpenClipViT(TorchvisionViT):
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return encode_image(model, x)
+
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        """CoCa's attentional pooler (``install_attentional_pool``)."""
+        install_attentional_pool(model, capture, handles)
 
 
 def _is_sincos(visual: nn.Module, grid: tuple[int, int]) -> bool:

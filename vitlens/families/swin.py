@@ -29,7 +29,7 @@ from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .generic import _CallMode, sdpa_arguments
+from .sdpa_calls import CallMode, sdpa_arguments
 from .timm_vit import timm_data_config
 
 
@@ -213,7 +213,7 @@ def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handle
         return out
 
     def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        with _CallMode(on_call):
+        with CallMode(on_call):
             return original(*args, **kwargs)
 
     handles.set_attr(attn, "forward", forward)

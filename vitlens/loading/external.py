@@ -141,13 +141,15 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         cls = cls or transformers.AutoModel
         # CLIP/SigLIP checkpoints load whole (CLIPModel, SiglipModel): vitlens reads the vision tower, the text
         # tower stays available as model.text_model
+        impl = sdpa_request(config)
         if pretrained:
-            model = cls.from_pretrained(target, config=config, **kwargs)
+            model = _with_sdpa(lambda **i: cls.from_pretrained(target, config=config, **i, **kwargs), impl)
             from .checkpoint import refuse_non_finite
 
             refuse_non_finite(model.state_dict().items(), f"hf:{ref}")
         else:  # random init from the config: AutoModel builds through from_config, a model class from its config
-            model = cls.from_config(config) if cls is transformers.AutoModel else cls(config)
+            model = _with_sdpa(lambda **i: cls.from_config(config, **i) if cls is transformers.AutoModel
+                               else cls._from_config(config, **i) if i else cls(config), impl)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"Refused to load hf:{ref}: its weights are a pickle that needs code to unpickle; vitlens only loads "
@@ -161,6 +163,29 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
     data_config = processor_data_config(processor, config.model_type) if processor else None
     return model, f"hf:{ref}", ("random init" if not pretrained else (target if local else f"hf-hub:{ref}")), \
         data_config
+
+
+def sdpa_request(config: Any) -> dict[str, str]:
+    """``{"attn_implementation": "sdpa"}`` for a model the ``hf-vit`` family does not name (DINOv3, AIMv2,
+    Data2Vec-Vision, BEiT, ...): the generic call-level capture reads it at its scaled_dot_product_attention
+    calls, so it is loaded on that implementation; {} for the family's own (read under any implementation)."""
+    from ..families.hf import MODEL_TYPES, TOWER_TYPES
+
+    model_type = getattr(config, "model_type", None)
+    return {} if TOWER_TYPES.get(model_type, model_type) in MODEL_TYPES else {"attn_implementation": "sdpa"}
+
+
+def _with_sdpa(build: Any, impl: dict[str, str]) -> nn.Module:
+    """``build(**impl)``; a model class that has no sdpa implementation is built on its default instead (the generic
+    capture then refuses it in one line, naming the implementation)."""
+    if not impl:
+        return build()
+    try:
+        return build(**impl)
+    except ValueError as e:
+        if "sdpa" not in str(e).lower() and "scaled_dot_product" not in str(e).lower():
+            raise
+        return build()
 
 
 def load_torchvision(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str]:

@@ -1,0 +1,498 @@
+"""Layouts of the generic call-level capture (``vitlens.families.generic``): where a global-attention ViT keeps
+its patch embedding, its prefix tokens and its blocks' attention modules, for each kind of module tree.
+
+The capture itself knows nothing of a model but this: one convolution cuts the image into patches (its output's
+spatial positions are the patch tokens, its stride the token stride), and every block has one module whose forward
+ends in one ``F.scaled_dot_product_attention`` call over the prefix and patch tokens. A ``Layout`` says where those
+are in one kind of model, what prefix tokens the model declares (checked against the probe forward's token count),
+how to call it, and where its position table, preprocessing and attention pool are:
+
+- ``TimmLayout``: a timm-style ViT, ``patch_embed.proj`` (a convolution) and ``blocks[i].attn``.
+- ``HuggingFaceLayout``: a transformers vision model (or a model's ``vision_model``) with one patch convolution in its
+  ``embeddings`` and one list of layers, each with one child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
+  ...), run with ``attn_implementation="sdpa"`` (what the capture reads; other implementations are refused in one line).
+- ``OpenClipLayout``: open_clip's own ``VisionTransformer`` built with ``CustomResidualAttentionBlock`` (open_clip's
+  ``Attention``: qk-norm, head-scale, inner-norm options), ``conv1`` and ``transformer.resblocks[i].attn``.
+
+A new kind of module tree is one more ``Layout`` subclass registered with ``register_layout``; the capture, the token
+geometry (grid from the convolution's arithmetic, prefix count from a probe forward) and the refusals are shared.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..core.spec import ModelSpec
+from ..errors import UnsupportedModelError
+from .base import CaptureRequest, Handles, refuse_other_size
+
+
+class Layout:
+    """Where a kind of global-attention ViT keeps what the generic call-level capture reads (the module docstring).
+
+    Subclasses fill in ``matches``, ``patch_conv``, ``attention_modules``, ``image_size``, ``forward`` and ``logits``;
+    the rest have defaults for a model that declares nothing (no prefix tokens it names, no position table).
+    """
+
+    #: short name, in messages
+    name = "layout"
+    #: how to turn the module's fused (SDPA) path on, for the refusal of a block that makes no SDPA call
+    fused_hint = "enable the module's fused path (timm: fused_attn=True) or write a family for it"
+
+    def matches(self, model: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def check(self, model: nn.Module, name: str) -> None:
+        """Refuse, in one line, what this kind of model can be built with and the capture would read wrong."""
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        """The convolution that cuts the image into patch tokens (its stride is the token stride)."""
+        raise NotImplementedError
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        """Each block's module whose forward makes the block's one SDPA call, first block first (a direct child of
+        the block, so that its parent is the block: ``LoadedModel.block_names``)."""
+        raise NotImplementedError
+
+    def declared_prefix(self, model: nn.Module) -> int | None:
+        """The prefix tokens the model declares (None: it declares none; the probe's count is taken as it is)."""
+        cls, dist, registers = self.prefix_parts(model)
+        return int(cls) + int(dist) + registers if (cls or dist or registers) else None
+
+    def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
+        """(class token, distillation token, register tokens) the model declares, in sequence order."""
+        return False, False, 0
+
+    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
+        """The patch grid the model says it was built for (checked against the convolution's), or None."""
+        return None
+
+    def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        """(H, W) the model is read at: ``input_size`` where the model takes it, else the size it was built for."""
+        raise NotImplementedError
+
+    def dynamic(self, model: nn.Module) -> bool:
+        """Whether the model takes other input sizes (``ModelSpec.dynamic_img_size``)."""
+        return False
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
+        """One forward of a preprocessed batch through the blocks (the probe's)."""
+        return self.logits(model, x)
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The classifier output (or image embedding) of a preprocessed batch."""
+        raise NotImplementedError
+
+    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
+        """The learned absolute position table [1, rows, D] as the model stores it (prefix rows included), or None."""
+        return None
+
+    def embed_dim(self, model: nn.Module) -> int:
+        return int(self.patch_conv(model).out_channels)
+
+    def num_classes(self, model: nn.Module) -> int:
+        return 0
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        """Preprocessing with timm's keys (input_size, interpolation, mean, std, crop_pct, crop_mode)."""
+        raise NotImplementedError
+
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
+        """Side capture of the model's attention pool (``Family.install_pool``)."""
+        from ..errors import ViewNotAvailableError
+
+        raise ViewNotAvailableError(f"{name} pools without an attention pool vitlens reads, so there is no pool "
+                                    "attention to show.")
+
+    def module_name(self, model: nn.Module, module: nn.Module) -> str:
+        """``module``'s name in ``model`` (``named_modules``), for descriptions."""
+        return next((n for n, mod in model.named_modules() if mod is module), type(module).__name__)
+
+
+LAYOUTS: list[Layout] = []
+
+
+def register_layout(layout: Layout) -> Layout:
+    """Add ``layout`` to ``LAYOUTS``, the list the generic call-level capture reads (in order: the first that matches
+    reads the model).
+
+    Args:
+        layout: the layout to add (an instance of a ``Layout`` subclass).
+
+    Returns:
+        ``layout``, so that ``register_layout(MyLayout())`` can be a module-level statement.
+    """
+    LAYOUTS.append(layout)
+    return layout
+
+
+def layout_of(model: nn.Module) -> Layout | None:
+    """The first registered layout that matches ``model``, or None."""
+    return next((layout for layout in LAYOUTS if layout.matches(model)), None)
+
+
+# --------------------------------------------------------------------------------------------------- timm-style
+
+
+class TimmLayout(Layout):
+    """A timm-style ViT: ``patch_embed.proj`` (a convolution) and a sequence ``blocks``, each with ``attn``."""
+
+    name = "timm-style"
+
+    def matches(self, model: nn.Module) -> bool:
+        pe = getattr(model, "patch_embed", None)
+        blocks = getattr(model, "blocks", None)
+        if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not isinstance(blocks, (nn.Sequential,
+                                                                                              nn.ModuleList)):
+            return False
+        return len(blocks) > 0 and all(isinstance(getattr(b, "attn", None), nn.Module) for b in blocks)
+
+    def check(self, model: nn.Module, name: str) -> None:
+        if isinstance(getattr(model.patch_embed, "backbone", None), nn.Module):
+            raise UnsupportedModelError(
+                f"{name!r} embeds patches through a CNN backbone ({type(model.patch_embed).__name__}), whose pixel "
+                "stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
+                "embedding that is one convolution of the pixels.")
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        return model.patch_embed.proj
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for block in model.blocks]
+
+    def declared_prefix(self, model: nn.Module) -> int | None:
+        n = getattr(model, "num_prefix_tokens", None)
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+        found = [getattr(model, a, None) for a in ("cls_token", "dist_token", "reg_token")]
+        if not any(isinstance(t, torch.Tensor) for t in found):
+            return None
+        return sum(int(t.shape[1]) for t in found if isinstance(t, torch.Tensor) and t.dim() == 3)
+
+    def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
+        cls = isinstance(getattr(model, "cls_token", None), torch.Tensor)
+        dist = isinstance(getattr(model, "dist_token", None), torch.Tensor)
+        reg = getattr(model, "reg_token", None)
+        registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else \
+            int(getattr(model, "num_reg_tokens", 0) or 0)
+        return cls, dist, registers
+
+    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
+        grid = getattr(model.patch_embed, "grid_size", None)
+        return (int(grid[0]), int(grid[1])) if grid is not None else None
+
+    def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        built = getattr(model.patch_embed, "img_size", None)
+        if built is not None and not getattr(model, "dynamic_img_size", False):
+            refuse_other_size(name, "generic", built, input_size)
+        size = input_size if input_size is not None else built
+        if size is None:
+            raise UnsupportedModelError(
+                f"{name!r}: vitlens could not infer the input size (patch_embed has no img_size): pass "
+                "data_config={'input_size': (3, H, W)}.")
+        return (int(size[0]), int(size[1])) if len(size) >= 2 else (int(size[0]), int(size[0]))
+
+    def dynamic(self, model: nn.Module) -> bool:
+        return bool(getattr(model, "dynamic_img_size", False))
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return model(x)
+
+    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
+        pos = getattr(model, "pos_embed", None)
+        return pos if isinstance(pos, torch.Tensor) and pos.dim() == 3 else None
+
+    def embed_dim(self, model: nn.Module) -> int:
+        return int(getattr(model, "embed_dim", self.patch_conv(model).out_channels))
+
+    def num_classes(self, model: nn.Module) -> int:
+        return int(getattr(model, "num_classes", 0) or 0)
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        from timm.data import resolve_data_config
+
+        cfg = dict(resolve_data_config({}, model=model))
+        cfg["input_size"] = (int(self.patch_conv(model).in_channels), *spec.image_size)
+        names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
+        if names:
+            cfg["label_names"] = list(names)
+        return cfg
+
+
+# ------------------------------------------------------------------------------------------------ Hugging Face
+
+
+#: ``name``: where a transformers model's list of layers may be, most usual first
+_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "layer", "layers", "encoder.blocks", "blocks")
+
+
+def _hf_tower(model: nn.Module) -> nn.Module:
+    """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
+    or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
+    it wraps (Kosmos-2's vision model)."""
+    from .hf import vision_tower
+
+    tower = vision_tower(model)
+    for attr in ("base_model", "model"):
+        if hasattr(tower, "embeddings"):
+            break
+        inner = getattr(tower, attr, None)
+        if isinstance(inner, nn.Module) and inner is not tower and hasattr(inner, "embeddings"):
+            tower = inner
+    return tower
+
+
+def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]] | None:
+    """(vision tower, patch convolution, layers, each layer's attention module) of a transformers vision model, or
+    None when it does not have that shape: one convolution in ``embeddings`` whose kernel is its stride, one list of
+    ``num_hidden_layers`` layers of one class, each with exactly one direct child whose class name has "Attention"."""
+    tower = _hf_tower(model)
+    cfg = getattr(tower, "config", None)
+    emb = getattr(tower, "embeddings", None)
+    if cfg is None or not isinstance(emb, nn.Module):
+        return None
+    convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
+    if len(convs) != 1 or tuple(convs[0].kernel_size) != tuple(convs[0].stride) or convs[0].groups != 1:
+        return None
+    depth = getattr(cfg, "num_hidden_layers", None)
+    modules = dict(tower.named_modules())
+    layers = next((modules[n] for n in _HF_LAYER_LISTS if isinstance(modules.get(n), nn.ModuleList)
+                   and len(modules[n]) == depth and depth), None)
+    if layers is None or len({type(layer) for layer in layers}) != 1:
+        return None
+    attns = []
+    for layer in layers:
+        found = [child for child in layer.children() if "Attention" in type(child).__name__]
+        if len(found) != 1:
+            return None
+        attns.append(found[0])
+    return tower, convs[0], layers, attns
+
+
+class HuggingFaceLayout(Layout):
+    """A transformers vision model the ``hf-vit`` family does not name (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...),
+    read at its attention modules' one ``scaled_dot_product_attention`` call (``attn_implementation="sdpa"``)."""
+
+    name = "Hugging Face"
+    fused_hint = ("load it with attn_implementation='sdpa' (vitlens's hf: names do), the implementation whose "
+                  "scaled_dot_product_attention call the generic capture reads")
+
+    def matches(self, model: nn.Module) -> bool:
+        from .hf import is_hf_model
+
+        return is_hf_model(model) and _hf_parts(model) is not None
+
+    def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]]:
+        parts = _hf_parts(model)
+        if parts is None:
+            raise UnsupportedModelError(f"{type(model).__name__} no longer has the layout the generic capture read.")
+        return parts
+
+    def check(self, model: nn.Module, name: str) -> None:
+        tower = self._parts(model)[0]
+        impl = getattr(tower.config, "_attn_implementation", None)
+        if impl != "sdpa" and not getattr(type(model), "_supports_sdpa", True):
+            raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__} for which transformers has no sdpa attention "
+                f"implementation (it runs {impl!r}: an explicit softmax), so vitlens's generic call-level capture has "
+                "no scaled_dot_product_attention call to read.")
+        if impl != "sdpa":
+            raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
+                "this model at its scaled_dot_product_attention calls (generic call-level capture): "
+                f"{self.fused_hint}.")
+        if float(getattr(tower.config, "mask_ratio", 0) or 0):
+            raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
+                                        "would be of a random subset of the image.")
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        return self._parts(model)[1]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return self._parts(model)[3]
+
+    def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
+        emb = self._parts(model)[0].embeddings
+        cls = any(isinstance(getattr(emb, a, None), torch.Tensor) for a in ("cls_token", "class_embedding"))
+        dist = isinstance(getattr(emb, "distillation_token", None), torch.Tensor)
+        reg = getattr(emb, "register_tokens", None)
+        registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else 0
+        return cls, dist, registers
+
+    def declared_prefix(self, model: nn.Module) -> int | None:
+        cls, dist, registers = self.prefix_parts(model)
+        return int(cls) + int(dist) + registers  # a transformers embedding declares its tokens: none is 0
+
+    def _built_size(self, model: nn.Module) -> tuple[int, int]:
+        from .hf import _image_size, _pair
+
+        return _pair(_image_size(self._parts(model)[0].config))
+
+    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
+        from .hf import _pair
+
+        size, patch = self._built_size(model), _pair(self._parts(model)[0].config.patch_size)
+        return size[0] // patch[0], size[1] // patch[1]
+
+    def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        built = self._built_size(model)
+        refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
+        return built
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
+        from .hf import model_inputs
+
+        tower = self._parts(model)[0]
+        return tower(**model_inputs(tower, x, tower.forward))
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Class logits of a classifier; else the image embedding: ``get_image_features`` of a model with a text
+        tower, the pooled output, or the class token (the mean token without one)."""
+        from .hf import model_inputs
+
+        classifier = "ForImageClassification" in type(model).__name__
+        if not classifier and hasattr(model, "get_image_features"):
+            out = model.get_image_features(**model_inputs(model, x, model.get_image_features))
+            return out if isinstance(out, torch.Tensor) else out.pooler_output
+        target = model if classifier else self._parts(model)[0]
+        out = target(**model_inputs(target, x, target.forward))
+        if getattr(out, "logits", None) is not None:
+            return out.logits
+        if getattr(out, "pooler_output", None) is not None:
+            return out.pooler_output
+        if getattr(out, "feature_maps", None):  # a backbone (VitPose's): its last feature map
+            return out.feature_maps[-1]
+        hidden = out.last_hidden_state
+        return hidden[:, 0] if self.prefix_parts(model)[0] else hidden.mean(1)
+
+    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
+        emb = self._parts(model)[0].embeddings
+        table = getattr(emb, "position_embeddings", None)
+        if isinstance(table, torch.Tensor) and table.dim() == 3:
+            return table
+        table = getattr(emb, "position_embedding", None)
+        return table.weight.unsqueeze(0) if isinstance(table, nn.Embedding) else None
+
+    def embed_dim(self, model: nn.Module) -> int:
+        return int(self._parts(model)[0].config.hidden_size)
+
+    def num_classes(self, model: nn.Module) -> int:
+        return int(model.config.num_labels) if "ForImageClassification" in type(model).__name__ else 0
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        from .hf import IMAGENET_MEAN, IMAGENET_STD, PROCESSOR_DEFAULTS, _label_names, tower_type
+
+        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS.get(
+            tower_type(model) or "", ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"))
+        out = {"input_size": (int(self.patch_conv(model).in_channels), *spec.image_size),
+               "interpolation": interpolation, "mean": mean, "std": std, "crop_pct": crop_pct, "crop_mode": mode}
+        names = _label_names(model)
+        if names:
+            out["label_names"] = names
+        return out
+
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
+        """An attention-pooling head that is one SDPA call of its queries over the tokens (AIMv2's ``head``), read
+        at that call; SigLIP-style heads are the ``hf-vit`` family's."""
+        from .sdpa_calls import install_pool_call_capture
+
+        tower = self._parts(model)[0]
+        head = getattr(tower, "head", None)
+        if not isinstance(head, nn.Module) or not getattr(tower, "use_head", True) or \
+                "Pool" not in type(head).__name__:
+            return super().install_pool(model, capture, handles, name)
+        install_pool_call_capture(head, capture, handles, name)
+
+
+# ---------------------------------------------------------------------------------------------------- OpenCLIP
+
+
+class OpenClipLayout(Layout):
+    """open_clip's own ``VisionTransformer`` whose blocks are ``CustomResidualAttentionBlock`` (open_clip's
+    ``Attention``): ``conv1``, a class token, ``transformer.resblocks[i].attn``."""
+
+    name = "OpenCLIP"
+    fused_hint = "keep open_clip's fused path (Attention.use_fsdpa=True, its default)"
+
+    @staticmethod
+    def _visual(model: nn.Module) -> nn.Module:
+        from .openclip import visual_of
+
+        return visual_of(model)
+
+    def matches(self, model: nn.Module) -> bool:
+        from .openclip import is_open_clip
+
+        if not is_open_clip(model):
+            return False
+        from open_clip.transformer import VisionTransformer
+
+        visual = self._visual(model)
+        return isinstance(visual, VisionTransformer) and len(visual.transformer.resblocks) > 0 and \
+            all(isinstance(getattr(b, "attn", None), nn.Module) for b in visual.transformer.resblocks)
+
+    def check(self, model: nn.Module, name: str) -> None:
+        for i, block in enumerate(self._visual(model).transformer.resblocks):
+            if getattr(block.attn, "logit_scale", None) is not None:
+                raise UnsupportedModelError(
+                    f"{name!r}: image block {i} uses open_clip's scaled-cosine attention (scaled_cosine_attn), an "
+                    "explicit softmax with no scaled_dot_product_attention call for vitlens's generic capture to read "
+                    "(and open_clip 3.3's own forward of it fails on 4-D tensors).")
+            if isinstance(block.attn, nn.MultiheadAttention) or hasattr(block, "ln_1_kv"):
+                raise UnsupportedModelError(
+                    f"{name!r}: image block {i} ({type(block).__name__}) mixes nn.MultiheadAttention blocks with "
+                    "open_clip's own Attention; vitlens reads towers of one or the other.")
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        return self._visual(model).conv1
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for block in self._visual(model).transformer.resblocks]
+
+    def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
+        return True, False, 0
+
+    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
+        grid = self._visual(model).grid_size
+        return int(grid[0]), int(grid[1])
+
+    def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        built = tuple(int(s) for s in self._visual(model).image_size)
+        refuse_other_size(name, "OpenCLIP", built, input_size)
+        return built[0], built[1]
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        from .openclip import encode_image
+
+        return encode_image(model, x)
+
+    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
+        from .openclip import _is_sincos
+
+        visual = self._visual(model)
+        if _is_sincos(visual, self.declared_grid(model)):
+            return None  # a fixed 2-D sin-cos table, not a learned one
+        return visual.positional_embedding.unsqueeze(0)
+
+    def embed_dim(self, model: nn.Module) -> int:
+        return int(self._visual(model).transformer.width)
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        from .openclip import open_clip_data_config
+
+        return open_clip_data_config(model, spec)
+
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
+        from .openclip import install_attentional_pool
+
+        install_attentional_pool(model, capture, handles)
+
+
+register_layout(TimmLayout())
+register_layout(HuggingFaceLayout())
+register_layout(OpenClipLayout())
+
+
+__all__ = ["LAYOUTS", "HuggingFaceLayout", "Layout", "OpenClipLayout", "TimmLayout", "layout_of", "register_layout"]

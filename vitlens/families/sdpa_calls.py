@@ -1,0 +1,94 @@
+"""Reading a ``F.scaled_dot_product_attention`` call (every attention view of the paper, for attention that no
+family writes out): a thread-local ``TorchFunctionMode`` that hands each call made inside it to a handler, the
+call's arguments by name, and the side capture of an attention pool that is one such call. Below the families
+that read calls (the generic call-level capture and its layouts, Swin's fused windows), which import it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..core.attention import attention_probs
+from ..errors import UnsupportedModelError
+from .base import CaptureRequest, Handles
+
+#: the parameters of ``F.scaled_dot_product_attention`` in order, with their defaults
+_SDPA_PARAMS = (("query", None), ("key", None), ("value", None), ("attn_mask", None), ("dropout_p", 0.0),
+                ("is_causal", False), ("scale", None), ("enable_gqa", False))
+
+def sdpa_arguments(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of one ``F.scaled_dot_product_attention`` call by name, defaults filled in.
+
+    Args:
+        args: the call's positional arguments.
+        kwargs: its keyword arguments.
+
+    Returns:
+        A dict with query, key, value, attn_mask, dropout_p, is_causal, scale and enable_gqa.
+    """
+    out = {}
+    for i, (name, default) in enumerate(_SDPA_PARAMS):
+        out[name] = args[i] if i < len(args) else kwargs.get(name, default)
+    return out
+
+
+class CallMode(TorchFunctionMode):
+    """While active (on this thread), hands every ``F.scaled_dot_product_attention`` call to ``on_call``;
+    every other function runs as it is. Inside the handler the mode is off, so ``on_call``'s own calls
+    (the real kernel, the probabilities) are not intercepted again."""
+
+    def __init__(self, on_call: Callable[[tuple, dict], torch.Tensor]) -> None:
+        super().__init__()
+        self.on_call = on_call
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self.on_call(args, kwargs)
+        return func(*args, **kwargs)
+
+
+def install_pool_call_capture(module: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
+    """Side capture of an attention pool that is one ``F.scaled_dot_product_attention`` call of its queries over
+    the tokens (AIMv2's pooling head): ``capture(0, probs[B, heads, queries, T])`` from that call's arguments, the
+    call and the output untouched.
+
+    Raises:
+        UnsupportedModelError: (at the forward) the pool makes no SDPA call, or more than one.
+    """
+    original = module.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        calls: list[int] = []
+
+        def on_call(a: tuple, kw: dict) -> torch.Tensor:
+            calls.append(1)
+            if len(calls) > 1:
+                raise UnsupportedModelError(f"{name!r}: its attention pool ({type(module).__name__}) calls "
+                                            "scaled_dot_product_attention more than once; vitlens reads one call.")
+            call = sdpa_arguments(a, kw)
+            q, k = call["query"], call["key"]
+            out = F.scaled_dot_product_attention(*a, **kw)
+            if call["enable_gqa"] and k.shape[-3] != q.shape[-3]:
+                k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+            scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
+            with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+                capture(0, attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
+            return out
+
+        with CallMode(on_call):
+            result = original(*args, **kwargs)
+        if not calls:
+            raise UnsupportedModelError(f"{name!r}: its attention pool ({type(module).__name__}) made no "
+                                        "scaled_dot_product_attention call for vitlens to read.")
+        return result
+
+    handles.set_attr(module, "forward", forward)
+
+
+
+__all__ = ["CallMode", "install_pool_call_capture", "sdpa_arguments"]
