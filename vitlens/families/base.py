@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from .relative_bias import RelativeBias
 
 #: ``emit(layer, probs[B, heads, T, T])``: how a family hands over one block's attention.
 Emit = Callable[..., None]
@@ -213,6 +216,19 @@ class Family:
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
         return "it has no learned absolute position embedding"
+
+    def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias | None":
+        """The learned relative-position bias every block adds to its attention scores, read from the model's own
+        modules (``vitlens.families.relative_bias``: timm relpos and BEiT, Hugging Face BEiT); None when it has none."""
+        from .relative_bias import read_relative_bias
+
+        return read_relative_bias(model)
+
+    def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        """Why ``relative_bias`` is None, in words that finish "... is not available for NAME: "."""
+        reason = "it adds no learned relative-position bias to its attention scores"
+        return reason + ("; its position is a learned absolute table (the position view shows it)"
+                         if spec.has_pos_embed else "")
 
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for another input size (models that accept one)."""

@@ -218,6 +218,14 @@ class OpenClipTimm(Family):
         trunk, inner = self._inner(model)
         return inner.no_position_reason(trunk, spec)
 
+    def relative_bias(self, model: nn.Module, spec: ModelSpec) -> Any:
+        trunk, inner = self._inner(model)
+        return inner.relative_bias(trunk, spec)
+
+    def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        trunk, inner = self._inner(model)
+        return inner.no_relative_bias_reason(trunk, spec)
+
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         trunk, inner = self._inner(model)
         return inner.grid_for(trunk, spec, input_hw)
