@@ -1,5 +1,6 @@
 """What a model family tells vitlens: its spec, where its attention is computed and how to capture
-it exactly, its pixel-space embedding filters and its position-embedding table.
+it exactly, its pixel-space embedding filters, its position-embedding table and its learned
+relative-position bias.
 
 Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
 Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
