@@ -116,6 +116,36 @@ def test_a_hugging_face_beit_table_comes_back_exactly_by_offset():
     assert r.sources[0].startswith("layers.0.relative_position_bias (BeitRelativePositionBias")
 
 
+@pytest.mark.parametrize("kind", ["BeitModel", "Data2VecVisionModel"])
+def test_a_hugging_face_models_attention_with_zero_queries_and_keys_is_the_softmax_of_the_views_bias(kind):
+    """End to end at a non-square window, where these models resample their own table before adding it (a
+    transposed reshape): the view states what they add (their attention), not their table's entries."""
+    transformers = pytest.importorskip("transformers")
+    config = getattr(transformers, kind.replace("Model", "Config"))(
+        image_size=(32, 64), patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, use_relative_position_bias=True, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = getattr(transformers, kind)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("relative_position_bias_table"):
+                p.copy_(torch.randn(p.shape))
+            elif any(part in name for part in ("q_proj.", "k_proj.", "query.", "key.")):
+                p.zero_()
+    r = vl.relative_position_bias(model)
+    assert r.grid == (4, 8) and np.all(r.offset_spread == 0)
+    with torch.no_grad():
+        attentions = model(torch.randn(1, 3, 32, 64), output_attentions=True).attentions
+    for layer, probs in enumerate(attentions):
+        want = torch.softmax(torch.from_numpy(rebuilt(r, layer)), dim=-1)
+        assert (probs[0].double() - want).abs().max().item() <= (probs.shape[-1] + 2) * 2.0 ** -24
+    table = next(m for n, m in model.named_modules() if n.endswith("0.attention.attention.relative_position_bias")
+                 or n == "layers.0.relative_position_bias").relative_position_bias_table.detach().double()
+    dy, dx = np.meshgrid(np.arange(-3, 4), np.arange(-7, 8), indexing="ij")
+    entries = table[torch.from_numpy((-dy + 3) * 15 + (-dx + 7))].permute(2, 0, 1).numpy()  # HF's own index rule
+    assert np.abs(entries - r.bias[0]).max() > 0.5  # not the table's entries: resampled by the model itself
+
+
 # ------------------------------------------------------------------ (2) independent checks
 def full_bias(model: nn.Module) -> list[torch.Tensor]:
     """Each block's [heads, T, T] bias as the attention adds it, computed here from the modules: timm relpos
