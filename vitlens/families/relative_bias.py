@@ -109,6 +109,22 @@ def _timm_relpos(model: nn.Module) -> RelativeBias | None:
     return _assembled(biases, sources, windows)
 
 
+#: one bias module's contribution: (its [heads, T, T] bias, where it was read in words, its window)
+Part = tuple[torch.Tensor, str, tuple]
+
+
+def _own_plus_shared(own: list[Part | None], shared: Part | None, nothing: str) -> RelativeBias:
+    """Each block's own bias plus the shared one, summed into one tensor as the fused attention paths add them
+    (``nothing``: the words, with {i} for the block, for a block with neither)."""
+    biases, sources, windows = [], [], []
+    for i, part in enumerate(own):
+        parts = [p for p in (part, shared) if p is not None]
+        biases.append(parts[0][0] + parts[1][0] if len(parts) == 2 else parts[0][0] if parts else None)
+        sources.append(" + ".join(p[1] for p in parts) or nothing.format(i=i))
+        windows += [p[2] for p in parts]
+    return _assembled(biases, sources, windows)
+
+
 def _timm_beit(model: nn.Module) -> RelativeBias | None:
     from timm.models.beit import Beit
 
@@ -119,23 +135,13 @@ def _timm_beit(model: nn.Module) -> RelativeBias | None:
     if shared is None and all(a.relative_position_bias_table is None for a in attns):
         return None
     with torch.no_grad():
-        shared_bias = _plain(shared(), "rel_pos_bias") if shared is not None else None
-        biases, sources, windows = [], [], []
-        for i, attn in enumerate(attns):
-            parts, what = [], []
-            if attn.relative_position_bias_table is not None:
-                parts.append(_plain(attn._get_rel_pos_bias(), f"blocks.{i}.attn"))
-                what.append(f"blocks.{i}.attn.relative_position_bias_table[relative_position_index] (its "
-                            "_get_rel_pos_bias())")
-                windows.append(attn.window_size)
-            if shared_bias is not None:
-                parts.append(shared_bias)
-                what.append("rel_pos_bias() (shared by every block)")
-                windows.append(shared.window_size)
-            # own + shared, one tensor, as BEiT's fused path adds them
-            biases.append(parts[0] + parts[1] if len(parts) == 2 else parts[0] if parts else None)
-            sources.append(" + ".join(what) or f"blocks.{i}.attn: none (this block adds no relative bias)")
-    return _assembled(biases, sources, windows)
+        own: list[Part | None] = [
+            (_plain(a._get_rel_pos_bias(), f"blocks.{i}.attn"), f"blocks.{i}.attn.relative_position_bias_table"
+             "[relative_position_index] (its _get_rel_pos_bias())", a.window_size)
+            if a.relative_position_bias_table is not None else None for i, a in enumerate(attns)]
+        common = (_plain(shared(), "rel_pos_bias"), "rel_pos_bias() (shared by every block)", shared.window_size) \
+            if shared is not None else None
+    return _own_plus_shared(own, common, "blocks.{i}.attn: none (this block adds no relative bias)")
 
 
 def _hf_beit(model: nn.Module) -> RelativeBias | None:
@@ -155,39 +161,22 @@ def _hf_beit(model: nn.Module) -> RelativeBias | None:
         raise ViewNotAvailableError(f"{type(model).__name__}: vitlens found {len(layer_lists)} lists of BEiT layers, "
                                     "not one, so it cannot say which block adds which relative bias.")
     list_name, layers = layer_lists[0]
-    own: dict[int, tuple[str, nn.Module]] = {}
-    shared: list[tuple[str, nn.Module]] = []
+    own: list[Part | None] = [None] * len(layers)
+    shared: list[Part] = []
     for name, mod in found:
+        _in_eval(mod, name)
+        with torch.no_grad():  # at the module's own window: the input size the model was configured for
+            bias = _plain(mod(tuple(mod.window_size)), name)
         index = next((i for i in range(len(layers)) if name.startswith(f"{list_name}.{i}.")), None)
         if index is None:
-            shared.append((name, mod))
+            shared.append((bias, f"{name} ({type(mod).__name__}, shared by every layer)", mod.window_size))
         else:
-            own[index] = (name, mod)
+            own[index] = (bias, f"{name} ({type(mod).__name__}, called at its window)", mod.window_size)
     if len(shared) > 1:
         raise ViewNotAvailableError(f"{type(model).__name__} has {len(shared)} relative-position bias modules outside "
                                     "its layers; vitlens reads one shared bias at most.")
-
-    def evaluated(name: str, mod: nn.Module) -> torch.Tensor:
-        _in_eval(mod, name)
-        with torch.no_grad():  # at the module's own window: the input size the model was configured for
-            return _plain(mod(tuple(mod.window_size)), name)
-
-    shared_bias = evaluated(*shared[0]) if shared else None
-    biases, sources, windows = [], [], []
-    for i in range(len(layers)):
-        parts, what = [], []
-        if i in own:
-            name, mod = own[i]
-            parts.append(evaluated(name, mod))
-            what.append(f"{name} ({type(mod).__name__}, called at its window)")
-            windows.append(mod.window_size)
-        if shared_bias is not None:
-            parts.append(shared_bias)
-            what.append(f"{shared[0][0]} ({type(shared[0][1]).__name__}, shared by every layer)")
-            windows.append(shared[0][1].window_size)
-        biases.append(parts[0] + parts[1] if len(parts) == 2 else parts[0] if parts else None)
-        sources.append(" + ".join(what) or f"{list_name}.{i}: none (this layer adds no relative bias)")
-    return _assembled(biases, sources, windows)
+    return _own_plus_shared(own, shared[0] if shared else None,
+                            list_name + ".{i}: none (this layer adds no relative bias)")
 
 
 def _assembled(biases: list[torch.Tensor | None], sources: list[str], windows: list) -> RelativeBias:
