@@ -81,6 +81,12 @@ def test_a_hand_built_beit_table_comes_back_exactly_by_offset_with_the_class_bia
     np.testing.assert_array_equal(np.asarray(heat[3].z), 10 * dy + dx + 3)
     assert fig.layout.yaxis.range[0] > fig.layout.yaxis.range[1]  # reversed: dy < 0 at the top
     assert fig.layout.coloraxis.colorbar.title.text == "bias (logits)"
+    # centred on 0 and reaching the block's largest |bias|: -35 (dy = -3, dx = -5, head 1) to 38 (3, 5, head 4)
+    assert (fig.layout.coloraxis.cmin, fig.layout.coloraxis.cmax) == (-38, 38)
+    slider = figures.relpos_figure(r)  # every block, a slider between them, one colour scale
+    assert len(slider.data) == 2 * 2 * 4 and [t.visible for t in slider.data[:8]] == [True] * 8
+    assert (slider.layout.coloraxis.cmin, slider.layout.coloraxis.cmax) == (-138, 138)  # block 2: 100 + 38
+    assert [s.label for s in slider.layout.sliders[0].steps] == ["1", "2"]
 
 
 def test_a_shared_beit_bias_is_added_to_each_blocks_own(tmp_path):

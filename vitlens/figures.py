@@ -218,10 +218,11 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
     values = result.bias[shown]
     low, high = float(values.min()), float(values.max())
     both = low < 0 < high
+    reach = max(-low, high)
     cols = min(columns, heads)
     rows = math.ceil(heads / cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h + 1}" for h in range(heads)],
-                        horizontal_spacing=0.03, vertical_spacing=0.12 if rows > 1 else 0.08)
+                        horizontal_spacing=0.06, vertical_spacing=0.12 if rows > 1 else 0.08)
     for n, l in enumerate(shown):
         for h in range(heads):
             r, c = h // cols + 1, h % cols + 1
@@ -234,7 +235,7 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
                                      visible=n == 0, marker=dict(symbol="x-thin", size=9, line=dict(width=2,
                                                                                                       color="black"))),
                           row=r, col=c)
-    step = max(1, (max(gh, gw) - 1) // 3)
+    step = max(1, (max(gh, gw) - 1) // 2)  # five ticks at most: the offsets 0, +-(g-1)/2, +-(g-1)
     fig.update_xaxes(range=[-(gw - 0.5), gw - 0.5], dtick=step, constrain="domain", showgrid=False, zeroline=False,
                      tickfont_size=9)
     fig.update_yaxes(range=[gh - 0.5, -(gh - 0.5)], dtick=step, constrain="domain", showgrid=False, zeroline=False,
@@ -248,8 +249,9 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
     fig.update_layout(
         title=title or f"Relative-position bias by offset, {which}<br><sup>offset = key minus query, in patch rows "
                        f"(dy, down) and columns (dx, right) of the {gh}x{gw} grid; x marks the query</sup>",
-        coloraxis=dict(colorscale="RdBu_r" if both else "Viridis", cmid=0 if both else None,
-                       cmin=None if both else low, cmax=None if both else high,
+        # fixed limits: plotly would rescale to the visible traces, a different scale for each block on the slider
+        coloraxis=dict(colorscale="RdBu_r" if both else "Viridis", cmin=-reach if both else low,
+                       cmax=reach if both else high,
                        colorbar=dict(title=dict(text="bias (logits)", side="right"))),
         # rows about as tall as square cells make them in a figure about 1000 px wide, plus a subplot title
         height=int(max(300, rows * (900 / cols * (2 * gh - 1) / (2 * gw - 1) + 50) + 110 + (70 if len(shown) > 1 else 0))),
