@@ -281,8 +281,27 @@ def test_a_model_without_a_relative_bias_says_why_in_one_line():
 
     rope = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=28, depth=1, use_abs_pos_emb=False)
     with pytest.raises(vl.ViewNotAvailableError, match=r"for eva02: position enters its attention through rotary "
-                                                       r"embeddings \(RoPE\) of queries and keys, not an additive bias\.$"):
+                                                       r"embeddings \(RoPE\) of queries and keys, not an additive "
+                                                       r"bias\.$"):
         vl.relative_position_bias(vl.LoadedModel.from_module(rope.eval(), name="eva02", device="cpu"))
+
+
+def test_asking_a_timm_vit_for_its_relative_bias_does_not_import_transformers():
+    """The report and the survey ask every model: the Hugging Face reader must not cost a transformers import (seconds)
+    for a model that is not one of its."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, vitlens as vl\n"
+            "m = vl.load_model('vit_tiny_patch16_224', pretrained=False, device='cpu', img_size=32, depth=1)\n"
+            "try:\n    vl.relative_position_bias(m)\nexcept vl.ViewNotAvailableError:\n    pass\n"
+            "print(sorted(k for k in sys.modules if k.startswith('transformers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_a_bias_that_is_not_a_function_of_the_offset_alone_is_refused_by_name(monkeypatch):

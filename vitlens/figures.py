@@ -246,15 +246,17 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
     fig.update_yaxes(title_text="dy (rows)", title_font_size=10, row=rows, col=1)
     which = ("the same in every block" if shared else f"block {shown[0] + 1} of {layers}" if len(shown) == 1 else
              f"block 1 of {layers} (the slider shows the others)")
+    # say it in words: a flat colour could be any value
+    zero = "every entry is 0 (BEiT's tables start at zero: untrained); " if low == high == 0 else ""
     fig.update_layout(
-        title=title or f"Relative-position bias by offset, {which}<br><sup>offset = key minus query, in patch rows "
-                       f"(dy, down) and columns (dx, right) of the {gh}x{gw} grid; x marks the query</sup>",
+        title=title or f"Relative-position bias by offset, {which}<br><sup>{zero}offset = key minus query, in patch "
+                       f"rows (dy, down) and columns (dx, right) of the {gh}x{gw} grid; x marks the query</sup>",
         # fixed limits: plotly would rescale to the visible traces, a different scale for each block on the slider
         coloraxis=dict(colorscale="RdBu_r" if both else "Viridis", cmin=-reach if both else low,
                        cmax=reach if both else high,
                        colorbar=dict(title=dict(text="bias (logits)", side="right"))),
         # rows about as tall as square cells make them in a figure about 1000 px wide, plus a subplot title
-        height=int(max(300, rows * (900 / cols * (2 * gh - 1) / (2 * gw - 1) + 50) + 110 + (70 if len(shown) > 1 else 0))),
+        height=int(max(300, rows * (900 / cols * (2 * gh - 1) / (2 * gw - 1) + 50) + 110 + 70 * (len(shown) > 1))),
         margin=dict(l=10, r=10, t=90, b=80 if len(shown) > 1 else 10))
     fig.update_annotations(font_size=11)
     if len(shown) > 1:

@@ -145,6 +145,8 @@ def _timm_beit(model: nn.Module) -> RelativeBias | None:
 
 
 def _hf_beit(model: nn.Module) -> RelativeBias | None:
+    if not type(model).__module__.startswith("transformers."):  # not an HF model: transformers is not imported
+        return None
     try:
         from transformers.models.beit.modeling_beit import BeitLayer, BeitRelativePositionBias
         from transformers.models.data2vec.modeling_data2vec_vision import (
