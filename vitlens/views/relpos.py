@@ -175,20 +175,18 @@ def bias_by_offset(bias: torch.Tensor, grid: tuple[int, int], num_prefix_tokens:
     size = (heads, (2 * gh - 1) * (2 * gw - 1))
     high = torch.full(size, -torch.inf, dtype=torch.float64).scatter_reduce(1, offset, patches, "amax")
     low = torch.full(size, torch.inf, dtype=torch.float64).scatter_reduce(1, offset, patches, "amin")
-    spread = float((high - low).max()) if n else 0.0
+    spread = float((high - low).max())
     # one pair per offset: the query at the top-left-most cell from which the key is still on the grid
     oy, ox = torch.arange(-(gh - 1), gh)[:, None], torch.arange(-(gw - 1), gw)[None, :]
     qy, qx = (-oy).clamp_min(0), (-ox).clamp_min(0)
     q, k = qy * gw + qx, (qy + oy) * gw + qx + ox
     by_offset = b[:, p:, p:][:, q, k]
     to_patch, from_patch = b[:, :p, p:], b[:, p:, :p]
-    if p and n:
+    if p:
         spread = max(spread, float((to_patch.amax(-1) - to_patch.amin(-1)).max()),
                      float((from_patch.amax(-2) - from_patch.amin(-2)).max()))
-    first = 0 if n else None
-    prefix_to_patch = to_patch[:, :, first] if n else torch.zeros(heads, p, dtype=torch.float64)
-    patch_to_prefix = from_patch[:, first, :] if n else torch.zeros(heads, p, dtype=torch.float64)
-    return (by_offset.numpy(), prefix_to_patch.numpy(), patch_to_prefix.numpy(), b[:, :p, :p].numpy().copy(),
+    # a prefix pair kind's one number, read at the first patch (the spread says the others agree)
+    return (by_offset.numpy(), to_patch[:, :, 0].numpy(), from_patch[:, 0, :].numpy(), b[:, :p, :p].numpy().copy(),
             spread)
 
 
