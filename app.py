@@ -86,6 +86,15 @@ def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> vl.
     return vl.position_similarity(_m, grid=grid)
 
 
+@st.cache_data(max_entries=4, show_spinner=False)
+def relpos_result(_m: vl.LoadedModel, mkey: str) -> tuple[vl.RelativePositionBiasResult | None, str]:
+    """The learned relative-position bias by offset, or None and why the model has none (weights only: no lock)."""
+    try:
+        return vl.relative_position_bias(_m), ""
+    except vl.ViewNotAvailableError as e:
+        return None, e.message_for("app")
+
+
 @st.cache_data(max_entries=32, show_spinner="Rolling out attention ...")
 def rollout_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, fusion: str,
                    discard: float, source: str | None = None) -> vl.RolloutResult:
@@ -319,6 +328,48 @@ def recentre() -> None:
 
 
 def render_position(ctx: Context) -> None:
+    """Fig. 7 centre: the learned absolute table's similarity tiles and, for a model with a learned relative-position
+    bias (the registry's view shown on this page), that bias by offset; a model with neither is told why, twice."""
+    relative, no_relative = relpos_result(ctx.m, ctx.mkey)
+    try:
+        position_result(ctx.m, ctx.mkey, ctx.m.spec.grid)
+        no_table = ""
+    except vl.ViewNotAvailableError as e:
+        no_table = e.message_for("app")
+    if no_table and relative is None:
+        st.error(no_table)
+        st.info(no_relative)
+        return
+    if no_table:
+        st.info(no_table)
+    else:
+        render_position_table(ctx)
+    if relative is not None:
+        render_relpos(ctx, relative)
+
+
+def render_relpos(ctx: Context, res: vl.RelativePositionBiasResult) -> None:
+    """Each head's learned bias by query-to-key offset, for a chosen block, and the class token's biases apart."""
+    import pandas as pd
+
+    st.subheader(REGISTRY["relpos"].heading)
+    layers = res.bias.shape[0]
+    shared = layers == 1 or res.shared_by_all_blocks()
+    layer = 0 if shared else st.slider("Block", 1, layers, 1, key="relpos-layer") - 1
+    fig = figures.relpos_figure(res, layer=None if shared else layer)
+    st.plotly_chart(fig, key="relpos-fig")
+    gh, gw = res.grid
+    st.caption(f"Each cell is what a head adds to a query patch's attention score (in logits, before the softmax) for "
+               f"the key patch dy rows below and dx columns right of it, the same wherever the query sits on the "
+               f"{gh}x{gw} grid (checked). Read from {res.sources[layer]}.")
+    if res.prefix_labels:
+        st.caption(f"The {listed_some(list(res.prefix_labels), 4)} token has no place on the grid: its biases, one "
+                   "number per head and pair (query -> key), the same for every patch:")
+        st.dataframe(round_significant(pd.DataFrame(res.prefix_rows(layer))), hide_index=True)
+    downloads(res, fig, "relative_position_bias")
+
+
+def render_position_table(ctx: Context) -> None:
     spec = ctx.m.spec
     c = st.columns(4)
     gh = int(c[0].number_input("Grid rows", 1, 64, spec.grid[0], key="gh", on_change=recentre))

@@ -26,7 +26,8 @@ from vitlens.views.rollout import RolloutAccumulator
 def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
     # "VIEWS" is one thing: the registry, which analyze reads at call time (not a snapshot of its names)
     assert ANALYZE_VIEWS is registry.VIEWS
-    assert tuple(registry.VIEWS) == registry.VIEW_NAMES == ("filters", "position", "distance", "rollout", "prefix")
+    assert tuple(registry.VIEWS) == registry.VIEW_NAMES == ("filters", "position", "relpos", "distance", "rollout",
+                                                            "prefix")
     assert registry.DEFAULT_VIEWS == ("filters", "position", "distance", "rollout")  # the paper's four
     # the survey's own list names its consumers by class (no importlib strings), and every one is a consumer
     assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "weights")
@@ -36,7 +37,7 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
     survey = cli.build_parser()._subparsers._group_actions[0].choices["survey"]  # type: ignore[union-attr]
     views = next(a for a in survey._actions if a.dest == "views")
     assert list(views.choices) == list(SURVEY_VIEW_NAMES) == views.default
-    with pytest.raises(vl.InvalidParameterError, match="views must be among filters, position, distance"):
+    with pytest.raises(vl.InvalidParameterError, match="views must be among filters, position, relpos, distance"):
         registry.check_views(("distance", "nope"))
 
 
@@ -44,10 +45,14 @@ def test_every_view_gives_its_declared_result_and_its_figure_draws_it(tiny):
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     a = vl.analyze(tiny, x, views=registry.VIEW_NAMES, n_components=4)
     for name, view in registry.VIEWS.items():
-        assert isinstance(a.view(name), view.result_class()), name
+        if name in a.notes:  # a weight view this model does not have (a ViT has no relative-position bias)
+            assert a.view(name) is None and view.kind == "weights", name
+        else:
+            assert isinstance(a.view(name), view.result_class()), name
         assert callable(getattr(figures, view.figure)), view.figure
+    assert set(a.notes) == {"relpos"}  # tests/test_relpos_view.py gives it a model that has one
     figs = model_figures(a, [np.zeros((224, 224, 3), dtype=np.uint8)] * 2)
-    assert set(figs) == set(registry.VIEW_NAMES) - {"prefix"} | ({"prefix"} if a.prefix.labels else set())
+    assert set(figs) == set(registry.VIEW_NAMES) - {"prefix", "relpos"} | ({"prefix"} if a.prefix.labels else set())
     assert all(isinstance(f, go.Figure) for f in figs.values())
 
 

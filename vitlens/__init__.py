@@ -10,7 +10,8 @@ The package, by what each part is:
 - ``core``: ``ModelSpec`` and the attention and filter maths every family shares (imports nothing of vitlens);
 - ``loading``: names to models (embedded pair, timm hub, checkpoints, user modules);
 - ``families``: how each kind of ViT is read exactly (spec, attention capture, filters, E_pos);
-- ``views``: the paper's four views, one image's attention maps, and the streaming engine;
+- ``views``: the paper's four views (and the relative-position bias, Fig. 7 centre's analogue), one image's
+  attention maps, and the streaming engine;
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;
 - ``compare``: layer-by-layer CKA between models, head importance;
 - ``reference``: the embedded reference pair (scenes, models, training, weights);
@@ -48,6 +49,7 @@ from .engine import AttentionConsumer, BatchInfo, stream_attention
 from .views.filters import FilterPCAResult, embedding_filter_pca
 from .views.position import PositionSimilarityResult, position_similarity
 from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
+from .views.relpos import RelativePositionBiasResult, relative_position_bias
 from .views.rollout import RolloutAccumulator, RolloutResult
 from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
 
@@ -65,6 +67,6 @@ __all__ = [
     "VitlensError", "WeightsUnavailableError", "analyze", "attention_distance", "attention_maps", "attention_probs",
     "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
     "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",
-    "query_token", "sample_images", "stream_attention", "to_rgb",
+    "query_token", "sample_images", "stream_attention", "to_rgb", "RelativePositionBiasResult", "relative_position_bias",
     "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
 ]

@@ -2,6 +2,7 @@
 
 - ``filters_figure``: paper Fig. 7 left, a grid of RGB filter components.
 - ``position_figure``: Fig. 7 centre / Fig. 10, a grid of similarity tiles.
+- ``relpos_figure``: its analogue for relative-position models, each head's learned bias by query-to-key offset.
 - ``distance_figure``: Fig. 7 right / Fig. 11, mean distance of each head by layer.
 - ``rollout_figure``: Fig. 6 / Fig. 14, rollout over the image.
 - ``heads_figure``: one query's attention in every head of a layer.
@@ -22,10 +23,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .core.resample import upsample_map  # re-exported: figures draw with the numeric resampling
+from .errors import InvalidParameterError
 from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
+from .views.relpos import RelativePositionBiasResult
 from .views.rollout import RolloutResult
 from .views.windowed import WindowedDistanceResult
 from .words import counted
@@ -187,6 +190,83 @@ def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int)
     fig.update_yaxes(title="row", range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain", dtick=max(1, gh // 8))
     fig.update_layout(title=f"Similarity of patch ({row}, {col}) to all patches", height=420,
                       margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, columns: int = 6,
+                  title: str | None = None) -> go.Figure:
+    """The analogue of Fig. 7 centre for relative-position models: each head's learned bias as a heatmap over the
+    offset from the query patch to the key patch (dx across, dy down, the query at the centre, marked x).
+
+    Args:
+        result: the relative-position bias (``relative_position_bias``).
+        layer: the block to show, 0-based; None: every block, the first shown, with a slider to step through them
+            (one block when all blocks add the same bias).
+        columns: heads per row.
+        title: the figure's title (default: what is shown, and for which block).
+
+    Returns:
+        A plotly ``Figure``, one colour scale for all heads (and all blocks on the slider), centred on zero when the
+        bias takes both signs.
+    """
+    layers, heads = result.bias.shape[:2]
+    gh, gw = result.grid
+    shared = layers > 1 and result.shared_by_all_blocks()
+    if layer is not None and not 0 <= layer < layers:
+        raise InvalidParameterError(f"layer must be between 0 and {layers - 1} for {layers} blocks; got {layer}.")
+    shown = [0] if shared else list(range(layers)) if layer is None else [layer]
+    dys, dxs = result.offsets
+    values = result.bias[shown]
+    low, high = float(values.min()), float(values.max())
+    both = low < 0 < high
+    reach = max(-low, high)
+    cols = min(columns, heads)
+    rows = math.ceil(heads / cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"head {h + 1}" for h in range(heads)],
+                        horizontal_spacing=0.06, vertical_spacing=0.12 if rows > 1 else 0.08)
+    for n, l in enumerate(shown):
+        for h in range(heads):
+            r, c = h // cols + 1, h % cols + 1
+            # float32: every bias vitlens reads is float32 or narrower, so the values are exact and the page lighter
+            fig.add_trace(go.Heatmap(
+                z=result.bias[l, h].astype(np.float32), x=dxs, y=dys, coloraxis="coloraxis", visible=n == 0,
+                hovertemplate=f"block {l + 1}, head {h + 1}<br>key %{{y}} rows down, %{{x}} columns right of the "
+                              "query<br>bias %{z:.4g} logits<extra></extra>"), row=r, col=c)
+            fig.add_trace(go.Scatter(x=[0], y=[0], mode="markers", hoverinfo="skip", showlegend=False,
+                                     visible=n == 0, marker=dict(symbol="x-thin", size=9, line=dict(width=2,
+                                                                                                      color="black"))),
+                          row=r, col=c)
+    step = max(1, (max(gh, gw) - 1) // 2)  # five ticks at most: the offsets 0, +-(g-1)/2, +-(g-1)
+    fig.update_xaxes(range=[-(gw - 0.5), gw - 0.5], dtick=step, constrain="domain", showgrid=False, zeroline=False,
+                     tickfont_size=9)
+    fig.update_yaxes(range=[gh - 0.5, -(gh - 0.5)], dtick=step, constrain="domain", showgrid=False, zeroline=False,
+                     tickfont_size=9)  # dy < 0 (keys above the query) at the top, as in the image
+    for h in range(heads):
+        fig.update_yaxes(scaleanchor=f"x{h + 1 if h else ''}", row=h // cols + 1, col=h % cols + 1)
+    fig.update_xaxes(title_text="dx (columns)", title_font_size=10, row=rows, col=1)
+    fig.update_yaxes(title_text="dy (rows)", title_font_size=10, row=rows, col=1)
+    which = ("the same in every block" if shared else f"block {shown[0] + 1} of {layers}" if len(shown) == 1 else
+             f"block 1 of {layers} (the slider shows the others)")
+    # say it in words: a flat colour could be any value
+    zero = "every entry is 0 (BEiT's tables start at zero: untrained); " if low == high == 0 else ""
+    fig.update_layout(
+        title=title or f"Relative-position bias by offset, {which}<br><sup>{zero}offset = key minus query, in patch "
+                       f"rows (dy, down) and columns (dx, right) of the {gh}x{gw} grid; x marks the query</sup>",
+        # fixed limits: plotly would rescale to the visible traces, a different scale for each block on the slider
+        coloraxis=dict(colorscale="RdBu_r" if both else "Viridis", cmin=-reach if both else low,
+                       cmax=reach if both else high,
+                       colorbar=dict(title=dict(text="bias (logits)", side="right"))),
+        # rows about as tall as square cells make them in a figure about 1000 px wide, plus a subplot title
+        height=int(max(300, rows * (900 / cols * (2 * gh - 1) / (2 * gw - 1) + 50) + 110 + 70 * (len(shown) > 1))),
+        margin=dict(l=10, r=10, t=90, b=80 if len(shown) > 1 else 10))
+    fig.update_annotations(font_size=11)
+    if len(shown) > 1:
+        per_block = 2 * heads
+        steps = [dict(method="update", label=str(l + 1),
+                      args=[{"visible": [n == i for n in range(len(shown)) for _ in range(per_block)]},
+                            {"title.text": fig.layout.title.text.replace(which, f"block {l + 1} of {layers}")}])
+                 for i, l in enumerate(shown)]
+        fig.update_layout(sliders=[dict(active=0, steps=steps, currentvalue=dict(prefix="block "), pad=dict(t=40))])
     return fig
 
 

@@ -1,5 +1,6 @@
 """What a model family tells vitlens: its spec, where its attention is computed and how to capture
-it exactly, its pixel-space embedding filters and its position-embedding table.
+it exactly, its pixel-space embedding filters, its position-embedding table and its learned
+relative-position bias.
 
 Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
 Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
@@ -25,13 +26,16 @@ import inspect
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from .relative_bias import RelativeBias
 
 Emit = Callable[..., None]
 """Where a capture sends each block's probabilities: ``emit(layer, probs)`` with a whole map [B, heads, T, T],
@@ -276,6 +280,19 @@ class Family:
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
         return "it has no learned absolute position embedding"
+
+    def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias | None":
+        """The learned relative-position bias every block adds to its attention scores, read from the model's own
+        modules (``vitlens.families.relative_bias``: timm relpos and BEiT, Hugging Face BEiT); None when it has none."""
+        from .relative_bias import read_relative_bias
+
+        return read_relative_bias(model)
+
+    def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        """Why ``relative_bias`` is None, in words that finish "... is not available for NAME: "."""
+        reason = "it adds no learned relative-position bias to its attention scores"
+        return reason + ("; its position is a learned absolute table (the position view shows it)"
+                         if spec.has_pos_embed else "")
 
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         """Token grid for another input size (models that accept one)."""

@@ -86,5 +86,12 @@ class TimmEva(TimmFamily):
         return ("this EVA variant encodes position only through rotary embeddings (RoPE) applied to queries and "
                 "keys, and has no learned absolute position table")
 
+    def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        if getattr(model, "rope", None) is None:
+            return super().no_relative_bias_reason(model, spec)
+        return ("position enters its attention through rotary embeddings (RoPE) of queries and keys, not an additive "
+                "bias" + ("; it also has a learned absolute table (the position view shows it)" if spec.has_pos_embed
+                          else ""))
+
 
 register(TimmEva())

@@ -245,8 +245,13 @@ def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[st
         parts.append(f"<h3>{REGISTRY['position'].heading}</h3>")
         parts.append(figure_html(figs["position"]) if "position" in figs else
                      f"<p class='note'>{html.escape(a.position_note)}</p>")
+    # the relative-position bias beside the position view; why it is missing only where the position view is too
+    if "relpos" in figs or ("relpos" in a.views and "position" not in figs):
+        parts.append(f"<h3>{html.escape(REGISTRY['relpos'].heading)}</h3>")
+        parts.append(figure_html(figs["relpos"]) + relpos_prefix_html(a.view("relpos")) if "relpos" in figs else
+                     f"<p class='note'>{html.escape(getattr(a, 'notes', {}).get('relpos', ''))}</p>")
     parts += [f"<h3>{html.escape(REGISTRY[k].heading)}</h3><p class='note'>{html.escape(v)}</p>"
-              for k, v in getattr(a, "notes", {}).items() if k != "position" and k in REGISTRY]
+              for k, v in getattr(a, "notes", {}).items() if k not in ("position", "relpos") and k in REGISTRY]
     if "distance" in figs:
         parts += [f"<h3>{REGISTRY['distance'].heading}</h3>",
                   f"<p><b>{html.escape(reading)}</b></p>" if reading else "", figure_html(figs["distance"])]
@@ -259,9 +264,22 @@ def model_section(a: AnalysisResult, figs: dict[str, go.Figure], timing: dict[st
                   "<p class='muted'>Rollout shows where information was mixed across layers, not what caused the "
                   "prediction.</p>", figure_html(figs["rollout"])]
     for name in a.others:  # a registered view of vitlens's own beyond the paper's: its heading and figure
-        if name in figs:
+        if name in figs and name != "relpos":
             parts += [f"<h3>{html.escape(REGISTRY[name].heading)}</h3>", figure_html(figs[name])]
     return "".join(parts)
+
+
+def relpos_prefix_html(result: Any) -> str:
+    """The biases between the prefix tokens and the patches of a relative-position bias (one number per head and
+    pair kind), for the first block; "" without prefix tokens."""
+    rows = result.prefix_rows(0)
+    if not rows:
+        return ""
+    which = "every block" if result.shared_by_all_blocks() else f"block 1 of {result.bias.shape[0]} (the numbers " \
+        "file has every block's)"
+    return (f"<p class='muted'>Biases of the {html.escape(listed_some(list(result.prefix_labels), 4))} token, query "
+            f"-&gt; key, the same for every patch; {html.escape(which)}:</p>"
+            + html_table([{k: significant(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows]))
 
 
 def prefix_section(prefix: Any, fig: go.Figure | None) -> str:

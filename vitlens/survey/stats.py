@@ -281,7 +281,8 @@ SURVEY_VIEWS: dict[str, SurveyView] = {v.name: v for v in (
                "the rollout row's prefix mass, patch entropy and mass in the object mask (Fig. 6)"),
     SurveyView("predictions", Predictions, "accuracy, overall and per class"),
     SurveyView("weights", None, "filter PCA's explained variance (Fig. 7 left) and position-embedding structure "
-               "(Fig. 7 centre), once per model"),
+               "(Fig. 7 centre) or, for relative-position models, the learned bias's locality by offset, once per "
+               "model"),
 )}
 #: what ``vitlens survey --views`` offers, by default all of it
 SURVEY_VIEW_NAMES: tuple[str, ...] = tuple(SURVEY_VIEWS)

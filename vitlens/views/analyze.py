@@ -188,7 +188,7 @@ def analyze(
         head_fusion: as for ``attention_rollout``.
         discard_ratio: as for ``attention_rollout``.
         progress: True for a progress bar, or a callable ``f(done, total)``.
-        views: any of ``VIEWS`` ("filters", "position", "distance", "rollout", "prefix"; the registry of
+        views: any of ``VIEWS`` ("filters", "position", "relpos", "distance", "rollout", "prefix"; the registry of
             ``vitlens.views.registry`` lists them), by default the paper's four.
         memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
             maps within it, query-chunked side capture above; None: one block's MLP activation).
@@ -196,7 +196,9 @@ def analyze(
     Returns:
         An ``AnalysisResult`` with the views asked for (the others None): ``filters`` (Fig. 7 left),
         ``position`` (Fig. 7 centre; None with ``position_note`` saying why for a model without a learned
-        E_pos), ``distance`` (Fig. 7 right) and ``rollout`` (Fig. 6), ``prefix`` when asked for.
+        E_pos), ``distance`` (Fig. 7 right) and ``rollout`` (Fig. 6), ``prefix`` when asked for; ``view("relpos")``
+        the learned relative-position bias by offset when asked for (None, with ``notes["relpos"]`` saying why, for
+        a model without one).
 
     Raises:
         InvalidParameterError: an unknown view name or a bad parameter.

@@ -20,6 +20,7 @@ from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
 from .position import PositionSimilarityResult, neighbour_similarity, position_similarity
 from .prefix import PrefixDiagnostics, PrefixDiagnosticsResult
+from .relpos import RelativePositionBiasResult, offset_structure, relative_position_bias
 from .rollout import RolloutAccumulator, RolloutResult
 from .windowed import WindowedDistanceAccumulator, WindowedRolloutAccumulator
 
@@ -46,6 +47,10 @@ def _position(m: "LoadedModel", p: ViewParams) -> Any:
     return position_similarity(m)
 
 
+def _relpos(m: "LoadedModel", p: ViewParams) -> Any:
+    return relative_position_bias(m)
+
+
 def _filters_summary(result: Any) -> dict[str, float]:
     return {"filter_pca_top1": float(result.explained_variance_ratio[0]),
             "filter_pca_top28": float(result.explained_variance_ratio.sum())}
@@ -53,6 +58,10 @@ def _filters_summary(result: Any) -> dict[str, float]:
 
 def _position_summary(result: Any) -> dict[str, float]:
     return {f"position_{k}": float(v) for k, v in neighbour_similarity(result).items()}
+
+
+def _relpos_summary(result: Any) -> dict[str, float]:
+    return {f"relpos_{k}": float(v) for k, v in offset_structure(result).items()}
 
 
 def _distance(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
@@ -126,6 +135,9 @@ VIEWS: dict[str, View] = {v.name: v for v in (
     View("position", "Position embedding similarity", "Fig. 7 centre", "weights", _position,
          PositionSimilarityResult, "position_figure",
          label="Position embeddings", summary=_position_summary),
+    View("relpos", "Relative-position bias by offset", "analogue of Fig. 7 centre", "weights", _relpos,
+         RelativePositionBiasResult, "relpos_figure", default=False, label="Relative position bias",
+         shown_in="Position embeddings", summary=_relpos_summary),
     View("distance", "Mean attention distance", "Fig. 7 right", "attention", _distance,
          AttentionDistanceResult, "distance_figure",
          label="Attention distance"),
