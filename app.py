@@ -753,7 +753,7 @@ def render_registered(name: str) -> Callable[[Context], None]:
         if result is None:
             st.info(f"{view.title} is not available for this model.")
             return
-        fig = getattr(figures, view.figure)(result)
+        fig = figures.figure_for(result, [ctx.shown])
         st.plotly_chart(fig, key=f"{name}-fig")
         st.dataframe(result.to_pandas(), hide_index=True)
         downloads(result, fig, name)

@@ -743,9 +743,9 @@ def test_a_registered_view_without_a_page_of_its_own_gets_one(monkeypatch):
 
     toy = registry.View("queries", "Query rows per block", "", "attention",
                         lambda m, p: QueryCounter(m.spec.num_layers), QueryCountResult,
-                        "query_count_figure", default=False, label="Queries")
+                        default=False, label="Queries")
     monkeypatch.setitem(registry.VIEWS, "queries", toy)
-    monkeypatch.setattr(figures, "query_count_figure", lambda r: go.Figure(go.Bar(y=r.rows)), raising=False)
+    monkeypatch.setitem(figures.DRAWERS, QueryCountResult, figures.Drawer(lambda r: go.Figure(go.Bar(y=r.rows))))
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     assert "Queries" in at.radio(key="view").options

@@ -49,7 +49,7 @@ def test_every_view_gives_its_declared_result_and_its_figure_draws_it(tiny):
             assert a.view(name) is None and view.kind == "weights", name
         else:
             assert isinstance(a.view(name), view.result_class()), name
-        assert callable(getattr(figures, view.figure)), view.figure
+        assert view.result_type in figures.DRAWERS, view.name  # its figure, registered by its result class
     assert set(a.notes) == {"relpos"}  # tests/test_relpos_view.py gives it a model that has one
     figs = model_figures(a, [np.zeros((224, 224, 3), dtype=np.uint8)] * 2)
     assert set(figs) == set(registry.VIEW_NAMES) - {"prefix", "relpos"} | ({"prefix"} if a.prefix.labels else set())
@@ -86,10 +86,9 @@ class QueryCounter(AttentionConsumer):
 def test_a_new_view_is_one_registry_entry_and_shares_the_one_forward(tiny, monkeypatch):
     toy = registry.View("queries", "Query rows per block", "", "attention",
                         lambda m, p: QueryCounter(m.spec.num_layers), QueryCountResult,
-                        "query_count_figure", default=False, label="Queries")
+                        default=False, label="Queries")
     monkeypatch.setitem(registry.VIEWS, "queries", toy)
-    monkeypatch.setattr(figures, "query_count_figure",
-                        lambda r: go.Figure(go.Bar(y=r.rows)), raising=False)
+    monkeypatch.setitem(figures.DRAWERS, QueryCountResult, figures.Drawer(lambda r: go.Figure(go.Bar(y=r.rows))))
     x = torch.randn(3, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     calls = []
     handle = tiny.model.register_forward_hook(lambda *_: calls.append(1))

@@ -325,7 +325,7 @@ def test_analyze_the_report_and_the_survey_offer_it_from_the_registry():
     view = registry.VIEWS["relpos"]
     assert "relpos" in registry.VIEW_NAMES and "relpos" not in registry.DEFAULT_VIEWS  # the paper's four stay default
     assert view.kind == "weights" and view.result_class() is vl.RelativePositionBiasResult
-    assert view.figure == "relpos_figure" and view.shown_in == registry.VIEWS["position"].label
+    assert figures.DRAWERS[view.result_type].fn is figures.relpos_figure and view.shown_in == registry.VIEWS["position"].label
     m = vl.load_model(randomised(timm_model("vit_relpos_medium_patch16_cls_224", 32)))
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     a = vl.analyze(m, x, views=registry.VIEW_NAMES, n_components=4)  # what `vitlens report` computes

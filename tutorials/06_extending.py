@@ -70,9 +70,10 @@ print("correlation of entropy and distance over heads:", round(float(np.corrcoef
 # %% [markdown]
 # To make it a first-class view (offered by `analyze(views=...)`, the command line, the report, the
 # app and `vitlens survey`), give it a module in `vitlens/views/`, a figure function in
-# `vitlens/figures.py`, and one `View(...)` entry in `VIEWS` in `vitlens/views/registry.py` (its
+# `vitlens/figures.py` decorated with `@draws(ItsResult)` (the report and the app find the figure by
+# the result's class), and one `View(...)` entry in `VIEWS` in `vitlens/views/registry.py` (its
 # name, the paper figure it serves, `kind="attention"`, the builder returning the consumer, the
-# result type, the figure); a survey also needs its `state()` / `from_state()` as plain arrays.
+# result type); a survey also needs its `state()` / `from_state()` as plain arrays.
 # That step edits the package, so it is not executed here.
 #
 # ## A new attribution method

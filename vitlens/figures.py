@@ -16,7 +16,8 @@ Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -28,6 +29,7 @@ from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
 from .views.filters import FilterPCAResult
 from .views.position import PositionSimilarityResult
+from .views.prefix import PrefixDiagnosticsResult
 from .views.relpos import RelativePositionBiasResult
 from .views.rollout import RolloutResult
 from .views.windowed import WindowedDistanceResult
@@ -41,7 +43,6 @@ if TYPE_CHECKING:  # figures take typed results; these modules import figures la
     from .attribution.sanity import SanityResult
     from .compare.cka import CKAResult
     from .compare.heads import HeadImportanceResult
-    from .views.prefix import PrefixDiagnosticsResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 #: one colour per attribution method (Plotly's Dark24, 24 distinct hues), indexed by the method's place in
@@ -88,6 +89,72 @@ def component_rgb(component: np.ndarray) -> np.ndarray:
     return np.round(img * 255).astype(np.uint8)
 
 
+@dataclass(frozen=True)
+class Drawer:
+    """How a view's result is drawn (``draws``).
+
+    Attributes:
+        fn: the figure function, ``fn(result)`` or ``fn(result, images)``.
+        images: whether it takes the images as the model sees them (the rollout's overlays).
+        when: result -> whether there is anything to draw (None: always).
+    """
+
+    fn: Callable[..., go.Figure]
+    images: bool = False
+    when: Callable[[Any], bool] | None = None
+
+
+#: the figure function of each view's result class, registered where the function is written (``draws``): the
+#: one place the report and the app find how to draw a view's result (``figure_for``), so no view names a figure
+DRAWERS: dict[type, Drawer] = {}
+
+
+def draws(*result_types: type, images: bool = False, when: Callable[[Any], bool] | None = None) -> Callable:
+    """Register the decorated figure function as the one that draws results of ``result_types`` (``figure_for``).
+
+    Args:
+        *result_types: the result classes it draws.
+        images: it takes the images as the model sees them as its second argument.
+        when: result -> whether the result has anything to draw (None: always).
+
+    Returns:
+        The decorator (the function is returned unchanged).
+    """
+    def register(fn: Callable[..., go.Figure]) -> Callable[..., go.Figure]:
+        for t in result_types:
+            DRAWERS[t] = Drawer(fn, images, when)
+        return fn
+    return register
+
+
+def figure_for(result: Any, images: Sequence[np.ndarray] | None = None) -> go.Figure | None:
+    """The figure of a view's result, by its class (``DRAWERS``); None when it has nothing to draw (the prefix
+    diagnostics of a model without prefix tokens).
+
+    Args:
+        result: a view's result (``AnalysisResult.view(name)``).
+        images: uint8 [H, W, 3] images as the model sees them, for a figure that overlays them (rollout).
+
+    Returns:
+        A plotly ``Figure``, or None.
+
+    Raises:
+        InvalidParameterError: no figure is registered for the result's class, or it needs images and got none.
+    """
+    drawer = next((DRAWERS[t] for t in type(result).__mro__ if t in DRAWERS), None)
+    if drawer is None:
+        raise InvalidParameterError(f"No figure draws a {type(result).__name__}; register one with "
+                                    "vitlens.figures.draws.")
+    if drawer.when is not None and not drawer.when(result):
+        return None
+    if drawer.images:
+        if images is None:
+            raise InvalidParameterError(f"{drawer.fn.__name__} overlays the images: pass them as the model sees them.")
+        return drawer.fn(result, images)
+    return drawer.fn(result)
+
+
+@draws(FilterPCAResult)
 def filters_figure(result: FilterPCAResult, columns: int = 7, title: str | None = None) -> go.Figure:
     """Grid of the top principal components as small RGB images, with explained variance.
 
@@ -143,6 +210,7 @@ def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.nd
     return mosaic, coords
 
 
+@draws(PositionSimilarityResult)
 def position_figure(result: PositionSimilarityResult, title: str | None = None) -> go.Figure:
     """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch.
 
@@ -193,6 +261,7 @@ def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int)
     return fig
 
 
+@draws(RelativePositionBiasResult)
 def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, columns: int = 6,
                   title: str | None = None) -> go.Figure:
     """The analogue of Fig. 7 centre for relative-position models: each head's learned bias as a heatmap over the
@@ -270,6 +339,7 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
     return fig
 
 
+@draws(AttentionDistanceResult, WindowedDistanceResult)
 def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanceResult],
                     names: Sequence[str] | None = None, units: str = "px", title: str | None = None) -> go.Figure:
     """Fig. 7 right / Fig. 11: one dot per head at its layer, several models side by side.
@@ -518,6 +588,7 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
     return fig
 
 
+@draws(RolloutResult, images=True)
 def rollout_grid_figure(result: RolloutResult, images: Sequence[np.ndarray], opacity: float = 0.5) -> go.Figure:
     """Fig. 6 for several images: rollout over each of ``images`` (result rows 0..n-1).
 
@@ -731,7 +802,8 @@ def head_importance_figure(importance: "HeadImportanceResult", distance: Attenti
     return fig
 
 
-def prefix_figure(result: "PrefixDiagnosticsResult", title: str | None = None) -> go.Figure:
+@draws(PrefixDiagnosticsResult, when=lambda r: bool(r.labels))  # no prefix tokens: nothing to draw
+def prefix_figure(result: PrefixDiagnosticsResult, title: str | None = None) -> go.Figure:
     """Attention parked on prefix tokens: share of each head's patch-query attention on all prefix
     tokens together, layer by layer (first layer at the top).
 

@@ -186,12 +186,11 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
         Figures by name.
     """
     figs: dict[str, go.Figure] = {}
-    for name in a.views:  # each view's figure function, as the registry names it
+    for name in a.views:  # each view's result drawn by the figure registered for its class (figures.draws)
         result = a.view(name)
-        if result is None or (name == "prefix" and not result.labels):
-            continue
-        draw = getattr(figures, REGISTRY[name].figure)
-        figs[name] = draw(result, display_images) if name == "rollout" else draw(result)
+        fig = None if result is None else figures.figure_for(result, display_images)
+        if fig is not None:
+            figs[name] = fig
     return figs
 
 

@@ -3,9 +3,10 @@ report and the app offer is read from here.
 
 Each ``View`` says its name, the figure of the paper it serves, how it is computed (a consumer
 of the streaming engine, fed from the one forward per batch that every attention view shares,
-or a function of the weights alone), the result class it gives, the figure that draws it, and
-what a survey keeps of a weight-only view. Adding a view is its module, its figure function, and
-one entry here.
+or a function of the weights alone), the result class it gives, and what a survey keeps of a
+weight-only view. The figure that draws a result is registered beside the figure function, by the
+result's class (``vitlens.figures.draws``; the figures sit above the views, which name none). Adding
+a view is its module, its figure function decorated with ``@draws(ItsResult)``, and one entry here.
 
 What a survey keeps per (model, image shard) is the survey's own list, ``vitlens.survey.stats.SURVEY_VIEWS``
 (the survey sits above the views, so it names the views' consumers, never the other way round).
@@ -94,7 +95,6 @@ class View:
             ``result(spec)`` is the view's result).
         build: (model, ``ViewParams``) -> the result ("weights") or the consumer ("attention").
         result_type: the class of the result it gives.
-        figure: the function of ``vitlens.figures`` that draws the result.
         default: one of ``analyze``'s default views (the paper's four).
         label: its short name in the app's view selector.
         shown_in: the app page that shows it beside another view ("" : a page of its own; a view
@@ -111,7 +111,6 @@ class View:
     kind: str
     build: Callable[["LoadedModel", ViewParams], Any]
     result_type: type
-    figure: str
     default: bool = True
     label: str = ""
     shown_in: str = ""
@@ -130,22 +129,22 @@ class View:
 
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("filters", "Embedding filters", "Fig. 7 left", "weights", _filters,
-         FilterPCAResult, "filters_figure", label="Filters",
+         FilterPCAResult, label="Filters",
          summary=_filters_summary),
     View("position", "Position embedding similarity", "Fig. 7 centre", "weights", _position,
-         PositionSimilarityResult, "position_figure",
+         PositionSimilarityResult,
          label="Position embeddings", summary=_position_summary),
     View("relpos", "Relative-position bias by offset", "analogue of Fig. 7 centre", "weights", _relpos,
-         RelativePositionBiasResult, "relpos_figure", default=False, label="Relative position bias",
+         RelativePositionBiasResult, default=False, label="Relative position bias",
          shown_in="Position embeddings", summary=_relpos_summary),
     View("distance", "Mean attention distance", "Fig. 7 right", "attention", _distance,
-         AttentionDistanceResult, "distance_figure",
+         AttentionDistanceResult,
          label="Attention distance"),
     View("rollout", "Attention rollout", "Fig. 6", "attention", _rollout,
-         RolloutResult, "rollout_grid_figure", label="Attention rollout",
+         RolloutResult, label="Attention rollout",
          shown_in="Attention maps"),
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
-         PrefixDiagnosticsResult, "prefix_figure", default=False,
+         PrefixDiagnosticsResult, default=False,
          label="Prefix tokens", shown_in="Attention distance", kinds=("vit", "hybrid")),
 )}
 
