@@ -155,7 +155,9 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 
     @classmethod
     def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
-        heads = [int(a.num_heads) for a in m.family.attention_modules(m.model)]  # type: ignore[attr-defined]
+        block_heads = getattr(m.family, "block_heads", None)  # type: ignore[attr-defined]
+        heads = (block_heads(m.model) if block_heads is not None  # type: ignore[attr-defined]
+                 else [int(a.num_heads) for a in m.family.attention_modules(m.model)])  # type: ignore[attr-defined]
         return cls(model_windows(m), heads, m.spec.image_size, renormalize)  # type: ignore[attr-defined]
 
     def begin_batch(self, batch: BatchInfo) -> None:
