@@ -172,7 +172,13 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         p = attn.detach().to(torch.float64).reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.window_tokens)
         d, real = d.to(p.device), real.to(p.device)
         num = torch.einsum("bwhqk,wqk->bwhq", p, d)  # d is 0 at padding keys
-        per_query = num / torch.einsum("bwhqk,wk->bwhq", p, real) if self.renormalize else num
+        if self.renormalize:  # a padding query's weight on the real keys can be 0 (its mask leaves it only padding
+            # keys): it does not count, but 0 / 0 there would make the mean over the real queries NaN, so its
+            # denominator is shifted by 1 (a real query's is left as it is)
+            den = torch.einsum("bwhqk,wk->bwhq", p, real) + (1.0 - real)[None, :, None, :]
+            per_query = num / den
+        else:
+            per_query = num
         mean = torch.einsum("bwhq,wq->bh", per_query, real) / real.sum()  # over the real queries
         self._batch[:, layer, : attn.shape[1]] = mean.cpu().numpy()
 
