@@ -70,7 +70,11 @@ PROCESSOR_DEFAULTS = {
     "clip_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
     "siglip_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
+    "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
+    "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
 }
+#: model types of windowed, hierarchical models: read by ``vitlens.families.hf_swin``, not by this family
+WINDOWED_TYPES = ("swin", "swinv2")
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 class _Active(threading.local):
@@ -296,7 +300,7 @@ class HuggingFaceViT(Family):
     attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model)
+        return is_hf_model(model) and tower_type(model) not in WINDOWED_TYPES
 
     def check(self, model: nn.Module, name: str) -> None:
         model_type = tower_type(model)
