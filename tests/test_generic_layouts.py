@@ -238,13 +238,12 @@ def test_hf_layout_model_on_eager_is_refused_with_the_fix():
         vl.LoadedModel.from_module(eager_twin(hf_dinov3()), device="cpu")
 
 
-def test_hf_windowed_models_stay_refused_by_name():
+def test_hf_windowed_models_are_read_by_their_family_or_refused_by_name():
     import transformers
 
     swin = transformers.SwinModel(transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
                                                            num_heads=[1, 2], window_size=4))
-    with pytest.raises(vl.UnsupportedModelError, match="windowed attention .*Swin.*refused rather than shown wrong"):
-        vl.LoadedModel.from_module(swin, device="cpu")
+    assert vl.LoadedModel.from_module(swin, device="cpu").spec.family == "hf-swin"  # its windows, exact
     hiera = transformers.HieraModel(transformers.HieraConfig(embed_dim=8, image_size=[64, 64], patch_size=[7, 7],
                                                              depths=[1, 1], num_heads=[1, 1], num_query_pool=1))
     with pytest.raises(vl.UnsupportedModelError, match="Hiera"):

@@ -161,25 +161,30 @@ def test_window_capture_is_the_blocks_own_attention_and_leaves_the_outputs(fused
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
 
 
-def test_distance_in_pixels_equals_a_dense_float64_computation_and_its_window_uniform():
-    m = load(tiny_swin())
-    x = images(4)
+def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor) -> vl.WindowedDistanceResult:
+    """``vl.attention_distance`` of a windowed model against float64 over explicit dense token-to-token matrices
+    (each block's captured window maps placed on its stage grid), and its window-uniform distance against the
+    uniform attention over what each query may attend (the block's own mask, padding excluded). Every Swin
+    variant's test calls this (tests/test_swin_variants.py)."""
+    n = x.shape[0]
     got = vl.attention_distance(m, x)
-    assert isinstance(got, vl.WindowedDistanceResult) and got.n_images == 4
+    assert isinstance(got, vl.WindowedDistanceResult) and got.n_images == n
     windows = m.family.windows(m.model, m.spec.image_size)
     with vl.capture_attention(m) as cap, torch.no_grad():
         m.logits(x)
-    centres = hand_centres([(14, 14), (7, 7), (4, 4)], 4)
+    assert len(cap.maps) == len(windows)
+    grids = list({g.stage: g.grid for g in windows}.values())  # each stage's grid, first stage first
+    centres = hand_centres(grids, windows[0].stride_px[0])
     for layer, (g, probs) in enumerate(zip(windows, cap.maps)):
         h, w = g.grid
         ys, xs = centres[g.stage][:, 0], centres[g.stage][:, 1]
         d = np.sqrt((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2)
         heads = probs.shape[1]
-        per_image = np.zeros((4, heads))
+        per_image = np.zeros((n, heads))
         for head in range(heads):
             a = dense(probs[:, head], g.index, h * w)  # [B, T, T]
             per_image[:, head] = ((a * d).sum(-1) / a.sum(-1)).mean(-1)
-        np.testing.assert_allclose(got.mean_px[layer, :heads], per_image.mean(0), rtol=1e-10)
+        np.testing.assert_allclose(got.mean_px[layer, :heads], per_image.mean(0), rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(got.std_px[layer, :heads], per_image.std(0), rtol=1e-8, atol=1e-10)
         assert np.isnan(got.mean_px[layer, heads:]).all()
         # uniform attention over what each query may attend: the block's own mask, padding excluded
@@ -190,6 +195,11 @@ def test_distance_in_pixels_equals_a_dense_float64_computation_and_its_window_un
             allowed[ids[:, None], ids[None, :]] = g.allowed[win][real][:, real]
         want_uniform = ((d * allowed).sum(-1) / allowed.sum(-1)).mean()
         assert got.window_uniform_px[layer] == pytest.approx(want_uniform, rel=1e-12)
+    return got
+
+
+def test_distance_in_pixels_equals_a_dense_float64_computation_and_its_window_uniform():
+    got = assert_distance_is_a_dense_float64_computation(load(tiny_swin()), images(4))
     assert np.nanmax(got.of_window) - np.nanmin(got.of_window) > 0.1  # peaky weights: heads differ
     rows = got.to_rows()
     assert len(rows) == 2 * 4 + 4 * 2 and {r["attention"] for r in rows} == {"window", "shifted window", "global"}
@@ -212,14 +222,16 @@ def test_known_answers_uniform_attention_fills_its_window_and_self_attention_is_
     np.testing.assert_allclose(np.nan_to_num(got.of_window, nan=want), want, rtol=0, atol=1e-9)
 
 
-def test_rollout_through_windows_and_patch_merging_equals_a_brute_force_dense_composition():
-    m = load(tiny_swin())
-    x = images(2)
+def assert_rollout_is_a_brute_force_dense_composition(m: vl.LoadedModel, x: torch.Tensor) -> vl.RolloutResult:
+    """``vl.attention_rollout`` of a windowed model against explicit float64 matrices: per block (A + I) / rowsum
+    over the stage's tokens (A: the captured window maps, heads fused by their mean, placed on the stage grid),
+    per patch merging the transport (coarse token = mean of the fine tokens it merges), the source the mean over
+    the last stage's tokens. Every Swin variant's test calls this (tests/test_swin_variants.py)."""
+    n = x.shape[0]
     got = vl.attention_rollout(m, x)
     windows = m.family.windows(m.model, m.spec.image_size)
     with vl.capture_attention(m) as cap, torch.no_grad():
         m.logits(x)
-    # explicit matrices, float64: per block (A + I) / rowsum over the stage's tokens, per merging the transport
     product = None
     for layer, (g, probs) in enumerate(zip(windows, cap.maps)):
         t = g.grid[0] * g.grid[1]
@@ -234,10 +246,16 @@ def test_rollout_through_windows_and_patch_merging_equals_a_brute_force_dense_co
             product = merge @ product
         product = a if product is None else a @ product
     last = windows[-1].grid[0] * windows[-1].grid[1]
-    row = np.full((2, last), 1.0 / last)[:, None, :] @ product  # the mean over the last stage's tokens
-    want = row[:, 0].reshape(2, *windows[0].grid)
-    want = want / want.reshape(2, -1).max(-1)[:, None, None]
+    row = np.full((n, last), 1.0 / last)[:, None, :] @ product  # the mean over the last stage's tokens
+    want = row[:, 0].reshape(n, *windows[0].grid)
+    want = want / want.reshape(n, -1).max(-1)[:, None, None]
     np.testing.assert_allclose(got.maps, want, rtol=1e-10, atol=1e-12)
+    assert got.grid == windows[0].grid and got.image_size == m.spec.image_size
+    return got
+
+
+def test_rollout_through_windows_and_patch_merging_equals_a_brute_force_dense_composition():
+    got = assert_rollout_is_a_brute_force_dense_composition(load(tiny_swin()), images(2))
     assert got.grid == (14, 14) and got.image_size == (56, 56)
 
 

@@ -240,6 +240,9 @@ class Family:
     #: ``windows(model, input_hw) -> list[WindowGeometry]`` for a family whose blocks attend within windows on stages
     #: of coarser grids (Swin: ``spec.kind == "hierarchical"``); None for global attention
     windows: Callable[..., Any] | None = None
+    #: ``block_heads(model) -> list[int]``, the heads of every block's attention, for such a family whose attention
+    #: modules do not say it as ``num_heads`` (Hugging Face's Swins); None: read ``num_heads``
+    block_heads: Callable[..., Any] | None = None
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """Side capture (``capture.mode == "side"``): every block's probabilities computed beside the model's
@@ -388,8 +391,6 @@ REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "cait": "class-attention layers and talking heads (CaiT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
-    "swin_transformer_v2": "scaled cosine window attention with a continuous position bias (Swin V2; Swin v1 is read)",
-    "swin_transformer_v2_cr": "scaled cosine window attention with a continuous position bias (Swin V2 CR)",
     "hiera": "mask-unit attention over a reordered token sequence (Hiera)",
     "hieradet_sam2": "mask-unit window attention in stages (SAM 2's Hiera image encoder)",
     "mvitv2": "pooling attention, keys and values at a coarser grid than the queries (MViT v2)",

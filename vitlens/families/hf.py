@@ -7,8 +7,9 @@ model's output is ``get_image_features``, the projected image embedding).
 
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
-``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (Swin, Hiera,
-SAM, ViTDet, PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried.
+``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (Hiera,
+SAM, ViTDet, PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
+read by ``vitlens.families.hf_swin``.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -64,10 +65,9 @@ NO_CLASS_TOKEN = ("ijepa", "siglip_vision_model", "siglip2_vision_model")
 TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_model", "siglip": "siglip_vision_model",
                "siglip2": "siglip2_vision_model"}
 #: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
-#: a reading of them as one global attention over the image's tokens would get wrong
+#: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2 are read:
+#: ``WINDOWED_TYPES``, ``vitlens.families.hf_swin``)
 REFUSED_MODEL_TYPES = {
-    "swin": "windowed attention with relative-position bias and patch merging (Swin)",
-    "swinv2": "windowed scaled-cosine attention and patch merging (Swin V2)",
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
     "hiera": "mask-unit windowed attention over pooled stages (Hiera)",
@@ -100,7 +100,11 @@ PROCESSOR_DEFAULTS = {
     "beit": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "siglip_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
     "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
+    "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
+    "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
 }
+#: model types of windowed, hierarchical models: read by ``vitlens.families.hf_swin``, not by this family
+WINDOWED_TYPES = ("swin", "swinv2")
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 class _Active(threading.local):
@@ -327,7 +331,7 @@ class HuggingFaceViT(Family):
     attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model)
+        return is_hf_model(model) and tower_type(model) not in WINDOWED_TYPES
 
     def check(self, model: nn.Module, name: str) -> None:
         from .base import AttentionClassUnknown

@@ -1,22 +1,30 @@
-"""timm's Swin Transformer (``swin_*``): windowed attention (W-MSA), shifted windows (SW-MSA) with their mask,
-a relative-position bias inside each window, and patch merging between stages.
+"""timm's Swin Transformers: ``swin_*`` (v1), ``swinv2_*`` (v2) and ``swinv2_cr_*`` (v2, Christoph Reich's
+implementation): windowed attention (W-MSA), shifted windows (SW-MSA) with their mask, a position bias inside
+each window, and patch merging between stages. v1 adds a learned relative-position bias to q k^T / sqrt(d);
+both v2s use scaled cosine attention (cos(q, k) times a learned, clamped logit scale per head) and a
+continuous position bias, an MLP of log-spaced relative coordinates (``swinv2_*``: 16 sigmoid(MLP), offsets
+scaled to the window; ``swinv2_cr_*``: the MLP's output itself). The three share everything vitlens reads
+(the window machinery here serves the Hugging Face Swins too, ``vitlens.families.hf_swin``).
 
-Capture. Each block's ``WindowAttention`` attends within windows: its probabilities are
-[B * windows, heads, N, N] (N = window_h * window_w), batch-major as timm partitions them. Where the module
-runs its non-fused path (timm's default for Swin), the probabilities are read as they enter ``attn_drop``:
-the model's own, so side and inline capture are the same and the outputs are untouched. Where it runs
-``F.scaled_dot_product_attention`` (``fused_attn``), side capture reads that one call (generic call-level
-capture: softmax(q k^T * scale + bias + mask) from its very arguments, the real output kept) and inline
-capture turns the non-fused path on for the session.
+Capture. Each block's window attention attends within windows: its probabilities are
+[B * windows, heads, N, N] (N = window_h * window_w), batch-major as the model partitions them. Where the
+module runs its non-fused path (timm's default for Swin v1; the only path of both v2s), the probabilities
+are read as they enter ``attn_drop``: the model's own, so side and inline capture are the same and the
+outputs are untouched. Where a v1 module runs ``F.scaled_dot_product_attention`` (``fused_attn``), side
+capture reads that one call (generic call-level capture: softmax(q k^T * scale + bias + mask) from its very
+arguments, the real output kept) and inline capture turns the non-fused path on for the session.
 
-Geometry (``windows``). Which stage token each position of each window holds is found by running each
-block's own ``_attn`` (cyclic shift, padding, window partition) on a grid of token numbers, with a recorder
-in place of its attention, on a stand-in that leaves the model as it is: the shift is undone and padding
-found by the model's own code, never re-derived. The recorder also reads the mask the block hands its
-attention, which says which keys a query of a shifted window may attend.
+Geometry (``windows``). Which stage token each position of each window holds is found by running the
+block's own window code (``_attn``; v2 CR: ``_shifted_window_attn``: cyclic shift, padding, window
+partition) on a grid of token numbers, with a recorder in place of its attention, on a stand-in that leaves
+the model as it is (``StandIn``): the shift is undone and padding found by the model's own code, never
+re-derived. The recorder also reads the mask the block hands its attention, which says which keys a query
+of a shifted window may attend.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -33,103 +41,181 @@ from .sdpa_calls import CallMode, sdpa_arguments
 from .timm_vit import timm_data_config
 
 
-class _Stand_in:
-    """A block seen through a stand-in: every attribute the block's, but ``attn`` replaced (nothing is set on the
-    block, so a forward of another thread is not touched)."""
-
-    def __init__(self, block: nn.Module, attn: Callable[..., torch.Tensor]) -> None:
-        self._block, self.attn = block, attn
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._block, name)
-
-
-def block_windows(block: nn.Module, grid: tuple[int, int], stage: int, stride: tuple[int, int]) -> WindowGeometry:
-    """One Swin block's windows on its stage grid, read through the block's own ``_attn`` (module docstring).
+class StandIn:
+    """A module seen through a stand-in: every attribute the module's, every method of its class run with the
+    stand-in as ``self`` (so what a method sets, e.g. a window size it clamps, lands on the stand-in), and the
+    attributes given here in place of the module's. Nothing is set on the module, so a forward of another
+    thread is not touched and the model stays as it is.
 
     Args:
-        block: a timm ``SwinTransformerBlock``.
+        module: the module (a Swin block).
+        **replaced: attributes seen in place of the module's (its attention: a recorder; a norm: the identity).
+    """
+
+    def __init__(self, module: nn.Module, **replaced: Any) -> None:
+        self.__dict__["_module"] = module
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str) -> Any:
+        module = self.__dict__["_module"]
+        static = inspect.getattr_static(type(module), name, None)
+        if inspect.isfunction(static):  # a method of the module's class, run on the stand-in
+            return static.__get__(self, type(self))
+        return getattr(module, name)
+
+
+class _Recorded(Exception):
+    """What a block handed its attention: the windows of token numbers and the mask (ends the block's code)."""
+
+    def __init__(self, windows: torch.Tensor, mask: torch.Tensor | None) -> None:
+        super().__init__("recorded")
+        self.windows, self.mask = windows, mask
+
+
+def _recorder(x_windows: torch.Tensor, mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+    raise _Recorded(x_windows[..., 0].detach().clone(), mask)
+
+
+def record_windows(run: Callable[[torch.Tensor, Callable[..., Any]], Any], grid: tuple[int, int], stage: int,
+                   stride: tuple[int, int], what: str = "block") -> WindowGeometry:
+    """One block's windows on its stage grid, read through the block's own code.
+
+    Args:
+        run: ``run(numbers, recorder)`` runs the block's window code on ``numbers`` ([H_s, W_s] float64, the
+            token numbers 1..H_s*W_s, row-major; 0 is what padding brings), with ``recorder`` in place of its
+            attention module (called as the block calls it: windows [windows, N, 1], then the mask).
+        grid: (H_s, W_s) the stage's token grid.
+        stage: the stage's number.
+        stride: (sy, sx) pixels between the stage's tokens.
+        what: the block, in words, for the error.
+
+    Returns:
+        The ``WindowGeometry``: windows in the model's order, each position's stage token (-1: padding), which
+        keys each query may attend (the real keys, the mask's 0 entries where the block hands one: timm's and
+        transformers' 0 / -100 mask of the shifted windows), and its kind ("shifted window" where the block
+        hands a mask, "global" for one window holding the whole grid, "window" otherwise).
+
+    Raises:
+        UnsupportedModelError: the block's code did not call its attention with the windows.
+    """
+    h, w = (int(g) for g in grid)
+    numbers = torch.arange(1, h * w + 1, dtype=torch.float64).reshape(h, w)
+    try:
+        with torch.no_grad():
+            run(numbers, _recorder)
+    except _Recorded as seen:
+        windows, mask = seen.windows, seen.mask
+    else:
+        raise UnsupportedModelError(f"{what}: its window code did not call its attention; vitlens cannot read "
+                                    "its windows.")
+    index = windows.round().long().reshape(-1, windows.shape[-1]).cpu().numpy() - 1  # [windows, N], -1: padding
+    valid = index >= 0
+    allowed = np.broadcast_to(valid[:, None, :], (*index.shape, index.shape[1])).copy()
+    if mask is not None:  # attend where the mask is 0 (-100 elsewhere)
+        allowed &= mask.detach().cpu().numpy().reshape(index.shape[0], index.shape[1], index.shape[1]) > -1.0
+    kind = "shifted window" if mask is not None else ("global" if index.shape[0] == 1 and valid.all() else "window")
+    return WindowGeometry(stage=stage, grid=(h, w), stride_px=(int(stride[0]), int(stride[1])), index=index,
+                          allowed=allowed, kind=kind)
+
+
+def block_windows(block: nn.Module, grid: tuple[int, int], stage: int, stride: tuple[int, int],
+                  method: str = "_attn") -> WindowGeometry:
+    """One timm Swin block's windows on its stage grid, read through the block's own ``method`` (``_attn``;
+    v2 CR: ``_shifted_window_attn``) on a stand-in whose ``attn`` is a recorder (``record_windows``).
+
+    Args:
+        block: a timm ``SwinTransformerBlock`` / ``SwinTransformerV2Block`` / ``SwinTransformerV2CrBlock``.
         grid: (H_s, W_s) its stage's token grid.
         stage: the stage's number.
         stride: (sy, sx) pixels between the stage's tokens.
+        method: the block's method that shifts, pads, partitions and calls its attention, on [B, H, W, C].
 
     Returns:
         The ``WindowGeometry`` of the block.
     """
-    seen: dict[str, Any] = {}
+    code = getattr(type(block), method)
 
-    def recorder(x_windows: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        seen["windows"], seen["mask"] = x_windows[..., 0].clone(), mask
-        return x_windows
+    def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
+        return code(StandIn(block, attn=recorder), numbers[None, :, :, None])
 
-    h, w = grid
-    numbers = torch.arange(1, h * w + 1, dtype=torch.float64).reshape(1, h, w, 1)  # 0 is the padding
-    with torch.no_grad():
-        type(block)._attn(_Stand_in(block, recorder), numbers)
-    index = seen["windows"].round().long().numpy() - 1  # [windows, N], -1 where padded
-    mask = seen["mask"]
-    valid = index >= 0
-    allowed = np.broadcast_to(valid[:, None, :], (*index.shape, index.shape[1])).copy()
-    if mask is not None:  # timm's 0 / -100 mask of the shifted windows: attend where 0
-        allowed &= mask.detach().cpu().numpy() > -1.0
-    shifted = any(int(s) for s in block.shift_size)
-    kind = "shifted window" if shifted else ("global" if index.shape[0] == 1 and valid.all() else "window")
-    return WindowGeometry(stage=stage, grid=(int(h), int(w)), stride_px=(int(stride[0]), int(stride[1])),
-                          index=index, allowed=allowed, kind=kind)
+    return record_windows(run, grid, stage, stride, f"stage {stage} {type(block).__name__}")
 
 
 class TimmSwin(Family):
-    """timm ``SwinTransformer``: read block by block through its windows (module docstring)."""
+    """timm ``SwinTransformer``: read block by block through its windows (module docstring). The v2 families
+    are this one with their module's classes and names."""
 
     name = "timm-swin"
-    reads = ("timm Swin Transformer (swin_*): windowed and shifted-window attention with relative-position bias, "
-             "patch merging; attention distance in image pixels per stage and rollout through the stages")
+    reads = ("timm Swin Transformer (swin_*, timm.models.swin_transformer): windowed and shifted-window attention "
+             "with relative-position bias, patch merging; attention distance in image pixels per stage and rollout "
+             "through the stages")
     names = ("timm names: swin_tiny_patch4_window7_224, swin_base_patch4_window12_384 (timm.list_models('swin_*'))",)
     capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities on its non-fused path
     attention_inputs = ("norm1",)
+    #: the timm module and its classes: the model, its block, the block's attention, its patch merging
+    module = "timm.models.swin_transformer"
+    classes = ("SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging")
+    #: the model's sequence of stages, and the block's method that partitions and calls its attention
+    stages_attr = "layers"
+    window_method = "_attn"
+    position_reason = ("Swin adds a learned relative-position bias inside each window instead of a learned absolute "
+                       "position table")
+
+    def _class(self, i: int) -> type:
+        return getattr(importlib.import_module(self.module), self.classes[i])
 
     def matches(self, model: nn.Module) -> bool:
-        from timm.models.swin_transformer import SwinTransformer
+        return isinstance(model, self._class(0))
 
-        return isinstance(model, SwinTransformer)
-
-    def check(self, model: nn.Module, name: str) -> None:
+    def check_embedding(self, model: nn.Module, name: str) -> None:
+        """Refuse a patch embedding that does not hand the stages the NHWC grid timm's Swin reads."""
         from timm.layers import PatchEmbed
-        from timm.models.swin_transformer import PatchMerging, SwinTransformerBlock, WindowAttention
 
         if not isinstance(model.patch_embed, PatchEmbed) or str(getattr(model.patch_embed, "output_fmt", "")) not in (
                 "Format.NHWC", "NHWC"):
             raise UnsupportedModelError(f"{name!r}: its patch embedding is a {type(model.patch_embed).__name__} that "
                                         "does not hand the stages an NHWC grid; vitlens reads timm's Swin layout.")
-        for s, stage in enumerate(model.layers):
-            if not isinstance(stage.downsample, (nn.Identity, PatchMerging)):
+
+    def check(self, model: nn.Module, name: str) -> None:
+        self.check_embedding(model, name)
+        block_cls, attn_cls, merge_cls = self._class(1), self._class(2), self._class(3)
+        for s, stage in enumerate(self.stages(model)):
+            if not isinstance(stage.downsample, (nn.Identity, merge_cls)):
                 raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(stage.downsample).__name__}; "
-                                            "vitlens reads timm's PatchMerging (2x2 tokens into one).")
+                                            f"vitlens reads {self.module}'s PatchMerging (2x2 tokens into one).")
             for i, block in enumerate(stage.blocks):
-                if type(block) is not SwinTransformerBlock or type(block.attn) is not WindowAttention:
+                if type(block) is not block_cls or type(getattr(block, "attn", None)) is not attn_cls:
                     raise UnsupportedModelError(
                         f"{name!r}: stage {s} block {i} is a {type(block).__name__} with "
-                        f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads timm's SwinTransformerBlock with "
-                        "WindowAttention exactly and refuses others.")
+                        f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads {self.module}'s "
+                        f"{block_cls.__name__} with {attn_cls.__name__} exactly and refuses others.")
                 if getattr(block, "dynamic_mask", False):
                     raise UnsupportedModelError(f"{name!r}: stage {s} block {i} builds its mask at every forward "
                                                 "(dynamic_mask); vitlens reads Swin at its built size.")
 
+    def stages(self, model: nn.Module) -> Sequence[nn.Module]:
+        return getattr(model, self.stages_attr)
+
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
         """(stage, block) of every block, first to last."""
-        return [(s, block) for s, stage in enumerate(model.layers) for block in stage.blocks]
+        return [(s, block) for s, stage in enumerate(self.stages(model)) for block in stage.blocks]
+
+    def stage_layout(self, model: nn.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """(token grid, pixel stride) of every stage at the built size: a stage that starts with a patch
+        merging has ceil(H / 2) x ceil(W / 2) tokens at twice the stride (the merging pads an odd side)."""
+        merge_cls = self._class(3)
+        h, w = (int(g) for g in model.patch_embed.grid_size)
+        sy, sx = (int(p) for p in model.patch_embed.patch_size)
+        out = []
+        for stage in self.stages(model):
+            if isinstance(stage.downsample, merge_cls):
+                h, w, sy, sx = -(-h // 2), -(-w // 2), 2 * sy, 2 * sx
+            out.append(((h, w), (sy, sx)))
+        return out
 
     def stage_grids(self, model: nn.Module) -> list[tuple[int, int]]:
         """The token grid of every stage at the built size (each patch merging: ceil(H / 2) x ceil(W / 2))."""
-        from timm.models.swin_transformer import PatchMerging
-
-        h, w = (int(g) for g in model.patch_embed.grid_size)
-        grids = []
-        for stage in model.layers:
-            if isinstance(stage.downsample, PatchMerging):
-                h, w = -(-h // 2), -(-w // 2)
-            grids.append((h, w))
-        return grids
+        return [grid for grid, _stride in self.stage_layout(model)]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
@@ -140,35 +226,35 @@ class TimmSwin(Family):
             grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]
             stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(blocks),
-            num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.embed_dim),
+            num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(pe.proj.out_channels),
             has_class_token=False, has_pos_embed=getattr(model, "absolute_pos_embed", None) is not None,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name)
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
-        grids = self.stage_grids(model)
-        patch = tuple(int(p) for p in model.patch_embed.patch_size)
-        out = []
-        for stage, block in self.blocks(model):
-            stride = (patch[0] * 2 ** stage, patch[1] * 2 ** stage) if stage else patch
-            out.append(block_windows(block, grids[stage], stage, stride))
-        return out
+        layout = self.stage_layout(model)
+        return [block_windows(block, layout[stage][0], stage, layout[stage][1], self.window_method)
+                for stage, block in self.blocks(model)]
+
+    def block_heads(self, model: nn.Module) -> list[int]:
+        """The heads of every block's attention, first block first (the windowed views)."""
+        return [int(block.attn.num_heads) for _s, block in self.blocks(model)]
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for _s, block in self.blocks(model)]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
+            if getattr(attn, "fused_attn", False):
                 _read_sdpa_call(attn, layer, capture, handles)
             else:
-                _read_at_attn_drop(attn, layer, capture, handles)
+                read_at_dropout(attn.attn_drop, layer, capture, handles)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
+            if getattr(attn, "fused_attn", False):
                 handles.set_attr(attn, "fused_attn", False)
-            _read_at_attn_drop(attn, layer, capture, handles)
+            read_at_dropout(attn.attn_drop, layer, capture, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj  # the heads meet at the output projection
@@ -183,20 +269,59 @@ class TimmSwin(Family):
         return pos.detach().reshape(1, -1, pos.shape[-1]), spec.grid
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
-        return ("Swin adds a learned relative-position bias inside each window instead of a learned absolute "
-                "position table")
+        return self.position_reason
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return timm_data_config(model, spec)
 
 
-def _read_at_attn_drop(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """The non-fused path's own probabilities [B * windows, heads, N, N], as they enter dropout."""
+class TimmSwinV2(TimmSwin):
+    """timm ``SwinTransformerV2`` (``swinv2_*``): as v1, with scaled cosine attention and a continuous position
+    bias (16 sigmoid of an MLP of log-spaced offsets); res-post-norm blocks (the attention reads the block's
+    input; ``norm1`` follows it). Its attention has no fused path: the probabilities are read at ``attn_drop``."""
+
+    name = "timm-swinv2"
+    reads = ("timm Swin Transformer V2 (swinv2_*, timm.models.swin_transformer_v2): scaled cosine window attention "
+             "with a continuous position bias, shifted windows, patch merging; the windowed views as for Swin")
+    names = ("timm names: swinv2_tiny_window8_256, swinv2_base_window12to24_192to384 (timm.list_models('swinv2_*'))",)
+    attention_inputs = ()  # res-post-norm: the attention reads the block's input, no child's output
+    module = "timm.models.swin_transformer_v2"
+    classes = ("SwinTransformerV2", "SwinTransformerV2Block", "WindowAttention", "PatchMerging")
+    position_reason = ("Swin V2 adds a continuous relative-position bias (an MLP of log-spaced offsets) inside each "
+                       "window instead of a learned absolute position table")
+
+
+class TimmSwinV2Cr(TimmSwin):
+    """timm ``SwinTransformerV2Cr`` (``swinv2_cr_*``): scaled cosine attention with a continuous position bias
+    (an MLP of log-spaced offsets, no sigmoid); its stages (``stages``) start with the patch merging, its blocks
+    partition in ``_shifted_window_attn``, its patch embedding hands the stages NCHW (each stage turns it to NHWC)."""
+
+    name = "timm-swinv2-cr"
+    reads = ("timm Swin Transformer V2 CR (swinv2_cr_*, timm.models.swin_transformer_v2_cr): scaled cosine window "
+             "attention with a log-spaced continuous position bias, shifted windows, patch merging; the windowed "
+             "views as for Swin")
+    names = ("timm names: swinv2_cr_tiny_224, swinv2_cr_small_ns_224 (timm.list_models('swinv2_cr_*'))",)
+    attention_inputs = ()
+    module = "timm.models.swin_transformer_v2_cr"
+    classes = ("SwinTransformerV2Cr", "SwinTransformerV2CrBlock", "WindowMultiHeadAttention", "PatchMerging")
+    stages_attr = "stages"
+    window_method = "_shifted_window_attn"
+    position_reason = TimmSwinV2.position_reason
+
+    def check_embedding(self, model: nn.Module, name: str) -> None:
+        embed = getattr(importlib.import_module(self.module), "PatchEmbed")
+        if type(model.patch_embed) is not embed:
+            raise UnsupportedModelError(f"{name!r}: its patch embedding is a {type(model.patch_embed).__name__}; "
+                                        f"vitlens reads {self.module}'s PatchEmbed.")
+
+
+def read_at_dropout(dropout: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """A non-fused path's own probabilities [B * windows, heads, N, N], as they enter its attention dropout."""
     def pre_hook(_mod: nn.Module, args: tuple) -> None:
         probs = args[0]
         capture(layer, probs.detach().float() if capture.detach else probs)
 
-    handles.hook(attn.attn_drop.register_forward_pre_hook(pre_hook))
+    handles.hook(dropout.register_forward_pre_hook(pre_hook))
 
 
 def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
@@ -220,3 +345,5 @@ def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handle
 
 
 register(TimmSwin())
+register(TimmSwinV2())
+register(TimmSwinV2Cr())

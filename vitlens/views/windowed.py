@@ -161,7 +161,9 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 
     @classmethod
     def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
-        heads = [int(a.num_heads) for a in m.family.attention_modules(m.model)]  # type: ignore[attr-defined]
+        block_heads = getattr(m.family, "block_heads", None)  # type: ignore[attr-defined]
+        heads = (block_heads(m.model) if block_heads is not None  # type: ignore[attr-defined]
+                 else [int(a.num_heads) for a in m.family.attention_modules(m.model)])  # type: ignore[attr-defined]
         return cls(model_windows(m), heads, m.spec.image_size, renormalize)  # type: ignore[attr-defined]
 
     def begin_batch(self, batch: BatchInfo) -> None:
@@ -176,7 +178,13 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         p = attn.detach().to(torch.float64).reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.window_tokens)
         d, real = d.to(p.device), real.to(p.device)
         num = torch.einsum("bwhqk,wqk->bwhq", p, d)  # d is 0 at padding keys
-        per_query = num / torch.einsum("bwhqk,wk->bwhq", p, real) if self.renormalize else num
+        if self.renormalize:  # a padding query's weight on the real keys can be 0 (its mask leaves it only padding
+            # keys): it does not count, but 0 / 0 there would make the mean over the real queries NaN, so its
+            # denominator is shifted by 1 (a real query's is left as it is)
+            den = torch.einsum("bwhqk,wk->bwhq", p, real) + (1.0 - real)[None, :, None, :]
+            per_query = num / den
+        else:
+            per_query = num
         mean = torch.einsum("bwhq,wq->bh", per_query, real) / real.sum()  # over the real queries
         self._batch[:, layer, : attn.shape[1]] = mean.cpu().numpy()
 

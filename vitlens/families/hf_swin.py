@@ -1,0 +1,301 @@
+"""Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``) and Swin V2 (``Swinv2Model``,
+``Swinv2ForImageClassification``), read block by block through their windows as timm's Swins are
+(``vitlens.families.swin``: the same windowed views, the same stand-in).
+
+Geometry (``windows``). A transformers Swin layer pads, shifts and partitions inside its own ``forward``
+(Swin: after ``layernorm_before``; it pads to whole windows *before* the cyclic shift, timm shifts first, so
+the two put padding in other windows; Swin V2 builds its window size at construction from the stage's
+``input_resolution``, which can differ from the grid its forward gets). So each layer's ``forward`` itself is
+run, on a stand-in (``swin.StandIn``) whose ``attention`` is a recorder and whose ``layernorm_before`` is the
+identity, on a grid of token numbers at the stage's input dimensions: whatever the layer clamps (Swin's
+``set_shift_and_window_size``), pads, rolls and partitions is its own code's doing, and the recorder reads the
+windows and the mask handed to the attention. The model is not touched.
+
+Capture.
+
+- Swin (``SwinAttention``) calls the attention function of ``config._attn_implementation`` through
+  transformers' ``AttentionInterface`` with the window queries and keys and one additive mask, the
+  relative-position bias plus the shifted windows' mask. Side capture runs the module as it is: under
+  ``sdpa`` the one ``F.scaled_dot_product_attention`` call is read (softmax(q k^T * scale + mask) from its
+  very arguments, the real output kept); under ``eager`` the module returns the probabilities its output is
+  made from, and those are handed on. The outputs are bit for bit those of a run without capture. Another
+  implementation (flex, a kernel) gives neither and is refused at the forward in one line. Inline capture
+  runs transformers' ``eager`` implementation of the module for the session (the probabilities the output is
+  computed from, in the graph when asked).
+- Swin V2 (``Swinv2SelfAttention``) computes its probabilities itself, eagerly (scaled cosine attention, a
+  continuous position bias 16 sigmoid(MLP of log-spaced offsets), the mask): they are read as they enter its
+  ``dropout``, the model's own, so side and inline capture are the same and the outputs are untouched.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..core.attention import attention_probs, conv_filters
+from ..core.spec import ModelSpec
+from ..core.windows import WindowGeometry
+from ..errors import UnsupportedModelError
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
+from .sdpa_calls import CallMode, sdpa_arguments
+from .hf import PROCESSOR_DEFAULTS, WINDOWED_TYPES, _label_names, _pair, is_hf_model, tower_type
+from .swin import StandIn, read_at_dropout, record_windows
+
+#: the model classes read, by model type (a backbone or a masked-image-modeling head is refused)
+MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification"),
+                 "swinv2": ("Swinv2Model", "Swinv2ForImageClassification")}
+#: each model type's layer, attention and patch merging classes
+LAYER_CLASSES = {"swin": ("SwinLayer", "SwinAttention", "SwinPatchMerging"),
+                 "swinv2": ("Swinv2Layer", "Swinv2Attention", "Swinv2PatchMerging")}
+#: the attention implementations whose side capture is read (sdpa's one call, eager's returned probabilities)
+SIDE_IMPLEMENTATIONS = ("eager", "sdpa")
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class HuggingFaceSwin(Family):
+    """transformers ``Swin*`` and ``Swinv2*``: read block by block through their windows (module docstring)."""
+
+    name = "hf-swin"
+    reads = ("Hugging Face transformers Swin and Swin V2 (SwinModel, SwinForImageClassification, Swinv2Model, "
+             "Swinv2ForImageClassification): windowed and shifted-window attention, patch merging; the windowed "
+             "views as for timm's Swin; needs transformers")
+    names = ("hf:ORG/NAME or hf:FOLDER of a Swin or Swin V2 checkpoint, e.g. hf:microsoft/swin-tiny-patch4-window7-224, "
+             "hf:microsoft/swinv2-tiny-patch4-window8-256",)
+    capture = CaptureAbilities(view_mode="side")  # side leaves the model's own forward (sdpa or eager) as it is
+
+    def _modeling(self, model: nn.Module) -> Any:
+        return sys.modules[type(self.base(model)).__module__]
+
+    def matches(self, model: nn.Module) -> bool:
+        return is_hf_model(model) and tower_type(model) in WINDOWED_TYPES
+
+    def check(self, model: nn.Module, name: str) -> None:
+        kind = tower_type(model)
+        if type(model).__name__ not in MODEL_CLASSES[kind]:
+            raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__}; vitlens reads {', '.join(MODEL_CLASSES[kind])} "
+                "of this model type (load the checkpoint as one of those).")
+        modeling = self._modeling(model)
+        layer_cls, attn_cls, merge_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
+        for s, stage in enumerate(self.stages(model)):
+            if stage.downsample is not None and type(stage.downsample) is not merge_cls:
+                raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(stage.downsample).__name__}; "
+                                            f"vitlens reads {merge_cls.__name__} (2x2 tokens into one).")
+            for i, layer in enumerate(stage.blocks):
+                if type(layer) is not layer_cls or type(getattr(layer, "attention", None)) is not attn_cls:
+                    raise UnsupportedModelError(
+                        f"{name!r}: stage {s} layer {i} is a {type(layer).__name__} with "
+                        f"{type(getattr(layer, 'attention', None)).__name__}; vitlens reads transformers' "
+                        f"{layer_cls.__name__} with {attn_cls.__name__} exactly and refuses others.")
+                if kind == "swinv2" and type(layer.attention.self) is not modeling.Swinv2SelfAttention:
+                    raise UnsupportedModelError(f"{name!r}: stage {s} layer {i}'s attention is a "
+                                                f"{type(layer.attention.self).__name__}, not Swinv2SelfAttention.")
+
+    def base(self, model: nn.Module) -> nn.Module:
+        """The ``SwinModel`` / ``Swinv2Model`` (a classifier's ``swin`` / ``swinv2``)."""
+        for attr in ("swin", "swinv2"):
+            sub = getattr(model, attr, None)
+            if isinstance(sub, nn.Module):
+                return sub
+        return model
+
+    def stages(self, model: nn.Module) -> Sequence[nn.Module]:
+        return self.base(model).encoder.layers
+
+    def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
+        """(stage, layer) of every layer, first to last."""
+        return [(s, layer) for s, stage in enumerate(self.stages(model)) for layer in stage.blocks]
+
+    def stage_layout(self, model: nn.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """(token grid, pixel stride) of every stage at the built size, as the encoder hands them on: the patch
+        embedding pads the image to whole patches, a stage that ends with a patch merging hands the next
+        ((H + 1) // 2, (W + 1) // 2) tokens at twice the stride."""
+        cfg = model.config
+        (ih, iw), (py, px) = _pair(cfg.image_size), _pair(cfg.patch_size)
+        h, w, sy, sx = -(-ih // py), -(-iw // px), py, px
+        out = []
+        for stage in self.stages(model):
+            out.append(((h, w), (sy, sx)))
+            if stage.downsample is not None:
+                h, w, sy, sx = (h + 1) // 2, (w + 1) // 2, 2 * sy, 2 * sx
+        return out
+
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        cfg = model.config
+        size = _pair(cfg.image_size)
+        refuse_other_size(name, self.name, size, input_size)
+        layout = self.stage_layout(model)
+        emb = self.base(model).embeddings
+        return ModelSpec(
+            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=_pair(cfg.patch_size),
+            num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
+            embed_dim=int(cfg.embed_dim), has_class_token=False,
+            has_pos_embed=getattr(emb, "position_embeddings", None) is not None,
+            num_classes=int(cfg.num_labels) if self._classifier(model) else 0,
+            num_params=sum(p.numel() for p in model.parameters()), family=self.name)
+
+    @staticmethod
+    def _classifier(model: nn.Module) -> bool:
+        return type(model).__name__.endswith("ForImageClassification")
+
+    def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
+        layout = self.stage_layout(model)
+        return [layer_windows(layer, *layout[stage], stage) for stage, layer in self.blocks(model)]
+
+    def block_heads(self, model: nn.Module) -> list[int]:
+        """The heads of every layer's attention, first layer first (the windowed views)."""
+        return [int(_self_attention(layer).num_attention_heads) for _s, layer in self.blocks(model)]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        """Every layer's ``attention`` (its parent is the layer: ``LoadedModel.block_names``)."""
+        return [layer.attention for _s, layer in self.blocks(model)]
+
+    def attention_input(self, model: nn.Module, block: nn.Module) -> str | None:
+        # Swin's attention reads layernorm_before's output; Swin V2 is res-post-norm (its layernorm_before
+        # follows the attention, which reads the layer's input)
+        return "layernorm_before" if tower_type(model) == "swin" else None
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            if tower_type(model) == "swinv2":
+                read_at_dropout(attn.self.dropout, layer, capture, handles)
+            else:
+                _read_beside(attn, layer, capture, handles)
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        attns = self.attention_modules(model)
+        if tower_type(model) == "swinv2":
+            for layer, attn in enumerate(attns):
+                read_at_dropout(attn.self.dropout, layer, capture, handles)
+            return
+        for config in {id(a.config): a.config for a in attns}.values():
+            if config._attn_implementation != "eager":
+                handles.set_attr(config, "_attn_implementation", "eager")
+        for layer, attn in enumerate(attns):
+            _read_eager_output(attn, layer, capture, handles)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        """The module whose input is the heads side by side: Swin's ``o_proj``, Swin V2's ``output.dense``."""
+        return attn.o_proj if hasattr(attn, "o_proj") else attn.output.dense
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        conv = self.base(model).embeddings.patch_embeddings.projection
+        where = {id(mod): n for n, mod in model.named_modules()}
+        return conv_filters(conv, where[id(conv)], "the patch embedding E", spec.name)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        pos = getattr(self.base(model).embeddings, "position_embeddings", None)  # use_absolute_embeddings
+        if pos is None:
+            return None
+        return pos.detach(), spec.grid
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        if tower_type(model) == "swinv2":
+            return ("Swin V2 adds a continuous relative-position bias (an MLP of log-spaced offsets) inside each "
+                    "window instead of a learned absolute position table (use_absolute_embeddings is off)")
+        return ("Swin adds a learned relative-position bias inside each window instead of a learned absolute "
+                "position table (use_absolute_embeddings is off)")
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[tower_type(model)]
+        out = {"input_size": (3, *spec.image_size), "interpolation": interpolation, "mean": mean, "std": std,
+               "crop_pct": crop_pct, "crop_mode": mode}
+        names = _label_names(model)
+        if names:
+            out["label_names"] = names
+        return out
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Class logits of a classifier; else the pooled output (the mean token), or the mean of the last stage."""
+        out = model(pixel_values=x)
+        if self._classifier(model):
+            return out.logits
+        pooled = getattr(out, "pooler_output", None)
+        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+
+
+def _self_attention(layer: nn.Module) -> nn.Module:
+    """The module that holds the heads: Swin's ``attention``, Swin V2's ``attention.self``."""
+    return getattr(layer.attention, "self", layer.attention)
+
+
+def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, int], stage: int) -> WindowGeometry:
+    """One transformers Swin / Swin V2 layer's windows, read by running the layer's own ``forward`` on a stand-in
+    whose ``attention`` is a recorder and whose ``layernorm_before`` is the identity (module docstring).
+
+    Args:
+        layer: a ``SwinLayer`` or ``Swinv2Layer``.
+        grid: (H_s, W_s) the input dimensions its stage hands it.
+        stride: (sy, sx) pixels between the stage's tokens.
+        stage: the stage's number.
+
+    Returns:
+        The ``WindowGeometry`` of the layer.
+    """
+    # the forward as its modeling file writes it: transformers wraps a GradientCheckpointingLayer's forward for
+    # gradient checkpointing (the wrapper reads type(self).forward), which a run without gradients never uses
+    forward = inspect.unwrap(type(layer).forward)
+    h, w = grid
+
+    def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
+        stand_in = StandIn(layer, attention=recorder, layernorm_before=_identity)
+        return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w))
+
+    return record_windows(run, grid, stage, stride, f"stage {stage} {type(layer).__name__}")
+
+
+def _read_beside(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """Side capture of a ``SwinAttention`` under its model's own implementation, the module run as it is: sdpa's
+    one call read from its very arguments (the real output kept), or eager's returned probabilities."""
+    original = attn.forward
+
+    def on_call(a: tuple, kw: dict) -> torch.Tensor:
+        call = sdpa_arguments(a, kw)
+        q, k = call["query"], call["key"]
+        scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
+        out = torch.nn.functional.scaled_dot_product_attention(*a, **kw)
+        with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+            seen.append(attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
+        return out
+
+    seen: list[torch.Tensor] = []
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        seen.clear()
+        with CallMode(on_call):
+            out = original(*args, **kwargs)
+        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        if len(seen) == 1:
+            probs = seen.pop()
+        elif not seen and isinstance(weights, torch.Tensor):  # eager: the probabilities its output is made from
+            probs = weights.detach().float()
+        else:
+            implementation = attn.config._attn_implementation
+            raise UnsupportedModelError(
+                f"Side capture reads a Swin attention under the eager or sdpa implementation; this one runs "
+                f"{implementation!r}, which makes {len(seen)} scaled_dot_product_attention calls and returns no "
+                "probabilities: capture with mode='inline' (transformers' eager attention, exact), or load the model "
+                "with attn_implementation='sdpa' or 'eager'.")
+        capture(layer, probs)
+        return out
+
+    handles.set_attr(attn, "forward", forward)
+
+
+def _read_eager_output(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """Inline capture of a ``SwinAttention`` run by transformers' eager implementation: the probabilities it
+    returns beside its output, the very tensor the output is computed from."""
+    def hook(_mod: nn.Module, _args: tuple, out: Any) -> None:
+        weights = out[1]
+        capture(layer, weights.detach().float() if capture.detach else weights)
+
+    handles.hook(attn.register_forward_hook(hook))
+
+
+register(HuggingFaceSwin())
