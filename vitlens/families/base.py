@@ -387,7 +387,6 @@ def register(family: Family) -> Family:
 #: timm model modules vitlens refuses, with what it would silently get wrong (before the fallback families are
 #: tried: these models have a patch embedding and blocks with ``attn`` too, but no one global attention per block).
 REFUSED_FAMILIES = {
-    "vision_transformer_sam": "windowed attention with decomposed relative-position bias (SAM)",
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "cait": "class-attention layers and talking heads (CaiT)",
     "xcit": "cross-covariance attention over channels (XCiT)",

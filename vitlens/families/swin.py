@@ -108,7 +108,8 @@ def record_windows(run: Callable[[torch.Tensor, Callable[..., Any]], Any], grid:
     else:
         raise UnsupportedModelError(f"{what}: its window code did not call its attention; vitlens cannot read "
                                     "its windows.")
-    index = windows.round().long().reshape(-1, windows.shape[-1]).cpu().numpy() - 1  # [windows, N], -1: padding
+    # [windows, N] (a window handed over as [windows, w_h, w_w] too: SAM's), -1 at padding
+    index = windows.round().long().reshape(windows.shape[0], -1).cpu().numpy() - 1
     valid = index >= 0
     allowed = np.broadcast_to(valid[:, None, :], (*index.shape, index.shape[1])).copy()
     if mask is not None:  # attend where the mask is 0 (-100 elsewhere)

@@ -1,0 +1,128 @@
+"""timm's SAM / ViTDet image encoder (``samvit_*``, ``VisionTransformerSAM``): one grid of patch tokens, most blocks
+attending within non-overlapping windows (padded to whole windows, no shift) and a few globally, with a
+decomposed relative-position bias (or RoPE), an absolute position table, and a convolutional neck.
+
+Read as the windowed models are (``vitlens.families.swin``): each block's windows come from its own code (its
+``forward`` on a stand-in whose norm is the identity and whose attention is a recorder, so ``window_partition``
+and the padding are the model's), a global block is one window over the whole grid; the probabilities are the
+model's own at ``attn_drop`` on its non-fused path, or its fused call's, reshaped from timm's
+[B * windows * heads, N, N] to [B * windows, heads, N, N]. The views are the windowed ones (one stage): attention
+distance in image pixels beside each window's uniform distance, rollout through the windows from the mean of
+the tokens (the neck's convolutions, which mix neighbouring tokens after the last block, are not rolled out).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..core.attention import conv_filters
+from ..core.spec import ModelSpec
+from ..core.windows import WindowGeometry
+from ..errors import UnsupportedModelError
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
+from .swin import StandIn, _read_sdpa_call, read_at_dropout, record_windows
+from .timm_vit import timm_data_config
+
+
+class TimmSam(Family):
+    """timm ``VisionTransformerSAM`` (SAM's and ViTDet's image encoder): windowed and global blocks on one grid."""
+
+    name = "timm-sam"
+    reads = ("timm SAM / ViTDet image encoders (samvit_*): windowed blocks (padded, no shift) and global blocks on "
+             "one grid, decomposed relative-position bias; distance in image pixels beside each window's uniform "
+             "distance, rollout through the windows")
+    names = ("timm names: samvit_base_patch16, samvit_base_patch16_224 (timm.list_models('samvit_*'))",)
+    capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities, or its fused call's
+    attention_inputs = ("norm1",)
+
+    def matches(self, model: nn.Module) -> bool:
+        from timm.models.vision_transformer_sam import VisionTransformerSAM
+
+        return isinstance(model, VisionTransformerSAM)
+
+    def check(self, model: nn.Module, name: str) -> None:
+        from timm.layers import PatchEmbed
+        from timm.models.vision_transformer_sam import Attention, Block
+
+        if not isinstance(model.patch_embed, PatchEmbed):
+            raise UnsupportedModelError(f"{name!r} embeds patches with {type(model.patch_embed).__name__}; vitlens "
+                                        "reads timm's PatchEmbed, whose grid and stride it knows.")
+        for i, block in enumerate(model.blocks):
+            if type(block) is not Block or type(block.attn) is not Attention:
+                raise UnsupportedModelError(
+                    f"{name!r}: block {i} is a {type(block).__name__} with {type(getattr(block, 'attn', None)).__name__}; "
+                    "vitlens reads timm's SAM Block and Attention exactly and refuses others.")
+
+    def grid(self, model: nn.Module) -> tuple[int, int]:
+        return tuple(int(g) for g in model.patch_embed.grid_size)  # type: ignore[return-value]
+
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        pe = model.patch_embed
+        refuse_other_size(name, self.name, pe.img_size, input_size)
+        return ModelSpec(
+            name=name, kind="hierarchical", image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            grid=self.grid(model), stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
+            num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=int(model.blocks[0].attn.num_heads),
+            embed_dim=int(model.embed_dim), has_class_token=False, has_pos_embed=model.pos_embed is not None,
+            num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
+            family=self.name)
+
+    def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
+        stride = tuple(int(p) for p in model.patch_embed.patch_size)
+        out = []
+        for i, block in enumerate(model.blocks):
+            def run(numbers: torch.Tensor, recorder: Callable[..., Any], block: nn.Module = block) -> Any:
+                # the block's own forward: its window partition (and padding) of the grid, the norm the identity
+                return type(block).forward(StandIn(block, attn=recorder, norm1=nn.Identity()), numbers[None, :, :, None])
+
+            out.append(record_windows(run, self.grid(model), 0, stride, f"block {i} ({type(block).__name__})"))
+        return out
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for block in model.blocks]
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            by_heads = capture.sending_to(_heads_apart(capture, int(attn.num_heads)))
+            if attn.fused_attn:
+                _read_sdpa_call(attn, layer, by_heads, handles)
+            else:
+                read_at_dropout(attn.attn_drop, layer, by_heads, handles)
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            if attn.fused_attn:
+                handles.set_attr(attn, "fused_attn", False)
+            read_at_dropout(attn.attn_drop, layer, capture.sending_to(_heads_apart(capture, int(attn.num_heads))),
+                            handles)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.proj
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        if model.pos_embed is None:
+            return None
+        pos = model.pos_embed.detach()  # [1, gh, gw, D]
+        return pos.reshape(1, -1, pos.shape[-1]), (int(pos.shape[1]), int(pos.shape[2]))
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return "this SAM encoder was built without an absolute position table (use_abs_pos=False)"
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return timm_data_config(model, spec)
+
+
+def _heads_apart(capture: CaptureRequest, heads: int) -> Callable[..., None]:
+    """timm's SAM attention keeps heads in the batch, [B * windows * heads, N, N]: handed on as
+    [B * windows, heads, N, N]."""
+    def emit(layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
+        capture(layer, probs.reshape(-1, heads, *probs.shape[-2:]), rows)
+    return emit
+
+
+register(TimmSam())
