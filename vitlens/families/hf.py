@@ -516,13 +516,7 @@ class HuggingFaceViT(Family):
         return super().no_position_reason(model, spec)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[tower_type(model)]
-        out = {"input_size": (3, *spec.image_size), "interpolation": interpolation, "mean": mean, "std": std,
-               "crop_pct": crop_pct, "crop_mode": mode}
-        names = _label_names(model)
-        if names:
-            out["label_names"] = names
-        return out
+        return default_data_config(model, spec)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a CLIP/SigLIP model
@@ -543,6 +537,18 @@ class HuggingFaceViT(Family):
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         sy, sx = spec.stride_px
         return input_hw[0] // sy, input_hw[1] // sx
+
+
+def default_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+    """timm-style preprocessing of a Hugging Face model from its type's image-processor defaults
+    (``PROCESSOR_DEFAULTS``) at the spec's input size, with its class names when it has them."""
+    mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[tower_type(model)]
+    out = {"input_size": (3, *spec.image_size), "interpolation": interpolation, "mean": mean, "std": std,
+           "crop_pct": crop_pct, "crop_mode": mode}
+    names = _label_names(model)
+    if names:
+        out["label_names"] = names
+    return out
 
 
 def _scale_of(attn: nn.Module) -> float | None:

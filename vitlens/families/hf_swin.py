@@ -41,7 +41,7 @@ from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .sdpa_calls import CallMode, sdpa_arguments
-from .hf import PROCESSOR_DEFAULTS, WINDOWED_TYPES, _label_names, _pair, is_hf_model, tower_type
+from .hf import WINDOWED_TYPES, _pair, default_data_config, is_hf_model, tower_type
 from .swin import StandIn, read_at_dropout, record_windows
 
 #: the model classes read, by model type (a backbone or a masked-image-modeling head is refused)
@@ -203,13 +203,7 @@ class HuggingFaceSwin(Family):
                 "position table (use_absolute_embeddings is off)")
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[tower_type(model)]
-        out = {"input_size": (3, *spec.image_size), "interpolation": interpolation, "mean": mean, "std": std,
-               "crop_pct": crop_pct, "crop_mode": mode}
-        names = _label_names(model)
-        if names:
-            out["label_names"] = names
-        return out
+        return default_data_config(model, spec)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the pooled output (the mean token), or the mean of the last stage."""

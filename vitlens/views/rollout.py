@@ -338,14 +338,9 @@ class RolloutAccumulator(AttentionConsumer):
         row = self.batch_row()
         maps = row_map(row, self.num_prefix_tokens, self.grid)
         self._maps.append(maps)
-        b = maps.shape[0]
-        if self.has_classifier and logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
-            p, i = logits.float().softmax(-1).max(-1)
-            self._preds.append(i.cpu().numpy().astype(np.int64))
-            self._probs.append(p.cpu().numpy().astype(np.float64))
-        else:
-            self._preds.append(np.full(b, -1, dtype=np.int64))
-            self._probs.append(np.full(b, np.nan))
+        preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
+        self._preds.append(preds)
+        self._probs.append(probs)
         return maps
 
     @property
@@ -382,6 +377,15 @@ class RolloutAccumulator(AttentionConsumer):
             len(names) > int(preds.max()) else [],
             model_name=model_name(spec),
         )
+
+
+def predictions(logits: torch.Tensor | None, batch: int, has_classifier: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted class [b] int64, its probability [b] float64) of a batch's logits; -1 and NaN for a model
+    without a classifier (or without logits): what a rollout result records beside each map."""
+    if has_classifier and logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
+        p, i = logits.float().softmax(-1).max(-1)
+        return i.cpu().numpy().astype(np.int64), p.cpu().numpy().astype(np.float64)
+    return np.full(batch, -1, dtype=np.int64), np.full(batch, np.nan)
 
 
 def rollout_map(product: torch.Tensor, num_prefix_tokens: int, has_class_token: bool,

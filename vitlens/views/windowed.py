@@ -31,7 +31,7 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..results import Result
 from ..words import counted
 from .distance import LOCAL_OF_UNIFORM, add_samples, merge_moments
-from .rollout import RolloutResult, check_rollout_params, fuse
+from .rollout import RolloutResult, check_rollout_params, fuse, predictions
 
 
 def model_windows(m: object) -> list[WindowGeometry]:
@@ -278,14 +278,9 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         maps = row.reshape(-1, *grid)
         maps = maps / maps.flatten(1).amax(dim=1).clamp_min(torch.finfo(torch.float64).tiny)[:, None, None]
         self._maps.append(maps.cpu().numpy())
-        b = maps.shape[0]
-        if self.has_classifier and logits is not None and logits.ndim == 2 and logits.shape[-1] > 1:
-            p, i = logits.float().softmax(-1).max(-1)
-            self._preds.append(i.cpu().numpy().astype(np.int64))
-            self._probs.append(p.cpu().numpy().astype(np.float64))
-        else:
-            self._preds.append(np.full(b, -1, dtype=np.int64))
-            self._probs.append(np.full(b, np.nan))
+        preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
+        self._preds.append(preds)
+        self._probs.append(probs)
 
     def merge(self, other: "WindowedRolloutAccumulator") -> "WindowedRolloutAccumulator":
         out = WindowedRolloutAccumulator(self.windows, self.image_size, self.head_fusion, self.label_names,
