@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.windows import refuse_windowed
 from ..errors import InvalidParameterError
 from ..families import Handles, HookSession
 from ..images import Images, count_images, iter_batches
@@ -303,6 +304,9 @@ def cka(
         raise InvalidParameterError(f"token_policy must be one of {', '.join(TOKEN_POLICIES)}; got {token_policy!r}.")
     if batch_size < MIN_BATCH:
         raise InvalidParameterError(f"batch_size must be at least {MIN_BATCH} for minibatch CKA; got {batch_size}.")
+    for side in (model_a, model_b):  # a windowed model's blocks hand on [B, H, W, C] grids of its stages
+        if isinstance(side, LoadedModel):
+            refuse_windowed(side.spec, "CKA by block")
     a, b = _side(model_a, layers_a), _side(model_b, layers_b)
     if token_policy == "patches" and grid is None:
         grids = [g for g in (a.grid, b.grid) if g is not None]

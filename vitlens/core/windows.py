@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import numpy as np
+
+from ..errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -101,4 +105,23 @@ def stage_centres(windows: list[WindowGeometry]) -> dict[int, np.ndarray]:
     return centres
 
 
-__all__ = ["WindowGeometry", "merge_transport", "stage_centres"]
+def refuse_windowed(spec: Any, what: str) -> None:
+    """Refuse, in one line, a reading defined for a ViT's one global attention over one token grid when the model
+    attends within windows on stages of coarser grids (``spec.kind == "hierarchical"``), naming what to use.
+
+    Args:
+        spec: the model's ``ModelSpec``.
+        what: the reading refused, in words ("attention_maps", "CKA", ...).
+
+    Raises:
+        UnsupportedModelError: the model is hierarchical.
+    """
+    if getattr(spec, "kind", "") == "hierarchical":
+        raise UnsupportedModelError(
+            f"{what} reads a ViT's attention over one token grid; {spec.name} attends within windows on stages of "
+            "coarser grids (hierarchical), so it is refused rather than read wrong. Its windowed views are exact: "
+            "vl.attention_distance, vl.attention_rollout, and one query's window from "
+            "vitlens.views.windowed.window_maps / query_window_attention.")
+
+
+__all__ = ["WindowGeometry", "merge_transport", "refuse_windowed", "stage_centres"]
