@@ -163,9 +163,9 @@ def test_presets_list_the_embedded_pair_first():
 
 def test_did_you_mean_suggests_only_models_that_would_load():
     with pytest.raises(vl.UnknownModelError) as err:
-        vl.load_model("samvit_base_patch16_22", pretrained=False)
+        vl.load_model("naflexvit_base_patch16_ga", pretrained=False)
     msg = str(err.value)
-    assert "Did you mean" in msg and "samvit" not in msg.split("Did you mean")[1]  # SAM is refused
+    assert "Did you mean" in msg and "naflexvit" not in msg.split("Did you mean")[1]  # NaFlexViT is refused
     for name in msg.split("Did you mean: ")[1].split("?")[0].split(", "):
         assert vl.loading.loadable(name), name
 
