@@ -13,6 +13,8 @@ from torch import nn
 
 import vitlens as vl
 
+from test_generic_capture import numpy_distance, numpy_rollout  # the independent references, one copy
+
 TOL = 1e-5
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
              patch_size=8)
@@ -164,29 +166,6 @@ def test_hf_model_inline_keeps_the_maps_in_the_graph():
     assert cap.maps[1].requires_grad
     out[0, 0].backward()
     assert x.grad is not None and x.grad.abs().sum() > 0
-
-
-def numpy_rollout(maps: list[np.ndarray], prefix: int, grid: tuple[int, int]) -> np.ndarray:
-    """Heads averaged, (A + I) row-normalised, multiplied first block first; the class row over the patches."""
-    t = maps[0].shape[-1]
-    out = []
-    for i in range(maps[0].shape[0]):
-        r = np.eye(t)
-        for a in maps:
-            a2 = a[i].astype(np.float64).mean(axis=0) + np.eye(t)
-            r = (a2 / a2.sum(axis=1, keepdims=True)) @ r
-        v = r[0, prefix:]
-        out.append((v / v.max()).reshape(grid))
-    return np.stack(out)
-
-
-def numpy_distance(a: np.ndarray, grid: tuple[int, int], stride: tuple[int, int], prefix: int) -> np.ndarray:
-    """Mean over images and patch queries of sum_k A[q, k] d(q, k) / sum_k A[q, k] over patch keys: [heads]."""
-    gh, gw = grid
-    ys, xs = np.divmod(np.arange(gh * gw), gw)
-    d = np.hypot((ys[:, None] - ys[None]) * stride[0], (xs[:, None] - xs[None]) * stride[1])
-    patch = a[:, :, prefix:, prefix:].astype(np.float64)
-    return ((patch * d).sum(-1) / patch.sum(-1)).mean(-1).mean(0)
 
 
 def test_rollout_and_distance_of_dinov3_equal_numpy_on_its_eager_maps():
