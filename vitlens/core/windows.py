@@ -29,7 +29,23 @@ class WindowGeometry:
             -1 where the window holds padding (a stage grid that is not a whole number of windows).
         allowed: [windows, N, N] bool: which keys each query of a window may attend (the shifted windows' mask;
             all True in a plain window), padding excluded.
-        kind: "window", "shifted window" or "global" (one window over the whole grid).
+        kind: "window", "shifted window", "global" (one window over the whole grid), or for a block whose keys are
+            not its queries' tokens, "pooled" (MViT v2: keys pooled to a coarser grid) or "query-pooled" (Hiera:
+            the queries pooled to the next stage's grid, the keys the block's input tokens).
+
+    A block whose queries and keys are tokens of different grids (pooling attention) says so in the optional
+    fields below; left at None, the keys are the queries' tokens (``index``) on the stage's grid, and the block
+    reads and writes the stage's grid (Swin, SAM: the patch merging between stages is ``merge_transport``).
+
+    Attributes (pooling attention):
+        key_index: [windows, Nk] the key grid's token at each key position of each window (-1: padding).
+        key_grid: (H_k, W_k) the grid of the keys.
+        query_centres: [H_s * W_s, 2] (y, x) the queries' centres in input pixels (None: ``stage_centres``).
+        key_centres: [H_k * W_k, 2] the keys' centres in input pixels (None: the query grid's centres).
+        input_grid: (H_in, W_in) the grid of the tokens that enter the block (None: ``grid``).
+        key_from: the stated transport of the keys onto the input tokens (None: the keys are the input tokens).
+        query_from: the stated transport of the block's output tokens (its queries and pooled residual) onto the
+            input tokens (None: the identity).
     """
 
     stage: int
@@ -38,6 +54,13 @@ class WindowGeometry:
     index: np.ndarray
     allowed: np.ndarray
     kind: str
+    key_index: np.ndarray | None = None
+    key_grid: tuple[int, int] | None = None
+    query_centres: np.ndarray | None = None
+    key_centres: np.ndarray | None = None
+    input_grid: tuple[int, int] | None = None
+    key_from: "Transport | None" = None
+    query_from: "Transport | None" = None
 
     @property
     def num_windows(self) -> int:
@@ -45,12 +68,103 @@ class WindowGeometry:
 
     @property
     def window_tokens(self) -> int:
+        """Query positions per window, Nq (the keys' ``key_tokens``; the same in a plain window)."""
         return int(self.index.shape[1])
 
     @property
     def num_tokens(self) -> int:
         """Tokens of the stage's grid, H_s * W_s."""
         return int(self.grid[0] * self.grid[1])
+
+    @property
+    def keys(self) -> np.ndarray:
+        """[windows, Nk] the key grid's token at each key position (``index`` where the keys are the queries')."""
+        return self.index if self.key_index is None else self.key_index
+
+    @property
+    def key_tokens(self) -> int:
+        """Key positions per window, Nk."""
+        return int(self.keys.shape[1])
+
+    @property
+    def keys_grid(self) -> tuple[int, int]:
+        """The grid the keys are tokens of."""
+        return self.grid if self.key_grid is None else self.key_grid
+
+    @property
+    def in_grid(self) -> tuple[int, int]:
+        """The grid of the tokens entering the block."""
+        return self.grid if self.input_grid is None else self.input_grid
+
+
+@dataclass(frozen=True)
+class Transport:
+    """A stated transport from the tokens of one grid onto those of another (rollout through pooling): token
+    ``rows[i]`` of the pooled grid takes ``weights[i]`` of token ``cols[i]`` of the finer grid; each pooled token's
+    weights sum to 1 (the mean of the tokens its pooling covers, as patch merging is read: ``merge_transport``).
+
+    Attributes:
+        rows: [nnz] int64 tokens of the pooled grid.
+        cols: [nnz] int64 tokens of the finer grid.
+        weights: [nnz] float64.
+        shape: (pooled tokens, finer tokens).
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    weights: np.ndarray
+    shape: tuple[int, int]
+
+    def pull(self, v: "Any") -> "Any":
+        """``v`` [B, pooled tokens] (a torch tensor) carried back onto the finer tokens: v_fine = v P."""
+        import torch
+
+        rows = torch.from_numpy(self.rows).to(v.device)
+        cols = torch.from_numpy(self.cols).to(v.device)
+        w = torch.from_numpy(self.weights).to(device=v.device, dtype=v.dtype)
+        out = torch.zeros(v.shape[0], self.shape[1], dtype=v.dtype, device=v.device)
+        return out.index_add_(1, cols, v[:, rows] * w)
+
+    def dense(self) -> np.ndarray:
+        """[pooled tokens, finer tokens] the transport as a matrix (tests, small grids)."""
+        out = np.zeros(self.shape)
+        np.add.at(out, (self.rows, self.cols), self.weights)
+        return out
+
+
+def pooling_transport(fine: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
+                      padding: tuple[int, int], coarse: tuple[int, int] | None = None) -> Transport:
+    """The stated transport of a 2-D pooling (a strided max/avg pool or convolution over the token grid): each
+    pooled token the mean of the fine tokens its kernel covers inside the grid (padding is no token).
+
+    Args:
+        fine: (H, W) the grid pooled.
+        kernel, stride, padding: the pooling's, per axis.
+        coarse: the pooled grid (default: the pooling's output size, floor((H + 2p - k) / s) + 1).
+
+    Returns:
+        The ``Transport`` [coarse tokens, fine tokens].
+    """
+    h, w = fine
+    out = coarse or tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(fine, kernel, stride, padding))
+    rows, cols, weights = [], [], []
+    for i in range(out[0]):
+        ys = [y for y in range(i * stride[0] - padding[0], i * stride[0] - padding[0] + kernel[0]) if 0 <= y < h]
+        for j in range(out[1]):
+            xs = [x for x in range(j * stride[1] - padding[1], j * stride[1] - padding[1] + kernel[1]) if 0 <= x < w]
+            cells = [y * w + x for y in ys for x in xs]
+            rows += [i * out[1] + j] * len(cells)
+            cols += cells
+            weights += [1.0 / len(cells)] * len(cells)
+    return Transport(np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64), np.array(weights),
+                     (int(out[0] * out[1]), int(h * w)))
+
+
+def transport_centres(t: Transport, centres: np.ndarray) -> np.ndarray:
+    """[pooled tokens, 2] each pooled token's centre: the weighted mean of the centres of the tokens it covers."""
+    out = np.zeros((t.shape[0], 2))
+    np.add.at(out, t.rows, centres[t.cols] * t.weights[:, None])
+    return out
 
 
 
@@ -90,6 +204,8 @@ def stage_centres(windows: list[WindowGeometry]) -> dict[int, np.ndarray]:
         {stage: centres}.
     """
     first = windows[0]
+    if first.query_centres is not None:  # a family that places its tokens itself (pooling attention)
+        return {g.stage: g.query_centres for g in reversed(windows)}
     (gh, gw), (sy, sx) = first.grid, first.stride_px
     ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
     centres = {first.stage: np.stack([ys.ravel(), xs.ravel()], axis=1)}
@@ -124,4 +240,5 @@ def refuse_windowed(spec: Any, what: str) -> None:
             "vitlens.views.windowed.window_maps / query_window_attention.")
 
 
-__all__ = ["WindowGeometry", "merge_transport", "refuse_windowed", "stage_centres"]
+__all__ = ["Transport", "WindowGeometry", "merge_transport", "pooling_transport", "refuse_windowed", "stage_centres",
+           "transport_centres"]

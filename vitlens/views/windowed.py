@@ -47,18 +47,22 @@ def model_windows(m: object) -> list[WindowGeometry]:
     return windows(m.model, m.spec.image_size)  # type: ignore[attr-defined]
 
 
-def _distances(g: WindowGeometry, centres: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(d [windows, N, N] px with 0 at padding keys, the real positions [windows, N] as 1.0 / 0.0 (the queries
-    and keys that count), the window-uniform distance: mean over real queries of the mean d over the keys each
-    may attend)."""
-    valid = g.index >= 0
-    pos = centres[np.where(valid, g.index, 0)]  # [windows, N, 2]
-    d = np.sqrt(((pos[:, :, None, :] - pos[:, None, :, :]) ** 2).sum(-1))
-    d = np.where(valid[:, None, :], d, 0.0)
-    allowed = g.allowed & valid[:, :, None] & valid[:, None, :]
+def _distances(g: WindowGeometry, centres: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """(d [windows, Nq, Nk] px with 0 at padding keys, the real queries [windows, Nq] and the real keys
+    [windows, Nk] as 1.0 / 0.0 (the queries and keys that count), the window-uniform distance: mean over real
+    queries of the mean d over the keys each may attend). ``centres``: the queries' grid's centres (the keys'
+    too unless the block places its keys itself, ``WindowGeometry.key_centres``)."""
+    q_valid, k_valid = g.index >= 0, g.keys >= 0
+    key_centres = centres if g.key_centres is None else g.key_centres
+    q_pos = centres[np.where(q_valid, g.index, 0)]  # [windows, Nq, 2]
+    k_pos = key_centres[np.where(k_valid, g.keys, 0)]  # [windows, Nk, 2]
+    d = np.sqrt(((q_pos[:, :, None, :] - k_pos[:, None, :, :]) ** 2).sum(-1))
+    d = np.where(k_valid[:, None, :], d, 0.0)
+    allowed = g.allowed & q_valid[:, :, None] & k_valid[:, None, :]
     per_query = (d * allowed).sum(-1) / np.maximum(allowed.sum(-1), 1)
-    uniform = float(per_query[valid].mean())
-    return torch.from_numpy(d), torch.from_numpy(valid.astype(np.float64)), uniform
+    uniform = float(per_query[q_valid].mean())
+    return (torch.from_numpy(d), torch.from_numpy(q_valid.astype(np.float64)),
+            torch.from_numpy(k_valid.astype(np.float64)), uniform)
 
 
 @dataclass(eq=False, repr=False)
@@ -172,16 +176,16 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         if rows is not None:
             raise InvalidParameterError("The windowed distance reads whole window maps, not blocks of query rows.")
-        d, real, _uniform = self._tables[layer]
+        d, real, real_keys, _uniform = self._tables[layer]
         g = self.windows[layer]
         b = self._batch.shape[0]
-        p = attn.detach().to(torch.float64).reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.window_tokens)
-        d, real = d.to(p.device), real.to(p.device)
+        p = attn.detach().to(torch.float64).reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.key_tokens)
+        d, real, real_keys = d.to(p.device), real.to(p.device), real_keys.to(p.device)
         num = torch.einsum("bwhqk,wqk->bwhq", p, d)  # d is 0 at padding keys
         if self.renormalize:  # a padding query's weight on the real keys can be 0 (its mask leaves it only padding
             # keys): it does not count, but 0 / 0 there would make the mean over the real queries NaN, so its
             # denominator is shifted by 1 (a real query's is left as it is)
-            den = torch.einsum("bwhqk,wk->bwhq", p, real) + (1.0 - real)[None, :, None, :]
+            den = torch.einsum("bwhqk,wk->bwhq", p, real_keys) + (1.0 - real)[None, :, None, :]
             per_query = num / den
         else:
             per_query = num
@@ -207,7 +211,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             mean_px=mean, std_px=np.sqrt(m2 / self.n), m2=m2, n_images=self.n, image_size=self.image_size,
             stages=np.array([g.stage for g in self.windows]), kinds=tuple(g.kind for g in self.windows),
             stride_px=np.array([g.stride_px for g in self.windows]),
-            window_uniform_px=np.array([t[2] for t in self._tables]), renormalize=self.renormalize,
+            window_uniform_px=np.array([t[3] for t in self._tables]), renormalize=self.renormalize,
             model_name=model_name(spec))
 
 
@@ -222,16 +226,24 @@ def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry
     for layer in range(len(windows) - 1, -1, -1):
         g, a = windows[layer], fused[layer].to(torch.float64)
         index = torch.from_numpy(g.index).to(a.device)
-        real = (index >= 0).to(torch.float64)  # [windows, N]
-        where = index.clamp(min=0)
-        a = a * real[None, :, None, :]  # weight on padding keys is dropped
-        w = v[:, where] * real / (a.sum(-1) + 1.0)  # [B, windows, N]: v / rowsum(A + I) at each real query
-        mixed = torch.einsum("bwq,bwqk->bwk", w, a) * real  # w A, at each real key
-        out = torch.zeros_like(v).scatter_add_(1, where.reshape(1, -1).expand(b, -1), mixed.reshape(b, -1))
+        keys = torch.from_numpy(g.keys).to(a.device)
+        real = (index >= 0).to(torch.float64)  # [windows, Nq]
+        real_keys = (keys >= 0).to(torch.float64)  # [windows, Nk]
+        where, key_where = index.clamp(min=0), keys.clamp(min=0)
+        a = a * real_keys[None, :, None, :]  # weight on padding keys is dropped
+        w = v[:, where] * real / (a.sum(-1) + 1.0)  # [B, windows, Nq]: v / rowsum(A + I) at each real query
+        mixed = torch.einsum("bwq,bwqk->bwk", w, a) * real_keys  # w A, at each real key
+        key_count = g.keys_grid[0] * g.keys_grid[1]
+        out = torch.zeros(b, key_count, dtype=v.dtype, device=v.device).scatter_add_(
+            1, key_where.reshape(1, -1).expand(b, -1), mixed.reshape(b, -1))
         own = torch.zeros_like(v).scatter_add_(1, where.reshape(1, -1).expand(b, -1), w.reshape(b, -1))
-        v = out + own  # each real token appears once in its block's windows, so ``own`` is w back on the grid
-        if layer and windows[layer - 1].stage != g.stage:  # back across the patch merging into this stage
-            parent, weight = merge_transport(windows[layer - 1].grid, g.grid)
+        # each real token appears once in its block's windows, so ``own`` is w back on the grid; a pooled block
+        # carries its keys and its output tokens (the pooled residual) back onto its input tokens
+        out = out if g.key_from is None else g.key_from.pull(out)
+        own = own if g.query_from is None else g.query_from.pull(own)
+        v = out + own
+        if layer and windows[layer - 1].grid != g.in_grid:  # back across the patch merging into the block before
+            parent, weight = merge_transport(windows[layer - 1].grid, g.in_grid)
             v = v[:, torch.from_numpy(parent).to(v.device)] * torch.from_numpy(weight).to(v.device)
     return v
 
@@ -269,12 +281,12 @@ class WindowedRolloutAccumulator(AttentionConsumer):
             raise InvalidParameterError("The windowed rollout reads every block's whole window maps in order.")
         g = self.windows[layer]
         fused = fuse(attn.detach(), self.head_fusion)  # [B * windows, N, N]
-        self._fused.append(fused.reshape(-1, g.num_windows, g.window_tokens, g.window_tokens).float())
+        self._fused.append(fused.reshape(-1, g.num_windows, g.window_tokens, g.key_tokens).float())
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         row = windowed_rollout_row(self._fused, self.windows)
         self._fused = []
-        grid = self.windows[0].grid
+        grid = self.windows[0].in_grid
         maps = row.reshape(-1, *grid)
         maps = maps / maps.flatten(1).amax(dim=1).clamp_min(torch.finfo(torch.float64).tiny)[:, None, None]
         self._maps.append(maps.cpu().numpy())
@@ -296,7 +308,7 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         names = self.label_names
         return RolloutResult(
             maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
-            grid=self.windows[0].grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
+            grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
             source_token="mean over the last stage's tokens, through the windows and patch mergings",
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
@@ -321,19 +333,19 @@ def window_maps(m: object, image: object) -> list[torch.Tensor]:
 
 
 def query_window_attention(probs: torch.Tensor, window: WindowGeometry, row: int, col: int) -> np.ndarray:
-    """One query's attention in one block of a windowed model, on its stage's grid: [heads, H_s, W_s], the window
-    (or, in a shifted block, the keys its mask allows) it attends, zero elsewhere (Fig. 7's per-head maps for
-    hierarchical models).
+    """One query's attention in one block of a windowed model, on its keys' grid: [heads, H_k, W_k], the window
+    (or, in a shifted block, the keys its mask allows; in a pooling block, the pooled keys) it attends, zero
+    elsewhere (Fig. 7's per-head maps for hierarchical models).
 
     Args:
-        probs: the block's captured maps of one image, [windows, heads, N, N] (``capture_attention``'s
+        probs: the block's captured maps of one image, [windows, heads, Nq, Nk] (``capture_attention``'s
             ``maps[layer]``, batch of one).
         window: the block's ``WindowGeometry``.
-        row: the query's row on the stage's grid.
+        row: the query's row on the block's query grid (its stage's).
         col: its column.
 
     Returns:
-        [heads, H_s, W_s] float64.
+        [heads, H_k, W_k] float64 (the stage's grid where the keys are the queries' tokens).
 
     Raises:
         InvalidParameterError: a query outside the stage's grid, or maps of another block.
@@ -341,14 +353,16 @@ def query_window_attention(probs: torch.Tensor, window: WindowGeometry, row: int
     (h, w) = window.grid
     if not (0 <= row < h and 0 <= col < w):
         raise InvalidParameterError(f"The query ({row}, {col}) is outside this block's {h}x{w} stage grid.")
-    if probs.shape[0] != window.num_windows or probs.shape[-1] != window.window_tokens:
+    if probs.shape[0] != window.num_windows or probs.shape[-1] != window.key_tokens:
         raise InvalidParameterError(f"Maps of shape {tuple(probs.shape)} are not this block's ({window.num_windows} "
-                                    f"windows of {window.window_tokens} tokens): pass one image's maps of the block.")
+                                    f"windows of {window.key_tokens} keys): pass one image's maps of the block.")
     win, pos = (int(v[0]) for v in np.nonzero(window.index == row * w + col))
-    real = window.index[win] >= 0
-    out = np.zeros((probs.shape[1], h * w))
-    out[:, window.index[win][real]] = probs[win, :, pos].detach().double().cpu().numpy()[:, real]
-    return out.reshape(-1, h, w)
+    keys = window.keys[win]
+    real = keys >= 0
+    kh, kw = window.keys_grid
+    out = np.zeros((probs.shape[1], kh * kw))
+    out[:, keys[real]] = probs[win, :, pos].detach().double().cpu().numpy()[:, real]
+    return out.reshape(-1, kh, kw)
 
 
 __all__ = ["WindowedDistanceAccumulator", "query_window_attention", "window_maps", "WindowedDistanceResult", "WindowedRolloutAccumulator", "model_windows",
