@@ -205,6 +205,18 @@ def test_distance_in_pixels_equals_a_dense_float64_computation_and_its_window_un
     assert len(rows) == 2 * 4 + 4 * 2 and {r["attention"] for r in rows} == {"window", "shifted window", "global"}
 
 
+def test_the_distance_reduced_a_few_queries_at_a_time_is_the_same_number(monkeypatch):
+    """Bounded memory (a 1024 px SAM's global block is reduced a block of queries at a time): a reduction cut
+    into blocks of a few queries gives the same distances as whole windows at once."""
+    import vitlens.views.windowed as windowed
+
+    m, x = load(tiny_swin()), images(2)
+    whole = vl.attention_distance(m, x)
+    monkeypatch.setattr(windowed, "REDUCE_ELEMENTS", 300)  # a few queries of a 16-token window per block
+    cut = vl.attention_distance(m, x)
+    np.testing.assert_allclose(cut.mean_px, whole.mean_px, rtol=1e-12)
+
+
 @pytest.mark.parametrize("self_bias, want", [(0.0, 1.0), (60.0, 0.0)])
 def test_known_answers_uniform_attention_fills_its_window_and_self_attention_is_at_zero(self_bias, want):
     """With q = k = 0 the scores are the relative bias alone: all zero, each query spreads evenly over its window

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from ..figures import PALETTE
 from ..survey.store import SurveyResult, weights_of
 
-KIND_WORDS = {"vit": "ViT", "hybrid": "hybrid"}
+KIND_WORDS = {"vit": "ViT", "hybrid": "hybrid", "hierarchical": "hierarchical"}
 
 
 def _entry(manifest: dict, model: str, weights: str) -> dict:
@@ -46,7 +46,9 @@ def _models(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
 
 def heads_frame(result: SurveyResult, metric: str = "mean_distance_width") -> pd.DataFrame:
     t = result.table
-    return t[(t["metric"] == metric) & t["class"].isna()].astype({"layer": int, "head": int})
+    # per head (a hierarchical model's rows per block and per stage have no head)
+    return t[(t["metric"] == metric) & t["class"].isna() & t["layer"].notna() & t["head"].notna()].astype(
+        {"layer": int, "head": int})
 
 
 def depth_figure(result: SurveyResult) -> go.Figure:
@@ -159,8 +161,9 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
         heads = frame[mine]
         med = heads.groupby("layer")["value"].median()
         first = heads[heads["layer"] == 1]["value"]
+        per_stage = t["stage"].notna() if "stage" in t.columns else False  # a hierarchical model's stage rows
         scalars = t[(t["model"] == model) & (t["weights"] == weights) & t["layer"].isna()
-                    & t["class"].isna()].set_index("metric")["value"]
+                    & t["class"].isna() & ~per_stage].set_index("metric")["value"]
         row.update({"kind": KIND_WORDS.get(spec.get("kind", ""), spec.get("kind", "")),
                     "layers x heads": f"{spec.get('num_layers')} x {spec.get('num_heads')}",
                     "images": int(scalars.get("images_used", 0)), "skipped": len(entry.get("skipped", [])),

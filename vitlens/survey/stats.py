@@ -28,9 +28,11 @@ from ..attribution.masks import patch_coverage
 from ..errors import InvalidParameterError
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
-from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult, add_samples, merge_moment_rows
+from ..views.distance import (AttentionDistanceAccumulator, AttentionDistanceResult, add_samples, merge_moment_rows,
+                              merge_moments)
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..views.rollout import RolloutAccumulator
+from ..views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
 
 
 class SurveyDistance(AttentionConsumer):
@@ -46,7 +48,11 @@ class SurveyDistance(AttentionConsumer):
         self._labels: np.ndarray | None = None
 
     @classmethod
-    def for_survey(cls, m: LoadedModel, num_classes: int, renormalize: bool = True) -> "SurveyDistance":
+    def for_survey(cls, m: LoadedModel, num_classes: int, renormalize: bool = True
+                   ) -> "SurveyDistance | SurveyWindowedDistance":
+        """The distance statistic for ``m``: per block and stage in image pixels for a hierarchical model."""
+        if m.spec.kind == "hierarchical":
+            return SurveyWindowedDistance(WindowedDistanceAccumulator.for_model(m, renormalize), num_classes)
         return cls(m, num_classes, renormalize)
 
     def begin_batch(self, batch: BatchInfo) -> None:
@@ -71,7 +77,9 @@ class SurveyDistance(AttentionConsumer):
                 "class_n": self.class_n}
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> "SurveyDistance":
+    def from_state(cls, state: dict[str, np.ndarray]) -> "SurveyDistance | SurveyWindowedDistance":
+        if "window_uniform_px" in state:  # a hierarchical model's (``SurveyWindowedDistance.state``)
+            return SurveyWindowedDistance.from_state(state)
         out = cls(None, len(state["class_n"]))
         out.all = AttentionDistanceAccumulator.from_state(state)
         out.class_mean, out.class_m2 = np.asarray(state["class_mean"]), np.asarray(state["class_m2"])
@@ -114,6 +122,92 @@ class SurveyDistance(AttentionConsumer):
         return rows
 
 
+class SurveyWindowedDistance(AttentionConsumer):
+    """A hierarchical model's attention distance in image pixels per head and block (``WindowedDistanceAccumulator``),
+    over all images and per class; its table says each block's stage, its window-uniform distance, each head as a
+    multiple of it, and per stage the mean over the stage's heads, from moments that merge exactly."""
+
+    reads_windows = True
+
+    def __init__(self, acc: WindowedDistanceAccumulator, num_classes: int = 0) -> None:
+        self.all, self.num_classes = acc, num_classes
+        shape = (num_classes, *acc.mean.shape)
+        self.class_mean, self.class_m2 = np.zeros(shape), np.zeros(shape)
+        self.class_n = np.zeros(num_classes, dtype=np.int64)
+        self._labels: np.ndarray | None = None
+
+    def begin_batch(self, batch: BatchInfo) -> None:
+        self.all.begin_batch(batch)
+        self._labels = batch.labels
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        self.all.on_attention(layer, attn, rows)
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        values = np.nan_to_num(self.all.batch_values(), nan=0.0)
+        if self.num_classes and self._labels is not None:
+            for c in np.unique(self._labels):
+                if 0 <= c < self.num_classes:
+                    self.class_mean[c], self.class_m2[c], self.class_n[c] = add_samples(
+                        self.class_mean[c], self.class_m2[c], int(self.class_n[c]), values[self._labels == c])
+        self.all.end_batch(logits)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**self.all.state(), "class_mean": self.class_mean, "class_m2": self.class_m2, "class_n": self.class_n}
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "SurveyWindowedDistance":
+        out = cls(WindowedDistanceAccumulator.from_state(state), len(state["class_n"]))
+        out.class_mean, out.class_m2 = np.asarray(state["class_mean"]), np.asarray(state["class_m2"])
+        out.class_n = np.asarray(state["class_n"])
+        return out
+
+    def merge(self, other: "SurveyWindowedDistance") -> "SurveyWindowedDistance":
+        out = SurveyWindowedDistance(self.all.merge(other.all), self.num_classes)
+        for c in range(self.num_classes):
+            out.class_mean[c], out.class_m2[c], out.class_n[c] = merge_moments(
+                self.class_mean[c], self.class_m2[c], int(self.class_n[c]), other.class_mean[c], other.class_m2[c],
+                int(other.class_n[c]))
+        return out
+
+    def result(self, spec: ModelSpec | str = "") -> WindowedDistanceResult:
+        """The windowed distance over all images, as ``vl.attention_distance`` gives it for the model."""
+        return self.all.result(spec)
+
+    def table_rows(self, spec: dict[str, Any], classes: list[str], renormalize: bool = True) -> list[dict[str, Any]]:
+        """Per head: mean / std in pixels, mean in image widths and as a multiple of its window's uniform
+        distance; per block: the window-uniform distance; per stage: the mean over its heads (in pixels and of
+        the window); per class: the heads' means. Every row names its stage (1-based)."""
+        if self.all.n == 0:
+            return []
+        d = self.all.result()
+        n, width = d.n_images, float(d.image_size[1])
+        rows: list[dict[str, Any]] = []
+        for layer in range(d.mean_px.shape[0]):
+            stage = int(d.stages[layer]) + 1
+            rows.append(dict(metric="window_uniform_px", value=d.window_uniform_px[layer], n=n, layer=layer + 1,
+                             stage=stage))
+            for h in range(self.all.heads[layer]):
+                at = dict(n=n, layer=layer + 1, head=h + 1, stage=stage)
+                rows += [dict(metric="mean_distance_px", value=d.mean_px[layer, h], **at),
+                         dict(metric="std_distance_px", value=d.std_px[layer, h], **at),
+                         dict(metric="mean_distance_width", value=d.mean_px[layer, h] / width, **at),
+                         dict(metric="mean_distance_of_window", value=d.of_window[layer, h], **at)]
+        for s in np.unique(d.stages):
+            sel = d.stages == s
+            rows += [dict(metric="mean_distance_px", value=float(np.nanmean(d.mean_px[sel])), n=n, stage=int(s) + 1),
+                     dict(metric="mean_distance_of_window", value=float(np.nanmean(d.of_window[sel])), n=n,
+                          stage=int(s) + 1)]
+        for c, name in enumerate(classes):
+            if c < self.num_classes and int(self.class_n[c]) > 0:
+                for layer in range(d.mean_px.shape[0]):
+                    for h in range(self.all.heads[layer]):
+                        rows.append(dict(metric="mean_distance_px", value=self.class_mean[c, layer, h],
+                                         n=int(self.class_n[c]), layer=layer + 1, head=h + 1,
+                                         stage=int(d.stages[layer]) + 1, cls=name))
+        return rows
+
+
 class RolloutStats(AttentionConsumer):
     """Per-image rollout statistics, accumulated as sums (no map is kept).
 
@@ -126,7 +220,11 @@ class RolloutStats(AttentionConsumer):
     METRICS = ("prefix_mass", "entropy", "mass_in_mask")
 
     def __init__(self, m: LoadedModel | None) -> None:
-        self.rollout = RolloutAccumulator.for_model(m) if m is not None else None
+        self.rollout: Any = None
+        if m is not None and m.spec.kind == "hierarchical":  # through the windows and stages to the first grid
+            self.rollout, self.reads_windows = WindowedRolloutAccumulator.for_model(m), True
+        elif m is not None:
+            self.rollout = RolloutAccumulator.for_model(m)
         self.sums = np.zeros(len(self.METRICS))
         self.squares = np.zeros(len(self.METRICS))
         self.counts = np.zeros(len(self.METRICS), dtype=np.int64)
@@ -145,7 +243,10 @@ class RolloutStats(AttentionConsumer):
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         row = self.rollout.batch_row().cpu().numpy()
-        p, grid = self.rollout.num_prefix_tokens, self.rollout.grid
+        if isinstance(self.rollout, WindowedRolloutAccumulator):  # no prefix tokens; the first block's input grid
+            p, grid = 0, self.rollout.windows[0].in_grid
+        else:
+            p, grid = self.rollout.num_prefix_tokens, self.rollout.grid
         patch = row[:, p:]
         share = patch / np.maximum(patch.sum(1, keepdims=True), np.finfo(np.float64).tiny)
         values = [row[:, :p].sum(1), -(share * np.log(np.where(share > 0, share, 1.0))).sum(1)]
@@ -185,6 +286,8 @@ class RolloutStats(AttentionConsumer):
 
 class Predictions(AttentionConsumer):
     """Correct predictions overall and per class (images with labels; label -1 = unknown)."""
+
+    reads_windows = True  # it reads the logits, no attention map: a hierarchical model's as any other's
 
     def __init__(self, has_classifier: bool, num_classes: int = 0) -> None:
         self.has_classifier = has_classifier

@@ -49,6 +49,7 @@ from ..errors import InvalidParameterError
 from ..environment import versions
 from ..results import atomic_write_bytes, interrupts_deferred
 from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
+from ..views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult
 from . import stats
 from .sources import ImageSource, Shard
 
@@ -441,9 +442,11 @@ def _jsonable(value: Any) -> Any:
 
 
 def distance_result(states: dict[str, dict[str, Any]], spec: dict[str, Any], name: str,
-                    renormalize: bool = True) -> AttentionDistanceResult | None:
+                    renormalize: bool = True) -> AttentionDistanceResult | WindowedDistanceResult | None:
     """The merged attention-distance state as the same result ``vl.attention_distance`` returns."""
     d = states.get("distance")
+    if d is not None and "window_uniform_px" in d:  # a hierarchical model's: per block and stage in pixels
+        return WindowedDistanceAccumulator.from_state(d).result(name) if int(np.asarray(d["n"])) else None
     if d is None or int(np.min(d["counts"])) == 0:
         return None
     return AttentionDistanceAccumulator.from_state(d, tuple(spec["stride_px"]), int(spec.get("num_prefix_tokens", 0)),
@@ -458,9 +461,9 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
     rows: list[dict[str, Any]] = []
 
     def add(metric: str, value: float, n: int, layer: int | None = None, head: int | None = None,
-            cls: str | None = None) -> None:
+            cls: str | None = None, stage: int | None = None) -> None:
         rows.append({"model": name, "weights": weights, "layer": layer, "head": head, "metric": metric,
-                     "value": float(value), "n_images": int(n), "class": cls})
+                     "value": float(value), "n_images": int(n), "class": cls, "stage": stage})
 
     for stat in [k for k in stats.SURVEY_VIEWS if k in states]:  # each statistic says its rows, in the list's order
         for row in stats.stat_class(stat).from_state(states[stat]).table_rows(spec, classes, renormalize):
@@ -521,8 +524,9 @@ class SurveyResult:
             raise InvalidParameterError(f"{model!r} was surveyed with several weights ({kinds}): pass weights=.")
         return done[0]
 
-    def distance(self, model: str, weights: str | None = None) -> AttentionDistanceResult:
-        """One model's attention distance over the whole image set, from its shards.
+    def distance(self, model: str, weights: str | None = None) -> AttentionDistanceResult | WindowedDistanceResult:
+        """One model's attention distance over the whole image set, from its shards (a hierarchical model's per
+        block and stage in image pixels, ``WindowedDistanceResult``).
 
         Args:
             model: the name it was surveyed under (as ``models()`` lists it).
@@ -568,6 +572,8 @@ def load_survey(path: str | Path) -> SurveyResult:
     table = pd.read_parquet(table_path) if table_path.is_file() else pd.DataFrame(columns=TABLE_COLUMNS)
     if "weights" not in table.columns:  # folders written before the weights had their own column
         table = _split_weights(table, manifest)
+    if "stage" not in table.columns:  # folders written before hierarchical models had stages
+        table["stage"] = pd.Series([pd.NA] * len(table), dtype="Int64", index=table.index)
     failed = {m["name"]: m.get("reason", "") for m in manifest["models"].values() if m.get("status") == "failed"}
     damaged = damaged_shards(store, manifest)
     if damaged:
@@ -610,7 +616,8 @@ def _split_weights(table: Any, manifest: dict[str, Any]) -> Any:
     return table
 
 
-TABLE_COLUMNS = ["model", "weights", "layer", "head", "metric", "value", "n_images", "class"]
+#: the tidy table's columns; ``stage`` (1-based) is a hierarchical model's stage, empty for a ViT
+TABLE_COLUMNS = ["model", "weights", "layer", "head", "metric", "value", "n_images", "class", "stage"]
 
 
 def write_table(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -620,6 +627,7 @@ def write_table(out: Path, rows: list[dict[str, Any]]) -> None:
     frame = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     frame["layer"] = frame["layer"].astype("Int64")
     frame["head"] = frame["head"].astype("Int64")
+    frame["stage"] = frame["stage"].astype("Int64")
     frame["n_images"] = frame["n_images"].astype("int64")
     frame["model"] = frame["model"].astype("string")
     frame["weights"] = frame["weights"].astype("string")

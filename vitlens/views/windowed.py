@@ -147,19 +147,33 @@ class WindowedDistanceResult(Result):
                                       self.stride_px, self.window_uniform_px, self.renormalize, self.model_name)
 
 
+#: float64 elements of window maps reduced at once by the windowed distance (a global block of a 1024 px SAM,
+#: [B, 1, heads, 4096, 4096], is reduced a block of queries at a time: memory bounded, the same numbers)
+REDUCE_ELEMENTS = 1 << 24
+
+
 class WindowedDistanceAccumulator(AttentionConsumer):
-    """Streams the windowed attention distance: per block, the window maps [B * windows, heads, N, N] are
-    reduced as they come (nothing kept), per image and head; running moments over images in float64."""
+    """Streams the windowed attention distance: per block, the window maps [B * windows, heads, Nq, Nk] are
+    reduced as they come (nothing kept; at most ``REDUCE_ELEMENTS`` float64 values at once), per image and head;
+    running moments over images in float64. ``state()`` / ``from_state`` carry it between processes (surveys):
+    the moments and what labels the result (stages, kinds, strides, window-uniform distances), not the windows.
+    """
 
     reads_windows = True
 
-    def __init__(self, windows: list[WindowGeometry], heads: list[int], image_size: tuple[int, int],
+    def __init__(self, windows: list[WindowGeometry] | None, heads: list[int], image_size: tuple[int, int],
                  renormalize: bool = True) -> None:
         self.windows, self.heads, self.image_size = windows, list(heads), tuple(int(s) for s in image_size)
         self.renormalize = bool(renormalize)
-        centres = stage_centres(windows)
-        self._tables = [_distances(g, centres[g.stage]) for g in windows]
-        shape = (len(windows), max(self.heads))
+        self._tables = []
+        if windows is not None:
+            centres = stage_centres(windows)
+            self._tables = [_distances(g, centres[g.stage]) for g in windows]
+            self.stages = np.array([g.stage for g in windows])
+            self.kinds = tuple(g.kind for g in windows)
+            self.stride_px = np.array([g.stride_px for g in windows])
+            self.window_uniform_px = np.array([t[3] for t in self._tables])
+        shape = (len(self.heads), max(self.heads))
         self.mean, self.m2, self.n = np.zeros(shape), np.zeros(shape), 0
         self._batch: np.ndarray | None = None
 
@@ -171,6 +185,9 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         return cls(model_windows(m), heads, m.spec.image_size, renormalize)  # type: ignore[attr-defined]
 
     def begin_batch(self, batch: BatchInfo) -> None:
+        if self.windows is None:
+            raise InvalidParameterError("This windowed distance was rebuilt from a saved state: it merges and "
+                                        "gives its result, but reads no images (build it with for_model).")
         self._batch = np.full((batch.size, len(self.windows), max(self.heads)), np.nan)
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
@@ -179,26 +196,66 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         d, real, real_keys, _uniform = self._tables[layer]
         g = self.windows[layer]
         b = self._batch.shape[0]
-        p = attn.detach().to(torch.float64).reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.key_tokens)
+        p = attn.detach().reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.key_tokens)
         d, real, real_keys = d.to(p.device), real.to(p.device), real_keys.to(p.device)
-        num = torch.einsum("bwhqk,wqk->bwhq", p, d)  # d is 0 at padding keys
-        if self.renormalize:  # a padding query's weight on the real keys can be 0 (its mask leaves it only padding
-            # keys): it does not count, but 0 / 0 there would make the mean over the real queries NaN, so its
-            # denominator is shifted by 1 (a real query's is left as it is)
-            den = torch.einsum("bwhqk,wk->bwhq", p, real_keys) + (1.0 - real)[None, :, None, :]
-            per_query = num / den
-        else:
-            per_query = num
+        per_query = torch.empty(p.shape[:4], dtype=torch.float64, device=p.device)
+        step = max(1, REDUCE_ELEMENTS // max(1, b * g.num_windows * attn.shape[1] * g.key_tokens))
+        for q0 in range(0, g.window_tokens, step):  # a block of queries at a time, in float64
+            q = slice(q0, q0 + step)
+            chunk = p[:, :, :, q].to(torch.float64)
+            num = torch.einsum("bwhqk,wqk->bwhq", chunk, d[:, q])  # d is 0 at padding keys
+            if self.renormalize:  # a padding query's weight on the real keys can be 0 (its mask leaves it only
+                # padding keys): it does not count, but 0 / 0 there would make the mean over the real queries NaN,
+                # so its denominator is shifted by 1 (a real query's is left as it is)
+                den = torch.einsum("bwhqk,wk->bwhq", chunk, real_keys) + (1.0 - real[:, q])[None, :, None, :]
+                per_query[:, :, :, q] = num / den
+            else:
+                per_query[:, :, :, q] = num
         mean = torch.einsum("bwhq,wq->bh", per_query, real) / real.sum()  # over the real queries
         self._batch[:, layer, : attn.shape[1]] = mean.cpu().numpy()
+
+    def batch_values(self) -> np.ndarray:
+        """[B, L, H] the batch's per-image distances so far (NaN: a head a block does not have), before
+        ``end_batch`` folds them in (a survey's per-class statistics read them)."""
+        return self._batch
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         samples, self._batch = self._batch, None  # NaN at the heads a block does not have: 0 until the result
         self.mean, self.m2, self.n = add_samples(self.mean, self.m2, self.n, np.nan_to_num(samples, nan=0.0))
 
+    def _labelled_like(self, other: "WindowedDistanceAccumulator") -> "WindowedDistanceAccumulator":
+        out = WindowedDistanceAccumulator(None, self.heads, self.image_size, self.renormalize)
+        out.windows, out._tables = self.windows or other.windows, self._tables or other._tables
+        out.stages, out.kinds, out.stride_px = self.stages, self.kinds, self.stride_px
+        out.window_uniform_px = self.window_uniform_px
+        return out
+
     def merge(self, other: "WindowedDistanceAccumulator") -> "WindowedDistanceAccumulator":
-        out = WindowedDistanceAccumulator(self.windows, self.heads, self.image_size, self.renormalize)
+        """The accumulator over the images of both (Chan et al.'s parallel update: exact up to float64 rounding)."""
+        if (self.heads != other.heads or self.kinds != other.kinds or self.renormalize != other.renormalize
+                or not np.array_equal(self.stride_px, other.stride_px) or self.image_size != other.image_size):
+            raise InvalidParameterError("Only windowed distances of the same model, input size and settings merge.")
+        out = self._labelled_like(other)
         out.mean, out.m2, out.n = merge_moments(self.mean, self.m2, self.n, other.mean, other.m2, other.n)
+        return out
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The running moments and the result's labels as arrays (``from_state`` rebuilds it)."""
+        return {"mean": self.mean, "m2": self.m2, "n": np.asarray(self.n), "heads": np.asarray(self.heads),
+                "image_size": np.asarray(self.image_size), "renormalize": np.asarray(self.renormalize),
+                "stages": self.stages, "kinds": np.asarray(self.kinds, dtype=str), "stride_px": self.stride_px,
+                "window_uniform_px": self.window_uniform_px}
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> "WindowedDistanceAccumulator":
+        """The accumulator of a ``state()``: it merges and gives its result; it reads no images."""
+        out = cls(None, [int(h) for h in np.asarray(state["heads"])],
+                  tuple(int(v) for v in np.asarray(state["image_size"])), bool(np.asarray(state["renormalize"])))
+        out.mean, out.m2 = np.asarray(state["mean"], dtype=np.float64), np.asarray(state["m2"], dtype=np.float64)
+        out.n = int(np.asarray(state["n"]))
+        out.stages, out.stride_px = np.asarray(state["stages"]), np.asarray(state["stride_px"])
+        out.kinds = tuple(str(k) for k in np.asarray(state["kinds"]))
+        out.window_uniform_px = np.asarray(state["window_uniform_px"], dtype=np.float64)
         return out
 
     def result(self, spec: ModelSpec | str = "") -> WindowedDistanceResult:
@@ -209,9 +266,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         m2 = np.where(missing, np.nan, self.m2)
         return WindowedDistanceResult(
             mean_px=mean, std_px=np.sqrt(m2 / self.n), m2=m2, n_images=self.n, image_size=self.image_size,
-            stages=np.array([g.stage for g in self.windows]), kinds=tuple(g.kind for g in self.windows),
-            stride_px=np.array([g.stride_px for g in self.windows]),
-            window_uniform_px=np.array([t[3] for t in self._tables]), renormalize=self.renormalize,
+            stages=self.stages.copy(), kinds=self.kinds, stride_px=self.stride_px.copy(),
+            window_uniform_px=self.window_uniform_px.copy(), renormalize=self.renormalize,
             model_name=model_name(spec))
 
 
@@ -283,8 +339,13 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         fused = fuse(attn.detach(), self.head_fusion)  # [B * windows, N, N]
         self._fused.append(fused.reshape(-1, g.num_windows, g.window_tokens, g.key_tokens).float())
 
+    def batch_row(self) -> torch.Tensor:
+        """[B, H_0 * W_0] the batch's rolled-out rows on the first block's input grid (``windowed_rollout_row``),
+        once every block's maps have come (a survey's rollout statistics read them)."""
+        return windowed_rollout_row(self._fused, self.windows)
+
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
-        row = windowed_rollout_row(self._fused, self.windows)
+        row = self.batch_row()
         self._fused = []
         grid = self.windows[0].in_grid
         maps = row.reshape(-1, *grid)
