@@ -502,3 +502,82 @@ def test_hf_swin_loads_by_hf_name_and_refuses_what_it_does_not_read(tmp_path):
     with vl.capture_attention(m, mode="inline") as cap, torch.no_grad():  # transformers' eager attention
         m.logits(images(1))
     assert len(cap.maps) == 6 and model.config._attn_implementation == "test_opaque"
+
+
+def _zero_qk(model: torch.nn.Module) -> None:
+    """q = k = 0 in every block: each window's logits are the position bias alone."""
+    with torch.no_grad():
+        for mod in model.modules():
+            for name in ("qkv", "q_bias", "v_bias"):
+                part = getattr(mod, name, None)
+                if isinstance(part, torch.nn.Linear):
+                    part.weight.zero_()
+                    if part.bias is not None:
+                        part.bias.zero_()
+                elif isinstance(part, torch.nn.Parameter):
+                    part.zero_()
+
+
+@pytest.mark.parametrize("arch", ["swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "swinv2_cr_tiny_224"])
+def test_the_position_view_is_the_bias_the_window_attention_adds(arch):
+    """Swin's relative-position view by offset against the attention itself: with q = k = 0 a window's
+    log-probabilities are its bias up to a constant per query, so the view's bias by (dy, dx) equals the
+    captured log-probability differences (v1 table, v2 16 sigmoid(MLP), v2 CR MLP)."""
+    import timm
+
+    from vitlens.views.relpos import relative_position_bias
+    from vitlens.views.windowed import model_windows, window_maps
+
+    torch.manual_seed(0)
+    model = timm.create_model(arch, pretrained=False, embed_dim=16, depths=(1, 1), num_heads=(2, 2), num_classes=3,
+                              img_size=32, window_size=4).eval()
+    _zero_qk(model)
+    m = vl.LoadedModel.from_module(model, name=arch)
+    view = relative_position_bias(m)
+    assert view.bias.shape[:2] == (2, 2) and view.grid == (4, 4)
+    g = model_windows(m)[0]
+    assert g.kind == "window" and (g.index[0] >= 0).all()
+    probs = window_maps(m, torch.randn(1, 3, 32, 32))[0][0].double()  # block 1, first window: [heads, 16, 16]
+    logp = probs.log()
+    seen = (logp - logp.mean(-1, keepdim=True)).numpy()
+    rows, cols = np.divmod(np.arange(16), 4)
+    by_view = np.stack([[[view.at(0, h, rows[k] - rows[q], cols[k] - cols[q]) for k in range(16)]
+                         for q in range(16)] for h in range(2)])
+    np.testing.assert_allclose(seen, by_view - by_view.mean(-1, keepdims=True), atol=2e-5)
+
+
+@pytest.mark.parametrize("build", [tiny_hf_swin, tiny_hf_swinv2])
+def test_the_hugging_face_position_view_is_the_bias_each_window_attention_adds(build):
+    """As for timm: with q = k = 0, each layer's first window's log-probabilities are its bias up to a constant
+    per query; every layer is checked, on its own window (Swin V2's last stage has smaller windows: the view
+    holds them inside the largest, NaN outside)."""
+    from vitlens.views.relpos import relative_position_bias
+    from vitlens.views.windowed import model_windows, window_maps
+
+    model = build()
+    with torch.no_grad():
+        for layer in _hf_layers(model):
+            for mod in layer.attention.modules():
+                for name in ("q_proj", "k_proj", "query", "key"):
+                    part = getattr(mod, name, None)
+                    if isinstance(part, nn.Linear):
+                        part.weight.zero_()
+                        if part.bias is not None:
+                            part.bias.zero_()
+    m = vl.LoadedModel.from_module(model, name="hf")
+    view = relative_position_bias(m)
+    maps = window_maps(m, torch.randn(1, 3, *m.spec.image_size))
+    checked = 0
+    for layer, g in enumerate(model_windows(m)):
+        real = g.index[0] >= 0
+        if not real.all() or g.kind != "window":
+            continue
+        logp = maps[layer][0].double().log()  # [heads, N, N]
+        seen = (logp - logp.mean(-1, keepdim=True)).numpy()
+        w = int(round(np.sqrt(g.window_tokens)))
+        rows, cols = np.divmod(np.arange(g.window_tokens), w)
+        by_view = np.stack([[[view.at(layer, h, rows[k] - rows[q], cols[k] - cols[q]) for k in range(g.window_tokens)]
+                             for q in range(g.window_tokens)] for h in range(seen.shape[0])])
+        np.testing.assert_allclose(seen, by_view - by_view.mean(-1, keepdims=True), atol=2e-5)
+        checked += 1
+    assert checked >= 2

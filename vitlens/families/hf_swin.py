@@ -202,6 +202,34 @@ class HuggingFaceSwin(Family):
         return ("Swin adds a learned relative-position bias inside each window instead of a learned absolute "
                 "position table (use_absolute_embeddings is off)")
 
+    def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
+        """Every layer's position bias inside its window, [heads, N, N], computed by the model's own modules:
+        Swin's ``relative_position_bias()`` module; Swin V2's 16 sigmoid of its ``continuous_position_bias_mlp``
+        of the log-spaced offset table, looked up by the relative-position index (transformers computes it inside
+        the attention's forward; these are its steps)."""
+        from .relative_bias import RelativeBias
+
+        biases, sources, grids = [], [], []
+        with torch.no_grad():
+            for s, layer in self.blocks(model):
+                attn = _self_attention(layer)
+                size = getattr(attn, "window_size", None) or attn.relative_position_bias.window_size
+                wh, ww = (int(w) for w in size)
+                if hasattr(attn, "continuous_position_bias_mlp"):
+                    table = attn.continuous_position_bias_mlp(attn.relative_coords_table).view(
+                        -1, attn.num_attention_heads)
+                    bias = 16 * torch.sigmoid(table[attn.relative_position_index.view(-1)].view(
+                        wh * ww, wh * ww, -1).permute(2, 0, 1))
+                    sources.append(f"stage {s}: 16 sigmoid(continuous_position_bias_mlp(relative_coords_table))"
+                                   "[relative_position_index]")
+                else:
+                    bias = attn.relative_position_bias()[0]
+                    sources.append(f"stage {s}: relative_position_bias() (its table by relative_position_index)")
+                biases.append(bias.detach().float().cpu())
+                grids.append((wh, ww))
+        return RelativeBias(biases=tuple(biases), sources=tuple(sources), grid=grids[0], num_prefix_tokens=0,
+                            grids=tuple(grids))
+
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return default_data_config(model, spec)
 

@@ -36,12 +36,19 @@ class RelativeBias:
         sources: per block, in words, the module(s) the bias was read from.
         grid: (gh, gw), the patch grid (window) the bias is defined on.
         num_prefix_tokens: tokens before the patch tokens (T - gh * gw).
+        grids: each block's own grid where the blocks' windows differ (Swin: the window of each stage, clamped
+            where a stage's grid is smaller); None: every block's is ``grid``.
     """
 
     biases: tuple[torch.Tensor, ...]
     sources: tuple[str, ...]
     grid: tuple[int, int]
     num_prefix_tokens: int
+    grids: tuple[tuple[int, int], ...] | None = None
+
+    def block_grid(self, layer: int) -> tuple[int, int]:
+        """The grid block ``layer``'s bias is defined on."""
+        return self.grid if self.grids is None else self.grids[layer]
 
 
 def _plain(bias: torch.Tensor, where: str) -> torch.Tensor:

@@ -260,6 +260,27 @@ class TimmSwin(Family):
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj  # the heads meet at the output projection
 
+    def window_bias(self, attn: nn.Module) -> torch.Tensor:
+        """One block's position bias inside its window, [heads, N, N] (query rows, key columns, window positions
+        row-major), computed by the module's own code: v1's ``_get_rel_pos_bias()`` (its table looked up by
+        the relative-position index)."""
+        return attn._get_rel_pos_bias()[0]
+
+    bias_source = "attn.relative_position_bias_table[relative_position_index] (its _get_rel_pos_bias())"
+
+    def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
+        """Every block's position bias inside its window (the position view of Swin: the bias by offset between
+        query and key inside a window, per block and head; each stage's window may differ)."""
+        from .relative_bias import RelativeBias
+
+        attns = self.attention_modules(model)
+        with torch.no_grad():
+            biases = tuple(self.window_bias(a).detach().float().cpu() for a in attns)
+        grids = tuple(tuple(int(w) for w in a.window_size) for a in attns)
+        return RelativeBias(biases=biases, sources=tuple(f"stage {s} block {i}: {self.bias_source}"
+                                                         for i, (s, _b) in enumerate(self.blocks(model))),
+                            grid=grids[0], num_prefix_tokens=0, grids=grids)  # type: ignore[arg-type]
+
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
 
@@ -290,6 +311,15 @@ class TimmSwinV2(TimmSwin):
     classes = ("SwinTransformerV2", "SwinTransformerV2Block", "WindowAttention", "PatchMerging")
     position_reason = ("Swin V2 adds a continuous relative-position bias (an MLP of log-spaced offsets) inside each "
                        "window instead of a learned absolute position table")
+    bias_source = "16 sigmoid(attn.cpb_mlp(relative_coords_table))[relative_position_index]"
+
+    def window_bias(self, attn: nn.Module) -> torch.Tensor:
+        """v2's continuous position bias as its forward adds it: 16 sigmoid of its MLP of the log-spaced offset
+        table, looked up by the relative-position index (timm computes it inside ``forward``; these are its steps)."""
+        table = attn.cpb_mlp(attn.relative_coords_table).view(-1, attn.num_heads)
+        n = attn.window_size[0] * attn.window_size[1]
+        bias = table[attn.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1)
+        return 16 * torch.sigmoid(bias)
 
 
 class TimmSwinV2Cr(TimmSwin):
@@ -308,6 +338,10 @@ class TimmSwinV2Cr(TimmSwin):
     stages_attr = "stages"
     window_method = "_shifted_window_attn"
     position_reason = TimmSwinV2.position_reason
+    bias_source = "attn._relative_positional_encodings() (its MLP of log-spaced offsets)"
+
+    def window_bias(self, attn: nn.Module) -> torch.Tensor:
+        return attn._relative_positional_encodings()[0]
 
     def check_embedding(self, model: nn.Module, name: str) -> None:
         embed = getattr(importlib.import_module(self.module), "PatchEmbed")

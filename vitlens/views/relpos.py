@@ -11,6 +11,7 @@ See docs/definitions.md.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +89,7 @@ class RelativePositionBiasResult(Result):
 
     def shared_by_all_blocks(self) -> bool:
         """Whether every block adds the same bias (a bias shared across blocks, as in vit_srelpos)."""
-        return all(np.array_equal(self.bias[0], b) for b in self.bias[1:]) and \
+        return all(np.array_equal(self.bias[0], b, equal_nan=True) for b in self.bias[1:]) and \
             all(np.array_equal(self.prefix_to_patch[0], b) for b in self.prefix_to_patch[1:]) and \
             all(np.array_equal(self.patch_to_prefix[0], b) for b in self.patch_to_prefix[1:])
 
@@ -98,8 +99,8 @@ class RelativePositionBiasResult(Result):
         prefix = f", prefix biases for {', '.join(self.prefix_labels)}" if self.prefix_labels else ""
         shared = ", the same in every block" if layers > 1 and self.shared_by_all_blocks() else ""
         return (f"{self.model_name or 'model'}: {layers} blocks x {heads} heads, bias by offset dy in +-{gh - 1}, "
-                f"dx in +-{gw - 1} ({gh}x{gw} patches{shared}{prefix}), from {float(self.bias.min()):.3g} to "
-                f"{float(self.bias.max()):.3g} logits")
+                f"dx in +-{gw - 1} ({gh}x{gw} patches{shared}{prefix}), from {float(np.nanmin(self.bias)):.3g} to "
+                f"{float(np.nanmax(self.bias)):.3g} logits")
 
     def to_rows(self) -> list[dict]:
         """One row per (block, head, query/key pair kind and offset), block and head 1-based: patch-to-patch rows
@@ -108,7 +109,8 @@ class RelativePositionBiasResult(Result):
         dys, dxs = self.offsets
         rows = [{"layer": l + 1, "head": h + 1, "query": "patch", "key": "patch", "dy": int(dy), "dx": int(dx),
                  "bias": float(self.bias[l, h, i, j])}
-                for l in range(layers) for h in range(heads) for i, dy in enumerate(dys) for j, dx in enumerate(dxs)]
+                for l in range(layers) for h in range(heads) for i, dy in enumerate(dys) for j, dx in enumerate(dxs)
+                if not np.isnan(self.bias[l, h, i, j])]  # NaN: an offset or head this block's window has not
         for l in range(layers):
             for h in range(heads):
                 for p, label in enumerate(self.prefix_labels):
@@ -190,6 +192,22 @@ def bias_by_offset(bias: torch.Tensor, grid: tuple[int, int], num_prefix_tokens:
             spread)
 
 
+def _padded(parts: list[tuple], grids: list[tuple[int, int]]) -> tuple[list[tuple], tuple[int, int]]:
+    """Blocks whose windows or heads differ (Swin's stages) on one offset grid: each block's bias by offset placed at
+    its offsets inside the largest window's, NaN at the offsets its window does not have and at the heads it
+    does not have (no prefix tokens: a windowed model has none)."""
+    gh, gw = max(g[0] for g in grids), max(g[1] for g in grids)
+    heads = max(part[0].shape[0] for part in parts)
+    out = []
+    for part, (h, w) in zip(parts, grids):
+        if part[1].size:
+            raise ViewNotAvailableError("Blocks of different windows with prefix tokens are not read by offset.")
+        by_offset = np.full((heads, 2 * gh - 1, 2 * gw - 1), np.nan)
+        by_offset[: part[0].shape[0], gh - h: gh + h - 1, gw - w: gw + w - 1] = part[0]
+        out.append((by_offset, np.zeros((heads, 0)), np.zeros((heads, 0)), np.zeros((heads, 0, 0)), part[4]))
+    return out, (gh, gw)
+
+
 def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasResult:
     """The learned relative-position bias of every block and head as a function of the offset between query and
     key patch (the position view of models without an absolute E_pos; the analogue of paper Fig. 7 centre).
@@ -222,7 +240,10 @@ def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasRe
     p = found.num_prefix_tokens
     if len(labels) != p:
         labels = ("class",) if p == 1 else tuple(f"prefix {i + 1}" for i in range(p))
-    parts = [bias_by_offset(b, found.grid, p) for b in found.biases]
+    parts = [bias_by_offset(b, found.block_grid(layer), p) for layer, b in enumerate(found.biases)]
+    grid = found.grid
+    if found.grids is not None or len({part[0].shape for part in parts}) > 1:  # blocks of other windows or heads
+        parts, grid = _padded(parts, [found.block_grid(layer) for layer in range(len(parts))])
     spreads = np.array([part[4] for part in parts])
     for layer, (b, spread) in enumerate(zip(found.biases, spreads)):
         tolerance = SPREAD_ULPS * torch.finfo(b.dtype).eps * float(b.abs().max()) if b.numel() else 0.0
@@ -232,7 +253,7 @@ def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasRe
                 f"({found.sources[layer]}) two query/key pairs of one offset differ by {spread:.3g} logits (more than "
                 f"{SPREAD_ULPS} roundings of its largest value), so a view by offset would hide what it adds.")
     return RelativePositionBiasResult(
-        bias=np.stack([part[0] for part in parts]), grid=tuple(found.grid),  # type: ignore[arg-type]
+        bias=np.stack([part[0] for part in parts]), grid=tuple(grid),  # type: ignore[arg-type]
         prefix_labels=tuple(labels), prefix_to_patch=np.stack([part[1] for part in parts]),
         patch_to_prefix=np.stack([part[2] for part in parts]), prefix_to_prefix=np.stack([part[3] for part in parts]),
         sources=tuple(found.sources), offset_spread=spreads, model_name=name)
@@ -257,9 +278,13 @@ def offset_structure(result: RelativePositionBiasResult) -> dict[str, float]:
     dys, dxs = result.offsets
     cheb = np.maximum(np.abs(dys)[:, None], np.abs(dxs)[None, :])
     manhattan = np.abs(dys)[:, None] + np.abs(dxs)[None, :]
-    mean_map = result.bias.mean(axis=(0, 1))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():  # NaN: an offset or head a block has not
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean_map = np.nanmean(result.bias, axis=(0, 1))
 
     def mean(sel: np.ndarray) -> float:
-        return float(mean_map[sel].mean()) if sel.any() else float("nan")
+        vals = mean_map[sel]
+        vals = vals[np.isfinite(vals)]
+        return float(vals.mean()) if vals.size else float("nan")
 
     return {"self": mean(manhattan == 0), "neighbours": mean(manhattan == 1), "far_ge3": mean(cheb >= 3)}
