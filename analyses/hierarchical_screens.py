@@ -46,12 +46,15 @@ def serve(port: int) -> subprocess.Popen:
     raise SystemExit("streamlit did not come up within 120 s")
 
 
-def settle(page, timeout_ms: int = 300000) -> None:
-    """Wait until a figure is drawn and Streamlit has stopped running."""
-    page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=timeout_ms)
-    page.wait_for_timeout(1000)
-    page.locator("[data-testid='stStatusWidget']").wait_for(state="hidden", timeout=timeout_ms)
+def settle(page, timeout_s: float = 600) -> None:
+    """Wait until Streamlit has finished the run: nothing stale on the page, no spinner, a figure drawn."""
+    deadline = time.time() + timeout_s
     page.wait_for_timeout(1500)
+    busy = "[data-stale='true'], [data-testid='stSpinner'], [data-testid='stStatusWidget']"
+    while page.locator(busy).count() and time.time() < deadline:
+        page.wait_for_timeout(500)
+    page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60000)
+    page.wait_for_timeout(2000)
     errors = page.locator("[data-testid='stException']")
     if errors.count():
         raise SystemExit(f"the app raised: {errors.first.inner_text()[:400]}")
@@ -86,8 +89,8 @@ def main() -> None:
             for view in ("Attention distance", "Attention maps", "Position embeddings", "Compare"):
                 page.get_by_text(view, exact=True).first.click()
                 settle(page)
-                if view == "Compare":  # beside the embedded ViT
-                    page.get_by_text("ref-hybrid", exact=True).last.click()
+                if view == "Compare":  # beside the embedded ViT (the second model's picker offers the hybrid first)
+                    page.locator("[data-testid='stSelectbox']").filter(has_text="ref-hybrid").last.click()
                     page.get_by_role("option", name="ref-vit").click()
                     settle(page)
                 path = out / f"{view.lower().replace(' ', '_')}.png"

@@ -82,6 +82,8 @@ class WindowedDistanceResult(Result):
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
         renormalize: whether weights over real keys were renormalised per query.
         model_name: the model's name.
+        query_grids: [L, 2] the grid of each block's queries (its stage's); None in files of older versions.
+        key_grids: [L, 2] the grid of each block's keys (coarser than its queries' where the keys are pooled).
     """
 
     kind = "windowed_distance"
@@ -96,6 +98,8 @@ class WindowedDistanceResult(Result):
     window_uniform_px: np.ndarray
     renormalize: bool
     model_name: str = ""
+    query_grids: np.ndarray | None = None
+    key_grids: np.ndarray | None = None
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {self.mean_px.shape[0]} blocks in {len(set(self.stages.tolist()))} "
@@ -129,8 +133,12 @@ class WindowedDistanceResult(Result):
 
     def to_rows(self) -> list[dict]:
         """One row per (block, head) the block has, both 1-based."""
+        grids = {}
+        for name, arr in (("query_grid", self.query_grids), ("key_grid", self.key_grids)):
+            if arr is not None:
+                grids[name] = [f"{int(h)}x{int(w)}" for h, w in np.asarray(arr)]
         return [{"layer": layer + 1, "stage": int(self.stages[layer]) + 1, "attention": self.kinds[layer],
-                 "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
+                 **{name: cells[layer] for name, cells in grids.items()}, "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
                  "std_px": float(self.std_px[layer, head]),
                  "window_uniform_px": float(self.window_uniform_px[layer]),
                  "of_window": float(self.of_window[layer, head]), "n_images": self.n_images}
@@ -144,7 +152,8 @@ class WindowedDistanceResult(Result):
             raise InvalidParameterError("Only windowed distances of the same model and settings merge.")
         mean, m2, n = merge_moments(self.mean_px, self.m2, self.n_images, other.mean_px, other.m2, other.n_images)
         return WindowedDistanceResult(mean, np.sqrt(m2 / max(n, 1)), m2, n, self.image_size, self.stages, self.kinds,
-                                      self.stride_px, self.window_uniform_px, self.renormalize, self.model_name)
+                                      self.stride_px, self.window_uniform_px, self.renormalize, self.model_name,
+                                      self.query_grids, self.key_grids)
 
 
 #: float64 elements of window maps reduced at once by the windowed distance (a global block of a 1024 px SAM,
@@ -173,6 +182,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             self.kinds = tuple(g.kind for g in windows)
             self.stride_px = np.array([g.stride_px for g in windows])
             self.window_uniform_px = np.array([t[3] for t in self._tables])
+            self.query_grids = np.array([g.grid for g in windows], dtype=np.int64)
+            self.key_grids = np.array([g.keys_grid for g in windows], dtype=np.int64)
         shape = (len(self.heads), max(self.heads))
         self.mean, self.m2, self.n = np.zeros(shape), np.zeros(shape), 0
         self._batch: np.ndarray | None = None
@@ -228,6 +239,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         out.windows, out._tables = self.windows or other.windows, self._tables or other._tables
         out.stages, out.kinds, out.stride_px = self.stages, self.kinds, self.stride_px
         out.window_uniform_px = self.window_uniform_px
+        out.query_grids, out.key_grids = self.query_grids, self.key_grids
         return out
 
     def merge(self, other: "WindowedDistanceAccumulator") -> "WindowedDistanceAccumulator":
@@ -244,7 +256,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         return {"mean": self.mean, "m2": self.m2, "n": np.asarray(self.n), "heads": np.asarray(self.heads),
                 "image_size": np.asarray(self.image_size), "renormalize": np.asarray(self.renormalize),
                 "stages": self.stages, "kinds": np.asarray(self.kinds, dtype=str), "stride_px": self.stride_px,
-                "window_uniform_px": self.window_uniform_px}
+                "window_uniform_px": self.window_uniform_px, "query_grids": self.query_grids,
+                "key_grids": self.key_grids}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> "WindowedDistanceAccumulator":
@@ -256,6 +269,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         out.stages, out.stride_px = np.asarray(state["stages"]), np.asarray(state["stride_px"])
         out.kinds = tuple(str(k) for k in np.asarray(state["kinds"]))
         out.window_uniform_px = np.asarray(state["window_uniform_px"], dtype=np.float64)
+        out.query_grids, out.key_grids = (np.asarray(state[k], dtype=np.int64) for k in ("query_grids", "key_grids"))
         return out
 
     def result(self, spec: ModelSpec | str = "") -> WindowedDistanceResult:
@@ -268,7 +282,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             mean_px=mean, std_px=np.sqrt(m2 / self.n), m2=m2, n_images=self.n, image_size=self.image_size,
             stages=self.stages.copy(), kinds=self.kinds, stride_px=self.stride_px.copy(),
             window_uniform_px=self.window_uniform_px.copy(), renormalize=self.renormalize,
-            model_name=model_name(spec))
+            model_name=model_name(spec), query_grids=self.query_grids.copy(), key_grids=self.key_grids.copy())
 
 
 def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry]) -> torch.Tensor:
