@@ -267,6 +267,10 @@ def test_report_and_compare_draw_a_cait_beside_a_vit(tmp_path):
     assert main(["report", "--model", NAME, "--random-init", "--samples", "--n-images", "2", "--out", str(out),
                  "--quiet"]) == 0
     assert out.exists() and "class-attention" in out.read_text()
+    cmp = tmp_path / "cmp.html"
+    assert main(["compare", "--models", "ref-vit", NAME, "--random-init", "--n-images", "2", "--out", str(cmp),
+                 "--quiet"]) == 0
+    assert vl.load_result(cmp.with_suffix(".json")).kinds == ["vit", "class-attention"]
 
 
 def test_a_cait_in_the_app_shows_its_views_and_refuses_the_rest_in_one_line():
