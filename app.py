@@ -176,7 +176,7 @@ def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, 
 def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renormalize: bool) -> vl.AnalysisResult:
     """Attention distance and the attention on prefix tokens, from one pass over the images (a hierarchical
     model has no prefix tokens: its distance alone, per block and stage)."""
-    views = ("distance",) if m.spec.kind == "hierarchical" else ("distance", "prefix")
+    views = ("distance",) if m.spec.kind in ("hierarchical", "class-attention") else ("distance", "prefix")
     return remembered("distance_memo", (mkey, ikey, len(images), renormalize), lambda progress: vl.analyze(
         m, images, batch_size=16, renormalize=renormalize, progress=progress, views=views),
         f"Attention distance over {len(images)} images", len(images))
@@ -401,6 +401,11 @@ def render_distance(ctx: Context) -> None:
     left, right = st.columns([3, 2])
     left.plotly_chart(fig, key="dist-fig")
     left.markdown(distance_reading(res.distance, ctx.m.spec.name, ctx.m.weights))
+    if ctx.m.spec.kind == "class-attention":  # CaiT: the self-attention blocks; no prefix token among their keys
+        right.info(f"The self-attention blocks attend over the patches alone (no prefix token); "
+                   f"{res.distance.note}.")
+        downloads(res.distance, fig, "attention_distance")
+        return
     if res.prefix.labels:
         right.plotly_chart(figures.prefix_figure(res.prefix), key="prefix-fig")
         parked = res.prefix.parked()
@@ -471,8 +476,9 @@ def render_maps(ctx: Context) -> None:
         row_choice = st.radio("Rollout row", [default_row, "attention pool"], horizontal=True, key="roll-source",
                               index=0 if spec.has_class_token else 1)
         source = "pool" if row_choice == "attention pool" else None
-    if spec.kind == "hierarchical" and discard:
-        st.info("The discard ratio is defined for a ViT's whole maps; the windowed rollout uses 0.")
+    if spec.kind in ("hierarchical", "class-attention") and discard:
+        st.info("The discard ratio is defined for a ViT's maps over one sequence of tokens; this model's rollout "
+                "uses 0.")
         discard = 0.0
     roll = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, fusion, discard, source)
     fig = figures.rollout_figure(roll, ctx.shown, 0, opacity)
@@ -482,6 +488,14 @@ def render_maps(ctx: Context) -> None:
         st.caption("Rolled out through the windows and the patch mergings, from the mean of the last stage's tokens "
                    "to the first stage's grid (docs/definitions.md).")
         render_window_maps(ctx, opacity)
+        return
+    if spec.kind == "class-attention":
+        st.caption("Rolled out from the class token at the last class-attention layer back through the "
+                   "class-attention layers, then through the self-attention blocks over the patches "
+                   "(docs/definitions.md, CaiT).")
+        st.info("One query's per-head maps are not offered for a CaiT: its self-attention blocks attend over the "
+                "patches alone and its class-attention layers hold one query, the class token; every block's maps "
+                "are in vl.capture_attention.")
         return
     st.subheader("One query's attention")
     maps = maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key) if whole else None
@@ -534,6 +548,11 @@ def render_attributions(ctx: Context) -> None:
         st.info(f"{m.spec.name} is hierarchical (windowed attention on stages of coarser grids): vitlens offers no "
                 "attribution method for it yet. Its windowed views are exact: Attention distance per stage, and "
                 "the rollout through the windows and patch mergings on Attention maps.")
+        return
+    if m.spec.kind == "class-attention":  # the library refuses it too (vl.attribute)
+        st.info(f"{m.spec.name} has class-attention layers (CaiT): vitlens offers no attribution method for it yet. "
+                "Its views are exact: Attention distance of the self-attention blocks, and the rollout from the "
+                "class token on Attention maps.")
         return
     text = has_text_tower(m)
     what = "the image's similarity to the prompt" if text else "the class probability"

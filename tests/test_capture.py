@@ -119,9 +119,9 @@ def test_relpos_models_are_read_by_the_generic_call_level_capture():
 def test_capture_refuses_a_raw_unsupported_module():
     import timm
 
-    cait = timm.create_model("cait_xxs24_224", pretrained=False, img_size=32, depth=1)
-    with pytest.raises(vl.UnsupportedModelError, match="class-attention"):
-        vl.capture_attention(cait)
+    xcit = timm.create_model("xcit_nano_12_p16_224", pretrained=False, img_size=32, depth=1)
+    with pytest.raises(vl.UnsupportedModelError, match="cross-covariance"):
+        vl.capture_attention(xcit)
 
 
 def test_inline_mode_captures_the_maps_the_output_uses_and_restores_fusion():

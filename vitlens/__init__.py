@@ -52,6 +52,8 @@ from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, p
 from .views.relpos import RelativePositionBiasResult, relative_position_bias
 from .views.rollout import RolloutAccumulator, RolloutResult
 from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
+from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
+                                    ClassAttentionRolloutAccumulator)
 
 from ._version import __version__
 
@@ -63,7 +65,8 @@ __all__ = [
     "ComparisonTable", "DeviceUnavailableError", "FaithfulnessResult", "FilterPCAResult", "ImageLoadError", "Images",
     "InvalidParameterError", "LoadedModel", "ModelSpec", "PRESETS", "PositionSimilarityResult", "Result",
     "RolloutAccumulator", "RolloutResult", "WindowedDistanceAccumulator", "WindowedDistanceResult",
-    "WindowedRolloutAccumulator", "UnknownModelError", "UnsupportedModelError", "ViewNotAvailableError",
+    "WindowedRolloutAccumulator", "ClassAttentionDistanceAccumulator", "ClassAttentionDistanceResult",
+    "ClassAttentionRolloutAccumulator", "UnknownModelError", "UnsupportedModelError", "ViewNotAvailableError",
     "VitlensError", "WeightsUnavailableError", "analyze", "attention_distance", "attention_maps", "attention_probs",
     "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
     "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",

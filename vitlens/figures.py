@@ -390,9 +390,12 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
             name="uniform attention" + (f" ({name})" if len(results) > 1 else "")))
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
+    # a result that leaves blocks out says why (a CaiT's class-attention layers: no position for the class token)
+    notes = "".join(f"<br><sup>{'' if len(results) == 1 else name + ': '}{r.figure_note}</sup>"
+                    for r, name in zip(results, names) if getattr(r, "figure_note", ""))
     fig.update_layout(
         title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {counted(first.n_images, 'image')}; "
-                       "dotted: uniform attention</sup>",
+                       f"dotted: uniform attention</sup>{notes}",
         xaxis=dict(title="Network depth (layer)", dtick=1, range=[0.5, depth + 0.5]),
         yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
                    rangemode="tozero"),

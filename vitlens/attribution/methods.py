@@ -362,6 +362,13 @@ def attribute(
             "of coarser grids, Swin), for which vitlens offers no attribution method yet. Its windowed views are "
             "exact: attention distance per stage and rollout through the windows and patch mergings "
             "(vl.attention_rollout).")
+    if m.spec.kind == "class-attention":
+        raise UnsupportedModelError(
+            f"{method} is not offered for {m.spec.name}: its self-attention blocks read the patches alone and its "
+            "class-attention layers the class token's one query, which vitlens's attribution methods (written for a ViT "
+            "whose every block attends over the same tokens) do not yet follow. Its views are exact: attention "
+            "distance of the self-attention blocks and rollout from the class token through both kinds "
+            "(vl.attention_rollout).")
     unknown = set(params) - set(spec.defaults)
     if unknown:
         raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.windows import refuse_windowed
+from ..core.windows import refuse_class_attention, refuse_windowed
 from ..errors import InvalidParameterError
 from ..families import Handles, HookSession
 from ..images import Images, count_images, iter_batches
@@ -307,6 +307,7 @@ def cka(
     for side in (model_a, model_b):  # a windowed model's blocks hand on [B, H, W, C] grids of its stages
         if isinstance(side, LoadedModel):
             refuse_windowed(side.spec, "CKA by block")
+            refuse_class_attention(side.spec, "CKA by block")
     a, b = _side(model_a, layers_a), _side(model_b, layers_b)
     if token_policy == "patches" and grid is None:
         grids = [g for g in (a.grid, b.grid) if g is not None]

@@ -19,7 +19,10 @@ class ModelSpec:
         name: the name it was loaded by.
         kind: "vit" (patch embedding), "hybrid" (CNN feature map, 1x1 tokens) or "hierarchical" (windowed
             attention in stages of coarser grids, Swin: ``grid`` and ``stride_px`` are the first stage's,
-            ``num_heads`` the most of any block; each block's windows from ``Family.windows``).
+            ``num_heads`` the most of any block; each block's windows from ``Family.windows``) or "class-attention"
+            (CaiT: self-attention blocks over the patch tokens alone, then class-attention layers whose one query is
+            the class token, over the class token and the patches; ``num_layers`` counts both, ``num_prefix_tokens``
+            is the class token of the class-attention layers, ``Family.block_layout`` says each block's kind).
         image_size: (H, W) input size the model was built for.
         grid: (gh, gw) patch-token grid at ``image_size``.
         stride_px: (sy, sx) input pixels between neighbouring tokens: the patch size of a ViT,
@@ -101,8 +104,8 @@ class ModelSpec:
         sy, sx = self.stride_px
         return {
             "name": self.name,
-            "kind": {"hybrid": "hybrid (CNN + ViT)", "hierarchical": "hierarchical (windowed stages)"}.get(self.kind,
-                                                                                                       "ViT"),
+            "kind": {"hybrid": "hybrid (CNN + ViT)", "hierarchical": "hierarchical (windowed stages)",
+                     "class-attention": "ViT with class-attention layers (CaiT)"}.get(self.kind, "ViT"),
             "input": f"{self.image_size[0]}x{self.image_size[1]} px",
             "grid": f"{self.grid[0]}x{self.grid[1]} tokens",
             "stride": f"{sy} px" if sy == sx else f"{sy}x{sx} px",

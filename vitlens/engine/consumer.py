@@ -56,6 +56,10 @@ class AttentionConsumer:
     #: whether the consumer reads a windowed model's window maps [B * windows, heads, N, N] (Swin: the views of
     #: ``vitlens.views.windowed``); the stream refuses a hierarchical model for a consumer that does not
     reads_windows = False
+    #: whether the consumer reads a model with class-attention layers (CaiT: [B, heads, N, N] maps over the patches
+    #: alone, then [B, heads, 1, 1 + N] of the class token: ``vitlens.views.class_attention``); the stream refuses
+    #: such a model for a consumer that does not
+    reads_class_attention = False
 
     def begin_batch(self, batch: BatchInfo) -> None:
         """A new batch is about to run."""

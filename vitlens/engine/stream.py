@@ -101,6 +101,15 @@ def stream_attention(
                 f"N, N] on each stage's grid), which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; "
                 "use the windowed views (attention distance and rollout: vl.attention_distance, vl.attention_rollout, "
                 "vl.analyze) or a consumer with reads_windows = True.")
+    if m.spec.kind == "class-attention":
+        wrong = sorted({type(c).__name__ for c in consumers if not getattr(c, "reads_class_attention", False)})
+        if wrong:
+            raise UnsupportedModelError(
+                f"{m.spec.name} has self-attention blocks over the patches alone and then class-attention layers (the "
+                f"class token's one query: [B, heads, 1, 1 + N] maps), which {', '.join(wrong)} would read as a ViT's "
+                "[B, heads, T, T] maps over one sequence; use its views (attention distance and rollout: "
+                "vl.attention_distance, vl.attention_rollout, vl.analyze) or a consumer with "
+                "reads_class_attention = True.")
     n = count_images(images)
     plan = capture_plan(m, max(1, min(batch_size, n) if n else batch_size), memory_budget_mb=memory_budget_mb,
                         mode=capture_mode, query_rows=query_rows)

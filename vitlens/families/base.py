@@ -240,6 +240,9 @@ class Family:
     #: ``windows(model, input_hw) -> list[WindowGeometry]`` for a family whose blocks attend within windows on stages
     #: of coarser grids (Swin: ``spec.kind == "hierarchical"``); None for global attention
     windows: Callable[..., Any] | None = None
+    #: ``block_layout(model) -> list[dict]`` for a family whose blocks are of more than one kind (CaiT:
+    #: ``spec.kind == "class-attention"``): each block's kind and the tokens of its queries and keys; None otherwise
+    block_layout: Callable[..., Any] | None = None
     #: ``block_heads(model) -> list[int]``, the heads of every block's attention, for such a family whose attention
     #: modules do not say it as ``num_heads`` (Hugging Face's Swins); None: read ``num_heads``
     block_heads: Callable[..., Any] | None = None
@@ -388,7 +391,6 @@ def register(family: Family) -> Family:
 #: tried: these models have a patch embedding and blocks with ``attn`` too, but no one global attention per block).
 REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
-    "cait": "class-attention layers and talking heads (CaiT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
     "hiera": "mask-unit attention over a reordered token sequence (Hiera)",
     "hieradet_sam2": "mask-unit window attention in stages (SAM 2's Hiera image encoder)",
@@ -427,7 +429,7 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
             "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
             "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids, parallel blocks), BEiT, EVA and other "
-            "RoPE models (vit_pe_*, *_rope_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/MetaCLIP 2/SigLIP "
+            "RoPE models (vit_pe_*, *_rope_*), CaiT (cait_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/MetaCLIP 2/SigLIP "
             "vision towers, torchvision ViTs, and global-attention ViTs whose attention ends in one "
             "scaled_dot_product_attention call per block (generic call-level capture: timm-style models, Hugging "
             "Face DINOv3/AIMv2/Data2Vec/BEiT on sdpa, OpenCLIP towers of open_clip's own Attention).")

@@ -34,8 +34,8 @@ Token geometry: the grid from the convolution's arithmetic at the input size (ch
 model declares, timm's ``patch_embed.grid_size``, a config's ``image_size // patch_size``), the prefix count
 as the probe forward's tokens minus the grid's cells, checked against the prefix tokens the model declares
 (timm's ``num_prefix_tokens`` or ``cls_token`` / ``dist_token`` / ``reg_token``; a transformers embedding's
-class, distillation and register tokens; open_clip's class embedding). Windowed attention (Swin, SAM), CaiT's class
-attention and XCiT's cross-covariance attention stay refused by name before this fallback is tried.
+class, distillation and register tokens; open_clip's class embedding). Windowed attention (Swin, SAM) and CaiT's class
+attention have families of their own; XCiT's cross-covariance attention stays refused by name before this fallback is tried.
 """
 from __future__ import annotations
 

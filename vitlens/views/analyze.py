@@ -36,7 +36,9 @@ def attention_distance(
 
     For a hierarchical model (Swin: ``spec.kind == "hierarchical"``) the distance is in image pixels per block
     and stage, beside the distance uniform attention over each query's window gives (``WindowedDistanceResult``,
-    ``vitlens.views.windowed``).
+    ``vitlens.views.windowed``). For a CaiT (``spec.kind == "class-attention"``) it is the distance of the
+    self-attention blocks (``ClassAttentionDistanceResult``, ``vitlens.views.class_attention``): the class-attention
+    layers' one query, the class token, has no position in the image, and the result's ``note`` says so.
 
     Args:
         m: the model.
@@ -96,7 +98,10 @@ def attention_rollout(
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
         summing to at most 1) with the model's predictions.
     """
-    if m.spec.kind == "hierarchical" and source is None:  # windowed: through the windows and patch mergings
+    if m.spec.kind == "class-attention" and source is not None:
+        raise ViewNotAvailableError(f"{m.spec.name} reads its class token through class-attention layers, not an "
+                                    "attention pool; rollout starts from that class token (source=None).")
+    if m.spec.kind in ("hierarchical", "class-attention") and source is None:  # windowed, or CaiT's two kinds of block
         acc = VIEWS["rollout"].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio))
         return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
     acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool, if asked

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidParameterError
+from .class_attention import ClassAttentionDistanceAccumulator, ClassAttentionRolloutAccumulator
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
 from .position import PositionSimilarityResult, neighbour_similarity, position_similarity
@@ -68,12 +69,16 @@ def _relpos_summary(result: Any) -> dict[str, float]:
 def _distance(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
     if m.spec.kind == "hierarchical":  # windowed stages: distance in image pixels per block and stage
         return WindowedDistanceAccumulator.for_model(m, p.renormalize)
+    if m.spec.kind == "class-attention":  # CaiT: the self-attention blocks (the class token has no position)
+        return ClassAttentionDistanceAccumulator.for_model(m, p.renormalize)
     return AttentionDistanceAccumulator.for_model(m.spec, p.renormalize)
 
 
 def _rollout(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
     if m.spec.kind == "hierarchical":  # through the windows and the patch mergings to the first stage's grid
         return WindowedRolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
+    if m.spec.kind == "class-attention":  # CaiT: from the class token through the class-attention layers, then the rest
+        return ClassAttentionRolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
     return RolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
 
 
@@ -102,7 +107,7 @@ class View:
         summary: for a weight-only view, result -> the few numbers a survey's table keeps of it
             (its "weights" rows, once per model).
         kinds: the ``ModelSpec.kind`` values the view is defined for (a hierarchical model's windows have no
-            prefix tokens: ``available_views``).
+            prefix tokens, and a CaiT's self-attention blocks none either: ``available_views``).
     """
 
     name: str
@@ -115,7 +120,7 @@ class View:
     label: str = ""
     shown_in: str = ""
     summary: Callable[[Any], dict[str, float]] | None = None
-    kinds: tuple[str, ...] = ("vit", "hybrid", "hierarchical")
+    kinds: tuple[str, ...] = ("vit", "hybrid", "hierarchical", "class-attention")
 
     @property
     def heading(self) -> str:
