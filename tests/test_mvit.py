@@ -265,7 +265,7 @@ def test_rollout_through_the_poolings_equals_a_brute_force_dense_composition():
             v = v @ (mix / mix.sum(1, keepdims=True))
         want[i] = v.reshape(16, 16) / v.max()
     np.testing.assert_allclose(got.maps, want, rtol=1e-10, atol=1e-12)
-    assert got.grid == (16, 16) and got.image_size == (64, 64)
+    assert got.grid == (16, 16) and got.image_size == (64, 64) and "poolings (stated transport" in got.source_token
 
 
 def test_one_querys_attention_is_on_its_pooled_keys():

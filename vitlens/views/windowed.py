@@ -309,7 +309,10 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         return RolloutResult(
             maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
             grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token="mean over the last stage's tokens, through the windows and patch mergings",
+            source_token="mean over the last stage's tokens, through the " + (
+                "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
+                if any(g.key_from is not None or g.query_from is not None for g in self.windows)
+                else "windows and patch mergings"),
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
             model_name=model_name(spec))
