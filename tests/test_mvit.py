@@ -223,13 +223,18 @@ def assert_pooled_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: 
     return got
 
 
-def test_distance_in_pixels_over_the_pooled_keys_equals_a_dense_float64_computation():
+def test_distance_in_pixels_over_the_pooled_keys_equals_a_dense_float64_computation(tmp_path):
     m = load(tiny_mvit())
     got = assert_pooled_distance_is_a_dense_float64_computation(m, images(3), hand_geometry())
     assert got.kinds == ("pooled",) * 4 and got.stages.tolist() == [0, 1, 1, 2]
     assert np.nanmax(got.of_window) - np.nanmin(got.of_window) > 0.1  # peaky weights: heads differ
     rows = got.to_rows()
     assert len(rows) == 1 + 2 + 2 + 4 and {r["attention"] for r in rows} == {"pooled"}
+    # each block says the grids of its queries and keys, and they survive a save and load
+    assert [(r["queries"], r["keys"]) for r in rows if r["head"] == 1] == [
+        ("16x16", "4x4"), ("8x8", "8x8"), ("8x8", "4x4"), ("4x4", "8x8")]
+    again = vl.load_result(got.save(tmp_path / "distance.json"))
+    assert again.equals(got) and again.to_rows() == rows
 
 
 def test_known_answer_uniform_attention_is_the_uniform_distance_over_the_pooled_keys():

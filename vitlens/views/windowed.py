@@ -82,6 +82,8 @@ class WindowedDistanceResult(Result):
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
         renormalize: whether weights over real keys were renormalised per query.
         model_name: the model's name.
+        query_grids: [L, 2] each block's query grid (rows, columns): its stage's (None: a result saved before).
+        key_grids: [L, 2] each block's key grid: its stage's, or the pooled grid of a pooling block (MViT v2).
     """
 
     kind = "windowed_distance"
@@ -96,6 +98,8 @@ class WindowedDistanceResult(Result):
     window_uniform_px: np.ndarray
     renormalize: bool
     model_name: str = ""
+    query_grids: np.ndarray | None = None
+    key_grids: np.ndarray | None = None
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {self.mean_px.shape[0]} blocks in {len(set(self.stages.tolist()))} "
@@ -128,9 +132,14 @@ class WindowedDistanceResult(Result):
         return (np.arange(self.mean_px.shape[0]) + 1) / self.mean_px.shape[0]
 
     def to_rows(self) -> list[dict]:
-        """One row per (block, head) the block has, both 1-based."""
+        """One row per (block, head) the block has, both 1-based (with the grids of the block's queries and keys,
+        "HxW", where the result holds them)."""
+        grids = ({} if self.query_grids is None or self.key_grids is None else
+                 {layer: {"queries": "x".join(str(int(n)) for n in self.query_grids[layer]),
+                          "keys": "x".join(str(int(n)) for n in self.key_grids[layer])}
+                  for layer in range(self.mean_px.shape[0])})
         return [{"layer": layer + 1, "stage": int(self.stages[layer]) + 1, "attention": self.kinds[layer],
-                 "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
+                 **grids.get(layer, {}), "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
                  "std_px": float(self.std_px[layer, head]),
                  "window_uniform_px": float(self.window_uniform_px[layer]),
                  "of_window": float(self.of_window[layer, head]), "n_images": self.n_images}
@@ -144,7 +153,8 @@ class WindowedDistanceResult(Result):
             raise InvalidParameterError("Only windowed distances of the same model and settings merge.")
         mean, m2, n = merge_moments(self.mean_px, self.m2, self.n_images, other.mean_px, other.m2, other.n_images)
         return WindowedDistanceResult(mean, np.sqrt(m2 / max(n, 1)), m2, n, self.image_size, self.stages, self.kinds,
-                                      self.stride_px, self.window_uniform_px, self.renormalize, self.model_name)
+                                      self.stride_px, self.window_uniform_px, self.renormalize, self.model_name,
+                                      self.query_grids, self.key_grids)
 
 
 class WindowedDistanceAccumulator(AttentionConsumer):
@@ -212,7 +222,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             stages=np.array([g.stage for g in self.windows]), kinds=tuple(g.kind for g in self.windows),
             stride_px=np.array([g.stride_px for g in self.windows]),
             window_uniform_px=np.array([t[3] for t in self._tables]), renormalize=self.renormalize,
-            model_name=model_name(spec))
+            model_name=model_name(spec), query_grids=np.array([g.grid for g in self.windows]),
+            key_grids=np.array([g.keys_grid for g in self.windows]))
 
 
 def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry]) -> torch.Tensor:
