@@ -445,8 +445,8 @@ def render_window_maps(ctx: Context, opacity: float) -> None:
     c = st.columns(3)
     layer = c[0].slider("Block", 1, len(windows), 1, key="layer") - 1
     g = windows[layer]
-    pooled = g.key_index is not None  # pooling attention (MViT v2): the keys on a grid of their own
-    keys = (f"its keys pooled to a {g.keys_grid[0]}x{g.keys_grid[1]} grid (the map below is on that grid)" if pooled
+    pooled = g.key_index is not None  # pooling attention (MViT v2, Hiera): the keys on a grid of their own
+    keys = (f"its keys on a {g.keys_grid[0]}x{g.keys_grid[1]} grid (the map below is on that grid)" if pooled
             else f"windows of {g.window_tokens} tokens")
     st.caption(f"Block {layer + 1}: stage {g.stage + 1}, {g.kind} attention over a {g.grid[0]}x{g.grid[1]} grid of "
                f"{g.stride_px[0]} px tokens, {keys}.")

@@ -44,7 +44,7 @@ def test_an_mvit_in_the_app_shows_its_pooled_keys_and_the_grids_of_its_blocks(mv
     app.radio(key="view").set_value("Attention maps").run()
     assert problems(app) == [] and any(h.value == "One query's attention" for h in app.subheader)
     assert any("poolings" in c.value for c in app.caption)
-    assert any("keys pooled to a 4x4 grid" in c.value for c in app.caption)  # block 1: 16x16 queries, 4x4 keys
+    assert any("keys on a 4x4 grid" in c.value for c in app.caption)  # block 1: 16x16 queries, 4x4 keys
     app.slider(key="layer").set_value(4).run()  # block 4: stage 3, 4x4 queries over 8x8 keys
     assert problems(app) == []
     assert any("stage 3" in c.value and "4x4 grid" in c.value and "8x8 grid" in c.value for c in app.caption)
