@@ -450,14 +450,17 @@ def render_window_maps(ctx: Context, opacity: float) -> None:
     c = st.columns(3)
     layer = c[0].slider("Block", 1, len(windows), 1, key="layer") - 1
     g = windows[layer]
+    pooled = g.key_index is not None  # pooling attention (MViT v2, Hiera): the keys on a grid of their own
+    keys = (f"its keys on a {g.keys_grid[0]}x{g.keys_grid[1]} grid (the map below is on that grid)" if pooled
+            else f"windows of {g.window_tokens} tokens")
     st.caption(f"Block {layer + 1}: stage {g.stage + 1}, {g.kind} attention over a {g.grid[0]}x{g.grid[1]} grid of "
-               f"{g.stride_px[0]} px tokens, windows of {g.window_tokens} tokens.")
+               f"{g.stride_px[0]} px tokens, {keys}.")
     row = int(c[1].number_input("Query row", 0, g.grid[0] - 1, g.grid[0] // 2, key="qr"))
     col = int(c[2].number_input("Query column", 0, g.grid[1] - 1, g.grid[1] // 2, key="qc"))
     maps = window_maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
     head_maps = windowed.query_window_attention(maps[layer], g, min(row, g.grid[0] - 1), min(col, g.grid[1] - 1))
     st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity,
-                                         patch=(row, col)), key="heads-fig")
+                                         patch=None if pooled else (row, col)), key="heads-fig")
 
 
 def render_maps(ctx: Context) -> None:
@@ -485,8 +488,8 @@ def render_maps(ctx: Context) -> None:
     st.plotly_chart(fig, key="rollout-fig")
     downloads(roll, fig, "rollout")
     if spec.kind == "hierarchical":
-        st.caption("Rolled out through the windows and the patch mergings, from the mean of the last stage's tokens "
-                   "to the first stage's grid (docs/definitions.md).")
+        st.caption("Rolled out through the windows and the patch mergings (or poolings), from the mean of the last "
+                   "stage's tokens to the first stage's grid (docs/definitions.md).")
         render_window_maps(ctx, opacity)
         return
     if spec.kind == "class-attention":

@@ -280,7 +280,7 @@ def test_eva_without_a_learned_position_table_says_so_in_the_position_view():
 
 
 @pytest.mark.parametrize("name,what", [("hiera_tiny_224", "Hiera"),
-                                       ("mvitv2_tiny", "MViT"), ("xcit_nano_12_p16_224", "XCiT"),
+                                       ("mvitv2_small_cls", "MViT v2 with a class token"), ("xcit_nano_12_p16_224", "XCiT"),
                                        ("naflexvit_base_patch16_gap", "NaFlexViT")])
 def test_remaining_refusals_name_what_is_unsupported(name, what):
     with pytest.raises(vl.UnsupportedModelError, match=what):

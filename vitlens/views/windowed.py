@@ -82,8 +82,8 @@ class WindowedDistanceResult(Result):
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
         renormalize: whether weights over real keys were renormalised per query.
         model_name: the model's name.
-        query_grids: [L, 2] the grid of each block's queries (its stage's); None in files of older versions.
-        key_grids: [L, 2] the grid of each block's keys (coarser than its queries' where the keys are pooled).
+        query_grids: [L, 2] each block's query grid (rows, columns): its stage's (None: a result saved before).
+        key_grids: [L, 2] each block's key grid: its stage's, or the pooled grid of a pooling block (MViT v2).
     """
 
     kind = "windowed_distance"
@@ -132,13 +132,14 @@ class WindowedDistanceResult(Result):
         return (np.arange(self.mean_px.shape[0]) + 1) / self.mean_px.shape[0]
 
     def to_rows(self) -> list[dict]:
-        """One row per (block, head) the block has, both 1-based."""
-        grids = {}
-        for name, arr in (("query_grid", self.query_grids), ("key_grid", self.key_grids)):
-            if arr is not None:
-                grids[name] = [f"{int(h)}x{int(w)}" for h, w in np.asarray(arr)]
+        """One row per (block, head) the block has, both 1-based (with the grids of the block's queries and keys,
+        "HxW", where the result holds them)."""
+        grids = ({} if self.query_grids is None or self.key_grids is None else
+                 {layer: {"queries": "x".join(str(int(n)) for n in self.query_grids[layer]),
+                          "keys": "x".join(str(int(n)) for n in self.key_grids[layer])}
+                  for layer in range(self.mean_px.shape[0])})
         return [{"layer": layer + 1, "stage": int(self.stages[layer]) + 1, "attention": self.kinds[layer],
-                 **{name: cells[layer] for name, cells in grids.items()}, "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
+                 **grids.get(layer, {}), "head": head + 1, "mean_px": float(self.mean_px[layer, head]),
                  "std_px": float(self.std_px[layer, head]),
                  "window_uniform_px": float(self.window_uniform_px[layer]),
                  "of_window": float(self.of_window[layer, head]), "n_images": self.n_images}
@@ -384,7 +385,10 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         return RolloutResult(
             maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
             grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token="mean over the last stage's tokens, through the windows and patch mergings",
+            source_token="mean over the last stage's tokens, through the " + (
+                "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
+                if any(g.key_from is not None or g.query_from is not None for g in self.windows)
+                else "windows and patch mergings"),
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
             model_name=model_name(spec))

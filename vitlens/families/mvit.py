@@ -1,0 +1,307 @@
+"""timm's MViT v2 (``mvitv2_*``, ``timm.models.mvitv2.MultiScaleVit``): pooling attention. Each block attends
+globally, but its keys (and values) are pooled to a coarser grid than its queries (``stride_kv``), and the
+first block of each stage pools its queries (and its residual) by ``stride_q`` to the next stage's grid; a
+decomposed relative-position term q . R_h[dy] + q . R_w[dx] (``rel_pos_type='spatial'``, offsets scaled between
+the two grids) is added to the logits; the pooled q is added to the attention's output (``residual_pooling``).
+
+Capture. timm's MViT v2 attention has no fused path: ``attn.softmax(dim=-1)`` of (q * scale) k^T plus the
+relative-position term, then ``attn @ v``. Its own probabilities are read as that one ``softmax`` call returns
+them, [B, heads, Nq, Nk] (a thread-local ``TorchFunctionMode`` around the attention's forward hands the call's
+result on, unchanged): side and inline capture are the same reading, the model's outputs bit-for-bit untouched,
+and inline with ``detach=False`` hands over the very tensor the output is computed from.
+
+Geometry (``windows``). One "window" per block holding all its queries and keys: the queries on the block's
+output grid, the keys on the pooled grid; grids are the pooling modules' own output sizes (floor((H + 2p - k) / s)
++ 1 per axis, from their kernel, stride and padding), checked against the stages' ``feat_size``. Tokens are
+placed in input pixels: the first stage's at (r + 0.5) x the patch stride (the stride cell's centre, as for every
+other family; the 7x7 patch convolution with padding 3 is centred 1.5 px above and left of it, a shift every
+centre below inherits, so no distance changes); a pooled token at the mean of the centres of the tokens its
+kernel covers inside the grid (``transport_centres``). The stated transports (rollout through the pooling): the
+keys, ``pool_k``'s kernel/stride/padding (``key_from``); the block's output tokens, the residual's own pooling
+``shortcut_pool_attn`` (max pool, kernel s + 1, stride s, padding (s + 1) // 2; the identity at stride 1), which
+in timm's configs (kernel_qkv 3x3, stride_q 2) has pool_q's kernel, stride and padding (``query_from``). Each
+pooled token is the mean of the tokens its kernel covers inside the grid: exact for the footprint, a stated
+approximation of the model's weights (``mode='conv'``: a depthwise convolution per head then a LayerNorm;
+``'max'``: the largest; ``'avg'``: timm's AvgPool2d counts the zero padding). The queries' own 3x3 pooling at
+stride 1 and the pooled-q residual inside the attention are part of the attention branch, not transported.
+
+Refused, in one line each: the class-token variants (``mvitv2_*_cls``, ``use_cls_token=True``: a prefix token
+outside every token grid, which the windowed views do not place), and timm's ``MultiScaleAttentionPoolFirst``
+(``pool_first=True``, used by no timm config: its forward multiplies q by untransposed keys and does not run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..core.attention import conv_filters
+from ..core.spec import ModelSpec
+from ..core.windows import Transport, WindowGeometry, pooling_transport, transport_centres
+from ..errors import UnsupportedModelError
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
+from .timm_vit import timm_data_config
+
+#: the pooling modes timm's MViT v2 builds (a depthwise Conv2d per head or over all channels, MaxPool2d, AvgPool2d)
+MODES = ("conv", "conv_unshared", "max", "avg")
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def pooling_of(module: nn.Module) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(kernel, stride, padding) per axis of a pooling module (Conv2d, MaxPool2d, AvgPool2d)."""
+    if getattr(module, "dilation", 1) not in (1, (1, 1)) or getattr(module, "ceil_mode", False):
+        raise UnsupportedModelError(f"a {type(module).__name__} with dilation or ceil_mode: vitlens places the tokens "
+                                    "of plain strided poolings only.")
+    return _pair(module.kernel_size), _pair(module.stride), _pair(module.padding)
+
+
+def pooled_grid(grid: tuple[int, int], module: nn.Module | None) -> tuple[int, int]:
+    """The grid a pooling module makes of ``grid`` (``grid`` itself where there is no pooling)."""
+    if module is None:
+        return grid
+    kernel, stride, padding = pooling_of(module)
+    return tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(grid, kernel, stride, padding))  # type: ignore
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """One MViT v2 block's grids: the stage, the input grid, the queries' (= the output's) and the keys' grid, the
+    pixel stride of the query grid, and the pooling modules (None: not pooled) that make them."""
+
+    stage: int
+    input_grid: tuple[int, int]
+    query_grid: tuple[int, int]
+    key_grid: tuple[int, int]
+    stride_px: tuple[int, int]
+    pool_q: nn.Module | None
+    pool_k: nn.Module | None
+    pool_skip: nn.Module | None
+
+
+class _SoftmaxCall(TorchFunctionMode):
+    """While active on this thread, hands the result of every softmax call (``Tensor.softmax``, ``torch.softmax``,
+    ``F.softmax``) to ``on_result`` and returns it unchanged; every other function runs as it is."""
+
+    FUNCS = (torch.Tensor.softmax, torch.softmax, F.softmax)
+
+    def __init__(self, on_result: Callable[[torch.Tensor], None]) -> None:
+        super().__init__()
+        self.on_result = on_result
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in self.FUNCS:
+            self.on_result(out)
+        return out
+
+
+class TimmMViTv2(Family):
+    """timm ``MultiScaleVit`` (MViT v2): pooling attention read block by block (module docstring)."""
+
+    name = "timm-mvitv2"
+    reads = ("timm MViT v2 (mvitv2_*, timm.models.mvitv2): pooling attention (keys and values pooled to a coarser "
+             "grid, queries pooled at each stage's first block) with the decomposed relative-position term and "
+             "residual pooling; distance in image pixels beside the uniform distance over the pooled keys, rollout "
+             "through the poolings with a stated transport (class-token variants refused)")
+    names = ("timm names: mvitv2_tiny, mvitv2_small, mvitv2_base, mvitv2_large (timm.list_models('mvitv2_*'); the "
+             "*_cls variants refused)",)
+    capture = CaptureAbilities(view_mode="side")  # both modes read the model's own softmax
+    attention_inputs = ("norm1",)
+
+    def matches(self, model: nn.Module) -> bool:
+        from timm.models.mvitv2 import MultiScaleVit
+
+        return isinstance(model, MultiScaleVit)
+
+    def check(self, model: nn.Module, name: str) -> None:
+        from timm.models.mvitv2 import MultiScaleAttention, MultiScaleAttentionPoolFirst, MultiScaleBlock, PatchEmbed
+
+        if getattr(model, "cls_token", None) is not None:
+            raise UnsupportedModelError(
+                f"{name!r}: MViT v2 with a class token (use_cls_token=True, the mvitv2_*_cls models) is refused: the "
+                "class token is a prefix token outside every token grid, which vitlens's windowed views do not place; "
+                "the mvitv2_* models without it are read.")
+        if type(model.patch_embed) is not PatchEmbed or not isinstance(model.patch_embed.proj, nn.Conv2d):
+            raise UnsupportedModelError(f"{name!r}: its patch embedding is a {type(model.patch_embed).__name__}; "
+                                        "vitlens reads timm.models.mvitv2's PatchEmbed (one convolution).")
+        for s, stage in enumerate(model.stages):
+            for i, block in enumerate(stage.blocks):
+                attn = getattr(block, "attn", None)
+                if type(attn) is MultiScaleAttentionPoolFirst:
+                    raise UnsupportedModelError(
+                        f"{name!r}: stage {s} block {i} is timm's MViT v2 MultiScaleAttentionPoolFirst (pool_first="
+                        "True, used by no timm config), whose forward multiplies q by untransposed keys and does not "
+                        "run; vitlens reads MultiScaleAttention (pool_first=False).")
+                if type(block) is not MultiScaleBlock or type(attn) is not MultiScaleAttention:
+                    raise UnsupportedModelError(
+                        f"{name!r}: stage {s} block {i} is a {type(block).__name__} with {type(attn).__name__}; "
+                        "vitlens reads timm.models.mvitv2's MultiScaleBlock with MultiScaleAttention exactly and "
+                        "refuses others.")
+                if attn.mode not in MODES:
+                    raise UnsupportedModelError(f"{name!r}: stage {s} block {i} pools with mode {attn.mode!r}; vitlens "
+                                                f"reads {', '.join(MODES)}.")
+        self.layout(model, self.image_size(model), name)  # the grids agree with the stages' (or a refusal)
+
+    # --- geometry -----------------------------------------------------------------------------------------------
+
+    def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
+        """(stage, block) of every block, first to last."""
+        return [(s, block) for s, stage in enumerate(model.stages) for block in stage.blocks]
+
+    def patch_grid(self, model: nn.Module, input_hw: Sequence[int]) -> tuple[int, int]:
+        """The patch convolution's output grid for an input of ``input_hw`` pixels."""
+        return pooled_grid(tuple(int(s) for s in input_hw), model.patch_embed.proj)  # type: ignore[arg-type]
+
+    def image_size(self, model: nn.Module) -> tuple[int, int]:
+        """The size the model was built for: its first stage's grid (the patch grid, img_size // patch stride,
+        where the first stage does not pool its queries: every timm config) times the patch stride. MViT v2 keeps
+        no image size; its relative-position tables and stages' grids are built for this one."""
+        stride = _pair(model.patch_embed.proj.stride)
+        first = model.stages[0].blocks[0]
+        q_stride = pooling_of(first.shortcut_pool_attn)[1] if first.shortcut_pool_attn is not None else (1, 1)
+        grid = tuple(int(g) * q for g, q in zip(model.stages[0].feat_size, q_stride))
+        return (grid[0] * stride[0], grid[1] * stride[1])
+
+    def layout(self, model: nn.Module, input_hw: Sequence[int], name: str = "") -> list[BlockLayout]:
+        """Every block's grids at an input of ``input_hw`` pixels, from the pooling modules' own kernels, strides
+        and paddings, each stage's checked against the grid the model was built for (``stage.feat_size``).
+
+        Raises:
+            UnsupportedModelError: a block's queries and residual pooled to different grids, or a stage's grid that
+                is not the one the model was built for (an input size whose grids do not divide evenly).
+        """
+        grid = self.patch_grid(model, input_hw)
+        stride = _pair(model.patch_embed.proj.stride)
+        out = []
+        for s, stage in enumerate(model.stages):
+            for i, block in enumerate(stage.blocks):
+                attn, skip = block.attn, block.shortcut_pool_attn
+                q_grid, k_grid = pooled_grid(grid, attn.pool_q), pooled_grid(grid, attn.pool_k)
+                if pooled_grid(grid, skip) != q_grid or pooled_grid(grid, attn.pool_v) != k_grid:
+                    raise UnsupportedModelError(
+                        f"{name or type(model).__name__!r}: stage {s} block {i} pools its queries to {q_grid} but its "
+                        f"residual to {pooled_grid(grid, skip)} (or its values to another grid than its keys); "
+                        "vitlens reads blocks whose outputs are one grid.")
+                if skip is not None:
+                    stride = tuple(a * b for a, b in zip(stride, pooling_of(skip)[1]))  # type: ignore[assignment]
+                out.append(BlockLayout(s, grid, q_grid, k_grid, stride, attn.pool_q, attn.pool_k, skip))  # type: ignore
+                grid = q_grid
+            if tuple(int(g) for g in stage.feat_size) != grid:
+                raise UnsupportedModelError(
+                    f"{name or type(model).__name__!r}: at {input_hw[0]}x{input_hw[1]} pixels stage {s}'s tokens are "
+                    f"{grid[0]}x{grid[1]}, not the {stage.feat_size[0]}x{stage.feat_size[1]} it was built for (its "
+                    "poolings do not divide the grid evenly); build the model at a size whose grids do.")
+        return out
+
+    def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
+        """Every block's geometry: one window of all its queries (its output grid) and all its keys (the pooled
+        grid), their centres in input pixels and the stated transports (module docstring)."""
+        layout = self.layout(model, input_hw)
+        first = layout[0]
+        (gh, gw), (sy, sx) = first.input_grid, _pair(model.patch_embed.proj.stride)
+        ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
+        centres = np.stack([ys.ravel(), xs.ravel()], axis=1)  # the input grid's, updated block by block
+        out = []
+        for b in layout:
+            query_from = _transport(b.input_grid, b.pool_skip, b.query_grid)
+            query_centres = centres if query_from is None else transport_centres(query_from, centres)
+            key_from = _transport(b.input_grid, b.pool_k, b.key_grid)
+            key_centres = centres if key_from is None else transport_centres(key_from, centres)
+            nq, nk = b.query_grid[0] * b.query_grid[1], b.key_grid[0] * b.key_grid[1]
+            pooled = b.pool_q is not None or b.pool_k is not None
+            out.append(WindowGeometry(
+                stage=b.stage, grid=b.query_grid, stride_px=b.stride_px, index=np.arange(nq, dtype=np.int64)[None],
+                allowed=np.ones((1, nq, nk), dtype=bool), kind="pooled" if pooled else "global",
+                key_index=np.arange(nk, dtype=np.int64)[None], key_grid=b.key_grid, query_centres=query_centres,
+                key_centres=key_centres, input_grid=b.input_grid, key_from=key_from, query_from=query_from))
+            centres = query_centres
+        return out
+
+    # --- spec and capture ---------------------------------------------------------------------------------------
+
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        image = self.image_size(model)
+        refuse_other_size(name, self.name, image, input_size)
+        blocks = self.blocks(model)
+        return ModelSpec(
+            name=name, kind="hierarchical", image_size=image, grid=self.patch_grid(model, image),
+            stride_px=_pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
+            num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.patch_embed.proj.out_channels),
+            has_class_token=False, has_pos_embed=model.pos_embed is not None,
+            num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
+            family=self.name)
+
+    def block_heads(self, model: nn.Module) -> list[int]:
+        """The heads of every block's attention, first block first (they double at each stage)."""
+        return [int(block.attn.num_heads) for _s, block in self.blocks(model)]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [block.attn for _s, block in self.blocks(model)]
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            _read_softmax(attn, layer, capture, handles, detach=True)
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            _read_softmax(attn, layer, capture, handles, detach=capture.detach)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.proj  # the heads (attention output plus pooled q) meet at the output projection
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        if model.pos_embed is None:
+            return None
+        return model.pos_embed.detach(), spec.grid
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return ("MViT v2 adds a decomposed relative-position term (q . R_h + q . R_w) to each block's logits instead "
+                "of a learned absolute position table (use_abs_pos=False)")
+
+    def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return ("its relative-position term is q . R_h[dy] + q . R_w[dx], which depends on each query, not a bias "
+                "table over offsets")
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return timm_data_config(model, spec)
+
+
+def _transport(fine: tuple[int, int], pool: nn.Module | None, coarse: tuple[int, int]) -> Transport | None:
+    """The stated transport of a pooling module (each pooled token the mean of the tokens its kernel covers inside
+    the grid), None where there is none."""
+    if pool is None:
+        return None
+    kernel, stride, padding = pooling_of(pool)
+    return pooling_transport(fine, kernel, stride, padding, coarse)
+
+
+def _read_softmax(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles, detach: bool) -> None:
+    """The attention's own probabilities [B, heads, Nq, Nk] as its one softmax call returns them (its forward run as
+    it is, inside ``_SoftmaxCall``); detached in float32 unless ``detach`` is False."""
+    original = attn.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        seen: list[torch.Tensor] = []
+        with _SoftmaxCall(seen.append):
+            result = original(*args, **kwargs)
+        if len(seen) != 1:
+            raise UnsupportedModelError(f"MViT v2 block {layer}: its attention made {len(seen)} softmax calls; vitlens "
+                                        "reads the one of timm's MultiScaleAttention.")
+        capture(layer, seen[0].detach().float() if detach else seen[0])
+        return result
+
+    handles.set_attr(attn, "forward", forward)
+
+
+register(TimmMViTv2())
