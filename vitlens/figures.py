@@ -286,6 +286,9 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
     shown = [0] if shared else list(range(layers)) if layer is None else [layer]
     dys, dxs = result.offsets
     values = result.bias[shown]
+    # blocks with fewer heads than others (Swin's early stages) are NaN at the heads they lack: panels for the
+    # heads some shown block has
+    heads = int(max(np.flatnonzero(~np.isnan(result.bias[l]).all(axis=(-2, -1))).max(initial=0) + 1 for l in shown))
     low, high = float(np.nanmin(values)), float(np.nanmax(values))  # NaN: an offset or head a block has not
     both = low < 0 < high
     reach = max(-low, high)
