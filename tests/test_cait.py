@@ -295,3 +295,35 @@ def test_a_cait_in_the_app_shows_its_views_and_refuses_the_rest_in_one_line():
     assert problems(app) == [] and any("class-attention" in i.value for i in app.info) and not app.error
     app.radio(key="view").set_value("Filters").run()
     assert problems(app) == []
+
+
+def test_a_survey_of_a_cait_merges_exactly_and_equals_its_views():
+    """A survey's statistics of a CaiT: the self-attention blocks' distance (per head, per class) and the rollout
+    from the class token merge exactly across shards in any order and equal one process's views."""
+    from vitlens.survey import shapes_source
+    from vitlens.survey.sources import Shard
+    from vitlens.survey.stats import merge
+    from vitlens.survey.store import distance_result, table_rows
+    from vitlens.survey.worker import run_shard
+    from vitlens.views.distance import FLOAT32_RTOL
+
+    m = vl.LoadedModel.from_module(tiny_cait(), name="tiny-cait")
+    source, n, views = shapes_source(5), 5, ("distance", "rollout", "predictions")
+    whole = run_shard(m, source, Shard(0, 0, n), views, batch_size=3)["states"]
+    parts = [run_shard(m, source, s, views, batch_size=2)["states"] for s in source.shards(2)]
+    for order in (parts, parts[::-1]):
+        merged = order[0]
+        for p in order[1:]:
+            merged = merge(merged, p)
+        # shards of other batch sizes: the float32 attention of a batch of 2 and of 3 may round differently
+        np.testing.assert_allclose(merged["distance"]["mean"], whole["distance"]["mean"], rtol=FLOAT32_RTOL)
+        np.testing.assert_allclose(merged["rollout"]["sums"], whole["rollout"]["sums"], rtol=1e-6)
+    images_, _labels, _masks, _skipped = source.read(Shard(0, 0, n))
+    direct = vl.attention_distance(m, images_, batch_size=3)
+    surveyed = distance_result(whole, m.spec.to_dict(), "tiny-cait")
+    assert surveyed.mean_px.shape == direct.mean_px.shape  # the self-attention blocks only
+    # the worker's plan may read the maps by blocks of rows: the same numbers within the float32 bound
+    np.testing.assert_allclose(surveyed.mean_px, direct.mean_px, rtol=FLOAT32_RTOL)
+    rows = table_rows("tiny-cait", m.spec.to_dict(), whole, n, list(source.classes), {})
+    assert max(r["layer"] or 0 for r in rows) == direct.mean_px.shape[0]
+    assert whole["rollout"]["counts"][1] == n  # the entropy of every image's rollout over the patches

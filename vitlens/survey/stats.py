@@ -32,6 +32,7 @@ from ..views.distance import (AttentionDistanceAccumulator, AttentionDistanceRes
                               merge_moments)
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..views.rollout import RolloutAccumulator
+from ..views.class_attention import ClassAttentionDistanceAccumulator, ClassAttentionRolloutAccumulator
 from ..views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
 
 
@@ -42,6 +43,13 @@ class SurveyDistance(AttentionConsumer):
         self.all = AttentionDistanceAccumulator.for_model(m.spec, renormalize) if m is not None else None
         self.num_classes = num_classes
         layers, heads = (m.spec.num_layers, m.spec.num_heads) if m is not None else (0, 0)
+        #: blocks read: all of a ViT's; a CaiT's self-attention blocks (its class-attention layers' one query, the
+        #: class token, has no position: ``vitlens.views.class_attention``)
+        self.depth = layers
+        if m is not None and m.spec.kind == "class-attention":
+            self.depth = ClassAttentionDistanceAccumulator.for_model(m, renormalize).depth
+            self.all = AttentionDistanceAccumulator(self.depth, heads, 0, m.spec.stride_px, renormalize)
+            self.reads_class_attention, layers = True, self.depth
         self.class_mean = np.zeros((num_classes, layers, heads))
         self.class_m2 = np.zeros((num_classes, layers, heads))
         self.class_n = np.zeros((num_classes, layers), dtype=np.int64)
@@ -60,6 +68,8 @@ class SurveyDistance(AttentionConsumer):
         self._labels = batch.labels
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        if layer >= self.depth:  # a CaiT's class-attention layer: no distance
+            return
         d = self.all.layer_values(layer, attn, rows)
         if d is None:
             return
@@ -223,6 +233,8 @@ class RolloutStats(AttentionConsumer):
         self.rollout: Any = None
         if m is not None and m.spec.kind == "hierarchical":  # through the windows and stages to the first grid
             self.rollout, self.reads_windows = WindowedRolloutAccumulator.for_model(m), True
+        elif m is not None and m.spec.kind == "class-attention":  # CaiT: from the class token through both kinds
+            self.rollout, self.reads_class_attention = ClassAttentionRolloutAccumulator.for_model(m), True
         elif m is not None:
             self.rollout = RolloutAccumulator.for_model(m)
         self.sums = np.zeros(len(self.METRICS))
@@ -245,6 +257,8 @@ class RolloutStats(AttentionConsumer):
         row = self.rollout.batch_row().cpu().numpy()
         if isinstance(self.rollout, WindowedRolloutAccumulator):  # no prefix tokens; the first block's input grid
             p, grid = 0, self.rollout.windows[0].in_grid
+        elif isinstance(self.rollout, ClassAttentionRolloutAccumulator):  # the row over the patches
+            p, grid = 0, self.rollout.grid
         else:
             p, grid = self.rollout.num_prefix_tokens, self.rollout.grid
         patch = row[:, p:]
@@ -287,7 +301,8 @@ class RolloutStats(AttentionConsumer):
 class Predictions(AttentionConsumer):
     """Correct predictions overall and per class (images with labels; label -1 = unknown)."""
 
-    reads_windows = True  # it reads the logits, no attention map: a hierarchical model's as any other's
+    # it reads the logits, no attention map: a hierarchical model's or a CaiT's as any other's
+    reads_windows = reads_class_attention = True
 
     def __init__(self, has_classifier: bool, num_classes: int = 0) -> None:
         self.has_classifier = has_classifier

@@ -241,12 +241,17 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
         else:
             self._class.append(fused[:, 0])  # [B, 1 + N]: the class token's one row
 
-    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+    def batch_row(self) -> torch.Tensor:
+        """[B, N] the batch's rolled-out row over the patches (``class_attention_rollout_row``); the blocks' maps
+        are let go (a survey's rollout statistics read it)."""
         if len(self._self) + len(self._class) != len(self.layout) or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
         row = class_attention_rollout_row(self._self, self._class, self.from_class_token)
         self._self, self._class = [], []
-        maps = row_map(row, 0, self.grid)
+        return row
+
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
+        maps = row_map(self.batch_row(), 0, self.grid)
         self._maps.append(maps)
         preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
         self._preds.append(preds)
