@@ -57,7 +57,7 @@ def test_gradcam_on_swin_is_pytorch_grad_cam_called_directly_on_the_last_stage(s
     r = vl.attribute(swin, x, method="gradcam")
     assert r.params["target_layer"] == "layers.2.blocks.1"  # the last stage's last block (TimmSwin.cam_layer)
     assert r.grid == (4, 4) and r.maps.shape == (2, 4, 4) and tuple(r.stride_px) == (16, 16)
-    assert "coarser than the 16x16 patch grid" in r.note and "stage 3" in r.note
+    assert "on stage 3's (the last) 4x4 grid (16 px cells), coarser than the 16x16 patch grid" in r.note
     assert r.upsampled().shape == (2, SIZE, SIZE)  # shown on the input, as every map
     assert np.all(r.maps >= 0) and np.all(r.maps.reshape(2, -1).max(1) > 0)
     # the reference: a fresh copy of the same weights (trainable, as the package expects), the package's own

@@ -475,8 +475,10 @@ def attribute(
         notes.append("explains the image-text cosine similarity to the prompt")
     stride = map_stride(m, map_grid, size) if map_grid is not None else tuple(m.spec.stride_px)
     if map_grid is not None and map_grid != tuple(grid):
-        stage = next((i for i, (g, _s) in enumerate(stage_layouts(m)) if g == map_grid), None)
-        where = f"stage {stage + 1}'s" if stage is not None else "the layer's"
+        layouts = stage_layouts(m)
+        stage = next((i for i, (g, _s) in enumerate(layouts) if g == map_grid), None)
+        where = ("the layer's" if stage is None else
+                 f"stage {stage + 1}'s" + (" (the last)" if stage == len(layouts) - 1 else ""))
         notes.append(f"on {where} {map_grid[0]}x{map_grid[1]} grid ({stride[0]} px cells), coarser than the "
                      f"{grid[0]}x{grid[1]} patch grid ({m.spec.stride_px[0]} px) of the first stage")
         grid = map_grid
