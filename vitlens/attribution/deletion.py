@@ -114,7 +114,8 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
         blurred = rise_blur(x)
         for i in range(x.shape[0]):
             j = offset + i
-            masks = removal_masks(attribution.maps[j:j + 1], None, True, m.spec.stride_px, (h, w), "pixel", ordering,
+            masks = removal_masks(attribution.maps[j:j + 1], None, True, attribution.cell_px(m.spec.stride_px), (h, w),
+                                  "pixel", ordering,
                                   counts=counts)[0].to(x.device)[:, None]  # [S, 1, H, W]
             deleted = torch.where(masks, torch.zeros_like(x[i:i + 1]), x[i:i + 1])
             inserted = torch.where(masks, x[i:i + 1], blurred[i:i + 1])
@@ -173,7 +174,7 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
     text = prompt_embeddings(m, attribution)
-    grid = attribution.grid
+    grid, cell = attribution.grid, attribution.cell_px(m.spec.stride_px)  # a stage's cells for a Swin's CAM
     n_tok = grid[0] * grid[1]
     counts = [round(n_tok * s / steps) for s in range(steps + 1)]
     fractions = np.asarray(counts, dtype=np.float64) / n_tok
@@ -185,7 +186,7 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
             j = offset + i
             values = attribution.maps[j].reshape(-1)
             order = np.argsort(-(np.abs(values) if ordering == "absolute" else values), kind="stable")
-            masks = _token_masks(order, grid, m.spec.stride_px, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
+            masks = _token_masks(order, grid, cell, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
             deleted = torch.where(masks, base[i:i + 1], x[i:i + 1])
             inserted = torch.where(masks, x[i:i + 1], base[i:i + 1])
             out = m.logits(torch.cat([deleted, inserted]))
