@@ -77,7 +77,8 @@ class WindowedDistanceResult(Result):
         n_images: images averaged.
         image_size: (H, W) input pixels.
         stages: [L] the stage of each block.
-        kinds: each block's attention: "window", "shifted window" or "global".
+        kinds: each block's attention: "window", "shifted window", "global", or for a pooling block "query-pooled
+            window" / "query-pooled global" (Hiera) or "pooled" (``WindowGeometry.kind``).
         stride_px: [L, 2] pixels between the tokens of each block's stage.
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
         renormalize: whether weights over real keys were renormalised per query.
@@ -309,7 +310,9 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         return RolloutResult(
             maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
             grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token="mean over the last stage's tokens, through the windows and patch mergings",
+            source_token="mean over the last stage's tokens, through the windows and " + (
+                "the pooling's stated transports" if any(g.query_from is not None or g.key_from is not None
+                                                         for g in self.windows) else "patch mergings"),
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
             model_name=model_name(spec))
