@@ -56,6 +56,16 @@ def tiny_hf(classifier: bool = True, seed: int = 0) -> nn.Module:
     return model
 
 
+def build(which: str, fused: bool = False) -> nn.Module:
+    """timm's default Hiera, timm's abs-win variant (its residual pooled as [max, mean] without a projection,
+    layer scale, a window position table), or transformers' classifier."""
+    if which == "hf":
+        return tiny_hf()
+    extra = dict(abs_win_pos_embed=True, global_pos_size=(4, 6), use_expand_proj=False, init_values=0.5) \
+        if which == "timm-abswin" else {}
+    return tiny_timm(fused=fused, **extra)
+
+
 def blocks(model: nn.Module) -> list[nn.Module]:
     base = getattr(model, "hiera", model)
     if hasattr(base, "encoder"):
@@ -113,10 +123,10 @@ EXPECTED = [  # (stage, query grid, key grid, stride, kind, unrolls left for the
     (2, (4, 6), (8, 12), (16, 16), "query-pooled window", 1, 6), (3, (2, 3), (4, 6), (32, 32), "query-pooled global", 0, 1)]
 
 
-@pytest.mark.parametrize("which", ["timm", "hf"])
+@pytest.mark.parametrize("which", ["timm", "timm-abswin", "hf"])
 def test_the_token_order_and_windows_are_the_hand_derived_unroll(which):
-    m = load(tiny_timm() if which == "timm" else tiny_hf())
-    assert m.family.name == f"{which}-hiera" and m.spec.kind == "hierarchical"
+    m = load(build(which))
+    assert m.family.name == f"{which[:4].rstrip('-')}-hiera" and m.spec.kind == "hierarchical"
     assert m.spec.grid == (16, 24) and m.spec.stride_px == (4, 4) and m.spec.image_size == IMG
     windows = m.family.windows(m.model, m.spec.image_size)
     assert [(g.stage, g.grid, g.keys_grid, g.stride_px, g.kind) for g in windows] == [e[:5] for e in EXPECTED]
@@ -188,10 +198,10 @@ def recording_feeds(model: nn.Module) -> tuple[list[torch.Tensor], list]:
     return feeds, hooks
 
 
-@pytest.mark.parametrize("which, fused", [("timm", False), ("timm", True), ("hf", False)])
+@pytest.mark.parametrize("which, fused", [("timm", False), ("timm", True), ("timm-abswin", True), ("hf", False)])
 @pytest.mark.parametrize("mode", ["side", "inline"])
 def test_capture_is_the_blocks_own_attention_and_leaves_the_outputs(which, fused, mode):
-    model = tiny_timm(fused=fused) if which == "timm" else tiny_hf()
+    model = build(which, fused)
     m = load(model)
     x = images()
     with torch.no_grad():
@@ -210,7 +220,7 @@ def test_capture_is_the_blocks_own_attention_and_leaves_the_outputs(which, fused
     for block, feed, got, g in zip(blocks(model), feeds, cap.maps, windows):
         assert got.shape == (x.shape[0] * g.num_windows, got.shape[1], g.window_tokens, g.key_tokens)
         torch.testing.assert_close(got.double(), reference_probs(block, feed), rtol=0, atol=1e-5)
-    if which == "timm":
+    if which != "hf":
         assert all(b.attn.fused_attn == fused for b in model.blocks)  # the session's switch undone
 
 

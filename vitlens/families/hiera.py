@@ -154,14 +154,15 @@ def _run_block(block: nn.Module, attn_out: torch.Tensor, x: torch.Tensor, d: Dia
 
 
 def _one_hot(n: int, start: int, stop: int) -> torch.Tensor:
-    x = torch.zeros(1, n, stop - start, dtype=torch.float64)
+    """[1, n, stop - start]: channel j the one-hot of position start + j (float32: 0 and 1, maxima and copies exact)."""
+    x = torch.zeros(1, n, stop - start, dtype=torch.float32)
     x[0, torch.arange(start, stop), torch.arange(stop - start)] = 1.0
     return x
 
 
 def _sets(parts: list[torch.Tensor], n: int) -> np.ndarray:
     """[..., n] bool: which of the n input positions each row's channels hold (parts: the chunks' channels)."""
-    return torch.cat(parts, dim=-1).ne(0).numpy()[..., :n]
+    return np.concatenate([p.ne(0).numpy() for p in parts], axis=-1)[..., :n]
 
 
 def _cells(sets: np.ndarray, tokens: np.ndarray, grid: tuple[int, int], stride: tuple[int, int],
@@ -170,31 +171,28 @@ def _cells(sets: np.ndarray, tokens: np.ndarray, grid: tuple[int, int], stride: 
     (input grid tokens ``tokens`` at them) must be exactly one whole ``stride`` block of the input grid."""
     h, w = grid
     sy, sx = stride
-    out = np.empty(sets.shape[0], dtype=np.int64)
-    for i, row in enumerate(sets):
-        held = np.sort(tokens[np.flatnonzero(row)])
-        if held.size == 0:
-            raise UnsupportedModelError(f"{what}: a token holds no input token; vitlens cannot place it.")
-        r, c = divmod(int(held[0]), w)
-        want = np.array([(r + a) * w + c + b for a in range(sy) for b in range(sx)])
-        if r % sy or c % sx or held.size != want.size or not np.array_equal(held, want):
-            raise UnsupportedModelError(f"{what}: a token pools tokens {held.tolist()} of the {h}x{w} grid, not one "
-                                        f"{sy}x{sx} block; vitlens reads Hiera's 2-D max pools only.")
-        out[i] = (r // sy) * (w // sx) + c // sx
-    return out
+    k = sy * sx
+    counts = sets.sum(1)
+    if not (counts == k).all():
+        raise UnsupportedModelError(f"{what}: a token holds {int(counts[counts != k][0])} input tokens, not the "
+                                    f"{sy}x{sx} = {k} of its pooling; vitlens cannot place it.")
+    held = np.sort(tokens[np.nonzero(sets)[1].reshape(-1, k)], axis=1)  # [rows, k] input grid tokens
+    r, c = np.divmod(held[:, 0], w)
+    want = ((r[:, None] + np.repeat(np.arange(sy), sx)[None]) * w + c[:, None] + np.tile(np.arange(sx), sy)[None])
+    bad = (r % sy != 0) | (c % sx != 0) | (held != want).any(1)
+    if bad.any():
+        raise UnsupportedModelError(f"{what}: a token pools tokens {held[bad][0].tolist()} of the {h}x{w} grid, not "
+                                    f"one {sy}x{sx} block; vitlens reads Hiera's 2-D max pools only.")
+    return (r // sy) * (w // sx) + c // sx
 
 
 def _pool_transport(sets: np.ndarray, tokens: np.ndarray, cells: np.ndarray, coarse: int, fine: int) -> Transport:
     """Each pooled token the mean of the fine tokens it max-pools (the rows' positions, read from the model)."""
-    rows, cols, weights = [], [], []
-    for row, cell in zip(sets, cells):
-        held = tokens[np.flatnonzero(row)]
-        rows += [int(cell)] * held.size
-        cols += held.tolist()
-        weights += [1.0 / held.size] * held.size
-    order = np.argsort(np.array(rows) * fine + np.array(cols), kind="stable")
-    return Transport(np.array(rows, dtype=np.int64)[order], np.array(cols, dtype=np.int64)[order],
-                     np.array(weights)[order], (coarse, fine))
+    row, pos = np.nonzero(sets)
+    rows, cols = cells[row].astype(np.int64), tokens[pos].astype(np.int64)
+    weights = 1.0 / sets.sum(1)[row]
+    order = np.lexsort((cols, rows))
+    return Transport(rows[order], cols[order], weights[order], (coarse, fine))
 
 
 def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequence[tuple[int, nn.Module]],
