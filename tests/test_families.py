@@ -279,7 +279,7 @@ def test_eva_without_a_learned_position_table_says_so_in_the_position_view():
     assert "rotary embeddings" in vl.analyze(m, torch.randn(1, 3, 56, 56), n_components=2).position_note
 
 
-@pytest.mark.parametrize("name,what", [("sam2_hiera_tiny", "SAM 2"), ("cait_xxs24_224", "CaiT"),
+@pytest.mark.parametrize("name,what", [("cait_xxs24_224", "CaiT"),
                                        ("mvitv2_tiny", "MViT"), ("xcit_nano_12_p16_224", "XCiT"),
                                        ("naflexvit_base_patch16_gap", "NaFlexViT")])
 def test_remaining_refusals_name_what_is_unsupported(name, what):

@@ -263,7 +263,8 @@ def dense(probs: torch.Tensor, g) -> np.ndarray:
     kh, kw = g.keys_grid
     out = np.zeros((p.shape[0], g.grid[0] * g.grid[1], kh * kw))
     for w in range(g.num_windows):
-        out[:, g.index[w][:, None], g.keys[w][None, :]] += p[:, w]
+        rq, rk = g.index[w] >= 0, g.keys[w] >= 0  # padding queries and keys dropped
+        out[:, g.index[w][rq][:, None], g.keys[w][rk][None, :]] += p[:, w][:, rq][:, :, rk]
     return out
 
 
@@ -271,7 +272,9 @@ def centres(grid: tuple[int, int], stride: tuple[int, int]) -> np.ndarray:
     return np.array([((r + 0.5) * stride[0], (c + 0.5) * stride[1]) for r in range(grid[0]) for c in range(grid[1])])
 
 
-def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor) -> vl.WindowedDistanceResult:
+def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor,
+                                                  kinds: tuple[str, ...] = tuple(e[4] for e in EXPECTED)
+                                                  ) -> vl.WindowedDistanceResult:
     """``vl.attention_distance`` against float64 over dense query-by-key matrices: queries at their stage's
     centres, keys at the centres of their own grid (a pooling block's input grid), in pixels; the window-uniform
     distance against the mean over each query of the mean distance to its window's keys."""
@@ -296,7 +299,7 @@ def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.T
         allowed = dense(torch.ones(g.num_windows, 1, g.window_tokens, g.key_tokens)[:, 0], g)[0] > 0
         want_uniform = ((d * allowed).sum(-1) / allowed.sum(-1)).mean()
         assert got.window_uniform_px[layer] == pytest.approx(want_uniform, rel=1e-12)
-    assert got.kinds == tuple(e[4] for e in EXPECTED)
+    assert got.kinds == kinds
     return got
 
 
@@ -401,3 +404,109 @@ def test_a_vit_view_is_refused_for_hiera_in_one_line():
     m = load(tiny_timm())
     with pytest.raises(vl.UnsupportedModelError, match="attention_maps.*hierarchical"):
         vl.attention_maps(m, images(1))
+
+
+# ------------------------------------------------------------------------------------- SAM 2's Hiera (HieraDet)
+DET_KINDS = ("window", "query-pooled window", "window", "query-pooled window", "global", "query-pooled window")
+
+
+def tiny_hieradet(fused: bool = False, seed: int = 0) -> nn.Module:
+    """timm's HieraDet on the 16x24 grid: 4x4 windows in stage 0, 2x2 in stage 1, a global block in stage 2, and a
+    last pooling block whose 4x4 windows pad its 4x6 input to 4x8 (padding keys, and pooled queries that are
+    padding)."""
+    import timm
+
+    torch.manual_seed(seed)
+    model = timm.create_model("sam2_hiera_tiny", pretrained=False, embed_dim=8, num_heads=1, stages=(1, 2, 2, 1),
+                              window_spec=(4, 2, 4, 2), global_att_blocks=(4,), global_pos_size=(4, 4),
+                              num_classes=5, pretrained_cfg_overlay=dict(input_size=(3, *IMG))).eval()
+    _peaky([b.attn.qkv for b in model.blocks], seed)
+    for b in model.blocks:
+        b.attn.fused_attn = fused
+    return model
+
+
+def padded_windows(grid: tuple[int, int], window: int) -> np.ndarray:
+    """SAM's partition written out: the grid padded to whole windows (bottom, right), windows row-major, positions
+    row-major inside; window 0 means one window over the whole grid. [windows, N], -1 = padding."""
+    h, w = grid
+    if window == 0:
+        return np.arange(h * w)[None]
+    hp, wp = -(-h // window) * window, -(-w // window) * window
+    padded = np.full((hp, wp), -1)
+    padded[:h, :w] = np.arange(h * w).reshape(h, w)
+    return np.stack([padded[r:r + window, c:c + window].ravel() for r in range(0, hp, window)
+                     for c in range(0, wp, window)])
+
+
+def test_hieradet_windows_are_the_padded_partition_with_queries_pooled_inside_each_window():
+    m = load(tiny_hieradet())
+    assert m.family.name == "timm-hieradet" and m.spec.grid == (16, 24) and m.spec.image_size == IMG
+    windows = m.family.windows(m.model, m.spec.image_size)
+    assert tuple(g.kind for g in windows) == DET_KINDS
+    assert [g.grid for g in windows] == [(16, 24), (8, 12), (8, 12), (4, 6), (4, 6), (2, 3)]
+    for g, block in zip(windows, m.model.blocks):
+        ws = block.window_size[0]
+        pooled = block.q_stride is not None
+        np.testing.assert_array_equal(g.keys, padded_windows(g.keys_grid, ws))
+        np.testing.assert_array_equal(g.index, padded_windows(g.grid, ws // 2 if pooled else ws))
+        np.testing.assert_array_equal(g.allowed, np.broadcast_to((g.keys >= 0)[:, None, :], g.allowed.shape))
+        if pooled:
+            np.testing.assert_array_equal(g.query_from.dense(), hand_pool(g.keys_grid))
+    assert (windows[-1].index < 0).sum() == 2 and (windows[-1].keys < 0).sum() == 8  # the padded last block
+
+
+def hieradet_reference(block: nn.Module, feed: torch.Tensor) -> torch.Tensor:
+    """A HieraDet block's attention written out in float64: its normalised input padded to whole windows with
+    zeros, cut into windows (row-major), q, k from its qkv weights, q max-pooled over 2x2 inside each window where
+    the block pools, softmax(q k^T / sqrt(d)) over the window's keys, padding included as the model attends it."""
+    attn = block.attn
+    x = feed.double()
+    b, h, w, c = x.shape
+    ws = block.window_size[0] or None
+    if ws:
+        x = torch.nn.functional.pad(x, (0, 0, 0, (-w) % ws, 0, (-h) % ws))
+        hp, wp = x.shape[1:3]
+        x = x.reshape(b, hp // ws, ws, wp // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws, ws, c)
+    heads = attn.num_heads
+    qkv = torch.nn.functional.linear(x, attn.qkv.weight.double(), attn.qkv.bias.double())
+    q, k, _v = qkv.reshape(*x.shape[:3], 3, heads, -1).unbind(3)  # [B*, H, W, heads, d]
+    if block.q_stride is not None:
+        n, hh, ww = q.shape[:3]
+        q = q.reshape(n, hh // 2, 2, ww // 2, 2, heads, -1).amax((2, 4))
+    d = q.shape[-1]
+    q, k = q.flatten(1, 2), k.flatten(1, 2)
+    return (torch.einsum("nqhd,nkhd->nhqk", q, k) * d ** -0.5).softmax(-1)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("mode", ["side", "inline"])
+def test_hieradet_capture_is_the_blocks_own_attention_and_leaves_the_outputs(fused, mode):
+    model = tiny_hieradet(fused=fused)
+    m = load(model)
+    x = images()
+    with torch.no_grad():
+        plain = m.logits(x)
+        feeds, hooks = recording_feeds(model)
+        with vl.capture_attention(m, mode=mode) as cap:
+            out = m.logits(x)
+        for h in hooks:
+            h.remove()
+    if mode == "side" or not fused:
+        assert torch.equal(out, plain)
+    else:
+        torch.testing.assert_close(out, plain, rtol=0, atol=1e-5)
+    assert len(cap.maps) == len(model.blocks) == len(feeds)
+    for block, feed, got in zip(model.blocks, feeds, cap.maps):
+        torch.testing.assert_close(got.double(), hieradet_reference(block, feed), rtol=0, atol=1e-5)
+    assert all(b.attn.fused_attn == fused for b in model.blocks)
+
+
+def test_hieradet_distance_rollout_and_analyze():
+    m = load(tiny_hieradet())
+    assert_distance_is_a_dense_float64_computation(m, images(3), DET_KINDS)
+    assert_rollout_is_a_brute_force_dense_composition(m, images(2))
+    a = vl.analyze(m, images(2))
+    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 24)
+    table, grid = m.family.position_table(m.model, m.spec)
+    torch.testing.assert_close(table.reshape(1, *grid, -1), m.model._pos_embed(torch.zeros(1, *grid, 8)))

@@ -390,7 +390,6 @@ REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "cait": "class-attention layers and talking heads (CaiT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
-    "hieradet_sam2": "mask-unit window attention in stages (SAM 2's Hiera image encoder)",
     "mvitv2": "pooling attention, keys and values at a coarser grid than the queries (MViT v2)",
 }
 
