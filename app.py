@@ -445,14 +445,17 @@ def render_window_maps(ctx: Context, opacity: float) -> None:
     c = st.columns(3)
     layer = c[0].slider("Block", 1, len(windows), 1, key="layer") - 1
     g = windows[layer]
+    keys = "" if g.keys_grid == g.grid else (f"; its keys are the {g.keys_grid[0]}x{g.keys_grid[1]} grid of tokens "
+                                             f"entering the block, {g.key_tokens} a window (the map shows them)")
     st.caption(f"Block {layer + 1}: stage {g.stage + 1}, {g.kind} attention over a {g.grid[0]}x{g.grid[1]} grid of "
-               f"{g.stride_px[0]} px tokens, windows of {g.window_tokens} tokens.")
+               f"{g.stride_px[0]} px tokens, windows of {g.window_tokens} tokens{keys}.")
     row = int(c[1].number_input("Query row", 0, g.grid[0] - 1, g.grid[0] // 2, key="qr"))
     col = int(c[2].number_input("Query column", 0, g.grid[1] - 1, g.grid[1] // 2, key="qc"))
     maps = window_maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
     head_maps = windowed.query_window_attention(maps[layer], g, min(row, g.grid[0] - 1), min(col, g.grid[1] - 1))
+    # the query outlined where the map is on its own grid (a pooling block's map is on its keys' finer grid)
     st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity,
-                                         patch=(row, col)), key="heads-fig")
+                                         patch=(row, col) if g.keys_grid == g.grid else None), key="heads-fig")
 
 
 def render_maps(ctx: Context) -> None:

@@ -558,11 +558,10 @@ def _read_returned(attn: nn.Module, layer: int, capture: CaptureRequest, handles
 # --------------------------------------------------------------------------------------- SAM 2's Hiera (HieraDet)
 def _hieradet_step(block: nn.Module, x: torch.Tensor, zero: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q [windows, Nq, c], k [windows, Nk, c], the block's output [H', W', c]) of a HieraDet ``MultiScaleBlock``'s own
-    forward on one-hot channels ``x`` [1, H, W, c]: its norms the identity, its MLP zero, its attention on a stand-in
-    (one head of c channels, ``qkv`` three copies, ``proj`` the identity, scale 1, the non-fused path) whose
-    probabilities times v is answered with q (``zero``: with zeros, the output then the residual alone)."""
+    forward on coded channels ``x`` [1, H, W, c] (``_coded``): its norms the identity, its MLP zero, its attention on
+    a stand-in (one head of c channels, ``qkv`` three copies, ``proj`` the identity, scale 1, the non-fused path)
+    whose probabilities times v is answered with q (``zero``: with zeros, the output then the residual alone)."""
     attn = block.attn
-    c = x.shape[-1]
     stand_in = StandIn(attn, qkv=_triple, proj=_identity, scale=1.0, num_heads=1, fused_attn=False)
     mode = _QueriesAndKeys(zero=zero)
 
