@@ -459,6 +459,7 @@ def render_window_maps(ctx: Context, opacity: float) -> None:
     col = int(c[2].number_input("Query column", 0, g.grid[1] - 1, g.grid[1] // 2, key="qc"))
     maps = window_maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
     head_maps = windowed.query_window_attention(maps[layer], g, min(row, g.grid[0] - 1), min(col, g.grid[1] - 1))
+    # the query outlined where the map is on its own grid (a pooling block's map is on its keys' finer grid)
     st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity,
                                          patch=None if pooled else (row, col)), key="heads-fig")
 

@@ -399,8 +399,6 @@ def register(family: Family) -> Family:
 REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
-    "hiera": "mask-unit attention over a reordered token sequence (Hiera)",
-    "hieradet_sam2": "mask-unit window attention in stages (SAM 2's Hiera image encoder)",
 }
 
 
