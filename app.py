@@ -679,10 +679,10 @@ def render_compare(ctx: Context) -> None:
     m2 = load_model(*other)
     n = image_count(st, len(ctx.images), "n-cmp")
     distance_tab, cka_tab = st.tabs(["Attention distance", "Representation similarity (CKA)"])
-    with cka_tab:
-        render_cka(ctx, m2, f"{other}", n)
     with distance_tab:
         render_compare_distance(ctx, m2, other, n)
+    with cka_tab:
+        render_cka(ctx, m2, f"{other}", n)
 
 
 def render_cka(ctx: Context, m2: vl.LoadedModel, m2key: str, n: int) -> None:
@@ -691,9 +691,13 @@ def render_cka(ctx: Context, m2: vl.LoadedModel, m2key: str, n: int) -> None:
         return
     policy = st.radio("Tokens", ["mean", "cls", "patches"], horizontal=True, key="cka-policy",
                       help="mean of the patch tokens, the class token, or every patch token on a matched grid")
-    res = remembered("cka_memo", (ctx.mkey, m2key, ctx.ikey, n, policy), lambda progress: vl.cka(
-        ctx.m, m2, ctx.images[:n], token_policy=policy, batch_size=min(32, max(4, n // 2)), progress=progress),
-        f"CKA over {n} images", n)
+    try:
+        res = remembered("cka_memo", (ctx.mkey, m2key, ctx.ikey, n, policy), lambda progress: vl.cka(
+            ctx.m, m2, ctx.images[:n], token_policy=policy, batch_size=min(32, max(4, n // 2)), progress=progress),
+            f"CKA over {n} images", n)
+    except vl.UnsupportedModelError as e:  # a hierarchical model or a CaiT: its own tab says so, the rest stays
+        st.info(e.message_for("app"))
+        return
     fig = figures.cka_figure(res)
     st.plotly_chart(fig, key="cka-fig")
     st.caption(res.summary())

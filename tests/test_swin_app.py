@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 
-from test_app import APP, problems
+from test_app import APP, chart, problems
 
 NAME = "vitlens_test_tiny_swin"
 
@@ -98,3 +98,16 @@ def test_compare_and_report_draw_a_swin_beside_a_vit_against_depth(tmp_path):
     figs = model_figures(a, [np.asarray(i) for i in swin.display(images)])
     assert {"filters", "distance", "rollout"} <= set(figs)
     assert figs["distance"].layout.xaxis.title.text == "Network depth (block)"
+
+
+def test_compare_in_the_app_draws_a_swin_beside_the_vit_and_says_why_cka_is_not_offered(swin_app):
+    """The Compare page with a Swin: the distance against depth in image widths beside the embedded ViT on its tab,
+    the CKA tab's refusal in one line there (it once stopped the whole page, the distance tab included)."""
+    app = swin_app
+    app.radio(key="view").set_value("Compare").run()
+    app.selectbox(key="m2-ref").set_value("ref-vit").run()
+    assert problems(app) == [] and not app.error, [e.value for e in app.error]
+    axes = [chart(app, i)["layout"].get("xaxis", {}).get("title", {}).get("text", "")
+            for i in range(len(app.get("plotly_chart")))]
+    assert any(t.startswith("Depth (fraction") for t in axes), axes
+    assert any("CKA by block" in i.value and "hierarchical" in i.value for i in app.info)
