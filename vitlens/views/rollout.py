@@ -287,10 +287,38 @@ class RolloutAccumulator(AttentionConsumer):
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
         self._fused, self._layer = [], None
+        self._last: list[torch.Tensor] | None = None
 
     def __getstate__(self) -> dict:
         # a batch in flight, the model and its pool's capture do not travel
-        return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None}
+        return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None, "_last": None}
+
+    def _streams_last_block(self) -> bool:
+        """Whether the last block is rolled out as its rows come (only the source's rows of it are needed: the
+        class token's one row, or the patch rows' mean, summed into the chain's first step as they arrive, so its
+        map is never kept nor, for the class token, fused beyond that row): not with a pool's source (it arrives
+        after the blocks) or ``discard_ratio`` (it reads the whole map)."""
+        return self.source is None and self.discard_ratio == 0
+
+    def _stream_last(self, attn: torch.Tensor, start: int, stop: int, last: bool) -> None:
+        """The first step of ``rollout_row`` for the last block, v A' = w (A + I) with w = v / rowsum(A + I), on
+        the rows [start, stop) of its map: only the rows where the source v is not zero."""
+        b, t = attn.shape[0], attn.shape[-1]
+        if start == 0:
+            v = source_vector(b, t, self.num_prefix_tokens, self.has_class_token, attn.device)
+            self._last = [v, torch.zeros_like(v), torch.zeros_like(v)]  # the source, w, w A
+        v, w, out = self._last  # type: ignore[misc]
+        need = (0, 1) if self.has_class_token else (self.num_prefix_tokens, t)  # the rows where v is not zero
+        lo, hi = max(start, need[0]), min(stop, need[1])
+        step = max(1, ROLLOUT_ROWS_BYTES // (8 * b * t))
+        for r0 in range(lo, hi, step):
+            r1 = min(hi, r0 + step)
+            part = fuse(attn[:, :, r0 - start:r1 - start], self.head_fusion).to(torch.float64)  # [B, rows, T]
+            w[:, r0:r1] = v[:, r0:r1] / (part.sum(dim=-1) + 1.0)
+            out += torch.bmm(w[:, None, r0:r1], part).squeeze(1)
+        if last:
+            self._last = [out + w]
+            self._fused.append(None)  # type: ignore[arg-type]  # the block's place in the chain: already stepped
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         """Whole maps or blocks of query rows: rollout needs every block's head-fused map (B x T x T
@@ -298,6 +326,9 @@ class RolloutAccumulator(AttentionConsumer):
         if layer != len(self._fused):
             raise RuntimeError(f"Rollout expected block {len(self._fused)}, got block {layer}.")
         start, stop, last = query_rows(attn, rows)
+        if layer == self.num_layers - 1 and self._streams_last_block():
+            self._stream_last(attn, start, stop, last)
+            return
         # the fused map is kept in the attention's dtype (max/min exact, the mean rounds like the
         # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
         part = fuse(attn, self.head_fusion)
@@ -329,8 +360,11 @@ class RolloutAccumulator(AttentionConsumer):
             if pool is None:
                 raise RuntimeError("Rollout from the attention pool saw no pool attention in this forward.")
             start = pool_vector(pool, self._fused[0].shape[-1], self.head_fusion)
-        row = rollout_row(self._fused, self.num_prefix_tokens, self.has_class_token, start)
-        self._fused, self._layer = [], None
+        fused = self._fused
+        if fused and fused[-1] is None:  # the last block streamed: the chain goes on from its step
+            start, fused = self._last[0], fused[:-1]  # type: ignore[index]
+        row = rollout_row(fused, self.num_prefix_tokens, self.has_class_token, start) if fused else start
+        self._fused, self._layer, self._last = [], None, None
         return row
 
     def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
