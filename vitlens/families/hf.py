@@ -63,18 +63,14 @@ MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "ijepa", "vit_m
 NO_CLASS_TOKEN = ("ijepa", "siglip_vision_model", "siglip2_vision_model")
 #: a whole model's type -> its vision tower's
 TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_model", "siglip": "siglip_vision_model",
-               "siglip2": "siglip2_vision_model"}
+               "siglip2": "siglip2_vision_model", "sam": "sam_vision_model", "sam_hq": "sam_hq_vision_model"}
 #: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
-#: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2 are read:
-#: ``WINDOWED_TYPES``, ``vitlens.families.hf_swin``)
+#: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2, ViTDet,
+#: SAM and SAM-HQ are read: ``WINDOWED_TYPES``, ``vitlens.families.hf_swin``, ``vitlens.families.hf_vitdet``)
 REFUSED_MODEL_TYPES = {
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
     "hiera": "mask-unit windowed attention over pooled stages (Hiera)",
-    "sam_vision_model": "windowed attention with decomposed relative-position bias (SAM)",
-    "sam": "windowed attention with decomposed relative-position bias (SAM)",
-    "sam_hq": "windowed attention with decomposed relative-position bias (SAM-HQ)",
-    "vitdet": "windowed attention with decomposed relative-position bias (ViTDet)",
     "dinat": "dilated neighbourhood attention (DiNAT)",
     "nat": "neighbourhood attention (NAT)",
     "pvt": "spatial-reduction attention over pooled keys, in stages (PVT)",
@@ -102,9 +98,14 @@ PROCESSOR_DEFAULTS = {
     "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
     "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+    # read by the hf-vitdet and hf-sam families (hf_vitdet.py); SAM's processor resizes the longest side and pads
+    "vitdet": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "sam_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "sam_hq_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
 }
-#: model types of windowed, hierarchical models: read by ``vitlens.families.hf_swin``, not by this family
-WINDOWED_TYPES = ("swin", "swinv2")
+#: model types of windowed, hierarchical models, not read by this family: Swin and Swin V2 by
+#: ``vitlens.families.hf_swin``, ViTDet, SAM and SAM-HQ (their vision encoders) by ``vitlens.families.hf_vitdet``
+WINDOWED_TYPES = ("swin", "swinv2", "vitdet", "sam_vision_model", "sam_hq_vision_model")
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 class _Active(threading.local):
@@ -589,6 +590,9 @@ def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[st
         mode, crop_pct = "center", min(h, w) / short
     elif "height" in size:
         h, w = int(size["height"]), int(size["width"])
+        mode, crop_pct = "squash", 1.0
+    elif "longest_edge" in size:  # SAM: the longest side resized to it, then padded to a square (a square image: squash)
+        h = w = int(size["longest_edge"])
         mode, crop_pct = "squash", 1.0
     else:
         h = w = int(size.get("shortest_edge", 224))
