@@ -8,8 +8,8 @@ model's output is ``get_image_features``, the projected image embedding).
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
 ``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (Hiera,
-SAM, ViTDet, PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
-read by ``vitlens.families.hf_swin``.
+PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
+read by ``vitlens.families.hf_swin``, ViTDet and the SAM / SAM-HQ image encoders by ``vitlens.families.hf_vitdet``.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
