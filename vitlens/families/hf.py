@@ -7,9 +7,10 @@ model's output is ``get_image_features``, the projected image embedding).
 
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
-``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (SAM,
-ViTDet, PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
-read by ``vitlens.families.hf_swin``, Hiera by ``vitlens.families.hiera``.
+``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (PVT, ...) are
+refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are read by
+``vitlens.families.hf_swin``, Hiera by ``vitlens.families.hiera``, ViTDet and the SAM / SAM-HQ image encoders by
+``vitlens.families.hf_vitdet``.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -63,17 +64,13 @@ MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "ijepa", "vit_m
 NO_CLASS_TOKEN = ("ijepa", "siglip_vision_model", "siglip2_vision_model")
 #: a whole model's type -> its vision tower's
 TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_model", "siglip": "siglip_vision_model",
-               "siglip2": "siglip2_vision_model"}
+               "siglip2": "siglip2_vision_model", "sam": "sam_vision_model", "sam_hq": "sam_hq_vision_model"}
 #: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
-#: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2 are read:
-#: ``WINDOWED_TYPES``, ``vitlens.families.hf_swin``)
+#: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2, ViTDet,
+#: SAM and SAM-HQ, Hiera are read: ``OWN_FAMILY_TYPES``; hf_swin, hf_vitdet, hiera)
 REFUSED_MODEL_TYPES = {
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
-    "sam_vision_model": "windowed attention with decomposed relative-position bias (SAM)",
-    "sam": "windowed attention with decomposed relative-position bias (SAM)",
-    "sam_hq": "windowed attention with decomposed relative-position bias (SAM-HQ)",
-    "vitdet": "windowed attention with decomposed relative-position bias (ViTDet)",
     "dinat": "dilated neighbourhood attention (DiNAT)",
     "nat": "neighbourhood attention (NAT)",
     "pvt": "spatial-reduction attention over pooled keys, in stages (PVT)",
@@ -102,10 +99,15 @@ PROCESSOR_DEFAULTS = {
     "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
     "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
     "hiera": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-hiera family (hiera.py)
+    # read by the hf-vitdet and hf-sam families (hf_vitdet.py); SAM's processor resizes the longest side and pads
+    "vitdet": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "sam_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "sam_hq_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
 }
-#: model types of windowed, hierarchical models: read by ``vitlens.families.hf_swin``, not by this family
-WINDOWED_TYPES = ("swin", "swinv2")
-#: model types read by a family of their own, not by this one (the Swins above; Hiera: ``vitlens.families.hiera``)
+#: model types of windowed, hierarchical models, not read by this family: Swin and Swin V2 by
+#: ``vitlens.families.hf_swin``, ViTDet, SAM and SAM-HQ (their vision encoders) by ``vitlens.families.hf_vitdet``
+WINDOWED_TYPES = ("swin", "swinv2", "vitdet", "sam_vision_model", "sam_hq_vision_model")
+#: model types read by a family of their own, not by this one (the windowed types above; Hiera: ``vitlens.families.hiera``)
 OWN_FAMILY_TYPES = WINDOWED_TYPES + ("hiera",)
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
@@ -591,6 +593,9 @@ def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[st
         mode, crop_pct = "center", min(h, w) / short
     elif "height" in size:
         h, w = int(size["height"]), int(size["width"])
+        mode, crop_pct = "squash", 1.0
+    elif "longest_edge" in size:  # SAM: the longest side resized to it, then padded to a square (a square image: squash)
+        h = w = int(size["longest_edge"])
         mode, crop_pct = "squash", 1.0
     else:
         h = w = int(size.get("shortest_edge", 224))

@@ -41,7 +41,7 @@ from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .sdpa_calls import CallMode, sdpa_arguments
-from .hf import WINDOWED_TYPES, _pair, default_data_config, is_hf_model, tower_type
+from .hf import _pair, default_data_config, is_hf_model, tower_type
 from .swin import StandIn, read_at_dropout, record_windows
 
 #: the model classes read, by model type (a backbone or a masked-image-modeling head is refused)
@@ -73,7 +73,7 @@ class HuggingFaceSwin(Family):
         return sys.modules[type(self.base(model)).__module__]
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) in WINDOWED_TYPES
+        return is_hf_model(model) and tower_type(model) in MODEL_CLASSES
 
     def check(self, model: nn.Module, name: str) -> None:
         kind = tower_type(model)

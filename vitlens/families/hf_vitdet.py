@@ -1,0 +1,351 @@
+"""Hugging Face transformers ViTDet (``VitDetModel``, ``VitDetBackbone``) and the SAM image encoder
+(``SamVisionModel``, the ``vision_encoder`` of ``SamModel``; SAM-HQ's ``SamHQVisionModel`` / ``SamHQModel``, the
+same code under other names): one grid of patch tokens, most blocks attending within non-overlapping windows
+(padded to whole windows with zero tokens that stay unmasked keys, no shift), a few globally (ViTDet's blocks
+outside ``window_block_indices``, SAM's ``global_attn_indexes``), with a decomposed relative-position term
+q . R_h[dy] + q . R_w[dx] (Li et al. 2022, from the unscaled queries) added to the scores.
+
+Read as timm's SAM is (``vitlens.families.sam``, ``vitlens.families.swin``): each layer's windows come from its
+own ``forward`` (run on a stand-in whose pre-attention norm is the identity and whose attention is a recorder,
+on a grid of token numbers: the partition and the padding are the model's own code), a global block is one
+window over the whole grid; ``spec.kind`` is "hierarchical" and the views are the windowed ones (one stage).
+
+Capture.
+
+- ViTDet's ``VitDetAttention`` has one implementation, eager: softmax((q * scale) k^T + the decomposed term),
+  whose probabilities it returns when called with ``output_attentions=True`` (its output is computed the same
+  way either way). Side and inline capture call it so and hand those probabilities on ([B * windows, heads, N, N],
+  the very tensor the output is made from, in the graph when asked), returning the layer what it asked for: the
+  outputs are bit for bit those of a run without capture.
+- SAM's layers are built on ``config._attn_implementation``: ``SamVisionAttention`` (eager) returns its
+  probabilities beside its output ([B * windows * heads, N, N], handed on as [B * windows, heads, N, N]), read by
+  a forward hook; ``SamVisionSdpaAttention`` makes one ``F.scaled_dot_product_attention`` call with the
+  decomposed term as its additive mask, read from its very arguments, the real output kept (side capture, outputs
+  bit for bit). Inline capture runs the eager class's ``forward`` on an sdpa module for the session (the
+  probabilities the output is computed from).
+
+Not rolled out: the convolutions that mix neighbouring tokens outside the attention (SAM's neck after the last
+layer; ViTDet's optional residual bottleneck blocks, ``residual_block_indices``, empty by default, after the
+layers they follow), as for timm's SAM.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from ..core.attention import attention_probs, conv_filters
+from ..core.spec import ModelSpec
+from ..core.windows import WindowGeometry
+from ..errors import UnsupportedModelError
+from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
+from .hf import _pair, default_data_config, is_hf_model, tower_type
+from .sdpa_calls import CallMode, sdpa_arguments
+from .swin import StandIn, record_windows
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _where(model: nn.Module, module: nn.Module) -> str:
+    return {id(mod): n for n, mod in model.named_modules()}[id(module)]
+
+
+class _WindowedGridFamily(Family):
+    """What ViTDet and SAM share: one grid, windowed and global layers, read through each layer's own code."""
+
+    capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities, or its sdpa call's
+    #: the model classes read, by model type (``tower_type``)
+    model_classes: dict[str, tuple[str, ...]] = {}
+
+    def _modeling(self, model: nn.Module) -> Any:
+        return sys.modules[type(self.encoder(model)).__module__]
+
+    def matches(self, model: nn.Module) -> bool:
+        return is_hf_model(model) and tower_type(model) in self.model_classes
+
+    def encoder(self, model: nn.Module) -> nn.Module:
+        """The module holding the patch embedding and the layers."""
+        raise NotImplementedError
+
+    def layers(self, model: nn.Module) -> Sequence[nn.Module]:
+        raise NotImplementedError
+
+    def config(self, model: nn.Module) -> Any:
+        return self.encoder(model).config
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        raise NotImplementedError
+
+    def check_classes(self, model: nn.Module, name: str, layer_cls: str, attn_classes: Sequence[str],
+                      attn_attr: str) -> None:
+        kind = tower_type(model)
+        if type(model).__name__ not in self.model_classes[kind]:
+            raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__}; vitlens reads "
+                f"{', '.join(self.model_classes[kind])} of this model type (load the checkpoint as one of those).")
+        modeling = self._modeling(model)
+        want_layer = getattr(modeling, layer_cls)
+        want_attn = tuple(getattr(modeling, c) for c in attn_classes)
+        if not isinstance(self.patch_conv(model), nn.Conv2d):
+            raise UnsupportedModelError(f"{name!r}: its patch embedding is not one convolution; vitlens reads "
+                                        f"transformers' {modeling.__name__.rsplit('.', 1)[-1]} as it is written.")
+        for i, layer in enumerate(self.layers(model)):
+            attn = getattr(layer, attn_attr, None)
+            if type(layer) is not want_layer or type(attn) not in want_attn:
+                raise UnsupportedModelError(
+                    f"{name!r}: layer {i} is a {type(layer).__name__} with {type(attn).__name__}; vitlens reads "
+                    f"transformers' {layer_cls} with {' or '.join(attn_classes)} exactly and refuses others.")
+
+    def image_size(self, model: nn.Module) -> tuple[int, int]:
+        return _pair(self.config(model).image_size)
+
+    def grid(self, model: nn.Module) -> tuple[int, int]:
+        (h, w), (py, px) = self.image_size(model), _pair(self.config(model).patch_size)
+        return h // py, w // px
+
+    def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
+        cfg = self.config(model)
+        size = self.image_size(model)
+        refuse_other_size(name, self.name, size, input_size)
+        return ModelSpec(
+            name=name, kind="hierarchical", image_size=size, grid=self.grid(model), stride_px=_pair(cfg.patch_size),
+            num_prefix_tokens=0, num_layers=len(self.layers(model)), num_heads=max(self.block_heads(model)),
+            embed_dim=int(cfg.hidden_size), has_class_token=False,
+            has_pos_embed=self.position_table(model, None) is not None,  # type: ignore[arg-type]
+            num_classes=0, num_params=sum(p.numel() for p in model.parameters()), family=self.name)
+
+    def run_layer(self, layer: nn.Module, numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
+        """The layer's own ``forward`` on [H, W] token numbers, a recorder for its attention (``windows``)."""
+        raise NotImplementedError
+
+    def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
+        stride = _pair(self.config(model).patch_size)
+        out = []
+        for i, layer in enumerate(self.layers(model)):
+            def run(numbers: torch.Tensor, recorder: Callable[..., Any], layer: nn.Module = layer) -> Any:
+                return self.run_layer(layer, numbers, recorder)
+
+            out.append(record_windows(run, self.grid(model), 0, stride, f"layer {i} ({type(layer).__name__})"))
+        return out
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.proj  # the heads side by side, [B * windows, h, w, heads * head_dim]
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        conv = self.patch_conv(model)
+        return conv_filters(conv, _where(model, conv), "the patch embedding E", spec.name)
+
+    def relative_bias(self, model: nn.Module, spec: ModelSpec) -> None:
+        return None
+
+    def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return ("its relative-position term is decomposed and depends on the query (q . R_h[dy] + q . R_w[dx], "
+                "Li et al. 2022), not a learned bias by offset that could be shown on its own")
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return default_data_config(model, spec)
+
+
+class HuggingFaceVitDet(_WindowedGridFamily):
+    """transformers ``VitDetModel`` / ``VitDetBackbone``: windowed and global layers on one grid (module docstring)."""
+
+    name = "hf-vitdet"
+    reads = ("Hugging Face transformers ViTDet (VitDetModel, VitDetBackbone): windowed layers (padded, no shift) "
+             "and global layers on one grid, decomposed relative position; the windowed views as for timm's SAM; "
+             "needs transformers")
+    names = ("hf:FOLDER of a saved VitDetModel / VitDetBackbone, or the model object",)
+    attention_inputs = ("norm1",)
+    model_classes = {"vitdet": ("VitDetModel", "VitDetBackbone")}
+
+    def check(self, model: nn.Module, name: str) -> None:
+        self.check_classes(model, name, "VitDetLayer", ("VitDetAttention",), "attention")
+
+    def encoder(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def layers(self, model: nn.Module) -> Sequence[nn.Module]:
+        return model.encoder.layer
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        return model.embeddings.projection
+
+    def block_heads(self, model: nn.Module) -> list[int]:
+        return [int(layer.attention.num_heads) for layer in self.layers(model)]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [layer.attention for layer in self.layers(model)]
+
+    def run_layer(self, layer: nn.Module, numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
+        # the layer's forward as its modeling file writes it (transformers wraps a GradientCheckpointingLayer's
+        # forward for checkpointing, unused without gradients); it takes [B, C, H, W]
+        forward = inspect.unwrap(type(layer).forward)
+        return forward(StandIn(layer, attention=recorder, norm1=_identity), numbers[None, None])
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, attn in enumerate(self.attention_modules(model)):
+            _read_returned_probabilities(attn, layer, capture, handles)
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        self.install_side(model, capture, handles)  # its one (eager) path: the probabilities the output is made from
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        pos = model.embeddings.position_embeddings  # [1, 1 + n, D] at pretrain_image_size, a class token's row first
+        if pos is None:
+            return None
+        n = int(pos.shape[1]) - 1
+        side = int(round(n ** 0.5))
+        return pos.detach()[:, 1:], (side, side)
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return "this ViTDet was built without an absolute position table (use_absolute_position_embeddings=False)"
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The mean over the grid of the last layer's output (a backbone's last feature map)."""
+        out = model(pixel_values=x)
+        features = out.feature_maps[-1] if type(model).__name__ == "VitDetBackbone" else out.last_hidden_state
+        return features.mean(dim=(-2, -1))
+
+
+class HuggingFaceSam(_WindowedGridFamily):
+    """transformers SAM and SAM-HQ image encoders: windowed and global layers on one grid (module docstring)."""
+
+    name = "hf-sam"
+    reads = ("Hugging Face transformers SAM and SAM-HQ image encoders (SamVisionModel, SamModel's vision_encoder, "
+             "SamHQVisionModel, SamHQModel's): windowed layers (padded, no shift) and global layers on one grid, "
+             "decomposed relative position, under eager or sdpa; the windowed views as for timm's SAM; needs "
+             "transformers")
+    names = ("hf:ORG/NAME or hf:FOLDER of a SAM checkpoint, e.g. hf:facebook/sam-vit-base (its vision encoder is "
+             "read; the prompt encoder and mask decoder are kept)",)
+    attention_inputs = ("layer_norm1",)
+    #: (``tower_type`` says a whole SamModel's type is its vision encoder's: ``hf.TOWER_TYPES``)
+    model_classes = {"sam_vision_model": ("SamVisionModel", "SamVisionEncoder", "SamModel"),
+                     "sam_hq_vision_model": ("SamHQVisionModel", "SamHQVisionEncoder", "SamHQModel")}
+
+    def _prefix(self, model: nn.Module) -> str:
+        return "SamHQ" if tower_type(model).startswith("sam_hq") else "Sam"
+
+    def check(self, model: nn.Module, name: str) -> None:
+        p = self._prefix(model)
+        self.check_classes(model, name, f"{p}VisionLayer", (f"{p}VisionAttention", f"{p}VisionSdpaAttention"), "attn")
+
+    def encoder(self, model: nn.Module) -> nn.Module:
+        sub = getattr(model, "vision_encoder", None)
+        return sub if isinstance(sub, nn.Module) else model
+
+    def layers(self, model: nn.Module) -> Sequence[nn.Module]:
+        return self.encoder(model).layers
+
+    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+        return self.encoder(model).patch_embed.projection
+
+    def block_heads(self, model: nn.Module) -> list[int]:
+        return [int(layer.attn.num_attention_heads) for layer in self.layers(model)]
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return [layer.attn for layer in self.layers(model)]
+
+    def run_layer(self, layer: nn.Module, numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
+        forward = inspect.unwrap(type(layer).forward)  # [B, H, W, C]; it calls self.attn(hidden_states=...)
+
+        def attn(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return recorder(hidden_states)
+
+        return forward(StandIn(layer, attn=attn, layer_norm1=_identity), numbers[None, :, :, None])
+
+    def _eager_class(self, model: nn.Module) -> type:
+        return getattr(self._modeling(model), f"{self._prefix(model)}VisionAttention")
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        eager = self._eager_class(model)
+        for layer, attn in enumerate(self.attention_modules(model)):
+            if type(attn) is eager:
+                _read_returned_weights(attn, layer, capture, handles)
+            else:
+                _read_sdpa_call(attn, layer, capture, handles)
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        eager = self._eager_class(model)
+        for layer, attn in enumerate(self.attention_modules(model)):
+            if type(attn) is not eager:  # the sdpa subclass: its eager parent's forward for the session
+                handles.set_attr(attn, "forward", eager.forward.__get__(attn, type(attn)))
+            _read_returned_weights(attn, layer, capture, handles)
+
+    def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
+        pos = self.encoder(model).pos_embed  # [1, gh, gw, D]
+        if pos is None:
+            return None
+        pos = pos.detach()
+        return pos.reshape(1, -1, pos.shape[-1]), (int(pos.shape[1]), int(pos.shape[2]))
+
+    def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
+        return "this SAM encoder was built without an absolute position table (use_abs_pos=False)"
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The mean over the grid of the image embedding (the encoder's neck output; a ``SamModel``'s
+        ``vision_encoder`` alone, its prompt encoder and mask decoder not run)."""
+        return self.encoder(model)(pixel_values=x).last_hidden_state.mean(dim=(-2, -1))
+
+
+def _read_returned_probabilities(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """``VitDetAttention`` called with ``output_attentions=True`` (its output computed as without), its returned
+    probabilities [B * windows, heads, N, N] handed on, and the layer handed what it asked for."""
+    original = attn.forward
+
+    def forward(hidden_state: torch.Tensor, output_attentions: bool = False) -> Any:
+        out = original(hidden_state, output_attentions=True)
+        weights = out[1]
+        capture(layer, weights.detach().float() if capture.detach else weights)
+        return out if output_attentions else out[:1]
+
+    handles.set_attr(attn, "forward", forward)
+
+
+def _read_returned_weights(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """SAM's eager attention returns (output, probabilities [B * windows * heads, N, N]): handed on as
+    [B * windows, heads, N, N] (its dropout, off in eval, is applied after; the output is made from these)."""
+    heads = int(attn.num_attention_heads)
+
+    def hook(_mod: nn.Module, _args: tuple, out: Any) -> None:
+        weights = out[1].reshape(-1, heads, *out[1].shape[-2:])
+        capture(layer, weights.detach().float() if capture.detach else weights)
+
+    handles.hook(attn.register_forward_hook(hook))
+
+
+def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """Side capture of ``SamVisionSdpaAttention``: its one SDPA call's softmax(q k^T * scale + mask) from its very
+    arguments (the mask: the decomposed relative-position term), [B * windows, heads, N, N]; the real output kept."""
+    original = attn.forward
+
+    def on_call(a: tuple, kw: dict) -> torch.Tensor:
+        call = sdpa_arguments(a, kw)
+        q, k = call["query"], call["key"]
+        scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
+        out = torch.nn.functional.scaled_dot_product_attention(*a, **kw)
+        with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+            seen.append(attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
+        return out
+
+    seen: list[torch.Tensor] = []
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        seen.clear()
+        with CallMode(on_call):
+            out = original(*args, **kwargs)
+        if len(seen) != 1:
+            raise UnsupportedModelError(
+                f"Side capture reads a SAM attention under sdpa as its one scaled_dot_product_attention call; "
+                f"{type(attn).__name__} made {len(seen)}: capture with mode='inline' (its eager attention).")
+        capture(layer, seen.pop())
+        return out
+
+    handles.set_attr(attn, "forward", forward)
+
+
+register(HuggingFaceVitDet())
+register(HuggingFaceSam())
