@@ -217,7 +217,7 @@ def test_hf_layout_model_on_eager_is_refused_with_the_fix():
         vl.LoadedModel.from_module(eager_twin(hf_dinov3()), device="cpu")
 
 
-def test_hf_windowed_models_are_read_by_their_family_or_refused_by_name():
+def test_hf_windowed_models_are_read_by_their_family():
     import transformers
 
     swin = transformers.SwinModel(transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
@@ -229,8 +229,7 @@ def test_hf_windowed_models_are_read_by_their_family_or_refused_by_name():
     sam = transformers.SamVisionModel(transformers.SamVisionConfig(
         hidden_size=16, num_hidden_layers=1, num_attention_heads=1, image_size=32, patch_size=8, output_channels=8,
         mlp_dim=16, global_attn_indexes=[0]))
-    with pytest.raises(vl.UnsupportedModelError, match="SAM"):
-        vl.LoadedModel.from_module(sam, device="cpu")
+    assert vl.LoadedModel.from_module(sam, device="cpu").spec.family == "hf-sam"  # its windows and global layers
 
 
 def test_hf_folder_loads_on_sdpa_through_the_hf_prefix(tmp_path):
