@@ -8,8 +8,8 @@ model's output is ``get_image_features``, the projected image embedding).
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
 ``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (Hiera,
-SAM, ViTDet, PVT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
-read by ``vitlens.families.hf_swin``.
+SAM, ViTDet, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
+read by ``vitlens.families.hf_swin``, PVT and PVT v2 by ``vitlens.families.hf_pvt``.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -66,7 +66,7 @@ TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_mod
                "siglip2": "siglip2_vision_model"}
 #: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
 #: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2 are read:
-#: ``WINDOWED_TYPES``, ``vitlens.families.hf_swin``)
+#: ``WINDOWED_TYPES``, ``vitlens.families.hf_swin``; PVT and PVT v2 too: ``PYRAMID_TYPES``, ``vitlens.families.hf_pvt``)
 REFUSED_MODEL_TYPES = {
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
@@ -77,8 +77,6 @@ REFUSED_MODEL_TYPES = {
     "vitdet": "windowed attention with decomposed relative-position bias (ViTDet)",
     "dinat": "dilated neighbourhood attention (DiNAT)",
     "nat": "neighbourhood attention (NAT)",
-    "pvt": "spatial-reduction attention over pooled keys, in stages (PVT)",
-    "pvt_v2": "spatial-reduction attention over pooled keys, in stages (PVTv2)",
 }
 INLINE_KEY = "vitlens_inline"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -102,9 +100,13 @@ PROCESSOR_DEFAULTS = {
     "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
     "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+    "pvt": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-pvt family (hf_pvt.py)
+    "pvt_v2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
 }
 #: model types of windowed, hierarchical models: read by ``vitlens.families.hf_swin``, not by this family
 WINDOWED_TYPES = ("swin", "swinv2")
+#: model types of pyramid ViTs (spatial-reduction attention): read by ``vitlens.families.hf_pvt``, not by this family
+PYRAMID_TYPES = ("pvt", "pvt_v2")
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 class _Active(threading.local):
@@ -331,7 +333,7 @@ class HuggingFaceViT(Family):
     attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) not in WINDOWED_TYPES
+        return is_hf_model(model) and tower_type(model) not in WINDOWED_TYPES + PYRAMID_TYPES
 
     def check(self, model: nn.Module, name: str) -> None:
         from .base import AttentionClassUnknown
