@@ -14,7 +14,12 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 - rollout: A' = (A + I) / rowsum(A + I) per block on the stage's tokens (A's window blocks placed on the
   stage grid, weight on padding dropped), the source the mean over the last stage's tokens (the model pools
   them by their mean), composed from the last block back; across a patch merging, each coarse token is the
-  mean of the fine tokens it merges (``merge_transport``), so the chain runs to the first stage's grid.
+  mean of the fine tokens it merges (``merge_transport``), so the chain runs to the first stage's grid; a stage
+  made by its own embedding (PVT: a strided convolution) is crossed by that block's ``stage_from`` transport
+  instead (each embedded token the mean of the tokens its kernel covers); prefix tokens (PVT v1's class token in
+  its last stage, ``WindowGeometry.prefix_tokens``) are read by the rollout with the grid's tokens, the source
+  the class token where the last block has one, their share dropped where they enter as parameters; the distance
+  reads the grid's tokens alone.
 """
 from __future__ import annotations
 
