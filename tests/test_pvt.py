@@ -365,10 +365,18 @@ def test_a_vit_view_is_refused_in_one_line():
 
 
 def test_loads_by_hf_name_and_refuses_what_it_does_not_read(tmp_path):
-    tiny_pvt("v2").save_pretrained(tmp_path / "pvt2")
-    m = vl.load_model(f"hf:{tmp_path / 'pvt2'}", device="cpu")
-    assert m.family.name == "hf-pvt" and m.spec.kind == "hierarchical" and m.spec.num_classes == 5
-    assert m.data_config["mean"] == (0.485, 0.456, 0.406)
+    from vitlens.loading.external import sdpa_request
+
+    for version in ("v1", "v2"):
+        model = tiny_pvt(version)
+        model.save_pretrained(tmp_path / version)
+        assert sdpa_request(model.config) == {}  # their one implementation, eager: none other is asked for
+        m = vl.load_model(f"hf:{tmp_path / version}", device="cpu")
+        assert m.family.name == "hf-pvt" and m.spec.kind == "hierarchical" and m.spec.num_classes == 5
+        assert m.data_config["mean"] == (0.485, 0.456, 0.406)
+        x = images(1)
+        with torch.no_grad():
+            assert torch.equal(m.logits(x), model(x).logits)  # the saved weights, read as the module's
     backbone = transformers.PvtV2Backbone(transformers.PvtV2Config(**TINY, sr_ratios=[4, 2, 1, 1]))
     with pytest.raises(vl.UnsupportedModelError, match="PvtV2Backbone") as err:
         vl.LoadedModel.from_module(backbone)
