@@ -21,7 +21,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 import vitlens as vl
 from vitlens import figures
 from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
-from vitlens.attribution.methods import preselected_methods
+from vitlens.attribution.methods import methods_for, preselected_methods
 from vitlens.attribution.metrics import METRIC_TABLE, default_metrics
 from vitlens.attribution.sanity import sanity_table
 from vitlens.attribution.text import has_text_tower
@@ -459,6 +459,7 @@ def render_window_maps(ctx: Context, opacity: float) -> None:
     col = int(c[2].number_input("Query column", 0, g.grid[1] - 1, g.grid[1] // 2, key="qc"))
     maps = window_maps_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key)
     head_maps = windowed.query_window_attention(maps[layer], g, min(row, g.grid[0] - 1), min(col, g.grid[1] - 1))
+    # the query outlined where the map is on its own grid (a pooling block's map is on its keys' finer grid)
     st.plotly_chart(figures.heads_figure(ctx.shown, head_maps, layer, query_label(row, col), opacity,
                                          patch=None if pooled else (row, col)), key="heads-fig")
 
@@ -547,16 +548,6 @@ def render_maps(ctx: Context) -> None:
 
 def render_attributions(ctx: Context) -> None:
     m = ctx.m
-    if m.spec.kind == "hierarchical":  # the library refuses it too (vl.attribute); say so before any work
-        st.info(f"{m.spec.name} is hierarchical (windowed attention on stages of coarser grids): vitlens offers no "
-                "attribution method for it yet. Its windowed views are exact: Attention distance per stage, and "
-                "the rollout through the windows and patch mergings on Attention maps.")
-        return
-    if m.spec.kind == "class-attention":  # the library refuses it too (vl.attribute)
-        st.info(f"{m.spec.name} has class-attention layers (CaiT): vitlens offers no attribution method for it yet. "
-                "Its views are exact: Attention distance of the self-attention blocks, and the rollout from the "
-                "class token on Attention maps.")
-        return
     text = has_text_tower(m)
     what = "the image's similarity to the prompt" if text else "the class probability"
     st.caption("Rollout shows where information was mixed; the other methods ask what supports "
@@ -564,8 +555,13 @@ def render_attributions(ctx: Context) -> None:
                "Deletion/insertion curves test each map: removing the patches it ranks first should make "
                f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
-    methods = c[0].multiselect("Methods", list(METHOD_TABLE), default=list(preselected_methods()),
-                               key="methods")
+    offered = methods_for(m)  # the methods defined for the model's kind (Method.kinds), as vl.attribute accepts
+    methods = c[0].multiselect("Methods", list(offered), default=list(preselected_methods(m)), key="methods")
+    if m.spec.kind == "hierarchical":  # what the registry leaves out, and where the CAMs' maps sit
+        left = [k for k in METHOD_TABLE if k not in offered]
+        st.caption(f"{m.spec.name} is hierarchical (windowed attention on stages of coarser grids): "
+                   f"{', '.join(left)} read a ViT's attention over one grid and are not defined for it. The CAMs map "
+                   "the last stage's grid, coarser than the patch grid of the other methods.")
     names = m.label_names() or [f"class {i}" for i in range(m.spec.num_classes)]
     target: int | str | None = None
     if text:  # CLIP / SigLIP: explain the similarity to a prompt (vitlens.attribution.text)

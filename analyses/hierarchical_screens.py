@@ -92,11 +92,15 @@ def main() -> None:
             shots = []
             for view in ("Attention distance", "Attention maps", "Position embeddings", "Compare"):
                 page.get_by_text(view, exact=True).first.click()
-                settle(page)
-                if view == "Compare":  # beside the embedded ViT (the second model's picker offers the hybrid first)
-                    page.locator("[data-testid='stSelectbox']").filter(has_text="ref-hybrid").last.click()
-                    page.get_by_role("option", name="ref-vit").click()
+                try:
                     settle(page)
+                    if view == "Compare":  # beside the embedded ViT (the second model's picker offers the hybrid)
+                        page.locator("[data-testid='stSelectbox']").filter(has_text="ref-hybrid").last.click()
+                        page.get_by_role("option", name="ref-vit").click()
+                        settle(page)
+                except Exception:
+                    page.screenshot(path=str(out / "failed.png"), full_page=True)
+                    raise
                 path = out / f"{view.lower().replace(' ', '_')}.png"
                 page.screenshot(path=str(path), full_page=True)
                 shots.append(path)

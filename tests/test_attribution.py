@@ -200,3 +200,24 @@ def test_masks_of_64px_scenes_serve_a_224px_model_through_the_images_resize(tiny
     x = tiny.preprocess(list(scenes.images))
     again = compare_methods(tiny, x, methods=["rollout"], masks=resized, steps=2)
     assert again.rows[0]["mass_in_mask"] == pytest.approx(want["mass_in_mask"], rel=1e-6)
+
+
+def test_deletion_and_insertion_run_a_batch_of_images_together_with_the_per_image_numbers(monkeypatch):
+    """The vitlens protocol's curves batch every image of a batch at every step into a few forwards (issue 35): the
+    same curves as one image at a time (each image's steps in one forward), within float32 rounding of a batch."""
+    import dataclasses
+
+    m = get_model("ref-vit")
+    x = torch.rand(5, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0))
+    a = vl.attribute(m, x, "saliency")
+    calls: list[int] = []
+    original = m.logits
+    monkeypatch.setattr(m, "logits", lambda batch: calls.append(len(batch)) or original(batch))
+    together = deletion_insertion(m, x, a, steps=4, batch_size=8)
+    assert calls == [5 * 2 * 5]  # one forward for the five images' deleted and inserted copies at 5 steps
+    calls.clear()
+    alone = [deletion_insertion(m, x[i:i + 1], dataclasses.replace(a, maps=a.maps[i:i + 1], targets=a.targets[i:i + 1]),
+                                steps=4, batch_size=1) for i in range(5)]
+    assert calls == [2 * 5] * 5
+    np.testing.assert_allclose(together.deletion, np.concatenate([r.deletion for r in alone]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(together.insertion, np.concatenate([r.insertion for r in alone]), rtol=1e-5, atol=1e-6)

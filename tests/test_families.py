@@ -279,8 +279,7 @@ def test_eva_without_a_learned_position_table_says_so_in_the_position_view():
     assert "rotary embeddings" in vl.analyze(m, torch.randn(1, 3, 56, 56), n_components=2).position_note
 
 
-@pytest.mark.parametrize("name,what", [("hiera_tiny_224", "Hiera"),
-                                       ("mvitv2_small_cls", "MViT v2 with a class token"), ("xcit_nano_12_p16_224", "XCiT"),
+@pytest.mark.parametrize("name,what", [("mvitv2_small_cls", "MViT v2 with a class token"), ("xcit_nano_12_p16_224", "XCiT"),
                                        ("naflexvit_base_patch16_gap", "NaFlexViT")])
 def test_remaining_refusals_name_what_is_unsupported(name, what):
     with pytest.raises(vl.UnsupportedModelError, match=what):

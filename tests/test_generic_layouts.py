@@ -225,8 +225,12 @@ def test_hf_windowed_models_are_read_by_their_family_or_refused_by_name():
     assert vl.LoadedModel.from_module(swin, device="cpu").spec.family == "hf-swin"  # its windows, exact
     hiera = transformers.HieraModel(transformers.HieraConfig(embed_dim=8, image_size=[64, 64], patch_size=[7, 7],
                                                              depths=[1, 1], num_heads=[1, 1], num_query_pool=1))
-    with pytest.raises(vl.UnsupportedModelError, match="Hiera"):
-        vl.LoadedModel.from_module(hiera, device="cpu")
+    assert vl.LoadedModel.from_module(hiera, device="cpu").spec.family == "hf-hiera"  # its mask units, exact
+    sam = transformers.SamVisionModel(transformers.SamVisionConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=1, image_size=32, patch_size=8, output_channels=8,
+        mlp_dim=16, global_attn_indexes=[0]))
+    with pytest.raises(vl.UnsupportedModelError, match="SAM"):
+        vl.LoadedModel.from_module(sam, device="cpu")
 
 
 def test_hf_folder_loads_on_sdpa_through_the_hf_prefix(tmp_path):

@@ -386,3 +386,19 @@ def test_loads_by_hf_name_and_refuses_what_it_does_not_read(tmp_path):
     with pytest.raises(vl.UnsupportedModelError, match="class token") as err:
         vl.LoadedModel.from_module(bad)
     assert "\n" not in str(err.value)
+
+
+def test_gradcam_of_pvt_v2_reads_its_last_stages_final_norm_and_pvt_v1_refuses_cams_in_one_line():
+    """PVT v2: Grad-CAM on the last stage's 2x2 grid (32 px cells) from the final norm of that stage, which the
+    classifier averages; PVT v1: the CAM refused in one line (its classifier reads the class token alone), its
+    input methods and rollout kept."""
+    m = load(tiny_pvt("v2"))
+    x = images(1)
+    r = vl.attribute(m, x, method="gradcam")
+    assert r.params["target_layer"] == "pvt_v2.encoder.layers.3.layer_norm"
+    assert r.grid == (2, 2) and tuple(r.stride_px) == (32, 32) and np.isfinite(r.maps).all()
+    v1 = load(tiny_pvt("v1"))
+    with pytest.raises(vl.ViewNotAvailableError, match="class token") as err:
+        vl.attribute(v1, x, method="gradcam")
+    assert "\n" not in str(err.value)
+    assert vl.attribute(v1, x, method="rollout").maps.shape[-2:] == (16, 16)

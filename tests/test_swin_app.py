@@ -1,5 +1,5 @@
 """A Swin in the app (issue 32): distance per stage with its reading and a stage picker, rollout on the image and
-one query's window per head on the Attention maps view, a one-line refusal on Attributions, and Compare beside
+one query's window per head on the Attention maps view, the methods defined for it on Attributions, and Compare beside
 the embedded ViT against depth in image widths; the report and ``vitlens compare`` draw the same figures."""
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def swin_app() -> AppTest:
     return at
 
 
-def test_a_swin_in_the_app_shows_its_windowed_views_and_refuses_attributions_in_one_line(swin_app):
+def test_a_swin_in_the_app_shows_its_windowed_views_and_the_attributions_defined_for_it(swin_app):
     app = swin_app
     assert "hierarchical" in app.sidebar.table[0].value.to_string()
     # Attention maps: the rollout through the stages, then one query's window per head
@@ -59,9 +59,15 @@ def test_a_swin_in_the_app_shows_its_windowed_views_and_refuses_attributions_in_
     app.radio(key="dist-stage").set_value("stage 2").run()
     table = app.dataframe[0].value
     assert set(table["stage"]) == {2} and {"window_uniform_px", "of_window"} <= set(table.columns)
-    # Attributions: refused in words a person can act on, and the app keeps working
+    # Attributions: the methods the registry defines for a hierarchical model (Method.kinds), the rest named
+    from vitlens.attribution.methods import methods_for, preselected_methods
+
     app.radio(key="view").set_value("Attributions").run()
-    assert problems(app) == [] and any("hierarchical" in i.value for i in app.info) and not app.error
+    assert problems(app) == [] and not app.error, [e.value for e in app.error]
+    picker = app.multiselect(key="methods")
+    assert list(picker.options) == list(methods_for("hierarchical")) and "grad_rollout" not in picker.options
+    assert list(picker.value) == list(preselected_methods("hierarchical"))
+    assert any("hierarchical" in c.value and "grad_rollout" in c.value for c in app.caption)
     app.radio(key="view").set_value("Filters").run()
     assert problems(app) == []
 

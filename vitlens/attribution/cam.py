@@ -9,7 +9,14 @@ question asked most in grad-cam's issues (#76, #509), and it is derived here fro
   non-square and other input sizes included); token layout [B, T, C] in every family vitlens
   reads (timm, Hugging Face, torchvision and open_clip blocks are batch-first);
 - a layer that outputs a feature map [B, C, gh, gw] already (a hybrid's CNN stage named by
-  ``target_layer``, at the token grid) is taken as it is.
+  ``target_layer``, at the token grid) is taken as it is;
+- on a hierarchical model (Swin, SAM / ViTDet: ``spec.kind == "hierarchical"``) the default layer is the one
+  the family names (``Family.cam_layer``: the last stage's last block, whose output the final norm and the pool
+  hand the classifier), and its output is put on the grid of the stage it has: [B, H, W, C] (timm's stages,
+  NHWC), [B, H * W, C] (Hugging Face's) or [B, C, H, W], for (H, W) one of the stages' grids
+  (``stage_layouts``). The CAM is then on that stage's grid (the last stage's: 32 px cells on a 224 px Swin,
+  coarser than the first stage's 4 px patch grid), which the result states (``AttributionResult.grid`` and
+  ``stride_px``).
 
 The maps stay on the token grid: the package would min-max scale and resize each CAM to the input
 size, so the package's CAM classes are driven here one step lower: its hooks record the layer's
@@ -96,6 +103,27 @@ def default_target_layer(m: LoadedModel) -> str:
                                 "outputs the tokens [B, T, C]).")
 
 
+def stage_layouts(m: LoadedModel) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(token grid, pixel stride) of every stage of a hierarchical model at its built size (``Family.stage_layout``:
+    Swin's), or of its one grid (SAM / ViTDet, a ViT)."""
+    layout = getattr(m.family, "stage_layout", None)
+    if layout is None:
+        return [(tuple(m.spec.grid), tuple(m.spec.stride_px))]  # type: ignore[list-item]
+    return [(tuple(int(v) for v in g), tuple(int(v) for v in s)) for g, s in layout(m.model)]  # type: ignore[misc]
+
+
+def default_cam_layer(m: LoadedModel) -> str:
+    """The layer CAMs read by default: for a hierarchical model the family's ``cam_layer`` (the last stage's last
+    block's output), else ``default_target_layer`` (the last block's pre-attention norm)."""
+    if m.spec.kind == "hierarchical":
+        name = m.family.cam_layer(m.model)
+        if name is None:
+            raise ViewNotAvailableError(f"vitlens does not know which layer of {m.spec.name} holds its last stage's "
+                                        "tokens; name one with target_layer='...'.")
+        return name
+    return default_target_layer(m)
+
+
 def resolve_target_layer(m: LoadedModel, name: str) -> nn.Module:
     """The module called ``name`` in ``m.model.named_modules()``; a wrong name lists the nearest names."""
     modules = dict(m.model.named_modules())
@@ -129,6 +157,33 @@ def token_reshape(spec: ModelSpec, grid: tuple[int, int], batch: int, layer: str
                 "name a module that does.")
         patches = out[:, spec.num_prefix_tokens:].float()
         return patches.reshape(batch, gh, gw, out.shape[-1]).permute(0, 3, 1, 2)
+
+    return reshape
+
+
+def stage_reshape(grids: list[tuple[int, int]], batch: int, layer: str) -> Callable[[Any], torch.Tensor]:
+    """The reshape transform for grad-cam on a hierarchical model: a stage's tokens -> [B, C, H, W], float32.
+
+    The layer's output is [B, H, W, C] (timm's Swin stages and SAM's blocks are NHWC), [B, H * W, C] (Hugging
+    Face's Swins, row-major) or [B, C, H, W], with (H, W) one of ``grids`` (the stages' token grids); NHWC is
+    tried first (every family vitlens reads this way hands its stages NHWC or [B, N, C])."""
+    def reshape(out: Any) -> torch.Tensor:
+        if not isinstance(out, torch.Tensor):
+            raise InvalidParameterError(f"target_layer {layer!r} outputs a {type(out).__name__}, not a tensor of a "
+                                        "stage's tokens; name a module that outputs one (e.g. a stage's last block).")
+        if out.shape[0] == batch and out.ndim == 4:
+            if tuple(out.shape[1:3]) in grids:
+                return out.float().permute(0, 3, 1, 2)
+            if tuple(out.shape[2:4]) in grids:
+                return out.float()
+        if out.shape[0] == batch and out.ndim == 3:
+            for gh, gw in grids:
+                if out.shape[1] == gh * gw:
+                    return out.float().reshape(batch, gh, gw, out.shape[-1]).permute(0, 3, 1, 2)
+        raise InvalidParameterError(
+            f"target_layer {layer!r} outputs {tuple(out.shape)}, not a stage's tokens [B={batch}, H, W, C], "
+            f"[B, H * W, C] or [B, C, H, W] on one of the stage grids {', '.join(f'{h}x{w}' for h, w in grids)}; "
+            "name a module that does.")
 
     return reshape
 
@@ -177,11 +232,12 @@ def cam_maps(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, 
     pkg = grad_cam_package()
     from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 
-    name = params.get("target_layer") or default_target_layer(m)
+    name = params.get("target_layer") or default_cam_layer(m)
     layer = resolve_target_layer(m, name)
     params["target_layer"] = name
-    cam = getattr(pkg, CAM_CLASSES[method])(_Scored(m.model, score), [layer],
-                                            reshape_transform=token_reshape(m.spec, grid, x.shape[0], name))
+    reshape = (stage_reshape([g for g, _s in stage_layouts(m)], x.shape[0], name) if m.spec.kind == "hierarchical"
+               else token_reshape(m.spec, grid, x.shape[0], name))
+    cam = getattr(pkg, CAM_CLASSES[method])(_Scored(m.model, score), [layer], reshape_transform=reshape)
     try:
         xi = x.detach().clone().requires_grad_(True)  # the weights are frozen: the graph starts at the input
         with torch.enable_grad():

@@ -69,6 +69,12 @@ class FaithfulnessResult(Result):
                 for i, (d, n) in enumerate(zip(self.deletion_auc, self.insertion_auc))]
 
 
+def _ranked(values: np.ndarray, ordering: str) -> np.ndarray:
+    """The map's tokens, most relevant first (by R, or by |R| for the "absolute" ordering; ties in token order)."""
+    values = np.asarray(values).reshape(-1)
+    return np.argsort(-(np.abs(values) if ordering == "absolute" else values), kind="stable")
+
+
 def _token_masks(order: np.ndarray, grid: tuple[int, int], stride: tuple[int, int], counts: Sequence[int],
                  size: tuple[int, int]) -> torch.Tensor:
     """[S + 1, H, W] masks, True where the first ``counts[s]`` tokens of ``order`` lie."""
@@ -114,7 +120,8 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
         blurred = rise_blur(x)
         for i in range(x.shape[0]):
             j = offset + i
-            masks = removal_masks(attribution.maps[j:j + 1], None, True, m.spec.stride_px, (h, w), "pixel", ordering,
+            masks = removal_masks(attribution.maps[j:j + 1], None, True, attribution.cell_px(m.spec.stride_px), (h, w),
+                                  "pixel", ordering,
                                   counts=counts)[0].to(x.device)[:, None]  # [S, 1, H, W]
             deleted = torch.where(masks, torch.zeros_like(x[i:i + 1]), x[i:i + 1])
             inserted = torch.where(masks, x[i:i + 1], blurred[i:i + 1])
@@ -173,29 +180,33 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
     text = prompt_embeddings(m, attribution)
-    grid = attribution.grid
+    grid, cell = attribution.grid, attribution.cell_px(m.spec.stride_px)  # a stage's cells for a Swin's CAM
     n_tok = grid[0] * grid[1]
     counts = [round(n_tok * s / steps) for s in range(steps + 1)]
     fractions = np.asarray(counts, dtype=np.float64) / n_tok
     dels, ins, offset = [], [], 0
+    s = steps + 1
     for x in iter_batches(images, m.data_config, batch_size):
         x = x.to(m.device)
+        b = x.shape[0]
         base = baseline_image(x, baseline)
-        for i in range(x.shape[0]):
-            j = offset + i
-            values = attribution.maps[j].reshape(-1)
-            order = np.argsort(-(np.abs(values) if ordering == "absolute" else values), kind="stable")
-            masks = _token_masks(order, grid, m.spec.stride_px, counts, tuple(x.shape[-2:])).to(x.device)[:, None]
-            deleted = torch.where(masks, base[i:i + 1], x[i:i + 1])
-            inserted = torch.where(masks, x[i:i + 1], base[i:i + 1])
-            out = m.logits(torch.cat([deleted, inserted]))
-            if text is None:
-                probs = out.softmax(-1)[:, int(attribution.targets[j])]
-            else:  # the cosine similarity to the image's prompt, the score the maps explain
-                probs = torch.nn.functional.normalize(out, dim=-1) @ text[int(attribution.targets[j])]
-            dels.append(probs[: steps + 1].cpu().numpy().astype(np.float64))
-            ins.append(probs[steps + 1:].cpu().numpy().astype(np.float64))
-        offset += x.shape[0]
+        masks = torch.stack([_token_masks(_ranked(attribution.maps[offset + i], ordering), grid, cell, counts,
+                                          tuple(x.shape[-2:])) for i in range(b)]).to(x.device)[:, :, None]
+        # every image of the batch at every step: [b, 2, S, C, H, W] (deleted, inserted), through the model in
+        # forwards of batch_size x 2 S images (a few forwards per removal step for the batch, not one per image)
+        both = torch.stack([torch.where(masks, base[:, None], x[:, None]),
+                            torch.where(masks, x[:, None], base[:, None])], dim=1).reshape(b * 2 * s, *x.shape[1:])
+        chunk = batch_size * 2 * s
+        out = torch.cat([m.logits(both[k:k + chunk]) for k in range(0, len(both), chunk)]).reshape(b, 2 * s, -1)
+        targets = torch.as_tensor(np.asarray(attribution.targets[offset:offset + b], dtype=np.int64), device=out.device)
+        if text is None:
+            probs = out.softmax(-1).gather(2, targets[:, None, None].expand(b, 2 * s, 1))[..., 0]
+        else:  # the cosine similarity to the image's prompt, the score the maps explain
+            probs = (torch.nn.functional.normalize(out, dim=-1) * text[targets][:, None, :]).sum(-1)
+        probs = probs.cpu().numpy().astype(np.float64)
+        dels += list(probs[:, :s])
+        ins += list(probs[:, s:])
+        offset += b
     deletion, insertion = np.stack(dels), np.stack(ins)
     return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
                               deletion_auc=np.trapezoid(deletion, fractions, axis=1),

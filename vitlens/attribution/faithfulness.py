@@ -131,7 +131,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
     Args:
         m: the model.
         images: the images (read once into a list unless a tensor).
-        methods: names from ``METHODS``; None for ``default_methods()`` (every available method but scorecam).
+        methods: names from ``METHODS``; None for ``default_methods(m)`` (every available method defined for the
+            model's kind but scorecam and the named variants).
         masks: [B, h, w] bool object masks of the images, for pointing game and mass in mask (brought
             through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model). With
             masks the table gains pointing_game (share of images whose map's top patch hits the object),
@@ -171,7 +172,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
     # Quantus's preprocess step, once per comparison: each metric's protocol and ordering
     settings = {mt.name: mt.prepare(protocol, ordering, batch_size=batch_size, steps=steps, baseline=baseline,
                                     labels=labels) for mt in chosen}
-    methods = default_methods() if methods is None else methods
+    methods = default_methods(m) if methods is None else methods
     images = list(images) if not isinstance(images, torch.Tensor) else images
     if masks is not None:
         masks = masks_at_input(masks, m.data_config, images)

@@ -36,7 +36,7 @@ from ..results import Result
 from ..views.analyze import attention_rollout
 from ..engine.capture import capture_attention
 from ..views.rollout import rollout_map
-from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps
+from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps, stage_layouts
 from .lrp import AttnLRPMaps, attnlrp_maps
 from ..words import counted
 
@@ -60,6 +60,10 @@ class AttributionResult(Result):
         target_kind: "class", or "text" when a prompt was explained (``vitlens.attribution.text``).
         text_embeddings: for a text target, [P, D] float32 unit text embeddings of the
             prompts (what deletion / insertion score against); None otherwise.
+        stride_px: (sy, sx) pixels between the map's cells: the patch stride for maps on the patch-token grid,
+            a stage's stride for CAMs on a hierarchical model's stage (the last stage's: 32 px on a 224 px Swin,
+            ``grid`` 7x7 where the patch grid is 56x56); None in files of an older vitlens (the model's patch
+            stride). The perturbation metrics remove whole cells of this size (``cell_px``).
     """
 
     kind = "attribution"
@@ -75,6 +79,7 @@ class AttributionResult(Result):
     label_names: list = field(default_factory=list)
     target_kind: str = "class"
     text_embeddings: np.ndarray | None = None
+    stride_px: tuple | None = None
 
     def target_name(self, index: int) -> str:
         """The class (or prompt) explained for image ``index`` in words: 'ring', 'a photo of a dog', or 'class 4'
@@ -93,6 +98,10 @@ class AttributionResult(Result):
         return [{"method": self.method, "image": i, "target": int(self.targets[i]), "row": r, "col": c,
                  "value": float(self.maps[i, r, c])} for i in range(b) for r in range(gh) for c in range(gw)]
 
+    def cell_px(self, patch_stride: tuple[int, int]) -> tuple[int, int]:
+        """(sy, sx) pixels of one map cell: ``stride_px``, or ``patch_stride`` (the model's) where it is None."""
+        return tuple(int(v) for v in (self.stride_px or patch_stride))  # type: ignore[return-value]
+
     def upsampled(self) -> np.ndarray:
         """[B, H, W] maps resized (bilinear) to the input size, for display."""
         return np.stack([upsample_map(mp, self.image_size) for mp in self.maps])
@@ -105,8 +114,9 @@ def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
         if has_text_tower(m):  # CLIP / SigLIP: the map explains the similarity to a prompt
             raise InvalidParameterError(f"{m.spec.name} has a text tower and no classifier head: give the prompt "
                                         "to explain, e.g. target=\"a photo of a dog\" (the image's similarity to it).")
+        agnostic = [name for name in methods_for(m) if not METHOD_TABLE[name].needs_target]
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so there is no class to attribute; "
-                                    "use method='rollout' or a model with a head.")
+                                    f"use a class-agnostic method ({', '.join(agnostic)}) or a model with a head.")
     if target is None:
         return m.logits(x).argmax(-1)
     t = torch.as_tensor(target, dtype=torch.long, device=m.device).reshape(-1)
@@ -219,6 +229,13 @@ class Method:
         variant_of: the method this one is a named variant of ("" for none): the variant is offered wherever the
             table is read (``attribute``, the CLI's and the report's choices, the app) but left out of
             ``default_methods``, so a default comparison runs each method once.
+        kinds: the ``ModelSpec.kind`` values the method is defined for ("vit", "hybrid", "hierarchical"): a
+            method that reads a ViT's token-by-token attention over one grid ([B, H, T, T] maps, a class token's
+            row: gradient rollout, AttnLRP) is not defined on a hierarchical model's windows and stages; the
+            input-space methods (captum's) and the CAMs (on a stage's grid) are defined for every differentiable
+            model, and rollout is the windowed rollout there. ``attribute`` refuses a method outside its kinds
+            and names those defined (``methods_for``); the app, the report and the CLI offer only those. A method
+            registered without saying so is for ViTs and hybrids.
     """
 
     name: str
@@ -233,6 +250,7 @@ class Method:
     install: str = ""
     rollout_row: bool = False
     variant_of: str = ""
+    kinds: tuple[str, ...] = ("vit", "hybrid")
 
     @property
     def class_agnostic(self) -> bool:
@@ -251,20 +269,31 @@ def package_available(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
+#: every ``ModelSpec.kind``: what a method defined for any differentiable model gives ``Method.kinds`` (rollout:
+#: the view's own, through a hierarchical model's windows or a CaiT's class-attention layers)
+ALL_KINDS: tuple[str, ...] = ("vit", "hybrid", "hierarchical", "class-attention")
+#: the kinds whose CAM layer the family names (a CaiT's last blocks are class-attention layers: no CAM layer yet)
+CAM_KINDS: tuple[str, ...] = ("vit", "hybrid", "hierarchical")
+
 METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
+    # rollout of a hierarchical model: through its windows and patch mergings (vl.attention_rollout)
     Method("rollout", _rollout, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
-           note="class-agnostic: the same map for every target", quick=True, preselected=True, rollout_row=True),
+           note="class-agnostic: the same map for every target", quick=True, preselected=True, rollout_row=True,
+           kinds=ALL_KINDS),
     Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True),
-    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}),  # captum's 50 is slow on a CPU
-    Method("saliency", _saliency, quick=True, preselected=True),
-    Method("input_x_gradient", _input_x_gradient, quick=True),
-    Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16}),
-    # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm;
-    # scorecam's masked_per_forward: masked images per forward
+    # captum's input-space methods: gradients or occlusions of the input, defined for any differentiable model
+    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, kinds=ALL_KINDS),  # captum's 50: slow
+    Method("saliency", _saliency, quick=True, preselected=True, kinds=ALL_KINDS),
+    Method("input_x_gradient", _input_x_gradient, quick=True, kinds=ALL_KINDS),
+    Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
+           kinds=ALL_KINDS),
+    # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm
+    # (a hierarchical model: the last stage's last block, on that stage's grid); scorecam's masked_per_forward:
+    # masked images per forward
     *(Method(name, partial(cam_maps, method=name),
              {"target_layer": None, **({"masked_per_forward": 64} if name == "scorecam" else {})},
              needs_target=name != "eigencam", package=CAM_PACKAGE, install=CAM_INSTALL["python"],
-             slow=name == "scorecam", quick=name == "gradcam",
+             slow=name == "scorecam", quick=name == "gradcam", kinds=CAM_KINDS,
              note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit"),
@@ -305,16 +334,71 @@ def missing_packages() -> dict[str, str]:
     return {mt.package: mt.install for mt in METHOD_TABLE.values() if not mt.available()}
 
 
-def default_methods() -> tuple[str, ...]:
+def _kind(model: Any) -> str | None:
+    """The ``ModelSpec.kind`` of a ``LoadedModel``, a spec or a kind's name; None for None."""
+    if model is None or isinstance(model, str):
+        return model
+    return getattr(getattr(model, "spec", model), "kind")
+
+
+def methods_for(model: Any) -> tuple[str, ...]:
+    """The methods of ``METHOD_TABLE`` defined for ``model``'s kind of model (``Method.kinds``): a
+    ``LoadedModel``, its spec, or a kind ("vit", "hybrid", "hierarchical"). What ``attribute`` accepts for it and
+    what the app, the report and the CLI offer (those whose package is missing included: ``available_methods``)."""
+    kind = _kind(model)
+    return tuple(name for name, mt in METHOD_TABLE.items() if kind in mt.kinds)
+
+
+def default_methods(model: Any = None) -> tuple[str, ...]:
     """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam), not slow and
-    not a named variant of another (``Method.variant_of``: ``attnlrp_gamma``, ``cp_lrp``)."""
+    not a named variant of another (``Method.variant_of``: ``attnlrp_gamma``, ``cp_lrp``); given a model (or its
+    kind), only those defined for it (``methods_for``)."""
+    kind = _kind(model)
     return tuple(name for name in available_methods()
-                 if not METHOD_TABLE[name].slow and not METHOD_TABLE[name].variant_of)
+                 if not METHOD_TABLE[name].slow and not METHOD_TABLE[name].variant_of
+                 and (kind is None or kind in METHOD_TABLE[name].kinds))
 
 
-def preselected_methods() -> tuple[str, ...]:
-    """The few methods the app preselects and ``sanity_table`` runs by default (``Method.preselected``)."""
-    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected)
+def preselected_methods(model: Any = None) -> tuple[str, ...]:
+    """The few methods the app preselects and ``sanity_table`` runs by default (``Method.preselected``); given a
+    model (or its kind), only those defined for it."""
+    kind = _kind(model)
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected and (kind is None or kind in mt.kinds))
+
+
+def refusal(m: LoadedModel, method: str) -> str:
+    """One line: why ``method`` is not defined for ``m``'s kind of model, and which methods are."""
+    mt = METHOD_TABLE[method]
+    if m.spec.kind == "hierarchical":
+        why = (f"{method} reads a ViT's token-by-token attention over one patch grid (its [B, heads, T, T] maps), "
+               f"which {m.spec.name} does not have: it is hierarchical (windowed attention on stages of coarser grids)")
+    elif m.spec.kind == "class-attention":
+        why = (f"{method} reads a ViT whose every block attends over the same tokens, and {m.spec.name} has "
+               "self-attention blocks over the patches alone, then class-attention layers (CaiT)")
+    else:
+        why = f"{method} is defined for {', '.join(mt.kinds)} models and {m.spec.name} is a {m.spec.kind} model"
+    return f"{why}; the methods defined for it: {', '.join(methods_for(m)) or 'none'}."
+
+
+def map_stride(m: LoadedModel, grid: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
+    """(sy, sx) pixels between the cells of a map on ``grid`` for inputs of ``size``: the patch stride on the
+    patch-token grid, a stage's stride on that stage's grid (a hierarchical model's CAM); else the size over the
+    grid, rounded up."""
+    if tuple(grid) == tuple(m.grid_for(size)):
+        return tuple(int(v) for v in m.spec.stride_px)  # type: ignore[return-value]
+    for g, stride in stage_layouts(m):
+        if tuple(g) == tuple(grid):
+            return stride
+    return (-(-int(size[0]) // int(grid[0])), -(-int(size[1]) // int(grid[1])))
+
+
+def map_grids(m: LoadedModel, size: tuple[int, int]) -> list[tuple[int, int]]:
+    """The grids a map of ``m`` may be on for inputs of ``size``: its patch-token grid, and a hierarchical model's
+    stage grids (its CAMs')."""
+    grids = [tuple(int(v) for v in m.grid_for(size))]
+    if m.spec.kind == "hierarchical":
+        grids += [g for g, _s in stage_layouts(m) if g not in grids]
+    return grids  # type: ignore[return-value]
 
 
 def attribute(
@@ -356,19 +440,8 @@ def attribute(
     if method not in METHOD_TABLE:
         raise InvalidParameterError(f"method must be one of {', '.join(METHOD_TABLE)}; got {method!r}.")
     spec = METHOD_TABLE[method]
-    if m.spec.kind == "hierarchical":
-        raise UnsupportedModelError(
-            f"{method} maps the tokens of one patch grid; {m.spec.name} is hierarchical (windowed attention on stages "
-            "of coarser grids, Swin), for which vitlens offers no attribution method yet. Its windowed views are "
-            "exact: attention distance per stage and rollout through the windows and patch mergings "
-            "(vl.attention_rollout).")
-    if m.spec.kind == "class-attention":
-        raise UnsupportedModelError(
-            f"{method} is not offered for {m.spec.name}: its self-attention blocks read the patches alone and its "
-            "class-attention layers the class token's one query, which vitlens's attribution methods (written for a ViT "
-            "whose every block attends over the same tokens) do not yet follow. Its views are exact: attention "
-            "distance of the self-attention blocks and rollout from the class token through both kinds "
-            "(vl.attention_rollout).")
+    if m.spec.kind not in spec.kinds:
+        raise UnsupportedModelError(refusal(m, method))
     unknown = set(params) - set(spec.defaults)
     if unknown:
         raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "
@@ -381,7 +454,7 @@ def attribute(
         text = TextTargets(m, target, count_images(images), tokenizer)
         explained["score"] = SCORE if spec.needs_target else "none (class-agnostic); the prompt is recorded only"
     score = text.scorer(m) if text is not None else _forward_fn(m)
-    maps, targets, grid, size, done = [], [], None, None, 0
+    maps, targets, grid, size, done, map_grid = [], [], None, None, 0, None
     start = time.perf_counter()
     with Progress(progress, count_images(images), method) as bar:
         for x in iter_batches(images, m.data_config, batch_size):
@@ -395,6 +468,7 @@ def attribute(
                     batch_target = list(target)[done: done + x.shape[0]]
                 t = None if (target is None and not spec.needs_target) else _targets(m, x, batch_target)
             batch_maps, batch_targets = spec.fn(m, x, t, grid, p, score)
+            map_grid = (int(batch_maps.shape[1]), int(batch_maps.shape[2]))  # a CAM's layer may be on a coarser grid
             maps.append(batch_maps)
             targets.append(np.asarray(batch_targets))
             done += x.shape[0]
@@ -405,8 +479,18 @@ def attribute(
         notes.append("no class token: mean over the patch tokens' rows")
     if text is not None and spec.needs_target:
         notes.append("explains the image-text cosine similarity to the prompt")
+    stride = map_stride(m, map_grid, size) if map_grid is not None else tuple(m.spec.stride_px)
+    if map_grid is not None and map_grid != tuple(grid):
+        layouts = stage_layouts(m)
+        stage = next((i for i, (g, _s) in enumerate(layouts) if g == map_grid), None)
+        where = ("the layer's" if stage is None else
+                 f"stage {stage + 1}'s" + (" (the last)" if stage == len(layouts) - 1 else ""))
+        notes.append(f"on {where} {map_grid[0]}x{map_grid[1]} grid ({stride[0]} px cells), coarser than the "
+                     f"{grid[0]}x{grid[1]} patch grid ({m.spec.stride_px[0]} px) of the first stage")
+        grid = map_grid
     return AttributionResult(method=method, maps=np.concatenate(maps).astype(np.float64),
                              targets=np.concatenate(targets).astype(np.int64), grid=grid, image_size=size,
+                             stride_px=stride,
                              seconds_per_image=elapsed / max(done, 1), params={**p, **explained}, note="; ".join(notes),
                              model_name=m.spec.name,
                              label_names=list(text.names) if text is not None else list(m.label_names() or []),

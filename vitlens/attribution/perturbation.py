@@ -145,9 +145,12 @@ def _check_fractions(fractions: Sequence[float], name: str) -> np.ndarray:
 
 
 def _check_maps(m: LoadedModel, attribution: AttributionResult) -> None:
-    if tuple(attribution.grid) != tuple(m.grid_for(attribution.image_size)):
+    from .methods import map_grids
+
+    grids = map_grids(m, attribution.image_size)  # the patch grid; a hierarchical model's stage grids too (its CAMs)
+    if tuple(attribution.grid) not in grids:
         raise InvalidParameterError(f"these {attribution.method} maps are on a {attribution.grid} grid, not this "
-                                    f"model's {m.grid_for(attribution.image_size)}; compute them on this model.")
+                                    f"model's {' or '.join(str(g) for g in grids)}; compute them on this model.")
 
 
 @dataclass(eq=False, repr=False)
@@ -228,6 +231,7 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
     ordering = check_ordering(proto.ordering if ordering is None else ordering)
     f = _check_fractions(fractions, "fractions")
     _check_maps(m, attribution)
+    cell = attribution.cell_px(m.spec.stride_px)  # pixels of one map cell (a hierarchical CAM's: a stage's)
     scorer = _Scorer(m, attribution, labels)
     curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
     offset = 0
@@ -237,7 +241,7 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
         fill_x = fill_image(x, fill, m.data_config)
         index = np.repeat(np.arange(offset, offset + b), s)
         for most_first in (True, False):
-            masks = removal_masks(attribution.maps[offset:offset + b], f, most_first, m.spec.stride_px,
+            masks = removal_masks(attribution.maps[offset:offset + b], f, most_first, cell,
                                   tuple(x.shape[-2:]), granularity, ordering).to(x.device)[:, :, None]  # [b, S, 1, H, W]
             perturbed = torch.where(masks, fill_x[:, None], x[:, None]).reshape(b * s, *x.shape[1:])
             curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
@@ -331,6 +335,7 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
     ordering = check_ordering(proto.ordering if ordering is None else ordering)
     pct = _check_fractions(percentages, "percentages")
     _check_maps(m, attribution)
+    cell = attribution.cell_px(m.spec.stride_px)  # pixels of one map cell (a hierarchical CAM's: a stage's)
     scorer = _Scorer(m, attribution, labels)
     rng = np.random.default_rng(seed)
     curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
@@ -340,7 +345,7 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
         xs = x.detach().cpu().to(torch.float64).numpy()
         index = np.repeat(np.arange(offset, offset + b), s)
         for most_first in (True, False):
-            masks = removal_masks(attribution.maps[offset:offset + b], pct, most_first, m.spec.stride_px,
+            masks = removal_masks(attribution.maps[offset:offset + b], pct, most_first, cell,
                                   tuple(x.shape[-2:]), granularity, ordering).numpy()  # [b, S, H, W]
             filled = np.stack([noisy_linear_impute(xs, masks[:, k], noise_std, rng) for k in range(s)], axis=1)
             perturbed = torch.as_tensor(filled.reshape(b * s, *x.shape[1:]), dtype=x.dtype, device=m.device)

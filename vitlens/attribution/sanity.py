@@ -264,7 +264,8 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
     Args:
         m: the model (never modified: the cascade runs on a deep copy).
         images: the images (read once into a list unless a tensor).
-        methods: names from ``METHOD_TABLE``; None for ``preselected_methods()`` (rollout, grad_rollout, saliency).
+        methods: names from ``METHOD_TABLE``; None for ``preselected_methods(m)`` (rollout, grad_rollout, saliency;
+            those defined for the model's kind).
         target: class to explain (one for all, one per image, or None for the original model's predictions);
             the same targets are explained at every step.
         seed: seed of the re-initialisation.
@@ -277,7 +278,7 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
     Returns:
         A ``SanityTable``: one ``SanityResult`` per method (``results``), each with its verdict.
     """
-    methods = preselected_methods() if methods is None else methods
+    methods = preselected_methods(m) if methods is None else methods
     bad = [mt for mt in methods if mt not in METHOD_TABLE]
     if bad or not methods:
         raise InvalidParameterError(f"methods must be names from {', '.join(METHOD_TABLE)}; got {list(methods)!r}.")

@@ -30,8 +30,9 @@ class WindowGeometry:
         allowed: [windows, N, N] bool: which keys each query of a window may attend (the shifted windows' mask;
             all True in a plain window), padding excluded.
         kind: "window", "shifted window", "global" (one window over the whole grid), or for a block whose keys are
-            not its queries' tokens, "pooled" (MViT v2: keys pooled to a coarser grid) or "query-pooled" (Hiera:
-            the queries pooled to the next stage's grid, the keys the block's input tokens).
+            not its queries' tokens, "pooled" (MViT v2: keys pooled to a coarser grid) or "query-pooled window" /
+            "query-pooled global" (Hiera: the queries pooled to the next stage's grid, the keys the block's input
+            tokens, within mask units or over all of them).
 
     A block whose queries and keys are tokens of different grids (pooling attention) says so in the optional
     fields below; left at None, the keys are the queries' tokens (``index``) on the stage's grid, and the block

@@ -219,6 +219,13 @@ class Family:
                 return child
         return None
 
+    def cam_layer(self, model: nn.Module) -> str | None:
+        """The module name the Grad-CAM family reads by default on a hierarchical model (``spec.kind ==
+        "hierarchical"``): the last stage's last block's output, or the module the family names in its place, whose
+        output is that stage's tokens ([B, H, W, C], [B, H * W, C] or [B, C, H, W]); None for a ViT, whose CAMs read
+        the last block's ``attention_input``."""
+        return None
+
     def matches(self, model: nn.Module) -> bool:
         """Whether ``model`` belongs to this family (refusals included: ``check`` says why)."""
         raise NotImplementedError
@@ -392,8 +399,6 @@ def register(family: Family) -> Family:
 REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
-    "hiera": "mask-unit attention over a reordered token sequence (Hiera)",
-    "hieradet_sam2": "mask-unit window attention in stages (SAM 2's Hiera image encoder)",
 }
 
 

@@ -7,9 +7,10 @@ model's output is ``get_image_features``, the projected image embedding).
 
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
-``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (Hiera,
-SAM, ViTDet, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
-read by ``vitlens.families.hf_swin``, PVT and PVT v2 by ``vitlens.families.hf_pvt``.
+``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (SAM,
+ViTDet, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are
+read by ``vitlens.families.hf_swin``, Hiera by ``vitlens.families.hiera``, PVT and PVT v2 by
+``vitlens.families.hf_pvt``.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -70,7 +71,6 @@ TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_mod
 REFUSED_MODEL_TYPES = {
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
-    "hiera": "mask-unit windowed attention over pooled stages (Hiera)",
     "sam_vision_model": "windowed attention with decomposed relative-position bias (SAM)",
     "sam": "windowed attention with decomposed relative-position bias (SAM)",
     "sam_hq": "windowed attention with decomposed relative-position bias (SAM-HQ)",
@@ -100,6 +100,7 @@ PROCESSOR_DEFAULTS = {
     "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
     "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
     "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+    "hiera": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-hiera family (hiera.py)
     "pvt": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-pvt family (hf_pvt.py)
     "pvt_v2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
 }
@@ -107,6 +108,9 @@ PROCESSOR_DEFAULTS = {
 WINDOWED_TYPES = ("swin", "swinv2")
 #: model types of pyramid ViTs (spatial-reduction attention): read by ``vitlens.families.hf_pvt``, not by this family
 PYRAMID_TYPES = ("pvt", "pvt_v2")
+#: model types read by a family of their own, not by this one (the Swins above; Hiera: ``vitlens.families.hiera``;
+#: PVT and PVT v2: ``vitlens.families.hf_pvt``)
+OWN_FAMILY_TYPES = WINDOWED_TYPES + ("hiera",) + PYRAMID_TYPES
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 class _Active(threading.local):
@@ -333,7 +337,7 @@ class HuggingFaceViT(Family):
     attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) not in WINDOWED_TYPES + PYRAMID_TYPES
+        return is_hf_model(model) and tower_type(model) not in OWN_FAMILY_TYPES
 
     def check(self, model: nn.Module, name: str) -> None:
         from .base import AttentionClassUnknown

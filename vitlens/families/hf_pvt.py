@@ -163,10 +163,11 @@ class HuggingFacePvt(Family):
         """(stage, layer) of every layer, first to last."""
         return [(s, layer) for s, (_emb, layers) in enumerate(self.stages(model)) for layer in layers]
 
-    def stage_layout(self, model: nn.Module, input_hw: Sequence[int]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-        """(token grid, pixel stride) of every stage at an input of ``input_hw`` pixels: each embedding
-        convolution's output size, the stride the product of the convolutions' strides."""
-        grid, stride = tuple(int(s) for s in input_hw), (1, 1)
+    def stage_layout(self, model: nn.Module, input_hw: Sequence[int] | None = None
+                     ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """(token grid, pixel stride) of every stage at an input of ``input_hw`` pixels (None: the built size): each
+        embedding convolution's output size, the stride the product of the convolutions' strides."""
+        grid, stride = tuple(int(s) for s in (input_hw or self.image_size(model))), (1, 1)
         out = []
         for emb, _layers in self.stages(model):
             conv = self.embedding_conv(emb)
@@ -177,6 +178,27 @@ class HuggingFacePvt(Family):
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
         return _pair(self.base(model).config.image_size)
+
+    def cam_layer(self, model: nn.Module) -> str | None:
+        """PVT v2: its last stage's final ``layer_norm`` over the stage's tokens [B, H * W, C] (what the classifier
+        averages; a transformers PVT layer returns a tuple, so the norm that follows the last one stands in for its
+        output). PVT v1 is refused in one line: its last stage's tokens are [class token, grid], and its classifier
+        reads the class token alone.
+
+        Raises:
+            ViewNotAvailableError: PVT v1.
+        """
+        if tower_type(model) == "pvt":
+            from ..errors import ViewNotAvailableError
+
+            raise ViewNotAvailableError(
+                "PVT v1's last stage holds its class token beside the grid's tokens and its classifier reads the "
+                "class token alone, so a CAM on that stage's grid is not defined here; its input methods (saliency, "
+                "integrated gradients, ...) and the rollout from the class token are.")
+        base = self.base(model)
+        prefix = next(n for n, mod in model.named_modules() if mod is base)
+        last = f"encoder.layers.{len(base.encoder.layers) - 1}.layer_norm"
+        return f"{prefix}.{last}" if prefix else last
 
     # --- geometry -----------------------------------------------------------------------------------------------
 

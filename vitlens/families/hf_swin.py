@@ -161,6 +161,14 @@ class HuggingFaceSwin(Family):
         # follows the attention, which reads the layer's input)
         return "layernorm_before" if tower_type(model) == "swin" else None
 
+    def cam_layer(self, model: nn.Module) -> str | None:
+        """The final ``layernorm`` over the last stage's tokens [B, H * W, C] (what the pooler averages): a
+        transformers Swin layer returns a tuple, and no module of the last layer outputs its residual sum, so
+        the norm that follows it stands in for the last block's output."""
+        base = self.base(model)
+        prefix = next(n for n, mod in model.named_modules() if mod is base)
+        return f"{prefix}.layernorm" if prefix else "layernorm"
+
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
             if tower_type(model) == "swinv2":

@@ -69,6 +69,10 @@ class TimmSam(Family):
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name)
 
+    def cam_layer(self, model: nn.Module) -> str | None:
+        """The last block (its output: the grid's tokens [B, H, W, C], NHWC, before the neck)."""
+        return f"blocks.{len(model.blocks) - 1}"
+
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         stride = tuple(int(p) for p in model.patch_embed.patch_size)
         out = []

@@ -232,6 +232,12 @@ class TimmSwin(Family):
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name)
 
+    def cam_layer(self, model: nn.Module) -> str | None:
+        """The last stage's last block (its output: the last stage's tokens [B, H, W, C], NHWC, which the final norm
+        and the average pool hand the classifier)."""
+        stages = self.stages(model)
+        return f"{self.stages_attr}.{len(stages) - 1}.blocks.{len(stages[-1].blocks) - 1}"
+
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         layout = self.stage_layout(model)
         return [block_windows(block, layout[stage][0], stage, layout[stage][1], self.window_method)

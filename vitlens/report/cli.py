@@ -240,7 +240,7 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     from vitlens.attribution.sanity import quick_methods, sanity_table
 
     n = min(args.attribution_images, len(images))
-    methods = report_methods(getattr(args, "methods", None), lambda line: _log(args, line))
+    methods = report_methods(getattr(args, "methods", None), lambda line: _log(args, line), m)
     quick = quick_methods()
     table = compare_methods(m, images[:n], methods=methods, masks=None if masks is None else masks[:n],
                             batch_size=args.batch_size, progress=not args.quiet, metrics=getattr(args, "metrics", None))
@@ -261,17 +261,29 @@ def _attributions(args: argparse.Namespace, m: Any, images: list, masks: np.ndar
     return table
 
 
-def report_methods(picked: Sequence[str] | None, log: Any = None) -> list[str]:
+def report_methods(picked: Sequence[str] | None, log: Any = None, model: Any = None) -> list[str]:
     """The attribution methods of a report, read from ``METHOD_TABLE``: those ``--methods`` picked; ``all`` for
     every method available here (one whose extra package is missing is left out, and ``log`` says which and
     how to install it); by default the quick set the app preselects too (``Method.preselected``: rollout,
     grad_rollout, saliency), so a default report's attributions take seconds, and the slow methods
-    (integrated gradients, occlusion, the CAMs, AttnLRP) are a choice. A picked method that is not available
-    is a CliError."""
-    from vitlens.attribution.methods import METHOD_TABLE, available_methods, missing_packages, preselected_methods
+    (integrated gradients, occlusion, the CAMs, AttnLRP) are a choice. Given the model (or its kind), only the
+    methods defined for its kind (``methods_for``: a hierarchical model has rollout, captum's input methods and
+    the CAMs). A picked method that is not available, or not defined for the model, is a CliError."""
+    from vitlens.attribution.methods import (METHOD_TABLE, available_methods, methods_for, missing_packages,
+                                             preselected_methods, refusal)
 
-    available = available_methods()
+    defined = tuple(METHOD_TABLE) if model is None else methods_for(model)
+    available = tuple(k for k in available_methods() if k in defined)
     if picked and ALL_METHODS not in picked:
+        undefined = [name for name in picked if name not in defined]
+        if undefined:  # left out of this model's section (another model of the report may have them), or refused
+            line = (refusal(model, undefined[0]) if hasattr(model, "spec") else
+                    f"{', '.join(undefined)} {'is' if len(undefined) == 1 else 'are'} not defined for this kind of "
+                    f"model; the methods defined for it: {', '.join(defined)}.")
+            picked = [name for name in picked if name in defined]
+            if not picked or log is None:
+                raise CliError(line)
+            log(f"{getattr(getattr(model, 'spec', None), 'name', 'this model')}: no {', '.join(undefined)} ({line})")
         missing = [name for name in picked if name not in available]
         if missing:
             raise CliError(f"{', '.join(missing)} need{'s' if len(missing) == 1 else ''} "
@@ -279,10 +291,10 @@ def report_methods(picked: Sequence[str] | None, log: Any = None) -> list[str]:
                            + " ".join(sorted({METHOD_TABLE[k].install for k in missing if METHOD_TABLE[k].install})))
         return list(dict.fromkeys(picked))
     if not picked:
-        return [k for k in preselected_methods() if k in available]
+        return [k for k in preselected_methods(model) if k in available]
     if log is not None:
         for package, install in missing_packages().items():
-            left = [k for k, mt in METHOD_TABLE.items() if mt.package == package]
+            left = [k for k, mt in METHOD_TABLE.items() if mt.package == package and k in defined]
             log(f"{package} is not installed, so no {', '.join(left)} ({install})")
     return list(available)
 
@@ -486,7 +498,7 @@ def _positive(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vitlens.attribution.methods import METHOD_TABLE
+    from vitlens.attribution.methods import METHOD_TABLE, methods_for
     from vitlens.attribution.metrics import METRIC_TABLE
     from vitlens.survey.stats import SURVEY_VIEW_NAMES
 
@@ -502,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--methods", nargs="+", default=None, choices=[*METHOD_TABLE, ALL_METHODS], metavar="METHOD",
                    help="attribution methods for --attributions (default: the quick set, "
                         f"{', '.join(k for k, mt in METHOD_TABLE.items() if mt.preselected)}; "
-                        f"'{ALL_METHODS}' for every available one, the slow ones included): " + ", ".join(METHOD_TABLE))
+                        f"'{ALL_METHODS}' for every available one, the slow ones included; each model gets those "
+                        f"defined for its kind, a hierarchical one (Swin) {', '.join(methods_for('hierarchical'))}): "
+                        + ", ".join(METHOD_TABLE))
     r.add_argument("--metrics", nargs="+", default=None, choices=list(METRIC_TABLE), metavar="METRIC",
                    help="perturbation metrics for --attributions (default: "
                         f"{', '.join(k for k, mt in METRIC_TABLE.items() if mt.default)}): "
