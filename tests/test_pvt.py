@@ -402,3 +402,5 @@ def test_gradcam_of_pvt_v2_reads_its_last_stages_final_norm_and_pvt_v1_refuses_c
         vl.attribute(v1, x, method="gradcam")
     assert "\n" not in str(err.value)
     assert vl.attribute(v1, x, method="rollout").maps.shape[-2:] == (16, 16)
+    saliency = vl.attribute(v1, x, method="saliency")  # captum's input methods, on the first stage's grid
+    assert saliency.maps.shape[-2:] == tuple(saliency.grid) == (16, 16) and np.abs(saliency.maps).sum() > 0
