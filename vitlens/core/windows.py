@@ -47,6 +47,12 @@ class WindowGeometry:
         key_from: the stated transport of the keys onto the input tokens (None: the keys are the input tokens).
         query_from: the stated transport of the block's output tokens (its queries and pooled residual) onto the
             input tokens (None: the identity).
+        stage_from: the stated transport of the tokens entering the block (``in_grid``) onto the previous block's
+            output tokens, where a stage's own embedding makes them (PVT: a strided convolution of the previous
+            stage's tokens); None: the patch merging (``merge_transport``) where the two grids differ, else none.
+        prefix_tokens: tokens outside every grid at the start of the block's one window (PVT v1's class token in
+            its last stage), marked -1 in ``index`` and ``key_index`` (they have no place in the image: the distance
+            reads the grid's tokens alone), carried by the rollout as tokens of their own (0: none).
     """
 
     stage: int
@@ -62,6 +68,8 @@ class WindowGeometry:
     input_grid: tuple[int, int] | None = None
     key_from: "Transport | None" = None
     query_from: "Transport | None" = None
+    stage_from: "Transport | None" = None
+    prefix_tokens: int = 0
 
     @property
     def num_windows(self) -> int:
@@ -159,6 +167,32 @@ def pooling_transport(fine: tuple[int, int], kernel: tuple[int, int], stride: tu
             weights += [1.0 / len(cells)] * len(cells)
     return Transport(np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64), np.array(weights),
                      (int(out[0] * out[1]), int(h * w)))
+
+
+def adaptive_pooling_transport(fine: tuple[int, int], coarse: tuple[int, int]) -> Transport:
+    """The transport of an adaptive average pooling (``nn.AdaptiveAvgPool2d(coarse)``): pooled token (i, j) the mean
+    of the fine tokens of its bin, rows floor(i H / H') to ceil((i + 1) H / H') - 1 (columns likewise), the
+    bins PyTorch averages (they overlap, or repeat a token, where the pooled grid is not a divisor of the fine one).
+
+    Args:
+        fine: (H, W) the grid pooled.
+        coarse: (H', W') the pooled grid.
+
+    Returns:
+        The ``Transport`` [H' * W', H * W] (exactly the pooling's weights).
+    """
+    (h, w), (oh, ow) = fine, coarse
+    rows, cols, weights = [], [], []
+    for i in range(oh):
+        ys = range(i * h // oh, -(-(i + 1) * h // oh))
+        for j in range(ow):
+            xs = range(j * w // ow, -(-(j + 1) * w // ow))
+            cells = [y * w + x for y in ys for x in xs]
+            rows += [i * ow + j] * len(cells)
+            cols += cells
+            weights += [1.0 / len(cells)] * len(cells)
+    return Transport(np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64), np.array(weights),
+                     (int(oh * ow), int(h * w)))
 
 
 def transport_centres(t: Transport, centres: np.ndarray) -> np.ndarray:
@@ -262,5 +296,5 @@ def refuse_class_attention(spec: Any, what: str) -> None:
             "vl.capture_attention ([B, heads, N, N], then [B, heads, 1, 1 + N]).")
 
 
-__all__ = ["Transport", "WindowGeometry", "merge_transport", "pooling_transport", "refuse_class_attention",
+__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "merge_transport", "pooling_transport", "refuse_class_attention",
            "refuse_windowed", "stage_centres", "transport_centres"]

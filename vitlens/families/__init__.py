@@ -10,7 +10,7 @@ from .base import (FAMILIES, REFUSED_FAMILIES, Adapter, CaptureAbilities, Captur
 # every family module, imported here so that each registers itself (they import only ``base``, so none
 # imports this package back); a new family adds its module to this line (``generic`` is a fallback: tried last
 # whatever its place in FAMILIES, and registered last so that ``vitlens models`` lists it last)
-from . import cait, hf, hf_swin, hf_vitdet, hiera, mvit, openclip, sam, swin, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: E402,F401
+from . import cait, hf, hf_pvt, hf_swin, hf_vitdet, hiera, mvit, openclip, sam, swin, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: E402,F401
 from . import generic  # noqa: E402,F401  (the fallback: listed last)
 from .layouts import LAYOUTS, Layout, register_layout  # noqa: E402  (where the generic capture finds a ViT's pieces)
 

@@ -7,10 +7,10 @@ model's output is ``get_image_features``, the projected image embedding).
 
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
-``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones (PVT, ...) are
-refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are read by
+``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones it cannot (DiNAT,
+NAT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are read by
 ``vitlens.families.hf_swin``, Hiera by ``vitlens.families.hiera``, ViTDet and the SAM / SAM-HQ image encoders by
-``vitlens.families.hf_vitdet``.
+``vitlens.families.hf_vitdet``, PVT and PVT v2 by ``vitlens.families.hf_pvt``.
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -67,14 +67,12 @@ TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_mod
                "siglip2": "siglip2_vision_model", "sam": "sam_vision_model", "sam_hq": "sam_hq_vision_model"}
 #: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
 #: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2, ViTDet,
-#: SAM and SAM-HQ, Hiera are read: ``OWN_FAMILY_TYPES``; hf_swin, hf_vitdet, hiera)
+#: SAM and SAM-HQ, Hiera, PVT and PVT v2 are read: ``OWN_FAMILY_TYPES``)
 REFUSED_MODEL_TYPES = {
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
     "dinat": "dilated neighbourhood attention (DiNAT)",
     "nat": "neighbourhood attention (NAT)",
-    "pvt": "spatial-reduction attention over pooled keys, in stages (PVT)",
-    "pvt_v2": "spatial-reduction attention over pooled keys, in stages (PVTv2)",
 }
 INLINE_KEY = "vitlens_inline"
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -103,13 +101,19 @@ PROCESSOR_DEFAULTS = {
     "vitdet": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
     "sam_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
     "sam_hq_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "pvt": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-pvt family (hf_pvt.py)
+    "pvt_v2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
 }
 #: model types of windowed, hierarchical models, not read by this family: Swin and Swin V2 by
 #: ``vitlens.families.hf_swin``, ViTDet, SAM and SAM-HQ (their vision encoders) by ``vitlens.families.hf_vitdet``
 WINDOWED_TYPES = ("swin", "swinv2", "vitdet", "sam_vision_model", "sam_hq_vision_model")
-#: model types read by a family of their own, not by this one (the windowed types above; Hiera: ``vitlens.families.hiera``)
-OWN_FAMILY_TYPES = WINDOWED_TYPES + ("hiera",)
+#: model types of pyramid ViTs (spatial-reduction attention): read by ``vitlens.families.hf_pvt``
+PYRAMID_TYPES = ("pvt", "pvt_v2")
+#: model types read by a family of their own, not by this one (the windowed types above; Hiera:
+#: ``vitlens.families.hiera``; PVT and PVT v2: ``vitlens.families.hf_pvt``)
+OWN_FAMILY_TYPES = WINDOWED_TYPES + ("hiera",) + PYRAMID_TYPES
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
 
 class _Active(threading.local):
     """Per thread, the captures whose inline hooks are active: (id(attention module) -> layer, the request).

@@ -168,11 +168,13 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
 def sdpa_request(config: Any) -> dict[str, str]:
     """``{"attn_implementation": "sdpa"}`` for a model the ``hf-vit`` family does not name (DINOv3, AIMv2,
     Data2Vec-Vision, BEiT, ...): the generic call-level capture reads it at its scaled_dot_product_attention
-    calls, so it is loaded on that implementation; {} for the family's own (read under any implementation)."""
-    from ..families.hf import MODEL_TYPES, TOWER_TYPES
+    calls, so it is loaded on that implementation; {} for the family's own (read under any implementation) and for
+    PVT and PVT v2 (``hf-pvt`` reads their one, eager, implementation)."""
+    from ..families.hf import MODEL_TYPES, PYRAMID_TYPES, TOWER_TYPES
 
     model_type = getattr(config, "model_type", None)
-    return {} if TOWER_TYPES.get(model_type, model_type) in MODEL_TYPES else {"attn_implementation": "sdpa"}
+    own = TOWER_TYPES.get(model_type, model_type) in MODEL_TYPES + PYRAMID_TYPES
+    return {} if own else {"attn_implementation": "sdpa"}
 
 
 def _with_sdpa(build: Any, impl: dict[str, str]) -> nn.Module:

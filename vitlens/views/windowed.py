@@ -14,7 +14,12 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 - rollout: A' = (A + I) / rowsum(A + I) per block on the stage's tokens (A's window blocks placed on the
   stage grid, weight on padding dropped), the source the mean over the last stage's tokens (the model pools
   them by their mean), composed from the last block back; across a patch merging, each coarse token is the
-  mean of the fine tokens it merges (``merge_transport``), so the chain runs to the first stage's grid.
+  mean of the fine tokens it merges (``merge_transport``), so the chain runs to the first stage's grid; a stage
+  made by its own embedding (PVT: a strided convolution) is crossed by that block's ``stage_from`` transport
+  instead (each embedded token the mean of the tokens its kernel covers); prefix tokens (PVT v1's class token in
+  its last stage, ``WindowGeometry.prefix_tokens``) are read by the rollout with the grid's tokens, the source
+  the class token where the last block has one, their share dropped where they enter as parameters; the distance
+  reads the grid's tokens alone.
 """
 from __future__ import annotations
 
@@ -290,21 +295,45 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry]) -> torch.Tensor:
     """The rolled-out row over the first stage's tokens, [B, H_0 * W_0] float64, from every block's head-fused
     window maps [B, windows, N, N] (module docstring: A' = (A + I) / rowsum(A + I) on the stage's tokens,
-    composed from the last block back, the source the mean over the last stage's tokens, each patch
-    merging crossed by its transport)."""
+    composed from the last block back, the source the mean over the last stage's tokens, or its class token where
+    the last block has one (``WindowGeometry.prefix_tokens``: the token the classifier reads), each patch merging or
+    stage embedding crossed by its transport; a prefix token's share is dropped where the block before has none:
+    it enters as a learned parameter, no image token's)."""
     b = fused[0].shape[0]
     last = windows[-1]
-    v = torch.full((b, last.num_tokens), 1.0 / last.num_tokens, dtype=torch.float64, device=fused[0].device)
+    dev = fused[0].device
+    v = torch.full((b, last.num_tokens), 1.0 / last.num_tokens, dtype=torch.float64, device=dev)
+    pre: torch.Tensor | None = None  # [B, P] the row on the block's prefix tokens (PVT v1's class token)
+    if last.prefix_tokens:
+        v = torch.zeros_like(v)
+        pre = torch.zeros(b, last.prefix_tokens, dtype=torch.float64, device=dev)
+        pre[:, 0] = 1.0  # the class token
     for layer in range(len(windows) - 1, -1, -1):
         g, a = windows[layer], fused[layer].to(torch.float64)
+        p = g.prefix_tokens
         index = torch.from_numpy(g.index).to(a.device)
         keys = torch.from_numpy(g.keys).to(a.device)
         real = (index >= 0).to(torch.float64)  # [windows, Nq]
         real_keys = (keys >= 0).to(torch.float64)  # [windows, Nk]
         where, key_where = index.clamp(min=0), keys.clamp(min=0)
-        a = a * real_keys[None, :, None, :]  # weight on padding keys is dropped
-        w = v[:, where] * real / (a.sum(-1) + 1.0)  # [B, windows, Nq]: v / rowsum(A + I) at each real query
-        mixed = torch.einsum("bwq,bwqk->bwk", w, a) * real_keys  # w A, at each real key
+        x = v[:, where] * real  # [B, windows, Nq]: the row at each real query
+        if p:  # the prefix tokens: the first p positions of the block's one window, queries and keys
+            if g.num_windows != 1:
+                raise InvalidParameterError("A block with prefix tokens attends in one window.")
+            pre = torch.zeros(b, p, dtype=torch.float64, device=dev) if pre is None else pre
+            x = torch.cat([pre[:, None], x[:, :, p:]], dim=2)
+            attended = real_keys.clone()
+            attended[:, :p] = 1.0
+            a = a * attended[None, :, None, :]  # weight on padding keys is dropped, the prefix keys kept
+            w = x / (a.sum(-1) + 1.0)
+            mixed = torch.einsum("bwq,bwqk->bwk", w, a)
+            pre = mixed[:, 0, :p] + w[:, 0, :p]
+            w, mixed = w * real, mixed * real_keys
+        else:
+            a = a * real_keys[None, :, None, :]  # weight on padding keys is dropped
+            w = x / (a.sum(-1) + 1.0)  # [B, windows, Nq]: v / rowsum(A + I) at each real query
+            mixed = torch.einsum("bwq,bwqk->bwk", w, a) * real_keys  # w A, at each real key
+            pre = None
         key_count = g.keys_grid[0] * g.keys_grid[1]
         out = torch.zeros(b, key_count, dtype=v.dtype, device=v.device).scatter_add_(
             1, key_where.reshape(1, -1).expand(b, -1), mixed.reshape(b, -1))
@@ -314,9 +343,13 @@ def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry
         out = out if g.key_from is None else g.key_from.pull(out)
         own = own if g.query_from is None else g.query_from.pull(own)
         v = out + own
-        if layer and windows[layer - 1].grid != g.in_grid:  # back across the patch merging into the block before
+        if layer and g.stage_from is not None:  # back across the stage's embedding into the block before
+            v = g.stage_from.pull(v)
+        elif layer and windows[layer - 1].grid != g.in_grid:  # back across the patch merging into the block before
             parent, weight = merge_transport(windows[layer - 1].grid, g.in_grid)
             v = v[:, torch.from_numpy(parent).to(v.device)] * torch.from_numpy(weight).to(v.device)
+        if layer and not windows[layer - 1].prefix_tokens:
+            pre = None  # a prefix token enters here as a learned parameter: its share is no image token's
     return v
 
 
@@ -386,13 +419,22 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         return RolloutResult(
             maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
             grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token="mean over the last stage's tokens, through the " + (
-                "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
-                if any(g.key_from is not None or g.query_from is not None for g in self.windows)
-                else "windows and patch mergings"),
+            source_token=rollout_source(self.windows),
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
             model_name=model_name(spec))
+
+
+def rollout_source(windows: list[WindowGeometry]) -> str:
+    """The windowed rollout's source and path, in words (``RolloutResult.source_token``)."""
+    source = ("the class token (the token the classifier reads; its share dropped where it enters as a parameter)"
+              if windows[-1].prefix_tokens else "mean over the last stage's tokens")
+    if any(g.stage_from is not None for g in windows):
+        return (source + ", through the spatial-reduction poolings and the stage embeddings (stated transport: each "
+                "pooled or embedded token the mean of the tokens its kernel covers)")
+    return source + ", through the " + (
+        "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
+        if any(g.key_from is not None or g.query_from is not None for g in windows) else "windows and patch mergings")
 
 
 def window_maps(m: object, image: object) -> list[torch.Tensor]:
