@@ -95,7 +95,7 @@ def main() -> None:
                 try:
                     settle(page)
                     if view == "Compare":  # beside the embedded ViT (the second model's picker offers the hybrid)
-                        page.locator("[data-testid='stSelectbox']").filter(has_text="ref-hybrid").last.click()
+                        page.locator(".st-key-m2-ref [data-testid='stSelectbox']").first.click()
                         page.get_by_role("option", name="ref-vit").click()
                         settle(page)
                 except Exception:
