@@ -88,7 +88,9 @@ def test_the_table_reads_in_pandas_and_duckdb(reference):
 
     out, _ = reference
     frame = pd.read_parquet(out / "table.parquet")
-    assert list(frame.columns) == ["model", "weights", "layer", "head", "metric", "value", "n_images", "class"]
+    assert list(frame.columns) == ["model", "weights", "layer", "head", "metric", "value", "n_images", "class",
+                                   "stage"]
+    assert frame["stage"].isna().all()  # a ViT's rows have no stage (a hierarchical model's name theirs)
     con = duckdb.connect()
     got = con.execute(f"select layer, median(value) from read_parquet('{out / 'table.parquet'}') "
                       "where metric = 'mean_distance_px' and class is null group by layer order by layer").fetchall()
