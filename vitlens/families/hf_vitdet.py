@@ -37,13 +37,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..core.attention import attention_probs, conv_filters
+from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .hf import _pair, default_data_config, is_hf_model, tower_type
-from .sdpa_calls import CallMode, sdpa_arguments
+from .sdpa_calls import CallMode, probabilities_of_calls
 from .swin import StandIn, record_windows
 
 
@@ -322,16 +322,8 @@ def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handle
     arguments (the mask: the decomposed relative-position term), [B * windows, heads, N, N]; the real output kept."""
     original = attn.forward
 
-    def on_call(a: tuple, kw: dict) -> torch.Tensor:
-        call = sdpa_arguments(a, kw)
-        q, k = call["query"], call["key"]
-        scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
-        out = torch.nn.functional.scaled_dot_product_attention(*a, **kw)
-        with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
-            seen.append(attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
-        return out
-
     seen: list[torch.Tensor] = []
+    on_call = probabilities_of_calls(seen.append)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         seen.clear()

@@ -52,6 +52,31 @@ class CallMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def probabilities_of_calls(sink: Callable[[torch.Tensor], None]) -> Callable[[tuple, dict], torch.Tensor]:
+    """A ``CallMode`` handler for side capture: each ``F.scaled_dot_product_attention`` call is made as it is (its
+    output returned untouched) and ``sink`` gets the call's probabilities, softmax(q k^T * scale + mask), computed
+    from its very arguments (grouped keys repeated to the query heads), without autocast and without gradients.
+
+    Args:
+        sink: called with each call's probabilities [..., heads, queries, keys].
+
+    Returns:
+        The handler (``CallMode(handler)``).
+    """
+    def on_call(a: tuple, kw: dict) -> torch.Tensor:
+        call = sdpa_arguments(a, kw)
+        q, k = call["query"], call["key"]
+        out = F.scaled_dot_product_attention(*a, **kw)
+        if call["enable_gqa"] and k.shape[-3] != q.shape[-3]:
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
+        scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
+        with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
+            sink(attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
+        return out
+
+    return on_call
+
+
 def install_pool_call_capture(module: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
     """Side capture of an attention pool that is one ``F.scaled_dot_product_attention`` call of its queries over
     the tokens (AIMv2's pooling head): ``capture(0, probs[B, heads, queries, T])`` from that call's arguments, the
@@ -63,24 +88,16 @@ def install_pool_call_capture(module: nn.Module, capture: CaptureRequest, handle
     original = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        calls: list[int] = []
+        calls: list[torch.Tensor] = []
 
-        def on_call(a: tuple, kw: dict) -> torch.Tensor:
-            calls.append(1)
-            if len(calls) > 1:
+        def one(probs: torch.Tensor) -> None:
+            if calls:
                 raise UnsupportedModelError(f"{name!r}: its attention pool ({type(module).__name__}) calls "
                                             "scaled_dot_product_attention more than once; vitlens reads one call.")
-            call = sdpa_arguments(a, kw)
-            q, k = call["query"], call["key"]
-            out = F.scaled_dot_product_attention(*a, **kw)
-            if call["enable_gqa"] and k.shape[-3] != q.shape[-3]:
-                k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-            scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
-            with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
-                capture(0, attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
-            return out
+            calls.append(probs)
+            capture(0, probs)
 
-        with CallMode(on_call):
+        with CallMode(probabilities_of_calls(one)):
             result = original(*args, **kwargs)
         if not calls:
             raise UnsupportedModelError(f"{name!r}: its attention pool ({type(module).__name__}) made no "
@@ -91,4 +108,4 @@ def install_pool_call_capture(module: nn.Module, capture: CaptureRequest, handle
 
 
 
-__all__ = ["CallMode", "install_pool_call_capture", "sdpa_arguments"]
+__all__ = ["CallMode", "install_pool_call_capture", "probabilities_of_calls", "sdpa_arguments"]

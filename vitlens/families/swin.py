@@ -25,20 +25,22 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..core.attention import attention_probs, conv_filters
+from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .sdpa_calls import CallMode, sdpa_arguments
+from .sdpa_calls import CallMode, probabilities_of_calls
 from .timm_vit import timm_data_config
+
+if TYPE_CHECKING:
+    from .relative_bias import RelativeBias
 
 
 class StandIn:
@@ -368,15 +370,7 @@ def read_at_dropout(dropout: nn.Module, layer: int, capture: CaptureRequest, han
 def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
     """Side capture of a fused ``WindowAttention``: its one SDPA call's probabilities, the real output kept."""
     original = attn.forward
-
-    def on_call(a: tuple, kw: dict) -> torch.Tensor:
-        call = sdpa_arguments(a, kw)
-        q, k = call["query"], call["key"]
-        scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
-        out = F.scaled_dot_product_attention(*a, **kw)
-        with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
-            capture(layer, attention_probs(q, k, scale, call["attn_mask"], bool(call["is_causal"])))
-        return out
+    on_call = probabilities_of_calls(lambda probs: capture(layer, probs))
 
     def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
         with CallMode(on_call):
