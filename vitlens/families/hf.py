@@ -115,6 +115,22 @@ OWN_FAMILY_TYPES = WINDOWED_TYPES + ("hiera",) + PYRAMID_TYPES
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 
+def is_image_classifier(model: nn.Module) -> bool:
+    """Whether a transformers model is its ``*ForImageClassification`` class (it has class logits), not the bare
+    ``*Model`` (the hierarchical families' ``spec.num_classes`` and ``logits``)."""
+    return type(model).__name__.endswith("ForImageClassification")
+
+
+def stage_model_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A hierarchical transformers model's output the views score: a classifier's class logits; else its pooled
+    output (the mean of the last stage's tokens), or that mean taken here."""
+    out = model(pixel_values=x)
+    if is_image_classifier(model):
+        return out.logits
+    pooled = getattr(out, "pooler_output", None)
+    return pooled if pooled is not None else out.last_hidden_state.mean(1)
+
+
 class _Active(threading.local):
     """Per thread, the captures whose inline hooks are active: (id(attention module) -> layer, the request).
     Thread-local, so an attention call routes to the captures its own thread opened (the model's lock keeps

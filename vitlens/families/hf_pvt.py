@@ -55,7 +55,7 @@ from ..core.windows import (Transport, WindowGeometry, adaptive_pooling_transpor
                             transport_centres)
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .hf import PYRAMID_TYPES, _pair, default_data_config, is_hf_model, tower_type
+from .hf import PYRAMID_TYPES, _pair, default_data_config, is_hf_model, is_image_classifier, tower_type
 from .mvit import pooled_grid, pooling_of
 from .swin import read_at_dropout
 
@@ -258,7 +258,7 @@ class HuggingFacePvt(Family):
 
     @staticmethod
     def _classifier(model: nn.Module) -> bool:
-        return type(model).__name__.endswith("ForImageClassification")
+        return is_image_classifier(model)
 
     def block_heads(self, model: nn.Module) -> list[int]:
         """The heads of every layer's attention, first layer first."""

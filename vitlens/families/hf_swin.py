@@ -41,7 +41,7 @@ from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .sdpa_calls import CallMode, probabilities_of_calls
-from .hf import _pair, default_data_config, is_hf_model, tower_type
+from .hf import _pair, default_data_config, is_hf_model, is_image_classifier, stage_model_logits, tower_type
 from .swin import StandIn, read_at_dropout, record_windows
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class HuggingFaceSwin(Family):
 
     @staticmethod
     def _classifier(model: nn.Module) -> bool:
-        return type(model).__name__.endswith("ForImageClassification")
+        return is_image_classifier(model)
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         layout = self.stage_layout(model)
@@ -246,11 +246,7 @@ class HuggingFaceSwin(Family):
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the pooled output (the mean token), or the mean of the last stage."""
-        out = model(pixel_values=x)
-        if self._classifier(model):
-            return out.logits
-        pooled = getattr(out, "pooler_output", None)
-        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+        return stage_model_logits(model, x)
 
 
 def _self_attention(layer: nn.Module) -> nn.Module:

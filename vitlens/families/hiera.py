@@ -490,7 +490,9 @@ class HuggingFaceHiera(Family):
 
     @staticmethod
     def _classifier(model: nn.Module) -> bool:
-        return type(model).__name__.endswith("ForImageClassification")
+        from .hf import is_image_classifier
+
+        return is_image_classifier(model)
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         cfg, base = model.config, self.base(model)
@@ -535,11 +537,9 @@ class HuggingFaceHiera(Family):
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the pooled output (the mean token), or the mean of the last stage."""
-        out = model(pixel_values=x)
-        if self._classifier(model):
-            return out.logits
-        pooled = getattr(out, "pooler_output", None)
-        return pooled if pooled is not None else out.last_hidden_state.mean(1)
+        from .hf import stage_model_logits
+
+        return stage_model_logits(model, x)
 
 
 def _read_returned(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
