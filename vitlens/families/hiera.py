@@ -320,6 +320,19 @@ def _read_softmax(attn: nn.Module, layer: int, capture: CaptureRequest, handles:
     handles.set_attr(attn, "forward", forward)
 
 
+def _install(attns: Sequence[nn.Module], capture: CaptureRequest, handles: Handles, inline: bool) -> None:
+    """Capture of timm's Hiera and HieraDet attention: side reads a fused module's one SDPA call (the real output
+    kept) and a non-fused module's own softmax; inline turns the non-fused path on for the session and reads its
+    softmax."""
+    for layer, attn in enumerate(attns):
+        if attn.fused_attn and not inline:
+            _read_sdpa_call(attn, layer, capture, handles)
+            continue
+        if attn.fused_attn:
+            handles.set_attr(attn, "fused_attn", False)
+        _read_softmax(attn, layer, capture, handles)
+
+
 class TimmHiera(Family):
     """timm ``Hiera`` (``hiera_*``): mask-unit and global attention over its unrolled tokens, queries max-pooled at
     each pooling stage's first block (module docstring)."""
@@ -388,19 +401,10 @@ class TimmHiera(Family):
         return [block.attn for block in model.blocks]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        by_window = capture.sending_to(_by_window(capture))
-        for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
-                _read_sdpa_call(attn, layer, by_window, handles)
-            else:
-                _read_softmax(attn, layer, by_window, handles)
+        _install(self.attention_modules(model), capture.sending_to(_by_window(capture)), handles, inline=False)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        by_window = capture.sending_to(_by_window(capture))
-        for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
-                handles.set_attr(attn, "fused_attn", False)
-            _read_softmax(attn, layer, by_window, handles)
+        _install(self.attention_modules(model), capture.sending_to(_by_window(capture)), handles, inline=True)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj  # the heads side by side at the output projection
@@ -736,17 +740,10 @@ class TimmHieraDet(Family):
         return [block.attn for block in model.blocks]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
-                _read_sdpa_call(attn, layer, capture, handles)
-            else:
-                _read_softmax(attn, layer, capture, handles)
+        _install(self.attention_modules(model), capture, handles, inline=False)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
-                handles.set_attr(attn, "fused_attn", False)
-            _read_softmax(attn, layer, capture, handles)
+        _install(self.attention_modules(model), capture, handles, inline=True)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj
