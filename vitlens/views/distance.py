@@ -13,6 +13,7 @@ results over disjoint image sets merge into the result over both.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
 from ..engine.stream import model_name
+from .kernels import compiled_wanted, key_block_sums_compiled
 from ..words import counted
 
 
@@ -168,6 +170,13 @@ def token_distance_matrix(grid: tuple[int, int], stride_px: tuple[int, int],
     return torch.sqrt((qy[:, None] - y[None, :]) ** 2 + (qx[:, None] - x[None, :]) ** 2)
 
 
+@functools.lru_cache(maxsize=2)
+def whole_distances(grid: tuple[int, int], stride_px: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """``token_distance_matrix`` of a whole grid in float32, made once for the last two grids a process asked for
+    (a stream of batches, and call after call at one size, share it; it is only ever read)."""
+    return token_distance_matrix(grid, stride_px, device).float()
+
+
 #: the accumulator keeps a grid's whole float32 patch-distance matrix [N, N] up to this many bytes (1024 px:
 #: 67 MB), and builds each block's rows as they come above it
 WHOLE_DISTANCES_BYTES = 128 * 2**20
@@ -207,6 +216,8 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     over blocks of ``KEY_BLOCK`` keys in float32 and the block sums added in float64 (the derivation of
     ``FLOAT32_RTOL``). Float64 attention is summed in float64; half precision is widened to float32.
     ``workspace``: a dict kept by the caller (the accumulator) where that buffer stays from call to call.
+    Large float32 maps on the CPU go through the compiled kernel instead (``kernels.compiled_wanted``: one pass
+    over the maps, the same key-block sums, so the same bound).
     """
     p = num_prefix_tokens
     if attn.dtype not in (torch.float32, torch.float64):  # half-precision maps (inline capture under autocast)
@@ -219,6 +230,8 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     rows = attn.reshape(b * h, q, t)[..., p:]  # [BH, q, N]: prefix keys weigh 0
     d = distances.to(device=attn.device, dtype=attn.dtype)
     sums = torch.empty(2, b * h, q, dtype=torch.float64, device=attn.device)
+    if compiled_wanted(attn.device, t) and key_block_sums_compiled(rows, d, KEY_BLOCK, sums):
+        return _per_query(sums, renormalize, q, b, h)
     step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
     size = b * h * step * n  # a fresh buffer's pages cost as much as the products at 224 px
     scratch = session_buffer(workspace, "products", size, attn.dtype, attn.device)[:size].view(b * h, step, n)
@@ -227,6 +240,11 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
         block = rows[:, q0:q0 + s]
         _key_block_sums(torch.mul(block, d[q0:q0 + s], out=scratch[:, :s]), sums[0, :, q0:q0 + s])
         _key_block_sums(block, sums[1, :, q0:q0 + s])
+    return _per_query(sums, renormalize, q, b, h)
+
+
+def _per_query(sums: torch.Tensor, renormalize: bool, q: int, b: int, h: int) -> torch.Tensor:
+    """[q, B, H] per-query distances from the sums [2, BH, q] (weighted, mass) of ``per_query_distance``."""
     per_query = sums[0]
     if renormalize:
         per_query = per_query / sums[1].clamp_min(torch.finfo(torch.float64).tiny)
@@ -287,7 +305,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         n = grid[0] * grid[1]
         whole = n * n * 4 <= WHOLE_DISTANCES_BYTES
         if whole and (self._distances is None or self._distances.device != device or self.grid != grid):
-            self._distances = token_distance_matrix(grid, self.stride_px, device).float()
+            self._distances = whole_distances(grid, self.stride_px, device)
         elif not whole:
             self._distances = None  # each block's rows are built as they come (``_distance_rows``)
         self._device = device

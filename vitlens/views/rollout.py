@@ -125,15 +125,13 @@ def check_rollout_params(head_fusion: str, discard_ratio: float) -> None:
         raise InvalidParameterError(f"discard_ratio must be in [0, 1); got {discard_ratio}.")
 
 
-def fuse(attn: torch.Tensor, head_fusion: str) -> torch.Tensor:
-    """[B, H, T, T] -> [B, T, T] in the attention's dtype (half-precision maps in float32)."""
+def fuse(attn: torch.Tensor, head_fusion: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, H, T, T] -> [B, T, T] in the attention's dtype (half-precision maps in float32); ``out``: a tensor of
+    that shape and dtype to write into (a block of rows of a layer's buffer: no new tensor, no copy)."""
     if attn.dtype not in (torch.float32, torch.float64):
         attn = attn.float()
-    if head_fusion == "mean":
-        return attn.mean(dim=1)
-    if head_fusion == "max":
-        return attn.amax(dim=1)
-    return attn.amin(dim=1)
+    op = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}[head_fusion]
+    return op(attn, dim=1) if out is None else op(attn, dim=1, out=out)
 
 
 def discard_smallest(fused: torch.Tensor, discard_ratio: float, protect_class_token: bool,
@@ -331,15 +329,14 @@ class RolloutAccumulator(AttentionConsumer):
             return
         # the fused map is kept in the attention's dtype (max/min exact, the mean rounds like the
         # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
-        part = fuse(attn, self.head_fusion)
         if rows is None or (start == 0 and last):
-            fused = part
-        else:  # row blocks are written into the layer's one [B, T, T] buffer (no list of blocks, no concatenation)
+            fused = fuse(attn, self.head_fusion)
+        else:  # row blocks are fused into the layer's one [B, T, T] buffer (no list of blocks, no concatenation)
             if start == 0:
                 t = attn.shape[-1]
-                self._layer = part.new_empty(part.shape[0], t, t)
-            self._layer[:, start:stop] = part
-            del part
+                dtype = attn.dtype if attn.dtype in (torch.float32, torch.float64) else torch.float32
+                self._layer = attn.new_empty(attn.shape[0], t, t, dtype=dtype)
+            fuse(attn, self.head_fusion, out=self._layer[:, start:stop])
             if not last:
                 return
             fused, self._layer = self._layer, None
