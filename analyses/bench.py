@@ -22,7 +22,8 @@ forward a second time in each repetition: its ratio is the machine's noise.
 - plain forward: ``model(x)`` with timm's fused attention (the baseline of every ratio);
 - ``vl.analyze``: attention distance + rollout from one forward, plus the two weight-only views;
 - vitlens distance + rollout: ``vl.analyze(views=("distance", "rollout"))`` (inline capture, the
-  views' default for timm models), and the same streams with side capture;
+  views' default for timm models), and the same streams with side capture; ``distance_rollout_eager``: the
+  same with the compiled distance kernel off (``VITLENS_COMPILE=0``), what that kernel buys;
 - two views called one after the other: ``attention_distance`` then ``attention_rollout`` (two
   passes: nothing is kept between calls), against ``vl.analyze`` of both (one pass);
 - (a) timm's ``AttentionExtract`` (fused attention off, every map kept) + batched torch code for
@@ -150,6 +151,21 @@ def peer_per_image_loop(model: Any, images: Any) -> list[Any]:
     return out
 
 
+def eager_kernel(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn`` with the compiled distance kernel off (``VITLENS_COMPILE=0``): the row that says what it buys."""
+    from vitlens.views.kernels import COMPILE_ENV
+
+    before = os.environ.get(COMPILE_ENV)
+    os.environ[COMPILE_ENV] = "0"
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        if before is None:
+            del os.environ[COMPILE_ENV]
+        else:
+            os.environ[COMPILE_ENV] = before
+
+
 def ratio_spread(rows: list[float], base: list[float]) -> list[float]:
     """The lowest and highest of one row's per-repetition ratios to the base row (the rows were interleaved)."""
     ratios = [a / b for a, b in zip(rows, base)]
@@ -274,6 +290,8 @@ def speed(args: argparse.Namespace) -> dict:
         "distance": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance",)),
         "analyze": lambda: vl.analyze(m, x, batch_size=args.batch),
         "distance_rollout": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance", "rollout")),
+        "distance_rollout_eager": lambda: eager_kernel(vl.analyze, m, x, batch_size=args.batch,
+                                                       views=("distance", "rollout")),
         "stream_side": lambda: streamed("side"),
         "stream_inline": lambda: streamed("inline"),
         "stream_side_rows": lambda: by_rows("side"),
