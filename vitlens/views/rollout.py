@@ -125,11 +125,15 @@ def check_rollout_params(head_fusion: str, discard_ratio: float) -> None:
         raise InvalidParameterError(f"discard_ratio must be in [0, 1); got {discard_ratio}.")
 
 
+def fused_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``fuse`` returns for maps of ``dtype``: theirs, half precision widened to float32."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
 def fuse(attn: torch.Tensor, head_fusion: str, out: torch.Tensor | None = None) -> torch.Tensor:
     """[B, H, T, T] -> [B, T, T] in the attention's dtype (half-precision maps in float32); ``out``: a tensor of
     that shape and dtype to write into (a block of rows of a layer's buffer: no new tensor, no copy)."""
-    if attn.dtype not in (torch.float32, torch.float64):
-        attn = attn.float()
+    attn = attn.to(fused_dtype(attn.dtype))
     op = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}[head_fusion]
     return op(attn, dim=1) if out is None else op(attn, dim=1, out=out)
 
@@ -334,8 +338,7 @@ class RolloutAccumulator(AttentionConsumer):
         else:  # row blocks are fused into the layer's one [B, T, T] buffer (no list of blocks, no concatenation)
             if start == 0:
                 t = attn.shape[-1]
-                dtype = attn.dtype if attn.dtype in (torch.float32, torch.float64) else torch.float32
-                self._layer = attn.new_empty(attn.shape[0], t, t, dtype=dtype)
+                self._layer = attn.new_empty(attn.shape[0], t, t, dtype=fused_dtype(attn.dtype))
             fuse(attn, self.head_fusion, out=self._layer[:, start:stop])
             if not last:
                 return
