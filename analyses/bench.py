@@ -153,7 +153,7 @@ def peer_per_image_loop(model: Any, images: Any) -> list[Any]:
 
 def eager_kernel(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """``fn`` with the compiled distance kernel off (``VITLENS_COMPILE=0``): the row that says what it buys."""
-    from vitlens.views.kernels import COMPILE_ENV
+    from vitlens.core.native import COMPILE_ENV
 
     before = os.environ.get(COMPILE_ENV)
     os.environ[COMPILE_ENV] = "0"

@@ -9,6 +9,12 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from .native import SoftmaxTaps, softmax_taps
+
+#: what an engine asks before each block of query rows (``rows``, the block's [B, heads, rows, T] shape): the
+#: ``SoftmaxTaps`` the block's softmax pass should fill for the views, or None
+TapsFor = Callable[[slice, tuple], "SoftmaxTaps | None"]
+
 
 def attention_probs(
     q: torch.Tensor,
@@ -19,6 +25,7 @@ def attention_probs(
     biases: Sequence[torch.Tensor] = (),
     scale_after: bool = False,
     out: torch.Tensor | None = None,
+    taps: SoftmaxTaps | None = None,
 ) -> torch.Tensor:
     """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
 
@@ -35,6 +42,9 @@ def attention_probs(
         out: a contiguous float32 tensor of the result's shape to compute into (no gradients): the
             scores and then the probabilities are written there, no new [B, heads, rows, T] tensor
             (``attention_probs_in_rows`` reuses one for every block of a layer). The same numbers.
+        taps: with ``out``, what the views want of these probabilities, computed in the softmax's own pass by the
+            native kernel where it applies (``vitlens.core.native.softmax_taps``, which then sets
+            ``taps.filled``); the probabilities are the same to float rounding (its exp is ATen's).
 
     Returns:
         [B, heads, T, T] float32 probabilities, each row summing to 1 over the keys (``out`` when given).
@@ -62,6 +72,8 @@ def attention_probs(
         scores = scores + add if scores.requires_grad else scores.add_(add)
     if scores.requires_grad:
         return scores.softmax(dim=-1)
+    if out is not None and taps is not None and softmax_taps(scores, taps):
+        return scores
     # in place: one [B, heads, rows, T] buffer instead of two (the same numbers as softmax into a new tensor)
     return torch.softmax(scores, dim=-1, out=scores)
 
@@ -154,6 +166,7 @@ def attention_probs_in_rows(
     biases: Sequence[torch.Tensor] = (),
     scale_after: bool = False,
     workspace: dict | None = None,
+    taps: TapsFor | None = None,
 ) -> Iterator[tuple[torch.Tensor, slice]]:
     """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
     T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
@@ -178,6 +191,8 @@ def attention_probs_in_rows(
         biases: as for ``attention_probs``.
         scale_after: as for ``attention_probs``.
         workspace: the caller's dict for the session's buffer (above), or None.
+        taps: asked before each block (in a workspace's buffer) for what its softmax pass should also compute for
+            the views (``TapsFor``; ``attention_probs``'s ``taps``).
 
     Yields:
         ``(probs, rows)``: probs [B, heads, rows, T] float32 (valid until the next block), rows the slice
@@ -193,16 +208,18 @@ def attention_probs_in_rows(
     def rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
         return x[..., rows, :] if x is not None and x.dim() >= 2 and x.shape[-2] == t else x
 
-    # one contiguous float32 copy of the keys for all of the layer's blocks (k is a strided view of the
-    # fused qkv projection, which each block's product would otherwise copy again)
-    k = k.float().contiguous()
+    # one float32 copy of the keys for all of the layer's blocks, stored transposed: k is a strided view of the fused
+    # qkv projection, which each block's product would otherwise copy again, and q k^T runs faster from a
+    # contiguous k^T [B, heads, head_dim, T] than from a transposed view of k
+    k = k.float().transpose(-2, -1).contiguous().transpose(-2, -1)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     flat = None if grad else session_buffer(workspace, "probs", lead.numel() * query_rows * t, torch.float32, q.device)
     for start in range(0, t, query_rows):
         rows = slice(start, min(t, start + query_rows))
         out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * t].view(*lead, rows.stop - start, t)
+        tap = taps(rows, tuple(out.shape)) if taps is not None and out is not None else None
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
-                              [rows_of(b, rows) for b in biases], scale_after, out=out), rows
+                              [rows_of(b, rows) for b in biases], scale_after, out=out, taps=tap), rows
 
 
 def attention_output_in_rows(
@@ -216,6 +233,7 @@ def attention_output_in_rows(
     is_causal: bool = False,
     drop: Callable[[torch.Tensor], torch.Tensor] | None = None,
     workspace: dict | None = None,
+    taps: TapsFor | None = None,
 ) -> torch.Tensor:
     """A block's non-fused attention output ``softmax(q * scale @ k^T + mask) @ v`` computed
     ``query_rows`` queries at a time, handing each block of probabilities to ``on_probs(probs,
@@ -228,14 +246,16 @@ def attention_output_in_rows(
     ``on_probs`` call only); ``drop`` (the module's attention dropout) is applied to each block
     before the product, which runs in ``v``'s dtype. Each output row is that of the whole
     product up to float rounding (the same terms; BLAS may block the sums differently).
-    ``workspace``: as for ``attention_probs_in_rows`` (the probabilities' buffer kept across layers).
+    ``workspace`` and ``taps``: as for ``attention_probs_in_rows`` (the probabilities' buffer kept across layers;
+    what each block's softmax pass computes for the views).
     """
     b, h, t, d = v.shape
     # one contiguous copy of the values for all blocks: v is a strided view of the fused qkv projection,
     # which each block's product would otherwise copy again (a 28 MB copy per block at 768 px, batch 4)
     v = v.contiguous()
     out = v.new_empty(b, t, h, d)
-    for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, workspace=workspace):
+    for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, workspace=workspace,
+                                               taps=taps):
         on_probs(probs, rows)
         p = drop(probs) if drop is not None else probs
         block = torch.matmul(p.to(v.dtype), v)  # [B, heads, rows, d]

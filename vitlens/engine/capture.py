@@ -17,6 +17,7 @@ the hooks:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -25,11 +26,25 @@ from torch import nn
 from ..errors import InvalidParameterError
 from ..families import CaptureRequest, Handles, HookSession, family_of
 from ..core.attention import attention_probs
+from ..core.native import SoftmaxTaps
 from ..loading.model import LoadedModel
 from .consumer import AttentionConsumer, query_rows
 from .plan import CAPTURE_MODES
 
 AttentionCallback = Callable[[int, torch.Tensor], None]
+
+
+@dataclass
+class _Joined(SoftmaxTaps):
+    """Two consumers' asks in one pass: filling it fills both."""
+
+    parts: tuple = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name == "filled":
+            for part in getattr(self, "parts", ()):
+                part.filled = value
 
 
 class AttentionCapture(HookSession):
@@ -103,11 +118,26 @@ class AttentionCapture(HookSession):
         for consumer in self._plain:
             consumer(layer, whole)
 
+    def _taps(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
+        """What the streaming consumers want block ``layer``'s rows ``rows`` softmax pass to compute: the first
+        consumer's ask of each kind (distance sums, head mean) in one ``SoftmaxTaps``; the asks it holds are marked
+        filled when it is (the others compute theirs from the probabilities)."""
+        asks = [t for t in (c.softmax_tap(layer, rows, shape) for c in self._streaming) if t is not None]
+        if not asks:
+            return None
+        distance = next((t for t in asks if t.distances is not None), None)
+        mean = next((t for t in asks if t.mean is not None), None)
+        if distance is mean or mean is None or distance is None:
+            return distance or mean
+        return _Joined(distances=distance.distances, first=distance.first, prefix=distance.prefix,
+                       key_block=distance.key_block, sums=distance.sums, mean=mean.mean, parts=(distance, mean))
+
     def install(self, handles: Handles) -> None:
         # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
-        request = CaptureRequest(self._emit, self.mode, self.query_rows, self.detach, views=bool(self._streaming))
+        request = CaptureRequest(self._emit, self.mode, self.query_rows, self.detach, views=bool(self._streaming),
+                                 taps=self._taps if self._streaming and self.detach else None)
         if self.mode == "inline":
             self.family.install_inline(self.model, request, handles)
         else:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from ..core.native import SoftmaxTaps
 from ..core.spec import ModelSpec
 from ..errors import InvalidParameterError
 
@@ -67,6 +68,14 @@ class AttentionConsumer:
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         """Block ``layer``'s attention of the current batch: whole [B, heads, T, T], or the query rows
         ``rows`` of it [B, heads, q, T] (see the module docstring)."""
+
+    def softmax_tap(self, layer: int, rows: slice, shape: tuple) -> "SoftmaxTaps | None":
+        """Asked before block ``layer``'s query rows ``rows`` (probabilities of ``shape`` [B, heads, rows, T]) are
+        made, by an engine that makes them itself: what the consumer wants their softmax pass to compute besides
+        them (``SoftmaxTaps``: attention distance's per-query sums, the mean over heads), in buffers it owns. The
+        engine fills what it can and says so (``filled``) before ``on_attention`` hands over the same rows; a
+        consumer computes from the probabilities whatever was not filled. None (the default): nothing."""
+        return None
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         """The current batch's model output, after its last block."""

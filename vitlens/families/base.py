@@ -58,6 +58,9 @@ class CaptureRequest:
         detach: inline only: hand over detached probabilities (False: in the autograd graph).
         views: whether views listen (streaming consumers, which read every token as a patch of one grid):
             a family refuses inputs whose tokens are not that (padded or packed batches) when they do.
+        taps: ``taps(layer, rows, shape)``: what the views want a block of query rows' softmax pass to compute
+            besides the probabilities (``vitlens.core.native.SoftmaxTaps``, or None); a family that computes the
+            probabilities by rows passes ``taps_for(layer)`` to ``attention_probs_in_rows``. None: nothing asked.
     """
 
     emit: Emit
@@ -65,6 +68,14 @@ class CaptureRequest:
     query_rows: int | None = None
     detach: bool = True
     views: bool = False
+    taps: Callable[[int, slice, tuple], Any] | None = None
+
+    def taps_for(self, layer: int) -> Callable[[slice, tuple], Any] | None:
+        """Block ``layer``'s ``taps`` as ``attention_probs_in_rows`` asks them (None when nothing is asked)."""
+        taps = self.taps
+        if taps is None:
+            return None
+        return lambda rows, shape: taps(layer, rows, shape)
 
     def __call__(self, layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         if rows is None:

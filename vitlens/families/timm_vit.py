@@ -19,7 +19,7 @@ projections into one ``out_proj``: head ablation is then refused).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -54,7 +54,8 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
     workspace: dict = {}  # the probabilities' buffer, shared by every block for the session
     for layer, attn in enumerate(modules):
         def forward(x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                    attn: nn.Module = attn, layer: int = layer) -> torch.Tensor:
+                    attn: nn.Module = attn, layer: int = layer,
+                    taps: Callable[[slice, tuple], Any] | None = capture.taps_for(layer)) -> torch.Tensor:
             def on_probs(probs: torch.Tensor, block: slice | None) -> None:
                 capture(layer, probs.detach() if detach else probs, block)
 
@@ -65,7 +66,7 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
             q, k = attn.q_norm(q), attn.k_norm(k)
             with torch.autocast(device_type=x.device.type, enabled=False):
                 out = attention_output_in_rows(q, k, v, attn.scale, rows, on_probs, attn_mask, is_causal,
-                                               attn.attn_drop, workspace)
+                                               attn.attn_drop, workspace, taps=taps)
             out = attn.norm(out.transpose(1, 2).reshape(b, n, attn.num_heads * attn.head_dim))
             if gate is not None:
                 out = out * gate
@@ -291,9 +292,9 @@ def install_qk_norm_hooks(modules: Sequence[nn.Module], capture: CaptureRequest,
                 state.clear()
                 with torch.autocast(device_type=k.device.type, enabled=False):
                     for item in attention_probs_in_rows(q, k, attn.scale, capture.query_rows, mask, causal,
-                                                        workspace=workspace):
+                                                        workspace=workspace, taps=capture.taps_for(layer)):
                         capture(layer, *item)
-                        del item  # let the next row block's probabilities take this one's memory  # let the next row block's probabilities take this one's memory
+                        del item  # let the next row block's probabilities take this one's memory
 
         handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))
         handles.hook(attn.q_norm.register_forward_hook(q_hook))

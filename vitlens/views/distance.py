@@ -25,7 +25,7 @@ from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
 from ..engine.stream import model_name
-from .kernels import compiled_wanted, key_block_sums_compiled
+from ..core.native import SoftmaxTaps, key_block_sums
 from ..words import counted
 
 
@@ -216,8 +216,8 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     over blocks of ``KEY_BLOCK`` keys in float32 and the block sums added in float64 (the derivation of
     ``FLOAT32_RTOL``). Float64 attention is summed in float64; half precision is widened to float32.
     ``workspace``: a dict kept by the caller (the accumulator) where that buffer stays from call to call.
-    Large float32 maps on the CPU go through the compiled kernel instead (``kernels.compiled_wanted``: one pass
-    over the maps, the same key-block sums, so the same bound).
+    Large float32 maps on the CPU go through the native kernel instead (``vitlens.core.native.key_block_sums``,
+    where ``compiled_wanted`` says so: one pass over the maps, the same key-block sums, so the same bound).
     """
     p = num_prefix_tokens
     if attn.dtype not in (torch.float32, torch.float64):  # half-precision maps (inline capture under autocast)
@@ -230,7 +230,7 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     rows = attn.reshape(b * h, q, t)[..., p:]  # [BH, q, N]: prefix keys weigh 0
     d = distances.to(device=attn.device, dtype=attn.dtype)
     sums = torch.empty(2, b * h, q, dtype=torch.float64, device=attn.device)
-    if compiled_wanted(attn.device, t) and key_block_sums_compiled(rows, d, KEY_BLOCK, sums):
+    if key_block_sums(rows, d, KEY_BLOCK, sums):  # the native kernel, where it applies: one read of each probability
         return _per_query(sums, renormalize, q, b, h)
     step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
     size = b * h * step * n  # a fresh buffer's pages cost as much as the products at 224 px
@@ -285,6 +285,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self._device = torch.device("cpu")
         self._queries: dict[int, list[torch.Tensor]] = {}  # layer -> per-query distances of a layer in flight
         self._workspace: dict = {}  # the products' buffer, kept from block to block
+        self._tap: tuple[int, int, SoftmaxTaps] | None = None  # (layer, first row, sums) asked of the next block
 
     @classmethod
     def for_model(cls, spec: ModelSpec, renormalize: bool = True) -> "AttentionDistanceAccumulator":
@@ -292,7 +293,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
 
     def __getstate__(self) -> dict:
         # the distance matrix is rebuilt where it is needed; a layer in flight does not travel
-        return {**self.__dict__, "_distances": None, "_queries": {}, "_workspace": {}}
+        return {**self.__dict__, "_distances": None, "_queries": {}, "_workspace": {}, "_tap": None}
 
     def begin_batch(self, batch: BatchInfo) -> None:
         grid, image_size, device = batch.grid, batch.input_size, batch.device
@@ -334,6 +335,21 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self.mean[layer], self.m2[layer], self.counts[layer] = add_samples(
             self.mean[layer], self.m2[layer], int(self.counts[layer]), d)
 
+    def softmax_tap(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
+        """The block's per-query sums (distance-weighted, patch-key mass) from its softmax pass (float32 attention:
+        the same key-block rule, so the same ``FLOAT32_RTOL`` bound); ``layer_values`` reads them when filled."""
+        b, h, r, t = shape
+        p = self.num_prefix_tokens
+        start, stop = int(rows.start or 0), int(rows.stop)
+        q0 = max(start, p)
+        if self.grid is None or t != self.grid[0] * self.grid[1] + p or q0 >= stop:
+            return None
+        tap = SoftmaxTaps(distances=self._distance_rows(slice(q0 - p, stop - p)).contiguous(), first=q0 - start,
+                          prefix=p, key_block=KEY_BLOCK,
+                          sums=torch.empty(2, b * h, stop - q0, dtype=torch.float64, device=self._device))
+        self._tap = (layer, start, tap)
+        return tap
+
     def layer_values(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> np.ndarray | None:
         """Whole maps or blocks of query rows of block ``layer``: each patch query's distance is kept
         until the layer's last block, which returns the per-image distances [B, H] (None before
@@ -342,11 +358,15 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         start, stop, last = query_rows(attn, rows)
         p = self.num_prefix_tokens
         q0 = max(start, p)
+        tap, self._tap = self._tap, None
         if q0 < stop:
-            block = attn[:, :, q0 - start:]
-            self._queries.setdefault(layer, []).append(
-                per_query_distance(block, self._distance_rows(slice(q0 - p, stop - p)), p, self.renormalize,
-                                   self._workspace))
+            if tap is not None and tap[:2] == (layer, start) and tap[2].filled:  # the softmax pass made the sums
+                b, h = attn.shape[:2]
+                values = _per_query(tap[2].sums, self.renormalize, stop - q0, b, h)
+            else:
+                values = per_query_distance(attn[:, :, q0 - start:], self._distance_rows(slice(q0 - p, stop - p)), p,
+                                            self.renormalize, self._workspace)
+            self._queries.setdefault(layer, []).append(values)
         if not last:
             return None
         return torch.cat(self._queries.pop(layer, [])).mean(0).cpu().numpy()

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
+from ..core.native import SoftmaxTaps, rollout_step
 from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
@@ -198,6 +199,10 @@ def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_tok
     # float64 a block of rows at a time (at most ROLLOUT_ROWS_BYTES), never a float64 copy of a whole map
     step = max(1, ROLLOUT_ROWS_BYTES // (8 * b * t))
     for a in reversed(fused):
+        stepped = rollout_step(a, v)  # the native kernel, where it applies: one read of the float32 map
+        if stepped is not None:
+            v = stepped
+            continue
         w = torch.empty_like(v)
         out = torch.zeros_like(v)
         for r0 in range(0, t, step):
@@ -246,6 +251,8 @@ class RolloutAccumulator(AttentionConsumer):
         self.image_size: tuple[int, int] | None = None
         self._fused: list[torch.Tensor] = []
         self._layer: torch.Tensor | None = None  # the fused map of the block in flight, filled row block by row block
+        self._tap: tuple[int, int, SoftmaxTaps] | None = None  # (layer, first row, head mean) asked of the next block
+        self._device = torch.device("cpu")  # the batch's
         self._maps: list[np.ndarray] = []
         self._preds: list[np.ndarray] = []
         self._probs: list[np.ndarray] = []
@@ -289,11 +296,13 @@ class RolloutAccumulator(AttentionConsumer):
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
         self._fused, self._layer = [], None
+        self._device = batch.device
         self._last: list[torch.Tensor] | None = None
 
     def __getstate__(self) -> dict:
         # a batch in flight, the model and its pool's capture do not travel
-        return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None, "_last": None}
+        return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None, "_last": None,
+                "_tap": None}
 
     def _streams_last_block(self) -> bool:
         """Whether the last block is rolled out as its rows come (only the source's rows of it are needed: the
@@ -322,6 +331,24 @@ class RolloutAccumulator(AttentionConsumer):
             self._last = [out + w]
             self._fused.append(None)  # type: ignore[arg-type]  # the block's place in the chain: already stepped
 
+    def _new_layer(self, batch: int, tokens: int, dtype: torch.dtype, device: torch.device) -> None:
+        self._layer = torch.empty(batch, tokens, tokens, dtype=fused_dtype(dtype), device=device)
+
+    def softmax_tap(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
+        """Mean fusion of the block's rows by its softmax pass, straight into the layer's buffer (float32 attention;
+        the mean summed in head order, as ``torch.mean``); not for the last block when it is streamed (only the
+        source's rows of it are read) nor for max/min fusion."""
+        b, _, r, t = shape
+        start = int(rows.start or 0)
+        if self.head_fusion != "mean" or (layer == self.num_layers - 1 and self._streams_last_block()) \
+                or layer != len(self._fused) or (start > 0 and self._layer is None):
+            return None
+        if start == 0:
+            self._new_layer(b, t, torch.float32, self._device)
+        tap = SoftmaxTaps(mean=self._layer[:, start:start + r])  # type: ignore[index]
+        self._tap = (layer, start, tap)
+        return tap
+
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         """Whole maps or blocks of query rows: rollout needs every block's head-fused map (B x T x T
         numbers per block: the chain runs from the last block back), assembled from its rows."""
@@ -333,13 +360,15 @@ class RolloutAccumulator(AttentionConsumer):
             return
         # the fused map is kept in the attention's dtype (max/min exact, the mean rounds like the
         # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
-        if rows is None or (start == 0 and last):
+        tap, self._tap = self._tap, None
+        filled = tap is not None and tap[:2] == (layer, start) and tap[2].filled  # the softmax pass fused the rows
+        if not filled and (rows is None or (start == 0 and last)):
             fused = fuse(attn, self.head_fusion)
         else:  # row blocks are fused into the layer's one [B, T, T] buffer (no list of blocks, no concatenation)
-            if start == 0:
-                t = attn.shape[-1]
-                self._layer = attn.new_empty(attn.shape[0], t, t, dtype=fused_dtype(attn.dtype))
-            fuse(attn, self.head_fusion, out=self._layer[:, start:stop])
+            if not filled:
+                if start == 0:
+                    self._new_layer(attn.shape[0], attn.shape[-1], attn.dtype, attn.device)
+                fuse(attn, self.head_fusion, out=self._layer[:, start:stop])
             if not last:
                 return
             fused, self._layer = self._layer, None

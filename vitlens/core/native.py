@@ -1,0 +1,256 @@
+"""vitlens's native CPU kernels for the attention views (Fig. 6/14 rollout, Fig. 7 right and Fig. 11 attention
+distance): ``native_kernels.cpp``, built on the user's machine and called through ``ctypes``.
+
+Three kernels, each one pass over the numbers it reads, each with the numbers of the eager code it replaces to
+float rounding (the same terms, summed by the same rules):
+
+- ``softmax_taps``: a block of query rows' softmax, in place, and in the same pass what the views read of it
+  (``SoftmaxTaps``): attention distance's per-query sums (float32 over blocks of ``key_block`` keys, added in
+  float64: the rule ``FLOAT32_RTOL`` is derived from) and rollout's mean over heads. The eager path makes the
+  probabilities, then reads them again for each view.
+- ``key_block_sums``: attention distance's sums on given maps (the same rule), one read of each probability.
+- ``rollout_step``: one float64 step of rollout's chain (``rollout_row``) straight from the float32 map.
+
+When they are used (``compiled_wanted``): ``VITLENS_COMPILE`` says ``0`` (never), ``1`` (on the CPU at any size)
+or ``auto`` (the default: on the CPU for maps of at least ``COMPILE_MIN_TOKENS`` tokens). The first use in a
+process loads the library, building it first if this machine has not (the C++ compiler ``$CXX``, else ``g++``,
+against the installed torch's headers: ATen's vector types for the CPU capability torch runs with, ATen's thread
+pool; a few seconds, once). Built libraries are kept in ``$VITLENS_CACHE_DIR``, else ``~/.cache/vitlens/native``,
+named by a hash of the source, torch's version, the capability and the compiler. A build or load that fails (no
+compiler) is said once in a warning and the eager code runs from then on.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+COMPILE_ENV = "VITLENS_COMPILE"
+COMPILE_CHOICES = ("auto", "0", "1")
+CACHE_ENV = "VITLENS_CACHE_DIR"
+
+COMPILE_MIN_TOKENS = 1024
+"""``auto`` uses the kernels for maps of at least this many tokens (above 512 px for a /16 ViT): below it the
+views' passes are a small part of the forward."""
+
+SOURCE = Path(__file__).with_name("native_kernels.cpp")
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"lib": None, "failed": None}
+
+
+@dataclass
+class SoftmaxTaps:
+    """What a block of query rows' softmax pass computes besides the probabilities, for the views (``softmax_taps``).
+
+    A consumer asks for its part (``AttentionConsumer.softmax_tap``); the engine fills what it can and sets
+    ``filled``; a tap not filled (side capture of another family, no kernel) is computed by the consumer from the
+    probabilities as before, with the same numbers to float rounding.
+
+    Attributes:
+        distances: [q, N] float32 pixel distances of the block's patch queries (its rows ``first`` on) to the N patch
+            keys (the keys after ``prefix``), or None.
+        first: the block's first row that is a patch query.
+        prefix: prefix tokens (keys before the patch keys).
+        key_block: keys per float32 partial sum.
+        sums: [2, B * heads, q] float64 out: per query, sum_k A d and sum_k A over the patch keys.
+        mean: [B, rows, T] float32 out (rows contiguous): the block's mean over heads, or None.
+        filled: whether the engine computed them.
+    """
+
+    distances: torch.Tensor | None = None
+    first: int = 0
+    prefix: int = 0
+    key_block: int = 64
+    sums: torch.Tensor | None = None
+    mean: torch.Tensor | None = None
+    filled: bool = False
+
+
+def compile_choice() -> str:
+    """``VITLENS_COMPILE`` as one of ``COMPILE_CHOICES`` (unset: ``auto``)."""
+    value = os.environ.get(COMPILE_ENV, "auto").strip().lower() or "auto"
+    if value not in COMPILE_CHOICES:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(f"{COMPILE_ENV} must be one of {', '.join(COMPILE_CHOICES)}; got {value!r}.")
+    return value
+
+
+def compiled_wanted(device: torch.device, tokens: int) -> bool:
+    """Whether maps over ``tokens`` keys on ``device`` go through the native kernels (the rule above; False on
+    other devices than the CPU, and once a build has failed in this process)."""
+    if _state["failed"] is not None or torch.device(device).type != "cpu":
+        return False
+    choice = compile_choice()
+    return choice == "1" or (choice == "auto" and tokens >= COMPILE_MIN_TOKENS)
+
+
+def _capability_flags() -> list[str]:
+    """Compiler flags for ATen's vector types at the CPU capability torch itself runs with."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap == "AVX512":
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
+                "-DCPU_CAPABILITY=AVX512"]
+    if cap == "AVX2":
+        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
+    return []  # ATen's portable vectors (other capabilities, other architectures)
+
+
+def _build_command(compiler: str, output: Path) -> list[str]:
+    torch_dir = Path(torch.__file__).parent
+    lib = torch_dir / "lib"
+    gomp = sorted(lib.glob("libgomp*.so*"))  # torch's own OpenMP runtime: one thread pool in the process
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
+    return [compiler, "-O3", "-std=c++17", "-fPIC", "-shared", "-fopenmp", *_capability_flags(),
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", str(torch_dir / "include"), str(SOURCE), "-o", str(output),
+            "-L", str(lib), f"-Wl,-rpath,{lib}", "-lc10", "-ltorch_cpu", *([str(gomp[0])] if gomp else [])]
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept (``$VITLENS_CACHE_DIR``, else ``~/.cache/vitlens/native``)."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root) if root else Path.home() / ".cache" / "vitlens" / "native"
+
+
+def _load() -> ctypes.CDLL:
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, torch.backends.cpu.get_cpu_capability(),
+                                    version, " ".join(_build_command(compiler, Path("x")))]).encode()).hexdigest()
+    target = cache_dir() / f"vitlens_native_{key[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            done = subprocess.run(_build_command(compiler, built), capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise RuntimeError(f"building {SOURCE.name} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+            os.replace(built, target)  # atomic: another process sees the whole library or none
+    lib = ctypes.CDLL(str(target))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64]
+    lib.vitlens_key_block_sums.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
+    lib.vitlens_rollout_step.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr]
+    for fn in (lib.vitlens_softmax_taps, lib.vitlens_key_block_sums, lib.vitlens_rollout_step):
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded library (built first where needed; one thread builds while the others wait), or None once a build
+    has failed in this process (said once in a warning)."""
+    lib = _state["lib"]
+    if lib is not None:
+        return lib  # type: ignore[return-value]
+    with _lock:
+        if _state["failed"] is not None:
+            return None
+        if _state["lib"] is None:
+            try:
+                _state["lib"] = _load()
+            except Exception as error:  # noqa: BLE001 - any failure means: the eager code runs
+                text = str(error).strip()
+                _state["failed"] = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+                warnings.warn(f"vitlens: the native kernels are not available ({_state['failed']}); the eager code "
+                              f"runs (the same numbers, slower on large maps). Set {COMPILE_ENV}=0 to skip trying.",
+                              RuntimeWarning, stacklevel=3)
+                return None
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def softmax_taps(scores: torch.Tensor, taps: SoftmaxTaps) -> bool:
+    """``scores`` [B, H, R, T] (contiguous float32, CPU) replaced by their softmax over the last axis, and ``taps``
+    filled in the same pass (``taps.filled`` set). Returns False, changing nothing, where the kernel does not apply
+    (``compiled_wanted`` says no, another dtype or layout, gradients, no library): the caller then runs
+    ``torch.softmax`` and the consumers compute their taps from the probabilities."""
+    b, h, r, t = scores.shape
+    if (scores.dtype != torch.float32 or not scores.is_contiguous() or scores.requires_grad
+            or not compiled_wanted(scores.device, t)):
+        return False
+    d, sums, mean = taps.distances, taps.sums, taps.mean
+    if d is not None:
+        q, n = r - taps.first, t - taps.prefix
+        if (sums is None or d.shape != (q, n) or d.dtype != torch.float32 or not d.is_contiguous()
+                or sums.shape != (2, b * h, q) or sums.dtype != torch.float64 or not sums.is_contiguous()):
+            return False
+    if mean is not None and (mean.shape != (b, r, t) or mean.dtype != torch.float32 or mean.stride(-1) != 1
+                             or mean.stride(-2) != t):
+        return False
+    lib = library()
+    if lib is None:
+        return False
+    status = lib.vitlens_softmax_taps(scores.data_ptr(), b, h, r, t, _ptr(d), taps.first, taps.prefix,
+                                      taps.key_block, _ptr(sums) if d is not None else None, _ptr(mean),
+                                      mean.stride(0) if mean is not None else 0)
+    if status != 0:
+        raise RuntimeError("vitlens's native softmax kernel failed.")
+    taps.filled = True
+    return True
+
+
+def key_block_sums(rows: torch.Tensor, distances: torch.Tensor, key_block: int, out: torch.Tensor) -> bool:
+    """``out`` [2, M, Q] float64 = (sum_k A d, sum_k A) over the last axis of ``rows`` [M, Q, N] (float32, keys
+    contiguous) with ``distances`` [Q, N] float32: float32 sums over blocks of ``key_block`` keys, added in float64.
+    Returns False, writing nothing, where the kernel does not apply (as ``softmax_taps``)."""
+    m, q, n = rows.shape
+    if (rows.dtype != torch.float32 or rows.stride(-1) != 1 or distances.dtype != torch.float32
+            or not compiled_wanted(rows.device, n) or out.dtype != torch.float64 or not out.is_contiguous()
+            or out.shape != (2, m, q)):
+        return False
+    lib = library()
+    if lib is None:
+        return False
+    d = distances.contiguous()
+    if lib.vitlens_key_block_sums(rows.data_ptr(), m, q, n, rows.stride(0), rows.stride(1), d.data_ptr(),
+                                  key_block, out.data_ptr()) != 0:
+        raise RuntimeError("vitlens's native distance kernel failed.")
+    return True
+
+
+def rollout_step(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    """One step of rollout's chain, v A' = w (A + I) with w = v / (rowsum(A) + 1), in float64 from a head-fused map
+    ``a`` [B, T, T] float32 (rows contiguous) and ``v`` [B, T] float64; None where the kernel does not apply."""
+    b, t, _ = a.shape
+    if (a.dtype != torch.float32 or a.stride(-1) != 1 or a.stride(-2) != t or v.dtype != torch.float64
+            or not compiled_wanted(a.device, t)):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    v = v.contiguous()
+    w, out = torch.empty_like(v), torch.empty_like(v)
+    if lib.vitlens_rollout_step(a.data_ptr(), b, t, a.stride(0), v.data_ptr(), w.data_ptr(), out.data_ptr()) != 0:
+        raise RuntimeError("vitlens's native rollout kernel failed.")
+    return out
+
+
+def compile_failure() -> str | None:
+    """Why the library could not be built or loaded in this process (None: it loaded, or was not tried)."""
+    failed = _state["failed"]
+    return str(failed) if failed is not None else None
+
+
+def reset_for_tests() -> None:
+    """Forget the loaded library and any failure (tests that force a failure, then a build)."""
+    _state["lib"], _state["failed"] = None, None
+
+
+__all__ = ["CACHE_ENV", "COMPILE_CHOICES", "COMPILE_ENV", "COMPILE_MIN_TOKENS", "SoftmaxTaps", "cache_dir",
+           "compile_choice", "compile_failure", "compiled_wanted", "key_block_sums", "library", "reset_for_tests",
+           "rollout_step", "softmax_taps"]

@@ -1,0 +1,205 @@
+// vitlens's native CPU kernels for the attention views (Fig. 6 rollout, Fig. 7 right and Fig. 11 attention
+// distance), built on the user's machine by vitlens.core.native (g++, ATen's headers and vector types, ATen's
+// thread pool) and called through ctypes. Every function returns 0, or 1 after an exception (the caller then
+// falls back to its eager code).
+//
+// The sums follow the rule FLOAT32_RTOL is derived from (vitlens/views/distance.py): per query, float32 sums over
+// blocks of at most `key_block` keys (any order inside a block), the block sums added in float64.
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t W = Vec::size();
+
+inline float sum_of(const Vec& v) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, v);
+}
+
+inline float max_of(const float* row, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t k = 0;
+  if (n >= W) {
+    Vec acc = Vec::loadu(row);
+    for (k = W; k + W <= n; k += W) acc = at::vec::maximum(acc, Vec::loadu(row + k));
+    m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, acc);
+  }
+  for (; k < n; ++k) m = std::max(m, row[k]);
+  return m;
+}
+
+// softmax of one row in place: exp(x - max) (ATen's Sleef exp, 1 ulp), summed in float32, times 1 / sum
+inline void softmax_row(float* row, int64_t n) {
+  const float mx = max_of(row, n);
+  const Vec vmx(mx);
+  Vec acc(0.f);
+  int64_t k = 0;
+  for (; k + W <= n; k += W) {
+    const Vec e = (Vec::loadu(row + k) - vmx).exp();
+    e.store(row + k);
+    acc = acc + e;
+  }
+  float total = sum_of(acc);
+  for (; k < n; ++k) {
+    row[k] = std::exp(row[k] - mx);
+    total += row[k];
+  }
+  const float inv = 1.f / total;
+  const Vec vinv(inv);
+  for (k = 0; k + W <= n; k += W) (Vec::loadu(row + k) * vinv).store(row + k);
+  for (; k < n; ++k) row[k] *= inv;
+}
+
+// (sum_k p[k] d[k], sum_k p[k]) over n keys: float32 sums over blocks of key_block keys, added in float64
+inline void block_sums(const float* p, const float* d, int64_t n, int64_t key_block, double* weighted,
+                       double* mass) {
+  double w = 0.0, m = 0.0;
+  for (int64_t k0 = 0; k0 < n; k0 += key_block) {
+    const int64_t len = std::min(key_block, n - k0);
+    Vec aw(0.f), am(0.f);
+    int64_t j = 0;
+    for (; j + W <= len; j += W) {
+      const Vec pv = Vec::loadu(p + k0 + j);
+      aw = at::vec::fmadd(pv, Vec::loadu(d + k0 + j), aw);
+      am = am + pv;
+    }
+    float fw = sum_of(aw), fm = sum_of(am);
+    for (; j < len; ++j) {
+      fw += p[k0 + j] * d[k0 + j];
+      fm += p[k0 + j];
+    }
+    w += fw;
+    m += fm;
+  }
+  *weighted = w;
+  *mass = m;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Softmax over the last axis of scores [B, H, R, T] (contiguous float32), in place, and in the same pass, per row
+// block of a layer:
+//  - distance (non-null): [R - first, T - prefix] float32 pixel distances of the rows first.. (the patch queries)
+//    to the patch keys (keys prefix..); sums [2, B * H, R - first] float64 receives, per query, the
+//    distance-weighted sum and the mass over the patch keys (block_sums);
+//  - mean (non-null): [B, R, T] float32 rows (image stride mean_batch_stride, row stride T) receive the mean over
+//    the H heads (summed in head order in float32, divided by H).
+int vitlens_softmax_taps(float* scores, int64_t B, int64_t H, int64_t R, int64_t T, const float* distance,
+                         int64_t first, int64_t prefix, int64_t key_block, double* sums, float* mean,
+                         int64_t mean_batch_stride) {
+  try {
+    const int64_t Q = R - first, N = T - prefix;
+    at::parallel_for(0, B * R, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / R, r = i % R;
+        float* mrow = mean ? mean + b * mean_batch_stride + r * T : nullptr;
+        for (int64_t h = 0; h < H; ++h) {
+          float* row = scores + ((b * H + h) * R + r) * T;
+          softmax_row(row, T);
+          if (distance && r >= first) {
+            const int64_t at = (b * H + h) * Q + (r - first);
+            block_sums(row + prefix, distance + (r - first) * N, N, key_block, sums + at, sums + B * H * Q + at);
+          }
+          if (mrow) {
+            if (h == 0) {
+              std::copy(row, row + T, mrow);
+            } else {
+              int64_t k = 0;
+              for (; k + W <= T; k += W) (Vec::loadu(mrow + k) + Vec::loadu(row + k)).store(mrow + k);
+              for (; k < T; ++k) mrow[k] += row[k];
+            }
+          }
+        }
+        if (mrow) {
+          const Vec vh(static_cast<float>(H));
+          int64_t k = 0;
+          for (; k + W <= T; k += W) (Vec::loadu(mrow + k) / vh).store(mrow + k);
+          for (; k < T; ++k) mrow[k] /= static_cast<float>(H);
+        }
+      }
+    });
+  } catch (...) {
+    return 1;
+  }
+  return 0;
+}
+
+// Attention distance's sums on given maps: rows [M, Q, N] float32 (strides row_m, row_q; keys contiguous) with
+// distances [Q, N] float32 (row stride N); out [2, M, Q] float64 = (sum_k A d, sum_k A) by block_sums.
+int vitlens_key_block_sums(const float* rows, int64_t M, int64_t Q, int64_t N, int64_t row_m, int64_t row_q,
+                           const float* distance, int64_t key_block, double* out) {
+  try {
+    at::parallel_for(0, M * Q, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t m = i / Q, q = i % Q;
+        block_sums(rows + m * row_m + q * row_q, distance + q * N, N, key_block, out + i, out + M * Q + i);
+      }
+    });
+  } catch (...) {
+    return 1;
+  }
+  return 0;
+}
+
+// One step of rollout's chain from the last block back (vitlens.views.rollout.rollout_row), for a head-fused map
+// a [B, T, T] float32 (image stride a_batch, row stride T): w = v / (rowsum(a) + 1) and out = w a + w, in float64
+// (v, w, out: [B, T] contiguous float64). Each thread sums its rows into its own float64 vector; those are added
+// in thread order.
+int vitlens_rollout_step(const float* a, int64_t B, int64_t T, int64_t a_batch, const double* v, double* w,
+                         double* out) {
+  try {
+    const int64_t chunk = 64;  // rows per task
+    const int64_t tasks = (T + chunk - 1) / chunk;
+    for (int64_t b = 0; b < B; ++b) {
+      const float* ab = a + b * a_batch;
+      const double* vb = v + b * T;
+      double* wb = w + b * T;
+      double* ob = out + b * T;
+      // row sums and w, in parallel over rows
+      at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const float* row = ab + r * T;
+          double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight running sums: the compiler vectorises them
+          int64_t k = 0;
+          for (; k + 8 <= T; k += 8)
+            for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(row[k + j]);
+          double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+          for (; k < T; ++k) s += static_cast<double>(row[k]);
+          wb[r] = vb[r] / (s + 1.0);
+        }
+      });
+      // out = w a, each chunk of rows into its own partial vector, the partials added in chunk order
+      std::vector<double> partial(static_cast<size_t>(tasks * T), 0.0);
+      at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) {
+          double* acc = partial.data() + c * T;
+          for (int64_t r = c * chunk; r < std::min(T, (c + 1) * chunk); ++r) {
+            const double wr = wb[r];
+            const float* row = ab + r * T;
+            for (int64_t k = 0; k < T; ++k) acc[k] += wr * static_cast<double>(row[k]);
+          }
+        }
+      });
+      for (int64_t k = 0; k < T; ++k) ob[k] = wb[k];
+      for (int64_t c = 0; c < tasks; ++c) {
+        const double* acc = partial.data() + c * T;
+        for (int64_t k = 0; k < T; ++k) ob[k] += acc[k];
+      }
+    }
+  } catch (...) {
+    return 1;
+  }
+  return 0;
+}
+
+}  // extern "C"
