@@ -163,7 +163,7 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                 out = F.scaled_dot_product_attention(*a, **kw)
                 with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
                     for item in attention_probs_in_rows(q, k_rep, scale, capture.query_rows, mask, causal,
-                                                        workspace=workspace):
+                                                        workspace=workspace, taps=capture.taps_for(_layer)):
                         capture(_layer, *item)
                         del item
                 return out
