@@ -223,3 +223,16 @@ def test_a_failed_build_warns_once_and_the_eager_code_takes_over(monkeypatch, fr
     eager = dist.per_query_distance(attn, d, 1)
     assert torch.equal(got, eager) and torch.equal(again, eager)
     assert not list(tmp_path.glob("*.so"))
+
+
+def test_large_buffers_are_plain_tensors_with_huge_pages_advised():
+    """``large_empty``: the shape, dtype and device asked, writable and readable as any tensor, small ones untouched
+    (the advice changes where the memory comes from, never the numbers)."""
+    from vitlens.core.pages import HUGE_PAGE, large_empty
+
+    big = large_empty(3, HUGE_PAGE, dtype=torch.float32)
+    assert big.shape == (3, HUGE_PAGE) and big.dtype == torch.float32 and big.is_contiguous()
+    big.fill_(1.5)
+    assert float(big.sum()) == 1.5 * big.numel()
+    small = large_empty(4, 5, dtype=torch.float64)
+    assert small.shape == (4, 5) and small.dtype == torch.float64

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .native import SoftmaxTaps, softmax_taps
+from .pages import large_empty
 
 #: what an engine asks before each block of query rows (``rows``, the block's [B, heads, rows, T] shape): the
 #: ``SoftmaxTaps`` the block's softmax pass should fill for the views, or None
@@ -150,7 +151,7 @@ def session_buffer(workspace: dict | None, key: str, numel: int, dtype: torch.dt
     workspace, a new tensor each call."""
     flat = None if workspace is None else workspace.get(key)
     if flat is None or flat.numel() < numel or flat.dtype != dtype or flat.device != device:
-        flat = torch.empty(numel, dtype=dtype, device=device)
+        flat = large_empty(numel, dtype=dtype, device=device)
         if workspace is not None:
             workspace[key] = flat
     return flat

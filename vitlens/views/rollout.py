@@ -30,6 +30,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from ..core.native import SoftmaxTaps, rollout_step
+from ..core.pages import large_empty
 from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
@@ -332,7 +333,9 @@ class RolloutAccumulator(AttentionConsumer):
             self._fused.append(None)  # type: ignore[arg-type]  # the block's place in the chain: already stepped
 
     def _new_layer(self, batch: int, tokens: int, dtype: torch.dtype, device: torch.device) -> None:
-        self._layer = torch.empty(batch, tokens, tokens, dtype=fused_dtype(dtype), device=device)
+        # huge pages advised: the buffer is filled once, row block by row block, and each 4 KB page's first write
+        # would be a fault inside the kernel that fills it
+        self._layer = large_empty(batch, tokens, tokens, dtype=fused_dtype(dtype), device=device)
 
     def softmax_tap(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
         """Mean fusion of the block's rows by its softmax pass, straight into the layer's buffer (float32 attention;
