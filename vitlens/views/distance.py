@@ -25,7 +25,7 @@ from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
 from ..engine.stream import model_name
-from ..core.native import SoftmaxTaps, key_block_sums
+from ..core.native import SoftmaxTaps, compiled_wanted, key_block_sums
 from ..words import counted
 
 
@@ -342,7 +342,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         p = self.num_prefix_tokens
         start, stop = int(rows.start or 0), int(rows.stop)
         q0 = max(start, p)
-        if self.grid is None or t != self.grid[0] * self.grid[1] + p or q0 >= stop:
+        if (self.grid is None or t != self.grid[0] * self.grid[1] + p or q0 >= stop
+                or not compiled_wanted(self._device, t)):  # no kernel to fill it
             return None
         tap = SoftmaxTaps(distances=self._distance_rows(slice(q0 - p, stop - p)).contiguous(), first=q0 - start,
                           prefix=p, key_block=KEY_BLOCK,

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..core.native import SoftmaxTaps, rollout_step
+from ..core.native import SoftmaxTaps, compiled_wanted, rollout_step
 from ..core.pages import large_empty
 from ..core.spec import ModelSpec
 from ..results import Result
@@ -344,7 +344,8 @@ class RolloutAccumulator(AttentionConsumer):
         b, _, r, t = shape
         start = int(rows.start or 0)
         if self.head_fusion != "mean" or (layer == self.num_layers - 1 and self._streams_last_block()) \
-                or layer != len(self._fused) or (start > 0 and self._layer is None):
+                or layer != len(self._fused) or (start > 0 and self._layer is None) \
+                or not compiled_wanted(self._device, t):  # no kernel to fill it: no buffer made twice
             return None
         if start == 0:
             self._new_layer(b, t, torch.float32, self._device)
