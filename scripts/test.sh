@@ -9,4 +9,6 @@ if ! bash scripts/install-chromium.sh; then
 fi
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
-exec .venv/bin/python -m pytest -q "$@"
+# two worker processes (pytest-xdist), each with its share of the cores (tests/conftest.py): the suite's many
+# single-threaded stretches (imports, subprocesses, browsers, Ray) overlap. `-n 0` runs it in one process.
+exec .venv/bin/python -m pytest -q -n 2 "$@"
