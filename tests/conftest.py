@@ -13,13 +13,13 @@ import functools  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# The cores shared among the suite's processes: under pytest-xdist (`-n N`) each worker takes its share, and the
-# processes a test starts (the CLI, a survey) inherit it through OMP_NUM_THREADS, so N workers never run more
-# threads than the machine has cores (oversubscribed threads are slower than serial work).
+# The cores shared among the suite's processes: under pytest-xdist (`-n N`) each worker takes its share, so N
+# workers never run more threads than the machine has cores (oversubscribed threads are slower than serial work).
+# The processes a test starts (the CLI, a tutorial, a survey) inherit the same count through OMP_NUM_THREADS: a
+# command's numbers are then those of the same computation in the test's own process (the reductions split alike).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
 _THREADS = max(1, min(2, os.cpu_count() or 1) // _WORKERS)
-if _WORKERS > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+os.environ["OMP_NUM_THREADS"] = str(_THREADS)
 torch.set_num_threads(_THREADS)
 
 # A suite started as a background job (`cmd &` in a script, nohup) inherits SIGINT ignored, and so would

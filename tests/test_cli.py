@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import vitlens as vl
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
@@ -22,10 +21,7 @@ NO_BROWSER = CHROMIUM is None and not os.environ.get("CI")
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    # the command's threads are this process's (tests/conftest.py: the suite's share of the cores), so its numbers
-    # are those of the same computation in this process (the reductions split alike)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(torch.get_num_threads()),
-           "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # OMP_NUM_THREADS: tests/conftest.py
     return subprocess.run([sys.executable, "-m", "vitlens", *args], capture_output=True, text=True, timeout=600,
                           cwd=cwd or ROOT, env=env)
 

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
@@ -25,9 +23,7 @@ def test_the_api_tour_runs_as_written(tmp_path):
     assert len(blocks) >= 2
     script = tmp_path / "tour.py"
     script.write_text("\n".join(blocks))
-    # the suite's share of the cores (tests/conftest.py), as the tests' own threads
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # OMP_NUM_THREADS: tests/conftest.py
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
