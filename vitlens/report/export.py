@@ -79,13 +79,14 @@ def figure_png(fig: Any, width: int = PNG_WIDTH, scale: float = PNG_SCALE, timeo
     kopts = {k: getattr(d, k) for k in ("plotlyjs", "mathjax", "headers") if getattr(d, k, None)}
     opts = {"format": "png", "width": width, "height": out.layout.height or d.default_height, "scale": scale}
     spec = out.to_dict()
-    for _ in range(max(1, attempts)):
+    tries = max(1, attempts)
+    for _ in range(tries):
         try:
             return _within(lambda: kaleido.calc_fig(spec, opts=dict(opts), topojson=d.topojson, kopts=dict(kopts)),
                            timeout_s)
         except TimeoutError:
             continue
-    raise PngExportTimeout(f"kaleido gave no PNG within {timeout_s:g} s in {max(1, attempts)} tries (its browser "
+    raise PngExportTimeout(f"kaleido gave no PNG within {timeout_s:g} s in {tries} tries (its browser "
                            "never answered; plotly/Kaleido#441). Try again; if it keeps happening, check that "
                            "Chromium starts: chromium --headless --no-sandbox --dump-dom about:blank")
 
