@@ -30,6 +30,16 @@ import signal  # noqa: E402
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The native kernels a test builds go to a private folder of the run's, never the user's ~/.cache/vitlens (a test
+# that plants or damages a library there must not reach the real cache); the processes tests start inherit it.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_NATIVE_CACHE = tempfile.mkdtemp(prefix="vitlens-test-native-")
+os.environ["VITLENS_CACHE_DIR"] = _NATIVE_CACHE
+atexit.register(shutil.rmtree, _NATIVE_CACHE, True)
+
 
 @functools.lru_cache(maxsize=16)
 def _cached_model(name: str, kwargs_items: tuple) -> object:

@@ -1,10 +1,20 @@
 """The native CPU kernels (``vitlens.core.native``, issue 35): a block's softmax with the views' taps in one pass,
 attention distance's sums, rollout's chain step. Each against float64 within a bound derived from its summation
 (not observed), against the eager code it replaces, end to end through ``analyze``; the rule for when they run; one
-build shared by threads; a failed build that warns once and leaves the eager code."""
+build shared by threads; a failed build that warns once and leaves the eager code; a cache that only a library
+built here, recorded and checked, ever loads from (planted, truncated, a FIFO, another user's folder).
+
+Every test here builds into a temporary cache folder (``cache`` below; the suite's conftest points
+``VITLENS_CACHE_DIR`` at one too), never ``~/.cache/vitlens``; what needs a compiler is skipped without ``g++``."""
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import stat
+import subprocess
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +26,20 @@ from vitlens.views import distance as dist
 from vitlens.views import rollout as roll
 
 U = 2.0 ** -24  # float32's unit roundoff
+needs_compiler = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler (g++) on PATH to build the "
+                                    "native kernels with")
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("native-cache")
+
+
+@pytest.fixture(autouse=True)
+def cache(monkeypatch, module_cache):
+    """The module's own cache folder (one build for the module's tests), never the user's."""
+    monkeypatch.setenv(native.CACHE_ENV, str(module_cache))
+    return module_cache
 
 
 @pytest.fixture
@@ -35,6 +59,7 @@ def _taps(b: int, h: int, r: int, t: int, first: int, prefix: int, distances: to
                               sums=torch.empty(2, b * h, r - first, dtype=torch.float64), mean=torch.empty(b, r, t))
 
 
+@needs_compiler
 @pytest.mark.parametrize("t, grid", [(202, (10, 20)), (258, (16, 16))])  # a shorter last key block; whole blocks
 def test_softmax_taps_against_float64_within_derived_bounds(monkeypatch, t, grid):
     """Scores [2, 3, 9, t] (two prefix tokens, the first three rows not patch queries): the probabilities, the
@@ -84,6 +109,7 @@ def test_taps_are_refused_where_they_do_not_apply(monkeypatch):
     assert not native.softmax_taps(scores.clone(), taps)  # 70 tokens: below COMPILE_MIN_TOKENS
 
 
+@needs_compiler
 @pytest.mark.parametrize("n, grid", [(200, (10, 20)), (256, (16, 16))])
 def test_distance_sums_on_given_maps_match_float64_and_the_eager_kernel(monkeypatch, n, grid):
     """``per_query_distance`` through the native kernel (forced) against float64 and the eager kernel, raw and
@@ -106,6 +132,7 @@ def test_distance_sums_on_given_maps_match_float64_and_the_eager_kernel(monkeypa
     assert calls == [True, False, True, False]  # the native kernel ran when asked, and only then
 
 
+@needs_compiler
 def test_rollout_step_matches_the_float64_chain(monkeypatch):
     """One chain step from a float32 head-fused map: the same float64 terms as the eager step, summed in another
     order (relative difference within T x float64's epsilon, 2,305 x 2.2e-16)."""
@@ -139,6 +166,7 @@ def small_vit():
     return vl.load_model("vit_tiny_patch16_224", pretrained=False, img_size=96)
 
 
+@needs_compiler
 def test_analyze_through_the_taps_gives_the_eager_numbers(monkeypatch, small_vit):
     """``analyze`` on a 6x6-grid ViT, by query rows, with the kernels forced on and off: every block of rows went
     through the taps (each consumer's ask filled), and the results equal the eager ones within the bounds — two
@@ -170,6 +198,7 @@ def test_analyze_through_the_taps_gives_the_eager_numbers(monkeypatch, small_vit
     np.testing.assert_allclose(a1.rollout.maps, a0.rollout.maps, rtol=1e-5, atol=1e-6)
 
 
+@needs_compiler
 def test_two_consumers_of_one_kind_share_a_pass(monkeypatch, small_vit):
     """Two distance accumulators on one stream: the first's sums come from the softmax pass, the second's from
     the probabilities; the same numbers within the bound."""
@@ -182,6 +211,7 @@ def test_two_consumers_of_one_kind_share_a_pass(monkeypatch, small_vit):
     np.testing.assert_allclose(accs[0].result().mean_px, accs[1].result().mean_px, rtol=2 * dist.FLOAT32_RTOL)
 
 
+@needs_compiler
 def test_two_threads_share_one_build(monkeypatch, fresh_library, tmp_path):
     """Two threads reach the library before it exists (an empty cache): one builds while the other waits; each gets
     its own maps' numbers."""
@@ -214,9 +244,13 @@ def test_a_failed_build_warns_once_and_the_eager_code_takes_over(monkeypatch, fr
     monkeypatch.setenv("CXX", "no-such-compiler-here")
     attn = torch.softmax(_scores(2, 3, 8, 129), -1)
     d = dist.token_distance_matrix((8, 16), (16, 16), queries=slice(0, 8)).float()
-    with pytest.warns(RuntimeWarning, match=r"native kernels are not available .*no C\+\+ compiler "
-                                            r"\(no-such-compiler-here\).*VITLENS_COMPILE=0"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         got = dist.per_query_distance(attn, d, 1)
+        dist.per_query_distance(attn, d, 1)
+    assert len(caught) == 1 and caught[0].category is RuntimeWarning
+    assert re.search(r"native kernels are not available .*no C\+\+ compiler \(no-such-compiler-here\).*"
+                     r"VITLENS_COMPILE=0", str(caught[0].message))
     monkeypatch.delenv("CXX")
     again = dist.per_query_distance(attn, d, 1)  # not retried, even with a compiler back
     assert native.compile_failure() is not None and not native.compiled_wanted(torch.device("cpu"), 10**6)
@@ -237,3 +271,137 @@ def test_large_buffers_are_plain_tensors_with_huge_pages_advised():
     assert float(big.sum()) == 1.5 * big.numel()
     small = large_empty(4, 5, dtype=torch.float64)
     assert small.shape == (4, 5) and small.dtype == torch.float64
+
+
+def _one_distance_call() -> tuple[torch.Tensor, list]:
+    """A forced native distance call: its result and the warnings it gave."""
+    attn = torch.softmax(_scores(2, 3, 8, 129), -1)
+    d = dist.token_distance_matrix((8, 16), (16, 16), queries=slice(0, 8)).float()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = dist.per_query_distance(attn, d, 1)
+    return got, [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_no_compiler_on_path_falls_back_with_exactly_one_warning(monkeypatch, fresh_library, tmp_path):
+    """No ``g++`` anywhere on PATH (an empty PATH folder, CXX unset): exactly one warning over two calls, and the
+    eager numbers."""
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    first, said = _one_distance_call()
+    second, again = _one_distance_call()
+    assert len(said) == 1 and not again and "no C++ compiler (g++) on PATH" in str(said[0].message)
+    monkeypatch.setenv(native.COMPILE_ENV, "0")
+    assert torch.equal(first, _one_distance_call()[0]) and torch.equal(second, first)
+
+
+PLANTED = r"""
+#include <cstdio>
+#include <cstdlib>
+__attribute__((constructor)) static void planted() {
+    const char *marker = std::getenv("VITLENS_PLANTED_MARKER");
+    if (marker) { FILE *f = std::fopen(marker, "w"); if (f) { std::fputs("ran", f); std::fclose(f); } }
+}
+extern "C" int vitlens_softmax_taps() { return 0; }
+extern "C" int vitlens_key_block_sums() { return 0; }
+extern "C" int vitlens_rollout_step() { return 0; }
+"""
+
+
+def _put(target, data: bytes) -> None:
+    """``data`` under ``target``'s name as a new file (a library this process loaded stays mapped: writing into
+    its file would crash this process, not test the cache)."""
+    new = target.with_name(target.name + ".new")
+    new.write_bytes(data)
+    os.replace(new, target)
+
+
+def _expected_library(cache) -> "os.PathLike":
+    native.private_dir(cache)
+    return native.library_path(shutil.which("g++"))
+
+
+@needs_compiler
+def test_a_planted_library_is_never_loaded(monkeypatch, fresh_library, tmp_path, cache):
+    """A real library whose constructor writes a marker file, planted under the expected name (as another user
+    would in a shared cache): it is never loaded (no marker), the kernels are built again, recorded, and give the
+    eager numbers."""
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    marker = tmp_path / "planted-ran"
+    monkeypatch.setenv("VITLENS_PLANTED_MARKER", str(marker))
+    source = tmp_path / "planted.cpp"
+    source.write_text(PLANTED)
+    target = _expected_library(cache)
+    planted = tmp_path / "planted.so"
+    subprocess.run(["g++", "-shared", "-fPIC", str(source), "-o", str(planted)], check=True, timeout=120)
+    record = target.parent / (target.name + ".sha256")
+    for forged in (False, True):  # no build record; a record of the right size and another hash
+        native.reset_for_tests()
+        _put(target, planted.read_bytes())
+        if forged:
+            record.write_text('{"sha256": "%s", "size": %d}' % ("0" * 64, target.stat().st_size))
+        assert native.verified(target) is not None
+        got, said = _one_distance_call()
+        assert not marker.exists() and not said and native.compile_failure() is None
+        assert native.verified(target) is None  # built again and recorded
+    monkeypatch.setenv(native.COMPILE_ENV, "0")
+    np.testing.assert_allclose(got.numpy(), _one_distance_call()[0].numpy(), rtol=2 * dist.FLOAT32_RTOL)
+
+
+@needs_compiler
+@pytest.mark.parametrize("damage", ["truncated", "fifo", "link"])
+def test_a_damaged_library_is_found_before_loading_and_built_again(monkeypatch, fresh_library, cache, tmp_path,
+                                                                   damage):
+    """A truncated library (SIGBUS when loaded), a FIFO (a read would block for ever) or a link to /dev/zero
+    under the library's name: ``verified`` says what it is from ``lstat`` alone (nothing opened, no hang), and the
+    next use builds it again."""
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    target = _expected_library(cache)
+    _one_distance_call()  # a good build first, with its record
+    assert native.verified(target) is None
+    native.reset_for_tests()
+    size = target.stat().st_size
+    if damage == "truncated":
+        _put(target, target.read_bytes()[:size // 3])
+    else:
+        target.unlink()
+        os.mkfifo(target) if damage == "fifo" else os.symlink("/dev/zero", target)
+    said_before = native.verified(target)
+    assert said_before == (f"{size // 3} bytes, {size} recorded" if damage == "truncated" else "not a regular file")
+    got, said = _one_distance_call()
+    assert not said and native.compile_failure() is None and native.verified(target) is None
+    assert stat.S_ISREG(os.lstat(target).st_mode)
+    monkeypatch.setenv(native.COMPILE_ENV, "0")
+    np.testing.assert_allclose(got.numpy(), _one_distance_call()[0].numpy(), rtol=2 * dist.FLOAT32_RTOL)
+
+
+@pytest.mark.parametrize("why", ["others-write", "other-owner"])
+def test_a_cache_folder_others_control_is_refused_with_one_warning(monkeypatch, fresh_library, tmp_path, why):
+    """A cache folder others may write to (mode 0777), or one another user owns: nothing is built or loaded there;
+    one warning that names the folder, and the eager numbers."""
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    if why == "others-write":
+        shared.chmod(0o777)
+    else:
+        monkeypatch.setattr(native, "_uid", lambda: os.geteuid() + 1)  # the folder is then someone else's
+    monkeypatch.setenv(native.CACHE_ENV, str(shared))
+    got, said = _one_distance_call()
+    _again, more = _one_distance_call()
+    assert len(said) == 1 and not more and str(shared) in str(said[0].message)
+    assert ("written by others" if why == "others-write" else "belongs to another user") in str(said[0].message)
+    assert not list(shared.iterdir())
+    monkeypatch.setenv(native.COMPILE_ENV, "0")
+    assert torch.equal(got, _one_distance_call()[0])
+
+
+def test_the_cache_folder_is_made_private(tmp_path):
+    """A new cache folder is made mode 0700; one of the user's that others may read is made 0700."""
+    made = native.private_dir(tmp_path / "a" / "native")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    readable = tmp_path / "readable"
+    readable.mkdir(mode=0o755)
+    readable.chmod(0o755)
+    assert stat.S_IMODE(native.private_dir(readable).stat().st_mode) == 0o700

@@ -18,13 +18,24 @@ against the installed torch's headers: ATen's vector types for the CPU capabilit
 pool; a few seconds, once). Built libraries are kept in ``$VITLENS_CACHE_DIR``, else ``~/.cache/vitlens/native``,
 named by a hash of the source, torch's version, the capability and the compiler. A build or load that fails (no
 compiler) is said once in a warning and the eager code runs from then on.
+
+The cache is trusted only as far as it is private (``private_dir``, ``verified``): the folder is made mode 0700 and
+refused (one warning, the eager code) when another user owns it or others may write to it; each library's sha256
+and size are recorded when it is built (``NAME.so.sha256``, written atomically, in the same folder), and a library
+is loaded only after it was checked, by ``lstat`` before anything opens it, to be a regular file of the user's,
+writable by no one else, of the recorded size and hash. Anything else under its name (planted, truncated, a FIFO,
+a link, no record) is removed and built again; builds and checks hold ``.lock`` (``flock``), so two processes never
+build over each other.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -122,22 +133,145 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "vitlens" / "native"
 
 
-def _load() -> ctypes.CDLL:
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    if compiler is None:
-        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
+def _uid() -> int:
+    return os.geteuid()
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` made (mode 0700) or checked as a folder of this user's that no one else may write to; one that
+    group or others may only read is made 0700.
+
+    Raises:
+        RuntimeError: another user owns it, or group or others may write to it (what they put there would run in
+            this process): the caller falls back to the eager code.
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError(f"the cache {path} is not a folder")
+    if st.st_uid != _uid():
+        raise RuntimeError(f"the cache folder {path} belongs to another user (uid {st.st_uid}); set {CACHE_ENV} "
+                           "to a folder of your own")
+    if st.st_mode & 0o022:
+        raise RuntimeError(f"the cache folder {path} may be written by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                           f"set {CACHE_ENV} to a private folder of your own, or chmod 700 it")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _sha256_of(fd: int) -> str:
+    digest = hashlib.sha256()
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _record_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def verified(library: Path) -> str | None:
+    """None when ``library`` is the library that was built under its name: a regular file (``lstat``: never a
+    link, never opened when it is a FIFO or a device) of this user's, writable by no one else, whose size and
+    sha256 are those recorded at build time; else what is wrong with it, in words."""
+    try:
+        st = os.lstat(library)
+    except FileNotFoundError:
+        return "not built"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != _uid() or st.st_mode & 0o022:
+        return "not the user's own, or writable by others"
+    try:
+        record = json.loads(_record_path(library).read_text()[:4096])
+        size, digest = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no record of its build"
+    if st.st_size != size:
+        return f"{st.st_size} bytes, {size} recorded"
+    fd = os.open(library, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between lstat and open
+            return "not a regular file"
+        if _sha256_of(fd) != digest:
+            return "its sha256 differs from the one recorded"
+    finally:
+        os.close(fd)
+    return None
+
+
+def _write_record(library: Path, digest: str, size: int) -> None:
+    """The build record of ``library`` (sha256, size), replaced atomically, mode 0600."""
+    fd, tmp = tempfile.mkstemp(dir=library.parent, prefix=".record-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"sha256": digest, "size": size}, f)
+    os.replace(tmp, _record_path(library))
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)  # a file, a link or a FIFO: unlinked, never opened
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(path)
+
+
+def library_path(compiler: str) -> Path:
+    """The cache's name for the library built with ``compiler`` (a hash of the source, torch's version, the CPU
+    capability, the compiler's version and the build command)."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
     key = hashlib.sha256("\n".join([SOURCE.read_text(), torch.__version__, torch.backends.cpu.get_cpu_capability(),
                                     version, " ".join(_build_command(compiler, Path("x")))]).encode()).hexdigest()
-    target = cache_dir() / f"vitlens_native_{key[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            done = subprocess.run(_build_command(compiler, built), capture_output=True, text=True, timeout=600)
-            if done.returncode != 0:
-                raise RuntimeError(f"building {SOURCE.name} failed: {(done.stderr or done.stdout).strip()[-400:]}")
-            os.replace(built, target)  # atomic: another process sees the whole library or none
+    return cache_dir() / f"vitlens_native_{key[:16]}.so"
+
+
+def _compiler() -> str:
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
+    return compiler
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Build the library into ``target`` (atomically: another process sees the whole library or none) and record
+    its hash."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        done = subprocess.run(_build_command(compiler, built), capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"building {SOURCE.name} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+        os.chmod(built, 0o700)
+        fd = os.open(built, os.O_RDONLY)
+        try:
+            digest = _sha256_of(fd)
+        finally:
+            os.close(fd)
+        _write_record(target, digest, built.stat().st_size)
+        os.replace(built, target)
+
+
+def _checked_library(compiler: str) -> Path:
+    """The verified library's path, built (again) where there is none or it fails ``verified``."""
+    target = library_path(compiler)
+    private_dir(target.parent)
+    fd = os.open(target.parent / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if verified(target) is not None:
+            _remove(target)
+            _build(compiler, target)
+            problem = verified(target)
+            if problem is not None:
+                raise RuntimeError(f"the library built in {target.parent} does not check ({problem})")
+    finally:
+        os.close(fd)
+    return target
+
+
+def _load() -> ctypes.CDLL:
+    target = _checked_library(_compiler())
     lib = ctypes.CDLL(str(target))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64]
@@ -252,5 +386,5 @@ def reset_for_tests() -> None:
 
 
 __all__ = ["CACHE_ENV", "COMPILE_CHOICES", "COMPILE_ENV", "COMPILE_MIN_TOKENS", "SoftmaxTaps", "cache_dir",
-           "compile_choice", "compile_failure", "compiled_wanted", "key_block_sums", "library", "reset_for_tests",
-           "rollout_step", "softmax_taps"]
+           "compile_choice", "compile_failure", "compiled_wanted", "key_block_sums", "library", "library_path",
+           "private_dir", "reset_for_tests", "rollout_step", "softmax_taps", "verified"]
