@@ -157,3 +157,68 @@ def test_out_inside_the_images_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(InvalidParameterError, match="inside the image folder"):
         vl.survey(["ref-vit"], str(photos), photos / "zoo", progress=False)
     assert not (photos / "zoo").exists()
+
+
+def test_a_local_rays_logs_are_copied_as_regular_files_only_and_kept_private(tmp_path):
+    """Another user's planted links in a Ray session's logs (a link to a private file of the victim's, a link to
+    /dev/zero, a FIFO, a linked folder) are never followed nor opened: only the regular files are copied, as files
+    and folders only the user can read."""
+    from vitlens.survey.run import copy_regular_files
+
+    logs, secret_dir = tmp_path / "session" / "logs", tmp_path / "victim"
+    (logs / "old").mkdir(parents=True)
+    secret_dir.mkdir(mode=0o700)
+    (secret_dir / "secret.txt").write_text("the victim's secret")
+    (logs / "raylet.out").write_text("raylet started")
+    (logs / "old" / "gcs_server.err").write_text("gcs")
+    (logs / "leak.log").symlink_to(secret_dir / "secret.txt")
+    (logs / "zero.log").symlink_to("/dev/zero")
+    (logs / "linked").symlink_to(secret_dir, target_is_directory=True)
+    os.mkfifo(logs / "pipe.log")
+    out = tmp_path / "out" / "logs" / "ray-session"
+    assert copy_regular_files(logs, out) == 2
+    copied = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert copied == ["old", "old/gcs_server.err", "raylet.out"]
+    assert (out / "raylet.out").read_text() == "raylet started"
+    assert all(p.stat().st_mode & 0o777 == (0o700 if p.is_dir() else 0o600) for p in [out, *out.rglob("*")])
+
+
+def test_a_local_rays_temporary_folder_is_private_and_removed_after(monkeypatch):
+    """The folder a local Ray's session goes to: the user's, mode 0700, a short path (Ray's socket paths), removed
+    by ``restore_local_env``; none where RAY_TMPDIR says where Ray's files go."""
+    from vitlens.survey import run as run_module
+
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    temp = run_module.private_ray_temp()
+    st = temp.stat()
+    assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700 and len(str(temp)) < 60
+    assert temp.name.startswith("vitlens-ray-") and not str(temp).startswith("/tmp/ray/")
+    run_module.restore_local_env()
+    assert not temp.exists()
+    monkeypatch.setenv("RAY_TMPDIR", "/somewhere/of/the/users")
+    assert run_module.private_ray_temp() is None
+
+
+def test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it(tmp_path):
+    """A command-line survey with its own local Ray: the session ran under the survey's private temporary folder
+    (not /tmp/ray), which is gone after; its logs are in OUT/logs, private."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="vl-t-", dir="/tmp"))  # short: Ray's socket paths live under it
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(TMPDIR=str(root), HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",
+                   PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        out = tmp_path / "zoo"
+        proc = subprocess.run([sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "--max-images", "4",
+                               "--out", str(out), "--quiet"], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        left = [p.name for p in root.iterdir()]
+        assert not [n for n in left if n.startswith("vitlens-ray-")] and "ray" not in left, left
+        logs = out / vl.load_survey(out).manifest["ray"]["session_logs"]
+        files = [p for p in logs.rglob("*") if p.is_file()]
+        assert files and all(p.stat().st_mode & 0o777 == 0o600 for p in files)
+        assert logs.stat().st_mode & 0o777 == 0o700
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

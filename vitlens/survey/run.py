@@ -16,7 +16,9 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +56,8 @@ def _ray() -> Any:
 LOCAL_HOST = "127.0.0.1"
 #: what ``start_ray`` changed in os.environ for a local Ray, put back by ``restore_local_env``
 _ENV_BEFORE: dict[str, str | None] = {}
+#: the private temporary folder a local Ray of ``start_ray`` runs in, removed by ``restore_local_env``
+_PRIVATE_TEMP: list[Path] = []
 
 
 def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bool, float]:
@@ -70,7 +74,11 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
       (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, read once at import): it is made false for the call;
     - token authentication is on (RAY_AUTH_MODE=token, whatever it was), with the token file
       (~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH) private to the user, mode 0600: Ray itself
-      writes it with the umask's mode, readable by every local user.
+      writes it with the umask's mode, readable by every local user;
+    - its session (sockets, logs, spilled objects) lives in a private temporary folder of its own
+      (``private_ray_temp``: /tmp/vitlens-ray-XXXXXXXX, mode 0700), not the shared /tmp/ray whose
+      session folders any local user may write to; removed by ``restore_local_env`` after the Ray
+      shut down. RAY_TMPDIR, when set, is the user's choice and is left to Ray.
     """
     ray = _ray()
     t0 = time.perf_counter()
@@ -85,9 +93,11 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     cluster = getattr(constants, "ENABLE_RAY_CLUSTER", None)
     if constants is not None and cluster is not None:
         constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as the node IP (see above)
+    temp = private_ray_temp()
     try:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 * 2**20, _node_ip_address=LOCAL_HOST)
+                 object_store_memory=200 * 2**20, _node_ip_address=LOCAL_HOST,
+                 **({"_temp_dir": str(temp)} if temp is not None else {}))
     except BaseException:
         restore_local_env()
         raise
@@ -99,6 +109,44 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
         logging.getLogger("ray").warning("vitlens: the local Ray's node IP is %s, not %s: its servers may listen "
                                          "beyond loopback (token authentication is on).", node_ip, LOCAL_HOST)
     return ray, True, time.perf_counter() - t0
+
+
+def private_ray_temp() -> Path | None:
+    """A new private folder (mode 0700, the user's) for a local Ray's session, with a short path (Ray's unix
+    sockets live under it, and a socket path is limited to 107 bytes): under $TMPDIR when that is short, else
+    /tmp. None when RAY_TMPDIR says where Ray's files go (the user's choice)."""
+    if os.environ.get("RAY_TMPDIR"):
+        return None
+    base = tempfile.gettempdir()
+    temp = Path(tempfile.mkdtemp(prefix="vitlens-ray-", dir=base if len(base) <= 40 else "/tmp"))
+    _PRIVATE_TEMP.append(temp)
+    return temp
+
+
+def copy_regular_files(source: Path, target: Path) -> int:
+    """The regular files under ``source`` copied to ``target`` (folders 0700, files 0600: the copies are the
+    user's alone), the number copied. Links are never followed (a link in the folder is skipped, whatever it
+    points at), nor are FIFOs, sockets or devices opened: each entry is judged by ``lstat`` first, then opened
+    with O_NOFOLLOW | O_NONBLOCK and checked again."""
+    copied = 0
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for entry in os.scandir(source):
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            copied += copy_regular_files(Path(entry.path), target / entry.name)
+        elif stat.S_ISREG(mode):
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as src:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                out = os.open(target / entry.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(out, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            copied += 1
+    return copied
 
 
 def token_path() -> Path:
@@ -142,7 +190,10 @@ def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
 
 
 def restore_local_env() -> None:
-    """Put back what ``start_ray`` changed in os.environ (after the local Ray shut down)."""
+    """Put back what ``start_ray`` changed in os.environ, and remove the private temporary folder it made
+    (after the local Ray shut down)."""
+    while _PRIVATE_TEMP:
+        shutil.rmtree(_PRIVATE_TEMP.pop(), ignore_errors=True)
     for name, value in _ENV_BEFORE.items():
         if value is None:
             os.environ.pop(name, None)
@@ -272,8 +323,9 @@ def survey(
     computed again, named on stderr.
 
     Ray's own messages to the driver (start-up, task retries, dead workers) go to
-    ``out/logs/ray-driver.log``, not the terminal; a local Ray's session logs are copied to
-    ``out/logs/`` when it shuts down.
+    ``out/logs/ray-driver.log``, not the terminal; a local Ray runs in a private temporary folder
+    (``private_ray_temp``), whose session logs are copied to ``out/logs/`` when it shuts down (regular
+    files only, links never followed, the copies private: ``copy_regular_files``), then removed.
 
     Returns:
         A ``SurveyResult`` over the folder: ``table`` (a pandas DataFrame of model, weights, layer, head,
@@ -445,14 +497,13 @@ def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: Imag
                 signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
             if started:
                 ray.shutdown()
-                if local:
-                    restore_local_env()
                 if session_logs is not None and session_logs.is_dir():  # the local session's own logs, kept
                     try:
-                        shutil.copytree(session_logs, store.out / "logs" / f"ray-{session_logs.parent.name}",
-                                        dirs_exist_ok=True, ignore_dangling_symlinks=True)
+                        copy_regular_files(session_logs, store.out / "logs" / f"ray-{session_logs.parent.name}")
                     except OSError:  # a log Ray is still rotating; the survey's results do not depend on it
                         pass
+                if local:
+                    restore_local_env()
 
 
 def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource,
