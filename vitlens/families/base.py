@@ -22,6 +22,7 @@ The capture guarantee is the family's to keep:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import threading
 import weakref
@@ -108,12 +109,32 @@ class CaptureAbilities:
 
 
 class Handles:
-    """Hooks and attribute changes a capture installed, undone in reverse order by ``remove``."""
+    """Hooks and attribute changes a capture installed, undone in reverse order by ``remove``.
 
-    def __init__(self) -> None:
+    Made by a ``HookSession`` with its thread (``owner``) and the forward-hook tables of its model's modules
+    (``forward_tables``): a forward hook or pre-hook put in one of those tables, and a ``forward`` replaced with
+    ``set_attr``, then act only on the owner's forwards. A forward another thread runs meanwhile (a plain
+    ``module(x)`` that does not wait for the model's lock) runs as without the session: its hooks return at once
+    and the replaced ``forward`` calls the one it replaced, so it is never counted in the session's maps or
+    statistics and never meets the session's per-forward state."""
+
+    def __init__(self, owner: int | None = None, forward_tables: frozenset[int] = frozenset()) -> None:
         self._undo: list[Callable[[], None]] = []
+        self._owner = owner
+        self._tables = forward_tables
+
+    def _mine(self) -> bool:
+        return self._owner is None or threading.get_ident() == self._owner
 
     def hook(self, handle: Any) -> None:
+        table = handle.hooks_dict_ref() if hasattr(handle, "hooks_dict_ref") else None
+        if self._owner is not None and table is not None and id(table) in self._tables and handle.id in table:
+            fn = table[handle.id]
+
+            def owners_only(*args: Any, **kwargs: Any) -> Any:
+                return fn(*args, **kwargs) if self._mine() else None
+
+            table[handle.id] = owners_only
         self._undo.append(handle.remove)
 
     def on_remove(self, fn: Callable[[], None]) -> None:
@@ -121,12 +142,20 @@ class Handles:
 
     def set_attr(self, obj: Any, name: str, value: Any) -> None:
         """``setattr(obj, name, value)`` now, the previous value put back by ``remove`` (an attribute the
-        object had from its class, e.g. a module's ``forward``, is deleted again, so the class's is seen)."""
+        object had from its class, e.g. a module's ``forward``, is deleted again, so the class's is seen).
+        A module's ``forward`` is replaced for the owner's thread only (the others call the previous one)."""
         # an attribute the class provides and setattr shadows (a method) is deleted again; an instance
         # attribute, or one a descriptor of the class stores (a property), is set back
         shadowed = name not in getattr(obj, "__dict__", {}) and \
             not hasattr(inspect.getattr_static(type(obj), name, None), "__set__")
         previous = getattr(obj, name)
+        if name == "forward" and self._owner is not None and isinstance(obj, nn.Module) and callable(value):
+            replacement = value
+
+            @functools.wraps(replacement)
+            def value(*args: Any, **kwargs: Any) -> Any:  # noqa: F811 - the owner's replacement, or the previous
+                return (replacement if self._mine() else previous)(*args, **kwargs)
+
         setattr(obj, name, value)
         self._undo.append(lambda: delattr(obj, name) if shadowed else setattr(obj, name, previous))
 
@@ -135,21 +164,115 @@ class Handles:
             self._undo.pop()()
 
 
-_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_OBJECT_LOCKS: dict[int, "threading.RLock"] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
-def model_lock(module: nn.Module) -> "threading.RLock":
-    """The one lock of a model module (``LoadedModel.lock``): every hook session on it holds it from
-    install to removal, and ``LoadedModel.forward`` holds it for the forward, so a second thread waits
-    until the first thread's session is over and its hooks never see the other thread's forwards.
-    Re-entrant: the sessions one capture nests (a view's pool or token-norm hooks) and their forwards run
-    on the holding thread. A plain ``module(x)`` from user code in another thread does not take it."""
+def _object_lock(obj: object) -> "threading.RLock | None":
+    """The re-entrant lock of one object (by identity; forgotten when the object is), or None for an object that
+    takes no weak reference."""
+    key = id(obj)
+    with _LOCKS_GUARD:
+        lock = _OBJECT_LOCKS.get(key)
+        if lock is None:
+            try:
+                weakref.finalize(obj, _OBJECT_LOCKS.pop, key, None)
+            except TypeError:
+                return None
+            lock = _OBJECT_LOCKS[key] = threading.RLock()
+        return lock
+
+
+def shared_parts(module: nn.Module) -> list[object]:
+    """What a hook session on ``module`` may change, and other models may share: the module, every module inside it
+    (a model and its ``.vit`` tower share theirs) and the configuration objects they carry (transformers gives every
+    model built from one config the same object, whose ``_attn_implementation`` a capture switches)."""
+    parts: dict[int, object] = {}
+    for mod in module.modules():
+        parts[id(mod)] = mod
+        config = getattr(mod, "config", None)
+        if config is not None and not isinstance(config, (nn.Module, dict, str, int, float, bool, tuple, list)):
+            parts[id(config)] = config
+    return list(parts.values())
+
+
+class SharedLock:
+    """The lock of a model module and of everything it shares (``shared_parts``): ``acquire`` takes the lock of each
+    part, always in one global order (by the locks' identities), so two sessions on models that share a part (two
+    models of one config, a model and its tower) run one after the other and never deadlock on each other.
+    Re-entrant on the holding thread, as ``threading.RLock``; usable as ``with lock:``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = weakref.ref(module)
+        self._held = threading.local()
+
+    def _locks(self) -> list["threading.RLock"]:
+        module = self._module()
+        found = {} if module is None else {id(lock): lock for lock in map(_object_lock, shared_parts(module))
+                                           if lock is not None}
+        return [found[k] for k in sorted(found)]
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take every part's lock (waiting at most ``timeout`` seconds in all; none taken when it runs out)."""
+        import time
+
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        taken: list[threading.RLock] = []
+        try:
+            for lock in self._locks():
+                left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+                if not lock.acquire(blocking, left if blocking else -1):
+                    break
+                taken.append(lock)
+            else:
+                self._stack().append(taken)
+                return True
+        except BaseException:
+            for lock in reversed(taken):
+                lock.release()
+            raise
+        for lock in reversed(taken):
+            lock.release()
+        return False
+
+    def release(self) -> None:
+        for lock in reversed(self._stack().pop()):
+            lock.release()
+
+    def _stack(self) -> list[list["threading.RLock"]]:
+        stack = getattr(self._held, "stack", None)
+        if stack is None:
+            stack = self._held.stack = []
+        return stack
+
+    def __enter__(self) -> "SharedLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, SharedLock]" = weakref.WeakKeyDictionary()
+
+
+def model_lock(module: nn.Module) -> SharedLock:
+    """The lock of a model module (``LoadedModel.lock``, a ``SharedLock``): every hook session on it holds it from
+    install to removal, and ``LoadedModel.forward`` holds it for the forward, so a second thread waits until the
+    first thread's session is over and its hooks never see the other thread's forwards. It covers what the model
+    shares with others (``shared_parts``): a session on another model built from the same config, or on the
+    model's tower, waits too. Re-entrant: the sessions one capture nests (a view's pool or token-norm hooks) and
+    their forwards run on the holding thread. A plain ``module(x)`` from user code in another thread does not take
+    it: it runs as if no session were on (``Handles``), and is never counted in a view."""
     with _LOCKS_GUARD:
         lock = _LOCKS.get(module)
         if lock is None:
-            lock = _LOCKS[module] = threading.RLock()
+            lock = _LOCKS[module] = SharedLock(module)
         return lock
+
+
+def _forward_tables(module: nn.Module) -> frozenset[int]:
+    return frozenset(id(t) for mod in module.modules() for t in (mod._forward_hooks, mod._forward_pre_hooks))
 
 
 class HookSession:
@@ -181,7 +304,7 @@ class HookSession:
         if lock is not None:
             lock.acquire()
         self._lock = lock
-        self._handles = Handles()
+        self._handles = Handles(threading.get_ident(), _forward_tables(module) if module is not None else frozenset())
         try:
             self.install(self._handles)
         except BaseException:
