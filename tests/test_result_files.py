@@ -35,7 +35,7 @@ def _tamper(tmp_path, **changes):
     ("mean_px", [[1, 2], [3, 4]], "not an array"),
     ("mean_px", {"__ndarray__": [1.0, 2.0, 3.0], "dtype": "float64", "shape": [3]}, "1 dimensions"),
     ("m2", {"__ndarray__": [[0.0], [0.0]], "dtype": "float64", "shape": [2, 1]}, "H = 1, but mean_px has H = 3"),
-    ("std_px", {"__ndarray__": ["a"], "dtype": "<U1", "shape": [1]}, "not numbers"),
+    ("std_px", {"__ndarray__": ["a"], "dtype": "<U1", "shape": [1]}, "not a plain numeric dtype"),
 ])
 def test_a_field_of_the_wrong_type_or_shape_is_named(tmp_path, field, value, why):
     path = _tamper(tmp_path, **{field: value})
@@ -52,7 +52,7 @@ def test_a_missing_field_and_broken_encodings_are_named(tmp_path):
         vl.load_result(path)
     path.write_text(json.dumps({**d, "grid": [2, 2], "mean_px": {"__ndarray__": [1, 2], "dtype": "float64",
                                                                   "shape": [5]}}))
-    with pytest.raises(ResultFileError, match="r.json.*ValueError"):
+    with pytest.raises(ResultFileError, match="r.json.*field 'mean_px'.*do not fill the declared shape \\[5\\]"):
         vl.load_result(path)
     for junk in ("{not json", "[1, 2]", '{"kind": 3}'):
         path.write_text(junk)
@@ -94,3 +94,51 @@ def test_a_tampered_npz_names_the_file(tmp_path):
 def test_a_good_file_still_round_trips(tmp_path):
     for suffix in (".json", ".npz"):
         assert vl.load_result(_result().save(tmp_path / f"r{suffix}")).equals(_result())
+
+
+@pytest.mark.parametrize("dtype, items, shape, why", [
+    ("(25000000,)f8", [1.0], [1], "not a plain numeric dtype"),  # one item of 200 MB
+    ("O", [1.0], [1], "not a plain numeric dtype"),
+    ("V100000000", [1], [1], "not a plain numeric dtype"),
+    ("f8,i4", [1.0], [1], "not a plain numeric dtype"),
+    ("no-such-dtype", [1.0], [1], "not a numpy dtype"),
+    ("float64", [1.0, 2.0], [100000, 100000], "would take 80,000,000,000 bytes"),
+    ("float64", [1.0, 2.0], [3], "do not fill the declared shape"),
+    ("float64", [[1.0, 2.0], [3.0]], [2, 2], "do not fill the declared shape"),
+    ("float64", [1.0], [-1], "not a list of non-negative integers"),
+])
+def test_an_encoded_array_is_checked_before_it_takes_memory(tmp_path, dtype, items, shape, why):
+    """A 2 KB file whose array declares a subarray dtype allocated 763 MB before it was refused: the dtype, the
+    declared size and the number of items are checked first, and the field named."""
+    import tracemalloc
+
+    path = _tamper(tmp_path, std_px={"__ndarray__": items, "dtype": dtype, "shape": shape})
+    assert path.stat().st_size < 4096
+    tracemalloc.start()
+    try:
+        with pytest.raises(ResultFileError, match=f"r.json \\(field 'std_px'\\): .*{why}"):
+            vl.load_result(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_loading_what_is_not_a_file_says_what_it_is(tmp_path, kind):
+    """A FIFO (a read would block), a link to /dev/zero (a read would never end), a folder: said for what they
+    are, never opened."""
+    import os
+
+    path = tmp_path / "r.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+        said = "is a FIFO \\(named pipe\\)"
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+        said = "a link to /dev/zero\\) is a character device"
+    else:
+        path.mkdir()
+        said = "is a folder"
+    with pytest.raises(vl.InvalidParameterError, match=f"r.json.*{said}, not a result file"):
+        vl.load_result(path)

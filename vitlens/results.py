@@ -95,10 +95,56 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _decode(value: Any) -> Any:
+#: the kinds of dtype a saved array may have: booleans, integers, floats (``numpy.dtype.kind``)
+ARRAY_KINDS = "biuf"
+
+
+def _array_fits(items: Any, shape: tuple[int, ...]) -> bool:
+    """Whether the nested lists ``items`` are exactly ``shape`` (each level's length, numbers at the bottom),
+    judged without building anything."""
+    level = [items]
+    for n in shape:
+        nxt = []
+        for v in level:
+            if not isinstance(v, list) or len(v) != n:
+                return False
+            nxt.extend(v)
+        level = nxt
+    return all(isinstance(v, (int, float, bool)) for v in level)
+
+
+def _decode_array(value: dict, field: str | None) -> np.ndarray:
+    """An encoded array, checked before any memory is taken for it: a plain numeric dtype (``ARRAY_KINDS``: no
+    subarray, record or object dtype, whose one item may be megabytes), a shape of non-negative integers within
+    the size a result may hold, and exactly that many numbers in the file."""
+    from .result_schema import MAX_RESULT_BYTES, fail
+
+    path = _CHECKING.path or Path("<result>")
+    try:
+        dtype = np.dtype(str(value.get("dtype")))
+    except TypeError as e:
+        raise fail(path, field, f"dtype {str(value.get('dtype'))[:40]!r} is not a numpy dtype") from e
+    if dtype.kind not in ARRAY_KINDS or dtype.shape or dtype.fields is not None:
+        raise fail(path, field, f"dtype {str(value.get('dtype'))[:40]!r} is not a plain numeric dtype (booleans, "
+                                "integers, floats)")
+    shape = value.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                              for n in shape):
+        raise fail(path, field, f"shape {str(shape)[:40]} is not a list of non-negative integers")
+    count = int(np.prod(shape, dtype=object)) if shape else 1
+    if count * dtype.itemsize > MAX_RESULT_BYTES:
+        raise fail(path, field, f"shape {shape} of {dtype} would take {count * dtype.itemsize:,} bytes, more than a "
+                                f"result may hold ({MAX_RESULT_BYTES:,})")
+    items = value["__ndarray__"]
+    if not (_array_fits(items, tuple(shape)) if shape else isinstance(items, (int, float, bool))):
+        raise fail(path, field, f"its numbers do not fill the declared shape {shape}")
+    return np.asarray(items, dtype=dtype).reshape(shape)
+
+
+def _decode(value: Any, field: str | None = None) -> Any:
     if isinstance(value, dict):
         if "__ndarray__" in value:
-            return np.asarray(value["__ndarray__"], dtype=value["dtype"]).reshape(value["shape"])
+            return _decode_array(value, field)
         if "__spec__" in value:
             from .core.spec import ModelSpec
 
@@ -106,10 +152,10 @@ def _decode(value: Any) -> Any:
         if "__result__" in value:
             return Result.from_dict(_decode(value["__result__"]))
         if "__tuple__" in value:
-            return tuple(_decode(v) for v in value["__tuple__"])
-        return {k: _decode(v) for k, v in value.items()}
+            return tuple(_decode(v, field) for v in value["__tuple__"])
+        return {k: _decode(v, k if field is None else field) for k, v in value.items()}
     if isinstance(value, list):
-        return [_decode(v) for v in value]
+        return [_decode(v, field) for v in value]
     return value
 
 
@@ -226,8 +272,9 @@ class Result:
             raise InvalidParameterError(f"Load results from .json or .npz, not {path.suffix or 'no suffix'!r}.")
         from .result_schema import fail
 
-        if not path.is_file():
-            raise InvalidParameterError(f"Result file not found: {path}. Check the path.")
+        not_a_file = _not_a_file(path)
+        if not_a_file:
+            raise InvalidParameterError(f"{not_a_file} Check the path.")
         outer = _CHECKING.path
         _CHECKING.path = path
         try:
@@ -310,6 +357,26 @@ class _Checking(threading.local):
 
 #: the file being loaded (``Result.load``), in this thread: ``from_dict`` checks fields against it
 _CHECKING = _Checking()
+
+
+def _not_a_file(path: Path) -> str:
+    """'' when ``path`` is a regular file (through any links); else what it is, in words: missing, a folder, a
+    FIFO, a device (a link's target named), which is never opened."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"Result file not found: {path}."
+    except OSError as e:
+        return f"Result file {path} cannot be read ({type(e).__name__}: {e.strerror or e})."
+    if stat.S_ISREG(mode):
+        return ""
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    target = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+    return f"{path}{target} is {kind}, not a result file; not read."
 
 
 def _read_checked(path: Path) -> Any:
