@@ -222,3 +222,43 @@ def test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it(tmp_path
         assert logs.stat().st_mode & 0o777 == 0o700
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_out_that_is_not_a_survey_folder_is_refused_before_anything_is_written(tmp_path):
+    """--out at another tool's folder (its own .lock in it) or at a folder of other files: refused, and the other
+    tool's .lock is left as it was, none made where there was none (``--out /`` left ``/.lock``)."""
+    other = tmp_path / "other-tool"
+    other.mkdir()
+    (other / ".lock").write_text("held by another tool")
+    (other / "data.txt").write_text("x")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("y")
+    for folder in (other, plain):
+        with pytest.raises(InvalidParameterError, match="exists and is not a survey folder"):
+            vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=SHARD, progress=False)
+    assert (other / ".lock").read_text() == "held by another tool" and not (plain / ".lock").exists()
+    proc = subprocess.run([sys.executable, "-m", "vitlens", "survey", "--models", "ref-vit", "--n-images", "4",
+                           "--out", str(plain), "--quiet"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode != 0 and "is not a survey folder" in proc.stderr
+    assert sorted(p.name for p in plain.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("kind", ["big", "fifo"])
+def test_a_manifest_is_read_only_when_it_is_a_file_within_the_bound(tmp_path, monkeypatch, kind):
+    """A manifest.json larger than the bound (a 1 GB one cost 2 GB to read) is refused from its size, before it is
+    read; a FIFO under the name is refused without opening it."""
+    from vitlens.survey import store as store_module
+
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    if kind == "big":
+        monkeypatch.setattr(store_module, "MAX_MANIFEST_BYTES", 1000)
+        (folder / "manifest.json").write_text('{"models": {}, "pad": "' + "x" * 2000 + '"}')
+        said = "holds 2,0.. bytes, more than a survey manifest may \\(1,000\\); not read"
+    else:
+        os.mkfifo(folder / "manifest.json")
+        said = "is not a regular file"
+    with pytest.raises(InvalidParameterError, match=said):
+        vl.load_survey(folder)

@@ -71,6 +71,8 @@ class SurveyBusyError(InvalidParameterError):
 
 
 LOCK_NAME = ".lock"
+#: the most of a manifest.json that is read (a folder's manifest lists its images: ~150 bytes each)
+MAX_MANIFEST_BYTES = 256 * 2**20
 
 
 def settings_digest(settings: dict[str, Any]) -> str:
@@ -171,11 +173,43 @@ class SurveyStore:
         finally:
             os.close(fd)  # closing drops the flock
 
+    def check_out(self) -> None:
+        """Refuse, before anything is written to it (the lock file included), a folder that is not a survey's: it
+        may be missing, empty (or hold only a survey's ``.lock``), or hold a manifest.json; a file is refused too.
+
+        Raises:
+            InvalidParameterError: ``out`` is a file, or a folder with other things in it and no manifest.
+        """
+        if self.out.exists() and not self.out.is_dir():
+            raise InvalidParameterError(f"{self.out} is a file, not a folder; choose a new --out.")
+        if self.out.is_dir() and not self.manifest_path.is_file() and \
+                any(p.name != LOCK_NAME for p in self.out.iterdir()):
+            raise InvalidParameterError(f"{self.out} exists and is not a survey folder; choose a new --out.")
+
     def manifest(self) -> dict[str, Any] | None:
-        if not self.manifest_path.is_file():
-            return None
+        """The folder's manifest (None where there is none), read only when it is a regular file of at most
+        ``MAX_MANIFEST_BYTES``."""
+        import stat
+
         try:
-            data = json.loads(self.manifest_path.read_text())
+            st = self.manifest_path.stat()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise InvalidParameterError(f"{self.manifest_path} cannot be read ({e.strerror or type(e).__name__}); "
+                                        "use a new --out.") from e
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidParameterError(f"{self.manifest_path} is not a regular file, not a survey manifest; use a "
+                                        "new --out.")
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise InvalidParameterError(f"{self.manifest_path} holds {st.st_size:,} bytes, more than a survey "
+                                        f"manifest may ({MAX_MANIFEST_BYTES:,}); not read. Use a new --out.")
+        try:
+            with open(self.manifest_path, "rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise ValueError(f"more than {MAX_MANIFEST_BYTES:,} bytes")
+            data = json.loads(raw)
         except (OSError, UnicodeDecodeError, ValueError) as e:
             raise InvalidParameterError(f"{self.manifest_path} is not a readable survey manifest "
                                         f"({type(e).__name__}: {e}); use a new --out.") from e
@@ -187,8 +221,7 @@ class SurveyStore:
         """The manifest to continue: a new one, or the folder's own when the images and settings match."""
         old = self.manifest()
         if old is None:
-            if self.out.exists() and any(p.name != LOCK_NAME for p in self.out.iterdir()):
-                raise InvalidParameterError(f"{self.out} exists and is not a survey folder; choose a new --out.")
+            self.check_out()
             return {"format": FORMAT, "created": _now(), "source": source.to_dict(),
                     "fingerprint": source.fingerprint(), "settings": settings, "models": {}}
         if old.get("fingerprint") != source.fingerprint():
