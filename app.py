@@ -746,6 +746,8 @@ def render_survey(ctx: Context) -> None:
     result = vl.load_survey(folder)
     if result.table.empty:
         st.info("This survey has no finished model yet.")
+        for name, reason in result.failed.items():
+            st.warning(f"{name} failed: {reason}")
         return
     figs = survey_figures(result)
     for name, fig in figs.items():

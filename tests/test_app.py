@@ -377,6 +377,23 @@ def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_pat
     assert {f"Depth {kind}", f"Layer 1 {kind}"} <= set(download_labels(app))  # its figures, as every view's
 
 
+def test_survey_view_of_a_folder_whose_models_all_failed_says_why(app, tmp_path):
+    """A survey whose one model read no image: the page says there is no finished model and why it failed (it
+    showed "Something went wrong (IndexError ...)")."""
+    import json
+
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    reason = "no image could be read: 3 of 3 skipped as unreadable (im0.png, im1.png, im2.png)"
+    (folder / "manifest.json").write_text(json.dumps({"format": 1, "settings": {"shard_size": 4}, "models": {
+        "ref-vit-1": {"name": "ref-vit", "key": "ref-vit-1", "status": "failed", "reason": reason}}}))
+    app.radio(key="view").set_value("Survey").run()
+    app.text_input(key="survey-folder").set_value(str(folder)).run()
+    assert problems(app) == [] and not app.error
+    assert any("no finished model yet" in i.value for i in app.info)
+    assert any(w.value == f"ref-vit failed: {reason}" for w in app.warning)
+
+
 # ---------------------------------------------------------------- issue 18: what a new user met in Chromium
 def test_the_view_survives_runs_that_stop_early(app):
     """A run that stops before the views (no image yet, a model that does not load) keeps the view."""

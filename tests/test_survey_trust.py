@@ -262,3 +262,35 @@ def test_a_manifest_is_read_only_when_it_is_a_file_within_the_bound(tmp_path, mo
         said = "is not a regular file"
     with pytest.raises(InvalidParameterError, match=said):
         vl.load_survey(folder)
+
+
+def test_a_model_that_read_no_image_has_failed_and_reports_draw_it(local_ray, tmp_path):
+    """Every image unreadable: the model is failed with its reason (it was "done (0 images)", exit 0), and the
+    report of the folder draws its tables as they are, empty (survey-report and the app's Survey page raised an
+    IndexError)."""
+    from vitlens.report.survey import summary_rows, survey_html
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        (images / f"im{i}.png").write_bytes(b"not an image")
+    out = tmp_path / "zoo"
+    result = vl.survey(["ref-vit"], str(images), out, shard_size=SHARD, batch_size=4, progress=False)
+    assert result.models() == [] and "no image could be read: 3 of 3 skipped as unreadable" in result.failed["ref-vit"]
+    assert vl.load_survey(out).manifest["models"][next(iter(result.manifest["models"]))]["status"] == "failed"
+    assert result.table.empty and "ref-vit" in survey_html(result)
+    assert [row["status"] for row in summary_rows(result)] == ["failed"]
+    with pytest.raises(Exception, match="--strict"):
+        vl.survey(["ref-vit"], str(images), out, shard_size=SHARD, batch_size=4, progress=False, strict=True)
+
+
+def test_a_survey_without_distance_draws_its_summary_as_empty(local_ray, tmp_path):
+    """A model done with no distance rows (a weights-only survey, or a folder written before a model that read
+    nothing was failed): its summary row has empty cells, no IndexError."""
+    from vitlens.report.survey import summary_rows, survey_html
+
+    result = vl.survey(["ref-vit"], shapes_source(4), tmp_path / "zoo", shard_size=SHARD, views=("weights",),
+                       progress=False)
+    rows = summary_rows(result)
+    assert [r["model"] for r in rows] == ["ref-vit"] and np.isnan(rows[0]["depth ratio"])
+    assert "ref-vit" in survey_html(result)

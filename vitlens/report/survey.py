@@ -159,7 +159,7 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
             continue
         mine = (frame["model"] == model) & (frame["weights"] == weights)
         heads = frame[mine]
-        med = heads.groupby("layer")["value"].median()
+        med = heads.groupby("layer")["value"].median()  # empty where no distance was surveyed: NaN cells below
         first = heads[heads["layer"] == 1]["value"]
         per_stage = t["stage"].notna() if "stage" in t.columns else False  # a hierarchical model's stage rows
         scalars = t[(t["model"] == model) & (t["weights"] == weights) & t["layer"].isna()
@@ -170,7 +170,7 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
                     "accuracy": scalars.get("accuracy", np.nan),
                     "accuracy note": accuracy_note(entry, result.manifest.get("source", {})),
                     "layer-1 min": float(first.min()), "layer-1 median": float(first.median()),
-                    "layer-1 max": float(first.max()), "depth ratio": float(med.iloc[-1] / med.iloc[0]),
+                    "layer-1 max": float(first.max()), "depth ratio": float(med.iloc[-1] / med.iloc[0]) if len(med) else np.nan,
                     "rollout on prefix": scalars.get("rollout_prefix_mass", np.nan),
                     "rollout entropy (nats)": scalars.get("rollout_entropy", np.nan),
                     "rollout in mask": scalars.get("rollout_mass_in_mask", np.nan)})

@@ -29,8 +29,8 @@ from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
-from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key, table_rows,
-                    weights_of, write_table)
+from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
+                    source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
 from .stats import SURVEY_VIEW_NAMES
 from .worker import SurveyWorker
@@ -417,11 +417,30 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
         if entry.get("status") == "done":
             states, n, skipped = store.merged(entry["key"], shards)
             entry["n_images"], entry["skipped"] = n, skipped
+            if n == 0:  # nothing was read: a failure, said with its reason, never "done (0 images)"
+                entry.update(status="failed", reason=no_images_reason(skipped, source_count(manifest["source"])))
+                if progress:
+                    print(f"{entry.get('label', entry['name'])}: failed: {entry['reason']}", file=sys.stderr,
+                          flush=True)
+                if strict:
+                    store.write_manifest(manifest)
+                    raise SurveyError(f"{entry['name']}: {entry['reason']} (--strict stops at the first failed "
+                                      "model).")
+                continue
             rows += table_rows(entry["name"], entry["spec"], states, n, list(source.classes),
                                store.read_weights(entry["key"]), renormalize, weights_of(entry))
     write_table(store.out, rows)
     store.write_manifest(manifest)
     return load_survey(store.out)
+
+
+def no_images_reason(skipped: list[str], total: int) -> str:
+    """Why a model whose shards read no image failed, in words."""
+    if not skipped:
+        return "no image was read (the image set is empty)"
+    shown = ", ".join(skipped[:3]) + (", ..." if len(skipped) > 3 else "")
+    return (f"no image could be read: {len(skipped)} of {total} skipped as unreadable ({shown}); check that the "
+            "files are images")
 
 
 def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool) -> None:
@@ -598,7 +617,8 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                 entry["status"] = "done"
                 for actor in w.actors:
                     ray.kill(actor)  # frees its CPU/GPU for the models still waiting
-                bar.note(done_line(w.name, w.computed, w.images, w.reused))
+                if w.images or w.reused:  # a model that read no image is said as failed at the end
+                    bar.note(done_line(w.name, w.computed, w.images, w.reused))
             store.write_manifest(manifest)
     finally:
         bar.close()
