@@ -89,3 +89,54 @@ def test_a_rerun_says_the_reason_of_a_model_that_failed_in_an_earlier_run(monkey
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert code != 0
     assert "2 failed (ref-vit: the reason is above; ref-hybrid in an earlier run: its weights file is missing)" in last
+
+
+def test_an_hf_folder_declaring_an_enormous_model_is_refused_before_it_is_built(tmp_path):
+    """config.json with enormous sizes (vitlens built a ~600 GB model until a memory limit stopped it): refused from
+    the config alone, naming the model's estimated size and the memory there is, in a moment."""
+    import time
+
+    tr = pytest.importorskip("transformers")
+    folder = tmp_path / "huge"
+    tr.ViTConfig(hidden_size=65536, num_hidden_layers=300, num_attention_heads=64,
+                 intermediate_size=262144).save_pretrained(folder)
+    start = time.perf_counter()
+    for pretrained in (False, True):
+        with pytest.raises(vl.errors.UnsupportedModelError,
+                           match=r"describes a model of about [\d,]+ parameters \(~[\d,.]+ GiB in float32\), more "
+                                 r"than the memory available here \(~[\d,.]+ GiB\); not built"):
+            vl.load_model(f"hf:{folder}", pretrained=pretrained)
+    assert time.perf_counter() - start < 30
+
+
+def test_a_normal_config_is_estimated_close_below_its_size():
+    """The estimate errs low and close: ViT-B/16's 86.6 M parameters are estimated at 85.7 M."""
+    tr = pytest.importorskip("transformers")
+    from vitlens.loading.external import estimated_parameters
+
+    model = tr.ViTModel(tr.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, image_size=32, patch_size=8), add_pooling_layer=False)
+    real = sum(p.numel() for p in model.parameters())
+    guess = estimated_parameters(model.config.to_dict())
+    assert 0.8 * real <= guess <= real
+    assert 85e6 < estimated_parameters(tr.ViTConfig().to_dict()) <= 86.6e6
+
+
+@pytest.mark.parametrize("kind", ["big", "fifo"])
+def test_an_hf_folders_config_is_read_only_when_a_file_within_the_bound(tmp_path, monkeypatch, kind):
+    """A config.json larger than the bound (a 1 GB one cost 2 GB to read) is refused from its size; a FIFO in its
+    place is refused without being opened (a read would wait for ever)."""
+    pytest.importorskip("transformers")
+    from vitlens.loading import external
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    if kind == "big":
+        monkeypatch.setattr(external, "MAX_CONFIG_BYTES", 1000)
+        (folder / "config.json").write_text('{"model_type": "vit", "pad": "' + "x" * 2000 + '"}')
+        said = r"holds 2,0\d\d bytes, more than a model's config may \(1,000\); not read"
+    else:
+        os.mkfifo(folder / "config.json")
+        said = "is not a regular file"
+    with pytest.raises(vl.errors.UnknownModelError, match=said):
+        vl.load_model(f"hf:{folder}", pretrained=False)

@@ -41,6 +41,91 @@ def _transformers() -> Any:
     return _optional("transformers", "Hugging Face", "transformers", HF_INSTALL)
 
 
+#: the most of a model folder's config.json / preprocessor_config.json that is read (ImageNet-21k's 21,843 class
+#: names take about 1 MB)
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
+def read_json_capped(path: Path) -> Any:
+    """A JSON file of a model folder, read only when it is a regular file (through links) of at most
+    ``MAX_CONFIG_BYTES``: a FIFO is never opened, a huge file never read.
+
+    Raises:
+        UnknownModelError: not a regular file, too large, or not JSON.
+    """
+    import stat
+
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise UnknownModelError(f"{path} is not a regular file; give a folder written by save_pretrained.")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise UnknownModelError(f"{path} holds {st.st_size:,} bytes, more than a model's config may "
+                                    f"({MAX_CONFIG_BYTES:,}); not read.")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"more than {MAX_CONFIG_BYTES:,} bytes")
+        return json.loads(raw)
+    except UnknownModelError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UnknownModelError(f"{path} is not a readable {path.name} ({type(e).__name__}: {e}).") from e
+
+
+def _int_field(d: dict, key: str, default: int = 0) -> int:
+    value = d.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def _first(value: Any, default: int) -> int:
+    value = value[0] if isinstance(value, (list, tuple)) and value else value
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+
+
+def estimated_parameters(config: dict) -> int:
+    """About how many parameters the model a config describes has, from its sizes alone (no model built): in every
+    (sub-)config, a transformer's blocks (4 h^2 + 2 h i each: attention and MLP), its patch and position
+    embeddings and any vocabulary, and pyramid stages (``depths`` with ``embed_dim`` doubling, or
+    ``hidden_sizes``: 12 c^2 a block). Biases, norms and heads are left out, so it errs low."""
+    total, stack = 0, [config]
+    while stack:
+        d = stack.pop()
+        stack.extend(v for v in d.values() if isinstance(v, dict))
+        h, layers = _int_field(d, "hidden_size"), _int_field(d, "num_hidden_layers")
+        if h and layers:
+            total += layers * (4 * h * h + 2 * h * _int_field(d, "intermediate_size", 4 * h))
+            patch = _first(d.get("patch_size"), 16)
+            side = _first(d.get("image_size"), 224) // patch
+            total += h * _int_field(d, "num_channels", 3) * patch * patch + side * side * h
+            total += _int_field(d, "vocab_size") * h
+        depths = d.get("depths")
+        if isinstance(depths, list) and all(isinstance(n, int) and n > 0 for n in depths):
+            sizes = d.get("hidden_sizes")
+            if isinstance(sizes, list) and len(sizes) == len(depths) and all(isinstance(c, int) for c in sizes):
+                total += sum(12 * n * c * c for n, c in zip(depths, sizes))
+            elif _int_field(d, "embed_dim"):
+                total += sum(12 * n * (_int_field(d, "embed_dim") * 2 ** s) ** 2 for s, n in enumerate(depths))
+    return total
+
+
+def refuse_too_large(ref: str, config: dict) -> None:
+    """Refuse, before anything is built, a model whose config describes more float32 parameters than the memory
+    there is now (``vitlens.memory.available_bytes``), naming both.
+
+    Raises:
+        UnsupportedModelError: the estimate (``estimated_parameters`` x 4 bytes) exceeds the available memory.
+    """
+    from ..memory import available_bytes
+
+    need, have = estimated_parameters(config) * 4, available_bytes()
+    if have is not None and need > have:
+        raise UnsupportedModelError(
+            f"Refused hf:{ref}: its config.json describes a model of about {need // 4:,} parameters (~{need / 2**30:,.1f} "
+            f"GiB in float32), more than the memory available here (~{have / 2**30:,.1f} GiB); not built. Check the "
+            "sizes in its config.json.")
+
+
 def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
     """The preprocessor_config.json of a local folder or a cached hub repo, if there is one."""
     if local:
@@ -50,9 +135,10 @@ def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
 
         found = try_to_load_from_cache(folder_or_repo, "preprocessor_config.json")
         path = Path(found) if isinstance(found, str) else None
-    if path is None or not path.is_file():
+    if path is None or not path.exists():
         return None
-    return json.loads(path.read_text())
+    data = read_json_capped(path)
+    return data if isinstance(data, dict) else None
 
 
 def _hf_config_json(folder_or_repo: str, local: bool) -> dict:
@@ -64,12 +150,9 @@ def _hf_config_json(folder_or_repo: str, local: bool) -> dict:
 
         found = try_to_load_from_cache(folder_or_repo, "config.json")
         path = Path(found) if isinstance(found, str) else None
-    if path is None or not path.is_file():
+    if path is None or not path.exists():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UnknownModelError(f"{path} is not a readable config.json ({type(e).__name__}: {e}).") from e
+    data = read_json_capped(path)
     if not isinstance(data, dict):
         raise UnknownModelError(f"{path} is not a Hugging Face config (a JSON object); got {type(data).__name__}.")
     return data
@@ -132,6 +215,7 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         config = transformers.AutoConfig.from_pretrained(target, **kwargs)
         if config.model_type == "vit_mae":  # the encoder on every patch: MAE would drop a random 75% at each forward
             config.mask_ratio = 0.0
+        refuse_too_large(ref, config.to_dict())
         arch = (getattr(config, "architectures", None) or [None])[0]
         cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.isidentifier() else None
         if arch is not None and not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
