@@ -140,3 +140,42 @@ def test_an_hf_folders_config_is_read_only_when_a_file_within_the_bound(tmp_path
         said = "is not a regular file"
     with pytest.raises(vl.errors.UnknownModelError, match=said):
         vl.load_model(f"hf:{folder}", pretrained=False)
+
+
+def test_printed_names_have_their_control_and_bidi_characters_escaped():
+    """A model name with a terminal escape (recolours, moves the cursor) or a right-to-left override prints as what
+    it is."""
+    from vitlens.words import printable
+
+    assert printable("ok\x1b[31mred\u202eevil\x07\tname") == "ok\\x1b[31mred\\u202eevil\\x07\tname"
+    assert printable("two\nlines") == "two\\nlines" and printable("two\nlines", newlines=True) == "two\nlines"
+    assert printable("vit_base_patch16_224 (random init) ÄÖ 模型") == "vit_base_patch16_224 (random init) ÄÖ 模型"
+
+
+def test_bad_survey_names_fail_in_the_driver_without_a_worker_and_print_escaped(tmp_path, monkeypatch):
+    """Names that resolve to nothing (41 cost ~3 minutes, a Ray worker each) fail in the driver before Ray starts,
+    each with the reason a worker gave; on the command line they print escaped."""
+    import subprocess
+    import sys
+    import time
+
+    from vitlens.survey import run as run_module
+    from vitlens.survey import shapes_source
+
+    def no_ray(*_a, **_k):
+        raise AssertionError("Ray was started for models that cannot load")
+
+    monkeypatch.setattr(run_module, "start_ray", no_ray)
+    names = [f"no_such_model_{i}" for i in range(6)] + ["vit_tiny_patch16_224.no_such_tag"]
+    start = time.perf_counter()
+    result = vl.survey(names, shapes_source(4), tmp_path / "zoo", shard_size=4, progress=False)
+    assert time.perf_counter() - start < 60
+    assert sorted(result.failed) == sorted(names) and result.models() == []
+    assert "Unknown model 'no_such_model_0'" in result.failed["no_such_model_0"]
+    assert "no pretrained weights named 'vit_tiny_patch16_224.no_such_tag'" in result.failed[names[-1]]
+    evil = "evil\x1b[2J\u202emodel"
+    proc = subprocess.run([sys.executable, "-m", "vitlens", "survey", "--models", evil, "--n-images", "4",
+                           "--out", str(tmp_path / "cli"), "--quiet"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1 and "\x1b" not in proc.stderr and "\u202e" not in proc.stderr
+    assert "vitlens: failed: evil\\x1b[2J\\u202emodel: " in proc.stderr

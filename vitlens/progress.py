@@ -67,7 +67,9 @@ class Progress:
     def note(self, text: str) -> None:
         """A line for the person watching (beside a tqdm bar, on stderr); callables and silence get none."""
         if self._bar is not None:
-            self._bar.write(text, file=sys.stderr)
+            from .words import printable
+
+            self._bar.write(printable(text), file=sys.stderr)
 
     def close(self) -> None:
         if self._bar is not None:

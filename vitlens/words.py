@@ -1,7 +1,19 @@
-"""Counts and lists in words, as every message, caption and page writes them (no "1 images", no "(s)")."""
+"""Counts and lists in words, as every message, caption and page writes them (no "1 images", no "(s)"), and text
+made safe for a terminal (``printable``)."""
 from __future__ import annotations
 
+import unicodedata
 from typing import Sequence
+
+
+def printable(text: str, newlines: bool = False) -> str:
+    """``text`` with every control, format (the bidirectional overrides among them: U+202E), private-use, surrogate
+    or unassigned character written as its escape (``\\x1b``, ``\\u202e``), so that a model name or a file name
+    prints as what it is and never moves the cursor, recolours the terminal or reverses the line. Tabs are kept,
+    and newlines where ``newlines`` (a message of several lines)."""
+    keep = "\t\n" if newlines else "\t"
+    return "".join(c if c in keep or not unicodedata.category(c).startswith("C")
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:

@@ -67,6 +67,35 @@ def suggest(name: str) -> UnknownModelError:
                "app": "Pick an Embedded model or a Preset, or check the spelling."})
 
 
+def name_problem(name: str) -> UnknownModelError | None:
+    """The error ``load_model(name)`` would give for a name that resolves to nothing, found without
+    building a model or reading weights (a survey's driver asks it before it starts a worker per model); None for a
+    name that may load: a reference model, a prefix (``hf:``, ``open_clip:``, ``torchvision:``), a file, a timm
+    name (and pretrained tag) that timm knows. What only loading can tell (refused architectures, missing weights)
+    is left to the load."""
+    from ..reference import REFERENCE_NAMES
+    from .checkpoint import looks_like_checkpoint_path
+    from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX
+
+    if not isinstance(name, str) or not name.strip():
+        return UnknownModelError(f"A model name must be a non-empty string; got {name!r}.")
+    if name in REFERENCE_NAMES or name.startswith((HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX)):
+        return None
+    path, sep, _arch = name.rpartition("@")
+    if (sep and looks_like_checkpoint_path(path)) or (looks_like_checkpoint_path(name) and not _is_timm_name(name)):
+        return None
+    import timm
+
+    if not timm.is_model(name):
+        return suggest(name)
+    if "." in name and name not in timm.list_pretrained(name):
+        tags = timm.list_pretrained(name.split(".")[0] + ".*")
+        return UnknownModelError(f"timm has no pretrained weights named {name!r}. "
+                                 f"Available for this architecture: {', '.join(tags) or 'none'}.",
+                                 fixes={k: f"Or, for random weights: {v}." for k, v in RANDOM_INIT.items()})
+    return None
+
+
 def _create_checked(name: str, **kwargs: Any) -> None:
     """Build ``name`` on the meta device (no memory, no weights) to refuse unsupported models early."""
     import timm
@@ -124,13 +153,9 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
 def _from_timm(name: str, pretrained: bool, **kwargs: Any) -> tuple[nn.Module, str, str]:
     import timm
 
-    if not timm.is_model(name):
-        raise suggest(name)
-    if "." in name and name not in timm.list_pretrained(name):
-        tags = timm.list_pretrained(name.split(".")[0] + ".*")
-        raise UnknownModelError(f"timm has no pretrained weights named {name!r}. "
-                                f"Available for this architecture: {', '.join(tags) or 'none'}.",
-                                fixes={k: f"Or, for random weights: {v}." for k, v in RANDOM_INIT.items()})
+    problem = name_problem(name)
+    if problem is not None:
+        raise problem
     _create_checked(name, **kwargs)
     if not pretrained:
         return timm.create_model(name, pretrained=False, **kwargs), name, "random init"

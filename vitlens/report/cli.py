@@ -27,7 +27,7 @@ import numpy as np
 
 from vitlens.views.distance import LOCAL_OF_UNIFORM
 from vitlens.images import tiny_image_warning
-from vitlens.words import counted
+from vitlens.words import counted, printable
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
 
@@ -81,7 +81,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def _log(args: argparse.Namespace, msg: str) -> None:
     if not getattr(args, "quiet", False):
-        print(msg, file=sys.stderr, flush=True)
+        print(printable(msg), file=sys.stderr, flush=True)
 
 
 def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarray | None, np.ndarray | None]:
@@ -421,7 +421,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
                + (f"; Ray's messages are in {logs}" if logs.is_dir() else ""))
     if args.quiet:  # nothing was said yet: one line per failed model
         for name, reason in result.failed.items():
-            print(f"vitlens: failed: {name}: {reason}", file=sys.stderr)
+            print(printable(f"vitlens: failed: {name}: {reason}"), file=sys.stderr)
     return EXIT_ERROR if result.failed else 0
 
 
@@ -450,9 +450,10 @@ def cmd_survey_report(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", DamagedSurveyWarning)
         result = vl.load_survey(args.folder)
     for label, bad in result.damaged.items():
-        print(f"vitlens: warning: {label}: damaged shard files: "
-              + ", ".join(f"{name} ({why})" for name, why in bad.items())
-              + "; rerun the same vitlens survey command to set them aside and recompute them.", file=sys.stderr)
+        print(printable(f"vitlens: warning: {label}: damaged shard files: "
+                        + ", ".join(f"{name} ({why})" for name, why in bad.items())
+                        + "; rerun the same vitlens survey command to set them aside and recompute them."),
+              file=sys.stderr)
     if result.table.empty:
         raise CliError(f"{args.folder} holds no finished model yet; run vitlens survey first.")
     out = Path(args.out)
@@ -596,10 +597,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         text = e.message_for("cli") if isinstance(e, VitlensError) else str(e)
-        print(f"vitlens: error: {text}", file=sys.stderr)
+        print(printable(f"vitlens: error: {text}", newlines=True), file=sys.stderr)
         return EXIT_USAGE
     except Interrupted as e:
-        print(f"vitlens: interrupted; {e}", file=sys.stderr)
+        print(printable(f"vitlens: interrupted; {e}"), file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("vitlens: interrupted; nothing was written.", file=sys.stderr)
@@ -612,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vitlens: error: no space left on device at {where}; free some space or write elsewhere "
                   "(--out), then rerun.", file=sys.stderr)
             return EXIT_ERROR
-        print(f"vitlens: unexpected error ({type(e).__name__}: {e}); rerun with --debug for the traceback.",
+        print(printable(f"vitlens: unexpected error ({type(e).__name__}: {e}); rerun with --debug for the traceback."),
               file=sys.stderr)
         return EXIT_ERROR
 

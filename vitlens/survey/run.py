@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
+from ..words import printable
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
 from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
@@ -396,7 +397,7 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
         entry["status"] = "done" if all(store.done(key, s) for s in shards) and entry.get("spec") else "pending"
         entry.pop("reason", None)
         if entry["status"] == "done" and progress:
-            print(f"{entry['label']}: already done ({len(shards)} shard{'s' * (len(shards) != 1)} reused)",
+            print(printable(f"{entry['label']}: already done ({len(shards)} shard{'s' * (len(shards) != 1)} reused)"),
                   file=sys.stderr, flush=True)
     store.write_manifest(manifest)
 
@@ -409,6 +410,7 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
     todo = {k: e for k, e in manifest["models"].items()
             if (k in revived or (e["name"] in names and e["pretrained"] == weights[e["name"]]))
             and e["status"] != "done"}
+    refuse_unknown_names(todo, store, manifest, strict, progress)
     if todo:
         _run(todo, manifest, store, source, shards, settings, address, num_gpus_per_worker, num_cpus_per_worker,
              strict, progress, num_cpus)
@@ -420,8 +422,8 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
             if n == 0:  # nothing was read: a failure, said with its reason, never "done (0 images)"
                 entry.update(status="failed", reason=no_images_reason(skipped, source_count(manifest["source"])))
                 if progress:
-                    print(f"{entry.get('label', entry['name'])}: failed: {entry['reason']}", file=sys.stderr,
-                          flush=True)
+                    print(printable(f"{entry.get('label', entry['name'])}: failed: {entry['reason']}"),
+                          file=sys.stderr, flush=True)
                 if strict:
                     store.write_manifest(manifest)
                     raise SurveyError(f"{entry['name']}: {entry['reason']} (--strict stops at the first failed "
@@ -432,6 +434,27 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
     write_table(store.out, rows)
     store.write_manifest(manifest)
     return load_survey(store.out)
+
+
+def refuse_unknown_names(todo: dict[str, dict], store: SurveyStore, manifest: dict, strict: bool,
+                         progress: bool) -> None:
+    """The models of ``todo`` whose names resolve to nothing (``vitlens.loading.resolve.name_problem``: no weights
+    read, no model built) marked failed with the reason a worker would give, and taken out of ``todo`` before Ray
+    starts a worker for each (41 bad names cost three minutes of workers)."""
+    from ..loading.resolve import name_problem
+
+    for key, entry in list(todo.items()):
+        problem = None if entry.get("checkpoint") else name_problem(entry["name"])
+        if problem is None:
+            continue
+        todo.pop(key)
+        entry.update(status="failed", reason=problem.message_for("cli"))
+        store.write_manifest(manifest)
+        if strict:
+            raise SurveyError(f"{entry['name']}: {entry['reason']} (--strict stops at the first failed model).")
+        if progress:
+            print(printable(f"{entry.get('label', entry['name'])}: failed: {entry['reason']}"), file=sys.stderr,
+                  flush=True)
 
 
 def no_images_reason(skipped: list[str], total: int) -> str:
@@ -464,9 +487,9 @@ def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool)
             {"shard": p.name.split(".")[0], "reason": f"weights changed (sha256 {old[:12]} -> {digest[:12]})",
              "path": str(p.relative_to(store.out)), "time": stamp} for p in moved)
     if progress:
-        print(f"{name}: its weights changed since its shards were written (sha256 {old[:12]}... -> "
-              f"{digest[:12]}...): {len(moved)} old shard{'s' * (len(moved) != 1)} set aside "
-              f"(*.weights-changed-{stamp}), not reused; computing them again", file=sys.stderr, flush=True)
+        print(printable(f"{name}: its weights changed since its shards were written (sha256 {old[:12]}... -> "
+                        f"{digest[:12]}...): {len(moved)} old shard{'s' * (len(moved) != 1)} set aside "
+                        f"(*.weights-changed-{stamp}), not reused; computing them again"), file=sys.stderr, flush=True)
 
 
 def worker_name(entry: dict) -> str:
@@ -493,8 +516,8 @@ def set_aside_damaged(store: SurveyStore, manifest: dict, shards: list[Shard], p
             (entry.get("shards") or {}).pop(shard.name, None)
             if progress:
                 said = f"is damaged ({why})" if kind == "damaged" else why
-                print(f"{entry.get('label', entry['name'])}: {shard.name} {said}; set aside as "
-                      f"{where}, computing it again", file=sys.stderr, flush=True)
+                print(printable(f"{entry.get('label', entry['name'])}: {shard.name} {said}; set aside as "
+                                f"{where}, computing it again"), file=sys.stderr, flush=True)
     return repaired
 
 
