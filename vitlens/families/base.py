@@ -153,7 +153,7 @@ class Handles:
             replacement = value
 
             @functools.wraps(replacement)
-            def value(*args: Any, **kwargs: Any) -> Any:  # noqa: F811 - the owner's replacement, or the previous
+            def value(*args: Any, **kwargs: Any) -> Any:  # the owner's replacement, or the previous forward
                 return (replacement if self._mine() else previous)(*args, **kwargs)
 
         setattr(obj, name, value)

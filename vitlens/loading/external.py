@@ -121,9 +121,9 @@ def refuse_too_large(ref: str, config: dict) -> None:
     need, have = estimated_parameters(config) * 4, available_bytes()
     if have is not None and need > have:
         raise UnsupportedModelError(
-            f"Refused hf:{ref}: its config.json describes a model of about {need // 4:,} parameters (~{need / 2**30:,.1f} "
-            f"GiB in float32), more than the memory available here (~{have / 2**30:,.1f} GiB); not built. Check the "
-            "sizes in its config.json.")
+            f"Refused hf:{ref}: its config.json describes a model of about {need // 4:,} parameters "
+            f"(~{need / 2**30:,.1f} GiB in float32), more than the memory available here (~{have / 2**30:,.1f} GiB); "
+            "not built. Check the sizes in its config.json.")
 
 
 def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
