@@ -873,8 +873,33 @@ def facts(m: vl.LoadedModel) -> tuple[list[dict], str]:
     return [{"fact": k, "value": v} for k, v in described.items()], weights if short != weights else ""
 
 
+#: a secret the page asks for in its address (``?token=...``) when set: on a shared machine, where every local
+#: user can reach 127.0.0.1, the app is then its user's alone (docs/security.md)
+TOKEN_ENV = "VITLENS_APP_TOKEN"
+
+
+def access_granted() -> bool:
+    """Whether this session may use the app: no token set, or the address's ``token`` equals ``$VITLENS_APP_TOKEN``
+    (compared in constant time; remembered for the session)."""
+    import hmac
+    import os
+
+    want = os.environ.get(TOKEN_ENV, "")
+    if not want or st.session_state.get("access-granted"):
+        return True
+    given = st.query_params.get("token", "")
+    if hmac.compare_digest(str(given).encode(), want.encode()):
+        st.session_state["access-granted"] = True
+        return True
+    return False
+
+
 def main() -> None:
     st.set_page_config(page_title="vitlens", layout="wide")
+    if not access_granted():  # nothing else runs: no path box, no upload, no model
+        st.error(f"This vitlens app asks for its access token: open it as http://127.0.0.1:8501/?token=TOKEN, with "
+                 f"the token it was started with ({TOKEN_ENV}).")
+        return
     st.title("vitlens")
     st.caption("The interpretability views of *An Image is Worth 16x16 Words* (ICLR 2021, section 4.5) for "
                "Vision Transformers.")

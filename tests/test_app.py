@@ -951,3 +951,25 @@ def test_an_attnlrp_variant_chosen_in_the_app_gets_its_own_ledger(app):
     assert any(c.value.startswith("cp_lrp's ledger") for c in app.caption)
     rows = {r["entry"]: r["relevance"] for r in app.dataframe[1].value.to_dict("records")}
     assert rows["softmax (absorbed)"] == 0 and rows["input pixels"] != 0
+
+
+def test_with_a_token_set_the_app_runs_only_for_the_address_that_holds_it(monkeypatch):
+    """``VITLENS_APP_TOKEN`` set (a shared machine, where every local user reaches 127.0.0.1): a page without the
+    token, or with a wrong one, gets one line saying what to do and nothing else (no model, no path box, no
+    upload); the page with it is the app."""
+    monkeypatch.setenv("VITLENS_APP_TOKEN", "s3cret-token")
+    for given in (None, "wrong"):
+        at = AppTest.from_file(APP, default_timeout=120)
+        if given:
+            at.query_params["token"] = given
+        at.run()
+        assert not at.exception and [e.value for e in at.error] == [
+            "This vitlens app asks for its access token: open it as http://127.0.0.1:8501/?token=TOKEN, with the "
+            "token it was started with (VITLENS_APP_TOKEN)."]
+        assert not at.text_input and not at.selectbox and not at.get("file_uploader") and not at.radio
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params["token"] = "s3cret-token"
+    at.run()
+    assert not at.exception and not at.error and at.selectbox(key="m1-ref").value == "ref-vit"
+    at.radio(key="view").set_value("Survey").run()  # the session keeps its access
+    assert not at.exception and any("Give the folder" in i.value for i in at.info)
