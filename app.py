@@ -654,7 +654,7 @@ def render_ledger(ctx: Context, target: int | None, method: str = "attnlrp") -> 
 
     st.caption(f"{method}'s ledger: where the target logit's relevance goes (the map shows the input pixels' "
                "share).")
-    st.dataframe(round_significant(pd.DataFrame(ledger.entry_rows())), hide_index=True)
+    st.dataframe(pd.DataFrame(ledger.shown_rows()), hide_index=True)  # 1e-16, not 0.0000000000000001
 
 
 def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:

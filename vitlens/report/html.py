@@ -323,8 +323,7 @@ def ledger_section(table: Any) -> str:
     ledger = getattr(table, "ledger", None)
     if ledger is None:
         return ""
-    rows = [{k: (significant(v) if isinstance(v, float) and v == v else ("" if isinstance(v, float) else v))
-             for k, v in row.items()} for row in ledger.entry_rows()]
+    rows = ledger.shown_rows()
     method = html.escape(getattr(ledger, "method", "attnlrp"))
     return (f"<h3>Where AttnLRP's relevance goes ({method})</h3>"
             f"<p class='muted'>The target logit of {len(ledger.score)} images, summed, split by where the rules "
