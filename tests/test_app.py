@@ -900,7 +900,8 @@ def test_attributions_view_shows_attnlrps_ledger_and_the_protocols(app):
     want = attnlrp_ledger(vl.load_model("ref-vit", device="cpu"), list(generate(1, seed=HELD_OUT_SEED).images))
     assert want.closure().max() < 1e-6
     for row, w in zip(shown.to_dict("records")[:6], want.entry_rows()[:6]):
-        assert row["relevance"] == pytest.approx(float(significant(w["relevance"])), abs=1e-12)
+        assert float(row["relevance"]) == pytest.approx(float(significant(w["relevance"])), abs=1e-12)
+    assert shown["entry"].iloc[-1].startswith("closure") and "e-" in shown["relevance"].iloc[-1]  # not 0.000000...
 
 
 def test_a_method_registered_by_the_test_is_offered_preselected_and_scored(monkeypatch):
