@@ -566,7 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     weights = sv.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
                          help="hub weights (the default)")
-    weights.add_argument("--random-init", dest="pretrained", action="store_false", help="random weights")
+    weights.add_argument("--random-init", dest="pretrained", action="store_false",
+                         help="random weights for hub models (seeded); the embedded models and PATH@ARCH checkpoints "
+                              "keep their own weights, which the run says")
     sv.add_argument("--n-images", type=_positive, default=None, help="use at most this many images (default: "
                                                                      "every file; 128 shapes scenes)")
     sv.add_argument("--max-images", dest="n_images", type=_positive, default=None, help=argparse.SUPPRESS)
