@@ -51,7 +51,8 @@ class AttributionResult(Result):
             more evidence for the target).
         targets: [B] class explained (the predicted class unless given).
         grid: (gh, gw); image_size: (H, W) input pixels.
-        seconds_per_image: wall time of the method divided by B.
+        seconds_per_image: wall time of the maps (``attribute``'s loop: preprocessing, forwards, backwards)
+            divided by B, the method's first call in the process included (one-time setup shows there).
         params: the method's parameters.
         note: what the map means for this method/model (e.g. class-agnostic, no class token).
         model_name: the model's name.

@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import figures
+from ..attribution.faithfulness import timing_note
 from ..attribution.metrics import METRIC_TABLE
 from ..results import significant
 from ..views.analyze import AnalysisResult
@@ -307,7 +308,8 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and each metric's mean curves."""
     fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     scored = [METRIC_TABLE[k] for k in table.scores if k in METRIC_TABLE]
-    about = "; ".join([mt.about for mt in scored] + ["pointing game and mass in mask where object masks exist"])
+    about = "; ".join([mt.about for mt in scored] + ["pointing game and mass in mask where object masks exist",
+                                                     timing_note()])
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {counted(table.n_images, 'image')}; {html.escape(about)}.</p>"
             + (f"<p class='muted'>Protocols (protocol, ordering): "
