@@ -476,3 +476,19 @@ def test_help_describes_out_and_survey_takes_device_like_report_and_compare(tmp_
     proc = run_cli_here("survey", "--models", "ref-vit", "--out", str(tmp_path / "s"), "--device", "cpu",
                         "--num-gpus-per-worker", "1")
     assert proc.returncode == 2 and "contradict" in proc.stderr
+
+
+def test_the_lazy_package_exports_what_it_imports_under_type_checking():
+    """``vitlens`` imports its public names on first use (``vitlens._lazy``): each name of ``__all__`` is the object of
+    the import written for it, and ``vl.survey`` stays the function after its subpackage is imported (the import
+    system sets the package's attribute to the subpackage, which the eager import overwrote)."""
+    import vitlens.survey.store  # noqa: F401
+    from vitlens._lazy import exported
+    from vitlens.loading import load_model
+    from vitlens.survey.run import survey
+
+    assert set(exported(vl.__file__)) == set(vl.__all__)
+    assert vl.survey is survey and vl.load_model is load_model
+    assert vl.figures.__name__ == "vitlens.figures"  # a module of the package, imported when asked for
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        vl.no_such_name  # noqa: B018
