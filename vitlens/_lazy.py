@@ -24,7 +24,7 @@ def exported(source: str | Path) -> dict[str, tuple[str, str]]:
 
     Returns:
         The exports, e.g. ``{"load_model": (".loading", "load_model"), "ATTRIBUTION_METHODS": (".attribution",
-        "METHODS")}``.
+            "METHODS")}``.
     """
     tree = ast.parse(Path(source).read_text(encoding="utf-8"))
     blocks = [node for node in tree.body if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
@@ -58,8 +58,8 @@ def lazy_names(package: str, source: str | Path, namespace: dict[str, Any]) -> t
 
     Returns:
         ``(__getattr__, __dir__)``: an exported name is imported from its module on first use; a subpackage or
-        module of the package (``vitlens.figures``) is imported when asked for; anything else is an
-        ``AttributeError``.
+            module of the package (``vitlens.figures``) is imported when asked for; anything else is an
+            ``AttributeError``.
     """
     names = exported(source)
     namespace["_lazy_exports"] = names

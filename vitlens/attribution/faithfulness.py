@@ -181,7 +181,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
 
     Returns:
         A ``ComparisonTable``: one row per method (its metrics' scores, then ``map_seconds_per_image`` and
-        ``total_seconds_per_image``: ``TIME_COLUMNS``), with every method's maps and curves.
+            ``total_seconds_per_image``: ``TIME_COLUMNS``), with every method's maps and curves.
 
     Raises:
         InvalidParameterError: an unknown metric, protocol or ordering.

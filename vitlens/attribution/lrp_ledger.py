@@ -154,7 +154,7 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
 
     Returns:
         A ``ConservationLedger``: per image, the logit and each entry of the ledger (input pixels, position
-        table, prefix tokens, biases, softmax absorption), whose sum closes to the logit.
+            table, prefix tokens, biases, softmax absorption), whose sum closes to the logit.
 
     Raises:
         InvalidParameterError: for a method that is not an AttnLRP method, or a parameter it does not take.

@@ -434,7 +434,7 @@ def attribute(
 
     Returns:
         An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the
-        prompts, ``targets`` index them and ``params['score']`` says what was explained.
+            prompts, ``targets`` index them and ``params['score']`` says what was explained.
     """
     from .text import SCORE, TextTargets, is_text_target
 

@@ -204,7 +204,7 @@ def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
 
     Returns:
         Figures by name: "attributions", then one per metric the table scored, by the metric's name in
-        ``METRIC_TABLE`` ("deletion_insertion", "perturbation", ...; ``figures.metric_figure``).
+            ``METRIC_TABLE`` ("deletion_insertion", "perturbation", ...; ``figures.metric_figure``).
     """
     figs = {"attributions": figures.attribution_figure(table.attributions, image, 0)}
     for name, results in table.scores.items():  # every metric the table holds and this vitlens knows

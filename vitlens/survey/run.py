@@ -279,7 +279,7 @@ def survey(
 
     Returns:
         A ``SurveyResult`` over the folder: ``table`` (a pandas DataFrame of model, weights, layer, head,
-        metric, value, n_images, class), the manifest, and the models that failed with their reasons.
+            metric, value, n_images, class), the manifest, and the models that failed with their reasons.
 
     Raises:
         SurveyError: Ray is missing, or ``strict`` and a model failed.

@@ -574,7 +574,7 @@ def load_survey(path: str | Path) -> SurveyResult:
 
     Returns:
         A ``SurveyResult``: ``table`` (pandas DataFrame), the manifest, and ``distance(model)`` for one
-        model's ``AttentionDistanceResult``. Damaged shards are named, not fatal.
+            model's ``AttentionDistanceResult``. Damaged shards are named, not fatal.
 
     Raises:
         InvalidParameterError: no survey folder at ``path`` (missing, or no manifest.json).
