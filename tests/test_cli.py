@@ -492,3 +492,18 @@ def test_the_lazy_package_exports_what_it_imports_under_type_checking():
     assert vl.figures.__name__ == "vitlens.figures"  # a module of the package, imported when asked for
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         vl.no_such_name  # noqa: B018
+
+
+def test_a_fresh_process_reads_any_result_file_though_vitlens_imports_lazily(tmp_path):
+    """``vl.load_result`` in a process that imported nothing else (the lazy ``vitlens`` registers no result kind at
+    import) still reads every kind: a CKA inside a comparison failed with "Unknown result kind" before."""
+    import numpy as np
+
+    from vitlens.attribution.methods import AttributionResult
+
+    path = AttributionResult(method="saliency", maps=np.zeros((1, 2, 2)), targets=np.zeros(1, dtype=int), grid=(2, 2),
+                             image_size=(32, 32), seconds_per_image=0.0).save(tmp_path / "a.json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import sys, vitlens as vl\nprint(type(vl.load_result(sys.argv[1])).__name__)"
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["AttributionResult"], proc.stderr
