@@ -31,14 +31,17 @@ _LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.da
 
 def _load_every_kind() -> None:
     """Import the modules that define the result kinds: those of vitlens's public names (``import vitlens`` imports
-    them on first use, ``vitlens._lazy``; ``vitlens.attribution``'s metrics registry imports every metric's module)
-    and those of ``_LAZY_KINDS``, so that a file is read in a process that has not computed its kind yet."""
+    them on first use: ``vitlens._lazy``, read from the package's ``TYPE_CHECKING`` block; ``vitlens.attribution``'s
+    metrics registry imports every metric's module) and those of ``_LAZY_KINDS``, so that a file is read in a
+    process that has not computed its kind yet."""
     import importlib
 
-    import vitlens
+    from ._lazy import exported
 
-    for name in vitlens.__all__:
-        getattr(vitlens, name)
+    package = __name__.rpartition(".")[0]
+    modules = {module for module, _name in exported(Path(__file__).with_name("__init__.py")).values()}
+    for module in sorted(modules):
+        importlib.import_module(module, package)
     for module in _LAZY_KINDS.values():
         importlib.import_module(module)
 
