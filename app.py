@@ -21,6 +21,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 import vitlens as vl
 from vitlens import figures
 from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
+from vitlens.attribution.faithfulness import timing_note
 from vitlens.attribution.methods import methods_for, preselected_methods
 from vitlens.attribution.metrics import METRIC_TABLE, default_metrics
 from vitlens.attribution.sanity import sanity_table
@@ -586,6 +587,7 @@ def render_attributions(ctx: Context) -> None:
     for k in shown:
         st.plotly_chart(figs[k], key=f"metric-fig-{k}")
     whole_table(round_significant(table.to_pandas()))
+    st.caption(timing_note()[:1].upper() + timing_note()[1:] + ".")  # what the two time columns time
     st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
     if not text:
         from vitlens.attribution.lrp_ledger import lrp_methods
@@ -654,7 +656,7 @@ def render_ledger(ctx: Context, target: int | None, method: str = "attnlrp") -> 
 
     st.caption(f"{method}'s ledger: where the target logit's relevance goes (the map shows the input pixels' "
                "share).")
-    st.dataframe(round_significant(pd.DataFrame(ledger.entry_rows())), hide_index=True)
+    st.dataframe(pd.DataFrame(ledger.shown_rows()), hide_index=True)  # 1e-16, not 0.0000000000000001
 
 
 def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:

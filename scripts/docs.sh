@@ -13,6 +13,8 @@ else
     PY=.venv/bin/python
 fi
 SITE=${1:-site}
+# no progress bars in the build's output (tqdm's, and Hugging Face's model loading): a page shows stdout only
+export TQDM_DISABLE=1 HF_HUB_DISABLE_PROGRESS_BARS=1
 export HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" scripts/tutorials.py
 "$PY" -m mkdocs build --strict --site-dir "$SITE"

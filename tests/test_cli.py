@@ -274,6 +274,52 @@ def test_empty_folder_and_bad_numbers_are_usage_errors(tmp_path):
     assert proc.returncode == 2 and "must be >= 1" in proc.stderr
 
 
+#: a bad argument's run in a fresh interpreter: its exit code and whether torch was imported by then
+NO_TORCH_YET = """import sys
+from vitlens.report.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print(code, 'torch' in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["report", "--n-images", "0"], "vitlens report: error: argument --n-images: must be >= 1, got 0"),
+    (["compare", "--first-layers", "x"], "vitlens compare: error: argument --first-layers: must be a whole number"),
+    (["survey", "--out", "x", "--bogus"], "vitlens: error: unrecognized arguments: --bogus"),
+    (["compare", "--models", "ref-vit"], "vitlens: error: compare needs at least two models"),
+    (["survey", "--out", "x"], "vitlens: error: Name the models to survey"),
+    (["report", "--out", "."], "vitlens: error: --out . is a folder; give a file name"),
+])
+def test_a_bad_argument_is_one_line_and_refused_before_torch_is_imported(tmp_path, args, message):
+    """Issue 45 item 17: `--n-images 0` printed argparse's 10-line usage before its message, and every error took
+    2-9 s because torch was imported before the arguments were checked. Now each is one line, and the process that
+    refused it never imported torch (a registry behind a choice is read only when that option is given)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH_YET, *args], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=env)
+    assert proc.stdout.split() == ["2", "False"], (proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+    assert "usage:" not in proc.stderr
+
+
+def test_python_m_vitlens_says_a_bad_number_in_one_line_and_help_still_lists_the_registries():
+    proc = run_cli("report", "--n-images", "0")
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "vitlens report: error: argument --n-images: must be >= 1, got 0 (see vitlens report --help)"]
+    from vitlens.attribution.methods import METHOD_TABLE
+    from vitlens.attribution.metrics import METRIC_TABLE
+
+    help_text = " ".join(run_cli_here("report", "--help").stdout.split())
+    assert all(k in help_text for k in [*METHOD_TABLE, *METRIC_TABLE]) and "the quick set, rollout" in help_text
+    wrong = run_cli_here("report", "--attributions", "--methods", "nope")
+    assert wrong.returncode == 2 and "invalid choice: 'nope'" in wrong.stderr and "'saliency'" in wrong.stderr
+    assert len(wrong.stderr.splitlines()) == 1
+
+
 def test_debug_shows_the_traceback(tmp_path):
     proc = run_cli("report", "--model", "vit_base_patch16_22", "--debug", "--out", str(tmp_path / "x.html"))
     assert proc.returncode != 0 and "Traceback" in proc.stderr
@@ -430,3 +476,34 @@ def test_help_describes_out_and_survey_takes_device_like_report_and_compare(tmp_
     proc = run_cli_here("survey", "--models", "ref-vit", "--out", str(tmp_path / "s"), "--device", "cpu",
                         "--num-gpus-per-worker", "1")
     assert proc.returncode == 2 and "contradict" in proc.stderr
+
+
+def test_the_lazy_package_exports_what_it_imports_under_type_checking():
+    """``vitlens`` imports its public names on first use (``vitlens._lazy``): each name of ``__all__`` is the object of
+    the import written for it, and ``vl.survey`` stays the function after its subpackage is imported (the import
+    system sets the package's attribute to the subpackage, which the eager import overwrote)."""
+    import vitlens.survey.store  # noqa: F401
+    from vitlens._lazy import exported
+    from vitlens.loading import load_model
+    from vitlens.survey.run import survey
+
+    assert set(exported(vl.__file__)) == set(vl.__all__)
+    assert vl.survey is survey and vl.load_model is load_model
+    assert vl.figures.__name__ == "vitlens.figures"  # a module of the package, imported when asked for
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        vl.no_such_name  # noqa: B018
+
+
+def test_a_fresh_process_reads_any_result_file_though_vitlens_imports_lazily(tmp_path):
+    """``vl.load_result`` in a process that imported nothing else (the lazy ``vitlens`` registers no result kind at
+    import) still reads every kind: a CKA inside a comparison failed with "Unknown result kind" before."""
+    import numpy as np
+
+    from vitlens.attribution.methods import AttributionResult
+
+    path = AttributionResult(method="saliency", maps=np.zeros((1, 2, 2)), targets=np.zeros(1, dtype=int), grid=(2, 2),
+                             image_size=(32, 32), seconds_per_image=0.0).save(tmp_path / "a.json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import sys, vitlens as vl\nprint(type(vl.load_result(sys.argv[1])).__name__)"
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["AttributionResult"], proc.stderr

@@ -277,7 +277,7 @@ def test_a_registered_metric_is_scored_in_the_table_and_listed(registered_metric
     x = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
     assert "test_half_removed" in metric_names() and "test_half_removed" in default_metrics()
     table = vl.compare_methods(m, x, methods=["saliency"], metrics=["test_half_removed"])
-    assert list(table.rows[0]) == ["method", "half_removed_drop", "seconds_per_image"]
+    assert list(table.rows[0]) == ["method", "half_removed_drop", "map_seconds_per_image", "total_seconds_per_image"]
     a = table.attributions[0]
     want = hand_half_removed_drop(m, x, a.maps, a.targets)
     assert table.rows[0]["half_removed_drop"] == pytest.approx(want, rel=1e-5, abs=1e-7)
@@ -330,6 +330,7 @@ def test_a_registered_metric_is_offered_preselected_and_drawn_by_the_app(registe
     picker.set_value(["test_half_removed"]).run()
     assert [e.value for e in at.exception] == [] and [e.value for e in at.error] == []
     columns = list(at.dataframe[0].value.columns)  # the app's shapes have masks: the mask metrics follow
-    assert columns[:3] == ["method", "half_removed_drop", "seconds_per_image"] and "deletion_auc" not in columns
+    assert columns[:2] == ["method", "half_removed_drop"] and "deletion_auc" not in columns
+    assert columns[-2:] == ["map_seconds_per_image", "total_seconds_per_image"]
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
     assert "Test metric: half removed" in titles

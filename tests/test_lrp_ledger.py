@@ -93,3 +93,22 @@ def test_uniform_attention_hands_half_its_branch_to_the_softmax_a_known_ledger()
     np.testing.assert_allclose(led.input, f_patches / 2, rtol=1e-10)
     np.testing.assert_allclose(led.position, 0.0, atol=1e-15)
     np.testing.assert_allclose(led.biases, 0.0, atol=1e-15)
+
+
+def test_the_ledger_as_shown_writes_a_tiny_closure_gap_in_scientific_notation():
+    """Issue 45 item 19: the closure row read "0.0000000000000001" in the app; the shown rows (app and report)
+    give every number 3 significant digits, a tiny one in scientific notation, and leave the closure's share blank."""
+    from vitlens.attribution.lrp_ledger import ConservationLedger
+    from vitlens.report.html import ledger_section
+
+    score = np.array([10.0])
+    parts = dict(input=np.array([6.0]), position=np.array([1.0]), prefix=np.array([1.0]), biases=np.array([1.0]),
+                 softmax=np.array([1.0 + 1e-15]))
+    led = ConservationLedger(score=score, targets=np.array([0]), **parts)
+    shown = {row["entry"]: row for row in led.shown_rows()}
+    closure = next(row for name, row in shown.items() if name.startswith("closure"))
+    assert closure["relevance"] == f"{led.closure().max():.3g}" and "e-1" in closure["relevance"]
+    assert closure["share"] == ""
+    assert shown["input pixels"]["relevance"] == "6" and shown["input pixels"]["share"] == "0.6"
+    page = ledger_section(type("T", (), {"ledger": led})())
+    assert closure["relevance"] in page and "0.00000000" not in page

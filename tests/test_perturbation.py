@@ -173,7 +173,7 @@ def test_compare_methods_gains_the_perturbation_columns_and_road_on_request(one_
                                labels=labels)
     row = table.rows[0]
     assert list(row) == ["method", "chefer_positive_auc", "chefer_negative_auc", "road_morf", "road_lerf",
-                         "seconds_per_image"]
+                         "map_seconds_per_image", "total_seconds_per_image"]
     direct = perturbation_test(one_patch, x, table.attributions[0], labels=labels)
     assert row["chefer_positive_auc"] == pytest.approx(0.05) == pytest.approx(direct.positive_auc.mean())
     assert row["chefer_negative_auc"] == pytest.approx(0.9)  # occlusion ranks the key patch first: it is never removed

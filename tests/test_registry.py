@@ -36,7 +36,7 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
     assert all(isinstance(v.result_type, type) for v in registry.VIEWS.values())
     survey = cli.build_parser()._subparsers._group_actions[0].choices["survey"]  # type: ignore[union-attr]
     views = next(a for a in survey._actions if a.dest == "views")
-    assert list(views.choices) == list(SURVEY_VIEW_NAMES) == views.default
+    assert list(views.choices) == list(SURVEY_VIEW_NAMES) and views.default is None  # None: every view (cmd_survey)
     with pytest.raises(vl.InvalidParameterError, match="views must be among filters, position, relpos, distance"):
         registry.check_views(("distance", "nope"))
 

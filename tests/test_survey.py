@@ -124,6 +124,26 @@ def test_an_older_folder_is_extended_not_corrupted(reference, extended):
         vl.survey(["ref-vit"], shapes_source(N + 1), folder, shard_size=6, batch_size=4, progress=False)
 
 
+def test_random_init_says_and_records_that_the_embedded_model_keeps_its_weights(extended, capsys):
+    """Issue 45 item 5: asked for random weights, ref-vit keeps its embedded trained ones; the run says so in one
+    line, the manifest records it (weights "embedded", a weights_note) and survey --help says it."""
+    folder, _, _, _ = extended
+    vl.survey(["ref-vit", "vit_tiny_patch16_224"], shapes_source(N), folder, shard_size=6, batch_size=4,
+              pretrained=False, progress=True, views=("distance", "rollout", "predictions", "weights"))
+    said = [line for line in capsys.readouterr().err.splitlines() if "keeps its" in line]
+    assert said == ["ref-vit: keeps its embedded trained weights: random init (--random-init, pretrained=False) "
+                    "applies to hub models only"]
+    entries = {e["name"]: e for e in vl.load_survey(folder).manifest["models"].values()}
+    assert entries["ref-vit"]["weights"] == "embedded" and said[0].endswith(entries["ref-vit"]["weights_note"])
+    assert entries["vit_tiny_patch16_224"]["weights"] == "random init"
+    assert "weights_note" not in entries["vit_tiny_patch16_224"]
+    from vitlens.report.cli import build_parser
+
+    survey_help = next(a for a in build_parser()._subparsers._group_actions[0].choices["survey"]._actions
+                       if "--random-init" in a.option_strings).help
+    assert "embedded models and PATH@ARCH checkpoints keep their own weights" in survey_help
+
+
 def test_a_random_init_model_is_found_by_the_name_given_and_its_weights_are_a_column(extended):
     folder, result, _, _ = extended
     tiny = result.distance("vit_tiny_patch16_224")  # the name the user gave, surveyed with --random-init

@@ -21,41 +21,47 @@ The package, by what each part is:
 """
 from __future__ import annotations
 
-from .attribution import METHODS as ATTRIBUTION_METHODS
-from .attribution import (
-    AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
-from .attribution import SanityResult, perturbation_test, road, sanity_check, sanity_table
-from .compare import CKAResult, HeadImportanceResult, cka, head_importance
-from .errors import (
-    CheckpointError,
-    DeviceUnavailableError,
-    ImageLoadError,
-    InvalidParameterError,
-    UnknownModelError,
-    UnsupportedModelError,
-    ViewNotAvailableError,
-    VitlensError,
-    WeightsUnavailableError,
-)
-from .images import Images, preprocess, sample_images, to_rgb
-from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
-from .results import Result, load_result
-from .survey import SurveyResult, load_survey, survey
-from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
-from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
-from .engine.capture import AttentionCapture, attention_probs, capture_attention
-from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
-from .engine import AttentionConsumer, BatchInfo, stream_attention
-from .views.filters import FilterPCAResult, embedding_filter_pca
-from .views.position import PositionSimilarityResult, position_similarity
-from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
-from .views.relpos import RelativePositionBiasResult, relative_position_bias
-from .views.rollout import RolloutAccumulator, RolloutResult
-from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
-from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
-                                    ClassAttentionRolloutAccumulator)
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names
 from ._version import __version__
+
+if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``import vitlens`` does not import torch
+    from .attribution import METHODS as ATTRIBUTION_METHODS
+    from .attribution import (
+        AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
+    from .attribution import SanityResult, perturbation_test, road, sanity_check, sanity_table
+    from .compare import CKAResult, HeadImportanceResult, cka, head_importance
+    from .errors import (
+        CheckpointError,
+        DeviceUnavailableError,
+        ImageLoadError,
+        InvalidParameterError,
+        UnknownModelError,
+        UnsupportedModelError,
+        ViewNotAvailableError,
+        VitlensError,
+        WeightsUnavailableError,
+    )
+    from .images import Images, preprocess, sample_images, to_rgb
+    from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
+    from .results import Result, load_result
+    from .survey import SurveyResult, load_survey, survey
+    from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
+    from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
+    from .engine.capture import AttentionCapture, attention_probs, capture_attention
+    from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
+    from .engine import AttentionConsumer, BatchInfo, stream_attention
+    from .views.filters import FilterPCAResult, embedding_filter_pca
+    from .views.position import PositionSimilarityResult, position_similarity
+    from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
+    from .views.relpos import RelativePositionBiasResult, relative_position_bias
+    from .views.rollout import RolloutAccumulator, RolloutResult
+    from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
+    from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
+                                        ClassAttentionRolloutAccumulator)
+
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "ATTRIBUTION_METHODS", "AnalysisResult", "CKAResult", "HeadImportanceResult", "PrefixAttentionAccumulator",

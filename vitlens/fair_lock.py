@@ -139,7 +139,7 @@ def lock_fairness(records: Iterable[dict]) -> dict[str, dict]:
 
     Returns:
         {owner: {"holds", "hold_s" (total), "max_hold_s", "max_wait_s", "max_other_hold_s",
-        "wait_bound_s", "max_bypass", "fair"}}.
+            "wait_bound_s", "max_bypass", "fair"}}.
     """
     recs = list(records)
     for r in recs:

@@ -194,8 +194,8 @@ def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.nd
 
     Returns:
         ``(mosaic, coords)``: mosaic [gh*(gh+1) - 1, gw*(gw+1) - 1] of cosine similarities in [-1, 1],
-        NaN in the one-cell gaps between tiles; coords [same, 4] int64 (tile row, tile column, patch row,
-        patch column) per cell, -1 in the gaps.
+            NaN in the one-cell gaps between tiles; coords [same, 4] int64 (tile row, tile column, patch row,
+            patch column) per cell, -1 in the gaps.
     """
     gh, gw = result.grid
     h, w = gh * (gh + 1) - 1, gw * (gw + 1) - 1
@@ -276,7 +276,7 @@ def relpos_figure(result: RelativePositionBiasResult, layer: int | None = None, 
 
     Returns:
         A plotly ``Figure``, one colour scale for all heads (and all blocks on the slider), centred on zero when the
-        bias takes both signs.
+            bias takes both signs.
     """
     layers, heads = result.bias.shape[:2]
     gh, gw = result.grid

@@ -25,10 +25,25 @@ from .errors import InvalidParameterError
 
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
-# result kinds defined in modules that ``import vitlens`` does not load
-# (``import vitlens`` loads ``vitlens.attribution``, whose metrics registry imports every metric's module, so
-# the result kinds of the attributions and the perturbation metrics are registered before any file is read)
+# result kinds defined in modules that vitlens's public names do not load (``_load_every_kind``)
 _LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.data"}
+
+
+def _load_every_kind() -> None:
+    """Import the modules that define the result kinds: those of vitlens's public names (``import vitlens`` imports
+    them on first use: ``vitlens._lazy``, read from the package's ``TYPE_CHECKING`` block; ``vitlens.attribution``'s
+    metrics registry imports every metric's module) and those of ``_LAZY_KINDS``, so that a file is read in a
+    process that has not computed its kind yet."""
+    import importlib
+
+    from ._lazy import exported
+
+    package = __name__.rpartition(".")[0]
+    modules = {module for module, _name in exported(Path(__file__).with_name("__init__.py")).values()}
+    for module in sorted(modules):
+        importlib.import_module(module, package)
+    for module in _LAZY_KINDS.values():
+        importlib.import_module(module)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -240,10 +255,8 @@ class Result:
     def from_dict(cls: type[T], d: dict[str, Any]) -> T:
         d = dict(d)
         kind = d.pop("kind", cls.kind)
-        if kind not in _REGISTRY and kind in _LAZY_KINDS:
-            import importlib
-
-            importlib.import_module(_LAZY_KINDS[kind])
+        if kind not in _REGISTRY:
+            _load_every_kind()
         if kind not in _REGISTRY:
             raise InvalidParameterError(f"Unknown result kind {kind!r}: not a file written by vitlens.")
         target = _REGISTRY[kind]

@@ -167,7 +167,7 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
 
     Returns:
         A ``FaithfulnessResult``: ``deletion`` and ``insertion`` [B, steps + 1] curves (probabilities, or
-        cosine similarities for a prompt), their AUCs [B] over the fractions in [0, 1].
+            cosine similarities for a prompt), their AUCs [B] over the fractions in [0, 1].
 
     Raises:
         InvalidParameterError: ``steps`` < 1 or an unknown baseline.

@@ -111,6 +111,13 @@ class ConservationLedger(Result):
                      "share": float("nan")})
         return rows
 
+    def shown_rows(self) -> list[dict]:
+        """``entry_rows`` as the app and the report show them: every number as text with 3 significant digits,
+        so a closure gap of 1e-16 reads "1e-16" (scientific notation), not "0.0000000000000001"; the closure's
+        share (NaN) is blank."""
+        return [{k: (("" if v != v else significant(v)) if isinstance(v, float) else v) for k, v in row.items()}
+                for row in self.entry_rows()]
+
     def to_rows(self) -> list[dict]:
         """One row per image: the score, each entry, and the closure."""
         return [{"image": i, "target": int(self.targets[i]), "score": float(self.score[i]),
@@ -147,7 +154,7 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
 
     Returns:
         A ``ConservationLedger``: per image, the logit and each entry of the ledger (input pixels, position
-        table, prefix tokens, biases, softmax absorption), whose sum closes to the logit.
+            table, prefix tokens, biases, softmax absorption), whose sum closes to the logit.
 
     Raises:
         InvalidParameterError: for a method that is not an AttnLRP method, or a parameter it does not take.

@@ -87,8 +87,8 @@ def mask_scores(maps: np.ndarray, masks: np.ndarray) -> MaskScores:
 
     Returns:
         ``MaskScores``: per image ``mass_in_mask`` (share of the map's mass inside the mask, [0, 1]),
-        ``area_share`` (the mask's share of the image), ``ratio`` (their quotient) and ``pointing_hit``
-        (whether the map's maximum lies in the mask).
+            ``area_share`` (the mask's share of the image), ``ratio`` (their quotient) and ``pointing_hit``
+            (whether the map's maximum lies in the mask).
 
     Negative values (signed attributions) are clipped to 0 before measuring mass.
     """

@@ -51,7 +51,8 @@ class AttributionResult(Result):
             more evidence for the target).
         targets: [B] class explained (the predicted class unless given).
         grid: (gh, gw); image_size: (H, W) input pixels.
-        seconds_per_image: wall time of the method divided by B.
+        seconds_per_image: wall time of the maps (``attribute``'s loop: preprocessing, forwards, backwards)
+            divided by B, the method's first call in the process included (one-time setup shows there).
         params: the method's parameters.
         note: what the map means for this method/model (e.g. class-agnostic, no class token).
         model_name: the model's name.
@@ -433,7 +434,7 @@ def attribute(
 
     Returns:
         An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the
-        prompts, ``targets`` index them and ``params['score']`` says what was explained.
+            prompts, ``targets`` index them and ``params['score']`` says what was explained.
     """
     from .text import SCORE, TextTargets, is_text_target
 

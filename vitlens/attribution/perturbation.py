@@ -223,8 +223,8 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
 
     Returns:
         A ``PerturbationResult``: ``positive`` (most relevant removed first; lower AUC is better) and
-        ``negative`` (least relevant first; higher is better) curves [B, len(fractions)], their AUCs, as
-        accuracy with ``labels`` or the target's probability without.
+            ``negative`` (least relevant first; higher is better) curves [B, len(fractions)], their AUCs, as
+            accuracy with ``labels`` or the target's probability without.
     """
     proto = get_protocol("perturbation", protocol)
     granularity = proto.granularity if granularity is None else granularity
@@ -325,8 +325,8 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
 
     Returns:
         A ``RoadResult``: ``morf`` (most relevant first; lower is better) and ``lerf`` (least relevant first;
-        higher is better) curves over ``percentages``, as accuracy with ``labels`` or the target's
-        probability without (``score`` says which).
+            higher is better) curves over ``percentages``, as accuracy with ``labels`` or the target's
+            probability without (``score`` says which).
     """
     from .imputation import noisy_linear_impute
 

@@ -344,7 +344,7 @@ def sanity_check(m: LoadedModel, images: Images, method: str = "saliency", targe
 
     Returns:
         A ``SanityResult``: per image and step the Spearman (absolute and signed) and SSIM to the original maps,
-        ``verdict()``, ``to_pandas()``, and ``vitlens.figures.sanity_figure`` for Adebayo's Fig. 2 curves.
+            ``verdict()``, ``to_pandas()``, and ``vitlens.figures.sanity_figure`` for Adebayo's Fig. 2 curves.
     """
     return sanity_table(m, images, methods=[method], target=target, seed=seed, threshold=threshold,
                         batch_size=batch_size, progress=progress, method_params={method: params}).results[0]

@@ -134,7 +134,7 @@ def head_importance(
 
     Returns:
         A ``HeadImportanceResult``: ``logit_drop`` [layers, heads] (mean drop of the predicted class's logit),
-        ``accuracy_drop`` [layers, heads] with labels (else None), and the unablated ``base_logit``.
+            ``accuracy_drop`` [layers, heads] with labels (else None), and the unablated ``base_logit``.
     """
     if ablation not in ABLATIONS:
         raise InvalidParameterError(f"ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}.")

@@ -197,7 +197,7 @@ def attention_probs_in_rows(
 
     Yields:
         ``(probs, rows)``: probs [B, heads, rows, T] float32 (valid until the next block), rows the slice
-        of query indices it holds (None for one fresh block of every row, without a workspace).
+            of query indices it holds (None for one fresh block of every row, without a workspace).
     """
     t = q.shape[-2]
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)

@@ -148,7 +148,9 @@ def pooling_transport(fine: tuple[int, int], kernel: tuple[int, int], stride: tu
 
     Args:
         fine: (H, W) the grid pooled.
-        kernel, stride, padding: the pooling's, per axis.
+        kernel: the pooling's kernel, per axis.
+        stride: its stride, per axis.
+        padding: its padding, per axis.
         coarse: the pooled grid (default: the pooling's output size, floor((H + 2p - k) / s) + 1).
 
     Returns:

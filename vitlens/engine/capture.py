@@ -165,8 +165,8 @@ def capture_attention(m: LoadedModel | nn.Module, store: bool = True,
 
     Returns:
         An ``AttentionCapture`` context manager; inside the ``with`` block, every forward fills ``.maps``
-        (one [B, heads, T, T] float32 tensor per block, probabilities over keys) and calls the consumers.
-        The hooks are removed on exit and on error.
+            (one [B, heads, T, T] float32 tensor per block, probabilities over keys) and calls the consumers.
+            The hooks are removed on exit and on error.
 
     Raises:
         UnsupportedModelError: a model no family can capture exactly.

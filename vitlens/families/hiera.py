@@ -213,7 +213,7 @@ def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequenc
 
     Returns:
         One ``WindowGeometry`` per block: "window" (mask units), "global", or "query-pooled window" /
-        "query-pooled global" for a block that max-pools its queries.
+            "query-pooled global" for a block that max-pools its queries.
     """
     h, w = grid
     n = h * w
@@ -625,7 +625,7 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
 
     Returns:
         One ``WindowGeometry`` per block ("window", "global", "query-pooled window" / "query-pooled global"; padding
-        queries and keys -1).
+            queries and keys -1).
     """
     h, w = grid
     ys, xs = np.meshgrid((np.arange(h) + 0.5) * patch_stride[0], (np.arange(w) + 0.5) * patch_stride[1],

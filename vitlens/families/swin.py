@@ -93,9 +93,9 @@ def record_windows(run: Callable[[torch.Tensor, Callable[..., Any]], Any], grid:
 
     Returns:
         The ``WindowGeometry``: windows in the model's order, each position's stage token (-1: padding), which
-        keys each query may attend (the real keys, the mask's 0 entries where the block hands one: timm's and
-        transformers' 0 / -100 mask of the shifted windows), and its kind ("shifted window" where the block
-        hands a mask, "global" for one window holding the whole grid, "window" otherwise).
+            keys each query may attend (the real keys, the mask's 0 entries where the block hands one: timm's and
+            transformers' 0 / -100 mask of the shifted windows), and its kind ("shifted window" where the block
+            hands a mask, "global" for one window holding the whole grid, "window" otherwise).
 
     Raises:
         UnsupportedModelError: the block's code did not call its attention with the windows.

@@ -6,10 +6,12 @@ network is told so at once instead of hanging in a download.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from torch import nn
 
@@ -335,6 +337,27 @@ def _open_clip_cached(cfg: dict) -> Path | None:
     return None
 
 
+#: how open_clip's warning begins, on the root logger, when it builds a model without weights
+OPEN_CLIP_RANDOM_INIT = "No pretrained weights loaded for model"
+
+
+class _DropRandomInitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(OPEN_CLIP_RANDOM_INIT)
+
+
+@contextlib.contextmanager
+def _no_random_init_warning() -> Iterator[None]:
+    """Drop open_clip's root-logger warning that no pretrained weights were loaded while vitlens builds a model with
+    random weights on purpose (``open_clip:ARCH``: its source says "random init"); every other record passes."""
+    drop, root = _DropRandomInitWarning(), logging.getLogger()
+    root.addFilter(drop)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+
+
 def load_open_clip(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str]:
     """(model, display name, source) for ``open_clip:ARCH`` (random init) or ``open_clip:ARCH/TAG`` (the tag's
     weights, from the local cache only: open_clip never downloads here).
@@ -359,7 +382,8 @@ def load_open_clip(name: str, pretrained: bool = True) -> tuple[nn.Module, str, 
                                 (f" Did you mean: {', '.join(close)}?" if close else "") +
                                 " open_clip.list_models() lists them.")
     if not tag or not pretrained:
-        model = open_clip.create_model(arch, pretrained=None)
+        with _no_random_init_warning():
+            model = open_clip.create_model(arch, pretrained=None)
         return model, f"open_clip:{arch}", "random init"
     cfg = get_pretrained_cfg(arch, tag)
     if not cfg:

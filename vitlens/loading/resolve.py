@@ -204,7 +204,7 @@ def load_model(
 
     Returns:
         A ``LoadedModel``: the module in eval mode on ``device``, its ``spec`` (grid, stride, prefix
-        tokens, layers x heads), its preprocessing and its family.
+            tokens, layers x heads), its preprocessing and its family.
 
     Raises:
         UnknownModelError: a name that is no reference model, timm name, prefix or file (close names suggested).

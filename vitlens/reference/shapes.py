@@ -126,7 +126,7 @@ def generate(n: int, seed: int = 0, size: int = IMAGE_SIZE, start: int = 0, styl
 
     Returns:
         A ``ShapesBatch``: ``images`` [n, size, size, 3] uint8, ``labels`` [n] class indices into
-        ``CLASSES``, ``masks`` [n, size, size] bool object masks.
+            ``CLASSES``, ``masks`` [n, size, size] bool object masks.
     """
     if style not in STYLES:
         raise ValueError(f"style must be one of {STYLES}, not {style!r}")

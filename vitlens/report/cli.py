@@ -7,7 +7,9 @@ survey        — a model zoo x an image set on Ray, resumable, one tidy table (
 survey-report — one offline HTML page of a survey folder.
 
 Bad input ends with a one-line message on stderr and exit code 2 (1 for unexpected errors),
-no traceback unless --debug. Every model is loaded (and so checked) before the first is
+no traceback unless --debug; a bad argument is refused before torch or any analysis module is imported (the
+parser reads the registries behind ``--methods``, ``--metrics`` and ``--views`` only when one of them is given
+or help is shown). Every model is loaded (and so checked) before the first is
 analysed. Output files are written atomically, only once everything succeeded: a failure never
 leaves half a report or replaces a good one.
 """
@@ -21,12 +23,10 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 import numpy as np
 
-from vitlens.views.distance import LOCAL_OF_UNIFORM
-from vitlens.images import tiny_image_warning
 from vitlens.words import counted, printable
 
 EXIT_USAGE, EXIT_ERROR = 2, 1
@@ -87,6 +87,7 @@ def _log(args: argparse.Namespace, msg: str) -> None:
 def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarray | None, np.ndarray | None]:
     """(images, description of the set, object masks or None, labels or None) from --images / --samples / --shapes."""
     import vitlens as vl
+    from vitlens.images import tiny_image_warning
     from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
     if args.images:
@@ -172,6 +173,10 @@ def _data_path(out: Path, data: str | None) -> Path:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    for option in ("methods", "metrics"):
+        if getattr(args, option, None) and not args.attributions:
+            raise CliError(f"--{option} picks the {option} of the attribution section; add --attributions.")
+    check_outputs(args)
     import vitlens as vl
     from vitlens.environment import versions
     from vitlens.views.registry import available_views
@@ -179,10 +184,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
 
-    for option in ("methods", "metrics"):
-        if getattr(args, option, None) and not args.attributions:
-            raise CliError(f"--{option} picks the {option} of the attribution section; add --attributions.")
-    check_outputs(args)
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
@@ -304,15 +305,18 @@ ALL_METHODS = "all"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if len(args.models) < 2:
+        raise CliError("compare needs at least two models: --models A B [...].")
+    check_outputs(args)
     import vitlens as vl
     from vitlens.environment import versions
     from vitlens.report.data import comparison
     from vitlens.report.html import comparison_figures, comparison_html
     from vitlens.results import atomic_write_bytes
+    from vitlens.views.distance import LOCAL_OF_UNIFORM
 
-    if len(args.models) < 2:
-        raise CliError("compare needs at least two models: --models A B [...].")
-    check_outputs(args)
+    if args.local_threshold is None:
+        args.local_threshold = LOCAL_OF_UNIFORM
     t_start = time.perf_counter()
     images, image_set, _, _ = resolve_images(args)
     models = load_all(args, args.models)
@@ -371,9 +375,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_survey(args: argparse.Namespace) -> int:
     """A model zoo x an image set on Ray; the folder, a table and a line per failed model."""
-    import vitlens as vl
-    from vitlens.survey import files_source, shapes_source
-
     names = list(args.models or [])
     if args.models_file:
         path = Path(args.models_file).expanduser()
@@ -392,6 +393,10 @@ def cmd_survey(args: argparse.Namespace) -> int:
                            "cluster with GPUs, or drop --device).")
         args.num_gpus_per_worker = 1.0  # each model worker asks Ray for one GPU and runs on it
     check_writable(args.out, "--out", folder=True)
+    import vitlens as vl
+    from vitlens.survey import files_source, shapes_source
+    from vitlens.survey.stats import SURVEY_VIEW_NAMES
+
     if args.images:
         try:
             source = files_source(args.images, per_class=args.per_class, max_images=args.n_images)
@@ -401,7 +406,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
         source = shapes_source(args.n_images or 128)
     try:
         result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
-                           shard_size=args.shard_size, views=args.views,
+                           shard_size=args.shard_size, views=args.views or SURVEY_VIEW_NAMES,
                            num_gpus_per_worker=args.num_gpus_per_worker, pretrained=args.pretrained,
                            strict=args.strict, progress=not args.quiet)
     except KeyboardInterrupt:
@@ -440,12 +445,12 @@ def interrupted_survey(out: Path) -> str:
 
 
 def cmd_survey_report(args: argparse.Namespace) -> int:
+    check_outputs(args)
     import vitlens as vl
     from vitlens.results import atomic_write_bytes
     from vitlens.report.survey import survey_figures, survey_html
     from vitlens.survey.store import DamagedSurveyWarning
 
-    check_outputs(args)
     with warnings.catch_warnings():  # said below, in one line per model
         warnings.simplefilter("ignore", DamagedSurveyWarning)
         result = vl.load_survey(args.folder)
@@ -491,19 +496,97 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the command line's rules: an error is one line on stderr and exit code 2 (no usage block;
+    the line says where the usage is), and an option's help that reads a registry (``later_help``) is written only
+    when help is shown, so that parsing imports nothing heavy. Its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        for action in self._actions:
+            later = getattr(action, "later_help", None)
+            if later is not None:
+                action.help = later()
+        return super().format_help()
+
+
+def later_help(action: argparse.Action, write: Callable[[], str]) -> None:
+    """Give ``action`` help that ``write`` composes when help is shown (``Parser.format_help``), not when parsed."""
+    action.later_help = write  # type: ignore[attr-defined]
+
+
+class Names:
+    """The choices of an option read from a registry at their first use: argparse asks ``in`` (and lists them in an
+    error) only when the option is given, so the registry's module (and torch) is imported only then."""
+
+    def __init__(self, read: Callable[[], Sequence[str]]) -> None:
+        self._read = read
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._read()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+
+def _methods() -> list[str]:
+    from vitlens.attribution.methods import METHOD_TABLE
+
+    return [*METHOD_TABLE, ALL_METHODS]
+
+
+def _metrics() -> list[str]:
+    from vitlens.attribution.metrics import METRIC_TABLE
+
+    return list(METRIC_TABLE)
+
+
+def _survey_views() -> list[str]:
+    from vitlens.survey.stats import SURVEY_VIEW_NAMES
+
+    return list(SURVEY_VIEW_NAMES)
+
+
+def _methods_help() -> str:
+    from vitlens.attribution.methods import METHOD_TABLE, methods_for
+
+    return ("attribution methods for --attributions (default: the quick set, "
+            f"{', '.join(k for k, mt in METHOD_TABLE.items() if mt.preselected)}; "
+            f"'{ALL_METHODS}' for every available one, the slow ones included; each model gets those "
+            f"defined for its kind, a hierarchical one (Swin) {', '.join(methods_for('hierarchical'))}): "
+            + ", ".join(METHOD_TABLE))
+
+
+def _metrics_help() -> str:
+    from vitlens.attribution.metrics import METRIC_TABLE
+
+    return ("perturbation metrics for --attributions (default: "
+            f"{', '.join(k for k, mt in METRIC_TABLE.items() if mt.default)}): "
+            + "; ".join(f"{k} ({mt.cost})" if mt.cost else k for k, mt in METRIC_TABLE.items()))
+
+
+def _local_threshold_help() -> str:
+    from vitlens.views.distance import LOCAL_OF_UNIFORM
+
+    return ("a head is local at or below this multiple of the uniform-attention distance on its grid (default "
+            f"{LOCAL_OF_UNIFORM:g}, the one definition every view uses)")
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from vitlens.attribution.methods import METHOD_TABLE, methods_for
-    from vitlens.attribution.metrics import METRIC_TABLE
-    from vitlens.survey.stats import SURVEY_VIEW_NAMES
-
-    p = argparse.ArgumentParser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
+def build_parser() -> Parser:
+    """The command line's parser; building it and parsing valid or invalid arguments import no analysis module."""
+    p = Parser(prog="vitlens", description="Interpretability reports for Vision Transformers.")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("report", help="every view for one or more models (Fig. 6, 7)")
     r.add_argument("--model", action="append", default=None, help="model name or checkpoint (repeatable; "
@@ -512,16 +595,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the HTML report to write (default report.html; the numbers go beside it as .json)")
     r.add_argument("--attributions", action="store_true",
                    help="add class-specific attributions (captum, grad-rollout) and their faithfulness scores")
-    r.add_argument("--methods", nargs="+", default=None, choices=[*METHOD_TABLE, ALL_METHODS], metavar="METHOD",
-                   help="attribution methods for --attributions (default: the quick set, "
-                        f"{', '.join(k for k, mt in METHOD_TABLE.items() if mt.preselected)}; "
-                        f"'{ALL_METHODS}' for every available one, the slow ones included; each model gets those "
-                        f"defined for its kind, a hierarchical one (Swin) {', '.join(methods_for('hierarchical'))}): "
-                        + ", ".join(METHOD_TABLE))
-    r.add_argument("--metrics", nargs="+", default=None, choices=list(METRIC_TABLE), metavar="METRIC",
-                   help="perturbation metrics for --attributions (default: "
-                        f"{', '.join(k for k, mt in METRIC_TABLE.items() if mt.default)}): "
-                        + "; ".join(f"{k} ({mt.cost})" if mt.cost else k for k, mt in METRIC_TABLE.items()))
+    later_help(r.add_argument("--methods", nargs="+", default=None, choices=Names(_methods), metavar="METHOD",
+                              help="attribution methods for --attributions"), _methods_help)
+    later_help(r.add_argument("--metrics", nargs="+", default=None, choices=Names(_metrics), metavar="METRIC",
+                              help="perturbation metrics for --attributions"), _metrics_help)
     r.add_argument("--attribution-images", type=_positive, default=16,
                    help="images for the attribution section (default 16; occlusion and IG are costly)")
     r.add_argument("--heads", action="store_true",
@@ -534,9 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"])
     c.add_argument("--out", default="compare.html", metavar="FILE",
                    help="the HTML comparison to write (default compare.html; the numbers go beside it as .json)")
-    c.add_argument("--local-threshold", type=float, default=LOCAL_OF_UNIFORM,
-                   help="a head is local at or below this multiple of the uniform-attention distance on its "
-                        f"grid (default {LOCAL_OF_UNIFORM:g}, the one definition every view uses)")
+    later_help(c.add_argument("--local-threshold", type=float, default=None,
+                              help="a head is local at or below this multiple of the uniform-attention distance"),
+               _local_threshold_help)
     c.add_argument("--first-layers", type=_positive, default=4, help="layers counted for the local share")
     c.add_argument("--cka", action="store_true",
                    help="add layer-by-layer representation similarity (linear CKA) of each model with the first")
@@ -558,7 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "RAY_ADDRESS, else a local Ray on this machine's cores")
     sv.add_argument("--batch-size", type=_positive, default=32)
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
-    sv.add_argument("--views", nargs="+", default=list(SURVEY_VIEW_NAMES), choices=list(SURVEY_VIEW_NAMES))
+    later_help(sv.add_argument("--views", nargs="+", default=None, choices=Names(_survey_views), metavar="VIEW",
+                               help="the views to survey"),
+               lambda: f"the views to survey (default all): {', '.join(_survey_views())}")
     sv.add_argument("--num-gpus-per-worker", type=float, default=0.0,
                     help="GPUs each model worker asks Ray for (default 0: CPU; a worker with a GPU runs on it)")
     sv.add_argument("--device", choices=["cpu", "cuda"], default=None,
@@ -567,7 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
     weights = sv.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", dest="pretrained", action="store_true", default=True,
                          help="hub weights (the default)")
-    weights.add_argument("--random-init", dest="pretrained", action="store_false", help="random weights")
+    weights.add_argument("--random-init", dest="pretrained", action="store_false",
+                         help="random weights for hub models (seeded); the embedded models and PATH@ARCH checkpoints "
+                              "keep their own weights, which the run says")
     sv.add_argument("--n-images", type=_positive, default=None, help="use at most this many images (default: "
                                                                      "every file; 128 shapes scenes)")
     sv.add_argument("--max-images", dest="n_images", type=_positive, default=None, help=argparse.SUPPRESS)

@@ -317,7 +317,7 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
 
     Returns:
         A ``ComparisonData``: the per-layer table (min, median, max of the heads' mean distance) and each
-        model's share of local heads, in pixels or fractions of the image width (``comparison_units``).
+            model's share of local heads, in pixels or fractions of the image width (``comparison_units``).
     """
     distances = list(distances)
     if len(distances) < 2:

@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import figures
+from ..attribution.faithfulness import timing_note
 from ..attribution.metrics import METRIC_TABLE
 from ..results import significant
 from ..views.analyze import AnalysisResult
@@ -203,7 +204,7 @@ def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
 
     Returns:
         Figures by name: "attributions", then one per metric the table scored, by the metric's name in
-        ``METRIC_TABLE`` ("deletion_insertion", "perturbation", ...; ``figures.metric_figure``).
+            ``METRIC_TABLE`` ("deletion_insertion", "perturbation", ...; ``figures.metric_figure``).
     """
     figs = {"attributions": figures.attribution_figure(table.attributions, image, 0)}
     for name, results in table.scores.items():  # every metric the table holds and this vitlens knows
@@ -307,7 +308,8 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and each metric's mean curves."""
     fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
     scored = [METRIC_TABLE[k] for k in table.scores if k in METRIC_TABLE]
-    about = "; ".join([mt.about for mt in scored] + ["pointing game and mass in mask where object masks exist"])
+    about = "; ".join([mt.about for mt in scored] + ["pointing game and mass in mask where object masks exist",
+                                                     timing_note()])
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {counted(table.n_images, 'image')}; {html.escape(about)}.</p>"
             + (f"<p class='muted'>Protocols (protocol, ordering): "
@@ -323,8 +325,7 @@ def ledger_section(table: Any) -> str:
     ledger = getattr(table, "ledger", None)
     if ledger is None:
         return ""
-    rows = [{k: (significant(v) if isinstance(v, float) and v == v else ("" if isinstance(v, float) else v))
-             for k, v in row.items()} for row in ledger.entry_rows()]
+    rows = ledger.shown_rows()
     method = html.escape(getattr(ledger, "method", "attnlrp"))
     return (f"<h3>Where AttnLRP's relevance goes ({method})</h3>"
             f"<p class='muted'>The target logit of {len(ledger.score)} images, summed, split by where the rules "

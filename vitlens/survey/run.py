@@ -31,7 +31,7 @@ from ..words import printable
 from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
 from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
-                    source_count, table_rows, weights_of, write_table)
+                    own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
 from .stats import SURVEY_VIEW_NAMES
 from .worker import SurveyWorker
@@ -308,7 +308,9 @@ def survey(
         views: any of "distance", "rollout", "predictions", "weights".
         num_gpus_per_worker: GPUs each model worker asks Ray for (fractions share a GPU).
         num_cpus_per_worker: CPUs each model worker asks Ray for.
-        pretrained: hub weights (False: random init, seeded identically in every worker).
+        pretrained: hub weights (False: random init, seeded identically in every worker). The embedded pair and
+            ``PATH@ARCH`` checkpoints keep their own weights either way; with False that is said at run time and
+            recorded in the manifest (``weights_note``; its ``weights`` says what each model got).
         per_class: with a folder or glob, each file's parent folder is its class.
         max_images: use at most this many images.
         strict: stop at the first model that fails (else record it and finish the others).
@@ -330,7 +332,7 @@ def survey(
 
     Returns:
         A ``SurveyResult`` over the folder: ``table`` (a pandas DataFrame of model, weights, layer, head,
-        metric, value, n_images, class), the manifest, and the models that failed with their reasons.
+            metric, value, n_images, class), the manifest, and the models that failed with their reasons.
 
     Raises:
         SurveyError: Ray is missing, or ``strict`` and a model failed.
@@ -385,7 +387,7 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
     shards = source.shards(shard_size)
     names = list(dict.fromkeys(models))
     # the embedded pair and local checkpoints have their own weights
-    weights = {name: pretrained or name in REFERENCE_NAMES or checkpoint_of(name) is not None for name in names}
+    weights = {name: pretrained or own_weights(name) is not None for name in names}
     repaired = set_aside_damaged(store, manifest, shards, progress)
     for name in names:
         key = model_key(name, weights[name])
@@ -394,6 +396,11 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
         if checkpoint_of(name) is not None:
             check_checkpoint(store, entry, name, progress)
         entry.setdefault("weights", weights_of(entry))
+        note = None if pretrained else random_init_note(name)
+        if note:  # asked for random weights, it keeps its own: said at run time and recorded (issue 45)
+            entry["weights_note"] = note
+            if progress:
+                print(f"{name}: {note}", file=sys.stderr, flush=True)
         entry["status"] = "done" if all(store.done(key, s) for s in shards) and entry.get("spec") else "pending"
         entry.pop("reason", None)
         if entry["status"] == "done" and progress:

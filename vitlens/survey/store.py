@@ -99,6 +99,27 @@ def checkpoint_of(name: str) -> tuple[str, str] | None:
     return path, arch.strip()
 
 
+def own_weights(name: str) -> str | None:
+    """The weights a model keeps whatever weights are asked for: "embedded" for the embedded pair (ref-vit,
+    ref-hybrid: trained here, shipped with vitlens), "checkpoint" for a ``PATH@ARCH`` checkpoint; None for a
+    hub name, which ``pretrained=False`` (``--random-init``) gives random weights."""
+    from ..reference import REFERENCE_NAMES
+
+    if name in REFERENCE_NAMES:
+        return "embedded"
+    return "checkpoint" if checkpoint_of(name) is not None else None
+
+
+def random_init_note(name: str) -> str | None:
+    """What random init does not do to a model with its own weights (``own_weights``), in one line for the run's
+    output and the manifest's ``weights_note``; None for a hub name, which random init applies to."""
+    kept = own_weights(name)
+    if kept is None:
+        return None
+    what = "its embedded trained weights" if kept == "embedded" else "its checkpoint's weights"
+    return f"keeps {what}: random init (--random-init, pretrained=False) applies to hub models only"
+
+
 def file_sha256(path: str | Path) -> str:
     """The sha256 of a file's bytes, read in blocks."""
     h = hashlib.sha256()
@@ -586,7 +607,7 @@ def load_survey(path: str | Path) -> SurveyResult:
 
     Returns:
         A ``SurveyResult``: ``table`` (pandas DataFrame), the manifest, and ``distance(model)`` for one
-        model's ``AttentionDistanceResult``. Damaged shards are named, not fatal.
+            model's ``AttentionDistanceResult``. Damaged shards are named, not fatal.
 
     Raises:
         InvalidParameterError: no survey folder at ``path`` (missing, or no manifest.json).

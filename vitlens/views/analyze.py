@@ -56,7 +56,7 @@ def attention_distance(
 
     Returns:
         An ``AttentionDistanceResult``: ``mean_px`` and ``std_px`` [layers, heads] in pixels of the input,
-        over ``n_images`` images.
+            over ``n_images`` images.
     """
     acc = VIEWS["distance"].build(m, ViewParams(renormalize=renormalize))  # windowed for a hierarchical model
     return _stream_one(m, images, batch_size, progress, "attention distance", acc, memory_budget_mb)
@@ -96,7 +96,7 @@ def attention_rollout(
 
     Returns:
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
-        summing to at most 1) with the model's predictions.
+            summing to at most 1) with the model's predictions.
     """
     if m.spec.kind == "class-attention" and source is not None:
         raise ViewNotAvailableError(f"{m.spec.name} reads its class token through class-attention layers, not an "
@@ -200,10 +200,10 @@ def analyze(
 
     Returns:
         An ``AnalysisResult`` with the views asked for (the others None): ``filters`` (Fig. 7 left),
-        ``position`` (Fig. 7 centre; None with ``position_note`` saying why for a model without a learned
-        E_pos), ``distance`` (Fig. 7 right) and ``rollout`` (Fig. 6), ``prefix`` when asked for; ``view("relpos")``
-        the learned relative-position bias by offset when asked for (None, with ``notes["relpos"]`` saying why, for
-        a model without one).
+            ``position`` (Fig. 7 centre; None with ``position_note`` saying why for a model without a learned
+            E_pos), ``distance`` (Fig. 7 right) and ``rollout`` (Fig. 6), ``prefix`` when asked for; ``view("relpos")``
+            the learned relative-position bias by offset when asked for (None, with ``notes["relpos"]`` saying why, for
+            a model without one).
 
     Raises:
         InvalidParameterError: an unknown view name or a bad parameter.

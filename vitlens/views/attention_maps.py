@@ -201,7 +201,7 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
 
     Returns:
         An ``AttentionMapsResult``: ``maps`` [layers, heads, T, T] (or [layers, heads, Q, T] for ``queries``),
-        probabilities summing to 1 over keys, and ``pool`` for a MAP head.
+            probabilities summing to 1 over keys, and ``pool`` for a MAP head.
     """
     import contextlib
 

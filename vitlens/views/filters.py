@@ -69,7 +69,7 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
 
     Returns:
         A ``FilterPCAResult``: the components [n_components, C, P, P] (unit-norm directions in filter
-        space), their explained variance ratios, and ``source``, the convolution read.
+            space), their explained variance ratios, and ``source``, the convolution read.
 
     Raises:
         ViewNotAvailableError: a model whose patch embedding is not a convolution.

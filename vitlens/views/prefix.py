@@ -242,7 +242,7 @@ def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, pro
 
     Returns:
         A ``PrefixDiagnosticsResult``: attention mass on each prefix token per layer and head (fractions
-        in [0, 1]) and token norms per layer.
+            in [0, 1]) and token norms per layer.
     """
     consumer = PrefixDiagnostics(m, outlier_factor)
     stream_attention(m, images, [consumer], batch_size, progress, desc="prefix tokens", capture_mode=None)

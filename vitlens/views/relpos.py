@@ -131,7 +131,7 @@ class RelativePositionBiasResult(Result):
 
         Returns:
             One dict per head: "head" (1-based) and a column per pair kind ("class -> patch", "patch -> class",
-            "class -> class", ...), query first; empty without prefix tokens.
+                "class -> class", ...), query first; empty without prefix tokens.
         """
         if not self.prefix_labels:
             return []
@@ -158,9 +158,9 @@ def bias_by_offset(bias: torch.Tensor, grid: tuple[int, int], num_prefix_tokens:
 
     Returns:
         ``(by_offset [heads, 2gh-1, 2gw-1], prefix_to_patch [heads, P], patch_to_prefix [heads, P],
-        prefix_to_prefix [heads, P, P], spread)`` in float64 (exactly the bias's values: each entry is the bias of
-        one query/key pair of that offset, the query at the top-left-most place the offset allows), and
-        ``spread``, the largest difference between two pairs of one offset or one prefix pair kind.
+            prefix_to_prefix [heads, P, P], spread)`` in float64 (exactly the bias's values: each entry is the bias of
+            one query/key pair of that offset, the query at the top-left-most place the offset allows), and
+            ``spread``, the largest difference between two pairs of one offset or one prefix pair kind.
     """
     gh, gw = grid
     p, n = num_prefix_tokens, gh * gw
@@ -218,7 +218,7 @@ def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasRe
 
     Returns:
         A ``RelativePositionBiasResult``: ``bias`` [layers, heads, 2gh-1, 2gw-1] in logits by offset (key minus
-        query, in patch rows and columns), the prefix-token biases apart, and where each block's bias was read.
+            query, in patch rows and columns), the prefix-token biases apart, and where each block's bias was read.
 
     Raises:
         ViewNotAvailableError: a model without a learned relative-position bias (the reason in one line), or one whose
