@@ -45,12 +45,14 @@ if TYPE_CHECKING:  # figures take typed results; these modules import figures la
     from .compare.heads import HeadImportanceResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-#: one colour per attribution method (Plotly's Dark24, 24 distinct hues), indexed by the method's place in
-#: the registry (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour,
-#: the same one in every figure; none is a placeholder Streamlit's chart theme swaps (#0000xx)
-METHOD_PALETTE = ("#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#222A2A", "#B68100", "#750D86",
-                  "#EB663B", "#511CFB", "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE",
-                  "#862A16", "#A777F1", "#620042", "#1616A7", "#DA60CA", "#6C4516", "#0D2A63", "#AF0038")
+#: one colour per attribution method, indexed by the method's place in the registry
+#: (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour, the same one in
+#: every figure. A qualitative palette of distinct hues: Tableau 10 first (rollout blue, gradient rollout orange,
+#: integrated gradients green, saliency red: the methods shown together most often sit far apart), then darker
+#: hues of Tableau 20b/c, with AttnLRP (place 14) cyan; none is a placeholder Streamlit's chart theme swaps (#0000xx)
+METHOD_PALETTE = ("#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#7F7F7F",
+                  "#BCBD22", "#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#17BECF", "#6B6ECF",
+                  "#E7BA52", "#9C9EDE", "#CEDB9C", "#E7969C", "#DE9ED6", "#AD494A", "#31A354", "#3182BD")
 
 
 def method_colour(method: str, position: int = 0) -> str:
@@ -69,6 +71,14 @@ def method_colour(method: str, position: int = 0) -> str:
     names = list(METHOD_TABLE)  # read at call time: a method registered later has its own place
     index = names.index(method) if method in names else position
     return METHOD_PALETTE[index % len(METHOD_PALETTE)]
+
+
+def method_label(method: str) -> str:
+    """A method's name as legends and panel titles show it (``vitlens.attribution.methods.method_label``: its entry's
+    label, e.g. "gradient rollout" for ``grad_rollout``)."""
+    from .attribution.methods import method_label as label
+
+    return label(method)
 
 
 def component_rgb(component: np.ndarray) -> np.ndarray:
@@ -673,7 +683,7 @@ def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray
     panels = []
     for r in results:
         mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
-        panels.append((image, mp / max(float(mp.max()), 1e-12), r.method.replace("_", " ")))
+        panels.append((image, mp / max(float(mp.max()), 1e-12), method_label(r.method)))
     target = results[0].target_name(index) if results else "no class"
     if results and getattr(results[0], "target_kind", "class") == "text":
         target = f"the prompt \"{target}\""
@@ -690,12 +700,13 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
     Returns:
         A plotly ``Figure``.
     """
+    # one y range for both panels: the same probability, read across
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Deletion (lower is more faithful)",
-                                                        "Insertion (higher is more faithful)"])
+                                                        "Insertion (higher is more faithful)"], shared_yaxes=True)
     for i, r in enumerate(results):
         color = method_colour(r.method, i)
         # one legend entry per method, under both panels, with both areas (deletion / insertion)
-        name = (f"{r.method.replace('_', ' ')} (AUC deletion {significant(r.deletion_auc.mean())}, "
+        name = (f"{method_label(r.method)} (AUC deletion {significant(r.deletion_auc.mean())}, "
                 f"insertion {significant(r.insertion_auc.mean())})")
         for col, curve, auc, what in ((1, r.deletion, r.deletion_auc, "deletion"),
                                       (2, r.insertion, r.insertion_auc, "insertion")):
@@ -726,15 +737,17 @@ def metric_figure(metric: "Metric", results: Sequence[object]) -> go.Figure:
     """
     panels = [metric.curves(r) for r in results]
     titles = [c.title for c in panels[0]] if panels else [metric.title or metric.name]
-    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles)
+    # one y range for every panel: the panels of a metric show one score (deletion beside insertion), read across
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, shared_yaxes=True)
     for i, (r, curves) in enumerate(zip(results, panels)):
         method = getattr(r, "method", f"method {i + 1}")
         color = method_colour(method, i)
         # one legend entry per method, under every panel, with the method's numbers in the table
-        numbers = ", ".join(f"{k} {significant(v)}" for k, v in metric.columns(r).items())
+        numbers = ", ".join(f"{metric.column_labels.get(k) or k.replace('_', ' ')} {significant(v)}"
+                            for k, v in metric.columns(r).items())
         for col, c in enumerate(curves, start=1):
             fig.add_trace(go.Scatter(x=np.asarray(c.x), y=np.asarray(c.y).mean(0), mode="lines+markers",
-                                     line=dict(color=color), name=f"{method.replace('_', ' ')} ({numbers})",
+                                     line=dict(color=color), name=f"{method_label(method)} ({numbers})",
                                      legendgroup=method, showlegend=col == 1,
                                      hovertemplate=f"{method}<br>%{{x:.0%}}: %{{y:.3f}}<extra></extra>"),
                           row=1, col=col)
@@ -836,8 +849,10 @@ def prefix_figure(result: PrefixDiagnosticsResult, title: str | None = None) -> 
 
 def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str | None = None) -> go.Figure:
     """Cascading randomisation (Adebayo et al. 2018, Fig. 2): each similarity to the original maps against the
-    step of the cascade (original first, then the head, the blocks from the top, the embedding), one curve per
-    method; mean over images, NaNs skipped.
+    step of the cascade (original first, then the head, the blocks from the top, the embedding; blocks counted
+    from 1), one curve per method; mean over images, NaNs skipped. The verdict's cutoff is drawn, labelled, on the
+    panel it is read from (Spearman of |maps|; ``sanity.verdict_rule``), and each legend entry ends with its
+    method's verdict.
 
     Args:
         results: one ``SanityResult`` or several (one per method).
@@ -847,24 +862,31 @@ def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str |
         A plotly ``Figure``.
     """
     results = [results] if not isinstance(results, Sequence) else list(results)
-    panels = (("spearman_abs", "Spearman, |maps|"), ("spearman", "Spearman, signed maps"), ("ssim", "SSIM, |maps|"))
+    panels = (("spearman_abs", "Spearman, |maps| (the verdict's)"), ("spearman", "Spearman, signed maps"),
+              ("ssim", "SSIM, |maps|"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], shared_yaxes=True)
     for i, r in enumerate(results):
         color = method_colour(r.method, i)
-        x = ["original", *r.steps]
+        x = ["original", *r.step_labels()]
         rows = r.to_rows()
         for col, (key, _) in enumerate(panels, start=1):
             y = [1.0, *[row[key] for row in rows]]
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", line=dict(color=color), legendgroup=r.method,
-                                     name=r.method.replace("_", " "), showlegend=col == 1,
-                                     hovertemplate=f"{r.method}<br>%{{x}}: %{{y:.3f}}<extra></extra>"), row=1, col=col)
+                                     name=f"{method_label(r.method)}: {r.verdict_word()}", showlegend=col == 1,
+                                     hovertemplate=f"{method_label(r.method)}<br>%{{x}}: %{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
     if results:
-        fig.add_hline(y=results[0].threshold, line=dict(dash="dot", width=1, color="#888"), row=1, col=1)
+        cut = results[0].threshold
+        fig.add_hline(y=cut, line=dict(dash="dot", width=1.5, color="#555"), row=1, col=1,
+                      annotation_text=f"verdict cutoff {significant(cut)}", annotation_position="bottom left",
+                      annotation_font_size=10)
     fig.update_xaxes(title="randomised down to", tickangle=-45)
     fig.update_yaxes(range=[-1.05, 1.05])
+    cut_text = significant(results[0].threshold) if results else "0.5"
     fig.update_layout(title=title or "Cascading randomisation (Adebayo et al. 2018)<br><sup>similarity of each step's "
-                                     "maps to the original model's; dotted: the verdict's threshold</sup>",
-                      height=440, margin=dict(l=10, r=10, t=80, b=10), legend=dict(orientation="h", y=-0.45))
+                                     f"maps to the original model's; a map decorrelates where its Spearman of |maps| "
+                                     f"falls below the dotted cutoff ({cut_text})</sup>",
+                      height=460, margin=dict(l=10, r=10, t=80, b=10), legend=dict(orientation="h", y=-0.45))
     return fig
 
 
@@ -888,14 +910,15 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
         color = method_colour(r.method, i)
         for col, curve, auc in ((1, r.positive, r.positive_auc), (2, r.negative, r.negative_auc)):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
-                                     name=f"{r.method.replace('_', ' ')}", legendgroup=r.method, showlegend=col == 1,
+                                     name=method_label(r.method), legendgroup=r.method, showlegend=col == 1,
                                      hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
                                                    "%{y:.3f}<extra></extra>"), row=1, col=col)
     for i, r in enumerate(roads):
         color = method_colour(r.method, i)
         for col, curve in ((3, r.morf), (4, r.lerf)):
             fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
-                                     name=r.method.replace("_", " "), legendgroup=r.method, showlegend=not results and col == 3),
+                                     name=method_label(r.method), legendgroup=r.method,
+                                     showlegend=not results and col == 3),
                           row=1, col=col)
     fig.update_xaxes(title="share removed", range=[0, 1])
     score = results[0].score if results else (roads[0].score if roads else "score")
