@@ -66,8 +66,9 @@ def test_overlays_put_image_row_0_at_the_top(build):
         fig = figures.rollout_figure(r, image)
     img, heat = fig.data[0], fig.data[1]
     assert isinstance(img, go.Image) and np.asarray(img.z)[0, 0].tolist() == [255, 255, 255]
-    up = np.asarray(heat.z)
-    assert up.shape == (32, 48) and up[:16, 32:].mean() > up[16:, :16].mean()  # hot corner at the top right
+    z = np.asarray(heat.z)
+    assert z.shape == (2, 3) and z[0, 2] == 1.0  # one cell per token, z row 0 = patch row 0
+    assert heat.y0 == 16 / 2 - 0.5 and heat.dy == 16 and heat.x0 == 16 / 2 - 0.5 and heat.dx == 16  # on its pixels
     for axis in [a for name, a in fig.layout.to_plotly_json().items() if name.startswith("yaxis")]:
         assert axis.get("autorange") == "reversed"
 
@@ -176,3 +177,39 @@ def test_the_deletion_insertion_legend_gives_both_aucs_and_every_method_its_own_
         assert t.name.endswith(f"(AUC deletion {dele}, insertion {ins})"), t.name
     # a method keeps its colour in every figure, whatever else is drawn beside it
     assert figures.faithfulness_figure(results[3:4]).data[0].line.color == legend[3].line.color
+
+
+# ---------------------------------------------------------------- issue 45, item 3: tokens drawn as tokens
+def rollout_of(values: np.ndarray) -> vl.RolloutResult:
+    return vl.RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
+                            grid=values.shape, image_size=(64, 64), head_fusion="mean", discard_ratio=0.0,
+                            source_token="class token")
+
+
+def test_a_rollout_normalised_to_1_is_drawn_with_its_peak_at_1_one_cell_per_token():
+    """Issue 45: the 8x8 rollout ÷ max was upsampled bilinearly to 64 px, so the drawn peak was 0.916 and the colour
+    bar stopped there; jet drew false edges. Now the cells are the tokens' own values, the bar from 0 to the max."""
+    rng = np.random.default_rng(0)
+    values = rng.random((8, 8)) * 0.5
+    values[3, 4] = 1.0  # an isolated peak, which bilinear smoothing pulled down
+    image = np.zeros((64, 64, 3), np.uint8)
+    for fig in (figures.rollout_figure(rollout_of(values), image),
+                figures.rollout_grid_figure(rollout_of(values), [image])):
+        heat = fig.data[1]
+        np.testing.assert_array_equal(np.asarray(heat.z), values)  # no resampling
+        assert heat.zsmooth is False or heat.zsmooth == "False" or not heat.zsmooth
+        scale = heat if heat.coloraxis is None else fig.layout.coloraxis
+        lo, hi = (scale.zmin, scale.zmax) if heat.coloraxis is None else (scale.cmin, scale.cmax)
+        assert (lo, hi) == (0.0, 1.0)
+        names = [c[1].lower() for c in scale.colorscale]
+        assert names == [c[1].lower() for c in go.Heatmap(colorscale="Viridis").colorscale]  # perceptually uniform
+
+
+def test_the_colour_range_spans_the_data_from_0_or_below():
+    assert figures.colour_range([np.array([[0.2, 0.7]]), np.array([[0.5, 0.9]])]) == (0.0, 0.9)
+    assert figures.colour_range([np.array([[-0.3, 0.4]])]) == (-0.3, 0.4)
+    heads = figures.heads_figure(np.zeros((32, 32, 3), np.uint8), np.random.default_rng(1).random((3, 4, 4)), 0,
+                                 "the class token")
+    assert (heads.layout.coloraxis.cmin, heads.layout.coloraxis.cmax) == (0.0, 1.0)  # each head ÷ its max
+    one = figures.head_figure(np.zeros((32, 32, 3), np.uint8), np.full((2, 4, 4), 0.0625), 0, 1, "the class token")
+    assert (one.data[1].zmin, one.data[1].zmax) == (0.0, 0.0625)  # the weights as they are: the max is the max

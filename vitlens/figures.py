@@ -11,7 +11,9 @@
   cascading randomisation (Fig. 2).
 - ``metric_figure``: any perturbation metric of ``METRIC_TABLE``, drawn from its entry's ``curves``.
 
-Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown.
+Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
+is drawn as tokens (one flat cell per token, ``token_heatmap``) on a perceptually uniform scale from 0 to the
+data's maximum (``colour_range``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .core.resample import upsample_map  # re-exported: figures draw with the numeric resampling
+from .core.resample import upsample_map  # noqa: F401  re-exported where it was; the figures draw tokens as tokens
 from .errors import InvalidParameterError
 from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
@@ -506,17 +508,62 @@ def depth_distance_figure(results: Sequence[AttentionDistanceResult | WindowedDi
     return fig
 
 
+#: the colour scale of every token map over an image: perceptually uniform (equal steps of value look like equal
+#: steps of colour; jet's bright bands drew edges the map does not have), and its darkest colour is not one of the
+#: placeholders Streamlit's chart theme swaps (#0000xx)
+TOKEN_COLORSCALE = "Viridis"
+
+
+def colour_range(maps: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The colour range of token maps: from 0 (or the data's minimum, when it is below 0) to the data's maximum, so
+    the colour bar spans what is drawn and 0 keeps its colour.
+
+    Args:
+        maps: the maps drawn on one colour scale.
+
+    Returns:
+        (low, high), high > low.
+    """
+    low = min(0.0, min(float(np.nanmin(m)) for m in maps))
+    high = max(float(np.nanmax(m)) for m in maps)
+    return low, max(high, low + 1e-12)
+
+
+def token_heatmap(values: np.ndarray, size: tuple[int, int], **kw: Any) -> go.Heatmap:
+    """A [gh, gw] token map drawn as tokens over an image of ``size`` (H, W) pixels: one flat cell per token,
+    covering the token's H/gh x W/gw pixels (no interpolation: nothing finer than a token is drawn, and the
+    colours are the map's own values, its maximum included).
+
+    Args:
+        values: [gh, gw] the map.
+        size: (H, W) of the image under it, in pixels.
+        **kw: the heatmap's other settings (colour scale or axis, opacity).
+
+    Returns:
+        A ``go.Heatmap`` whose cells sit on the tokens' pixels; hover names the patch (row, column).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    gh, gw = values.shape
+    h, w = size
+    dy, dx = h / gh, w / gw
+    rows, cols = np.mgrid[0:gh, 0:gw]
+    return go.Heatmap(z=values, x0=dx / 2 - 0.5, dx=dx, y0=dy / 2 - 0.5, dy=dy, zsmooth=False,
+                      customdata=np.stack([rows, cols], -1),
+                      hovertemplate="patch (%{customdata[0]}, %{customdata[1]})<br>value %{z:.3f}<extra></extra>", **kw)
+
+
 def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, opacity: float = 0.5,
-                           colorscale: str = "Jet", scale_title: str = "value",
+                           colorscale: str = TOKEN_COLORSCALE, scale_title: str = "value",
                            patch: tuple[int, int] | None = None) -> go.Figure:
-    """A [gh, gw] map upsampled over an RGB uint8 image [H, W, 3].
+    """A [gh, gw] token map over an RGB uint8 image [H, W, 3], one cell per token (``token_heatmap``), the colour
+    bar from 0 to the map's maximum (``colour_range``).
 
     Args:
         image: uint8 [H, W, 3].
-        values: [gh, gw] map (upsampled bilinearly to the image).
+        values: [gh, gw] map.
         title: the figure's title.
         opacity: the map's opacity over the image, in [0, 1].
-        colorscale: a plotly colour scale name.
+        colorscale: a plotly colour scale name (default a perceptually uniform one, ``TOKEN_COLORSCALE``).
         scale_title: the colour bar's title (what the colour measures).
         patch: (row, column) of a grid cell to outline (the queried patch), or None.
 
@@ -524,11 +571,10 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
         A plotly ``Figure``.
     """
     h, w = image.shape[:2]
-    up = upsample_map(values, (h, w))
+    low, high = colour_range([values])
     fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
-    fig.add_trace(go.Heatmap(z=up, opacity=opacity, colorscale=colorscale, zmin=0, zmax=max(float(up.max()), 1e-12),
-                             showscale=True, colorbar=dict(title=dict(text=scale_title, side="right")),
-                             hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"))
+    fig.add_trace(token_heatmap(values, (h, w), opacity=opacity, colorscale=colorscale, zmin=low, zmax=high,
+                                showscale=True, colorbar=dict(title=dict(text=scale_title, side="right"))))
     if patch is not None:
         _outline_patch(fig, patch, values.shape, (h, w))
     fig.update_xaxes(visible=False)
@@ -568,7 +614,8 @@ def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opa
 def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,
                         columns: int = 4, scale_title: str = "rollout (÷ max)",
                         patch: tuple[int, int] | None = None) -> go.Figure:
-    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale.
+    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale: each map
+    drawn as tokens (``token_heatmap``), the colour bar from 0 to the largest value drawn (``colour_range``).
 
     Args:
         panels: (image uint8 [H, W, 3], map [gh, gw], caption) triples.
@@ -587,17 +634,16 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
                         vertical_spacing=0.08)
     for i, (image, values, _caption) in enumerate(panels):
         r, c = i // cols + 1, i % cols + 1
-        up = upsample_map(values, image.shape[:2])
         fig.add_trace(go.Image(z=image, hoverinfo="skip"), row=r, col=c)
-        fig.add_trace(go.Heatmap(z=up, opacity=opacity, coloraxis="coloraxis",
-                                 hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"), row=r, col=c)
+        fig.add_trace(token_heatmap(values, image.shape[:2], opacity=opacity, coloraxis="coloraxis"), row=r, col=c)
         if patch is not None:
             _outline_patch(fig, patch, values.shape, image.shape[:2], row=r, col=c)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
     for i in range(len(panels)):
         fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
-    fig.update_layout(title=title, coloraxis=dict(colorscale="Jet", cmin=0, cmax=1,
+    low, high = colour_range([p[1] for p in panels])
+    fig.update_layout(title=title, coloraxis=dict(colorscale=TOKEN_COLORSCALE, cmin=low, cmax=high,
                       colorbar=dict(title=dict(text=scale_title, side="right"))), height=300 * rows + 80,
                       margin=dict(l=10, r=10, t=80, b=10))
     fig.update_annotations(font_size=12)
