@@ -213,3 +213,62 @@ def test_the_colour_range_spans_the_data_from_0_or_below():
     assert (heads.layout.coloraxis.cmin, heads.layout.coloraxis.cmax) == (0.0, 1.0)  # each head ÷ its max
     one = figures.head_figure(np.zeros((32, 32, 3), np.uint8), np.full((2, 4, 4), 0.0625), 0, 1, "the class token")
     assert (one.data[1].zmin, one.data[1].zmax) == (0.0, 0.0625)  # the weights as they are: the max is the max
+
+
+# ---------------------------------------------------------------- issue 45, item 4: a model keeps its colour
+def survey_of(models: list[tuple[str, str]], classes: tuple[str, ...] = ()) -> "SurveyResult":
+    """A hand-built survey table: 2 layers x 2 heads per model (and per-class rows given classes)."""
+    import pandas as pd
+
+    from vitlens.survey.store import SurveyResult
+
+    rows = []
+    for k, (model, weights) in enumerate(models):
+        for layer in (1, 2):
+            for head in (1, 2):
+                rows.append(dict(model=model, weights=weights, layer=layer, head=head, metric="mean_distance_width",
+                                 value=0.1 * layer + 0.01 * head + 0.001 * k, **{"class": None}))
+        for c, name in enumerate(classes):
+            rows.append(dict(model=model, weights=weights, layer=None, head=None, metric="mean_distance_width",
+                             value=0.45 + 0.05 * c, **{"class": name}))
+    manifest = {"models": {f"m{k}": {"name": m, "weights": w, "status": "done",
+                                     "spec": {"kind": "hybrid" if "hybrid" in m else "vit"}}
+                           for k, (m, w) in enumerate(models)}, "source": {}}
+    return SurveyResult(path=None, table=pd.DataFrame(rows), manifest=manifest)
+
+
+@pytest.mark.parametrize("order", [("ref-vit", "ref-hybrid"), ("ref-hybrid", "ref-vit")])
+def test_a_model_keeps_its_colour_in_compare_and_survey_figures_whatever_the_order(order):
+    """Issue 45: compare.html drew ref-vit blue and ref-hybrid red; the survey (sorted by name) and the app's Compare
+    with the hybrid picked first swapped them."""
+    from vitlens.report.survey import depth_figure, layer1_figure
+
+    blue, red = figures.PALETTE[:2]
+    want = {"ref-vit": blue, "ref-hybrid": red}
+    fig = figures.distance_figure([distance(name=n) for n in order], names=list(order))
+    markers = {t.name: t.marker.color for t in fig.data if t.mode == "markers"}
+    assert markers == want
+    depth = figures.depth_distance_figure([distance(name=n) for n in order], names=list(order))
+    assert {t.name: t.marker.color for t in depth.data if t.mode == "markers"} == want
+    survey = survey_of([(n, "embedded") for n in order])
+    assert {t.name.split(" (")[0]: t.line.color for t in depth_figure(survey).data} == want
+    assert {t.name.split(" (")[0]: t.marker.color for t in layer1_figure(survey).data} == want
+
+
+def test_model_colours_are_by_a_stable_rule_presets_first_then_names():
+    assert figures.model_colours(["b", "a", "ref-hybrid"]) == [figures.PALETTE[2], figures.PALETTE[1],
+                                                                figures.PALETTE[0]]
+    # one model's two runs: told apart by their weights, whatever their order
+    one = figures.model_colours(["x", "x"], ["random init", "pretrained"])
+    assert one == figures.model_colours(["x", "x"], ["pretrained", "random init"])[::-1] and len(set(one)) == 2
+
+
+# ---------------------------------------------------------------- issue 45, item 15: the per-class scale
+def test_the_survey_per_class_scale_starts_at_0_and_says_its_range():
+    """Issue 45: a colour range of 0.45-0.50 image widths made 0.05 look like yellow against dark purple."""
+    from vitlens.report.survey import class_figure
+
+    fig = class_figure(survey_of([("ref-vit", "embedded")], classes=("circle", "square")))
+    heat = fig.data[0]
+    assert heat.zmin == 0.0 and heat.zmax == pytest.approx(0.5)
+    assert "0.450-0.500" in fig.layout.title.text and "from 0 to 0.500" in fig.layout.title.text

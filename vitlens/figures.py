@@ -47,6 +47,31 @@ if TYPE_CHECKING:  # figures take typed results; these modules import figures la
     from .compare.heads import HeadImportanceResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def model_colours(names: Sequence[str], weights: Sequence[str] | None = None) -> list[str]:
+    """The colour of each model of one analysis, the same in every figure of it whatever order the models come in
+    (the app's Compare with the hybrid picked first, the survey's sorted table, compare.html): the models are put in
+    a stable order, the named presets first in the registry's order (``vitlens.loading.presets.PRESETS``: ref-vit,
+    then ref-hybrid), then the others by name (then weights, then their place when the same name comes twice), and
+    take ``PALETTE`` in that order: the embedded ViT blue and its hybrid red, wherever they are drawn together.
+
+    Args:
+        names: the models' names (a ``ModelSpec.name`` or the name they were loaded by).
+        weights: each model's weights ("pretrained", "random init", ...), to tell one model's two runs apart.
+
+    Returns:
+        [len(names)] CSS colours, in the order of ``names``.
+    """
+    from .loading.presets import PRESETS
+
+    rank = {p.name: i for i, p in enumerate(PRESETS)}
+    extra = list(weights) if weights is not None else [""] * len(names)
+    order = sorted(range(len(names)), key=lambda i: (rank.get(names[i], len(rank)), names[i], extra[i], i))
+    colours = [""] * len(names)
+    for place, i in enumerate(order):
+        colours[i] = PALETTE[place % len(PALETTE)]
+    return colours
 #: one colour per attribution method, indexed by the method's place in the registry
 #: (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour, the same one in
 #: every figure. A qualitative palette of distinct hues: Tableau 10 first (rollout blue, gradient rollout orange,
@@ -377,12 +402,13 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         return depth_distance_figure(results, names, title)
     fig = go.Figure()
     offsets = np.linspace(-0.15, 0.15, len(results)) if len(results) > 1 else [0.0]
+    colours = model_colours(names)
     for i, (res, name) in enumerate(zip(results, names)):
         values = res.mean_px if units == "px" else res.mean_fraction_of_width
         layers, heads = np.meshgrid(np.arange(values.shape[0]), np.arange(values.shape[1]), indexing="ij")
         fig.add_trace(go.Scatter(
             x=layers.ravel() + 1 + offsets[i], y=values.ravel(), mode="markers", name=name,
-            marker=dict(size=7, color=PALETTE[i % len(PALETTE)], opacity=0.8),
+            marker=dict(size=7, color=colours[i], opacity=0.8),
             customdata=np.stack([layers.ravel() + 1, heads.ravel() + 1, res.std_px.ravel()], -1),
             hovertemplate=(f"{name}<br>layer %{{customdata[0]}}, head %{{customdata[1]}}<br>"
                            f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
@@ -401,7 +427,7 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         levels.append(uniform)
         fig.add_trace(go.Scatter(
             x=[0.5, depth + 0.5], y=[uniform, uniform], mode="lines", hoverinfo="skip",
-            line=dict(dash="dot", width=1.5, color=PALETTE[i % len(PALETTE)]),
+            line=dict(dash="dot", width=1.5, color=colours[i]),
             name="uniform attention" + (f" ({name})" if len(results) > 1 else "")))
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
@@ -483,13 +509,14 @@ def depth_distance_figure(results: Sequence[AttentionDistanceResult | WindowedDi
         A plotly ``Figure``.
     """
     fig = go.Figure()
+    colours = model_colours(names)
     for i, (res, name) in enumerate(zip(results, names)):
         depth = res.mean_px.shape[0]
         frac = (np.arange(depth) + 1) / depth
         values = res.mean_fraction_of_width
         xs = np.repeat(frac, values.shape[1])
         keep = ~np.isnan(values.ravel())
-        colour = PALETTE[i % len(PALETTE)]
+        colour = colours[i]
         fig.add_trace(go.Scatter(x=xs[keep], y=values.ravel()[keep], mode="markers", name=name,
                                  marker=dict(size=6, color=colour, opacity=0.8),
                                  hovertemplate=f"{name}<br>depth %{{x:.2f}}<br>%{{y:.3f}} of the width<extra></extra>"))
