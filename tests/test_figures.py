@@ -272,3 +272,18 @@ def test_the_survey_per_class_scale_starts_at_0_and_says_its_range():
     heat = fig.data[0]
     assert heat.zmin == 0.0 and heat.zmax == pytest.approx(0.5)
     assert "0.450-0.500" in fig.layout.title.text and "from 0 to 0.500" in fig.layout.title.text
+
+
+# ---------------------------------------------------------------- issue 45, item 10: Fig. 7 centre labelled
+def test_the_mosaic_axes_name_the_input_patch_and_the_tile_has_a_colour_bar_title():
+    res = one_hot_similarity(grid=(3, 7))
+    fig = figures.position_figure(res)
+    assert fig.layout.xaxis.title.text.startswith("input patch column")
+    assert fig.layout.yaxis.title.text.startswith("input patch row")
+    assert fig.layout.xaxis.visible is not False and fig.layout.yaxis.visible is not False
+    # a tick at each tile's centre: tile column c sits at c * (gw + 1) + (gw - 1) / 2 of the mosaic
+    assert list(fig.layout.xaxis.tickvals) == [c * 8 + 3 for c in range(7)] and list(fig.layout.xaxis.ticktext) == [
+        str(c) for c in range(7)]
+    assert list(fig.layout.yaxis.tickvals) == [r * 4 + 1 for r in range(3)]
+    tile = figures.similarity_tile_figure(res, 1, 6)
+    assert tile.data[0].colorbar.title.text == "cosine"

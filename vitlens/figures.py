@@ -249,7 +249,8 @@ def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.nd
 
 @draws(PositionSimilarityResult)
 def position_figure(result: PositionSimilarityResult, title: str | None = None) -> go.Figure:
-    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch.
+    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch; the axes name the
+    input patch's row and column (0-based, as the app's patch boxes) at the tiles' centres.
 
     Args:
         result: the position similarity (``position_similarity``).
@@ -266,8 +267,14 @@ def position_figure(result: PositionSimilarityResult, title: str | None = None) 
         hovertemplate="patch (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, %{customdata[3]})"
                       "<br>cosine %{z:.3f}<extra></extra>",
     ))
-    fig.update_xaxes(visible=False, range=[-0.5, mosaic.shape[1] - 0.5], constrain="domain")
-    fig.update_yaxes(visible=False, range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain")
+    # the outer axes say whose tile it is: a tick at each (or every few) tile's centre, the input patch's row / column
+    cols, rows = range(0, gw, max(1, gw // 8)), range(0, gh, max(1, gh // 8))
+    fig.update_xaxes(range=[-0.5, mosaic.shape[1] - 0.5], constrain="domain", showgrid=False, zeroline=False,
+                     title="input patch column (tile)", tickvals=[c * (gw + 1) + (gw - 1) / 2 for c in cols],
+                     ticktext=[str(c) for c in cols])
+    fig.update_yaxes(range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain", showgrid=False,
+                     zeroline=False, title="input patch row (tile)", tickvals=[r * (gh + 1) + (gh - 1) / 2 for r in rows],
+                     ticktext=[str(r) for r in rows])
     note = f", E_pos resampled from {result.model_grid[0]}x{result.model_grid[1]}" if result.resized else ""
     fig.update_layout(title=title or f"Position embedding similarity, {gh}x{gw} patches{note}",
                       height=560, margin=dict(l=10, r=10, t=60, b=10))
@@ -287,12 +294,13 @@ def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int)
     """
     gh, gw = result.grid
     fig = go.Figure(go.Heatmap(z=result.similarity[row, col], x=list(range(gw)), y=list(range(gh)),
-                               colorscale="Viridis", zmin=-1, zmax=1,
+                               colorscale="Viridis", zmin=-1, zmax=1, colorbar=dict(title="cosine"),
                                hovertemplate="patch (%{y}, %{x})<br>cosine %{z:.3f}<extra></extra>"))
     fig.add_trace(go.Scatter(x=[col], y=[row], mode="markers", marker=dict(symbol="x", size=10, color="white"),
                              hoverinfo="skip", showlegend=False))
-    fig.update_xaxes(title="column", range=[-0.5, gw - 0.5], constrain="domain", dtick=max(1, gw // 8))
-    fig.update_yaxes(title="row", range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain", dtick=max(1, gh // 8))
+    fig.update_xaxes(title="patch column", range=[-0.5, gw - 0.5], constrain="domain", dtick=max(1, gw // 8))
+    fig.update_yaxes(title="patch row", range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain",
+                     dtick=max(1, gh // 8))
     fig.update_layout(title=f"Similarity of patch ({row}, {col}) to all patches", height=420,
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
