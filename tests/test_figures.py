@@ -287,3 +287,55 @@ def test_the_mosaic_axes_name_the_input_patch_and_the_tile_has_a_colour_bar_titl
     assert list(fig.layout.yaxis.tickvals) == [r * 4 + 1 for r in range(3)]
     tile = figures.similarity_tile_figure(res, 1, 6)
     assert tile.data[0].colorbar.title.text == "cosine"
+
+
+# ---------------------------------------------------------------- issue 45, item 11: readable attribution figures
+def hue(colour: str) -> float:
+    import colorsys
+
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return 360 * colorsys.rgb_to_hsv(r, g, b)[0]
+
+
+def test_the_methods_shown_together_have_distinct_hues():
+    """Issue 45: gradient rollout (pink) and saliency (red) were hard to tell apart."""
+    from vitlens.attribution.methods import METHODS, preselected_methods
+
+    together = [*preselected_methods(), "attnlrp"]
+    hues = [hue(figures.method_colour(m)) for m in together]
+    for i in range(len(hues)):
+        for j in range(i):
+            gap = abs(hues[i] - hues[j]) % 360
+            assert min(gap, 360 - gap) >= 60, (together[i], together[j])
+    assert len({figures.method_colour(m) for m in METHODS}) == len(METHODS)
+
+
+def test_figures_and_tables_read_labels_from_the_registries():
+    """Issue 45: legends and column names were raw identifiers (chefer_positive_auc, mass_ratio)."""
+    from vitlens.attribution import METHOD_TABLE, METRIC_TABLE, ComparisonTable
+    from vitlens.attribution.perturbation import PerturbationResult
+
+    assert all(mt.label for mt in METHOD_TABLE.values())  # a label per entry
+    assert all(mt.label and set(mt.column_labels) for mt in METRIC_TABLE.values())
+    rng = np.random.default_rng(0)
+    results = [PerturbationResult(method=m, fractions=np.linspace(0, 0.9, 4), positive=rng.random((2, 4)),
+                                  negative=rng.random((2, 4)), positive_auc=np.array([0.2, 0.3]),
+                                  negative_auc=np.array([0.5, 0.6]), score="probability")
+               for m in ("grad_rollout", "saliency")]
+    fig = figures.metric_figure(METRIC_TABLE["perturbation"], results)
+    legend = [t.name for t in fig.data if t.showlegend]
+    assert legend[0].startswith("gradient rollout (positive perturbation AUC 0.25, negative perturbation AUC 0.55")
+    assert not any("_" in name for name in legend)
+    assert fig.layout.yaxis2.matches == "y"  # one y range across the metric's panels
+    table = ComparisonTable(rows=[{"method": "grad_rollout", "chefer_positive_auc": 0.2, "deletion_auc": 0.1,
+                                   "seconds_per_image": 0.5, "mass_ratio": 1.5, "pointing_game": 1.0}], n_images=2)
+    (row,) = table.readable_rows()
+    assert row == {"method": "gradient rollout", "positive perturbation AUC": 0.2, "deletion AUC": 0.1,
+                   "seconds per image": 0.5, "mass in mask ÷ object's share (1: uniform)": 1.5,
+                   "pointing game (hit rate)": 1.0}
+    assert table.to_rows()[0]["chefer_positive_auc"] == 0.2  # the CSV and JSON keep the identifiers
+    maps = figures.attribution_figure([vl.AttributionResult(method="grad_rollout", maps=np.ones((1, 2, 2)),
+                                                            targets=np.array([0]), grid=(2, 2), image_size=(8, 8),
+                                                            seconds_per_image=0.0)],
+                                      np.zeros((8, 8, 3), np.uint8))
+    assert maps.layout.annotations[0].text == "gradient rollout"

@@ -74,11 +74,12 @@ def model_colours(names: Sequence[str], weights: Sequence[str] | None = None) ->
     return colours
 #: one colour per attribution method, indexed by the method's place in the registry
 #: (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour, the same one in
-#: every figure. A qualitative palette of distinct hues: Tableau 10 first (rollout blue, gradient rollout orange,
-#: integrated gradients green, saliency red: the methods shown together most often sit far apart), then darker
-#: hues of Tableau 20b/c, with AttnLRP (place 14) cyan; none is a placeholder Streamlit's chart theme swaps (#0000xx)
-METHOD_PALETTE = ("#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#7F7F7F",
-                  "#BCBD22", "#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#17BECF", "#6B6ECF",
+#: every figure. A qualitative palette of distinct hues (Tableau 10, then darker Tableau 20b/c hues), placed so the
+#: methods the app preselects and AttnLRP sit at least 60 degrees of hue apart: rollout blue, gradient rollout
+#: orange, saliency purple, AttnLRP (place 14) green (gradient rollout pink beside saliency red read alike); none
+#: is a placeholder Streamlit's chart theme swaps (#0000xx)
+METHOD_PALETTE = ("#1F77B4", "#FF7F0E", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#BCBD22", "#17BECF",
+                  "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#2CA02C", "#6B6ECF",
                   "#E7BA52", "#9C9EDE", "#CEDB9C", "#E7969C", "#DE9ED6", "#AD494A", "#31A354", "#3182BD")
 
 
