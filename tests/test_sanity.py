@@ -223,3 +223,21 @@ def test_the_figure_draws_the_verdicts_cutoff_where_it_is_read_and_the_rule_is_s
     rule = sanity.verdict_rule(0.5)
     assert "0.5" in rule and "0.9" not in rule and "survives the head" in rule and "depends on the weights" in rule
     assert not hasattr(sanity, "INSENSITIVE")  # the second cutoff is gone
+
+
+def test_the_report_says_the_same_rule_and_draws_the_same_figure():
+    """Issue 45: the report explained two cutoffs the app did not; now both print ``verdict_rule`` and the report
+    draws the sanity figure with its cutoff; its table reads labels (blocks from 1), not identifiers."""
+    import html
+    from types import SimpleNamespace
+
+    from vitlens.report.html import sanity_section
+
+    steps = ["head", "blocks.1", "blocks.0", "embedding"]
+    table = sanity.SanityTable(results=[result_of([0.8, 0.7, 0.2, 0.1], steps, "saliency"),
+                                        result_of([0.3, 0.2, 0.1, 0.1], steps, "grad_rollout")])
+    page = sanity_section(SimpleNamespace(sanity=table))
+    assert html.escape(sanity.verdict_rule(0.5)) in page and "0.9" not in page.split("<div", 1)[0]
+    assert "verdict cutoff 0.5" in page and "gradient rollout" in page  # the figure, with its legend's labels
+    assert "survives the head and 1 top block" in page and "depends on the weights" in page
+    assert "first below the cutoff at" in page and "block 1" in page and "first_decorrelated" not in page
