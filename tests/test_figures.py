@@ -326,13 +326,13 @@ def test_figures_and_tables_read_labels_from_the_registries():
     legend = [t.name for t in fig.data if t.showlegend]
     assert legend[0].startswith("gradient rollout (positive perturbation AUC 0.25, negative perturbation AUC 0.55")
     assert not any("_" in name for name in legend)
-    assert fig.layout.yaxis2.matches == "y"  # one y range across the metric's panels
+    assert fig.layout.yaxis2.matches == "y"  # one y range across the metric's panels, titled once
+    assert fig.layout.yaxis.title.text == "target-class probability" and fig.layout.yaxis2.title.text is None
     table = ComparisonTable(rows=[{"method": "grad_rollout", "chefer_positive_auc": 0.2, "deletion_auc": 0.1,
                                    "seconds_per_image": 0.5, "mass_ratio": 1.5, "pointing_game": 1.0}], n_images=2)
     (row,) = table.readable_rows()
     assert row == {"method": "gradient rollout", "positive perturbation AUC": 0.2, "deletion AUC": 0.1,
-                   "seconds per image": 0.5, "mass in mask ÷ object's share (1: uniform)": 1.5,
-                   "pointing game (hit rate)": 1.0}
+                   "seconds per image": 0.5, "mass ratio (1: uniform)": 1.5, "pointing game": 1.0}
     assert table.to_rows()[0]["chefer_positive_auc"] == 0.2  # the CSV and JSON keep the identifiers
     maps = figures.attribution_figure([vl.AttributionResult(method="grad_rollout", maps=np.ones((1, 2, 2)),
                                                             targets=np.array([0]), grid=(2, 2), image_size=(8, 8),

@@ -798,8 +798,8 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
                                                    "%{x:.0%}: %{y:.3f}<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
     text = bool(results) and all(getattr(r, "score", "probability") != "probability" for r in results)
-    fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability",
-                     rangemode="normal" if text else "tozero")
+    fig.update_yaxes(rangemode="normal" if text else "tozero")
+    fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability", col=1)
     # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
     fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
                       legend=dict(orientation="h", y=-0.25))
@@ -836,8 +836,9 @@ def metric_figure(metric: "Metric", results: Sequence[object]) -> go.Figure:
     scores = {getattr(r, "score", "score") for r in results}
     score = scores.pop() if len(scores) == 1 else "score"
     fig.update_xaxes(title="share of the input changed", range=[0, 1])
-    fig.update_yaxes(title="target-class probability" if score == "probability" else score,
-                     rangemode="tozero" if score == "probability" else "normal")  # as faithfulness_figure
+    fig.update_yaxes(rangemode="tozero" if score == "probability" else "normal")  # as faithfulness_figure
+    # the panels share the y axis: its title once, on the first
+    fig.update_yaxes(title="target-class probability" if score == "probability" else score, col=1)
     # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
     fig.update_layout(title=metric.title or metric.name.replace("_", " "),
                       height=440 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=80, b=10),

@@ -35,8 +35,8 @@ _FIELDS_BEFORE_THE_REGISTRY = {"faithfulness": "deletion_insertion", "perturbati
 
 #: the table's own columns (those no metric of ``METRIC_TABLE`` makes) as a person reads them; a metric's columns
 #: read from its entry (``metrics.column_label``)
-COLUMN_LABELS = {"seconds_per_image": "seconds per image", "pointing_game": "pointing game (hit rate)",
-                 "mass_in_mask": "mass in mask", "mass_ratio": "mass in mask ÷ object's share (1: uniform)"}
+COLUMN_LABELS = {"seconds_per_image": "seconds per image", "pointing_game": "pointing game",
+                 "mass_in_mask": "mass in mask", "mass_ratio": "mass ratio (1: uniform)"}
 
 
 def readable_rows(rows: Sequence[dict], labels: dict[str, str] | None = None) -> list[dict]:
