@@ -339,3 +339,17 @@ def test_figures_and_tables_read_labels_from_the_registries():
                                                             seconds_per_image=0.0)],
                                       np.zeros((8, 8, 3), np.uint8))
     assert maps.layout.annotations[0].text == "gradient rollout"
+
+
+def test_the_reports_attribution_table_reads_labels_too():
+    import plotly.graph_objects as go
+
+    from vitlens.attribution import ComparisonTable
+    from vitlens.report.html import attribution_section
+
+    table = ComparisonTable(rows=[{"method": "grad_rollout", "chefer_positive_auc": 0.2, "mass_ratio": 1.5}],
+                            n_images=2, protocols={"perturbation": "chefer2021, signed"})
+    page = attribution_section(table, {"attributions": go.Figure()})
+    assert "gradient rollout" in page and "positive perturbation AUC" in page and "mass ratio (1: uniform)" in page
+    assert "Perturbation: chefer2021, signed" in page
+    assert "chefer_positive_auc" not in page and "grad_rollout" not in page and "mass_ratio" not in page

@@ -20,7 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import figures
-from ..attribution.metrics import METRIC_TABLE
+from ..attribution.metrics import METRIC_TABLE, metric_label
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
@@ -312,7 +312,8 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {counted(table.n_images, 'image')}; {html.escape(about)}.</p>"
             + (f"<p class='muted'>Protocols (protocol, ordering): "
-               f"{html.escape('; '.join(f'{k}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}.</p>"
+               f"{html.escape('; '.join(f'{metric_label(k)}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}"
+               ".</p>"
                if getattr(table, "protocols", None) else "")
             + html_table(fmt_rows) + figure_html(figs["attributions"])
             + "".join(figure_html(figs[mt.name]) for mt in scored if mt.name in figs)
