@@ -72,6 +72,8 @@ def model_colours(names: Sequence[str], weights: Sequence[str] | None = None) ->
     for place, i in enumerate(order):
         colours[i] = PALETTE[place % len(PALETTE)]
     return colours
+
+
 #: one colour per attribution method, indexed by the method's place in the registry
 #: (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour, the same one in
 #: every figure. A qualitative palette of distinct hues (Tableau 10, then darker Tableau 20b/c hues), placed so the

@@ -85,7 +85,8 @@ class Metric:
         title: the heading of its figure.
         label: its short name, for a button or a legend ("Perturbation"); ``title`` is the long one.
         column_labels: each of its columns (``columns``' keys) as a person reads it ("positive perturbation
-            AUC"; which way is better is ``about``'s); a column without one reads as its name with spaces (``column_label``).
+            AUC"; which way is better is ``about``'s); a column without one reads as its name with spaces
+            (``column_label``).
     """
 
     name: str
@@ -149,8 +150,7 @@ METRIC_TABLE: dict[str, Metric] = {mt.name: mt for mt in (
            "as the tokens the map ranks first are removed / put back)",
            default=True, published=PUBLISHED["deletion_insertion"], cost="2 x (steps + 1) forwards per image",
            title="Deletion and insertion", label="Deletion/insertion",
-           column_labels={"deletion_auc": "deletion AUC",
-                          "insertion_auc": "insertion AUC"}),
+           column_labels={"deletion_auc": "deletion AUC", "insertion_auc": "insertion AUC"}),
     Metric("perturbation", _perturbation,
            lambda r: {"chefer_positive_auc": float(r.positive_auc.mean()),
                       "chefer_negative_auc": float(r.negative_auc.mean())},
