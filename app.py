@@ -23,8 +23,8 @@ from vitlens import figures
 from vitlens.attribution import METHOD_TABLE, ComparisonTable, compare_methods
 from vitlens.attribution.faithfulness import timing_note
 from vitlens.attribution.methods import methods_for, preselected_methods
-from vitlens.attribution.metrics import METRIC_TABLE, default_metrics
-from vitlens.attribution.sanity import sanity_table
+from vitlens.attribution.metrics import METRIC_TABLE, default_metrics, metric_label
+from vitlens.attribution.sanity import sanity_table, verdict_rule
 from vitlens.attribution.text import has_text_tower
 from vitlens.uploads import UploadFolder
 from vitlens.images import APP_MAX_SIDE_PX, MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
@@ -586,9 +586,13 @@ def render_attributions(ctx: Context) -> None:
     shown = [k for k in metrics if k in figs]  # each chosen metric's curves, drawn from its METRIC_TABLE entry
     for k in shown:
         st.plotly_chart(figs[k], key=f"metric-fig-{k}")
-    whole_table(round_significant(table.to_pandas()))
+    import pandas as pd
+
+    whole_table(round_significant(pd.DataFrame(table.readable_rows())))  # labels; the CSV keeps the identifiers
     st.caption(timing_note()[:1].upper() + timing_note()[1:] + ".")  # what the two time columns time
-    st.caption("Protocols (protocol, ordering): " + "; ".join(f"{k}: {v}" for k, v in table.protocols.items()))
+    if table.protocols:  # no metric chosen: no protocol to name
+        st.caption("Protocols (protocol, ordering): " + "; ".join(f"{metric_label(k)}: {v}"
+                                                                   for k, v in table.protocols.items()))
     if not text:
         from vitlens.attribution.lrp_ledger import lrp_methods
 
@@ -600,7 +604,7 @@ def render_attributions(ctx: Context) -> None:
                             "application/json", on_click="ignore")
     figure_download(cols[2], figs["attributions"], "attributions", "Maps")
     for col, k in zip(cols[3:], shown):
-        figure_download(col, figs[k], k, METRIC_TABLE[k].title or k)
+        figure_download(col, figs[k], k, metric_label(k))  # the short name: the title was cut in a narrow column
     if text:
         st.caption(NO_TEXT_SANITY)
     elif st.toggle("Sanity check: randomise the weights from the top block down", key="sanity"):
@@ -669,7 +673,10 @@ def render_sanity(ctx: Context, methods: list[str], target: int | None) -> None:
                "original map (Spearman on |maps| and on signed maps, SSIM). A map that barely changes when the "
                "weights are random cannot be explaining the model.")
     st.plotly_chart(figures.sanity_figure(table.results), key="sanity-fig")
-    whole_table(round_significant(table.to_pandas()))
+    st.caption(verdict_rule(table.results[0].threshold))  # the report's words for the same rule
+    import pandas as pd
+
+    whole_table(round_significant(pd.DataFrame(table.readable_rows())))
 
 
 def render_compare(ctx: Context) -> None:

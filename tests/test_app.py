@@ -149,11 +149,13 @@ def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
     app.selectbox(key="target").set_value("star").run()
     assert problems(app) == [] and not app.error
     table = app.dataframe[0].value
-    assert list(table["method"]) == ["rollout", "occlusion"] and "mass_in_mask" in table.columns
+    # issue 45: the methods and columns by their registries' labels, not identifiers
+    assert list(table["method"]) == ["attention rollout", "occlusion"] and "mass in mask" in table.columns
+    assert not [c for c in table.columns if "_" in c]
     # issue 29 item 13: the method column is as wide as its longest name at 8 px a character, and the table
     # is as tall as its rows (height="content": no scroll box of ten rows)
     width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
-    assert width >= 8 * len("occlusion") and asked and asked[-1].get("height") == "content"  # every row shown
+    assert width >= 8 * len("attention rollout") and asked and asked[-1].get("height") == "content"  # every row shown
     from vitlens.attribution.metrics import default_metrics
 
     # maps side by side, then each default metric's curves (deletion/insertion, perturbation)
@@ -168,8 +170,8 @@ def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
     from vitlens.results import significant
 
     for shown, row in zip(table.to_dict("records"), want.rows):  # three significant digits, not decimals
-        assert shown["deletion_auc"] == pytest.approx(float(significant(row["deletion_auc"])), abs=1e-12)
-        assert shown["mass_in_mask"] == pytest.approx(float(significant(row["mass_in_mask"])), abs=1e-12)
+        assert shown["deletion AUC"] == pytest.approx(float(significant(row["deletion_auc"])), abs=1e-12)
+        assert shown["mass in mask"] == pytest.approx(float(significant(row["mass_in_mask"])), abs=1e-12)
 
 
 def test_hybrid_filters_say_they_show_the_stem_convolution(app):
@@ -428,8 +430,12 @@ def test_attributions_and_compare_offer_their_figures(app):
     kind = "(PNG)" if shutil.which("chromium") else "(HTML)"
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["rollout"]).run()
-    assert problems(app) == [] and {f"Maps {kind}", f"Deletion and insertion {kind}",
-                                    f"Positive and negative perturbation {kind}"} <= set(download_labels(app))
+    # the metrics' short names (issue 45: "Positive and negative pert..." was cut in its narrow column)
+    assert problems(app) == [] and {f"Maps {kind}", f"Deletion/insertion {kind}",
+                                    f"Perturbation {kind}"} <= set(download_labels(app))
+    # no metric chosen: no curves, and no empty "Protocols" caption left behind
+    app.multiselect(key="metrics").set_value([]).run()
+    assert problems(app) == [] and not [c for c in app.caption if c.value.startswith("Protocols")]
     app.session_state["n-cmp"] = 4  # the fewest images CKA takes
     app.radio(key="view").set_value("Compare").run()
     assert problems(app) == []
@@ -780,7 +786,11 @@ def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
     app.toggle(key="sanity").set_value(True).run()
     assert problems(app) == [] and not app.error
     table = app.dataframe[1].value
-    assert list(table["method"]) == ["rollout", "gradcam"] and "verdict" in table.columns
+    assert list(table["method"]) == ["attention rollout", "Grad-CAM"] and "verdict" in table.columns
+    # issue 45: the app says the rule the report says, once, with the verdicts it gives
+    from vitlens.attribution.sanity import verdict_rule
+
+    assert [c.value for c in app.caption].count(verdict_rule(0.5)) == 1
     from vitlens.attribution.metrics import default_metrics
 
     assert len(app.get("plotly_chart")) == 2 + len(default_metrics())  # maps, each metric's curves, the cascade
@@ -792,7 +802,9 @@ def test_attributions_view_runs_the_sanity_check_of_the_chosen_methods(app):
     scene = generate(1, seed=HELD_OUT_SEED)
     want = sanity_table(vl.load_model("ref-vit", device="cpu"), list(scene.images), methods=["rollout", "gradcam"])
     for shown, row in zip(table.to_dict("records"), want.to_rows()):
-        assert shown["spearman_abs"] == pytest.approx(float(significant(row["spearman_abs"])), abs=1e-12)
+        assert shown["Spearman |maps|, all randomised"] == pytest.approx(float(significant(row["spearman_abs"])),
+                                                                         abs=1e-12)
+        assert shown["verdict"] == row["verdict"]
 
 
 def test_the_current_image_box_names_the_image_shown_across_image_sets(app):
@@ -906,7 +918,7 @@ def test_attributions_view_shows_attnlrps_ledger_and_the_protocols(app):
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["attnlrp"]).run()
     assert problems(app) == [] and not app.error
-    assert any("deletion_insertion: vitlens, signed" in c.value for c in app.caption)
+    assert any("Deletion/insertion: vitlens, signed" in c.value for c in app.caption)
     shown = app.dataframe[1].value
     assert list(shown["entry"])[:5] == ["input pixels", "position table", "prefix tokens", "biases",
                                         "softmax (absorbed)"]
@@ -938,7 +950,7 @@ def test_a_method_registered_by_the_test_is_offered_preselected_and_scored(monke
     assert "test_brightness" in picker.options and "test_brightness" in picker.value
     picker.set_value(["test_brightness"]).run()
     assert problems(at) == [] and [e.value for e in at.error] == []
-    assert list(at.dataframe[0].value["method"]) == ["test_brightness"]
+    assert list(at.dataframe[0].value["method"]) == ["test brightness"]  # no label given: the name, spaced
 
 
 def test_an_attnlrp_variant_chosen_in_the_app_gets_its_own_ledger(app):

@@ -66,8 +66,9 @@ def test_overlays_put_image_row_0_at_the_top(build):
         fig = figures.rollout_figure(r, image)
     img, heat = fig.data[0], fig.data[1]
     assert isinstance(img, go.Image) and np.asarray(img.z)[0, 0].tolist() == [255, 255, 255]
-    up = np.asarray(heat.z)
-    assert up.shape == (32, 48) and up[:16, 32:].mean() > up[16:, :16].mean()  # hot corner at the top right
+    z = np.asarray(heat.z)
+    assert z.shape == (2, 3) and z[0, 2] == 1.0  # one cell per token, z row 0 = patch row 0
+    assert heat.y0 == 16 / 2 - 0.5 and heat.dy == 16 and heat.x0 == 16 / 2 - 0.5 and heat.dx == 16  # on its pixels
     for axis in [a for name, a in fig.layout.to_plotly_json().items() if name.startswith("yaxis")]:
         assert axis.get("autorange") == "reversed"
 
@@ -176,3 +177,179 @@ def test_the_deletion_insertion_legend_gives_both_aucs_and_every_method_its_own_
         assert t.name.endswith(f"(AUC deletion {dele}, insertion {ins})"), t.name
     # a method keeps its colour in every figure, whatever else is drawn beside it
     assert figures.faithfulness_figure(results[3:4]).data[0].line.color == legend[3].line.color
+
+
+# ---------------------------------------------------------------- issue 45, item 3: tokens drawn as tokens
+def rollout_of(values: np.ndarray) -> vl.RolloutResult:
+    return vl.RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
+                            grid=values.shape, image_size=(64, 64), head_fusion="mean", discard_ratio=0.0,
+                            source_token="class token")
+
+
+def test_a_rollout_normalised_to_1_is_drawn_with_its_peak_at_1_one_cell_per_token():
+    """Issue 45: the 8x8 rollout ÷ max was upsampled bilinearly to 64 px, so the drawn peak was 0.916 and the colour
+    bar stopped there; jet drew false edges. Now the cells are the tokens' own values, the bar from 0 to the max."""
+    rng = np.random.default_rng(0)
+    values = rng.random((8, 8)) * 0.5
+    values[3, 4] = 1.0  # an isolated peak, which bilinear smoothing pulled down
+    image = np.zeros((64, 64, 3), np.uint8)
+    for fig in (figures.rollout_figure(rollout_of(values), image),
+                figures.rollout_grid_figure(rollout_of(values), [image])):
+        heat = fig.data[1]
+        np.testing.assert_array_equal(np.asarray(heat.z), values)  # no resampling
+        assert heat.zsmooth is False or heat.zsmooth == "False" or not heat.zsmooth
+        scale = heat if heat.coloraxis is None else fig.layout.coloraxis
+        lo, hi = (scale.zmin, scale.zmax) if heat.coloraxis is None else (scale.cmin, scale.cmax)
+        assert (lo, hi) == (0.0, 1.0)
+        names = [c[1].lower() for c in scale.colorscale]
+        assert names == [c[1].lower() for c in go.Heatmap(colorscale="Viridis").colorscale]  # perceptually uniform
+
+
+def test_the_colour_range_spans_the_data_from_0_or_below():
+    assert figures.colour_range([np.array([[0.2, 0.7]]), np.array([[0.5, 0.9]])]) == (0.0, 0.9)
+    assert figures.colour_range([np.array([[-0.3, 0.4]])]) == (-0.3, 0.4)
+    heads = figures.heads_figure(np.zeros((32, 32, 3), np.uint8), np.random.default_rng(1).random((3, 4, 4)), 0,
+                                 "the class token")
+    assert (heads.layout.coloraxis.cmin, heads.layout.coloraxis.cmax) == (0.0, 1.0)  # each head ÷ its max
+    one = figures.head_figure(np.zeros((32, 32, 3), np.uint8), np.full((2, 4, 4), 0.0625), 0, 1, "the class token")
+    assert (one.data[1].zmin, one.data[1].zmax) == (0.0, 0.0625)  # the weights as they are: the max is the max
+
+
+# ---------------------------------------------------------------- issue 45, item 4: a model keeps its colour
+def survey_of(models: list[tuple[str, str]], classes: tuple[str, ...] = ()) -> "SurveyResult":
+    """A hand-built survey table: 2 layers x 2 heads per model (and per-class rows given classes)."""
+    import pandas as pd
+
+    from vitlens.survey.store import SurveyResult
+
+    rows = []
+    for k, (model, weights) in enumerate(models):
+        for layer in (1, 2):
+            for head in (1, 2):
+                rows.append(dict(model=model, weights=weights, layer=layer, head=head, metric="mean_distance_width",
+                                 value=0.1 * layer + 0.01 * head + 0.001 * k, **{"class": None}))
+        for c, name in enumerate(classes):
+            rows.append(dict(model=model, weights=weights, layer=None, head=None, metric="mean_distance_width",
+                             value=0.45 + 0.05 * c, **{"class": name}))
+    manifest = {"models": {f"m{k}": {"name": m, "weights": w, "status": "done",
+                                     "spec": {"kind": "hybrid" if "hybrid" in m else "vit"}}
+                           for k, (m, w) in enumerate(models)}, "source": {}}
+    return SurveyResult(path=None, table=pd.DataFrame(rows), manifest=manifest)
+
+
+@pytest.mark.parametrize("order", [("ref-vit", "ref-hybrid"), ("ref-hybrid", "ref-vit")])
+def test_a_model_keeps_its_colour_in_compare_and_survey_figures_whatever_the_order(order):
+    """Issue 45: compare.html drew ref-vit blue and ref-hybrid red; the survey (sorted by name) and the app's Compare
+    with the hybrid picked first swapped them."""
+    from vitlens.report.survey import depth_figure, layer1_figure
+
+    blue, red = figures.PALETTE[:2]
+    want = {"ref-vit": blue, "ref-hybrid": red}
+    fig = figures.distance_figure([distance(name=n) for n in order], names=list(order))
+    markers = {t.name: t.marker.color for t in fig.data if t.mode == "markers"}
+    assert markers == want
+    depth = figures.depth_distance_figure([distance(name=n) for n in order], names=list(order))
+    assert {t.name: t.marker.color for t in depth.data if t.mode == "markers"} == want
+    survey = survey_of([(n, "embedded") for n in order])
+    assert {t.name.split(" (")[0]: t.line.color for t in depth_figure(survey).data} == want
+    assert {t.name.split(" (")[0]: t.marker.color for t in layer1_figure(survey).data} == want
+
+
+def test_model_colours_are_by_a_stable_rule_presets_first_then_names():
+    assert figures.model_colours(["b", "a", "ref-hybrid"]) == [figures.PALETTE[2], figures.PALETTE[1],
+                                                                figures.PALETTE[0]]
+    # one model's two runs: told apart by their weights, whatever their order
+    one = figures.model_colours(["x", "x"], ["random init", "pretrained"])
+    assert one == figures.model_colours(["x", "x"], ["pretrained", "random init"])[::-1] and len(set(one)) == 2
+
+
+# ---------------------------------------------------------------- issue 45, item 15: the per-class scale
+def test_the_survey_per_class_scale_starts_at_0_and_says_its_range():
+    """Issue 45: a colour range of 0.45-0.50 image widths made 0.05 look like yellow against dark purple."""
+    from vitlens.report.survey import class_figure
+
+    fig = class_figure(survey_of([("ref-vit", "embedded")], classes=("circle", "square")))
+    heat = fig.data[0]
+    assert heat.zmin == 0.0 and heat.zmax == pytest.approx(0.5)
+    assert "0.450-0.500" in fig.layout.title.text and "from 0 to 0.500" in fig.layout.title.text
+
+
+# ---------------------------------------------------------------- issue 45, item 10: Fig. 7 centre labelled
+def test_the_mosaic_axes_name_the_input_patch_and_the_tile_has_a_colour_bar_title():
+    res = one_hot_similarity(grid=(3, 7))
+    fig = figures.position_figure(res)
+    assert fig.layout.xaxis.title.text.startswith("input patch column")
+    assert fig.layout.yaxis.title.text.startswith("input patch row")
+    assert fig.layout.xaxis.visible is not False and fig.layout.yaxis.visible is not False
+    # a tick at each tile's centre: tile column c sits at c * (gw + 1) + (gw - 1) / 2 of the mosaic
+    assert list(fig.layout.xaxis.tickvals) == [c * 8 + 3 for c in range(7)] and list(fig.layout.xaxis.ticktext) == [
+        str(c) for c in range(7)]
+    assert list(fig.layout.yaxis.tickvals) == [r * 4 + 1 for r in range(3)]
+    tile = figures.similarity_tile_figure(res, 1, 6)
+    assert tile.data[0].colorbar.title.text == "cosine"
+
+
+# ---------------------------------------------------------------- issue 45, item 11: readable attribution figures
+def hue(colour: str) -> float:
+    import colorsys
+
+    r, g, b = (int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5))
+    return 360 * colorsys.rgb_to_hsv(r, g, b)[0]
+
+
+def test_the_methods_shown_together_have_distinct_hues():
+    """Issue 45: gradient rollout (pink) and saliency (red) were hard to tell apart."""
+    from vitlens.attribution.methods import METHODS, preselected_methods
+
+    together = [*preselected_methods(), "attnlrp"]
+    hues = [hue(figures.method_colour(m)) for m in together]
+    for i in range(len(hues)):
+        for j in range(i):
+            gap = abs(hues[i] - hues[j]) % 360
+            assert min(gap, 360 - gap) >= 60, (together[i], together[j])
+    assert len({figures.method_colour(m) for m in METHODS}) == len(METHODS)
+
+
+def test_figures_and_tables_read_labels_from_the_registries():
+    """Issue 45: legends and column names were raw identifiers (chefer_positive_auc, mass_ratio)."""
+    from vitlens.attribution import METHOD_TABLE, METRIC_TABLE, ComparisonTable
+    from vitlens.attribution.perturbation import PerturbationResult
+
+    assert all(mt.label for mt in METHOD_TABLE.values())  # a label per entry
+    assert all(mt.label and set(mt.column_labels) for mt in METRIC_TABLE.values())
+    rng = np.random.default_rng(0)
+    results = [PerturbationResult(method=m, fractions=np.linspace(0, 0.9, 4), positive=rng.random((2, 4)),
+                                  negative=rng.random((2, 4)), positive_auc=np.array([0.2, 0.3]),
+                                  negative_auc=np.array([0.5, 0.6]), score="probability")
+               for m in ("grad_rollout", "saliency")]
+    fig = figures.metric_figure(METRIC_TABLE["perturbation"], results)
+    legend = [t.name for t in fig.data if t.showlegend]
+    assert legend[0].startswith("gradient rollout (positive perturbation AUC 0.25, negative perturbation AUC 0.55")
+    assert not any("_" in name for name in legend)
+    assert fig.layout.yaxis2.matches == "y"  # one y range across the metric's panels, titled once
+    assert fig.layout.yaxis.title.text == "target-class probability" and fig.layout.yaxis2.title.text is None
+    table = ComparisonTable(rows=[{"method": "grad_rollout", "chefer_positive_auc": 0.2, "deletion_auc": 0.1,
+                                   "seconds_per_image": 0.5, "mass_ratio": 1.5, "pointing_game": 1.0}], n_images=2)
+    (row,) = table.readable_rows()
+    assert row == {"method": "gradient rollout", "positive perturbation AUC": 0.2, "deletion AUC": 0.1,
+                   "seconds per image": 0.5, "mass ratio (1: uniform)": 1.5, "pointing game": 1.0}
+    assert table.to_rows()[0]["chefer_positive_auc"] == 0.2  # the CSV and JSON keep the identifiers
+    maps = figures.attribution_figure([vl.AttributionResult(method="grad_rollout", maps=np.ones((1, 2, 2)),
+                                                            targets=np.array([0]), grid=(2, 2), image_size=(8, 8),
+                                                            seconds_per_image=0.0)],
+                                      np.zeros((8, 8, 3), np.uint8))
+    assert maps.layout.annotations[0].text == "gradient rollout"
+
+
+def test_the_reports_attribution_table_reads_labels_too():
+    import plotly.graph_objects as go
+
+    from vitlens.attribution import ComparisonTable
+    from vitlens.report.html import attribution_section
+
+    table = ComparisonTable(rows=[{"method": "grad_rollout", "chefer_positive_auc": 0.2, "mass_ratio": 1.5}],
+                            n_images=2, protocols={"perturbation": "chefer2021, signed"})
+    page = attribution_section(table, {"attributions": go.Figure()})
+    assert "gradient rollout" in page and "positive perturbation AUC" in page and "mass ratio (1: uniform)" in page
+    assert "Perturbation: chefer2021, signed" in page
+    assert "chefer_positive_auc" not in page and "grad_rollout" not in page and "mass_ratio" not in page

@@ -109,7 +109,9 @@ def test_rollout_figure_overlays_the_map_on_the_image(analysis):
     image = np.zeros((224, 224, 3), np.uint8)
     fig = figures.rollout_figure(analysis.rollout, image, index=1, opacity=0.4)
     assert isinstance(fig.data[0], go.Image) and isinstance(fig.data[1], go.Heatmap)
-    assert fig.data[1].z.shape == (224, 224) and fig.data[1].opacity == 0.4
+    # one cell per token over the token's 16 x 16 pixels (issue 45: tokens drawn as tokens)
+    assert fig.data[1].z.shape == (14, 14) and fig.data[1].opacity == 0.4 and fig.data[1].dx == 16
+    np.testing.assert_array_equal(fig.data[1].z, analysis.rollout.maps[1])
 
 
 def test_upsampling_keeps_a_constant_map_constant():

@@ -113,13 +113,17 @@ def test_a_map_of_the_input_alone_barely_changes(ref_vit, monkeypatch):
     assert r.maps.shape == (len(r.steps) + 1, 3, 8, 8)
 
 
-def test_saliency_depends_on_the_weights_and_the_users_model_is_unchanged(ref_vit, tmp_path):
+def test_saliency_decorrelates_at_the_bottom_of_ref_vit_and_the_users_model_is_unchanged(ref_vit, tmp_path):
     state = {k: v.clone() for k, v in ref_vit.model.state_dict().items()}
     x = scenes(4)
     r = sanity_check(ref_vit, x, method="saliency", seed=1)
     assert all(torch.equal(v, state[k]) for k, v in ref_vit.model.state_dict().items())
     assert np.all(r.targets == vl.attribute(ref_vit, x, method="saliency").targets)  # targets fixed to the original's
-    assert r.final()["spearman_abs"] < 0.5 and "depends on the weights" in r.verdict()
+    # on ref-vit saliency keeps 0.75-0.77 after the head and the top blocks: it survives them (issue 45, item 2)
+    first = r.first_decorrelated()
+    assert r.final()["spearman_abs"] < 0.5 and first is not None and first >= 1
+    assert r.verdict_word() == sanity.verdict_of(r.step_means(), r.steps)
+    assert r.verdict_word().startswith("survives the head")
     assert r.spearman_abs.shape == (4, 8) and len(r.to_rows()) == 8
     assert vl.load_result(r.save(tmp_path / "s.npz")).equals(r)
 
@@ -148,36 +152,93 @@ def test_sanity_table_puts_methods_side_by_side_and_has_a_figure(ref_vit, monkey
         sanity_table(ref_vit, scenes(1), methods=["nope"])
 
 
-def test_the_verdict_reads_the_cascade_rollout_ignores_the_head_saliency_does_not(ref_vit):
-    """Adebayo et al. read Fig. 2 step by step: rollout reads attention only, so randomising the head leaves it exactly
-    as it was (Spearman 1 by construction) and it is flagged (on ref-vit it also survives blocks 5 and 4); saliency's
-    gradient runs through the head, so randomising the head alone already moves it below 0.9 and it is not flagged,
-    though on ref-vit it decorrelates (< 0.5) only further down."""
-    t = sanity_table(ref_vit, scenes(4), methods=["rollout", "saliency"], seed=0)
-    rollout, saliency = t.results
+def test_the_verdict_reads_the_cascade_one_rule_for_rollout_saliency_and_grad_rollout(ref_vit):
+    """Adebayo et al. read Fig. 2 step by step, with one cutoff: rollout reads attention only, so randomising the head
+    leaves it exactly as it was (Spearman 1 by construction), and saliency keeps ~0.76 after the head on ref-vit:
+    both survive the head (the issue: saliency read "depends on the weights" beside grad rollout, which falls below
+    0.5 at the head, because a second cutoff of 0.9 the figure did not draw split them)."""
+    t = sanity_table(ref_vit, scenes(4), methods=["rollout", "saliency", "grad_rollout"], seed=0)
+    rollout, saliency, grad = t.results
     np.testing.assert_allclose(rollout.spearman_abs[:, 0], 1.0)
-    assert rollout.insensitive_to()[0] == "head" and rollout.verdict_word().startswith("ignores the head")
-    assert "still >= 0.9 after randomising head (1)" in rollout.verdict()
-    assert rollout.first_decorrelated() is not None and rollout.first_decorrelated() >= 1
-    assert saliency.step_means()[0] < 0.9 and saliency.first_decorrelated() is not None
-    assert saliency.insensitive_to() == [] and saliency.verdict_word() == "depends on the weights"
-    first = saliency.first_decorrelated()
-    assert f"first decorrelates at step {first + 1} of 8, {saliency.steps[first]}" in saliency.verdict()
+    for r in (rollout, saliency):
+        first = r.first_decorrelated()
+        assert first is not None and first >= 1 and r.verdict_word().startswith("survives the head")
+        assert r.survives() == r.step_labels()[:first] and r.survives()[0] == "head"
+        assert f"first decorrelates at step {first + 1} of 8, {r.step_labels()[first]}" in r.verdict()
+        assert "still >= 0.5 after randomising head (" in r.verdict()
+    if grad.step_means()[0] < 0.5:  # grad rollout's gradient runs through the head
+        assert grad.verdict_word() == "depends on the weights" and grad.survives() == []
     rows = t.to_rows()
-    assert rows[0]["ignores"].startswith("head") and rows[0]["verdict"] == rollout.verdict_word()
-    assert rows[1]["first_decorrelated"] == saliency.steps[first] and rows[1]["ignores"] == ""
+    assert rows[0]["survives"].startswith("head") and rows[0]["verdict"] == rollout.verdict_word()
+    assert rows[1]["first_decorrelated"] == saliency.step_labels()[saliency.first_decorrelated()]
+
+
+def result_of(curve, steps=("head", "blocks.1", "blocks.0"), method="m"):
+    """A hand-set result: the same Spearman curve for 2 images."""
+    a = np.tile(np.asarray(curve, dtype=np.float64), (2, 1))
+    return sanity.SanityResult(method=method, steps=list(steps), parameters=[[] for _ in steps], spearman_abs=a,
+                               spearman=a, ssim=a, maps=np.zeros((len(steps) + 1, 2, 3, 3)),
+                               targets=np.zeros(2, dtype=np.int64))
 
 
 def test_the_verdict_of_hand_set_similarities():
-    """Known answers from hand-set Spearman curves (3 steps, 2 images)."""
-    def result(curve):
-        a = np.tile(np.asarray(curve, dtype=np.float64), (2, 1))
-        return sanity.SanityResult(method="m", steps=["head", "blocks.1", "blocks.0"], parameters=[[], [], []],
-                                   spearman_abs=a, spearman=a, ssim=a, maps=np.zeros((4, 2, 3, 3)),
-                                   targets=np.zeros(2, dtype=np.int64))
+    """Known answers from hand-set Spearman curves (3 steps, 2 images): the one cutoff of 0.5."""
+    assert result_of([0.95, 0.92, 0.2]).verdict_word() == "survives the head and 1 top block"
+    assert result_of([0.95, 0.92, 0.2]).first_decorrelated() == 2
+    assert result_of([0.6, 0.2, 0.1]).verdict_word() == "survives the head"
+    assert result_of([0.95, 0.6, 0.55]).verdict_word() == "barely changes"
+    assert result_of([0.4, 0.6, 0.1]).verdict_word() == "depends on the weights"
+    assert result_of([0.4, 0.6, 0.1]).survives() == []
+    assert result_of([0.7, 0.2], steps=("blocks.1", "blocks.0")).verdict_word() == "survives 1 top block"
+    assert result_of([np.nan, np.nan, np.nan]).verdict_word() == "undefined"
 
-    assert result([0.95, 0.92, 0.2]).verdict_word() == "ignores the head and 1 top block"
-    assert result([0.95, 0.92, 0.2]).first_decorrelated() == 2
-    assert result([0.95, 0.6, 0.55]).verdict_word() == "barely changes"
-    assert result([0.7, 0.4, 0.1]).verdict_word() == "depends on the weights"
-    assert result([0.7, 0.4, 0.1]).insensitive_to() == []
+
+def test_equal_curves_get_equal_verdicts_and_a_verdict_changes_only_at_the_drawn_cutoff():
+    """Issue 45, item 2: saliency at 0.86-0.75 down to block 2 read "depends on the weights" while rollout with a
+    like curve read "ignores the head and 2 top blocks" (a 0.9 cutoff split them). One rule: curves on the same side
+    of the one cutoff at every step get the same verdict, whatever the method."""
+    saliency_like = [0.86, 0.8, 0.78, 0.75, 0.76, 0.55, 0.3, 0.2]
+    rollout_like = [1.0, 0.95, 0.92, 0.7, 0.6, 0.52, 0.35, 0.25]
+    steps = ["head", *[f"blocks.{i}" for i in range(5, -1, -1)], "embedding"][:8]
+    a, b = result_of(saliency_like, steps, "saliency"), result_of(rollout_like, steps, "rollout")
+    assert a.verdict_word() == b.verdict_word() == "survives the head and 5 top blocks"
+    assert result_of(saliency_like, steps, "grad_rollout").verdict_word() == a.verdict_word()
+    assert result_of([0.4, *saliency_like[1:]], steps).verdict_word() == "depends on the weights"
+    # the numbers name blocks from 1: blocks.5 of six is block 6
+    assert a.step_labels() == ["head", "block 6", "block 5", "block 4", "block 3", "block 2", "block 1", "embedding"]
+    assert [row["randomised"] for row in a.to_rows()][:2] == ["head", "block 6"]
+    assert [row["module"] for row in a.to_rows()][:2] == ["head", "blocks.5"]
+    assert "block 1 (mean Spearman of |maps| 0.3 < 0.5)" in a.verdict()
+
+
+def test_the_figure_draws_the_verdicts_cutoff_where_it_is_read_and_the_rule_is_said_once():
+    from vitlens.figures import sanity_figure
+
+    r = result_of([0.86, 0.8, 0.2])
+    fig = sanity_figure([r])
+    lines = [sh for sh in fig.layout.shapes if sh.type == "line"]
+    assert len(lines) == 1 and lines[0].y0 == lines[0].y1 == r.threshold and lines[0].xref == "x domain"
+    assert any("cutoff 0.5" in (an.text or "") for an in fig.layout.annotations)
+    assert list(fig.data[0].x) == ["original", "head", "block 2", "block 1"]
+    assert fig.data[0].name.endswith(": survives the head and 1 top block")
+    rule = sanity.verdict_rule(0.5)
+    assert "0.5" in rule and "0.9" not in rule and "survives the head" in rule and "depends on the weights" in rule
+    assert not hasattr(sanity, "INSENSITIVE")  # the second cutoff is gone
+
+
+def test_the_report_says_the_same_rule_and_draws_the_same_figure():
+    """Issue 45: the report explained two cutoffs the app did not; now both print ``verdict_rule`` and the report
+    draws the sanity figure with its cutoff; its table reads labels (blocks from 1), not identifiers."""
+    import html
+    from types import SimpleNamespace
+
+    from vitlens.report.html import sanity_section
+
+    steps = ["head", "blocks.1", "blocks.0", "embedding"]
+    table = sanity.SanityTable(results=[result_of([0.8, 0.7, 0.2, 0.1], steps, "saliency"),
+                                        result_of([0.3, 0.2, 0.1, 0.1], steps, "grad_rollout")])
+    page = sanity_section(SimpleNamespace(sanity=table))
+    assert html.escape(sanity.verdict_rule(0.5)) in page and "0.9" not in page.split("<div", 1)[0]
+    assert "verdict cutoff 0.5" in page and "gradient rollout" in page  # the figure, with its legend's labels
+    assert "survives the head and 1 top block" in page and "depends on the weights" in page
+    assert "first below the cutoff at" in page and "block 1" in page and "first_decorrelated" not in page

@@ -566,6 +566,8 @@ def test_the_hugging_face_position_view_is_the_bias_each_window_attention_adds(b
                             part.bias.zero_()
     m = vl.LoadedModel.from_module(model, name="hf")
     view = relative_position_bias(m)
+    # where each block's bias was read, counted from 1 as the app's Block slider (issue 45, item 12)
+    assert view.sources[0].startswith("stage 1, block 1 (") and "stage 0" not in " ".join(view.sources)
     maps = window_maps(m, torch.randn(1, 3, *m.spec.image_size))
     checked = 0
     for layer, g in enumerate(model_windows(m)):
@@ -581,3 +583,17 @@ def test_the_hugging_face_position_view_is_the_bias_each_window_attention_adds(b
         np.testing.assert_allclose(seen, by_view - by_view.mean(-1, keepdims=True), atol=2e-5)
         checked += 1
     assert checked >= 2
+
+
+def test_the_position_views_sources_count_blocks_from_1_and_name_the_module():
+    """Issue 45, item 12: the caption read "stage 0 block 0" beside the app's slider at "Block 1"."""
+    import timm
+
+    from vitlens.views.relpos import relative_position_bias
+
+    torch.manual_seed(0)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, embed_dim=16, depths=(1, 1),
+                              num_heads=(2, 2), num_classes=3, img_size=32, window_size=4).eval()
+    view = relative_position_bias(vl.LoadedModel.from_module(model, name="swin"))
+    assert view.sources[0].startswith("stage 1, block 1 (layers.0.blocks.0): ")
+    assert view.sources[1].startswith("stage 2, block 2 (layers.1.blocks.0): ")

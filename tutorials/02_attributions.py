@@ -44,11 +44,15 @@ figures.attribution_figure([results[n] for n in ("rollout", "grad_rollout", "sal
 # Adebayo et al. (2018): re-initialise the model's weights from the top down (head, last block, ...,
 # embedding, on a copy of the model) and recompute the map at each step. A map that explains the
 # model should change when the weights it depends on are gone; one that barely changes is showing
-# the image (or the architecture), not what the model learned. The verdict compares the Spearman
-# correlation with the original map to a threshold.
+# the image (or the architecture), not what the model learned. The verdict is one rule for every
+# method, the same the app and the report print (`vitlens.attribution.sanity.verdict_rule`), and its
+# one cutoff is the dotted line on the figure's left panel:
 
 # %%
+from vitlens.attribution.sanity import verdict_rule
+
 table = vl.sanity_table(m, images[:3], methods=["rollout", "grad_rollout", "saliency", "attnlrp"])
+print(verdict_rule(table.results[0].threshold))
 print(table)
 for result in table.results:
     print(result.verdict())

@@ -11,7 +11,9 @@
   cascading randomisation (Fig. 2).
 - ``metric_figure``: any perturbation metric of ``METRIC_TABLE``, drawn from its entry's ``curves``.
 
-Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown.
+Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
+is drawn as tokens (one flat cell per token, ``token_heatmap``) on a perceptually uniform scale from 0 to the
+data's maximum (``colour_range``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .core.resample import upsample_map  # re-exported: figures draw with the numeric resampling
+from .core.resample import upsample_map  # noqa: F401  re-exported where it was; the figures draw tokens as tokens
 from .errors import InvalidParameterError
 from .results import significant
 from .views.distance import AttentionDistanceResult, uniform_distance
@@ -45,12 +47,42 @@ if TYPE_CHECKING:  # figures take typed results; these modules import figures la
     from .compare.heads import HeadImportanceResult
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-#: one colour per attribution method (Plotly's Dark24, 24 distinct hues), indexed by the method's place in
-#: the registry (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour,
-#: the same one in every figure; none is a placeholder Streamlit's chart theme swaps (#0000xx)
-METHOD_PALETTE = ("#2E91E5", "#E15F99", "#1CA71C", "#FB0D0D", "#DA16FF", "#222A2A", "#B68100", "#750D86",
-                  "#EB663B", "#511CFB", "#00A08B", "#FB00D1", "#FC0080", "#B2828D", "#6C7C32", "#778AAE",
-                  "#862A16", "#A777F1", "#620042", "#1616A7", "#DA60CA", "#6C4516", "#0D2A63", "#AF0038")
+
+
+def model_colours(names: Sequence[str], weights: Sequence[str] | None = None) -> list[str]:
+    """The colour of each model of one analysis, the same in every figure of it whatever order the models come in
+    (the app's Compare with the hybrid picked first, the survey's sorted table, compare.html): the models are put in
+    a stable order, the named presets first in the registry's order (``vitlens.loading.presets.PRESETS``: ref-vit,
+    then ref-hybrid), then the others by name (then weights, then their place when the same name comes twice), and
+    take ``PALETTE`` in that order: the embedded ViT blue and its hybrid red, wherever they are drawn together.
+
+    Args:
+        names: the models' names (a ``ModelSpec.name`` or the name they were loaded by).
+        weights: each model's weights ("pretrained", "random init", ...), to tell one model's two runs apart.
+
+    Returns:
+        [len(names)] CSS colours, in the order of ``names``.
+    """
+    from .loading.presets import PRESETS
+
+    rank = {p.name: i for i, p in enumerate(PRESETS)}
+    extra = list(weights) if weights is not None else [""] * len(names)
+    order = sorted(range(len(names)), key=lambda i: (rank.get(names[i], len(rank)), names[i], extra[i], i))
+    colours = [""] * len(names)
+    for place, i in enumerate(order):
+        colours[i] = PALETTE[place % len(PALETTE)]
+    return colours
+
+
+#: one colour per attribution method, indexed by the method's place in the registry
+#: (``vitlens.attribution.methods.METHODS``): every method of the registry has its own colour, the same one in
+#: every figure. A qualitative palette of distinct hues (Tableau 10, then darker Tableau 20b/c hues), placed so the
+#: methods the app preselects and AttnLRP sit at least 60 degrees of hue apart: rollout blue, gradient rollout
+#: orange, saliency purple, AttnLRP (place 14) green (gradient rollout pink beside saliency red read alike); none
+#: is a placeholder Streamlit's chart theme swaps (#0000xx)
+METHOD_PALETTE = ("#1F77B4", "#FF7F0E", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#BCBD22", "#17BECF",
+                  "#7F7F7F", "#393B79", "#637939", "#8C6D31", "#843C39", "#7B4173", "#2CA02C", "#6B6ECF",
+                  "#E7BA52", "#9C9EDE", "#CEDB9C", "#E7969C", "#DE9ED6", "#AD494A", "#31A354", "#3182BD")
 
 
 def method_colour(method: str, position: int = 0) -> str:
@@ -69,6 +101,14 @@ def method_colour(method: str, position: int = 0) -> str:
     names = list(METHOD_TABLE)  # read at call time: a method registered later has its own place
     index = names.index(method) if method in names else position
     return METHOD_PALETTE[index % len(METHOD_PALETTE)]
+
+
+def method_label(method: str) -> str:
+    """A method's name as legends and panel titles show it (``vitlens.attribution.methods.method_label``: its entry's
+    label, e.g. "gradient rollout" for ``grad_rollout``)."""
+    from .attribution.methods import method_label as label
+
+    return label(method)
 
 
 def component_rgb(component: np.ndarray) -> np.ndarray:
@@ -212,7 +252,8 @@ def position_mosaic(result: PositionSimilarityResult) -> tuple[np.ndarray, np.nd
 
 @draws(PositionSimilarityResult)
 def position_figure(result: PositionSimilarityResult, title: str | None = None) -> go.Figure:
-    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch.
+    """Fig. 7 centre: tile (r, c) shows the cosine similarity of patch (r, c) to every patch; the axes name the
+    input patch's row and column (0-based, as the app's patch boxes) at the tiles' centres.
 
     Args:
         result: the position similarity (``position_similarity``).
@@ -229,8 +270,14 @@ def position_figure(result: PositionSimilarityResult, title: str | None = None) 
         hovertemplate="patch (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, %{customdata[3]})"
                       "<br>cosine %{z:.3f}<extra></extra>",
     ))
-    fig.update_xaxes(visible=False, range=[-0.5, mosaic.shape[1] - 0.5], constrain="domain")
-    fig.update_yaxes(visible=False, range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain")
+    # the outer axes say whose tile it is: a tick at each (or every few) tile's centre, the input patch's row / column
+    cols, rows = range(0, gw, max(1, gw // 8)), range(0, gh, max(1, gh // 8))
+    fig.update_xaxes(range=[-0.5, mosaic.shape[1] - 0.5], constrain="domain", showgrid=False, zeroline=False,
+                     title="input patch column (tile)", tickvals=[c * (gw + 1) + (gw - 1) / 2 for c in cols],
+                     ticktext=[str(c) for c in cols])
+    fig.update_yaxes(range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain", showgrid=False,
+                     zeroline=False, title="input patch row (tile)", tickvals=[r * (gh + 1) + (gh - 1) / 2 for r in rows],
+                     ticktext=[str(r) for r in rows])
     note = f", E_pos resampled from {result.model_grid[0]}x{result.model_grid[1]}" if result.resized else ""
     fig.update_layout(title=title or f"Position embedding similarity, {gh}x{gw} patches{note}",
                       height=560, margin=dict(l=10, r=10, t=60, b=10))
@@ -250,12 +297,13 @@ def similarity_tile_figure(result: PositionSimilarityResult, row: int, col: int)
     """
     gh, gw = result.grid
     fig = go.Figure(go.Heatmap(z=result.similarity[row, col], x=list(range(gw)), y=list(range(gh)),
-                               colorscale="Viridis", zmin=-1, zmax=1,
+                               colorscale="Viridis", zmin=-1, zmax=1, colorbar=dict(title="cosine"),
                                hovertemplate="patch (%{y}, %{x})<br>cosine %{z:.3f}<extra></extra>"))
     fig.add_trace(go.Scatter(x=[col], y=[row], mode="markers", marker=dict(symbol="x", size=10, color="white"),
                              hoverinfo="skip", showlegend=False))
-    fig.update_xaxes(title="column", range=[-0.5, gw - 0.5], constrain="domain", dtick=max(1, gw // 8))
-    fig.update_yaxes(title="row", range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain", dtick=max(1, gh // 8))
+    fig.update_xaxes(title="patch column", range=[-0.5, gw - 0.5], constrain="domain", dtick=max(1, gw // 8))
+    fig.update_yaxes(title="patch row", range=[gh - 0.5, -0.5], scaleanchor="x", constrain="domain",
+                     dtick=max(1, gh // 8))
     fig.update_layout(title=f"Similarity of patch ({row}, {col}) to all patches", height=420,
                       margin=dict(l=10, r=10, t=50, b=10))
     return fig
@@ -365,12 +413,13 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         return depth_distance_figure(results, names, title)
     fig = go.Figure()
     offsets = np.linspace(-0.15, 0.15, len(results)) if len(results) > 1 else [0.0]
+    colours = model_colours(names)
     for i, (res, name) in enumerate(zip(results, names)):
         values = res.mean_px if units == "px" else res.mean_fraction_of_width
         layers, heads = np.meshgrid(np.arange(values.shape[0]), np.arange(values.shape[1]), indexing="ij")
         fig.add_trace(go.Scatter(
             x=layers.ravel() + 1 + offsets[i], y=values.ravel(), mode="markers", name=name,
-            marker=dict(size=7, color=PALETTE[i % len(PALETTE)], opacity=0.8),
+            marker=dict(size=7, color=colours[i], opacity=0.8),
             customdata=np.stack([layers.ravel() + 1, heads.ravel() + 1, res.std_px.ravel()], -1),
             hovertemplate=(f"{name}<br>layer %{{customdata[0]}}, head %{{customdata[1]}}<br>"
                            f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
@@ -389,7 +438,7 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         levels.append(uniform)
         fig.add_trace(go.Scatter(
             x=[0.5, depth + 0.5], y=[uniform, uniform], mode="lines", hoverinfo="skip",
-            line=dict(dash="dot", width=1.5, color=PALETTE[i % len(PALETTE)]),
+            line=dict(dash="dot", width=1.5, color=colours[i]),
             name="uniform attention" + (f" ({name})" if len(results) > 1 else "")))
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
@@ -471,13 +520,14 @@ def depth_distance_figure(results: Sequence[AttentionDistanceResult | WindowedDi
         A plotly ``Figure``.
     """
     fig = go.Figure()
+    colours = model_colours(names)
     for i, (res, name) in enumerate(zip(results, names)):
         depth = res.mean_px.shape[0]
         frac = (np.arange(depth) + 1) / depth
         values = res.mean_fraction_of_width
         xs = np.repeat(frac, values.shape[1])
         keep = ~np.isnan(values.ravel())
-        colour = PALETTE[i % len(PALETTE)]
+        colour = colours[i]
         fig.add_trace(go.Scatter(x=xs[keep], y=values.ravel()[keep], mode="markers", name=name,
                                  marker=dict(size=6, color=colour, opacity=0.8),
                                  hovertemplate=f"{name}<br>depth %{{x:.2f}}<br>%{{y:.3f}} of the width<extra></extra>"))
@@ -496,17 +546,62 @@ def depth_distance_figure(results: Sequence[AttentionDistanceResult | WindowedDi
     return fig
 
 
+#: the colour scale of every token map over an image: perceptually uniform (equal steps of value look like equal
+#: steps of colour; jet's bright bands drew edges the map does not have), and its darkest colour is not one of the
+#: placeholders Streamlit's chart theme swaps (#0000xx)
+TOKEN_COLORSCALE = "Viridis"
+
+
+def colour_range(maps: Sequence[np.ndarray]) -> tuple[float, float]:
+    """The colour range of token maps: from 0 (or the data's minimum, when it is below 0) to the data's maximum, so
+    the colour bar spans what is drawn and 0 keeps its colour.
+
+    Args:
+        maps: the maps drawn on one colour scale.
+
+    Returns:
+        (low, high), high > low.
+    """
+    low = min(0.0, min(float(np.nanmin(m)) for m in maps))
+    high = max(float(np.nanmax(m)) for m in maps)
+    return low, max(high, low + 1e-12)
+
+
+def token_heatmap(values: np.ndarray, size: tuple[int, int], **kw: Any) -> go.Heatmap:
+    """A [gh, gw] token map drawn as tokens over an image of ``size`` (H, W) pixels: one flat cell per token,
+    covering the token's H/gh x W/gw pixels (no interpolation: nothing finer than a token is drawn, and the
+    colours are the map's own values, its maximum included).
+
+    Args:
+        values: [gh, gw] the map.
+        size: (H, W) of the image under it, in pixels.
+        **kw: the heatmap's other settings (colour scale or axis, opacity).
+
+    Returns:
+        A ``go.Heatmap`` whose cells sit on the tokens' pixels; hover names the patch (row, column).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    gh, gw = values.shape
+    h, w = size
+    dy, dx = h / gh, w / gw
+    rows, cols = np.mgrid[0:gh, 0:gw]
+    return go.Heatmap(z=values, x0=dx / 2 - 0.5, dx=dx, y0=dy / 2 - 0.5, dy=dy, zsmooth=False,
+                      customdata=np.stack([rows, cols], -1),
+                      hovertemplate="patch (%{customdata[0]}, %{customdata[1]})<br>value %{z:.3f}<extra></extra>", **kw)
+
+
 def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, opacity: float = 0.5,
-                           colorscale: str = "Jet", scale_title: str = "value",
+                           colorscale: str = TOKEN_COLORSCALE, scale_title: str = "value",
                            patch: tuple[int, int] | None = None) -> go.Figure:
-    """A [gh, gw] map upsampled over an RGB uint8 image [H, W, 3].
+    """A [gh, gw] token map over an RGB uint8 image [H, W, 3], one cell per token (``token_heatmap``), the colour
+    bar from 0 to the map's maximum (``colour_range``).
 
     Args:
         image: uint8 [H, W, 3].
-        values: [gh, gw] map (upsampled bilinearly to the image).
+        values: [gh, gw] map.
         title: the figure's title.
         opacity: the map's opacity over the image, in [0, 1].
-        colorscale: a plotly colour scale name.
+        colorscale: a plotly colour scale name (default a perceptually uniform one, ``TOKEN_COLORSCALE``).
         scale_title: the colour bar's title (what the colour measures).
         patch: (row, column) of a grid cell to outline (the queried patch), or None.
 
@@ -514,11 +609,10 @@ def heatmap_overlay_figure(image: np.ndarray, values: np.ndarray, title: str, op
         A plotly ``Figure``.
     """
     h, w = image.shape[:2]
-    up = upsample_map(values, (h, w))
+    low, high = colour_range([values])
     fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
-    fig.add_trace(go.Heatmap(z=up, opacity=opacity, colorscale=colorscale, zmin=0, zmax=max(float(up.max()), 1e-12),
-                             showscale=True, colorbar=dict(title=dict(text=scale_title, side="right")),
-                             hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"))
+    fig.add_trace(token_heatmap(values, (h, w), opacity=opacity, colorscale=colorscale, zmin=low, zmax=high,
+                                showscale=True, colorbar=dict(title=dict(text=scale_title, side="right"))))
     if patch is not None:
         _outline_patch(fig, patch, values.shape, (h, w))
     fig.update_xaxes(visible=False)
@@ -558,7 +652,8 @@ def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opa
 def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,
                         columns: int = 4, scale_title: str = "rollout (÷ max)",
                         patch: tuple[int, int] | None = None) -> go.Figure:
-    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale.
+    """Several (image uint8 [H, W, 3], map [gh, gw], caption) overlays in one figure, one colour scale: each map
+    drawn as tokens (``token_heatmap``), the colour bar from 0 to the largest value drawn (``colour_range``).
 
     Args:
         panels: (image uint8 [H, W, 3], map [gh, gw], caption) triples.
@@ -577,17 +672,16 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
                         vertical_spacing=0.08)
     for i, (image, values, _caption) in enumerate(panels):
         r, c = i // cols + 1, i % cols + 1
-        up = upsample_map(values, image.shape[:2])
         fig.add_trace(go.Image(z=image, hoverinfo="skip"), row=r, col=c)
-        fig.add_trace(go.Heatmap(z=up, opacity=opacity, coloraxis="coloraxis",
-                                 hovertemplate="x %{x}, y %{y}<br>value %{z:.3f}<extra></extra>"), row=r, col=c)
+        fig.add_trace(token_heatmap(values, image.shape[:2], opacity=opacity, coloraxis="coloraxis"), row=r, col=c)
         if patch is not None:
             _outline_patch(fig, patch, values.shape, image.shape[:2], row=r, col=c)
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False, autorange="reversed")
     for i in range(len(panels)):
         fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
-    fig.update_layout(title=title, coloraxis=dict(colorscale="Jet", cmin=0, cmax=1,
+    low, high = colour_range([p[1] for p in panels])
+    fig.update_layout(title=title, coloraxis=dict(colorscale=TOKEN_COLORSCALE, cmin=low, cmax=high,
                       colorbar=dict(title=dict(text=scale_title, side="right"))), height=300 * rows + 80,
                       margin=dict(l=10, r=10, t=80, b=10))
     fig.update_annotations(font_size=12)
@@ -673,7 +767,7 @@ def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray
     panels = []
     for r in results:
         mp = np.clip(np.asarray(r.maps[index], dtype=np.float64), 0, None)
-        panels.append((image, mp / max(float(mp.max()), 1e-12), r.method.replace("_", " ")))
+        panels.append((image, mp / max(float(mp.max()), 1e-12), method_label(r.method)))
     target = results[0].target_name(index) if results else "no class"
     if results and getattr(results[0], "target_kind", "class") == "text":
         target = f"the prompt \"{target}\""
@@ -690,12 +784,13 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
     Returns:
         A plotly ``Figure``.
     """
+    # one y range for both panels: the same probability, read across
     fig = make_subplots(rows=1, cols=2, subplot_titles=["Deletion (lower is more faithful)",
-                                                        "Insertion (higher is more faithful)"])
+                                                        "Insertion (higher is more faithful)"], shared_yaxes=True)
     for i, r in enumerate(results):
         color = method_colour(r.method, i)
         # one legend entry per method, under both panels, with both areas (deletion / insertion)
-        name = (f"{r.method.replace('_', ' ')} (AUC deletion {significant(r.deletion_auc.mean())}, "
+        name = (f"{method_label(r.method)} (AUC deletion {significant(r.deletion_auc.mean())}, "
                 f"insertion {significant(r.insertion_auc.mean())})")
         for col, curve, auc, what in ((1, r.deletion, r.deletion_auc, "deletion"),
                                       (2, r.insertion, r.insertion_auc, "insertion")):
@@ -705,8 +800,8 @@ def faithfulness_figure(results: Sequence["FaithfulnessResult"]) -> go.Figure:
                                                    "%{x:.0%}: %{y:.3f}<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title="share of patches removed / inserted", range=[0, 1])
     text = bool(results) and all(getattr(r, "score", "probability") != "probability" for r in results)
-    fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability",
-                     rangemode="normal" if text else "tozero")
+    fig.update_yaxes(rangemode="normal" if text else "tozero")
+    fig.update_yaxes(title="cosine similarity to the prompt" if text else "target-class probability", col=1)
     # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
     fig.update_layout(height=420 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=60, b=10),
                       legend=dict(orientation="h", y=-0.25))
@@ -726,23 +821,26 @@ def metric_figure(metric: "Metric", results: Sequence[object]) -> go.Figure:
     """
     panels = [metric.curves(r) for r in results]
     titles = [c.title for c in panels[0]] if panels else [metric.title or metric.name]
-    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles)
+    # one y range for every panel: the panels of a metric show one score (deletion beside insertion), read across
+    fig = make_subplots(rows=1, cols=len(titles), subplot_titles=titles, shared_yaxes=True)
     for i, (r, curves) in enumerate(zip(results, panels)):
         method = getattr(r, "method", f"method {i + 1}")
         color = method_colour(method, i)
         # one legend entry per method, under every panel, with the method's numbers in the table
-        numbers = ", ".join(f"{k} {significant(v)}" for k, v in metric.columns(r).items())
+        numbers = ", ".join(f"{metric.column_labels.get(k) or k.replace('_', ' ')} {significant(v)}"
+                            for k, v in metric.columns(r).items())
         for col, c in enumerate(curves, start=1):
             fig.add_trace(go.Scatter(x=np.asarray(c.x), y=np.asarray(c.y).mean(0), mode="lines+markers",
-                                     line=dict(color=color), name=f"{method.replace('_', ' ')} ({numbers})",
+                                     line=dict(color=color), name=f"{method_label(method)} ({numbers})",
                                      legendgroup=method, showlegend=col == 1,
                                      hovertemplate=f"{method}<br>%{{x:.0%}}: %{{y:.3f}}<extra></extra>"),
                           row=1, col=col)
     scores = {getattr(r, "score", "score") for r in results}
     score = scores.pop() if len(scores) == 1 else "score"
     fig.update_xaxes(title="share of the input changed", range=[0, 1])
-    fig.update_yaxes(title="target-class probability" if score == "probability" else score,
-                     rangemode="tozero" if score == "probability" else "normal")  # as faithfulness_figure
+    fig.update_yaxes(rangemode="tozero" if score == "probability" else "normal")  # as faithfulness_figure
+    # the panels share the y axis: its title once, on the first
+    fig.update_yaxes(title="target-class probability" if score == "probability" else score, col=1)
     # right margin: the last x tick ("1") is centred on the axis end and was cut off at 10 px
     fig.update_layout(title=metric.title or metric.name.replace("_", " "),
                       height=440 + 18 * max(0, len(results) - 3), margin=dict(l=10, r=30, t=80, b=10),
@@ -836,8 +934,10 @@ def prefix_figure(result: PrefixDiagnosticsResult, title: str | None = None) -> 
 
 def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str | None = None) -> go.Figure:
     """Cascading randomisation (Adebayo et al. 2018, Fig. 2): each similarity to the original maps against the
-    step of the cascade (original first, then the head, the blocks from the top, the embedding), one curve per
-    method; mean over images, NaNs skipped.
+    step of the cascade (original first, then the head, the blocks from the top, the embedding; blocks counted
+    from 1), one curve per method; mean over images, NaNs skipped. The verdict's cutoff is drawn, labelled, on the
+    panel it is read from (Spearman of |maps|; ``sanity.verdict_rule``), and each legend entry ends with its
+    method's verdict.
 
     Args:
         results: one ``SanityResult`` or several (one per method).
@@ -847,24 +947,31 @@ def sanity_figure(results: "SanityResult | Sequence[SanityResult]", title: str |
         A plotly ``Figure``.
     """
     results = [results] if not isinstance(results, Sequence) else list(results)
-    panels = (("spearman_abs", "Spearman, |maps|"), ("spearman", "Spearman, signed maps"), ("ssim", "SSIM, |maps|"))
+    panels = (("spearman_abs", "Spearman, |maps| (the verdict's)"), ("spearman", "Spearman, signed maps"),
+              ("ssim", "SSIM, |maps|"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[1] for p in panels], shared_yaxes=True)
     for i, r in enumerate(results):
         color = method_colour(r.method, i)
-        x = ["original", *r.steps]
+        x = ["original", *r.step_labels()]
         rows = r.to_rows()
         for col, (key, _) in enumerate(panels, start=1):
             y = [1.0, *[row[key] for row in rows]]
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", line=dict(color=color), legendgroup=r.method,
-                                     name=r.method.replace("_", " "), showlegend=col == 1,
-                                     hovertemplate=f"{r.method}<br>%{{x}}: %{{y:.3f}}<extra></extra>"), row=1, col=col)
+                                     name=f"{method_label(r.method)}: {r.verdict_word()}", showlegend=col == 1,
+                                     hovertemplate=f"{method_label(r.method)}<br>%{{x}}: %{{y:.3f}}<extra></extra>"),
+                          row=1, col=col)
     if results:
-        fig.add_hline(y=results[0].threshold, line=dict(dash="dot", width=1, color="#888"), row=1, col=1)
+        cut = results[0].threshold
+        fig.add_hline(y=cut, line=dict(dash="dot", width=1.5, color="#555"), row=1, col=1,
+                      annotation_text=f"verdict cutoff {significant(cut)}", annotation_position="bottom left",
+                      annotation_font_size=10)
     fig.update_xaxes(title="randomised down to", tickangle=-45)
     fig.update_yaxes(range=[-1.05, 1.05])
+    cut_text = significant(results[0].threshold) if results else "0.5"
     fig.update_layout(title=title or "Cascading randomisation (Adebayo et al. 2018)<br><sup>similarity of each step's "
-                                     "maps to the original model's; dotted: the verdict's threshold</sup>",
-                      height=440, margin=dict(l=10, r=10, t=80, b=10), legend=dict(orientation="h", y=-0.45))
+                                     f"maps to the original model's; a map decorrelates where its Spearman of |maps| "
+                                     f"falls below the dotted cutoff ({cut_text})</sup>",
+                      height=460, margin=dict(l=10, r=10, t=80, b=10), legend=dict(orientation="h", y=-0.45))
     return fig
 
 
@@ -888,14 +995,15 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
         color = method_colour(r.method, i)
         for col, curve, auc in ((1, r.positive, r.positive_auc), (2, r.negative, r.negative_auc)):
             fig.add_trace(go.Scatter(x=r.fractions, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
-                                     name=f"{r.method.replace('_', ' ')}", legendgroup=r.method, showlegend=col == 1,
+                                     name=method_label(r.method), legendgroup=r.method, showlegend=col == 1,
                                      hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
                                                    "%{y:.3f}<extra></extra>"), row=1, col=col)
     for i, r in enumerate(roads):
         color = method_colour(r.method, i)
         for col, curve in ((3, r.morf), (4, r.lerf)):
             fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
-                                     name=r.method.replace("_", " "), legendgroup=r.method, showlegend=not results and col == 3),
+                                     name=method_label(r.method), legendgroup=r.method,
+                                     showlegend=not results and col == 3),
                           row=1, col=col)
     fig.update_xaxes(title="share removed", range=[0, 1])
     score = results[0].score if results else (roads[0].score if roads else "score")

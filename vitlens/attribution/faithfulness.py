@@ -23,8 +23,8 @@ from ..results import Result
 from .baselines import BASELINES
 from .deletion import FaithfulnessResult, deletion_insertion
 from .masks import mask_scores, masks_at_input
-from .methods import AttributionResult, attribute, default_methods
-from .metrics import METRIC_TABLE, check_metrics, default_metrics
+from .methods import AttributionResult, attribute, default_methods, method_label
+from .metrics import METRIC_TABLE, check_metrics, column_label, default_metrics
 from ..words import counted
 
 __all__ = ["BASELINES", "ComparisonTable", "FaithfulnessResult", "compare_methods", "deletion_insertion"]
@@ -39,8 +39,8 @@ TIME_COLUMNS = {
 
 
 def timing_note() -> str:
-    """The time columns in one sentence, for the report and the app beside the table."""
-    return ("; ".join(f"{k}: {v}" for k, v in TIME_COLUMNS.items())
+    """The time columns in one sentence, by their shown labels, for the report and the app beside the table."""
+    return ("; ".join(f"{COLUMN_LABELS[k]}: {v}" for k, v in TIME_COLUMNS.items())
             + " (wall time per image in this run, a method's first call included: a first run reads higher than a "
             "warm one)")
 
@@ -48,6 +48,29 @@ def timing_note() -> str:
 #: ``ComparisonTable``'s fields before the metrics had one registry: field -> the metric whose results it held
 #: (tables saved then still load, and these names still read the table)
 _FIELDS_BEFORE_THE_REGISTRY = {"faithfulness": "deletion_insertion", "perturbations": "perturbation", "roads": "road"}
+
+
+#: the table's own columns (those no metric of ``METRIC_TABLE`` makes) as a person reads them; a metric's columns
+#: read from its entry (``metrics.column_label``)
+COLUMN_LABELS = {"seconds_per_image": "seconds per image", "map_seconds_per_image": "map seconds per image",
+                 "total_seconds_per_image": "total seconds per image", "pointing_game": "pointing game",
+                 "mass_in_mask": "mass in mask", "mass_ratio": "mass ratio (1: uniform)"}
+
+
+def readable_rows(rows: Sequence[dict], labels: dict[str, str] | None = None) -> list[dict]:
+    """Rows as a person reads them: each column by its label (``labels``, then ``COLUMN_LABELS``, then the metrics'
+    ``column_label``) and the ``method`` column by the methods' labels (``methods.method_label``).
+
+    Args:
+        rows: one dict per method, keyed by the columns' names.
+        labels: labels of columns of one's own (the sanity table's).
+
+    Returns:
+        The same rows, relabelled (the values untouched but the method names).
+    """
+    own = {**COLUMN_LABELS, **(labels or {})}
+    return [{own.get(k) or column_label(k): (method_label(v) if k == "method" else v) for k, v in row.items()}
+            for row in rows]
 
 
 @dataclass(eq=False, repr=False)
@@ -114,8 +137,12 @@ class ComparisonTable(Result):
             f" (protocols {made})" if made else "")
 
     def to_rows(self) -> list[dict]:
-        """One row per method: its scores (the table as shown)."""
+        """One row per method: its scores, keyed by the columns' names (what the CSV and JSON hold)."""
         return [dict(r) for r in self.rows]
+
+    def readable_rows(self) -> list[dict]:
+        """The rows as the app and the report show them (``readable_rows``: labels, not identifiers)."""
+        return readable_rows(self.rows)
 
     @classmethod
     def concat(cls, tables: Sequence["ComparisonTable"]) -> "ComparisonTable":

@@ -230,6 +230,8 @@ class Method:
         variant_of: the method this one is a named variant of ("" for none): the variant is offered wherever the
             table is read (``attribute``, the CLI's and the report's choices, the app) but left out of
             ``default_methods``, so a default comparison runs each method once.
+        label: the name a person reads in figures' legends and tables ("gradient rollout"); ``method_label`` falls
+            back to the name with spaces for a method registered without one.
         kinds: the ``ModelSpec.kind`` values the method is defined for ("vit", "hybrid", "hierarchical"): a
             method that reads a ViT's token-by-token attention over one grid ([B, H, T, T] maps, a class token's
             row: gradient rollout, AttnLRP) is not defined on a hierarchical model's windows and stages; the
@@ -252,6 +254,7 @@ class Method:
     rollout_row: bool = False
     variant_of: str = ""
     kinds: tuple[str, ...] = ("vit", "hybrid")
+    label: str = ""
 
     @property
     def class_agnostic(self) -> bool:
@@ -276,37 +279,43 @@ ALL_KINDS: tuple[str, ...] = ("vit", "hybrid", "hierarchical", "class-attention"
 #: the kinds whose CAM layer the family names (a CaiT's last blocks are class-attention layers: no CAM layer yet)
 CAM_KINDS: tuple[str, ...] = ("vit", "hybrid", "hierarchical")
 
+#: the CAMs' names as their papers write them (a legend's label, ``Method.label``)
+CAM_LABELS = {"gradcam": "Grad-CAM", "gradcam++": "Grad-CAM++", "xgradcam": "XGrad-CAM", "hirescam": "HiResCAM",
+              "layercam": "LayerCAM", "eigencam": "Eigen-CAM", "eigengradcam": "Eigen-Grad-CAM", "scorecam": "Score-CAM"}
+
 METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     # rollout of a hierarchical model: through its windows and patch mergings (vl.attention_rollout)
     Method("rollout", _rollout, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
            note="class-agnostic: the same map for every target", quick=True, preselected=True, rollout_row=True,
-           kinds=ALL_KINDS),
-    Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True),
+           kinds=ALL_KINDS, label="attention rollout"),
+    Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True, label="gradient rollout"),
     # captum's input-space methods: gradients or occlusions of the input, defined for any differentiable model
-    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, kinds=ALL_KINDS),  # captum's 50: slow
-    Method("saliency", _saliency, quick=True, preselected=True, kinds=ALL_KINDS),
-    Method("input_x_gradient", _input_x_gradient, quick=True, kinds=ALL_KINDS),
+    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, kinds=ALL_KINDS,
+           label="integrated gradients"),  # captum's 50: slow
+    Method("saliency", _saliency, quick=True, preselected=True, kinds=ALL_KINDS, label="saliency"),
+    Method("input_x_gradient", _input_x_gradient, quick=True, kinds=ALL_KINDS, label="input × gradient"),
     Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
-           kinds=ALL_KINDS),
+           kinds=ALL_KINDS, label="occlusion"),
     # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm
     # (a hierarchical model: the last stage's last block, on that stage's grid); scorecam's masked_per_forward:
     # masked images per forward
     *(Method(name, partial(cam_maps, method=name),
              {"target_layer": None, **({"masked_per_forward": 64} if name == "scorecam" else {})},
              needs_target=name != "eigencam", package=CAM_PACKAGE, install=CAM_INSTALL["python"],
-             slow=name == "scorecam", quick=name == "gradcam", kinds=CAM_KINDS,
+             slow=name == "scorecam", quick=name == "gradcam", kinds=CAM_KINDS, label=CAM_LABELS[name],
              note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
-    Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit"),
+    Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit",
+           label="AttnLRP"),
     # AttnLRP as its authors run it on ViTs (vitlens.attribution.lrp.LRPRules): the γ-rule in the linear layers
     # (gamma) and the patch embedding (conv_gamma); CP-LRP's constant attention inside the attention, which lxt
     # recommends for ViTs together with the γ-rule outside it (gamma 0 there: Ali et al.'s CP-LRP as published)
     Method("attnlrp_gamma", AttnLRPMaps("uniform"), {"gamma": 0.25, "conv_gamma": 0.25},
            note="relevance (AttnLRP, γ-rule in the linear and convolution layers); biases and the softmax absorb part "
-                "of the logit", variant_of="attnlrp"),
+                "of the logit", variant_of="attnlrp", label="AttnLRP (γ-rule)"),
     Method("cp_lrp", AttnLRPMaps("cp"), {"gamma": 0.0, "conv_gamma": 0.0},
            note="relevance (CP-LRP: attention probabilities held constant); biases absorb part of the logit",
-           variant_of="attnlrp"),
+           variant_of="attnlrp", label="CP-LRP"),
 )}
 #: the built-in methods' names (a snapshot of the table at import; what reads the table at call time
 #: also sees a method registered later, ``register_method``)
@@ -323,6 +332,20 @@ def register_method(method: Method) -> Method:
         raise InvalidParameterError(f"an attribution method named {method.name!r} exists already.")
     METHOD_TABLE[method.name] = method
     return method
+
+
+def method_label(method: str) -> str:
+    """The name a person reads for ``method``: its entry's ``label``, else (a method registered without one, or a
+    name the table does not hold) the name with spaces for underscores.
+
+    Args:
+        method: a method's name.
+
+    Returns:
+        The label.
+    """
+    mt = METHOD_TABLE.get(method)
+    return (mt.label if mt is not None else "") or method.replace("_", " ")
 
 
 def available_methods() -> tuple[str, ...]:

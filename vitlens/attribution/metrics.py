@@ -13,7 +13,7 @@ anywhere for a metric of one's own; nothing else names it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -83,6 +83,10 @@ class Metric:
             ("vitlens" when it has none of its own).
         cost: the model forwards (and other work) it takes per image, for the choices' help.
         title: the heading of its figure.
+        label: its short name, for a button or a legend ("Perturbation"); ``title`` is the long one.
+        column_labels: each of its columns (``columns``' keys) as a person reads it ("positive perturbation
+            AUC"; which way is better is ``about``'s); a column without one reads as its name with spaces
+            (``column_label``).
     """
 
     name: str
@@ -94,6 +98,8 @@ class Metric:
     published: str = "vitlens"
     cost: str = ""
     title: str = ""
+    label: str = ""
+    column_labels: dict[str, str] = field(default_factory=dict)
 
     def prepare(self, protocol: str = "vitlens", ordering: str | None = None, batch_size: int = 16, steps: int = 16,
                 baseline: str = "mean", labels: np.ndarray | None = None) -> MetricSettings:
@@ -143,7 +149,8 @@ METRIC_TABLE: dict[str, Metric] = {mt.name: mt for mt in (
            "deletion AUC: lower is more faithful, insertion AUC: higher is more faithful (the target's probability "
            "as the tokens the map ranks first are removed / put back)",
            default=True, published=PUBLISHED["deletion_insertion"], cost="2 x (steps + 1) forwards per image",
-           title="Deletion and insertion"),
+           title="Deletion and insertion", label="Deletion/insertion",
+           column_labels={"deletion_auc": "deletion AUC", "insertion_auc": "insertion AUC"}),
     Metric("perturbation", _perturbation,
            lambda r: {"chefer_positive_auc": float(r.positive_auc.mean()),
                       "chefer_negative_auc": float(r.negative_auc.mean())},
@@ -152,14 +159,17 @@ METRIC_TABLE: dict[str, Metric] = {mt.name: mt for mt in (
            "Chefer et al.'s positive / negative perturbation AUC (top-1 accuracy with labels, else the target's "
            "probability, over 0-90% of tokens removed to black): lower / higher is more faithful",
            default=True, published=PUBLISHED["perturbation"], cost="20 forwards per image",
-           title="Positive and negative perturbation"),
+           title="Positive and negative perturbation", label="Perturbation",
+           column_labels={"chefer_positive_auc": "positive perturbation AUC",
+                          "chefer_negative_auc": "negative perturbation AUC"}),
     Metric("road", _road,
            lambda r: dict(zip(("road_morf", "road_lerf"), r.means())),
            lambda r: (Curve("ROAD MoRF (lower is better)", r.percentages, r.morf),
                       Curve("ROAD LeRF (higher is better)", r.percentages, r.lerf)),
            "ROAD's mean MoRF / LeRF (removed tokens filled by noisy linear imputation): lower / higher is more "
            "faithful", published=PUBLISHED["road"], cost="18 forwards and 18 sparse solves per image",
-           title="ROAD"),
+           title="ROAD", label="ROAD",
+           column_labels={"road_morf": "ROAD MoRF", "road_lerf": "ROAD LeRF"}),
 )}
 
 
@@ -192,6 +202,35 @@ def register_metric(metric: Metric, protocols: Sequence[Protocol] = ()) -> Metri
     PROTOCOLS.update({(metric.name, k): p for k, p in named.items()})
     METRIC_TABLE[metric.name] = metric
     return metric
+
+
+def column_label(column: str) -> str:
+    """How a person reads a metric's column: the ``column_labels`` of the entry that makes it, else the name with
+    spaces ("mass ratio").
+
+    Args:
+        column: a column of a ``ComparisonTable`` row.
+
+    Returns:
+        The label.
+    """
+    for mt in METRIC_TABLE.values():
+        if column in mt.column_labels:
+            return mt.column_labels[column]
+    return column.replace("_", " ")
+
+
+def metric_label(metric: str) -> str:
+    """A metric's short name (``Metric.label``, else its title, else its name with spaces).
+
+    Args:
+        metric: a name in ``METRIC_TABLE``.
+
+    Returns:
+        The label.
+    """
+    mt = METRIC_TABLE.get(metric)
+    return (mt.label or mt.title) if mt is not None and (mt.label or mt.title) else metric.replace("_", " ")
 
 
 def metric_names() -> tuple[str, ...]:

@@ -23,15 +23,19 @@ absolute-value maps normalised as the paper's figures are (divided by their 99th
 [0, 1]; ``data_range`` = 1; a uniform window of ``min(7, grid)`` tokens, odd). A constant map has no ranks, so
 its Spearman is NaN, and means skip NaNs.
 
-Verdict, read over the whole cascade as Adebayo et al. read their Fig. 2 (Guided BackProp and Guided
-GradCAM fail because their maps survive the randomisation of the top layers, not only of all of them):
+Verdict: one rule over the whole cascade (``verdict_rule`` says it in words; the figure draws its one cutoff),
+read as Adebayo et al. read their Fig. 2 (Guided BackProp and Guided GradCAM fail because their maps survive the
+randomisation of the top layers, not only of all of them). The curve is the mean Spearman of |maps| after each
+step; the map decorrelates at the first step where that mean falls below ``threshold`` (0.5):
 
-- the step at which the map first decorrelates: the first step whose mean Spearman of |maps| falls below
-  ``threshold`` (0.5); none: the map "barely changes";
-- insensitivity to the top: the leading steps (the head, then the top blocks, as the cascade goes) after
-  which the mean Spearman of |maps| is still at least ``INSENSITIVE`` (0.9): the map "ignores the head"
-  (and those blocks) though it decorrelates further down, e.g. attention rollout, which reads no head;
-- otherwise the map "depends on the weights" from the head down.
+- it decorrelates at the first step (the head; a model without one: its top block): "depends on the weights";
+- it decorrelates further down: "survives the head" (and "N top blocks", the steps before the one that
+  decorrelates it), e.g. attention rollout, which reads no head, or a gradient that keeps the input's edges;
+- it never does, the embedding included: "barely changes".
+
+So equal curves get equal verdicts, and a curve's verdict changes only where it crosses the drawn cutoff. Steps are
+named for people by ``step_label`` ("block 6" for the module ``blocks.5``: blocks counted from 1, as everywhere
+else); the module's name stays in the table's ``module`` column.
 """
 from __future__ import annotations
 
@@ -51,9 +55,14 @@ from ..results import Result, significant
 from .methods import METHOD_TABLE, attribute, preselected_methods
 from ..words import counted
 
+#: the verdict's one cutoff on the mean Spearman of |maps| (drawn on ``figures.sanity_figure``'s first panel)
 THRESHOLD = 0.5
-# a map this similar after a step (mean Spearman of |maps|) is insensitive to the weights randomised so far
-INSENSITIVE = 0.9
+#: the table's columns as a person reads them (``SanityTable.readable_rows``)
+COLUMN_LABELS = {"spearman_abs": "Spearman |maps|, all randomised", "spearman": "Spearman signed, all randomised",
+                 "ssim": "SSIM, all randomised", "first_decorrelated": "first below the cutoff at",
+                 "survives": "survives"}
+#: the steps of the cascade that are not blocks (every other step is a block, named by its module)
+NOT_BLOCKS = ("head", "embedding")
 #: the built-in methods cheap enough to run L + 2 times in a report (``Method.quick``: one forward and at most
 #: one backward per image); ``quick_methods()`` reads the table at call time
 QUICK_METHODS = tuple(name for name, mt in METHOD_TABLE.items() if mt.quick)
@@ -135,6 +144,69 @@ def _nanmean(values: np.ndarray) -> float:
     return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else float("nan")
 
 
+def step_label(step: str, steps: Sequence[str]) -> str:
+    """How a person reads a step of the cascade: "head", "embedding", or "block k" for a block, counted from 1 in
+    the model's order (``blocks.5`` of six blocks: "block 6"), as the app counts layers.
+
+    Args:
+        step: one of ``steps``.
+        steps: the cascade's steps, top down (``SanityResult.steps``: the blocks from the last to the first).
+
+    Returns:
+        The label.
+    """
+    if step in NOT_BLOCKS:
+        return step
+    blocks = [s for s in steps if s not in NOT_BLOCKS]
+    return f"block {len(blocks) - blocks.index(step)}"
+
+
+def verdict_of(means: Sequence[float], steps: Sequence[str], threshold: float = THRESHOLD) -> str:
+    """The verdict word of one curve: the one rule of the module docstring (``verdict_rule`` in words).
+
+    Args:
+        means: [S] the mean Spearman of |maps| after each step (NaN: constant maps).
+        steps: the cascade's steps, top down.
+        threshold: the cutoff.
+
+    Returns:
+        "depends on the weights", "survives the head and N top blocks" (or "survives the head", or "survives N
+        top blocks" for a model without a head), "barely changes", or "undefined" (constant maps at the end).
+    """
+    v = np.asarray(means, dtype=np.float64)
+    if not len(v) or not np.isfinite(v[-1]):
+        return "undefined"
+    below = np.flatnonzero(v < threshold)
+    if not len(below):
+        return "barely changes"
+    if below[0] == 0:
+        return "depends on the weights"
+    kept = list(steps[:below[0]])
+    head = kept[0] == "head"
+    blocks = len(kept) - head
+    parts = (["the head"] if head else []) + ([f"{blocks} top block{'s' if blocks > 1 else ''}"] if blocks else [])
+    return "survives " + " and ".join(parts)
+
+
+def verdict_rule(threshold: float = THRESHOLD) -> str:
+    """The verdict's rule in words, the same wherever a verdict is shown (the app, the report, the tutorial).
+
+    Args:
+        threshold: the cutoff (``SanityResult.threshold``).
+
+    Returns:
+        One paragraph.
+    """
+    t = significant(threshold)
+    return (f"Verdict, one rule for every method: a map decorrelates at the first step where the mean Spearman of "
+            f"|maps| with the original model's falls below {t} (the dotted line on the left panel). \"depends on the "
+            f"weights\": it decorrelates as soon as the head is randomised. \"survives the head and N top blocks\": "
+            f"it stays at or above {t} until further down; a map that outlives the weights that make the prediction "
+            f"shows the input or the architecture more than the classifier (Adebayo et al. 2018 fault Guided "
+            f"BackProp for this). \"barely changes\": it stays at or above {t} through the whole cascade, the "
+            f"embedding included. The signed Spearman and the SSIM are shown beside it, not used by the verdict.")
+
+
 @dataclass(eq=False, repr=False)
 class SanityResult(Result):
     """Cascading randomisation of one method (Adebayo et al. 2018, Fig. 2).
@@ -180,57 +252,53 @@ class SanityResult(Result):
         below = np.flatnonzero(self.step_means() < self.threshold)
         return int(below[0]) if len(below) else None
 
-    def insensitive_to(self) -> list[str]:
-        """The leading steps (the head, then the top blocks) after which the map is still at least ``INSENSITIVE``
-        similar (mean Spearman of |maps|): the weights the map ignores, as Adebayo et al. read Fig. 2."""
-        out = []
-        for name, v in zip(self.steps, self.step_means()):
-            if not (np.isfinite(v) and v >= INSENSITIVE):
-                break
-            out.append(name)
-        return out
+    def n_blocks(self) -> int:
+        """How many of the steps are blocks."""
+        return sum(s not in NOT_BLOCKS for s in self.steps)
+
+    def step_labels(self) -> list[str]:
+        """[S] the steps as a person reads them (``step_label``: "head", "block 6", .., "block 1", "embedding")."""
+        return [step_label(s, self.steps) for s in self.steps]
+
+    def survives(self) -> list[str]:
+        """The leading steps after which the map is still at least ``threshold`` similar (mean Spearman of |maps|):
+        the weights it outlives, as Adebayo et al. read Fig. 2 (labels, ``step_labels``)."""
+        first = self.first_decorrelated()
+        return self.step_labels()[:len(self.steps) if first is None else first]
 
     def verdict_word(self) -> str:
-        """"barely changes", "ignores the head" (or "ignores the head and N top blocks"), "depends on the weights",
-        or "undefined" (constant maps)."""
-        if not np.isfinite(self.final()["spearman_abs"]):
-            return "undefined"
-        first = self.first_decorrelated()
-        if first is None:
-            return "barely changes"
-        top = self.insensitive_to()
-        if top and top[0] == "head":
-            blocks = len(top) - 1
-            return "ignores the head" + (f" and {blocks} top block{'s' if blocks > 1 else ''}" if blocks else "")
-        return "depends on the weights"
+        """The verdict of ``verdict_of`` (the module's one rule) on this result's curve."""
+        return verdict_of(self.step_means(), self.steps, self.threshold)
 
     def verdict(self) -> str:
         """The verdict word, then the numbers that decided it: the step at which the map first decorrelates
-        (Spearman of |maps| below ``threshold``) and the top steps it ignores (still >= ``INSENSITIVE``)."""
+        (mean Spearman of |maps| below ``threshold``) and the curve before it."""
         word = self.verdict_word()
         if word == "undefined":
             return f"{self.method}: undefined (constant maps have no rank correlation)"
-        means, n = self.step_means(), len(self.steps)
+        means, n, labels = self.step_means(), len(self.steps), self.step_labels()
+        t = significant(self.threshold)
         first = self.first_decorrelated()
         if first is None:
             return (f"{self.method}: {word} (mean Spearman of |maps| at full randomisation {significant(means[-1])} >= "
-                    f"{significant(self.threshold)}; no step of {n} decorrelates it)")
-        parts = [f"first decorrelates at step {first + 1} of {n}, {self.steps[first]} (mean Spearman of |maps| "
-                 f"{significant(means[first])} < {significant(self.threshold)})"]
-        top = self.insensitive_to()
-        if top:
-            parts.append(f"still >= {significant(INSENSITIVE)} after randomising " + ", ".join(
-                f"{name} ({significant(v)})" for name, v in zip(top, means)))
+                    f"{t}; no step of {n} decorrelates it)")
+        parts = [f"first decorrelates at step {first + 1} of {n}, {labels[first]} (mean Spearman of |maps| "
+                 f"{significant(means[first])} < {t})"]
+        if first:
+            parts.append(f"still >= {t} after randomising " + ", ".join(
+                f"{name} ({significant(v)})" for name, v in zip(labels[:first], means)))
         return f"{self.method}: {word} ({'; '.join(parts)})"
 
     def summary(self) -> str:
         return f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, {counted(len(self.steps), 'step')}: {self.verdict()}"
 
     def to_rows(self) -> list[dict]:
-        """One row per step: the mean similarities to the original maps (NaNs skipped)."""
-        return [{"method": self.method, "step": i + 1, "randomised": s, "parameters": len(self.parameters[i]),
+        """One row per step: the mean similarities to the original maps (NaNs skipped); ``randomised`` as a person
+        reads it ("block 6"), ``module`` the step's name in the model ("blocks.5")."""
+        return [{"method": self.method, "step": i + 1, "randomised": label, "module": s,
+                 "parameters": len(self.parameters[i]),
                  "spearman_abs": _nanmean(self.spearman_abs[:, i]), "spearman": _nanmean(self.spearman[:, i]),
-                 "ssim": _nanmean(self.ssim[:, i])} for i, s in enumerate(self.steps)]
+                 "ssim": _nanmean(self.ssim[:, i])} for i, (s, label) in enumerate(zip(self.steps, self.step_labels()))]
 
 
 @dataclass(eq=False, repr=False)
@@ -244,14 +312,20 @@ class SanityTable(Result):
     def summary(self) -> str:
         return f"{self.model_name or 'model'}: sanity checks of {len(self.results)} methods"
 
+    def readable_rows(self) -> list[dict]:
+        """The rows as the app and the report show them (``faithfulness.readable_rows`` with ``COLUMN_LABELS``)."""
+        from .faithfulness import readable_rows
+
+        return readable_rows(self.to_rows(), COLUMN_LABELS)
+
     def to_rows(self) -> list[dict]:
         rows = []
         for r in self.results:
             f = r.final()
             first = r.first_decorrelated()
             rows.append({"method": r.method, **f, "verdict": r.verdict_word(),
-                         "first_decorrelated": "" if first is None else r.steps[first],
-                         "ignores": ", ".join(r.insensitive_to())})
+                         "first_decorrelated": "" if first is None else r.step_labels()[first],
+                         "survives": ", ".join(r.survives())})
         return rows
 
 
@@ -269,7 +343,7 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         target: class to explain (one for all, one per image, or None for the original model's predictions);
             the same targets are explained at every step.
         seed: seed of the re-initialisation.
-        threshold: the verdict's threshold on the mean Spearman of |maps| at full randomisation.
+        threshold: the verdict's cutoff on the mean Spearman of |maps| (``verdict_of``).
         batch_size: images per step of each method.
         progress: True for one progress bar over the cascade (tqdm's time left), or a callable
             ``f(done, total)``: both count method x step computations (the original maps, then each step).
@@ -337,7 +411,7 @@ def sanity_check(m: LoadedModel, images: Images, method: str = "saliency", targe
         method: a name from ``METHODS``.
         target: class to explain (one for all, one per image, or None for the original model's predictions).
         seed: seed of the re-initialisation.
-        threshold: the verdict's threshold on the mean Spearman of |maps| at full randomisation.
+        threshold: the verdict's cutoff on the mean Spearman of |maps| (``verdict_of``).
         batch_size: images per step.
         progress: as ``sanity_table``'s.
         **params: the method's parameters.

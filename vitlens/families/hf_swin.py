@@ -221,8 +221,10 @@ class HuggingFaceSwin(Family):
         from .relative_bias import RelativeBias
 
         biases, sources, grids = [], [], []
+        names = {id(mod): name for name, mod in model.named_modules()}  # where: counted from 1, and the module's name
         with torch.no_grad():
-            for s, layer in self.blocks(model):
+            for i, (s, layer) in enumerate(self.blocks(model)):
+                where = f"stage {s + 1}, block {i + 1} ({names.get(id(layer), '?')})"
                 attn = _self_attention(layer)
                 size = getattr(attn, "window_size", None) or attn.relative_position_bias.window_size
                 wh, ww = (int(w) for w in size)
@@ -231,11 +233,11 @@ class HuggingFaceSwin(Family):
                         -1, attn.num_attention_heads)
                     bias = 16 * torch.sigmoid(table[attn.relative_position_index.view(-1)].view(
                         wh * ww, wh * ww, -1).permute(2, 0, 1))
-                    sources.append(f"stage {s}: 16 sigmoid(continuous_position_bias_mlp(relative_coords_table))"
+                    sources.append(f"{where}: 16 sigmoid(continuous_position_bias_mlp(relative_coords_table))"
                                    "[relative_position_index]")
                 else:
                     bias = attn.relative_position_bias()[0]
-                    sources.append(f"stage {s}: relative_position_bias() (its table by relative_position_index)")
+                    sources.append(f"{where}: relative_position_bias() (its table by relative_position_index)")
                 biases.append(bias.detach().float().cpu())
                 grids.append((wh, ww))
         return RelativeBias(biases=tuple(biases), sources=tuple(sources), grid=grids[0], num_prefix_tokens=0,

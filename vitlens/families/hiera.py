@@ -229,7 +229,7 @@ def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequenc
     out = []
     with torch.no_grad():
         for layer, (stage, block) in enumerate(blocks):
-            what = f"block {layer} (stage {stage}, {type(block).__name__})"
+            what = f"block {layer + 1} (stage {stage + 1}, {type(block).__name__})"  # counted from 1, as the app
             attn = block.attn
             pooled = int(getattr(attn, d.q_stride)) > 1
             if pooled and int(getattr(attn, d.q_stride)) != math.prod(q_stride):
@@ -635,7 +635,7 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
     out = []
     with torch.no_grad():
         for layer, (stage, block) in enumerate(zip(stages, model.blocks)):
-            what = f"block {layer} (stage {stage}, {type(block).__name__})"
+            what = f"block {layer + 1} (stage {stage + 1}, {type(block).__name__})"  # counted from 1, as the app
             pooled = block.attn.q_pool is not None
             step = tuple(int(v) for v in block.q_stride) if pooled else (1, 1)
             x, big = _coded(h, w)

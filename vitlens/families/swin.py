@@ -285,8 +285,11 @@ class TimmSwin(Family):
         with torch.no_grad():
             biases = tuple(self.window_bias(a).detach().float().cpu() for a in attns)
         grids = tuple(tuple(int(w) for w in a.window_size) for a in attns)
-        return RelativeBias(biases=biases, sources=tuple(f"stage {s} block {i}: {self.bias_source}"
-                                                         for i, (s, _b) in enumerate(self.blocks(model))),
+        # in words counted from 1, as the app's Block slider counts, and by the block's own module name
+        names = {id(mod): name for name, mod in model.named_modules()}
+        return RelativeBias(biases=biases, sources=tuple(f"stage {s + 1}, block {i + 1} ({names.get(id(b), '?')}): "
+                                                         f"{self.bias_source}"
+                                                         for i, (s, b) in enumerate(self.blocks(model))),
                             grid=grids[0], num_prefix_tokens=0, grids=grids)  # type: ignore[arg-type]
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:

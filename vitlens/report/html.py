@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from .. import figures
 from ..attribution.faithfulness import timing_note
-from ..attribution.metrics import METRIC_TABLE
+from ..attribution.metrics import METRIC_TABLE, metric_label
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
@@ -306,14 +306,16 @@ def heads_section(fig: go.Figure, a: AnalysisResult) -> str:
 
 def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
     """Methods x metrics, the maps of every method on the first image, and each metric's mean curves."""
-    fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in table.rows]
+    rows = table.readable_rows() if hasattr(table, "readable_rows") else table.rows  # labels, not identifiers
+    fmt_rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in rows]
     scored = [METRIC_TABLE[k] for k in table.scores if k in METRIC_TABLE]
     about = "; ".join([mt.about for mt in scored] + ["pointing game and mass in mask where object masks exist",
                                                      timing_note()])
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {counted(table.n_images, 'image')}; {html.escape(about)}.</p>"
             + (f"<p class='muted'>Protocols (protocol, ordering): "
-               f"{html.escape('; '.join(f'{k}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}.</p>"
+               f"{html.escape('; '.join(f'{metric_label(k)}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}"
+               ".</p>"
                if getattr(table, "protocols", None) else "")
             + html_table(fmt_rows) + figure_html(figs["attributions"])
             + "".join(figure_html(figs[mt.name]) for mt in scored if mt.name in figs)
@@ -339,18 +341,18 @@ def sanity_section(table: Any) -> str:
     sanity = getattr(table, "sanity", None)
     if sanity is None or not sanity.results:
         return ""
-    from vitlens.attribution.sanity import INSENSITIVE
+    from vitlens.attribution.sanity import verdict_rule
 
-    rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()} for row in sanity.to_rows()]
+    rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()}
+            for row in sanity.readable_rows()]
     first = sanity.results[0]
     return ("<h3>Sanity checks: cascading randomisation</h3>"
-            f"<p class='muted'>Adebayo et al. 2018: the head, then the blocks from the top, then the embedding "
-            f"re-initialised in turn (Gaussian with each tensor's mean and std, seed {first.seed}) on a copy of the model, "
-            f"the maps of {counted(len(first.targets), 'image')} recomputed for the same targets. Similarity to the original maps "
-            f"at full randomisation; first_decorrelated: the first step whose mean Spearman of |maps| is below "
-            f"{significant(first.threshold)}; ignores: the head and top blocks after which it is still at least "
-            f"{significant(INSENSITIVE)} (a map that ignores the head is not explaining the classifier).</p>"
-            + html_table(rows))
+            f"<p class='muted'>Adebayo et al. 2018: the head, then the blocks from the top (block {first.n_blocks()} "
+            f"first), then the embedding re-initialised in turn (Gaussian with each tensor's mean and std, seed "
+            f"{first.seed}) on a copy of the model, the maps of {counted(len(first.targets), 'image')} recomputed for "
+            f"the same targets; the table's similarities are at full randomisation.</p>"
+            f"<p class='muted'>{html.escape(verdict_rule(first.threshold))}</p>" + html_table(rows)
+            + figure_html(figures.sanity_figure(sanity.results)))
 
 
 def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]) -> list[dict[str, go.Figure]]:

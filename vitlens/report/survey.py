@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..figures import PALETTE
+from ..figures import model_colours
 from ..survey.store import SurveyResult, weights_of
 
 KIND_WORDS = {"vit": "ViT", "hybrid": "hybrid", "hierarchical": "hierarchical"}
@@ -51,17 +51,25 @@ def heads_frame(result: SurveyResult, metric: str = "mean_distance_width") -> pd
         {"layer": int, "head": int})
 
 
+def colours_of(result: SurveyResult) -> dict[tuple[str, str], str]:
+    """Each surveyed (model, weights)'s colour, one for all the survey's figures: ``figures.model_colours`` over every
+    model of the table (the app's Compare and compare.html give the same models the same colours)."""
+    models = [(model, weights) for model, weights, _rows in _models(heads_frame(result))]
+    return dict(zip(models, model_colours([m for m, _w in models], [w for _m, w in models])))
+
+
 def depth_figure(result: SurveyResult) -> go.Figure:
     """Median head distance per layer for every model (layers as a fraction of depth), hybrids dashed."""
     fig = go.Figure()
-    for i, (model, weights, rows) in enumerate(_models(heads_frame(result))):
+    colours = colours_of(result)
+    for model, weights, rows in _models(heads_frame(result)):
         med = rows.groupby("layer")["value"].median()
         depth = len(med)
         kind = _kind(result.manifest, model, weights)
         label = model_label(model, weights, kind)
         fig.add_trace(go.Scatter(
             x=(med.index.to_numpy() / depth), y=med.to_numpy(), mode="lines+markers", name=label,
-            line=dict(color=PALETTE[i % len(PALETTE)], dash="dash" if kind == "hybrid" else "solid"),
+            line=dict(color=colours[model, weights], dash="dash" if kind == "hybrid" else "solid"),
             hovertemplate=f"{label}<br>layer %{{customdata}} of {depth}<br>median distance %{{y:.3f}} of the width"
                           "<extra></extra>", customdata=med.index.to_numpy()))
     fig.update_layout(title="Attention distance against depth across the zoo<br><sup>median over heads, in image "
@@ -76,10 +84,11 @@ def layer1_figure(result: SurveyResult) -> go.Figure:
     """Every layer-1 head of every model: the spread of local and global heads at the bottom of the network."""
     frame = heads_frame(result)
     fig = go.Figure()
-    for i, (model, weights, rows) in enumerate(_models(frame[frame["layer"] == 1])):
+    colours = colours_of(result)
+    for model, weights, rows in _models(frame[frame["layer"] == 1]):
         label = model_label(model, weights, _kind(result.manifest, model, weights))
         fig.add_trace(go.Box(y=rows["value"], name=label, boxpoints="all", jitter=0.4, pointpos=0,
-                             marker=dict(color=PALETTE[i % len(PALETTE)]), line=dict(width=1)))
+                             marker=dict(color=colours[model, weights]), line=dict(width=1)))
     fig.update_layout(title="Layer-1 heads per model<br><sup>mean attention distance of every head, in image widths"
                             "</sup>", yaxis=dict(title="image widths", rangemode="tozero"), showlegend=False,
                       height=420, margin=dict(l=10, r=10, t=70, b=10))
@@ -109,13 +118,19 @@ def class_figure(result: SurveyResult) -> go.Figure | None:
     per = per.assign(label=[model_label(m, w, _kind(result.manifest, m, w))
                             for m, w in zip(per["model"], per["weights"])])
     grid = per.groupby(["label", "class"])["value"].mean().unstack("class")
-    fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=list(grid.columns), y=list(grid.index), colorscale="Viridis",
-                               colorbar=dict(title="widths"),
+    z = grid.to_numpy(dtype=np.float64)
+    # the scale anchored at 0 (no distance), up to the largest value: a spread of 0.45-0.50 widths stretched over the
+    # whole scale made 0.05 look like yellow against purple
+    top = float(np.nanmax(z)) if np.isfinite(z).any() else 1.0
+    low = float(np.nanmin(z)) if np.isfinite(z).any() else 0.0
+    fig = go.Figure(go.Heatmap(z=z, x=list(grid.columns), y=list(grid.index), colorscale="Viridis",
+                               zmin=0.0, zmax=max(top, 1e-12), colorbar=dict(title="widths"),
                                hovertemplate="%{y}<br>class %{x}<br>mean distance %{z:.3f} of the width"
                                              "<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title="Mean attention distance per class<br><sup>mean over all heads and layers, in image "
-                            "widths</sup>", height=max(300, 40 * len(grid) + 120), margin=dict(l=10, r=10, t=70, b=10))
+                            f"widths; values {low:.3f}-{top:.3f}, colours from 0 to {top:.3f}</sup>",
+                      height=max(300, 40 * len(grid) + 120), margin=dict(l=10, r=10, t=70, b=10))
     return fig
 
 
