@@ -154,7 +154,8 @@ def predictions_result(_m: vl.LoadedModel, mkey: str, _x: Any, ikey: str) -> lis
 
 
 def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, total: int) -> Any:
-    """A heavy result with a progress bar, remembered per session (a few entries per kind)."""
+    """A heavy result with a progress bar, remembered per session (a few entries per kind). The bar goes whatever
+    happens: a refusal or a failure leaves its message, never a bar that looks like a job still running."""
     memo = st.session_state.setdefault(name, {})
     if key not in memo:
         bar = st.progress(0.0, text=f"{what} ...")
@@ -165,9 +166,11 @@ def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, 
             bar.progress(min(done / max(n or total, 1), 1.0),
                          text=f"{what}: {done}/{n or total}" + (f", {left}" if left else ""))
 
-        with heavy_lock():
-            memo[key] = compute(progress)
-        bar.empty()
+        try:
+            with heavy_lock():
+                memo[key] = compute(progress)
+        finally:
+            bar.empty()
         while len(memo) > 6:
             memo.pop(next(iter(memo)))
     return memo[key]

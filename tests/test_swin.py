@@ -285,10 +285,13 @@ def test_a_vit_view_is_refused_for_a_windowed_model_in_one_line(tiny):
     with pytest.raises(vl.UnsupportedModelError, match="attends within windows"):
         vl.prefix_diagnostics(m, images(1))
     for what, call in (("attention_maps", lambda: vl.attention_maps(m, images(1))),
-                       ("CKA by block", lambda: vl.cka(m, tiny, images(4))),
                        ("head importance", lambda: vl.head_importance(m, images(2)))):
         with pytest.raises(vl.UnsupportedModelError, match=f"{what}.*hierarchical.*window_maps"):
             call()
+    # CKA compares representations: it says why this model's blocks are not compared, and where its attention is
+    with pytest.raises(vl.UnsupportedModelError, match="CKA compares.*representations.*hierarchical.*"
+                                                       "vl.attention_distance"):
+        vl.cka(m, tiny, images(4))
     with pytest.raises(vl.UnsupportedModelError, match="attends globally"):
         vl.WindowedDistanceAccumulator.for_model(tiny)
     with pytest.raises(vl.InvalidParameterError, match="discard_ratio=0"):

@@ -110,4 +110,21 @@ def test_compare_in_the_app_draws_a_swin_beside_the_vit_and_says_why_cka_is_not_
     axes = [chart(app, i)["layout"].get("xaxis", {}).get("title", {}).get("text", "")
             for i in range(len(app.get("plotly_chart")))]
     assert any(t.startswith("Depth (fraction") for t in axes), axes
-    assert any("CKA by block" in i.value and "hierarchical" in i.value for i in app.info)
+    refusal = [i.value for i in app.info if "CKA" in i.value]
+    assert len(refusal) == 1 and "hierarchical" in refusal[0], refusal
+
+
+def test_the_cka_refusal_says_what_cka_compares_and_leaves_no_bar_behind(swin_app):
+    """Issue 45.1: the refusal under a bar that stayed at 0% for good (``remembered`` cleared its bar on success only);
+    the refusal said CKA "reads a ViT's attention" and pointed to Python functions, not the app's own views."""
+    app = swin_app
+    app.radio(key="view").set_value("Compare").run()
+    app.selectbox(key="m2-ref").set_value("ref-vit").run()
+    assert problems(app) == [] and not app.error, [e.value for e in app.error]
+    refusal = [i.value for i in app.info if "CKA" in i.value]
+    assert len(refusal) == 1, refusal
+    text = refusal[0]
+    assert text.startswith("CKA compares two models' representations") and "attention over one token grid" not in text
+    assert NAME in text and "stage to stage" in text  # why this model's blocks are not compared
+    assert "Attention distance and Attention maps views" in text and "vl." not in text and "vitlens." not in text
+    assert not [p for p in app.get("progress")], "a progress bar was left on the page"
