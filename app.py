@@ -820,7 +820,10 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
                              "`hf:FOLDER`, `torchvision:vit_b_16`, `open_clip:ViT-B-32`", "vit_tiny_patch16_224",
                              key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
-        return (name, pretrained, None, device) if name else None
+        if not name:  # a box left empty says what it wants, as the checkpoint's does
+            st.info("Type a model name, e.g. `vit_tiny_patch16_224`, or pick another model source.")
+            return None
+        return name, pretrained, None, device
     path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()
     upload = st.file_uploader("... or upload one", type=["safetensors", "pth", "pt", "bin", "npz"],
                               key=f"{prefix}-ckpt")
@@ -907,7 +910,8 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
                     labels: np.ndarray | None, image_source: str) -> Context:
     """The model's facts, the current image and its predictions; stops the run with a message when
     there is no model or no image to show."""
-    if picked is None:
+    if picked is None:  # the sidebar's box says what it wants; the page says where to look
+        st.info("No model to show yet: give one in the sidebar (under Model, the box says what it needs).")
         st.stop()
     try:
         m = load_model(*picked)

@@ -934,3 +934,18 @@ def test_an_attnlrp_variant_chosen_in_the_app_gets_its_own_ledger(app):
     assert any(c.value.startswith("cp_lrp's ledger") for c in app.caption)
     rows = {r["entry"]: r["relevance"] for r in app.dataframe[1].value.to_dict("records")}
     assert rows["softmax (absorbed)"] == 0 and rows["input pixels"] != 0
+
+
+def test_an_empty_model_name_or_checkpoint_says_what_to_give(app):
+    """Issue 45.14: clearing the Name box gave a blank page with no hint (the Checkpoint source gave one, in the
+    sidebar only): both now say, beside the box, what to give, and the page says where to look."""
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value("").run()
+    assert problems(app) == [] and not app.error
+    hint = [i.value for i in app.sidebar.info]
+    assert len(hint) == 1 and "model name" in hint[0] and "vit_tiny_patch16_224" in hint[0], hint
+    main = [i.value for i in app.main.info]
+    assert len(main) == 1 and "sidebar" in main[0] and "model" in main[0], main
+    app.radio(key="m1-source").set_value("Checkpoint").run()
+    assert any("checkpoint path" in i.value for i in app.sidebar.info)
+    assert [i.value for i in app.main.info] == main  # the same pointer for every source left empty
