@@ -442,7 +442,7 @@ def render_windowed_distance(ctx: Context, d: vl.WindowedDistanceResult) -> None
     frame = d.to_pandas()
     if picked != "all stages":
         frame = frame[frame["stage"] == int(picked.split()[1])]
-    st.dataframe(frame.round(3), hide_index=True)
+    whole_table(frame.round(3), "attention")  # every block and head of the stages picked, no scroll box
     downloads(d, fig, "attention_distance")
 
 
@@ -721,7 +721,7 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
                f"{local[:1].upper()}{local[1:]}.")
     st.caption(f"Attention distance per layer over heads, in {data.unit_label()}.")
-    st.dataframe(data.table_with_units().round(3), hide_index=True)
+    whole_table(data.table_with_units().round(3), "model")  # every layer of both models, no scroll box
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
     rollout_fig = figures.overlay_grid_figure(

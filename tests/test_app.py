@@ -137,12 +137,20 @@ def test_view_controls_change_the_result(app):
     assert "resampled from 8x8" in chart(app)["layout"]["title"]["text"]
 
 
-def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
+def asked_tables(monkeypatch) -> list[tuple]:
+    """Every (frame, keywords) the app hands ``st.dataframe`` from now on (a table's height is out of AppTest's
+    reach; what the app asks for is not)."""
     import streamlit
 
-    asked = []  # what the app asks of st.dataframe (the element's height is out of AppTest's reach)
+    asked: list[tuple] = []
     real = streamlit.dataframe
-    monkeypatch.setattr(streamlit, "dataframe", lambda *a, **k: (asked.append(k), real(*a, **k))[1])
+    monkeypatch.setattr(streamlit, "dataframe", lambda *a, **k: (asked.append((a[0] if a else k.get("data"), k)),
+                                                                 real(*a, **k))[1])
+    return asked
+
+
+def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
+    asked = asked_tables(monkeypatch)  # what the app asks of st.dataframe
     app.radio(key="img-source").set_value("Shapes (with masks)").run()
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["rollout", "occlusion"]).run()
@@ -153,7 +161,7 @@ def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
     # issue 29 item 13: the method column is as wide as its longest name at 8 px a character, and the table
     # is as tall as its rows (height="content": no scroll box of ten rows)
     width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
-    assert width >= 8 * len("occlusion") and asked and asked[-1].get("height") == "content"  # every row shown
+    assert width >= 8 * len("occlusion") and asked and asked[-1][1].get("height") == "content"  # every row shown
     from vitlens.attribution.metrics import default_metrics
 
     # maps side by side, then each default metric's curves (deletion/insertion, perturbation)
@@ -350,7 +358,8 @@ def test_distance_view_shows_prefix_attention_and_head_importance(app):
     assert any("most important: layer" in c.value for c in app.caption)
 
 
-def test_compare_has_a_cka_tab(app):
+def test_compare_has_a_cka_tab(app, monkeypatch):
+    asked = asked_tables(monkeypatch)
     app.radio(key="view").set_value("Compare").run()
     app.slider(key="n-cmp").set_value(8).run()
     assert problems(app) == [] and not app.error
@@ -360,6 +369,10 @@ def test_compare_has_a_cka_tab(app):
     assert any(m.value.startswith("Fig. 11's contrast: ref-hybrid") for m in app.markdown)  # the one-line reading
     per_layer = next(d.value for d in app.dataframe if "layer" in d.value.columns)
     assert {"min (px)", "median (px)", "max (px)"} <= set(per_layer.columns)  # issue 29 item 12: the unit
+    # issue 45.8: the per-layer table whole (every layer of both models), as the attribution tables are
+    asked_layers = [k for frame, k in asked if "layer" in frame.columns]
+    assert asked_layers and all(k.get("height") == "content" for k in asked_layers)
+    assert len(per_layer) == 2 * 6
 
 
 def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_path, shapes_survey):

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 
-from test_app import APP, chart, problems
+from test_app import APP, asked_tables, chart, problems
 
 NAME = "vitlens_test_tiny_swin"
 
@@ -128,3 +128,15 @@ def test_the_cka_refusal_says_what_cka_compares_and_leaves_no_bar_behind(swin_ap
     assert NAME in text and "stage to stage" in text  # why this model's blocks are not compared
     assert "Attention distance and Attention maps views" in text and "vl." not in text and "vitlens." not in text
     assert not [p for p in app.get("progress")], "a progress bar was left on the page"
+
+
+def test_the_swin_distance_table_is_shown_whole(swin_app, monkeypatch):
+    """Issue 45.8: the per-block table of a windowed model's distance was cut in a scroll box of ten rows."""
+    app = swin_app
+    asked = asked_tables(monkeypatch)
+    app.session_state["n-dist"] = 4
+    app.radio(key="view").set_value("Attention distance").run()
+    assert problems(app) == [] and not app.error
+    heads = [k for frame, k in asked if "of_window" in frame.columns]
+    assert heads and all(k.get("height") == "content" for k in heads)
+    assert len(app.dataframe[0].value) == 2 * 2 + 2 * 2 + 2 * 4  # every (block, head): blocks (2, 2, 2), heads (2, 2, 4)
