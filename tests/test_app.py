@@ -962,3 +962,33 @@ def test_an_empty_model_name_or_checkpoint_says_what_to_give(app):
     app.radio(key="m1-source").set_value("Checkpoint").run()
     assert any("checkpoint path" in i.value for i in app.sidebar.info)
     assert [i.value for i in app.main.info] == main  # the same pointer for every source left empty
+
+
+HEAD_TITLE_GAPS = """() => {
+    const gd = [...document.querySelectorAll(".js-plotly-plot")].find(
+        g => String(g.layout.title?.text ?? g.layout.title).includes("each head scaled"));
+    const box = gd.getBoundingClientRect(), fl = gd._fullLayout;
+    const titles = [...gd.querySelectorAll(".annotation")].filter(a => /^head \\d+$/.test(a.textContent.trim()));
+    return titles.map(t => {
+        const h = Number(t.textContent.trim().split(" ")[1]) - 1;
+        const xa = fl["xaxis" + (h ? h + 1 : "")], ya = fl["yaxis" + (h ? h + 1 : "")];
+        const r = t.getBoundingClientRect();
+        return {head: h + 1, gap: box.top + ya._offset + ya.l2p(-0.5) - r.bottom,
+                left: Math.round(box.left + xa._offset), top: Math.round(box.top + ya._offset)};
+    });
+}"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_each_heads_title_sits_right_above_its_image_in_chromium(page):
+    """Issue 45.9, as drawn: each "head N" sat ~80 px above its image, and the embedded ViT's 8 heads were laid
+    out 6 + 2; measured in the browser, from Plotly's own axes (the image's top row) and the title's box."""
+    page.get_by_text("Attention maps", exact=True).first.click()
+    page.get_by_text("One query's attention").wait_for(timeout=90000)
+    settled(page)
+    page.wait_for_function(HEAD_TITLE_GAPS.replace("return titles.map", "return titles.length && titles.map"),
+                           timeout=60000)
+    heads = page.evaluate(HEAD_TITLE_GAPS)
+    assert len(heads) == 8
+    assert all(0 <= h["gap"] <= 12 for h in heads), heads  # was ~80 px
+    assert len({h["left"] for h in heads}) == 4 and len({h["top"] for h in heads}) == 2, heads  # 4 x 2

@@ -176,3 +176,23 @@ def test_the_deletion_insertion_legend_gives_both_aucs_and_every_method_its_own_
         assert t.name.endswith(f"(AUC deletion {dele}, insertion {ins})"), t.name
     # a method keeps its colour in every figure, whatever else is drawn beside it
     assert figures.faithfulness_figure(results[3:4]).data[0].line.color == legend[3].line.color
+
+
+@pytest.mark.parametrize("heads, shape", [(8, (2, 4)), (12, (2, 6)), (3, (1, 3)), (16, (4, 4)), (24, (4, 6))])
+def test_the_heads_are_laid_out_to_fit_their_count_with_each_image_under_its_title(heads, shape):
+    """Issue 45.9: 8 heads were laid out 6 + 2 with a blank area, and a square image was centred in a taller cell,
+    ~80 px below its "head N". Now the columns leave no empty cell where a count allows, and each image's domain
+    shrinks to the top of its cell (Plotly's constrain="domain", constraintoward="top"), under its title."""
+    image = np.zeros((32, 32, 3), dtype=np.uint8)
+    fig = figures.heads_figure(image, np.random.default_rng(0).random((heads, 4, 4)), 0, "the class token")
+    layout = fig.to_plotly_json()["layout"]
+    xs = sorted({tuple(layout[k]["domain"]) for k in layout if k.startswith("xaxis")})
+    ys = sorted({tuple(layout[k]["domain"]) for k in layout if k.startswith("yaxis")})
+    assert (len(ys), len(xs)) == shape
+    for k in layout:
+        if k.startswith("yaxis"):
+            assert layout[k]["constrain"] == "domain" and layout[k]["constraintoward"] == "top"
+        if k.startswith("xaxis"):
+            assert layout[k]["constrain"] == "domain"
+    titles = [a for a in layout["annotations"] if a["text"].startswith("head ")]
+    assert len(titles) == heads and {round(a["y"], 6) for a in titles} == {round(y[1], 6) for y in ys}
