@@ -866,6 +866,12 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | N
     return uploads.images, uploads.names, uploads.key, None, None, "upload"
 
 
+#: the sidebar's facts wrap inside it: a long value (a Swin's name, "hierarchical (windowed stages)") breaks over
+#: lines instead of widening the table past the sidebar's edge, where it was clipped ("hierarchical (windowed sta")
+FACTS_STYLE = ("<style>[data-testid='stSidebar'] [data-testid='stTable'] :is(td, th, td *, th *) "
+               "{white-space: normal; overflow-wrap: anywhere;}</style>")  # the cells' Markdown sets its own
+
+
 def facts(m: vl.LoadedModel) -> tuple[list[dict], str]:
     """The sidebar's facts table, and the weights' full location when the table shows only its last part
     (a path or hub id is one long word: in a narrow sidebar the table would clip it)."""
@@ -921,6 +927,7 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
     with st.sidebar:
         st.header("Facts")
         rows, weights = facts(m)
+        st.html(FACTS_STYLE)
         st.table(rows, hide_index=True)
         if weights:
             st.caption(f"Weights: {weights}")

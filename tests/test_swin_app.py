@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 
-from test_app import APP, asked_tables, chart, problems
+from test_app import APP, CHROMIUM, NO_BROWSER, asked_tables, chart, problems, served_app, settled
 
 NAME = "vitlens_test_tiny_swin"
 
@@ -140,3 +140,45 @@ def test_the_swin_distance_table_is_shown_whole(swin_app, monkeypatch):
     heads = [k for frame, k in asked if "of_window" in frame.columns]
     assert heads and all(k.get("height") == "content" for k in heads)
     assert len(app.dataframe[0].value) == 2 * 2 + 2 * 2 + 2 * 4  # every (block, head): blocks (2, 2, 2), heads (2, 2, 4)
+
+
+def test_the_facts_show_the_stages_and_heads_per_stage(swin_app):
+    """Issue 45.7: "layers x heads" gave the block count by the most heads of any block."""
+    facts = dict(swin_app.sidebar.table[0].value[["fact", "value"]].itertuples(index=False))
+    assert facts["stages"] == "3 (2, 2, 2 blocks)" and facts["heads per stage"] == "2, 2, 4"
+    assert "layers x heads" not in facts
+
+
+FACTS_FIT = """() => {
+    const t = document.querySelector("[data-testid='stSidebar'] [data-testid='stTable']");
+    const right = t.getBoundingClientRect().right;
+    return [...t.querySelectorAll("td, th")].map(c => ({text: c.innerText.trim(), over: c.getBoundingClientRect().right - right,
+                                                       clipped: c.scrollWidth - c.clientWidth}));
+}"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium():
+    """Issue 45.13: a Swin's name and "hierarchical (windowed stages)" ran past the sidebar's edge, clipped; every
+    cell now ends inside the table's box, its whole text shown (wrapped)."""
+    from playwright.sync_api import sync_playwright
+
+    name = "swin_tiny_patch4_window7_224"  # random init (the Pretrained box is off): a long name, not a download
+    with served_app() as port, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+        sidebar = page.locator("[data-testid='stSidebar']")
+        sidebar.get_by_text("Name", exact=True).first.click()
+        box = sidebar.locator("[data-testid='stTextInput'] input").first
+        box.wait_for(timeout=30000)
+        box.fill(name)
+        box.press("Enter")
+        sidebar.get_by_text("heads per stage").wait_for(timeout=180000)
+        settled(page)
+        cells = page.evaluate(FACTS_FIT)
+        browser.close()
+    texts = [c["text"] for c in cells]
+    assert name in texts and "hierarchical (windowed stages)" in [t.replace("\n", " ") for t in texts], texts
+    assert all(c["over"] <= 1 and c["clipped"] <= 1 for c in cells), [c for c in cells if c["over"] > 1 or c["clipped"] > 1]
