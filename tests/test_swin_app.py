@@ -182,3 +182,25 @@ def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium():
     texts = [c["text"] for c in cells]
     assert name in texts and "hierarchical (windowed stages)" in [t.replace("\n", " ") for t in texts], texts
     assert all(c["over"] <= 1 and c["clipped"] <= 1 for c in cells), [c for c in cells if c["over"] > 1 or c["clipped"] > 1]
+
+
+def test_compares_reading_says_a_windowed_models_ratio_measures_its_windows():
+    """Issue 45.7: "ref-hybrid's layer-1 heads attend 5.88x as far" beside a Swin mostly measured the Swin's windows;
+    the reading says so and sets each model's layer-1 median head against the uniform distance over what it may
+    attend (its window, or the whole grid), computed here from the results' own numbers."""
+    from vitlens.report.data import comparison
+
+    _register()
+    torch.manual_seed(0)
+    swin = vl.load_model(NAME, pretrained=False)
+    hybrid = vl.load_model("ref-hybrid")
+    images = vl.sample_images()[:2]
+    d_hybrid, d_swin = vl.attention_distance(hybrid, images), vl.attention_distance(swin, images)
+    data = comparison([d_hybrid, d_swin], ["ref-hybrid", NAME], kinds=["hybrid", "hierarchical"])
+    text = data.reading()
+    assert "attend" in text and f"{NAME} attends within windows, so that ratio mostly measures the windows" in text
+    hybrid_of = np.median(d_hybrid.mean_px[0]) / d_hybrid.uniform_px
+    swin_of = np.nanmedian(d_swin.mean_px[0] / d_swin.window_uniform_px[0])
+    assert f"ref-hybrid {hybrid_of:.2f}x, {NAME} {swin_of:.2f}x" in text, text
+    both_vits = comparison([d_hybrid, vl.attention_distance(vl.load_model("ref-vit"), images)], ["ref-hybrid", "ref-vit"])
+    assert "windows" not in both_vits.reading()
