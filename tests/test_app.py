@@ -991,6 +991,6 @@ def test_each_heads_title_sits_right_above_its_image_in_chromium(page):
     with contextlib.suppress(Exception):  # Plotly may still be resizing the chart to its column: let it finish
         page.wait_for_function(f"() => ({drawn})().every(h => h.gap >= 0 && h.gap <= 12)", timeout=15000)
     heads = page.evaluate(HEAD_TITLE_GAPS)
-    assert len(heads) == 8
+    assert len(heads) == 8, heads
     assert all(0 <= h["gap"] <= 12 for h in heads), heads  # was ~80 px
     assert len({h["left"] for h in heads}) == 4 and len({h["top"] for h in heads}) == 2, heads  # 4 x 2
