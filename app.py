@@ -155,7 +155,8 @@ def predictions_result(_m: vl.LoadedModel, mkey: str, _x: Any, ikey: str) -> lis
 
 
 def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, total: int) -> Any:
-    """A heavy result with a progress bar, remembered per session (a few entries per kind)."""
+    """A heavy result with a progress bar, remembered per session (a few entries per kind). The bar goes whatever
+    happens: a refusal or a failure leaves its message, never a bar that looks like a job still running."""
     memo = st.session_state.setdefault(name, {})
     if key not in memo:
         bar = st.progress(0.0, text=f"{what} ...")
@@ -166,9 +167,11 @@ def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, 
             bar.progress(min(done / max(n or total, 1), 1.0),
                          text=f"{what}: {done}/{n or total}" + (f", {left}" if left else ""))
 
-        with heavy_lock():
-            memo[key] = compute(progress)
-        bar.empty()
+        try:
+            with heavy_lock():
+                memo[key] = compute(progress)
+        finally:
+            bar.empty()
         while len(memo) > 6:
             memo.pop(next(iter(memo)))
     return memo[key]
@@ -440,7 +443,7 @@ def render_windowed_distance(ctx: Context, d: vl.WindowedDistanceResult) -> None
     frame = d.to_pandas()
     if picked != "all stages":
         frame = frame[frame["stage"] == int(picked.split()[1])]
-    st.dataframe(frame.round(3), hide_index=True)
+    whole_table(frame.round(3), "attention")  # every block and head of the stages picked, no scroll box
     downloads(d, fig, "attention_distance")
 
 
@@ -727,7 +730,7 @@ def render_compare_distance(ctx: Context, m2: vl.LoadedModel, other: tuple, n: i
     st.caption(f"Layer 1, median head: {m2.spec.name} / {ctx.m.spec.name} = {data.layer1_median_ratio():.2f}. "
                f"{local[:1].upper()}{local[1:]}.")
     st.caption(f"Attention distance per layer over heads, in {data.unit_label()}.")
-    st.dataframe(data.table_with_units().round(3), hide_index=True)
+    whole_table(data.table_with_units().round(3), "model")  # every layer of both models, no scroll box
     r1 = rollout_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, "mean", 0.0)
     r2 = rollout_result(m2, f"{other}", ctx.current, ctx.cur_key, "mean", 0.0)
     rollout_fig = figures.overlay_grid_figure(
@@ -828,7 +831,10 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
                              "`hf:FOLDER`, `torchvision:vit_b_16`, `open_clip:ViT-B-32`", "vit_tiny_patch16_224",
                              key=f"{prefix}-timm").strip()
         pretrained = st.checkbox("Pretrained weights (download or cache)", value=False, key=f"{prefix}-pre")
-        return (name, pretrained, None, device) if name else None
+        if not name:  # a box left empty says what it wants, as the checkpoint's does
+            st.info("Type a model name, e.g. `vit_tiny_patch16_224`, or pick another model source.")
+            return None
+        return name, pretrained, None, device
     path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()
     upload = st.file_uploader("... or upload one", type=["safetensors", "pth", "pt", "bin", "npz"],
                               key=f"{prefix}-ckpt")
@@ -869,6 +875,12 @@ def image_set() -> tuple[list, list[str], str, np.ndarray | None, np.ndarray | N
     if uploads.duplicates:
         st.caption(f"Already uploaded (same file), shown once: {', '.join(uploads.duplicates)}")
     return uploads.images, uploads.names, uploads.key, None, None, "upload"
+
+
+#: the sidebar's facts wrap inside it: a long value (a Swin's name, "hierarchical (windowed stages)") breaks over
+#: lines instead of widening the table past the sidebar's edge, where it was clipped ("hierarchical (windowed sta")
+FACTS_STYLE = ("<style>[data-testid='stSidebar'] [data-testid='stTable'] :is(td, th, td *, th *) "
+               "{white-space: normal; overflow-wrap: anywhere;}</style>")  # the cells' Markdown sets its own
 
 
 def facts(m: vl.LoadedModel) -> tuple[list[dict], str]:
@@ -940,7 +952,8 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
                     labels: np.ndarray | None, image_source: str) -> Context:
     """The model's facts, the current image and its predictions; stops the run with a message when
     there is no model or no image to show."""
-    if picked is None:
+    if picked is None:  # the sidebar's box says what it wants; the page says where to look
+        st.info("No model to show yet: give one in the sidebar (under Model, the box says what it needs).")
         st.stop()
     try:
         m = load_model(*picked)
@@ -950,6 +963,7 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
     with st.sidebar:
         st.header("Facts")
         rows, weights = facts(m)
+        st.html(FACTS_STYLE)
         st.table(rows, hide_index=True)
         if weights:
             st.caption(f"Weights: {weights}")

@@ -137,12 +137,20 @@ def test_view_controls_change_the_result(app):
     assert "resampled from 8x8" in chart(app)["layout"]["title"]["text"]
 
 
-def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
+def asked_tables(monkeypatch) -> list[tuple]:
+    """Every (frame, keywords) the app hands ``st.dataframe`` from now on (a table's height is out of AppTest's
+    reach; what the app asks for is not)."""
     import streamlit
 
-    asked = []  # what the app asks of st.dataframe (the element's height is out of AppTest's reach)
+    asked: list[tuple] = []
     real = streamlit.dataframe
-    monkeypatch.setattr(streamlit, "dataframe", lambda *a, **k: (asked.append(k), real(*a, **k))[1])
+    monkeypatch.setattr(streamlit, "dataframe", lambda *a, **k: (asked.append((a[0] if a else k.get("data"), k)),
+                                                                 real(*a, **k))[1])
+    return asked
+
+
+def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
+    asked = asked_tables(monkeypatch)  # what the app asks of st.dataframe
     app.radio(key="img-source").set_value("Shapes (with masks)").run()
     app.radio(key="view").set_value("Attributions").run()
     app.multiselect(key="methods").set_value(["rollout", "occlusion"]).run()
@@ -155,7 +163,7 @@ def test_attributions_view_scores_methods_against_masks(app, monkeypatch):
     # issue 29 item 13: the method column is as wide as its longest name at 8 px a character, and the table
     # is as tall as its rows (height="content": no scroll box of ten rows)
     width = json.loads(app.dataframe[0].proto.columns)["method"]["width"]
-    assert width >= 8 * len("attention rollout") and asked and asked[-1].get("height") == "content"  # every row shown
+    assert width >= 8 * len("attention rollout") and asked and asked[-1][1].get("height") == "content"  # every row shown
     from vitlens.attribution.metrics import default_metrics
 
     # maps side by side, then each default metric's curves (deletion/insertion, perturbation)
@@ -352,7 +360,8 @@ def test_distance_view_shows_prefix_attention_and_head_importance(app):
     assert any("most important: layer" in c.value for c in app.caption)
 
 
-def test_compare_has_a_cka_tab(app):
+def test_compare_has_a_cka_tab(app, monkeypatch):
+    asked = asked_tables(monkeypatch)
     app.radio(key="view").set_value("Compare").run()
     app.slider(key="n-cmp").set_value(8).run()
     assert problems(app) == [] and not app.error
@@ -362,6 +371,10 @@ def test_compare_has_a_cka_tab(app):
     assert any(m.value.startswith("Fig. 11's contrast: ref-hybrid") for m in app.markdown)  # the one-line reading
     per_layer = next(d.value for d in app.dataframe if "layer" in d.value.columns)
     assert {"min (px)", "median (px)", "max (px)"} <= set(per_layer.columns)  # issue 29 item 12: the unit
+    # issue 45.8: the per-layer table whole (every layer of both models), as the attribution tables are
+    asked_layers = [k for frame, k in asked if "layer" in frame.columns]
+    assert asked_layers and all(k.get("height") == "content" for k in asked_layers)
+    assert len(per_layer) == 2 * 6
 
 
 def test_survey_view_opens_a_survey_folder_and_explains_a_wrong_one(app, tmp_path, shapes_survey):
@@ -986,3 +999,50 @@ def test_with_a_token_set_the_app_runs_only_for_the_address_that_holds_it(monkey
     assert not at.exception and not at.error and at.selectbox(key="m1-ref").value == "ref-vit"
     at.radio(key="view").set_value("Survey").run()  # the session keeps its access
     assert not at.exception and any("Give the folder" in i.value for i in at.info)
+
+
+def test_an_empty_model_name_or_checkpoint_says_what_to_give(app):
+    """Issue 45.14: clearing the Name box gave a blank page with no hint (the Checkpoint source gave one, in the
+    sidebar only): both now say, beside the box, what to give, and the page says where to look."""
+    app.radio(key="m1-source").set_value("Name").run()
+    app.text_input(key="m1-timm").set_value("").run()
+    assert problems(app) == [] and not app.error
+    hint = [i.value for i in app.sidebar.info]
+    assert len(hint) == 1 and "model name" in hint[0] and "vit_tiny_patch16_224" in hint[0], hint
+    main = [i.value for i in app.main.info]
+    assert len(main) == 1 and "sidebar" in main[0] and "model" in main[0], main
+    app.radio(key="m1-source").set_value("Checkpoint").run()
+    assert any("checkpoint path" in i.value for i in app.sidebar.info)
+    assert [i.value for i in app.main.info] == main  # the same pointer for every source left empty
+
+
+HEAD_TITLE_GAPS = """() => {
+    const gd = [...document.querySelectorAll(".js-plotly-plot")].find(
+        g => String(g.layout.title?.text ?? g.layout.title).includes("each head scaled"));
+    const box = gd.getBoundingClientRect(), fl = gd._fullLayout;
+    const titles = [...gd.querySelectorAll(".annotation")].filter(a => /^head \\d+$/.test(a.textContent.trim()));
+    return titles.map(t => {
+        const h = Number(t.textContent.trim().split(" ")[1]) - 1;
+        const xa = fl["xaxis" + (h ? h + 1 : "")], ya = fl["yaxis" + (h ? h + 1 : "")];
+        const r = t.getBoundingClientRect();
+        return {head: h + 1, gap: box.top + ya._offset + ya.l2p(-0.5) - r.bottom,
+                left: Math.round(box.left + xa._offset), top: Math.round(box.top + ya._offset)};
+    });
+}"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_each_heads_title_sits_right_above_its_image_in_chromium(page):
+    """Issue 45.9, as drawn: each "head N" sat ~80 px above its image, and the embedded ViT's 8 heads were laid
+    out 6 + 2; measured in the browser, from Plotly's own axes (the image's top row) and the title's box."""
+    page.get_by_text("Attention maps", exact=True).first.click()
+    page.get_by_text("One query's attention").wait_for(timeout=90000)
+    settled(page)
+    drawn = HEAD_TITLE_GAPS.replace("return titles.map", "return titles.length === 8 && titles.map")
+    page.wait_for_function(drawn, timeout=60000)
+    with contextlib.suppress(Exception):  # Plotly may still be resizing the chart to its column: let it finish
+        page.wait_for_function(f"() => ({drawn})().every(h => h.gap >= 0 && h.gap <= 12)", timeout=15000)
+    heads = page.evaluate(HEAD_TITLE_GAPS)
+    assert len(heads) == 8, heads
+    assert all(0 <= h["gap"] <= 12 for h in heads), heads  # was ~80 px
+    assert len({h["left"] for h in heads}) == 4 and len({h["top"] for h in heads}) == 2, heads  # 4 x 2

@@ -229,6 +229,11 @@ def test_analyze_gives_every_view_defined_for_a_cait_and_refuses_the_others_in_o
         assert "\n" not in str(err.value)
     with pytest.raises(vl.UnsupportedModelError, match="AttentionDistanceAccumulator"):
         vl.stream_attention(m, x, [vl.AttentionDistanceAccumulator.for_model(m.spec)])
+    # CKA compares representations: why a CaiT's blocks are not compared, and (in the app) the app's own views
+    with pytest.raises(vl.UnsupportedModelError, match="CKA compares.*representations.*class token alone") as err:
+        vl.cka(m, vl.load_model("ref-vit"), images(4))
+    app_text = err.value.message_for("app")
+    assert "Attention distance and Attention maps views" in app_text and "vl." not in app_text
 
 
 def test_a_cait_has_the_input_methods_and_its_own_rollout_as_attributions():

@@ -353,3 +353,21 @@ def test_the_reports_attribution_table_reads_labels_too():
     assert "gradient rollout" in page and "positive perturbation AUC" in page and "mass ratio (1: uniform)" in page
     assert "Perturbation: chefer2021, signed" in page
     assert "chefer_positive_auc" not in page and "grad_rollout" not in page and "mass_ratio" not in page
+@pytest.mark.parametrize("heads, shape", [(8, (2, 4)), (12, (2, 6)), (3, (1, 3)), (16, (4, 4)), (24, (4, 6))])
+def test_the_heads_are_laid_out_to_fit_their_count_with_each_image_under_its_title(heads, shape):
+    """Issue 45.9: 8 heads were laid out 6 + 2 with a blank area, and a square image was centred in a taller cell,
+    ~80 px below its "head N". Now the columns leave no empty cell where a count allows, and each image's domain
+    shrinks to the top of its cell (Plotly's constrain="domain", constraintoward="top"), under its title."""
+    image = np.zeros((32, 32, 3), dtype=np.uint8)
+    fig = figures.heads_figure(image, np.random.default_rng(0).random((heads, 4, 4)), 0, "the class token")
+    layout = fig.to_plotly_json()["layout"]
+    xs = sorted({tuple(layout[k]["domain"]) for k in layout if k.startswith("xaxis")})
+    ys = sorted({tuple(layout[k]["domain"]) for k in layout if k.startswith("yaxis")})
+    assert (len(ys), len(xs)) == shape
+    for k in layout:
+        if k.startswith("yaxis"):
+            assert layout[k]["constrain"] == "domain" and layout[k]["constraintoward"] == "top"
+        if k.startswith("xaxis"):
+            assert layout[k]["constrain"] == "domain"
+    titles = [a for a in layout["annotations"] if a["text"].startswith("head ")]
+    assert len(titles) == heads and {round(a["y"], 6) for a in titles} == {round(y[1], 6) for y in ys}

@@ -4,6 +4,8 @@ distance in image pixels against a float64 computation over explicit dense token
 rollout through windows and patch mergings against a brute-force composition of those dense matrices."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -285,10 +287,13 @@ def test_a_vit_view_is_refused_for_a_windowed_model_in_one_line(tiny):
     with pytest.raises(vl.UnsupportedModelError, match="attends within windows"):
         vl.prefix_diagnostics(m, images(1))
     for what, call in (("attention_maps", lambda: vl.attention_maps(m, images(1))),
-                       ("CKA by block", lambda: vl.cka(m, tiny, images(4))),
                        ("head importance", lambda: vl.head_importance(m, images(2)))):
         with pytest.raises(vl.UnsupportedModelError, match=f"{what}.*hierarchical.*window_maps"):
             call()
+    # CKA compares representations: it says why this model's blocks are not compared, and where its attention is
+    with pytest.raises(vl.UnsupportedModelError, match="CKA compares.*representations.*hierarchical.*"
+                                                       "vl.attention_distance"):
+        vl.cka(m, tiny, images(4))
     with pytest.raises(vl.UnsupportedModelError, match="attends globally"):
         vl.WindowedDistanceAccumulator.for_model(tiny)
     with pytest.raises(vl.InvalidParameterError, match="discard_ratio=0"):
@@ -301,3 +306,20 @@ def test_analyze_gives_the_windowed_views_and_the_weight_views_say_why_not():
     assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 14, 14)
     assert a.filters is not None
     assert a.position is None and "relative-position bias" in a.position_note
+
+
+def test_the_facts_say_a_swins_stages_and_heads_per_stage():
+    """Issue 45.7: the facts said "layers x heads 12 x 24" for Swin-T (its stages have 3, 6, 12, 24 heads); a model of
+    stages says its stages and the heads of each, read from its blocks, and keeps them through a saved spec."""
+    import timm
+
+    module = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=56, window_size=4,
+                               embed_dim=12, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), num_classes=5)
+    m = vl.LoadedModel.from_module(module, name="swin-t-shaped")
+    assert m.spec.stage_heads == ((3, 3), (6, 6), (12,) * 6, (24, 24))
+    facts = m.describe()
+    assert "layers x heads" not in facts
+    assert facts["stages"] == "4 (2, 2, 6, 2 blocks)" and facts["heads per stage"] == "3, 6, 12, 24"
+    assert "4 stages of 3, 6, 12, 24 heads" in repr(m)
+    assert vl.ModelSpec.from_dict(json.loads(json.dumps(m.spec.to_dict()))) == m.spec
+    assert vl.load_model("ref-vit").describe()["layers x heads"] == "6 x 8"  # one stage: as before

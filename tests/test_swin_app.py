@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 
-from test_app import APP, chart, problems
+from test_app import APP, CHROMIUM, NO_BROWSER, asked_tables, chart, problems, served_app, settled
 
 NAME = "vitlens_test_tiny_swin"
 
@@ -110,4 +110,97 @@ def test_compare_in_the_app_draws_a_swin_beside_the_vit_and_says_why_cka_is_not_
     axes = [chart(app, i)["layout"].get("xaxis", {}).get("title", {}).get("text", "")
             for i in range(len(app.get("plotly_chart")))]
     assert any(t.startswith("Depth (fraction") for t in axes), axes
-    assert any("CKA by block" in i.value and "hierarchical" in i.value for i in app.info)
+    refusal = [i.value for i in app.info if "CKA" in i.value]
+    assert len(refusal) == 1 and "hierarchical" in refusal[0], refusal
+
+
+def test_the_cka_refusal_says_what_cka_compares_and_leaves_no_bar_behind(swin_app):
+    """Issue 45.1: the refusal under a bar that stayed at 0% for good (``remembered`` cleared its bar on success only);
+    the refusal said CKA "reads a ViT's attention" and pointed to Python functions, not the app's own views."""
+    app = swin_app
+    app.radio(key="view").set_value("Compare").run()
+    app.selectbox(key="m2-ref").set_value("ref-vit").run()
+    assert problems(app) == [] and not app.error, [e.value for e in app.error]
+    refusal = [i.value for i in app.info if "CKA" in i.value]
+    assert len(refusal) == 1, refusal
+    text = refusal[0]
+    assert text.startswith("CKA compares two models' representations") and "attention over one token grid" not in text
+    assert NAME in text and "stage to stage" in text  # why this model's blocks are not compared
+    assert "Attention distance and Attention maps views" in text and "vl." not in text and "vitlens." not in text
+    assert not [p for p in app.get("progress")], "a progress bar was left on the page"
+
+
+def test_the_swin_distance_table_is_shown_whole(swin_app, monkeypatch):
+    """Issue 45.8: the per-block table of a windowed model's distance was cut in a scroll box of ten rows."""
+    app = swin_app
+    asked = asked_tables(monkeypatch)
+    app.session_state["n-dist"] = 4
+    app.radio(key="view").set_value("Attention distance").run()
+    assert problems(app) == [] and not app.error
+    heads = [k for frame, k in asked if "of_window" in frame.columns]
+    assert heads and all(k.get("height") == "content" for k in heads)
+    assert len(app.dataframe[0].value) == 2 * 2 + 2 * 2 + 2 * 4  # every (block, head): blocks (2, 2, 2), heads (2, 2, 4)
+
+
+def test_the_facts_show_the_stages_and_heads_per_stage(swin_app):
+    """Issue 45.7: "layers x heads" gave the block count by the most heads of any block."""
+    facts = dict(swin_app.sidebar.table[0].value[["fact", "value"]].itertuples(index=False))
+    assert facts["stages"] == "3 (2, 2, 2 blocks)" and facts["heads per stage"] == "2, 2, 4"
+    assert "layers x heads" not in facts
+
+
+FACTS_FIT = """() => {
+    const t = document.querySelector("[data-testid='stSidebar'] [data-testid='stTable']");
+    const right = t.getBoundingClientRect().right;
+    return [...t.querySelectorAll("td, th")].map(c => ({text: c.innerText.trim(), over: c.getBoundingClientRect().right - right,
+                                                       clipped: c.scrollWidth - c.clientWidth}));
+}"""
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium():
+    """Issue 45.13: a Swin's name and "hierarchical (windowed stages)" ran past the sidebar's edge, clipped; every
+    cell now ends inside the table's box, its whole text shown (wrapped)."""
+    from playwright.sync_api import sync_playwright
+
+    name = "swin_tiny_patch4_window7_224"  # random init (the Pretrained box is off): a long name, not a download
+    with served_app() as port, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+        sidebar = page.locator("[data-testid='stSidebar']")
+        sidebar.get_by_text("Name", exact=True).first.click()
+        box = sidebar.locator("[data-testid='stTextInput'] input").first
+        box.wait_for(timeout=30000)
+        box.fill(name)
+        box.press("Enter")
+        sidebar.get_by_text("heads per stage").wait_for(timeout=180000)
+        settled(page)
+        cells = page.evaluate(FACTS_FIT)
+        browser.close()
+    texts = [c["text"] for c in cells]
+    assert name in texts and "hierarchical (windowed stages)" in [t.replace("\n", " ") for t in texts], texts
+    assert all(c["over"] <= 1 and c["clipped"] <= 1 for c in cells), [c for c in cells if c["over"] > 1 or c["clipped"] > 1]
+
+
+def test_compares_reading_says_a_windowed_models_ratio_measures_its_windows():
+    """Issue 45.7: "ref-hybrid's layer-1 heads attend 5.88x as far" beside a Swin mostly measured the Swin's windows;
+    the reading says so and sets each model's layer-1 median head against the uniform distance over what it may
+    attend (its window, or the whole grid), computed here from the results' own numbers."""
+    from vitlens.report.data import comparison
+
+    _register()
+    torch.manual_seed(0)
+    swin = vl.load_model(NAME, pretrained=False)
+    hybrid = vl.load_model("ref-hybrid")
+    images = vl.sample_images()[:2]
+    d_hybrid, d_swin = vl.attention_distance(hybrid, images), vl.attention_distance(swin, images)
+    data = comparison([d_hybrid, d_swin], ["ref-hybrid", NAME], kinds=["hybrid", "hierarchical"])
+    text = data.reading()
+    assert "attend" in text and f"{NAME} attends within windows, so that ratio mostly measures the windows" in text
+    hybrid_of = np.median(d_hybrid.mean_px[0]) / d_hybrid.uniform_px
+    swin_of = np.nanmedian(d_swin.mean_px[0] / d_swin.window_uniform_px[0])
+    assert f"ref-hybrid {hybrid_of:.2f}x, {NAME} {swin_of:.2f}x" in text, text
+    both_vits = comparison([d_hybrid, vl.attention_distance(vl.load_model("ref-vit"), images)], ["ref-hybrid", "ref-vit"])
+    assert "windows" not in both_vits.reading()

@@ -721,9 +721,25 @@ def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, qu
         A plotly ``Figure``.
     """
     panels = [(image, hm / max(float(hm.max()), 1e-12), f"head {h + 1}") for h, hm in enumerate(head_maps)]
-    return overlay_grid_figure(panels, f"{_where(layer)}: attention of {query_label}<br><sup>each head scaled "
-                               "to its max</sup>", opacity, columns=min(6, len(panels)),
-                               scale_title="attention (÷ head's max)", patch=patch)
+    columns = grid_columns(len(panels))
+    fig = overlay_grid_figure(panels, f"{_where(layer)}: attention of {query_label}<br><sup>each head scaled "
+                              "to its max</sup>", opacity, columns=columns,
+                              scale_title="attention (÷ head's max)", patch=patch)
+    # a square image in a cell taller than wide shrinks its domain to the top of the cell, under its title (the
+    # range grew instead and centred the image, ~80 px below its "head N"); rows about as tall as a column of
+    # ~800 px of images is wide, so little is left blank under each row
+    fig.update_xaxes(constrain="domain")
+    fig.update_yaxes(constrain="domain", constraintoward="top")
+    return fig.update_layout(height=80 + math.ceil(len(panels) / columns) * round(40 + 780 / columns))
+
+
+def grid_columns(n: int, most: int = 6) -> int:
+    """Columns for ``n`` small multiples: of the counts from ceil(sqrt(n)) up to ``most``, the one that leaves
+    the fewest empty cells in the last row, the widest of those (8 heads: 4 x 2, not 6 + 2; 12: 6 x 2; 16: 4 x 4)."""
+    if n <= most:
+        return max(n, 1)
+    start = min(math.ceil(math.sqrt(n)), most)
+    return min(range(start, most + 1), key=lambda c: (math.ceil(n / c) * c - n, -c))
 
 
 def _where(layer: int | None) -> str:

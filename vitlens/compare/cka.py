@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.windows import refuse_class_attention, refuse_windowed
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, UnsupportedModelError
 from ..families import Handles, HookSession
 from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
@@ -191,6 +190,40 @@ def default_layers(m: LoadedModel) -> list[str]:
     return m.block_names()
 
 
+#: why CKA by block does not read a kind of model's blocks (``ModelSpec.kind``), in words
+UNREAD_BLOCKS = {
+    "hierarchical": "its blocks hand on token grids that shrink from stage to stage (hierarchical; timm's Swin hands "
+                    "them on as [images, H, W, width] maps), which this comparison does not read: it reads every "
+                    "block's output as a ViT's tokens on one grid",
+    "class-attention": "its self-attention blocks hand on the patch tokens alone and its class-attention layers the "
+                       "class token alone, so no one token policy (mean, cls, patches) reads every block",
+}
+
+
+def refuse_unread_blocks(spec: Any) -> None:
+    """Refuse, in one line, CKA by block for a model whose blocks this comparison does not read (``UNREAD_BLOCKS``):
+    CKA compares representations, each block's output tokens image by image, and says why this model's cannot be
+    compared here; the app's hint names its own pages that show the model's attention (the registry's attention
+    views defined for the model's kind, by the page that shows each).
+
+    Raises:
+        UnsupportedModelError: ``spec.kind`` is in ``UNREAD_BLOCKS``.
+    """
+    why = UNREAD_BLOCKS.get(getattr(spec, "kind", ""))
+    if why is None:
+        return
+    from ..views.registry import VIEWS
+
+    pages = list(dict.fromkeys(v.shown_in or v.label for v in VIEWS.values()
+                               if v.kind == "attention" and spec.kind in v.kinds))
+    raise UnsupportedModelError(
+        f"CKA compares two models' representations, each block's output tokens image by image; {spec.name} is not "
+        f"compared here: {why}.",
+        fixes={"python": "Its attention views are exact: vl.attention_distance and vl.attention_rollout.",
+               "app": f"Its attention is shown by this app's {' and '.join(pages)} views, and beside the other model "
+                      "on the Attention distance tab here."})
+
+
 def _side(model: LoadedModel | nn.Module, layers: Sequence[str] | None) -> _Side:
     if isinstance(model, LoadedModel):
         return _Side(model.model, model.spec.name, list(layers or default_layers(model)), model.data_config,
@@ -299,6 +332,8 @@ def cka(
     Raises:
         InvalidParameterError: an unknown token policy or estimator, a layer name that is not a module,
             fewer than 4 images.
+        UnsupportedModelError: a loaded model whose blocks this comparison does not read (a hierarchical model,
+            a CaiT: ``refuse_unread_blocks``).
     """
     if token_policy not in TOKEN_POLICIES:
         raise InvalidParameterError(f"token_policy must be one of {', '.join(TOKEN_POLICIES)}; got {token_policy!r}.")
@@ -306,8 +341,7 @@ def cka(
         raise InvalidParameterError(f"batch_size must be at least {MIN_BATCH} for minibatch CKA; got {batch_size}.")
     for side in (model_a, model_b):  # a windowed model's blocks hand on [B, H, W, C] grids of its stages
         if isinstance(side, LoadedModel):
-            refuse_windowed(side.spec, "CKA by block")
-            refuse_class_attention(side.spec, "CKA by block")
+            refuse_unread_blocks(side.spec)
     a, b = _side(model_a, layers_a), _side(model_b, layers_b)
     if token_policy == "patches" and grid is None:
         grids = [g for g in (a.grid, b.grid) if g is not None]

@@ -39,6 +39,9 @@ class ModelSpec:
         dynamic_img_size: whether the model accepts other input sizes (E_pos resampled).
         family: which model family captures its attention (e.g. "timm-vit").
         prefix_labels: what each prefix token is ("class", "distillation", "register 1", ...).
+        stage_heads: a hierarchical model's heads of every block, grouped by stage, first stage first (Swin-T:
+            ((3, 3), (6, 6), (12,) * 6, (24, 24)); ``core.windows.stage_heads``); () when unknown or for a model
+            without windows. ``describe`` shows a model of more than one stage by its stages and heads per stage.
     """
 
     name: str
@@ -58,6 +61,7 @@ class ModelSpec:
     dynamic_img_size: bool = False
     family: str = "timm-vit"
     prefix_labels: tuple[str, ...] = ()
+    stage_heads: tuple[tuple[int, ...], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +73,8 @@ class ModelSpec:
         for key in ("image_size", "grid", "stride_px", "prefix_labels"):
             if key in d:
                 d[key] = tuple(d[key])
+        if "stage_heads" in d:
+            d["stage_heads"] = tuple(tuple(int(h) for h in stage) for stage in d["stage_heads"])
         return cls(**d)
 
     @property
@@ -82,6 +88,16 @@ class ModelSpec:
         ``LoadedModel.grid_for``)."""
         gh, gw = grid if grid is not None else self.grid
         return self.num_prefix_tokens + int(gh) * int(gw)
+
+    def depth_description(self) -> dict[str, str]:
+        """The blocks and heads in words: "layers x heads" ("12 x 6"), or for a model of more than one stage
+        (``stage_heads``) its "stages" ("4 (2, 2, 6, 2 blocks)") and "heads per stage" ("3, 6, 12, 24"; a stage
+        whose blocks differ shows its range, "1-2")."""
+        if len(self.stage_heads) < 2:
+            return {"layers x heads": f"{self.num_layers} x {self.num_heads}"}
+        blocks = ", ".join(str(len(s)) for s in self.stage_heads)
+        heads = ", ".join(str(min(s)) if min(s) == max(s) else f"{min(s)}-{max(s)}" for s in self.stage_heads)
+        return {"stages": f"{len(self.stage_heads)} ({blocks} blocks)", "heads per stage": heads}
 
     def prefix_description(self) -> str:
         """'1 (class)', '2 (class, distillation)', '4 (4 registers)', '0 (none: GAP/MAP head)'."""
@@ -110,7 +126,7 @@ class ModelSpec:
             "grid": f"{self.grid[0]}x{self.grid[1]} tokens",
             "stride": f"{sy} px" if sy == sx else f"{sy}x{sx} px",
             "prefix tokens": self.prefix_description(),
-            "layers x heads": f"{self.num_layers} x {self.num_heads}",
+            **self.depth_description(),
             "width": str(self.embed_dim),
             "parameters": param_count_str(self.num_params),
             "classes": str(self.num_classes) if self.num_classes else "none (feature model)",

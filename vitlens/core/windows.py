@@ -258,6 +258,27 @@ def stage_centres(windows: list[WindowGeometry]) -> dict[int, np.ndarray]:
     return centres
 
 
+def block_heads(family: Any, model: Any) -> list[int]:
+    """The heads of every block's attention, first block first: the family's ``block_heads`` where it has one (its
+    attention modules do not say it as ``num_heads``), else each attention module's ``num_heads``."""
+    heads = getattr(family, "block_heads", None)
+    if heads is not None:
+        return [int(h) for h in heads(model)]
+    return [int(a.num_heads) for a in family.attention_modules(model)]
+
+
+def stage_heads(family: Any, model: Any, image_size: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
+    """A hierarchical model's heads of every block, grouped by stage (``WindowGeometry.stage``), first stage first:
+    Swin-T's ((3, 3), (6, 6), (12,) * 6, (24, 24)). () for a family without windows (one global attention)."""
+    windows = getattr(family, "windows", None)
+    if windows is None:
+        return ()
+    stages: dict[int, list[int]] = {}
+    for g, heads in zip(windows(model, image_size), block_heads(family, model)):
+        stages.setdefault(g.stage, []).append(heads)
+    return tuple(tuple(stages[s]) for s in sorted(stages))
+
+
 def refuse_windowed(spec: Any, what: str) -> None:
     """Refuse, in one line, a reading defined for a ViT's one global attention over one token grid when the model
     attends within windows on stages of coarser grids (``spec.kind == "hierarchical"``), naming what to use.
@@ -298,5 +319,5 @@ def refuse_class_attention(spec: Any, what: str) -> None:
             "vl.capture_attention ([B, heads, N, N], then [B, heads, 1, 1 + N]).")
 
 
-__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "merge_transport", "pooling_transport", "refuse_class_attention",
-           "refuse_windowed", "stage_centres", "transport_centres"]
+__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "block_heads", "merge_transport", "pooling_transport",
+           "refuse_class_attention", "refuse_windowed", "stage_centres", "stage_heads", "transport_centres"]

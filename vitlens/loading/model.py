@@ -4,6 +4,7 @@ config. vitlens never changes what the module computes; every view reads it thro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from ..families import Family, family_of
 from ..core.spec import ModelSpec
+from ..core.windows import stage_heads
 
 #: the kinds of weights a model can have (``LoadedModel.weights``, the survey table's ``weights`` column)
 WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
@@ -110,8 +112,10 @@ class LoadedModel:
         """One line, like the results (the module's own repr is thousands of characters)."""
         d = self.spec.describe()
         dtype = str(self.dtype).replace("torch.", "")
-        return (f"LoadedModel({self.spec.name}: {d['kind']}, {d['input']}, {d['grid']}, {d['layers x heads']} "
-                f"heads, {d['parameters']} parameters, {self.device}, {dtype}"
+        depth = (f"{d['layers x heads']} heads" if "layers x heads" in d else
+                 f"{len(self.spec.stage_heads)} stages of {d['heads per stage']} heads")
+        return (f"LoadedModel({self.spec.name}: {d['kind']}, {d['input']}, {d['grid']}, {depth}, "
+                f"{d['parameters']} parameters, {self.device}, {dtype}"
                 + (f", from {self.source}" if self.source else "")
                 + (f", {self.family.path}" if self.family is not None and self.family.path else "") + ")")
 
@@ -156,6 +160,8 @@ class LoadedModel:
         module.to(dev)
         size = tuple((data_config or {}).get("input_size", ())[-2:]) or None
         spec = family.spec(module, name, size)  # type: ignore[arg-type]
+        if spec.kind == "hierarchical":  # its heads by stage, from the family's windows (the facts show them)
+            spec = dataclasses.replace(spec, stage_heads=stage_heads(family, module, spec.image_size))
         config = family.data_config(module, spec)
         config.update(data_config or {})
         kind = weights or ("random init" if source == "random init" else "module")

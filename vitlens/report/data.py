@@ -119,7 +119,7 @@ class ComparisonData(Result):
         first, second = self.models[0], self.models[1]
         if 1 / 1.15 < ratio < 1.15:
             return (f"Layer 1 alike: median distance ratio {second} / {first} = {ratio:.2f} "
-                    f"(Fig. 11 shows a hybrid well above its ViT){self._random_note()}.")
+                    f"(Fig. 11 shows a hybrid well above its ViT){self._window_note()}{self._random_note()}.")
         far, close, x = (1, 0, ratio) if ratio >= 1.15 else (0, 1, 1 / ratio)
         said = f"{self.models[far]}'s layer-1 heads attend {x:.2f}x as far as {self.models[close]}'s (median)"
         kinds = (list(self.kinds) + [""] * 2)[:2]
@@ -129,7 +129,23 @@ class ComparisonData(Result):
             said += " (the hybrid attends nearer than the ViT: the reverse of Fig. 11)"
         elif kinds[0] == kinds[1] and kinds[0] in ("vit", "hybrid"):
             said += f" (both are {'hybrids' if kinds[0] == 'hybrid' else 'plain ViTs'}: not Fig. 11's contrast)"
-        return said + self._random_note() + "."
+        return said + self._window_note() + self._random_note() + "."
+
+    def layer1_of_uniform(self) -> list[float]:
+        """Each model's layer-1 median head as a multiple of the distance of uniform attention over what its heads
+        may attend (``of_uniform``: the whole grid for a ViT, each head's window for a windowed model)."""
+        return [float(np.nanmedian(d.of_uniform[0])) for d in self.distances]
+
+    def _window_note(self) -> str:
+        """Where a model attends within windows, that the distance ratio mostly measures its windows, and the
+        layer-1 median heads against the uniform distance over what each may attend ("" when no model is windowed)."""
+        windowed = [n for n, d in zip(self.models, self.distances) if isinstance(d, WindowedDistanceResult)]
+        if not windowed:
+            return ""
+        each = ", ".join(f"{n} {r:.2f}x" for n, r in zip(self.models, self.layer1_of_uniform()))
+        return (f"; but {_listed(windowed)} attend{'s' if len(windowed) == 1 else ''} within windows, so that ratio "
+                "mostly measures the windows. Against uniform attention over what each head may attend (its window, "
+                f"or the whole grid), the median layer-1 head sits at {each}")
 
     def _random_note(self) -> str:
         """What random weights mean for a comparison ("" when no model has them)."""

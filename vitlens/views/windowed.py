@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..core.spec import ModelSpec
-from ..core.windows import WindowGeometry, merge_transport, stage_centres
+from ..core.windows import WindowGeometry, block_heads, merge_transport, stage_centres
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..engine.stream import model_name
 from ..errors import InvalidParameterError, UnsupportedModelError
@@ -197,10 +197,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 
     @classmethod
     def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
-        block_heads = getattr(m.family, "block_heads", None)  # type: ignore[attr-defined]
-        heads = (block_heads(m.model) if block_heads is not None  # type: ignore[attr-defined]
-                 else [int(a.num_heads) for a in m.family.attention_modules(m.model)])  # type: ignore[attr-defined]
-        return cls(model_windows(m), heads, m.spec.image_size, renormalize)  # type: ignore[attr-defined]
+        return cls(model_windows(m), block_heads(m.family, m.model), m.spec.image_size,  # type: ignore[attr-defined]
+                   renormalize)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         if self.windows is None:
