@@ -66,3 +66,61 @@ def test_the_png_is_plotlys_own_export_of_the_same_figure():
     fig = go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]), layout={"title": "t", "height": 300})
     want = export.export_figure(fig).to_image(format="png", width=export.PNG_WIDTH, scale=export.PNG_SCALE)
     assert export.figure_png(fig) == want
+
+
+def hide_the_browser(monkeypatch, tmp_path) -> None:
+    """A machine without Chrome/Chromium, as kaleido sees it: an empty PATH, no BROWSER_PATH, nothing at the usual
+    places (choreographer looks at /usr/bin/chromium and the like whatever PATH says), no downloaded browser."""
+    from choreographer.browsers import chromium
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setattr(chromium, "_is_exe", lambda path: False)
+    monkeypatch.setattr(chromium, "get_chrome_download_path", lambda mkdir=False: None)
+    monkeypatch.setattr(chromium, "get_old_chrome_download_path", lambda: None)
+
+
+def test_no_browser_is_our_error_naming_the_install_command_never_kaleidos_advice(monkeypatch, tmp_path):
+    pytest.importorskip("kaleido")
+    hide_the_browser(monkeypatch, tmp_path)
+    assert export.browser_path() is None
+    with pytest.raises(export.BrowserNotFoundError) as caught:
+        export.figure_png(go.Figure(go.Scatter(y=[1, 2])))
+    e = caught.value
+    for interface in ("python", "cli", "app"):
+        text = e.message_for(interface)
+        assert "apt-get install chromium" in text and "no Chrome or Chromium" in text, text
+        assert "kaleido_get_chrome" not in text and "\n" not in text, text
+    assert "--png" in e.message_for("cli") and "HTML download" in e.message_for("app")
+
+
+def test_a_browser_path_that_is_no_file_is_named(monkeypatch, tmp_path):
+    pytest.importorskip("kaleido")
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-chrome"))
+    assert export.browser_path() is None
+    with pytest.raises(export.BrowserNotFoundError, match=r"no browser at BROWSER_PATH='.*no-chrome'.*apt-get install"):
+        export.figure_png(go.Figure())
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Chromium on PATH")
+def test_the_browser_is_found_where_kaleido_finds_it(monkeypatch):
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    assert export.browser_path() is not None
+    monkeypatch.setenv("BROWSER_PATH", shutil.which("chromium"))
+    assert export.browser_path() == shutil.which("chromium")
+
+
+def test_report_png_without_a_browser_stops_in_one_line_naming_the_install(monkeypatch, tmp_path, capsys):
+    """``vitlens report --png`` on a machine without Chromium: exit 2, one line with the install command,
+    kaleido's download advice never shown, no PNG written."""
+    pytest.importorskip("kaleido")
+    from vitlens.report.cli import main
+
+    hide_the_browser(monkeypatch, tmp_path)
+    code = main(["report", "--model", "ref-vit", "--n-images", "1", "--out", str(tmp_path / "r.html"),
+                 "--png", str(tmp_path / "png"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("vitlens: error: PNG export") and "apt-get install chromium" in err and "--png" in err
+    assert "kaleido_get_chrome" not in err
+    assert not (tmp_path / "png").exists()

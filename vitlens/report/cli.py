@@ -152,6 +152,7 @@ def write_png(figs: dict[str, Any], out_dir: Path) -> None:
         import kaleido  # noqa: F401
     except ImportError as e:
         raise CliError("--png needs the kaleido package: pip install kaleido") from e
+    from vitlens.errors import VitlensError
     from vitlens.report.export import figure_png
     from vitlens.results import atomic_write_bytes
 
@@ -159,6 +160,8 @@ def write_png(figs: dict[str, Any], out_dir: Path) -> None:
     for name, fig in figs.items():  # every figure rendered before the first file is written
         try:
             pngs[name] = figure_png(fig)
+        except VitlensError:  # no browser: the export's own message (what to install), not kaleido's
+            raise
         except Exception as e:  # kaleido raises several types when no Chrome/Chromium is found
             raise CliError(f"--png could not render with kaleido ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
                            "Install Chromium (Debian: apt-get install chromium) or leave out --png.") from e

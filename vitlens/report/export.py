@@ -8,11 +8,15 @@ so a figure rendered there by kaleido clips its tick labels and puts the axis ti
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 import plotly.graph_objects as go
 import plotly.io as pio
+
+from vitlens.errors import VitlensError
 
 #: the template of every exported figure (what ``vitlens report --png`` has always rendered with)
 EXPORT_TEMPLATE = "plotly"
@@ -29,8 +33,54 @@ PNG_ATTEMPTS = 2
 CLOSE_GRACE_S = 15.0
 
 
+#: the command that installs the browser kaleido renders with (what scripts/install-chromium.sh runs)
+INSTALL_BROWSER = "apt-get install chromium"
+
+
 class PngExportTimeout(RuntimeError):
     """kaleido gave no PNG within ``PNG_TIMEOUT_S`` in any of ``PNG_ATTEMPTS`` tries."""
+
+
+class BrowserNotFoundError(VitlensError, RuntimeError):
+    """No Chrome or Chromium for kaleido to render PNGs with (kaleido's own advice, ``kaleido_get_chrome``,
+    downloads one from the internet and is never passed on: it cannot work offline)."""
+
+
+def browser_path() -> str | None:
+    """The browser kaleido would render with, found the way kaleido finds it (choreographer's search): the
+    ``BROWSER_PATH`` environment variable when it is set, else Chrome, Chromium, Edge, Brave or Vivaldi on
+    ``PATH`` or at their usual places, else choreographer's own download. None when that is no file.
+
+    Returns:
+        The browser's path, or None when kaleido would find none.
+    """
+    try:
+        from choreographer.browsers.chromium import Chromium
+    except ImportError:  # a kaleido without choreographer: let it look for itself
+        return None
+    if os.environ.get("BROWSER_PATH"):
+        path: str | None = os.environ["BROWSER_PATH"]
+    else:
+        path = Chromium.find_browser(skip_local=False)
+    return str(path) if path and Path(path).is_file() else None
+
+
+def browser_missing() -> BrowserNotFoundError:
+    """The error for a machine where kaleido finds no browser, saying which one is looked for and how to install
+    it, in each interface's words.
+
+    Returns:
+        The error (to raise).
+    """
+    where = os.environ.get("BROWSER_PATH")
+    what = (f"no browser at BROWSER_PATH={where!r}" if where
+            else "no Chrome or Chromium on this machine (looked on PATH and at /usr/bin/chromium)")
+    install = f"install Chromium ({INSTALL_BROWSER}, or bash scripts/install-chromium.sh in a checkout)"
+    return BrowserNotFoundError(
+        f"PNG export renders figures with kaleido, which needs Chrome or Chromium: {what}.",
+        fixes={"python": f"To fix: {install}, or set BROWSER_PATH to a Chrome/Chromium executable.",
+               "cli": f"To fix: {install}, or leave out --png.",
+               "app": f"To fix: {install} and restart the app; the HTML download needs no browser."})
 
 
 def export_figure(fig: Any) -> go.Figure:
@@ -70,9 +120,11 @@ def figure_png(fig: Any, width: int = PNG_WIDTH, scale: float = PNG_SCALE, timeo
     ``attempts`` times with a new browser.
 
     Raises:
+        BrowserNotFoundError: kaleido finds no Chrome or Chromium (the message names the install command).
         PngExportTimeout: no try gave a PNG in time.
     """
     import kaleido
+    from choreographer.errors import ChromeNotFoundError
 
     out = export_figure(fig)
     d = pio.defaults
@@ -86,6 +138,8 @@ def figure_png(fig: Any, width: int = PNG_WIDTH, scale: float = PNG_SCALE, timeo
                            timeout_s)
         except TimeoutError:
             continue
+        except ChromeNotFoundError:  # kaleido's message advises a download (kaleido_get_chrome): ours says apt
+            raise browser_missing() from None
     raise PngExportTimeout(f"kaleido gave no PNG within {timeout_s:g} s in {tries} tries (its browser "
                            "never answered; plotly/Kaleido#441). Try again; if it keeps happening, check that "
                            "Chromium starts: chromium --headless --no-sandbox --dump-dom about:blank")
