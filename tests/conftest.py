@@ -49,6 +49,14 @@ def tiny():
     return get_model("vit_tiny_patch16_224")
 
 
+@pytest.fixture(scope="session")
+def ref_vit():
+    """The embedded reference ViT, loaded once per session (read-only: a test that changes it copies it first)."""
+    import vitlens as vl
+
+    return vl.load_model("ref-vit", device="cpu")
+
+
 @pytest.fixture()
 def rng() -> torch.Generator:
     return torch.Generator().manual_seed(1234)
