@@ -184,6 +184,7 @@ def test_the_style_check_finds_what_it_should():
     assert style_problems(lambda: None) == ["no docstring"]
 
 
+@pytest.mark.long
 def test_the_site_builds_strict_with_every_tutorial(tmp_path):
     """``scripts/docs.sh``: the tutorials run (each cell; a failing one fails the build), their figures
     land on their pages, and ``mkdocs build --strict`` passes (links, pages, API names)."""

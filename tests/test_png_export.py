@@ -12,53 +12,60 @@ from vitlens.report import export
 
 
 def hanging_then(png: bytes, hangs: int):
-    """A stand-in for ``kaleido.calc_fig`` whose first ``hangs`` calls never answer; it counts its calls and how
-    many of them were cancelled (their browser closed)."""
-    state = {"calls": 0, "cancelled": 0}
+    """A stand-in for ``export._calc_figs`` (one kaleido browser's PNGs) whose first ``hangs`` calls never answer;
+    it counts its calls, how many of them were cancelled (their browser closed) and the figures it was given."""
+    state = {"calls": 0, "cancelled": 0, "figures": 0}
 
-    async def calc_fig(fig, opts=None, *, topojson=None, kopts=None):
+    async def calc_figs(specs, opts, topojson, kopts):
         state["calls"] += 1
-        assert opts["format"] == "png" and opts["width"] == export.PNG_WIDTH and fig["data"]
+        assert all(o["format"] == "png" and o["width"] == export.PNG_WIDTH for o in opts) and specs[0]["data"]
         if state["calls"] <= hangs:
             try:
                 await asyncio.sleep(3600)
             except asyncio.CancelledError:
                 state["cancelled"] += 1
                 raise
-        return png
+        state["figures"] += len(specs)
+        return [png] * len(specs)
 
-    return calc_fig, state
+    return calc_figs, state
 
 
 def test_a_try_that_never_answers_is_cancelled_and_the_next_gives_the_png(monkeypatch):
-    kaleido = pytest.importorskip("kaleido")
     fake, state = hanging_then(b"\x89PNG-fake", hangs=1)
-    monkeypatch.setattr(kaleido, "calc_fig", fake)
+    monkeypatch.setattr(export, "_calc_figs", fake)
     assert export.figure_png(go.Figure(go.Scatter(y=[1, 2])), timeout_s=0.3) == b"\x89PNG-fake"
-    assert state == {"calls": 2, "cancelled": 1}
+    assert state == {"calls": 2, "cancelled": 1, "figures": 1}
 
 
 def test_every_try_hanging_is_an_error_that_says_what_to_do(monkeypatch):
-    kaleido = pytest.importorskip("kaleido")
     fake, state = hanging_then(b"never", hangs=99)
-    monkeypatch.setattr(kaleido, "calc_fig", fake)
+    monkeypatch.setattr(export, "_calc_figs", fake)
     with pytest.raises(export.PngExportTimeout, match=r"no PNG within 0.2 s in 2 tries.*chromium --headless"):
         export.figure_png(go.Figure(go.Scatter(y=[1, 2])), timeout_s=0.2)
-    assert state == {"calls": 2, "cancelled": 2}
+    assert state == {"calls": 2, "cancelled": 2, "figures": 0}
 
 
 def test_other_errors_are_not_retried(monkeypatch):
-    kaleido = pytest.importorskip("kaleido")
     calls = []
 
     async def broken(*args, **kwargs):
         calls.append(1)
         raise ValueError("bad figure")
 
-    monkeypatch.setattr(kaleido, "calc_fig", broken)
+    monkeypatch.setattr(export, "_calc_figs", broken)
     with pytest.raises(ValueError, match="bad figure"):
         export.figure_png(go.Figure())
     assert len(calls) == 1
+
+
+def test_several_figures_take_one_browser_and_one_bound_for_them_all(monkeypatch):
+    fake, state = hanging_then(b"\x89PNG-fake", hangs=1)
+    monkeypatch.setattr(export, "_calc_figs", fake)
+    figs = [go.Figure(go.Scatter(y=[i, 2])) for i in range(3)]
+    assert export.figures_png(figs, timeout_s=0.1) == [b"\x89PNG-fake"] * 3  # a try bounded by 3 x 0.1 s
+    assert state == {"calls": 2, "cancelled": 1, "figures": 3}
+    assert export.figures_png([]) == []
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="kaleido needs Chromium")
@@ -66,6 +73,9 @@ def test_the_png_is_plotlys_own_export_of_the_same_figure():
     fig = go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]), layout={"title": "t", "height": 300})
     want = export.export_figure(fig).to_image(format="png", width=export.PNG_WIDTH, scale=export.PNG_SCALE)
     assert export.figure_png(fig) == want
+    other = go.Figure(go.Scatter(y=[3, 1, 2]), layout={"height": 460})  # one browser: each its own height
+    assert export.figures_png([fig, other]) == [want, export.export_figure(other).to_image(
+        format="png", width=export.PNG_WIDTH, scale=export.PNG_SCALE)]
 
 
 def hide_the_browser(monkeypatch, tmp_path) -> None:
