@@ -7,7 +7,6 @@ is one render function of a ``Context`` (model, images, current image), dispatch
 """
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from vitlens.loading.presets import PRESETS
 from vitlens.loading.seeded import load_model_seeded
 from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 from vitlens.report.data import comparison, distance_reading
-from vitlens.report.export import figure_html, figure_png
+from vitlens.report.export import browser_path, figure_html, figure_png
 from vitlens.words import counted, listed_some
 from vitlens.report.html import attribution_figures
 from vitlens.results import round_significant
@@ -49,7 +48,7 @@ from vitlens.views.rollout import format_probability
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
-PNG_EXPORT = shutil.which("chromium") is not None
+PNG_EXPORT = browser_path() is not None  # the browser kaleido would use, found as kaleido finds it
 
 
 # ---------------------------------------------------------------- cached models and results

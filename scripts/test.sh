@@ -11,4 +11,7 @@ bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
 # two worker processes (pytest-xdist), each with its share of the cores (tests/conftest.py): the suite's many
 # single-threaded stretches (imports, subprocesses, browsers, Ray) overlap. `-n 0` runs it in one process.
-exec .venv/bin/python -m pytest -q -n 2 "$@"
+# --dist loadgroup: the tests of one shared fixture (one Ray, one app server and browser: conftest's
+# SHARED_FIXTURE_GROUPS) run on one worker; with --no-loadscope-reorder the long tests and those groups, which
+# conftest puts first, start first, and the short tests even out the end.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder "$@"

@@ -3,7 +3,8 @@
 Each ``tutorials/NN_name.py`` is split at its ``# %%`` lines. A ``# %% [markdown]`` cell becomes prose
 (its ``# `` prefixes dropped); a code cell is executed, in order, in one namespace per tutorial, and the
 page shows its code, what it printed, and its last expression the way a notebook would: a plotly figure
-as a PNG (through kaleido, the same export as ``vitlens report --png``), a pandas DataFrame as a table,
+as a PNG (through kaleido, the same export as ``vitlens report --png``; a tutorial's figures are rendered
+together when it ends, one browser for them all), a pandas DataFrame as a table,
 anything else as its repr. Pages go to ``docs/tutorials/NN_name.md``, figures beside them; a cell that
 raises stops the run with its traceback and a non-zero exit, so a tutorial that no longer runs fails
 the docs build (and so CI). Each tutorial runs in its own Python process (what one registers, another
@@ -54,16 +55,16 @@ def split_cells(text: str) -> list[tuple[str, str]]:
     return cells
 
 
-def display(value: Any, stem: str, counter: list[int], out_dir: Path) -> str:
-    """Markdown for a cell's last value: a figure as a PNG file, a DataFrame as a table, else its repr."""
+def display(value: Any, stem: str, figures: dict[str, Any]) -> str:
+    """Markdown for a cell's last value: a figure as a PNG file (kept in ``figures`` under its file name, to be
+    rendered with the tutorial's others: one browser for them all), a DataFrame as a table, else its repr."""
     if value is None:
         return ""
     if type(value).__module__.startswith("plotly") and hasattr(value, "to_image"):
-        from vitlens.report.export import figure_png
-        counter[0] += 1
-        name = f"{stem}_fig{counter[0]}.png"
-        (out_dir / name).write_bytes(figure_png(value, width=FIGURE_WIDTH, scale=FIGURE_SCALE))
-        return f"![figure {counter[0]}]({name}){{ width=\"{FIGURE_WIDTH}\" }}\n"
+        number = len(figures) + 1
+        name = f"{stem}_fig{number}.png"
+        figures[name] = value.to_dict()  # as it is now: a later cell that changes the figure changes no page
+        return f"![figure {number}]({name}){{ width=\"{FIGURE_WIDTH}\" }}\n"
     if type(value).__name__ == "DataFrame" and hasattr(value, "to_html"):
         return value.to_html(max_rows=40, float_format=lambda v: f"{v:.4g}", border=0) + "\n"
     return "```text\n" + repr(value) + "\n```\n"
@@ -75,7 +76,7 @@ def run_tutorial(source: Path, out_dir: Path = PAGES) -> float:
     stem = source.stem
     namespace: dict[str, Any] = {"__name__": "__main__", "__file__": str(source)}
     parts: list[str] = []
-    counter = [0]
+    figures: dict[str, Any] = {}
     start = time.perf_counter()
     cwd = os.getcwd()
     with tempfile.TemporaryDirectory(prefix=f"vitlens-{stem}-") as work:
@@ -102,11 +103,15 @@ def run_tutorial(source: Path, out_dir: Path = PAGES) -> float:
                 printed = ANSI.sub("", buffer.getvalue())
                 if printed.strip():
                     parts.append("```text\n" + printed.rstrip() + "\n```\n")
-                shown = display(value, stem, counter, out_dir)
+                shown = display(value, stem, figures)
                 if shown:
                     parts.append(shown)
         finally:
             os.chdir(cwd)
+    if figures:  # each as it was when its cell ended
+        from vitlens.report.export import figures_png
+        for name, png in zip(figures, figures_png(list(figures.values()), width=FIGURE_WIDTH, scale=FIGURE_SCALE)):
+            (out_dir / name).write_bytes(png)
     seconds = time.perf_counter() - start
     note = (f"\n---\n*This page is the output of `tutorials/{source.name}`, executed by `scripts/docs.sh` "
             "at every build of the site. Run it yourself with `python tutorials/" + source.name + "`.*\n")

@@ -41,6 +41,55 @@ os.environ["VITLENS_CACHE_DIR"] = _NATIVE_CACHE
 atexit.register(shutil.rmtree, _NATIVE_CACHE, True)
 
 
+# ---------------------------------------------------------------- how the suite is spread over processes
+#: fixtures that build something costly once and share it (a Ray, a Streamlit server and its browser, a report
+#: written by the command line): under pytest-xdist (`--dist loadgroup`, scripts/test.sh) every test that uses
+#: one goes to the same worker, so it is built once per suite rather than once per worker. Tests that share a
+#: group name share a worker.
+SHARED_FIXTURE_GROUPS: dict[str, str] = {
+    "local_ray": "ray", "shapes_survey": "ray",
+    "app_server": "app-browser", "browser_app": "app-browser", "command_line_pngs": "app-browser",
+    "pair_report": "cli-pair-report", "pair_compare": "cli-pair-compare",
+}
+#: the marker of a test that takes long on its own (the docs build): under xdist such tests, then the groups above,
+#: are handed out first, so no worker starts one of them while the other is finishing
+LONG = "long"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{LONG}: a test that runs long on its own; under xdist it starts first")
+
+
+def shared_group(item: pytest.Item) -> str | None:
+    """The worker group of a test: that of the first shared fixture it uses (``SHARED_FIXTURE_GROUPS``)."""
+    for name in getattr(item, "fixturenames", ()):
+        if name in SHARED_FIXTURE_GROUPS:
+            return SHARED_FIXTURE_GROUPS[name]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist: the tests of a shared fixture marked into one ``xdist_group``; long tests first, then the
+    groups (largest first), then the rest in their order (a serial run keeps the files' own order)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    groups: dict[str, int] = {}
+    for item in items:
+        group = shared_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[group] = groups.get(group, 0) + 1
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        if item.get_closest_marker(LONG) is not None:
+            return (0, 0)
+        group = shared_group(item)
+        return (1, -groups[group]) if group is not None else (2, 0)
+
+    items[:] = sorted(items, key=rank)  # stable: the files' order within each rank
+
+
 @functools.lru_cache(maxsize=16)
 def _cached_model(name: str, kwargs_items: tuple) -> object:
     import vitlens as vl
@@ -57,6 +106,14 @@ def get_model(name: str, **kwargs: object):
 @pytest.fixture(scope="session")
 def tiny():
     return get_model("vit_tiny_patch16_224")
+
+
+@pytest.fixture(scope="session")
+def ref_vit():
+    """The embedded reference ViT, loaded once per session (read-only: a test that changes it copies it first)."""
+    import vitlens as vl
+
+    return vl.load_model("ref-vit", device="cpu")
 
 
 @pytest.fixture()

@@ -316,34 +316,24 @@ def served_app(address: str | None = "127.0.0.1"):
 
 
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_end_to_end_in_headless_chromium(tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_end_to_end_in_headless_chromium(page, tmp_path):
     out_dir = ROOT / "test-output" / "app"
     out_dir.mkdir(parents=True, exist_ok=True)
-    with served_app() as port:
-        upload = tmp_path / "upload.png"
-        upload.write_bytes(png_bytes(size=(120, 90)))
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            page = browser.new_page(viewport={"width": 1400, "height": 2200})  # tall: Streamlit scrolls inside
-            page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
-            page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
-            page.get_by_text("8x8 tokens").first.wait_for(timeout=30000)  # the embedded ViT's facts
-            page.screenshot(path=str(out_dir / "opened.png"), full_page=True)
-            page.get_by_text("Upload", exact=True).click()
-            page.locator("input[type=file]").last.set_input_files(str(upload))
-            page.get_by_text("upload.png").first.wait_for(timeout=60000)
-            for view in VIEWS:
-                page.get_by_text(view, exact=True).first.click()
-                page.wait_for_timeout(500)
-                page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=90000)
-                page.wait_for_load_state("networkidle")
-                page.wait_for_timeout(1500)
-                assert page.locator("[data-testid='stException']").count() == 0, view
-                assert page.locator(".js-plotly-plot .main-svg").count() > 0, view
-                page.screenshot(path=str(out_dir / f"{view.lower().replace(' ', '_')}.png"), full_page=True)
-            browser.close()
+    upload = tmp_path / "upload.png"
+    upload.write_bytes(png_bytes(size=(120, 90)))
+    page.get_by_text("8x8 tokens").first.wait_for(timeout=30000)  # the embedded ViT's facts
+    page.screenshot(path=str(out_dir / "opened.png"), full_page=True)
+    page.get_by_text("Upload", exact=True).click()
+    page.locator("input[type=file]").last.set_input_files(str(upload))
+    page.get_by_text("upload.png").first.wait_for(timeout=60000)
+    for view in VIEWS:
+        page.get_by_text(view, exact=True).first.click()
+        page.wait_for_timeout(500)  # the click's run has begun (its elements are marked stale)
+        page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=90000)
+        settled(page)  # was: a fixed 1.5 s after the network went idle
+        assert page.locator("[data-testid='stException']").count() == 0, view
+        assert page.locator(".js-plotly-plot .main-svg").count() > 0, view
+        page.screenshot(path=str(out_dir / f"{view.lower().replace(' ', '_')}.png"), full_page=True)
     assert len(list(out_dir.glob("*.png"))) >= len(VIEWS)
 
 
@@ -464,8 +454,21 @@ fig.update_layout(title="Mean attention distance by head<br><sup>renormalised</s
 """
 
 
+@pytest.fixture(scope="module")
+def command_line_pngs(tmp_path_factory) -> Path:
+    """What the command line's ``--png`` (``write_png``) writes, in one fresh process without Streamlit, for the
+    tests below: FIGURE_CODE's figure (fig.png) and the app's opening distance figure (attention_distance.png)."""
+    out = tmp_path_factory.mktemp("command-line-png")
+    call = 'write_png({"attention_distance": '
+    assert REFERENCE_DISTANCE_PNG.count(call) == 1
+    script = FIGURE_CODE + REFERENCE_DISTANCE_PNG.replace(call, 'write_png({"fig": fig, "attention_distance": ')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    subprocess.run([sys.executable, "-c", script, str(out)], check=True, env=env, timeout=600)
+    return out
+
+
 @pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium (.ci/run installs it)")
-def test_the_apps_figure_export_is_the_command_lines_png(tmp_path):
+def test_the_apps_figure_export_is_the_command_lines_png(command_line_pngs):
     """In the app's process Streamlit is Plotly's default template (placeholder colours, no automargin:
     clipped ticks); the export renders what ``vitlens report --png`` writes, byte for byte."""
     import plotly.io as pio
@@ -476,11 +479,7 @@ def test_the_apps_figure_export_is_the_command_lines_png(tmp_path):
     scope: dict = {}
     exec(FIGURE_CODE, scope)
     ours = figure_png(scope["fig"])
-    script = FIGURE_CODE + ("import sys\nfrom pathlib import Path\nassert 'streamlit' not in sys.modules\n"
-                            "from vitlens.report.cli import write_png\nwrite_png({'fig': fig}, Path(sys.argv[1]))\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, env=env, timeout=300)
-    assert ours == (tmp_path / "fig.png").read_bytes()
+    assert ours == (command_line_pngs / "fig.png").read_bytes()
     assert Image.open(io.BytesIO(ours)).size == (1000, 460)
 
 
@@ -498,20 +497,26 @@ def listening_addresses(port: int) -> list[str]:
     return found
 
 
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
-def test_the_app_serves_loopback_only_by_default():
-    with served_app(address=None) as port:  # no --server.address: what `streamlit run app.py` does
-        assert listening_addresses(port) == ["127.0.0.1"]
-
-
-# real Chromium: one app server and one browser for the tests below
+# one app server for the module, started as `streamlit run app.py` starts it (no --server.address: the repository's
+# .streamlit/config.toml decides), and one Chromium on it for the browser tests
 @pytest.fixture(scope="module")
-def browser_app():
+def app_server() -> int:
+    with served_app(address=None) as port:
+        yield port
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
+def test_the_app_serves_loopback_only_by_default(app_server):
+    assert listening_addresses(app_server) == ["127.0.0.1"]
+
+
+@pytest.fixture(scope="module")
+def browser_app(app_server):
     from playwright.sync_api import sync_playwright
 
-    with served_app() as port, sync_playwright() as p:
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield browser, f"http://127.0.0.1:{port}/"
+        yield browser, f"http://127.0.0.1:{app_server}/"
         browser.close()
 
 
@@ -656,7 +661,7 @@ def ink_box(img: np.ndarray) -> tuple[int, int, int, int]:
 
 
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path):
+def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path, command_line_pngs):
     page.get_by_text("Attention distance", exact=True).first.click()
     page.get_by_text("Mean attention distance by head").first.wait_for(timeout=120000)
     # not the Filters view's button, still shown while this one runs: wait until the script has finished
@@ -671,11 +676,8 @@ def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path
     download.value.save_as(got)
     (ROOT / "test-output" / "app").mkdir(parents=True, exist_ok=True)
     shutil.copy(got, ROOT / "test-output" / "app" / "attention_distance-download.png")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-c", REFERENCE_DISTANCE_PNG, str(tmp_path / "cli")], check=True, env=env,
-                   timeout=600)
     app_img = np.asarray(Image.open(got).convert("RGB")).astype(int)
-    cli_img = np.asarray(Image.open(tmp_path / "cli" / "attention_distance.png").convert("RGB")).astype(int)
+    cli_img = np.asarray(Image.open(command_line_pngs / "attention_distance.png").convert("RGB")).astype(int)
     assert app_img.shape == cli_img.shape == (460, 1000, 3)
     assert ink_box(app_img) == ink_box(cli_img)  # the same margins: no tick label or title cut at the edge
     assert (np.abs(app_img - cli_img).max(-1) > 40).mean() < 0.005  # the same picture, up to antialiasing

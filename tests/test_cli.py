@@ -95,10 +95,18 @@ def test_report_opens_offline_in_headless_chromium_with_every_figure_drawn(pair_
     assert [u for u in requests if not u.startswith(("file:", "data:", "blob:"))] == []
 
 
-def test_compare_of_the_embedded_pair_writes_table_and_local_share(tmp_path):
-    out = tmp_path / "cmp.html"
-    proc = run_cli("compare", "--n-images", "8", "--out", str(out), "--quiet")
+@pytest.fixture(scope="module")
+def pair_compare(tmp_path_factory) -> Path:
+    """``vitlens compare`` of the embedded pair over 8 images, with CKA: one process for the tests of the page
+    and of its CKA section."""
+    out = tmp_path_factory.mktemp("compare") / "cmp.html"
+    proc = run_cli("compare", "--n-images", "8", "--cka", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_compare_of_the_embedded_pair_writes_table_and_local_share(pair_compare):
+    out = pair_compare
     data = vl.load_result(out.with_suffix(".json"))
     assert data.models == ["ref-vit", "ref-hybrid"] and data.units == "px"
     assert len(data.table) == 2 * 6 and set(data.table[0]) == {"model", "layer", "min", "median", "max"}
@@ -422,12 +430,10 @@ def test_compare_png_writes_every_figure_of_the_page(tmp_path):
                                                                    "comparison-rollout.png"]
 
 
-def test_compare_with_cka_and_report_with_heads(tmp_path):
-    proc = run_cli("compare", "--n-images", "8", "--cka", "--out", str(tmp_path / "c.html"), "--quiet")
-    assert proc.returncode == 0, proc.stderr
-    data = vl.load_result(tmp_path / "c.json")
+def test_compare_with_cka_and_report_with_heads(pair_compare, tmp_path):
+    data = vl.load_result(pair_compare.with_suffix(".json"))
     assert len(data.cka) == 1 and data.cka[0].matrix.shape == (6, 6) and data.cka[0].n_images == 8
-    assert "Representation similarity: ref-vit vs ref-hybrid" in (tmp_path / "c.html").read_text()
+    assert "Representation similarity: ref-vit vs ref-hybrid" in pair_compare.read_text()
     proc = run_cli("report", "--n-images", "6", "--heads", "--head-images", "6", "--out", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr
     assert "head importance: 48 heads x 6 images = 294 image forwards" in proc.stderr  # the cost, first

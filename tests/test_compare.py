@@ -195,3 +195,21 @@ def test_attention_maps_flag_parked_heads_of_one_image():
     maps[1, 0, :, 0], maps[1, 0, :, 1:] = 0.8, 0.05  # layer 2, head 1 parks on the class token
     res = vl.AttentionMapsResult(maps=maps, grid=(2, 2), num_prefix_tokens=1, image_size=(16, 16))
     assert res.parked_heads(["class"]) == [{"layer": 2, "head": 1, "token": "class", "share": pytest.approx(0.8)}]
+
+
+# --- CKA ranges in words
+
+def test_cka_ranges_read_as_ranges_and_negatives_are_explained():
+    from vitlens.compare.cka import CKAResult
+    from vitlens.words import value_range
+
+    assert value_range(-0.73, -0.02) == "\u22120.73 to \u22120.02" and value_range(0.5, 0.504) == "0.50"
+    m = np.array([[-0.73, 0.1], [0.2, -0.02]])
+    res = CKAResult(matrix=m, ci_low=m, ci_high=m, layers_a=["a", "b"], layers_b=["a", "b"], estimator="unbiased",
+                    token_policy="mean", n_images=8, batch_size=4, n_batches=2, model_a="A", model_b="B")
+    text = res.summary()
+    assert "diagonal \u22120.73 to \u22120.02" in text and "--" not in text
+    assert "unbiased HSIC estimator" in text and "4 images per minibatch" in text
+    positive = CKAResult(matrix=np.abs(m), ci_low=m, ci_high=m, layers_a=["a", "b"], layers_b=["a", "b"],
+                         estimator="unbiased", token_policy="mean", n_images=8, batch_size=4, n_batches=2)
+    assert "estimator" not in positive.summary()  # nothing below 0, nothing to explain

@@ -31,3 +31,18 @@ def test_a_default_compare_methods_call_runs_the_default_methods(monkeypatch):
     table = vl.compare_methods(m, torch.randn(1, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(0)),
                                steps=2, metrics=["deletion_insertion"])
     assert [row["method"] for row in table.to_rows()] == list(default_methods())
+
+
+# --- the report's default attribution set
+
+def test_the_reports_default_attributions_are_the_quick_preselected_set():
+    from vitlens.attribution.methods import METHOD_TABLE, available_methods, preselected_methods
+    from vitlens.report import cli
+
+    default = cli.report_methods(None)
+    assert default == [k for k in preselected_methods() if k in available_methods()] and default
+    assert not any(METHOD_TABLE[k].slow for k in default) and "occlusion" not in default
+    assert cli.report_methods(["all"]) == list(available_methods())
+    assert cli.report_methods(["occlusion"]) == ["occlusion"]
+    args = cli.build_parser().parse_args(["report", "--attributions", "--methods", "all"])
+    assert args.methods == ["all"]

@@ -184,6 +184,7 @@ def test_the_style_check_finds_what_it_should():
     assert style_problems(lambda: None) == ["no docstring"]
 
 
+@pytest.mark.long
 def test_the_site_builds_strict_with_every_tutorial(tmp_path):
     """``scripts/docs.sh``: the tutorials run (each cell; a failing one fails the build), their figures
     land on their pages, and ``mkdocs build --strict`` passes (links, pages, API names)."""
@@ -214,3 +215,23 @@ def test_the_site_builds_strict_with_every_tutorial(tmp_path):
         assert (site / f"{page}.html").is_file(), page
     api = (site / "api" / "views.html").read_text()
     assert 'id="vitlens.analyze"' in api and "Fig. 7" in api
+
+
+def test_the_docs_build_without_a_browser_stops_in_one_line_naming_the_install(tmp_path):
+    """``scripts/docs.sh`` on a machine where kaleido finds no browser and none can be installed (here: a
+    BROWSER_PATH that is no file, and an ``apt-get`` that fails): one line naming Chromium and its install
+    command, exit 1, before any tutorial runs and never kaleido's own advice."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("apt-get", "sudo"):
+        (stubs / name).write_text("#!/bin/sh\necho 'E: no network' >&2\nexit 100\n")
+        (stubs / name).chmod(0o755)
+    env = {**os.environ, "VITLENS_PYTHON": sys.executable, "BROWSER_PATH": str(tmp_path / "no-chromium"),
+           "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "docs.sh"), str(tmp_path / "site")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stdout + proc.stderr
+    assert "need Chromium" in lines[0] and "apt-get install chromium" in lines[0]
+    assert "kaleido_get_chrome" not in proc.stderr and "tutorial" not in proc.stdout
+    assert not (tmp_path / "site").exists()

@@ -34,11 +34,15 @@ def test_figures_are_drawn_at_the_text_column_width_and_tables_are_styled(tmp_pa
 
     script = tutorials_script()
     asked = []
-    monkeypatch.setattr(export, "figure_png", lambda fig, **kw: asked.append(kw) or b"png")
-    shown = script.display(go.Figure(), "t", [0], tmp_path)
+    monkeypatch.setattr(export, "figures_png", lambda figs, **kw: asked.append(kw) or [b"png"] * len(figs))
+    source = tmp_path / "t.py"
+    source.write_text("# %%\nimport plotly.graph_objects as go\ngo.Figure()\n")
+    script.run_tutorial(source, tmp_path)
     assert asked == [{"width": script.FIGURE_WIDTH, "scale": 2}] and script.FIGURE_WIDTH <= 720
-    assert shown.strip() == f'![figure 1](t_fig1.png){{ width="{script.FIGURE_WIDTH}" }}'
-    table = script.display(pd.DataFrame({"method": ["saliency"], "deletion_auc": [0.25]}), "t", [0], tmp_path)
+    assert (tmp_path / "t_fig1.png").read_bytes() == b"png"
+    shown = (tmp_path / "t.md").read_text()
+    assert f'![figure 1](t_fig1.png){{ width="{script.FIGURE_WIDTH}" }}' in shown
+    table = script.display(pd.DataFrame({"method": ["saliency"], "deletion_auc": [0.25]}), "t", {})
     assert 'class="dataframe"' in table
     config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
     assert "attr_list" in config["markdown_extensions"]  # the figure's { width=... }

@@ -371,3 +371,33 @@ def test_the_heads_are_laid_out_to_fit_their_count_with_each_image_under_its_tit
             assert layout[k]["constrain"] == "domain"
     titles = [a for a in layout["annotations"] if a["text"].startswith("head ")]
     assert len(titles) == heads and {round(a["y"], 6) for a in titles} == {round(y[1], 6) for y in ys}
+# --- colour-bar titles and the queried patch on the maps
+
+def _colorbar_title(fig) -> str:
+    heat = [t for t in fig.data if t.type == "heatmap"]
+    if heat and heat[0].colorbar.title.text:
+        return heat[0].colorbar.title.text
+    return fig.layout.coloraxis.colorbar.title.text
+
+
+def test_rollout_head_and_attribution_maps_title_their_colour_bars(ref_vit):
+    image = np.zeros((64, 64, 3), np.uint8)
+    roll = vl.attention_rollout(ref_vit, [image])
+    maps = np.random.default_rng(0).random((4, 8, 8))
+    assert _colorbar_title(figures.rollout_figure(roll, image)) == "rollout (÷ max)"
+    assert _colorbar_title(figures.heads_figure(image, maps, 0, "patch (2, 5)")) == "attention (÷ head's max)"
+    assert _colorbar_title(figures.head_figure(image, maps, 0, 1, "patch (2, 5)")) == "attention weight"
+    att = vl.attribute(ref_vit, [image], method="saliency")
+    assert _colorbar_title(figures.attribution_figure([att], image)) == "evidence (÷ map's max)"
+
+
+def test_the_queried_patch_is_outlined_on_every_heads_map():
+    image = np.zeros((64, 96, 3), np.uint8)  # 8 x 12 grid of 8 px patches
+    maps = np.random.default_rng(0).random((3, 8, 12))
+    one = figures.head_figure(image, maps, 2, 0, "patch (2, 5)", patch=(2, 5))
+    (rect,) = one.layout.shapes
+    assert (rect.x0, rect.x1, rect.y0, rect.y1) == (5 * 8 - 0.5, 6 * 8 - 0.5, 2 * 8 - 0.5, 3 * 8 - 0.5)
+    every = figures.heads_figure(image, maps, 2, "patch (2, 5)", patch=(2, 5))
+    assert len(every.layout.shapes) == 3  # one per head's panel, each on its own axes
+    assert len({s.xref for s in every.layout.shapes}) == 3
+    assert not figures.heads_figure(image, maps, 2, "the class token").layout.shapes  # no patch, no outline

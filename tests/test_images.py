@@ -92,3 +92,23 @@ def test_sample_images_ship_offline():
     imgs = vl.sample_images()
     assert [i.info["name"] for i in imgs] == ["astronaut", "coffee", "chelsea", "rocket"]
     assert all(i.mode == "RGB" and min(i.size) >= 300 for i in imgs)
+
+
+# --- tiny images
+
+def test_a_tiny_image_gets_the_one_warning_in_uploads_and_on_the_command_line():
+    import io
+
+    from PIL import Image
+
+    from vitlens.images import TINY_IMAGE_PX, read_uploads, tiny_image_warning
+
+    def png(size):
+        buf = io.BytesIO()
+        Image.new("RGB", size).save(buf, format="PNG")
+        return buf.getvalue()
+
+    got = read_uploads([("dot.png", png((1, 1))), ("ok.png", png((TINY_IMAGE_PX, TINY_IMAGE_PX)))])
+    assert got.names == ["dot.png", "ok.png"] and got.tiny == [tiny_image_warning("dot.png", (1, 1))]
+    assert got.tiny[0].startswith("dot.png (1x1 px) is smaller than 16 px")
+    assert tiny_image_warning("ok.png", (TINY_IMAGE_PX, 400)) == ""

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,3 +39,21 @@ def test_files_the_readme_names_exist():
     for name in re.findall(r"`((?:analyses|scripts|docs|tests|vitlens)/[\w./-]+)`", README):
         assert (ROOT / name).exists(), name
     assert "paper-notes.md" not in README
+
+
+# --- the set-up scripts the README names
+
+def test_setup_sh_silences_only_setuptools_editable_note():
+    """scripts/app.sh runs setup.sh, whose ``pip install -e .`` made setuptools print "Please be careful with
+    folders in your working directory with the same name as your package" (the flat layout's note: here that
+    folder is the package). The install runs under a PYTHONWARNINGS filter for that one warning."""
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    line = next(ln for ln in text.splitlines() if "pip install" in ln and " -e ." in ln)
+    value = re.search(r'PYTHONWARNINGS="([^"]+)"', line).group(1)
+    action, message = value.split(":")[:2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings(action, message=re.escape(message))
+        warnings.warn("Editable installation.\n!!\n\nPlease be careful with folders in your working directory")
+        warnings.warn("Some other setuptools warning")
+    assert [str(w.message) for w in caught] == ["Some other setuptools warning"]

@@ -1,14 +1,19 @@
-"""Issue 31 §2: a MAP head behind register tokens, and inputs of another size than the model's.
+"""A MAP head behind register tokens (timm's own vit_so150m_patch16_reg4_map_256 too, as the README's pool
+example uses it), and inputs of another size than the model's (timm and Hugging Face towers).
 
 The pool map is compared with the pool computed by hand from its own modules (q_norm(q(latent)),
 k_norm(kv(x)) of the tokens it reads, softmax(q * scale @ k^T)) within 1e-5 (float32 probabilities
 in [0, 1] over 16 keys, the same products summed in another order)."""
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import pytest
 import torch
 
 import vitlens as vl
+from view_references import max_diff, mean_distance, set_attention
 from vitlens.errors import InvalidParameterError
 from vitlens.families.pooling import capture_pool_attention
 
@@ -120,3 +125,61 @@ def test_hf_model_without_interpolation_refuses_another_size(monkeypatch):
         hf.size_inputs(model, torch.randn(1, 3, 48, 48), forward)
     assert "\n" not in str(err.value)
     assert hf.size_inputs(model, torch.randn(1, 3, 32, 32), forward) == {}
+
+
+# --- the README's pool example on timm's own reg4 MAP architecture; HF towers at another size --------------
+
+def test_readme_pool_example_on_timm_so150m_reg4_map():
+    import timm
+
+    from vitlens.families.pooling import capture_pool_attention
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_so150m_patch16_reg4_map_256", pretrained=False, img_size=32, patch_size=8,
+                              embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    m = vl.load_model(model, device="cpu")
+    assert m.spec.num_prefix_tokens == 4 and not m.spec.has_class_token and not model.pool_include_prefix
+    x = torch.randn(2, 3, 32, 32)
+    seen: list[torch.Tensor] = []
+    model.attn_pool.register_forward_pre_hook(lambda _m, a: seen.append(a[0].detach().clone()))
+    with capture_pool_attention(m) as pool:
+        m.logits(x)
+    assert seen[-1].shape[1] == 16  # what timm's pool attends: the 16 patch tokens, not the registers
+    probs = pool.maps[0]
+    assert probs.shape == (2, 2, 1, 20)  # [B, heads, queries, T] as the README says
+    assert probs[..., :4].abs().max().item() == 0.0
+    grid = pool.patch_maps(m.spec)
+    assert grid.shape == (2, 2, 1, 4, 4)
+    assert (grid.sum((-1, -2)) - 1).abs().max().item() <= TOL
+    maps = vl.attention_maps(m, x[:1])
+    assert maps.pool_attention(0).shape == (2, 4, 4)
+
+
+@pytest.mark.parametrize("name", ["ViTModel", "DeiTModel", "CLIPVisionModel", "SiglipVisionModel", "IJepaModel"])
+def test_hf_towers_at_another_size_are_exact(name):
+    """48 x 40 px into towers built for 32 x 32: vitlens passes interpolate_pos_encoding=True, and the maps are the
+    model's own eager attention of that call (side and inline), the views run on the 6 x 5 grid."""
+    tr = pytest.importorskip("transformers")
+    cls = getattr(tr, name)
+    torch.manual_seed(0)
+    model = cls(cls.config_class(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                 image_size=32, patch_size=8, attn_implementation="sdpa")).eval()
+    m = vl.load_model(model, device="cpu")
+    x = torch.randn(2, 3, 48, 40)
+    ref = set_attention(copy.deepcopy(model), "eager")
+    with torch.no_grad():
+        expected = ref(pixel_values=x, interpolate_pos_encoding=True, output_attentions=True)
+        plain = model(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state
+    for mode in ("side", "inline"):
+        with vl.capture_attention(m, mode=mode) as cap, torch.no_grad():
+            m.forward(x)
+        assert max_diff(cap.maps, list(expected.attentions)) <= TOL
+    from vitlens.families.hf import model_inputs
+
+    with torch.no_grad():
+        assert torch.equal(model(**model_inputs(model, x)).last_hidden_state, plain)
+    assert m.grid_for((48, 40)) == (6, 5)
+    result = vl.attention_distance(m, x)  # the views on the 6 x 5 grid read the same maps
+    assert result.grid == (6, 5) and result.image_size == (48, 40) and result.n_images == 2
+    np.testing.assert_allclose(result.mean_px, mean_distance(list(expected.attentions), (6, 5), (8, 8),
+                                                             m.spec.num_prefix_tokens), rtol=0, atol=1e-4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 import numpy as np
 import pytest
@@ -249,3 +250,26 @@ def test_counts_and_cut_lists_read_as_words():
     one = distance(np.ones((1, 2)))
     one.n_images = 1
     assert "over 1 image," in one.summary()
+
+
+# --- units and layout of the report's tables
+
+def test_compare_table_names_its_unit(ref_vit):
+    from vitlens.report.data import comparison
+
+    images = [np.zeros((64, 64, 3), np.uint8), np.full((64, 64, 3), 200, np.uint8)]
+    d = vl.attention_distance(ref_vit, images)
+    data = comparison([d, d], ["a", "b"])
+    frame = data.table_with_units()
+    assert data.unit_label() == "px" and {"min (px)", "median (px)", "max (px)"} <= set(frame.columns)
+    assert list(frame["median (px)"]) == [r["median"] for r in data.to_rows()]
+
+
+def test_report_tables_scroll_inside_the_page_instead_of_running_past_it():
+    from vitlens.report.html import _CSS, html_table
+
+    page = html_table([{"method": "integrated_gradients", **{f"metric_{i}": 0.5 for i in range(14)}}])
+    assert page.startswith("<div class='table-wrap'><table>") and page.endswith("</table></div>")
+    assert html_table([{"a": 1}], sortable=True).startswith("<div class='table-wrap'><table class='sortable'>")
+    rule = re.search(r"\.table-wrap\{([^}]*)\}", _CSS).group(1)
+    assert "overflow-x:auto" in rule and "max-width:100%" in rule

@@ -1,13 +1,14 @@
 """Compositions of the library's own pieces that only the tests call: the dense rollout product's step, rollout
 of captured maps, and one image's attention distance. They live here, not in vitlens/, because no view
-uses them; the tests compare the streaming code against them and against independent computations."""
+uses them; the tests compare the streaming code against them and against independent computations. Also the
+small helpers several test files compare captured maps with (``max_diff``, ``set_attention``)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from vitlens.engine.consumer import BatchInfo
-from vitlens.views.distance import per_query_distance
+from vitlens.views.distance import per_query_distance, token_distance_matrix
 from vitlens.views.rollout import RolloutAccumulator
 
 
@@ -44,3 +45,26 @@ def per_image_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     """
     p = num_prefix_tokens
     return per_query_distance(attn[:, :, p:], distances, p, renormalize).mean(0)
+
+
+def mean_distance(maps: list[torch.Tensor], grid: tuple[int, int], stride_px: tuple[int, int],
+                  num_prefix_tokens: int) -> np.ndarray:
+    """The attention distance view's ``mean_px`` [L, H] from stored maps (list of [B, H, T, T]): each image's
+    distance (``per_image_distance``, renormalised over patch keys) averaged over the images."""
+    distances = token_distance_matrix(grid, stride_px)
+    return np.stack([per_image_distance(a.double(), distances, num_prefix_tokens).mean(0).numpy() for a in maps])
+
+
+def max_diff(maps: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
+    """The largest absolute difference between two lists of maps of the same shapes (asserted)."""
+    assert len(maps) == len(ref) > 0
+    assert all(a.shape == r.shape for a, r in zip(maps, ref))
+    return max((a - r).abs().max().item() for a, r in zip(maps, ref))
+
+
+def set_attention(model: torch.nn.Module, implementation: str) -> torch.nn.Module:
+    """A transformers model switched to another attention implementation ("eager", "sdpa", ...), every config."""
+    for mod in model.modules():
+        if getattr(mod, "config", None) is not None:
+            mod.config._attn_implementation = implementation
+    return model

@@ -153,16 +153,17 @@ def write_png(figs: dict[str, Any], out_dir: Path) -> None:
         import kaleido  # noqa: F401
     except ImportError as e:
         raise CliError("--png needs the kaleido package: pip install kaleido") from e
-    from vitlens.report.export import figure_png
+    from vitlens.errors import VitlensError
+    from vitlens.report.export import figures_png
     from vitlens.results import atomic_write_bytes
 
-    pngs = {}
-    for name, fig in figs.items():  # every figure rendered before the first file is written
-        try:
-            pngs[name] = figure_png(fig)
-        except Exception as e:  # kaleido raises several types when no Chrome/Chromium is found
-            raise CliError(f"--png could not render with kaleido ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
-                           "Install Chromium (Debian: apt-get install chromium) or leave out --png.") from e
+    try:  # every figure rendered (one browser for them all) before the first file is written
+        pngs = dict(zip(figs, figures_png(list(figs.values()))))
+    except VitlensError:  # no browser: the export's own message (what to install), not kaleido's
+        raise
+    except Exception as e:  # kaleido raises several types when no Chrome/Chromium is found
+        raise CliError(f"--png could not render with kaleido ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+                       "Install Chromium (Debian: apt-get install chromium) or leave out --png.") from e
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, png in pngs.items():
         atomic_write_bytes(out_dir / f"{name}.png", png)

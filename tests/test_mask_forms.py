@@ -1,37 +1,31 @@
-"""Issue 31 §1 and §2, the cases ``test_masks.py`` and ``test_sizes_pools.py`` leave out.
+"""Masks in every attention class and every form a mask comes in, and packed Siglip2 inputs (what
+``test_masks.py`` leaves out).
 
-§1: masks in both capture modes for the attention classes those files do not build (timm's
-``ParallelScalingBlock`` and ``AttentionRope``, timm's MAP head given a mask, torchvision's
-``nn.MultiheadAttention``), and a Hugging Face attention handed its mask in each form transformers
-makes one: boolean [B, 1, T, T] (sdpa), additive (eager), a [B, T] padding mask (flash attention's
-form, through an implementation registered here) and an object that is not a tensor (flex
-attention's ``BlockMask``: side capture refuses in one line, inline is exact). Each map is compared
-with the model's own non-fused / eager attention given the same mask within 1e-5 (float32
-probabilities in [0, 1] over at most 20 keys); side capture leaves the output bit for bit, inline
-within 1e-5. The views refuse a packed Siglip2 batch whose images have other grids, padding or not.
-
-§2: the README's pool example on timm's own ``vit_so150m_patch16_reg4_map_256`` (random init, small),
-HF towers at another input size against their own ``interpolate_pos_encoding=True`` eager attention.
+Both capture modes for the attention classes ``test_masks.py`` does not build (timm's ``ParallelScalingBlock``
+and ``AttentionRope``, timm's MAP head given a mask, torchvision's ``nn.MultiheadAttention``), and a Hugging
+Face attention handed its mask in each form transformers makes one: boolean [B, 1, T, T] (sdpa), additive
+(eager), a [B, T] padding mask (flash attention's form, through an implementation registered here) and an
+object that is not a tensor (flex attention's ``BlockMask``: side capture refuses in one line, inline is
+exact). Each map is compared with the model's own non-fused / eager attention given the same mask within
+1e-5 (float32 probabilities in [0, 1] over at most 20 keys); side capture leaves the output bit for bit,
+inline within 1e-5. The views refuse a packed Siglip2 batch whose images have other grids, padding or not,
+and read the views' own Siglip2 inputs (one square grid) exactly.
 """
 from __future__ import annotations
 
 import copy
 import functools
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import vitlens as vl
+from view_references import max_diff, mean_distance, set_attention
 from vitlens.errors import UnsupportedModelError
 
 TOL = 1e-5
-
-
-def max_diff(maps: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
-    assert len(maps) == len(ref) > 0
-    assert all(a.shape == r.shape for a, r in zip(maps, ref))
-    return max((a - r).abs().max().item() for a, r in zip(maps, ref))
 
 
 def sdpa_masks(b: int, t: int) -> dict[str, torch.Tensor]:
@@ -211,11 +205,6 @@ def _register_forms() -> None:
     AttentionMaskInterface.register("vitlens_test_opaque", opaque_mask)
 
 
-def set_attention(model: nn.Module, implementation: str) -> nn.Module:
-    for mod in model.modules():
-        if getattr(mod, "config", None) is not None:
-            mod.config._attn_implementation = implementation
-    return model
 
 
 @functools.lru_cache(maxsize=None)
@@ -351,63 +340,16 @@ def test_views_read_one_unpadded_grid_only(mode, shapes, padding):
 
 
 def test_views_run_siglip2_from_images():
-    """The views' own Siglip2 inputs (one square grid, no padding) pass the packing check."""
-    model = siglip2("sdpa")
-    m = vl.LoadedModel.from_module(model, name="siglip2", device="cpu")
-    result = vl.attention_distance(m, torch.rand(2, 3, 32, 32))
-    assert result is not None
-
-
-# --- §2: the README's pool example on timm's own reg4 MAP architecture; HF at another size ------------------
-
-def test_readme_pool_example_on_timm_so150m_reg4_map():
-    import timm
-
-    from vitlens.families.pooling import capture_pool_attention
-
-    torch.manual_seed(0)
-    model = timm.create_model("vit_so150m_patch16_reg4_map_256", pretrained=False, img_size=32, patch_size=8,
-                              embed_dim=32, depth=2, num_heads=2, num_classes=5)
-    m = vl.load_model(model, device="cpu")
-    assert m.spec.num_prefix_tokens == 4 and not m.spec.has_class_token and not model.pool_include_prefix
-    x = torch.randn(2, 3, 32, 32)
-    seen: list[torch.Tensor] = []
-    model.attn_pool.register_forward_pre_hook(lambda _m, a: seen.append(a[0].detach().clone()))
-    with capture_pool_attention(m) as pool:
-        m.logits(x)
-    assert seen[-1].shape[1] == 16  # what timm's pool attends: the 16 patch tokens, not the registers
-    probs = pool.maps[0]
-    assert probs.shape == (2, 2, 1, 20)  # [B, heads, queries, T] as the README says
-    assert probs[..., :4].abs().max().item() == 0.0
-    grid = pool.patch_maps(m.spec)
-    assert grid.shape == (2, 2, 1, 4, 4)
-    assert (grid.sum((-1, -2)) - 1).abs().max().item() <= TOL
-    maps = vl.attention_maps(m, x[:1])
-    assert maps.pool_attention(0).shape == (2, 4, 4)
-
-
-@pytest.mark.parametrize("name", ["ViTModel", "DeiTModel", "CLIPVisionModel", "SiglipVisionModel", "IJepaModel"])
-def test_hf_towers_at_another_size_are_exact(name):
-    """48 x 40 px into towers built for 32 x 32: vitlens passes interpolate_pos_encoding=True, and the maps are the
-    model's own eager attention of that call (side and inline), the views run on the 6 x 5 grid."""
-    tr = pytest.importorskip("transformers")
-    cls = getattr(tr, name)
-    torch.manual_seed(0)
-    model = cls(cls.config_class(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                                 image_size=32, patch_size=8, attn_implementation="sdpa")).eval()
-    m = vl.load_model(model, device="cpu")
-    x = torch.randn(2, 3, 48, 40)
-    ref = set_attention(copy.deepcopy(model), "eager")
-    with torch.no_grad():
-        expected = ref(pixel_values=x, interpolate_pos_encoding=True, output_attentions=True)
-        plain = model(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state
-    for mode in ("side", "inline"):
-        with vl.capture_attention(m, mode=mode) as cap, torch.no_grad():
-            m.forward(x)
-        assert max_diff(cap.maps, list(expected.attentions)) <= TOL
+    """The views' own Siglip2 inputs (one square grid, no padding) pass the packing check, and the distance they
+    read is that of the model's own eager attention over those inputs (4 x 4 patches of 8 px, no prefix token)."""
     from vitlens.families.hf import model_inputs
 
-    with torch.no_grad():
-        assert torch.equal(model(**model_inputs(model, x)).last_hidden_state, plain)
-    assert m.grid_for((48, 40)) == (6, 5)
-    assert vl.attention_distance(m, x) is not None
+    model = siglip2("sdpa")
+    m = vl.LoadedModel.from_module(model, name="siglip2", device="cpu")
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(11))
+    result = vl.attention_distance(m, x)
+    assert result.grid == (4, 4) and result.stride_px == (8, 8) and result.n_images == 2
+    ref, _ = eager_reference(model, model_inputs(model, x))
+    want = mean_distance(ref, (4, 4), (8, 8), 0)
+    assert result.mean_px.shape == want.shape == (2, 2)
+    np.testing.assert_allclose(result.mean_px, want, rtol=0, atol=1e-4)  # maps within 1e-5 over 16 keys < 43 px
