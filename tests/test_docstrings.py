@@ -36,16 +36,19 @@ def problems(obj: Any) -> list[str]:
             said.append(record.getMessage())
 
     log = logging.getLogger("griffe")
-    handler, level, propagate = Collect(), log.level, log.propagate
+    # a library configured logging earlier in this process (Ray, streamlit: dictConfig disables existing loggers)
+    handler, level, propagate, disabled = Collect(), log.level, log.propagate, log.disabled
     log.addHandler(handler)
     log.setLevel(logging.WARNING)
     log.propagate = False
+    log.disabled = False
     try:
         sections = griffe.parse_google(obj.docstring)
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
         log.propagate = propagate
+        log.disabled = disabled
     found = [f"{obj.path}: {message}" for message in said]
     for section in sections:
         if section.kind.value in ("returns", "yields") and len(section.value) > 1:

@@ -104,8 +104,14 @@ def method_colour(method: str, position: int = 0) -> str:
 
 
 def method_label(method: str) -> str:
-    """A method's name as legends and panel titles show it (``vitlens.attribution.methods.method_label``: its entry's
-    label, e.g. "gradient rollout" for ``grad_rollout``)."""
+    """A method's name as legends and panel titles show it (``vitlens.attribution.methods.method_label``).
+
+    Args:
+        method: the method's identifier in ``METHOD_TABLE`` (e.g. ``grad_rollout``).
+
+    Returns:
+        Its entry's label, e.g. "gradient rollout".
+    """
     from .attribution.methods import method_label as label
 
     return label(method)
@@ -735,7 +741,15 @@ def heads_figure(image: np.ndarray, head_maps: np.ndarray, layer: int | None, qu
 
 def grid_columns(n: int, most: int = 6) -> int:
     """Columns for ``n`` small multiples: of the counts from ceil(sqrt(n)) up to ``most``, the one that leaves
-    the fewest empty cells in the last row, the widest of those (8 heads: 4 x 2, not 6 + 2; 12: 6 x 2; 16: 4 x 4)."""
+    the fewest empty cells in the last row, the widest of those (8 heads: 4 x 2, not 6 + 2; 12: 6 x 2; 16: 4 x 4).
+
+    Args:
+        n: how many panels.
+        most: the most columns a row may have.
+
+    Returns:
+        The number of columns (``n`` itself when it fits in one row).
+    """
     if n <= most:
         return max(n, 1)
     start = min(math.ceil(math.sqrt(n)), most)

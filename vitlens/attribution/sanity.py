@@ -171,7 +171,7 @@ def verdict_of(means: Sequence[float], steps: Sequence[str], threshold: float = 
 
     Returns:
         "depends on the weights", "survives the head and N top blocks" (or "survives the head", or "survives N
-        top blocks" for a model without a head), "barely changes", or "undefined" (constant maps at the end).
+            top blocks" for a model without a head), "barely changes", or "undefined" (constant maps at the end).
     """
     v = np.asarray(means, dtype=np.float64)
     if not len(v) or not np.isfinite(v[-1]):
