@@ -1021,6 +1021,7 @@ def test_an_empty_model_name_or_checkpoint_says_what_to_give(app):
 HEAD_TITLE_GAPS = """() => {
     const gd = [...document.querySelectorAll(".js-plotly-plot")].find(
         g => String(g.layout.title?.text ?? g.layout.title).includes("each head scaled"));
+    if (!gd || !gd._fullLayout) return null;  // not drawn yet
     const box = gd.getBoundingClientRect(), fl = gd._fullLayout;
     const titles = [...gd.querySelectorAll(".annotation")].filter(a => /^head \\d+$/.test(a.textContent.trim()));
     return titles.map(t => {

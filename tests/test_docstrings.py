@@ -35,8 +35,12 @@ def problems(obj: Any) -> list[str]:
         def emit(self, record: logging.LogRecord) -> None:
             said.append(record.getMessage())
 
-    log = logging.getLogger("griffe")
-    # a library configured logging earlier in this process (Ray, streamlit: dictConfig disables existing loggers)
+    # griffe's messages go where its logger points: mkdocstrings' handler, once imported in this process (the docs
+    # build), patches it to a mkdocs logger (``griffe.patch_loggers``), and a library that configured logging
+    # earlier (Ray: dictConfig) disabled existing loggers
+    log = getattr(griffe.logger, "_logger", None) or logging.getLogger("griffe")
+    while isinstance(log, logging.LoggerAdapter):
+        log = log.logger
     handler, level, propagate, disabled = Collect(), log.level, log.propagate, log.disabled
     log.addHandler(handler)
     log.setLevel(logging.WARNING)
