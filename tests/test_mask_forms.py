@@ -22,19 +22,14 @@ import torch
 from torch import nn
 
 import vitlens as vl
-from view_references import max_diff, mean_distance, set_attention
+from view_references import max_diff, mean_distance, random_sdpa_masks, set_attention
 from vitlens.errors import UnsupportedModelError
 
 TOL = 1e-5
 
 
 def sdpa_masks(b: int, t: int) -> dict[str, torch.Tensor]:
-    """A boolean mask (True = attend, the diagonal kept) and an additive one, [B, 1, T, T]."""
-    g = torch.Generator().manual_seed(7)
-    keep = (torch.rand(b, 1, t, t, generator=g) > 0.4) | torch.eye(t, dtype=torch.bool)
-    additive = torch.randn(b, 1, t, t, generator=g) * 2
-    additive[~keep] = float("-inf")
-    return {"bool": keep, "additive": additive}
+    return random_sdpa_masks(b, t, seed=7)
 
 
 # --- timm: ParallelScalingBlock and AttentionRope (SDPA semantics: bool True = attend) ------------------------

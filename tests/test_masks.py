@@ -16,17 +16,13 @@ from torch import nn
 
 import vitlens as vl
 from vitlens.errors import UnsupportedModelError
+from view_references import random_sdpa_masks
 
 TOL = 1e-5
 
 
 def sdpa_masks(b: int, t: int) -> dict[str, torch.Tensor]:
-    """A boolean (True = attend, the diagonal always kept) and an additive mask [B, 1, T, T]."""
-    g = torch.Generator().manual_seed(1)
-    keep = (torch.rand(b, 1, t, t, generator=g) > 0.4) | torch.eye(t, dtype=torch.bool)
-    additive = torch.randn(b, 1, t, t, generator=g) * 2
-    additive[~keep] = float("-inf")
-    return {"bool": keep, "additive": additive}
+    return random_sdpa_masks(b, t, seed=1)
 
 
 def close(maps: list[torch.Tensor], ref: list[torch.Tensor]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 import pytest
 import torch
@@ -50,6 +51,27 @@ def capture(m, x, mode):
     return [a.clone() for a in cap.maps]
 
 
+def in_two_threads(work: Callable[[int], None], timeout: float) -> None:
+    """``work(0)`` and ``work(1)`` in two threads started together (a barrier); an error of either is failed here."""
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            work(i)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a thread is still running"
+
+
 @pytest.mark.parametrize("mode", ["side", "inline"])
 @pytest.mark.parametrize("kind", list(BUILDERS))
 def test_two_threads_get_their_own_maps(kind, mode):
@@ -57,27 +79,16 @@ def test_two_threads_get_their_own_maps(kind, mode):
     g = torch.Generator().manual_seed(5)
     inputs = [torch.randn(2, 3, 32, 32, generator=g), torch.randn(3, 3, 32, 32, generator=g)]
     alone = [capture(m, x, mode) for x in inputs]  # single-threaded references
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
     seen: dict[int, list[list[torch.Tensor]]] = {0: [], 1: []}
 
     def work(i: int) -> None:
-        try:
-            barrier.wait()
-            with vl.capture_attention(m, mode=mode) as cap, torch.no_grad():
-                for _ in range(3):
-                    m.forward(inputs[i])
-                    seen[i].append([a.clone() for a in cap.maps])
-                    time.sleep(0.01)
-        except BaseException as e:  # noqa: BLE001 (re-raised in the main thread)
-            errors.append(e)
+        with vl.capture_attention(m, mode=mode) as cap, torch.no_grad():
+            for _ in range(3):
+                m.forward(inputs[i])
+                seen[i].append([a.clone() for a in cap.maps])
+                time.sleep(0.01)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    in_two_threads(work, timeout=60)
     for i in (0, 1):
         assert len(seen[i]) == 3
         for maps in seen[i]:
@@ -197,24 +208,13 @@ def test_two_threads_on_models_of_one_config_get_their_own_maps(mode):
     g = torch.Generator().manual_seed(5)
     inputs = [torch.randn(2, 3, 32, 32, generator=g), torch.randn(3, 3, 32, 32, generator=g)]
     alone = [capture(m, x, mode) for m, x in zip(models, inputs)]
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
     seen: dict[int, list[list[torch.Tensor]]] = {0: [], 1: []}
 
     def work(i: int) -> None:
-        try:
-            barrier.wait()
-            for _ in range(6):
-                seen[i].append(capture(models[i], inputs[i], mode))
-        except BaseException as e:  # noqa: BLE001 (re-raised in the main thread)
-            errors.append(e)
+        for _ in range(6):
+            seen[i].append(capture(models[i], inputs[i], mode))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    in_two_threads(work, timeout=120)
     assert first.config._attn_implementation == "sdpa"
     for i in (0, 1):
         assert len(seen[i]) == 6

@@ -68,3 +68,13 @@ def set_attention(model: torch.nn.Module, implementation: str) -> torch.nn.Modul
         if getattr(mod, "config", None) is not None:
             mod.config._attn_implementation = implementation
     return model
+
+
+def random_sdpa_masks(b: int, t: int, seed: int) -> dict[str, torch.Tensor]:
+    """A boolean mask (True = attend, the diagonal always kept) and an additive one (-inf where the boolean is
+    False), [B, 1, T, T], drawn from ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    keep = (torch.rand(b, 1, t, t, generator=g) > 0.4) | torch.eye(t, dtype=torch.bool)
+    additive = torch.randn(b, 1, t, t, generator=g) * 2
+    additive[~keep] = float("-inf")
+    return {"bool": keep, "additive": additive}
