@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import vitlens as vl
-from view_references import max_diff, mean_distance, random_sdpa_masks, set_attention
+from view_references import layer_recorder, max_diff, mean_distance, random_sdpa_masks, set_attention
 from vitlens.errors import UnsupportedModelError
 
 TOL = 1e-5
@@ -302,15 +302,6 @@ def test_a_boolean_mask_added_as_a_bias_would_be_caught():
 def test_views_read_one_unpadded_grid_only(mode, shapes, padding):
     """A view reads every token as a patch of one grid: packed images of other grids (padded or not) are refused
     in one line before any block is read; a batch of one grid and no padding is the views' own case."""
-    from vitlens.engine import AttentionConsumer
-
-    class Seen(AttentionConsumer):
-        def __init__(self) -> None:
-            self.layers: list[int] = []
-
-        def on_attention(self, layer, attn, rows=None):
-            self.layers.append(layer)
-
     model = siglip2("sdpa")
     m = vl.LoadedModel.from_module(model, name="siglip2", device="cpu")
     inputs = {k: v[:2].clone() for k, v in packed().items()}
@@ -318,7 +309,7 @@ def test_views_read_one_unpadded_grid_only(mode, shapes, padding):
     inputs["pixel_attention_mask"][:] = 1
     if padding:
         inputs["pixel_attention_mask"][1, 12:] = 0
-    seen = Seen()
+    seen = layer_recorder()
     refused = len({tuple(s) for s in shapes}) > 1 or padding
     if refused:
         with pytest.raises(UnsupportedModelError, match="packed Siglip2") as err:

@@ -16,7 +16,7 @@ from torch import nn
 
 import vitlens as vl
 from vitlens.errors import UnsupportedModelError
-from view_references import random_sdpa_masks
+from view_references import layer_recorder, random_sdpa_masks
 
 TOL = 1e-5
 
@@ -210,19 +210,10 @@ def test_siglip2_pool_padding_is_masked(attn):
 def test_views_refuse_packed_padding_in_one_line():
     """A view reads every token as a patch of one grid: fed padded packing it refuses; one grid unpadded, it runs."""
     pytest.importorskip("transformers")
-    from vitlens.engine import AttentionConsumer
-
-    class Layers(AttentionConsumer):
-        def __init__(self) -> None:
-            self.layers: list[int] = []
-
-        def on_attention(self, layer, attn, rows=None):
-            self.layers.append(layer)
-
     model = siglip2("sdpa")
     m = vl.LoadedModel.from_module(model, name="siglip2", device="cpu")
     inputs = packed()
-    acc = Layers()
+    acc = layer_recorder()
     with pytest.raises(UnsupportedModelError, match="packed Siglip2") as err:
         with vl.capture_attention(m, store=False, consumers=[acc]), torch.no_grad():
             model(**inputs)

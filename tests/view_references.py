@@ -78,3 +78,18 @@ def random_sdpa_masks(b: int, t: int, seed: int) -> dict[str, torch.Tensor]:
     additive = torch.randn(b, 1, t, t, generator=g) * 2
     additive[~keep] = float("-inf")
     return {"bool": keep, "additive": additive}
+
+
+def layer_recorder():
+    """An attention consumer that records the layer of every map it is given (``.layers``), to see which blocks a
+    view read."""
+    from vitlens.engine import AttentionConsumer
+
+    class LayerRecorder(AttentionConsumer):
+        def __init__(self) -> None:
+            self.layers: list[int] = []
+
+        def on_attention(self, layer, attn, rows=None):
+            self.layers.append(layer)
+
+    return LayerRecorder()
