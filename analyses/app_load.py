@@ -31,12 +31,12 @@ stderr that mention a traceback, an exception or an error.
 Memory: the server's resident memory (its process and children, /proc) every 0.25 s: the peak per
 N, and how many times a model was loaded (the lock's ``load_model`` holds: once per model means
 models are cached once, not per session). ``cache_bound`` (also alone: ``--bound-only``) is what the
-app's caches can hold at most: each cached function's ``max_entries`` (read from app.py) times its
+app's caches can hold at most: each cached function's ``max_entries`` (read from vitlens_app/caches.py) times its
 largest result as Streamlit stores it (pickled), on the embedded pair at the widgets' limits.
 
 Fairness: from the lock's log, per session its longest wait, the longest hold of any other session,
 the FIFO bound (one hold of each other session), and ``max_bypass``: the most holds one other
-session got during one of its waits (1 or less: nobody starved; ``vitlens.fair_lock.lock_fairness``).
+session got during one of its waits (1 or less: nobody starved; ``vitlens_app.fair_lock.lock_fairness``).
 The log names Streamlit's session ids; the JSON numbers them in the order of their first request
 (not the driver's order). ``lock_contrast`` puts ``threading.Lock`` (the app's lock before) beside
 ``FairLock`` on threads that compute several times in a row.
@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from vitlens.fair_lock import lock_fairness, read_lock_log  # noqa: E402
+from vitlens_app.fair_lock import lock_fairness, read_lock_log  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 MODELS = ["ref-vit", "ref-hybrid"]
@@ -84,7 +84,7 @@ MARKERS = {
     "survey-open": "Table (CSV)",  # the survey's table download, after its figures
 }
 SCENES = 32  # the app opens on 32 held-out scenes
-MEMO_ENTRIES = 6  # app.py's remembered(): entries kept per kind and session
+MEMO_ENTRIES = 6  # vitlens_app.caches.remembered(): entries kept per kind and session
 SETTLED = """([marker, scope]) => {
     const app = document.querySelector("[data-testid='stApp']");
     if (!app || app.dataset.testScriptState !== "notRunning") return false;
@@ -331,8 +331,8 @@ def measure(n: int, seconds: float, survey: Path, work: Path) -> dict:
 
 
 # ---------------------------------------------------------------- what the caches can hold
-def cached_functions(app: Path = ROOT / "app.py") -> dict[str, dict]:
-    """Every function app.py caches: {name: {"kind": "cache_data" | "cache_resource", "max_entries": int | None}}."""
+def cached_functions(app: Path = ROOT / "vitlens_app" / "caches.py") -> dict[str, dict]:
+    """Every function the app caches (all in its caches module): {name: {"kind": "cache_data" | "cache_resource", "max_entries": int | None}}."""
     out = {}
     for node in ast.walk(ast.parse(app.read_text())):
         if not isinstance(node, ast.FunctionDef):
@@ -421,7 +421,7 @@ def lock_contrast(threads: int = 4, computations: int = 6, hold_s: float = 0.02)
     after another), under ``threading.Lock`` (the app's lock before) and under ``FairLock``: per lock, the most
     holds one thread got during one wait of another (``max_bypass``) and the longest wait. ``time.sleep``
     stands in for the computation: it releases the GIL as torch's kernels do."""
-    from vitlens.fair_lock import FairLock
+    from vitlens_app.fair_lock import FairLock
 
     out = {}
     for name, make in (("threading.Lock", threading.Lock), ("FairLock", FairLock)):

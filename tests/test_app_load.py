@@ -13,10 +13,11 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 from vitlens.loading import seeded
-from vitlens.fair_lock import lock_fairness, read_lock_log
+from vitlens_app.fair_lock import lock_fairness, read_lock_log
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app.py"
+CACHES = ROOT / "vitlens_app" / "caches.py"  # every cached function of the app
 
 
 @pytest.fixture()
@@ -54,9 +55,9 @@ def test_cached_functions_reads_decorators_and_their_bounds(tmp_path):
 
 
 def test_every_cache_of_the_app_but_the_lock_is_bounded():
-    funcs = load_script().cached_functions(APP)
-    text = APP.read_text()
-    assert len(funcs) == text.count("@st.cache_data") + text.count("@st.cache_resource")  # none missed
+    funcs = load_script().cached_functions(CACHES)
+    text = "".join(p.read_text() for p in [APP, *sorted((ROOT / "vitlens_app").rglob("*.py"))])
+    assert len(funcs) == text.count("@st.cache_data") + text.count("@st.cache_resource")  # none missed, none elsewhere
     assert [f for f, info in funcs.items() if info["max_entries"] is None] == ["heavy_lock"]  # one lock, no args
     assert funcs["load_model"] == {"kind": "cache_resource", "max_entries": 2}  # the embedded pair, side by side
     assert funcs["position_result"]["max_entries"] == 4
@@ -97,7 +98,7 @@ def test_every_forward_of_a_shared_model_runs_under_the_heavy_lock(monkeypatch, 
     import threading
     import traceback
 
-    from vitlens import fair_lock
+    from vitlens_app import fair_lock
 
     locks: list = []
     make = fair_lock.FairLock.__init__

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from vitlens.errors import InvalidParameterError
-from vitlens.fair_lock import FairLock, lock_fairness, read_lock_log
+from vitlens_app.fair_lock import FairLock, lock_fairness, read_lock_log
 
 
 def queue_up(lock: FairLock, n: int, hold_s: float = 0.0) -> list[int]:

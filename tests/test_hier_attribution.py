@@ -159,7 +159,7 @@ def test_the_app_offers_the_registrys_methods_for_the_models_kind():
     import ast
     from pathlib import Path
 
-    source = (Path(__file__).resolve().parents[1] / "app.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "vitlens_app" / "views" / "attributions.py").read_text()
     tree = ast.parse(source)
     render = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "render_attributions")
     text = ast.get_source_segment(source, render)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vitlens.uploads import UploadFolder, server_folder
+from vitlens_app.uploads import UploadFolder, server_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_the_session_folder_goes_with_the_session_and_the_server_folder_at_exit(
     del folder
     gc.collect()
     assert not path.exists()
-    code = ("from vitlens.uploads import UploadFolder, server_folder\n"
+    code = ("from vitlens_app.uploads import UploadFolder, server_folder\n"
             "f = UploadFolder(); f.save('a.bin', b'junk'); print(server_folder())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

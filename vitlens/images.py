@@ -397,11 +397,6 @@ def tiny_image_warning(name: str, size: tuple[int, int]) -> str:
             "input, so its maps show the interpolation more than the image")
 
 
-#: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
-#: when uploaded; every view resizes to the model's input anyway, 1024 px at most for the high-resolution runs).
-APP_MAX_SIDE_PX = 2048
-
-
 def read_uploads(files: Iterable[tuple[str, bytes]], max_bytes: int = MAX_UPLOAD_MB * 2**20,
                  max_side_px: int | None = None, memo: dict[str, Image.Image | str] | None = None) -> Uploads:
     """Read ``(name, bytes)`` uploads: same bytes twice count once; unreadable files become messages.

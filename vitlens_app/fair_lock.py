@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .errors import InvalidParameterError
+from vitlens import InvalidParameterError
 
 LOG_ENV = "VITLENS_LOCK_LOG"
 

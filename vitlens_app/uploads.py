@@ -1,4 +1,4 @@
-"""Checkpoints uploaded to the app, kept where no one else can plant or read them.
+"""Uploads to the app: checkpoints kept where no one else can plant or read them, and the size images are kept at.
 
 Each app server gets one private folder (``tempfile.mkdtemp``: mode 0700, a fresh unpredictable name, never a
 folder that was there before), removed when the server exits; each session gets its own folder inside it,
@@ -19,6 +19,9 @@ from pathlib import Path
 
 #: the checkpoint suffixes an upload keeps (anything else is saved without one)
 UPLOAD_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+#: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
+#: when uploaded; every view resizes to the model's input anyway, 1024 px at most for the high-resolution runs).
+APP_MAX_SIDE_PX = 2048
 _SERVER: Path | None = None
 _SERVER_LOCK = threading.Lock()
 
