@@ -74,3 +74,45 @@ def test_the_scan_finds_each_way_past_the_public_api(tmp_path, source, what):
     module = tmp_path / "page.py"
     module.write_text("from __future__ import annotations\n" + source)
     assert reaches(module) == [what]
+
+
+def kind_comparisons(path: Path) -> list[str]:
+    """Each comparison in the module that reads a model spec's ``kind`` (``spec.kind == ...``, ``... in ...``)."""
+    source = path.read_text()
+    return [ast.get_source_segment(source, node) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Compare) and any(
+                isinstance(n, ast.Attribute) and n.attr == "kind" and (
+                    (isinstance(n.value, ast.Attribute) and n.value.attr == "spec")
+                    or (isinstance(n.value, ast.Name) and n.value.id == "spec"))
+                for side in [node.left, *node.comparators] for n in ast.walk(side))]
+
+
+def test_every_choice_by_a_models_kind_is_in_kind_choices():
+    """The app's branches on ``spec.kind`` are in one module (one function each), for the kind registry to feed."""
+    choices = ROOT / "vitlens_app" / "kind_choices.py"
+    found = {str(p.relative_to(ROOT)): c for p in APP_FILES if p != choices and (c := kind_comparisons(p))}
+    assert found == {} and len(kind_comparisons(choices)) == 8
+
+
+#: what the app chose for each kind before its choices were one module (app.py's branches, issue 44): the answers
+#: kind_choices must keep, whatever they are derived from
+CHOSEN = {  # kind: (distance pass, filters of the CNN, distance by stage, distance without prefix, rollout discards,
+    #          maps by window, maps of class attention, attributions by stage)
+    "vit": (("distance", "prefix"), False, False, False, True, False, False, False),
+    "hybrid": (("distance", "prefix"), True, False, False, True, False, False, False),
+    "hierarchical": (("distance",), False, True, False, False, True, False, True),
+    "class-attention": (("distance",), False, False, True, False, False, True, False),
+}
+
+
+@pytest.mark.parametrize("kind", list(CHOSEN))
+def test_the_kind_choices_are_the_apps_branches(kind):
+    from types import SimpleNamespace
+
+    from vitlens_app import kind_choices as kc
+
+    spec = SimpleNamespace(kind=kind)
+    got = (kc.distance_pass_views(spec), kc.filters_read_the_cnn(spec), kc.distance_by_stage(spec),
+           kc.distance_without_prefix(spec), kc.rollout_discards(spec), kc.maps_by_window(spec),
+           kc.maps_of_class_attention(spec), kc.attributions_by_stage(spec))
+    assert got == CHOSEN[kind]
