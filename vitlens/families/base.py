@@ -607,7 +607,10 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
 
 
 def supported_families() -> str:
-    """What vitlens reads, family by family in the registry's order (``FAMILIES``): each family's ``summary`` (its
-    name where it gives none), the list every "Supported: ..." of a refusal says, so that a family registered is
-    named there and none other is."""
+    """What vitlens reads, family by family in the registry's order (``FAMILIES``), as every "Supported: ..." of a
+    refusal says it: a family registered is named there and none other is.
+
+    Returns:
+        Each family's ``summary`` (its name where it gives none), joined by "; ".
+    """
     return "; ".join(family.summary or family.name for family in FAMILIES)
