@@ -106,7 +106,7 @@ def default_target_layer(m: LoadedModel) -> str:
 def stage_layouts(m: LoadedModel) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """(token grid, pixel stride) of every stage of a hierarchical model at its built size (``Family.stage_layout``:
     Swin's), or of its one grid (SAM / ViTDet, a ViT)."""
-    layout = getattr(m.family, "stage_layout", None)
+    layout = m.family.stage_layout  # an optional ability: None where the family has one grid
     if layout is None:
         return [(tuple(m.spec.grid), tuple(m.spec.stride_px))]  # type: ignore[list-item]
     return [(tuple(int(v) for v in g), tuple(int(v) for v in s)) for g, s in layout(m.model)]  # type: ignore[misc]

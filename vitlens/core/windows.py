@@ -261,7 +261,7 @@ def stage_centres(windows: list[WindowGeometry]) -> dict[int, np.ndarray]:
 def block_heads(family: Any, model: Any) -> list[int]:
     """The heads of every block's attention, first block first: the family's ``block_heads`` where it has one (its
     attention modules do not say it as ``num_heads``), else each attention module's ``num_heads``."""
-    heads = getattr(family, "block_heads", None)
+    heads = family.block_heads  # an optional ability of ``Family``: None where ``num_heads`` says it
     if heads is not None:
         return [int(h) for h in heads(model)]
     return [int(a.num_heads) for a in family.attention_modules(model)]
@@ -270,7 +270,7 @@ def block_heads(family: Any, model: Any) -> list[int]:
 def stage_heads(family: Any, model: Any, image_size: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
     """A hierarchical model's heads of every block, grouped by stage (``WindowGeometry.stage``), first stage first:
     Swin-T's ((3, 3), (6, 6), (12,) * 6, (24, 24)). () for a family without windows (one global attention)."""
-    windows = getattr(family, "windows", None)
+    windows = family.windows  # an optional ability of ``Family``: None for global attention
     if windows is None:
         return ()
     stages: dict[int, list[int]] = {}

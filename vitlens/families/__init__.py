@@ -5,12 +5,14 @@ model, or refuses it with a message that names what is unsupported.
 from __future__ import annotations
 
 from .base import (FAMILIES, REFUSED_FAMILIES, Adapter, CaptureAbilities, CaptureRequest, Emit, Family, Handles,
-                   HookSession, family_of, register)
+                   HookSession, family_of, register, supported_families)
 
-# every family module, imported here so that each registers itself (they import only ``base``, so none
-# imports this package back); a new family adds its module to this line (``generic`` is a fallback: tried last
-# whatever its place in FAMILIES, and registered last so that ``vitlens models`` lists it last)
-from . import cait, hf, hf_pvt, hf_swin, hf_vitdet, hiera, mvit, openclip, sam, swin, timm_beit, timm_eva, timm_vit, torchvision_vit  # noqa: E402,F401
+# every family module, imported here so that each registers itself, in this line's order (the order of FAMILIES,
+# which ``family_of`` tries and ``vitlens models`` lists). A family module imports only ``base`` and the helper layer
+# ``vitlens.families.common``, never another family's module (tests/test_family_plugins.py), so none imports this
+# package back; a new family is its module and its name on this line (``generic`` is a fallback: tried last whatever
+# its place in FAMILIES, and registered last so that ``vitlens models`` lists it last)
+from . import timm_vit, swin, cait, hf, mvit, hf_pvt, hf_swin, hf_vitdet, hiera, torchvision_vit, openclip, sam, timm_beit, timm_eva  # noqa: E402,F401,E501
 from . import generic  # noqa: E402,F401  (the fallback: listed last)
 from .layouts import LAYOUTS, Layout, register_layout  # noqa: E402  (where the generic capture finds a ViT's pieces)
 
@@ -26,4 +28,5 @@ def describe_families() -> list[dict[str, object]]:
 
 
 __all__ = ["Adapter", "CaptureAbilities", "CaptureRequest", "FAMILIES", "LAYOUTS", "REFUSED_FAMILIES", "Emit", "Family",
-           "Handles", "HookSession", "Layout", "describe_families", "family_of", "register", "register_layout"]
+           "Handles", "HookSession", "Layout", "describe_families", "family_of", "register", "register_layout",
+           "supported_families"]

@@ -4,8 +4,11 @@ relative-position bias.
 
 Every view of the paper reads a model only through this interface. A new family (BEiT, EVA, Hugging
 Face, torchvision, ...) is its module in ``vitlens/families/`` and its name on the import line of
-``vitlens/families/__init__.py``; a family loaded by a name prefix (``hf:``, ``open_clip:``) also needs that
-prefix in ``vitlens/loading/``. The family says what else reads it: its capture's abilities
+``vitlens/families/__init__.py``: the module says everything about it (its ``summary`` in the refusals'
+``supported_families``, a Hugging Face family's model types, processor defaults and attention implementation in
+``hf_types``, the optional abilities it has) and imports this module and the helper layer
+``vitlens.families.common``, never another family's module; a new name prefix (``hf:``, ``open_clip:``) is
+``vitlens/loading/``'s. The family says what else reads it: its capture's abilities
 (``abilities``: what ``capture_plan`` chooses from) and the input of its blocks' attention
 (``attention_input``: the Grad-CAM family's default layer). A family that reads a model through another
 family's reading of a module inside it is an ``Adapter``, which hands every method it does not write to
@@ -36,6 +39,7 @@ from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 
 if TYPE_CHECKING:
+    from ..core.windows import WindowGeometry
     from .relative_bias import RelativeBias
 
 Emit = Callable[..., None]
@@ -324,10 +328,27 @@ class HookSession:
 
 
 class Family:
-    """Base class of the model families; subclasses fill in every method."""
+    """Base class of the model families; subclasses fill in every method.
+
+    Optional abilities. A family whose models are not one global attention over one token grid declares, as its own
+    methods, what the views and methods read of them; every other family keeps the default here, None (read as "the
+    family has no such ability": callers test ``family.windows is None``, never ``getattr``):
+
+    - ``windows(model, input_hw) -> list[WindowGeometry]``: every block's windows (Swin, SAM / ViTDet, Hiera, MViT v2,
+      PVT: ``spec.kind == "hierarchical"``);
+    - ``stage_layout(model) -> [(token grid, pixel stride)]`` of every stage at the built size (the CAMs' stage grids;
+      None: the spec's one grid);
+    - ``block_heads(model) -> list[int]``: every block's heads, where its attention modules do not say ``num_heads``;
+    - ``block_layout(model) -> list[dict]``: each block's kind and tokens, for blocks of more than one kind (CaiT);
+    - ``cam_layer(model)`` (a method returning None by default) and ``hf_types`` (the transformers model types a
+      family reads, ``vitlens.families.common.hf.HfTypes``).
+    """
 
     #: short name, stored in ``ModelSpec.family``
     name = "family"
+    #: the family in a few words, for the lists of what vitlens reads in its refusals (``supported_families``;
+    #: the name where it says none)
+    summary = ""
     #: which capture path the blocks take, in words, where it is not the family's own (``LoadedModel``'s repr)
     path = ""
     #: a fallback family is tried only after every other family and the refusals by name (``family_of``)
@@ -378,9 +399,16 @@ class Family:
         """The attention module of every block, first block first."""
         raise NotImplementedError
 
+    #: the transformers model types the family reads, their processor defaults and the attention implementation
+    #: ``hf:`` names load with (``vitlens.families.common.hf.HfTypes``); None for a family of no transformers models
+    hf_types: Any = None
+
     #: ``windows(model, input_hw) -> list[WindowGeometry]`` for a family whose blocks attend within windows on stages
     #: of coarser grids (Swin: ``spec.kind == "hierarchical"``); None for global attention
-    windows: Callable[..., Any] | None = None
+    windows: "Callable[[nn.Module, Sequence[int]], list[WindowGeometry]] | None" = None
+    #: ``stage_layout(model) -> [(token grid, pixel stride)]`` of every stage at the built size, for a family whose
+    #: stages have grids of their own (Swin, PVT); None: the spec's one grid
+    stage_layout: "Callable[[nn.Module], list[tuple[tuple[int, int], tuple[int, int]]]] | None" = None
     #: ``block_layout(model) -> list[dict]`` for a family whose blocks are of more than one kind (CaiT:
     #: ``spec.kind == "class-attention"``): each block's kind and the tokens of its queries and keys; None otherwise
     block_layout: Callable[..., Any] | None = None
@@ -565,12 +593,7 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
     if refusal is None and module.startswith("timm.") and short in REFUSED_FAMILIES:
         raise UnsupportedModelError(
             f"{name!r} ({type(model).__name__}) uses {REFUSED_FAMILIES[short]}, which vitlens does not reproduce "
-            "exactly, so its attention maps are refused rather than shown wrong. Supported: timm "
-            "VisionTransformer (vit_*, deit_*, register, GAP/MAP, hybrids, parallel blocks), BEiT, EVA and other "
-            "RoPE models (vit_pe_*, *_rope_*), CaiT (cait_*), Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/MetaCLIP 2/SigLIP "
-            "vision towers, torchvision ViTs, and global-attention ViTs whose attention ends in one "
-            "scaled_dot_product_attention call per block (generic call-level capture: timm-style models, Hugging "
-            "Face DINOv3/AIMv2/Data2Vec/BEiT on sdpa, OpenCLIP towers of open_clip's own Attention).")
+            f"exactly, so its attention maps are refused rather than shown wrong. Supported: {supported_families()}.")
     for family in FAMILIES:
         if family.fallback and family.matches(model):
             family.check(model, name)
@@ -579,9 +602,15 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
         raise refusal
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "
-        "vitlens reads timm VisionTransformer, BEiT, EVA and RoPE models, Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE "
-        "and CLIP/MetaCLIP 2/SigLIP vision towers (and DINOv3, AIMv2, Data2Vec, BEiT on sdpa), OpenCLIP image towers, "
-        "torchvision ViTs, and global-attention ViTs with one patch convolution and one attention module per block "
-        "whose attention ends in one scaled_dot_product_attention call: try e.g. "
-        "'vit_base_patch16_224', 'deit_small_patch16_224', 'vit_base_r50_s16_224' or the "
-        "embedded 'ref-vit'.")
+        f"vitlens reads {supported_families()}: try e.g. 'vit_base_patch16_224', 'deit_small_patch16_224', "
+        "'vit_base_r50_s16_224' or the embedded 'ref-vit'.")
+
+
+def supported_families() -> str:
+    """What vitlens reads, family by family in the registry's order (``FAMILIES``), as every "Supported: ..." of a
+    refusal says it: a family registered is named there and none other is.
+
+    Returns:
+        Each family's ``summary`` (its name where it gives none), joined by "; ".
+    """
+    return "; ".join(family.summary or family.name for family in FAMILIES)

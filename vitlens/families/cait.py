@@ -38,8 +38,9 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .swin import _read_sdpa_call, read_at_dropout
-from .timm_vit import timm_data_config, timm_position_table
+from .common.blocks import check_blocks
+from .common.readers import read_fused_or_own
+from .common.timm import timm_data_config, timm_position_table
 
 #: the ``ModelSpec.kind`` of a ViT with class-attention layers after its self-attention blocks (CaiT)
 CLASS_ATTENTION_KIND = "class-attention"
@@ -76,6 +77,7 @@ class TimmCait(Family):
     docstring)."""
 
     name = "timm-cait"
+    summary = "timm CaiT (cait_*)"
     reads = ("timm CaiT (cait_*, timm.models.cait): talking-heads self-attention over the patches (each head's "
              "softmax, between the two head mixings), then class-attention layers (the class token's one query "
              "over the class token and the patches); distance of the self-attention blocks, rollout from the class "
@@ -102,18 +104,10 @@ class TimmCait(Family):
         if model.global_pool not in ("token", "avg", ""):
             raise UnsupportedModelError(f"{name!r} pools with {model.global_pool!r}; vitlens reads CaiT's 'token', "
                                         "'avg' or '' pooling.")
-        for i, block in enumerate(model.blocks):
-            if type(block) is not LayerScaleBlock or type(getattr(block, "attn", None)) is not TalkingHeadAttn:
-                raise UnsupportedModelError(
-                    f"{name!r}: block {i} is a {type(block).__name__} with "
-                    f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads timm's LayerScaleBlock with "
-                    "TalkingHeadAttn exactly and refuses others.")
-        for i, block in enumerate(model.blocks_token_only):
-            if type(block) is not LayerScaleBlockClassAttn or type(getattr(block, "attn", None)) is not ClassAttn:
-                raise UnsupportedModelError(
-                    f"{name!r}: class-attention layer {i} is a {type(block).__name__} with "
-                    f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads timm's LayerScaleBlockClassAttn "
-                    "with ClassAttn exactly and refuses others.")
+        check_blocks(name, ((f"block {i}", b) for i, b in enumerate(model.blocks)), LayerScaleBlock,
+                     (TalkingHeadAttn,), "timm")
+        check_blocks(name, ((f"class-attention layer {i}", b) for i, b in enumerate(model.blocks_token_only)),
+                     LayerScaleBlockClassAttn, (ClassAttn,), "timm")
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
@@ -136,24 +130,20 @@ class TimmCait(Family):
         return [block.attn for block in model.blocks] + [block.attn for block in model.blocks_token_only]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        depth = self_attention_blocks(model)
-        for layer, attn in enumerate(self.attention_modules(model)):
-            if layer < depth:
-                _read_talking_heads(attn, layer, capture, handles)
-            elif getattr(attn, "fused_attn", False):
-                _read_sdpa_call(attn, layer, capture, handles)
-            else:
-                read_at_dropout(attn.attn_drop, layer, capture, handles)
+        self._install(model, capture, handles, inline=False)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        self._install(model, capture, handles, inline=True)
+
+    def _install(self, model: nn.Module, capture: CaptureRequest, handles: Handles, inline: bool) -> None:
+        """The talking heads' own softmax (side and inline alike); a class-attention layer's fused call or its own
+        probabilities (``read_fused_or_own``)."""
         depth = self_attention_blocks(model)
         for layer, attn in enumerate(self.attention_modules(model)):
             if layer < depth:
                 _read_talking_heads(attn, layer, capture, handles)
-                continue
-            if getattr(attn, "fused_attn", False):
-                handles.set_attr(attn, "fused_attn", False)
-            read_at_dropout(attn.attn_drop, layer, capture, handles)
+            else:
+                read_fused_or_own(attn, layer, capture, handles, inline)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj  # the heads' outputs side by side, before the output projection

@@ -50,8 +50,9 @@ from ..core.attention import attention_probs, attention_probs_in_rows, conv_filt
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
+from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
+from .common.sdpa_calls import CallMode, sdpa_arguments
 from .layouts import Layout, layout_of
-from .sdpa_calls import CallMode, sdpa_arguments
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
@@ -204,6 +205,9 @@ class GenericCallCapture(Family):
     per block, found by a layout (``vitlens.families.layouts``: timm-style, Hugging Face, OpenCLIP)."""
 
     name = "generic"
+    summary = ("global-attention ViTs whose attention ends in one scaled_dot_product_attention call per block "
+               "(generic call-level capture: timm-style models, Hugging Face DINOv3/AIMv2/Data2Vec/BEiT on sdpa, "
+               "OpenCLIP towers of open_clip's own Attention)")
     #: how ``LoadedModel``'s repr says which path the blocks take
     path = "generic call-level capture"
     fallback = True
@@ -218,6 +222,13 @@ class GenericCallCapture(Family):
              "of open_clip's own Attention blocks (qk-norm, head scale)")
     names = ("timm names: vit_relpos_base_patch16_224, vit_srelpos_small_patch16_224; hf:ORG/NAME of DINOv3, AIMv2, "
              "Data2Vec-Vision, BEiT; your own attention class in a timm-style model",)
+    #: the transformers model types whose image processors it knows (read at their SDPA calls, so loaded on sdpa);
+    #: another type the Hugging Face layout finds is read too, preprocessed as ``HuggingFaceLayout`` says
+    hf_types = HfTypes(processors={
+        "dinov3_vit": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+        "aimv2_vision_model": ProcessorDefaults("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+        "data2vec-vision": ProcessorDefaults("squash", 1.0, HALF, HALF, "bicubic"),
+        "beit": ProcessorDefaults("squash", 1.0, HALF, HALF, "bicubic")})
 
     def matches(self, model: nn.Module) -> bool:
         return layout_of(model) is not None

@@ -8,9 +8,8 @@ model's output is ``get_image_features``, the projected image embedding).
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
 ``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
 ``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones it cannot (DiNAT,
-NAT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; Swin and Swin V2 are read by
-``vitlens.families.hf_swin``, Hiera by ``vitlens.families.hiera``, ViTDet and the SAM / SAM-HQ image encoders by
-``vitlens.families.hf_vitdet``, PVT and PVT v2 by ``vitlens.families.hf_pvt``.
+NAT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; the types another family declares
+(``Family.hf_types``: Swin, Hiera, ViTDet, SAM, PVT, ...) are that family's (``common.hf.types_read_elsewhere``).
 
 Their attention is softmax((q @ k^T) * scaling + mask), whatever ``attn_implementation`` the model
 runs (eager, sdpa, ...). Side capture hooks ``q_proj`` and ``k_proj`` and computes the
@@ -54,20 +53,41 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import CaptureRequest, Family, Handles, prefix_labels, register
+from .base import AttentionClassUnknown, CaptureRequest, Family, Handles, prefix_labels, register
 from ..core.attention import attention_probs, conv_filters
+from .common.hf import (CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, VIT_PROCESSOR, HfTypes,
+                        ProcessorDefaults, config_image_size, default_data_config, is_hf_model, resize_inputs,
+                        tower_type, types_read_elsewhere, vision_tower)
+from .common.mha import call_mask
+from .common.windows import pair
 
+#: the model types (``config.model_type`` of the vision tower) whose attention this family reproduces, with their
+#: image processors' defaults; the whole models whose vision tower it reads (CLIP's, SigLIP's: their text tower kept);
+#: any attention implementation is read, so ``hf:`` names load with the checkpoint's own (``HfTypes``)
+HF_TYPES = HfTypes(
+    processors={
+        "vit": VIT_PROCESSOR,
+        "deit": ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+        "dinov2": ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+        "dinov2_with_registers": ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+        "ijepa": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+        "vit_mae": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+        "clip_vision_model": ProcessorDefaults("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+        "metaclip_2_vision_model": ProcessorDefaults("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
+        "siglip_vision_model": ProcessorDefaults("squash", 1.0, HALF, HALF, "bicubic"),
+        # NaFlex: the size is the model's (its position table's grid), not the processor's
+        "siglip2_vision_model": ProcessorDefaults("squash", 1.0, HALF, HALF, "bilinear", size_from_model=True),
+    },
+    towers={"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_model", "siglip": "siglip_vision_model",
+            "siglip2": "siglip2_vision_model"},
+    attn_implementation=None)
 #: model types (``config.model_type`` of the vision tower) whose attention vitlens reproduces
-MODEL_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "ijepa", "vit_mae", "clip_vision_model",
-               "metaclip_2_vision_model", "siglip_vision_model", "siglip2_vision_model")
+MODEL_TYPES = HF_TYPES.model_types
 #: model types without a class token
 NO_CLASS_TOKEN = ("ijepa", "siglip_vision_model", "siglip2_vision_model")
-#: a whole model's type -> its vision tower's
-TOWER_TYPES = {"clip": "clip_vision_model", "metaclip_2": "metaclip_2_vision_model", "siglip": "siglip_vision_model",
-               "siglip2": "siglip2_vision_model", "sam": "sam_vision_model", "sam_hq": "sam_hq_vision_model"}
 #: model types refused by name (windowed or hierarchical attention, out of the generic capture's reach), with what
-#: a reading of them as one global attention over the image's tokens would get wrong (Swin and Swin V2, ViTDet,
-#: SAM and SAM-HQ, Hiera, PVT and PVT v2 are read: ``OWN_FAMILY_TYPES``)
+#: a reading of them as one global attention over the image's tokens would get wrong (the windowed and hierarchical
+#: types other families read are theirs: ``common.hf.types_read_elsewhere``)
 REFUSED_MODEL_TYPES = {
     "donut-swin": "windowed attention and patch merging (Donut's Swin encoder)",
     "maskformer-swin": "windowed attention and patch merging (MaskFormer's Swin backbone)",
@@ -75,60 +95,6 @@ REFUSED_MODEL_TYPES = {
     "nat": "neighbourhood attention (NAT)",
 }
 INLINE_KEY = "vitlens_inline"
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-#: each model type's image-processor defaults: (resize, crop_pct, mean, std, interpolation)
-PROCESSOR_DEFAULTS = {
-    "vit": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
-    "deit": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-    "dinov2": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-    "dinov2_with_registers": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-    "ijepa": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-    "vit_mae": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-    "clip_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
-    "metaclip_2_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
-    # read by the generic call-level capture (vitlens.families.layouts.HuggingFaceLayout)
-    "dinov3_vit": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-    "aimv2_vision_model": ("center", 1.0, CLIP_MEAN, CLIP_STD, "bicubic"),
-    "data2vec-vision": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
-    "beit": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
-    "siglip_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bicubic"),
-    "siglip2_vision_model": ("squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
-    "swin": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-swin family (hf_swin.py)
-    "swinv2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-    "hiera": ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-hiera family (hiera.py)
-    # read by the hf-vitdet and hf-sam families (hf_vitdet.py); SAM's processor resizes the longest side and pads
-    "vitdet": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-    "sam_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-    "sam_hq_vision_model": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-    "pvt": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),  # read by the hf-pvt family (hf_pvt.py)
-    "pvt_v2": ("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
-}
-#: model types of windowed, hierarchical models, not read by this family: Swin and Swin V2 by
-#: ``vitlens.families.hf_swin``, ViTDet, SAM and SAM-HQ (their vision encoders) by ``vitlens.families.hf_vitdet``
-WINDOWED_TYPES = ("swin", "swinv2", "vitdet", "sam_vision_model", "sam_hq_vision_model")
-#: model types of pyramid ViTs (spatial-reduction attention): read by ``vitlens.families.hf_pvt``
-PYRAMID_TYPES = ("pvt", "pvt_v2")
-#: model types read by a family of their own, not by this one (the windowed types above; Hiera:
-#: ``vitlens.families.hiera``; PVT and PVT v2: ``vitlens.families.hf_pvt``)
-OWN_FAMILY_TYPES = WINDOWED_TYPES + ("hiera",) + PYRAMID_TYPES
-_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
-
-
-def is_image_classifier(model: nn.Module) -> bool:
-    """Whether a transformers model is its ``*ForImageClassification`` class (it has class logits), not the bare
-    ``*Model`` (the hierarchical families' ``spec.num_classes`` and ``logits``)."""
-    return type(model).__name__.endswith("ForImageClassification")
-
-
-def stage_model_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A hierarchical transformers model's output the views score: a classifier's class logits; else its pooled
-    output (the mean of the last stage's tokens), or that mean taken here."""
-    out = model(pixel_values=x)
-    if is_image_classifier(model):
-        return out.logits
-    pooled = getattr(out, "pooler_output", None)
-    return pooled if pooled is not None else out.last_hidden_state.mean(1)
 
 
 class _Active(threading.local):
@@ -250,25 +216,6 @@ def _register_inline() -> None:
         _REGISTERED = True
 
 
-def is_hf_model(model: nn.Module) -> bool:
-    return type(model).__module__.startswith("transformers.")
-
-
-def vision_tower(model: nn.Module) -> nn.Module:
-    """The module vitlens reads: ``vision_model`` of CLIP/SigLIP models (their text tower untouched), the
-    encoder ``vit`` of ``ViTMAEForPreTraining`` (not its decoder), else the model itself."""
-    for attr in ("vision_model", "vit"):
-        sub = getattr(model, attr, None)
-        if isinstance(sub, nn.Module) and hasattr(sub, "embeddings") and hasattr(sub, "config"):
-            return sub
-    return model
-
-
-def tower_type(model: nn.Module) -> str | None:
-    model_type = getattr(getattr(vision_tower(model), "config", None), "model_type", None)
-    return TOWER_TYPES.get(model_type, model_type)
-
-
 def embeddings_of(model: nn.Module) -> nn.Module:
     emb = getattr(vision_tower(model), "embeddings", None)
     if emb is not None and (hasattr(emb, "patch_embedding") or hasattr(emb, "patch_embeddings")):
@@ -304,28 +251,15 @@ ANY_SIZE = ("dinov2", "dinov2_with_registers", "siglip2_vision_model")
 
 def size_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str, Any]:
     """``interpolate_pos_encoding=True`` for an input of another size than the config's, where ``fn`` (the
-    call vitlens makes) takes it; nothing at the config's size (the outputs those of a plain call).
+    call vitlens makes) takes it (``common.hf.resize_inputs``); nothing at the config's size, nor for a type whose
+    embeddings resample the table by themselves (``ANY_SIZE``).
 
     Raises:
         InvalidParameterError: another size, and a model that cannot take one.
     """
-    import inspect
-
-    cfg = vision_tower(model).config
-    size, hw = _pair(_image_size(cfg)), (int(x.shape[-2]), int(x.shape[-1]))
-    if hw == size or tower_type(model) in ANY_SIZE:
+    if tower_type(model) in ANY_SIZE:
         return {}
-    try:
-        takes = "interpolate_pos_encoding" in inspect.signature(fn or model.forward).parameters
-    except (TypeError, ValueError):
-        takes = False
-    if takes:
-        return {"interpolate_pos_encoding": True}
-    from ..errors import InvalidParameterError
-
-    raise InvalidParameterError(
-        f"{type(model).__name__} was built for {size[0]}x{size[1]} px inputs and cannot resample its position table "
-        f"(no interpolate_pos_encoding); got {hw[0]}x{hw[1]} px: load it without another input_size.")
+    return resize_inputs(model, x, fn)
 
 
 def model_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str, Any]:
@@ -336,30 +270,26 @@ def model_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str,
         return siglip2_inputs(x, int(vision_tower(model).config.patch_size))
     extra = size_inputs(model, x, fn)
     if kind == "vit_mae":  # every patch, kept in the image's own order (mask_ratio is 0)
-        n = (x.shape[-2] // _pair(model.config.patch_size)[0]) * (x.shape[-1] // _pair(model.config.patch_size)[1])
+        n = (x.shape[-2] // pair(model.config.patch_size)[0]) * (x.shape[-1] // pair(model.config.patch_size)[1])
         return {"pixel_values": x, "noise": torch.arange(n, device=x.device, dtype=x.dtype).expand(x.shape[0], -1),
                 **extra}
     return {"pixel_values": x, **extra}
 
 
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
-
-
 class HuggingFaceViT(Family):
     name = "hf-vit"
+    summary = ("Hugging Face ViT/DeiT/Dinov2/IJepa/ViTMAE and CLIP/MetaCLIP 2/SigLIP/SigLIP2 vision towers")
     reads = ("Hugging Face transformers ViT, DeiT, Dinov2 (with registers), CLIP, MetaCLIP 2 and SigLIP / SigLIP2 "
              "vision towers "
              "(text towers kept), I-JEPA, ViTMAE (every patch kept); needs transformers")
     names = ("hf:ORG/NAME (the Hub, e.g. hf:google/vit-base-patch16-224) or hf:FOLDER (a saved model)",)
     attention_inputs = ("layernorm_before", "layer_norm1", "norm1")  # ViT/DeiT/MAE/IJepa, CLIP/SigLIP, Dinov2
+    hf_types = HF_TYPES
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) not in OWN_FAMILY_TYPES
+        return is_hf_model(model) and tower_type(model) not in types_read_elsewhere(self)
 
     def check(self, model: nn.Module, name: str) -> None:
-        from .base import AttentionClassUnknown
-
         model_type = tower_type(model)
         if model_type in REFUSED_MODEL_TYPES:
             raise UnsupportedModelError(
@@ -398,8 +328,8 @@ class HuggingFaceViT(Family):
         cfg = vision_tower(model).config
         kind = tower_type(model)
         emb = embeddings_of(model)
-        patch = _pair(cfg.patch_size)
-        size = _pair(input_size or _image_size(cfg))
+        patch = pair(cfg.patch_size)
+        size = pair(input_size or config_image_size(cfg))
         registers = int(emb.register_tokens.shape[1]) if getattr(emb, "register_tokens", None) is not None else 0
         cls = kind not in NO_CLASS_TOKEN
         labels = prefix_labels(cls, hasattr(emb, "distillation_token"), registers)
@@ -420,7 +350,7 @@ class HuggingFaceViT(Family):
         emb = embeddings_of(model)
         cfg = vision_tower(model).config
         n = int(position_rows(emb).shape[1])
-        cfg_grid = tuple(s // p for s, p in zip(_pair(_image_size(cfg)), _pair(cfg.patch_size)))
+        cfg_grid = tuple(s // p for s, p in zip(pair(config_image_size(cfg)), pair(cfg.patch_size)))
         # DeiT keeps rows for the class and distillation tokens, ViT/CLIP/MAE for the class, SigLIP/IJepa none
         for prefix in (2, 1, 0):
             if (n - prefix) == cfg_grid[0] * cfg_grid[1]:
@@ -480,7 +410,6 @@ class HuggingFaceViT(Family):
         import torch.nn.functional as F
 
         from ..errors import ViewNotAvailableError
-        from .torchvision_vit import call_mask
 
         head = getattr(vision_tower(model), "head", None)
         mha = getattr(head, "attention", None)
@@ -518,7 +447,7 @@ class HuggingFaceViT(Family):
             return conv_filters(conv, where[id(conv)], "the patch embedding E", spec.name)
         proj = emb.patch_embedding
         if isinstance(proj, nn.Linear):  # Siglip2: a linear map of patches flattened as (py, px, channel)
-            p = _pair(vision_tower(model).config.patch_size)
+            p = pair(vision_tower(model).config.patch_size)
             w = proj.weight.detach().to(torch.float64).cpu()
             w = w.reshape(w.shape[0], p[0], p[1], -1).permute(0, 3, 1, 2).contiguous()
             d, c, kh, kw = w.shape
@@ -563,66 +492,10 @@ class HuggingFaceViT(Family):
         return input_hw[0] // sy, input_hw[1] // sx
 
 
-def default_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-    """timm-style preprocessing of a Hugging Face model from its type's image-processor defaults
-    (``PROCESSOR_DEFAULTS``) at the spec's input size, with its class names when it has them."""
-    mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS[tower_type(model)]
-    out = {"input_size": (3, *spec.image_size), "interpolation": interpolation, "mean": mean, "std": std,
-           "crop_pct": crop_pct, "crop_mode": mode}
-    names = _label_names(model)
-    if names:
-        out["label_names"] = names
-    return out
-
-
 def _scale_of(attn: nn.Module) -> float | None:
     """The score scale an attention module hands the attention function (``scaling``; CLIP/SigLIP: ``scale``)."""
     scale = getattr(attn, "scaling", None)
     return getattr(attn, "scale", None) if scale is None else scale
-
-
-def _image_size(cfg: Any) -> Any:
-    """The input size a vision config was built for (Siglip2: the position table's square grid)."""
-    if getattr(cfg, "image_size", None) is not None:
-        return cfg.image_size
-    return math.isqrt(int(cfg.num_patches)) * _pair(cfg.patch_size)[0]
-
-
-def _label_names(model: nn.Module) -> list[str] | None:
-    id2label = getattr(model.config, "id2label", None) or {}
-    n = int(getattr(model.config, "num_labels", 0) or 0)
-    names = [id2label.get(i, id2label.get(str(i))) for i in range(n)]
-    if not names or any(v is None for v in names) or all(str(v).startswith("LABEL_") for v in names):
-        return None
-    return [str(v) for v in names]
-
-
-def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """timm-style preprocessing from a Hugging Face ``preprocessor_config.json``."""
-    model_type = TOWER_TYPES.get(model_type, model_type)
-    mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS.get(model_type, PROCESSOR_DEFAULTS["vit"])
-    if model_type == "siglip2_vision_model":  # NaFlex: the size is the model's (its table's grid), not the processor's
-        return {"interpolation": _RESAMPLE.get(processor.get("resample"), interpolation),
-                "mean": tuple(processor.get("image_mean", mean)), "std": tuple(processor.get("image_std", std)),
-                "crop_pct": 1.0, "crop_mode": "squash"}
-    size = processor.get("size") or {}
-    crop = processor.get("crop_size") or {}
-    if processor.get("do_center_crop") and crop:
-        h, w = int(crop.get("height", crop.get("shortest_edge", 224))), int(crop.get("width", crop.get("shortest_edge", 224)))
-        short = int(size.get("shortest_edge", size.get("height", h)))
-        mode, crop_pct = "center", min(h, w) / short
-    elif "height" in size:
-        h, w = int(size["height"]), int(size["width"])
-        mode, crop_pct = "squash", 1.0
-    elif "longest_edge" in size:  # SAM: the longest side resized to it, then padded to a square (a square image: squash)
-        h = w = int(size["longest_edge"])
-        mode, crop_pct = "squash", 1.0
-    else:
-        h = w = int(size.get("shortest_edge", 224))
-        mode, crop_pct = "center", 1.0
-    return {"input_size": (3, h, w), "interpolation": _RESAMPLE.get(processor.get("resample"), interpolation),
-            "mean": tuple(processor.get("image_mean", mean)), "std": tuple(processor.get("image_std", std)),
-            "crop_pct": crop_pct, "crop_mode": mode}
 
 
 register(HuggingFaceViT())

@@ -42,8 +42,7 @@ token with the grid and fails).
 """
 from __future__ import annotations
 
-import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -51,14 +50,20 @@ from torch import nn
 
 from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
-from ..core.windows import (Transport, WindowGeometry, adaptive_pooling_transport, pooling_transport,
-                            transport_centres)
+from ..core.windows import Transport, WindowGeometry, adaptive_pooling_transport, transport_centres
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .hf import PYRAMID_TYPES, _pair, default_data_config, is_hf_model, is_image_classifier, tower_type
-from .mvit import pooled_grid, pooling_of
-from .swin import read_at_dropout
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily
+from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, is_image_classifier,
+                        module_path, tower_type)
+from .common.readers import read_at_dropout
+from .common.windows import pair, pooled_grid, pooling_module_transport, pooling_of, token_centres
 
+#: the model types read, their image processors' defaults, and no other attention implementation asked for at load
+#: (transformers has one of them, eager, which is read)
+HF_TYPES = HfTypes(processors={"pvt": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+                               "pvt_v2": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic")},
+                   attn_implementation=None)
 #: the model classes read, by model type
 MODEL_CLASSES = {"pvt": ("PvtModel", "PvtForImageClassification"),
                  "pvt_v2": ("PvtV2Model", "PvtV2ForImageClassification")}
@@ -67,10 +72,11 @@ LAYER_CLASSES = {"pvt": ("PvtPatchEmbeddings", "PvtLayer", "PvtEfficientSelfAtte
                  "pvt_v2": ("PvtV2OverlapPatchEmbeddings", "PvtV2BlockLayer", "PvtV2SelfAttention")}
 
 
-class HuggingFacePvt(Family):
+class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
     """transformers ``Pvt*`` and ``PvtV2*``: spatial-reduction attention read block by block (module docstring)."""
 
     name = "hf-pvt"
+    summary = "Hugging Face PVT and PVT v2"
     reads = ("Hugging Face transformers PVT and PVT v2 (PvtModel, PvtForImageClassification, PvtV2Model, "
              "PvtV2ForImageClassification): spatial-reduction attention (keys pooled by a strided convolution, or "
              "v2's linear 7x7 adaptive pooling) on four stages of strided patch embeddings, v1's class token in its "
@@ -80,20 +86,14 @@ class HuggingFacePvt(Family):
              "hf:OpenGVLab/pvt_v2_b0",)
     capture = CaptureAbilities(view_mode="side")  # both modes read the model's own probabilities
     attention_inputs = ("layer_norm_1",)
-
-    def _modeling(self, model: nn.Module) -> Any:
-        return sys.modules[type(self.base(model)).__module__]
-
-    def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) in PYRAMID_TYPES
+    hf_types = HF_TYPES
+    model_classes = MODEL_CLASSES
+    base_attrs = ("pvt", "pvt_v2")
 
     def check(self, model: nn.Module, name: str) -> None:
+        self.check_model_class(model, name)
         kind = tower_type(model)
-        if type(model).__name__ not in MODEL_CLASSES[kind]:
-            raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__}; vitlens reads {', '.join(MODEL_CLASSES[kind])} "
-                "of this model type (load the checkpoint as one of those).")
-        modeling = self._modeling(model)
+        modeling = self.modeling(model)
         emb_cls, layer_cls, attn_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
         for s, (emb, layers) in enumerate(self.stages(model)):
             if type(emb) is not emb_cls or not isinstance(self.embedding_conv(emb), nn.Conv2d):
@@ -117,14 +117,6 @@ class HuggingFacePvt(Family):
                         "with the grid, so it is refused (PVT v1 reduces no keys in its class-token stage).")
 
     # --- structure ----------------------------------------------------------------------------------------------
-
-    def base(self, model: nn.Module) -> nn.Module:
-        """The ``PvtModel`` / ``PvtV2Model`` (a classifier's ``pvt`` / ``pvt_v2``)."""
-        for attr in ("pvt", "pvt_v2"):
-            sub = getattr(model, attr, None)
-            if isinstance(sub, nn.Module):
-                return sub
-        return model
 
     def stages(self, model: nn.Module) -> list[tuple[nn.Module, Sequence[nn.Module]]]:
         """(patch embedding, layers) of every stage, first to last."""
@@ -160,8 +152,14 @@ class HuggingFacePvt(Family):
         return None
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
-        """(stage, layer) of every layer, first to last."""
         return [(s, layer) for s, (_emb, layers) in enumerate(self.stages(model)) for layer in layers]
+
+    def attention_of(self, block: nn.Module) -> nn.Module:
+        """A layer's ``attention`` (its parent is the layer: ``LoadedModel.block_names``)."""
+        return block.attention
+
+    def heads_of(self, block: nn.Module) -> int:
+        return int(self.self_attention(block).num_attention_heads)
 
     def stage_layout(self, model: nn.Module, input_hw: Sequence[int] | None = None
                      ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -177,7 +175,7 @@ class HuggingFacePvt(Family):
         return out  # type: ignore[return-value]
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
-        return _pair(self.base(model).config.image_size)
+        return pair(self.base(model).config.image_size)
 
     def cam_layer(self, model: nn.Module) -> str | None:
         """PVT v2: its last stage's final ``layer_norm`` over the stage's tokens [B, H * W, C] (what the classifier
@@ -196,7 +194,7 @@ class HuggingFacePvt(Family):
                 "class token alone, so a CAM on that stage's grid is not defined here; its input methods (saliency, "
                 "integrated gradients, ...) and the rollout from the class token are.")
         base = self.base(model)
-        prefix = next(n for n, mod in model.named_modules() if mod is base)
+        prefix = module_path(model, base)
         last = f"encoder.layers.{len(base.encoder.layers) - 1}.layer_norm"
         return f"{prefix}.{last}" if prefix else last
 
@@ -208,11 +206,9 @@ class HuggingFacePvt(Family):
         if pool is None:
             return grid, None
         if isinstance(pool, nn.AdaptiveAvgPool2d):
-            coarse = _pair(pool.output_size)
+            coarse = pair(pool.output_size)
             return coarse, adaptive_pooling_transport(grid, coarse)
-        kernel, stride, padding = pooling_of(pool)
-        t = pooling_transport(grid, kernel, stride, padding)
-        return pooled_grid(grid, pool), t  # type: ignore[return-value]
+        return pooled_grid(grid, pool), pooling_module_transport(grid, pool)
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         """Every block's geometry: one window of all its queries (the stage's tokens, behind v1's class token) over
@@ -222,10 +218,8 @@ class HuggingFacePvt(Family):
         previous: tuple[int, int] | None = None
         for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model), self.stage_layout(model, input_hw))):
             conv = self.embedding_conv(emb)
-            stage_from = None if previous is None else pooling_transport(previous, *pooling_of(conv), coarse=grid)
-            ys, xs = np.meshgrid((np.arange(grid[0]) + 0.5) * stride[0], (np.arange(grid[1]) + 0.5) * stride[1],
-                                 indexing="ij")
-            centres = np.stack([ys.ravel(), xs.ravel()], axis=1)
+            stage_from = None if previous is None else pooling_module_transport(previous, conv, grid)
+            centres = token_centres(grid, stride)
             p = self.prefix_tokens(emb)
             for i, layer in enumerate(layers):
                 key_grid, key_from = self.key_layout(self.self_attention(layer), grid)
@@ -253,20 +247,8 @@ class HuggingFacePvt(Family):
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_sizes[0]), has_class_token=False,
             has_pos_embed=getattr(self.stages(model)[0][0], "position_embeddings", None) is not None,
-            num_classes=int(cfg.num_labels) if self._classifier(model) else 0,
-            num_params=sum(p.numel() for p in model.parameters()), family=self.name)
-
-    @staticmethod
-    def _classifier(model: nn.Module) -> bool:
-        return is_image_classifier(model)
-
-    def block_heads(self, model: nn.Module) -> list[int]:
-        """The heads of every layer's attention, first layer first."""
-        return [int(self.self_attention(layer).num_attention_heads) for _s, layer in self.blocks(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        """Every layer's ``attention`` (its parent is the layer: ``LoadedModel.block_names``)."""
-        return [layer.attention for _s, layer in self.blocks(model)]
+            num_classes=self.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
+            family=self.name)
 
     def _dropouts(self, model: nn.Module) -> list[nn.Module]:
         """The dropout every layer's probabilities enter (v1 ``attention.self.dropout``, v2 ``attention.attn_drop``)."""
@@ -302,14 +284,11 @@ class HuggingFacePvt(Family):
                     "overlapping patch embeddings and of the 3x3 depthwise convolution in its feed-forward network")
         return "its first stage's position table does not cover that stage's grid"
 
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return default_data_config(model, spec)
-
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else v1's class token, v2's mean over the last stage's tokens (what each
         classifier reads)."""
         out = model(pixel_values=x)
-        if self._classifier(model):
+        if is_image_classifier(model):
             return out.logits
         last = out.last_hidden_state
         return last[:, 0] if last.dim() == 3 else last.flatten(2).mean(-1)

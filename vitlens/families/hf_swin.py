@@ -1,12 +1,12 @@
 """Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``) and Swin V2 (``Swinv2Model``,
 ``Swinv2ForImageClassification``), read block by block through their windows as timm's Swins are
-(``vitlens.families.swin``: the same windowed views, the same stand-in).
+(``vitlens.families.swin``: the same windowed views, the same stand-in, ``vitlens.families.common.windows``).
 
 Geometry (``windows``). A transformers Swin layer pads, shifts and partitions inside its own ``forward``
 (Swin: after ``layernorm_before``; it pads to whole windows *before* the cyclic shift, timm shifts first, so
 the two put padding in other windows; Swin V2 builds its window size at construction from the stage's
 ``input_resolution``, which can differ from the grid its forward gets). So each layer's ``forward`` itself is
-run, on a stand-in (``swin.StandIn``) whose ``attention`` is a recorder and whose ``layernorm_before`` is the
+run, on a stand-in (``common.windows.StandIn``) whose ``attention`` is a recorder and whose ``layernorm_before`` is the
 identity, on a grid of token numbers at the stage's input dimensions: whatever the layer clamps (Swin's
 ``set_shift_and_window_size``), pads, rolls and partitions is its own code's doing, and the recorder reads the
 windows and the mask handed to the attention. The model is not touched.
@@ -29,7 +29,6 @@ Capture.
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -39,14 +38,21 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .sdpa_calls import CallMode, probabilities_of_calls
-from .hf import _pair, default_data_config, is_hf_model, is_image_classifier, stage_model_logits, tower_type
-from .swin import StandIn, read_at_dropout, record_windows
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily, check_blocks
+from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, module_path,
+                        tower_type)
+from .common.readers import read_at_dropout
+from .common.sdpa_calls import read_calls
+from .common.windows import StandIn, identity, pair, record_windows
 
 if TYPE_CHECKING:
     from .relative_bias import RelativeBias
 
+#: the model types read, their image processors' defaults, and the implementation ``hf:`` names load with (sdpa: its
+#: one call is read, the outputs bit for bit)
+HF_TYPES = HfTypes(processors={"swin": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
+                               "swinv2": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic")})
 #: the model classes read, by model type (a backbone or a masked-image-modeling head is refused)
 MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification"),
                  "swinv2": ("Swinv2Model", "Swinv2ForImageClassification")}
@@ -57,70 +63,56 @@ LAYER_CLASSES = {"swin": ("SwinLayer", "SwinAttention", "SwinPatchMerging"),
 SIDE_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
-class HuggingFaceSwin(Family):
+class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
     """transformers ``Swin*`` and ``Swinv2*``: read block by block through their windows (module docstring)."""
 
     name = "hf-swin"
+    summary = "Hugging Face Swin and Swin V2"
     reads = ("Hugging Face transformers Swin and Swin V2 (SwinModel, SwinForImageClassification, Swinv2Model, "
              "Swinv2ForImageClassification): windowed and shifted-window attention, patch merging; the windowed "
              "views as for timm's Swin; needs transformers")
     names = ("hf:ORG/NAME or hf:FOLDER of a Swin or Swin V2 checkpoint, e.g. hf:microsoft/swin-tiny-patch4-window7-224, "
              "hf:microsoft/swinv2-tiny-patch4-window8-256",)
     capture = CaptureAbilities(view_mode="side")  # side leaves the model's own forward (sdpa or eager) as it is
-
-    def _modeling(self, model: nn.Module) -> Any:
-        return sys.modules[type(self.base(model)).__module__]
-
-    def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) in MODEL_CLASSES
+    hf_types = HF_TYPES
+    model_classes = MODEL_CLASSES
+    base_attrs = ("swin", "swinv2")
 
     def check(self, model: nn.Module, name: str) -> None:
+        self.check_model_class(model, name)
         kind = tower_type(model)
-        if type(model).__name__ not in MODEL_CLASSES[kind]:
-            raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__}; vitlens reads {', '.join(MODEL_CLASSES[kind])} "
-                "of this model type (load the checkpoint as one of those).")
-        modeling = self._modeling(model)
+        modeling = self.modeling(model)
         layer_cls, attn_cls, merge_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
         for s, stage in enumerate(self.stages(model)):
             if stage.downsample is not None and type(stage.downsample) is not merge_cls:
                 raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(stage.downsample).__name__}; "
                                             f"vitlens reads {merge_cls.__name__} (2x2 tokens into one).")
+            check_blocks(name, ((f"stage {s} layer {i}", layer) for i, layer in enumerate(stage.blocks)), layer_cls,
+                         (attn_cls,), "transformers", "attention")
             for i, layer in enumerate(stage.blocks):
-                if type(layer) is not layer_cls or type(getattr(layer, "attention", None)) is not attn_cls:
-                    raise UnsupportedModelError(
-                        f"{name!r}: stage {s} layer {i} is a {type(layer).__name__} with "
-                        f"{type(getattr(layer, 'attention', None)).__name__}; vitlens reads transformers' "
-                        f"{layer_cls.__name__} with {attn_cls.__name__} exactly and refuses others.")
                 if kind == "swinv2" and type(layer.attention.self) is not modeling.Swinv2SelfAttention:
                     raise UnsupportedModelError(f"{name!r}: stage {s} layer {i}'s attention is a "
                                                 f"{type(layer.attention.self).__name__}, not Swinv2SelfAttention.")
-
-    def base(self, model: nn.Module) -> nn.Module:
-        """The ``SwinModel`` / ``Swinv2Model`` (a classifier's ``swin`` / ``swinv2``)."""
-        for attr in ("swin", "swinv2"):
-            sub = getattr(model, attr, None)
-            if isinstance(sub, nn.Module):
-                return sub
-        return model
 
     def stages(self, model: nn.Module) -> Sequence[nn.Module]:
         return self.base(model).encoder.layers
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
-        """(stage, layer) of every layer, first to last."""
         return [(s, layer) for s, stage in enumerate(self.stages(model)) for layer in stage.blocks]
+
+    def attention_of(self, block: nn.Module) -> nn.Module:
+        """A layer's ``attention`` (its parent is the layer: ``LoadedModel.block_names``)."""
+        return block.attention
+
+    def heads_of(self, block: nn.Module) -> int:
+        return int(_self_attention(block).num_attention_heads)
 
     def stage_layout(self, model: nn.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         """(token grid, pixel stride) of every stage at the built size, as the encoder hands them on: the patch
         embedding pads the image to whole patches, a stage that ends with a patch merging hands the next
         ((H + 1) // 2, (W + 1) // 2) tokens at twice the stride."""
         cfg = model.config
-        (ih, iw), (py, px) = _pair(cfg.image_size), _pair(cfg.patch_size)
+        (ih, iw), (py, px) = pair(cfg.image_size), pair(cfg.patch_size)
         h, w, sy, sx = -(-ih // py), -(-iw // px), py, px
         out = []
         for stage in self.stages(model):
@@ -131,33 +123,21 @@ class HuggingFaceSwin(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         cfg = model.config
-        size = _pair(cfg.image_size)
+        size = pair(cfg.image_size)
         refuse_other_size(name, self.name, size, input_size)
         layout = self.stage_layout(model)
         emb = self.base(model).embeddings
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=_pair(cfg.patch_size),
+            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False,
             has_pos_embed=getattr(emb, "position_embeddings", None) is not None,
-            num_classes=int(cfg.num_labels) if self._classifier(model) else 0,
-            num_params=sum(p.numel() for p in model.parameters()), family=self.name)
-
-    @staticmethod
-    def _classifier(model: nn.Module) -> bool:
-        return is_image_classifier(model)
+            num_classes=self.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
+            family=self.name)
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         layout = self.stage_layout(model)
         return [layer_windows(layer, *layout[stage], stage) for stage, layer in self.blocks(model)]
-
-    def block_heads(self, model: nn.Module) -> list[int]:
-        """The heads of every layer's attention, first layer first (the windowed views)."""
-        return [int(_self_attention(layer).num_attention_heads) for _s, layer in self.blocks(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        """Every layer's ``attention`` (its parent is the layer: ``LoadedModel.block_names``)."""
-        return [layer.attention for _s, layer in self.blocks(model)]
 
     def attention_input(self, model: nn.Module, block: nn.Module) -> str | None:
         # Swin's attention reads layernorm_before's output; Swin V2 is res-post-norm (its layernorm_before
@@ -168,8 +148,7 @@ class HuggingFaceSwin(Family):
         """The final ``layernorm`` over the last stage's tokens [B, H * W, C] (what the pooler averages): a
         transformers Swin layer returns a tuple, and no module of the last layer outputs its residual sum, so
         the norm that follows it stands in for the last block's output."""
-        base = self.base(model)
-        prefix = next(n for n, mod in model.named_modules() if mod is base)
+        prefix = module_path(model, self.base(model))
         return f"{prefix}.layernorm" if prefix else "layernorm"
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
@@ -243,12 +222,6 @@ class HuggingFaceSwin(Family):
         return RelativeBias(biases=tuple(biases), sources=tuple(sources), grid=grids[0], num_prefix_tokens=0,
                             grids=tuple(grids))
 
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return default_data_config(model, spec)
-
-    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Class logits of a classifier; else the pooled output (the mean token), or the mean of the last stage."""
-        return stage_model_logits(model, x)
 
 
 def _self_attention(layer: nn.Module) -> nn.Module:
@@ -275,7 +248,7 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
     h, w = grid
 
     def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
-        stand_in = StandIn(layer, attention=recorder, layernorm_before=_identity)
+        stand_in = StandIn(layer, attention=recorder, layernorm_before=identity)
         return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w))
 
     return record_windows(run, grid, stage, stride, f"stage {stage} {type(layer).__name__}")
@@ -284,18 +257,10 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
 def _read_beside(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
     """Side capture of a ``SwinAttention`` under its model's own implementation, the module run as it is: sdpa's
     one call read from its very arguments (the real output kept), or eager's returned probabilities."""
-    original = attn.forward
-
-    seen: list[torch.Tensor] = []
-    on_call = probabilities_of_calls(seen.append)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        seen.clear()
-        with CallMode(on_call):
-            out = original(*args, **kwargs)
+    def after(seen: list[torch.Tensor], out: Any) -> None:
         weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
         if len(seen) == 1:
-            probs = seen.pop()
+            probs = seen[0]
         elif not seen and isinstance(weights, torch.Tensor):  # eager: the probabilities its output is made from
             probs = weights.detach().float()
         else:
@@ -306,9 +271,8 @@ def _read_beside(attn: nn.Module, layer: int, capture: CaptureRequest, handles: 
                 "probabilities: capture with mode='inline' (transformers' eager attention, exact), or load the model "
                 "with attn_implementation='sdpa' or 'eager'.")
         capture(layer, probs)
-        return out
 
-    handles.set_attr(attn, "forward", forward)
+    read_calls(attn, handles, after)
 
 
 def _read_eager_output(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:

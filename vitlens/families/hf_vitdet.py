@@ -31,7 +31,6 @@ layers they follow), as for timm's SAM.
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import Any, Callable, Sequence
 
 import torch
@@ -41,39 +40,32 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .hf import _pair, default_data_config, is_hf_model, tower_type
-from .sdpa_calls import CallMode, probabilities_of_calls
-from .swin import StandIn, record_windows
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily, check_blocks
+from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, module_path,
+                        tower_type)
+from .common.readers import read_returned
+from .common.sdpa_calls import read_calls
+from .common.windows import StandIn, identity, pair, record_windows
+
+#: (SAM's processor resizes the longest side and pads; read on a square image, that is a squash)
+_DET_PROCESSOR = ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear")
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
-def _where(model: nn.Module, module: nn.Module) -> str:
-    return {id(mod): n for n, mod in model.named_modules()}[id(module)]
-
-
-class _WindowedGridFamily(Family):
+class _WindowedGridFamily(HuggingFaceFamily, StagedFamily):
     """What ViTDet and SAM share: one grid, windowed and global layers, read through each layer's own code."""
 
     capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities, or its sdpa call's
-    #: the model classes read, by model type (``tower_type``)
-    model_classes: dict[str, tuple[str, ...]] = {}
-
-    def _modeling(self, model: nn.Module) -> Any:
-        return sys.modules[type(self.encoder(model)).__module__]
-
-    def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) in self.model_classes
 
     def encoder(self, model: nn.Module) -> nn.Module:
-        """The module holding the patch embedding and the layers."""
-        raise NotImplementedError
+        """The module holding the patch embedding and the layers (``base``)."""
+        return self.base(model)
 
     def layers(self, model: nn.Module) -> Sequence[nn.Module]:
         raise NotImplementedError
+
+    def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
+        return [(0, layer) for layer in self.layers(model)]  # one stage
 
     def config(self, model: nn.Module) -> Any:
         return self.encoder(model).config
@@ -83,29 +75,20 @@ class _WindowedGridFamily(Family):
 
     def check_classes(self, model: nn.Module, name: str, layer_cls: str, attn_classes: Sequence[str],
                       attn_attr: str) -> None:
-        kind = tower_type(model)
-        if type(model).__name__ not in self.model_classes[kind]:
-            raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__}; vitlens reads "
-                f"{', '.join(self.model_classes[kind])} of this model type (load the checkpoint as one of those).")
-        modeling = self._modeling(model)
-        want_layer = getattr(modeling, layer_cls)
-        want_attn = tuple(getattr(modeling, c) for c in attn_classes)
+        self.check_model_class(model, name)
+        modeling = self.modeling(model)
         if not isinstance(self.patch_conv(model), nn.Conv2d):
             raise UnsupportedModelError(f"{name!r}: its patch embedding is not one convolution; vitlens reads "
                                         f"transformers' {modeling.__name__.rsplit('.', 1)[-1]} as it is written.")
-        for i, layer in enumerate(self.layers(model)):
-            attn = getattr(layer, attn_attr, None)
-            if type(layer) is not want_layer or type(attn) not in want_attn:
-                raise UnsupportedModelError(
-                    f"{name!r}: layer {i} is a {type(layer).__name__} with {type(attn).__name__}; vitlens reads "
-                    f"transformers' {layer_cls} with {' or '.join(attn_classes)} exactly and refuses others.")
+        check_blocks(name, ((f"layer {i}", layer) for i, layer in enumerate(self.layers(model))),
+                     getattr(modeling, layer_cls), tuple(getattr(modeling, c) for c in attn_classes), "transformers",
+                     attn_attr)
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
-        return _pair(self.config(model).image_size)
+        return pair(self.config(model).image_size)
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
-        (h, w), (py, px) = self.image_size(model), _pair(self.config(model).patch_size)
+        (h, w), (py, px) = self.image_size(model), pair(self.config(model).patch_size)
         return h // py, w // px
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
@@ -113,7 +96,7 @@ class _WindowedGridFamily(Family):
         size = self.image_size(model)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=self.grid(model), stride_px=_pair(cfg.patch_size),
+            name=name, kind="hierarchical", image_size=size, grid=self.grid(model), stride_px=pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.layers(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_size), has_class_token=False,
             has_pos_embed=self.position_table(model, None) is not None,  # type: ignore[arg-type]
@@ -124,7 +107,7 @@ class _WindowedGridFamily(Family):
         raise NotImplementedError
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
-        stride = _pair(self.config(model).patch_size)
+        stride = pair(self.config(model).patch_size)
         out = []
         for i, layer in enumerate(self.layers(model)):
             def run(numbers: torch.Tensor, recorder: Callable[..., Any], layer: nn.Module = layer) -> Any:
@@ -138,7 +121,7 @@ class _WindowedGridFamily(Family):
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         conv = self.patch_conv(model)
-        return conv_filters(conv, _where(model, conv), "the patch embedding E", spec.name)
+        return conv_filters(conv, module_path(model, conv), "the patch embedding E", spec.name)
 
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> None:
         return None
@@ -147,26 +130,23 @@ class _WindowedGridFamily(Family):
         return ("its relative-position term is decomposed and depends on the query (q . R_h[dy] + q . R_w[dx], "
                 "Li et al. 2022), not a learned bias by offset that could be shown on its own")
 
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return default_data_config(model, spec)
 
 
 class HuggingFaceVitDet(_WindowedGridFamily):
     """transformers ``VitDetModel`` / ``VitDetBackbone``: windowed and global layers on one grid (module docstring)."""
 
     name = "hf-vitdet"
+    summary = "Hugging Face ViTDet"
     reads = ("Hugging Face transformers ViTDet (VitDetModel, VitDetBackbone): windowed layers (padded, no shift) "
              "and global layers on one grid, decomposed relative position; the windowed views as for timm's SAM; "
              "needs transformers")
     names = ("hf:FOLDER of a saved VitDetModel / VitDetBackbone, or the model object",)
     attention_inputs = ("norm1",)
+    hf_types = HfTypes(processors={"vitdet": _DET_PROCESSOR})
     model_classes = {"vitdet": ("VitDetModel", "VitDetBackbone")}
 
     def check(self, model: nn.Module, name: str) -> None:
         self.check_classes(model, name, "VitDetLayer", ("VitDetAttention",), "attention")
-
-    def encoder(self, model: nn.Module) -> nn.Module:
-        return model
 
     def layers(self, model: nn.Module) -> Sequence[nn.Module]:
         return model.encoder.layer
@@ -174,21 +154,19 @@ class HuggingFaceVitDet(_WindowedGridFamily):
     def patch_conv(self, model: nn.Module) -> nn.Conv2d:
         return model.embeddings.projection
 
-    def block_heads(self, model: nn.Module) -> list[int]:
-        return [int(layer.attention.num_heads) for layer in self.layers(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [layer.attention for layer in self.layers(model)]
+    def attention_of(self, block: nn.Module) -> nn.Module:
+        return block.attention
 
     def run_layer(self, layer: nn.Module, numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
         # the layer's forward as its modeling file writes it (transformers wraps a GradientCheckpointingLayer's
         # forward for checkpointing, unused without gradients); it takes [B, C, H, W]
         forward = inspect.unwrap(type(layer).forward)
-        return forward(StandIn(layer, attention=recorder, norm1=_identity), numbers[None, None])
+        return forward(StandIn(layer, attention=recorder, norm1=identity), numbers[None, None])
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
-            _read_returned_probabilities(attn, layer, capture, handles)
+            # asked for its probabilities, the layer handed what it asked for
+            read_returned(attn, layer, capture, handles, lambda out, asked: out if asked else out[:1])
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         self.install_side(model, capture, handles)  # its one (eager) path: the probabilities the output is made from
@@ -215,6 +193,7 @@ class HuggingFaceSam(_WindowedGridFamily):
     """transformers SAM and SAM-HQ image encoders: windowed and global layers on one grid (module docstring)."""
 
     name = "hf-sam"
+    summary = "Hugging Face SAM / SAM-HQ image encoders"
     reads = ("Hugging Face transformers SAM and SAM-HQ image encoders (SamVisionModel, SamModel's vision_encoder, "
              "SamHQVisionModel, SamHQModel's): windowed layers (padded, no shift) and global layers on one grid, "
              "decomposed relative position, under eager or sdpa; the windowed views as for timm's SAM; needs "
@@ -222,7 +201,10 @@ class HuggingFaceSam(_WindowedGridFamily):
     names = ("hf:ORG/NAME or hf:FOLDER of a SAM checkpoint, e.g. hf:facebook/sam-vit-base (its vision encoder is "
              "read; the prompt encoder and mask decoder are kept)",)
     attention_inputs = ("layer_norm1",)
-    #: (``tower_type`` says a whole SamModel's type is its vision encoder's: ``hf.TOWER_TYPES``)
+    #: (a whole SamModel's type is its vision encoder's: ``towers``)
+    hf_types = HfTypes(processors={"sam_vision_model": _DET_PROCESSOR, "sam_hq_vision_model": _DET_PROCESSOR},
+                       towers={"sam": "sam_vision_model", "sam_hq": "sam_hq_vision_model"})
+    base_attrs = ("vision_encoder",)
     model_classes = {"sam_vision_model": ("SamVisionModel", "SamVisionEncoder", "SamModel"),
                      "sam_hq_vision_model": ("SamHQVisionModel", "SamHQVisionEncoder", "SamHQModel")}
 
@@ -233,21 +215,14 @@ class HuggingFaceSam(_WindowedGridFamily):
         p = self._prefix(model)
         self.check_classes(model, name, f"{p}VisionLayer", (f"{p}VisionAttention", f"{p}VisionSdpaAttention"), "attn")
 
-    def encoder(self, model: nn.Module) -> nn.Module:
-        sub = getattr(model, "vision_encoder", None)
-        return sub if isinstance(sub, nn.Module) else model
-
     def layers(self, model: nn.Module) -> Sequence[nn.Module]:
         return self.encoder(model).layers
 
     def patch_conv(self, model: nn.Module) -> nn.Conv2d:
         return self.encoder(model).patch_embed.projection
 
-    def block_heads(self, model: nn.Module) -> list[int]:
-        return [int(layer.attn.num_attention_heads) for layer in self.layers(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [layer.attn for layer in self.layers(model)]
+    def heads_of(self, block: nn.Module) -> int:
+        return int(block.attn.num_attention_heads)
 
     def run_layer(self, layer: nn.Module, numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
         forward = inspect.unwrap(type(layer).forward)  # [B, H, W, C]; it calls self.attn(hidden_states=...)
@@ -255,10 +230,10 @@ class HuggingFaceSam(_WindowedGridFamily):
         def attn(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             return recorder(hidden_states)
 
-        return forward(StandIn(layer, attn=attn, layer_norm1=_identity), numbers[None, :, :, None])
+        return forward(StandIn(layer, attn=attn, layer_norm1=identity), numbers[None, :, :, None])
 
     def _eager_class(self, model: nn.Module) -> type:
-        return getattr(self._modeling(model), f"{self._prefix(model)}VisionAttention")
+        return getattr(self.modeling(model), f"{self._prefix(model)}VisionAttention")
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         eager = self._eager_class(model)
@@ -291,20 +266,6 @@ class HuggingFaceSam(_WindowedGridFamily):
         return self.encoder(model)(pixel_values=x).last_hidden_state.mean(dim=(-2, -1))
 
 
-def _read_returned_probabilities(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """``VitDetAttention`` called with ``output_attentions=True`` (its output computed as without), its returned
-    probabilities [B * windows, heads, N, N] handed on, and the layer handed what it asked for."""
-    original = attn.forward
-
-    def forward(hidden_state: torch.Tensor, output_attentions: bool = False) -> Any:
-        out = original(hidden_state, output_attentions=True)
-        weights = out[1]
-        capture(layer, weights.detach().float() if capture.detach else weights)
-        return out if output_attentions else out[:1]
-
-    handles.set_attr(attn, "forward", forward)
-
-
 def _read_returned_weights(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
     """SAM's eager attention returns (output, probabilities [B * windows * heads, N, N]): handed on as
     [B * windows, heads, N, N] (its dropout, off in eval, is applied after; the output is made from these)."""
@@ -320,23 +281,14 @@ def _read_returned_weights(attn: nn.Module, layer: int, capture: CaptureRequest,
 def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
     """Side capture of ``SamVisionSdpaAttention``: its one SDPA call's softmax(q k^T * scale + mask) from its very
     arguments (the mask: the decomposed relative-position term), [B * windows, heads, N, N]; the real output kept."""
-    original = attn.forward
-
-    seen: list[torch.Tensor] = []
-    on_call = probabilities_of_calls(seen.append)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        seen.clear()
-        with CallMode(on_call):
-            out = original(*args, **kwargs)
+    def after(seen: list[torch.Tensor], _out: Any) -> None:
         if len(seen) != 1:
             raise UnsupportedModelError(
                 f"Side capture reads a SAM attention under sdpa as its one scaled_dot_product_attention call; "
                 f"{type(attn).__name__} made {len(seen)}: capture with mode='inline' (its eager attention).")
-        capture(layer, seen.pop())
-        return out
+        capture(layer, seen[0])
 
-    handles.set_attr(attn, "forward", forward)
+    read_calls(attn, handles, after)
 
 
 register(HuggingFaceVitDet())

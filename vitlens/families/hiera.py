@@ -13,7 +13,7 @@ A global block is one window over all tokens.
 
 Geometry (``windows``). None of this is re-derived: every block's windows are read by running the model's own
 code on one-hot token numbers. The model's ``Unroll`` (transformers: ``unroll``) places each stage-0 token; each
-block's attention runs on a stand-in (``swin.StandIn``: one head of one-hot channels, ``qkv`` three copies of
+block's attention runs on a stand-in (``common.windows.StandIn``: one head of one-hot channels, ``qkv`` three copies of
 its input, ``proj`` the identity, scale 1, the non-fused path) and its own reshapes, window view and query
 max-pool hand over, at its first matrix product, q (each query: the one-hot of the tokens it pools) and k^T;
 the block's own ``forward`` on a stand-in (norms the identity, attention and MLP zero) gives its pooled
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -48,17 +47,16 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import Transport, WindowGeometry, pooling_transport, transport_centres
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .swin import StandIn, _read_sdpa_call
-from .timm_vit import timm_data_config
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily, check_blocks
+from .common.hf import IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults
+from .common.readers import read_fused_or_own, read_returned, read_softmax
+from .common.timm import timm_data_config
+from .common.windows import StandIn, identity, token_centres
 
 #: channels of one-hot token numbers run through a block at a time (the geometry's memory: tokens x CHUNK)
 CHUNK = 512
 _MATMULS = (torch.Tensor.__matmul__, torch.matmul, torch.Tensor.matmul)
-
-
-def _identity(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    return x
 
 
 def _zero(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -121,7 +119,7 @@ def _run_attention(attn: nn.Module, x: torch.Tensor, d: Dialect) -> tuple[torch.
     """(q [windows, Nq, c], k [windows, Nk, c], the output [N_out, c]) of ``attn``'s own code on one-hot
     channels ``x`` [1, N, c] (one head of c channels, the module itself untouched)."""
     c = x.shape[-1]
-    stand_in = StandIn(attn, qkv=_triple, proj=_identity, scale=1.0, head_dim=c,
+    stand_in = StandIn(attn, qkv=_triple, proj=identity, scale=1.0, head_dim=c,
                        **{d.heads: 1, d.out_dim: c}, **dict(d.attention_extra))
     mode = _QueriesAndKeys()
     with mode:
@@ -149,7 +147,7 @@ class _ZeroAttention(StandIn):
 def _run_block(block: nn.Module, attn_out: torch.Tensor, x: torch.Tensor, d: Dialect) -> torch.Tensor:
     """The block's own forward on one-hot channels ``x`` [1, N, c], its norms the identity and its attention and
     MLP zero: its residual, pooled where it pools ([N_out, c'])."""
-    replaced: dict[str, Any] = {name: _identity for name in d.identities if getattr(block, name, None) is not None}
+    replaced: dict[str, Any] = {name: identity for name in d.identities if getattr(block, name, None) is not None}
     replaced.update({name: _zero for name in d.zeros})
     replaced.update(d.widths(block, x.shape[-1]))
     out = inspect.unwrap(type(block).forward)(StandIn(block, attn=_ZeroAttention(block.attn, d), **replaced), x)
@@ -222,9 +220,7 @@ def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequenc
     if not (order.sum(1) == 1).all():
         raise UnsupportedModelError("Hiera's unroll did not place every patch token once; vitlens cannot read it.")
     tokens = order.argmax(1)  # the grid token at each sequence position
-    ys, xs = np.meshgrid((np.arange(h) + 0.5) * patch_stride[0], (np.arange(w) + 0.5) * patch_stride[1],
-                         indexing="ij")
-    centres = np.stack([ys.ravel(), xs.ravel()], axis=1)
+    centres = token_centres((h, w), patch_stride)
     stride = tuple(int(s) for s in patch_stride)
     out = []
     with torch.no_grad():
@@ -285,65 +281,56 @@ def _by_window(emit: CaptureRequest) -> Callable[..., None]:
     return send
 
 
-class _Softmax(TorchFunctionMode):
-    """Inside a ``MaskUnitAttention``'s non-fused forward: hands on what its one ``softmax`` returns."""
-
-    def __init__(self, on_probs: Callable[[torch.Tensor], None]) -> None:
-        super().__init__()
-        self.on_probs, self.calls = on_probs, 0
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func in (torch.Tensor.softmax, torch.softmax):
-            self.calls += 1
-            self.on_probs(out)
-        return out
-
-
-def _read_softmax(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """A non-fused ``MaskUnitAttention``'s own probabilities, as its ``softmax`` returns them (the very tensor its
+def _softmax_of(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """A non-fused ``MaskUnitAttention``'s own probabilities, as its one ``softmax`` returns them (the very tensor its
     output is computed from)."""
-    original = attn.forward
-
-    def on_probs(probs: torch.Tensor) -> None:
-        capture(layer, probs.detach().float() if capture.detach else probs)
-
-    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        mode = _Softmax(on_probs)
-        with mode:
-            out = original(*args, **kwargs)
-        if mode.calls != 1:
-            raise UnsupportedModelError(f"{type(attn).__name__}'s non-fused forward made {mode.calls} softmax calls; "
-                                        "vitlens reads one.")
-        return out
-
-    handles.set_attr(attn, "forward", forward)
+    read_softmax(attn, layer, capture, handles, capture.detach,
+                 lambda n: f"{type(attn).__name__}'s non-fused forward made {n} softmax calls; vitlens reads one.")
 
 
-def _install(attns: Sequence[nn.Module], capture: CaptureRequest, handles: Handles, inline: bool) -> None:
-    """Capture of timm's Hiera and HieraDet attention: side reads a fused module's one SDPA call (the real output
-    kept) and a non-fused module's own softmax; inline turns the non-fused path on for the session and reads its
-    softmax."""
-    for layer, attn in enumerate(attns):
-        if attn.fused_attn and not inline:
-            _read_sdpa_call(attn, layer, capture, handles)
-            continue
-        if attn.fused_attn:
-            handles.set_attr(attn, "fused_attn", False)
-        _read_softmax(attn, layer, capture, handles)
+class _TimmHieraFamily(StagedFamily):
+    """What timm's Hiera and HieraDet share: blocks of one attention module (``attn``, with a ``fused_attn`` switch:
+    side capture reads a fused module's one SDPA call, a non-fused one's own softmax; inline turns the non-fused path
+    on for the session and reads its softmax), handed on as [B * windows, heads, Nq, Nk]; the patch convolution's
+    filters and timm's data config."""
+
+    capture = CaptureAbilities(view_mode="side")
+    attention_inputs = ("norm1",)
+
+    def check_block_classes(self, model: nn.Module, name: str, block_cls: type, attn_cls: type) -> None:
+        """Refuse, in one line, a block that is not exactly ``block_cls`` with ``attn_cls``."""
+        check_blocks(name, ((f"block {i}", b) for i, b in enumerate(model.blocks)), block_cls, (attn_cls,), "timm")
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        by_window = capture.sending_to(_by_window(capture))
+        for layer, attn in enumerate(self.attention_modules(model)):
+            read_fused_or_own(attn, layer, by_window, handles, inline=False, own=_softmax_of)
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        by_window = capture.sending_to(_by_window(capture))
+        for layer, attn in enumerate(self.attention_modules(model)):
+            read_fused_or_own(attn, layer, by_window, handles, inline=True, own=_softmax_of)
+
+    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
+        return attn.proj  # the heads side by side at the output projection
+
+    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
+        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        return timm_data_config(model, spec)
 
 
-class TimmHiera(Family):
+class TimmHiera(_TimmHieraFamily):
     """timm ``Hiera`` (``hiera_*``): mask-unit and global attention over its unrolled tokens, queries max-pooled at
     each pooling stage's first block (module docstring)."""
 
     name = "timm-hiera"
+    summary = "timm Hiera (hiera_*)"
     reads = ("timm Hiera (hiera_*, timm.models.hiera): mask-unit (windowed) and global attention over its unrolled "
              "token order, query pooling between stages; attention distance in image pixels per block and stage, "
              "one query's window, rollout through the windows and the query pooling")
     names = ("timm names: hiera_tiny_224, hiera_small_abswin_256 (timm.list_models('hiera_*'))",)
-    capture = CaptureAbilities(view_mode="side")
-    attention_inputs = ("norm1",)
 
     def matches(self, model: nn.Module) -> bool:
         from timm.models.hiera import Hiera
@@ -360,12 +347,7 @@ class TimmHiera(Family):
         if model.pos_embed_spatial is not None:
             raise UnsupportedModelError(f"{name!r}: separate spatial and temporal position tables (video Hiera); "
                                         "vitlens reads image Hiera.")
-        for i, block in enumerate(model.blocks):
-            if type(block) is not HieraBlock or type(getattr(block, "attn", None)) is not MaskUnitAttention:
-                raise UnsupportedModelError(
-                    f"{name!r}: block {i} is a {type(block).__name__} with "
-                    f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads timm's HieraBlock with "
-                    "MaskUnitAttention exactly and refuses others.")
+        self.check_block_classes(model, name, HieraBlock, MaskUnitAttention)
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
         return tuple(int(g) for g in model.tokens_spatial_shape)  # type: ignore[return-value]
@@ -394,23 +376,8 @@ class TimmHiera(Family):
                             tuple(int(s) for s in model.patch_stride),  # type: ignore[arg-type]
                             tuple(int(s) for s in model.q_stride), TIMM)  # type: ignore[arg-type]
 
-    def block_heads(self, model: nn.Module) -> list[int]:
-        return [int(block.attn.heads) for block in model.blocks]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
-
-    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        _install(self.attention_modules(model), capture.sending_to(_by_window(capture)), handles, inline=False)
-
-    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        _install(self.attention_modules(model), capture.sending_to(_by_window(capture)), handles, inline=True)
-
-    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.proj  # the heads side by side at the output projection
-
-    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+    def heads_of(self, block: nn.Module) -> int:
+        return int(block.attn.heads)
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         if model.pos_embed is None:
@@ -426,42 +393,30 @@ class TimmHiera(Family):
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
         return "this Hiera was built without a learned absolute position table"
 
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return timm_data_config(model, spec)
-
 
 #: the transformers classes read (a backbone or the MAE pre-training model is refused)
 HF_CLASSES = ("HieraModel", "HieraForImageClassification")
 
 
-class HuggingFaceHiera(Family):
+class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
     """transformers ``HieraModel`` / ``HieraForImageClassification`` (module docstring)."""
 
     name = "hf-hiera"
+    summary = "Hugging Face Hiera"
     reads = ("Hugging Face transformers Hiera (HieraModel, HieraForImageClassification): mask-unit and global "
              "attention over the unrolled tokens, query pooling between stages; the windowed views as for timm's "
              "Hiera; needs transformers")
     names = ("hf:ORG/NAME or hf:FOLDER of a Hiera checkpoint, e.g. hf:facebook/hiera-tiny-224-in1k-hf",)
     capture = CaptureAbilities(view_mode="side")
     attention_inputs = ("layernorm_before",)
-
-    def matches(self, model: nn.Module) -> bool:
-        from .hf import is_hf_model, tower_type
-
-        return is_hf_model(model) and tower_type(model) == "hiera"
-
-    def _modeling(self, model: nn.Module) -> Any:
-        return sys.modules[type(self.base(model)).__module__]
-
-    def base(self, model: nn.Module) -> nn.Module:
-        sub = getattr(model, "hiera", None)
-        return sub if isinstance(sub, nn.Module) else model
+    hf_types = HfTypes(processors={"hiera": ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD,
+                                                              "bicubic")})
+    model_classes = {"hiera": HF_CLASSES}
+    base_attrs = ("hiera",)
 
     def check(self, model: nn.Module, name: str) -> None:
-        if type(model).__name__ not in HF_CLASSES:
-            raise UnsupportedModelError(f"{name!r} is a Hugging Face {type(model).__name__}; vitlens reads "
-                                        f"{', '.join(HF_CLASSES)} (load the checkpoint as one of those).")
-        modeling = self._modeling(model)
+        self.check_model_class(model, name)
+        modeling = self.modeling(model)
         cfg = model.config
         if len(cfg.patch_stride) != 2:
             raise UnsupportedModelError(f"{name!r}: vitlens reads 2-D image Hiera.")
@@ -489,18 +444,12 @@ class HuggingFaceHiera(Family):
             stride_px=tuple(int(s) for s in cfg.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False, has_pos_embed=True,
-            num_classes=int(cfg.num_labels) if self._classifier(model) else 0,
-            num_params=sum(p.numel() for p in model.parameters()), family=self.name)
-
-    @staticmethod
-    def _classifier(model: nn.Module) -> bool:
-        from .hf import is_image_classifier
-
-        return is_image_classifier(model)
+            num_classes=self.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
+            family=self.name)
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         cfg, base = model.config, self.base(model)
-        unroll = self._modeling(model).unroll
+        unroll = self.modeling(model).unroll
         size = tuple(int(s) for s in cfg.image_size)
         stride = tuple(int(s) for s in cfg.patch_stride)
 
@@ -510,16 +459,12 @@ class HuggingFaceHiera(Family):
         return read_windows(run, self.blocks(model), self.grid(model), stride,  # type: ignore[arg-type]
                             tuple(int(s) for s in cfg.query_stride), HF)  # type: ignore[arg-type]
 
-    def block_heads(self, model: nn.Module) -> list[int]:
-        return [int(layer.attn.num_heads) for _s, layer in self.blocks(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [layer.attn for _s, layer in self.blocks(model)]
-
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         by_window = capture.sending_to(_by_window(capture))
         for layer, attn in enumerate(self.attention_modules(model)):
-            _read_returned(attn, layer, by_window, handles)
+            # its own probabilities, asked for (``output_attentions=True``) and handed on; the caller gets its output
+            # unchanged and the probabilities only if it asked
+            read_returned(attn, layer, by_window, handles, lambda out, asked: (out[0], out[1] if asked else None))
 
     install_inline = install_side  # eager only: the probabilities it returns are those its output is made from
 
@@ -534,29 +479,6 @@ class HuggingFaceHiera(Family):
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         return self.base(model).embeddings.position_embeddings.detach(), spec.grid
 
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .hf import default_data_config
-
-        return default_data_config(model, spec)
-
-    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Class logits of a classifier; else the pooled output (the mean token), or the mean of the last stage."""
-        from .hf import stage_model_logits
-
-        return stage_model_logits(model, x)
-
-
-def _read_returned(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """A ``HieraMaskUnitAttention``'s own probabilities, asked for (``output_attentions=True``) and handed on; what
-    it returns is what the caller asked for (its output unchanged, the probabilities only if asked)."""
-    original = attn.forward
-
-    def forward(hidden_states: torch.Tensor, output_attentions: bool = False) -> Any:
-        out, weights = original(hidden_states, output_attentions=True)
-        capture(layer, weights.detach().float() if capture.detach else weights)
-        return out, (weights if output_attentions else None)
-
-    handles.set_attr(attn, "forward", forward)
 
 
 # --------------------------------------------------------------------------------------- SAM 2's Hiera (HieraDet)
@@ -566,14 +488,14 @@ def _hieradet_step(block: nn.Module, x: torch.Tensor, zero: bool) -> tuple[torch
     a stand-in (one head of c channels, ``qkv`` three copies, ``proj`` the identity, scale 1, the non-fused path)
     whose probabilities times v is answered with q (``zero``: with zeros, the output then the residual alone)."""
     attn = block.attn
-    stand_in = StandIn(attn, qkv=_triple, proj=_identity, scale=1.0, num_heads=1, fused_attn=False)
+    stand_in = StandIn(attn, qkv=_triple, proj=identity, scale=1.0, num_heads=1, fused_attn=False)
     mode = _QueriesAndKeys(zero=zero)
 
     def attention(t: torch.Tensor) -> torch.Tensor:
         with mode:
             return type(attn).forward(stand_in, t)
 
-    replaced: dict[str, Any] = {name: _identity for name in ("norm1", "proj", "norm2", "ls1", "ls2", "drop_path1",
+    replaced: dict[str, Any] = {name: identity for name in ("norm1", "proj", "norm2", "ls1", "ls2", "drop_path1",
                                                                 "drop_path2")}
     out = type(block).forward(StandIn(block, attn=attention, mlp=_zero, **replaced), x)
     if len(mode.operands) != 2:
@@ -628,9 +550,7 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
             queries and keys -1).
     """
     h, w = grid
-    ys, xs = np.meshgrid((np.arange(h) + 0.5) * patch_stride[0], (np.arange(w) + 0.5) * patch_stride[1],
-                         indexing="ij")
-    centres = np.stack([ys.ravel(), xs.ravel()], axis=1)
+    centres = token_centres((h, w), patch_stride)
     stride = tuple(int(s) for s in patch_stride)
     out = []
     with torch.no_grad():
@@ -672,18 +592,17 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
     return out
 
 
-class TimmHieraDet(Family):
+class TimmHieraDet(_TimmHieraFamily):
     """timm ``HieraDet`` (SAM 2's Hiera image encoder, ``sam2_hiera_*``, ``hieradet_*``): windowed (padded to whole
     windows) and global attention on a row-major token grid, queries max-pooled 2x2 inside each window at each
     pooling stage's first block (``read_hieradet_windows``)."""
 
     name = "timm-hieradet"
+    summary = "timm SAM 2 Hiera (sam2_hiera_*)"
     reads = ("timm HieraDet, SAM 2's Hiera image encoder (sam2_hiera_*, hieradet_*, timm.models.hieradet_sam2): "
              "windowed (padded) and global attention, query pooling inside the windows between stages; the "
              "windowed views as for Hiera")
     names = ("timm names: sam2_hiera_tiny, hieradet_small (timm.list_models('sam2_hiera_*'))",)
-    capture = CaptureAbilities(view_mode="side")
-    attention_inputs = ("norm1",)
 
     def matches(self, model: nn.Module) -> bool:
         from timm.models.hieradet_sam2 import HieraDet
@@ -696,12 +615,7 @@ class TimmHieraDet(Family):
         if type(model.patch_embed) is not HieraPatchEmbed:
             raise UnsupportedModelError(f"{name!r} embeds patches with {type(model.patch_embed).__name__}; vitlens "
                                         "reads HieraDet's own HieraPatchEmbed (one convolution).")
-        for i, block in enumerate(model.blocks):
-            if type(block) is not MultiScaleBlock or type(getattr(block, "attn", None)) is not MultiScaleAttention:
-                raise UnsupportedModelError(
-                    f"{name!r}: block {i} is a {type(block).__name__} with "
-                    f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads timm's MultiScaleBlock with "
-                    "MultiScaleAttention exactly and refuses others.")
+        self.check_block_classes(model, name, MultiScaleBlock, MultiScaleAttention)
 
     def image_size(self, model: nn.Module, input_size: tuple[int, int] | None = None) -> tuple[int, int]:
         if input_size is not None:
@@ -733,32 +647,14 @@ class TimmHieraDet(Family):
         return read_hieradet_windows(model, self.grid(model, input_hw),
                                      tuple(int(s) for s in conv.stride), self.stages(model))  # type: ignore[arg-type]
 
-    def block_heads(self, model: nn.Module) -> list[int]:
-        return [int(block.attn.num_heads) for block in model.blocks]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
-
-    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        _install(self.attention_modules(model), capture, handles, inline=False)
-
-    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        _install(self.attention_modules(model), capture, handles, inline=True)
-
-    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.proj
-
-    def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        return conv_filters(model.patch_embed.proj, "patch_embed.proj", "the patch embedding E", spec.name)
+    def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
+        return list(zip(self.stages(model), model.blocks))
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         # what the model adds at each stage-0 token: its interpolated global table plus the tiled window table
         with torch.no_grad():
             zeros = model.pos_embed.new_zeros(1, *spec.grid, model.pos_embed.shape[1])
             return model._pos_embed(zeros).reshape(1, spec.grid[0] * spec.grid[1], -1).detach(), spec.grid
-
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return timm_data_config(model, spec)
 
 
 register(TimmHiera())

@@ -232,7 +232,7 @@ def _hf_tower(model: nn.Module) -> nn.Module:
     """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
     or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
     it wraps (Kosmos-2's vision model)."""
-    from .hf import vision_tower
+    from .common.hf import vision_tower
 
     tower = vision_tower(model)
     for attr in ("base_model", "model"):
@@ -271,6 +271,14 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Modul
     return tower, convs[0], layers, attns
 
 
+def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
+    """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
+    ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
+    from .common.hf import resize_inputs
+
+    return {"pixel_values": x, **resize_inputs(model, x, fn)}
+
+
 class HuggingFaceLayout(Layout):
     """A transformers vision model the ``hf-vit`` family does not name (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...),
     read at its attention modules' one ``scaled_dot_product_attention`` call (``attn_implementation="sdpa"``)."""
@@ -280,7 +288,7 @@ class HuggingFaceLayout(Layout):
                   "scaled_dot_product_attention call the generic capture reads")
 
     def matches(self, model: nn.Module) -> bool:
-        from .hf import is_hf_model
+        from .common.hf import is_hf_model
 
         return is_hf_model(model) and _hf_parts(model) is not None
 
@@ -326,14 +334,15 @@ class HuggingFaceLayout(Layout):
         return int(cls) + int(dist) + registers  # a transformers embedding declares its tokens: none is 0
 
     def _built_size(self, model: nn.Module) -> tuple[int, int]:
-        from .hf import _image_size, _pair
+        from .common.hf import config_image_size
+        from .common.windows import pair
 
-        return _pair(_image_size(self._parts(model)[0].config))
+        return pair(config_image_size(self._parts(model)[0].config))
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
-        from .hf import _pair
+        from .common.windows import pair
 
-        size, patch = self._built_size(model), _pair(self._parts(model)[0].config.patch_size)
+        size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
         return size[0] // patch[0], size[1] // patch[1]
 
     def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
@@ -342,22 +351,18 @@ class HuggingFaceLayout(Layout):
         return built
 
     def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
-        from .hf import model_inputs
-
         tower = self._parts(model)[0]
-        return tower(**model_inputs(tower, x, tower.forward))
+        return tower(**_hf_inputs(tower, x, tower.forward))
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a model with a text
         tower, the pooled output, or the class token (the mean token without one)."""
-        from .hf import model_inputs
-
         classifier = "ForImageClassification" in type(model).__name__
         if not classifier and hasattr(model, "get_image_features"):
-            out = model.get_image_features(**model_inputs(model, x, model.get_image_features))
+            out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
         target = model if classifier else self._parts(model)[0]
-        out = target(**model_inputs(target, x, target.forward))
+        out = target(**_hf_inputs(target, x, target.forward))
         if getattr(out, "logits", None) is not None:
             return out.logits
         if getattr(out, "pooler_output", None) is not None:
@@ -382,21 +387,17 @@ class HuggingFaceLayout(Layout):
         return int(model.config.num_labels) if "ForImageClassification" in type(model).__name__ else 0
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .hf import IMAGENET_MEAN, IMAGENET_STD, PROCESSOR_DEFAULTS, _label_names, tower_type
+        from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults,
+                                tower_type)
 
-        mode, crop_pct, mean, std, interpolation = PROCESSOR_DEFAULTS.get(
-            tower_type(model) or "", ("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bicubic"))
-        out = {"input_size": (int(self.patch_conv(model).in_channels), *spec.image_size),
-               "interpolation": interpolation, "mean": mean, "std": std, "crop_pct": crop_pct, "crop_mode": mode}
-        names = _label_names(model)
-        if names:
-            out["label_names"] = names
-        return out
+        defaults = processor_defaults(tower_type(model)) or ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN,
+                                                                              IMAGENET_STD, "bicubic")
+        return data_config_of(model, spec, defaults, int(self.patch_conv(model).in_channels))
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
         """An attention-pooling head that is one SDPA call of its queries over the tokens (AIMv2's ``head``), read
         at that call; SigLIP-style heads are the ``hf-vit`` family's."""
-        from .sdpa_calls import install_pool_call_capture
+        from .common.sdpa_calls import install_pool_call_capture
 
         tower = self._parts(model)[0]
         head = getattr(tower, "head", None)
@@ -418,12 +419,12 @@ class OpenClipLayout(Layout):
 
     @staticmethod
     def _visual(model: nn.Module) -> nn.Module:
-        from .openclip import visual_of
+        from .common.openclip import visual_of
 
         return visual_of(model)
 
     def matches(self, model: nn.Module) -> bool:
-        from .openclip import is_open_clip
+        from .common.openclip import is_open_clip
 
         if not is_open_clip(model):
             return False
@@ -464,15 +465,15 @@ class OpenClipLayout(Layout):
         return built[0], built[1]
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        from .openclip import encode_image
+        from .common.openclip import encode_image
 
         return encode_image(model, x)
 
     def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        from .openclip import _is_sincos
+        from .common.openclip import is_sincos
 
         visual = self._visual(model)
-        if _is_sincos(visual, self.declared_grid(model)):
+        if is_sincos(visual, self.declared_grid(model)):
             return None  # a fixed 2-D sin-cos table, not a learned one
         return visual.positional_embedding.unsqueeze(0)
 
@@ -480,12 +481,12 @@ class OpenClipLayout(Layout):
         return int(self._visual(model).transformer.width)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .openclip import open_clip_data_config
+        from .common.openclip import open_clip_data_config
 
         return open_clip_data_config(model, spec)
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
-        from .openclip import install_attentional_pool
+        from .common.openclip import install_attentional_pool
 
         install_attentional_pool(model, capture, handles)
 

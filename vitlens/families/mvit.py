@@ -32,43 +32,24 @@ outside every token grid, which the windowed views do not place), and timm's ``M
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
-from ..core.windows import Transport, WindowGeometry, pooling_transport, transport_centres
+from ..core.windows import WindowGeometry, transport_centres
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .timm_vit import timm_data_config
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily
+from .common.readers import read_softmax
+from .common.timm import timm_data_config
+from .common.windows import pair, pooled_grid, pooling_module_transport, pooling_of, token_centres
 
 #: the pooling modes timm's MViT v2 builds (a depthwise Conv2d per head or over all channels, MaxPool2d, AvgPool2d)
 MODES = ("conv", "conv_unshared", "max", "avg")
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
-
-
-def pooling_of(module: nn.Module) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    """(kernel, stride, padding) per axis of a pooling module (Conv2d, MaxPool2d, AvgPool2d)."""
-    if getattr(module, "dilation", 1) not in (1, (1, 1)) or getattr(module, "ceil_mode", False):
-        raise UnsupportedModelError(f"a {type(module).__name__} with dilation or ceil_mode: vitlens places the tokens "
-                                    "of plain strided poolings only.")
-    return _pair(module.kernel_size), _pair(module.stride), _pair(module.padding)
-
-
-def pooled_grid(grid: tuple[int, int], module: nn.Module | None) -> tuple[int, int]:
-    """The grid a pooling module makes of ``grid`` (``grid`` itself where there is no pooling)."""
-    if module is None:
-        return grid
-    kernel, stride, padding = pooling_of(module)
-    return tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(grid, kernel, stride, padding))  # type: ignore
 
 
 @dataclass(frozen=True)
@@ -86,27 +67,11 @@ class BlockLayout:
     pool_skip: nn.Module | None
 
 
-class _SoftmaxCall(TorchFunctionMode):
-    """While active on this thread, hands the result of every softmax call (``Tensor.softmax``, ``torch.softmax``,
-    ``F.softmax``) to ``on_result`` and returns it unchanged; every other function runs as it is."""
-
-    FUNCS = (torch.Tensor.softmax, torch.softmax, F.softmax)
-
-    def __init__(self, on_result: Callable[[torch.Tensor], None]) -> None:
-        super().__init__()
-        self.on_result = on_result
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if func in self.FUNCS:
-            self.on_result(out)
-        return out
-
-
-class TimmMViTv2(Family):
+class TimmMViTv2(StagedFamily):
     """timm ``MultiScaleVit`` (MViT v2): pooling attention read block by block (module docstring)."""
 
     name = "timm-mvitv2"
+    summary = "timm MViT v2 (mvitv2_*)"
     reads = ("timm MViT v2 (mvitv2_*, timm.models.mvitv2): pooling attention (keys and values pooled to a coarser "
              "grid, queries pooled at each stage's first block) with the decomposed relative-position term and "
              "residual pooling; distance in image pixels beside the uniform distance over the pooled keys, rollout "
@@ -153,7 +118,6 @@ class TimmMViTv2(Family):
     # --- geometry -----------------------------------------------------------------------------------------------
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
-        """(stage, block) of every block, first to last."""
         return [(s, block) for s, stage in enumerate(model.stages) for block in stage.blocks]
 
     def patch_grid(self, model: nn.Module, input_hw: Sequence[int]) -> tuple[int, int]:
@@ -164,7 +128,7 @@ class TimmMViTv2(Family):
         """The size the model was built for: its first stage's grid (the patch grid, img_size // patch stride,
         where the first stage does not pool its queries: every timm config) times the patch stride. MViT v2 keeps
         no image size; its relative-position tables and stages' grids are built for this one."""
-        stride = _pair(model.patch_embed.proj.stride)
+        stride = pair(model.patch_embed.proj.stride)
         first = model.stages[0].blocks[0]
         q_stride = pooling_of(first.shortcut_pool_attn)[1] if first.shortcut_pool_attn is not None else (1, 1)
         grid = tuple(int(g) * q for g, q in zip(model.stages[0].feat_size, q_stride))
@@ -179,7 +143,7 @@ class TimmMViTv2(Family):
                 is not the one the model was built for (an input size whose grids do not divide evenly).
         """
         grid = self.patch_grid(model, input_hw)
-        stride = _pair(model.patch_embed.proj.stride)
+        stride = pair(model.patch_embed.proj.stride)
         out = []
         for s, stage in enumerate(model.stages):
             for i, block in enumerate(stage.blocks):
@@ -206,14 +170,12 @@ class TimmMViTv2(Family):
         grid), their centres in input pixels and the stated transports (module docstring)."""
         layout = self.layout(model, input_hw)
         first = layout[0]
-        (gh, gw), (sy, sx) = first.input_grid, _pair(model.patch_embed.proj.stride)
-        ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
-        centres = np.stack([ys.ravel(), xs.ravel()], axis=1)  # the input grid's, updated block by block
+        centres = token_centres(first.input_grid, pair(model.patch_embed.proj.stride))  # updated block by block
         out = []
         for b in layout:
-            query_from = _transport(b.input_grid, b.pool_skip, b.query_grid)
+            query_from = pooling_module_transport(b.input_grid, b.pool_skip, b.query_grid)
             query_centres = centres if query_from is None else transport_centres(query_from, centres)
-            key_from = _transport(b.input_grid, b.pool_k, b.key_grid)
+            key_from = pooling_module_transport(b.input_grid, b.pool_k, b.key_grid)
             key_centres = centres if key_from is None else transport_centres(key_from, centres)
             nq, nk = b.query_grid[0] * b.query_grid[1], b.key_grid[0] * b.key_grid[1]
             pooled = b.pool_q is not None or b.pool_k is not None
@@ -233,18 +195,11 @@ class TimmMViTv2(Family):
         blocks = self.blocks(model)
         return ModelSpec(
             name=name, kind="hierarchical", image_size=image, grid=self.patch_grid(model, image),
-            stride_px=_pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
+            stride_px=pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
             num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.patch_embed.proj.out_channels),
             has_class_token=False, has_pos_embed=model.pos_embed is not None,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name)
-
-    def block_heads(self, model: nn.Module) -> list[int]:
-        """The heads of every block's attention, first block first (they double at each stage)."""
-        return [int(block.attn.num_heads) for _s, block in self.blocks(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for _s, block in self.blocks(model)]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
@@ -277,31 +232,12 @@ class TimmMViTv2(Family):
         return timm_data_config(model, spec)
 
 
-def _transport(fine: tuple[int, int], pool: nn.Module | None, coarse: tuple[int, int]) -> Transport | None:
-    """The stated transport of a pooling module (each pooled token the mean of the tokens its kernel covers inside
-    the grid), None where there is none."""
-    if pool is None:
-        return None
-    kernel, stride, padding = pooling_of(pool)
-    return pooling_transport(fine, kernel, stride, padding, coarse)
-
-
 def _read_softmax(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles, detach: bool) -> None:
-    """The attention's own probabilities [B, heads, Nq, Nk] as its one softmax call returns them (its forward run as
-    it is, inside ``_SoftmaxCall``); detached in float32 unless ``detach`` is False."""
-    original = attn.forward
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        seen: list[torch.Tensor] = []
-        with _SoftmaxCall(seen.append):
-            result = original(*args, **kwargs)
-        if len(seen) != 1:
-            raise UnsupportedModelError(f"MViT v2 block {layer}: its attention made {len(seen)} softmax calls; vitlens "
-                                        "reads the one of timm's MultiScaleAttention.")
-        capture(layer, seen[0].detach().float() if detach else seen[0])
-        return result
-
-    handles.set_attr(attn, "forward", forward)
+    """The attention's own probabilities [B, heads, Nq, Nk] as its one softmax call returns them (``read_softmax``);
+    detached in float32 unless ``detach`` is False."""
+    read_softmax(attn, layer, capture, handles, detach,
+                 lambda n: f"MViT v2 block {layer}: its attention made {n} softmax calls; vitlens reads the one of "
+                           "timm's MultiScaleAttention.")
 
 
 register(TimmMViTv2())

@@ -40,101 +40,22 @@ from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 from .base import Adapter, CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from ..core.attention import conv_filters
-from .torchvision_vit import TorchvisionViT
-
-#: open_clip's resize modes -> timm's crop modes
-_RESIZE_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
-
-
-def is_open_clip(model: nn.Module) -> bool:
-    return type(model).__module__.startswith("open_clip.")
+from .common.mha import MultiheadAttentionViT
+from .common.openclip import (encode_image, install_attentional_pool, is_open_clip, is_sincos, open_clip_data_config,
+                              visual_of)
 
 
-def visual_of(model: nn.Module) -> nn.Module:
-    """The image tower: ``model.visual`` of a CLIP model, or the tower itself."""
-    visual = getattr(model, "visual", None)
-    return visual if isinstance(visual, nn.Module) else model
-
-
-def open_clip_data_config(model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-    """timm-style preprocessing from the tower's ``preprocess_cfg`` (set by ``create_model``), else CLIP's."""
-    from open_clip.constants import OPENAI_DATASET_MEAN, OPENAI_DATASET_STD
-
-    pp = dict(getattr(visual_of(model), "preprocess_cfg", None) or {})
-    return {"input_size": (3, *spec.image_size), "interpolation": pp.get("interpolation", "bicubic"),
-            "mean": tuple(pp.get("mean", OPENAI_DATASET_MEAN)), "std": tuple(pp.get("std", OPENAI_DATASET_STD)),
-            "crop_pct": 1.0, "crop_mode": _RESIZE_MODES.get(pp.get("resize_mode", "shortest"), "center")}
-
-
-def encode_image(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The image embedding: ``encode_image`` of a CLIP/CoCa model, the tower's pooled output of a tower alone (a
-    tower built with ``output_tokens``, CoCa's, returns (pooled, tokens))."""
-    encode = getattr(model, "encode_image", None)
-    out = encode(x) if encode is not None else model(x)
-    return out[0] if isinstance(out, tuple) else out
-
-
-def install_attentional_pool(model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-    """Side capture of the attentional pooler the tower's embedding comes from (CoCa, module docstring):
-    softmax(q / sqrt(head_dim) @ k^T) per head of its ``nn.MultiheadAttention``, q and k from the module's own
-    in-projection (packed, or separate when the pooler's width is not the tokens'), as the module returns it with
-    ``need_weights=True, average_attn_weights=False``: ``capture(0, probs[B, heads, queries, T])``.
-
-    Raises:
-        ViewNotAvailableError: the tower has no attentional pooler over its tokens.
-    """
-    import torch.nn.functional as F
-
-    from ..core.attention import attention_probs
-    from ..errors import ViewNotAvailableError
-    from .torchvision_vit import call_mask
-
-    visual = visual_of(model)
-    pool = getattr(visual, "attn_pool", None)
-    kind = getattr(visual, "attn_pool_type", "")
-    if pool is None:
-        raise ViewNotAvailableError(f"{type(model).__name__} pools its class token or its mean, without an attention "
-                                    "pool, so there is no pool attention to show.")
-    if kind == "cascade":
-        raise ViewNotAvailableError(
-            f"{type(model).__name__}'s embedding comes from a cascade of attentional pools whose second reads the "
-            "first's outputs, not the image's tokens, so no pool attention over the image is the embedding's.")
-    if kind == "parallel":
-        pool = visual.attn_pool_contrastive
-    mha = pool.attn
-    if not (isinstance(mha, nn.MultiheadAttention) and mha.batch_first):
-        raise ViewNotAvailableError(f"{type(model).__name__}'s attentional pooler is not a batch-first "
-                                    "nn.MultiheadAttention vitlens reads.")
-
-    def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-        query = args[0] if args else kwargs["query"]
-        key = args[1] if len(args) > 1 else kwargs["key"]
-        e, h = mod.embed_dim, mod.num_heads
-        b = mod.in_proj_bias
-        if mod._qkv_same_embed_dim:
-            wq, wk = mod.in_proj_weight[:e], mod.in_proj_weight[e:2 * e]
-        else:
-            wq, wk = mod.q_proj_weight, mod.k_proj_weight
-        with torch.no_grad():
-            q = F.linear(query, wq, None if b is None else b[:e]).unflatten(-1, (h, e // h)).transpose(1, 2)
-            k = F.linear(key, wk, None if b is None else b[e:2 * e]).unflatten(-1, (h, e // h)).transpose(1, 2)
-            mask = call_mask(mod, q, k, args, kwargs)
-            with torch.autocast(device_type=q.device.type, enabled=False):
-                probs = attention_probs(q, k, (e // h) ** -0.5, mask)
-        capture(0, probs)
-
-    handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
-
-
-class OpenClipViT(TorchvisionViT):
+class OpenClipViT(MultiheadAttentionViT):
     """open_clip's own ``VisionTransformer``: nn.MultiheadAttention blocks, captured as torchvision's."""
 
     name = "openclip-vit"
+    summary = "OpenCLIP image towers of nn.MultiheadAttention blocks"
     reads = ("OpenCLIP image towers built on open_clip's own VisionTransformer (CLIP ViT-B/L/H..., CoCa with its "
              "attentional pooler read as the pool attention); needs open_clip_torch")
     names = ("open_clip:ARCH (random init, e.g. open_clip:ViT-B-32) or open_clip:ARCH/TAG (the tag's weights, from "
              "the local cache only)",)
     capture = CaptureAbilities(view_mode="side")
+    attention_inputs = ("ln_1",)
 
     def matches(self, model: nn.Module) -> bool:
         if not is_open_clip(model):
@@ -175,7 +96,7 @@ class OpenClipViT(TorchvisionViT):
             name=name, kind="vit", image_size=size, grid=grid, stride_px=patch,  # type: ignore[arg-type]
             num_prefix_tokens=1, num_layers=len(blocks), num_heads=int(blocks[0].attn.num_heads),
             embed_dim=int(visual.transformer.width), has_class_token=True,
-            has_pos_embed=not _is_sincos(visual, grid), pos_embed_prefix=1, num_classes=0,
+            has_pos_embed=not is_sincos(visual, grid), pos_embed_prefix=1, num_classes=0,
             num_params=sum(p.numel() for p in model.parameters()), family=self.name, prefix_labels=("class",))
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
@@ -184,7 +105,7 @@ class OpenClipViT(TorchvisionViT):
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         visual = visual_of(model)
-        if _is_sincos(visual, spec.grid):
+        if is_sincos(visual, spec.grid):
             return None
         return visual.positional_embedding.detach()[1:].unsqueeze(0), spec.grid
 
@@ -203,23 +124,13 @@ class OpenClipViT(TorchvisionViT):
         install_attentional_pool(model, capture, handles)
 
 
-def _is_sincos(visual: nn.Module, grid: tuple[int, int]) -> bool:
-    """Whether the tower's position table is open_clip's fixed 2-D sin-cos one."""
-    from open_clip.pos_embed import get_2d_sincos_pos_embed
-
-    if grid[0] != grid[1]:
-        return False
-    table = torch.from_numpy(get_2d_sincos_pos_embed(int(visual.positional_embedding.shape[1]), grid[0],
-                                                     cls_token=True)).float()
-    return torch.equal(visual.positional_embedding.detach().cpu().float(), table)
-
-
 class OpenClipTimm(Adapter):
     """An open_clip model whose image tower wraps a timm trunk (``TimmModel``): the trunk's own timm family
     reads it (an ``Adapter``: capture, abilities, position table, grid are the trunk family's, exact as
     there); open_clip gives the spec's name, the preprocessing and the output."""
 
     name = "openclip-timm"
+    summary = "OpenCLIP image towers on a timm trunk"
     reads = "OpenCLIP image towers on a timm trunk (SigLIP, PE-Core, EVA configs), read by the trunk's timm family"
     names = ("open_clip:ARCH, e.g. open_clip:ViT-B-16-SigLIP, open_clip:PE-Core-T-16-384",)
 

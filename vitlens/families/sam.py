@@ -2,7 +2,7 @@
 attending within non-overlapping windows (padded to whole windows, no shift) and a few globally, with a
 decomposed relative-position bias (or RoPE), an absolute position table, and a convolutional neck.
 
-Read as the windowed models are (``vitlens.families.swin``): each block's windows come from its own code (its
+Read as the windowed models are (``vitlens.families.swin``, ``vitlens.families.common.windows``): each block's windows come from its own code (its
 ``forward`` on a stand-in whose norm is the identity and whose attention is a recorder, so ``window_partition``
 and the padding are the model's), a global block is one window over the whole grid; the probabilities are the
 model's own at ``attn_drop`` on its non-fused path, or its fused call's, reshaped from timm's
@@ -21,15 +21,18 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .swin import StandIn, _read_sdpa_call, read_at_dropout, record_windows
-from .timm_vit import timm_data_config
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily, check_blocks
+from .common.readers import read_fused_or_own
+from .common.timm import timm_data_config
+from .common.windows import StandIn, record_windows
 
 
-class TimmSam(Family):
+class TimmSam(StagedFamily):
     """timm ``VisionTransformerSAM`` (SAM's and ViTDet's image encoder): windowed and global blocks on one grid."""
 
     name = "timm-sam"
+    summary = "timm SAM / ViTDet image encoders (samvit_*)"
     reads = ("timm SAM / ViTDet image encoders (samvit_*): windowed blocks (padded, no shift) and global blocks on "
              "one grid, decomposed relative-position bias; distance in image pixels beside each window's uniform "
              "distance, rollout through the windows")
@@ -49,11 +52,8 @@ class TimmSam(Family):
         if not isinstance(model.patch_embed, PatchEmbed):
             raise UnsupportedModelError(f"{name!r} embeds patches with {type(model.patch_embed).__name__}; vitlens "
                                         "reads timm's PatchEmbed, whose grid and stride it knows.")
-        for i, block in enumerate(model.blocks):
-            if type(block) is not Block or type(block.attn) is not Attention:
-                raise UnsupportedModelError(
-                    f"{name!r}: block {i} is a {type(block).__name__} with {type(getattr(block, 'attn', None)).__name__}; "
-                    "vitlens reads timm's SAM Block and Attention exactly and refuses others.")
+        check_blocks(name, ((f"block {i}", b) for i, b in enumerate(model.blocks)), Block, (Attention,),
+                     "timm.models.vision_transformer_sam")
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
         return tuple(int(g) for g in model.patch_embed.grid_size)  # type: ignore[return-value]
@@ -84,23 +84,18 @@ class TimmSam(Family):
             out.append(record_windows(run, self.grid(model), 0, stride, f"block {i} ({type(block).__name__})"))
         return out
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
+    def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
+        return [(0, block) for block in model.blocks]  # one stage
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
             by_heads = capture.sending_to(_heads_apart(capture, int(attn.num_heads)))
-            if attn.fused_attn:
-                _read_sdpa_call(attn, layer, by_heads, handles)
-            else:
-                read_at_dropout(attn.attn_drop, layer, by_heads, handles)
+            read_fused_or_own(attn, layer, by_heads, handles, inline=False)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
-            if attn.fused_attn:
-                handles.set_attr(attn, "fused_attn", False)
-            read_at_dropout(attn.attn_drop, layer, capture.sending_to(_heads_apart(capture, int(attn.num_heads))),
-                            handles)
+            by_heads = capture.sending_to(_heads_apart(capture, int(attn.num_heads)))
+            read_fused_or_own(attn, layer, by_heads, handles, inline=True)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj

@@ -4,7 +4,8 @@ each window, and patch merging between stages. v1 adds a learned relative-positi
 both v2s use scaled cosine attention (cos(q, k) times a learned, clamped logit scale per head) and a
 continuous position bias, an MLP of log-spaced relative coordinates (``swinv2_*``: 16 sigmoid(MLP), offsets
 scaled to the window; ``swinv2_cr_*``: the MLP's output itself). The three share everything vitlens reads
-(the window machinery here serves the Hugging Face Swins too, ``vitlens.families.hf_swin``).
+(the window machinery, ``vitlens.families.common.windows``, serves the Hugging Face Swins and the other windowed
+families too).
 
 Capture. Each block's window attention attends within windows: its probabilities are
 [B * windows, heads, N, N] (N = window_h * window_w), batch-major as the model partitions them. Where the
@@ -17,17 +18,15 @@ arguments, the real output kept) and inline capture turns the non-fused path on 
 Geometry (``windows``). Which stage token each position of each window holds is found by running the
 block's own window code (``_attn``; v2 CR: ``_shifted_window_attn``: cyclic shift, padding, window
 partition) on a grid of token numbers, with a recorder in place of its attention, on a stand-in that leaves
-the model as it is (``StandIn``): the shift is undone and padding found by the model's own code, never
+the model as it is (``common.windows.StandIn``, ``record_windows``): the shift is undone and padding found by the model's own code, never
 re-derived. The recorder also reads the mask the block hands its attention, which says which keys a query
 of a shifted window may attend.
 """
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -35,90 +34,14 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from .sdpa_calls import CallMode, probabilities_of_calls
-from .timm_vit import timm_data_config
+from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
+from .common.blocks import StagedFamily, check_blocks
+from .common.readers import read_fused_or_own
+from .common.timm import timm_data_config
+from .common.windows import StandIn, record_windows
 
 if TYPE_CHECKING:
     from .relative_bias import RelativeBias
-
-
-class StandIn:
-    """A module seen through a stand-in: every attribute the module's, every method of its class run with the
-    stand-in as ``self`` (so what a method sets, e.g. a window size it clamps, lands on the stand-in), and the
-    attributes given here in place of the module's. Nothing is set on the module, so a forward of another
-    thread is not touched and the model stays as it is.
-
-    Args:
-        module: the module (a Swin block).
-        **replaced: attributes seen in place of the module's (its attention: a recorder; a norm: the identity).
-    """
-
-    def __init__(self, module: nn.Module, **replaced: Any) -> None:
-        self.__dict__["_module"] = module
-        self.__dict__.update(replaced)
-
-    def __getattr__(self, name: str) -> Any:
-        module = self.__dict__["_module"]
-        static = inspect.getattr_static(type(module), name, None)
-        if inspect.isfunction(static):  # a method of the module's class, run on the stand-in
-            return static.__get__(self, type(self))
-        return getattr(module, name)
-
-
-class _Recorded(Exception):
-    """What a block handed its attention: the windows of token numbers and the mask (ends the block's code)."""
-
-    def __init__(self, windows: torch.Tensor, mask: torch.Tensor | None) -> None:
-        super().__init__("recorded")
-        self.windows, self.mask = windows, mask
-
-
-def _recorder(x_windows: torch.Tensor, mask: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
-    raise _Recorded(x_windows[..., 0].detach().clone(), mask)
-
-
-def record_windows(run: Callable[[torch.Tensor, Callable[..., Any]], Any], grid: tuple[int, int], stage: int,
-                   stride: tuple[int, int], what: str = "block") -> WindowGeometry:
-    """One block's windows on its stage grid, read through the block's own code.
-
-    Args:
-        run: ``run(numbers, recorder)`` runs the block's window code on ``numbers`` ([H_s, W_s] float64, the
-            token numbers 1..H_s*W_s, row-major; 0 is what padding brings), with ``recorder`` in place of its
-            attention module (called as the block calls it: windows [windows, N, 1], then the mask).
-        grid: (H_s, W_s) the stage's token grid.
-        stage: the stage's number.
-        stride: (sy, sx) pixels between the stage's tokens.
-        what: the block, in words, for the error.
-
-    Returns:
-        The ``WindowGeometry``: windows in the model's order, each position's stage token (-1: padding), which
-            keys each query may attend (the real keys, the mask's 0 entries where the block hands one: timm's and
-            transformers' 0 / -100 mask of the shifted windows), and its kind ("shifted window" where the block
-            hands a mask, "global" for one window holding the whole grid, "window" otherwise).
-
-    Raises:
-        UnsupportedModelError: the block's code did not call its attention with the windows.
-    """
-    h, w = (int(g) for g in grid)
-    numbers = torch.arange(1, h * w + 1, dtype=torch.float64).reshape(h, w)
-    try:
-        with torch.no_grad():
-            run(numbers, _recorder)
-    except _Recorded as seen:
-        windows, mask = seen.windows, seen.mask
-    else:
-        raise UnsupportedModelError(f"{what}: its window code did not call its attention; vitlens cannot read "
-                                    "its windows.")
-    # [windows, N] (a window handed over as [windows, w_h, w_w] too: SAM's), -1 at padding
-    index = windows.round().long().reshape(windows.shape[0], -1).cpu().numpy() - 1
-    valid = index >= 0
-    allowed = np.broadcast_to(valid[:, None, :], (*index.shape, index.shape[1])).copy()
-    if mask is not None:  # attend where the mask is 0 (-100 elsewhere)
-        allowed &= mask.detach().cpu().numpy().reshape(index.shape[0], index.shape[1], index.shape[1]) > -1.0
-    kind = "shifted window" if mask is not None else ("global" if index.shape[0] == 1 and valid.all() else "window")
-    return WindowGeometry(stage=stage, grid=(h, w), stride_px=(int(stride[0]), int(stride[1])), index=index,
-                          allowed=allowed, kind=kind)
 
 
 def block_windows(block: nn.Module, grid: tuple[int, int], stage: int, stride: tuple[int, int],
@@ -144,11 +67,12 @@ def block_windows(block: nn.Module, grid: tuple[int, int], stage: int, stride: t
     return record_windows(run, grid, stage, stride, f"stage {stage} {type(block).__name__}")
 
 
-class TimmSwin(Family):
+class TimmSwin(StagedFamily):
     """timm ``SwinTransformer``: read block by block through its windows (module docstring). The v2 families
     are this one with their module's classes and names."""
 
     name = "timm-swin"
+    summary = "timm Swin (swin_*)"
     reads = ("timm Swin Transformer (swin_*, timm.models.swin_transformer): windowed and shifted-window attention "
              "with relative-position bias, patch merging; attention distance in image pixels per stage and rollout "
              "through the stages")
@@ -186,12 +110,9 @@ class TimmSwin(Family):
             if not isinstance(stage.downsample, (nn.Identity, merge_cls)):
                 raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(stage.downsample).__name__}; "
                                             f"vitlens reads {self.module}'s PatchMerging (2x2 tokens into one).")
+            check_blocks(name, ((f"stage {s} block {i}", b) for i, b in enumerate(stage.blocks)), block_cls,
+                         (attn_cls,), self.module)
             for i, block in enumerate(stage.blocks):
-                if type(block) is not block_cls or type(getattr(block, "attn", None)) is not attn_cls:
-                    raise UnsupportedModelError(
-                        f"{name!r}: stage {s} block {i} is a {type(block).__name__} with "
-                        f"{type(getattr(block, 'attn', None)).__name__}; vitlens reads {self.module}'s "
-                        f"{block_cls.__name__} with {attn_cls.__name__} exactly and refuses others.")
                 if getattr(block, "dynamic_mask", False):
                     raise UnsupportedModelError(f"{name!r}: stage {s} block {i} builds its mask at every forward "
                                                 "(dynamic_mask); vitlens reads Swin at its built size.")
@@ -200,7 +121,6 @@ class TimmSwin(Family):
         return getattr(model, self.stages_attr)
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
-        """(stage, block) of every block, first to last."""
         return [(s, block) for s, stage in enumerate(self.stages(model)) for block in stage.blocks]
 
     def stage_layout(self, model: nn.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -215,10 +135,6 @@ class TimmSwin(Family):
                 h, w, sy, sx = -(-h // 2), -(-w // 2), 2 * sy, 2 * sx
             out.append(((h, w), (sy, sx)))
         return out
-
-    def stage_grids(self, model: nn.Module) -> list[tuple[int, int]]:
-        """The token grid of every stage at the built size (each patch merging: ceil(H / 2) x ceil(W / 2))."""
-        return [grid for grid, _stride in self.stage_layout(model)]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
@@ -245,25 +161,13 @@ class TimmSwin(Family):
         return [block_windows(block, layout[stage][0], stage, layout[stage][1], self.window_method)
                 for stage, block in self.blocks(model)]
 
-    def block_heads(self, model: nn.Module) -> list[int]:
-        """The heads of every block's attention, first block first (the windowed views)."""
-        return [int(block.attn.num_heads) for _s, block in self.blocks(model)]
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for _s, block in self.blocks(model)]
-
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
-            if getattr(attn, "fused_attn", False):
-                _read_sdpa_call(attn, layer, capture, handles)
-            else:
-                read_at_dropout(attn.attn_drop, layer, capture, handles)
+            read_fused_or_own(attn, layer, capture, handles, inline=False)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
-            if getattr(attn, "fused_attn", False):
-                handles.set_attr(attn, "fused_attn", False)
-            read_at_dropout(attn.attn_drop, layer, capture, handles)
+            read_fused_or_own(attn, layer, capture, handles, inline=True)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj  # the heads meet at the output projection
@@ -314,6 +218,7 @@ class TimmSwinV2(TimmSwin):
     input; ``norm1`` follows it). Its attention has no fused path: the probabilities are read at ``attn_drop``."""
 
     name = "timm-swinv2"
+    summary = "timm Swin V2 (swinv2_*)"
     reads = ("timm Swin Transformer V2 (swinv2_*, timm.models.swin_transformer_v2): scaled cosine window attention "
              "with a continuous position bias, shifted windows, patch merging; the windowed views as for Swin")
     names = ("timm names: swinv2_tiny_window8_256, swinv2_base_window12to24_192to384 (timm.list_models('swinv2_*'))",)
@@ -339,6 +244,7 @@ class TimmSwinV2Cr(TimmSwin):
     partition in ``_shifted_window_attn``, its patch embedding hands the stages NCHW (each stage turns it to NHWC)."""
 
     name = "timm-swinv2-cr"
+    summary = "timm Swin V2 CR (swinv2_cr_*)"
     reads = ("timm Swin Transformer V2 CR (swinv2_cr_*, timm.models.swin_transformer_v2_cr): scaled cosine window "
              "attention with a log-spaced continuous position bias, shifted windows, patch merging; the windowed "
              "views as for Swin")
@@ -359,27 +265,6 @@ class TimmSwinV2Cr(TimmSwin):
         if type(model.patch_embed) is not embed:
             raise UnsupportedModelError(f"{name!r}: its patch embedding is a {type(model.patch_embed).__name__}; "
                                         f"vitlens reads {self.module}'s PatchEmbed.")
-
-
-def read_at_dropout(dropout: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """A non-fused path's own probabilities [B * windows, heads, N, N], as they enter its attention dropout."""
-    def pre_hook(_mod: nn.Module, args: tuple) -> None:
-        probs = args[0]
-        capture(layer, probs.detach().float() if capture.detach else probs)
-
-    handles.hook(dropout.register_forward_pre_hook(pre_hook))
-
-
-def _read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """Side capture of a fused ``WindowAttention``: its one SDPA call's probabilities, the real output kept."""
-    original = attn.forward
-    on_call = probabilities_of_calls(lambda probs: capture(layer, probs))
-
-    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        with CallMode(on_call):
-            return original(*args, **kwargs)
-
-    handles.set_attr(attn, "forward", forward)
 
 
 register(TimmSwin())

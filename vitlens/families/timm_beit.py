@@ -18,7 +18,7 @@ from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 from .base import CaptureRequest, Handles, register
 from ..core.attention import attention_probs
-from .timm_vit import TimmFamily, check_patch_embed
+from .common.timm import TimmFamily, check_patch_embed
 
 
 def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,6 +39,7 @@ def beit_queries_keys(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, t
 
 class TimmBeit(TimmFamily):
     name = "timm-beit"
+    summary = "timm BEiT (beit_*, beitv2_*)"
     reads = "timm BEiT and BEiT v2 (relative-position bias)"
     names = ("timm names: beit_base_patch16_224, beitv2_base_patch16_224 (timm.list_models('beit*'))",)
 

@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 from .base import CaptureAbilities, CaptureRequest, Handles, register
-from .timm_vit import TimmFamily, call_argument, check_patch_embed, install_qk_norm_hooks
+from .common.timm import TimmFamily, call_argument, check_patch_embed, install_qk_norm_hooks
 
 
 def rotate(t: torch.Tensor, rope: torch.Tensor | None, num_prefix_tokens: int, half: bool,
@@ -54,6 +54,7 @@ def rotated(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict) -> tu
 
 class TimmEva(TimmFamily):
     name = "timm-eva"
+    summary = "timm EVA and other RoPE models (eva02_*, vit_pe_*, *_rope_*)"
     capture = CaptureAbilities(side_rows=True)  # install_qk_norm_hooks
     reads = ("timm EVA and EVA-02, Perception Encoder and RoPE ViTs (AttentionRope: rotary position embeddings, "
              "grouped key heads)")

@@ -1,51 +1,30 @@
 """torchvision's ``VisionTransformer`` (``vit_b_16``, ``vit_l_16``, ...): blocks of
 ``nn.MultiheadAttention``.
 
-Each block calls its ``self_attention`` with ``need_weights=False`` (the fused path). Side
-capture takes the block's input from a pre-hook and forms q and k with the module's own packed
-in-projection, then softmax(q / sqrt(head_dim) @ k^T), as ``nn.MultiheadAttention`` computes the
-weights it returns with ``need_weights=True, average_attn_weights=False``; the block's own output
-is untouched. Inline capture computes each block's attention on that non-fused path (the same
-formula, then the output projection) and returns it in place of the module's own output, so the
-block's output is computed from the captured weights (what gradient methods need).
+Each block calls its ``self_attention`` with ``need_weights=False`` (the fused path), captured as every such block
+is (``vitlens.families.common.mha.MultiheadAttentionViT``): side capture forms q and k with the module's own packed
+in-projection beside the untouched output; inline capture computes each block's attention on the non-fused path
+and returns it in place of the module's own output, so the block's output is computed from the captured weights
+(what gradient methods need).
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
-from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
-from ..core.attention import attention_probs, conv_filters, mha_mask
-
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def call_mask(mha: nn.MultiheadAttention, q: torch.Tensor, k: torch.Tensor, args: tuple,
-              kwargs: dict) -> torch.Tensor | None:
-    """The additive mask [B, heads, T, T] of an ``nn.MultiheadAttention`` call (its ``key_padding_mask``
-    and ``attn_mask``, keyword or positional, with the module's semantics: ``mha_mask``)."""
-    padding = kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None)
-    mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
-    return mha_mask(mask, padding, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+from .base import CaptureAbilities, refuse_other_size, register
+from ..core.attention import conv_filters
+from .common.hf import IMAGENET_MEAN, IMAGENET_STD
+from .common.mha import MultiheadAttentionViT
 
 
-def heads_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """q, k, v [B, heads, T, head_dim] from the module's packed in-projection, as it forms them."""
-    b, t, e = x.shape
-    heads = mha.num_heads
-    proj = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
-    q, k, v = proj.unflatten(-1, (3, e)).unbind(-2)
-    return tuple(z.reshape(b, t, heads, e // heads).transpose(1, 2) for z in (q, k, v))  # type: ignore[return-value]
-
-
-class TorchvisionViT(Family):
+class TorchvisionViT(MultiheadAttentionViT):
     name = "torchvision-vit"
+    summary = "torchvision ViTs (vit_b_16, ...)"
     reads = "torchvision VisionTransformer (vit_b_16, vit_l_16, ...)"
     names = ("torchvision:vit_b_16, torchvision:vit_l_32, ... (torchvision's ViTs)",)
     capture = CaptureAbilities(view_mode="side")  # inline recomputes the attention on top of the module's own
@@ -84,34 +63,6 @@ class TorchvisionViT(Family):
             has_class_token=True, has_pos_embed=True, pos_embed_prefix=1,
             num_classes=int(getattr(head, "out_features", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name, prefix_labels=("class",))
-
-    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        for layer, mha in enumerate(self.attention_modules(model)):
-            def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
-                x = args[0] if args else kwargs["query"]
-                with torch.no_grad():
-                    q, k, _v = heads_qkv(mod, x)
-                    with torch.autocast(device_type=x.device.type, enabled=False):
-                        probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]),
-                                                call_mask(mod, q, k, args, kwargs))
-                capture(layer, probs)
-
-            handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
-
-    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        for layer, mha in enumerate(self.attention_modules(model)):
-            def recompute(mod: nn.Module, args: tuple, kwargs: dict, _out: tuple, layer: int = layer) -> tuple:
-                x = args[0] if args else kwargs["query"]
-                q, k, v = heads_qkv(mod, x)
-                scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
-                mask = call_mask(mod, q, k, args, kwargs)
-                probs = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(dim=-1)
-                capture(layer, probs.detach() if capture.detach else probs)
-                b, h, t, d = q.shape
-                out = F.linear((probs @ v).transpose(1, 2).reshape(b, t, h * d), mod.out_proj.weight, mod.out_proj.bias)
-                return out, probs
-
-            handles.hook(mha.register_forward_hook(recompute, with_kwargs=True))
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.conv_proj, "conv_proj", "the patch embedding E", spec.name)

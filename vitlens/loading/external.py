@@ -189,7 +189,7 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         WeightsUnavailableError: not on disk and no network (or HF_HUB_OFFLINE).
     """
     transformers = _transformers()
-    from ..families.hf import processor_data_config
+    from ..families.common.hf import processor_data_config
 
     ref = name[len(HF_PREFIX):].strip()
     local = Path(ref).expanduser().is_dir()
@@ -252,15 +252,13 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
 
 
 def sdpa_request(config: Any) -> dict[str, str]:
-    """``{"attn_implementation": "sdpa"}`` for a model the ``hf-vit`` family does not name (DINOv3, AIMv2,
-    Data2Vec-Vision, BEiT, ...): the generic call-level capture reads it at its scaled_dot_product_attention
-    calls, so it is loaded on that implementation; {} for the family's own (read under any implementation) and for
-    PVT and PVT v2 (``hf-pvt`` reads their one, eager, implementation)."""
-    from ..families.hf import MODEL_TYPES, PYRAMID_TYPES, TOWER_TYPES
+    """The ``attn_implementation`` an ``hf:`` model is built with: the one the family that declares its model type
+    asks for (``Family.hf_types``; {} where it keeps the checkpoint's own: ``hf-vit`` reads any, ``hf-pvt`` the one
+    transformers has), ``{"attn_implementation": "sdpa"}`` for a type no family declares (DINOv3, AIMv2,
+    Data2Vec-Vision, BEiT, ...: the generic call-level capture reads its scaled_dot_product_attention calls)."""
+    from ..families.common.hf import implementation_request
 
-    model_type = getattr(config, "model_type", None)
-    own = TOWER_TYPES.get(model_type, model_type) in MODEL_TYPES + PYRAMID_TYPES
-    return {} if own else {"attn_implementation": "sdpa"}
+    return implementation_request(getattr(config, "model_type", None))
 
 
 def _with_sdpa(build: Any, impl: dict[str, str]) -> nn.Module:

@@ -208,7 +208,8 @@ def load_model(
 
     Raises:
         UnknownModelError: a name that is no reference model, timm name, prefix or file (close names suggested).
-        UnsupportedModelError: a model whose attention no family reproduces exactly (Swin, CaiT, ...).
+        UnsupportedModelError: a model whose attention no family reproduces exactly (XCiT, NaFlexViT, a CNN, ...;
+            the families it names are ``vitlens.families.supported_families()``).
         WeightsUnavailableError: hub weights with no network and no local cache.
         CheckpointError: a checkpoint without ``arch``, unreadable, mismatched, or a pickle that needs code.
         DeviceUnavailableError: a device that is not there.

@@ -46,7 +46,7 @@ def model_layout(m: object) -> list[dict[str, str]]:
     Raises:
         UnsupportedModelError: the model's family has blocks of one kind only (a ViT).
     """
-    layout = getattr(m.family, "block_layout", None)  # type: ignore[attr-defined]
+    layout = m.family.block_layout  # type: ignore[attr-defined]  # an optional ability: None for blocks of one kind
     if layout is None:
         raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) has blocks of one kind; "  # type: ignore
                                     "the class-attention views are for CaiT.")

@@ -45,7 +45,7 @@ def model_windows(m: object) -> list[WindowGeometry]:
     Raises:
         UnsupportedModelError: the model's family has no windows (a ViT with global attention).
     """
-    windows = getattr(m.family, "windows", None)  # type: ignore[attr-defined]
+    windows = m.family.windows  # type: ignore[attr-defined]  # an optional ability: None for global attention
     if windows is None:
         raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) attends globally; "  # type: ignore
                                     "the windowed views are for hierarchical models (Swin).")

@@ -1,7 +1,9 @@
 """Reading a ``F.scaled_dot_product_attention`` call (every attention view of the paper, for attention that no
 family writes out): a thread-local ``TorchFunctionMode`` that hands each call made inside it to a handler, the
 call's arguments by name, and the side capture of an attention pool that is one such call. Below the families
-that read calls (the generic call-level capture and its layouts, Swin's fused windows), which import it.
+that read calls (the generic call-level capture and its layouts, the fused windows of Swin, Hiera, SAM, CaiT's
+class attention), which import it: ``read_sdpa_call`` reads a module's one call as it is made, ``read_calls`` hands
+the calls of one forward to the family to judge.
 """
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..core.attention import attention_probs
-from ..errors import UnsupportedModelError
-from .base import CaptureRequest, Handles
+from ...core.attention import attention_probs
+from ...errors import UnsupportedModelError
+from ..base import CaptureRequest, Handles
 
 #: the parameters of ``F.scaled_dot_product_attention`` in order, with their defaults
 _SDPA_PARAMS = (("query", None), ("key", None), ("value", None), ("attn_mask", None), ("dropout_p", 0.0),
@@ -77,6 +79,35 @@ def probabilities_of_calls(sink: Callable[[torch.Tensor], None]) -> Callable[[tu
     return on_call
 
 
+def read_sdpa_call(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
+    """Side capture of a fused attention module (timm's Swin ``WindowAttention``, Hiera's ``MaskUnitAttention``,
+    SAM's ``Attention``, CaiT's ``ClassAttn``): each SDPA call's probabilities as it is made, the real output kept."""
+    original = attn.forward
+    on_call = probabilities_of_calls(lambda probs: capture(layer, probs))
+
+    def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with CallMode(on_call):
+            return original(*args, **kwargs)
+
+    handles.set_attr(attn, "forward", forward)
+
+
+def read_calls(attn: nn.Module, handles: Handles, after: Callable[[list[torch.Tensor], Any], None]) -> None:
+    """Side capture of a module run as it is under its model's implementation: every SDPA call of one forward read
+    (``probabilities_of_calls``), then ``after(the calls' probabilities, the forward's output)`` hands them on or
+    refuses (Hugging Face Swin's and SAM's attention: one call under sdpa, none under eager); the output untouched."""
+    original = attn.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        seen: list[torch.Tensor] = []
+        with CallMode(probabilities_of_calls(seen.append)):
+            out = original(*args, **kwargs)
+        after(seen, out)
+        return out
+
+    handles.set_attr(attn, "forward", forward)
+
+
 def install_pool_call_capture(module: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
     """Side capture of an attention pool that is one ``F.scaled_dot_product_attention`` call of its queries over
     the tokens (AIMv2's pooling head): ``capture(0, probs[B, heads, queries, T])`` from that call's arguments, the
@@ -107,5 +138,5 @@ def install_pool_call_capture(module: nn.Module, capture: CaptureRequest, handle
     handles.set_attr(module, "forward", forward)
 
 
-
-__all__ = ["CallMode", "install_pool_call_capture", "probabilities_of_calls", "sdpa_arguments"]
+__all__ = ["CallMode", "install_pool_call_capture", "probabilities_of_calls", "read_calls", "read_sdpa_call",
+           "sdpa_arguments"]

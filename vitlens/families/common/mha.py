@@ -1,0 +1,77 @@
+"""``nn.MultiheadAttention`` blocks (torchvision's and open_clip's own ViTs) and pools (SigLIP's MAP head, CoCa's
+attentional pooler): the additive mask of a call, q, k and v from the module's packed in-projection, and the
+capture of blocks that call their module with ``need_weights=False`` (``MultiheadAttentionViT``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...core.attention import attention_probs, mha_mask
+from ..base import CaptureRequest, Family, Handles
+
+
+def call_mask(mha: nn.MultiheadAttention, q: torch.Tensor, k: torch.Tensor, args: tuple,
+              kwargs: dict) -> torch.Tensor | None:
+    """The additive mask [B, heads, T, T] of an ``nn.MultiheadAttention`` call (its ``key_padding_mask``
+    and ``attn_mask``, keyword or positional, with the module's semantics: ``mha_mask``)."""
+    padding = kwargs.get("key_padding_mask", args[3] if len(args) > 3 else None)
+    mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
+    return mha_mask(mask, padding, q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def heads_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [B, heads, T, head_dim] from the module's packed in-projection, as it forms them."""
+    b, t, e = x.shape
+    heads = mha.num_heads
+    proj = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
+    q, k, v = proj.unflatten(-1, (3, e)).unbind(-2)
+    return tuple(z.reshape(b, t, heads, e // heads).transpose(1, 2) for z in (q, k, v))  # type: ignore[return-value]
+
+
+class MultiheadAttentionViT(Family):
+    """A ViT whose blocks call an ``nn.MultiheadAttention`` (batch-first, packed in-projection) with
+    ``need_weights=False`` (the fused path). Side capture takes the block's input from a pre-hook and forms q and k
+    with the module's own packed in-projection, then softmax(q / sqrt(head_dim) @ k^T), as the module computes the
+    weights it returns with ``need_weights=True, average_attn_weights=False``; the block's own output is untouched.
+    Inline capture computes each block's attention on that non-fused path (the same formula, then the output
+    projection) and returns it in place of the module's own output, so the block's output is computed from the
+    captured weights. A subclass says where the modules are (``attention_modules``)."""
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        raise NotImplementedError
+
+    def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, mha in enumerate(self.attention_modules(model)):
+            def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
+                x = args[0] if args else kwargs["query"]
+                with torch.no_grad():
+                    q, k, _v = heads_qkv(mod, x)
+                    with torch.autocast(device_type=x.device.type, enabled=False):
+                        probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]),
+                                                call_mask(mod, q, k, args, kwargs))
+                capture(layer, probs)
+
+            handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
+    def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
+        for layer, mha in enumerate(self.attention_modules(model)):
+            def recompute(mod: nn.Module, args: tuple, kwargs: dict, _out: tuple, layer: int = layer) -> tuple:
+                x = args[0] if args else kwargs["query"]
+                q, k, v = heads_qkv(mod, x)
+                scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
+                mask = call_mask(mod, q, k, args, kwargs)
+                probs = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(dim=-1)
+                capture(layer, probs.detach() if capture.detach else probs)
+                b, h, t, d = q.shape
+                out = F.linear((probs @ v).transpose(1, 2).reshape(b, t, h * d), mod.out_proj.weight, mod.out_proj.bias)
+                return out, probs
+
+            handles.hook(mha.register_forward_hook(recompute, with_kwargs=True))
+
+
+__all__ = ["MultiheadAttentionViT", "call_mask", "heads_qkv"]
