@@ -37,12 +37,13 @@ from torch import nn
 from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
+from ..kinds import CLASS_ATTENTION
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .swin import _read_sdpa_call, read_at_dropout
 from .timm_vit import timm_data_config, timm_position_table
 
 #: the ``ModelSpec.kind`` of a ViT with class-attention layers after its self-attention blocks (CaiT)
-CLASS_ATTENTION_KIND = "class-attention"
+CLASS_ATTENTION_KIND = CLASS_ATTENTION.name
 
 
 def self_attention_blocks(model: nn.Module) -> int:

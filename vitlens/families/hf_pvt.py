@@ -54,6 +54,7 @@ from ..core.spec import ModelSpec
 from ..core.windows import (Transport, WindowGeometry, adaptive_pooling_transport, pooling_transport,
                             transport_centres)
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .hf import PYRAMID_TYPES, _pair, default_data_config, is_hf_model, is_image_classifier, tower_type
 from .mvit import pooled_grid, pooling_of
@@ -249,7 +250,7 @@ class HuggingFacePvt(Family):
         refuse_other_size(name, self.name, size, input_size)
         layout = self.stage_layout(model, size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=layout[0][1],
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=layout[0][0], stride_px=layout[0][1],
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_sizes[0]), has_class_token=False,
             has_pos_embed=getattr(self.stages(model)[0][0], "position_embeddings", None) is not None,

@@ -39,6 +39,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .sdpa_calls import CallMode, probabilities_of_calls
 from .hf import _pair, default_data_config, is_hf_model, is_image_classifier, stage_model_logits, tower_type
@@ -136,7 +137,7 @@ class HuggingFaceSwin(Family):
         layout = self.stage_layout(model)
         emb = self.base(model).embeddings
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=_pair(cfg.patch_size),
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=layout[0][0], stride_px=_pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False,
             has_pos_embed=getattr(emb, "position_embeddings", None) is not None,

@@ -41,6 +41,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .hf import _pair, default_data_config, is_hf_model, tower_type
 from .sdpa_calls import CallMode, probabilities_of_calls
@@ -113,7 +114,7 @@ class _WindowedGridFamily(Family):
         size = self.image_size(model)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=self.grid(model), stride_px=_pair(cfg.patch_size),
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model), stride_px=_pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.layers(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_size), has_class_token=False,
             has_pos_embed=self.position_table(model, None) is not None,  # type: ignore[arg-type]

@@ -44,6 +44,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import Transport, WindowGeometry, pooling_transport, transport_centres
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .timm_vit import timm_data_config
 
@@ -232,7 +233,7 @@ class TimmMViTv2(Family):
         refuse_other_size(name, self.name, image, input_size)
         blocks = self.blocks(model)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=image, grid=self.patch_grid(model, image),
+            name=name, kind=HIERARCHICAL.name, image_size=image, grid=self.patch_grid(model, image),
             stride_px=_pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
             num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.patch_embed.proj.out_channels),
             has_class_token=False, has_pos_embed=model.pos_embed is not None,
