@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import vitlens as vl  # noqa: E402
+from vitlens.kinds import HYBRID, VIT  # noqa: E402
 from vitlens.reference.models import build_reference, weights_path  # noqa: E402
 from vitlens.reference.shapes import HELD_OUT_SEED, ShapesBatch, generate  # noqa: E402
 from vitlens.reference.training import (  # noqa: E402
@@ -148,7 +149,7 @@ def train_model(kind: str, r: Recipe, folder: Path, n_eval: int = 64) -> tuple[t
     torch.manual_seed(0)
     model = build_reference(f"ref-{kind}", patch=r.patch)
     initialise(model, r)
-    if r.mpp_steps and (kind == "vit" or r.hybrid_mpp):
+    if r.mpp_steps and (kind == VIT.name or r.hybrid_mpp):
         mpp = MaskedPatchPrediction(model, patch=r.patch)
         source = partial(scenes, style=r.mpp_style)
         state = folder / f"{kind}-mpp.state.pt"
@@ -162,7 +163,7 @@ def train_model(kind: str, r: Recipe, folder: Path, n_eval: int = 64) -> tuple[t
         after_mpp = {"loss": info.final_loss, **distance_summary(model, f"{r.name}/{kind}-mpp", n_eval)}
         print(f"[{r.name}] {kind} after masked patch prediction: {json.dumps(after_mpp)}", flush=True)
         model.train()
-    steps = r.steps if kind == "vit" else r.hybrid_steps
+    steps = r.steps if kind == VIT.name else r.hybrid_steps
     info = run_steps(model, classification_loss(model), steps, folder / f"{kind}.state.pt", lr=r.lr,
                      desc=f"{r.name} {kind}")
     return model, seconds + (info.cpu_seconds or info.seconds), after_mpp
@@ -177,7 +178,7 @@ def train_hybrid(r: Recipe, folder: Path, n_eval: int = 64) -> tuple[torch.nn.Mo
         h = build_reference("ref-hybrid")
         h.load_state_dict(load_file(str(weights_path("ref-hybrid"))))
         return h, 0.0, "committed ref-hybrid", None
-    h, seconds, after_mpp = train_model("hybrid", r, folder, n_eval)
+    h, seconds, after_mpp = train_model(HYBRID.name, r, folder, n_eval)
     how = f"{r.mpp_steps} masked-patch + " if after_mpp else ""
     return h, seconds, f"trained {how}{r.hybrid_steps} steps", after_mpp
 
@@ -213,7 +214,7 @@ def measure(model: torch.nn.Module, name: str, n_eval: int, n_acc: int) -> dict:
 def run_recipe(r: Recipe, state_dir: Path, n_eval: int, n_acc: int) -> dict:
     folder = state_dir / r.name
     t0 = time.time()
-    vit, vit_s, after_mpp = train_model("vit", r, folder, n_eval)
+    vit, vit_s, after_mpp = train_model(VIT.name, r, folder, n_eval)
     hybrid, hyb_s, hybrid_from, hybrid_after_mpp = train_hybrid(r, folder, n_eval)
     for model, kind in ((vit, "ref-vit"), (hybrid, "ref-hybrid")):
         from safetensors.torch import save
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-n", type=int, default=256, help="held-out scenes for distance and rollout")
     p.add_argument("--acc-n", type=int, default=2048, help="held-out scenes for accuracy")
     p.add_argument("--table", action="store_true", help="print the table of results.json and stop")
-    p.add_argument("--part", choices=("all", "vit", "hybrid"), default="all",
+    p.add_argument("--part", choices=("all", VIT.name, HYBRID.name), default="all",
                    help="train only one model of each recipe and stop (run the two side by side, one per "
                         "core; a later run with --part all resumes both, measures and records the row)")
     args = p.parse_args(argv)
@@ -291,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.recipes:
         r = _stamp(RECIPES[name], args.short)
         if args.part != "all":
-            if args.part == "vit":
-                train_model("vit", r, state_dir / r.name, n_eval)
+            if args.part == VIT.name:
+                train_model(VIT.name, r, state_dir / r.name, n_eval)
             else:
                 train_hybrid(r, state_dir / r.name, n_eval)
             continue

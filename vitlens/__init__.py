@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
         WeightsUnavailableError,
     )
     from .images import Images, preprocess, sample_images, to_rgb
+    from .kinds import Kind, all_kinds, kind_of, register_kind, registered_kind
     from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
     from .results import Result, load_result
     from .survey import SurveyResult, load_survey, survey
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .views.filters import FilterPCAResult, embedding_filter_pca
     from .views.position import PositionSimilarityResult, position_similarity
     from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
+    from .views.registry import available_views
     from .views.relpos import RelativePositionBiasResult, relative_position_bias
     from .views.rollout import RolloutAccumulator, RolloutResult
     from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
@@ -78,4 +80,5 @@ __all__ = [
     "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",
     "query_token", "sample_images", "stream_attention", "to_rgb", "RelativePositionBiasResult", "relative_position_bias",
     "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
+    "Kind", "all_kinds", "kind_of", "register_kind", "registered_kind", "available_views",
 ]

@@ -10,7 +10,7 @@ question asked most in grad-cam's issues (#76, #509), and it is derived here fro
   reads (timm, Hugging Face, torchvision and open_clip blocks are batch-first);
 - a layer that outputs a feature map [B, C, gh, gw] already (a hybrid's CNN stage named by
   ``target_layer``, at the token grid) is taken as it is;
-- on a hierarchical model (Swin, SAM / ViTDet: ``spec.kind == "hierarchical"``) the default layer is the one
+- on a hierarchical model (Swin, SAM / ViTDet: a kind of stages, ``Kind.stages``) the default layer is the one
   the family names (``Family.cam_layer``: the last stage's last block, whose output the final norm and the pool
   hand the classifier), and its output is put on the grid of the stage it has: [B, H, W, C] (timm's stages,
   NHWC), [B, H * W, C] (Hugging Face's) or [B, C, H, W], for (H, W) one of the stages' grids
@@ -43,6 +43,7 @@ from torch import nn
 
 from ..core.spec import ModelSpec
 from ..errors import InvalidParameterError, ViewNotAvailableError
+from ..kinds import kind_of
 from ..loading.model import LoadedModel
 
 #: vitlens method name -> pytorch_grad_cam class name
@@ -115,7 +116,7 @@ def stage_layouts(m: LoadedModel) -> list[tuple[tuple[int, int], tuple[int, int]
 def default_cam_layer(m: LoadedModel) -> str:
     """The layer CAMs read by default: for a hierarchical model the family's ``cam_layer`` (the last stage's last
     block's output), else ``default_target_layer`` (the last block's pre-attention norm)."""
-    if m.spec.kind == "hierarchical":
+    if kind_of(m).stages:
         name = m.family.cam_layer(m.model)
         if name is None:
             raise ViewNotAvailableError(f"vitlens does not know which layer of {m.spec.name} holds its last stage's "
@@ -235,7 +236,7 @@ def cam_maps(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, 
     name = params.get("target_layer") or default_cam_layer(m)
     layer = resolve_target_layer(m, name)
     params["target_layer"] = name
-    reshape = (stage_reshape([g for g, _s in stage_layouts(m)], x.shape[0], name) if m.spec.kind == "hierarchical"
+    reshape = (stage_reshape([g for g, _s in stage_layouts(m)], x.shape[0], name) if kind_of(m).stages
                else token_reshape(m.spec, grid, x.shape[0], name))
     cam = getattr(pkg, CAM_CLASSES[method])(_Scored(m.model, score), [layer], reshape_transform=reshape)
     try:

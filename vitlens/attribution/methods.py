@@ -33,7 +33,9 @@ from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
+from ..kinds import Kind, all_kinds, every_kind, find_kind, has_cam_layer, has_token_attention, kind_of
 from ..views.analyze import attention_rollout
+from ..views.registry import VIEWS
 from ..engine.capture import capture_attention
 from ..views.rollout import rollout_map
 from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps, stage_layouts
@@ -232,13 +234,15 @@ class Method:
             ``default_methods``, so a default comparison runs each method once.
         label: the name a person reads in figures' legends and tables ("gradient rollout"); ``method_label`` falls
             back to the name with spaces for a method registered without one.
-        kinds: the ``ModelSpec.kind`` values the method is defined for ("vit", "hybrid", "hierarchical"): a
-            method that reads a ViT's token-by-token attention over one grid ([B, H, T, T] maps, a class token's
-            row: gradient rollout, AttnLRP) is not defined on a hierarchical model's windows and stages; the
-            input-space methods (captum's) and the CAMs (on a stage's grid) are defined for every differentiable
-            model, and rollout is the windowed rollout there. ``attribute`` refuses a method outside its kinds
-            and names those defined (``methods_for``); the app, the report and the CLI offer only those. A method
-            registered without saying so is for ViTs and hybrids.
+        for_kind: which kinds of model (``vitlens.kinds.Kind``) the method is defined for, as a test of the kind's
+            record; ``kinds`` lists the registered kinds that pass it. A method that reads a ViT's token-by-token
+            attention over one sequence ([B, H, T, T] maps, a class token's row: gradient rollout, AttnLRP) is
+            defined where ``Kind.token_attention`` (``has_token_attention``, the default), not on a hierarchical
+            model's windows and stages or a CaiT's two kinds of block; the input-space methods (captum's) are
+            defined for every differentiable model (``every_kind``), the CAMs where the family names their layer
+            (``has_cam_layer``; on a stage's grid), and rollout wherever the rollout view reads the model's maps
+            (the windowed rollout, a CaiT's from its class token). ``attribute`` refuses a method outside its kinds
+            and names those defined (``methods_for``); the app, the report and the CLI offer only those.
     """
 
     name: str
@@ -253,8 +257,13 @@ class Method:
     install: str = ""
     rollout_row: bool = False
     variant_of: str = ""
-    kinds: tuple[str, ...] = ("vit", "hybrid")
+    for_kind: Callable[[Kind], bool] = has_token_attention
     label: str = ""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The registered kinds (``ModelSpec.kind`` values) the method is defined for (``for_kind``)."""
+        return tuple(k.name for k in all_kinds() if self.for_kind(k))
 
     @property
     def class_agnostic(self) -> bool:
@@ -273,11 +282,11 @@ def package_available(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-#: every ``ModelSpec.kind``: what a method defined for any differentiable model gives ``Method.kinds`` (rollout:
-#: the view's own, through a hierarchical model's windows or a CaiT's class-attention layers)
-ALL_KINDS: tuple[str, ...] = ("vit", "hybrid", "hierarchical", "class-attention")
-#: the kinds whose CAM layer the family names (a CaiT's last blocks are class-attention layers: no CAM layer yet)
-CAM_KINDS: tuple[str, ...] = ("vit", "hybrid", "hierarchical")
+def has_rollout_view(kind: Kind) -> bool:
+    """Defined wherever the rollout view has a consumer that reads the kind's maps (``View.kinds``: through a
+    hierarchical model's windows, a CaiT's class-attention layers)."""
+    return kind.name in VIEWS["rollout"].kinds
+
 
 #: the CAMs' names as their papers write them (a legend's label, ``Method.label``)
 CAM_LABELS = {"gradcam": "Grad-CAM", "gradcam++": "Grad-CAM++", "xgradcam": "XGrad-CAM", "hirescam": "HiResCAM",
@@ -287,22 +296,23 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     # rollout of a hierarchical model: through its windows and patch mergings (vl.attention_rollout)
     Method("rollout", _rollout, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
            note="class-agnostic: the same map for every target", quick=True, preselected=True, rollout_row=True,
-           kinds=ALL_KINDS, label="attention rollout"),
+           for_kind=has_rollout_view, label="attention rollout"),
     Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True, label="gradient rollout"),
     # captum's input-space methods: gradients or occlusions of the input, defined for any differentiable model
-    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, kinds=ALL_KINDS,
+    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, for_kind=every_kind,
            label="integrated gradients"),  # captum's 50: slow
-    Method("saliency", _saliency, quick=True, preselected=True, kinds=ALL_KINDS, label="saliency"),
-    Method("input_x_gradient", _input_x_gradient, quick=True, kinds=ALL_KINDS, label="input × gradient"),
+    Method("saliency", _saliency, quick=True, preselected=True, for_kind=every_kind, label="saliency"),
+    Method("input_x_gradient", _input_x_gradient, quick=True, for_kind=every_kind, label="input × gradient"),
     Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
-           kinds=ALL_KINDS, label="occlusion"),
+           for_kind=every_kind, label="occlusion"),
     # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm
     # (a hierarchical model: the last stage's last block, on that stage's grid); scorecam's masked_per_forward:
     # masked images per forward
     *(Method(name, partial(cam_maps, method=name),
              {"target_layer": None, **({"masked_per_forward": 64} if name == "scorecam" else {})},
              needs_target=name != "eigencam", package=CAM_PACKAGE, install=CAM_INSTALL["python"],
-             slow=name == "scorecam", quick=name == "gradcam", kinds=CAM_KINDS, label=CAM_LABELS[name],
+             slow=name == "scorecam", quick=name == "gradcam", for_kind=has_cam_layer,
+             label=CAM_LABELS[name],
              note=("class-agnostic: the first principal component of the layer's patch tokens (its sign is the SVD's)"
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit",
@@ -367,7 +377,7 @@ def _kind(model: Any) -> str | None:
 
 def methods_for(model: Any) -> tuple[str, ...]:
     """The methods of ``METHOD_TABLE`` defined for ``model``'s kind of model (``Method.kinds``): a
-    ``LoadedModel``, its spec, or a kind ("vit", "hybrid", "hierarchical"). What ``attribute`` accepts for it and
+    ``LoadedModel``, its spec, or a kind's name (``vitlens.kinds``). What ``attribute`` accepts for it and
     what the app, the report and the CLI offer (those whose package is missing included: ``available_methods``)."""
     kind = _kind(model)
     return tuple(name for name, mt in METHOD_TABLE.items() if kind in mt.kinds)
@@ -392,13 +402,9 @@ def preselected_methods(model: Any = None) -> tuple[str, ...]:
 
 def refusal(m: LoadedModel, method: str) -> str:
     """One line: why ``method`` is not defined for ``m``'s kind of model, and which methods are."""
-    mt = METHOD_TABLE[method]
-    if m.spec.kind == "hierarchical":
-        why = (f"{method} reads a ViT's token-by-token attention over one patch grid (its [B, heads, T, T] maps), "
-               f"which {m.spec.name} does not have: it is hierarchical (windowed attention on stages of coarser grids)")
-    elif m.spec.kind == "class-attention":
-        why = (f"{method} reads a ViT whose every block attends over the same tokens, and {m.spec.name} has "
-               "self-attention blocks over the patches alone, then class-attention layers (CaiT)")
+    mt, kind = METHOD_TABLE[method], find_kind(m)
+    if kind is not None and kind.method_refusal:  # the kind's own words (``Kind.method_refusal``)
+        why = kind.method_refusal.format(method=method, name=m.spec.name)
     else:
         why = f"{method} is defined for {', '.join(mt.kinds)} models and {m.spec.name} is a {m.spec.kind} model"
     return f"{why}; the methods defined for it: {', '.join(methods_for(m)) or 'none'}."
@@ -420,7 +426,7 @@ def map_grids(m: LoadedModel, size: tuple[int, int]) -> list[tuple[int, int]]:
     """The grids a map of ``m`` may be on for inputs of ``size``: its patch-token grid, and a hierarchical model's
     stage grids (its CAMs')."""
     grids = [tuple(int(v) for v in m.grid_for(size))]
-    if m.spec.kind == "hierarchical":
+    if kind_of(m).stages:
         grids += [g for g, _s in stage_layouts(m) if g not in grids]
     return grids  # type: ignore[return-value]
 

@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..families import Handles, HookSession
 from ..images import Images, count_images, iter_batches
+from ..kinds import find_kind
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
@@ -190,27 +191,18 @@ def default_layers(m: LoadedModel) -> list[str]:
     return m.block_names()
 
 
-#: why CKA by block does not read a kind of model's blocks (``ModelSpec.kind``), in words
-UNREAD_BLOCKS = {
-    "hierarchical": "its blocks hand on token grids that shrink from stage to stage (hierarchical; timm's Swin hands "
-                    "them on as [images, H, W, width] maps), which this comparison does not read: it reads every "
-                    "block's output as a ViT's tokens on one grid",
-    "class-attention": "its self-attention blocks hand on the patch tokens alone and its class-attention layers the "
-                       "class token alone, so no one token policy (mean, cls, patches) reads every block",
-}
-
-
 def refuse_unread_blocks(spec: Any) -> None:
-    """Refuse, in one line, CKA by block for a model whose blocks this comparison does not read (``UNREAD_BLOCKS``):
-    CKA compares representations, each block's output tokens image by image, and says why this model's cannot be
+    """Refuse, in one line, CKA by block for a model whose blocks this comparison does not read (its kind's
+    ``Kind.blocks_refusal``): CKA compares representations, each block's output tokens image by image, and says why this model's cannot be
     compared here; the app's hint names its own pages that show the model's attention (the registry's attention
     views defined for the model's kind, by the page that shows each).
 
     Raises:
-        UnsupportedModelError: ``spec.kind`` is in ``UNREAD_BLOCKS``.
+        UnsupportedModelError: ``spec.kind`` is a kind with a ``blocks_refusal``.
     """
-    why = UNREAD_BLOCKS.get(getattr(spec, "kind", ""))
-    if why is None:
+    kind = find_kind(spec)
+    why = kind.blocks_refusal if kind is not None else ""
+    if not why:
         return
     from ..views.registry import VIEWS
 

@@ -16,9 +16,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..core.windows import refuse_class_attention, refuse_windowed
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..families import Handles, HookSession
+from ..kinds import refuse_other_maps
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
@@ -140,8 +140,7 @@ def head_importance(
         raise InvalidParameterError(f"ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}.")
     if m.spec.num_classes <= 0:
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so no prediction to lose.")
-    refuse_windowed(m.spec, "head importance (heads per layer, set against attention distance)")
-    refuse_class_attention(m.spec, "head importance (heads per layer, set against attention distance)")
+    refuse_other_maps(m.spec, "head importance (heads per layer, set against attention distance)")
     attns = m.family.attention_modules(m.model)
     sites = [m.family.head_outputs(a) for a in attns]
     if any(s is None for s in sites):

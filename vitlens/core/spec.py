@@ -10,6 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..kinds import find_kind
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -17,7 +19,8 @@ class ModelSpec:
 
     Attributes:
         name: the name it was loaded by.
-        kind: "vit" (patch embedding), "hybrid" (CNN feature map, 1x1 tokens) or "hierarchical" (windowed
+        kind: the kind of model, a name of the kind registry (``vitlens.kinds``, which says what each is and how it
+            is read): "vit" (patch embedding), "hybrid" (CNN feature map, 1x1 tokens) or "hierarchical" (windowed
             attention in stages of coarser grids, Swin: ``grid`` and ``stride_px`` are the first stage's,
             ``num_heads`` the most of any block; each block's windows from ``Family.windows``) or "class-attention"
             (CaiT: self-attention blocks over the patch tokens alone, then class-attention layers whose one query is
@@ -116,12 +119,12 @@ class ModelSpec:
         return f"{self.num_prefix_tokens} ({', '.join(named)})"
 
     def describe(self) -> dict[str, str]:
-        """The spec in words, one fact per entry (the app's sidebar, the report's model table)."""
+        """The spec in words, one fact per entry (the app's sidebar, the report's model table); the kind as its
+        registry words it (``Kind.label``)."""
         sy, sx = self.stride_px
         return {
             "name": self.name,
-            "kind": {"hybrid": "hybrid (CNN + ViT)", "hierarchical": "hierarchical (windowed stages)",
-                     "class-attention": "ViT with class-attention layers (CaiT)"}.get(self.kind, "ViT"),
+            "kind": _kind_label(self.kind),
             "input": f"{self.image_size[0]}x{self.image_size[1]} px",
             "grid": f"{self.grid[0]}x{self.grid[1]} tokens",
             "stride": f"{sy} px" if sy == sx else f"{sy}x{sx} px",
@@ -132,6 +135,12 @@ class ModelSpec:
             "classes": str(self.num_classes) if self.num_classes else "none (feature model)",
             "position embedding": "learned, absolute" if self.has_pos_embed else "none learned (absolute table absent)",
         }
+
+
+def _kind_label(name: str) -> str:
+    """A kind's words (``Kind.label``), or its name when no registered kind has it."""
+    kind = find_kind(name)
+    return kind.label if kind is not None else name
 
 
 def param_count_str(n: int) -> str:

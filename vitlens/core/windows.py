@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -279,45 +278,5 @@ def stage_heads(family: Any, model: Any, image_size: tuple[int, int]) -> tuple[t
     return tuple(tuple(stages[s]) for s in sorted(stages))
 
 
-def refuse_windowed(spec: Any, what: str) -> None:
-    """Refuse, in one line, a reading defined for a ViT's one global attention over one token grid when the model
-    attends within windows on stages of coarser grids (``spec.kind == "hierarchical"``), naming what to use.
-
-    Args:
-        spec: the model's ``ModelSpec``.
-        what: the reading refused, in words ("attention_maps", "CKA", ...).
-
-    Raises:
-        UnsupportedModelError: the model is hierarchical.
-    """
-    if getattr(spec, "kind", "") == "hierarchical":
-        raise UnsupportedModelError(
-            f"{what} reads a ViT's attention over one token grid; {spec.name} attends within windows on stages of "
-            "coarser grids (hierarchical), so it is refused rather than read wrong. Its windowed views are exact: "
-            "vl.attention_distance, vl.attention_rollout, and one query's window from "
-            "vitlens.views.windowed.window_maps / query_window_attention.")
-
-
-def refuse_class_attention(spec: Any, what: str) -> None:
-    """Refuse, in one line, a reading defined for a ViT's one global attention over one sequence of tokens when the
-    model's blocks are of two kinds (``spec.kind == "class-attention"``, CaiT: self-attention over the patches alone,
-    then class-attention layers whose one query is the class token), naming what to use.
-
-    Args:
-        spec: the model's ``ModelSpec``.
-        what: the reading refused, in words ("attention_maps", "CKA", ...).
-
-    Raises:
-        UnsupportedModelError: the model has class-attention layers.
-    """
-    if getattr(spec, "kind", "") == "class-attention":
-        raise UnsupportedModelError(
-            f"{what} reads a ViT whose every block attends over the same tokens; {spec.name} has self-attention blocks "
-            "over the patches alone and then class-attention layers (the class token's one query), so it is refused "
-            "rather than read wrong. Its views are exact: vl.attention_distance (the self-attention blocks), "
-            "vl.attention_rollout (from the class token through both kinds), and every block's maps from "
-            "vl.capture_attention ([B, heads, N, N], then [B, heads, 1, 1 + N]).")
-
-
 __all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "block_heads", "merge_transport", "pooling_transport",
-           "refuse_class_attention", "refuse_windowed", "stage_centres", "stage_heads", "transport_centres"]
+           "stage_centres", "stage_heads", "transport_centres"]

@@ -54,6 +54,9 @@ class BatchInfo:
 class AttentionConsumer:
     """Base class of the streaming consumers (see the module docstring for the protocol)."""
 
+    # The flags below say which kinds of maps other than a ViT's the consumer reads: each is a kind's
+    # ``Kind.reader`` (``vitlens.kinds``), and the stream refuses a model of that kind for a consumer whose flag is
+    # not True (a new kind's flag needs no default here: an undeclared flag reads as False).
     #: whether the consumer reads a windowed model's window maps [B * windows, heads, N, N] (Swin: the views of
     #: ``vitlens.views.windowed``); the stream refuses a hierarchical model for a consumer that does not
     reads_windows = False

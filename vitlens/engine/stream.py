@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
+from ..kinds import find_kind
 from ..images import Images, count_images, iter_batches, preprocess_masks
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
@@ -52,17 +53,6 @@ from .plan import capture_plan
 
 def model_name(spec: ModelSpec | str | None) -> str:
     return spec if isinstance(spec, str) else (spec.name if spec is not None else "")
-
-
-#: model kinds whose blocks' maps are not a ViT's [B, heads, T, T] over one sequence: (the consumer attribute that
-#: says a consumer reads them, what the maps are, what to use instead)
-KIND_READERS: dict[str, tuple[str, str, str]] = {
-    "hierarchical": ("reads_windows", "attends within windows (a hierarchical model: its blocks' maps are [B * "
-                     "windows, heads, N, N] on each stage's grid)", "the windowed views"),
-    "class-attention": ("reads_class_attention", "has self-attention blocks over the patches alone and then "
-                        "class-attention layers (the class token's one query: [B, heads, 1, 1 + N] maps)",
-                        "its views"),
-}
 
 
 def stream_attention(
@@ -104,15 +94,13 @@ def stream_attention(
     Returns:
         The number of images run; each consumer then answers ``result(spec)``.
     """
-    reader = KIND_READERS.get(m.spec.kind)
-    if reader is not None:  # maps of another shape than a ViT's: only consumers that say they read them
-        flag, maps, use = reader
-        wrong = sorted({type(c).__name__ for c in consumers if not getattr(c, flag, False)})
-        if wrong:
-            raise UnsupportedModelError(
-                f"{m.spec.name} {maps}, which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; use "
-                f"{use} (attention distance and rollout: vl.attention_distance, vl.attention_rollout, vl.analyze) or "
-                f"a consumer with {flag} = True.")
+    kind = find_kind(m)  # maps of another shape than a ViT's (Kind.reader): only consumers that say they read them
+    wrong = sorted({type(c).__name__ for c in consumers if not kind.reads(c)}) if kind is not None else []
+    if wrong:
+        raise UnsupportedModelError(
+            f"{m.spec.name} {kind.maps}, which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; use "
+            f"{kind.use} (attention distance and rollout: vl.attention_distance, vl.attention_rollout, vl.analyze) or "
+            f"a consumer with {kind.reader} = True.")
     n = count_images(images)
     plan = capture_plan(m, max(1, min(batch_size, n) if n else batch_size), memory_budget_mb=memory_budget_mb,
                         mode=capture_mode, query_rows=query_rows)

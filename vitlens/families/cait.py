@@ -37,13 +37,14 @@ from torch import nn
 from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
+from ..kinds import CLASS_ATTENTION
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from .common.blocks import check_blocks
 from .common.readers import read_fused_or_own
 from .common.timm import timm_data_config, timm_position_table
 
 #: the ``ModelSpec.kind`` of a ViT with class-attention layers after its self-attention blocks (CaiT)
-CLASS_ATTENTION_KIND = "class-attention"
+CLASS_ATTENTION_KIND = CLASS_ATTENTION.name
 
 
 def self_attention_blocks(model: nn.Module) -> int:

@@ -49,6 +49,7 @@ from torch import nn
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError
+from ..kinds import VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
 from .common.sdpa_calls import CallMode, sdpa_arguments
@@ -262,7 +263,7 @@ class GenericCallCapture(Family):
         pos = layout.position_rows(model)
         table = _table_grid(int(pos.shape[1]), grid, prefix) if pos is not None else None
         return ModelSpec(
-            name=name, kind="vit", image_size=size, grid=grid,
+            name=name, kind=VIT.name, image_size=size, grid=grid,
             stride_px=(int(proj.stride[0]), int(proj.stride[1])), num_prefix_tokens=prefix,
             num_layers=len(layout.attention_modules(model)), num_heads=heads,
             embed_dim=layout.embed_dim(model), has_class_token=cls and prefix > 0,

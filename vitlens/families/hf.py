@@ -53,6 +53,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
+from ..kinds import VIT
 from .base import AttentionClassUnknown, CaptureRequest, Family, Handles, prefix_labels, register
 from ..core.attention import attention_probs, conv_filters
 from .common.hf import (CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, VIT_PROCESSOR, HfTypes,
@@ -338,7 +339,7 @@ class HuggingFaceViT(Family):
         attns = self.attention_modules(model)
         head = "ForImageClassification" in type(model).__name__
         return ModelSpec(
-            name=name, kind="vit", image_size=size, grid=(size[0] // patch[0], size[1] // patch[1]), stride_px=patch,
+            name=name, kind=VIT.name, image_size=size, grid=(size[0] // patch[0], size[1] // patch[1]), stride_px=patch,
             num_prefix_tokens=prefix, num_layers=len(attns), num_heads=int(cfg.num_attention_heads),
             embed_dim=int(cfg.hidden_size), has_class_token=cls, has_pos_embed=kind != "vit_mae",
             pos_embed_prefix=int(position_rows(emb).shape[1]) - table_grid[0] * table_grid[1],

@@ -52,6 +52,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import Transport, WindowGeometry, adaptive_pooling_transport, transport_centres
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily
 from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, is_image_classifier,
@@ -243,7 +244,7 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         refuse_other_size(name, self.name, size, input_size)
         layout = self.stage_layout(model, size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=layout[0][1],
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=layout[0][0], stride_px=layout[0][1],
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_sizes[0]), has_class_token=False,
             has_pos_embed=getattr(self.stages(model)[0][0], "position_embeddings", None) is not None,

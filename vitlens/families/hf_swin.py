@@ -38,6 +38,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily, check_blocks
 from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, module_path,
@@ -128,7 +129,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         layout = self.stage_layout(model)
         emb = self.base(model).embeddings
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=layout[0][0], stride_px=pair(cfg.patch_size),
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=layout[0][0], stride_px=pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False,
             has_pos_embed=getattr(emb, "position_embeddings", None) is not None,

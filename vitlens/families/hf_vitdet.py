@@ -40,6 +40,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily, check_blocks
 from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, module_path,
@@ -96,7 +97,7 @@ class _WindowedGridFamily(HuggingFaceFamily, StagedFamily):
         size = self.image_size(model)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=self.grid(model), stride_px=pair(cfg.patch_size),
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model), stride_px=pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.layers(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_size), has_class_token=False,
             has_pos_embed=self.position_table(model, None) is not None,  # type: ignore[arg-type]

@@ -47,6 +47,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import Transport, WindowGeometry, pooling_transport, transport_centres
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily, check_blocks
 from .common.hf import IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults
@@ -363,7 +364,7 @@ class TimmHiera(_TimmHieraFamily):
         size = self.image_size(model)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=self.grid(model),
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model),
             stride_px=tuple(int(s) for s in model.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=max(self.block_heads(model)),
             embed_dim=int(model.patch_embed.proj.out_channels), has_class_token=False,
@@ -440,7 +441,7 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         size = tuple(int(s) for s in cfg.image_size)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=self.grid(model),  # type: ignore[arg-type]
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model),  # type: ignore[arg-type]
             stride_px=tuple(int(s) for s in cfg.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False, has_pos_embed=True,
@@ -635,7 +636,7 @@ class TimmHieraDet(_TimmHieraFamily):
         size = self.image_size(model, input_size)
         conv = model.patch_embed.proj
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=size, grid=self.grid(model, size),
+            name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model, size),
             stride_px=tuple(int(s) for s in conv.stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=max(self.block_heads(model)),
             embed_dim=int(conv.out_channels), has_class_token=False, has_pos_embed=True,

@@ -42,6 +42,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry, transport_centres
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily
 from .common.readers import read_softmax
@@ -194,7 +195,7 @@ class TimmMViTv2(StagedFamily):
         refuse_other_size(name, self.name, image, input_size)
         blocks = self.blocks(model)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=image, grid=self.patch_grid(model, image),
+            name=name, kind=HIERARCHICAL.name, image_size=image, grid=self.patch_grid(model, image),
             stride_px=pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
             num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.patch_embed.proj.out_channels),
             has_class_token=False, has_pos_embed=model.pos_embed is not None,

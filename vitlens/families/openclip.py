@@ -38,6 +38,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
+from ..kinds import VIT
 from .base import Adapter, CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from ..core.attention import conv_filters
 from .common.mha import MultiheadAttentionViT
@@ -93,7 +94,7 @@ class OpenClipViT(MultiheadAttentionViT):
         grid = (size[0] // patch[0], size[1] // patch[1])
         blocks = visual.transformer.resblocks
         return ModelSpec(
-            name=name, kind="vit", image_size=size, grid=grid, stride_px=patch,  # type: ignore[arg-type]
+            name=name, kind=VIT.name, image_size=size, grid=grid, stride_px=patch,  # type: ignore[arg-type]
             num_prefix_tokens=1, num_layers=len(blocks), num_heads=int(blocks[0].attn.num_heads),
             embed_dim=int(visual.transformer.width), has_class_token=True,
             has_pos_embed=not is_sincos(visual, grid), pos_embed_prefix=1, num_classes=0,

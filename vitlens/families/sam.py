@@ -21,6 +21,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily, check_blocks
 from .common.readers import read_fused_or_own
@@ -62,7 +63,7 @@ class TimmSam(StagedFamily):
         pe = model.patch_embed
         refuse_other_size(name, self.name, pe.img_size, input_size)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            name=name, kind=HIERARCHICAL.name, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
             grid=self.grid(model), stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=int(model.blocks[0].attn.num_heads),
             embed_dim=int(model.embed_dim), has_class_token=False, has_pos_embed=model.pos_embed is not None,

@@ -34,6 +34,7 @@ from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
+from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily, check_blocks
 from .common.readers import read_fused_or_own
@@ -141,7 +142,7 @@ class TimmSwin(StagedFamily):
         refuse_other_size(name, self.name, pe.img_size, input_size)
         blocks = self.blocks(model)
         return ModelSpec(
-            name=name, kind="hierarchical", image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            name=name, kind=HIERARCHICAL.name, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
             grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]
             stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(blocks),

@@ -27,6 +27,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.attention import attention_output_in_rows, conv_filters
 from ..core.spec import ModelSpec
+from ..kinds import HYBRID, VIT, kind_of
 from .base import AttentionClassUnknown, CaptureAbilities, CaptureRequest, Handles, register
 from .common.timm import TIMM_ARGS, TimmFamily, check_patch_embed, first_conv, inline_at_attn_drop, install_qk_norm_hooks
 
@@ -124,7 +125,7 @@ class TimmViT(TimmFamily):
     def kind(self, model: nn.Module) -> str:
         from timm.layers import HybridEmbed
 
-        return "hybrid" if isinstance(model.patch_embed, HybridEmbed) else "vit"
+        return HYBRID.name if isinstance(model.patch_embed, HybridEmbed) else VIT.name
 
     def stride(self, model: nn.Module) -> tuple[int, int]:
         return tuple(int(s) for s in model.patch_embed.feat_ratio(as_scalar=False))  # type: ignore[return-value]
@@ -165,7 +166,7 @@ class TimmViT(TimmFamily):
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         from ..errors import ViewNotAvailableError
 
-        if spec.kind == "vit":
+        if not kind_of(spec).cnn_stem:
             return super().pixel_filters(model, spec)
         found = first_conv(model.patch_embed.backbone, "patch_embed.backbone")
         if found is None:

@@ -15,6 +15,7 @@ from torch import nn
 from ..families import Family, family_of
 from ..core.spec import ModelSpec
 from ..core.windows import stage_heads
+from ..kinds import kind_of
 
 #: the kinds of weights a model can have (``LoadedModel.weights``, the survey table's ``weights`` column)
 WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
@@ -160,7 +161,7 @@ class LoadedModel:
         module.to(dev)
         size = tuple((data_config or {}).get("input_size", ())[-2:]) or None
         spec = family.spec(module, name, size)  # type: ignore[arg-type]
-        if spec.kind == "hierarchical":  # its heads by stage, from the family's windows (the facts show them)
+        if kind_of(spec).stages:  # its heads by stage, from the family's windows (the facts show them)
             spec = dataclasses.replace(spec, stage_heads=stage_heads(family, module, spec.image_size))
         config = family.data_config(module, spec)
         config.update(data_config or {})

@@ -552,11 +552,12 @@ def _survey_views() -> list[str]:
 
 def _methods_help() -> str:
     from vitlens.attribution.methods import METHOD_TABLE, methods_for
+    from vitlens.kinds import HIERARCHICAL
 
     return ("attribution methods for --attributions (default: the quick set, "
             f"{', '.join(k for k, mt in METHOD_TABLE.items() if mt.preselected)}; "
             f"'{ALL_METHODS}' for every available one, the slow ones included; each model gets those "
-            f"defined for its kind, a hierarchical one (Swin) {', '.join(methods_for('hierarchical'))}): "
+            f"defined for its kind, a hierarchical one (Swin) {', '.join(methods_for(HIERARCHICAL.name))}): "
             + ", ".join(METHOD_TABLE))
 
 

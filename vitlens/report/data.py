@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..kinds import HYBRID, VIT, find_kind, kind_of
 from ..results import Result
 from ..views.analyze import AnalysisResult
 from ..views.distance import LOCAL_OF_UNIFORM, AttentionDistanceResult, local_rule
@@ -122,13 +123,15 @@ class ComparisonData(Result):
                     f"(Fig. 11 shows a hybrid well above its ViT){self._window_note()}{self._random_note()}.")
         far, close, x = (1, 0, ratio) if ratio >= 1.15 else (0, 1, 1 / ratio)
         said = f"{self.models[far]}'s layer-1 heads attend {x:.2f}x as far as {self.models[close]}'s (median)"
+        # Fig. 11's contrast is a CNN stem's against a patch embedding's (``Kind.stem``)
         kinds = (list(self.kinds) + [""] * 2)[:2]
-        if kinds[far] == "hybrid" and kinds[close] == "vit":  # exactly one hybrid, and it is the far one
+        stems = [(k.stem if k is not None else "") for k in map(find_kind, kinds)]
+        if stems[far] == "cnn" and stems[close] == "patch":  # exactly one hybrid, and it is the far one
             said = f"Fig. 11's contrast: {said}, as when a CNN stem has already done the local work"
-        elif kinds[far] == "vit" and kinds[close] == "hybrid":
+        elif stems[far] == "patch" and stems[close] == "cnn":
             said += " (the hybrid attends nearer than the ViT: the reverse of Fig. 11)"
-        elif kinds[0] == kinds[1] and kinds[0] in ("vit", "hybrid"):
-            said += f" (both are {'hybrids' if kinds[0] == 'hybrid' else 'plain ViTs'}: not Fig. 11's contrast)"
+        elif kinds[0] == kinds[1] and stems[0]:
+            said += f" (both are {kind_of(kinds[0]).plural}: not Fig. 11's contrast)"
         return said + self._window_note() + self._random_note() + "."
 
     def layer1_of_uniform(self) -> list[float]:
@@ -329,7 +332,8 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
         weights: each model's kind of weights (``LoadedModel.weights``), so that ``reading()``
             says what is true of them; unknown when omitted (the embedded pair is known by name).
         kinds: each model's ``ModelSpec.kind`` ("vit" or "hybrid"): the reading names a CNN stem only when
-            exactly one model is a hybrid; unknown when omitted (the embedded pair is known by name).
+            exactly one model is a hybrid and the other a plain ViT (``Kind.stem``); unknown when omitted (the
+            embedded pair is known by name).
 
     Returns:
         A ``ComparisonData``: the per-layer table (min, median, max of the heads' mean distance) and each
@@ -350,7 +354,7 @@ def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str
 
 def _kinds_or_guess(names: Sequence[str], kinds: Sequence[str] | None) -> list[str]:
     """The given spec kind per model; where unknown, the embedded pair's by name, else ""."""
-    known = {"ref-vit": "vit", "ref-hybrid": "hybrid"}
+    known = {"ref-vit": VIT.name, "ref-hybrid": HYBRID.name}
     given = list(kinds or []) + [""] * len(names)
     return [k or known.get(n, "") for n, k in zip(names, given)]
 

@@ -16,9 +16,20 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..figures import model_colours
+from ..kinds import VIT, find_kind
 from ..survey.store import SurveyResult, weights_of
 
-KIND_WORDS = {"vit": "ViT", "hybrid": "hybrid", "hierarchical": "hierarchical"}
+def kind_word(kind: str) -> str:
+    """A kind's word in the survey's tables (``Kind.short``: "ViT", "hybrid"), or its name when no registered kind
+    has it."""
+    found = find_kind(kind)
+    return found.short if found is not None else kind
+
+
+def _cnn_stem(kind: str) -> bool:
+    """Whether a CNN makes the kind's tokens (a hybrid's line is dashed)."""
+    found = find_kind(kind)
+    return found is not None and found.cnn_stem
 
 
 def _entry(manifest: dict, model: str, weights: str) -> dict:
@@ -29,12 +40,12 @@ def _entry(manifest: dict, model: str, weights: str) -> dict:
 
 
 def _kind(manifest: dict, model: str, weights: str = "pretrained") -> str:
-    return (_entry(manifest, model, weights).get("spec") or {}).get("kind", "vit")
+    return (_entry(manifest, model, weights).get("spec") or {}).get("kind", VIT.name)
 
 
-def model_label(model: str, weights: str, kind: str = "vit") -> str:
+def model_label(model: str, weights: str, kind: str = VIT.name) -> str:
     """How the page names a surveyed model: 'vit_tiny_patch16_224 (ViT, random init)'."""
-    return f"{model} ({KIND_WORDS.get(kind, kind)}, {weights})"
+    return f"{model} ({kind_word(kind)}, {weights})"
 
 
 def _models(frame: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
@@ -69,7 +80,7 @@ def depth_figure(result: SurveyResult) -> go.Figure:
         label = model_label(model, weights, kind)
         fig.add_trace(go.Scatter(
             x=(med.index.to_numpy() / depth), y=med.to_numpy(), mode="lines+markers", name=label,
-            line=dict(color=colours[model, weights], dash="dash" if kind == "hybrid" else "solid"),
+            line=dict(color=colours[model, weights], dash="dash" if _cnn_stem(kind) else "solid"),
             hovertemplate=f"{label}<br>layer %{{customdata}} of {depth}<br>median distance %{{y:.3f}} of the width"
                           "<extra></extra>", customdata=med.index.to_numpy()))
     fig.update_layout(title="Attention distance against depth across the zoo<br><sup>median over heads, in image "
@@ -179,7 +190,7 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
         per_stage = t["stage"].notna() if "stage" in t.columns else False  # a hierarchical model's stage rows
         scalars = t[(t["model"] == model) & (t["weights"] == weights) & t["layer"].isna()
                     & t["class"].isna() & ~per_stage].set_index("metric")["value"]
-        row.update({"kind": KIND_WORDS.get(spec.get("kind", ""), spec.get("kind", "")),
+        row.update({"kind": kind_word(spec.get("kind", "")),
                     "layers x heads": f"{spec.get('num_layers')} x {spec.get('num_heads')}",
                     "images": int(scalars.get("images_used", 0)), "skipped": len(entry.get("skipped", [])),
                     "accuracy": scalars.get("accuracy", np.nan),

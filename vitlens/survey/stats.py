@@ -31,13 +31,17 @@ from ..core.spec import ModelSpec
 from ..views.distance import (AttentionDistanceAccumulator, AttentionDistanceResult, add_samples, merge_moment_rows,
                               merge_moments)
 from ..engine.consumer import AttentionConsumer, BatchInfo
-from ..views.rollout import RolloutAccumulator
-from ..views.class_attention import ClassAttentionDistanceAccumulator, ClassAttentionRolloutAccumulator
+from ..kinds import kind_of
+from ..views.class_attention import ClassAttentionRolloutAccumulator
+from ..views.registry import VIEWS, ViewParams
 from ..views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
 
 
 class SurveyDistance(AttentionConsumer):
     """Attention distance per head over all images, and per class when the images have labels."""
+
+    #: a CaiT's maps too: the distance of its self-attention blocks (the distance view's consumer for it)
+    reads_class_attention = True
 
     def __init__(self, m: LoadedModel | None, num_classes: int = 0, renormalize: bool = True) -> None:
         self.all = AttentionDistanceAccumulator.for_model(m.spec, renormalize) if m is not None else None
@@ -46,22 +50,25 @@ class SurveyDistance(AttentionConsumer):
         #: blocks read: all of a ViT's; a CaiT's self-attention blocks (its class-attention layers' one query, the
         #: class token, has no position: ``vitlens.views.class_attention``)
         self.depth = layers
-        if m is not None and m.spec.kind == "class-attention":
-            self.depth = ClassAttentionDistanceAccumulator.for_model(m, renormalize).depth
-            self.all = AttentionDistanceAccumulator(self.depth, heads, 0, m.spec.stride_px, renormalize)
-            self.reads_class_attention, layers = True, self.depth
+        if m is not None and not kind_of(m).token_attention:  # a CaiT: its view's distance of those blocks (inner)
+            view = VIEWS["distance"].build(m, ViewParams(renormalize=renormalize))
+            self.all, self.depth = view.inner, view.depth
+            layers = self.depth
         self.class_mean = np.zeros((num_classes, layers, heads))
         self.class_m2 = np.zeros((num_classes, layers, heads))
         self.class_n = np.zeros((num_classes, layers), dtype=np.int64)
         self._labels: np.ndarray | None = None
 
     @classmethod
+    def for_model(cls, m: LoadedModel, num_classes: int, renormalize: bool = True) -> "SurveyDistance":
+        return cls(m, num_classes, renormalize)
+
+    @classmethod
     def for_survey(cls, m: LoadedModel, num_classes: int, renormalize: bool = True
                    ) -> "SurveyDistance | SurveyWindowedDistance":
-        """The distance statistic for ``m``: per block and stage in image pixels for a hierarchical model."""
-        if m.spec.kind == "hierarchical":
-            return SurveyWindowedDistance(WindowedDistanceAccumulator.for_model(m, renormalize), num_classes)
-        return cls(m, num_classes, renormalize)
+        """The distance statistic that reads ``m``'s kind of maps (``Kind.reader_among``): per block and stage in
+        image pixels for a hierarchical model."""
+        return kind_of(m).reader_among((cls, SurveyWindowedDistance)).for_model(m, num_classes, renormalize)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         self.all.begin_batch(batch)
@@ -145,6 +152,10 @@ class SurveyWindowedDistance(AttentionConsumer):
         self.class_mean, self.class_m2 = np.zeros(shape), np.zeros(shape)
         self.class_n = np.zeros(num_classes, dtype=np.int64)
         self._labels: np.ndarray | None = None
+
+    @classmethod
+    def for_model(cls, m: LoadedModel, num_classes: int, renormalize: bool = True) -> "SurveyWindowedDistance":
+        return cls(WindowedDistanceAccumulator.for_model(m, renormalize), num_classes)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         self.all.begin_batch(batch)
@@ -231,12 +242,12 @@ class RolloutStats(AttentionConsumer):
 
     def __init__(self, m: LoadedModel | None) -> None:
         self.rollout: Any = None
-        if m is not None and m.spec.kind == "hierarchical":  # through the windows and stages to the first grid
-            self.rollout, self.reads_windows = WindowedRolloutAccumulator.for_model(m), True
-        elif m is not None and m.spec.kind == "class-attention":  # CaiT: from the class token through both kinds
-            self.rollout, self.reads_class_attention = ClassAttentionRolloutAccumulator.for_model(m), True
-        elif m is not None:
-            self.rollout = RolloutAccumulator.for_model(m)
+        if m is not None:
+            # the rollout view's consumer for the model's kind of maps: a ViT's; through the windows and stages to the
+            # first grid; a CaiT's from the class token through both kinds; it reads them through that consumer
+            self.rollout = VIEWS["rollout"].build(m, ViewParams())
+            if kind_of(m).reader:
+                setattr(self, kind_of(m).reader, True)
         self.sums = np.zeros(len(self.METRICS))
         self.squares = np.zeros(len(self.METRICS))
         self.counts = np.zeros(len(self.METRICS), dtype=np.int64)

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidParameterError, ViewNotAvailableError
 from ..images import Images
+from ..kinds import kind_of
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import ProgressArg
@@ -98,13 +99,13 @@ def attention_rollout(
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
             summing to at most 1) with the model's predictions.
     """
-    if m.spec.kind == "class-attention" and source is not None:
-        raise ViewNotAvailableError(f"{m.spec.name} reads its class token through class-attention layers, not an "
-                                    "attention pool; rollout starts from that class token (source=None).")
-    if m.spec.kind in ("hierarchical", "class-attention") and source is None:  # windowed, or CaiT's two kinds of block
+    kind = kind_of(m)
+    if kind.pool_refusal and source is not None:  # a CaiT's class token is read through its class-attention layers
+        raise ViewNotAvailableError(kind.pool_refusal.format(name=m.spec.name))
+    if source is None:  # the rollout view's consumer for the kind's maps: windowed, CaiT's two kinds of block, a ViT's
         acc = VIEWS["rollout"].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio))
-        return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
-    acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool, if asked
+    else:
+        acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool
     return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
 
 

@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..core.windows import refuse_class_attention, refuse_windowed
 from ..errors import InvalidParameterError
+from ..kinds import refuse_other_maps
 from ..images import ImageLike
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
@@ -209,8 +209,7 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
     from ..families.pooling import capture_pool_attention
     from ..engine.stream import stream_attention
 
-    refuse_windowed(m.spec, "attention_maps")
-    refuse_class_attention(m.spec, "attention_maps")
+    refuse_other_maps(m.spec, "attention_maps")
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])
     x = (x.unsqueeze(0) if x.ndim == 3 else x)[:1].to(m.device)
     grid = m.grid_for(x.shape[-2:])

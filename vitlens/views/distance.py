@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -288,7 +289,9 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self._tap: tuple[int, int, SoftmaxTaps] | None = None  # (layer, first row, sums) asked of the next block
 
     @classmethod
-    def for_model(cls, spec: ModelSpec, renormalize: bool = True) -> "AttentionDistanceAccumulator":
+    def for_model(cls, spec: "ModelSpec | Any", renormalize: bool = True) -> "AttentionDistanceAccumulator":
+        """The accumulator for a model: its ``ModelSpec``, or the ``LoadedModel`` (as the other kinds' take)."""
+        spec = getattr(spec, "spec", spec)
         return cls(spec.num_layers, spec.num_heads, spec.num_prefix_tokens, spec.stride_px, renormalize)
 
     def __getstate__(self) -> dict:

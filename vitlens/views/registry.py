@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, ViewNotAvailableError
+from ..kinds import all_kinds, kind_names, kind_of
 from .class_attention import ClassAttentionDistanceAccumulator, ClassAttentionRolloutAccumulator
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
@@ -66,20 +67,28 @@ def _relpos_summary(result: Any) -> dict[str, float]:
     return {f"relpos_{k}": float(v) for k, v in offset_structure(result).items()}
 
 
+def reader_for(m: "LoadedModel", view: str) -> Any:
+    """The consumer class of ``view`` (``View.readers``) that reads ``m``'s kind of maps (``Kind.reader_among``).
+
+    Raises:
+        ViewNotAvailableError: no consumer of the view reads them (the view is not defined for the kind).
+    """
+    found = kind_of(m).reader_among(VIEWS[view].readers)
+    if found is None:
+        raise ViewNotAvailableError(f"The {view} view is not defined for {m.spec.name} ({kind_of(m).label}): no "
+                                    "consumer of it reads its attention maps.")
+    return found
+
+
 def _distance(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
-    if m.spec.kind == "hierarchical":  # windowed stages: distance in image pixels per block and stage
-        return WindowedDistanceAccumulator.for_model(m, p.renormalize)
-    if m.spec.kind == "class-attention":  # CaiT: the self-attention blocks (the class token has no position)
-        return ClassAttentionDistanceAccumulator.for_model(m, p.renormalize)
-    return AttentionDistanceAccumulator.for_model(m.spec, p.renormalize)
+    # a ViT's; windowed stages: in image pixels per block and stage; CaiT: the self-attention blocks
+    return reader_for(m, "distance").for_model(m, p.renormalize)
 
 
 def _rollout(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
-    if m.spec.kind == "hierarchical":  # through the windows and the patch mergings to the first stage's grid
-        return WindowedRolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
-    if m.spec.kind == "class-attention":  # CaiT: from the class token through the class-attention layers, then the rest
-        return ClassAttentionRolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
-    return RolloutAccumulator.for_model(m, p.head_fusion, p.discard_ratio)
+    # a ViT's; through the windows and the patch mergings to the first stage's grid; CaiT: from the class token
+    # through the class-attention layers, then the rest
+    return reader_for(m, "rollout").for_model(m, p.head_fusion, p.discard_ratio)
 
 
 def _prefix(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
@@ -106,8 +115,14 @@ class View:
             without a page written for it gets a generic one, its figure and its numbers).
         summary: for a weight-only view, result -> the few numbers a survey's table keeps of it
             (its "weights" rows, once per model).
-        kinds: the ``ModelSpec.kind`` values the view is defined for (a hierarchical model's windows have no
-            prefix tokens, and a CaiT's self-attention blocks none either: ``available_views``).
+        readers: an attention view's consumer classes, the one for a ViT's maps first, then one per kind of maps
+            it also reads (flagged with that kind's ``Kind.reader``: ``reads_windows``, ``reads_class_attention``);
+            ``build`` makes the one that reads the model's maps (``reader_for``). Empty: ``build``'s consumer reads
+            a ViT's maps only.
+
+    ``kinds`` (the ``ModelSpec.kind`` values the view is defined for: ``available_views``) follows: every registered
+    kind for a weight-only view, the kinds one of its ``readers`` reads for an attention view (a hierarchical model's
+    windows have no prefix tokens, and a CaiT's self-attention blocks none either).
     """
 
     name: str
@@ -120,7 +135,15 @@ class View:
     label: str = ""
     shown_in: str = ""
     summary: Callable[[Any], dict[str, float]] | None = None
-    kinds: tuple[str, ...] = ("vit", "hybrid", "hierarchical", "class-attention")
+    readers: tuple[type, ...] = ()
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The registered kinds the view is defined for (see the class docstring)."""
+        if self.kind == "weights":
+            return kind_names()
+        return tuple(k.name for k in all_kinds()
+                     if (k.reader_among(self.readers) is not None if self.readers else k.token_attention))
 
     @property
     def heading(self) -> str:
@@ -143,14 +166,14 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          RelativePositionBiasResult, default=False, label="Relative position bias",
          shown_in="Position embeddings", summary=_relpos_summary),
     View("distance", "Mean attention distance", "Fig. 7 right", "attention", _distance,
-         AttentionDistanceResult,
-         label="Attention distance"),
+         AttentionDistanceResult, label="Attention distance",
+         readers=(AttentionDistanceAccumulator, WindowedDistanceAccumulator, ClassAttentionDistanceAccumulator)),
     View("rollout", "Attention rollout", "Fig. 6", "attention", _rollout,
-         RolloutResult, label="Attention rollout",
-         shown_in="Attention maps"),
+         RolloutResult, label="Attention rollout", shown_in="Attention maps",
+         readers=(RolloutAccumulator, WindowedRolloutAccumulator, ClassAttentionRolloutAccumulator)),
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
          PrefixDiagnosticsResult, default=False,
-         label="Prefix tokens", shown_in="Attention distance", kinds=("vit", "hybrid")),
+         label="Prefix tokens", shown_in="Attention distance", readers=(PrefixDiagnostics,)),
 )}
 
 #: the view names ``analyze`` takes, and the paper's four it computes by default
@@ -159,7 +182,15 @@ DEFAULT_VIEWS: tuple[str, ...] = tuple(name for name, v in VIEWS.items() if v.de
 
 
 def available_views(m: "LoadedModel", names: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """The views of ``names`` (default every one) defined for ``m``'s kind of model (``View.kinds``)."""
+    """The views defined for a model's kind (``View.kinds``, from the kind registry and the views' consumers).
+
+    Args:
+        m: the model.
+        names: the views to choose from (default every one of ``VIEWS``).
+
+    Returns:
+        Those of ``names`` defined for it, in their order.
+    """
     return tuple(n for n in (VIEW_NAMES if names is None else names) if m.spec.kind in VIEWS[n].kinds)
 
 
@@ -176,4 +207,4 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "View", "ViewParams", "available_views", "check_views"]
+__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "View", "ViewParams", "available_views", "check_views", "reader_for"]

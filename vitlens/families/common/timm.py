@@ -14,6 +14,7 @@ from torch import nn
 from ...core.attention import attention_probs_in_rows, conv_filters
 from ...core.spec import ModelSpec
 from ...errors import UnsupportedModelError
+from ...kinds import VIT
 from ..base import CaptureRequest, Emit, Family, Handles, prefix_labels, refuse_other_size
 
 
@@ -89,7 +90,7 @@ class TimmFamily(Family):
                                         register_tokens(model)))
 
     def kind(self, model: nn.Module) -> str:
-        return "vit"
+        return VIT.name
 
     def stride(self, model: nn.Module) -> tuple[int, int]:
         return tuple(int(s) for s in model.patch_embed.patch_size)  # type: ignore[return-value]
