@@ -117,6 +117,9 @@ def test_the_built_in_kinds_say_what_they_are():
     assert "class-attention" not in METHOD_TABLE["gradcam"].kinds
     assert METHOD_TABLE["grad_rollout"].kinds == ("vit", "hybrid")
     assert VIEWS["prefix"].kinds == ("vit", "hybrid")
+    # what the app's Attention distance page runs in one pass, asked of a spec
+    assert [available_views(k, ("distance", "prefix")) for k in ("vit", "hybrid", "hierarchical", "class-attention")
+            ] == [("distance", "prefix")] * 2 + [("distance",)] * 2
     assert VIEWS["distance"].kinds[:4] == VIEWS["rollout"].kinds[:4] == ("vit", "hybrid", "hierarchical",
                                                                          "class-attention")
     with pytest.raises(vl.UnsupportedModelError, match="No kind of model is called 'nope'; vitlens reads vit, hybrid"):
@@ -157,6 +160,7 @@ def test_a_kind_registered_here_is_listed_refused_and_described(ref_vit):
         assert {name for name, mt in METHOD_TABLE.items() if "striped" in mt.kinds} == anywhere
         assert set(methods_for(m)) == anywhere and preselected_methods(m) == ("saliency",)
         assert available_views(m) == tuple(n for n, v in VIEWS.items() if v.kind == "weights")
+        assert available_views(m.spec) == available_views("striped") == available_views(m)
         # described
         assert m.spec.describe()["kind"] == STRIPED.label
         # refused in its own words: by a consumer that does not read stripes, by a method, by a reading of one grid

@@ -181,17 +181,21 @@ VIEW_NAMES: tuple[str, ...] = tuple(VIEWS)
 DEFAULT_VIEWS: tuple[str, ...] = tuple(name for name, v in VIEWS.items() if v.default)
 
 
-def available_views(m: "LoadedModel", names: tuple[str, ...] | None = None) -> tuple[str, ...]:
+def available_views(m: "LoadedModel | Any", names: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The views defined for a model's kind (``View.kinds``, from the kind registry and the views' consumers).
 
     Args:
-        m: the model.
+        m: the model, its ``ModelSpec``, or a kind's name (what ``kind_of`` takes).
         names: the views to choose from (default every one of ``VIEWS``).
 
     Returns:
         Those of ``names`` defined for it, in their order.
+
+    Raises:
+        UnsupportedModelError: the model's kind is not registered.
     """
-    return tuple(n for n in (VIEW_NAMES if names is None else names) if m.spec.kind in VIEWS[n].kinds)
+    kind = kind_of(m).name
+    return tuple(n for n in (VIEW_NAMES if names is None else names) if kind in VIEWS[n].kinds)
 
 
 def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, ...]:
