@@ -68,6 +68,9 @@ class Kind:
     pool_refusal: str = ""
     cam_layer: bool = True
     stages: bool = False
+    #: its last blocks attend from the class token alone (CaiT's class-attention layers): the views read its
+    #: self-attention blocks, with no prefix token among their keys
+    class_layers: bool = False
     stem: str = ""
     plural: str = ""
 
@@ -264,6 +267,7 @@ CLASS_ATTENTION = register_kind(Kind(
                    "self-attention blocks over the patches alone, then class-attention layers (CaiT)",
     blocks_refusal="its self-attention blocks hand on the patch tokens alone and its class-attention layers the "
                    "class token alone, so no one token policy (mean, cls, patches) reads every block",
+    class_layers=True,
     pool_refusal="{name} reads its class token through class-attention layers, not an attention pool; rollout starts "
                  "from that class token (source=None).",
     cam_layer=False))
