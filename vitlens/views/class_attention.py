@@ -125,7 +125,9 @@ class ClassAttentionDistanceResult(AttentionDistanceResult):
 
 class ClassAttentionDistanceAccumulator(AttentionConsumer):
     """Streams the attention distance of a CaiT's self-attention blocks (an ``AttentionDistanceAccumulator`` over
-    their [B, heads, N, N] maps, no prefix token); the class-attention layers' maps are checked and passed over."""
+    their [B, heads, N, N] maps, no prefix token); the class-attention layers' maps are checked and passed over.
+    Its ``state()`` is the inner accumulator's (after ``per_class``, per class too): what a survey keeps of it, read
+    back (``from_state``) as that accumulator, whose ``table_rows`` are the survey's rows."""
 
     reads_class_attention = True
 
@@ -138,6 +140,24 @@ class ClassAttentionDistanceAccumulator(AttentionConsumer):
     @classmethod
     def for_model(cls, m: object, renormalize: bool = True) -> "ClassAttentionDistanceAccumulator":
         return cls(model_layout(m), m.spec.num_heads, m.spec.stride_px, renormalize)  # type: ignore[attr-defined]
+
+    def per_class(self, num_classes: int) -> "ClassAttentionDistanceAccumulator":
+        """Keep the self-attention blocks' moments per class too (``AttentionDistanceAccumulator.per_class``)."""
+        self.inner.per_class(num_classes)
+        return self
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The self-attention blocks' moments (``AttentionDistanceAccumulator.state``)."""
+        return self.inner.state()
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> AttentionDistanceAccumulator:
+        """The self-attention blocks' accumulator of a ``state()`` (it merges, gives its result and table rows)."""
+        return AttentionDistanceAccumulator.from_state(state)
+
+    def table_rows(self, spec: dict, classes: list[str], renormalize: bool = True) -> list[dict]:
+        """The survey table's rows: the self-attention blocks' (``AttentionDistanceAccumulator.table_rows``)."""
+        return self.inner.table_rows(spec, classes, renormalize)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         self.inner.begin_batch(batch)
@@ -249,6 +269,10 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
         row = class_attention_rollout_row(self._self, self._class, self.from_class_token)
         self._self, self._class = [], []
         return row
+
+    def row_layout(self) -> tuple[int, tuple[int, int]]:
+        """(no prefix tokens, the patch grid): ``batch_row``'s row is over the patches."""
+        return 0, self.grid  # type: ignore[return-value]
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         maps = row_map(self.batch_row(), 0, self.grid)

@@ -120,6 +120,30 @@ class RolloutResult(Result):
                 for i in range(b) for r in range(gh) for c in range(gw)]
 
 
+def rollout_sources(m: "LoadedModel") -> tuple[str | None, ...]:
+    """The rows rollout can start from for ``m`` (``ROLLOUT_SOURCES``): None (the class token, or the mean over the
+    patch tokens) always, and "pool" when the model pools through an attention pool (a MAP head) whose attention is
+    read: what ``attention_rollout(source=...)`` and ``attention_maps``' pool row take for it.
+
+    It opens (and closes) a pool capture session on the model without a forward: a caller that serves several
+    threads on one model takes its lock around it, as around any hook session.
+
+    Args:
+        m: the model.
+
+    Returns:
+        ``(None,)`` or ``(None, "pool")``.
+    """
+    from ..errors import ViewNotAvailableError
+    from ..families.pooling import capture_pool_attention
+
+    try:
+        with capture_pool_attention(m):
+            return ROLLOUT_SOURCES
+    except ViewNotAvailableError:
+        return (None,)
+
+
 def check_rollout_params(head_fusion: str, discard_ratio: float) -> None:
     if head_fusion not in HEAD_FUSIONS:
         raise InvalidParameterError(f"head_fusion must be one of {', '.join(HEAD_FUSIONS)}; got {head_fusion!r}.")
@@ -384,7 +408,7 @@ class RolloutAccumulator(AttentionConsumer):
     def batch_row(self) -> torch.Tensor:
         """The batch's rolled-out source row [b, T] over all tokens (float64); the blocks' fused maps
         are let go. ``end_batch`` calls it; a consumer that keeps statistics of the row instead of
-        maps (the survey's ``RolloutStats``) calls it from its own ``end_batch``."""
+        maps (the survey's ``RolloutStats``, ``vitlens.views.rollout_stats``) calls it from its own ``end_batch``."""
         if len(self._fused) != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
         start = None
@@ -399,6 +423,10 @@ class RolloutAccumulator(AttentionConsumer):
         row = rollout_row(fused, self.num_prefix_tokens, self.has_class_token, start) if fused else start
         self._fused, self._layer, self._last = [], None, None
         return row
+
+    def row_layout(self) -> tuple[int, tuple[int, int]]:
+        """(prefix tokens at the start of ``batch_row``'s row, the grid of its patch part)."""
+        return self.num_prefix_tokens, self.grid  # type: ignore[return-value]
 
     def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
         """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
