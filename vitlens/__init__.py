@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .images import Images, preprocess, sample_images, to_rgb
     from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
     from .results import Result, load_result
+    from .report.data import ComparisonData, ReportData
     from .survey import SurveyResult, load_survey, survey
     from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
     from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .views.position import PositionSimilarityResult, position_similarity
     from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
     from .views.relpos import RelativePositionBiasResult, relative_position_bias
-    from .views.rollout import RolloutAccumulator, RolloutResult
+    from .views.rollout import RolloutAccumulator, RolloutResult, rollout_sources
     from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
     from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
                                         ClassAttentionRolloutAccumulator)
@@ -77,5 +78,6 @@ __all__ = [
     "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
     "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",
     "query_token", "sample_images", "stream_attention", "to_rgb", "RelativePositionBiasResult", "relative_position_bias",
-    "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
+    "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table", "ComparisonData", "ReportData",
+    "rollout_sources",
 ]
