@@ -155,3 +155,19 @@ def test_figure_for_draws_every_result_type_it_knows_and_says_what_it_cannot():
     for t in (AttributionResult, ComparisonTable, FaithfulnessResult, SanityResult, PerturbationResult, RoadResult,
               CKAResult):
         assert figures.drawer_for(t) is not None, t.__name__
+
+
+def test_rollout_sources_say_whether_a_model_pools_through_an_attention_pool(tiny):
+    """The library says which rows rollout can start from (the app asked by opening a pool capture itself)."""
+    import timm
+
+    assert vl.rollout_sources(tiny) == (None,)  # a class token: no attention pool
+    torch.manual_seed(0)
+    module = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, img_size=32, patch_size=8,
+                               embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    m = vl.LoadedModel.from_module(module, name="tiny-siglip-map", device="cpu")
+    assert vl.rollout_sources(m) == (None, "pool")
+    hooks = sum(len(b._forward_hooks) + len(b._forward_pre_hooks) for b in m.model.modules())
+    r = vl.attention_rollout(m, torch.randn(1, 3, 32, 32), source=vl.rollout_sources(m)[-1])
+    assert r.source_token == "attention pool"
+    assert sum(len(b._forward_hooks) + len(b._forward_pre_hooks) for b in m.model.modules()) == hooks
