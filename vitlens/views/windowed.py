@@ -37,7 +37,7 @@ from ..results import Result
 from ..words import counted
 from .distance import LOCAL_OF_UNIFORM
 from .moments import ClassMoments, add_samples, merge_moments
-from .rollout import RolloutResult, check_rollout_params, fuse, predictions
+from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse
 
 
 def model_windows(m: object) -> list[WindowGeometry]:
@@ -412,9 +412,7 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         self.windows, self.image_size, self.head_fusion = windows, tuple(int(s) for s in image_size), head_fusion
         self.label_names, self.has_classifier = label_names, has_classifier
         self._fused: list[torch.Tensor] = []
-        self._maps: list[np.ndarray] = []
-        self._preds: list[np.ndarray] = []
-        self._probs: list[np.ndarray] = []
+        self.batches = RolloutBatches()
 
     @classmethod
     def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
@@ -450,30 +448,17 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         grid = self.windows[0].in_grid
         maps = row.reshape(-1, *grid)
         maps = maps / maps.flatten(1).amax(dim=1).clamp_min(torch.finfo(torch.float64).tiny)[:, None, None]
-        self._maps.append(maps.cpu().numpy())
-        preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
-        self._preds.append(preds)
-        self._probs.append(probs)
+        self.batches.add(maps.cpu().numpy(), logits, self.has_classifier)
 
     def merge(self, other: "WindowedRolloutAccumulator") -> "WindowedRolloutAccumulator":
         out = WindowedRolloutAccumulator(self.windows, self.image_size, self.head_fusion, self.label_names,
                                          self.has_classifier)
-        out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
-                                             self._probs + other._probs)
+        out.batches = self.batches + other.batches
         return out
 
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
-        if not self._maps:
-            raise InvalidParameterError("No images were processed; pass at least one image.")
-        preds = np.concatenate(self._preds)
-        names = self.label_names
-        return RolloutResult(
-            maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
-            grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token=rollout_source(self.windows),
-            predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
-            len(names) > int(preds.max()) else [],
-            model_name=model_name(spec))
+        return self.batches.result(self.windows[0].in_grid, self.image_size, self.head_fusion, 0.0,
+                                   rollout_source(self.windows), self.label_names, spec)
 
 
 def rollout_source(windows: list[WindowGeometry]) -> str:
