@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from vitlens.core import native
-from vitlens.views.distance import FLOAT32_RTOL, KEY_BLOCK, _per_query, per_query_distance, token_distance_matrix
+from vitlens.views.distance import (FLOAT32_RTOL, KEY_BLOCK, distance_from_sums, per_query_distance,
+                                    token_distance_matrix)
 from vitlens.views.rollout import rollout_row
 
 
@@ -73,7 +74,7 @@ def main() -> None:
         taps.filled = False
         if not native.softmax_taps(block, taps):
             raise SystemExit(f"the native kernels are not available here: {native.compile_failure()}")
-        return _per_query(taps.sums, True, r - p, b, h)
+        return distance_from_sums(taps.sums, True, r - p, b, h)
 
     choose("1")
     t0 = time.perf_counter()

@@ -33,7 +33,7 @@ def public_names() -> dict[tuple[str, str], object]:
             names[(package, name)] = getattr(module, name)
     figures = importlib.import_module("vitlens.figures")
     for name, obj in vars(figures).items():
-        if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == "vitlens.figures":
+        if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__.startswith("vitlens.figures"):
             names[("vitlens.figures", name)] = obj
     return names
 

@@ -15,11 +15,12 @@ from vitlens.report import cli
 from vitlens.report.html import model_figures, model_section
 from vitlens.results import Result
 from vitlens.survey import shapes_source
-from vitlens.survey.stats import SURVEY_VIEW_NAMES, SURVEY_VIEWS, Predictions, RolloutStats, SurveyDistance, merge
+from vitlens.survey.stats import SURVEY_VIEW_NAMES, SURVEY_VIEWS, Predictions, RolloutStats, merge, read_state
 from vitlens.survey.worker import run_shard
 from vitlens.views import registry
 from vitlens.views.analyze import VIEWS as ANALYZE_VIEWS
 from vitlens.engine import AttentionConsumer
+from vitlens.views.distance import AttentionDistanceAccumulator
 from vitlens.views.rollout import RolloutAccumulator
 
 
@@ -29,10 +30,12 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
     assert tuple(registry.VIEWS) == registry.VIEW_NAMES == ("filters", "position", "relpos", "distance", "rollout",
                                                             "prefix")
     assert registry.DEFAULT_VIEWS == ("filters", "position", "distance", "rollout")  # the paper's four
-    # the survey's own list names its consumers by class (no importlib strings), and every one is a consumer
+    # the survey's list is the views' own statistics (``View.survey``, in the registry's order), then its own
     assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "weights")
-    assert {k: v.stat for k, v in SURVEY_VIEWS.items()} == {"distance": SurveyDistance, "rollout": RolloutStats,
-                                                            "predictions": Predictions, "weights": None}
+    for name in ("distance", "rollout"):
+        assert SURVEY_VIEWS[name].from_state is registry.VIEWS[name].survey.from_state, name
+    assert SURVEY_VIEWS["rollout"].from_state == RolloutStats.from_state
+    assert SURVEY_VIEWS["predictions"].from_state == Predictions.from_state and SURVEY_VIEWS["weights"].build is None
     assert all(isinstance(v.result_type, type) for v in registry.VIEWS.values())
     survey = cli.build_parser()._subparsers._group_actions[0].choices["survey"]  # type: ignore[union-attr]
     views = next(a for a in survey._actions if a.dest == "views")
@@ -115,9 +118,9 @@ def test_survey_statistics_travel_as_states_and_merge_through_their_consumers(ti
     views = ("distance", "rollout", "predictions")
     halves = [run_shard(tiny, source, s, views, batch_size=3)["states"] for s in source.shards(3)]
     whole = run_shard(tiny, source, source.shards(6)[0], views, batch_size=3)["states"]
-    for name, cls in (("distance", SurveyDistance), ("rollout", RolloutStats), ("predictions", Predictions)):
+    for name in views:
         state = halves[0][name]
-        back = cls.from_state(state).state()
+        back = read_state(name, state).state()
         assert set(back) == set(state) and all(np.array_equal(back[k], state[k]) for k in state), name
     merged = merge(*halves)
     np.testing.assert_allclose(merged["distance"]["mean"], whole["distance"]["mean"], rtol=1e-6)
@@ -127,7 +130,9 @@ def test_survey_statistics_travel_as_states_and_merge_through_their_consumers(ti
     np.testing.assert_array_equal(merged["rollout"]["counts"], whole["rollout"]["counts"])
     np.testing.assert_array_equal(merged["predictions"]["total"], whole["predictions"]["total"])
     assert not issubclass(RolloutStats, RolloutAccumulator)  # it feeds one; it reads none of its fields
-    d = SurveyDistance.from_state(merged["distance"]).result("tiny")
+    # the distance view's own accumulator is the survey's state: no second class beside it
+    assert type(read_state("distance", merged["distance"])) is AttentionDistanceAccumulator
+    d = read_state("distance", merged["distance"]).result("tiny")
     assert d.n_images == 6 and d.grid == (14, 14)
 
 
@@ -149,7 +154,7 @@ def test_each_survey_statistic_says_its_table_rows(tiny):
     states = run_shard(tiny, source, source.shards(4)[0], ("distance", "rollout", "predictions"), batch_size=4)["states"]
     spec = tiny.spec.to_dict()
     classes = list(source.classes)
-    d = SurveyDistance.from_state(states["distance"]).table_rows(spec, classes)
+    d = read_state("distance", states["distance"]).table_rows(spec, classes)
     layers, heads = tiny.spec.num_layers, tiny.spec.num_heads
     overall = [r for r in d if r.get("cls") is None]
     assert len(overall) == 1 + 3 * layers * heads and overall[0]["metric"] == "uniform_distance_px"

@@ -9,7 +9,7 @@ import pytest
 import vitlens as vl
 from vitlens.survey import shapes_source
 from vitlens.survey.sources import Shard
-from vitlens.survey.stats import SurveyWindowedDistance, merge
+from vitlens.survey.stats import merge, read_state
 from vitlens.survey.store import distance_result, table_rows, write_table
 from vitlens.survey.worker import run_shard
 
@@ -74,7 +74,7 @@ def test_the_table_names_each_rows_stage_and_a_stage_row_is_the_mean_of_its_head
     write_table(tmp_path, rows)
     table = pd.read_parquet(tmp_path / "table.parquet")
     assert str(table["stage"].dtype) == "Int64"
-    d = SurveyWindowedDistance.from_state(states["distance"]).result()
+    d = read_state("distance", states["distance"]).result()
     heads = table[(table.metric == "mean_distance_px") & table["class"].isna() & table["layer"].notna()]
     assert len(heads) == int(np.isfinite(d.mean_px).sum())
     assert sorted(heads["stage"].unique().tolist()) == [1, 2, 3]

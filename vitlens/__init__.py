@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .kinds import Kind, all_kinds, kind_of, register_kind, registered_kind
     from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
     from .results import Result, load_result
+    from .report.data import ComparisonData, ReportData
     from .survey import SurveyResult, load_survey, survey
     from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
     from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
@@ -58,7 +59,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
     from .views.registry import available_views
     from .views.relpos import RelativePositionBiasResult, relative_position_bias
-    from .views.rollout import RolloutAccumulator, RolloutResult
+    from .views.rollout import RolloutAccumulator, RolloutResult, rollout_sources
     from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
     from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
                                         ClassAttentionRolloutAccumulator)
@@ -81,4 +82,5 @@ __all__ = [
     "query_token", "sample_images", "stream_attention", "to_rgb", "RelativePositionBiasResult", "relative_position_bias",
     "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
     "Kind", "all_kinds", "kind_of", "register_kind", "registered_kind", "available_views",
+    "ComparisonData", "ReportData", "rollout_sources",
 ]

@@ -25,25 +25,22 @@ from .errors import InvalidParameterError
 
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
-# result kinds defined in modules that vitlens's public names do not load (``_load_every_kind``)
-_LAZY_KINDS = {"report": "vitlens.report.data", "comparison": "vitlens.report.data"}
 
 
 def _load_every_kind() -> None:
-    """Import the modules that define the result kinds: those of vitlens's public names (``import vitlens`` imports
-    them on first use: ``vitlens._lazy``, read from the package's ``TYPE_CHECKING`` block; ``vitlens.attribution``'s
-    metrics registry imports every metric's module) and those of ``_LAZY_KINDS``, so that a file is read in a
-    process that has not computed its kind yet."""
-    import importlib
+    """Load every result kind, so that a file is read in a process that has not computed its kind yet: each kind is
+    a class whose module defines it (``Result.__init_subclass__`` registers it), and every result class is one of
+    vitlens's public names (the report's and the comparison's included), so asking the package for each of its
+    public names (``vitlens._lazy``: each is imported on first use) imports every module that defines a kind
+    (``vitlens.attribution``'s metrics registry imports every metric's module). The names are read from the
+    package's ``TYPE_CHECKING`` block, the one list of them; no module is named here."""
+    import sys
 
     from ._lazy import exported
 
-    package = __name__.rpartition(".")[0]
-    modules = {module for module, _name in exported(Path(__file__).with_name("__init__.py")).values()}
-    for module in sorted(modules):
-        importlib.import_module(module, package)
-    for module in _LAZY_KINDS.values():
-        importlib.import_module(module)
+    package = sys.modules[__name__.rpartition(".")[0]]
+    for name in sorted(exported(Path(__file__).with_name("__init__.py"))):
+        getattr(package, name)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -19,7 +19,7 @@ import vitlens as vl
 from vitlens_app import kind_choices
 from vitlens_app.fair_lock import FairLock
 from vitlens_app.library import (HELD_OUT_SEED, attnlrp_ledger, generate, head_cost, load_model_seeded,
-                                 pool_attention_capture, scene_names, time_left, window_maps)
+                                 scene_names, time_left, window_maps)
 
 #: how many results of one kind ``remembered`` keeps per session (analyses/app_load.py reads it)
 MEMO_ENTRIES = 6
@@ -98,14 +98,11 @@ def parked_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> list
 
 
 def has_pool_attention(m: vl.LoadedModel) -> bool:
-    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown: a pool
-    capture session, under the heavy lock like every other hook session on a shared model (the session
-    holds the model's own lock too)."""
-    try:
-        with heavy_lock(), pool_attention_capture(m):
-            return True
-    except vl.ViewNotAvailableError:
-        return False
+    """Whether the model pools through an attention pool (a MAP head) whose attention can be shown
+    (``vl.rollout_sources``: it opens a pool capture session, so under the heavy lock like every other hook session
+    on a shared model)."""
+    with heavy_lock():
+        return "pool" in vl.rollout_sources(m)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)  # attributed_table's bar says which method and the time left

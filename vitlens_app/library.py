@@ -3,16 +3,13 @@
 Every other module of the app imports ``vitlens`` (the names of its lazy list, ``vitlens/__init__.py``) and
 ``vitlens.figures`` only (``tests/test_app_layout.py`` checks it); what a page needs beyond them comes from
 here, one import per part of the library, so that publishing a name (or replacing one) is an edit of this
-file alone. Three seams are functions, not names, because the library is about to move what they wrap:
+file alone. One seam is a function, not a name:
 
-- ``attribution_figures``: the Attributions page's figures, today the HTML report's (``vitlens.report.html``);
-- ``pool_attention_capture``: the app's own capture session (an attention pool's, for the Attention maps page);
 - ``whole_maps_fit``: whether every query's maps of an image fit the page's budget (read when called, so
   the budget ``vitlens.views.attention_maps.WHOLE_MAPS_MB`` may be changed at run time).
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import Any
 
 import vitlens as vl
@@ -25,7 +22,6 @@ from vitlens.attribution.metrics import METRIC_TABLE, default_metrics, metric_la
 from vitlens.attribution.sanity import verdict_rule
 from vitlens.attribution.text import has_text_tower
 from vitlens.compare.heads import cost as head_cost
-from vitlens.families.pooling import capture_pool_attention
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.seeded import load_model_seeded
@@ -34,7 +30,6 @@ from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
 # the command line's and the reports' pieces the app shows the same way
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import browser_path, figure_html, figure_png
-from vitlens.report.html import attribution_figures as report_attribution_figures
 from vitlens.report.survey import summary_rows, survey_figures
 from vitlens.results import round_significant
 # the views: their registry and the helpers of their pages
@@ -49,25 +44,13 @@ from vitlens.words import counted, listed_some
 
 __all__ = [
     "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "UPLOAD_TYPES", "VIEWS",
-    "attnlrp_ledger", "attribution_figures", "browser_path", "comparison", "counted", "default_metrics",
+    "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
-    "model_windows", "pool_attention_capture", "prefix_labels", "preselected_methods", "query_label",
+    "model_windows", "prefix_labels", "preselected_methods", "query_label",
     "query_window_attention", "read_uploads", "round_significant", "scene_names", "summary_rows", "survey_figures",
     "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]
-
-
-def attribution_figures(table: vl.ComparisonTable, shown: Any) -> dict[str, Any]:
-    """The Attributions page's figures of ``table`` over the image as the model sees it (``shown``): the maps
-    ("attributions") and one figure per metric with curves, by its name. The HTML report draws the same ones."""
-    return report_attribution_figures(table, shown)
-
-
-def pool_attention_capture(m: vl.LoadedModel) -> AbstractContextManager[Any]:
-    """A capture session of the model's attention pool (a MAP head); raises ``vl.ViewNotAvailableError`` for a
-    model without one. The app's only capture session of its own: every other view asks the library."""
-    return capture_pool_attention(m)
 
 
 def whole_maps_fit(spec: vl.ModelSpec) -> bool:

@@ -11,28 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.resample import patch_coverage  # noqa: F401  (importable here; the survey's rollout statistics read it)
 from ..errors import InvalidParameterError
 from ..images import Images, preprocess_masks
-
-
-def patch_coverage(mask: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """Share of each patch's pixels inside ``mask``: bool [H, W] -> float64 [gh, gw].
-
-    H and W must be multiples of the grid (the model's input size and token grid).
-
-    Args:
-        mask: [H, W] bool mask.
-        grid: (gh, gw), the token grid.
-
-    Returns:
-        [gh, gw] float64 shares in [0, 1].
-    """
-    h, w = mask.shape
-    gh, gw = grid
-    if h % gh or w % gw:
-        raise InvalidParameterError(f"A mask of {h}x{w} pixels does not tile a {gh}x{gw} grid evenly; "
-                                    "resize the mask to the model's input size first.")
-    return mask.reshape(gh, h // gh, gw, w // gw).mean(axis=(1, 3), dtype=np.float64)
 
 
 def masks_at_input(masks: np.ndarray, data_config: dict, images: Images | None = None) -> np.ndarray:

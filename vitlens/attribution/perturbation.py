@@ -32,7 +32,7 @@ instead of R. Each result records its protocol, granularity and ordering, and it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -153,6 +153,51 @@ def _check_maps(m: LoadedModel, attribution: AttributionResult) -> None:
                                     f"model's {' or '.join(str(g) for g in grids)}; compute them on this model.")
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What a perturbation metric resolves once for every batch: its granularity and ordering (the protocol's unless
+    given), the checked shares removed, the pixels of one map cell (a hierarchical CAM's: a stage's) and the scorer."""
+
+    granularity: str
+    ordering: str
+    points: np.ndarray
+    cell: tuple[int, int]
+    scorer: _Scorer
+
+    @classmethod
+    def of(cls, metric: str, m: LoadedModel, attribution: AttributionResult, labels: np.ndarray | None,
+           points: Sequence[float], name: str, protocol: str, granularity: str | None, ordering: str | None
+           ) -> "_Setup":
+        proto = get_protocol(metric, protocol)
+        granularity = proto.granularity if granularity is None else granularity
+        ordering = check_ordering(proto.ordering if ordering is None else ordering)
+        f = _check_fractions(points, name)
+        _check_maps(m, attribution)
+        return cls(granularity, ordering, f, attribution.cell_px(m.spec.stride_px), _Scorer(m, attribution, labels))
+
+    def curves(self, m: LoadedModel, images: Images, attribution: AttributionResult, batch_size: int,
+               perturbation: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(most relevant first, least relevant first): [B, S] scores of the images with the units the maps rank
+        removed at each share; ``perturbation(batch)`` gives the batch's ``perturb(masks [b, S, H, W])`` -> the
+        perturbed images [b * S, C, H, W], called for the most relevant first, then the least."""
+        curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
+        offset, s = 0, len(self.points)
+        for x in iter_batches(images, m.data_config, batch_size):
+            b = x.shape[0]
+            perturb = perturbation(x)
+            index = np.repeat(np.arange(offset, offset + b), s)
+            for most_first in (True, False):
+                masks = removal_masks(attribution.maps[offset:offset + b], self.points, most_first, self.cell,
+                                      tuple(x.shape[-2:]), self.granularity, self.ordering)  # [b, S, H, W]
+                curves[most_first].append(self.scorer(perturb(masks), index, batch_size * s).reshape(b, s))
+            offset += b
+        if offset != len(attribution.maps):
+            raise InvalidParameterError(f"{offset} images for {len(attribution.maps)} maps; pass the images the maps "
+                                        "were computed on.")
+        return np.concatenate(curves[True]), np.concatenate(curves[False])
+
+
 @dataclass(eq=False, repr=False)
 class PerturbationResult(Result):
     """Chefer et al.'s positive and negative perturbation curves of one method's maps.
@@ -226,34 +271,23 @@ def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionRe
             ``negative`` (least relevant first; higher is better) curves [B, len(fractions)], their AUCs, as
             accuracy with ``labels`` or the target's probability without.
     """
-    proto = get_protocol("perturbation", protocol)
-    granularity = proto.granularity if granularity is None else granularity
-    ordering = check_ordering(proto.ordering if ordering is None else ordering)
-    f = _check_fractions(fractions, "fractions")
-    _check_maps(m, attribution)
-    cell = attribution.cell_px(m.spec.stride_px)  # pixels of one map cell (a hierarchical CAM's: a stage's)
-    scorer = _Scorer(m, attribution, labels)
-    curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
-    offset = 0
-    for x in iter_batches(images, m.data_config, batch_size):
+    run = _Setup.of("perturbation", m, attribution, labels, fractions, "fractions", protocol, granularity, ordering)
+    f = run.points
+
+    def filled(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         x = x.to(m.device)
-        b, s = x.shape[0], len(f)
         fill_x = fill_image(x, fill, m.data_config)
-        index = np.repeat(np.arange(offset, offset + b), s)
-        for most_first in (True, False):
-            masks = removal_masks(attribution.maps[offset:offset + b], f, most_first, cell,
-                                  tuple(x.shape[-2:]), granularity, ordering).to(x.device)[:, :, None]  # [b, S, 1, H, W]
-            perturbed = torch.where(masks, fill_x[:, None], x[:, None]).reshape(b * s, *x.shape[1:])
-            curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
-        offset += x.shape[0]
-    if offset != len(attribution.maps):
-        raise InvalidParameterError(f"{offset} images for {len(attribution.maps)} maps; pass the images the maps "
-                                    "were computed on.")
-    pos, neg = np.concatenate(curves[True]), np.concatenate(curves[False])
+
+        def perturb(masks: torch.Tensor) -> torch.Tensor:  # [b, S, H, W] -> [b * S, C, H, W]
+            where = masks.to(x.device)[:, :, None]  # [b, S, 1, H, W]
+            return torch.where(where, fill_x[:, None], x[:, None]).reshape(-1, *x.shape[1:])
+        return perturb
+
+    pos, neg = run.curves(m, images, attribution, batch_size, filled)
     return PerturbationResult(method=attribution.method, fractions=f, positive=pos, negative=neg,
                               positive_auc=np.trapezoid(pos, f, axis=1), negative_auc=np.trapezoid(neg, f, axis=1),
-                              score=scorer.name, granularity=granularity, fill=fill, model_name=m.spec.name,
-                              protocol=protocol, ordering=ordering)
+                              score=run.scorer.name, granularity=run.granularity, fill=fill, model_name=m.spec.name,
+                              protocol=protocol, ordering=run.ordering)
 
 
 @dataclass(eq=False, repr=False)
@@ -330,34 +364,23 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
     """
     from .imputation import noisy_linear_impute
 
-    proto = get_protocol("road", protocol)
-    granularity = proto.granularity if granularity is None else granularity
-    ordering = check_ordering(proto.ordering if ordering is None else ordering)
-    pct = _check_fractions(percentages, "percentages")
-    _check_maps(m, attribution)
-    cell = attribution.cell_px(m.spec.stride_px)  # pixels of one map cell (a hierarchical CAM's: a stage's)
-    scorer = _Scorer(m, attribution, labels)
+    run = _Setup.of("road", m, attribution, labels, percentages, "percentages", protocol, granularity, ordering)
     rng = np.random.default_rng(seed)
-    curves: dict[bool, list[np.ndarray]] = {True: [], False: []}
-    offset = 0
-    for x in iter_batches(images, m.data_config, batch_size):
-        b, s = x.shape[0], len(pct)
+
+    def imputed(x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         xs = x.detach().cpu().to(torch.float64).numpy()
-        index = np.repeat(np.arange(offset, offset + b), s)
-        for most_first in (True, False):
-            masks = removal_masks(attribution.maps[offset:offset + b], pct, most_first, cell,
-                                  tuple(x.shape[-2:]), granularity, ordering).numpy()  # [b, S, H, W]
-            filled = np.stack([noisy_linear_impute(xs, masks[:, k], noise_std, rng) for k in range(s)], axis=1)
-            perturbed = torch.as_tensor(filled.reshape(b * s, *x.shape[1:]), dtype=x.dtype, device=m.device)
-            curves[most_first].append(scorer(perturbed, index, batch_size * s).reshape(b, s))
-        offset += b
-    if offset != len(attribution.maps):
-        raise InvalidParameterError(f"{offset} images for {len(attribution.maps)} maps; pass the images the maps "
-                                    "were computed on.")
-    return RoadResult(method=attribution.method, percentages=pct, morf=np.concatenate(curves[True]),
-                      lerf=np.concatenate(curves[False]), score=scorer.name, noise_std=float(noise_std),
-                      granularity=granularity, seed=int(seed), model_name=m.spec.name, protocol=protocol,
-                      ordering=ordering)
+
+        def perturb(masks: torch.Tensor) -> torch.Tensor:  # [b, S, H, W] -> [b * S, C, H, W], imputed in turn
+            held = masks.numpy()
+            filled = np.stack([noisy_linear_impute(xs, held[:, k], noise_std, rng) for k in range(held.shape[1])],
+                              axis=1)
+            return torch.as_tensor(filled.reshape(-1, *x.shape[1:]), dtype=x.dtype, device=m.device)
+        return perturb
+
+    morf, lerf = run.curves(m, images, attribution, batch_size, imputed)
+    return RoadResult(method=attribution.method, percentages=run.points, morf=morf, lerf=lerf, score=run.scorer.name,
+                      noise_std=float(noise_std), granularity=run.granularity, seed=int(seed), model_name=m.spec.name,
+                      protocol=protocol, ordering=run.ordering)
 
 
 def _ordering_words(ordering: str) -> str:

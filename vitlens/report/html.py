@@ -20,6 +20,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import figures
+from ..figures import attribution_figures  # noqa: F401  (importable here, where the app took it)
 from ..attribution.faithfulness import timing_note
 from ..attribution.metrics import METRIC_TABLE, metric_label
 from ..results import significant
@@ -195,24 +196,6 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
     return figs
 
 
-def attribution_figures(table: Any, image: np.ndarray) -> dict[str, go.Figure]:
-    """The attribution maps of every method on one image, and each scored metric's mean curves.
-
-    Args:
-        table: a ``ComparisonTable`` (``compare_methods``).
-        image: uint8 [H, W, 3], its first image as the model sees it.
-
-    Returns:
-        Figures by name: "attributions", then one per metric the table scored, by the metric's name in
-            ``METRIC_TABLE`` ("deletion_insertion", "perturbation", ...; ``figures.metric_figure``).
-    """
-    figs = {"attributions": figures.attribution_figure(table.attributions, image, 0)}
-    for name, results in table.scores.items():  # every metric the table holds and this vitlens knows
-        if results and name in METRIC_TABLE:
-            figs[name] = figures.metric_figure(METRIC_TABLE[name], results)
-    return figs
-
-
 def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
     """Every figure of a comparison: distances overlaid (Fig. 11) and, given, rollout side by side.
 
@@ -371,7 +354,7 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
         if i < len(data.heads) and data.heads[i] is not None:
             figs["heads"] = figures.head_importance_figure(data.heads[i], a.distance)
         if i < len(data.attributions) and data.attributions[i] is not None:
-            figs.update(attribution_figures(data.attributions[i], imgs[0]))
+            figs.update(figures.attribution_figures(data.attributions[i], imgs[0]))
         out.append(figs)
     return out
 

@@ -33,7 +33,7 @@ from .sources import ImageSource, Shard
 from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
                     own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
-from .stats import SURVEY_VIEW_NAMES
+from .stats import SURVEY_VIEW_NAMES, survey_views
 from .worker import SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
@@ -305,7 +305,8 @@ def survey(
         address: a Ray cluster ("auto", "ray://..."), else RAY_ADDRESS, else a local Ray.
         batch_size: images per forward.
         shard_size: images per task (the unit that is retried and resumed).
-        views: any of "distance", "rollout", "predictions", "weights".
+        views: any of "distance", "rollout", "predictions", "weights" (``stats.survey_views``: with any view registered
+            with a ``View.survey``).
         num_gpus_per_worker: GPUs each model worker asks Ray for (fractions share a GPU).
         num_cpus_per_worker: CPUs each model worker asks Ray for.
         pretrained: hub weights (False: random init, seeded identically in every worker). The embedded pair and
@@ -340,7 +341,7 @@ def survey(
     """
     from .sources import files_source
 
-    views = check_views(views, SURVEY_VIEW_NAMES)
+    views = check_views(views, tuple(survey_views()))
     if not models:
         raise InvalidParameterError("Name at least one model to survey.")
     source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images, hash_images)

@@ -519,8 +519,8 @@ def table_rows(name: str, spec: dict[str, Any], states: dict[str, dict[str, Any]
         rows.append({"model": name, "weights": weights, "layer": layer, "head": head, "metric": metric,
                      "value": float(value), "n_images": int(n), "class": cls, "stage": stage})
 
-    for stat in [k for k in stats.SURVEY_VIEWS if k in states]:  # each statistic says its rows, in the list's order
-        for row in stats.stat_class(stat).from_state(states[stat]).table_rows(spec, classes, renormalize):
+    for stat in [k for k in stats.survey_views() if k in states]:  # each statistic says its rows, in the list's order
+        for row in stats.read_state(stat, states[stat]).table_rows(spec, classes, renormalize):
             add(**row)
     for metric, value in weight_views.items():
         add(metric, value, 0)

@@ -19,17 +19,18 @@ from ..memory import peak_rss_mb
 from ..engine.stream import stream_attention
 from ..views.registry import VIEWS as VIEW_REGISTRY, ViewParams
 from .sources import ImageSource, Shard
-from .stats import SURVEY_VIEWS
+from .stats import survey_views
 from .store import checkpoint_of, file_sha256
 
 
 def consumers_for(m: LoadedModel, views: tuple[str, ...], num_classes: int,
                   renormalize: bool = True) -> dict[str, Any]:
-    """The survey statistics of ``views`` (``stats.SURVEY_VIEWS``) as consumers."""
+    """The survey statistics of ``views`` (``stats.survey_views``) as consumers."""
     out: dict[str, Any] = {}
+    known = survey_views()
     for name in views:
-        if SURVEY_VIEWS[name].stat is not None:
-            consumer = SURVEY_VIEWS[name].stat.for_survey(m, num_classes, renormalize)
+        if known[name].build is not None:
+            consumer = known[name].build(m, num_classes, renormalize)
             if consumer is not None:
                 out[name] = consumer
     return out

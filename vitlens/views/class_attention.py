@@ -31,10 +31,9 @@ import torch
 
 from ..core.spec import ModelSpec
 from ..engine.consumer import AttentionConsumer, BatchInfo
-from ..engine.stream import model_name
 from ..errors import InvalidParameterError, UnsupportedModelError
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
-from .rollout import RolloutResult, check_rollout_params, fuse, predictions, rollout_row, row_map
+from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse, rollout_row, row_map
 
 #: the kinds of a CaiT's blocks (``Family.block_layout``)
 SELF_ATTENTION, CLASS_ATTENTION = "global", "class-attention"
@@ -125,7 +124,9 @@ class ClassAttentionDistanceResult(AttentionDistanceResult):
 
 class ClassAttentionDistanceAccumulator(AttentionConsumer):
     """Streams the attention distance of a CaiT's self-attention blocks (an ``AttentionDistanceAccumulator`` over
-    their [B, heads, N, N] maps, no prefix token); the class-attention layers' maps are checked and passed over."""
+    their [B, heads, N, N] maps, no prefix token); the class-attention layers' maps are checked and passed over.
+    Its ``state()`` is the inner accumulator's (after ``per_class``, per class too): what a survey keeps of it, read
+    back (``from_state``) as that accumulator, whose ``table_rows`` are the survey's rows."""
 
     reads_class_attention = True
 
@@ -138,6 +139,24 @@ class ClassAttentionDistanceAccumulator(AttentionConsumer):
     @classmethod
     def for_model(cls, m: object, renormalize: bool = True) -> "ClassAttentionDistanceAccumulator":
         return cls(model_layout(m), m.spec.num_heads, m.spec.stride_px, renormalize)  # type: ignore[attr-defined]
+
+    def per_class(self, num_classes: int) -> "ClassAttentionDistanceAccumulator":
+        """Keep the self-attention blocks' moments per class too (``AttentionDistanceAccumulator.per_class``)."""
+        self.inner.per_class(num_classes)
+        return self
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The self-attention blocks' moments (``AttentionDistanceAccumulator.state``)."""
+        return self.inner.state()
+
+    @classmethod
+    def from_state(cls, state: dict[str, np.ndarray]) -> AttentionDistanceAccumulator:
+        """The self-attention blocks' accumulator of a ``state()`` (it merges, gives its result and table rows)."""
+        return AttentionDistanceAccumulator.from_state(state)
+
+    def table_rows(self, spec: dict, classes: list[str], renormalize: bool = True) -> list[dict]:
+        """The survey table's rows: the self-attention blocks' (``AttentionDistanceAccumulator.table_rows``)."""
+        return self.inner.table_rows(spec, classes, renormalize)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         self.inner.begin_batch(batch)
@@ -206,9 +225,7 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
         self.image_size: tuple[int, int] = (0, 0)
         self._self: list[torch.Tensor] = []
         self._class: list[torch.Tensor] = []
-        self._maps: list[np.ndarray] = []
-        self._preds: list[np.ndarray] = []
-        self._probs: list[np.ndarray] = []
+        self.batches = RolloutBatches()
 
     @classmethod
     def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
@@ -250,33 +267,26 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
         self._self, self._class = [], []
         return row
 
+    def row_layout(self) -> tuple[int, tuple[int, int]]:
+        """(no prefix tokens, the patch grid): ``batch_row``'s row is over the patches."""
+        return 0, self.grid  # type: ignore[return-value]
+
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         maps = row_map(self.batch_row(), 0, self.grid)
-        self._maps.append(maps)
-        preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
-        self._preds.append(preds)
-        self._probs.append(probs)
+        self.batches.add(maps, logits, self.has_classifier)
 
     def merge(self, other: "ClassAttentionRolloutAccumulator") -> "ClassAttentionRolloutAccumulator":
         out = ClassAttentionRolloutAccumulator(self.layout, self.head_fusion, self.label_names, self.has_classifier,
                                                self.from_class_token)
         out.grid, out.image_size = self.grid or other.grid, self.image_size
-        out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
-                                             self._probs + other._probs)
+        out.batches = self.batches + other.batches
         return out
 
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
-        if not self._maps or self.grid is None:
+        if self.grid is None:
             raise InvalidParameterError("No images were processed; pass at least one image.")
-        preds = np.concatenate(self._preds)
-        names = self.label_names
-        return RolloutResult(
-            maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
-            grid=self.grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token=self.source_token,
-            predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
-            len(names) > int(preds.max()) else [],
-            model_name=model_name(spec))
+        return self.batches.result(self.grid, self.image_size, self.head_fusion, 0.0, self.source_token,
+                                   self.label_names, spec)
 
 
 __all__ = ["ClassAttentionDistanceAccumulator", "ClassAttentionDistanceResult", "ClassAttentionRolloutAccumulator",

@@ -28,6 +28,7 @@ from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
 from ..engine.stream import model_name
 from ..core.native import SoftmaxTaps, compiled_wanted, key_block_sums
 from ..words import counted
+from .moments import ClassMoments, add_samples, merge_moment_rows, merge_moments  # noqa: F401  (importable here)
 
 
 #: THE definition of a local head (Fig. 7 right, Fig. 11), used by every view, reading and report: a head is
@@ -123,35 +124,6 @@ class AttentionDistanceResult(Result):
                    grid=g, stride_px=stride, renormalize=bool(renormalize), model_name=model_name)  # type: ignore[arg-type]
 
 
-def merge_moments(mean_a: np.ndarray, m2_a: np.ndarray, n_a: int,
-                  mean_b: np.ndarray, m2_b: np.ndarray, n_b: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """Combine (mean, sum of squared deviations, count) of two disjoint samples."""
-    n = n_a + n_b
-    if n_a == 0:
-        return mean_b.copy(), m2_b.copy(), n_b
-    if n_b == 0:
-        return mean_a.copy(), m2_a.copy(), n_a
-    delta = mean_b - mean_a
-    return mean_a + delta * (n_b / n), m2_a + m2_b + delta**2 * (n_a * n_b / n), n
-
-
-def merge_moment_rows(mean_a: np.ndarray, m2_a: np.ndarray, n_a: np.ndarray, mean_b: np.ndarray,
-                      m2_b: np.ndarray, n_b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``merge_moments`` for arrays whose leading axes index separate counters (``n`` has those
-    axes, e.g. one count per layer, or per class and layer)."""
-    mean, m2, n = mean_a.copy(), m2_a.copy(), n_a.copy()
-    for idx in np.ndindex(n_a.shape):
-        mean[idx], m2[idx], n[idx] = merge_moments(mean_a[idx], m2_a[idx], int(n_a[idx]), mean_b[idx], m2_b[idx],
-                                                   int(n_b[idx]))
-    return mean, m2, n
-
-
-def add_samples(mean: np.ndarray, m2: np.ndarray, n: int, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Fold ``samples`` [k, ...] into running (mean, sum of squared deviations, count)."""
-    batch_mean = samples.mean(axis=0)
-    return merge_moments(mean, m2, n, batch_mean, ((samples - batch_mean) ** 2).sum(axis=0), samples.shape[0])
-
-
 def uniform_distance(grid: tuple[int, int], stride_px: tuple[int, int]) -> float:
     """What every head would show if it attended uniformly over patch tokens, in pixels (the
     mean distance between two token centres, self-pairs included; 116.5 px on 14x14 of 16 px)."""
@@ -232,7 +204,7 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     d = distances.to(device=attn.device, dtype=attn.dtype)
     sums = torch.empty(2, b * h, q, dtype=torch.float64, device=attn.device)
     if key_block_sums(rows, d, KEY_BLOCK, sums):  # the native kernel, where it applies: one read of each probability
-        return _per_query(sums, renormalize, q, b, h)
+        return distance_from_sums(sums, renormalize, q, b, h)
     step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
     size = b * h * step * n  # a fresh buffer's pages cost as much as the products at 224 px
     scratch = session_buffer(workspace, "products", size, attn.dtype, attn.device)[:size].view(b * h, step, n)
@@ -241,11 +213,24 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
         block = rows[:, q0:q0 + s]
         _key_block_sums(torch.mul(block, d[q0:q0 + s], out=scratch[:, :s]), sums[0, :, q0:q0 + s])
         _key_block_sums(block, sums[1, :, q0:q0 + s])
-    return _per_query(sums, renormalize, q, b, h)
+    return distance_from_sums(sums, renormalize, q, b, h)
 
 
-def _per_query(sums: torch.Tensor, renormalize: bool, q: int, b: int, h: int) -> torch.Tensor:
-    """[q, B, H] per-query distances from the sums [2, BH, q] (weighted, mass) of ``per_query_distance``."""
+def distance_from_sums(sums: torch.Tensor, renormalize: bool, q: int, b: int, h: int) -> torch.Tensor:
+    """Each query's attention distance from its two key-block sums: [2, BH, q] (distance-weighted, patch-key mass;
+    what ``per_query_distance`` and the native softmax pass, ``core.native.softmax_taps``, make) -> [q, B, H]
+    float64, the weighted sum divided by the mass (``renormalize``) or as it is.
+
+    Args:
+        sums: [2, B * H, q] float64 sums.
+        renormalize: divide by the patch-key mass (the default definition).
+        q: queries.
+        b: images.
+        h: heads.
+
+    Returns:
+        [q, B, H] float64 per-query distances in pixels.
+    """
     per_query = sums[0]
     if renormalize:
         per_query = per_query / sums[1].clamp_min(torch.finfo(torch.float64).tiny)
@@ -269,7 +254,9 @@ class AttentionDistanceAccumulator(AttentionConsumer):
     """Streams per-block attention into running per-head statistics (no map is kept).
 
     A consumer of the streaming engine (``vitlens.engine``); partial accumulators over
-    disjoint image sets merge.
+    disjoint image sets merge. After ``per_class``, it keeps the same moments per class of the images
+    (``BatchInfo.labels``) too: its ``state()`` is what a survey keeps of the view per image shard, and
+    ``table_rows`` the survey table's rows of it.
     """
 
     def __init__(self, num_layers: int, num_heads: int, num_prefix_tokens: int, stride_px: tuple[int, int],
@@ -280,6 +267,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         self.mean = np.zeros((num_layers, num_heads))
         self.m2 = np.zeros((num_layers, num_heads))
         self.counts = np.zeros(num_layers, dtype=np.int64)
+        self.classes = ClassMoments(0, (num_layers,), (num_heads,))
+        self._labels: np.ndarray | None = None
         self.grid: tuple[int, int] | None = None
         self.image_size: tuple[int, int] | None = None
         self._distances: torch.Tensor | None = None  # the grid's whole float32 distance matrix, when small
@@ -294,6 +283,12 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         spec = getattr(spec, "spec", spec)
         return cls(spec.num_layers, spec.num_heads, spec.num_prefix_tokens, spec.stride_px, renormalize)
 
+    def per_class(self, num_classes: int) -> "AttentionDistanceAccumulator":
+        """Keep the moments per class of the images too (labels 0 .. ``num_classes`` - 1; before any image): what a
+        survey keeps (``View.survey``). Returns the accumulator."""
+        self.classes = ClassMoments(num_classes, self.mean.shape[:1], self.mean.shape[1:])
+        return self
+
     def __getstate__(self) -> dict:
         # the distance matrix is rebuilt where it is needed; a layer in flight does not travel
         return {**self.__dict__, "_distances": None, "_queries": {}, "_workspace": {}, "_tap": None}
@@ -306,6 +301,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
                 f"All images of one attention-distance result must share a grid; got {grid} after {self.grid}. "
                 "Compute a result per input size.")
         device = torch.device(device or "cpu")
+        self._labels = batch.labels
         n = grid[0] * grid[1]
         whole = n * n * 4 <= WHOLE_DISTANCES_BYTES
         if whole and (self._distances is None or self._distances.device != device or self.grid != grid):
@@ -366,7 +362,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if q0 < stop:
             if tap is not None and tap[:2] == (layer, start) and tap[2].filled:  # the softmax pass made the sums
                 b, h = attn.shape[:2]
-                values = _per_query(tap[2].sums, self.renormalize, stop - q0, b, h)
+                values = distance_from_sums(tap[2].sums, self.renormalize, stop - q0, b, h)
             else:
                 values = per_query_distance(attn[:, :, q0 - start:], self._distance_rows(slice(q0 - p, stop - p)), p,
                                             self.renormalize, self._workspace)
@@ -379,6 +375,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         d = self.layer_values(layer, attn, rows)
         if d is not None:
             self.add(layer, d)
+            self.classes.add(self._labels, d, (layer,))
 
     def merge(self, other: "AttentionDistanceAccumulator") -> "AttentionDistanceAccumulator":
         """The accumulator over the images of both (Chan et al.'s parallel update, per head)."""
@@ -390,14 +387,16 @@ class AttentionDistanceAccumulator(AttentionConsumer):
                                            self.stride_px, self.renormalize)
         out.mean, out.m2, out.counts = merge_moment_rows(self.mean, self.m2, self.counts, other.mean, other.m2,
                                                          other.counts)
+        out.classes = self.classes.merge(other.classes)
         out.grid = self.grid or other.grid
         out.image_size = self.image_size or other.image_size
         return out
 
     def state(self) -> dict[str, np.ndarray]:
-        """The running moments as arrays: mean, m2, counts, grid and image_size ((0, 0) before any image)."""
+        """The running moments as arrays: mean, m2, counts, grid and image_size ((0, 0) before any image), and the
+        per-class moments (``ClassMoments``: [C, L, H], C = 0 without classes)."""
         return {"mean": self.mean, "m2": self.m2, "counts": self.counts, "grid": np.asarray(self.grid or (0, 0)),
-                "image_size": np.asarray(self.image_size or (0, 0))}
+                "image_size": np.asarray(self.image_size or (0, 0)), **self.classes.state()}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray], stride_px: tuple[int, int] = (0, 0), num_prefix_tokens: int = 0,
@@ -407,6 +406,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         mean = np.asarray(state["mean"], dtype=np.float64)
         out = cls(mean.shape[0], mean.shape[1], num_prefix_tokens, stride_px, renormalize)
         out.mean, out.m2, out.counts = mean, np.asarray(state["m2"], dtype=np.float64), np.asarray(state["counts"])
+        out.classes = ClassMoments.from_state(state, mean.shape[:1], mean.shape[1:])
         grid, size = (tuple(int(v) for v in np.asarray(state[k])) for k in ("grid", "image_size"))
         out.grid = grid if any(grid) else None  # type: ignore[assignment]
         out.image_size = size if any(size) else None  # type: ignore[assignment]
@@ -420,3 +420,34 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         return AttentionDistanceResult.from_moments(
             self.mean.copy(), self.m2.copy(), int(self.counts[0]), image_size=self.image_size,  # type: ignore[arg-type]
             grid=self.grid, stride_px=self.stride_px, renormalize=self.renormalize, model_name=model_name(spec))
+
+    def table_rows(self, spec: dict, classes: list[str], renormalize: bool = True) -> list[dict]:
+        """The survey table's rows of it (``metric``, ``value``, ``n``, ``layer``, ``head``, ``cls``): uniform
+        distance, per head mean / std in pixels and mean in image widths, and per class.
+
+        Args:
+            spec: the model's ``ModelSpec.to_dict()`` (its stride labels the pixels).
+            classes: the image set's class names (``classes[c]`` names label c).
+            renormalize: the setting the survey ran with.
+        """
+        if not self.counts.size or int(self.counts.min()) == 0:
+            return []
+        acc = AttentionDistanceAccumulator.from_state(self.state(), tuple(spec["stride_px"]),
+                                                      int(spec.get("num_prefix_tokens", 0)), renormalize)
+        d = acc.result()
+        n, width = d.n_images, float(d.image_size[1])
+        rows: list[dict] = [dict(metric="uniform_distance_px", value=d.uniform_px, n=n)]
+        for l, h in np.ndindex(*d.mean_px.shape):
+            rows += [dict(metric="mean_distance_px", value=d.mean_px[l, h], n=n, layer=l + 1, head=h + 1),
+                     dict(metric="std_distance_px", value=d.std_px[l, h], n=n, layer=l + 1, head=h + 1),
+                     dict(metric="mean_distance_width", value=d.mean_px[l, h] / width, n=n, layer=l + 1, head=h + 1)]
+        per = self.classes
+        for c, name in enumerate(classes):
+            if per.has(c):
+                for l, h in np.ndindex(*per.mean.shape[1:]):
+                    cn = int(per.n[c, l])
+                    rows += [dict(metric="mean_distance_px", value=per.mean[c, l, h], n=cn, layer=l + 1,
+                                  head=h + 1, cls=name),
+                             dict(metric="mean_distance_width", value=per.mean[c, l, h] / width, n=cn,
+                                  layer=l + 1, head=h + 1, cls=name)]
+        return rows

@@ -1,15 +1,16 @@
 """The one list of vitlens's views, ``VIEWS``: what ``analyze(views=...)``, the command line, the HTML
-report and the app offer is read from here.
+report, the app and the survey offer is read from here.
 
 Each ``View`` says its name, the figure of the paper it serves, how it is computed (a consumer
 of the streaming engine, fed from the one forward per batch that every attention view shares,
-or a function of the weights alone), the result class it gives, and what a survey keeps of a
-weight-only view. The figure that draws a result is registered beside the figure function, by the
-result's class (``vitlens.figures.draws``; the figures sit above the views, which name none). Adding
-a view is its module, its figure function decorated with ``@draws(ItsResult)``, and one entry here.
+or a function of the weights alone), the result class it gives, what a survey keeps of it (a weight-only
+view's ``summary``; an attention view's ``survey``: its own mergeable state, read back by ``SurveyStat.from_state``)
+and, for a view registered outside ``vitlens.figures``, the function that draws its result (``draw``; the
+built-in views' figures are registered beside the figure functions by result class, ``vitlens.figures.draws``: the
+figures sit above the views, which import none).
 
-What a survey keeps per (model, image shard) is the survey's own list, ``vitlens.survey.stats.SURVEY_VIEWS``
-(the survey sits above the views, so it names the views' consumers, never the other way round).
+Adding a view is its module and one ``register_view(View(...))`` (the built-in views are the entries below):
+``analyze``, the survey (``vitlens.survey.stats.survey_views``) and ``vitlens.figures.figure_for`` read it from here.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from .position import PositionSimilarityResult, neighbour_similarity, position_s
 from .prefix import PrefixDiagnostics, PrefixDiagnosticsResult
 from .relpos import RelativePositionBiasResult, offset_structure, relative_position_bias
 from .rollout import RolloutAccumulator, RolloutResult
+from .rollout_stats import RolloutStats
 from .windowed import WindowedDistanceAccumulator, WindowedRolloutAccumulator
 
 if TYPE_CHECKING:
@@ -95,6 +97,38 @@ def _prefix(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
     return PrefixDiagnostics(m)
 
 
+def _distance_state(state: dict[str, Any]) -> Any:
+    """A saved distance state as its accumulator: a hierarchical model's per block and stage (it holds the windows'
+    uniform distances), another's per layer."""
+    if "window_uniform_px" in state:
+        return WindowedDistanceAccumulator.from_state(state)
+    return AttentionDistanceAccumulator.from_state(state)
+
+
+def _same(consumer: Any, num_classes: int) -> Any:
+    return consumer
+
+
+@dataclass(frozen=True)
+class SurveyStat:
+    """What a survey keeps of an attention view per (model, image shard): the view's own consumer, whose ``state()``
+    (plain arrays) is saved per shard and whose ``merge`` combines two shards exactly, whose
+    ``table_rows(spec, classes, renormalize)`` gives the survey table's rows (``metric``, ``value``, ``n``, and
+    ``layer``, ``head``, ``stage``, ``cls`` where they apply).
+
+    Attributes:
+        describes: what its table rows mean (``vitlens survey --views``' help).
+        from_state: a saved ``state()`` -> an object that merges and gives its ``state`` and ``table_rows``.
+        keep: (the view's consumer for the model, the image set's number of classes) -> what the survey feeds (by
+            default the consumer itself; the distance view's keeps its moments per class too, the rollout view's
+            statistics of each image's row instead of the maps).
+    """
+
+    describes: str
+    from_state: Callable[[dict[str, Any]], Any]
+    keep: Callable[[Any, int], Any] = _same
+
+
 @dataclass(frozen=True)
 class View:
     """One view of a model over an image set.
@@ -119,6 +153,9 @@ class View:
             it also reads (flagged with that kind's ``Kind.reader``: ``reads_windows``, ``reads_class_attention``);
             ``build`` makes the one that reads the model's maps (``reader_for``). Empty: ``build``'s consumer reads
             a ViT's maps only.
+        survey: for an attention view, what a survey keeps of it per image shard (None: nothing).
+        draw: result -> its plotly figure, for a view registered outside ``vitlens.figures`` (None: the figure
+            registered there for its result class, ``figures.draws``).
 
     ``kinds`` (the ``ModelSpec.kind`` values the view is defined for: ``available_views``) follows: every registered
     kind for a weight-only view, the kinds one of its ``readers`` reads for an attention view (a hierarchical model's
@@ -136,6 +173,8 @@ class View:
     shown_in: str = ""
     summary: Callable[[Any], dict[str, float]] | None = None
     readers: tuple[type, ...] = ()
+    survey: SurveyStat | None = None
+    draw: Callable[[Any], Any] | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -166,19 +205,62 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          RelativePositionBiasResult, default=False, label="Relative position bias",
          shown_in="Position embeddings", summary=_relpos_summary),
     View("distance", "Mean attention distance", "Fig. 7 right", "attention", _distance,
-         AttentionDistanceResult, label="Attention distance",
+         AttentionDistanceResult, label="Attention distance", survey=SurveyStat(
+             "attention distance per head (Fig. 7 right, Fig. 11), over all images and per class", _distance_state,
+             lambda acc, num_classes: acc.per_class(num_classes)),
          readers=(AttentionDistanceAccumulator, WindowedDistanceAccumulator, ClassAttentionDistanceAccumulator)),
     View("rollout", "Attention rollout", "Fig. 6", "attention", _rollout,
-         RolloutResult, label="Attention rollout", shown_in="Attention maps",
+         RolloutResult, label="Attention rollout", shown_in="Attention maps", survey=SurveyStat(
+             "the rollout row's prefix mass, patch entropy and mass in the object mask (Fig. 6)",
+             RolloutStats.from_state, lambda acc, num_classes: RolloutStats(acc)),
          readers=(RolloutAccumulator, WindowedRolloutAccumulator, ClassAttentionRolloutAccumulator)),
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
          PrefixDiagnosticsResult, default=False,
          label="Prefix tokens", shown_in="Attention distance", readers=(PrefixDiagnostics,)),
 )}
 
-#: the view names ``analyze`` takes, and the paper's four it computes by default
-VIEW_NAMES: tuple[str, ...] = tuple(VIEWS)
-DEFAULT_VIEWS: tuple[str, ...] = tuple(name for name, v in VIEWS.items() if v.default)
+
+
+def register_view(view: View, replace: bool = False) -> View:
+    """Add ``view`` to ``VIEWS``: ``analyze(views=...)`` computes it, ``figures.figure_for`` draws its result (by
+    ``View.draw``, or the drawer registered for its result class), a survey keeps its ``View.survey`` state (an
+    attention view) or its ``View.summary`` (a weight view), the app lists it.
+
+    Args:
+        view: the view.
+        replace: replace a view of the same name (otherwise that is an error).
+
+    Returns:
+        The view.
+
+    Raises:
+        InvalidParameterError: a name already taken, or a kind other than "weights" and "attention".
+    """
+    if view.kind not in ("weights", "attention"):
+        raise InvalidParameterError(f"A view is computed from the \"weights\" or from the \"attention\"; "
+                                    f"{view.name!r} says {view.kind!r}.")
+    if view.name in VIEWS and not replace:
+        raise InvalidParameterError(f"A view named {view.name!r} is registered already; pick another name, or pass "
+                                    "replace=True.")
+    global VIEW_NAMES, DEFAULT_VIEWS
+    VIEWS[view.name] = view
+    VIEW_NAMES, DEFAULT_VIEWS = view_names(), default_views()
+    return view
+
+
+def view_names() -> tuple[str, ...]:
+    """The view names ``analyze`` takes (every registered view)."""
+    return tuple(VIEWS)
+
+
+def default_views() -> tuple[str, ...]:
+    """The views ``analyze`` computes by default (the paper's four, and any registered as a default)."""
+    return tuple(name for name, v in VIEWS.items() if v.default)
+
+
+#: the view names ``analyze`` takes, and the paper's four it computes by default (``register_view`` renews both)
+VIEW_NAMES: tuple[str, ...] = view_names()
+DEFAULT_VIEWS: tuple[str, ...] = default_views()
 
 
 def available_views(m: "LoadedModel | Any", names: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -195,7 +277,7 @@ def available_views(m: "LoadedModel | Any", names: tuple[str, ...] | None = None
         UnsupportedModelError: the model's kind is not registered.
     """
     kind = kind_of(m).name
-    return tuple(n for n in (VIEW_NAMES if names is None else names) if kind in VIEWS[n].kinds)
+    return tuple(n for n in (view_names() if names is None else names) if kind in VIEWS[n].kinds)
 
 
 def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -211,4 +293,5 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "View", "ViewParams", "available_views", "check_views", "reader_for"]
+__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views", "check_views",
+           "default_views", "reader_for", "register_view", "view_names"]

@@ -120,6 +120,30 @@ class RolloutResult(Result):
                 for i in range(b) for r in range(gh) for c in range(gw)]
 
 
+def rollout_sources(m: "LoadedModel") -> tuple[str | None, ...]:
+    """The rows rollout can start from for ``m`` (``ROLLOUT_SOURCES``): None (the class token, or the mean over the
+    patch tokens) always, and "pool" when the model pools through an attention pool (a MAP head) whose attention is
+    read: what ``attention_rollout(source=...)`` and ``attention_maps``' pool row take for it.
+
+    It opens (and closes) a pool capture session on the model without a forward: a caller that serves several
+    threads on one model takes its lock around it, as around any hook session.
+
+    Args:
+        m: the model.
+
+    Returns:
+        ``(None,)`` or ``(None, "pool")``.
+    """
+    from ..errors import ViewNotAvailableError
+    from ..families.pooling import capture_pool_attention
+
+    try:
+        with capture_pool_attention(m):
+            return ROLLOUT_SOURCES
+    except ViewNotAvailableError:
+        return (None,)
+
+
 def check_rollout_params(head_fusion: str, discard_ratio: float) -> None:
     if head_fusion not in HEAD_FUSIONS:
         raise InvalidParameterError(f"head_fusion must be one of {', '.join(HEAD_FUSIONS)}; got {head_fusion!r}.")
@@ -254,9 +278,7 @@ class RolloutAccumulator(AttentionConsumer):
         self._layer: torch.Tensor | None = None  # the fused map of the block in flight, filled row block by row block
         self._tap: tuple[int, int, SoftmaxTaps] | None = None  # (layer, first row, head mean) asked of the next block
         self._device = torch.device("cpu")  # the batch's
-        self._maps: list[np.ndarray] = []
-        self._preds: list[np.ndarray] = []
-        self._probs: list[np.ndarray] = []
+        self.batches = RolloutBatches()
         #: the row rolled out: None (the class token, or the patch mean) or "pool" (a MAP head's own attention)
         self.source = source
         self._model: "LoadedModel | None" = None  # the model whose pool ``hooks`` reads (source "pool")
@@ -384,7 +406,7 @@ class RolloutAccumulator(AttentionConsumer):
     def batch_row(self) -> torch.Tensor:
         """The batch's rolled-out source row [b, T] over all tokens (float64); the blocks' fused maps
         are let go. ``end_batch`` calls it; a consumer that keeps statistics of the row instead of
-        maps (the survey's ``RolloutStats``) calls it from its own ``end_batch``."""
+        maps (the survey's ``RolloutStats``, ``vitlens.views.rollout_stats``) calls it from its own ``end_batch``."""
         if len(self._fused) != self.num_layers or self.grid is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
         start = None
@@ -400,19 +422,20 @@ class RolloutAccumulator(AttentionConsumer):
         self._fused, self._layer, self._last = [], None, None
         return row
 
+    def row_layout(self) -> tuple[int, tuple[int, int]]:
+        """(prefix tokens at the start of ``batch_row``'s row, the grid of its patch part)."""
+        return self.num_prefix_tokens, self.grid  # type: ignore[return-value]
+
     def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
         """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
         row = self.batch_row()
         maps = row_map(row, self.num_prefix_tokens, self.grid)
-        self._maps.append(maps)
-        preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
-        self._preds.append(preds)
-        self._probs.append(probs)
+        self.batches.add(maps, logits, self.has_classifier)
         return maps
 
     @property
     def maps(self) -> np.ndarray:
-        return np.concatenate(self._maps) if self._maps else np.zeros((0, 0, 0))
+        return np.concatenate(self.batches.maps) if self.batches.maps else np.zeros((0, 0, 0))
 
     def merge(self, other: "RolloutAccumulator") -> "RolloutAccumulator":
         if (self.head_fusion, self.discard_ratio, self.num_prefix_tokens, self.has_class_token) != (
@@ -426,24 +449,66 @@ class RolloutAccumulator(AttentionConsumer):
                                  self.discard_ratio, self.label_names, self.has_classifier, self.source)
         out._model = self._model
         out.grid, out.image_size = self.grid or other.grid, self.image_size or other.image_size
-        out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
-                                             self._probs + other._probs)
+        out.batches = self.batches + other.batches
         return out
 
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
-        if self.grid is None or not self._maps:
+        if self.grid is None:
             raise InvalidParameterError("No images were processed; pass at least one image.")
-        preds = np.concatenate(self._preds)
-        names = self.label_names
-        size = self.image_size or (0, 0)
+        return self.batches.result(self.grid, self.image_size or (0, 0), self.head_fusion, self.discard_ratio,
+                                   self.source_token, self.label_names, spec)
+
+
+class RolloutBatches:
+    """The maps a rollout consumer has rolled out, batch by batch, each image's prediction beside its map (the plain,
+    windowed and class-attention rollout accumulators keep them so): two over disjoint image sets add up (``self``'s
+    first), and ``result`` makes the ``RolloutResult``, the predicted classes named where the model names them all."""
+
+    def __init__(self) -> None:
+        self.maps: list[np.ndarray] = []
+        self.preds: list[np.ndarray] = []
+        self.probs: list[np.ndarray] = []
+
+    def add(self, maps: np.ndarray, logits: torch.Tensor | None, has_classifier: bool) -> None:
+        """Keep a batch's maps [b, gh, gw] and, from its ``logits``, its predictions (``predictions``)."""
+        preds, probs = predictions(logits, maps.shape[0], has_classifier)
+        self.maps.append(maps)
+        self.preds.append(preds)
+        self.probs.append(probs)
+
+    def __add__(self, other: "RolloutBatches") -> "RolloutBatches":
+        out = RolloutBatches()
+        out.maps, out.preds, out.probs = self.maps + other.maps, self.preds + other.preds, self.probs + other.probs
+        return out
+
+    def result(self, grid: tuple[int, int], image_size: tuple[int, int], head_fusion: str, discard_ratio: float,
+               source_token: str, label_names: list[str] | None, spec: ModelSpec | str = "") -> RolloutResult:
+        """The result of the batches kept.
+
+        Args:
+            grid: (gh, gw) of the maps.
+            image_size: (H, W) input size.
+            head_fusion: "mean", "max" or "min".
+            discard_ratio: the share of fused weights zeroed.
+            source_token: the row rolled out, in words.
+            label_names: the model's class names, or None.
+            spec: the model's spec or name (the result's ``model_name``).
+
+        Returns:
+            The ``RolloutResult``.
+
+        Raises:
+            InvalidParameterError: no batch was kept.
+        """
+        if not self.maps:
+            raise InvalidParameterError("No images were processed; pass at least one image.")
+        preds, names = np.concatenate(self.preds), label_names
         return RolloutResult(
-            maps=self.maps, predictions=preds, probabilities=np.concatenate(self._probs), grid=self.grid,
-            image_size=size, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
-            source_token=self.source_token,
+            maps=np.concatenate(self.maps), predictions=preds, probabilities=np.concatenate(self.probs), grid=grid,
+            image_size=image_size, head_fusion=head_fusion, discard_ratio=discard_ratio, source_token=source_token,
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
-            model_name=model_name(spec),
-        )
+            model_name=model_name(spec))
 
 
 def predictions(logits: torch.Tensor | None, batch: int, has_classifier: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -35,8 +35,9 @@ from ..engine.stream import model_name
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..results import Result
 from ..words import counted
-from .distance import LOCAL_OF_UNIFORM, add_samples, merge_moments
-from .rollout import RolloutResult, check_rollout_params, fuse, predictions
+from .distance import LOCAL_OF_UNIFORM
+from .moments import ClassMoments, add_samples, merge_moments
+from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse
 
 
 def model_windows(m: object) -> list[WindowGeometry]:
@@ -173,6 +174,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     reduced as they come (nothing kept; at most ``REDUCE_ELEMENTS`` float64 values at once), per image and head;
     running moments over images in float64. ``state()`` / ``from_state`` carry it between processes (surveys):
     the moments and what labels the result (stages, kinds, strides, window-uniform distances), not the windows.
+    After ``per_class``, the same moments per class of the images (``BatchInfo.labels``): its state is what a survey
+    keeps of the view per image shard, and ``table_rows`` the survey table's rows of it.
     """
 
     reads_windows = True
@@ -193,18 +196,27 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             self.key_grids = np.array([g.keys_grid for g in windows], dtype=np.int64)
         shape = (len(self.heads), max(self.heads))
         self.mean, self.m2, self.n = np.zeros(shape), np.zeros(shape), 0
+        self.classes = ClassMoments(0, (), shape)
         self._batch: np.ndarray | None = None
+        self._labels: np.ndarray | None = None
 
     @classmethod
     def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
         return cls(model_windows(m), block_heads(m.family, m.model), m.spec.image_size,  # type: ignore[attr-defined]
                    renormalize)
 
+    def per_class(self, num_classes: int) -> "WindowedDistanceAccumulator":
+        """Keep the moments per class of the images too (before any image): what a survey keeps. Returns the
+        accumulator."""
+        self.classes = ClassMoments(num_classes, (), self.mean.shape)
+        return self
+
     def begin_batch(self, batch: BatchInfo) -> None:
         if self.windows is None:
             raise InvalidParameterError("This windowed distance was rebuilt from a saved state: it merges and "
                                         "gives its result, but reads no images (build it with for_model).")
         self._batch = np.full((batch.size, len(self.windows), max(self.heads)), np.nan)
+        self._labels = batch.labels
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         if rows is not None:
@@ -237,7 +249,9 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         samples, self._batch = self._batch, None  # NaN at the heads a block does not have: 0 until the result
-        self.mean, self.m2, self.n = add_samples(self.mean, self.m2, self.n, np.nan_to_num(samples, nan=0.0))
+        values = np.nan_to_num(samples, nan=0.0)
+        self.classes.add(self._labels, values)
+        self.mean, self.m2, self.n = add_samples(self.mean, self.m2, self.n, values)
 
     def _labelled_like(self, other: "WindowedDistanceAccumulator") -> "WindowedDistanceAccumulator":
         out = WindowedDistanceAccumulator(None, self.heads, self.image_size, self.renormalize)
@@ -254,6 +268,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             raise InvalidParameterError("Only windowed distances of the same model, input size and settings merge.")
         out = self._labelled_like(other)
         out.mean, out.m2, out.n = merge_moments(self.mean, self.m2, self.n, other.mean, other.m2, other.n)
+        out.classes = self.classes.merge(other.classes)
         return out
 
     def state(self) -> dict[str, np.ndarray]:
@@ -262,7 +277,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
                 "image_size": np.asarray(self.image_size), "renormalize": np.asarray(self.renormalize),
                 "stages": self.stages, "kinds": np.asarray(self.kinds, dtype=str), "stride_px": self.stride_px,
                 "window_uniform_px": self.window_uniform_px, "query_grids": self.query_grids,
-                "key_grids": self.key_grids}
+                "key_grids": self.key_grids, **self.classes.state()}
 
     @classmethod
     def from_state(cls, state: dict[str, np.ndarray]) -> "WindowedDistanceAccumulator":
@@ -275,6 +290,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         out.kinds = tuple(str(k) for k in np.asarray(state["kinds"]))
         out.window_uniform_px = np.asarray(state["window_uniform_px"], dtype=np.float64)
         out.query_grids, out.key_grids = (np.asarray(state[k], dtype=np.int64) for k in ("query_grids", "key_grids"))
+        out.classes = ClassMoments.from_state(state, (), out.mean.shape)
         return out
 
     def result(self, spec: ModelSpec | str = "") -> WindowedDistanceResult:
@@ -288,6 +304,39 @@ class WindowedDistanceAccumulator(AttentionConsumer):
             stages=self.stages.copy(), kinds=self.kinds, stride_px=self.stride_px.copy(),
             window_uniform_px=self.window_uniform_px.copy(), renormalize=self.renormalize,
             model_name=model_name(spec), query_grids=self.query_grids.copy(), key_grids=self.key_grids.copy())
+
+    def table_rows(self, spec: dict, classes: list[str], renormalize: bool = True) -> list[dict]:
+        """The survey table's rows of it. Per head: mean / std in pixels, mean in image widths and as a multiple of
+        its window's uniform distance; per block: the window-uniform distance; per stage: the mean over its heads
+        (in pixels and of the window); per class: the heads' means. Every row names its stage (1-based)."""
+        if self.n == 0:
+            return []
+        d = self.result()
+        n, width = d.n_images, float(d.image_size[1])
+        rows: list[dict] = []
+        for layer in range(d.mean_px.shape[0]):
+            stage = int(d.stages[layer]) + 1
+            rows.append(dict(metric="window_uniform_px", value=d.window_uniform_px[layer], n=n, layer=layer + 1,
+                             stage=stage))
+            for h in range(self.heads[layer]):
+                at = dict(n=n, layer=layer + 1, head=h + 1, stage=stage)
+                rows += [dict(metric="mean_distance_px", value=d.mean_px[layer, h], **at),
+                         dict(metric="std_distance_px", value=d.std_px[layer, h], **at),
+                         dict(metric="mean_distance_width", value=d.mean_px[layer, h] / width, **at),
+                         dict(metric="mean_distance_of_window", value=d.of_window[layer, h], **at)]
+        for s in np.unique(d.stages):
+            sel = d.stages == s
+            rows += [dict(metric="mean_distance_px", value=float(np.nanmean(d.mean_px[sel])), n=n, stage=int(s) + 1),
+                     dict(metric="mean_distance_of_window", value=float(np.nanmean(d.of_window[sel])), n=n,
+                          stage=int(s) + 1)]
+        per = self.classes
+        for c, name in enumerate(classes):
+            if per.has(c):
+                for layer in range(d.mean_px.shape[0]):
+                    for h in range(self.heads[layer]):
+                        rows.append(dict(metric="mean_distance_px", value=per.mean[c, layer, h], n=int(per.n[c]),
+                                         layer=layer + 1, head=h + 1, stage=int(d.stages[layer]) + 1, cls=name))
+        return rows
 
 
 def windowed_rollout_row(fused: list[torch.Tensor], windows: list[WindowGeometry]) -> torch.Tensor:
@@ -363,9 +412,7 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         self.windows, self.image_size, self.head_fusion = windows, tuple(int(s) for s in image_size), head_fusion
         self.label_names, self.has_classifier = label_names, has_classifier
         self._fused: list[torch.Tensor] = []
-        self._maps: list[np.ndarray] = []
-        self._preds: list[np.ndarray] = []
-        self._probs: list[np.ndarray] = []
+        self.batches = RolloutBatches()
 
     @classmethod
     def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
@@ -391,36 +438,27 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         once every block's maps have come (a survey's rollout statistics read them)."""
         return windowed_rollout_row(self._fused, self.windows)
 
+    def row_layout(self) -> tuple[int, tuple[int, int]]:
+        """(no prefix tokens, the first block's input grid): where ``batch_row``'s row lies."""
+        return 0, self.windows[0].in_grid
+
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         row = self.batch_row()
         self._fused = []
         grid = self.windows[0].in_grid
         maps = row.reshape(-1, *grid)
         maps = maps / maps.flatten(1).amax(dim=1).clamp_min(torch.finfo(torch.float64).tiny)[:, None, None]
-        self._maps.append(maps.cpu().numpy())
-        preds, probs = predictions(logits, maps.shape[0], self.has_classifier)
-        self._preds.append(preds)
-        self._probs.append(probs)
+        self.batches.add(maps.cpu().numpy(), logits, self.has_classifier)
 
     def merge(self, other: "WindowedRolloutAccumulator") -> "WindowedRolloutAccumulator":
         out = WindowedRolloutAccumulator(self.windows, self.image_size, self.head_fusion, self.label_names,
                                          self.has_classifier)
-        out._maps, out._preds, out._probs = (self._maps + other._maps, self._preds + other._preds,
-                                             self._probs + other._probs)
+        out.batches = self.batches + other.batches
         return out
 
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
-        if not self._maps:
-            raise InvalidParameterError("No images were processed; pass at least one image.")
-        preds = np.concatenate(self._preds)
-        names = self.label_names
-        return RolloutResult(
-            maps=np.concatenate(self._maps), predictions=preds, probabilities=np.concatenate(self._probs),
-            grid=self.windows[0].in_grid, image_size=self.image_size, head_fusion=self.head_fusion, discard_ratio=0.0,
-            source_token=rollout_source(self.windows),
-            predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
-            len(names) > int(preds.max()) else [],
-            model_name=model_name(spec))
+        return self.batches.result(self.windows[0].in_grid, self.image_size, self.head_fusion, 0.0,
+                                   rollout_source(self.windows), self.label_names, spec)
 
 
 def rollout_source(windows: list[WindowGeometry]) -> str:

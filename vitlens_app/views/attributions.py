@@ -12,7 +12,7 @@ from vitlens import figures
 from vitlens_app import kind_choices
 from vitlens_app.caches import ledger_result, method_table, remembered
 from vitlens_app.context import Context, figure_download, whole_table
-from vitlens_app.library import (METHOD_TABLE, METRIC_TABLE, attribution_figures, counted, default_metrics,
+from vitlens_app.library import (METHOD_TABLE, METRIC_TABLE, counted, default_metrics,
                                  has_text_tower, lrp_methods, methods_for, metric_label, preselected_methods,
                                  round_significant, time_left, timing_note, verdict_rule)
 
@@ -58,7 +58,7 @@ def render_attributions(ctx: Context) -> None:
         return
     mask = None if ctx.masks is None else ctx.masks[ctx.index: ctx.index + 1]
     table = attributed_table(ctx, methods, target, steps, mask, tuple(metrics))
-    figs = attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
+    figs = figures.attribution_figures(table, ctx.shown)  # the report's figures of the same table and image
     st.plotly_chart(figs["attributions"], key="attr-fig")
     shown = [k for k in metrics if k in figs]  # each chosen metric's curves, drawn from its METRIC_TABLE entry
     for k in shown:
