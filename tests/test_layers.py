@@ -1,5 +1,5 @@
 """The package's layers point one way (issue 19): ``core`` imports nothing of vitlens but its
-errors, ``families`` imports nothing of ``loading`` (or of the views, reports and surveys above it)."""
+errors and the kind registry (which imports only the errors), ``families`` imports nothing of ``loading`` (or of the views, reports and surveys above it)."""
 from __future__ import annotations
 
 import ast
@@ -32,9 +32,12 @@ def test_families_import_nothing_of_loading_or_the_layers_above():
         assert not imports & {"loading", "views", "report", "survey", "attribution", "compare", "figures"}, name
 
 
-def test_core_imports_nothing_of_vitlens_but_its_errors():
+def test_core_imports_nothing_of_vitlens_but_its_errors_and_the_kind_registry():
     for name, imports in imported_subpackages("core").items():
-        assert imports <= {"errors"}, (name, imports)
+        assert imports <= {"errors", "kinds"}, (name, imports)
+    kinds = PKG / "kinds.py"  # the kind registry sits below core: it imports nothing of vitlens but its errors
+    below = {n.module for n in ast.walk(ast.parse(kinds.read_text())) if isinstance(n, ast.ImportFrom) and n.level}
+    assert below <= {"errors"}, below
 
 
 def _target_subpackage(path: Path, node: ast.ImportFrom) -> str:
