@@ -117,7 +117,8 @@ def test_the_optional_abilities_are_declared_on_family_with_none_as_their_defaul
 def _callers() -> list[Path]:
     """What reads the families from outside them: the library, the analyses and the app."""
     return ([p for p in sorted((ROOT / "vitlens").rglob("*.py")) if not p.is_relative_to(FAMILIES_DIR)]
-            + sorted((ROOT / "analyses").glob("*.py")) + [ROOT / "app.py"] + sorted((ROOT / "vitlens_app").rglob("*.py")))
+            + sorted((ROOT / "analyses").glob("*.py")) + [ROOT / "app.py"]
+            + sorted((ROOT / "vitlens_app").rglob("*.py")))
 
 
 def _is_family(node: ast.expr) -> bool:
