@@ -123,9 +123,16 @@ def rng() -> torch.Generator:
 
 @pytest.fixture(scope="session")
 def local_ray():
-    """One local Ray for every in-process survey of the session (starting one costs seconds)."""
+    """One local Ray for every in-process survey of the session (starting one costs seconds), and for the
+    ``vitlens survey --address`` processes of tests/test_survey.py.
+
+    One CPU: a survey gives each model ``CPUs // len(models)`` worker processes, and each process imports torch and
+    loads its model (~4 s, ~10 s on a loaded machine) before it computes a shard of these small surveys in
+    milliseconds: with two CPUs a one-model survey started two. Several worker processes per model (shards spread
+    over replicas) are exercised by ``test_survey_trust.py::test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it``
+    (its own local Ray, one CPU per core)."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
     yield ray
     ray.shutdown()
 
