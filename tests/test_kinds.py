@@ -17,8 +17,11 @@ from vitlens.compare.cka import refuse_unread_blocks
 from vitlens.engine import AttentionConsumer, stream_attention
 from vitlens.kinds import (CLASS_ATTENTION, HIERARCHICAL, HYBRID, VIT, Kind, all_kinds, kind_names, kind_of,
                            register_kind, registered_kind)
+from vitlens.survey.stats import Predictions
 from vitlens.views.distance import AttentionDistanceAccumulator
 from vitlens.views.registry import VIEWS, available_views
+from vitlens.views.rollout import RolloutAccumulator
+from vitlens.views.rollout_stats import RolloutStats
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the top-level folders that are not the app: the library, the analyses, and what is neither library nor app
@@ -182,6 +185,11 @@ def test_a_kind_registered_here_is_listed_refused_and_described(ref_vit):
         counter = StripeCounter()
         assert stream_attention(m, x, [counter], batch_size=2) == 2
         assert counter.blocks == ref_vit.spec.num_layers
+        # a consumer of the logits alone reads every kind's model (the survey's predictions), and the survey's
+        # rollout statistics read what their accumulator reads, for this kind's flag too
+        assert STRIPED.reads(Predictions(True)) and not STRIPED.reads(AttentionDistanceAccumulator)
+        assert getattr(RolloutStats(counter), "reads_stripes") is True
+        assert getattr(RolloutStats(RolloutAccumulator.for_model(ref_vit)), "reads_stripes") is False
         # and the input methods run
         res = vl.attribute(m, x, "saliency")
         assert res.maps.shape == (2, *ref_vit.spec.grid) and np.isfinite(res.maps).all()

@@ -51,6 +51,8 @@ class Kind:
         cam_layer: its family names the layer the CAMs read (``Family.cam_layer``, or the last block's norm).
         stages: its tokens sit on stages of coarser grids, each block's from its family's windows: the CAMs map a
             stage's grid, the spec records its heads by stage (``ModelSpec.stage_heads``).
+        class_layers: its last blocks attend from the class token alone (CaiT's class-attention layers): the views
+            read its self-attention blocks, with no prefix token among their keys.
         stem: what makes its tokens where Fig. 11's contrast reads it: "cnn" (a hybrid's CNN feature map) or
             "patch" (a plain ViT's patch embedding); "" for a kind outside that contrast.
         plural: its name for two models of it in a comparison's reading ("plain ViTs"); default the word + "s".
@@ -68,8 +70,6 @@ class Kind:
     pool_refusal: str = ""
     cam_layer: bool = True
     stages: bool = False
-    #: its last blocks attend from the class token alone (CaiT's class-attention layers): the views read its
-    #: self-attention blocks, with no prefix token among their keys
     class_layers: bool = False
     stem: str = ""
     plural: str = ""
@@ -91,7 +91,8 @@ class Kind:
 
     def reads(self, consumer: Any) -> bool:
         """Whether a consumer reads this kind's maps: every consumer reads a ViT's, another kind's only a consumer
-        whose ``reader`` flag is True.
+        whose ``reader`` flag is True or that reads every kind (``reads_every_kind``: it reads no map's shape,
+        e.g. the logits alone).
 
         Args:
             consumer: an attention consumer or its class.
@@ -99,7 +100,8 @@ class Kind:
         Returns:
             Whether it reads them.
         """
-        return not self.reader or bool(getattr(consumer, self.reader, False))
+        return (not self.reader or bool(getattr(consumer, "reads_every_kind", False))
+                or bool(getattr(consumer, self.reader, False)))
 
     def reader_among(self, consumers: Sequence[T]) -> T | None:
         """The first of ``consumers`` that reads this kind's maps (``reads``).
@@ -182,6 +184,12 @@ def kind_names() -> tuple[str, ...]:
     return tuple(_KINDS)
 
 
+def _kind_name(model: Any, missing: Any = None) -> Any:
+    """The kind's name of a loaded model, a spec, or a name (what ``find_kind`` and ``kind_of`` take); ``missing``
+    for an object without one."""
+    return model if isinstance(model, str) else getattr(getattr(model, "spec", model), "kind", missing)
+
+
 def find_kind(model: Any) -> Kind | None:
     """The kind of a model, as ``kind_of`` reads it, where its name may not be registered.
 
@@ -191,7 +199,7 @@ def find_kind(model: Any) -> Kind | None:
     Returns:
         The registered record, or None.
     """
-    name = model if isinstance(model, str) else getattr(getattr(model, "spec", model), "kind", None)
+    name = _kind_name(model)
     return _KINDS.get(name) if isinstance(name, str) else None
 
 
@@ -209,8 +217,8 @@ def kind_of(model: Any) -> Kind:
     """
     kind = find_kind(model)
     if kind is None:
-        name = model if isinstance(model, str) else getattr(getattr(model, "spec", model), "kind", model)
-        raise UnsupportedModelError(f"No kind of model is called {name!r}; vitlens reads {', '.join(_KINDS)}.")
+        raise UnsupportedModelError(f"No kind of model is called {_kind_name(model, model)!r}; vitlens reads "
+                                    f"{', '.join(_KINDS)}.")
     return kind
 
 
@@ -267,10 +275,9 @@ CLASS_ATTENTION = register_kind(Kind(
                    "self-attention blocks over the patches alone, then class-attention layers (CaiT)",
     blocks_refusal="its self-attention blocks hand on the patch tokens alone and its class-attention layers the "
                    "class token alone, so no one token policy (mean, cls, patches) reads every block",
-    class_layers=True,
     pool_refusal="{name} reads its class token through class-attention layers, not an attention pool; rollout starts "
                  "from that class token (source=None).",
-    cam_layer=False))
+    cam_layer=False, class_layers=True))
 
 
 # what attribution methods and views may need of a kind (``Method.for_kind``)

@@ -64,6 +64,9 @@ class AttentionConsumer:
     #: alone, then [B, heads, 1, 1 + N] of the class token: ``vitlens.views.class_attention``); the stream refuses
     #: such a model for a consumer that does not
     reads_class_attention = False
+    #: whether the consumer reads no map's shape at all (the logits alone), so every kind's maps pass it
+    #: (``Kind.reads``): the flag of a consumer that would otherwise have to name every kind's flag
+    reads_every_kind = False
 
     def begin_batch(self, batch: BatchInfo) -> None:
         """A new batch is about to run."""

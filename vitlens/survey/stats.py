@@ -37,8 +37,8 @@ from ..views.rollout_stats import RolloutStats  # noqa: F401  (importable here, 
 class Predictions(AttentionConsumer):
     """Correct predictions overall and per class (images with labels; label -1 = unknown)."""
 
-    # it reads the logits, no attention map: a hierarchical model's or a CaiT's as any other's
-    reads_windows = reads_class_attention = True
+    # it reads the logits, no attention map: every kind's model as any other's
+    reads_every_kind = True
 
     def __init__(self, has_classifier: bool, num_classes: int = 0) -> None:
         self.has_classifier = has_classifier
@@ -188,9 +188,10 @@ def flatten(states: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
 
 def unflatten(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
+    views = survey_views()
     for key, value in arrays.items():
         name, _, field = key.partition(".")
-        if name not in survey_views() or survey_views()[name].from_state is None:
+        if name not in views or views[name].from_state is None:
             raise InvalidParameterError(f"A survey shard holds an unknown statistic {name!r}.")
         out.setdefault(name, {})[field] = value
     return out

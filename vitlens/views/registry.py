@@ -75,9 +75,10 @@ def reader_for(m: "LoadedModel", view: str) -> Any:
     Raises:
         ViewNotAvailableError: no consumer of the view reads them (the view is not defined for the kind).
     """
-    found = kind_of(m).reader_among(VIEWS[view].readers)
+    kind = kind_of(m)
+    found = kind.reader_among(VIEWS[view].readers)
     if found is None:
-        raise ViewNotAvailableError(f"The {view} view is not defined for {m.spec.name} ({kind_of(m).label}): no "
+        raise ViewNotAvailableError(f"The {view} view is not defined for {m.spec.name} ({kind.label}): no "
                                     "consumer of it reads its attention maps.")
     return found
 
@@ -218,7 +219,6 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          PrefixDiagnosticsResult, default=False,
          label="Prefix tokens", shown_in="Attention distance", readers=(PrefixDiagnostics,)),
 )}
-
 
 
 def register_view(view: View, replace: bool = False) -> View:

@@ -17,6 +17,7 @@ import torch
 from ..core.resample import patch_coverage
 from ..core.spec import ModelSpec
 from ..engine.consumer import AttentionConsumer, BatchInfo
+from ..kinds import all_kinds
 
 
 class RolloutStats(AttentionConsumer):
@@ -31,9 +32,11 @@ class RolloutStats(AttentionConsumer):
 
     def __init__(self, rollout: Any = None) -> None:
         self.rollout = rollout
-        # it reads the maps its accumulator reads (a windowed model's windows, a CaiT's class-attention layers)
-        self.reads_windows = bool(getattr(rollout, "reads_windows", False))
-        self.reads_class_attention = bool(getattr(rollout, "reads_class_attention", False))
+        # it reads the maps its accumulator reads (a windowed model's windows, a CaiT's class-attention layers:
+        # every registered kind's reader flag, as the accumulator has it)
+        for kind in all_kinds():
+            if kind.reader:
+                setattr(self, kind.reader, kind.reads(rollout))
         self.sums = np.zeros(len(self.METRICS))
         self.squares = np.zeros(len(self.METRICS))
         self.counts = np.zeros(len(self.METRICS), dtype=np.int64)
