@@ -11,6 +11,9 @@ import streamlit as st
 import vitlens as vl
 from vitlens_app.library import browser_path, figure_html, figure_png
 
+#: whether figures download as PNG: the browser kaleido would use, found as kaleido finds it, once per app process
+PNG_EXPORT = browser_path() is not None
+
 
 @dataclass
 class Context:
@@ -47,7 +50,7 @@ def figure_download(where: Any, fig: Any, stem: str, label: str = "Figure") -> N
     """A figure's download through the command line's export path (``vitlens.report.export``): PNG when
     Chromium is there for kaleido (the browser kaleido would use, found as kaleido finds it), self-contained HTML
     otherwise; made only when clicked."""
-    if browser_path() is not None:
+    if PNG_EXPORT:
         where.download_button(f"{label} (PNG)", lambda: figure_png(fig), f"{stem}.png", "image/png",
                               key=f"png-{stem}", on_click="ignore")
     else:
