@@ -8,7 +8,11 @@ together when it ends, one browser for them all), a pandas DataFrame as a table,
 anything else as its repr. Pages go to ``docs/tutorials/NN_name.md``, figures beside them; a cell that
 raises stops the run with its traceback and a non-zero exit, so a tutorial that no longer runs fails
 the docs build (and so CI). Each tutorial runs in its own Python process (what one registers, another
-never sees) and in a fresh temporary working directory.
+never sees) and in a fresh temporary working directory. Where the platform forks (Linux, macOS), that process is a
+fork of the runner after it has imported the libraries every tutorial imports (torch, timm, transformers, plotly,
+vitlens' modules): the imports, most of a small tutorial's time, are paid once instead of once per tutorial; the
+runner itself runs no tutorial code, so each child starts from the same clean state a fresh interpreter would
+reach by importing them (``VITLENS_TUTORIAL_FORK=0``: a fresh interpreter per tutorial, as on Windows).
 
     python scripts/tutorials.py                 # every tutorial
     python scripts/tutorials.py 01_four_views   # some, by name
@@ -130,6 +134,66 @@ def jobs_here() -> int:
     return max(1, int(value)) if value else max(1, os.cpu_count() or 1)
 
 
+#: what every tutorial imports, imported once by the runner before it forks a process per tutorial (imports only:
+#: no module here starts a thread, a Ray or a browser when imported, so a fork of the runner is as clean as a fresh
+#: interpreter that imported them)
+PRELOAD = ("numpy", "torch", "timm", "transformers", "safetensors.torch", "pandas", "duckdb", "plotly.graph_objects",
+           "plotly.io", "vitlens", "vitlens.loading", "vitlens.engine", "vitlens.figures", "vitlens.attribution",
+           "vitlens.families", "vitlens.reference.shapes", "vitlens.report.export", "vitlens.survey")
+
+
+def forks() -> bool:
+    """Whether each tutorial's process is a fork of this runner (after ``PRELOAD``): where ``os.fork`` exists and
+    ``VITLENS_TUTORIAL_FORK`` is not ``0``."""
+    return hasattr(os, "fork") and os.environ.get("VITLENS_TUTORIAL_FORK", "1") != "0"
+
+
+def preload() -> None:
+    """Import ``PRELOAD`` (a module that is not installed is left to the tutorial that needs it to report)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT))
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def run_one(source: Path) -> int:
+    """One tutorial in this process: its page written, exit status 0; 1 with the failing cell's traceback."""
+    try:
+        run_tutorial(source)
+    except RuntimeError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+_STARTED: list[subprocess.Popen] = []
+
+
+def start(source: Path) -> int:
+    """The process id of a child that runs ``source``: a fork of this runner (``forks()``), else a fresh
+    interpreter running this script with ``--one``."""
+    if not forks():
+        proc = subprocess.Popen([sys.executable, __file__, "--one", str(source)])
+        _STARTED.append(proc)  # kept, so that no Popen reaps it (``main`` waits for it by its id)
+        return proc.pid
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: run the tutorial, leave without running the runner's exit handlers
+        code = 1
+        try:
+            code = run_one(source)
+        except BaseException:  # noqa: BLE001 - a crash outside a cell still fails the tutorial, with its traceback
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return pid
+
+
 def main(argv: list[str]) -> int:
     """Run the tutorials named in ``argv`` (all when empty), ``jobs_here()`` at a time, each in its own process;
     exit status 1 when one fails (the others still finish; the failing one's traceback is printed)."""
@@ -141,35 +205,29 @@ def main(argv: list[str]) -> int:
             print(f"no tutorial named {', '.join(sorted(missing))} under {SOURCES}", file=sys.stderr)
             return 2
     jobs = min(jobs_here(), len(sources)) or 1
-    env = dict(os.environ)
-    if jobs > 1:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    if jobs > 1:  # before torch is imported (here or in a fresh interpreter): its thread count is read once
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+    if forks():
+        preload()
     pending, running, failed = list(sources), {}, []
     while pending or running:
         while pending and len(running) < jobs:
             source = pending.pop(0)
-            running[source] = (subprocess.Popen([sys.executable, __file__, "--one", str(source)], env=env),
-                               time.perf_counter())
-        for source, (proc, start) in list(running.items()):
-            if proc.poll() is None:
-                continue
-            del running[source]
-            if proc.returncode != 0:
-                print(f"tutorial {source.stem} failed", file=sys.stderr)
-                failed.append(source.stem)
-            else:
-                print(f"tutorial {source.stem}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
-        time.sleep(0.2)
+            running[start(source)] = (source, time.perf_counter())
+        pid, status = os.waitpid(-1, 0)  # the next child to end (the runner starts no other)
+        if pid not in running:
+            continue
+        source, began = running.pop(pid)
+        if os.waitstatus_to_exitcode(status) != 0:
+            print(f"tutorial {source.stem} failed", file=sys.stderr)
+            failed.append(source.stem)
+        else:
+            print(f"tutorial {source.stem}: {time.perf_counter() - began:.1f} s", file=sys.stderr)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     if sys.argv[1:2] == ["--one"]:
-        try:
-            run_tutorial(Path(sys.argv[2]))
-        except RuntimeError as e:
-            print(e, file=sys.stderr)
-            raise SystemExit(1)
-        raise SystemExit(0)
+        raise SystemExit(run_one(Path(sys.argv[2])))
     raise SystemExit(main(sys.argv[1:]))
