@@ -27,9 +27,12 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def run_cli_here(*args: str) -> subprocess.CompletedProcess:
-    """The same command through ``vitlens.report.cli.main`` in this process: for the error paths,
-    which fail before any work, so that each does not pay a fresh interpreter's imports (~4-9 s).
-    The end-to-end tests above and ``test_debug_shows_the_traceback`` keep real subprocesses."""
+    """The same command through ``vitlens.report.cli.main`` in this process (its exit status, what it printed),
+    so that each test does not pay a fresh interpreter's imports (~4-9 s): what the command does is the same code
+    either way. Real processes are kept where the process is the point: the report and comparison of the embedded
+    pair (``pair_report``, ``pair_compare``: end to end, opened in a browser), ``python -m vitlens`` refusing a bad
+    number before torch is imported, ``--debug``'s traceback, and ``test_same_command_gives_the_same_numbers`` (a
+    fresh process against this one)."""
     import contextlib
     import io
 
@@ -125,8 +128,8 @@ def test_compare_of_two_plain_vits_never_names_a_cnn_stem(tmp_path):
     """Issue 29: the embedded ViT against a random-init plain ViT read as "as when a CNN stem has already done
     the local work"."""
     out = tmp_path / "cmp.html"
-    proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "4",
-                   "--out", str(out))
+    proc = run_cli_here("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "4",
+                        "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     data = vl.load_result(out.with_suffix(".json"))
     assert data.kinds == ["vit", "vit"] and data.weights == ["embedded", "random init"]
@@ -138,8 +141,8 @@ def test_compare_of_two_plain_vits_never_names_a_cnn_stem(tmp_path):
 
 def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
     out = tmp_path / "cmp.html"
-    proc = run_cli("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "2",
-                   "--samples", "--out", str(out), "--quiet")
+    proc = run_cli_here("compare", "--models", "ref-vit", "vit_tiny_patch16_224", "--random-init", "--n-images", "2",
+                        "--samples", "--out", str(out), "--quiet")
     assert proc.returncode == 0, proc.stderr
     data = vl.load_result(out.with_suffix(".json"))
     assert data.units == "width" and data.weights == ["embedded", "random init"]
@@ -198,13 +201,13 @@ def test_unreadable_images_are_skipped_with_their_names_or_fatal_with_strict(tmp
     vl.sample_images(["coffee"])[0].save(folder / "a.png")
     (folder / "b.jpg").write_bytes(b"not a jpeg")
     out = tmp_path / "r.html"
-    proc = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
-                   "--out", str(out))
+    proc = run_cli_here("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
+                        "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "warning: skipped b.jpg (Cannot read b.jpg as an image" in proc.stderr and "(s)" not in proc.stderr
     assert vl.load_result(out.with_suffix(".json")).image_set["skipped"] == ["b.jpg"]
-    strict = run_cli("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
-                     "--strict", "--out", str(tmp_path / "s.html"))
+    strict = run_cli_here("report", "--model", "vit_tiny_patch16_224", "--random-init", "--images", str(folder),
+                          "--strict", "--out", str(tmp_path / "s.html"))
     assert strict.returncode == 2 and "b.jpg" in strict.stderr and not (tmp_path / "s.html").exists()
 
 
@@ -439,7 +442,7 @@ def test_compare_with_cka_and_report_with_heads(pair_compare, tmp_path):
     data = vl.load_result(pair_compare.with_suffix(".json"))
     assert len(data.cka) == 1 and data.cka[0].matrix.shape == (6, 6) and data.cka[0].n_images == 8
     assert "Representation similarity: ref-vit vs ref-hybrid" in pair_compare.read_text()
-    proc = run_cli("report", "--n-images", "6", "--heads", "--head-images", "6", "--out", str(tmp_path / "r.html"))
+    proc = run_cli_here("report", "--n-images", "6", "--heads", "--head-images", "6", "--out", str(tmp_path / "r.html"))
     assert proc.returncode == 0, proc.stderr
     assert "head importance: 48 heads x 6 images = 294 image forwards" in proc.stderr  # the cost, first
     report = vl.load_result(tmp_path / "r.json")
@@ -450,8 +453,8 @@ def test_compare_with_cka_and_report_with_heads(pair_compare, tmp_path):
 
 
 def test_reports_say_when_predictions_mean_nothing(tmp_path):
-    proc = run_cli("report", "--model", "ref-vit", "--model", "vit_tiny_patch16_224", "--random-init", "--samples",
-                   "--n-images", "1", "--out", str(tmp_path / "r.html"), "--quiet")
+    proc = run_cli_here("report", "--model", "ref-vit", "--model", "vit_tiny_patch16_224", "--random-init",
+                        "--samples", "--n-images", "1", "--out", str(tmp_path / "r.html"), "--quiet")
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "r.html").read_text()
     assert "know only six synthetic shapes" in page and "Random weights: the predictions mean nothing" in page
