@@ -2,8 +2,6 @@
 (seeded, resumable, writes loadable safetensors)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,14 +47,26 @@ def test_patch_coverage_and_mask_scores_on_a_hand_built_case():
     assert s.pointing_hit.tolist() == [True, True, False]  # argmax of a flat map is the first patch
 
 
-def test_training_script_is_resumable_and_writes_loadable_weights(tmp_path):
-    cmd = [sys.executable, str(ROOT / "analyses" / "train_reference.py"), "--models", "ref-vit", "--save-every", "1",
-           "--state-dir", str(tmp_path / "state"), "--out", str(tmp_path / "w"), "--eval-n", "64"]
-    first = subprocess.run(cmd + ["--steps-vit", "2"], capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-2000:]
-    second = subprocess.run(cmd + ["--steps-vit", "3"], capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "resuming at step 2" in second.stdout
+def test_training_script_is_resumable_and_writes_loadable_weights(tmp_path, capsys):
+    """``analyses/train_reference.py`` run twice, as its ``main`` in this process (what makes a run resumable is the
+    state on disk, not the process: a fresh interpreter's imports would add nothing); the thread count the script
+    sets is put back for the tests after it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_reference", ROOT / "analyses" / "train_reference.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--models", "ref-vit", "--save-every", "1", "--state-dir", str(tmp_path / "state"), "--out",
+            str(tmp_path / "w"), "--eval-n", "64"]
+    threads = torch.get_num_threads()
+    try:
+        assert script.main(args + ["--steps-vit", "2"]) == 0
+        capsys.readouterr()
+        assert script.main(args + ["--steps-vit", "3"]) == 0
+        second = capsys.readouterr()
+    finally:
+        torch.set_num_threads(threads)
+    assert "resuming at step 2" in second.out
     m = vl.load_model(str(tmp_path / "w" / "ref-vit.safetensors"), arch="ref-vit")
     assert m.spec.grid == (8, 8) and m.spec.num_classes == len(CLASSES)
     state = torch.load(tmp_path / "state" / "ref-vit.state.pt", weights_only=True)

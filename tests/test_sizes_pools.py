@@ -68,7 +68,8 @@ def test_views_over_a_register_map_pool():
     maps = vl.attention_maps(m, x[:1])
     assert maps.pool_attention(0).shape == (2, 4, 4)
     rollout = vl.attention_rollout(m, x, source="pool")
-    assert rollout is not None
+    assert rollout.source_token == "attention pool" and rollout.maps.shape == (2, 4, 4)
+    assert np.allclose(np.asarray(rollout.maps).max(axis=(1, 2)), 1.0)  # each map divided by its maximum
 
 
 def test_timm_refuses_a_size_it_cannot_take_in_one_line():
@@ -108,7 +109,8 @@ def test_hf_vit_at_another_size_interpolates():
         m.logits(x)
     assert cap.maps[0].shape == (2, 2, 37, 37)
     result = vl.attention_distance(m, x)
-    assert result is not None
+    assert result.grid == (6, 6) and tuple(result.image_size) == (48, 48) and result.mean_px.shape == (2, 2)
+    assert result.n_images == 2 and np.isfinite(np.asarray(result.mean_px)).all()
 
 
 def test_hf_model_without_interpolation_refuses_another_size(monkeypatch):
