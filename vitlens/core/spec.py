@@ -45,6 +45,9 @@ class ModelSpec:
         stage_heads: a hierarchical model's heads of every block, grouped by stage, first stage first (Swin-T:
             ((3, 3), (6, 6), (12,) * 6, (24, 24)); ``core.windows.stage_heads``); () when unknown or for a model
             without windows. ``describe`` shows a model of more than one stage by its stages and heads per stage.
+        read_module: where in the model given the blocks read are, for a whole model read through its vision tower
+            (a VLM's ``"model.vision_tower"``, a depth model's ``"backbone"``, a CLIP model's ``"vision_model"``,
+            with the tower's class: ``"backbone (Dinov2Backbone)"``); "" when the model given is the one read.
     """
 
     name: str
@@ -65,6 +68,7 @@ class ModelSpec:
     family: str = "timm-vit"
     prefix_labels: tuple[str, ...] = ()
     stage_heads: tuple[tuple[int, ...], ...] = ()
+    read_module: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +138,7 @@ class ModelSpec:
             "parameters": param_count_str(self.num_params),
             "classes": str(self.num_classes) if self.num_classes else "none (feature model)",
             "position embedding": "learned, absolute" if self.has_pos_embed else "none learned (absolute table absent)",
+            **({"read through": self.read_module} if self.read_module else {}),
         }
 
 

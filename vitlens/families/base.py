@@ -415,6 +415,10 @@ class Family:
     #: ``block_heads(model) -> list[int]``, the heads of every block's attention, for such a family whose attention
     #: modules do not say it as ``num_heads`` (Hugging Face's Swins); None: read ``num_heads``
     block_heads: Callable[..., Any] | None = None
+    #: ``tower(model) -> nn.Module``, the submodule whose blocks the family reads when it reads a whole model through
+    #: its vision tower (a CLIP model's ``vision_model``, Idefics3's); None: the model itself
+    #: (``ModelSpec.read_module`` names it)
+    tower: Callable[..., Any] | None = None
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """Side capture (``capture.mode == "side"``): every block's probabilities computed beside the model's

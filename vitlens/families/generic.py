@@ -271,6 +271,10 @@ class GenericCallCapture(Family):
             num_classes=layout.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
             dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels)
 
+    def tower(self, model: nn.Module) -> nn.Module:
+        """The submodule the layout reads (a transformers model's vision tower, open_clip's ``visual``)."""
+        return _layout(model).tower(model)
+
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return list(_layout(model).attention_modules(model))
 

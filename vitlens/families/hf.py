@@ -59,7 +59,7 @@ from ..core.attention import attention_probs, conv_filters
 from .common.hf import (CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, VIT_PROCESSOR, HfTypes,
                         ProcessorDefaults, config_image_size, default_data_config, is_hf_model, resize_inputs,
                         tower_type, types_read_elsewhere, vision_tower)
-from .common.mha import call_mask
+from .common.mha import install_probe_pool, probe_attention
 from .common.windows import pair
 
 #: the model types (``config.model_type`` of the vision tower) whose attention this family reproduces, with their
@@ -407,34 +407,15 @@ class HuggingFaceViT(Family):
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         """SigLIP's / Siglip2's MAP head: its probe's nn.MultiheadAttention over the tokens, softmax(q / sqrt(d) @ k^T
-        + mask) per head (what the module returns with ``average_attn_weights=False``), from its own in-projection."""
-        import torch.nn.functional as F
-
+        + mask) per head (what the module returns with ``average_attn_weights=False``), from its own in-projection
+        (``common.mha.install_probe_pool``)."""
         from ..errors import ViewNotAvailableError
 
-        head = getattr(vision_tower(model), "head", None)
-        mha = getattr(head, "attention", None)
-        if not (isinstance(mha, nn.MultiheadAttention) and hasattr(head, "probe") and mha._qkv_same_embed_dim
-                and mha.batch_first):
+        mha = probe_attention(getattr(vision_tower(model), "head", None))
+        if mha is None:
             raise ViewNotAvailableError(f"{type(model).__name__} has no MAP head (SigLIP's probe attention), so "
                                         "there is no pool attention to show.")
-
-        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-            query, key = args[0], args[1] if len(args) > 1 else kwargs["key"]
-            e, h = mod.embed_dim, mod.num_heads
-            w, b = mod.in_proj_weight, mod.in_proj_bias
-            with torch.no_grad():
-                q = F.linear(query, w[:e], None if b is None else b[:e])
-                k = F.linear(key, w[e:2 * e], None if b is None else b[e:2 * e])
-                q = q.unflatten(-1, (h, e // h)).transpose(1, 2)
-                k = k.unflatten(-1, (h, e // h)).transpose(1, 2)
-                # its attn_mask / key_padding_mask with nn.MultiheadAttention's semantics (bool True = masked)
-                mask = call_mask(mod, q, k, args, kwargs)
-                with torch.autocast(device_type=q.device.type, enabled=False):
-                    probs = attention_probs(q, k, (e // h) ** -0.5, mask)
-            capture(0, probs)
-
-        handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        install_probe_pool(mha, capture, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         proj = getattr(attn, "o_proj", None)  # ViT, DeiT, Dinov2, IJepa, MAE; CLIP and SigLIP call it out_proj
@@ -474,7 +455,8 @@ class HuggingFaceViT(Family):
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a CLIP/SigLIP model
-        (projected), the pooled output, or the class token (the mean token without one)."""
+        (projected), the pooled output, a backbone's last feature map (as the ViTDet and generic families give), or
+        the class token (the mean token without one)."""
         if "ForImageClassification" not in type(model).__name__ and hasattr(model, "get_image_features"):
             out = model.get_image_features(**model_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
@@ -486,7 +468,13 @@ class HuggingFaceViT(Family):
         pooled = getattr(out, "pooler_output", None)
         if pooled is not None:
             return pooled
+        if getattr(out, "feature_maps", None):  # a backbone (Dinov2Backbone, Depth Anything's): its last feature map
+            return out.feature_maps[-1]
         return out.last_hidden_state[:, 0] if tower_type(model) not in NO_CLASS_TOKEN else out.last_hidden_state.mean(1)
+
+    def tower(self, model: nn.Module) -> nn.Module:
+        """The module read: a CLIP/SigLIP model's ``vision_model``, ViTMAE's encoder ``vit``, else the model."""
+        return vision_tower(model)
 
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         sy, sx = spec.stride_px

@@ -106,6 +106,10 @@ class Layout:
         raise ViewNotAvailableError(f"{name} pools without an attention pool vitlens reads, so there is no pool "
                                     "attention to show.")
 
+    def tower(self, model: nn.Module) -> nn.Module:
+        """The submodule whose blocks are read (the model itself, unless a layout reads a whole model's tower)."""
+        return model
+
     def module_name(self, model: nn.Module, module: nn.Module) -> str:
         """``module``'s name in ``model`` (``named_modules``), for descriptions."""
         return next((n for n, mod in model.named_modules() if mod is module), type(module).__name__)
@@ -350,15 +354,21 @@ class HuggingFaceLayout(Layout):
         refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
         return built
 
+    def tower(self, model: nn.Module) -> nn.Module:
+        return self._parts(model)[0]
+
     def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
         tower = self._parts(model)[0]
         return tower(**_hf_inputs(tower, x, tower.forward))
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Class logits of a classifier; else the image embedding: ``get_image_features`` of a model with a text
-        tower, the pooled output, or the class token (the mean token without one)."""
+        """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
+        model (one with a ``logit_scale``: AIMv2, CLIP-like; its projected embedding), else the tower's own output (a
+        VLM's image features feed its language model and may need other inputs: Idefics3 takes images per sample,
+        InstructBLIP a Q-Former prompt), read as the pooled output, a backbone's last feature map, or the class token
+        (the mean token without one)."""
         classifier = "ForImageClassification" in type(model).__name__
-        if not classifier and hasattr(model, "get_image_features"):
+        if not classifier and hasattr(model, "get_image_features") and hasattr(model, "logit_scale"):
             out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
         target = model if classifier else self._parts(model)[0]
@@ -395,8 +405,10 @@ class HuggingFaceLayout(Layout):
         return data_config_of(model, spec, defaults, int(self.patch_conv(model).in_channels))
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
-        """An attention-pooling head that is one SDPA call of its queries over the tokens (AIMv2's ``head``), read
-        at that call; SigLIP-style heads are the ``hf-vit`` family's."""
+        """An attention-pooling head: a learned probe through one ``nn.MultiheadAttention`` (Phi-4-multimodal's
+        head, SigLIP's kind), read from that module's own in-projection (``common.mha.install_probe_pool``); else
+        one SDPA call of its queries over the tokens (AIMv2's ``head``), read at that call."""
+        from .common.mha import install_probe_pool, probe_attention
         from .common.sdpa_calls import install_pool_call_capture
 
         tower = self._parts(model)[0]
@@ -404,6 +416,9 @@ class HuggingFaceLayout(Layout):
         if not isinstance(head, nn.Module) or not getattr(tower, "use_head", True) or \
                 "Pool" not in type(head).__name__:
             return super().install_pool(model, capture, handles, name)
+        mha = probe_attention(head)
+        if mha is not None:
+            return install_probe_pool(mha, capture, handles)
         install_pool_call_capture(head, capture, handles, name)
 
 
@@ -445,6 +460,9 @@ class OpenClipLayout(Layout):
                 raise UnsupportedModelError(
                     f"{name!r}: image block {i} ({type(block).__name__}) mixes nn.MultiheadAttention blocks with "
                     "open_clip's own Attention; vitlens reads towers of one or the other.")
+
+    def tower(self, model: nn.Module) -> nn.Module:
+        return self._visual(model)
 
     def patch_conv(self, model: nn.Module) -> nn.Conv2d:
         return self._visual(model).conv1

@@ -15,6 +15,7 @@ from torch import nn
 from ..families import Family, family_of
 from ..core.spec import ModelSpec
 from ..core.windows import stage_heads
+from ..errors import UnsupportedModelError
 from ..kinds import kind_of
 
 #: the kinds of weights a model can have (``LoadedModel.weights``, the survey table's ``weights`` column)
@@ -59,6 +60,30 @@ def check_dtype(dtype: torch.dtype) -> None:
         from ..errors import InvalidParameterError
 
         raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
+
+
+def read_target(module: nn.Module, name: str) -> tuple[nn.Module, Any, str]:
+    """(the module read, its family, what ``ModelSpec.read_module`` says) of a model given to ``from_module``: the
+    model itself where a family reads it (naming the tower a family reads inside it, as a CLIP model's
+    ``vision_model``, unless it is a classifier, whose output is the whole model's); else the vision tower inside it
+    (``loading.towers``: a VLM's, a depth, pose or detection model's), run alone on the images.
+
+    Raises:
+        UnsupportedModelError: neither the model nor any tower inside it is read (the model's own refusal).
+    """
+    from .towers import describe_tower, find_tower
+
+    try:
+        family, outer, path = family_of(module, name), module, ""
+    except UnsupportedModelError as refusal:
+        path, outer, family = find_tower(module, name, refusal)  # type: ignore[assignment]
+    tower = family.tower(outer) if family.tower is not None else outer
+    if tower is not outer:
+        inner = next(n for n, sub in outer.named_modules() if sub is tower)
+        path = f"{path}.{inner}" if path else inner
+    if not path or (outer is module and type(module).__name__.endswith("ForImageClassification")):
+        return outer, family, ""
+    return outer, family, describe_tower(path, tower)
 
 
 @dataclass
@@ -153,7 +178,7 @@ class LoadedModel:
         """
         check_dtype(dtype)
         name = name or type(module).__name__
-        family = family_of(module, name)
+        module, family, read_module = read_target(module, name)
         dev = resolve_device(device)
         module.eval()
         for p in module.parameters():
@@ -163,6 +188,8 @@ class LoadedModel:
         spec = family.spec(module, name, size)  # type: ignore[arg-type]
         if kind_of(spec).stages:  # its heads by stage, from the family's windows (the facts show them)
             spec = dataclasses.replace(spec, stage_heads=stage_heads(family, module, spec.image_size))
+        if read_module:
+            spec = dataclasses.replace(spec, read_module=read_module)
         config = family.data_config(module, spec)
         config.update(data_config or {})
         kind = weights or ("random init" if source == "random init" else "module")

@@ -1,6 +1,8 @@
 """``nn.MultiheadAttention`` blocks (torchvision's and open_clip's own ViTs) and pools (SigLIP's MAP head, CoCa's
-attentional pooler): the additive mask of a call, q, k and v from the module's packed in-projection, and the
-capture of blocks that call their module with ``need_weights=False`` (``MultiheadAttentionViT``).
+attentional pooler): the additive mask of a call, q, k and v from the module's packed in-projection, the
+capture of blocks that call their module with ``need_weights=False`` (``MultiheadAttentionViT``), and of a MAP head
+whose probe queries the tokens through one ``nn.MultiheadAttention`` (``probe_attention``, ``install_probe_pool``:
+SigLIP's, Siglip2's and Phi-4-multimodal's heads).
 """
 from __future__ import annotations
 
@@ -74,4 +76,38 @@ class MultiheadAttentionViT(Family):
             handles.hook(mha.register_forward_hook(recompute, with_kwargs=True))
 
 
-__all__ = ["MultiheadAttentionViT", "call_mask", "heads_qkv"]
+def probe_attention(head: object) -> nn.MultiheadAttention | None:
+    """The ``nn.MultiheadAttention`` of a MAP head that queries the tokens with a learned ``probe`` through it
+    (batch-first, packed in-projection), or None when ``head`` is not one."""
+    mha = getattr(head, "attention", None)
+    if isinstance(mha, nn.MultiheadAttention) and hasattr(head, "probe") and mha._qkv_same_embed_dim \
+            and mha.batch_first:
+        return mha
+    return None
+
+
+def install_probe_pool(mha: nn.MultiheadAttention, capture: CaptureRequest, handles: Handles) -> None:
+    """Side capture of a MAP head's ``nn.MultiheadAttention`` (``probe_attention``): ``capture(0, probs)``, probs
+    [B, heads, queries, T] = softmax(q / sqrt(d) @ k^T + mask) per head from the module's own in-projection of the
+    call's query and key (positional or keyword) and its masks with the module's semantics: what it returns with
+    ``need_weights=True, average_attn_weights=False``. The call and the output are untouched."""
+
+    def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        query = args[0] if args else kwargs["query"]
+        key = args[1] if len(args) > 1 else kwargs["key"]
+        e, h = mod.embed_dim, mod.num_heads
+        w, b = mod.in_proj_weight, mod.in_proj_bias
+        with torch.no_grad():
+            q = F.linear(query, w[:e], None if b is None else b[:e])
+            k = F.linear(key, w[e:2 * e], None if b is None else b[e:2 * e])
+            q = q.unflatten(-1, (h, e // h)).transpose(1, 2)
+            k = k.unflatten(-1, (h, e // h)).transpose(1, 2)
+            mask = call_mask(mod, q, k, args, kwargs)  # attn_mask / key_padding_mask (bool True = masked)
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                probs = attention_probs(q, k, (e // h) ** -0.5, mask)
+        capture(0, probs)
+
+    handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
+
+__all__ = ["MultiheadAttentionViT", "call_mask", "heads_qkv", "install_probe_pool", "probe_attention"]
