@@ -26,7 +26,9 @@ class DecompositionResult(Result):
         embed_position: [B, N] the position embedding at each token.
         embed_prefix: [B, N] the class and register tokens' learned values.
         pre_norm_bias: [B] a pre-blocks norm's beta, read (0 without one).
-        readout_bias: [B] the final norms' betas read through, plus the head's bias for a class.
+        readout_bias: [B] the final norms' betas read through, plus the head's bias for a class (and a MAP head's
+            projection and value biases and position embedding).
+        pool_mlp: [B] a MAP head's MLP output, read (0 without one).
         num_prefix_tokens: prefix tokens before the patches.
         grid: (rows, cols) of patch tokens.
         model_name: the model's name.
@@ -44,6 +46,7 @@ class DecompositionResult(Result):
     embed_prefix: np.ndarray
     pre_norm_bias: np.ndarray
     readout_bias: np.ndarray
+    pool_mlp: np.ndarray
     num_prefix_tokens: int
     grid: tuple
     model_name: str = ""
@@ -54,7 +57,7 @@ class DecompositionResult(Result):
         return {"heads": self.heads.sum(-1), "attn_bias": self.attn_bias, "mlp": self.mlp.sum(-1),
                 "embed_patch": self.embed_patch.sum(-1), "embed_position": self.embed_position.sum(-1),
                 "embed_prefix": self.embed_prefix.sum(-1), "pre_norm_bias": self.pre_norm_bias,
-                "readout_bias": self.readout_bias}
+                "readout_bias": self.readout_bias, "pool_mlp": self.pool_mlp}
 
     def total(self) -> np.ndarray:
         """[B] the sum of every part."""
@@ -104,5 +107,6 @@ class DecompositionResult(Result):
                 rows += [row("attn_bias", self.attn_bias[b, l], l + 1), row("mlp", self.mlp[b, l].sum(), l + 1)]
             for name in ("embed_patch", "embed_position", "embed_prefix"):
                 rows.append(row(name, getattr(self, name)[b].sum()))
-            rows += [row("pre_norm_bias", self.pre_norm_bias[b]), row("readout_bias", self.readout_bias[b])]
+            rows += [row("pre_norm_bias", self.pre_norm_bias[b]), row("readout_bias", self.readout_bias[b]),
+                     row("pool_mlp", self.pool_mlp[b])]
         return rows

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from . import map_head
 from .linearise import back_through_norm, check_norm, is_identity, norm_bias
 
 POOLS = ("token", "avg")
@@ -34,6 +35,7 @@ class Captured:
     pooled: torch.Tensor | None = None
     features: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    pool: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def refuse_unless_supported(model: nn.Module) -> None:
@@ -44,9 +46,8 @@ def refuse_unless_supported(model: nn.Module) -> None:
                                     f"stream through pre-norm blocks); hierarchical, parallel-block and post-norm "
                                     f"models give no residual sum.")
     if getattr(model, "attn_pool", None) is not None:
-        raise UnsupportedModelError(f"{name} with a MAP head (attention pooling): not decomposed yet; use a class "
-                                    f"token or average-pooled model.")
-    if model.global_pool not in POOLS:
+        map_head.refuse_unless_supported(model.attn_pool, name)
+    elif model.global_pool not in POOLS:
         raise UnsupportedModelError(f"{name} pools by {model.global_pool!r}: only {POOLS} pooling is linear.")
     for i, block in enumerate(model.blocks):
         kind = type(block).__name__
@@ -89,6 +90,10 @@ def capture(model: nn.Module, pixels: torch.Tensor) -> Captured:
         handles.append(model.norm.register_forward_hook(keep(lambda t: setattr(cap, "final_in", t), True)))
         handles.append(model.fc_norm.register_forward_hook(keep(lambda t: setattr(cap, "pooled", t), True)))
         handles.append(model.head.register_forward_hook(keep(lambda t: setattr(cap, "features", t), True)))
+        if getattr(model, "attn_pool", None) is not None:
+            for part in map_head.HOOKED:
+                handles.append(getattr(model.attn_pool, part).register_forward_hook(
+                    keep(lambda t, part=part: cap.pool.__setitem__(part, t))))
         handles.append(model.head.register_forward_hook(keep(lambda t: setattr(cap, "logits", t))))
         with torch.no_grad():
             model(pixels)
@@ -126,21 +131,26 @@ def attention_probs(block: nn.Module, qkv: torch.Tensor) -> tuple[torch.Tensor, 
     return logits.softmax(dim=-1), v.double()
 
 
-def read_directions(model: nn.Module, cap: Captured, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The read direction per residual token after the blocks, ``g`` [B, N, D], and the readout's constant [B] (the
-    final norms' betas read through), for a direction ``u`` [B, D] over the pooled (pre-logits) features."""
+def read_directions(model: nn.Module, cap: Captured, u: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The read direction per residual token after the blocks, ``g`` [B, N, D], the readout's constant [B] (the
+    final norms' betas read through) and a MAP head's MLP part (None without one), for a direction ``u`` [B, D]
+    over the pooled (pre-logits) features."""
     x = cap.final_in.double()
     pooled = cap.pooled.double()
     g_pool = back_through_norm(model.fc_norm, u, pooled)
     const = (u * norm_bias(model.fc_norm, u.shape[-1], u)).sum(-1)
+    if getattr(model, "attn_pool", None) is not None:
+        g, more, mlp_part = map_head.read(model, cap.pool, g_pool, x)
+        return g, const + more, mlp_part
     g_after = pool_weights(model, x.shape[1], x)[None, :, None] * g_pool[:, None, :]
     const = const + (g_after * norm_bias(model.norm, x.shape[-1], x)).sum((-1, -2))
-    return back_through_norm(model.norm, g_after, x), const
+    return back_through_norm(model.norm, g_after, x), const, None
 
 
 def contributions(model: nn.Module, cap: Captured, u: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every part of the read output (float64), named as ``DecompositionResult``'s fields."""
-    g, readout_bias = read_directions(model, cap, u)
+    g, readout_bias, pool_mlp = read_directions(model, cap, u)
     d = g.shape[-1]
     g0, pre_bias = g, torch.zeros_like(readout_bias)
     if not is_identity(model.norm_pre):
@@ -174,4 +184,5 @@ def contributions(model: nn.Module, cap: Captured, u: torch.Tensor) -> dict[str,
         "heads": torch.stack(heads, 1), "attn_bias": torch.stack(attn_bias, 1), "mlp": torch.stack(mlp, 1),
         "embed_patch": (g0 * patch).sum(-1), "embed_position": (g0 * position).sum(-1),
         "embed_prefix": (g0 * prefix).sum(-1), "pre_norm_bias": pre_bias, "readout_bias": readout_bias,
+        "pool_mlp": torch.zeros_like(readout_bias) if pool_mlp is None else pool_mlp,
     }
