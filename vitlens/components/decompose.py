@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidParameterError
+from ..images import preprocess
 from . import timm_vit
 from .result import DecompositionResult
 
@@ -29,7 +30,8 @@ def decompose(model: object, pixels: torch.Tensor, target: int | Sequence[int] |
     Args:
         model: a ``LoadedModel`` (``vl.load_model``) or the module itself; timm ``VisionTransformer`` with a class
             token or average pooling (other structures are refused by name).
-        pixels: [B, 3, H, W] preprocessed images, in the model's dtype and device.
+        pixels: [B, 3, H, W] preprocessed images (moved to the model's device and dtype); with a ``LoadedModel``,
+            anything ``vl.preprocess`` reads (PIL images, paths, arrays).
         target: the class read, one for all images or one per image; default each image's predicted class.
         direction: instead of a class, a [D] direction over the pre-logits features (a text embedding, a unit
             vector); the output read is ``direction . features``.
@@ -40,8 +42,14 @@ def decompose(model: object, pixels: torch.Tensor, target: int | Sequence[int] |
     """
     module, name = _module(model)
     timm_vit.refuse_unless_supported(module)
+    config = getattr(model, "data_config", None)
+    if not torch.is_tensor(pixels) and config:
+        pixels = preprocess(pixels, config)
     if not torch.is_tensor(pixels) or pixels.dim() != 4:
-        raise InvalidParameterError("pixels must be a [B, 3, H, W] tensor of preprocessed images.")
+        raise InvalidParameterError("pixels must be a [B, 3, H, W] tensor of preprocessed images (or, with a "
+                                    "LoadedModel, anything vl.preprocess reads).")
+    first = next(module.parameters())
+    pixels = pixels.to(device=first.device, dtype=first.dtype)
     if target is not None and direction is not None:
         raise InvalidParameterError("Give a target class or a direction, not both.")
     cap = timm_vit.capture(module, pixels)
