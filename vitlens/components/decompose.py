@@ -6,24 +6,14 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..errors import InvalidParameterError
-from ..images import preprocess
 from . import timm_vit
 from .result import DecompositionResult
+from .stream import module_of, pixels_for
 
 
-def _module(model: object) -> tuple[nn.Module, str]:
-    inner = getattr(model, "model", model)
-    if not isinstance(inner, nn.Module):
-        raise InvalidParameterError(f"decompose takes a vitlens LoadedModel or a torch module, not "
-                                    f"{type(model).__name__}.")
-    spec = getattr(model, "spec", None)
-    return inner, str(getattr(spec, "name", "") or type(inner).__name__)
-
-
-def decompose(model: object, pixels: torch.Tensor, target: int | Sequence[int] | None = None,
+def decompose(model: object, pixels: object, target: int | Sequence[int] | None = None,
               direction: torch.Tensor | np.ndarray | None = None) -> DecompositionResult:
     """Split what the model outputs for each image into exact parts (docs/definitions.md, "Direct contributions").
 
@@ -40,16 +30,9 @@ def decompose(model: object, pixels: torch.Tensor, target: int | Sequence[int] |
         A ``DecompositionResult`` whose ledger (``ledger()``, shown in its summary) says how closely the parts add
         up to the output.
     """
-    module, name = _module(model)
+    module, name = module_of(model, "decompose")
     timm_vit.refuse_unless_supported(module)
-    config = getattr(model, "data_config", None)
-    if not torch.is_tensor(pixels) and config:
-        pixels = preprocess(pixels, config)
-    if not torch.is_tensor(pixels) or pixels.dim() != 4:
-        raise InvalidParameterError("pixels must be a [B, 3, H, W] tensor of preprocessed images (or, with a "
-                                    "LoadedModel, anything vl.preprocess reads).")
-    first = next(module.parameters())
-    pixels = pixels.to(device=first.device, dtype=first.dtype)
+    pixels = pixels_for(model, module, pixels)
     if target is not None and direction is not None:
         raise InvalidParameterError("Give a target class or a direction, not both.")
     cap = timm_vit.capture(module, pixels)
