@@ -171,3 +171,14 @@ def test_structures_without_a_residual_sum_are_refused(pixels: torch.Tensor) -> 
         decompose(tiny(global_pool="max", class_token=False), pixels)
     with pytest.raises(UnsupportedModelError, match="Sequential"):
         decompose(torch.nn.Sequential(torch.nn.Flatten()), pixels)
+
+
+def test_figures_are_registered_and_drawn(cls_model: VisionTransformer, pixels: torch.Tensor) -> None:
+    from vitlens import figures
+
+    r = decompose(cls_model, pixels)
+    fig = figures.figure_for(r)
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), r.head_table(0))
+    assert "ledger" in fig.layout.title.text
+    head = figures.head_contribution_figure(r, 1, 2)
+    np.testing.assert_allclose(np.asarray(head.data[0].z), r.heads[0, 1, 2, 1:].reshape(4, 4))

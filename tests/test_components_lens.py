@@ -91,3 +91,12 @@ def test_lens_and_norms_refuse_a_model_without_one_stream(pixels: torch.Tensor) 
     for fn in (vl.logit_lens, vl.token_norms):
         with pytest.raises(UnsupportedModelError, match="Sequential"):
             fn(torch.nn.Sequential(torch.nn.Flatten()), pixels)
+
+
+def test_lens_and_norms_figures(model: VisionTransformer, pixels: torch.Tensor) -> None:
+    from vitlens import figures
+
+    lens = vl.logit_lens(model, pixels)
+    np.testing.assert_allclose(np.asarray(figures.figure_for(lens).data[1].y), lens.pooled[1])
+    norms = vl.token_norms(model, pixels)
+    np.testing.assert_allclose(np.asarray(figures.figure_for(norms).data[0].z), norms.norms[0])
