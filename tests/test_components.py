@@ -182,3 +182,50 @@ def test_figures_are_registered_and_drawn(cls_model: VisionTransformer, pixels: 
     assert "ledger" in fig.layout.title.text
     head = figures.head_contribution_figure(r, 1, 2)
     np.testing.assert_allclose(np.asarray(head.data[0].z), r.heads[0, 1, 2, 1:].reshape(4, 4))
+
+
+@pytest.fixture(scope="module")
+def clip_tower() -> torch.nn.Module:
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    cfg = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=32, patch_size=8, projection_dim=16)
+    torch.manual_seed(0)
+    return CLIPVisionModelWithProjection(cfg).double().eval()
+
+
+def test_clip_tower_with_projection_against_a_hand_computation(clip_tower: torch.nn.Module,
+                                                                pixels: torch.Tensor) -> None:
+    torch.manual_seed(4)
+    d = torch.randn(16, dtype=torch.float64)  # a text embedding's stand-in
+    r = decompose(clip_tower, pixels, direction=d)
+    assert r.closes() and r.ledger().max() < 1e-12
+    vm, proj = clip_tower.vision_model, clip_tower.visual_projection
+    with torch.no_grad():
+        out = clip_tower(pixel_values=pixels)
+        np.testing.assert_allclose(r.output, (out.image_embeds @ d).numpy(), rtol=1e-12)
+        # layer 1's heads by hand: each head's write at the class token per source, read through the held
+        # post_layernorm and the projection
+        emb = vm.embeddings(pixels)
+        x = vm.pre_layrnorm(emb)
+        lay = vm.encoder.layers[0]
+        h = F.layer_norm(x, (32,), lay.layer_norm1.weight, lay.layer_norm1.bias, lay.layer_norm1.eps)
+        q, k, v = ((h @ p.weight.T + p.bias).reshape(2, -1, 4, 8).transpose(1, 2)
+                   for p in (lay.self_attn.q_proj, lay.self_attn.k_proj, lay.self_attn.v_proj))
+        att = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1)
+        w_o = lay.self_attn.out_proj.weight.reshape(32, 4, 8)
+        write = att[:, :, 0, :, None] * torch.einsum("ehc,bhjc->bhje", w_o, v)  # [b, h, j, 32] at the class token
+        final = out.last_hidden_state[:, 0]
+        sigma = torch.sqrt(final.var(-1, unbiased=False) + vm.post_layernorm.eps)[:, None, None, None]
+        u = d @ proj.weight
+        read = ((write - write.mean(-1, keepdim=True)) * vm.post_layernorm.weight / sigma * u).sum(-1)
+    np.testing.assert_allclose(r.heads[:, 0], read.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_clip_tower_needs_a_direction(clip_tower: torch.nn.Module, pixels: torch.Tensor) -> None:
+    with pytest.raises(vl.InvalidParameterError, match="direction"):
+        decompose(clip_tower, pixels)
+    r = decompose(clip_tower, pixels, target=3)  # one coordinate of the embedding
+    with torch.no_grad():
+        np.testing.assert_allclose(r.output, clip_tower(pixel_values=pixels).image_embeds[:, 3].numpy(), rtol=1e-12)
+    assert r.closes()

@@ -6,9 +6,10 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..errors import InvalidParameterError
-from . import timm_vit
+from . import hf_clip, timm_vit
 from .result import DecompositionResult
 from .stream import module_of, pixels_for
 
@@ -18,11 +19,13 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     """Split what the model outputs for each image into exact parts (docs/definitions.md, "Direct contributions").
 
     Args:
-        model: a ``LoadedModel`` (``vl.load_model``) or the module itself; timm ``VisionTransformer`` with a class
-            token or average pooling (other structures are refused by name).
+        model: a ``LoadedModel`` (``vl.load_model``) or the module itself: timm's ``VisionTransformer`` (class
+            token, registers, average pooling, MAP head) or a Hugging Face CLIP vision tower (with or without its
+            projection); other structures are refused by name.
         pixels: [B, 3, H, W] preprocessed images (moved to the model's device and dtype); with a ``LoadedModel``,
             anything ``vl.preprocess`` reads (PIL images, paths, arrays).
-        target: the class read, one for all images or one per image; default each image's predicted class.
+        target: the class read, one for all images or one per image; default each image's predicted class (a CLIP
+            tower: one coordinate of its image embedding).
         direction: instead of a class, a [D] direction over the pre-logits features (a text embedding, a unit
             vector); the output read is ``direction . features``.
 
@@ -31,19 +34,16 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
         up to the output.
     """
     module, name = module_of(model, "decompose")
-    timm_vit.refuse_unless_supported(module)
-    pixels = pixels_for(model, module, pixels)
     if target is not None and direction is not None:
         raise InvalidParameterError("Give a target class or a direction, not both.")
+    if hf_clip.is_clip_tower(module):
+        return _clip(module, name, pixels_for(model, module, pixels), target, direction)
+    timm_vit.refuse_unless_supported(module)
+    pixels = pixels_for(model, module, pixels)
     cap = timm_vit.capture(module, pixels)
     b = pixels.shape[0]
     if direction is not None:
-        u = torch.as_tensor(np.asarray(direction), dtype=torch.float64, device=cap.features.device)
-        if u.shape != (cap.features.shape[-1],):
-            raise InvalidParameterError(f"direction has shape {tuple(u.shape)}; the pre-logits features have "
-                                        f"{cap.features.shape[-1]} dimensions.")
-        u = u.expand(b, -1)
-        output = (cap.features.double() * u).sum(-1)
+        u, output = _along(cap.features, direction)
         labels = torch.full((b,), -1, dtype=torch.long)
         const = torch.zeros(b, dtype=torch.float64, device=u.device)
     else:
@@ -60,8 +60,41 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     parts["readout_bias"] = parts["readout_bias"] + const.to(parts["readout_bias"].device)
     n_patch = cap.final_in.shape[1] - module.num_prefix_tokens
     grid = tuple(getattr(module.patch_embed, "grid_size", None) or (n_patch, 1))
+    return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
+
+
+def _along(features: torch.Tensor, direction: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(u [B, D], u . features [B])`` for a direction over the features."""
+    u = torch.as_tensor(np.asarray(direction), dtype=torch.float64, device=features.device)
+    if u.shape != (features.shape[-1],):
+        raise InvalidParameterError(f"direction has shape {tuple(u.shape)}; the features read have "
+                                    f"{features.shape[-1]} dimensions.")
+    u = u.expand(features.shape[0], -1)
+    return u, (features.double() * u).sum(-1)
+
+
+def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequence[int] | None,
+          direction: torch.Tensor | np.ndarray | None) -> DecompositionResult:
+    """A Hugging Face CLIP tower: a direction over its image embedding, or ``target`` = one coordinate of it."""
+    hf_clip.refuse_unless_supported(module)
+    seen = hf_clip.capture(module, pixels)
+    b, dim = seen.features.shape
+    if direction is None:
+        if target is None or not isinstance(target, int) or not 0 <= target < dim:
+            raise InvalidParameterError(f"{name} has no classes: give direction= (a text embedding, a unit vector "
+                                        f"over its {dim}-dimensional image embedding) or target= one coordinate.")
+        direction = torch.zeros(dim, dtype=torch.float64)
+        direction[target] = 1.0
+    u, output = _along(seen.features, direction)
+    parts = hf_clip.contributions(module, seen, u)
+    grid = tuple(seen.patch.shape[-2:])
+    return _result(output, torch.full((b,), -1, dtype=torch.long), parts, 1, grid, name, True)
+
+
+def _result(output: torch.Tensor, labels: torch.Tensor, parts: dict[str, torch.Tensor], num_prefix: int,
+            grid: tuple, name: str, along: bool) -> DecompositionResult:
     return DecompositionResult(
         output=output.cpu().numpy(), target=labels.cpu().numpy(),
         **{k: v.cpu().numpy() for k, v in parts.items()},
-        num_prefix_tokens=int(module.num_prefix_tokens), grid=tuple(int(g) for g in grid), model_name=name,
-        direction="direction" if direction is not None else "class")
+        num_prefix_tokens=num_prefix, grid=tuple(int(g) for g in grid), model_name=name,
+        direction="direction" if along else "class")
