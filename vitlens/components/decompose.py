@@ -31,7 +31,7 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
 
     Returns:
         A ``DecompositionResult`` whose ledger (``ledger()``, shown in its summary) says how closely the parts add
-        up to the output.
+            up to the output.
     """
     module, name = module_of(model, "decompose")
     if target is not None and direction is not None:
