@@ -33,8 +33,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
         AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
     from .attribution import SanityResult, perturbation_test, road, sanity_check, sanity_table
     from .compare import CKAResult, HeadImportanceResult, cka, head_importance
-    from .components import DecompositionResult, LogitLensResult, TokenNormsResult
-    from .components import decompose, logit_lens, token_norms
+    from .components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
+    from .components import decompose, logit_lens, patch_activations, token_norms
     from .errors import (
         CheckpointError,
         DeviceUnavailableError,
@@ -87,4 +87,5 @@ __all__ = [
     "Kind", "all_kinds", "kind_of", "register_kind", "registered_kind", "available_views",
     "ComparisonData", "ReportData", "rollout_sources",
     "DecompositionResult", "decompose", "LogitLensResult", "logit_lens", "TokenNormsResult", "token_norms",
+    "PatchingResult", "patch_activations",
 ]

@@ -1,12 +1,12 @@
 """Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
-"Token norms"): the layer x head table of contributions with its ledger in the title, one head's contribution
-over the image's patch tokens, the logit lens by depth, token norms by depth."""
+"Token norms", "Activation patching"): the layer x head table of contributions with its ledger in the title, one head's contribution
+over the image's patch tokens, the logit lens by depth, token norms by depth, patching by head."""
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
 
-from ..components import DecompositionResult, LogitLensResult, TokenNormsResult
+from ..components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
 from .registry import draws
 
 
@@ -61,4 +61,17 @@ def token_norms_figure(result: TokenNormsResult, image: int = 0, title: str | No
     fig.update_layout(title=title or (f"{result.model_name}: token norms ({int(result.outliers[image, -1].sum())} "
                                       f"outliers > {result.factor:g} x median at the last depth)"),
                       xaxis_title="token", yaxis_title="depth", height=360)
+    return fig
+
+
+@draws(PatchingResult)
+def patching_figure(result: PatchingResult, title: str | None = None) -> go.Figure:
+    """The share of the clean logit each head's patch restores (layer x head, diverging at 0, layer 1 at the
+    top)."""
+    share = result.restored(result.heads)
+    fig = go.Figure(go.Heatmap(
+        z=share, x=[f"head {h + 1}" for h in range(share.shape[1])], y=[f"layer {l + 1}" for l in range(share.shape[0])],
+        colorscale="RdBu_r", zmin=-1, zmax=1, colorbar=dict(title="restored")))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title or f"{result.model_name}: patching heads (class {result.target})", height=360)
     return fig
