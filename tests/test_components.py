@@ -229,3 +229,24 @@ def test_clip_tower_needs_a_direction(clip_tower: torch.nn.Module, pixels: torch
     with torch.no_grad():
         np.testing.assert_allclose(r.output, clip_tower(pixel_values=pixels).image_embeds[:, 3].numpy(), rtol=1e-12)
     assert r.closes()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(pool_type="avg"), dict(final_ln_after_pool=True, ls_init_value=0.3)],
+                         ids=["token", "avg", "ln-after-pool-layerscale"])
+def test_ledger_closes_on_an_openclip_tower(kw: dict, pixels: torch.Tensor) -> None:
+    from open_clip.transformer import VisionTransformer as OpenCLIPViT
+
+    torch.manual_seed(0)
+    m = OpenCLIPViT(image_size=32, patch_size=8, width=32, layers=2, heads=4, mlp_ratio=2.0, output_dim=16,
+                    **kw).double().eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "ln" in name or name.endswith("bias"):
+                p.add_(0.3 * torch.randn_like(p))
+        d = torch.randn(16, dtype=torch.float64)
+        r = decompose(m, pixels, direction=d)
+        np.testing.assert_allclose(r.output, (m(pixels) @ d).numpy(), rtol=1e-12)
+    assert r.closes() and r.ledger().max() < 1e-12
+    assert r.heads.shape == (2, 2, 4, 17) and r.grid == (4, 4)
+    with pytest.raises(UnsupportedModelError, match="VisionTransformer"):
+        vl.logit_lens(m, pixels)  # no classes and no timm stream: refused by name

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import InvalidParameterError
-from . import hf_clip, timm_vit
+from . import hf_clip, openclip, timm_vit
 from .result import DecompositionResult
 from .stream import module_of, pixels_for
 
@@ -20,8 +20,8 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
 
     Args:
         model: a ``LoadedModel`` (``vl.load_model``) or the module itself: timm's ``VisionTransformer`` (class
-            token, registers, average pooling, MAP head) or a Hugging Face CLIP vision tower (with or without its
-            projection); other structures are refused by name.
+            token, registers, average pooling, MAP head), a Hugging Face CLIP vision tower (with or without its
+            projection) or an OpenCLIP vision tower; other structures are refused by name.
         pixels: [B, 3, H, W] preprocessed images (moved to the model's device and dtype); with a ``LoadedModel``,
             anything ``vl.preprocess`` reads (PIL images, paths, arrays).
         target: the class read, one for all images or one per image; default each image's predicted class (a CLIP
@@ -36,7 +36,7 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     module, name = module_of(model, "decompose")
     if target is not None and direction is not None:
         raise InvalidParameterError("Give a target class or a direction, not both.")
-    if hf_clip.is_clip_tower(module):
+    if hf_clip.is_clip_tower(module) or openclip.is_openclip_tower(module):
         return _clip(module, name, pixels_for(model, module, pixels), target, direction)
     timm_vit.refuse_unless_supported(module)
     pixels = pixels_for(model, module, pixels)
@@ -75,9 +75,11 @@ def _along(features: torch.Tensor, direction: torch.Tensor | np.ndarray) -> tupl
 
 def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequence[int] | None,
           direction: torch.Tensor | np.ndarray | None) -> DecompositionResult:
-    """A Hugging Face CLIP tower: a direction over its image embedding, or ``target`` = one coordinate of it."""
-    hf_clip.refuse_unless_supported(module)
-    seen = hf_clip.capture(module, pixels)
+    """A CLIP tower (Hugging Face or OpenCLIP): a direction over its image embedding, or ``target`` = one coordinate
+    of it."""
+    reader = hf_clip if hf_clip.is_clip_tower(module) else openclip
+    reader.refuse_unless_supported(module)
+    seen = reader.capture(module, pixels)
     b, dim = seen.features.shape
     if direction is None:
         if target is None or not isinstance(target, int) or not 0 <= target < dim:
@@ -86,7 +88,7 @@ def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequ
         direction = torch.zeros(dim, dtype=torch.float64)
         direction[target] = 1.0
     u, output = _along(seen.features, direction)
-    parts = hf_clip.contributions(module, seen, u)
+    parts = reader.contributions(module, seen, u)
     grid = tuple(seen.patch.shape[-2:])
     return _result(output, torch.full((b,), -1, dtype=torch.long), parts, 1, grid, name, True)
 

@@ -21,7 +21,7 @@ def module_of(model: object, who: str) -> tuple[nn.Module, str]:
 def refuse_unless_stream(model: nn.Module, who: str) -> None:
     """Refuse a model without one residual stream through pre-norm blocks (timm's VisionTransformer)."""
     name = type(model).__name__
-    if name != "VisionTransformer":
+    if name != "VisionTransformer" or not type(model).__module__.startswith("timm"):
         raise UnsupportedModelError(f"{name}: {who} reads timm's VisionTransformer (one residual stream through "
                                     f"its blocks); hierarchical models have no single stream.")
 

@@ -41,7 +41,7 @@ class Captured:
 def refuse_unless_supported(model: nn.Module) -> None:
     """Refuse, by name and in one line, a timm ViT whose structure gives no exact residual sum."""
     name = type(model).__name__
-    if name != "VisionTransformer":
+    if name != "VisionTransformer" or not type(model).__module__.startswith("timm"):
         raise UnsupportedModelError(f"{name}: direct contributions read timm's VisionTransformer (a residual "
                                     f"stream through pre-norm blocks); hierarchical, parallel-block and post-norm "
                                     f"models give no residual sum.")
