@@ -146,6 +146,8 @@ def test_ledger_closes_on_the_reference_pair(name: str) -> None:
     r = decompose(model, x)
     assert r.closes(LEDGER_RTOL), r.ledger()
     assert r.heads.shape[1:3] == (m.spec.num_layers, m.spec.num_heads)
+    r32 = decompose(m, x)  # the LoadedModel as loaded (float32): the ledger closes to float32's precision
+    assert r32.model_name == name and r32.closes(LEDGER_RTOL), r32.ledger()
 
 
 def test_result_tables_and_files(cls_model: VisionTransformer, pixels: torch.Tensor, tmp_path) -> None:

@@ -100,3 +100,9 @@ def test_lens_and_norms_figures(model: VisionTransformer, pixels: torch.Tensor) 
     np.testing.assert_allclose(np.asarray(figures.figure_for(lens).data[1].y), lens.pooled[1])
     norms = vl.token_norms(model, pixels)
     np.testing.assert_allclose(np.asarray(figures.figure_for(norms).data[0].z), norms.norms[0])
+
+
+def test_lens_and_norms_results_save_and_load(model: VisionTransformer, pixels: torch.Tensor, tmp_path) -> None:
+    for r in (vl.logit_lens(model, pixels), vl.token_norms(model, pixels)):
+        back = vl.load_result(r.save(tmp_path / f"{r.kind}.npz"))
+        assert type(back) is type(r) and back.equals(r)
