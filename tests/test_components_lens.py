@@ -106,3 +106,4 @@ def test_lens_and_norms_results_save_and_load(model: VisionTransformer, pixels: 
     for r in (vl.logit_lens(model, pixels), vl.token_norms(model, pixels)):
         back = vl.load_result(r.save(tmp_path / f"{r.kind}.npz"))
         assert type(back) is type(r) and back.equals(r)
+        assert r.to_csv().count(b"\n") == len(r.to_rows()) + 1 and "<table" in r._repr_html_()

@@ -62,9 +62,8 @@ class TokenNormsResult(Result):
         p = self.num_prefix_tokens
         for b in range(self.norms.shape[0]):
             for d in range(self.norms.shape[1]):
-                att = {} if d == 0 else {"class_attention": float(self.class_attention[b, d - 1]),
-                                         "patch_attention": float(self.patch_attention[b, d - 1]),
-                                         "register_attention": float(self.register_attention[b, d - 1])}
+                att = {name: float("nan") if d == 0 else float(getattr(self, name)[b, d - 1])  # no block reads depth 0
+                       for name in ("class_attention", "patch_attention", "register_attention")}
                 rows.append({"image": b, "depth": d, "median_patch_norm": float(np.median(self.norms[b, d, p:])),
                              "max_norm": float(self.norms[b, d].max()), "outliers": int(self.outliers[b, d].sum()),
                              **att})
