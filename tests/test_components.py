@@ -157,6 +157,8 @@ def test_result_tables_and_files(cls_model: VisionTransformer, pixels: torch.Ten
     l, h, v = r.top_heads(1, image=1)[0]
     assert v == table.max() == table[l, h]
     assert r.head_map(0, 0).shape == (4, 4)
+    np.testing.assert_allclose(r.head_table(None), (r.head_table(0) + r.head_table(1)) / 2)
+    assert r.top_heads(8, image=None)[0][2] == r.head_table(None).max()
     frame = r.to_pandas()
     one = frame[frame.image == 0]
     np.testing.assert_allclose(one.value.sum(), r.output[0], rtol=1e-9)  # the rows are the ledger's entries

@@ -73,16 +73,19 @@ class DecompositionResult(Result):
         """Whether the ledger closes within ``rtol`` on every image."""
         return bool((self.ledger() <= rtol).all())
 
-    def head_table(self, image: int = 0) -> np.ndarray:
-        """[L, H] each head's part (summed over source tokens) for one image: the layer x head table."""
-        return self.heads[image].sum(-1)
+    def head_table(self, image: int | None = 0) -> np.ndarray:
+        """[L, H] each head's part (summed over source tokens) for one image, or the mean over the images (None):
+        the layer x head table."""
+        table = self.heads.sum(-1)
+        return table.mean(0) if image is None else table[image]
 
     def head_map(self, layer: int, head: int, image: int = 0) -> np.ndarray:
         """[rows, cols] one head's part per source patch token (0-based layer and head): its map over the image."""
         return self.heads[image, layer, head, self.num_prefix_tokens:].reshape(self.grid)
 
-    def top_heads(self, k: int = 5, image: int = 0) -> list[tuple[int, int, float]]:
-        """The k heads with the largest part, as (layer, head, part), 0-based."""
+    def top_heads(self, k: int = 5, image: int | None = 0) -> list[tuple[int, int, float]]:
+        """The k heads with the largest part (of one image, or the mean over the images: None), as (layer, head,
+        part), 0-based."""
         table = self.head_table(image)
         order = np.argsort(-table, axis=None)[:k]
         return [(int(i // table.shape[1]), int(i % table.shape[1]), float(table.flat[i])) for i in order]
