@@ -14,6 +14,7 @@ The package, by what each part is:
   attention maps, and the streaming engine;
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;
 - ``compare``: layer-by-layer CKA between models, head importance;
+- ``components``: the output as an exact sum over embeddings, heads x tokens, MLPs and biases (with a ledger);
 - ``reference``: the embedded reference pair (scenes, models, training, weights);
 - ``survey``: a model zoo x an image set on Ray, resumable, one tidy table;
 - ``report``: the command line and its offline HTML pages;
@@ -32,6 +33,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
         AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
     from .attribution import SanityResult, perturbation_test, road, sanity_check, sanity_table
     from .compare import CKAResult, HeadImportanceResult, cka, head_importance
+    from .components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
+    from .components import decompose, logit_lens, patch_activations, token_norms
     from .errors import (
         CheckpointError,
         DeviceUnavailableError,
@@ -83,4 +86,6 @@ __all__ = [
     "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
     "Kind", "all_kinds", "kind_of", "register_kind", "registered_kind", "available_views",
     "ComparisonData", "ReportData", "rollout_sources",
+    "DecompositionResult", "decompose", "LogitLensResult", "logit_lens", "TokenNormsResult", "token_norms",
+    "PatchingResult", "patch_activations",
 ]

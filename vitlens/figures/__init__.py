@@ -13,6 +13,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
   ``curves``), ``faithfulness_figure``, ``perturbation_figure`` / ``road_figure`` (Chefer et al.'s and ROAD's
   curves), ``sanity_figure`` (Adebayo et al.'s cascading randomisation, Fig. 2);
 - ``compare``: ``cka_figure`` and ``head_importance_figure``;
+- ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
+  (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``;
 - ``colours``: the colours every figure shares; ``registry``: ``draws``, ``DRAWERS``, ``figure_for``.
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
@@ -31,6 +33,8 @@ from .maps import (TOKEN_COLORSCALE, colour_range, grid_columns, head_figure, he
 from .attribution import (attribution_figure, attribution_figures, attributions_figure, faithfulness_figure,
                           metric_figure, perturbation_figure, road_figure, sanity_figure, table_figure)
 from .compare import cka_figure, head_importance_figure
+from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, patching_figure,
+                         token_norms_figure)
 
 __all__ = [
     "DRAWERS", "Drawer", "METHOD_PALETTE", "PALETTE", "TOKEN_COLORSCALE", "attribution_figure", "attribution_figures",
@@ -40,5 +44,6 @@ __all__ = [
     "metric_figure", "model_colours", "overlay_grid_figure", "perturbation_figure", "position_figure",
     "position_mosaic", "prefix_figure", "relpos_figure", "road_figure", "rollout_figure", "rollout_grid_figure",
     "sanity_figure", "similarity_tile_figure", "table_figure", "token_heatmap", "upsample_map",
-    "windowed_distance_figure",
+    "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
+    "token_norms_figure", "patching_figure",
 ]

@@ -1,0 +1,102 @@
+"""``decompose``: the output as an exact sum over embeddings, heads x source tokens, MLPs and biases, with a
+ledger (docs/definitions.md, "Direct contributions")."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import InvalidParameterError
+from . import hf_clip, openclip, timm_vit
+from .result import DecompositionResult
+from .stream import module_of, pixels_for
+
+
+def decompose(model: object, pixels: object, target: int | Sequence[int] | None = None,
+              direction: torch.Tensor | np.ndarray | None = None) -> DecompositionResult:
+    """Split what the model outputs for each image into exact parts (docs/definitions.md, "Direct contributions").
+
+    Args:
+        model: a ``LoadedModel`` (``vl.load_model``) or the module itself: timm's ``VisionTransformer`` (class
+            token, registers, average pooling, MAP head), a Hugging Face CLIP vision tower (with or without its
+            projection) or an OpenCLIP vision tower; other structures are refused by name.
+        pixels: [B, 3, H, W] preprocessed images (moved to the model's device and dtype); with a ``LoadedModel``,
+            anything ``vl.preprocess`` reads (PIL images, paths, arrays).
+        target: the class read, one for all images or one per image; default each image's predicted class (a CLIP
+            tower: one coordinate of its image embedding).
+        direction: instead of a class, a [D] direction over the pre-logits features (a text embedding, a unit
+            vector); the output read is ``direction . features``.
+
+    Returns:
+        A ``DecompositionResult`` whose ledger (``ledger()``, shown in its summary) says how closely the parts add
+            up to the output.
+    """
+    module, name = module_of(model, "decompose")
+    if target is not None and direction is not None:
+        raise InvalidParameterError("Give a target class or a direction, not both.")
+    if hf_clip.is_clip_tower(module) or openclip.is_openclip_tower(module):
+        return _clip(module, name, pixels_for(model, module, pixels), target, direction)
+    timm_vit.refuse_unless_supported(module)
+    pixels = pixels_for(model, module, pixels)
+    cap = timm_vit.capture(module, pixels)
+    b = pixels.shape[0]
+    if direction is not None:
+        u, output = _along(cap.features, direction)
+        labels = torch.full((b,), -1, dtype=torch.long)
+        const = torch.zeros(b, dtype=torch.float64, device=u.device)
+    else:
+        n_classes = cap.logits.shape[-1]
+        labels = (cap.logits.argmax(-1) if target is None else
+                  torch.as_tensor(target, dtype=torch.long).expand(b)).to(cap.logits.device)
+        if ((labels < 0) | (labels >= n_classes)).any():
+            raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+        u = module.head.weight.detach().double()[labels]
+        output = cap.logits.double().gather(1, labels[:, None])[:, 0]
+        bias = module.head.bias
+        const = bias.detach().double()[labels] if bias is not None else torch.zeros(b, dtype=torch.float64)
+    parts = timm_vit.contributions(module, cap, u)
+    parts["readout_bias"] = parts["readout_bias"] + const.to(parts["readout_bias"].device)
+    n_patch = cap.final_in.shape[1] - module.num_prefix_tokens
+    grid = tuple(getattr(module.patch_embed, "grid_size", None) or (n_patch, 1))
+    return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
+
+
+def _along(features: torch.Tensor, direction: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(u [B, D], u . features [B])`` for a direction over the features."""
+    u = torch.as_tensor(np.asarray(direction), dtype=torch.float64, device=features.device)
+    if u.shape != (features.shape[-1],):
+        raise InvalidParameterError(f"direction has shape {tuple(u.shape)}; the features read have "
+                                    f"{features.shape[-1]} dimensions.")
+    u = u.expand(features.shape[0], -1)
+    return u, (features.double() * u).sum(-1)
+
+
+def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequence[int] | None,
+          direction: torch.Tensor | np.ndarray | None) -> DecompositionResult:
+    """A CLIP tower (Hugging Face or OpenCLIP): a direction over its image embedding, or ``target`` = one coordinate
+    of it."""
+    reader = hf_clip if hf_clip.is_clip_tower(module) else openclip
+    reader.refuse_unless_supported(module)
+    seen = reader.capture(module, pixels)
+    b, dim = seen.features.shape
+    if direction is None:
+        if target is None or not isinstance(target, int) or not 0 <= target < dim:
+            raise InvalidParameterError(f"{name} has no classes: give direction= (a text embedding, a unit vector "
+                                        f"over its {dim}-dimensional image embedding) or target= one coordinate.")
+        direction = torch.zeros(dim, dtype=torch.float64)
+        direction[target] = 1.0
+    u, output = _along(seen.features, direction)
+    parts = reader.contributions(module, seen, u)
+    grid = tuple(seen.patch.shape[-2:])
+    return _result(output, torch.full((b,), -1, dtype=torch.long), parts, 1, grid, name, True)
+
+
+def _result(output: torch.Tensor, labels: torch.Tensor, parts: dict[str, torch.Tensor], num_prefix: int,
+            grid: tuple, name: str, along: bool) -> DecompositionResult:
+    return DecompositionResult(
+        output=output.cpu().numpy(), target=labels.cpu().numpy(),
+        **{k: v.cpu().numpy() for k, v in parts.items()},
+        num_prefix_tokens=num_prefix, grid=tuple(int(g) for g in grid), model_name=name,
+        direction="direction" if along else "class")

@@ -1,0 +1,113 @@
+"""Direct contributions on a Hugging Face CLIP vision tower (``CLIPVisionModel``, ``CLIPVisionModelWithProjection``;
+docs/definitions.md, "Direct contributions"). The tower is pre-norm: embeddings (class embedding, patch
+convolution, position embedding) through ``pre_layrnorm``, blocks ``x + attn(ln1(x))``, ``x + mlp(ln2(x))``, the
+class token through ``post_layernorm`` and the projection. Both LayerNorms' scales are held; read with hooks on the
+tower's own modules, in float64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .linearise import back_through_norm, check_norm, norm_bias
+
+TYPES = ("CLIPVisionModel", "CLIPVisionModelWithProjection")
+
+
+def is_clip_tower(model: nn.Module) -> bool:
+    """Whether the module is a Hugging Face CLIP vision tower this reader covers."""
+    return type(model).__name__ in TYPES
+
+
+@dataclass
+class Seen:
+    """What the hooks saw."""
+
+    patch: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    q: list[torch.Tensor] = field(default_factory=list)
+    k: list[torch.Tensor] = field(default_factory=list)
+    v: list[torch.Tensor] = field(default_factory=list)
+    mlp: list[torch.Tensor] = field(default_factory=list)
+    pooled: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+
+
+def refuse_unless_supported(model: nn.Module) -> None:
+    """Refuse a CLIP tower whose norms are not LayerNorms."""
+    vm = getattr(model, "vision_model", model)
+    check_norm(vm.pre_layrnorm, "pre-norm")
+    check_norm(vm.post_layernorm, "final norm")
+    for layer in vm.encoder.layers:
+        if type(layer).__name__ != "CLIPEncoderLayer":
+            raise UnsupportedModelError(f"{type(model).__name__}: a {type(layer).__name__} block is not read.")
+
+
+def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
+    """One forward with hooks on the tower's own modules (removed on exit)."""
+    vm, seen, handles = getattr(model, "vision_model", model), Seen(), []
+
+    def keep(fn, use_input: bool = False):  # noqa: ANN001, ANN202 - a hook factory
+        return lambda mod, args, out: fn(args[0] if use_input else out)
+
+    try:
+        handles.append(vm.embeddings.patch_embedding.register_forward_hook(keep(lambda t: setattr(seen, "patch", t))))
+        handles.append(vm.embeddings.register_forward_hook(keep(lambda t: setattr(seen, "embeddings", t))))
+        for layer in vm.encoder.layers:
+            for name in ("q", "k", "v"):
+                handles.append(getattr(layer.self_attn, f"{name}_proj").register_forward_hook(
+                    keep(getattr(seen, name).append)))
+            handles.append(layer.mlp.register_forward_hook(keep(seen.mlp.append)))
+        handles.append(vm.post_layernorm.register_forward_hook(keep(lambda t: setattr(seen, "pooled", t), True)))
+        with torch.no_grad():
+            out = model(pixel_values=pixels)
+        seen.features = out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _heads(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    attn = layer.self_attn
+    b, n, _ = seen.q[i].shape
+    q, k, v = (t.double().reshape(b, n, attn.num_heads, attn.head_dim).transpose(1, 2)
+               for t in (seen.q[i], seen.k[i], seen.v[i]))
+    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(-1), v
+
+
+def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every part of ``u . features`` (float64), named as ``DecompositionResult``'s fields."""
+    vm = getattr(model, "vision_model", model)
+    proj = getattr(model, "visual_projection", None)
+    u_pool = u @ proj.weight.detach().double() if proj is not None else u
+    readout = (u * proj.bias.detach().double()).sum(-1) if proj is not None and proj.bias is not None else u[:, 0] * 0
+    pooled = seen.pooled.double()
+    d = pooled.shape[-1]
+    readout = readout + (u_pool * norm_bias(vm.post_layernorm, d, u_pool)).sum(-1)
+    emb = seen.embeddings.double()
+    g = torch.zeros_like(emb)
+    g[:, 0] = back_through_norm(vm.post_layernorm, u_pool, pooled)
+    g0 = back_through_norm(vm.pre_layrnorm, g, emb)
+    pre_bias = (g * norm_bias(vm.pre_layrnorm, d, g)).sum((-1, -2))
+    patch = torch.zeros_like(emb)
+    patch[:, 1:] = seen.patch.double().flatten(2).transpose(1, 2)
+    prefix = torch.zeros_like(emb)
+    prefix[:, 0] = vm.embeddings.class_embedding.detach().double()
+    heads, attn_bias, mlp = [], [], []
+    for i, layer in enumerate(vm.encoder.layers):
+        probs, v = _heads(seen, i, layer)
+        out = layer.self_attn.out_proj
+        e = (g @ out.weight.detach().double()).reshape(*g.shape[:2], layer.self_attn.num_heads, -1)
+        heads.append(torch.einsum("bhqj,bqhd,bhjd->bhj", probs, e, v))
+        attn_bias.append((g * out.bias.detach().double()).sum((-1, -2)) if out.bias is not None else pre_bias * 0)
+        mlp.append((g * seen.mlp[i].double()).sum(-1))
+    return {
+        "heads": torch.stack(heads, 1), "attn_bias": torch.stack(attn_bias, 1), "mlp": torch.stack(mlp, 1),
+        "embed_patch": (g0 * patch).sum(-1), "embed_position": (g0 * (emb - patch - prefix)).sum(-1),
+        "embed_prefix": (g0 * prefix).sum(-1), "pre_norm_bias": pre_bias, "readout_bias": readout,
+        "pool_mlp": torch.zeros_like(readout),
+    }

@@ -1,0 +1,96 @@
+"""The logit lens on a timm ViT (docs/definitions.md, "Logit lens"): each depth's residual read through the
+model's own final norm, pooling and head."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InvalidParameterError
+from ..results import Result
+from .stream import module_of, pixels_for, refuse_unless_stream, residuals
+
+
+@dataclass(eq=False, repr=False)
+class LogitLensResult(Result):
+    """What each depth's residual already predicts.
+
+    Attributes:
+        target: [B] the class followed.
+        pooled: [B, L + 1] the target's logit when depth d's residual goes through the final norm and the model's
+            own head (its pooling included); depth 0 is the embeddings, depth L the output.
+        tokens: [B, L + 1, N] the target's logit when one token's residual goes through the final norm, the head's
+            norm and the head alone (no pooling).
+        top_classes: [B, L + 1, k] the pooled reading's top classes by depth.
+        top_logits: [B, L + 1, k] their logits.
+        output: [B] the model's logit for the target.
+        num_prefix_tokens: prefix tokens before the patches.
+        model_name: the model's name.
+    """
+
+    kind = "logit_lens"
+    target: np.ndarray
+    pooled: np.ndarray
+    tokens: np.ndarray
+    top_classes: np.ndarray
+    top_logits: np.ndarray
+    output: np.ndarray
+    num_prefix_tokens: int
+    model_name: str = ""
+
+    def summary(self) -> str:
+        first = int(np.argmax(self.top_classes[0, :, 0] == self.target[0])) \
+            if (self.top_classes[0, :, 0] == self.target[0]).any() else -1
+        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; class "
+                f"{self.target[0]} first on top at depth {first if first >= 0 else 'never'}; last depth = output "
+                f"(|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (image, depth): the target's pooled logit and the top class."""
+        return [{"image": b, "depth": d, "target": int(self.target[b]), "logit": float(self.pooled[b, d]),
+                 "top_class": int(self.top_classes[b, d, 0]), "top_logit": float(self.top_logits[b, d, 0])}
+                for b in range(self.pooled.shape[0]) for d in range(self.pooled.shape[1])]
+
+
+def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None = None,
+               top_k: int = 5) -> LogitLensResult:
+    """Each depth's residual read through the model's own final norm and head (docs/definitions.md, "Logit lens").
+
+    Args:
+        model: a ``LoadedModel`` or a timm ``VisionTransformer``.
+        pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
+        target: the class followed (one, or one per image); default each image's prediction.
+        top_k: classes listed per depth.
+
+    Returns:
+        A ``LogitLensResult``; its last depth equals the output.
+    """
+    module, name = module_of(model, "logit_lens")
+    refuse_unless_stream(module, "logit_lens")
+    x = pixels_for(model, module, pixels)
+    stream, logits, _ = residuals(module, x)
+    b, n_classes = logits.shape
+    labels = logits.argmax(-1) if target is None else torch.as_tensor(target, dtype=torch.long).expand(b)
+    labels = labels.to(logits.device)
+    if ((labels < 0) | (labels >= n_classes)).any():
+        raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+    k = max(1, min(int(top_k), n_classes))
+    pooled, tokens, top_c, top_v = [], [], [], []
+    with torch.no_grad():
+        for x_d in stream:
+            normed = module.norm(x_d)
+            read = module.forward_head(normed).double()
+            per_token = module.head(module.fc_norm(normed)).double()
+            pooled.append(read.gather(1, labels[:, None])[:, 0])
+            tokens.append(per_token.gather(2, labels[:, None, None].expand(-1, per_token.shape[1], 1))[..., 0])
+            v, c = read.topk(k, dim=-1)
+            top_c.append(c)
+            top_v.append(v)
+    return LogitLensResult(
+        target=labels.cpu().numpy(), pooled=torch.stack(pooled, 1).cpu().numpy(),
+        tokens=torch.stack(tokens, 1).cpu().numpy(), top_classes=torch.stack(top_c, 1).cpu().numpy(),
+        top_logits=torch.stack(top_v, 1).cpu().numpy(),
+        output=logits.double().gather(1, labels[:, None])[:, 0].cpu().numpy(),
+        num_prefix_tokens=int(module.num_prefix_tokens), model_name=name)

@@ -1,0 +1,117 @@
+"""Direct contributions on an OpenCLIP vision tower (``open_clip.transformer.VisionTransformer``; docs/definitions.md,
+"Direct contributions"). Pre-norm: class embedding, patch convolution and position embedding through ``ln_pre``,
+blocks ``x + ls_1(attn(ln_1(x)))``, ``x + ls_2(mlp(ln_2(x)))`` with ``nn.MultiheadAttention``, ``ln_post`` before
+or after the pooling (class token or patch mean), the projection matrix. Every LayerNorm's scale held; read with
+hooks on the tower's own modules, in float64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .linearise import back_through_norm, check_norm, is_identity, norm_bias
+
+
+def is_openclip_tower(model: nn.Module) -> bool:
+    """Whether the module is OpenCLIP's vision transformer."""
+    return type(model).__name__ == "VisionTransformer" and type(model).__module__.startswith("open_clip")
+
+
+@dataclass
+class Seen:
+    """What the hooks saw."""
+
+    patch: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    attn_in: list[torch.Tensor] = field(default_factory=list)
+    mlp: list[torch.Tensor] = field(default_factory=list)
+    post_in: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+
+
+def refuse_unless_supported(model: nn.Module) -> None:
+    """Refuse an OpenCLIP tower the reading does not cover, by name."""
+    if model.attn_pool is not None or model.pool_type not in ("tok", "avg"):
+        raise UnsupportedModelError(f"OpenCLIP VisionTransformer with attentional pooling or pool {model.pool_type!r}:"
+                                    f" not read; a class-token or average-pooled tower is.")
+    check_norm(model.ln_pre, "pre-norm")
+    check_norm(model.ln_post, "final norm")
+    for i, block in enumerate(model.transformer.resblocks):
+        if not isinstance(block.attn, nn.MultiheadAttention) or hasattr(block, "ln_1_kv") \
+                or not is_identity(getattr(block, "ln_attn", None)):
+            raise UnsupportedModelError(f"OpenCLIP block {i} uses a {type(block.attn).__name__} (custom attention: "
+                                        f"qk-norm, cosine or scaled heads): not read.")
+
+
+def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
+    """One forward with hooks on the tower's own modules (removed on exit)."""
+    seen, handles = Seen(), []
+    try:
+        handles.append(model.conv1.register_forward_hook(lambda m, a, o: setattr(seen, "patch", o)))
+        handles.append(model.ln_pre.register_forward_hook(lambda m, a, o: setattr(seen, "embeddings", a[0])))
+        for block in model.transformer.resblocks:
+            handles.append(block.ln_1.register_forward_hook(lambda m, a, o: seen.attn_in.append(o)))
+            handles.append(block.ls_2.register_forward_hook(lambda m, a, o: seen.mlp.append(o)))
+        handles.append(model.ln_post.register_forward_hook(lambda m, a, o: setattr(seen, "post_in", a[0])))
+        with torch.no_grad():
+            out = model(pixels)
+        seen.features = out[0] if isinstance(out, tuple) else out
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def read_directions(model: nn.Module, seen: Seen, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``g`` [B, N, D] on the residual after the blocks and the readout's constant [B] for ``u . features``."""
+    u_pool = u @ model.proj.detach().double().T if model.proj is not None else u
+    post = seen.post_in.double()
+    emb = seen.embeddings
+    b, n, d = emb.shape
+    w = torch.zeros(n, dtype=torch.float64, device=u.device)
+    if model.pool_type == "tok":
+        w[0] = 1.0
+    else:
+        w[1:] = 1.0 / (n - 1)
+    const = (u_pool * norm_bias(model.ln_post, d, u_pool)).sum(-1)
+    if post.dim() == 2:  # final_ln_after_pool: the norm reads the pooled feature
+        return w[None, :, None] * back_through_norm(model.ln_post, u_pool, post)[:, None, :], const
+    return back_through_norm(model.ln_post, w[None, :, None] * u_pool[:, None, :], post), const
+
+
+def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every part of ``u . features`` (float64), named as ``DecompositionResult``'s fields."""
+    g, readout = read_directions(model, seen, u)
+    emb = seen.embeddings.double()
+    d = emb.shape[-1]
+    g0 = back_through_norm(model.ln_pre, g, emb)
+    pre_bias = (g * norm_bias(model.ln_pre, d, g)).sum((-1, -2))
+    patch = torch.zeros_like(emb)
+    patch[:, 1:] = seen.patch.double().flatten(2).transpose(1, 2)
+    prefix = torch.zeros_like(emb)
+    prefix[:, 0] = model.class_embedding.detach().double()
+    heads, attn_bias, mlp = [], [], []
+    for block, h_in, branch in zip(model.transformer.resblocks, seen.attn_in, seen.mlp):
+        attn = block.attn
+        nh, dh = attn.num_heads, attn.head_dim
+        qkv = h_in.double() @ attn.in_proj_weight.detach().double().T
+        if attn.in_proj_bias is not None:
+            qkv = qkv + attn.in_proj_bias.detach().double()
+        q, k, v = (t.reshape(*t.shape[:2], nh, dh).transpose(1, 2) for t in qkv.split(d, -1))
+        probs = ((q * dh ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+        gamma = getattr(block.ls_1, "gamma", None)
+        gs = g * (gamma.detach().double() if gamma is not None else 1.0)
+        e = (gs @ attn.out_proj.weight.detach().double()).reshape(*g.shape[:2], nh, dh)
+        heads.append(torch.einsum("bhqj,bqhd,bhjd->bhj", probs, e, v))
+        bias = attn.out_proj.bias
+        attn_bias.append((gs * bias.detach().double()).sum((-1, -2)) if bias is not None else pre_bias * 0)
+        mlp.append((g * branch.double()).sum(-1))
+    return {
+        "heads": torch.stack(heads, 1), "attn_bias": torch.stack(attn_bias, 1), "mlp": torch.stack(mlp, 1),
+        "embed_patch": (g0 * patch).sum(-1), "embed_position": (g0 * (emb - patch - prefix)).sum(-1),
+        "embed_prefix": (g0 * prefix).sum(-1), "pre_norm_bias": pre_bias, "readout_bias": readout,
+        "pool_mlp": torch.zeros_like(readout),
+    }

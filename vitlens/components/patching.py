@@ -1,0 +1,171 @@
+"""Activation patching on a timm ViT (docs/definitions.md, "Activation patching"): one component of a clean run
+put into the corrupted run, the target's logit recorded; many patches per forward (each row of a batch carries
+its own patch).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import InvalidParameterError
+from ..results import Result
+from .stream import module_of, pixels_for, refuse_unless_stream
+
+#: what can be patched: a block's attention branch, its MLP branch, one head (at the output projection's input),
+#: one token of the residual leaving a block
+SITES = ("attn", "mlp", "head", "resid")
+
+
+@dataclass(eq=False, repr=False)
+class PatchingResult(Result):
+    """The target's logit with each component patched from the clean run into the corrupted one.
+
+    Attributes:
+        attn: [L] with block l's attention branch patched.
+        mlp: [L] with block l's MLP branch patched.
+        heads: [L, H] with one head's output (before the output projection) patched.
+        resid: [L, N] with one token of block l's output patched.
+        clean: the clean run's logit.
+        corrupted: the corrupted run's logit.
+        target: the class followed.
+        forwards: batched forwards spent (the two plain runs included).
+        model_name: the model's name.
+    """
+
+    kind = "activation_patching"
+    attn: np.ndarray
+    mlp: np.ndarray
+    heads: np.ndarray
+    resid: np.ndarray
+    clean: float
+    corrupted: float
+    target: int
+    forwards: int
+    model_name: str = ""
+
+    def restored(self, values: np.ndarray) -> np.ndarray:
+        """(patched - corrupted) / (clean - corrupted): the share of the clean logit a patch restores."""
+        gap = self.clean - self.corrupted
+        return (values - self.corrupted) / (gap if gap != 0 else np.nan)
+
+    def summary(self) -> str:
+        share = np.nan_to_num(self.restored(self.heads), nan=-np.inf)
+        l, h = np.unravel_index(int(np.argmax(share)), share.shape)
+        return (f"{self.model_name or 'model'}: class {self.target} logit clean {self.clean:.4g}, corrupted "
+                f"{self.corrupted:.4g}; best head layer {l + 1} head {h + 1} (restores "
+                f"{self.restored(self.heads[l, h]):.2f}) in {self.forwards} forwards")
+
+    def to_rows(self) -> list[dict]:
+        """One row per patch: site, layer, head or token (1-based layer and head), logit, share restored."""
+        rows = []
+        for l in range(self.attn.shape[0]):
+            rows.append({"site": "attn", "layer": l + 1, "index": 0, "logit": float(self.attn[l])})
+            rows.append({"site": "mlp", "layer": l + 1, "index": 0, "logit": float(self.mlp[l])})
+            rows += [{"site": "head", "layer": l + 1, "index": h + 1, "logit": float(v)}
+                     for h, v in enumerate(self.heads[l])]
+            rows += [{"site": "resid", "layer": l + 1, "index": q, "logit": float(v)}
+                     for q, v in enumerate(self.resid[l])]
+        for row in rows:
+            row["restored"] = float(self.restored(np.float64(row["logit"])))
+        return rows
+
+
+def _record(model: nn.Module, x: torch.Tensor) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
+    seen: dict[tuple[str, int], torch.Tensor] = {}
+    handles = []
+    for l, block in enumerate(model.blocks):
+        handles += [block.ls1.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("attn", l), o)),
+                    block.ls2.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("mlp", l), o)),
+                    block.attn.proj.register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(("head", l), a[0])),
+                    block.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("resid", l), o))]
+    try:
+        with torch.no_grad():
+            logits = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen, logits
+
+
+def _patched(model: nn.Module, x: torch.Tensor, sites: list[tuple[str, int, int]],
+             clean: dict[tuple[str, int], torch.Tensor]) -> torch.Tensor:
+    """One forward of len(sites) copies of the corrupted image, row i with sites[i] patched from ``clean``."""
+    batch = x.expand(len(sites), *x.shape[1:])
+    rows: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for i, (site, l, idx) in enumerate(sites):
+        rows.setdefault((site, l), []).append((i, idx))
+
+    def put(site: str, l: int, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        src = clean[(site, l)][0]
+        for i, idx in rows.get((site, l), []):
+            if site in ("attn", "mlp"):
+                t[i] = src
+            elif site == "resid":
+                t[i, idx] = src[idx]
+            else:
+                dh = model.blocks[l].attn.head_dim
+                t[i, :, idx * dh:(idx + 1) * dh] = src[:, idx * dh:(idx + 1) * dh]
+        return t
+
+    handles = []
+    for l, block in enumerate(model.blocks):
+        handles += [block.ls1.register_forward_hook(lambda m, a, o, l=l: put("attn", l, o)),
+                    block.ls2.register_forward_hook(lambda m, a, o, l=l: put("mlp", l, o)),
+                    block.attn.proj.register_forward_pre_hook(lambda m, a, l=l: (put("head", l, a[0]),)),
+                    block.register_forward_hook(lambda m, a, o, l=l: put("resid", l, o))]
+    try:
+        with torch.no_grad():
+            return model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def patch_activations(model: object, clean: object, corrupted: object, target: int | None = None,
+                      batch_size: int = 64) -> PatchingResult:
+    """Patch each component of the clean run into the corrupted run, one at a time (docs/definitions.md,
+    "Activation patching").
+
+    Args:
+        model: a ``LoadedModel`` or a timm ``VisionTransformer``.
+        clean: one image [1, 3, H, W] (with a LoadedModel, anything ``vl.preprocess`` reads).
+        corrupted: its corruption, the same shape.
+        target: the class followed; default the clean run's prediction.
+        batch_size: patches per forward.
+
+    Returns:
+        A ``PatchingResult``: the target's logit under every patch.
+    """
+    module, name = module_of(model, "patch_activations")
+    refuse_unless_stream(module, "patch_activations")
+    xc, xk = pixels_for(model, module, clean), pixels_for(model, module, corrupted)
+    if xc.shape[0] != 1 or xk.shape != xc.shape:
+        raise InvalidParameterError(f"clean and corrupted must be one image each of the same shape; got "
+                                    f"{tuple(xc.shape)} and {tuple(xk.shape)}.")
+    if batch_size < 1:
+        raise InvalidParameterError("batch_size must be at least 1.")
+    seen, clean_logits = _record(module, xc)
+    with torch.no_grad():
+        corrupted_logits = module(xk)
+    k = int(clean_logits.argmax(-1)[0]) if target is None else int(target)
+    if not 0 <= k < clean_logits.shape[-1]:
+        raise InvalidParameterError(f"target must be a class index in [0, {clean_logits.shape[-1]}).")
+    n_layers, n_heads = len(module.blocks), module.blocks[0].attn.num_heads
+    n_tokens = seen[("resid", 0)].shape[1]
+    sites = [(s, l, i) for l in range(n_layers) for s, count in (("attn", 1), ("mlp", 1), ("head", n_heads),
+                                                                    ("resid", n_tokens)) for i in range(count)]
+    values: list[float] = []
+    for start in range(0, len(sites), batch_size):
+        values += _patched(module, xk, sites[start:start + batch_size], seen)[:, k].double().tolist()
+    got = dict(zip(sites, values))
+    return PatchingResult(
+        attn=np.array([got[("attn", l, 0)] for l in range(n_layers)]),
+        mlp=np.array([got[("mlp", l, 0)] for l in range(n_layers)]),
+        heads=np.array([[got[("head", l, h)] for h in range(n_heads)] for l in range(n_layers)]),
+        resid=np.array([[got[("resid", l, q)] for q in range(n_tokens)] for l in range(n_layers)]),
+        clean=float(clean_logits[0, k]), corrupted=float(corrupted_logits[0, k]), target=k,
+        forwards=2 + -(-len(sites) // batch_size), model_name=name)

@@ -1,0 +1,113 @@
+"""Token norms and high-norm artifact tokens (Darcet et al., ICLR 2024; docs/definitions.md, "Token norms").
+
+The residual's norm per token at every depth, the outlier rule of ``prefix_diagnostics`` (a patch token whose norm
+exceeds ``OUTLIER_FACTOR`` times its image's median patch-token norm at that depth), the depth at which each
+outlier first appears, and the attention (mean over heads) the class token, the patch tokens and the registers'
+budget go to them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..results import Result
+from ..views.prefix import OUTLIER_FACTOR
+from .stream import module_of, pixels_for, refuse_unless_stream, residuals
+from .timm_vit import attention_probs
+
+
+@dataclass(eq=False, repr=False)
+class TokenNormsResult(Result):
+    """Token norms by depth and the high-norm outliers.
+
+    Attributes:
+        norms: [B, L + 1, N] the residual's L2 norm per token; depth 0 the embeddings, depth d block d's output.
+        outliers: [B, L + 1, N] bool: a patch token whose norm exceeds ``factor`` x its image's median patch norm.
+        first_depth: [B, N] the first depth at which a token is an outlier (-1: never).
+        class_attention: [B, L] the attention (mean over heads) the class token pays, in block l, to the tokens
+            that are outliers in that block's input (NaN without a class token).
+        patch_attention: [B, L] the same, paid by the patch tokens (mean over patch queries).
+        register_attention: [B, L] the class token's (else the patch tokens') attention to the registers (NaN
+            without registers): where the mass goes instead.
+        factor: the outlier rule's multiple of the median.
+        num_prefix_tokens: prefix tokens before the patches (class token first, then registers).
+        num_registers: register tokens.
+        model_name: the model's name.
+    """
+
+    kind = "token_norms"
+    norms: np.ndarray
+    outliers: np.ndarray
+    first_depth: np.ndarray
+    class_attention: np.ndarray
+    patch_attention: np.ndarray
+    register_attention: np.ndarray
+    factor: float
+    num_prefix_tokens: int
+    num_registers: int
+    model_name: str = ""
+
+    def summary(self) -> str:
+        count = self.outliers[:, -1].sum(-1).mean()
+        seen = self.first_depth[self.first_depth >= 0]
+        return (f"{self.model_name or 'model'}: {count:.1f} outlier tokens per image at the last depth (norm > "
+                f"{self.factor:g} x median patch norm); first appear at depth "
+                f"{int(seen.min()) if seen.size else 'never'}")
+
+    def to_rows(self) -> list[dict]:
+        """One row per (image, depth): median patch norm, max norm, outliers, attention paid to them."""
+        rows = []
+        p = self.num_prefix_tokens
+        for b in range(self.norms.shape[0]):
+            for d in range(self.norms.shape[1]):
+                att = {name: float("nan") if d == 0 else float(getattr(self, name)[b, d - 1])  # no block reads depth 0
+                       for name in ("class_attention", "patch_attention", "register_attention")}
+                rows.append({"image": b, "depth": d, "median_patch_norm": float(np.median(self.norms[b, d, p:])),
+                             "max_norm": float(self.norms[b, d].max()), "outliers": int(self.outliers[b, d].sum()),
+                             **att})
+        return rows
+
+
+def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -> TokenNormsResult:
+    """Residual norms per token and depth, the outliers and the attention they draw (docs/definitions.md,
+    "Token norms").
+
+    Args:
+        model: a ``LoadedModel`` or a timm ``VisionTransformer``.
+        pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
+        factor: the outlier rule's multiple of the median patch norm.
+
+    Returns:
+        A ``TokenNormsResult``.
+    """
+    module, name = module_of(model, "token_norms")
+    refuse_unless_stream(module, "token_norms")
+    stream, _, qkv = residuals(module, pixels_for(model, module, pixels), with_qkv=True)
+    p = int(module.num_prefix_tokens)
+    has_cls = getattr(module, "cls_token", None) is not None
+    n_reg = int(module.reg_token.shape[1]) if getattr(module, "reg_token", None) is not None else 0
+    norms = torch.stack([s.double().norm(dim=-1) for s in stream], 1)  # [B, L + 1, N]
+    median = norms[..., p:].median(dim=-1, keepdim=True).values
+    outliers = norms > factor * median
+    outliers[..., :p] = False
+    hit = outliers.any(1)
+    first = torch.where(hit, outliers.double().argmax(1), torch.full_like(hit, -1, dtype=torch.long))
+    cls_att, patch_att, reg_att = [], [], []
+    for l, (block, out) in enumerate(zip(module.blocks, qkv)):
+        probs = attention_probs(block, out)[0].mean(1)  # [B, N, N], mean over heads
+        mask = outliers[:, l].double()  # outliers in the block's input
+        to_out = (probs * mask[:, None, :]).sum(-1)  # [B, N] per query
+        nan = torch.full_like(to_out[:, 0], float("nan"))
+        cls_att.append(to_out[:, 0] if has_cls else nan)
+        patch_att.append(to_out[:, p:].mean(-1))
+        start = 1 if has_cls else 0
+        to_reg = probs[..., start:start + n_reg].sum(-1)
+        reg_att.append(nan if not n_reg else to_reg[:, 0] if has_cls else to_reg[:, p:].mean(-1))
+    def arr(t: list[torch.Tensor]) -> np.ndarray:
+        return torch.stack(t, 1).cpu().numpy()
+    return TokenNormsResult(
+        norms=norms.cpu().numpy(), outliers=outliers.cpu().numpy(), first_depth=first.cpu().numpy(),
+        class_attention=arr(cls_att), patch_attention=arr(patch_att), register_attention=arr(reg_att),
+        factor=float(factor), num_prefix_tokens=p, num_registers=n_reg, model_name=name)

@@ -1,0 +1,122 @@
+"""Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
+"Token norms", "Activation patching"): the layer x head table of contributions with its ledger in the title, one head's contribution
+over the image's patch tokens, the logit lens by depth, token norms by depth, patching by head."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
+from .registry import draws
+
+
+def _symmetric(values: np.ndarray) -> float:
+    top = float(np.abs(values).max()) if values.size else 0.0
+    return top if top > 0 else 1.0
+
+
+@draws(DecompositionResult)
+def contributions_figure(result: DecompositionResult, image: int = 0, title: str | None = None) -> go.Figure:
+    """The layer x head table of one image's head contributions (summed over source tokens), on a diverging scale
+    centred at 0, layer 1 at the top; the ledger is in the title.
+
+    Args:
+        result: a ``decompose`` result.
+        image: which image.
+        title: the title (default: the model, the output and the ledger).
+
+    Returns:
+        The heatmap figure.
+    """
+    table = result.head_table(image)
+    top = _symmetric(table)
+    fig = go.Figure(go.Heatmap(
+        z=table, x=[f"head {h + 1}" for h in range(table.shape[1])], y=[f"layer {l + 1}" for l in range(table.shape[0])],
+        colorscale="RdBu_r", zmin=-top, zmax=top, colorbar=dict(title="part")))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title or (f"{result.model_name}: heads' parts of output {result.output[image]:.4g} "
+                                      f"(ledger {result.ledger()[image]:.1e})"), height=360)
+    return fig
+
+
+def head_contribution_figure(result: DecompositionResult, layer: int, head: int, image: int = 0,
+                             title: str | None = None) -> go.Figure:
+    """One head's part per source patch token on the patch grid (0-based layer and head), diverging at 0, patch row
+    0 at the top.
+
+    Args:
+        result: a ``decompose`` result.
+        layer: the block, 0-based.
+        head: the head, 0-based.
+        image: which image.
+        title: the title (default: the head and its sum).
+
+    Returns:
+        The heatmap figure.
+    """
+    grid = result.head_map(layer, head, image)
+    top = _symmetric(grid)
+    fig = go.Figure(go.Heatmap(z=grid, colorscale="RdBu_r", zmin=-top, zmax=top, colorbar=dict(title="part")))
+    fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    fig.update_layout(title=title or f"layer {layer + 1} head {head + 1}: part per source token "
+                                     f"(sum {grid.sum():.3g})", height=360)
+    return fig
+
+
+@draws(LogitLensResult)
+def logit_lens_figure(result: LogitLensResult, title: str | None = None) -> go.Figure:
+    """The target's pooled logit by depth, one line per image (depth 0: the embeddings; the last: the output).
+
+    Args:
+        result: a ``logit_lens`` result.
+        title: the title (default: the model).
+
+    Returns:
+        The line figure.
+    """
+    fig = go.Figure([go.Scatter(x=np.arange(result.pooled.shape[1]), y=result.pooled[b], mode="lines+markers",
+                                name=f"image {b} (class {result.target[b]})") for b in range(result.pooled.shape[0])])
+    fig.update_layout(title=title or f"{result.model_name}: logit lens", xaxis_title="depth",
+                      yaxis_title="target logit", height=360)
+    return fig
+
+
+@draws(TokenNormsResult)
+def token_norms_figure(result: TokenNormsResult, image: int = 0, title: str | None = None) -> go.Figure:
+    """Token norms by depth for one image (a heatmap: depth x token), outliers by the stated rule counted in the
+    title.
+
+    Args:
+        result: a ``token_norms`` result.
+        image: which image.
+        title: the title (default: the model and the outliers counted).
+
+    Returns:
+        The heatmap figure.
+    """
+    fig = go.Figure(go.Heatmap(z=result.norms[image], colorscale="Viridis", colorbar=dict(title="norm")))
+    fig.update_layout(title=title or (f"{result.model_name}: token norms ({int(result.outliers[image, -1].sum())} "
+                                      f"outliers > {result.factor:g} x median at the last depth)"),
+                      xaxis_title="token", yaxis_title="depth", height=360)
+    return fig
+
+
+@draws(PatchingResult)
+def patching_figure(result: PatchingResult, title: str | None = None) -> go.Figure:
+    """The share of the clean logit each head's patch restores (layer x head, diverging at 0, layer 1 at the
+    top).
+
+    Args:
+        result: a ``patch_activations`` result.
+        title: the title (default: the model and the class).
+
+    Returns:
+        The heatmap figure.
+    """
+    share = result.restored(result.heads)
+    fig = go.Figure(go.Heatmap(
+        z=share, x=[f"head {h + 1}" for h in range(share.shape[1])], y=[f"layer {l + 1}" for l in range(share.shape[0])],
+        colorscale="RdBu_r", zmin=-1, zmax=1, colorbar=dict(title="restored")))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title or f"{result.model_name}: patching heads (class {result.target})", height=360)
+    return fig
