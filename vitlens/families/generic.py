@@ -24,9 +24,12 @@ uses, ``vitlens.attribution.lrp``) intercepts that call:
 - inline capture computes ``P`` once, hands it over and returns ``P v`` in place of the fused call (the
   output within float rounding of the fused one; with ``detach=False`` the maps are in the graph).
 
-An explicit ``softmax`` is not read: what a module does with its probabilities after a softmax (talking
-heads, a differential pair, dropout) is not visible from the call, whereas the SDPA call's output is ``P v``.
-A block whose attention makes no SDPA call, or more than one, is refused when the model is read (a probe
+A block whose attention makes no SDPA call (eager-only: transformers' BLIP and GIT vision towers, a module written
+with ``softmax(q k^T) v``) is read at its one softmax call instead: the model's own tensor, as returned, provided a
+matrix product then takes that very tensor (same storage and shape; dropout in eval hands it on) as its left
+operand, i.e. it is the map applied to the values; a softmax changed before the product (talking heads) or several
+softmax calls (a differential pair) are refused. A block whose attention makes more than one SDPA call, or neither
+one SDPA call nor one applied softmax, is refused when the model is read (a probe
 forward at the built size) and again at capture, naming the block. So are queries and keys of different
 lengths (pooled or cross attention) and a token count that is not the prefix tokens plus the patch grid.
 
@@ -52,6 +55,7 @@ from ..errors import UnsupportedModelError
 from ..kinds import VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
+from .common.readers import SoftmaxApplied
 from .common.sdpa_calls import CallMode, sdpa_arguments
 from .layouts import Layout, layout_of
 
@@ -170,16 +174,39 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                         del item
                 return out
 
-            with CallMode(on_call):
+            softmax = SoftmaxApplied()
+            with CallMode(on_call), softmax:
                 result = _original(*args, **kwargs)
             if not calls:
-                raise UnsupportedModelError(
-                    f"{name!r}: block {_layer}'s attention ({type(_attn).__name__}) made no "
-                    "scaled_dot_product_attention call, so vitlens's generic call-level capture has nothing exact "
-                    f"to read (an explicit softmax is not read: what follows it is not visible): {layout.fused_hint}.")
+                probs = _own_softmax(name, _layer, _attn, softmax, layout.fused_hint)
+                _verify(name, _layer, _attn, probs, probs, {"dropout_p": 0.0}, state.get("patches"), prefix)
+                detach = capture.detach or capture.mode != "inline"
+                capture(_layer, probs.detach().float() if detach else probs)
             return result
 
         handles.set_attr(attn, "forward", forward)
+
+
+def _own_softmax(name: str, layer: int, attn: nn.Module, softmax: SoftmaxApplied, hint: str) -> torch.Tensor:
+    """The probabilities of an attention that makes no SDPA call (eager-only: BLIP, GIT, a timm module off its
+    fused path): the result of its one softmax call, which a matrix product then applies to the values as it is
+    (``SoftmaxApplied``); the model's own tensor, read as returned.
+
+    Raises:
+        UnsupportedModelError: no softmax call, several, or one whose result is changed before it is applied.
+    """
+    where = f"{name!r}: block {layer}'s attention ({type(attn).__name__})"
+    n = len(softmax.results)
+    if n != 1:
+        raise UnsupportedModelError(
+            f"{where} made no scaled_dot_product_attention call and {n} softmax calls, so no single map is the one it "
+            f"applies; vitlens reads one SDPA call or one softmax per block: {hint}.")
+    if not softmax.applied[0] or softmax.results[0].dim() != 4:
+        raise UnsupportedModelError(
+            f"{where} made no scaled_dot_product_attention call, and its one softmax's result is not what it "
+            "multiplies with the values (changed before the product, or not [batch, heads, tokens, tokens]), so "
+            f"vitlens has nothing exact to read: {hint}.")
+    return softmax.results[0]
 
 
 def _verify(name: str, layer: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict,

@@ -301,12 +301,8 @@ class HuggingFaceLayout(Layout):
     def check(self, model: nn.Module, name: str) -> None:
         tower = self._parts(model)[0]
         impl = getattr(tower.config, "_attn_implementation", None)
-        if impl != "sdpa" and not getattr(type(model), "_supports_sdpa", True):
-            raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__} for which transformers has no sdpa attention "
-                f"implementation (it runs {impl!r}: an explicit softmax), so vitlens's generic call-level capture has "
-                "no scaled_dot_product_attention call to read.")
-        if impl != "sdpa":
+        eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
+        if impl != "sdpa" and not eager_only:
             raise UnsupportedModelError(
                 f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
                 "this model at its scaled_dot_product_attention calls (generic call-level capture): "
