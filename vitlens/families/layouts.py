@@ -51,6 +51,10 @@ class Layout:
         """The convolution that cuts the image into patch tokens (its stride is the token stride)."""
         raise NotImplementedError
 
+    def stem(self, model: nn.Module) -> nn.Module | None:
+        """A CNN that runs before the patch convolution (a hybrid), or None: the convolution sees pixels."""
+        return None
+
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         """Each block's module whose forward makes the block's one SDPA call, first block first (a direct child of
         the block, so that its parent is the block: ``LoadedModel.block_names``)."""
@@ -253,7 +257,11 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Modul
     emb = getattr(tower, "embeddings", None)
     if cfg is None or not isinstance(emb, nn.Module):
         return None
-    convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
+    stem, projection = getattr(emb, "backbone", None), getattr(emb, "projection", None)
+    if isinstance(stem, nn.Module) and isinstance(projection, nn.Conv2d):  # a hybrid (DPT-hybrid's BiT stem)
+        convs = [projection]
+    else:
+        convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
     if len(convs) != 1 or tuple(convs[0].kernel_size) != tuple(convs[0].stride) or convs[0].groups != 1:
         return None
     depth = getattr(cfg, "num_hidden_layers", None)
@@ -313,6 +321,10 @@ class HuggingFaceLayout(Layout):
 
     def patch_conv(self, model: nn.Module) -> nn.Conv2d:
         return self._parts(model)[1]
+
+    def stem(self, model: nn.Module) -> nn.Module | None:
+        stem = getattr(self._parts(model)[0].embeddings, "backbone", None)
+        return stem if isinstance(stem, nn.Module) else None
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return self._parts(model)[3]
