@@ -43,6 +43,8 @@ def hf_reference(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor] | str:
     from vitlens.families.hf import model_inputs, vision_tower
 
     tower = vision_tower(model)
+    if not hasattr(type(tower), "_from_config"):  # an inner module (GIT's): the model itself, eager-only
+        tower = model
     try:
         twin = type(tower)._from_config(copy.deepcopy(tower.config), attn_implementation="eager").eval()
         twin.load_state_dict(tower.state_dict())
@@ -218,6 +220,41 @@ OPEN_CLIP_CASES: list[tuple[str, Callable[[], nn.Module]]] = [
     ("CoCa 'parallel' pooler", coca("parallel")),
     ("CoCa 'cascade' pooler", coca("cascade")),
 ]
+# issue 48 (h48c): DPT-hybrid and further global-attention towers of transformers 5.24
+_BIT = dict(global_padding="same", layer_type="bottleneck", depths=[1, 1, 1], hidden_sizes=[32, 64, 128],
+            embedding_size=32, num_groups=4, out_features=["stage1", "stage2", "stage3"],
+            embedding_dynamic_padding=True)
+
+
+def dpt_hybrid() -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.DPTConfig(**SMALL | dict(image_size=64, patch_size=16), is_hybrid=True,
+                                    backbone_featmap_shape=[1, 128, 4, 4], backbone_out_indices=[0, 1],
+                                    neck_hidden_sizes=[32, 64, 32, 32], fusion_hidden_size=16,
+                                    backbone_config=transformers.BitConfig(**_BIT))
+    return transformers.DPTModel(config).eval()
+
+
+HF_CASES += [
+    ("DPTModel (hybrid, BiT stem)", dpt_hybrid),
+    ("Blip2VisionModel", hf("Blip2VisionModel", "Blip2VisionConfig", **SMALL)),
+    ("InstructBlipVisionModel", hf("InstructBlipVisionModel", "InstructBlipVisionConfig", **SMALL)),
+    ("SmolVLMVisionTransformer", hf("SmolVLMVisionTransformer", "SmolVLMVisionConfig", **SMALL)),
+    ("GroupViTVisionModel (grouping blocks)", hf("GroupViTVisionModel", "GroupViTVisionConfig", hidden_size=32,
+                                                  num_hidden_layers=2, depths=[1, 1], num_group_tokens=[4, 0],
+                                                  num_output_groups=[4, 4], num_attention_heads=2,
+                                                  intermediate_size=64, image_size=32, patch_size=8)),
+    ("MgpstrForSceneTextRecognition", hf("MgpstrForSceneTextRecognition", "MgpstrConfig", hidden_size=32,
+                                         num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2.0, image_size=[32, 64],
+                                         patch_size=8)),
+    ("Pix2StructVisionModel (flattened patches)", hf("Pix2StructVisionModel", "Pix2StructVisionConfig", hidden_size=32,
+                                                     num_hidden_layers=2, num_attention_heads=2, d_ff=64, d_kv=16,
+                                                     patch_embed_hidden_size=48)),
+    ("Dinov2Backbone", hf("Dinov2Backbone", "Dinov2Config", **SMALL, out_features=["stage2"])),
+]
+
 
 #: timm names and the keywords that make them small (tried with, then without)
 TIMM_CASES: list[tuple[str, dict[str, Any]]] = [
@@ -244,6 +281,7 @@ TIMM_CASES: list[tuple[str, dict[str, Any]]] = [
     ("swin_tiny_patch4_window7_224", dict()),
     ("hiera_tiny_224", dict()),
     ("mvitv2_tiny", dict()),
+    ("mvitv2_tiny", dict(img_size=112)),  # padded poolings: 28 -> 14 -> 7 -> 4 (issue 48)
     ("swinv2_tiny_window8_256", dict()),
     ("samvit_base_patch16", dict(img_size=64, depth=2)),
     ("naflexvit_base_patch16_gap", dict(depth=2)),

@@ -61,11 +61,31 @@ class TwoCallAttention(RopeBiasAttention):
 
 
 class NoCallAttention(RopeBiasAttention):
-    """Only the explicit softmax path: nothing for the call-level capture to read."""
+    """Only the explicit softmax path: read at its one softmax, whose result it applies to the values."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
         self.fused = False
+
+
+class TwoSoftmaxAttention(NoCallAttention):
+    """A differential pair written out: two softmax calls, no SDPA call, no one map is the attention applied."""
+
+    def forward(self, x: torch.Tensor, **_: object) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = (f(x).reshape(b, n, self.heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        a = (q @ k.transpose(-2, -1)).softmax(-1) - 0.5 * (k @ q.transpose(-2, -1)).softmax(-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class TalkingHeadsAttention(NoCallAttention):
+    """One softmax, then its heads mixed before the product: the softmax's result is not the map applied."""
+
+    def forward(self, x: torch.Tensor, **_: object) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = (f(x).reshape(b, n, self.heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        a = (q @ k.transpose(-2, -1)).softmax(-1).flip(1)
+        return self.proj((a @ v).transpose(1, 2).reshape(b, n, c))
 
 
 def tiny_vit(attention: type | None = RopeBiasAttention, only_block: int | None = None) -> nn.Module:
@@ -269,7 +289,10 @@ def test_each_sdpa_argument_is_read_as_sdpa_defines_it(kind):
         assert (cap.maps[0][want[0] == 0] == 0).all() and (want[0] == 0).any()
 
 
-@pytest.mark.parametrize("attention,what", [(TwoCallAttention, "more than once"), (NoCallAttention, "made no")])
+@pytest.mark.parametrize("attention,what", [(TwoCallAttention, "more than once"),
+                                            (TwoSoftmaxAttention, "made no scaled_dot_product_attention call and 2 "
+                                                                  "softmax calls"),
+                                            (TalkingHeadsAttention, "not what it multiplies with the values")])
 def test_a_block_without_exactly_one_sdpa_call_is_refused_by_name(attention, what):
     with pytest.raises(vl.UnsupportedModelError, match=f"block 1's attention \\({attention.__name__}\\) .*{what}"):
         vl.LoadedModel.from_module(tiny_vit(attention, only_block=1), device="cpu")
@@ -322,3 +345,18 @@ def test_cross_covariance_attention_stays_refused_by_name_before_the_fallback():
         vl.LoadedModel.from_module(model, device="cpu")
     with pytest.raises(vl.UnsupportedModelError, match="XCiT"):
         vl.capture_attention(model)
+
+
+def test_an_attention_with_no_sdpa_call_is_read_at_its_one_softmax():
+    model = tiny_vit(NoCallAttention)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        plain = model(x)
+    want = [block.attn.probs.clone() for block in model.blocks]
+    m = vl.LoadedModel.from_module(model, device="cpu")
+    assert m.spec.family == "generic"
+    for mode in ("side", "inline"):
+        with torch.no_grad(), vl.capture_attention(m, mode=mode) as cap:
+            out = m.logits(x)
+        assert torch.equal(out, plain)  # the model's own softmax read, nothing recomputed
+        assert len(cap.maps) == 2 and all(torch.equal(g, w) for g, w in zip(cap.maps, want))

@@ -322,3 +322,40 @@ def test_an_absolute_position_table_is_the_position_view():
     m = load(tiny_mvit(use_abs_pos=True))
     table, grid = m.family.position_table(m.model, m.spec)
     assert grid == (16, 16) and table.shape == (1, 256, 8)
+
+
+@pytest.fixture(scope="module")
+def padded_mvit() -> torch.nn.Module:
+    """tiny_mvit at 56 px: 14 -> 7 -> 4 tokens, the last pooling padded (timm's feat_size says 3 by floor division)."""
+    return tiny_mvit(img=56)
+
+
+@pytest.mark.parametrize("mode", ["side", "inline"])
+def test_a_padded_pooling_is_read_on_the_grid_the_model_computes(padded_mvit, mode):
+    model = padded_mvit
+    assert tuple(model.stages[2].feat_size) == (3, 3)  # timm's floor division; the tokens are 4x4
+    m = load(model)
+    x = images(2, 56)
+    with torch.no_grad():
+        plain = model(x)
+        feeds, hooks = recording_block_inputs(model)
+        with vl.capture_attention(m, mode=mode) as cap:
+            out = model(x)
+        for h in hooks:
+            h.remove()
+    assert torch.equal(out, plain)
+    windows = m.family.windows(m.model, m.spec.image_size)
+    assert windows[-1].grid == (4, 4) and feeds[-1][1] == (7, 7)
+    for block, (feed, grid), got, g in zip(blocks(model), feeds, cap.maps, windows):
+        want = reference_probs(block.attn, feed, grid, "conv")
+        assert got.shape == (2, block.attn.num_heads, g.window_tokens, g.key_tokens) == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+
+
+def test_a_padded_pooling_whose_relative_table_is_too_short_is_refused_for_that_reason():
+    model = tiny_mvit(img=56, depths=(1, 1, 2))
+    with pytest.raises(IndexError):  # the model's own forward fails at this size (its table indexed past the end)
+        model(images(1, 56))
+    with pytest.raises(vl.UnsupportedModelError, match="the model's own forward fails: stage 2 block 1 attends 4x4 "
+                                                       "queries over 4x4 keys .* has 5 rows"):
+        load(model)

@@ -24,9 +24,12 @@ uses, ``vitlens.attribution.lrp``) intercepts that call:
 - inline capture computes ``P`` once, hands it over and returns ``P v`` in place of the fused call (the
   output within float rounding of the fused one; with ``detach=False`` the maps are in the graph).
 
-An explicit ``softmax`` is not read: what a module does with its probabilities after a softmax (talking
-heads, a differential pair, dropout) is not visible from the call, whereas the SDPA call's output is ``P v``.
-A block whose attention makes no SDPA call, or more than one, is refused when the model is read (a probe
+A block whose attention makes no SDPA call (eager-only: transformers' BLIP and GIT vision towers, a module written
+with ``softmax(q k^T) v``) is read at its one softmax call instead: the model's own tensor, as returned, provided a
+matrix product then takes that very tensor (same storage and shape; dropout in eval hands it on) as its left
+operand, i.e. it is the map applied to the values; a softmax changed before the product (talking heads) or several
+softmax calls (a differential pair) are refused. A block whose attention makes more than one SDPA call, or neither
+one SDPA call nor one applied softmax, is refused when the model is read (a probe
 forward at the built size) and again at capture, naming the block. So are queries and keys of different
 lengths (pooled or cross attention) and a token count that is not the prefix tokens plus the patch grid.
 
@@ -48,10 +51,11 @@ from torch import nn
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from ..errors import UnsupportedModelError
-from ..kinds import VIT
+from ..errors import UnsupportedModelError, ViewNotAvailableError
+from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
+from .common.readers import SoftmaxApplied
 from .common.sdpa_calls import CallMode, sdpa_arguments
 from .layouts import Layout, layout_of
 
@@ -83,6 +87,38 @@ def _conv_grid(proj: nn.Conv2d, hw: Sequence[int]) -> tuple[int, int]:
         pad = proj.padding[i] if isinstance(proj.padding, tuple) else 0
         out.append((int(hw[i]) + 2 * int(pad) - proj.dilation[i] * (proj.kernel_size[i] - 1) - 1) // proj.stride[i] + 1)
     return out[0], out[1]
+
+
+def _pixel_channels(layout: Layout, model: nn.Module) -> int:
+    """The image channels: the patch convolution's input channels, or a hybrid stem's first convolution's."""
+    stem = layout.stem(model)
+    first = next((m for m in stem.modules() if isinstance(m, nn.Conv2d)), None) if stem is not None else None
+    return int((first if first is not None else layout.patch_conv(model)).in_channels)
+
+
+def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Conv2d, name: str,
+               size: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A hybrid's token grid and stride in input pixels: the patch convolution's output grid in a forward of a zero
+    image at ``size`` (after the CNN stem), and ``size`` / grid, which must divide exactly.
+
+    Raises:
+        UnsupportedModelError: the grid does not divide the input size (no one pixel stride per token).
+    """
+    seen: list[tuple[int, int]] = []
+    handle = proj.register_forward_hook(lambda _m, _i, out: seen.append((int(out.shape[-2]), int(out.shape[-1]))))
+    param = next(model.parameters(), None)
+    x = torch.zeros(1, _pixel_channels(layout, model), *size, device=param.device if param is not None else "cpu",
+                    dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
+    try:
+        with torch.no_grad():
+            layout.forward(model, x)
+    finally:
+        handle.remove()
+    grid = seen[0]
+    if any(int(s) % g for s, g in zip(size, grid)):
+        raise UnsupportedModelError(f"{name!r}: its CNN stem makes a {grid[0]}x{grid[1]} grid of {size[0]}x{size[1]} "
+                                    "px, which is no whole pixel stride per token.")
+    return grid, (int(size[0]) // grid[0], int(size[1]) // grid[1])
 
 
 def _table_grid(rows: int, grid: tuple[int, int], prefix: int) -> tuple[int, tuple[int, int]] | None:
@@ -170,16 +206,39 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                         del item
                 return out
 
-            with CallMode(on_call):
+            softmax = SoftmaxApplied()
+            with CallMode(on_call), softmax:
                 result = _original(*args, **kwargs)
             if not calls:
-                raise UnsupportedModelError(
-                    f"{name!r}: block {_layer}'s attention ({type(_attn).__name__}) made no "
-                    "scaled_dot_product_attention call, so vitlens's generic call-level capture has nothing exact "
-                    f"to read (an explicit softmax is not read: what follows it is not visible): {layout.fused_hint}.")
+                probs = _own_softmax(name, _layer, _attn, softmax, layout.fused_hint)
+                _verify(name, _layer, _attn, probs, probs, {"dropout_p": 0.0}, state.get("patches"), prefix)
+                detach = capture.detach or capture.mode != "inline"
+                capture(_layer, probs.detach().float() if detach else probs)
             return result
 
         handles.set_attr(attn, "forward", forward)
+
+
+def _own_softmax(name: str, layer: int, attn: nn.Module, softmax: SoftmaxApplied, hint: str) -> torch.Tensor:
+    """The probabilities of an attention that makes no SDPA call (eager-only: BLIP, GIT, a timm module off its
+    fused path): the result of its one softmax call, which a matrix product then applies to the values as it is
+    (``SoftmaxApplied``); the model's own tensor, read as returned.
+
+    Raises:
+        UnsupportedModelError: no softmax call, several, or one whose result is changed before it is applied.
+    """
+    where = f"{name!r}: block {layer}'s attention ({type(attn).__name__})"
+    n = len(softmax.results)
+    if n != 1:
+        raise UnsupportedModelError(
+            f"{where} made no scaled_dot_product_attention call and {n} softmax calls, so no single map is the one it "
+            f"applies; vitlens reads one SDPA call or one softmax per block: {hint}.")
+    if not softmax.applied[0] or softmax.results[0].dim() != 4:
+        raise UnsupportedModelError(
+            f"{where} made no scaled_dot_product_attention call, and its one softmax's result is not what it "
+            "multiplies with the values (changed before the product, or not [batch, heads, tokens, tokens]), so "
+            f"vitlens has nothing exact to read: {hint}.")
+    return softmax.results[0]
 
 
 def _verify(name: str, layer: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict,
@@ -242,6 +301,9 @@ class GenericCallCapture(Family):
         proj = layout.patch_conv(model)
         size = layout.image_size(model, name, input_size)
         grid = _conv_grid(proj, size)
+        stride = (int(proj.stride[0]), int(proj.stride[1]))
+        if layout.stem(model) is not None:  # a hybrid: the CNN stem's stride (times the projection's) is the token stride
+            grid, stride = _stem_grid(model, layout, proj, name, size)
         declared_grid = layout.declared_grid(model)
         if declared_grid is not None and input_size is None and tuple(declared_grid) != grid:
             raise UnsupportedModelError(
@@ -263,8 +325,8 @@ class GenericCallCapture(Family):
         pos = layout.position_rows(model)
         table = _table_grid(int(pos.shape[1]), grid, prefix) if pos is not None else None
         return ModelSpec(
-            name=name, kind=VIT.name, image_size=size, grid=grid,
-            stride_px=(int(proj.stride[0]), int(proj.stride[1])), num_prefix_tokens=prefix,
+            name=name, kind=(VIT if layout.stem(model) is None else HYBRID).name, image_size=size, grid=grid,
+            stride_px=stride, num_prefix_tokens=prefix,
             num_layers=len(layout.attention_modules(model)), num_heads=heads,
             embed_dim=layout.embed_dim(model), has_class_token=cls and prefix > 0,
             has_pos_embed=table is not None, pos_embed_prefix=table[0] if table is not None else 0,
@@ -292,6 +354,13 @@ class GenericCallCapture(Family):
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         layout = _layout(model)
+        stem = layout.stem(model)
+        if stem is not None:
+            conv = next((m for m in stem.modules() if isinstance(m, nn.Conv2d)), None)
+            if conv is None:
+                raise ViewNotAvailableError(f"{spec.name}: the hybrid's CNN stem has no convolution to show.")
+            return conv_filters(conv, layout.module_name(model, conv), "the CNN stem's first convolution; the "
+                                "hybrid's own patch embedding acts on CNN channels, not pixels", spec.name)
         conv = layout.patch_conv(model)
         return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
 
@@ -331,8 +400,8 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     layout = _layout(model, name)
     conv = layout.patch_conv(model)
     pad = conv.padding if isinstance(conv.padding, tuple) else (1, 1)
-    if tuple(conv.kernel_size) != tuple(conv.stride) or any(int(p) for p in pad):
-        return
+    if tuple(conv.kernel_size) != tuple(conv.stride) or any(int(p) for p in pad) or layout.stem(model) is not None:
+        return  # (a hybrid's CNN stem spreads a cell's pixels to its neighbours' tokens)
     tokens = prefix + grid[0] * grid[1]
     seen: list[torch.Tensor] = []
 
@@ -397,7 +466,7 @@ def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    x = torch.zeros(1, int(layout.patch_conv(model).in_channels), *size, device=device, dtype=dtype)
+    x = torch.zeros(1, _pixel_channels(layout, model), *size, device=device, dtype=dtype)
     handles = Handles()
     try:
         install_call_capture(model, CaptureRequest(record), handles, name=name, check_tokens=False)

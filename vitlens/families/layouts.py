@@ -51,6 +51,10 @@ class Layout:
         """The convolution that cuts the image into patch tokens (its stride is the token stride)."""
         raise NotImplementedError
 
+    def stem(self, model: nn.Module) -> nn.Module | None:
+        """A CNN that runs before the patch convolution (a hybrid), or None: the convolution sees pixels."""
+        return None
+
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         """Each block's module whose forward makes the block's one SDPA call, first block first (a direct child of
         the block, so that its parent is the block: ``LoadedModel.block_names``)."""
@@ -257,7 +261,11 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Modul
     emb = getattr(tower, "embeddings", None)
     if cfg is None or not isinstance(emb, nn.Module):
         return None
-    convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
+    stem, projection = getattr(emb, "backbone", None), getattr(emb, "projection", None)
+    if isinstance(stem, nn.Module) and isinstance(projection, nn.Conv2d):  # a hybrid (DPT-hybrid's BiT stem)
+        convs = [projection]
+    else:
+        convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
     if len(convs) != 1 or tuple(convs[0].kernel_size) != tuple(convs[0].stride) or convs[0].groups != 1:
         return None
     depth = getattr(cfg, "num_hidden_layers", None)
@@ -305,12 +313,8 @@ class HuggingFaceLayout(Layout):
     def check(self, model: nn.Module, name: str) -> None:
         tower = self._parts(model)[0]
         impl = getattr(tower.config, "_attn_implementation", None)
-        if impl != "sdpa" and not getattr(type(model), "_supports_sdpa", True):
-            raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__} for which transformers has no sdpa attention "
-                f"implementation (it runs {impl!r}: an explicit softmax), so vitlens's generic call-level capture has "
-                "no scaled_dot_product_attention call to read.")
-        if impl != "sdpa":
+        eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
+        if impl != "sdpa" and not eager_only:
             raise UnsupportedModelError(
                 f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
                 "this model at its scaled_dot_product_attention calls (generic call-level capture): "
@@ -321,6 +325,10 @@ class HuggingFaceLayout(Layout):
 
     def patch_conv(self, model: nn.Module) -> nn.Conv2d:
         return self._parts(model)[1]
+
+    def stem(self, model: nn.Module) -> nn.Module | None:
+        stem = getattr(self._parts(model)[0].embeddings, "backbone", None)
+        return stem if isinstance(stem, nn.Module) else None
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return self._parts(model)[3]

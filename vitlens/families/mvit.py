@@ -12,7 +12,10 @@ and inline with ``detach=False`` hands over the very tensor the output is comput
 
 Geometry (``windows``). One "window" per block holding all its queries and keys: the queries on the block's
 output grid, the keys on the pooled grid; grids are the pooling modules' own output sizes (floor((H + 2p - k) / s)
-+ 1 per axis, from their kernel, stride and padding), checked against the stages' ``feat_size``. Tokens are
++ 1 per axis, from their kernel, stride and padding): the grids the forward computes on, which round up where a
+padded pooling meets an odd grid (112 px: 28 -> 14 -> 7 -> 4; timm's ``feat_size`` says 3 by floor division).
+Such a model is read on its true grids; one whose relative-position tables (sized from ``feat_size``) are too
+short for them is refused, as its own forward fails at that size. Tokens are
 placed in input pixels: the first stage's at (r + 0.5) x the patch stride (the stride cell's centre, as for every
 other family; the 7x7 patch convolution with padding 3 is centred 1.5 px above and left of it, a shift every
 centre below inherits, so no distance changes); a pooled token at the mean of the centres of the tokens its
@@ -137,11 +140,14 @@ class TimmMViTv2(StagedFamily):
 
     def layout(self, model: nn.Module, input_hw: Sequence[int], name: str = "") -> list[BlockLayout]:
         """Every block's grids at an input of ``input_hw`` pixels, from the pooling modules' own kernels, strides
-        and paddings, each stage's checked against the grid the model was built for (``stage.feat_size``).
+        and paddings: the grids the model's forward computes on (it takes each grid from the pooled tensor). Where a
+        padded pooling rounds up (112 px: 28 -> 14 -> 7 -> 4 tokens), these differ from timm's ``stage.feat_size``
+        (floor division: 3) and are the true ones; the relative-position tables, sized from ``feat_size``, are
+        checked to cover the offsets these grids index.
 
         Raises:
-            UnsupportedModelError: a block's queries and residual pooled to different grids, or a stage's grid that
-                is not the one the model was built for (an input size whose grids do not divide evenly).
+            UnsupportedModelError: a block's queries and residual pooled to different grids, or a relative-position
+                table too short for the grids (the model's own forward fails at that size).
         """
         grid = self.patch_grid(model, input_hw)
         stride = pair(model.patch_embed.proj.stride)
@@ -157,13 +163,17 @@ class TimmMViTv2(StagedFamily):
                         "vitlens reads blocks whose outputs are one grid.")
                 if skip is not None:
                     stride = tuple(a * b for a, b in zip(stride, pooling_of(skip)[1]))  # type: ignore[assignment]
+                rows = _rel_pos_rows_needed(attn, q_grid, k_grid)
+                if rows is not None and rows > int(attn.rel_pos_h.shape[0]):
+                    raise UnsupportedModelError(
+                        f"{name or type(model).__name__!r}: at {input_hw[0]}x{input_hw[1]} pixels the model's own "
+                        f"forward fails: stage {s} block {i} attends {q_grid[0]}x{q_grid[1]} queries over "
+                        f"{k_grid[0]}x{k_grid[1]} keys (its padded poolings round up), but its relative-position table "
+                        f"has {int(attn.rel_pos_h.shape[0])} rows, sized by timm for the {stage.feat_size[0]}x"
+                        f"{stage.feat_size[1]} grid floor division gives, and these grids index {rows}; build it at a "
+                        "size whose poolings divide evenly.")
                 out.append(BlockLayout(s, grid, q_grid, k_grid, stride, attn.pool_q, attn.pool_k, skip))  # type: ignore
                 grid = q_grid
-            if tuple(int(g) for g in stage.feat_size) != grid:
-                raise UnsupportedModelError(
-                    f"{name or type(model).__name__!r}: at {input_hw[0]}x{input_hw[1]} pixels stage {s}'s tokens are "
-                    f"{grid[0]}x{grid[1]}, not the {stage.feat_size[0]}x{stage.feat_size[1]} it was built for (its "
-                    "poolings do not divide the grid evenly); build the model at a size whose grids do.")
         return out
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
@@ -231,6 +241,20 @@ class TimmMViTv2(StagedFamily):
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
         return timm_data_config(model, spec)
+
+
+def _rel_pos_rows_needed(attn: nn.Module, q_grid: tuple[int, int], k_grid: tuple[int, int]) -> int | None:
+    """The rows of the relative-position tables timm's ``cal_rel_pos_type`` indexes for these query and key grids
+    (its own offsets: i * max(k/q, 1) - j * max(q/k, 1) + (k - 1) * max(q/k, 1), truncated), or None where the block
+    adds no spatial relative-position term."""
+    if getattr(attn, "rel_pos_type", "") != "spatial":
+        return None
+    need = 0
+    for q, k in zip(q_grid, k_grid):
+        q_ratio, k_ratio = max(k / q, 1.0), max(q / k, 1.0)
+        dist = (torch.arange(q).unsqueeze(-1) * q_ratio - torch.arange(k).unsqueeze(0) * k_ratio) + (k - 1) * k_ratio
+        need = max(need, int(dist.long().max().item()) + 1)
+    return need
 
 
 def _read_softmax(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles, detach: bool) -> None:

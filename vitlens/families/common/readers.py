@@ -43,6 +43,33 @@ class SoftmaxCall(TorchFunctionMode):
         return out
 
 
+class SoftmaxApplied(TorchFunctionMode):
+    """While active on this thread, keeps the result of every softmax call (``results``) and, for each, whether a
+    matrix product took it as its left operand as it is (the same storage and shape: dropout in eval mode hands
+    it on unchanged), i.e. whether those probabilities are the ones applied to the values (``applied``). A
+    softmax whose result is changed before the product (talking heads, a differential pair) is not applied."""
+
+    FUNCS = SoftmaxCall.FUNCS
+    PRODUCTS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: list[torch.Tensor] = []
+        self.applied: list[bool] = []
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in self.FUNCS:
+            self.results.append(out)
+            self.applied.append(False)
+        elif func in self.PRODUCTS and args and isinstance(args[0], torch.Tensor):
+            left = args[0]
+            for i, probs in enumerate(self.results):
+                if left.shape == probs.shape and left.data_ptr() == probs.data_ptr():
+                    self.applied[i] = True
+        return out
+
+
 def read_softmax(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles, detach: bool,
                  refusal: Callable[[int], str]) -> None:
     """The attention's own probabilities as its one softmax call returns them (its forward run as it is, inside
@@ -101,4 +128,4 @@ def read_fused_or_own(attn: nn.Module, layer: int, capture: CaptureRequest, hand
         own(attn, layer, capture, handles)
 
 
-__all__ = ["SoftmaxCall", "read_at_dropout", "read_fused_or_own", "read_returned", "read_softmax"]
+__all__ = ["SoftmaxApplied", "SoftmaxCall", "read_at_dropout", "read_fused_or_own", "read_returned", "read_softmax"]
