@@ -70,6 +70,16 @@ class TokenLayout:
         """Tokens that are no image cell, wherever they stand."""
         return sum(isinstance(t, PrefixToken) for t in self.tokens)
 
+    def prefix_labels(self) -> tuple[str, ...]:
+        """The prefix tokens' names in canonical order ("class", "detection 1", ...): a kind held once unnumbered."""
+        kinds = [t.kind for t in self.tokens if isinstance(t, PrefixToken)]
+        seen: dict[str, int] = {}
+        out = []
+        for k in kinds:
+            seen[k] = seen.get(k, 0) + 1
+            out.append(k if kinds.count(k) == 1 else f"{k} {seen[k]}")
+        return tuple(out)
+
     def canonical_order(self) -> list[int]:
         """The model's position of each canonical token: prefix tokens in their own order, then each image's cells
         row-major, images in order. ``x[..., order]`` puts a sequence into canonical order."""

@@ -48,6 +48,7 @@ from torch import nn
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
+from ..core.tokens import Cell, TokenLayout
 from ..errors import UnsupportedModelError
 from ..kinds import VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
@@ -57,6 +58,8 @@ from .layouts import Layout, layout_of
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
+#: a model whose tokens are not prefix then row-major cells: its declared order (``vitlens.core.tokens``)
+_TOKENS: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
 
 
 def _layout(model: nn.Module, name: str | None = None) -> Layout:
@@ -124,6 +127,7 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     layout = _layout(model, name)
     state: dict[str, Any] = {}
     prefix = _PREFIX.get(model, layout.declared_prefix(model)) if check_tokens else None
+    tokens = _TOKENS.get(model) if check_tokens else None
     workspace: dict = {}
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
@@ -157,11 +161,15 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if capture.mode == "inline":
+                if capture.mode == "inline" or tokens is not None:
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
-                    capture(_layer, probs.detach() if capture.detach else probs)
-                    return (probs.to(v_rep.dtype) @ v_rep)
+                    seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
+                    # the views read prefix then row-major cells: the model's own order, permuted (exact)
+                    capture(_layer, tokens.to_canonical(seen) if tokens is not None else seen)
+                    if capture.mode == "inline":
+                        return (probs.to(v_rep.dtype) @ v_rep)
+                    return F.scaled_dot_product_attention(*a, **kw)
                 out = F.scaled_dot_product_attention(*a, **kw)
                 with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
                     for item in attention_probs_in_rows(q, k_rep, scale, capture.query_rows, mask, causal,
@@ -251,15 +259,21 @@ class GenericCallCapture(Family):
         tokens, heads = probe(model, name, size)
         prefix = tokens - grid[0] * grid[1]
         declared = layout.declared_prefix(model)
+        order = layout.token_layout(model, grid)
         if prefix < 0 or (declared is not None and declared != prefix):
             raise UnsupportedModelError(
                 f"{name!r}: its blocks attend over {tokens} tokens, which is not the {grid[0]}x{grid[1]} patch grid "
                 f"plus {declared if declared is not None else 'a number of'} prefix tokens, so vitlens could not "
                 "infer the token geometry.")
-        verify_patch_order(model, name, size, prefix, grid)
+        verify_patch_order(model, name, size, prefix, grid, order)
         _PREFIX[model] = prefix
+        if order is not None and not order.is_standard:
+            order.check_count(tokens)
+            _TOKENS[model] = order
         cls, dist, registers = layout.prefix_parts(model)
         labels = prefix_labels(cls, dist, registers) if int(cls) + int(dist) + registers == prefix else ()
+        if order is not None:
+            labels = order.prefix_labels()
         pos = layout.position_rows(model)
         table = _table_grid(int(pos.shape[1]), grid, prefix) if pos is not None else None
         return ModelSpec(
@@ -311,11 +325,11 @@ class GenericCallCapture(Family):
 
 
 def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefix: int,
-                       grid: tuple[int, int]) -> None:
+                       grid: tuple[int, int], order: TokenLayout | None = None) -> None:
     """Check that the first block attends over the prefix tokens and then the patch tokens in row-major order:
     light up one patch at a time (the top-right and the bottom-left cell, which a transposed or reversed order would
     swap) and see which token of the first attention module's input changes. Only that cell's token may, at
-    ``prefix + row * gw + column``: a model that appends its class token, orders patches otherwise or mixes tokens
+    ``prefix + row * gw + column`` (or where ``order``, the model's declared token layout, puts it): a model that appends its class token, orders patches otherwise or mixes tokens
     before the first block is refused rather than have its maps read on the wrong grid cells.
 
     Skipped for a patch convolution whose kernel is not its stride or that pads (a cell's pixels then reach
@@ -361,7 +375,7 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
         return
     for cell, h in zip(cells, hidden[1:]):
         changed = ((h - hidden[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
-        want = prefix + cell[0] * grid[1] + cell[1]
+        want = prefix + cell[0] * grid[1] + cell[1] if order is None else order.tokens.index(Cell(0, *cell))
         if changed != [want]:
             raise UnsupportedModelError(
                 f"{name!r}: lighting up patch (row {cell[0]}, column {cell[1]}) changed token(s) {changed[:8]} of its "
