@@ -49,7 +49,7 @@ from torch import nn
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
 from ..core.tokens import Cell, TokenLayout
-from ..errors import UnsupportedModelError
+from ..errors import InvalidParameterError, UnsupportedModelError
 from ..kinds import VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
@@ -60,6 +60,16 @@ from .layouts import Layout, layout_of
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
 #: a model whose tokens are not prefix then row-major cells: its declared order (``vitlens.core.tokens``)
 _TOKENS: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+#: the token layout a user stated for a model (``vl.load_model(module, token_layout=...)``), read by ``spec``
+_STATED: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+
+
+def state_token_layout(model: nn.Module, layout: TokenLayout) -> None:
+    """Record the token layout the user states for ``model`` (checked against its attention when its spec is read)."""
+    if not isinstance(layout, TokenLayout):
+        raise InvalidParameterError(f"token_layout= takes a vitlens TokenLayout (vitlens.core.tokens); got "
+                                    f"{type(layout).__name__}.")
+    _STATED[model] = layout
 
 
 def _layout(model: nn.Module, name: str | None = None) -> Layout:
@@ -259,7 +269,15 @@ class GenericCallCapture(Family):
         tokens, heads = probe(model, name, size)
         prefix = tokens - grid[0] * grid[1]
         declared = layout.declared_prefix(model)
-        order = layout.token_layout(model, grid)
+        order = _STATED.get(model) or layout.token_layout(model, grid)
+        if model in _STATED:
+            stated = _STATED[model]
+            stated.check_count(tokens)
+            if stated.grids != (grid,):
+                raise InvalidParameterError(
+                    f"{name!r}: the stated token layout's grids {list(stated.grids)} are not the {grid[0]}x{grid[1]} "
+                    "grid of its patch embedding; state one image's layout on that grid.")
+            declared = prefix = stated.num_prefix
         if prefix < 0 or (declared is not None and declared != prefix):
             raise UnsupportedModelError(
                 f"{name!r}: its blocks attend over {tokens} tokens, which is not the {grid[0]}x{grid[1]} patch grid "
