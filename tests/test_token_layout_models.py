@@ -34,6 +34,7 @@ def test_yolos_detection_tokens_are_prefix_tokens_exact_against_eager(yolos):
     m = vl.LoadedModel.from_module(yolos, name="yolos", device="cpu")
     assert (m.spec.grid, m.spec.num_prefix_tokens) == ((4, 4), 5)
     assert m.spec.prefix_labels == ("class", "detection 1", "detection 2", "detection 3", "detection 4")
+    assert "detection at 17" in m.spec.describe()["token order"]
     with torch.no_grad():
         plain = yolos(pixel_values=x).last_hidden_state
     for mode in ("side", "inline"):
@@ -104,6 +105,7 @@ def test_a_stated_layout_with_the_class_token_last_equals_the_class_first_model(
     a = vl.load_model(first, device="cpu")
     b = vl.load_model(last, device="cpu", token_layout=standard_layout((4, 4), ("class",), prefix_last=True))
     assert b.spec.num_prefix_tokens == 1 and b.spec.prefix_labels == ("class",)
+    assert "class at 16" in b.spec.describe()["token order"] and "token order" not in a.spec.describe()
     x = images(2, seed=3)
     with torch.no_grad():
         plain = last(x)

@@ -45,6 +45,8 @@ class ModelSpec:
         stage_heads: a hierarchical model's heads of every block, grouped by stage, first stage first (Swin-T:
             ((3, 3), (6, 6), (12,) * 6, (24, 24)); ``core.windows.stage_heads``); () when unknown or for a model
             without windows. ``describe`` shows a model of more than one stage by its stages and heads per stage.
+        token_order: the model's own token order in words when it is not prefix then row-major cells (its declared
+            ``core.tokens.TokenLayout``; the captured maps are permuted into the views' order); "" when it is.
     """
 
     name: str
@@ -65,6 +67,7 @@ class ModelSpec:
     family: str = "timm-vit"
     prefix_labels: tuple[str, ...] = ()
     stage_heads: tuple[tuple[int, ...], ...] = ()
+    token_order: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +137,7 @@ class ModelSpec:
             "parameters": param_count_str(self.num_params),
             "classes": str(self.num_classes) if self.num_classes else "none (feature model)",
             "position embedding": "learned, absolute" if self.has_pos_embed else "none learned (absolute table absent)",
+            **({"token order": self.token_order} if self.token_order else {}),
         }
 
 

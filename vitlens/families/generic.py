@@ -301,7 +301,8 @@ class GenericCallCapture(Family):
             embed_dim=layout.embed_dim(model), has_class_token=cls and prefix > 0,
             has_pos_embed=table is not None, pos_embed_prefix=table[0] if table is not None else 0,
             num_classes=layout.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels)
+            dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels,
+            token_order=order.describe() if order is not None and not order.is_standard else "")
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return list(_layout(model).attention_modules(model))
