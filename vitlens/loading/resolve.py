@@ -183,6 +183,7 @@ def load_model(
     arch: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    token_layout: Any = None,
     **kwargs: Any,
 ) -> LoadedModel:
     """Load a ViT for analysis.
@@ -223,7 +224,6 @@ def load_model(
 
     check_dtype(dtype)
     dev = resolve_device(device)
-    token_layout = kwargs.pop("token_layout", None)
     if token_layout is not None and not isinstance(name, nn.Module):
         raise InvalidParameterError("token_layout= is for a module built in code (vl.load_model(module, "
                                     "token_layout=...)); a named model's token layout is read from the model.")
