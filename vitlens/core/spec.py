@@ -48,6 +48,8 @@ class ModelSpec:
         read_module: where in the model given the blocks read are, for a whole model read through its vision tower
             (a VLM's ``"model.vision_tower"``, a depth model's ``"backbone"``, a CLIP model's ``"vision_model"``,
             with the tower's class: ``"backbone (Dinov2Backbone)"``); "" when the model given is the one read.
+        token_order: the model's own token order in words when it is not prefix then row-major cells (its declared
+            ``core.tokens.TokenLayout``; the captured maps are permuted into the views' order); "" when it is.
     """
 
     name: str
@@ -69,6 +71,7 @@ class ModelSpec:
     prefix_labels: tuple[str, ...] = ()
     stage_heads: tuple[tuple[int, ...], ...] = ()
     read_module: str = ""
+    token_order: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +142,7 @@ class ModelSpec:
             "classes": str(self.num_classes) if self.num_classes else "none (feature model)",
             "position embedding": "learned, absolute" if self.has_pos_embed else "none learned (absolute table absent)",
             **({"read through": self.read_module} if self.read_module else {}),
+            **({"token order": self.token_order} if self.token_order else {}),
         }
 
 

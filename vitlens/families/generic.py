@@ -51,7 +51,8 @@ from torch import nn
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from ..errors import UnsupportedModelError, ViewNotAvailableError
+from ..core.tokens import Cell, TokenLayout
+from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
@@ -61,6 +62,18 @@ from .layouts import Layout, layout_of
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
+#: a model whose tokens are not prefix then row-major cells: its declared order (``vitlens.core.tokens``)
+_TOKENS: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+#: the token layout a user stated for a model (``vl.load_model(module, token_layout=...)``), read by ``spec``
+_STATED: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+
+
+def state_token_layout(model: nn.Module, layout: TokenLayout) -> None:
+    """Record the token layout the user states for ``model`` (checked against its attention when its spec is read)."""
+    if not isinstance(layout, TokenLayout):
+        raise InvalidParameterError(f"token_layout= takes a vitlens TokenLayout (vitlens.core.tokens); got "
+                                    f"{type(layout).__name__}.")
+    _STATED[model] = layout
 
 
 def _layout(model: nn.Module, name: str | None = None) -> Layout:
@@ -160,6 +173,7 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     layout = _layout(model, name)
     state: dict[str, Any] = {}
     prefix = _PREFIX.get(model, layout.declared_prefix(model)) if check_tokens else None
+    tokens = _TOKENS.get(model) if check_tokens else None
     workspace: dict = {}
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
@@ -193,11 +207,15 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if capture.mode == "inline":
+                if capture.mode == "inline" or tokens is not None:
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
-                    capture(_layer, probs.detach() if capture.detach else probs)
-                    return (probs.to(v_rep.dtype) @ v_rep)
+                    seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
+                    # the views read prefix then row-major cells: the model's own order, permuted (exact)
+                    capture(_layer, tokens.to_canonical(seen) if tokens is not None else seen)
+                    if capture.mode == "inline":
+                        return (probs.to(v_rep.dtype) @ v_rep)
+                    return F.scaled_dot_product_attention(*a, **kw)
                 out = F.scaled_dot_product_attention(*a, **kw)
                 with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
                     for item in attention_probs_in_rows(q, k_rep, scale, capture.query_rows, mask, causal,
@@ -313,15 +331,29 @@ class GenericCallCapture(Family):
         tokens, heads = probe(model, name, size)
         prefix = tokens - grid[0] * grid[1]
         declared = layout.declared_prefix(model)
+        order = _STATED.get(model) or layout.token_layout(model, grid)
+        if model in _STATED:
+            stated = _STATED[model]
+            stated.check_count(tokens)
+            if stated.grids != (grid,):
+                raise InvalidParameterError(
+                    f"{name!r}: the stated token layout's grids {list(stated.grids)} are not the {grid[0]}x{grid[1]} "
+                    "grid of its patch embedding; state one image's layout on that grid.")
+            declared = prefix = stated.num_prefix
         if prefix < 0 or (declared is not None and declared != prefix):
             raise UnsupportedModelError(
                 f"{name!r}: its blocks attend over {tokens} tokens, which is not the {grid[0]}x{grid[1]} patch grid "
                 f"plus {declared if declared is not None else 'a number of'} prefix tokens, so vitlens could not "
                 "infer the token geometry.")
-        verify_patch_order(model, name, size, prefix, grid)
+        verify_patch_order(model, name, size, prefix, grid, order)
         _PREFIX[model] = prefix
+        if order is not None and not order.is_standard:
+            order.check_count(tokens)
+            _TOKENS[model] = order
         cls, dist, registers = layout.prefix_parts(model)
         labels = prefix_labels(cls, dist, registers) if int(cls) + int(dist) + registers == prefix else ()
+        if order is not None:
+            labels = order.prefix_labels()
         pos = layout.position_rows(model)
         table = _table_grid(int(pos.shape[1]), grid, prefix) if pos is not None else None
         return ModelSpec(
@@ -331,7 +363,8 @@ class GenericCallCapture(Family):
             embed_dim=layout.embed_dim(model), has_class_token=cls and prefix > 0,
             has_pos_embed=table is not None, pos_embed_prefix=table[0] if table is not None else 0,
             num_classes=layout.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels)
+            dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels,
+            token_order=order.describe() if order is not None and not order.is_standard else "")
 
     def tower(self, model: nn.Module) -> nn.Module:
         """The submodule the layout reads (a transformers model's vision tower, open_clip's ``visual``)."""
@@ -384,11 +417,11 @@ class GenericCallCapture(Family):
 
 
 def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefix: int,
-                       grid: tuple[int, int]) -> None:
+                       grid: tuple[int, int], order: TokenLayout | None = None) -> None:
     """Check that the first block attends over the prefix tokens and then the patch tokens in row-major order:
     light up one patch at a time (the top-right and the bottom-left cell, which a transposed or reversed order would
     swap) and see which token of the first attention module's input changes. Only that cell's token may, at
-    ``prefix + row * gw + column``: a model that appends its class token, orders patches otherwise or mixes tokens
+    ``prefix + row * gw + column`` (or where ``order``, the model's declared token layout, puts it): a model that appends its class token, orders patches otherwise or mixes tokens
     before the first block is refused rather than have its maps read on the wrong grid cells.
 
     Skipped for a patch convolution whose kernel is not its stride or that pads (a cell's pixels then reach
@@ -434,7 +467,7 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
         return
     for cell, h in zip(cells, hidden[1:]):
         changed = ((h - hidden[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
-        want = prefix + cell[0] * grid[1] + cell[1]
+        want = prefix + cell[0] * grid[1] + cell[1] if order is None else order.tokens.index(Cell(0, *cell))
         if changed != [want]:
             raise UnsupportedModelError(
                 f"{name!r}: lighting up patch (row {cell[0]}, column {cell[1]}) changed token(s) {changed[:8]} of its "

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..core.spec import ModelSpec
+from ..core.tokens import PrefixToken, TokenLayout, standard_layout
 from ..errors import UnsupportedModelError
 from .base import CaptureRequest, Handles, refuse_other_size
 
@@ -68,6 +69,10 @@ class Layout:
     def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
         """(class token, distillation token, register tokens) the model declares, in sequence order."""
         return False, False, 0
+
+    def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
+        """The model's token order when it is not its declared prefix tokens then row-major cells (None: it is)."""
+        return None
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
         """The patch grid the model says it was built for (checked against the convolution's), or None."""
@@ -343,7 +348,20 @@ class HuggingFaceLayout(Layout):
 
     def declared_prefix(self, model: nn.Module) -> int | None:
         cls, dist, registers = self.prefix_parts(model)
-        return int(cls) + int(dist) + registers  # a transformers embedding declares its tokens: none is 0
+        return int(cls) + int(dist) + registers + self._detection(model)  # none declared is 0
+
+    def _detection(self, model: nn.Module) -> int:
+        det = getattr(self._parts(model)[0].embeddings, "detection_tokens", None)  # YOLOS: after the patches
+        return int(det.shape[1]) if isinstance(det, torch.Tensor) and det.dim() == 3 else 0
+
+    def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
+        n = self._detection(model)
+        if not n:
+            return None
+        cls, dist, registers = self.prefix_parts(model)
+        names = ("class",) * int(cls) + ("distillation",) * int(dist) + ("register",) * registers
+        front = standard_layout(grid, names)
+        return TokenLayout(front.tokens + (PrefixToken("detection"),) * n, front.grids)
 
     def _built_size(self, model: nn.Module) -> tuple[int, int]:
         from .common.hf import config_image_size

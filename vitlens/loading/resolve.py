@@ -183,6 +183,7 @@ def load_model(
     arch: str | None = None,
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    token_layout: Any = None,
     **kwargs: Any,
 ) -> LoadedModel:
     """Load a ViT for analysis.
@@ -200,6 +201,9 @@ def load_model(
         device: torch device; default CUDA when available, else CPU.
         dtype: compute dtype; torch.bfloat16/float16 run the forward under autocast while every
             statistic vitlens computes stays in float32/float64.
+        token_layout: for a module built in code read by the generic capture, what each token of its attention is
+            (a ``vitlens.core.tokens.TokenLayout``: prefix tokens wherever they stand, cells of its grid), where vitlens
+            cannot infer it; refused in one line when it does not fit the attention's token count.
         **kwargs: passed to ``timm.create_model`` (e.g. ``img_size=(160, 224)``, ``dynamic_img_size=True``).
 
     Returns:
@@ -220,9 +224,21 @@ def load_model(
 
     check_dtype(dtype)
     dev = resolve_device(device)
+    if token_layout is not None and not isinstance(name, nn.Module):
+        raise InvalidParameterError("token_layout= is for a module built in code (vl.load_model(module, "
+                                    "token_layout=...)); a named model's token layout is read from the model.")
     if isinstance(name, nn.Module):
         _refuse_unused("a module built in code", "it is already built", arch, kwargs)
-        return LoadedModel.from_module(name, device=dev, dtype=dtype)
+        if token_layout is None:
+            return LoadedModel.from_module(name, device=dev, dtype=dtype)
+        from ..families.generic import state_token_layout
+
+        state_token_layout(name, token_layout)
+        m = LoadedModel.from_module(name, device=dev, dtype=dtype)
+        if m.family.name != "generic":
+            raise InvalidParameterError(f"token_layout= is read by the generic call-level capture; {m.spec.name!r} "
+                                        f"is read by the {m.family.name!r} family, which knows its tokens: drop it.")
+        return m
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
     from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX, load_hf, load_open_clip, load_torchvision
