@@ -3,7 +3,7 @@
 model (``timm_model``). The views are the tower's: its blocks, its output, on the images the tower takes; the spec's
 ``read_module`` names the submodule read, so no result passes a tower's maps off as the whole model's.
 
-The rule, in one place: when no family reads the model as given, its submodules are tried breadth first (the
+The rule, in one place: when no family knows the model as given (``looks_inside``), its submodules are tried breadth first (the
 shallowest first, and among those of one depth the usual names of a tower first, ``TOWER_NAMES``), down to
 ``MAX_DEPTH`` levels; the first that a family reads is the tower. A language model, a projector or a decoder is never
 read by a vision family (none has a patch embedding), so it is passed over. Where none is found, the refusal of the
@@ -44,14 +44,29 @@ def candidates(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def looks_inside(model: nn.Module, refusal: UnsupportedModelError) -> bool:
+    """Whether a model's refusal leaves its submodules to be tried: no family knows the model as given (none matches
+    it, or its family does not know its class: ``AttentionClassUnknown``, as Hugging Face's for a VLM's type). A
+    family that knows the model and refuses it for a reason (ViTMAE's random masking, a Hiera backbone) is not
+    second-guessed through a submodule."""
+    from ..families import FAMILIES
+    from ..families.base import AttentionClassUnknown
+
+    return isinstance(refusal, AttentionClassUnknown) or not any(f.matches(model) for f in FAMILIES)
+
+
 def find_tower(model: nn.Module, name: str, refusal: UnsupportedModelError) -> tuple[str, nn.Module, object]:
-    """The vision tower of a whole model no family reads as given: (its path in ``model``, the submodule, its
-    family), by the module docstring's rule.
+    """The vision tower of a whole model no family knows as given (``looks_inside``): (its path in ``model``, the
+    submodule, its family), by the module docstring's rule.
 
     Raises:
-        UnsupportedModelError: ``refusal`` (the model's own) when no submodule is read either.
+        UnsupportedModelError: ``refusal`` (the model's own) when no submodule is read either, or when a family
+            refused the model itself for a reason.
     """
     from ..families import family_of
+
+    if not looks_inside(model, refusal):
+        raise refusal
 
     for path, module in candidates(model):
         try:
@@ -67,4 +82,4 @@ def describe_tower(path: str, module: nn.Module) -> str:
     return f"{path} ({type(module).__name__})"
 
 
-__all__ = ["MAX_DEPTH", "TOWER_NAMES", "candidates", "describe_tower", "find_tower"]
+__all__ = ["MAX_DEPTH", "TOWER_NAMES", "candidates", "describe_tower", "find_tower", "looks_inside"]
