@@ -104,6 +104,18 @@ def recording_block_inputs(model: torch.nn.Module) -> tuple[list, list]:
     return feeds, hooks
 
 
+def captured_forward(model: torch.nn.Module, m: object, x: torch.Tensor, mode: str) -> tuple:
+    """(plain output, output under capture, what each block's attention was fed, the capture) of one forward."""
+    with torch.no_grad():
+        plain = model(x)
+        feeds, hooks = recording_block_inputs(model)
+        with vl.capture_attention(m, mode=mode) as cap:
+            out = model(x)
+        for h in hooks:
+            h.remove()
+    return plain, out, feeds, cap
+
+
 def pool_matrix(fine: tuple[int, int], kernel: int, stride: int, padding: int) -> np.ndarray:
     """[coarse tokens, fine tokens]: each pooled token the mean of the fine tokens its kernel covers inside the grid,
     written out (the stated transport)."""
@@ -173,13 +185,7 @@ def test_capture_is_the_blocks_own_pooling_attention_and_leaves_the_outputs(pool
     model = tiny_mvit(mode=pool)
     m = load(model)
     x = images()
-    with torch.no_grad():
-        plain = model(x)
-        feeds, hooks = recording_block_inputs(model)
-        with vl.capture_attention(m, mode=mode) as cap:
-            out = model(x)
-        for h in hooks:
-            h.remove()
+    plain, out, feeds, cap = captured_forward(model, m, x, mode)
     assert torch.equal(out, plain)  # bit for bit: both modes read the model's own softmax
     windows = m.family.windows(m.model, m.spec.image_size)
     assert len(cap.maps) == len(feeds) == len(windows) == 4
@@ -336,13 +342,7 @@ def test_a_padded_pooling_is_read_on_the_grid_the_model_computes(padded_mvit, mo
     assert tuple(model.stages[2].feat_size) == (3, 3)  # timm's floor division; the tokens are 4x4
     m = load(model)
     x = images(2, 56)
-    with torch.no_grad():
-        plain = model(x)
-        feeds, hooks = recording_block_inputs(model)
-        with vl.capture_attention(m, mode=mode) as cap:
-            out = model(x)
-        for h in hooks:
-            h.remove()
+    plain, out, feeds, cap = captured_forward(model, m, x, mode)
     assert torch.equal(out, plain)
     windows = m.family.windows(m.model, m.spec.image_size)
     assert windows[-1].grid == (4, 4) and feeds[-1][1] == (7, 7)
