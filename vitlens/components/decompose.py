@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidParameterError
-from . import hf_clip, openclip, timm_vit
+from ..errors import InvalidParameterError, UnsupportedModelError
+from . import hf_clip, openclip, prenorm, timm_vit, towers
 from .result import DecompositionResult
 from .stream import module_of, pixels_for
 
@@ -38,6 +38,9 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
         raise InvalidParameterError("Give a target class or a direction, not both.")
     if hf_clip.is_clip_tower(module) or openclip.is_openclip_tower(module):
         return _clip(module, name, pixels_for(model, module, pixels), target, direction)
+    if towers.is_tower(module):
+        return _tower(module, name, pixels_for(model, module, pixels), target, direction)
+    _refuse_unknown(module, name)
     timm_vit.refuse_unless_supported(module)
     pixels = pixels_for(model, module, pixels)
     cap = timm_vit.capture(module, pixels)
@@ -47,20 +50,79 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
         labels = torch.full((b,), -1, dtype=torch.long)
         const = torch.zeros(b, dtype=torch.float64, device=u.device)
     else:
-        n_classes = cap.logits.shape[-1]
-        labels = (cap.logits.argmax(-1) if target is None else
-                  torch.as_tensor(target, dtype=torch.long).expand(b)).to(cap.logits.device)
-        if ((labels < 0) | (labels >= n_classes)).any():
-            raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
-        u = module.head.weight.detach().double()[labels]
-        output = cap.logits.double().gather(1, labels[:, None])[:, 0]
-        bias = module.head.bias
-        const = bias.detach().double()[labels] if bias is not None else torch.zeros(b, dtype=torch.float64)
+        labels, u, output, const = _class_read(cap.logits, module.head, target)
     parts = timm_vit.contributions(module, cap, u)
     parts["readout_bias"] = parts["readout_bias"] + const.to(parts["readout_bias"].device)
     n_patch = cap.final_in.shape[1] - module.num_prefix_tokens
     grid = tuple(getattr(module.patch_embed, "grid_size", None) or (n_patch, 1))
     return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
+
+
+#: the families read, for the refusal's message
+READ = ("timm VisionTransformer, Hugging Face CLIP / SigLIP vision towers, ViTModel / ViTForImageClassification, "
+        "Dinov2Model / Dinov2ForImageClassification, OpenCLIP vision towers, torchvision VisionTransformer")
+
+
+def _refuse_unknown(module: nn.Module, name: str) -> None:
+    """Refuse, by name, a model no component reader knows; the generic path is refused with its reason."""
+    if type(module).__name__ == "VisionTransformer" and type(module).__module__.startswith("timm"):
+        return
+    raise UnsupportedModelError(
+        f"{name} ({type(module).__name__}): direct contributions read {READ}. Other models (the generic call-level "
+        f"capture's, hierarchical stages with patch merging, post-norm or parallel blocks) are refused: their blocks' "
+        f"norms, branches and scales are not known to give a residual sum.")
+
+
+def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[int] | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(labels [B], u [B, F], output [B], const [B])`` for a class read through a linear head."""
+    b, n_classes = logits.shape
+    labels = (logits.argmax(-1) if target is None else
+              torch.as_tensor(target, dtype=torch.long).expand(b)).to(logits.device)
+    if ((labels < 0) | (labels >= n_classes)).any():
+        raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+    u = head.weight.detach().double()[labels]
+    output = logits.double().gather(1, labels[:, None])[:, 0]
+    const = (head.bias.detach().double()[labels] if head.bias is not None else
+             torch.zeros(b, dtype=torch.float64, device=logits.device))
+    return labels, u, output, const
+
+
+def _coordinate(dim: int, name: str, target: int | Sequence[int] | None) -> torch.Tensor:
+    """The unit vector of one coordinate of a tower's features (``target``), or a refusal asking for a direction."""
+    if target is None or not isinstance(target, int) or not 0 <= target < dim:
+        raise InvalidParameterError(f"{name} has no classes: give direction= (a text embedding, a unit vector "
+                                    f"over its {dim}-dimensional image embedding) or target= one coordinate.")
+    direction = torch.zeros(dim, dtype=torch.float64)
+    direction[target] = 1.0
+    return direction
+
+
+def _tower(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequence[int] | None,
+           direction: torch.Tensor | np.ndarray | None) -> DecompositionResult:
+    """A Hugging Face ViT / DINOv2 / SigLIP tower or torchvision's ViT (``towers``): a class through its classifier,
+    or a direction over its features (``target`` = one coordinate where it has no classifier)."""
+    plan, seen = towers.read(module, pixels)
+    b = pixels.shape[0]
+    if direction is None and plan.classifier is not None:
+        with torch.no_grad():
+            logits = plan.classifier(seen.features)
+        labels, u, output, const = _class_read(logits, plan.classifier, target)
+    else:
+        if direction is None:
+            direction = _coordinate(seen.features.shape[-1], name, target)
+        u, output = _along(seen.features, direction)
+        labels = torch.full((b,), -1, dtype=torch.long)
+        const = torch.zeros(b, dtype=torch.float64, device=u.device)
+    g_after, more, pool_mlp = towers.readout(module, plan, seen, u)
+    parts = prenorm.contributions(plan, seen, g_after, const + more, pool_mlp)
+    if seen.patch.dim() == 4:
+        grid = tuple(seen.patch.shape[-2:])
+    else:
+        ps = getattr(plan.patch, "patch_size", 1)
+        ps = (ps, ps) if isinstance(ps, int) else tuple(ps)
+        grid = (pixels.shape[-2] // ps[0], pixels.shape[-1] // ps[1])
+    return _result(output, labels, parts, plan.prefix.shape[0], grid, name, bool(labels[0] < 0))
 
 
 def _along(features: torch.Tensor, direction: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,11 +144,7 @@ def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequ
     seen = reader.capture(module, pixels)
     b, dim = seen.features.shape
     if direction is None:
-        if target is None or not isinstance(target, int) or not 0 <= target < dim:
-            raise InvalidParameterError(f"{name} has no classes: give direction= (a text embedding, a unit vector "
-                                        f"over its {dim}-dimensional image embedding) or target= one coordinate.")
-        direction = torch.zeros(dim, dtype=torch.float64)
-        direction[target] = 1.0
+        direction = _coordinate(dim, name, target)
     u, output = _along(seen.features, direction)
     parts = reader.contributions(module, seen, u)
     grid = tuple(seen.patch.shape[-2:])
