@@ -1,9 +1,10 @@
-"""The logit lens on a timm ViT (docs/definitions.md, "Logit lens"): each depth's residual read through the
-model's own final norm, pooling and head."""
+"""The logit lens on a timm ViT or a CLIP / SigLIP / OpenCLIP vision tower (docs/definitions.md, "Logit lens"):
+each depth's residual read through the model's own final norm, pooling and head (a tower: its projection, scored
+against prompt embeddings)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -11,6 +12,8 @@ import torch
 from ..errors import InvalidParameterError
 from ..results import Result
 from .stream import module_of, pixels_for, refuse_unless_stream, residuals
+from .tower_stream import Tower, is_tower, prompts
+from .tower_stream import residuals as tower_residuals
 
 
 @dataclass(eq=False, repr=False)
@@ -55,7 +58,7 @@ class LogitLensResult(Result):
 
 
 def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None = None,
-               top_k: int = 5) -> LogitLensResult:
+               top_k: int = 5, direction: object = None) -> LogitLensResult:
     """Each depth's residual read through the model's own final norm and head (docs/definitions.md, "Logit lens").
 
     Args:
@@ -63,11 +66,15 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
         pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
         target: the class followed (one, or one per image); default each image's prediction.
         top_k: classes listed per depth.
+        direction: for a CLIP, SigLIP or OpenCLIP vision tower: a [F] text embedding or chosen direction, or a
+            [K, F] matrix of prompt embeddings (then ``target`` and the top classes index the prompts).
 
     Returns:
         A ``LogitLensResult``; its last depth equals the output.
     """
     module, name = module_of(model, "logit_lens")
+    if is_tower(module):
+        return _tower_lens(Tower(module), name, pixels_for(model, module, pixels), target, top_k, direction)
     refuse_unless_stream(module, "logit_lens")
     x = pixels_for(model, module, pixels)
     stream, logits, _ = residuals(module, x)
@@ -76,21 +83,46 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
     labels = labels.to(logits.device)
     if ((labels < 0) | (labels >= n_classes)).any():
         raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
-    k = max(1, min(int(top_k), n_classes))
+
+    def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        normed = module.norm(x_d)
+        return module.forward_head(normed).double(), module.head(module.fc_norm(normed)).double()
+    return _lens(stream, read, labels, logits.double(), top_k, int(module.num_prefix_tokens), name)
+
+
+def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+          labels: torch.Tensor, output: torch.Tensor, top_k: int, num_prefix: int, name: str) -> LogitLensResult:
+    """Each depth read by ``read`` (pooled [B, C] and per token [B, N, C] scores), the target followed."""
+    k = max(1, min(int(top_k), output.shape[-1]))
     pooled, tokens, top_c, top_v = [], [], [], []
     with torch.no_grad():
         for x_d in stream:
-            normed = module.norm(x_d)
-            read = module.forward_head(normed).double()
-            per_token = module.head(module.fc_norm(normed)).double()
-            pooled.append(read.gather(1, labels[:, None])[:, 0])
+            scores, per_token = read(x_d)
+            pooled.append(scores.gather(1, labels[:, None])[:, 0])
             tokens.append(per_token.gather(2, labels[:, None, None].expand(-1, per_token.shape[1], 1))[..., 0])
-            v, c = read.topk(k, dim=-1)
+            v, c = scores.topk(k, dim=-1)
             top_c.append(c)
             top_v.append(v)
     return LogitLensResult(
         target=labels.cpu().numpy(), pooled=torch.stack(pooled, 1).cpu().numpy(),
         tokens=torch.stack(tokens, 1).cpu().numpy(), top_classes=torch.stack(top_c, 1).cpu().numpy(),
         top_logits=torch.stack(top_v, 1).cpu().numpy(),
-        output=logits.double().gather(1, labels[:, None])[:, 0].cpu().numpy(),
-        num_prefix_tokens=int(module.num_prefix_tokens), model_name=name)
+        output=output.gather(1, labels[:, None])[:, 0].cpu().numpy(), num_prefix_tokens=num_prefix, model_name=name)
+
+
+def _tower_lens(tower: Tower, name: str, x: torch.Tensor, target: int | Sequence[int] | None, top_k: int,
+                direction: object) -> LogitLensResult:
+    """A vision tower: each depth through the tower's final norm, pooling and projection, scored against the prompt
+    embeddings (``u . embedding``; K = 1 for one direction)."""
+    stream, out, _ = tower_residuals(tower, x)
+    t = prompts(direction, out.shape[-1], out)
+    output = out.double() @ t.T
+    b = output.shape[0]
+    labels = output.argmax(-1) if target is None else torch.as_tensor(target, dtype=torch.long).expand(b)
+    labels = labels.to(output.device)
+    if ((labels < 0) | (labels >= t.shape[0])).any():
+        raise InvalidParameterError(f"target must be a prompt index in [0, {t.shape[0]}).")
+
+    def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return tower.features(x_d).double() @ t.T, tower.token_features(x_d).double() @ t.T
+    return _lens(stream, read, labels, output, top_k, tower.num_prefix, name)

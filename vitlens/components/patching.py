@@ -1,10 +1,11 @@
-"""Activation patching on a timm ViT (docs/definitions.md, "Activation patching"): one component of a clean run
-put into the corrupted run, the target's logit recorded; many patches per forward (each row of a batch carries
-its own patch).
+"""Activation patching on a timm ViT or a CLIP / SigLIP / OpenCLIP vision tower (docs/definitions.md, "Activation
+patching"): one component of a clean run put into the corrupted run, the target's logit (a tower: its embedding's
+score against a prompt) recorded; many patches per forward (each row of a batch carries its own patch).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ from torch import nn
 from ..errors import InvalidParameterError
 from ..results import Result
 from .stream import module_of, pixels_for, refuse_unless_stream
+from .tower_stream import Tower, is_tower, prompts
 
 #: what can be patched: a block's attention branch, its MLP branch, one head (at the output projection's input),
 #: one token of the residual leaving a block
@@ -26,7 +28,8 @@ class PatchingResult(Result):
     Attributes:
         attn: [L] with block l's attention branch patched.
         mlp: [L] with block l's MLP branch patched.
-        heads: [L, H] with one head's output (before the output projection) patched.
+        heads: [L, H] with one head's output (before the output projection) patched (NaN where the attention fuses
+            its output projection: OpenCLIP's ``nn.MultiheadAttention``).
         resid: [L, N] with one token of block l's output patched.
         clean: the clean run's logit.
         corrupted: the corrupted run's logit.
@@ -73,60 +76,88 @@ class PatchingResult(Result):
         return rows
 
 
-def _record(model: nn.Module, x: torch.Tensor) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
-    seen: dict[tuple[str, int], torch.Tensor] = {}
+def _modules(model: nn.Module) -> list[dict[str, Any]]:
+    """Per block, the module at each site (``head``: the output projection, whose input is the heads concatenated;
+    None where it is fused into the attention) and the heads' width."""
+    if is_tower(model):
+        return [{"attn": s.attn, "mlp": s.mlp, "head": s.out_proj, "resid": s.block, "dh": s.head_dim}
+                for s in Tower(model).sites]
+    return [{"attn": b.ls1, "mlp": b.ls2, "head": b.attn.proj, "resid": b, "dh": b.attn.head_dim}
+            for b in model.blocks]
+
+
+def _hooks(sites: list[dict[str, Any]], edit: Callable[[str, int, torch.Tensor], torch.Tensor]) -> list[Any]:
+    """Hooks that pass each site's value (a head site: the output projection's input) through ``edit``; a tuple
+    output keeps its other elements."""
+    def out(site: str, l: int) -> Callable:
+        def hook(m: nn.Module, a: tuple, o: Any) -> Any:
+            if isinstance(o, tuple):
+                return (edit(site, l, o[0]), *o[1:])
+            return edit(site, l, o)
+        return hook
+
     handles = []
-    for l, block in enumerate(model.blocks):
-        handles += [block.ls1.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("attn", l), o)),
-                    block.ls2.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("mlp", l), o)),
-                    block.attn.proj.register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(("head", l), a[0])),
-                    block.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(("resid", l), o))]
+    for l, mods in enumerate(sites):
+        for site in ("attn", "mlp", "resid"):
+            handles.append(mods[site].register_forward_hook(out(site, l)))
+        if mods["head"] is not None:
+            handles.append(mods["head"].register_forward_pre_hook(
+                lambda m, a, l=l: (edit("head", l, a[0]), *a[1:])))
+    return handles
+
+
+def _record(sites: list[dict[str, Any]], run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+            ) -> tuple[dict[tuple[str, int], torch.Tensor], torch.Tensor]:
+    seen: dict[tuple[str, int], torch.Tensor] = {}
+
+    def keep(site: str, l: int, t: torch.Tensor) -> torch.Tensor:
+        seen[(site, l)] = t
+        return t
+
+    handles = _hooks(sites, keep)
     try:
         with torch.no_grad():
-            logits = model(x)
+            scores = run(x)
     finally:
         for h in handles:
             h.remove()
-    return seen, logits
+    return seen, scores
 
 
-def _patched(model: nn.Module, x: torch.Tensor, sites: list[tuple[str, int, int]],
-             clean: dict[tuple[str, int], torch.Tensor]) -> torch.Tensor:
-    """One forward of len(sites) copies of the corrupted image, row i with sites[i] patched from ``clean``."""
-    batch = x.expand(len(sites), *x.shape[1:])
+def _patched(sites: list[dict[str, Any]], run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+             patches: list[tuple[str, int, int]], clean: dict[tuple[str, int], torch.Tensor]) -> torch.Tensor:
+    """One forward of len(patches) copies of the corrupted image, row i with patches[i] put from ``clean``."""
+    batch = x.expand(len(patches), *x.shape[1:])
     rows: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for i, (site, l, idx) in enumerate(sites):
+    for i, (site, l, idx) in enumerate(patches):
         rows.setdefault((site, l), []).append((i, idx))
 
     def put(site: str, l: int, t: torch.Tensor) -> torch.Tensor:
+        if (site, l) not in rows:
+            return t
         t = t.clone()
         src = clean[(site, l)][0]
-        for i, idx in rows.get((site, l), []):
+        for i, idx in rows[(site, l)]:
             if site in ("attn", "mlp"):
                 t[i] = src
             elif site == "resid":
                 t[i, idx] = src[idx]
             else:
-                dh = model.blocks[l].attn.head_dim
+                dh = sites[l]["dh"]
                 t[i, :, idx * dh:(idx + 1) * dh] = src[:, idx * dh:(idx + 1) * dh]
         return t
 
-    handles = []
-    for l, block in enumerate(model.blocks):
-        handles += [block.ls1.register_forward_hook(lambda m, a, o, l=l: put("attn", l, o)),
-                    block.ls2.register_forward_hook(lambda m, a, o, l=l: put("mlp", l, o)),
-                    block.attn.proj.register_forward_pre_hook(lambda m, a, l=l: (put("head", l, a[0]),)),
-                    block.register_forward_hook(lambda m, a, o, l=l: put("resid", l, o))]
+    handles = _hooks(sites, put)
     try:
         with torch.no_grad():
-            return model(batch)
+            return run(batch)
     finally:
         for h in handles:
             h.remove()
 
 
 def patch_activations(model: object, clean: object, corrupted: object, target: int | None = None,
-                      batch_size: int = 64) -> PatchingResult:
+                      batch_size: int = 64, direction: object = None) -> PatchingResult:
     """Patch each component of the clean run into the corrupted run, one at a time (docs/definitions.md,
     "Activation patching").
 
@@ -136,36 +167,63 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
         corrupted: its corruption, the same shape.
         target: the class followed; default the clean run's prediction.
         batch_size: patches per forward.
+        direction: for a CLIP, SigLIP or OpenCLIP vision tower: a [F] text embedding or chosen direction, or a
+            [K, F] matrix of prompt embeddings (then ``target`` indexes the prompts); the score is ``u . embedding``.
 
     Returns:
         A ``PatchingResult``: the target's logit under every patch.
     """
     module, name = module_of(model, "patch_activations")
-    refuse_unless_stream(module, "patch_activations")
+    if not is_tower(module):
+        refuse_unless_stream(module, "patch_activations")
     xc, xk = pixels_for(model, module, clean), pixels_for(model, module, corrupted)
     if xc.shape[0] != 1 or xk.shape != xc.shape:
         raise InvalidParameterError(f"clean and corrupted must be one image each of the same shape; got "
                                     f"{tuple(xc.shape)} and {tuple(xk.shape)}.")
     if batch_size < 1:
         raise InvalidParameterError("batch_size must be at least 1.")
-    seen, clean_logits = _record(module, xc)
+    run = _scorer(module, direction)
+    sites = _modules(module)
+    seen, clean_logits = _record(sites, run, xc)
     with torch.no_grad():
-        corrupted_logits = module(xk)
+        corrupted_logits = run(xk)
     k = int(clean_logits.argmax(-1)[0]) if target is None else int(target)
     if not 0 <= k < clean_logits.shape[-1]:
-        raise InvalidParameterError(f"target must be a class index in [0, {clean_logits.shape[-1]}).")
-    n_layers, n_heads = len(module.blocks), module.blocks[0].attn.num_heads
+        raise InvalidParameterError(f"target must be a {'prompt' if direction is not None else 'class'} index in "
+                                    f"[0, {clean_logits.shape[-1]}).")
+    n_layers = len(sites)
+    n_heads = Tower(module).sites[0].heads if is_tower(module) else module.blocks[0].attn.num_heads
     n_tokens = seen[("resid", 0)].shape[1]
-    sites = [(s, l, i) for l in range(n_layers) for s, count in (("attn", 1), ("mlp", 1), ("head", n_heads),
+    fused = sites[0]["head"] is None
+    patches = [(s, l, i) for l in range(n_layers) for s, count in (("attn", 1), ("mlp", 1),
+                                                                    ("head", 0 if fused else n_heads),
                                                                     ("resid", n_tokens)) for i in range(count)]
     values: list[float] = []
-    for start in range(0, len(sites), batch_size):
-        values += _patched(module, xk, sites[start:start + batch_size], seen)[:, k].double().tolist()
-    got = dict(zip(sites, values))
+    for start in range(0, len(patches), batch_size):
+        values += _patched(sites, run, xk, patches[start:start + batch_size], seen)[:, k].double().tolist()
+    got = dict(zip(patches, values))
     return PatchingResult(
         attn=np.array([got[("attn", l, 0)] for l in range(n_layers)]),
         mlp=np.array([got[("mlp", l, 0)] for l in range(n_layers)]),
-        heads=np.array([[got[("head", l, h)] for h in range(n_heads)] for l in range(n_layers)]),
+        heads=np.array([[got.get(("head", l, h), np.nan) for h in range(n_heads)] for l in range(n_layers)]),
         resid=np.array([[got[("resid", l, q)] for q in range(n_tokens)] for l in range(n_layers)]),
         clean=float(clean_logits[0, k]), corrupted=float(corrupted_logits[0, k]), target=k,
-        forwards=2 + -(-len(sites) // batch_size), model_name=name)
+        forwards=2 + -(-len(patches) // batch_size), model_name=name)
+
+
+def _scorer(module: nn.Module, direction: object) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The scores a forward yields: a timm ViT's logits, or a tower's embedding against the prompt embeddings."""
+    if not is_tower(module):
+        if direction is not None:
+            raise InvalidParameterError("direction= is for CLIP, SigLIP and OpenCLIP towers; a classifier follows a "
+                                        "class (target=).")
+        return module
+    tower = Tower(module)
+    held: dict[str, torch.Tensor] = {}
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = tower.run(x).double()
+        if "t" not in held:
+            held["t"] = prompts(direction, out.shape[-1], out)
+        return out @ held["t"].T
+    return run

@@ -16,6 +16,8 @@ from ..results import Result
 from ..views.prefix import OUTLIER_FACTOR
 from .stream import module_of, pixels_for, refuse_unless_stream, residuals
 from .timm_vit import attention_probs
+from .tower_stream import Tower, is_tower
+from .tower_stream import residuals as tower_residuals
 
 
 @dataclass(eq=False, repr=False)
@@ -75,7 +77,7 @@ def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -
     "Token norms").
 
     Args:
-        model: a ``LoadedModel`` or a timm ``VisionTransformer``.
+        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
         pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
         factor: the outlier rule's multiple of the median patch norm.
 
@@ -83,28 +85,40 @@ def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -
         A ``TokenNormsResult``.
     """
     module, name = module_of(model, "token_norms")
+    if is_tower(module):
+        tower = Tower(module)
+        stream, _, probs = tower_residuals(tower, pixels_for(model, module, pixels), with_qk=True)
+        return _norms(stream, probs, tower.num_prefix, tower.num_prefix > 0, 0, factor, name)
     refuse_unless_stream(module, "token_norms")
     stream, _, qkv = residuals(module, pixels_for(model, module, pixels), with_qkv=True)
     p = int(module.num_prefix_tokens)
     has_cls = getattr(module, "cls_token", None) is not None
     n_reg = int(module.reg_token.shape[1]) if getattr(module, "reg_token", None) is not None else 0
+    probs = [attention_probs(block, out)[0] for block, out in zip(module.blocks, qkv)]
+    return _norms(stream, probs, p, has_cls, n_reg, factor, name)
+
+
+def _norms(stream: list[torch.Tensor], probs: list[torch.Tensor], p: int, has_cls: bool, n_reg: int, factor: float,
+           name: str) -> TokenNormsResult:
+    """The norms, outliers and attention drawn from the residual at each depth and each block's probabilities."""
     norms = torch.stack([s.double().norm(dim=-1) for s in stream], 1)  # [B, L + 1, N]
-    median = norms[..., p:].median(dim=-1, keepdim=True).values
+    median = norms[..., p:].quantile(0.5, dim=-1, keepdim=True)  # as np.median, prefix_diagnostics
     outliers = norms > factor * median
     outliers[..., :p] = False
     hit = outliers.any(1)
     first = torch.where(hit, outliers.double().argmax(1), torch.full_like(hit, -1, dtype=torch.long))
     cls_att, patch_att, reg_att = [], [], []
-    for l, (block, out) in enumerate(zip(module.blocks, qkv)):
-        probs = attention_probs(block, out)[0].mean(1)  # [B, N, N], mean over heads
+    for l, full in enumerate(probs):
+        att = full.mean(1)  # [B, N, N], mean over heads
         mask = outliers[:, l].double()  # outliers in the block's input
-        to_out = (probs * mask[:, None, :]).sum(-1)  # [B, N] per query
+        to_out = (att * mask[:, None, :]).sum(-1)  # [B, N] per query
         nan = torch.full_like(to_out[:, 0], float("nan"))
         cls_att.append(to_out[:, 0] if has_cls else nan)
         patch_att.append(to_out[:, p:].mean(-1))
         start = 1 if has_cls else 0
-        to_reg = probs[..., start:start + n_reg].sum(-1)
+        to_reg = att[..., start:start + n_reg].sum(-1)
         reg_att.append(nan if not n_reg else to_reg[:, 0] if has_cls else to_reg[:, p:].mean(-1))
+
     def arr(t: list[torch.Tensor]) -> np.ndarray:
         return torch.stack(t, 1).cpu().numpy()
     return TokenNormsResult(
