@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .compare import CKAResult, HeadImportanceResult, cka, head_importance
     from .components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
     from .components import decompose, logit_lens, patch_activations, token_norms
+    from .components import TextSpanResult, text_span
     from .errors import (
         CheckpointError,
         DeviceUnavailableError,
@@ -88,4 +89,5 @@ __all__ = [
     "ComparisonData", "ReportData", "rollout_sources",
     "DecompositionResult", "decompose", "LogitLensResult", "logit_lens", "TokenNormsResult", "token_norms",
     "PatchingResult", "patch_activations",
+    "TextSpanResult", "text_span",
 ]

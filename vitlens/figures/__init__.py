@@ -34,7 +34,7 @@ from .attribution import (attribution_figure, attribution_figures, attributions_
                           metric_figure, perturbation_figure, road_figure, sanity_figure, table_figure)
 from .compare import cka_figure, head_importance_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, patching_figure,
-                         token_norms_figure)
+                         text_span_figure, token_norms_figure)
 
 __all__ = [
     "DRAWERS", "Drawer", "METHOD_PALETTE", "PALETTE", "TOKEN_COLORSCALE", "attribution_figure", "attribution_figures",
@@ -45,5 +45,5 @@ __all__ = [
     "position_mosaic", "prefix_figure", "relpos_figure", "road_figure", "rollout_figure", "rollout_grid_figure",
     "sanity_figure", "similarity_tile_figure", "table_figure", "token_heatmap", "upsample_map",
     "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
-    "token_norms_figure", "patching_figure",
+    "token_norms_figure", "patching_figure", "text_span_figure",
 ]

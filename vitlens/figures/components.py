@@ -1,12 +1,13 @@
 """Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
-"Token norms", "Activation patching"): the layer x head table of contributions with its ledger in the title, one head's contribution
-over the image's patch tokens, the logit lens by depth, token norms by depth, patching by head."""
+"Token norms", "Activation patching", "TextSpan"): the layer x head table of contributions with its ledger in the title, one head's
+contribution over the image's patch tokens, the logit lens by depth, token norms by depth, patching by head, TextSpan's
+explained variance by head."""
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
 
-from ..components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
+from ..components import DecompositionResult, LogitLensResult, PatchingResult, TextSpanResult, TokenNormsResult
 from .registry import draws
 
 
@@ -119,4 +120,29 @@ def patching_figure(result: PatchingResult, title: str | None = None) -> go.Figu
         colorscale="RdBu_r", zmin=-1, zmax=1, colorbar=dict(title="restored")))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title or f"{result.model_name}: patching heads (class {result.target})", height=360)
+    return fig
+
+
+@draws(TextSpanResult)
+def text_span_figure(result: TextSpanResult, title: str | None = None) -> go.Figure:
+    """The share of each head's variance its picked texts explain together (layer x head, layer first read at the
+    top); hovering a cell lists the texts in the order picked.
+
+    Args:
+        result: a ``text_span`` result.
+        title: the title (default: the model and the texts counted).
+
+    Returns:
+        The heatmap figure.
+    """
+    total = result.explained.sum(-1)
+    words = [[" / ".join(t for t, _ in result.described(int(l), h)) for h in range(total.shape[1])]
+             for l in result.layers]
+    fig = go.Figure(go.Heatmap(
+        z=total, x=[f"head {h + 1}" for h in range(total.shape[1])], y=[f"layer {int(l) + 1}" for l in result.layers],
+        text=words, hovertemplate="%{y} %{x}: %{z:.0%}<br>%{text}<extra></extra>", colorscale="Viridis", zmin=0,
+        zmax=1, colorbar=dict(title="explained")))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title or (f"{result.model_name}: TextSpan, {result.explained.shape[-1]} of "
+                                      f"{len(result.texts)} texts per head"), height=360)
     return fig
