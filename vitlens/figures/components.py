@@ -1,7 +1,7 @@
 """Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
-"Token norms", "Activation patching", "TextSpan"): the layer x head table of contributions with its ledger in the title, one head's
-contribution over the image's patch tokens, the logit lens by depth, token norms by depth, patching by head, TextSpan's
-explained variance by head."""
+"Token norms", "Activation patching", "TextSpan"): the layer x head table of contributions with its ledger in the
+title, one head's contribution over the image's patch tokens, the logit lens by depth, token norms by depth, patching by
+head, TextSpan's explained variance by head."""
 from __future__ import annotations
 
 import numpy as np
