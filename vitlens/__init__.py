@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .compare import CKAResult, HeadImportanceResult, cka, head_importance
     from .components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
     from .components import decompose, logit_lens, patch_activations, token_norms
-    from .components import TextSpanResult, text_span
+    from .components import MeanAblationResult, TextSpanResult, mean_ablate, text_span
     from .errors import (
         CheckpointError,
         DeviceUnavailableError,
@@ -89,5 +89,5 @@ __all__ = [
     "ComparisonData", "ReportData", "rollout_sources",
     "DecompositionResult", "decompose", "LogitLensResult", "logit_lens", "TokenNormsResult", "token_norms",
     "PatchingResult", "patch_activations",
-    "TextSpanResult", "text_span",
+    "TextSpanResult", "text_span", "MeanAblationResult", "mean_ablate",
 ]

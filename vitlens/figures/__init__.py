@@ -14,7 +14,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
   curves), ``sanity_figure`` (Adebayo et al.'s cascading randomisation, Fig. 2);
 - ``compare``: ``cka_figure`` and ``head_importance_figure``;
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
-  (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``;
+  (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
+  ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
 - ``colours``: the colours every figure shares; ``registry``: ``draws``, ``DRAWERS``, ``figure_for``.
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
@@ -33,8 +34,8 @@ from .maps import (TOKEN_COLORSCALE, colour_range, grid_columns, head_figure, he
 from .attribution import (attribution_figure, attribution_figures, attributions_figure, faithfulness_figure,
                           metric_figure, perturbation_figure, road_figure, sanity_figure, table_figure)
 from .compare import cka_figure, head_importance_figure
-from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, patching_figure,
-                         text_span_figure, token_norms_figure)
+from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
+                         patching_figure, text_span_figure, token_norms_figure)
 
 __all__ = [
     "DRAWERS", "Drawer", "METHOD_PALETTE", "PALETTE", "TOKEN_COLORSCALE", "attribution_figure", "attribution_figures",
@@ -45,5 +46,5 @@ __all__ = [
     "position_mosaic", "prefix_figure", "relpos_figure", "road_figure", "rollout_figure", "rollout_grid_figure",
     "sanity_figure", "similarity_tile_figure", "table_figure", "token_heatmap", "upsample_map",
     "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
-    "token_norms_figure", "patching_figure", "text_span_figure",
+    "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
 ]

@@ -1,13 +1,14 @@
 """Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
 "Token norms", "Activation patching", "TextSpan"): the layer x head table of contributions with its ledger in the
 title, one head's contribution over the image's patch tokens, the logit lens by depth, token norms by depth, patching by
-head, TextSpan's explained variance by head."""
+head, TextSpan's explained variance by head, mean-ablation's scores before and after."""
 from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
 
-from ..components import DecompositionResult, LogitLensResult, PatchingResult, TextSpanResult, TokenNormsResult
+from ..components import (DecompositionResult, LogitLensResult, MeanAblationResult, PatchingResult, TextSpanResult,
+                          TokenNormsResult)
 from .registry import draws
 
 
@@ -145,4 +146,26 @@ def text_span_figure(result: TextSpanResult, title: str | None = None) -> go.Fig
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title or (f"{result.model_name}: TextSpan, {result.explained.shape[-1]} of "
                                       f"{len(result.texts)} texts per head"), height=360)
+    return fig
+
+
+@draws(MeanAblationResult)
+def mean_ablation_figure(result: MeanAblationResult, title: str | None = None) -> go.Figure:
+    """Each image's target score unablated against mean-ablated (the diagonal: no change).
+
+    Args:
+        result: a ``mean_ablate`` result.
+        title: the title (default: the components ablated).
+
+    Returns:
+        The scatter figure.
+    """
+    low = float(min(result.before.min(), result.after.min()))
+    high = float(max(result.before.max(), result.after.max()))
+    fig = go.Figure([go.Scatter(x=result.before, y=result.after, mode="markers", name="images",
+                                text=[f"image {b}, target {t}" for b, t in enumerate(result.target)]),
+                     go.Scatter(x=[low, high], y=[low, high], mode="lines", name="no change",
+                                line=dict(dash="dot", color="grey"))])
+    fig.update_layout(title=title or f"{result.model_name}: mean-ablating {', '.join(result.components)}",
+                      xaxis_title=f"target {result.score}, unablated", yaxis_title="mean-ablated", height=360)
     return fig

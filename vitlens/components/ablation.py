@@ -1,0 +1,200 @@
+"""Mean-ablation (docs/definitions.md, "Mean-ablation"): chosen components (heads, MLPs, whole blocks) replaced by
+their mean over a set of images, the effect on the target (a class logit and accuracy; a tower's zero-shot score and
+accuracy) recorded. Hooks on the user's own modules (the sites of ``patching``), removed on exit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import InvalidParameterError, UnsupportedModelError
+from ..results import Result
+from .patching import _modules
+from .stream import module_of, pixels_for, refuse_unless_stream
+from .tower_stream import Tower, is_tower, prompts
+
+KINDS = ("head", "mlp", "layer")
+
+
+@dataclass(eq=False, repr=False)
+class MeanAblationResult(Result):
+    """The target's score with the chosen components replaced by their mean over the reference images.
+
+    Attributes:
+        components: the components ablated together, as "head L.H", "mlp L", "layer L" (1-based).
+        target: [B] the class (a tower: the prompt) followed: the label where given, else the unablated prediction.
+        before: [B] the target's score unablated (a logit; a tower: cosine of image and prompt embeddings).
+        after: [B] the same with the components mean-ablated.
+        predicted_before: [B] the top class (prompt) unablated.
+        predicted_after: [B] the top class (prompt) ablated.
+        labels: [B] the true classes (-1 where none were given).
+        score: "logit" or "cosine".
+        reference_images: images the means were taken over.
+        model_name: the model's name.
+    """
+
+    kind = "mean_ablation"
+    components: list
+    target: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    predicted_before: np.ndarray
+    predicted_after: np.ndarray
+    labels: np.ndarray
+    score: str
+    reference_images: int
+    model_name: str = ""
+
+    def accuracy(self) -> tuple[float, float]:
+        """(before, after): the share of images whose top class is their label (NaN without labels)."""
+        if (self.labels < 0).all():
+            return float("nan"), float("nan")
+        keep = self.labels >= 0
+        return (float((self.predicted_before[keep] == self.labels[keep]).mean()),
+                float((self.predicted_after[keep] == self.labels[keep]).mean()))
+
+    def summary(self) -> str:
+        acc = self.accuracy()
+        tail = "" if np.isnan(acc[0]) else f"; accuracy {acc[0]:.0%} -> {acc[1]:.0%}"
+        return (f"{self.model_name or 'model'}: mean-ablating {', '.join(self.components)} changes the target "
+                f"{self.score} by {float(np.mean(self.after - self.before)):+.4g} on average over "
+                f"{len(self.before)} images; top prediction kept on "
+                f"{float(np.mean(self.predicted_before == self.predicted_after)):.0%}{tail}")
+
+    def to_rows(self) -> list[dict]:
+        """One row per image: target, score before and after, top predictions, label."""
+        return [{"image": b, "target": int(self.target[b]), "before": float(self.before[b]),
+                 "after": float(self.after[b]), "change": float(self.after[b] - self.before[b]),
+                 "predicted_before": int(self.predicted_before[b]), "predicted_after": int(self.predicted_after[b]),
+                 "label": int(self.labels[b])} for b in range(len(self.before))]
+
+
+def _parse(components: Sequence[Sequence[Any]], n_layers: int, n_heads: int) -> list[tuple[str, int, int]]:
+    out = []
+    for c in components:
+        kind = str(c[0]) if len(c) else ""
+        want = 3 if kind == "head" else 2
+        if kind not in KINDS or len(c) != want:
+            raise InvalidParameterError(f"component {tuple(c)!r}: give ('head', layer, head), ('mlp', layer) or "
+                                        f"('layer', layer), 0-based.")
+        l, h = int(c[1]), int(c[2]) if kind == "head" else 0
+        if not 0 <= l < n_layers or not 0 <= h < n_heads:
+            raise InvalidParameterError(f"component {tuple(c)!r} is out of range: {n_layers} layers, {n_heads} heads.")
+        out.append((kind, l, h))
+    return out
+
+
+def _hooks(sites: list[dict[str, Any]], chosen: list[tuple[str, int, int]], means: dict | None,
+           seen: dict) -> list[Any]:
+    """With ``means`` None: record each chosen site's value (the block's input and output for a layer); else
+    replace it by its mean (a layer: its input plus the mean change)."""
+    handles = []
+    for kind, l, h in chosen:
+        s = sites[l]
+        if kind == "head":
+            dh = s["dh"]
+
+            def head(m: nn.Module, a: tuple, l: int = l, h: int = h, dh: int = dh) -> Any:
+                x = a[0]
+                if means is None:
+                    seen[("head", l, h)] = x[..., h * dh:(h + 1) * dh]
+                    return None
+                x = x.clone()
+                x[..., h * dh:(h + 1) * dh] = means[("head", l, h)]
+                return (x, *a[1:])
+            handles.append(s["head"].register_forward_pre_hook(head))
+        elif kind == "mlp":
+            def mlp(m: nn.Module, a: tuple, o: Any, l: int = l) -> Any:
+                t = o[0] if isinstance(o, tuple) else o
+                if means is None:
+                    seen[("mlp", l, 0)] = t
+                    return None
+                new = means[("mlp", l, 0)].expand_as(t).clone()
+                return (new, *o[1:]) if isinstance(o, tuple) else new
+            handles.append(s["mlp"].register_forward_hook(mlp))
+        else:
+            def layer(m: nn.Module, a: tuple, o: Any, l: int = l) -> Any:
+                t = o[0] if isinstance(o, tuple) else o
+                if means is None:
+                    seen[("layer", l, 0)] = t - a[0]
+                    return None
+                new = a[0] + means[("layer", l, 0)]
+                return (new, *o[1:]) if isinstance(o, tuple) else new
+            handles.append(s["resid"].register_forward_hook(layer))
+    return handles
+
+
+def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any]], labels: Sequence[int] | None = None,
+                reference: object = None, direction: object = None) -> MeanAblationResult:
+    """Replace the chosen components by their mean over the reference images and record the effect
+    (docs/definitions.md, "Mean-ablation").
+
+    Args:
+        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
+        pixels: [B, 3, H, W] preprocessed images the effect is measured on (with a LoadedModel, anything
+            ``vl.preprocess`` reads).
+        components: ablated together: ``("head", layer, head)``, ``("mlp", layer)``, ``("layer", layer)``, 0-based.
+        labels: the true classes (prompt indices for a tower), for accuracy; the target followed is the label, else
+            the unablated prediction.
+        reference: the images the means are taken over (default ``pixels``).
+        direction: for a tower, [K, F] the prompts' text embeddings (zero-shot classes).
+
+    Returns:
+        A ``MeanAblationResult``.
+    """
+    module, name = module_of(model, "mean_ablate")
+    tower = Tower(module) if is_tower(module) else None
+    if tower is None:
+        refuse_unless_stream(module, "mean_ablate")
+    x = pixels_for(model, module, pixels)
+    ref = x if reference is None else pixels_for(model, module, reference)
+    sites = _modules(module)
+    n_heads = tower.sites[0].heads if tower is not None else module.blocks[0].attn.num_heads
+    chosen = _parse(components, len(sites), n_heads)
+    if not chosen:
+        raise InvalidParameterError("components is empty: name at least one head, MLP or layer to ablate.")
+    if any(k == "head" for k, _, _ in chosen) and sites[0]["head"] is None:
+        raise UnsupportedModelError(f"{name}: its attention (nn.MultiheadAttention) fuses the output projection, so a "
+                                    f"head has no site of its own: ablate its layer or MLP.")
+
+    def scores(batch: torch.Tensor) -> torch.Tensor:
+        if tower is None:
+            return module(batch).double()
+        emb = tower.run(batch).double()
+        t = prompts(direction, emb.shape[-1], emb)
+        return (emb / emb.norm(dim=-1, keepdim=True)) @ (t / t.norm(dim=-1, keepdim=True)).T
+
+    seen: dict = {}
+    handles = _hooks(sites, chosen, None, seen)
+    try:
+        with torch.no_grad():
+            module(ref) if tower is None else tower.run(ref)
+    finally:
+        for hd in handles:
+            hd.remove()
+    means = {key: v.mean(0, keepdim=True) for key, v in seen.items()}
+    with torch.no_grad():
+        before = scores(x)
+        handles = _hooks(sites, chosen, means, {})
+        try:
+            after = scores(x)
+        finally:
+            for hd in handles:
+                hd.remove()
+    b = x.shape[0]
+    lab = (torch.full((b,), -1, dtype=torch.long) if labels is None else
+           torch.as_tensor(list(labels), dtype=torch.long))
+    if lab.shape != (b,) or (lab >= before.shape[-1]).any():
+        raise InvalidParameterError(f"labels must be one class per image (in [0, {before.shape[-1]})).")
+    target = torch.where(lab >= 0, lab, before.argmax(-1).cpu()).to(before.device)
+    pick = lambda s: s.gather(1, target[:, None])[:, 0].cpu().numpy()  # noqa: E731
+    return MeanAblationResult(
+        components=[f"{k} {l + 1}.{h + 1}" if k == "head" else f"{k} {l + 1}" for k, l, h in chosen],
+        target=target.cpu().numpy(), before=pick(before), after=pick(after),
+        predicted_before=before.argmax(-1).cpu().numpy(), predicted_after=after.argmax(-1).cpu().numpy(),
+        labels=lab.numpy(), score="logit" if tower is None else "cosine", reference_images=int(ref.shape[0]),
+        model_name=name)
