@@ -1,6 +1,6 @@
 """Component analyses beyond attention (issue 51): the output decomposed into embeddings, heads x source tokens,
-MLPs and biases, with a ledger that closes the sum; the logit lens; activation patching; token norms and artifact tokens;
-TextSpan; mean-ablation (docs/definitions.md, "Direct contributions", "Logit lens", "Token norms", "TextSpan",
+MLPs and biases, with a ledger that closes the sum; the logit lens; activation patching; token norms and artifact
+tokens; TextSpan; mean-ablation (docs/definitions.md, "Direct contributions", "Logit lens", "Token norms", "TextSpan",
 "Mean-ablation")."""
 from .ablation import MeanAblationResult, mean_ablate
 from .decompose import decompose
