@@ -21,11 +21,13 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     Args:
         model: a ``LoadedModel`` (``vl.load_model``) or the module itself: timm's ``VisionTransformer`` (class
             token, registers, average pooling, MAP head), a Hugging Face CLIP vision tower (with or without its
-            projection) or an OpenCLIP vision tower; other structures are refused by name.
+            projection), an OpenCLIP vision tower, Hugging Face ``ViTModel`` / ``ViTForImageClassification``,
+            ``Dinov2Model`` / ``Dinov2ForImageClassification``, ``SiglipVisionModel`` (its MAP head held) or
+            torchvision's ``VisionTransformer``; other structures (the generic path's included) are refused by name.
         pixels: [B, 3, H, W] preprocessed images (moved to the model's device and dtype); with a ``LoadedModel``,
             anything ``vl.preprocess`` reads (PIL images, paths, arrays).
-        target: the class read, one for all images or one per image; default each image's predicted class (a CLIP
-            tower: one coordinate of its image embedding).
+        target: the class read, one for all images or one per image; default each image's predicted class (a tower
+            without a classifier: one coordinate of its features).
         direction: instead of a class, a [D] direction over the pre-logits features (a text embedding, a unit
             vector); the output read is ``direction . features``.
 
