@@ -57,7 +57,7 @@ def plan(model: nn.Module) -> Plan:
     """The model's plan, or a one-line refusal naming what does not fit."""
     family = _family(model)
     if family == "hf-vit":
-        vm = getattr(model, "vit", model)
+        vm = model.vit if type(model).__name__ == HF_VIT[1] else model
         _check_layers(vm.layers, "ViTLayer", family, ("layernorm_before",))
         blocks = [_hf_block(l, l.attention, l.layernorm_before, l.attention.o_proj, l.mlp) for l in vm.layers]
         cls = getattr(model, "classifier", None)
