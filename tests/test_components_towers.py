@@ -223,6 +223,8 @@ def test_other_families_are_refused_by_name(pixels: torch.Tensor) -> None:
                            num_classes=5, representation_size=16)
     with pytest.raises(UnsupportedModelError, match="pre-logits"):
         decompose(tv, pixels.float())
+    with pytest.raises(UnsupportedModelError, match="generic call-level capture"):  # the generic path, with its reason
+        decompose(tf.Data2VecVisionModel(tf.Data2VecVisionConfig(**HF, intermediate_size=64)), pixels.float())
     siglip = tf.SiglipVisionModel(tf.SiglipVisionConfig(**HF, intermediate_size=64, vision_use_head=False))
     with pytest.raises(UnsupportedModelError, match="vision_use_head"):
         decompose(siglip, pixels.float(), target=0)

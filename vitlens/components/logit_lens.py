@@ -62,7 +62,7 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
     """Each depth's residual read through the model's own final norm and head (docs/definitions.md, "Logit lens").
 
     Args:
-        model: a ``LoadedModel`` or a timm ``VisionTransformer``.
+        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
         pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
         target: the class followed (one, or one per image); default each image's prediction.
         top_k: classes listed per depth.

@@ -162,7 +162,7 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
     "Activation patching").
 
     Args:
-        model: a ``LoadedModel`` or a timm ``VisionTransformer``.
+        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
         clean: one image [1, 3, H, W] (with a LoadedModel, anything ``vl.preprocess`` reads).
         corrupted: its corruption, the same shape.
         target: the class followed; default the clean run's prediction.
