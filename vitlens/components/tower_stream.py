@@ -150,7 +150,8 @@ def prompts(direction: object, dim: int, like: torch.Tensor) -> torch.Tensor:
     if direction is None:
         raise InvalidParameterError(f"A vision tower has no classes: give direction= a text embedding ([{dim}]) or "
                                     f"a matrix of prompt embeddings ([K, {dim}]).")
-    t = torch.as_tensor(np.asarray(direction), dtype=torch.float64, device=like.device)
+    t = (direction.detach() if torch.is_tensor(direction) else torch.as_tensor(np.asarray(direction)))
+    t = t.to(dtype=torch.float64, device=like.device)
     t = t[None] if t.dim() == 1 else t
     if t.dim() != 2 or t.shape[1] != dim:
         raise InvalidParameterError(f"direction has shape {tuple(t.shape)}; the tower's embedding has {dim} "
