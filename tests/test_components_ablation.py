@@ -125,3 +125,36 @@ def test_bad_components_are_refused(model: VisionTransformer, pixels: torch.Tens
     for bad in ([("head", 0)], [("mlp", 7)], [("attn", 0)], []):
         with pytest.raises(vl.InvalidParameterError):
             vl.mean_ablate(model, pixels, bad)
+
+
+def test_an_openclip_head_through_its_fused_attention(pixels: torch.Tensor) -> None:
+    from open_clip.transformer import VisionTransformer as OpenCLIPViT
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    m = OpenCLIPViT(image_size=32, patch_size=8, width=32, layers=2, heads=4, mlp_ratio=2.0, output_dim=16).double()
+    m = m.eval()
+    texts = torch.randn(3, 16, dtype=torch.float64)
+    r = vl.mean_ablate(m, pixels, [("head", 1, 2)], direction=texts)
+    mha = m.transformer.resblocks[1].attn
+
+    def heads(x: torch.Tensor) -> torch.Tensor:  # the attention written out from the weights
+        q, k, v = (F.linear(x, w, b).reshape(x.shape[0], -1, 4, 8).transpose(1, 2)
+                   for w, b in zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
+        return (torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1) @ v).transpose(1, 2).flatten(2)
+    kept = {}
+    hook = mha.register_forward_hook(lambda mod, a, o: kept.__setitem__("mean", heads(a[0])[..., 16:24].mean(0)))
+    with torch.no_grad():
+        m(pixels)
+    hook.remove()
+
+    def ablated(mod, a, o):  # noqa: ANN001, ANN202
+        c = heads(a[0])
+        c[..., 16:24] = kept["mean"]
+        return (F.linear(c, mha.out_proj.weight, mha.out_proj.bias), None)
+    hook = mha.register_forward_hook(ablated)
+    with torch.no_grad():
+        emb = m(pixels)
+    hook.remove()
+    cos = F.normalize(emb, dim=-1) @ F.normalize(texts, dim=-1).T
+    np.testing.assert_allclose(r.after, cos[np.arange(5), r.target].numpy(), rtol=1e-9)

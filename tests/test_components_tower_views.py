@@ -141,6 +141,31 @@ def by_hand(m: torch.nn.Module, kind: str, clean: torch.Tensor, corrupted: torch
     return value
 
 
+def mha_by_hand(m: torch.nn.Module, mha: torch.nn.MultiheadAttention, clean: torch.Tensor, corrupted: torch.Tensor,
+                h: int, u: torch.Tensor) -> float:
+    """One head of an ``nn.MultiheadAttention`` patched by replacing the module's output with the attention written
+    out from its weights, head h's slice taken from the clean run."""
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (F.linear(x, w, b).reshape(1, -1, 4, 8).transpose(1, 2)
+                   for w, b in zip(mha.in_proj_weight.chunk(3), mha.in_proj_bias.chunk(3)))
+        return (torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1) @ v).transpose(1, 2).reshape(1, -1, 32)
+    kept = {}
+    hook = mha.register_forward_hook(lambda mod, a, o: kept.__setitem__("c", heads(a[0])))
+    with torch.no_grad():
+        m(clean)
+    hook.remove()
+
+    def patched(mod, a, o):  # noqa: ANN001, ANN202
+        c = heads(a[0])
+        c[..., h * 8:(h + 1) * 8] = kept["c"][..., h * 8:(h + 1) * 8]
+        return (F.linear(c, mha.out_proj.weight, mha.out_proj.bias), None)
+    hook = mha.register_forward_hook(patched)
+    with torch.no_grad():
+        value = float(m(corrupted)[0] @ u)
+    hook.remove()
+    return value
+
+
 def one_slice(h: int | None = None, q: int | None = None):  # noqa: ANN201
     def edit(c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         k = k.clone()
@@ -174,6 +199,6 @@ def test_tower_patches_equal_patches_by_hand(towers: dict, pixels: torch.Tensor,
         if kind == "clip":
             assert r.heads[l, 3] == pytest.approx(by_hand(m, kind, clean, corrupted, blk.self_attn.out_proj, True,
                                                           one_slice(h=3), u), rel=1e-10)
-    if kind == "openclip":
-        assert np.isnan(r.heads).all()  # nn.MultiheadAttention fuses its output projection: no head site
+        else:  # nn.MultiheadAttention fuses its output projection: by hand, the attention written out
+            assert r.heads[l, 3] == pytest.approx(mha_by_hand(m, blk.attn, clean, corrupted, 3, u), rel=1e-9)
     assert r.resid[-1, 0] == pytest.approx(r.clean, rel=1e-12)  # the class token's last residual is the answer

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..errors import InvalidParameterError
 from ..results import Result
-from .patching import _modules
+from .patching import _modules, head_hook
 from .stream import module_of, pixels_for, refuse_unless_stream
 from .tower_stream import Tower, is_tower, prompts
 
@@ -96,17 +96,14 @@ def _hooks(sites: list[dict[str, Any]], chosen: list[tuple[str, int, int]], mean
     for kind, l, h in chosen:
         s = sites[l]
         if kind == "head":
-            dh = s["dh"]
-
-            def head(m: nn.Module, a: tuple, l: int = l, h: int = h, dh: int = dh) -> Any:
-                x = a[0]
+            def head(x: torch.Tensor, l: int = l, h: int = h, dh: int = s["dh"]) -> torch.Tensor:
                 if means is None:
                     seen[("head", l, h)] = x[..., h * dh:(h + 1) * dh]
-                    return None
+                    return x
                 x = x.clone()
-                x[..., h * dh:(h + 1) * dh] = means[("head", l, h)]
-                return (x, *a[1:])
-            handles.append(s["head"].register_forward_pre_hook(head))
+                x[..., h * dh:(h + 1) * dh] = means[("head", l, h)].to(x.dtype)
+                return x
+            handles.append(head_hook(s, head))
         elif kind == "mlp":
             def mlp(m: nn.Module, a: tuple, o: Any, l: int = l) -> Any:
                 t = o[0] if isinstance(o, tuple) else o
@@ -157,9 +154,6 @@ def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any
     chosen = _parse(components, len(sites), n_heads)
     if not chosen:
         raise InvalidParameterError("components is empty: name at least one head, MLP or layer to ablate.")
-    if any(k == "head" for k, _, _ in chosen) and sites[0]["head"] is None:
-        raise UnsupportedModelError(f"{name}: its attention (nn.MultiheadAttention) fuses the output projection, so a "
-                                    f"head has no site of its own: ablate its layer or MLP.")
 
     def scores(batch: torch.Tensor) -> torch.Tensor:
         if tower is None:

@@ -14,6 +14,7 @@ from torch import nn
 from ..errors import InvalidParameterError
 from ..results import Result
 from .stream import module_of, pixels_for, refuse_unless_stream
+from .prenorm import mha_qkv
 from .tower_stream import Tower, is_tower, prompts
 
 #: what can be patched: a block's attention branch, its MLP branch, one head (at the output projection's input),
@@ -28,8 +29,8 @@ class PatchingResult(Result):
     Attributes:
         attn: [L] with block l's attention branch patched.
         mlp: [L] with block l's MLP branch patched.
-        heads: [L, H] with one head's output (before the output projection) patched (NaN where the attention fuses
-            its output projection: OpenCLIP's ``nn.MultiheadAttention``).
+        heads: [L, H] with one head's output (before the output projection) patched (OpenCLIP's
+            ``nn.MultiheadAttention``: ``head_hook``).
         resid: [L, N] with one token of block l's output patched.
         clean: the clean run's logit.
         corrupted: the corrupted run's logit.
@@ -78,9 +79,9 @@ class PatchingResult(Result):
 
 def _modules(model: nn.Module) -> list[dict[str, Any]]:
     """Per block, the module at each site (``head``: the output projection, whose input is the heads concatenated;
-    None where it is fused into the attention) and the heads' width."""
+    None where it is fused into the attention: then ``mha``, the ``nn.MultiheadAttention``) and the heads' width."""
     if is_tower(model):
-        return [{"attn": s.attn, "mlp": s.mlp, "head": s.out_proj, "resid": s.block, "dh": s.head_dim}
+        return [{"attn": s.attn, "mlp": s.mlp, "head": s.out_proj, "resid": s.block, "dh": s.head_dim, "mha": s.mha}
                 for s in Tower(model).sites]
     return [{"attn": b.ls1, "mlp": b.ls2, "head": b.attn.proj, "resid": b, "dh": b.attn.head_dim}
             for b in model.blocks]
@@ -100,10 +101,35 @@ def _hooks(sites: list[dict[str, Any]], edit: Callable[[str, int, torch.Tensor],
     for l, mods in enumerate(sites):
         for site in ("attn", "mlp", "resid"):
             handles.append(mods[site].register_forward_hook(out(site, l)))
-        if mods["head"] is not None:
-            handles.append(mods["head"].register_forward_pre_hook(
-                lambda m, a, l=l: (edit("head", l, a[0]), *a[1:])))
+        handles.append(head_hook(mods, lambda t, l=l: edit("head", l, t)))
     return handles
+
+
+def _mha_heads(mha: nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
+    """[B, N, H * dh] float64: the heads of a self-attention ``nn.MultiheadAttention`` on ``x``, concatenated (what its
+    fused call feeds its output projection), from its packed in-projection."""
+    q, k, v = (t.reshape(*t.shape[:2], mha.num_heads, mha.head_dim).transpose(1, 2) for t in mha_qkv(mha, x))
+    probs = ((q * mha.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+    return (probs @ v).transpose(1, 2).flatten(2)
+
+
+def head_hook(mods: dict[str, Any], fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A hook passing the heads concatenated (the output projection's input) through ``fn``. Where the attention is
+    an ``nn.MultiheadAttention`` (its projection inside one fused call), the heads are recomputed in float64 from its
+    input and a change ``delta`` made by ``fn`` is added to its output as ``delta W_O^T`` (the projection is linear;
+    rows ``fn`` leaves alone get exactly 0)."""
+    if mods["head"] is not None:
+        return mods["head"].register_forward_pre_hook(lambda m, a: (fn(a[0]), *a[1:]))
+    mha = mods["mha"]
+
+    def hook(m: nn.Module, a: tuple, o: Any) -> Any:
+        heads = _mha_heads(mha, a[0])
+        new = fn(heads)
+        if new is heads:
+            return None
+        delta = (new - heads) @ mha.out_proj.weight.detach().double().T
+        return (o[0] + delta.to(o[0].dtype), *o[1:])
+    return mha.register_forward_hook(hook)
 
 
 def _record(sites: list[dict[str, Any]], run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
@@ -194,9 +220,7 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
     n_layers = len(sites)
     n_heads = Tower(module).sites[0].heads if is_tower(module) else module.blocks[0].attn.num_heads
     n_tokens = seen[("resid", 0)].shape[1]
-    fused = sites[0]["head"] is None
-    patches = [(s, l, i) for l in range(n_layers) for s, count in (("attn", 1), ("mlp", 1),
-                                                                    ("head", 0 if fused else n_heads),
+    patches = [(s, l, i) for l in range(n_layers) for s, count in (("attn", 1), ("mlp", 1), ("head", n_heads),
                                                                     ("resid", n_tokens)) for i in range(count)]
     values: list[float] = []
     for start in range(0, len(patches), batch_size):
@@ -205,7 +229,7 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
     return PatchingResult(
         attn=np.array([got[("attn", l, 0)] for l in range(n_layers)]),
         mlp=np.array([got[("mlp", l, 0)] for l in range(n_layers)]),
-        heads=np.array([[got.get(("head", l, h), np.nan) for h in range(n_heads)] for l in range(n_layers)]),
+        heads=np.array([[got[("head", l, h)] for h in range(n_heads)] for l in range(n_layers)]),
         resid=np.array([[got[("resid", l, q)] for q in range(n_tokens)] for l in range(n_layers)]),
         clean=float(clean_logits[0, k]), corrupted=float(corrupted_logits[0, k]), target=k,
         forwards=2 + -(-len(patches) // batch_size), model_name=name)
