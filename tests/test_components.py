@@ -252,5 +252,5 @@ def test_ledger_closes_on_an_openclip_tower(kw: dict, pixels: torch.Tensor) -> N
         np.testing.assert_allclose(r.output, (m(pixels) @ d).numpy(), rtol=1e-12)
     assert r.closes() and r.ledger().max() < 1e-12
     assert r.heads.shape == (2, 2, 4, 17) and r.grid == (4, 4)
-    with pytest.raises(UnsupportedModelError, match="VisionTransformer"):
-        vl.logit_lens(m, pixels)  # no classes and no timm stream: refused by name
+    with pytest.raises(vl.InvalidParameterError, match="direction"):
+        vl.logit_lens(m, pixels)  # a tower has no classes: the lens asks for a direction (prompt embeddings)

@@ -117,6 +117,7 @@ def test_on_a_clip_tower_with_zero_shot_scores(pixels: torch.Tensor, tmp_path) -
     assert r.score == "cosine" and np.isnan(r.accuracy()[0]) and "mean-ablating" in r.summary()
     back = vl.load_result(r.save(tmp_path / "abl.npz"))
     assert type(back) is type(r) and back.equals(r) and len(r.to_rows()) == 5
+    np.testing.assert_allclose(r.to_pandas().change.to_numpy(), r.after - r.before)
     from vitlens import figures
     np.testing.assert_allclose(np.asarray(figures.figure_for(r).data[0].y), r.after)
 

@@ -142,6 +142,8 @@ def test_text_span_on_a_clip_tower(clip_pair, tmp_path) -> None:  # noqa: ANN001
     words = r.described(1, 0)
     assert [w for w, _ in words] == [CLASSES[k] for k in r.chosen[1, 0]]
     assert len(r.to_rows()) == 2 * 4 * 3 and "TextSpan" in r.summary()
+    frame = r.to_pandas()
+    np.testing.assert_allclose(frame[frame.step == 3].cumulative.to_numpy(), r.explained.sum(-1).ravel())
     back = vl.load_result(r.save(tmp_path / "span.npz"))
     assert type(back) is type(r) and back.equals(r)
     from vitlens import figures

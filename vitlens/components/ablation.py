@@ -13,7 +13,7 @@ from torch import nn
 
 from ..errors import InvalidParameterError
 from ..results import Result
-from .patching import _modules, head_hook
+from .patching import head_hook, sites_of
 from .stream import module_of, pixels_for, refuse_unless_stream
 from .tower_stream import Tower, is_tower, prompts
 
@@ -149,7 +149,7 @@ def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any
         refuse_unless_stream(module, "mean_ablate")
     x = pixels_for(model, module, pixels)
     ref = x if reference is None else pixels_for(model, module, reference)
-    sites = _modules(module)
+    sites = sites_of(module)
     n_heads = tower.sites[0].heads if tower is not None else module.blocks[0].attn.num_heads
     chosen = _parse(components, len(sites), n_heads)
     if not chosen:

@@ -39,7 +39,8 @@ def _clip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[tuple[torch.Tens
     vm = getattr(model, "vision_model", model)
     hf_clip.refuse_unless_supported(model)
     seen = hf_clip.capture(model, pixels)
-    layers = [(*hf_clip._heads(seen, i, l), l.self_attn.out_proj.weight, None) for i, l in enumerate(vm.encoder.layers)]
+    layers = [(*hf_clip.head_probs(seen, i, l), l.self_attn.out_proj.weight, None)
+              for i, l in enumerate(vm.encoder.layers)]
     sigma = held_sigma(vm.post_layernorm, seen.pooled)[:, None, :]
     proj = getattr(model, "visual_projection", None)
 

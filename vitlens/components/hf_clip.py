@@ -71,7 +71,8 @@ def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
     return seen
 
 
-def _heads(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+def head_probs(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer i's attention probabilities [B, H, N, N] and values [B, H, N, dh], float64, from its captured q, k, v."""
     attn = layer.self_attn
     b, n, _ = seen.q[i].shape
     q, k, v = (t.double().reshape(b, n, attn.num_heads, attn.head_dim).transpose(1, 2)
@@ -99,7 +100,7 @@ def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, to
     prefix[:, 0] = vm.embeddings.class_embedding.detach().double()
     heads, attn_bias, mlp = [], [], []
     for i, layer in enumerate(vm.encoder.layers):
-        probs, v = _heads(seen, i, layer)
+        probs, v = head_probs(seen, i, layer)
         out = layer.self_attn.out_proj
         e = (g @ out.weight.detach().double()).reshape(*g.shape[:2], layer.self_attn.num_heads, -1)
         heads.append(torch.einsum("bhqj,bqhd,bhjd->bhj", probs, e, v))

@@ -77,7 +77,7 @@ class PatchingResult(Result):
         return rows
 
 
-def _modules(model: nn.Module) -> list[dict[str, Any]]:
+def sites_of(model: nn.Module) -> list[dict[str, Any]]:
     """Per block, the module at each site (``head``: the output projection, whose input is the heads concatenated;
     None where it is fused into the attention: then ``mha``, the ``nn.MultiheadAttention``) and the heads' width."""
     if is_tower(model):
@@ -209,7 +209,7 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
     if batch_size < 1:
         raise InvalidParameterError("batch_size must be at least 1.")
     run = _scorer(module, direction)
-    sites = _modules(module)
+    sites = sites_of(module)
     seen, clean_logits = _record(sites, run, xc)
     with torch.no_grad():
         corrupted_logits = run(xk)
