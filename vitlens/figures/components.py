@@ -58,6 +58,7 @@ def head_contribution_figure(result: DecompositionResult, layer: int, head: int,
     top = _symmetric(grid)
     fig = go.Figure(go.Heatmap(z=grid, colorscale="RdBu_r", zmin=-top, zmax=top, colorbar=dict(title="part")))
     fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    fig.update_xaxes(constrain="domain")  # square tokens that fill the figure's height, no empty axis beside them
     fig.update_layout(title=title or f"layer {layer + 1} head {head + 1}: part per source token "
                                      f"(sum {grid.sum():.3g})", height=360)
     return fig

@@ -188,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
-    analyses, shown, timings, tables, notes, heads = [], [], {}, [], {}, []
+    analyses, shown, timings, tables, notes, heads, parts = [], [], {}, [], {}, [], []
     for m in models:
         t1 = time.perf_counter()
         a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet, views=available_views(m))
@@ -202,12 +202,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.attributions:
             tables.append(_attributions(args, m, images, masks))
             timings[m.spec.name]["attributions"] = time.perf_counter() - t2
+        if args.components:
+            from vitlens.report.components import components_section
+
+            t3 = time.perf_counter()
+            parts.append(components_section(m, images[:args.component_images], lambda line: _log(args, line)))
+            timings[m.spec.name]["components"] = time.perf_counter() - t3
         _log(args, f"{m.spec.name}: analysed {counted(a.distance.n_images, 'image')} in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=versions(str(models[0].device)), timings=timings, command=_command(),
                       attributions=tables, notes=notes, heads=heads,
-                      weights={m.spec.name: m.weights for m in models})
+                      weights={m.spec.name: m.weights for m in models}, components=parts)
     figs = report_figures(data, shown)
     page = report_html(data, shown, figs)
     if args.png:
@@ -607,6 +613,11 @@ def build_parser() -> Parser:
                    help="add head importance (one head removed at a time) against attention distance")
     r.add_argument("--head-images", type=_positive, default=32,
                    help="images for head importance (default 32; it costs one forward per head and image)")
+    r.add_argument("--components", action="store_true",
+                   help="add the components: each head's part of the predicted class's logit with the ledger that "
+                        "closes the sum, the logit lens and token norms by depth")
+    r.add_argument("--component-images", type=_positive, default=4,
+                   help="images for the components section (default 4)")
     r.set_defaults(func=cmd_report)
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")

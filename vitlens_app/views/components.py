@@ -88,9 +88,9 @@ def contributions_section(ctx: Context, target: int | None) -> None:
     left.plotly_chart(fig, key="comp-table-fig")
     with right:
         st.caption("Ledger")
-        st.dataframe(ledger_rows(d), hide_index=True, key="comp-ledger")
+        st.dataframe(ledger_rows(d), hide_index=True, height="content", key="comp-ledger")
     st.caption("Each head's part of the output (summed over source tokens), layer x head")
-    st.dataframe(head_frame(d), key="comp-heads")
+    st.dataframe(head_frame(d), height="content", key="comp-heads")
     st.caption("Top heads: " + "; ".join(f"layer {l + 1} head {h + 1} ({v:.3g})" for l, h, v in d.top_heads(5)))
     n_layers, n_heads = d.heads.shape[1], d.heads.shape[2]
     best_l, best_h, _ = d.top_heads(1)[0]
