@@ -402,7 +402,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", folder=True)
     import vitlens as vl
     from vitlens.survey import files_source, shapes_source
-    from vitlens.survey.stats import SURVEY_VIEW_NAMES
+    from vitlens.survey.stats import DEFAULT_SURVEY_VIEW_NAMES
 
     if args.images:
         try:
@@ -413,7 +413,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
         source = shapes_source(args.n_images or 128)
     try:
         result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
-                           shard_size=args.shard_size, views=args.views or SURVEY_VIEW_NAMES,
+                           shard_size=args.shard_size, views=args.views or DEFAULT_SURVEY_VIEW_NAMES,
                            num_gpus_per_worker=args.num_gpus_per_worker, pretrained=args.pretrained,
                            strict=args.strict, progress=not args.quiet)
     except KeyboardInterrupt:
@@ -556,6 +556,12 @@ def _survey_views() -> list[str]:
     return list(SURVEY_VIEW_NAMES)
 
 
+def _default_survey_views() -> list[str]:
+    from vitlens.survey.stats import DEFAULT_SURVEY_VIEW_NAMES
+
+    return list(DEFAULT_SURVEY_VIEW_NAMES)
+
+
 def _methods_help() -> str:
     from vitlens.attribution.methods import METHOD_TABLE, methods_for
     from vitlens.kinds import HIERARCHICAL
@@ -650,7 +656,8 @@ def build_parser() -> Parser:
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
     later_help(sv.add_argument("--views", nargs="+", default=None, choices=Names(_survey_views), metavar="VIEW",
                                help="the views to survey"),
-               lambda: f"the views to survey (default all): {', '.join(_survey_views())}")
+               lambda: f"the views to survey: {', '.join(_survey_views())} (default "
+                       f"{', '.join(_default_survey_views())})")
     sv.add_argument("--num-gpus-per-worker", type=float, default=0.0,
                     help="GPUs each model worker asks Ray for (default 0: CPU; a worker with a GPU runs on it)")
     sv.add_argument("--device", choices=["cpu", "cuda"], default=None,
