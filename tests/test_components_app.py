@@ -55,6 +55,9 @@ def test_the_components_page_shows_the_librarys_numbers(page: AppTest) -> None:
     fig = next(chart(page, i) for i in range(len(page.get("plotly_chart")))
                if "patching heads" in chart(page, i)["layout"]["title"]["text"])
     np.testing.assert_array_equal(heatmap_z(fig), p.restored(p.heads))
+    tokens = next(chart(page, i) for i in range(len(page.get("plotly_chart")))
+                  if "patching tokens" in chart(page, i)["layout"]["title"]["text"])
+    np.testing.assert_array_equal(heatmap_z(tokens), p.restored(p.resid))  # layer x token
 
 
 def test_a_model_the_components_refuse_shows_why_and_the_app_recovers(page: AppTest) -> None:

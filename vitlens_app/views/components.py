@@ -88,7 +88,8 @@ def contributions_section(ctx: Context, target: int | None) -> None:
     left.plotly_chart(fig, key="comp-table-fig")
     with right:
         st.caption("Ledger")
-        st.dataframe(ledger_rows(d), hide_index=True, height="content", key="comp-ledger")
+        st.dataframe(ledger_rows(d), hide_index=True, height="content", key="comp-ledger",
+                     column_config={"value": st.column_config.NumberColumn("value", format="%.6g")})
     st.caption("Each head's part of the output (summed over source tokens), layer x head")
     st.dataframe(head_frame(d), height="content", key="comp-heads")
     st.caption("Top heads: " + "; ".join(f"layer {l + 1} head {h + 1} ({v:.3g})" for l, h, v in d.top_heads(5)))
@@ -161,5 +162,6 @@ def patching_section(ctx: Context, target: int | None) -> None:
     left, right = st.columns([1, 3])
     left.image(ctx.m.display([bad])[0], caption="corrupted", width=200)
     right.plotly_chart(fig, key="comp-patch-fig")
+    st.plotly_chart(figures.patching_figure(r, site="resid"), key="comp-patch-tokens-fig")
     st.caption(r.summary() + ". Restored = (patched - corrupted) / (clean - corrupted).")
     downloads(r, fig, "patching")
