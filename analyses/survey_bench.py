@@ -33,7 +33,7 @@ def single_process(models: list[str], n: int, batch: int, shard: int) -> dict:
     import vitlens as vl
     from vitlens.memory import peak_rss_mb
     from vitlens.survey import shapes_source
-    from vitlens.survey.stats import SURVEY_VIEW_NAMES
+    from vitlens.survey.stats import DEFAULT_SURVEY_VIEW_NAMES
     from vitlens.survey.worker import run_shard, weight_views
     from vitlens.survey.sources import Shard
 
@@ -43,7 +43,7 @@ def single_process(models: list[str], n: int, batch: int, shard: int) -> dict:
     for name in models:
         torch.manual_seed(0)
         m = vl.load_model(name, pretrained=False, device="cpu")
-        r = run_shard(m, source, Shard(0, 0, n), SURVEY_VIEW_NAMES, batch)
+        r = run_shard(m, source, Shard(0, 0, n), DEFAULT_SURVEY_VIEW_NAMES, batch)
         weight_views(m)
         out[name] = np.asarray(r["states"]["distance"]["mean"])
     return {"seconds": time.perf_counter() - t0, "means": out,

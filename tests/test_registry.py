@@ -31,7 +31,7 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
                                                             "prefix")
     assert registry.DEFAULT_VIEWS == ("filters", "position", "distance", "rollout")  # the paper's four
     # the survey's list is the views' own statistics (``View.survey``, in the registry's order), then its own
-    assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "weights")
+    assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "components", "weights")
     for name in ("distance", "rollout"):
         assert SURVEY_VIEWS[name].from_state is registry.VIEWS[name].survey.from_state, name
     assert SURVEY_VIEWS["rollout"].from_state == RolloutStats.from_state
@@ -39,7 +39,7 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
     assert all(isinstance(v.result_type, type) for v in registry.VIEWS.values())
     survey = cli.build_parser()._subparsers._group_actions[0].choices["survey"]  # type: ignore[union-attr]
     views = next(a for a in survey._actions if a.dest == "views")
-    assert list(views.choices) == list(SURVEY_VIEW_NAMES) and views.default is None  # None: every view (cmd_survey)
+    assert list(views.choices) == list(SURVEY_VIEW_NAMES) and views.default is None  # None: the default views (cmd_survey)
     with pytest.raises(vl.InvalidParameterError, match="views must be among filters, position, relpos, distance"):
         registry.check_views(("distance", "nope"))
 

@@ -179,3 +179,34 @@ def head_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, labels: n
     return remembered("heads_memo", (mkey, ikey, k), lambda progress: vl.head_importance(
         m, images, labels=None if labels is None else labels[:k], batch_size=64, progress=progress),
         f"Head importance ({head_cost(m, k)} image forwards)", head_cost(m, k))
+
+
+@st.cache_data(max_entries=16, show_spinner="Decomposing the output ...")
+def decomposition_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str,
+                         target: int | None) -> vl.DecompositionResult:
+    """The current image's output as an exact sum of parts, with its ledger (``vl.decompose``)."""
+    with heavy_lock():
+        return vl.decompose(_m, [_image], target=target)
+
+
+@st.cache_data(max_entries=16, show_spinner="Reading the logit lens ...")
+def lens_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> vl.LogitLensResult:
+    """Each depth's residual of the current image read through the final norm and head (``vl.logit_lens``)."""
+    with heavy_lock():
+        return vl.logit_lens(_m, [_image], target=target)
+
+
+@st.cache_data(max_entries=16, show_spinner="Measuring token norms ...")
+def norms_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> vl.TokenNormsResult:
+    """Token norms of the current image by depth and its high-norm outliers (``vl.token_norms``)."""
+    with heavy_lock():
+        return vl.token_norms(_m, [_image])
+
+
+@st.cache_data(max_entries=8, show_spinner="Patching every component ...")
+def patching_result(_m: vl.LoadedModel, mkey: str, _clean: Any, _corrupted: Any, key: str,
+                    target: int | None) -> vl.PatchingResult:
+    """Each component of the clean image's run patched into its corruption's (``vl.patch_activations``); ``key``
+    names the image and the corruption."""
+    with heavy_lock():
+        return vl.patch_activations(_m, [_clean], [_corrupted], target=target)

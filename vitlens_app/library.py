@@ -22,6 +22,8 @@ from vitlens.attribution.metrics import METRIC_TABLE, default_metrics, metric_la
 from vitlens.attribution.sanity import verdict_rule
 from vitlens.attribution.text import has_text_tower
 from vitlens.compare.heads import cost as head_cost
+# the components' ledger bound (docs/definitions.md, "The ledger")
+from vitlens.components import LEDGER_RTOL
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.seeded import load_model_seeded
@@ -44,7 +46,7 @@ from vitlens.words import counted, listed_some
 
 __all__ = [
     "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "UPLOAD_TYPES", "VIEWS",
-    "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
+    "LEDGER_RTOL", "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 
 from ..components import (DecompositionResult, LogitLensResult, MeanAblationResult, PatchingResult, TextSpanResult,
                           TokenNormsResult)
+from ..errors import InvalidParameterError
 from .registry import draws
 
 
@@ -60,6 +61,7 @@ def head_contribution_figure(result: DecompositionResult, layer: int, head: int,
     top = _symmetric(grid)
     fig = go.Figure(go.Heatmap(z=grid, colorscale="RdBu_r", zmin=-top, zmax=top, colorbar=dict(title="part")))
     fig.update_yaxes(autorange="reversed", scaleanchor="x")
+    fig.update_xaxes(constrain="domain")  # square tokens that fill the figure's height, no empty axis beside them
     fig.update_layout(title=title or f"layer {layer + 1} head {head + 1}: part per source token "
                                      f"(sum {grid.sum():.3g})", height=360)
     return fig
@@ -104,23 +106,30 @@ def token_norms_figure(result: TokenNormsResult, image: int = 0, title: str | No
 
 
 @draws(PatchingResult)
-def patching_figure(result: PatchingResult, title: str | None = None) -> go.Figure:
-    """The share of the clean logit each head's patch restores (layer x head, diverging at 0, layer 1 at the
-    top).
+def patching_figure(result: PatchingResult, title: str | None = None, site: str = "heads") -> go.Figure:
+    """The share of the clean logit each patch restores: each head's (layer x head) or each token's of a block's
+    output (layer x token, ``site="resid"``), diverging at 0, layer 1 at the top.
 
     Args:
         result: a ``patch_activations`` result.
-        title: the title (default: the model and the class).
+        title: the title (default: the model, the class and the site).
+        site: "heads" or "resid".
 
     Returns:
         The heatmap figure.
     """
-    share = result.restored(result.heads)
+    if site not in ("heads", "resid"):
+        raise InvalidParameterError(f"site must be 'heads' or 'resid', not {site!r}.")
+    share = result.restored(result.heads if site == "heads" else result.resid)
+    x = [f"head {h + 1}" for h in range(share.shape[1])] if site == "heads" else list(range(share.shape[1]))
     fig = go.Figure(go.Heatmap(
-        z=share, x=[f"head {h + 1}" for h in range(share.shape[1])], y=[f"layer {l + 1}" for l in range(share.shape[0])],
+        z=share, x=x, y=[f"layer {l + 1}" for l in range(share.shape[0])],
         colorscale="RdBu_r", zmin=-1, zmax=1, colorbar=dict(title="restored")))
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=title or f"{result.model_name}: patching heads (class {result.target})", height=360)
+    if site == "resid":
+        fig.update_xaxes(title="token (0: the first prefix token)")
+    fig.update_layout(title=title or f"{result.model_name}: patching {'heads' if site == 'heads' else 'tokens'} "
+                                     f"(class {result.target})", height=360)
     return fig
 
 

@@ -188,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
-    analyses, shown, timings, tables, notes, heads = [], [], {}, [], {}, []
+    analyses, shown, timings, tables, notes, heads, parts = [], [], {}, [], {}, [], []
     for m in models:
         t1 = time.perf_counter()
         a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet, views=available_views(m))
@@ -202,12 +202,18 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.attributions:
             tables.append(_attributions(args, m, images, masks))
             timings[m.spec.name]["attributions"] = time.perf_counter() - t2
+        if args.components:
+            from vitlens.report.components import components_section
+
+            t3 = time.perf_counter()
+            parts.append(components_section(m, images[:args.component_images], lambda line: _log(args, line)))
+            timings[m.spec.name]["components"] = time.perf_counter() - t3
         _log(args, f"{m.spec.name}: analysed {counted(a.distance.n_images, 'image')} in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=versions(str(models[0].device)), timings=timings, command=_command(),
                       attributions=tables, notes=notes, heads=heads,
-                      weights={m.spec.name: m.weights for m in models})
+                      weights={m.spec.name: m.weights for m in models}, components=parts)
     figs = report_figures(data, shown)
     page = report_html(data, shown, figs)
     if args.png:
@@ -396,7 +402,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out", folder=True)
     import vitlens as vl
     from vitlens.survey import files_source, shapes_source
-    from vitlens.survey.stats import SURVEY_VIEW_NAMES
+    from vitlens.survey.stats import DEFAULT_SURVEY_VIEW_NAMES
 
     if args.images:
         try:
@@ -407,7 +413,7 @@ def cmd_survey(args: argparse.Namespace) -> int:
         source = shapes_source(args.n_images or 128)
     try:
         result = vl.survey(names, source, args.out, address=args.address, batch_size=args.batch_size,
-                           shard_size=args.shard_size, views=args.views or SURVEY_VIEW_NAMES,
+                           shard_size=args.shard_size, views=args.views or DEFAULT_SURVEY_VIEW_NAMES,
                            num_gpus_per_worker=args.num_gpus_per_worker, pretrained=args.pretrained,
                            strict=args.strict, progress=not args.quiet)
     except KeyboardInterrupt:
@@ -550,6 +556,12 @@ def _survey_views() -> list[str]:
     return list(SURVEY_VIEW_NAMES)
 
 
+def _default_survey_views() -> list[str]:
+    from vitlens.survey.stats import DEFAULT_SURVEY_VIEW_NAMES
+
+    return list(DEFAULT_SURVEY_VIEW_NAMES)
+
+
 def _methods_help() -> str:
     from vitlens.attribution.methods import METHOD_TABLE, methods_for
     from vitlens.kinds import HIERARCHICAL
@@ -607,6 +619,11 @@ def build_parser() -> Parser:
                    help="add head importance (one head removed at a time) against attention distance")
     r.add_argument("--head-images", type=_positive, default=32,
                    help="images for head importance (default 32; it costs one forward per head and image)")
+    r.add_argument("--components", action="store_true",
+                   help="add the components: each head's part of the predicted class's logit with the ledger that "
+                        "closes the sum, the logit lens and token norms by depth")
+    r.add_argument("--component-images", type=_positive, default=4,
+                   help="images for the components section (default 4)")
     r.set_defaults(func=cmd_report)
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")
@@ -639,7 +656,8 @@ def build_parser() -> Parser:
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
     later_help(sv.add_argument("--views", nargs="+", default=None, choices=Names(_survey_views), metavar="VIEW",
                                help="the views to survey"),
-               lambda: f"the views to survey (default all): {', '.join(_survey_views())}")
+               lambda: f"the views to survey: {', '.join(_survey_views())} (default "
+                       f"{', '.join(_default_survey_views())})")
     sv.add_argument("--num-gpus-per-worker", type=float, default=0.0,
                     help="GPUs each model worker asks Ray for (default 0: CPU; a worker with a GPU runs on it)")
     sv.add_argument("--device", choices=["cpu", "cuda"], default=None,

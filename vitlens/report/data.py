@@ -38,6 +38,8 @@ class ReportData(Result):
     notes: dict = field(default_factory=dict)  # model name -> a caveat to show (e.g. predictions mean nothing)
     heads: list = field(default_factory=list)  # one HeadImportanceResult (or None) per model, with --heads
     weights: dict = field(default_factory=dict)  # model name -> kind of weights (LoadedModel.weights)
+    # one dict of DecompositionResult, LogitLensResult, TokenNormsResult (or None) per model, with --components
+    components: list = field(default_factory=list)
 
     def summary(self) -> str:
         return f"{len(self.models)} model(s) ({', '.join(self.models)}) over {self.image_set.get('count', '?')} images"

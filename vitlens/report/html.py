@@ -27,6 +27,7 @@ from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
 from ..views.distance import local_rule
+from .components import components_figures, components_html
 from .data import ComparisonData, ReportData, distance_reading
 from ..words import counted, listed_some
 
@@ -355,6 +356,8 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
             figs["heads"] = figures.head_importance_figure(data.heads[i], a.distance)
         if i < len(data.attributions) and data.attributions[i] is not None:
             figs.update(figures.attribution_figures(data.attributions[i], imgs[0]))
+        if i < len(data.components) and data.components[i] is not None:
+            figs.update({f"components-{k}": f for k, f in components_figures(data.components[i]).items()})
         out.append(figs)
     return out
 
@@ -379,6 +382,9 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
                                   reading))
         if i < len(data.attributions) and data.attributions[i] is not None:
             body.append(attribution_section(data.attributions[i], f))
+        if i < len(data.components) and data.components[i] is not None:
+            shown = {k.removeprefix("components-"): v for k, v in f.items() if k.startswith("components-")}
+            body.append(components_html(data.components[i], shown, html_table, figure_html))
     return page_html("vitlens report", "".join(body))
 
 

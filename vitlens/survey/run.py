@@ -33,7 +33,7 @@ from .sources import ImageSource, Shard
 from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
                     own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
-from .stats import SURVEY_VIEW_NAMES, survey_views
+from .stats import DEFAULT_SURVEY_VIEW_NAMES, survey_views
 from .worker import SurveyWorker
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
@@ -279,7 +279,7 @@ def survey(
     address: str | None = None,
     batch_size: int = 32,
     shard_size: int = 256,
-    views: Sequence[str] = SURVEY_VIEW_NAMES,
+    views: Sequence[str] = DEFAULT_SURVEY_VIEW_NAMES,
     num_gpus_per_worker: float = 0.0,
     num_cpus_per_worker: int = 1,
     pretrained: bool = True,
@@ -305,8 +305,8 @@ def survey(
         address: a Ray cluster ("auto", "ray://..."), else RAY_ADDRESS, else a local Ray.
         batch_size: images per forward.
         shard_size: images per task (the unit that is retried and resumed).
-        views: any of "distance", "rollout", "predictions", "weights" (``stats.survey_views``: with any view registered
-            with a ``View.survey``).
+        views: any of "distance", "rollout", "predictions", "weights" (the default, ``DEFAULT_SURVEY_VIEW_NAMES``)
+            and "components" (``stats.survey_views``: with any view registered with a ``View.survey``).
         num_gpus_per_worker: GPUs each model worker asks Ray for (fractions share a GPU).
         num_cpus_per_worker: CPUs each model worker asks Ray for.
         pretrained: hub weights (False: random init, seeded identically in every worker). The embedded pair and

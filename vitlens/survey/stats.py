@@ -9,6 +9,9 @@ What it keeps of a view is the view's own: each registered attention view with a
 - ``rollout``: per image, the rollout row's mass on prefix tokens, the entropy of its patch part, and with masks
   the share of patch mass on the object (Fig. 6), as sums and sums of squares (``vitlens.views.rollout_stats``).
 
+Besides them, ``components`` (asked for by name, ``--views components``): each head's part of the predicted class's
+logit and the ledger's residual, summed over images (``vitlens.survey.components``; its own pass, not a consumer).
+
 Besides them the survey keeps its own ``Predictions`` (how many images were predicted right, overall and per class)
 and the weight views' ``View.summary`` once per model. ``survey_views()`` is the one list of what it keeps
 (``vitlens survey --views``, the worker, the store), read from the views registry each time.
@@ -32,6 +35,7 @@ from ..core.spec import ModelSpec
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..views.registry import VIEWS, View, ViewParams, available_views
 from ..views.rollout_stats import RolloutStats  # noqa: F401  (importable here, where it was)
+from .components import HeadContributions, head_contributions
 
 
 class Predictions(AttentionConsumer):
@@ -109,12 +113,18 @@ class SurveyView:
             model from the views' own ``View.summary``.
         from_state: a shard's saved ``state()`` -> an object that ``merge``s and gives its ``state`` and
             ``table_rows``.
+        compute: (model, the shard's images, batch size) -> the statistic as that object (None: not kept for this
+            model), for a statistic that is no consumer of the streaming engine and runs its own pass over the images
+            (``components``: ``decompose``'s own float64 forward); None for a consumer's.
+        default: whether a survey keeps it when ``views`` is not given (``DEFAULT_SURVEY_VIEW_NAMES``).
     """
 
     name: str
     describes: str
     build: Callable[[LoadedModel, int, bool], AttentionConsumer | None] | None = None
     from_state: Callable[[dict[str, Any]], Any] | None = None
+    compute: Callable[[LoadedModel, list, int], Any] | None = None
+    default: bool = True
 
 
 def _view_stat(view: View) -> SurveyView:
@@ -133,6 +143,9 @@ def _view_stat(view: View) -> SurveyView:
 #: what the survey keeps besides the views' own statistics (``View.survey``, ``View.summary``)
 OWN_STATS: tuple[SurveyView, ...] = (
     SurveyView("predictions", "accuracy, overall and per class", Predictions.for_survey, Predictions.from_state),
+    SurveyView("components", "each head's mean part of the predicted class's logit (and its spread), each MLP's, and "
+               "the ledger's residual (docs/definitions.md, \"Direct contributions\"); asked for by name",
+               from_state=HeadContributions.from_state, compute=head_contributions, default=False),
     SurveyView("weights", "filter PCA's explained variance (Fig. 7 left) and position-embedding structure "
                "(Fig. 7 centre) or, for relative-position models, the learned bias's locality by offset, once per "
                "model"),
@@ -148,11 +161,14 @@ def survey_views() -> dict[str, SurveyView]:
 
 
 def __getattr__(name: str) -> Any:
-    """``SURVEY_VIEWS`` (``survey_views()``) and ``SURVEY_VIEW_NAMES`` (its names), read when asked for."""
+    """``SURVEY_VIEWS`` (``survey_views()``), ``SURVEY_VIEW_NAMES`` (its names) and ``DEFAULT_SURVEY_VIEW_NAMES``
+    (those kept by default), read when asked for."""
     if name == "SURVEY_VIEWS":
         return survey_views()
     if name == "SURVEY_VIEW_NAMES":
         return tuple(survey_views())
+    if name == "DEFAULT_SURVEY_VIEW_NAMES":  # what a survey keeps when not told: all but those asked for by name
+        return tuple(k for k, v in survey_views().items() if v.default)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

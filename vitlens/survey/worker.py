@@ -48,7 +48,14 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
                              desc=shard.name, capture_mode=None)
     elif images:
         n = len(images)
-    return {"states": {name: c.state() for name, c in consumers.items()}, "n_images": n, "skipped": skipped,
+    states = {name: c.state() for name, c in consumers.items()}
+    for name in views:  # the statistics that run their own pass over the images (``SurveyView.compute``)
+        compute = survey_views()[name].compute
+        if compute is not None and images:
+            kept = compute(m, images, batch_size)
+            if kept is not None:
+                states[name] = kept.state()
+    return {"states": states, "n_images": n, "skipped": skipped,
             "seconds": time.perf_counter() - t0, "pid": os.getpid(),
             "peak_rss_mb": peak_rss_mb()}
 

@@ -12,6 +12,7 @@ from vitlens_app.context import Context
 from vitlens_app.library import VIEWS
 from vitlens_app.views.attributions import render_attributions
 from vitlens_app.views.compare import render_compare
+from vitlens_app.views.components import render_components
 from vitlens_app.views.distance import render_distance
 from vitlens_app.views.filters import render_filters
 from vitlens_app.views.maps import render_maps
@@ -30,6 +31,7 @@ def pages() -> dict[str, Callable[[Context], None]]:
         "Attention maps": render_maps,  # one image's maps per head, and its rollout
         "Attributions": render_attributions,
         "Compare": render_compare,
+        "Components": render_components,  # the output as a sum of parts, the lens, norms, patching
         "Survey": render_survey,
     }
     out.update({v.label or v.name: render_registered(name) for name, v in VIEWS.items()
