@@ -5,6 +5,10 @@ Usage:
         [--dtype float32|bfloat16] [--loop-images 8] [--mem-images 64 1024] [--skip-memory] [--json out.json]
         [--img-size 768] [--rows distance_rollout stream_side_rows ...]
 
+    the cold bench: one call per fresh process, plain and analyze(distance, rollout) alternating, the median of the
+    pairs' ratios with their spread (``analyses/bench_cold.py``; ``--phases`` adds a first and a second call's phases):
+    python analyses/bench.py --cold --img-size 768 --batch 4 --pairs 3 --goal distance_rollout=1.20
+
     e.g. the views' capture against side capture by query rows at 768 px, interleaved (no peers run):
     python analyses/bench.py --skip-memory --img-size 768 --batch 4 --reps 3 --rows distance_rollout stream_side_rows
 
@@ -711,7 +715,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="the speed bench this many times, each its own process, with each run's median ratios")
     p.add_argument("--goal", nargs="*", default=None, metavar="ROW=RATIO",
                    help="with --runs: ratio goals to check in every run (e.g. distance_rollout=1.20)")
+    p.add_argument("--cold", action="store_true",
+                   help="instead: one call per fresh process, plain and analyze alternating (analyses/bench_cold.py)")
+    p.add_argument("--pairs", type=int, default=3, help="with --cold: interleaved pairs of fresh processes")
+    p.add_argument("--phases", action="store_true", help="with --cold: the phases of a first and a second call")
     args = p.parse_args(argv)
+    if args.cold:
+        from bench_cold import main as bench_cold
+
+        goal = parse_goals(args.goal or []).get("distance_rollout")
+        return bench_cold(["--model", args.model, "--img-size", str(args.img_size or 224), "--batch", str(args.batch),
+                           "--threads", str(args.threads), "--pairs", str(args.pairs)]
+                          + (["--goal", str(goal)] if goal is not None else []) + (["--phases"] if args.phases else [])
+                          + (["--json", str(args.json)] if args.json else []))
     if args.runs > 1:
         summary = repeated_runs(args, list(sys.argv[1:] if argv is None else argv))
         if args.json:

@@ -86,6 +86,12 @@ class AttentionConsumer:
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         """The current batch's model output, after its last block."""
 
+    def held_bytes_per_image(self, tokens: int) -> int:
+        """Bytes the consumer holds per image of a batch until the batch's last block (T = ``tokens``): what it must
+        keep across blocks, not a block's passing buffers. The plan caps the images per forward by it
+        (``images_per_forward``). 0 (the default): nothing grows with the batch beyond a block."""
+        return 0
+
     def result(self, spec: ModelSpec | str) -> Any:
         """The finished result; ``spec`` names the model (a ``ModelSpec`` or its name)."""
         raise NotImplementedError

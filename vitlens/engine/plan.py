@@ -2,7 +2,8 @@
 of the engine (the views, ``stream_attention``, ``attention_maps``, the bench) asks, whether it names
 the capture itself or lets the plan choose. It serves every attention view (Fig. 6/14 rollout, Fig. 7
 right and Fig. 11 attention distance) at any resolution: memory is bounded by computing the
-probabilities a block of query rows at a time where the family can.
+probabilities a block of query rows at a time where the family can, and by ``images_per_forward``, the images a
+forward takes where the consumers hold maps across blocks (rollout's).
 """
 from __future__ import annotations
 
@@ -109,5 +110,32 @@ def capture_plan(m: LoadedModel, batch: int, tokens: int | None = None, memory_b
     return CapturePlan("side", rows, budget, whole)
 
 
-__all__ = ["CAPTURE_MODES", "CapturePlan", "MIN_BUDGET_MB", "ROW_BLOCK_MB", "capture_plan", "default_budget_mb",
-           "query_rows_for_budget"]
+HELD_BLOCKS = 4.0
+"""What the consumers may hold across blocks per forward, in blocks' MLP activations (``default_budget_mb``): about
+the plain forward's own peak above the model (its residual stream, qkv, MLP hidden and GELU activations)."""
+
+
+HELD_FLOOR_MB = 256.0
+"""Held memory a batch may always take, whatever its activations: below it a second forward buys nothing worth its
+cost (and the views' numbers stay those of the caller's batch, to the bit)."""
+
+
+def images_per_forward(batch: int, tokens: int, embed_dim: int, held_bytes_per_image: int) -> int:
+    """Images per forward for consumers that hold ``held_bytes_per_image`` across blocks (rollout's head-fused maps,
+    L x T x T float32 an image): ``batch`` where they fit in ``HELD_BLOCKS`` of the batch's MLP activations, else as
+    many as fit (at least 1), never splitting what holds under ``HELD_FLOOR_MB`` in all.
+
+    Rule: what the views hold stays within about the plain forward's own peak where one image's share fits in it
+    (``held`` grows as T^2 an image, the forward as T), so a view's peak stays within about twice the forward's; where
+    one image's share alone is larger (rollout at 1024 px on a ViT-B: 0.74 GB), one image per forward is the least it
+    can hold. The images run in sub-batches one after the other, the same numbers per image. 224 px, batch 16: 16
+    (no split); 768 px, batch 4, and 1024 px, batch 2: 1 for rollout on a ViT-B.
+    """
+    if held_bytes_per_image <= 0 or batch <= 1:
+        return max(1, batch)
+    budget = max(HELD_FLOOR_MB, HELD_BLOCKS * default_budget_mb(batch, tokens, embed_dim)) * 2**20
+    return int(max(1, min(batch, budget // held_bytes_per_image)))
+
+
+__all__ = ["CAPTURE_MODES", "CapturePlan", "HELD_BLOCKS", "HELD_FLOOR_MB", "MIN_BUDGET_MB", "ROW_BLOCK_MB",
+           "capture_plan", "default_budget_mb", "images_per_forward", "query_rows_for_budget"]

@@ -48,7 +48,7 @@ from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
 from .consumer import AttentionConsumer, BatchInfo, query_rows  # the protocol, re-exported from here
-from .plan import capture_plan
+from .plan import capture_plan, images_per_forward
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
@@ -74,7 +74,8 @@ def stream_attention(
         m: the model.
         images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
         consumers: the attention consumers to feed.
-        batch_size: images per forward.
+        batch_size: images per forward (at most: with the plan's choice, ``images_per_forward`` lowers it where the
+            consumers would hold more across blocks than the plain forward's own peak, e.g. rollout at 1024 px).
         progress: True for a progress bar, or a callable ``f(done, total)``.
         labels: [N] class labels of the images, passed to consumers in ``BatchInfo``.
         masks: [N, h, w] bool object masks of the images, passed likewise after the images' own resize
@@ -102,6 +103,10 @@ def stream_attention(
             f"{kind.use} (attention distance and rollout: vl.attention_distance, vl.attention_rollout, vl.analyze) or "
             f"a consumer with {kind.reader} = True.")
     n = count_images(images)
+    if capture_mode is None and query_rows is None:  # the plan's choice: what the consumers hold caps the batch
+        t = m.spec.num_tokens()
+        held = sum(int(getattr(c, "held_bytes_per_image", lambda _t: 0)(t)) for c in consumers)
+        batch_size = images_per_forward(max(1, min(batch_size, n) if n else batch_size), t, m.spec.embed_dim, held)
     plan = capture_plan(m, max(1, min(batch_size, n) if n else batch_size), memory_budget_mb=memory_budget_mb,
                         mode=capture_mode, query_rows=query_rows)
     done, index = 0, 0

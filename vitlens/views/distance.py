@@ -146,8 +146,24 @@ def token_distance_matrix(grid: tuple[int, int], stride_px: tuple[int, int],
 @functools.lru_cache(maxsize=2)
 def whole_distances(grid: tuple[int, int], stride_px: tuple[int, int], device: torch.device) -> torch.Tensor:
     """``token_distance_matrix`` of a whole grid in float32, made once for the last two grids a process asked for
-    (a stream of batches, and call after call at one size, share it; it is only ever read)."""
-    return token_distance_matrix(grid, stride_px, device).float()
+    (a stream of batches, and call after call at one size, share it; it is only ever read). Built one grid row of
+    queries at a time from the squared row and column offsets, each entry the same float64 numbers as
+    ``token_distance_matrix``'s (the offsets of whole multiples of the stride are exact) rounded once: the first call
+    touches the [N, N] float32 matrix alone, never float64 temporaries of its size (1024 px: 67 MB, not 0.7 GB of
+    fresh memory)."""
+    gh, gw = grid
+    ys = torch.arange(gh, dtype=torch.float64, device=device) * stride_px[0]
+    xs = torch.arange(gw, dtype=torch.float64, device=device) * stride_px[1]
+    dy2, dx2 = (ys[:, None] - ys[None, :]) ** 2, (xs[:, None] - xs[None, :]) ** 2  # [gh, gh], [gw, gw]
+    out = torch.empty(gh, gw, gh, gw, dtype=torch.float32, device=device)
+    step = max(1, DISTANCE_ROWS_BYTES // (8 * gw * gh * gw))
+    for i in range(0, gh, step):  # queries of grid rows [i, i + step): [rows, gw, gh, gw]
+        out[i:i + step] = torch.sqrt(dx2[None, :, None, :] + dy2[i:i + step, None, :, None])
+    return out.reshape(gh * gw, gh * gw)
+
+
+#: the float64 entries ``whole_distances`` makes at once (16 MiB: a few grid rows of queries)
+DISTANCE_ROWS_BYTES = 16 * 2**20
 
 
 #: the accumulator keeps a grid's whole float32 patch-distance matrix [N, N] up to this many bytes (1024 px:

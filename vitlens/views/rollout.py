@@ -13,7 +13,10 @@ Memory (what it must hold, and holds no more): the chain runs from the last bloc
 block's head-fused map of the batch is kept until the batch's last block, L x B x T x T float32
 (vit_base: 1.0 GB at 768 px batch 4, T = 2,305; 1.6 GB at 1024 px batch 2, T = 4,097), plus the
 block in flight's one [B, T, T] buffer, filled row block by row block under query-chunked
-capture; the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. A running
+capture; the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. Where the views choose
+their capture (``vl.analyze``, ``attention_rollout``), the stream caps the images per forward so that these maps stay
+within about the plain forward's own peak (``held_bytes_per_image``, ``vitlens.engine.plan.images_per_forward``):
+at 768 px and 1024 px a ViT-B runs one image per forward, 0.75 GB of maps at 1024 px. A running
 product from the first block would hold one [B, T, T] but cost T^3 per block and image (12 GFLOP
 at T = 2,305, more than the block's own forward), so it is not used; neither is bf16 storage.
 ``discard_ratio > 0`` adds, per block, ``topk``'s k = discard_ratio x T^2 values and indices
@@ -333,6 +336,12 @@ class RolloutAccumulator(AttentionConsumer):
         map is never kept nor, for the class token, fused beyond that row): not with a pool's source (it arrives
         after the blocks) or ``discard_ratio`` (it reads the whole map)."""
         return self.source is None and self.discard_ratio == 0
+
+    def held_bytes_per_image(self, tokens: int) -> int:
+        """The head-fused float32 maps kept per image until the batch's last block: L x T x T, one fewer when the last
+        block is streamed (the plan caps the images per forward by it, ``images_per_forward``)."""
+        kept = self.num_layers - (1 if self._streams_last_block() else 0)
+        return 4 * kept * int(tokens) ** 2
 
     def _stream_last(self, attn: torch.Tensor, start: int, stop: int, last: bool) -> None:
         """The first step of ``rollout_row`` for the last block, v A' = w (A + I) with w = v / rowsum(A + I), on

@@ -49,6 +49,11 @@ class RolloutStats(AttentionConsumer):
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         self.rollout.on_attention(layer, attn, rows)
 
+    def held_bytes_per_image(self, tokens: int) -> int:
+        """What its rollout accumulator holds per image across blocks (``AttentionConsumer.held_bytes_per_image``)."""
+        held = getattr(self.rollout, "held_bytes_per_image", None)
+        return int(held(tokens)) if held is not None else 0
+
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         row = self.rollout.batch_row().cpu().numpy()
         p, grid = self.rollout.row_layout()
