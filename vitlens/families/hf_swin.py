@@ -44,7 +44,7 @@ from .common.blocks import StagedFamily, check_blocks
 from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, module_path,
                         tower_type)
 from .common.readers import read_at_dropout
-from .common.sdpa_calls import read_calls
+from .common.interface import read_eager_returned, read_interface_beside
 from .common.windows import StandIn, identity, pair, record_windows
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
             if tower_type(model) == "swinv2":
                 read_at_dropout(attn.self.dropout, layer, capture, handles)
             else:
-                _read_beside(attn, layer, capture, handles)
+                read_interface_beside(attn, layer, capture, handles, "a Swin attention")
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         attns = self.attention_modules(model)
@@ -165,11 +165,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
             for layer, attn in enumerate(attns):
                 read_at_dropout(attn.self.dropout, layer, capture, handles)
             return
-        for config in {id(a.config): a.config for a in attns}.values():
-            if config._attn_implementation != "eager":
-                handles.set_attr(config, "_attn_implementation", "eager")
-        for layer, attn in enumerate(attns):
-            _read_eager_output(attn, layer, capture, handles)
+        read_eager_returned(attns, capture, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         """The module whose input is the heads side by side: Swin's ``o_proj``, Swin V2's ``output.dense``."""
@@ -253,37 +249,6 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
         return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w))
 
     return record_windows(run, grid, stage, stride, f"stage {stage} {type(layer).__name__}")
-
-
-def _read_beside(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """Side capture of a ``SwinAttention`` under its model's own implementation, the module run as it is: sdpa's
-    one call read from its very arguments (the real output kept), or eager's returned probabilities."""
-    def after(seen: list[torch.Tensor], out: Any) -> None:
-        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-        if len(seen) == 1:
-            probs = seen[0]
-        elif not seen and isinstance(weights, torch.Tensor):  # eager: the probabilities its output is made from
-            probs = weights.detach().float()
-        else:
-            implementation = attn.config._attn_implementation
-            raise UnsupportedModelError(
-                f"Side capture reads a Swin attention under the eager or sdpa implementation; this one runs "
-                f"{implementation!r}, which makes {len(seen)} scaled_dot_product_attention calls and returns no "
-                "probabilities: capture with mode='inline' (transformers' eager attention, exact), or load the model "
-                "with attn_implementation='sdpa' or 'eager'.")
-        capture(layer, probs)
-
-    read_calls(attn, handles, after)
-
-
-def _read_eager_output(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """Inline capture of a ``SwinAttention`` run by transformers' eager implementation: the probabilities it
-    returns beside its output, the very tensor the output is computed from."""
-    def hook(_mod: nn.Module, _args: tuple, out: Any) -> None:
-        weights = out[1]
-        capture(layer, weights.detach().float() if capture.detach else weights)
-
-    handles.hook(attn.register_forward_hook(hook))
 
 
 register(HuggingFaceSwin())
