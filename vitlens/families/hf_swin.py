@@ -1,4 +1,5 @@
-"""Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``) and Swin V2 (``Swinv2Model``,
+"""Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``, and ``SwinBackbone``: the one
+inside Mask2Former, OneFormer and UperNet, read through the whole model as its tower) and Swin V2 (``Swinv2Model``,
 ``Swinv2ForImageClassification``), read block by block through their windows as timm's Swins are
 (``vitlens.families.swin``: the same windowed views, the same stand-in, ``vitlens.families.common.windows``).
 
@@ -9,7 +10,9 @@ the two put padding in other windows; Swin V2 builds its window size at construc
 run, on a stand-in (``common.windows.StandIn``) whose ``attention`` is a recorder and whose ``layernorm_before`` is the
 identity, on a grid of token numbers at the stage's input dimensions: whatever the layer clamps (Swin's
 ``set_shift_and_window_size``), pads, rolls and partitions is its own code's doing, and the recorder reads the
-windows and the mask handed to the attention. The model is not touched.
+windows and the mask handed to the attention. The model is not touched. A ``SwinBackbone`` runs its layers with
+``always_partition=True`` (no clamping: a layer keeps the window and shift it was built with, padded), and so does
+the stand-in's run of its layers (``is_backbone``).
 
 Capture.
 
@@ -54,8 +57,9 @@ if TYPE_CHECKING:
 #: one call is read, the outputs bit for bit)
 HF_TYPES = HfTypes(processors={"swin": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
                                "swinv2": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic")})
-#: the model classes read, by model type (a backbone or a masked-image-modeling head is refused)
-MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification"),
+#: the model classes read, by model type (a masked-image-modeling head is refused; Swin's backbone, the one inside
+#: Mask2Former, OneFormer and UperNet, is read: ``is_backbone``)
+MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification", "SwinBackbone"),
                  "swinv2": ("Swinv2Model", "Swinv2ForImageClassification")}
 #: each model type's layer, attention and patch merging classes
 LAYER_CLASSES = {"swin": ("SwinLayer", "SwinAttention", "SwinPatchMerging"),
@@ -138,7 +142,9 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         layout = self.stage_layout(model)
-        return [layer_windows(layer, *layout[stage], stage) for stage, layer in self.blocks(model)]
+        backbone = is_backbone(model)
+        return [layer_windows(layer, *layout[stage], stage, always_partition=backbone)
+                for stage, layer in self.blocks(model)]
 
     def attention_input(self, model: nn.Module, block: nn.Module) -> str | None:
         # Swin's attention reads layernorm_before's output; Swin V2 is res-post-norm (its layernorm_before
@@ -151,6 +157,13 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         the norm that follows it stands in for the last block's output."""
         prefix = module_path(model, self.base(model))
         return f"{prefix}.layernorm" if prefix else "layernorm"
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A classifier's class logits, a ``SwinModel``'s pooled output, a ``SwinBackbone``'s last feature map's mean
+        over its tokens [B, C] (the backbone hands on feature maps, no pooled output)."""
+        if is_backbone(model):
+            return model(pixel_values=x).feature_maps[-1].flatten(2).mean(-1)
+        return super().logits(model, x)
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
@@ -226,7 +239,16 @@ def _self_attention(layer: nn.Module) -> nn.Module:
     return getattr(layer.attention, "self", layer.attention)
 
 
-def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, int], stage: int) -> WindowGeometry:
+def is_backbone(model: nn.Module) -> bool:
+    """Whether ``model`` is transformers' ``SwinBackbone`` (Mask2Former's, OneFormer's, UperNet's ``load_backbone``):
+    it runs its ``swin`` with ``always_partition=True`` (a layer keeps the window size and shift it was built with
+    on a grid smaller than its window, padded, where a ``SwinModel`` clamps them), and hands on the normed feature
+    maps of its ``out_features`` stages."""
+    return type(model).__name__ == "SwinBackbone"
+
+
+def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, int], stage: int,
+                  always_partition: bool = False) -> WindowGeometry:
     """One transformers Swin / Swin V2 layer's windows, read by running the layer's own ``forward`` on a stand-in
     whose ``attention`` is a recorder and whose ``layernorm_before`` is the identity (module docstring).
 
@@ -235,6 +257,7 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
         grid: (H_s, W_s) the input dimensions its stage hands it.
         stride: (sy, sx) pixels between the stage's tokens.
         stage: the stage's number.
+        always_partition: run the layer as ``SwinBackbone`` does (``is_backbone``).
 
     Returns:
         The ``WindowGeometry`` of the layer.
@@ -246,7 +269,8 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
 
     def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
         stand_in = StandIn(layer, attention=recorder, layernorm_before=identity)
-        return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w))
+        extra = {"always_partition": True} if always_partition else {}
+        return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w), **extra)
 
     return record_windows(run, grid, stage, stride, f"stage {stage} {type(layer).__name__}")
 
