@@ -83,7 +83,7 @@ class WindowedDistanceResult(Result):
         n_images: images averaged.
         image_size: (H, W) input pixels.
         stages: [L] the stage of each block.
-        kinds: each block's attention: "window", "shifted window", "global", or for a pooling block "query-pooled
+        kinds: each block's attention: "window", "shifted window", "global", "grid" (MaxViT), or for a pooling block "query-pooled
             window" / "query-pooled global" (Hiera) or "pooled" (``WindowGeometry.kind``).
         stride_px: [L, 2] pixels between the tokens of each block's stage.
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
