@@ -147,3 +147,13 @@ def test_the_position_view_is_the_bias_by_offset_and_analyze_runs(model):
     assert torch.equal(bias.biases[0], a.attention_biases[:, a.attention_bias_idxs].float())
     result = vl.analyze(m, images(1))
     assert isinstance(result.distance, vl.WindowedDistanceResult) and result.rollout.maps.shape == (1, 8, 8)
+
+
+@pytest.mark.parametrize("name", ["efficientvit_b0", "efficientvit_m0", "fastvit_t8"])
+def test_efficient_families_without_a_read_token_attention_are_refused_in_one_true_line(name):
+    model = timm.create_model(name, pretrained=False)
+    with pytest.raises(vl.UnsupportedModelError) as err:
+        vl.LoadedModel.from_module(model, name=name)
+    words = {"efficientvit_b0": "ReLU linear attention", "efficientvit_m0": "cascaded group attention",
+             "fastvit_t8": "RepMixer"}[name]
+    assert words in str(err.value) and "\n" not in str(err.value)
