@@ -16,8 +16,9 @@ Blocks. vitlens's blocks are the attention layers, two per ``MaxxVitBlock``: its
 each position of each window or grid holds is the model's own partition's doing.
 
 Distance. Every token sits at (r + 0.5) x its stage's stride (the stride cell's centre); a grid block's keys are
-H/G tokens apart, so its window-uniform distance is about the image's width / 3 at every stage, and how far a head
-looks within it is read in image pixels as for any window.
+H/G tokens apart, so its window-uniform distance is about half the image's width at every stage (two points
+of a square are 0.52 of its side apart on average), and how far a head looks within it is read in image pixels
+as for any window.
 
 Stated transports (rollout). Between stages, the first block's strided convolution block: each token of the coarser
 grid the mean of the 2x2 tokens its shortcut's average pool covers (``merge_transport``, as Swin's patch merging;
