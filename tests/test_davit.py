@@ -80,9 +80,9 @@ def test_windows_distance_and_rollout_equal_dense_computations(model):
         (0, (14, 14), (4, 4), "window"), (1, (7, 7), (8, 8), "window"), (2, (4, 4), (16, 16), "global")]
     for g in windows:
         np.testing.assert_array_equal(g.index, hand_windows(g.grid, 4, 0))
-    got = assert_distance_is_a_dense_float64_computation(m, images())
+    got = assert_distance_is_a_dense_float64_computation(m, images(1))
     assert got.kinds == ("window", "window", "global")
-    roll = assert_rollout_is_a_brute_force_dense_composition(m, images())  # kernel-2 stage starts: 2x2 means
+    roll = assert_rollout_is_a_brute_force_dense_composition(m, images(1))  # kernel-2 stage starts: 2x2 means
     assert "not drawn: channel attention" in roll.source_token
 
 

@@ -1,7 +1,7 @@
 """The Swin backbones inside Mask2Former, OneFormer and UperNet (issue 49): transformers' ``SwinBackbone``, read
 through the whole model as a tower is (``ModelSpec.read_module`` names it), checked with tests/test_swin_variants.py's
-helpers: capture against each layer's attention written out in float64 (side and inline), the whole model's
-outputs bit for bit under side capture, the windows against the hand-written pad-then-shift partition of a backbone
+helpers: capture against each layer's attention written out in float64 (side capture; inline is hf-swin's own
+path, tested there), the whole model's outputs bit for bit under side capture, the windows against the hand-written pad-then-shift partition of a backbone
 (``always_partition=True``: its last stage keeps its 4x4 windows' shift of 2 on a 4x4 grid, where a ``SwinModel``
 clamps it to 0), the distance and the rollout against dense float64 computations. Tiny random models (56 px, 3
 stages on 14x14, 7x7, 4x4 tokens)."""
@@ -81,13 +81,11 @@ def test_each_model_is_read_through_its_swin_backbone(kind, path, upernet):
         assert torch.equal(m.logits(images(1)), want)
 
 
-@pytest.mark.parametrize("mode", ["side", "inline"])
-def test_capture_is_each_layers_own_attention_and_side_capture_leaves_the_whole_models_outputs(mode, upernet):
+def test_capture_is_each_layers_own_attention_and_side_capture_leaves_the_whole_models_outputs(upernet):
     model, backbone = upernet
     x = images(2)
-    worst, moved = capture_against_reference(BACKBONE, backbone, mode, x)
-    assert worst < 1e-5, worst
-    assert moved == 0.0 if mode == "side" else moved < 1e-5
+    worst, moved = capture_against_reference(BACKBONE, backbone, "side", x)  # inline: hf-swin's own path, as tested
+    assert worst < 1e-5 and moved == 0.0, (worst, moved)
     m = vl.LoadedModel.from_module(model, name="upernet")
     with torch.no_grad():
         plain = model(pixel_values=x).logits
@@ -117,7 +115,7 @@ def test_the_windows_are_the_backbones_pad_then_shift_partition_kept_on_its_last
 
 def test_distance_and_rollout_equal_the_dense_float64_computations(upernet):
     m = vl.LoadedModel.from_module(upernet[0], name="upernet")
-    got = assert_distance_is_a_dense_float64_computation(m, images(2))
+    got = assert_distance_is_a_dense_float64_computation(m, images(1))
     assert got.kinds == tuple(BACKBONE.kinds)
-    roll = assert_rollout_is_a_brute_force_dense_composition(m, images(2))
+    roll = assert_rollout_is_a_brute_force_dense_composition(m, images(1))
     assert roll.source_token.startswith("mean over the last stage's tokens")

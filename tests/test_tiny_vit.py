@@ -117,7 +117,7 @@ def test_the_non_fused_path_is_read_at_its_own_softmax():
 
 def test_distance_and_rollout_equal_dense_float64_computations(model):
     m = vl.LoadedModel.from_module(model, name="tiny-vit")
-    x = images()
+    x = images(1)
     dist = assert_distance_is_a_dense_float64_computation(m, x)
     assert dist.kinds == ("window", "global", "global", "window")
     got = vl.attention_rollout(m, x)
@@ -133,25 +133,24 @@ def test_distance_and_rollout_equal_dense_float64_computations(model):
             product = pool_matrix(previous, 3, 2, 1) @ product
         product = a if product is None else a @ product
         previous = g.grid
-    row = np.full((2, 1, 4), 0.25) @ product  # the mean over the last stage's tokens
-    want = row[:, 0].reshape(2, 8, 8)
-    np.testing.assert_allclose(got.maps, want / want.reshape(2, -1).max(-1)[:, None, None], rtol=1e-10, atol=1e-12)
+    row = np.full((1, 1, 4), 0.25) @ product  # the mean over the last stage's tokens
+    want = row[:, 0].reshape(1, 8, 8)
+    np.testing.assert_allclose(got.maps, want / want.reshape(1, -1).max(-1)[:, None, None], rtol=1e-10, atol=1e-12)
     assert got.grid == (8, 8) and got.source_token.startswith("mean over the last stage's tokens")
 
 
-def test_the_position_view_is_the_bias_by_offset_and_analyze_runs(model):
+def test_the_position_view_is_the_bias_by_offset(model):
     m = vl.LoadedModel.from_module(model, name="tiny-vit")
     bias = m.family.relative_bias(m.model, m.spec)
     assert len(bias.biases) == 4 and bias.biases[0].shape == (2, 16, 16)
     a = attentions(model)[0]
     assert torch.equal(bias.biases[0], a.attention_biases[:, a.attention_bias_idxs].float())
-    result = vl.analyze(m, images(1))
-    assert isinstance(result.distance, vl.WindowedDistanceResult) and result.rollout.maps.shape == (1, 8, 8)
 
 
 @pytest.mark.parametrize("name", ["efficientvit_b0", "efficientvit_m0", "fastvit_t8"])
 def test_efficient_families_without_a_read_token_attention_are_refused_in_one_true_line(name):
-    model = timm.create_model(name, pretrained=False)
+    small = {"fastvit_t8": dict(layers=(1, 1, 1, 1), embed_dims=(8, 16, 32, 64))}.get(name, {})
+    model = timm.create_model(name, pretrained=False, **small)
     with pytest.raises(vl.UnsupportedModelError) as err:
         vl.LoadedModel.from_module(model, name=name)
     words = {"efficientvit_b0": "ReLU linear attention", "efficientvit_m0": "cascaded group attention",
