@@ -459,7 +459,7 @@ class WindowedRolloutAccumulator(AttentionConsumer):
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
         source = rollout_source(self.windows)
         if isinstance(spec, ModelSpec) and spec.not_drawn:  # attention that mixes no tokens: crossed as the identity
-            source += f"; not drawn: {spec.not_drawn}"
+            source += f"; {spec.not_drawn.split(' (')[0]} not drawn"  # its name; the spec's facts say why
         return self.batches.result(self.windows[0].in_grid, self.image_size, self.head_fusion, 0.0,
                                    source, self.label_names, spec)
 
