@@ -31,7 +31,6 @@ Size. DaViT reads any size; it is read at its ``pretrained_cfg``'s input size (a
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any, Callable, Sequence
 
 import torch
@@ -80,7 +79,7 @@ class TimmDaVit(StagedFamily):
         return type(model).__module__ == MODULE and type(model).__name__ == "DaVit"
 
     def check(self, model: nn.Module, name: str) -> None:
-        mod = importlib.import_module(MODULE)
+        from timm.models import davit as mod
         for s, stage in enumerate(model.stages):
             down = stage.downsample
             if s and (type(down) is not mod.Downsample or down.conv.stride not in (2, (2, 2))):
@@ -100,7 +99,7 @@ class TimmDaVit(StagedFamily):
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
         """(stage, spatial block) of every spatial block (the channel blocks are no token attention)."""
-        mod = importlib.import_module(MODULE)
+        from timm.models import davit as mod
         return [(s, block) for s, stage in enumerate(model.stages) for pair in stage.blocks for block in pair
                 if type(block) is mod.SpatialBlock]
 

@@ -33,7 +33,6 @@ global-attention blocks (``coatnet_*``), a pooling shortcut other than the 2x2 a
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -74,7 +73,7 @@ class TimmMaxVit(StagedFamily):
         return type(model).__module__ == MODULE and type(model).__name__ == "MaxxVit"
 
     def check(self, model: nn.Module, name: str) -> None:
-        mod = importlib.import_module(MODULE)
+        from timm.models import maxxvit as mod
         for s, stage in enumerate(model.stages):
             for i, block in enumerate(stage.blocks):
                 if type(block) is mod.ParallelMaxxVitBlock:

@@ -31,10 +31,8 @@ line.
 """
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -77,7 +75,7 @@ class TimmTinyVit(StagedFamily):
         return type(model).__module__ == MODULE and type(model).__name__ == "TinyVit"
 
     def check(self, model: nn.Module, name: str) -> None:
-        mod = importlib.import_module(MODULE)
+        from timm.models import tiny_vit as mod
         if not isinstance(model.stages[0], mod.ConvLayer) or len(model.stages) < 2:
             raise UnsupportedModelError(f"{name!r}: vitlens reads TinyViTs whose first stage is timm's ConvLayer and "
                                         "that have attention stages after it.")
