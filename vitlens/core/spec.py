@@ -50,6 +50,8 @@ class ModelSpec:
             with the tower's class: ``"backbone (Dinov2Backbone)"``); "" when the model given is the one read.
         token_order: the model's own token order in words when it is not prefix then row-major cells (its declared
             ``core.tokens.TokenLayout``; the captured maps are permuted into the views' order); "" when it is.
+        not_drawn: attention in the model that is not a token attention, in words (DaViT's channel attention: a
+            softmax over channels), which no view captures or draws; "" when there is none.
     """
 
     name: str
@@ -72,6 +74,7 @@ class ModelSpec:
     stage_heads: tuple[tuple[int, ...], ...] = ()
     read_module: str = ""
     token_order: str = ""
+    not_drawn: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -143,6 +146,7 @@ class ModelSpec:
             "position embedding": "learned, absolute" if self.has_pos_embed else "none learned (absolute table absent)",
             **({"read through": self.read_module} if self.read_module else {}),
             **({"token order": self.token_order} if self.token_order else {}),
+            **({"not drawn": self.not_drawn} if self.not_drawn else {}),
         }
 
 

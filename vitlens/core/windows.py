@@ -28,7 +28,8 @@ class WindowGeometry:
             -1 where the window holds padding (a stage grid that is not a whole number of windows).
         allowed: [windows, N, N] bool: which keys each query of a window may attend (the shifted windows' mask;
             all True in a plain window), padding excluded.
-        kind: "window", "shifted window", "global" (one window over the whole grid), or for a block whose keys are
+        kind: "window", "shifted window", "global" (one window over the whole grid), "grid" (MaxViT's grid attention:
+            each window a dilated grid spread over the whole stage), or for a block whose keys are
             not its queries' tokens, "pooled" (MViT v2: keys pooled to a coarser grid) or "query-pooled window" /
             "query-pooled global" (Hiera: the queries pooled to the next stage's grid, the keys the block's input
             tokens, within mask units or over all of them).

@@ -565,6 +565,12 @@ def register(family: Family) -> Family:
 REFUSED_FAMILIES = {
     "naflexvit": "variable-resolution patch packing with attention masks and RoPE (NaFlexViT)",
     "xcit": "cross-covariance attention over channels (XCiT)",
+    "efficientvit_mit": "ReLU linear attention (EfficientViT, MIT: no softmax over tokens, and no definition of its "
+                        "views is written down)",
+    "efficientvit_msra": "cascaded group attention over split features with a depthwise convolution on the queries "
+                         "(EfficientViT, MSRA)",
+    "fastvit": "RepMixer's convolutional token mixing (FastViT: no attention in most stages; the global attention of "
+               "fastvit_sa*/ma*'s last stage is read by no family)",
 }
 
 

@@ -1,4 +1,5 @@
-"""Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``) and Swin V2 (``Swinv2Model``,
+"""Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``, and ``SwinBackbone``: the one
+inside Mask2Former, OneFormer and UperNet, read through the whole model as its tower) and Swin V2 (``Swinv2Model``,
 ``Swinv2ForImageClassification``), read block by block through their windows as timm's Swins are
 (``vitlens.families.swin``: the same windowed views, the same stand-in, ``vitlens.families.common.windows``).
 
@@ -9,7 +10,9 @@ the two put padding in other windows; Swin V2 builds its window size at construc
 run, on a stand-in (``common.windows.StandIn``) whose ``attention`` is a recorder and whose ``layernorm_before`` is the
 identity, on a grid of token numbers at the stage's input dimensions: whatever the layer clamps (Swin's
 ``set_shift_and_window_size``), pads, rolls and partitions is its own code's doing, and the recorder reads the
-windows and the mask handed to the attention. The model is not touched.
+windows and the mask handed to the attention. The model is not touched. A ``SwinBackbone`` runs its layers with
+``always_partition=True`` (no clamping: a layer keeps the window and shift it was built with, padded), and so does
+the stand-in's run of its layers (``is_backbone``).
 
 Capture.
 
@@ -44,7 +47,7 @@ from .common.blocks import StagedFamily, check_blocks
 from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, module_path,
                         tower_type)
 from .common.readers import read_at_dropout
-from .common.sdpa_calls import read_calls
+from .common.interface import read_eager_returned, read_interface_beside
 from .common.windows import StandIn, identity, pair, record_windows
 
 if TYPE_CHECKING:
@@ -54,8 +57,9 @@ if TYPE_CHECKING:
 #: one call is read, the outputs bit for bit)
 HF_TYPES = HfTypes(processors={"swin": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic"),
                                "swinv2": ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bicubic")})
-#: the model classes read, by model type (a backbone or a masked-image-modeling head is refused)
-MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification"),
+#: the model classes read, by model type (a masked-image-modeling head is refused; Swin's backbone, the one inside
+#: Mask2Former, OneFormer and UperNet, is read: ``is_backbone``)
+MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification", "SwinBackbone"),
                  "swinv2": ("Swinv2Model", "Swinv2ForImageClassification")}
 #: each model type's layer, attention and patch merging classes
 LAYER_CLASSES = {"swin": ("SwinLayer", "SwinAttention", "SwinPatchMerging"),
@@ -138,7 +142,9 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         layout = self.stage_layout(model)
-        return [layer_windows(layer, *layout[stage], stage) for stage, layer in self.blocks(model)]
+        backbone = is_backbone(model)
+        return [layer_windows(layer, *layout[stage], stage, always_partition=backbone)
+                for stage, layer in self.blocks(model)]
 
     def attention_input(self, model: nn.Module, block: nn.Module) -> str | None:
         # Swin's attention reads layernorm_before's output; Swin V2 is res-post-norm (its layernorm_before
@@ -152,12 +158,19 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         prefix = module_path(model, self.base(model))
         return f"{prefix}.layernorm" if prefix else "layernorm"
 
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A classifier's class logits, a ``SwinModel``'s pooled output, a ``SwinBackbone``'s last feature map's mean
+        over its tokens [B, C] (the backbone hands on feature maps, no pooled output)."""
+        if is_backbone(model):
+            return model(pixel_values=x).feature_maps[-1].flatten(2).mean(-1)
+        return super().logits(model, x)
+
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, attn in enumerate(self.attention_modules(model)):
             if tower_type(model) == "swinv2":
                 read_at_dropout(attn.self.dropout, layer, capture, handles)
             else:
-                _read_beside(attn, layer, capture, handles)
+                read_interface_beside(attn, layer, capture, handles, "a Swin attention")
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         attns = self.attention_modules(model)
@@ -165,11 +178,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
             for layer, attn in enumerate(attns):
                 read_at_dropout(attn.self.dropout, layer, capture, handles)
             return
-        for config in {id(a.config): a.config for a in attns}.values():
-            if config._attn_implementation != "eager":
-                handles.set_attr(config, "_attn_implementation", "eager")
-        for layer, attn in enumerate(attns):
-            _read_eager_output(attn, layer, capture, handles)
+        read_eager_returned(attns, capture, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         """The module whose input is the heads side by side: Swin's ``o_proj``, Swin V2's ``output.dense``."""
@@ -230,7 +239,16 @@ def _self_attention(layer: nn.Module) -> nn.Module:
     return getattr(layer.attention, "self", layer.attention)
 
 
-def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, int], stage: int) -> WindowGeometry:
+def is_backbone(model: nn.Module) -> bool:
+    """Whether ``model`` is transformers' ``SwinBackbone`` (Mask2Former's, OneFormer's, UperNet's ``load_backbone``):
+    it runs its ``swin`` with ``always_partition=True`` (a layer keeps the window size and shift it was built with
+    on a grid smaller than its window, padded, where a ``SwinModel`` clamps them), and hands on the normed feature
+    maps of its ``out_features`` stages."""
+    return type(model).__name__ == "SwinBackbone"
+
+
+def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, int], stage: int,
+                  always_partition: bool = False) -> WindowGeometry:
     """One transformers Swin / Swin V2 layer's windows, read by running the layer's own ``forward`` on a stand-in
     whose ``attention`` is a recorder and whose ``layernorm_before`` is the identity (module docstring).
 
@@ -239,6 +257,7 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
         grid: (H_s, W_s) the input dimensions its stage hands it.
         stride: (sy, sx) pixels between the stage's tokens.
         stage: the stage's number.
+        always_partition: run the layer as ``SwinBackbone`` does (``is_backbone``).
 
     Returns:
         The ``WindowGeometry`` of the layer.
@@ -250,40 +269,10 @@ def layer_windows(layer: nn.Module, grid: tuple[int, int], stride: tuple[int, in
 
     def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:
         stand_in = StandIn(layer, attention=recorder, layernorm_before=identity)
-        return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w))
+        extra = {"always_partition": True} if always_partition else {}
+        return forward(stand_in, numbers.reshape(1, h * w, 1), (h, w), **extra)
 
     return record_windows(run, grid, stage, stride, f"stage {stage} {type(layer).__name__}")
-
-
-def _read_beside(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """Side capture of a ``SwinAttention`` under its model's own implementation, the module run as it is: sdpa's
-    one call read from its very arguments (the real output kept), or eager's returned probabilities."""
-    def after(seen: list[torch.Tensor], out: Any) -> None:
-        weights = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-        if len(seen) == 1:
-            probs = seen[0]
-        elif not seen and isinstance(weights, torch.Tensor):  # eager: the probabilities its output is made from
-            probs = weights.detach().float()
-        else:
-            implementation = attn.config._attn_implementation
-            raise UnsupportedModelError(
-                f"Side capture reads a Swin attention under the eager or sdpa implementation; this one runs "
-                f"{implementation!r}, which makes {len(seen)} scaled_dot_product_attention calls and returns no "
-                "probabilities: capture with mode='inline' (transformers' eager attention, exact), or load the model "
-                "with attn_implementation='sdpa' or 'eager'.")
-        capture(layer, probs)
-
-    read_calls(attn, handles, after)
-
-
-def _read_eager_output(attn: nn.Module, layer: int, capture: CaptureRequest, handles: Handles) -> None:
-    """Inline capture of a ``SwinAttention`` run by transformers' eager implementation: the probabilities it
-    returns beside its output, the very tensor the output is computed from."""
-    def hook(_mod: nn.Module, _args: tuple, out: Any) -> None:
-        weights = out[1]
-        capture(layer, weights.detach().float() if capture.detach else weights)
-
-    handles.hook(attn.register_forward_hook(hook))
 
 
 register(HuggingFaceSwin())

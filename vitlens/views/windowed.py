@@ -83,7 +83,7 @@ class WindowedDistanceResult(Result):
         n_images: images averaged.
         image_size: (H, W) input pixels.
         stages: [L] the stage of each block.
-        kinds: each block's attention: "window", "shifted window", "global", or for a pooling block "query-pooled
+        kinds: each block's attention: "window", "shifted window", "global", "grid" (MaxViT), or for a pooling block "query-pooled
             window" / "query-pooled global" (Hiera) or "pooled" (``WindowGeometry.kind``).
         stride_px: [L, 2] pixels between the tokens of each block's stage.
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
@@ -457,17 +457,23 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         return out
 
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
+        source = rollout_source(self.windows)
+        if isinstance(spec, ModelSpec) and spec.not_drawn:  # attention that mixes no tokens: crossed as the identity
+            source += f"; {spec.not_drawn.split(' (')[0]} not drawn"  # its name; the spec's facts say why
         return self.batches.result(self.windows[0].in_grid, self.image_size, self.head_fusion, 0.0,
-                                   rollout_source(self.windows), self.label_names, spec)
+                                   source, self.label_names, spec)
 
 
 def rollout_source(windows: list[WindowGeometry]) -> str:
     """The windowed rollout's source and path, in words (``RolloutResult.source_token``)."""
     source = ("the class token (the token the classifier reads; its share dropped where it enters as a parameter)"
               if windows[-1].prefix_tokens else "mean over the last stage's tokens")
-    if any(g.stage_from is not None for g in windows):
+    if any(g.stage_from is not None for g in windows) and any(g.key_from is not None for g in windows):
         return (source + ", through the spatial-reduction poolings and the stage embeddings (stated transport: each "
                 "pooled or embedded token the mean of the tokens its kernel covers)")
+    if any(g.stage_from is not None for g in windows):  # TinyViT's, DaViT's convolutional stage starts
+        return (source + ", through the windows and the convolutional stage embeddings (stated transport: each "
+                "embedded token the mean of the tokens its kernel covers)")
     return source + ", through the " + (
         "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
         if any(g.key_from is not None or g.query_from is not None for g in windows) else "windows and patch mergings")

@@ -3,6 +3,8 @@ imports this layer and ``vitlens.families.base`` and never another family's modu
 module and its name on the import line of ``vitlens/families/__init__.py``; ``tests/test_family_plugins.py`` holds
 every module of ``vitlens/families/`` to that).
 
+- ``interface``: transformers modules that call their ``AttentionInterface`` (side: sdpa's call or eager's
+  returned probabilities; inline: eager for the session).
 - ``sdpa_calls``: reading a ``F.scaled_dot_product_attention`` call (the probabilities from its very arguments).
 - ``readers``: reading the probabilities a module computes itself (at its dropout, its one softmax, what it returns).
 - ``windows``: window geometry read through a model's own code (``StandIn``, ``record_windows``), poolings and
