@@ -93,23 +93,14 @@ def _declared_prefix(model: nn.Module) -> int | None:
     return layout.declared_prefix(model) if layout is not None else None
 
 
-def _conv_grid(proj: nn.Conv2d, hw: Sequence[int]) -> tuple[int, int]:
-    """The output grid of the patch convolution for an input of ``hw`` pixels (PyTorch's conv arithmetic)."""
-    out = []
-    for i in range(2):
-        pad = proj.padding[i] if isinstance(proj.padding, tuple) else 0
-        out.append((int(hw[i]) + 2 * int(pad) - proj.dilation[i] * (proj.kernel_size[i] - 1) - 1) // proj.stride[i] + 1)
-    return out[0], out[1]
-
-
 def _pixel_channels(layout: Layout, model: nn.Module) -> int:
     """The image channels: the patch convolution's input channels, or a hybrid stem's first convolution's."""
     stem = layout.stem(model)
     first = next((m for m in stem.modules() if isinstance(m, nn.Conv2d)), None) if stem is not None else None
-    return int((first if first is not None else layout.patch_conv(model)).in_channels)
+    return int(first.in_channels) if first is not None else layout.patch_embedding(model).in_channels
 
 
-def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Conv2d, name: str,
+def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Module, name: str,
                size: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
     """A hybrid's token grid and stride in input pixels: the patch convolution's output grid in a forward of a zero
     image at ``size`` (after the CNN stem), and ``size`` / grid, which must divide exactly.
@@ -175,12 +166,14 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     prefix = _PREFIX.get(model, layout.declared_prefix(model)) if check_tokens else None
     tokens = _TOKENS.get(model) if check_tokens else None
     workspace: dict = {}
+    patches = layout.patch_embedding(model)
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and out.dim() == 4:  # [B, D, gh, gw]: one token per spatial position
-            state["patches"] = int(out.shape[-2]) * int(out.shape[-1])
+        found = patches.tokens(out)  # [B, D, gh, gw] or [B, N, D]: the patch tokens of this forward
+        if found is not None:
+            state["patches"] = found
 
-    handles.hook(layout.patch_conv(model).register_forward_hook(patches_hook))
+    handles.hook(patches.module.register_forward_hook(patches_hook))
     handles.on_remove(state.clear)
     for layer, attn in enumerate(layout.attention_modules(model)):
         original = attn.forward
@@ -316,12 +309,11 @@ class GenericCallCapture(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         layout = _layout(model, name)
-        proj = layout.patch_conv(model)
+        patches = layout.patch_embedding(model)
         size = layout.image_size(model, name, input_size)
-        grid = _conv_grid(proj, size)
-        stride = (int(proj.stride[0]), int(proj.stride[1]))
+        grid, stride = patches.grid(size), patches.stride
         if layout.stem(model) is not None:  # a hybrid: the CNN stem's stride (times the projection's) is the token stride
-            grid, stride = _stem_grid(model, layout, proj, name, size)
+            grid, stride = _stem_grid(model, layout, patches.module, name, size)
         declared_grid = layout.declared_grid(model)
         if declared_grid is not None and input_size is None and tuple(declared_grid) != grid:
             raise UnsupportedModelError(
@@ -394,8 +386,15 @@ class GenericCallCapture(Family):
                 raise ViewNotAvailableError(f"{spec.name}: the hybrid's CNN stem has no convolution to show.")
             return conv_filters(conv, layout.module_name(model, conv), "the CNN stem's first convolution; the "
                                 "hybrid's own patch embedding acts on CNN channels, not pixels", spec.name)
-        conv = layout.patch_conv(model)
-        return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
+        patches = layout.patch_embedding(model)
+        if patches.kind == "conv2d":
+            conv = patches.module
+            return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
+        w = patches.filters()
+        where = layout.module_name(model, patches.weight_module)
+        d, c, kh, kw = w.shape
+        return w, where, (f"{where}: {d} filters of {kh}x{kw}x{c}, the patch embedding E (a linear layer over "
+                          "unfolded patches, its rows read as filters of the pixels)")
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         pos = _layout(model).position_rows(model) if spec.has_pos_embed else None
@@ -431,9 +430,8 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
         UnsupportedModelError: another token than the cell's changes.
     """
     layout = _layout(model, name)
-    conv = layout.patch_conv(model)
-    pad = conv.padding if isinstance(conv.padding, tuple) else (1, 1)
-    if tuple(conv.kernel_size) != tuple(conv.stride) or any(int(p) for p in pad) or layout.stem(model) is not None:
+    patches = layout.patch_embedding(model)
+    if not patches.one_pixel_per_token or layout.stem(model) is not None:
         return  # (a hybrid's CNN stem spreads a cell's pixels to its neighbours' tokens)
     tokens = prefix + grid[0] * grid[1]
     seen: list[torch.Tensor] = []
@@ -448,13 +446,13 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    sy, sx = int(conv.stride[0]), int(conv.stride[1])
+    sy, sx = patches.stride
     cells = [(0, grid[1] - 1), (grid[0] - 1, 0)] if grid[0] * grid[1] > 1 else [(0, 0)]
     hidden = []
     handle = layout.attention_modules(model)[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
     try:
         for cell in [None, *cells]:
-            x = torch.zeros(1, int(conv.in_channels), *size, device=device, dtype=dtype)
+            x = torch.zeros(1, patches.in_channels, *size, device=device, dtype=dtype)
             if cell is not None:
                 x[..., cell[0] * sy:(cell[0] + 1) * sy, cell[1] * sx:(cell[1] + 1) * sx] = 1.0
             seen.clear()

@@ -28,6 +28,7 @@ from ..core.spec import ModelSpec
 from ..core.tokens import PrefixToken, TokenLayout, standard_layout
 from ..errors import UnsupportedModelError
 from .base import CaptureRequest, Handles, refuse_other_size
+from .common.patches import PatchEmbedding, patch_embedding
 
 
 class Layout:
@@ -51,6 +52,16 @@ class Layout:
     def patch_conv(self, model: nn.Module) -> nn.Conv2d:
         """The convolution that cuts the image into patch tokens (its stride is the token stride)."""
         raise NotImplementedError
+
+    def patch_embedding(self, model: nn.Module) -> PatchEmbedding:
+        """What cuts the image into patch tokens, read as a convolution of the pixels (``common.patches``): the
+        ``patch_conv`` here; a layout whose patch embedding is no convolution (a linear layer over unfolded patches)
+        says so by overriding this."""
+        found = patch_embedding(self.patch_conv(model))
+        if found is None:
+            raise UnsupportedModelError(f"{type(model).__name__}: its patch embedding "
+                                        f"({type(self.patch_conv(model)).__name__}) is no convolution vitlens reads.")
+        return found
 
     def stem(self, model: nn.Module) -> nn.Module | None:
         """A CNN that runs before the patch convolution (a hybrid), or None: the convolution sees pixels."""
@@ -99,7 +110,7 @@ class Layout:
         return None
 
     def embed_dim(self, model: nn.Module) -> int:
-        return int(self.patch_conv(model).out_channels)
+        return int(self.patch_embedding(model).out_channels)
 
     def num_classes(self, model: nn.Module) -> int:
         return 0
@@ -149,16 +160,24 @@ def layout_of(model: nn.Module) -> Layout | None:
 # --------------------------------------------------------------------------------------------------- timm-style
 
 
+def _timm_patches(model: nn.Module) -> nn.Module | None:
+    """A timm-style model's patch embedding: ``patch_embed.proj`` (a convolution), or ``patch_embed`` itself when it
+    is a linear layer over unfolded patches (timm's Gemma 4 encoder: ``input_proj``); None otherwise."""
+    pe = getattr(model, "patch_embed", None)
+    if isinstance(getattr(pe, "proj", None), nn.Conv2d):
+        return pe.proj
+    return pe if isinstance(pe, nn.Module) and patch_embedding(pe) is not None else None
+
+
 class TimmLayout(Layout):
-    """A timm-style ViT: ``patch_embed.proj`` (a convolution) and a sequence ``blocks``, each with ``attn``."""
+    """A timm-style ViT: ``patch_embed.proj`` (a convolution) or a linear ``patch_embed`` over unfolded patches
+    (timm's ``gemma4_vit_*`` encoder) and a sequence ``blocks``, each with ``attn``."""
 
     name = "timm-style"
 
     def matches(self, model: nn.Module) -> bool:
-        pe = getattr(model, "patch_embed", None)
         blocks = getattr(model, "blocks", None)
-        if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not isinstance(blocks, (nn.Sequential,
-                                                                                              nn.ModuleList)):
+        if _timm_patches(model) is None or not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
             return False
         return len(blocks) > 0 and all(isinstance(getattr(b, "attn", None), nn.Module) for b in blocks)
 
@@ -169,8 +188,8 @@ class TimmLayout(Layout):
                 "stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
                 "embedding that is one convolution of the pixels.")
 
-    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
-        return model.patch_embed.proj
+    def patch_conv(self, model: nn.Module) -> nn.Module:
+        return _timm_patches(model)
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in model.blocks]
@@ -201,6 +220,8 @@ class TimmLayout(Layout):
         if built is not None and not getattr(model, "dynamic_img_size", False):
             refuse_other_size(name, "generic", built, input_size)
         size = input_size if input_size is not None else built
+        if size is None:  # a model of any size (timm's Gemma 4): the size of its pretrained configuration
+            size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (None,))[1:] or None
         if size is None:
             raise UnsupportedModelError(
                 f"{name!r}: vitlens could not infer the input size (patch_embed has no img_size): pass "
@@ -218,7 +239,7 @@ class TimmLayout(Layout):
         return pos if isinstance(pos, torch.Tensor) and pos.dim() == 3 else None
 
     def embed_dim(self, model: nn.Module) -> int:
-        return int(getattr(model, "embed_dim", self.patch_conv(model).out_channels))
+        return int(getattr(model, "embed_dim", self.patch_embedding(model).out_channels))
 
     def num_classes(self, model: nn.Module) -> int:
         return int(getattr(model, "num_classes", 0) or 0)
@@ -227,7 +248,7 @@ class TimmLayout(Layout):
         from timm.data import resolve_data_config
 
         cfg = dict(resolve_data_config({}, model=model))
-        cfg["input_size"] = (int(self.patch_conv(model).in_channels), *spec.image_size)
+        cfg["input_size"] = (self.patch_embedding(model).in_channels, *spec.image_size)
         names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
         if names:
             cfg["label_names"] = list(names)
@@ -238,7 +259,8 @@ class TimmLayout(Layout):
 
 
 #: ``name``: where a transformers model's list of layers may be, most usual first
-_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "layer", "layers", "encoder.blocks", "blocks")
+_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "model.layers", "layer", "layers", "encoder.blocks",
+                   "blocks")
 
 
 def _hf_tower(model: nn.Module) -> nn.Module:
@@ -257,21 +279,33 @@ def _hf_tower(model: nn.Module) -> nn.Module:
     return tower
 
 
-def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]] | None:
-    """(vision tower, patch convolution, layers, each layer's attention module) of a transformers vision model, or
-    None when it does not have that shape: one convolution in ``embeddings`` whose kernel is its stride, one list of
-    ``num_hidden_layers`` layers of one class, each with exactly one direct child whose class name has "Attention"."""
-    tower = _hf_tower(model)
-    cfg = getattr(tower, "config", None)
+def _hf_patches(tower: nn.Module) -> nn.Module | None:
+    """A transformers tower's patch embedding: the one convolution in ``embeddings`` whose kernel is its stride (a
+    hybrid's projection after its CNN stem), or, for a tower without ``embeddings``, its ``patch_embedding`` that is
+    a linear layer over unfolded patches (Llama 4's ``Llama4UnfoldConvolution``); None otherwise."""
     emb = getattr(tower, "embeddings", None)
-    if cfg is None or not isinstance(emb, nn.Module):
-        return None
+    if not isinstance(emb, nn.Module):
+        found = getattr(tower, "patch_embedding", None)
+        read = patch_embedding(found) if isinstance(found, nn.Module) else None
+        return found if read is not None and read.kind == "linear" else None
     stem, projection = getattr(emb, "backbone", None), getattr(emb, "projection", None)
     if isinstance(stem, nn.Module) and isinstance(projection, nn.Conv2d):  # a hybrid (DPT-hybrid's BiT stem)
         convs = [projection]
     else:
         convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
     if len(convs) != 1 or tuple(convs[0].kernel_size) != tuple(convs[0].stride) or convs[0].groups != 1:
+        return None
+    return convs[0]
+
+
+def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]] | None:
+    """(vision tower, patch embedding, layers, each layer's attention module) of a transformers vision model, or
+    None when it does not have that shape: one patch embedding (``_hf_patches``), one list of ``num_hidden_layers``
+    layers of one class, each with exactly one direct child whose class name has "Attention"."""
+    tower = _hf_tower(model)
+    cfg = getattr(tower, "config", None)
+    patches = _hf_patches(tower) if cfg is not None else None
+    if patches is None:
         return None
     depth = getattr(cfg, "num_hidden_layers", None)
     modules = dict(tower.named_modules())
@@ -285,7 +319,7 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Modul
         if len(found) != 1:
             return None
         attns.append(found[0])
-    return tower, convs[0], layers, attns
+    return tower, patches, layers, attns
 
 
 def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
@@ -309,7 +343,7 @@ class HuggingFaceLayout(Layout):
 
         return is_hf_model(model) and _hf_parts(model) is not None
 
-    def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]]:
+    def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]]:
         parts = _hf_parts(model)
         if parts is None:
             raise UnsupportedModelError(f"{type(model).__name__} no longer has the layout the generic capture read.")
@@ -328,18 +362,32 @@ class HuggingFaceLayout(Layout):
             raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
                                         "would be of a random subset of the image.")
 
-    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
+    def patch_conv(self, model: nn.Module) -> nn.Module:
         return self._parts(model)[1]
 
+    def _embeddings(self, model: nn.Module) -> nn.Module:
+        """Where the tower keeps its embeddings' tokens and tables: its ``embeddings``, else the tower itself
+        (Llama 4 keeps ``class_embedding`` and ``patch_embedding`` on the vision model)."""
+        tower = self._parts(model)[0]
+        emb = getattr(tower, "embeddings", None)
+        return emb if isinstance(emb, nn.Module) else tower
+
+    def _class_last(self, model: nn.Module) -> bool:
+        """A class token after the patches: Llama 4's vision model (``class_embedding`` on a tower without
+        ``embeddings``, concatenated after the patch tokens; ``verify_patch_order`` checks the cells' places)."""
+        tower = self._parts(model)[0]
+        return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
+            isinstance(getattr(tower, "class_embedding", None), torch.Tensor)
+
     def stem(self, model: nn.Module) -> nn.Module | None:
-        stem = getattr(self._parts(model)[0].embeddings, "backbone", None)
+        stem = getattr(self._embeddings(model), "backbone", None)
         return stem if isinstance(stem, nn.Module) else None
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return self._parts(model)[3]
 
     def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
-        emb = self._parts(model)[0].embeddings
+        emb = self._embeddings(model)
         cls = any(isinstance(getattr(emb, a, None), torch.Tensor) for a in ("cls_token", "class_embedding"))
         dist = isinstance(getattr(emb, "distillation_token", None), torch.Tensor)
         reg = getattr(emb, "register_tokens", None)
@@ -351,10 +399,12 @@ class HuggingFaceLayout(Layout):
         return int(cls) + int(dist) + registers + self._detection(model)  # none declared is 0
 
     def _detection(self, model: nn.Module) -> int:
-        det = getattr(self._parts(model)[0].embeddings, "detection_tokens", None)  # YOLOS: after the patches
+        det = getattr(self._embeddings(model), "detection_tokens", None)  # YOLOS: after the patches
         return int(det.shape[1]) if isinstance(det, torch.Tensor) and det.dim() == 3 else 0
 
     def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
+        if self._class_last(model):
+            return standard_layout(grid, ("class",), prefix_last=True)
         n = self._detection(model)
         if not n:
             return None
@@ -406,10 +456,11 @@ class HuggingFaceLayout(Layout):
         if getattr(out, "feature_maps", None):  # a backbone (VitPose's): its last feature map
             return out.feature_maps[-1]
         hidden = out.last_hidden_state
-        return hidden[:, 0] if self.prefix_parts(model)[0] else hidden.mean(1)
+        first = self.prefix_parts(model)[0] and not self._class_last(model)  # (Llama 4 drops its last class token)
+        return hidden[:, 0] if first else hidden.mean(1)
 
     def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        emb = self._parts(model)[0].embeddings
+        emb = self._embeddings(model)
         table = getattr(emb, "position_embeddings", None)
         if isinstance(table, torch.Tensor) and table.dim() == 3:
             return table
@@ -428,7 +479,7 @@ class HuggingFaceLayout(Layout):
 
         defaults = processor_defaults(tower_type(model)) or ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN,
                                                                               IMAGENET_STD, "bicubic")
-        return data_config_of(model, spec, defaults, int(self.patch_conv(model).in_channels))
+        return data_config_of(model, spec, defaults, self.patch_embedding(model).in_channels)
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
         """An attention-pooling head: a learned probe through one ``nn.MultiheadAttention`` (Phi-4-multimodal's
