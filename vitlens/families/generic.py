@@ -51,7 +51,7 @@ from torch import nn
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from ..core.tokens import Cell, TokenLayout
+from ..core.tokens import Cell, TokenLayout, packed_layout
 from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
@@ -66,6 +66,16 @@ _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary
 _TOKENS: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
 #: the token layout a user stated for a model (``vl.load_model(module, token_layout=...)``), read by ``spec``
 _STATED: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+#: images of different sizes packed in one sequence during ``packed_forward`` (Pixtral): their layout
+_PACKING: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+
+
+def _unpack(probs: torch.Tensor, images: int) -> torch.Tensor:
+    """A packed sequence of ``images`` images of one size [1, heads, images * n, images * n] (block-diagonal mask) as
+    a batch of each image's own attention [images, heads, n, n]: the diagonal blocks, each row's whole mass (the
+    mask gives every other image's keys exactly zero probability)."""
+    n = probs.shape[-1] // images
+    return torch.cat([probs[:, :, i * n:(i + 1) * n, i * n:(i + 1) * n] for i in range(images)])
 
 
 def state_token_layout(model: nn.Module, layout: TokenLayout) -> None:
@@ -167,11 +177,13 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     tokens = _TOKENS.get(model) if check_tokens else None
     workspace: dict = {}
     patches = layout.patch_embedding(model)
+    packs = layout.packs(model)  # the images of a batch in one sequence (Pixtral)
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
         found = patches.tokens(out)  # [B, D, gh, gw] or [B, N, D]: the patch tokens of this forward
         if found is not None:
             state["patches"] = found
+            state["images"] = int(out.shape[0]) if isinstance(out, torch.Tensor) else 1
 
     handles.hook(patches.module.register_forward_hook(patches_hook))
     handles.on_remove(state.clear)
@@ -191,7 +203,13 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                         "applies; vitlens's generic call-level capture reads one call per block.")
                 call = sdpa_arguments(a, kw)
                 q, k, v = call["query"], call["key"], call["value"]
-                _verify(name, _layer, _attn, q, k, call, state.get("patches"), prefix)
+                pack, images = (_PACKING.get(model), state.get("images", 1)) if packs else (None, 1)
+                if pack is not None:  # images of different sizes: the pack's tokens, handed over whole
+                    _verify(name, _layer, _attn, q, k, call, len(pack), 0)
+                elif packs:  # a batch of one size packed in one sequence: each image's block, as a batch
+                    _verify(name, _layer, _attn, q, k, call, images * state.get("patches", 0), prefix)
+                else:
+                    _verify(name, _layer, _attn, q, k, call, state.get("patches"), prefix)
                 scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
                 mask, causal = call["attn_mask"], bool(call["is_causal"])
                 if call["enable_gqa"] and k.shape[-3] != q.shape[-3]:
@@ -200,10 +218,12 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if capture.mode == "inline" or tokens is not None:
+                if capture.mode == "inline" or tokens is not None or packs:
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
                     seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
+                    if packs and pack is None and images > 1:
+                        seen = _unpack(seen, images)
                     # the views read prefix then row-major cells: the model's own order, permuted (exact)
                     capture(_layer, tokens.to_canonical(seen) if tokens is not None else seen)
                     if capture.mode == "inline":
@@ -357,6 +377,37 @@ class GenericCallCapture(Family):
             num_classes=layout.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
             dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels,
             token_order=order.describe() if order is not None and not order.is_standard else "")
+
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> TokenLayout | None:
+        """One forward of preprocessed images [C, H_i, W_i] of different sizes packed in one sequence, as the model
+        packs them (Pixtral: padded to the largest, with their sizes; a block-diagonal mask keeps each image's
+        attention to itself), under whatever capture is installed; None for a model that does not pack.
+
+        Returns:
+            The pack's token layout (``core.tokens.packed_layout``: each image's cells row-major, images in order),
+                which the captured [1, heads, T, T] maps are over.
+
+        Raises:
+            InvalidParameterError: an image whose sides are not whole multiples of the patch stride.
+        """
+        layout = _layout(model)
+        if not layout.packs(model):
+            return None
+        patches = layout.patch_embedding(model)
+        for i, img in enumerate(images):
+            if img.dim() != 3 or int(img.shape[0]) != patches.in_channels or \
+                    any(int(s) % st for s, st in zip(img.shape[-2:], patches.stride)):
+                raise InvalidParameterError(
+                    f"image {i} is of shape {tuple(img.shape)}; packed images are preprocessed tensors "
+                    f"[{patches.in_channels}, H, W] whose sides are multiples of the patch stride {patches.stride}.")
+        pack = packed_layout(tuple(patches.grid(img.shape[-2:]) for img in images))
+        _PACKING[model] = pack
+        try:
+            with torch.no_grad():
+                layout.packed_forward(model, images)
+        finally:
+            _PACKING.pop(model, None)
+        return pack
 
     def tower(self, model: nn.Module) -> nn.Module:
         """The submodule the layout reads (a transformers model's vision tower, open_clip's ``visual``)."""

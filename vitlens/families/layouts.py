@@ -85,6 +85,14 @@ class Layout:
         """The model's token order when it is not its declared prefix tokens then row-major cells (None: it is)."""
         return None
 
+    def packs(self, model: nn.Module) -> bool:
+        """Whether the model packs a batch's images in one sequence with a block-diagonal mask (Pixtral)."""
+        return False
+
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
+        """One forward of images [C, H_i, W_i] of different sizes packed as the model packs them."""
+        raise NotImplementedError
+
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
         """The patch grid the model says it was built for (checked against the convolution's), or None."""
         return None
@@ -259,8 +267,8 @@ class TimmLayout(Layout):
 
 
 #: ``name``: where a transformers model's list of layers may be, most usual first
-_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "model.layers", "layer", "layers", "encoder.blocks",
-                   "blocks")
+_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "model.layers", "transformer.layers", "layer",
+                   "layers", "encoder.blocks", "blocks")
 
 
 def _hf_tower(model: nn.Module) -> nn.Module:
@@ -285,6 +293,9 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     a linear layer over unfolded patches (Llama 4's ``Llama4UnfoldConvolution``); None otherwise."""
     emb = getattr(tower, "embeddings", None)
     if not isinstance(emb, nn.Module):
+        conv = getattr(tower, "patch_conv", None)  # Pixtral's
+        if isinstance(conv, nn.Conv2d) and tuple(conv.kernel_size) == tuple(conv.stride) and conv.groups == 1:
+            return conv
         found = getattr(tower, "patch_embedding", None)
         read = patch_embedding(found) if isinstance(found, nn.Module) else None
         return found if read is not None and read.kind == "linear" else None
@@ -379,6 +390,27 @@ class HuggingFaceLayout(Layout):
         return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
             isinstance(getattr(tower, "class_embedding", None), torch.Tensor)
 
+    def packs(self, model: nn.Module) -> bool:
+        """Pixtral's vision model: no ``embeddings``, a ``patch_conv`` and a forward taking ``image_sizes``, whose
+        images are packed in one sequence with a block-diagonal mask."""
+        import inspect
+
+        tower = self._parts(model)[0]
+        return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
+            isinstance(getattr(tower, "patch_conv", None), nn.Conv2d) and \
+            "image_sizes" in inspect.signature(tower.forward).parameters
+
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
+        """The images padded (zeros) to the largest height and width, with their sizes: Pixtral cuts each image's own
+        patches from the padded batch (``image_sizes``)."""
+        tower = self._parts(model)[0]
+        h, w = max(int(i.shape[-2]) for i in images), max(int(i.shape[-1]) for i in images)
+        x = images[0].new_zeros(len(images), int(images[0].shape[0]), h, w)
+        for b, img in enumerate(images):
+            x[b, :, :img.shape[-2], :img.shape[-1]] = img
+        sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
+        return tower(pixel_values=x, image_sizes=sizes)
+
     def stem(self, model: nn.Module) -> nn.Module | None:
         stem = getattr(self._embeddings(model), "backbone", None)
         return stem if isinstance(stem, nn.Module) else None
@@ -456,6 +488,8 @@ class HuggingFaceLayout(Layout):
         if getattr(out, "feature_maps", None):  # a backbone (VitPose's): its last feature map
             return out.feature_maps[-1]
         hidden = out.last_hidden_state
+        if self.packs(model) and hidden.shape[0] == 1 and x.shape[0] > 1:  # one packed sequence: each image's mean
+            return hidden.reshape(x.shape[0], -1, hidden.shape[-1]).mean(1)
         first = self.prefix_parts(model)[0] and not self._class_last(model)  # (Llama 4 drops its last class token)
         return hidden[:, 0] if first else hidden.mean(1)
 
