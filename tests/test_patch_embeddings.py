@@ -130,3 +130,68 @@ def test_timm_rope_encoders_exact_against_their_own_explicit_softmax(timm_models
     for layer in range(2):
         np.testing.assert_allclose(result.distance.mean_px[layer], numpy_distance(ref[layer], (4, 4), (8, 8), 0),
                                    rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def qwen3vl():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen3VLVisionConfig(hidden_size=32, depth=2, num_heads=2, intermediate_size=64, patch_size=8,
+                                           out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=[])
+    torch.manual_seed(0)
+    return transformers.Qwen3VLVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def _qwen3vl_reference(model: nn.Module, m: "vl.LoadedModel", x: torch.Tensor) -> list[torch.Tensor]:
+    """Each block's attention written out from its own input: q, k from its ``qkv`` and transformers' own
+    ``apply_rotary_pos_emb_vision``, softmax(q k^T * scaling) within each image's tokens (its ``cu_seqlens``), the
+    batch's images stacked, in the model's own (2x2 merge-block) token order."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+    seen: list[tuple] = []
+    handles = [b.attn.register_forward_pre_hook(lambda _m, a, kw: seen.append((a[0], kw)), with_kwargs=True)
+               for b in model.blocks]
+    try:
+        with torch.no_grad():
+            m.forward(x)
+    finally:
+        for h in handles:
+            h.remove()
+    maps = []
+    for block, (hidden, kw) in zip(model.blocks, seen):
+        attn = block.attn
+        q, k, _ = attn.qkv(hidden).reshape(hidden.shape[0], 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k = apply_rotary_pos_emb_vision(q, k, *kw["position_embeddings"])
+        bounds = kw["cu_seqlens"].tolist()
+        maps.append(torch.stack([torch.softmax(torch.einsum("qhd,khd->hqk", q[s:e], k[s:e]) * attn.scaling, -1)
+                                 for s, e in zip(bounds[:-1], bounds[1:])]))
+    return maps
+
+
+def test_qwen3vl_merge_block_order_exact_against_its_own_attention(qwen3vl):
+    from vitlens.core.tokens import merge_block_layout, standard_layout
+
+    x = images(2, seed=5)
+    m = vl.LoadedModel.from_module(qwen3vl, name="qwen3vl", device="cpu")
+    assert (m.spec.family, m.spec.grid, m.spec.stride_px, m.spec.num_prefix_tokens) == ("generic", (4, 4), (8, 8), 0)
+    assert "permuted" in m.spec.describe()["token order"]
+    order = merge_block_layout((4, 4)).canonical_order()
+    want = [a[..., order, :][..., order] for a in _qwen3vl_reference(qwen3vl, m, x)]
+    with torch.no_grad():
+        plain = m.forward(x)
+    for mode in ("side", "inline"):
+        with torch.no_grad(), vl.capture_attention(m, mode=mode) as cap:
+            out = m.forward(x)
+        if mode == "side":
+            assert torch.equal(out, plain)
+        assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
+        for got, ref in zip(cap.maps, want):
+            assert got.shape == (2, 2, 16, 16) and (got - ref).abs().max().item() < TOL
+    result = vl.analyze(m, x, views=("distance",))
+    for layer in range(2):
+        np.testing.assert_allclose(result.distance.mean_px[layer],
+                                   numpy_distance(want[layer].numpy(), (4, 4), (8, 8), 0), rtol=1e-4)
+    w, _, _ = m.family.pixel_filters(m.model, m.spec)
+    assert w.shape == (32, 3, 8, 8)
+    # the order is checked by lighting patches: a row-major layout stated for it is refused
+    with pytest.raises(vl.UnsupportedModelError, match="wrong grid cells"):
+        vl.load_model(copy.deepcopy(qwen3vl), device="cpu", token_layout=standard_layout((4, 4), ()))

@@ -178,6 +178,7 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     workspace: dict = {}
     patches = layout.patch_embedding(model)
     packs = layout.packs(model)  # the images of a batch in one sequence (Pixtral)
+    per_image = layout.calls_per_image(model)  # one call per image of the batch (Qwen3-VL): the calls' maps, in order
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
         found = patches.tokens(out)  # [B, D, gh, gw] or [B, N, D]: the patch tokens of this forward
@@ -193,10 +194,11 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
         def forward(*args: Any, _layer: int = layer, _original: Callable = original, _attn: nn.Module = attn,
                     **kwargs: Any) -> Any:
             calls: list[int] = []
+            maps: list[torch.Tensor] = []  # per_image: each image's call's map, handed over as one batch
 
             def on_call(a: tuple, kw: dict) -> torch.Tensor:
                 calls.append(1)
-                if len(calls) > 1:
+                if len(calls) > 1 and not per_image:
                     raise UnsupportedModelError(
                         f"{name!r}: block {_layer}'s attention ({type(_attn).__name__}) calls "
                         "scaled_dot_product_attention more than once, so no single attention map is the one it "
@@ -218,14 +220,18 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if capture.mode == "inline" or tokens is not None or packs:
+                if capture.mode == "inline" or tokens is not None or packs or per_image:
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
                     seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
                     if packs and pack is None and images > 1:
                         seen = _unpack(seen, images)
                     # the views read prefix then row-major cells: the model's own order, permuted (exact)
-                    capture(_layer, tokens.to_canonical(seen) if tokens is not None else seen)
+                    seen = tokens.to_canonical(seen) if tokens is not None else seen
+                    if per_image:
+                        maps.append(seen)
+                    else:
+                        capture(_layer, seen)
                     if capture.mode == "inline":
                         return (probs.to(v_rep.dtype) @ v_rep)
                     return F.scaled_dot_product_attention(*a, **kw)
@@ -240,6 +246,12 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
             softmax = SoftmaxApplied()
             with CallMode(on_call), softmax:
                 result = _original(*args, **kwargs)
+            if maps:
+                if len({m.shape for m in maps}) != 1:
+                    raise UnsupportedModelError(
+                        f"{name!r}: block {_layer} attends over images of different sizes in one forward; run them "
+                        "one by one (vl.analyze_each does).")
+                capture(_layer, torch.cat(maps))
             if not calls:
                 probs = _own_softmax(name, _layer, _attn, softmax, layout.fused_hint)
                 _verify(name, _layer, _attn, probs, probs, {"dropout_p": 0.0}, state.get("patches"), prefix)
@@ -512,6 +524,7 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
             hidden.append(seen[0] if seen else None)
     finally:
         handle.remove()
+    hidden = [h[None] if h is not None and h.dim() == 2 else h for h in hidden]  # ([T, D]: Qwen3-VL's one sequence)
     if any(h is None or h.dim() != 3 or h.shape[:2] != (1, tokens) for h in hidden):
         return
     for cell, h in zip(cells, hidden[1:]):

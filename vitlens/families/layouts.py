@@ -19,13 +19,14 @@ geometry (grid from the convolution's arithmetic, prefix count from a probe forw
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
 from ..core.spec import ModelSpec
-from ..core.tokens import PrefixToken, TokenLayout, standard_layout
+from ..core.tokens import PrefixToken, TokenLayout, merge_block_layout, standard_layout
 from ..errors import UnsupportedModelError
 from .base import CaptureRequest, Handles, refuse_other_size
 from .common.patches import PatchEmbedding, patch_embedding
@@ -87,6 +88,11 @@ class Layout:
 
     def packs(self, model: nn.Module) -> bool:
         """Whether the model packs a batch's images in one sequence with a block-diagonal mask (Pixtral)."""
+        return False
+
+    def calls_per_image(self, model: nn.Module) -> bool:
+        """Whether each block makes one attention call per image of the batch (Qwen3-VL's vision model: images
+        flattened in one sequence, attended image by image); the calls' maps are the batch's, in order."""
         return False
 
     def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
@@ -174,7 +180,8 @@ def _timm_patches(model: nn.Module) -> nn.Module | None:
     pe = getattr(model, "patch_embed", None)
     if isinstance(getattr(pe, "proj", None), nn.Conv2d):
         return pe.proj
-    return pe if isinstance(pe, nn.Module) and patch_embedding(pe) is not None else None
+    read = patch_embedding(pe) if isinstance(pe, nn.Module) else None
+    return pe if read is not None and read.kind == "linear" else None
 
 
 class TimmLayout(Layout):
@@ -293,6 +300,10 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     a linear layer over unfolded patches (Llama 4's ``Llama4UnfoldConvolution``); None otherwise."""
     emb = getattr(tower, "embeddings", None)
     if not isinstance(emb, nn.Module):
+        flat = getattr(tower, "patch_embed", None)  # Qwen3-VL's Conv3d over flattened temporal patches
+        read = patch_embedding(flat) if isinstance(flat, nn.Module) else None
+        if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:
+            return flat
         conv = getattr(tower, "patch_conv", None)  # Pixtral's
         if isinstance(conv, nn.Conv2d) and tuple(conv.kernel_size) == tuple(conv.stride) and conv.groups == 1:
             return conv
@@ -400,6 +411,34 @@ class HuggingFaceLayout(Layout):
             isinstance(getattr(tower, "patch_conv", None), nn.Conv2d) and \
             "image_sizes" in inspect.signature(tower.forward).parameters
 
+    def _merge(self, model: nn.Module) -> int:
+        """Qwen3-VL's vision model (a Conv3d patch embedding fed flattened patches, a ``spatial_merge_size``): the
+        merge size (its tokens in merge x merge block order, attended image by image); 0 for any other tower."""
+        tower = self._parts(model)[0]
+        pe = patch_embedding(self._parts(model)[1])
+        merge = getattr(tower, "spatial_merge_size", None)
+        return int(merge) if pe is not None and pe.kind == "conv3d" and isinstance(merge, int) else 0
+
+    def calls_per_image(self, model: nn.Module) -> bool:
+        return self._merge(model) > 0
+
+    def _flat_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A batch [B, C, H, W] as Qwen3-VL's processor hands it: each image's patches flattened (channel, temporal
+        frame, row, column), the image repeated over the temporal patch, in merge x merge block order, images in
+        order; ``grid_thw`` one (1, rows, columns) per image."""
+        tower, merge = self._parts(model)[0], self._merge(model)
+        pe = patch_embedding(self._parts(model)[1])
+        b, c, h, w = x.shape
+        p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
+        gh, gw = h // p, w // p
+        if h % (p * merge) or w % (p * merge):
+            raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
+                                        f"{p * merge} px (patch {p} x merge {merge}); got {h}x{w}.")
+        patches = x.reshape(b, c, gh // merge, merge, p, gw // merge, merge, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
+        flat = patches.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, t, -1, -1).reshape(b * gh * gw, c * t * p * p)
+        grid = torch.tensor([[1, gh, gw]] * b, device=x.device)
+        return {"hidden_states": flat, "grid_thw": grid}
+
     def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
         """The images padded (zeros) to the largest height and width, with their sizes: Pixtral cuts each image's own
         patches from the padded batch (``image_sizes``)."""
@@ -437,6 +476,8 @@ class HuggingFaceLayout(Layout):
     def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
         if self._class_last(model):
             return standard_layout(grid, ("class",), prefix_last=True)
+        if self._merge(model):
+            return merge_block_layout(grid, self._merge(model))
         n = self._detection(model)
         if not n:
             return None
@@ -454,10 +495,17 @@ class HuggingFaceLayout(Layout):
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
         from .common.windows import pair
 
+        if self._merge(model):
+            return None  # (any size: its position table is resampled to each image's grid)
         size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
         return size[0] // patch[0], size[1] // patch[1]
 
     def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        if self._merge(model):  # Qwen3-VL: the size given, else its square position table's
+            if input_size is not None:
+                return int(input_size[0]), int(input_size[1])
+            side = math.isqrt(int(self._parts(model)[0].config.num_position_embeddings))
+            return side * self.patch_embedding(model).stride[0], side * self.patch_embedding(model).stride[1]
         built = self._built_size(model)
         refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
         return built
@@ -467,7 +515,12 @@ class HuggingFaceLayout(Layout):
 
     def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
         tower = self._parts(model)[0]
+        if self._merge(model):
+            return tower(**self._flat_inputs(model, x))
         return tower(**_hf_inputs(tower, x, tower.forward))
+
+    def dynamic(self, model: nn.Module) -> bool:
+        return self._merge(model) > 0
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
@@ -475,6 +528,9 @@ class HuggingFaceLayout(Layout):
         VLM's image features feed its language model and may need other inputs: Idefics3 takes images per sample,
         InstructBLIP a Q-Former prompt), read as the pooled output, a backbone's last feature map, or the class token
         (the mean token without one)."""
+        if self._merge(model):  # Qwen3-VL: its merged tokens, image by image, averaged
+            out = self.forward(model, x).pooler_output
+            return out.reshape(x.shape[0], -1, out.shape[-1]).mean(1)
         classifier = "ForImageClassification" in type(model).__name__
         if not classifier and hasattr(model, "get_image_features") and hasattr(model, "logit_scale"):
             out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))

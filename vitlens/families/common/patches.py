@@ -1,5 +1,6 @@
-"""What cuts an image into patch tokens, whatever module does it (issue 48): a 2-D convolution or a linear layer
-over unfolded patches (Llama 4's ``Unfold`` + ``Linear``, Gemma 4's ``input_proj``).
+"""What cuts an image into patch tokens, whatever module does it (issue 48): a 2-D convolution, a linear layer
+over unfolded patches (Llama 4's ``Unfold`` + ``Linear``, Gemma 4's ``input_proj``), or a 3-D convolution over a
+temporal patch that an image fills with the same frame repeated (Qwen3-VL's ``patch_embed.proj``).
 
 Serves the token geometry of every view that reads positions (distance, Fig. 7 right; rollout and maps on the
 grid, Fig. 6) and the embedding filters (Fig. 7 left). The rule: a patch embedding of kernel ``k``, stride ``s``
@@ -29,7 +30,7 @@ class PatchEmbedding:
         kernel: (kh, kw) pixels per patch.
         stride: (sh, sw) pixels between patches: the token stride.
         padding: (ph, pw) zero padding.
-        kind: "conv2d" or "linear" (over unfolded patches).
+        kind: "conv2d", "linear" (over unfolded patches) or "conv3d" (over flattened temporal patches, one row each).
     """
 
     module: nn.Module
@@ -65,12 +66,14 @@ class PatchEmbedding:
 
     def filters(self) -> torch.Tensor:
         """The weights as [D, C, kh, kw] filters of the pixels, as applied (a linear layer's rows unflattened in its
-        channel-major order)."""
+        channel-major order; a temporal patch's frames summed, since an image fills it with one frame repeated)."""
         from ...core.attention import effective_weight
 
         if self.kind == "conv2d":
             return effective_weight(self.weight_module)
         w = self.weight_module.weight.detach().to(torch.float64).cpu()
+        if self.kind == "conv3d":
+            return w.sum(dim=2)
         return w.reshape(self.out_channels, self.in_channels, *self.kernel)
 
 
@@ -81,7 +84,8 @@ def _pair(v: Any) -> tuple[int, int]:
 def patch_embedding(module: nn.Module) -> PatchEmbedding | None:
     """The ``PatchEmbedding`` of ``module``: an ``nn.Conv2d``; a module with an ``nn.Unfold`` and an ``nn.Linear``
     over its output (Llama 4's ``Llama4UnfoldConvolution``); a module with a ``patch_size`` and a linear
-    ``input_proj`` over flattened channel-major patches (Gemma 4's); None for anything else."""
+    ``input_proj`` over flattened channel-major patches (Gemma 4's); a module with a ``temporal_patch_size`` and an
+    ``nn.Conv3d`` ``proj`` (Qwen3-VL's, fed flattened patches); None for anything else."""
     if isinstance(module, nn.Conv2d):
         pad = module.padding if isinstance(module.padding, tuple) else (0, 0)
         return PatchEmbedding(module, module, int(module.in_channels), int(module.out_channels),
@@ -93,6 +97,11 @@ def patch_embedding(module: nn.Module) -> PatchEmbedding | None:
             return None
         channels = int(linear.in_features) // (kernel[0] * kernel[1])
         return PatchEmbedding(module, linear, channels, int(linear.out_features), kernel, stride, (0, 0), "linear")
+    conv3d = getattr(module, "proj", None)
+    if isinstance(conv3d, nn.Conv3d) and getattr(module, "temporal_patch_size", None):
+        kernel, stride = _pair(conv3d.kernel_size[1:]), _pair(conv3d.stride[1:])
+        return PatchEmbedding(module, conv3d, int(conv3d.in_channels), int(conv3d.out_channels), kernel, stride,
+                              (0, 0), "conv3d")
     proj, size = getattr(module, "input_proj", None), getattr(module, "patch_size", None)
     if isinstance(proj, nn.Linear) and size is not None:
         kernel = _pair(size)
