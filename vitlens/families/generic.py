@@ -59,6 +59,7 @@ from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, H
 from .common.readers import SoftmaxApplied
 from .common.sdpa_calls import CallMode, sdpa_arguments
 from .layouts import Layout, layout_of
+from . import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
