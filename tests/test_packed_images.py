@@ -74,7 +74,8 @@ def test_the_packed_capture_holds_each_images_block(pixtral):
     images = [torch.randn(3, 16, 16, generator=g), torch.randn(3, 24, 16, generator=g)]
     with torch.no_grad(), vl.capture_attention(m) as cap:
         pack = m.family.packed_forward(m.model, images)
-    assert pack.grids == ((2, 2), (3, 2)) and len(cap.maps) == 2
+    assert [p.grid for p in pack] == [(2, 2), (3, 2)] and [p.tokens for p in pack] == [slice(0, 4), slice(4, 10)]
+    assert len(cap.maps) == 2
     for layer, probs in enumerate(cap.maps):
         assert probs.shape == (1, 2, 10, 10)
         assert probs[:, :, :4, 4:].abs().max().item() == 0 and probs[:, :, 4:, :4].abs().max().item() == 0
@@ -133,3 +134,35 @@ def test_a_model_that_does_not_pack_runs_the_images_one_by_one():
         alone = vl.analyze(m, img[None], views=("distance", "rollout"))
         np.testing.assert_array_equal(r.rollout.maps, alone.rollout.maps)
         np.testing.assert_array_equal(r.distance.mean_px, alone.distance.mean_px)
+
+
+def test_siglip2_naflex_images_of_different_sizes_equal_each_run_alone():
+    transformers = pytest.importorskip("transformers")
+    from vitlens.families.hf import siglip2_inputs
+
+    cfg = transformers.Siglip2VisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, patch_size=8, num_patches=16,
+                                           attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.Siglip2VisionModel(cfg).eval()
+    eager = eager_twin(model)
+    m = vl.load_model(model, device="cpu")
+    assert m.spec.family == "hf-vit"
+    g = torch.Generator().manual_seed(5)
+    images = [torch.randn(3, 32, 24, generator=g), torch.randn(3, 16, 40, generator=g)]
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        where = m.family.packed_forward(m.model, images)
+    assert [(w.row, w.tokens, w.grid) for w in where] == [(0, slice(0, 12), (4, 3)), (1, slice(0, 10), (2, 5))]
+    assert cap.maps[0].shape == (2, 2, 12, 12) and cap.maps[0][1, :, :10, 10:].abs().max().item() == 0
+    results = vl.analyze_each(m, images)
+    for i, (img, r) in enumerate(zip(images, results)):
+        with torch.no_grad():
+            ref = [a.numpy() for a in eager(**siglip2_inputs(img[None], 8), output_attentions=True).attentions]
+        n = ref[0].shape[-1]
+        for layer in range(2):
+            assert (cap.maps[layer][i:i + 1, :, :n, :n] - torch.from_numpy(ref[layer])).abs().max().item() < TOL
+        assert r.spec.grid == where[i].grid
+        np.testing.assert_allclose(r.rollout.maps, numpy_rollout(ref, r.spec.grid), rtol=1e-4, atol=1e-6)
+        for layer in range(2):
+            np.testing.assert_allclose(r.distance.mean_px[layer],
+                                       numpy_distance(ref[layer], r.spec.grid, (8, 8), 0), rtol=1e-4)

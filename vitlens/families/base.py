@@ -416,9 +416,10 @@ class Family:
     #: ``block_heads(model) -> list[int]``, the heads of every block's attention, for such a family whose attention
     #: modules do not say it as ``num_heads`` (Hugging Face's Swins); None: read ``num_heads``
     block_heads: Callable[..., Any] | None = None
-    #: ``packed_forward(model, images) -> TokenLayout | None``: one forward of preprocessed images of different sizes
-    #: packed in one sequence (Pixtral), under a capture, returning the pack's token layout (None: the model does
-    #: not pack; ``vl.analyze_each`` then runs the images one by one); None for a family of no packing models
+    #: ``packed_forward(model, images) -> list[ImageTokens] | None``: one forward of preprocessed images of different
+    #: sizes, packed in one sequence (Pixtral) or padded (Siglip2), under a capture, returning where each image's
+    #: tokens stand in the maps (``core.tokens.ImageTokens``; None: the model takes no such batch, and
+    #: ``vl.analyze_each`` runs the images one by one); None for a family of no such models
     packed_forward: Callable[..., Any] | None = None
     #: ``tower(model) -> nn.Module``, the submodule whose blocks the family reads when it reads a whole model through
     #: its vision tower (a CLIP model's ``vision_model``, Idefics3's); None: the model itself

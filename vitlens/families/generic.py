@@ -51,7 +51,7 @@ from torch import nn
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from ..core.tokens import Cell, TokenLayout, packed_layout
+from ..core.tokens import Cell, ImageTokens, TokenLayout, packed_images, packed_layout
 from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
@@ -391,14 +391,14 @@ class GenericCallCapture(Family):
             dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels,
             token_order=order.describe() if order is not None and not order.is_standard else "")
 
-    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> TokenLayout | None:
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> list[ImageTokens] | None:
         """One forward of preprocessed images [C, H_i, W_i] of different sizes packed in one sequence, as the model
         packs them (Pixtral: padded to the largest, with their sizes; a block-diagonal mask keeps each image's
         attention to itself), under whatever capture is installed; None for a model that does not pack.
 
         Returns:
-            The pack's token layout (``core.tokens.packed_layout``: each image's cells row-major, images in order),
-                which the captured [1, heads, T, T] maps are over.
+            Where each image's tokens stand in the captured [1, heads, T, T] maps (``core.tokens.packed_layout``: each
+                image's cells row-major, images in order).
 
         Raises:
             InvalidParameterError: an image whose sides are not whole multiples of the patch stride.
@@ -420,7 +420,7 @@ class GenericCallCapture(Family):
                 layout.packed_forward(model, images)
         finally:
             _PACKING.pop(model, None)
-        return pack
+        return packed_images(pack)
 
     def tower(self, model: nn.Module) -> nn.Module:
         """The submodule the layout reads (a transformers model's vision tower, open_clip's ``visual``)."""

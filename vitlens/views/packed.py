@@ -3,10 +3,11 @@
 Serves the attention views of Fig. 6 (rollout) and Fig. 7 right / Fig. 11 (distance) for a model that takes images
 of any size. A model that packs several images in one sequence (Pixtral: each image's patches row-major, images in
 order, a block-diagonal mask) is run once on the whole list: its captured maps [1, heads, T, T] are cut into each
-image's diagonal block (``core.tokens.image_slices``), which holds every row's whole mass, since the mask gives the
-other images' keys exactly zero probability; each block is then fed to the view's consumer as one image of that
-image's grid and size, so each image's result is the one it gets run alone. Any other model runs the images one
-by one (``analyze`` per image).
+image's diagonal block (``core.tokens.ImageTokens``), which holds every row's whole mass, since the mask gives the
+other images' keys exactly zero probability. A model that pads them in one batch (Siglip2 NaFlex: image i in row
+i, its cells first, padding keys at exactly zero probability) is run once too, and image i's block is row i's own
+cells. Each block is then fed to the view's consumer as one image of that image's grid and size, so each image's
+result is the one it gets run alone. Any other model runs the images one by one (``analyze`` per image).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from ..core.tokens import image_slices
+
 from ..engine.capture import capture_attention
 from ..engine.consumer import BatchInfo
 from ..errors import InvalidParameterError
@@ -68,14 +69,14 @@ def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence
     if pack is None:
         return [_alone(m, img, views, params) for img in batch]
     out = []
-    for img, grid, rows in zip(batch, pack.grids, image_slices(pack)):
-        size = (int(img.shape[-2]), int(img.shape[-1]))
+    for img, where in zip(batch, pack):
+        size, grid, rows = (int(img.shape[-2]), int(img.shape[-1])), where.grid, where.tokens
         spec = replace(m.spec, image_size=size, grid=grid)
         consumers = {name: VIEWS[name].build(m, params) for name in views}
         for c in consumers.values():
             c.begin_batch(BatchInfo.of(grid, size, size=1, device=m.device))
         for layer, probs in enumerate(cap.maps):
-            block = probs[:, :, rows, rows]
+            block = probs[where.row:where.row + 1, :, rows, rows]
             for c in consumers.values():
                 c.on_attention(layer, block)
         for c in consumers.values():
