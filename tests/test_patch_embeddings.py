@@ -195,3 +195,36 @@ def test_qwen3vl_merge_block_order_exact_against_its_own_attention(qwen3vl):
     # the order is checked by lighting patches: a row-major layout stated for it is refused
     with pytest.raises(vl.UnsupportedModelError, match="wrong grid cells"):
         vl.load_model(copy.deepcopy(qwen3vl), device="cpu", token_layout=standard_layout((4, 4), ()))
+
+
+def test_hf_gemma4_positioned_patches_exact_against_its_eager_attention():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Gemma4VisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=1, head_dim=16, intermediate_size=64, patch_size=8,
+                                          position_embedding_size=16, pooling_kernel_size=2,
+                                          attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.Gemma4VisionModel(cfg).eval()
+    m = vl.LoadedModel.from_module(model, name="gemma4-hf", device="cpu", data_config={"input_size": (3, 32, 32)})
+    assert (m.spec.family, m.spec.grid, m.spec.stride_px, m.spec.num_prefix_tokens) == ("generic", (4, 4), (8, 8), 0)
+    x = images(2, seed=6).clamp(0, 1)
+    # its processor's inputs, written out: patches row-major, each flattened (row, column, channel), (x, y) positions
+    pixels = x.reshape(2, 3, 4, 8, 4, 8).permute(0, 2, 4, 3, 5, 1).reshape(2, 16, 192)
+    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], -1).expand(2, -1, -1)
+    with torch.no_grad():
+        ref = eager_twin(model)(pixel_values=pixels, pixel_position_ids=positions, output_attentions=True)
+        plain = model(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        out = model(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
+    assert torch.equal(out, plain) and len(cap.maps) == 2
+    for got, want in zip(cap.maps, ref.attentions):
+        assert got.shape == (2, 2, 16, 16) and (got - want).abs().max().item() < TOL
+    result = vl.analyze(m, x, views=("distance",))
+    for layer in range(2):
+        np.testing.assert_allclose(result.distance.mean_px[layer],
+                                   numpy_distance(ref.attentions[layer].numpy(), (4, 4), (8, 8), 0), rtol=1e-4)
+    # the filters are the linear layer's rows as a convolution of the pixels (its (row, column, channel) order)
+    w, _, _ = m.family.pixel_filters(m.model, m.spec)
+    conv = torch.nn.functional.conv2d(x.double(), w, stride=8).flatten(2).transpose(1, 2)
+    assert (conv - model.patch_embedder.input_proj(pixels).double()).abs().max().item() < 1e-5

@@ -5,7 +5,8 @@ the ``hf-vit`` family does not name, read at its attention modules' one ``scaled
 Its patch embedding is one convolution in ``embeddings``, or a tower's own: Pixtral's ``patch_conv`` (images packed
 in one sequence with a block-diagonal mask), Llama 4's ``patch_embedding`` (a linear layer over unfolded patches, its
 class token after them), Qwen3-VL's ``patch_embed`` (a Conv3d over flattened temporal patches, its tokens in 2x2
-merge-block order, one attention call per image); ``common.patches`` reads each as a convolution of the pixels.
+merge-block order, one attention call per image), Gemma 4's ``patch_embedder`` (a linear layer over patches flattened
+(row, column, channel), fed with their positions); ``common.patches`` reads each as a convolution of the pixels.
 """
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     a linear layer over unfolded patches (Llama 4's ``Llama4UnfoldConvolution``); None otherwise."""
     emb = getattr(tower, "embeddings", None)
     if not isinstance(emb, nn.Module):
+        embedder = getattr(tower, "patch_embedder", None)  # Gemma 4's linear layer over flattened patches
+        read = patch_embedding(embedder) if isinstance(embedder, nn.Module) else None
+        if read is not None and read.kind == "linear" and read.channels_last:
+            return embedder
         flat = getattr(tower, "patch_embed", None)  # Qwen3-VL's Conv3d over flattened temporal patches
         read = patch_embedding(flat) if isinstance(flat, nn.Module) else None
         if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:
@@ -172,6 +177,24 @@ class HuggingFaceLayout(Layout):
     def calls_per_image(self, model: nn.Module) -> bool:
         return self._merge(model) > 0
 
+    def _positioned(self, model: nn.Module) -> bool:
+        """Gemma 4's vision model: patches flattened (row, column, channel) with their (x, y) positions as input."""
+        pe = patch_embedding(self._parts(model)[1])
+        return pe is not None and pe.channels_last
+
+    def _positioned_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A batch [B, C, H, W] as Gemma 4's processor hands it: each image's patches row-major, each flattened (row,
+        column, channel), and their (x, y) = (column, row) positions; no padding."""
+        pe = patch_embedding(self._parts(model)[1])
+        b, c, h, w = x.shape
+        p = pe.kernel[0]
+        gh, gw = h // p, w // p
+        pixels = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * c)
+        rows, cols = torch.meshgrid(torch.arange(gh, device=x.device), torch.arange(gw, device=x.device),
+                                    indexing="ij")
+        positions = torch.stack([cols.flatten(), rows.flatten()], -1).expand(b, -1, -1)
+        return {"pixel_values": pixels, "pixel_position_ids": positions}
+
     def _flat_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """A batch [B, C, H, W] as Qwen3-VL's processor hands it: each image's patches flattened (channel, temporal
         frame, row, column), the image repeated over the temporal patch, in merge x merge block order, images in
@@ -245,12 +268,16 @@ class HuggingFaceLayout(Layout):
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
         from .common.windows import pair
 
-        if self._merge(model):
-            return None  # (any size: its position table is resampled to each image's grid)
+        if self._merge(model) or self._positioned(model):
+            return None  # (any size: its positions are given with its patches)
         size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
         return size[0] // patch[0], size[1] // patch[1]
 
     def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        if self._positioned(model):  # Gemma 4: the size given, else 48 patches a side (timm's gemma4_vit_* size)
+            stride = self.patch_embedding(model).stride
+            return (int(input_size[0]), int(input_size[1])) if input_size is not None else (48 * stride[0],
+                                                                                              48 * stride[1])
         if self._merge(model):  # Qwen3-VL: the size given, else its square position table's
             if input_size is not None:
                 return int(input_size[0]), int(input_size[1])
@@ -267,10 +294,12 @@ class HuggingFaceLayout(Layout):
         tower = self._parts(model)[0]
         if self._merge(model):
             return tower(**self._flat_inputs(model, x))
+        if self._positioned(model):
+            return tower(**self._positioned_inputs(model, x))
         return tower(**_hf_inputs(tower, x, tower.forward))
 
     def dynamic(self, model: nn.Module) -> bool:
-        return self._merge(model) > 0
+        return self._merge(model) > 0 or self._positioned(model)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
@@ -278,8 +307,9 @@ class HuggingFaceLayout(Layout):
         VLM's image features feed its language model and may need other inputs: Idefics3 takes images per sample,
         InstructBLIP a Q-Former prompt), read as the pooled output, a backbone's last feature map, or the class token
         (the mean token without one)."""
-        if self._merge(model):  # Qwen3-VL: its merged tokens, image by image, averaged
-            out = self.forward(model, x).pooler_output
+        if self._merge(model) or self._positioned(model):  # Qwen3-VL's merged, Gemma 4's pooled tokens, per image
+            out = self.forward(model, x)
+            out = out.pooler_output if self._merge(model) else out.last_hidden_state
             return out.reshape(x.shape[0], -1, out.shape[-1]).mean(1)
         classifier = "ForImageClassification" in type(model).__name__
         if not classifier and hasattr(model, "get_image_features") and hasattr(model, "logit_scale"):

@@ -31,6 +31,8 @@ class PatchEmbedding:
         stride: (sh, sw) pixels between patches: the token stride.
         padding: (ph, pw) zero padding.
         kind: "conv2d", "linear" (over unfolded patches) or "conv3d" (over flattened temporal patches, one row each).
+        channels_last: a linear layer's patches flattened (row, column, channel) rather than channel-major
+            (transformers' Gemma 4, whose processor flattens them so).
     """
 
     module: nn.Module
@@ -41,6 +43,7 @@ class PatchEmbedding:
     stride: tuple[int, int]
     padding: tuple[int, int]
     kind: str
+    channels_last: bool = False
 
     def grid(self, size: Sequence[int]) -> tuple[int, int]:
         """The token grid of an image of ``size`` = (H, W) pixels (the module docstring's rule)."""
@@ -74,6 +77,8 @@ class PatchEmbedding:
         w = self.weight_module.weight.detach().to(torch.float64).cpu()
         if self.kind == "conv3d":
             return w.sum(dim=2)
+        if self.channels_last:
+            return w.reshape(self.out_channels, *self.kernel, self.in_channels).permute(0, 3, 1, 2).contiguous()
         return w.reshape(self.out_channels, self.in_channels, *self.kernel)
 
 
@@ -108,5 +113,6 @@ def patch_embedding(module: nn.Module) -> PatchEmbedding | None:
         channels = int(proj.in_features) // (kernel[0] * kernel[1])
         if channels * kernel[0] * kernel[1] != int(proj.in_features):
             return None
-        return PatchEmbedding(module, proj, channels, int(proj.out_features), kernel, kernel, (0, 0), "linear")
+        last = type(module).__module__.startswith("transformers")  # (its processor flattens (row, column, channel))
+        return PatchEmbedding(module, proj, channels, int(proj.out_features), kernel, kernel, (0, 0), "linear", last)
     return None
