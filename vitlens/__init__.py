@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .survey import SurveyResult, load_survey, survey
     from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
     from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
+    from .views.packed import analyze_each
     from .engine.capture import AttentionCapture, attention_probs, capture_attention
     from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
     from .engine import AttentionConsumer, BatchInfo, stream_attention
@@ -90,4 +91,5 @@ __all__ = [
     "DecompositionResult", "decompose", "LogitLensResult", "logit_lens", "TokenNormsResult", "token_norms",
     "PatchingResult", "patch_activations",
     "TextSpanResult", "text_span", "MeanAblationResult", "mean_ablate",
+    "analyze_each",
 ]

@@ -141,6 +141,22 @@ def packed_layout(grids: tuple[tuple[int, int], ...]) -> TokenLayout:
     return TokenLayout(tokens, tuple(grids))
 
 
+@dataclass(frozen=True)
+class ImageTokens:
+    """Where one image's tokens stand in the maps [B, heads, T, T] of a forward of several images (``vl.analyze_each``):
+    batch row ``row``, positions ``tokens`` (its cells row-major, its queries' whole mass on them), grid ``grid``.
+    Pixtral's pack: row 0, each image's slice; Siglip2's padded batch: row i, its first cells."""
+
+    row: int
+    tokens: slice
+    grid: tuple[int, int]
+
+
+def packed_images(layout: TokenLayout) -> list[ImageTokens]:
+    """Each image of a one-sequence pack (``packed_layout``, no prefix tokens): row 0, its slice, its grid."""
+    return [ImageTokens(0, rows, grid) for rows, grid in zip(image_slices(layout), layout.grids)]
+
+
 def image_slices(layout: TokenLayout) -> list[slice]:
     """Each image's cells in canonical order (after the prefix tokens): a packed result's rows per image."""
     out, start = [], layout.num_prefix

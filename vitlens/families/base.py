@@ -340,6 +340,7 @@ class Family:
       None: the spec's one grid);
     - ``block_heads(model) -> list[int]``: every block's heads, where its attention modules do not say ``num_heads``;
     - ``block_layout(model) -> list[dict]``: each block's kind and tokens, for blocks of more than one kind (CaiT);
+    - ``packed_forward(model, images)``: images of different sizes in one packed forward (Pixtral);
     - ``cam_layer(model)`` (a method returning None by default) and ``hf_types`` (the transformers model types a
       family reads, ``vitlens.families.common.hf.HfTypes``).
     """
@@ -415,6 +416,11 @@ class Family:
     #: ``block_heads(model) -> list[int]``, the heads of every block's attention, for such a family whose attention
     #: modules do not say it as ``num_heads`` (Hugging Face's Swins); None: read ``num_heads``
     block_heads: Callable[..., Any] | None = None
+    #: ``packed_forward(model, images) -> list[ImageTokens] | None``: one forward of preprocessed images of different
+    #: sizes, packed in one sequence (Pixtral) or padded (Siglip2), under a capture, returning where each image's
+    #: tokens stand in the maps (``core.tokens.ImageTokens``; None: the model takes no such batch, and
+    #: ``vl.analyze_each`` runs the images one by one); None for a family of no such models
+    packed_forward: Callable[..., Any] | None = None
     #: ``tower(model) -> nn.Module``, the submodule whose blocks the family reads when it reads a whole model through
     #: its vision tower (a CLIP model's ``vision_model``, Idefics3's); None: the model itself
     #: (``ModelSpec.read_module`` names it)

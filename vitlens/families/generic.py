@@ -51,7 +51,7 @@ from torch import nn
 
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
-from ..core.tokens import Cell, TokenLayout
+from ..core.tokens import Cell, ImageTokens, TokenLayout, packed_images, packed_layout
 from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
@@ -59,6 +59,7 @@ from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, H
 from .common.readers import SoftmaxApplied
 from .common.sdpa_calls import CallMode, sdpa_arguments
 from .layouts import Layout, layout_of
+from . import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
@@ -66,6 +67,16 @@ _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary
 _TOKENS: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
 #: the token layout a user stated for a model (``vl.load_model(module, token_layout=...)``), read by ``spec``
 _STATED: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+#: images of different sizes packed in one sequence during ``packed_forward`` (Pixtral): their layout
+_PACKING: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
+
+
+def _unpack(probs: torch.Tensor, images: int) -> torch.Tensor:
+    """A packed sequence of ``images`` images of one size [1, heads, images * n, images * n] (block-diagonal mask) as
+    a batch of each image's own attention [images, heads, n, n]: the diagonal blocks, each row's whole mass (the
+    mask gives every other image's keys exactly zero probability)."""
+    n = probs.shape[-1] // images
+    return torch.cat([probs[:, :, i * n:(i + 1) * n, i * n:(i + 1) * n] for i in range(images)])
 
 
 def state_token_layout(model: nn.Module, layout: TokenLayout) -> None:
@@ -93,23 +104,14 @@ def _declared_prefix(model: nn.Module) -> int | None:
     return layout.declared_prefix(model) if layout is not None else None
 
 
-def _conv_grid(proj: nn.Conv2d, hw: Sequence[int]) -> tuple[int, int]:
-    """The output grid of the patch convolution for an input of ``hw`` pixels (PyTorch's conv arithmetic)."""
-    out = []
-    for i in range(2):
-        pad = proj.padding[i] if isinstance(proj.padding, tuple) else 0
-        out.append((int(hw[i]) + 2 * int(pad) - proj.dilation[i] * (proj.kernel_size[i] - 1) - 1) // proj.stride[i] + 1)
-    return out[0], out[1]
-
-
 def _pixel_channels(layout: Layout, model: nn.Module) -> int:
     """The image channels: the patch convolution's input channels, or a hybrid stem's first convolution's."""
     stem = layout.stem(model)
     first = next((m for m in stem.modules() if isinstance(m, nn.Conv2d)), None) if stem is not None else None
-    return int((first if first is not None else layout.patch_conv(model)).in_channels)
+    return int(first.in_channels) if first is not None else layout.patch_embedding(model).in_channels
 
 
-def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Conv2d, name: str,
+def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Module, name: str,
                size: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int]]:
     """A hybrid's token grid and stride in input pixels: the patch convolution's output grid in a forward of a zero
     image at ``size`` (after the CNN stem), and ``size`` / grid, which must divide exactly.
@@ -175,12 +177,17 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     prefix = _PREFIX.get(model, layout.declared_prefix(model)) if check_tokens else None
     tokens = _TOKENS.get(model) if check_tokens else None
     workspace: dict = {}
+    patches = layout.patch_embedding(model)
+    packs = layout.packs(model)  # the images of a batch in one sequence (Pixtral)
+    per_image = layout.calls_per_image(model)  # one call per image of the batch (Qwen3-VL): the calls' maps, in order
 
     def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
-        if isinstance(out, torch.Tensor) and out.dim() == 4:  # [B, D, gh, gw]: one token per spatial position
-            state["patches"] = int(out.shape[-2]) * int(out.shape[-1])
+        found = patches.tokens(out)  # [B, D, gh, gw] or [B, N, D]: the patch tokens of this forward
+        if found is not None:
+            state["patches"] = found
+            state["images"] = int(out.shape[0]) if isinstance(out, torch.Tensor) else 1
 
-    handles.hook(layout.patch_conv(model).register_forward_hook(patches_hook))
+    handles.hook(patches.module.register_forward_hook(patches_hook))
     handles.on_remove(state.clear)
     for layer, attn in enumerate(layout.attention_modules(model)):
         original = attn.forward
@@ -188,17 +195,24 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
         def forward(*args: Any, _layer: int = layer, _original: Callable = original, _attn: nn.Module = attn,
                     **kwargs: Any) -> Any:
             calls: list[int] = []
+            maps: list[torch.Tensor] = []  # per_image: each image's call's map, handed over as one batch
 
             def on_call(a: tuple, kw: dict) -> torch.Tensor:
                 calls.append(1)
-                if len(calls) > 1:
+                if len(calls) > 1 and not per_image:
                     raise UnsupportedModelError(
                         f"{name!r}: block {_layer}'s attention ({type(_attn).__name__}) calls "
                         "scaled_dot_product_attention more than once, so no single attention map is the one it "
                         "applies; vitlens's generic call-level capture reads one call per block.")
                 call = sdpa_arguments(a, kw)
                 q, k, v = call["query"], call["key"], call["value"]
-                _verify(name, _layer, _attn, q, k, call, state.get("patches"), prefix)
+                pack, images = (_PACKING.get(model), state.get("images", 1)) if packs else (None, 1)
+                if pack is not None:  # images of different sizes: the pack's tokens, handed over whole
+                    _verify(name, _layer, _attn, q, k, call, len(pack), 0)
+                elif packs:  # a batch of one size packed in one sequence: each image's block, as a batch
+                    _verify(name, _layer, _attn, q, k, call, images * state.get("patches", 0), prefix)
+                else:
+                    _verify(name, _layer, _attn, q, k, call, state.get("patches"), prefix)
                 scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
                 mask, causal = call["attn_mask"], bool(call["is_causal"])
                 if call["enable_gqa"] and k.shape[-3] != q.shape[-3]:
@@ -207,12 +221,18 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if capture.mode == "inline" or tokens is not None:
+                if capture.mode == "inline" or tokens is not None or packs or per_image:
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
                     seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
+                    if packs and pack is None and images > 1:
+                        seen = _unpack(seen, images)
                     # the views read prefix then row-major cells: the model's own order, permuted (exact)
-                    capture(_layer, tokens.to_canonical(seen) if tokens is not None else seen)
+                    seen = tokens.to_canonical(seen) if tokens is not None else seen
+                    if per_image:
+                        maps.append(seen)
+                    else:
+                        capture(_layer, seen)
                     if capture.mode == "inline":
                         return (probs.to(v_rep.dtype) @ v_rep)
                     return F.scaled_dot_product_attention(*a, **kw)
@@ -227,6 +247,12 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
             softmax = SoftmaxApplied()
             with CallMode(on_call), softmax:
                 result = _original(*args, **kwargs)
+            if maps:
+                if len({m.shape for m in maps}) != 1:
+                    raise UnsupportedModelError(
+                        f"{name!r}: block {_layer} attends over images of different sizes in one forward; run them "
+                        "one by one (vl.analyze_each does).")
+                capture(_layer, torch.cat(maps))
             if not calls:
                 probs = _own_softmax(name, _layer, _attn, softmax, layout.fused_hint)
                 _verify(name, _layer, _attn, probs, probs, {"dropout_p": 0.0}, state.get("patches"), prefix)
@@ -316,12 +342,11 @@ class GenericCallCapture(Family):
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         layout = _layout(model, name)
-        proj = layout.patch_conv(model)
+        patches = layout.patch_embedding(model)
         size = layout.image_size(model, name, input_size)
-        grid = _conv_grid(proj, size)
-        stride = (int(proj.stride[0]), int(proj.stride[1]))
+        grid, stride = patches.grid(size), patches.stride
         if layout.stem(model) is not None:  # a hybrid: the CNN stem's stride (times the projection's) is the token stride
-            grid, stride = _stem_grid(model, layout, proj, name, size)
+            grid, stride = _stem_grid(model, layout, patches.module, name, size)
         declared_grid = layout.declared_grid(model)
         if declared_grid is not None and input_size is None and tuple(declared_grid) != grid:
             raise UnsupportedModelError(
@@ -366,6 +391,37 @@ class GenericCallCapture(Family):
             dynamic_img_size=layout.dynamic(model), family=self.name, prefix_labels=labels,
             token_order=order.describe() if order is not None and not order.is_standard else "")
 
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> list[ImageTokens] | None:
+        """One forward of preprocessed images [C, H_i, W_i] of different sizes packed in one sequence, as the model
+        packs them (Pixtral: padded to the largest, with their sizes; a block-diagonal mask keeps each image's
+        attention to itself), under whatever capture is installed; None for a model that does not pack.
+
+        Returns:
+            Where each image's tokens stand in the captured [1, heads, T, T] maps (``core.tokens.packed_layout``: each
+                image's cells row-major, images in order).
+
+        Raises:
+            InvalidParameterError: an image whose sides are not whole multiples of the patch stride.
+        """
+        layout = _layout(model)
+        if not layout.packs(model):
+            return None
+        patches = layout.patch_embedding(model)
+        for i, img in enumerate(images):
+            if img.dim() != 3 or int(img.shape[0]) != patches.in_channels or \
+                    any(int(s) % st for s, st in zip(img.shape[-2:], patches.stride)):
+                raise InvalidParameterError(
+                    f"image {i} is of shape {tuple(img.shape)}; packed images are preprocessed tensors "
+                    f"[{patches.in_channels}, H, W] whose sides are multiples of the patch stride {patches.stride}.")
+        pack = packed_layout(tuple(patches.grid(img.shape[-2:]) for img in images))
+        _PACKING[model] = pack
+        try:
+            with torch.no_grad():
+                layout.packed_forward(model, images)
+        finally:
+            _PACKING.pop(model, None)
+        return packed_images(pack)
+
     def tower(self, model: nn.Module) -> nn.Module:
         """The submodule the layout reads (a transformers model's vision tower, open_clip's ``visual``)."""
         return _layout(model).tower(model)
@@ -394,8 +450,15 @@ class GenericCallCapture(Family):
                 raise ViewNotAvailableError(f"{spec.name}: the hybrid's CNN stem has no convolution to show.")
             return conv_filters(conv, layout.module_name(model, conv), "the CNN stem's first convolution; the "
                                 "hybrid's own patch embedding acts on CNN channels, not pixels", spec.name)
-        conv = layout.patch_conv(model)
-        return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
+        patches = layout.patch_embedding(model)
+        if patches.kind == "conv2d":
+            conv = patches.module
+            return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
+        w = patches.filters()
+        where = layout.module_name(model, patches.weight_module)
+        d, c, kh, kw = w.shape
+        return w, where, (f"{where}: {d} filters of {kh}x{kw}x{c}, the patch embedding E (a linear layer over "
+                          "unfolded patches, its rows read as filters of the pixels)")
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         pos = _layout(model).position_rows(model) if spec.has_pos_embed else None
@@ -431,9 +494,8 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
         UnsupportedModelError: another token than the cell's changes.
     """
     layout = _layout(model, name)
-    conv = layout.patch_conv(model)
-    pad = conv.padding if isinstance(conv.padding, tuple) else (1, 1)
-    if tuple(conv.kernel_size) != tuple(conv.stride) or any(int(p) for p in pad) or layout.stem(model) is not None:
+    patches = layout.patch_embedding(model)
+    if not patches.one_pixel_per_token or layout.stem(model) is not None:
         return  # (a hybrid's CNN stem spreads a cell's pixels to its neighbours' tokens)
     tokens = prefix + grid[0] * grid[1]
     seen: list[torch.Tensor] = []
@@ -448,13 +510,13 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    sy, sx = int(conv.stride[0]), int(conv.stride[1])
+    sy, sx = patches.stride
     cells = [(0, grid[1] - 1), (grid[0] - 1, 0)] if grid[0] * grid[1] > 1 else [(0, 0)]
     hidden = []
     handle = layout.attention_modules(model)[0].register_forward_pre_hook(pre_hook, with_kwargs=True)
     try:
         for cell in [None, *cells]:
-            x = torch.zeros(1, int(conv.in_channels), *size, device=device, dtype=dtype)
+            x = torch.zeros(1, patches.in_channels, *size, device=device, dtype=dtype)
             if cell is not None:
                 x[..., cell[0] * sy:(cell[0] + 1) * sy, cell[1] * sx:(cell[1] + 1) * sx] = 1.0
             seen.clear()
@@ -463,6 +525,7 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
             hidden.append(seen[0] if seen else None)
     finally:
         handle.remove()
+    hidden = [h[None] if h is not None and h.dim() == 2 else h for h in hidden]  # ([T, D]: Qwen3-VL's one sequence)
     if any(h is None or h.dim() != 3 or h.shape[:2] != (1, tokens) for h in hidden):
         return
     for cell, h in zip(cells, hidden[1:]):

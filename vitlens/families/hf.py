@@ -53,6 +53,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
+from ..core.tokens import ImageTokens
 from ..kinds import VIT
 from .base import AttentionClassUnknown, CaptureRequest, Family, Handles, prefix_labels, register
 from ..core.attention import attention_probs, conv_filters
@@ -479,6 +480,39 @@ class HuggingFaceViT(Family):
     def grid_for(self, model: nn.Module, spec: ModelSpec, input_hw: tuple[int, int]) -> tuple[int, int]:
         sy, sx = spec.stride_px
         return input_hw[0] // sy, input_hw[1] // sx
+
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> list[ImageTokens] | None:
+        """Siglip2 (NaFlex): images [C, H_i, W_i] of different sizes in one padded batch, as its processor makes it:
+        each image's patches (``siglip2_inputs``) then zero padding to the longest, ``pixel_attention_mask`` 1 on its
+        own patches, ``spatial_shapes`` its grid; the model gives the padding keys exactly zero probability, so image
+        i's rows and columns of batch row i are its own attention. None for any other model type.
+
+        Raises:
+            InvalidParameterError: an image whose sides are not whole multiples of the patch size.
+        """
+        from ..errors import InvalidParameterError
+
+        if tower_type(model) != "siglip2_vision_model":
+            return None
+        tower = vision_tower(model)
+        patch = int(tower.config.patch_size)
+        cut = []
+        for i, img in enumerate(images):
+            if img.dim() != 3 or img.shape[-2] % patch or img.shape[-1] % patch:
+                raise InvalidParameterError(f"image {i} is of shape {tuple(img.shape)}; Siglip2 takes preprocessed "
+                                            f"tensors [C, H, W] whose sides are multiples of its patch size {patch}.")
+            cut.append(siglip2_inputs(img[None], patch))
+        longest = max(int(c["pixel_values"].shape[1]) for c in cut)
+        pixels = cut[0]["pixel_values"].new_zeros(len(cut), longest, int(cut[0]["pixel_values"].shape[-1]))
+        mask = torch.zeros(len(cut), longest, dtype=torch.long, device=pixels.device)
+        for i, c in enumerate(cut):
+            n = int(c["pixel_values"].shape[1])
+            pixels[i, :n], mask[i, :n] = c["pixel_values"][0], 1
+        shapes = torch.cat([c["spatial_shapes"] for c in cut])
+        with torch.no_grad():
+            tower(pixel_values=pixels, pixel_attention_mask=mask, spatial_shapes=shapes)
+        grids = [(int(h), int(w)) for h, w in shapes.tolist()]
+        return [ImageTokens(i, slice(0, gh * gw), (gh, gw)) for i, (gh, gw) in enumerate(grids)]
 
 
 def _scale_of(attn: nn.Module) -> float | None:

@@ -8,8 +8,8 @@ are in one kind of model, what prefix tokens the model declares (checked against
 how to call it, and where its position table, preprocessing and attention pool are:
 
 - ``TimmLayout``: a timm-style ViT, ``patch_embed.proj`` (a convolution) and ``blocks[i].attn``.
-- ``HuggingFaceLayout``: a transformers vision model (or a model's ``vision_model``) with one patch convolution in its
-  ``embeddings`` and one list of layers, each with one child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
+- ``HuggingFaceLayout`` (its own module, ``layouts_hf``): a transformers vision model (or a model's ``vision_model``)
+  with one patch embedding (a convolution in its ``embeddings``, or a tower's own) and one list of layers, each with one child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
   ...), run with ``attn_implementation="sdpa"`` (what the capture reads; other implementations are refused in one line).
 - ``OpenClipLayout``: open_clip's own ``VisionTransformer`` built with ``CustomResidualAttentionBlock`` (open_clip's
   ``Attention``: qk-norm, head-scale, inner-norm options), ``conv1`` and ``transformer.resblocks[i].attn``.
@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from ..core.spec import ModelSpec
-from ..core.tokens import PrefixToken, TokenLayout, standard_layout
+from ..core.tokens import TokenLayout
 from ..errors import UnsupportedModelError
 from .base import CaptureRequest, Handles, refuse_other_size
+from .common.patches import PatchEmbedding, patch_embedding
 
 
 class Layout:
@@ -52,6 +53,16 @@ class Layout:
         """The convolution that cuts the image into patch tokens (its stride is the token stride)."""
         raise NotImplementedError
 
+    def patch_embedding(self, model: nn.Module) -> PatchEmbedding:
+        """What cuts the image into patch tokens, read as a convolution of the pixels (``common.patches``): the
+        ``patch_conv`` here; a layout whose patch embedding is no convolution (a linear layer over unfolded patches)
+        says so by overriding this."""
+        found = patch_embedding(self.patch_conv(model))
+        if found is None:
+            raise UnsupportedModelError(f"{type(model).__name__}: its patch embedding "
+                                        f"({type(self.patch_conv(model)).__name__}) is no convolution vitlens reads.")
+        return found
+
     def stem(self, model: nn.Module) -> nn.Module | None:
         """A CNN that runs before the patch convolution (a hybrid), or None: the convolution sees pixels."""
         return None
@@ -73,6 +84,19 @@ class Layout:
     def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
         """The model's token order when it is not its declared prefix tokens then row-major cells (None: it is)."""
         return None
+
+    def packs(self, model: nn.Module) -> bool:
+        """Whether the model packs a batch's images in one sequence with a block-diagonal mask (Pixtral)."""
+        return False
+
+    def calls_per_image(self, model: nn.Module) -> bool:
+        """Whether each block makes one attention call per image of the batch (Qwen3-VL's vision model: images
+        flattened in one sequence, attended image by image); the calls' maps are the batch's, in order."""
+        return False
+
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
+        """One forward of images [C, H_i, W_i] of different sizes packed as the model packs them."""
+        raise NotImplementedError
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
         """The patch grid the model says it was built for (checked against the convolution's), or None."""
@@ -99,7 +123,7 @@ class Layout:
         return None
 
     def embed_dim(self, model: nn.Module) -> int:
-        return int(self.patch_conv(model).out_channels)
+        return int(self.patch_embedding(model).out_channels)
 
     def num_classes(self, model: nn.Module) -> int:
         return 0
@@ -149,16 +173,25 @@ def layout_of(model: nn.Module) -> Layout | None:
 # --------------------------------------------------------------------------------------------------- timm-style
 
 
+def _timm_patches(model: nn.Module) -> nn.Module | None:
+    """A timm-style model's patch embedding: ``patch_embed.proj`` (a convolution), or ``patch_embed`` itself when it
+    is a linear layer over unfolded patches (timm's Gemma 4 encoder: ``input_proj``); None otherwise."""
+    pe = getattr(model, "patch_embed", None)
+    if isinstance(getattr(pe, "proj", None), nn.Conv2d):
+        return pe.proj
+    read = patch_embedding(pe) if isinstance(pe, nn.Module) else None
+    return pe if read is not None and read.kind == "linear" else None
+
+
 class TimmLayout(Layout):
-    """A timm-style ViT: ``patch_embed.proj`` (a convolution) and a sequence ``blocks``, each with ``attn``."""
+    """A timm-style ViT: ``patch_embed.proj`` (a convolution) or a linear ``patch_embed`` over unfolded patches
+    (timm's ``gemma4_vit_*`` encoder) and a sequence ``blocks``, each with ``attn``."""
 
     name = "timm-style"
 
     def matches(self, model: nn.Module) -> bool:
-        pe = getattr(model, "patch_embed", None)
         blocks = getattr(model, "blocks", None)
-        if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not isinstance(blocks, (nn.Sequential,
-                                                                                              nn.ModuleList)):
+        if _timm_patches(model) is None or not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
             return False
         return len(blocks) > 0 and all(isinstance(getattr(b, "attn", None), nn.Module) for b in blocks)
 
@@ -169,8 +202,8 @@ class TimmLayout(Layout):
                 "stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
                 "embedding that is one convolution of the pixels.")
 
-    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
-        return model.patch_embed.proj
+    def patch_conv(self, model: nn.Module) -> nn.Module:
+        return _timm_patches(model)
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in model.blocks]
@@ -201,6 +234,8 @@ class TimmLayout(Layout):
         if built is not None and not getattr(model, "dynamic_img_size", False):
             refuse_other_size(name, "generic", built, input_size)
         size = input_size if input_size is not None else built
+        if size is None:  # a model of any size (timm's Gemma 4): the size of its pretrained configuration
+            size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size", (None,))[1:] or None
         if size is None:
             raise UnsupportedModelError(
                 f"{name!r}: vitlens could not infer the input size (patch_embed has no img_size): pass "
@@ -218,7 +253,7 @@ class TimmLayout(Layout):
         return pos if isinstance(pos, torch.Tensor) and pos.dim() == 3 else None
 
     def embed_dim(self, model: nn.Module) -> int:
-        return int(getattr(model, "embed_dim", self.patch_conv(model).out_channels))
+        return int(getattr(model, "embed_dim", self.patch_embedding(model).out_channels))
 
     def num_classes(self, model: nn.Module) -> int:
         return int(getattr(model, "num_classes", 0) or 0)
@@ -227,225 +262,11 @@ class TimmLayout(Layout):
         from timm.data import resolve_data_config
 
         cfg = dict(resolve_data_config({}, model=model))
-        cfg["input_size"] = (int(self.patch_conv(model).in_channels), *spec.image_size)
+        cfg["input_size"] = (self.patch_embedding(model).in_channels, *spec.image_size)
         names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
         if names:
             cfg["label_names"] = list(names)
         return cfg
-
-
-# ------------------------------------------------------------------------------------------------ Hugging Face
-
-
-#: ``name``: where a transformers model's list of layers may be, most usual first
-_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "layer", "layers", "encoder.blocks", "blocks")
-
-
-def _hf_tower(model: nn.Module) -> nn.Module:
-    """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
-    or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
-    it wraps (Kosmos-2's vision model)."""
-    from .common.hf import vision_tower
-
-    tower = vision_tower(model)
-    for attr in ("base_model", "model"):
-        if hasattr(tower, "embeddings"):
-            break
-        inner = getattr(tower, attr, None)
-        if isinstance(inner, nn.Module) and inner is not tower and hasattr(inner, "embeddings"):
-            tower = inner
-    return tower
-
-
-def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]] | None:
-    """(vision tower, patch convolution, layers, each layer's attention module) of a transformers vision model, or
-    None when it does not have that shape: one convolution in ``embeddings`` whose kernel is its stride, one list of
-    ``num_hidden_layers`` layers of one class, each with exactly one direct child whose class name has "Attention"."""
-    tower = _hf_tower(model)
-    cfg = getattr(tower, "config", None)
-    emb = getattr(tower, "embeddings", None)
-    if cfg is None or not isinstance(emb, nn.Module):
-        return None
-    stem, projection = getattr(emb, "backbone", None), getattr(emb, "projection", None)
-    if isinstance(stem, nn.Module) and isinstance(projection, nn.Conv2d):  # a hybrid (DPT-hybrid's BiT stem)
-        convs = [projection]
-    else:
-        convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
-    if len(convs) != 1 or tuple(convs[0].kernel_size) != tuple(convs[0].stride) or convs[0].groups != 1:
-        return None
-    depth = getattr(cfg, "num_hidden_layers", None)
-    modules = dict(tower.named_modules())
-    layers = next((modules[n] for n in _HF_LAYER_LISTS if isinstance(modules.get(n), nn.ModuleList)
-                   and len(modules[n]) == depth and depth), None)
-    if layers is None or len({type(layer) for layer in layers}) != 1:
-        return None
-    attns = []
-    for layer in layers:
-        found = [child for child in layer.children() if "Attention" in type(child).__name__]
-        if len(found) != 1:
-            return None
-        attns.append(found[0])
-    return tower, convs[0], layers, attns
-
-
-def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
-    """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
-    ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
-    from .common.hf import resize_inputs
-
-    return {"pixel_values": x, **resize_inputs(model, x, fn)}
-
-
-class HuggingFaceLayout(Layout):
-    """A transformers vision model the ``hf-vit`` family does not name (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...),
-    read at its attention modules' one ``scaled_dot_product_attention`` call (``attn_implementation="sdpa"``)."""
-
-    name = "Hugging Face"
-    fused_hint = ("load it with attn_implementation='sdpa' (vitlens's hf: names do), the implementation whose "
-                  "scaled_dot_product_attention call the generic capture reads")
-
-    def matches(self, model: nn.Module) -> bool:
-        from .common.hf import is_hf_model
-
-        return is_hf_model(model) and _hf_parts(model) is not None
-
-    def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Conv2d, Sequence[nn.Module], list[nn.Module]]:
-        parts = _hf_parts(model)
-        if parts is None:
-            raise UnsupportedModelError(f"{type(model).__name__} no longer has the layout the generic capture read.")
-        return parts
-
-    def check(self, model: nn.Module, name: str) -> None:
-        tower = self._parts(model)[0]
-        impl = getattr(tower.config, "_attn_implementation", None)
-        eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
-        if impl != "sdpa" and not eager_only:
-            raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
-                "this model at its scaled_dot_product_attention calls (generic call-level capture): "
-                f"{self.fused_hint}.")
-        if float(getattr(tower.config, "mask_ratio", 0) or 0):
-            raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
-                                        "would be of a random subset of the image.")
-
-    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
-        return self._parts(model)[1]
-
-    def stem(self, model: nn.Module) -> nn.Module | None:
-        stem = getattr(self._parts(model)[0].embeddings, "backbone", None)
-        return stem if isinstance(stem, nn.Module) else None
-
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return self._parts(model)[3]
-
-    def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
-        emb = self._parts(model)[0].embeddings
-        cls = any(isinstance(getattr(emb, a, None), torch.Tensor) for a in ("cls_token", "class_embedding"))
-        dist = isinstance(getattr(emb, "distillation_token", None), torch.Tensor)
-        reg = getattr(emb, "register_tokens", None)
-        registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else 0
-        return cls, dist, registers
-
-    def declared_prefix(self, model: nn.Module) -> int | None:
-        cls, dist, registers = self.prefix_parts(model)
-        return int(cls) + int(dist) + registers + self._detection(model)  # none declared is 0
-
-    def _detection(self, model: nn.Module) -> int:
-        det = getattr(self._parts(model)[0].embeddings, "detection_tokens", None)  # YOLOS: after the patches
-        return int(det.shape[1]) if isinstance(det, torch.Tensor) and det.dim() == 3 else 0
-
-    def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
-        n = self._detection(model)
-        if not n:
-            return None
-        cls, dist, registers = self.prefix_parts(model)
-        names = ("class",) * int(cls) + ("distillation",) * int(dist) + ("register",) * registers
-        front = standard_layout(grid, names)
-        return TokenLayout(front.tokens + (PrefixToken("detection"),) * n, front.grids)
-
-    def _built_size(self, model: nn.Module) -> tuple[int, int]:
-        from .common.hf import config_image_size
-        from .common.windows import pair
-
-        return pair(config_image_size(self._parts(model)[0].config))
-
-    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
-        from .common.windows import pair
-
-        size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
-        return size[0] // patch[0], size[1] // patch[1]
-
-    def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
-        built = self._built_size(model)
-        refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
-        return built
-
-    def tower(self, model: nn.Module) -> nn.Module:
-        return self._parts(model)[0]
-
-    def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
-        tower = self._parts(model)[0]
-        return tower(**_hf_inputs(tower, x, tower.forward))
-
-    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
-        model (one with a ``logit_scale``: AIMv2, CLIP-like; its projected embedding), else the tower's own output (a
-        VLM's image features feed its language model and may need other inputs: Idefics3 takes images per sample,
-        InstructBLIP a Q-Former prompt), read as the pooled output, a backbone's last feature map, or the class token
-        (the mean token without one)."""
-        classifier = "ForImageClassification" in type(model).__name__
-        if not classifier and hasattr(model, "get_image_features") and hasattr(model, "logit_scale"):
-            out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))
-            return out if isinstance(out, torch.Tensor) else out.pooler_output
-        target = model if classifier else self._parts(model)[0]
-        out = target(**_hf_inputs(target, x, target.forward))
-        if getattr(out, "logits", None) is not None:
-            return out.logits
-        if getattr(out, "pooler_output", None) is not None:
-            return out.pooler_output
-        if getattr(out, "feature_maps", None):  # a backbone (VitPose's): its last feature map
-            return out.feature_maps[-1]
-        hidden = out.last_hidden_state
-        return hidden[:, 0] if self.prefix_parts(model)[0] else hidden.mean(1)
-
-    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        emb = self._parts(model)[0].embeddings
-        table = getattr(emb, "position_embeddings", None)
-        if isinstance(table, torch.Tensor) and table.dim() == 3:
-            return table
-        table = getattr(emb, "position_embedding", None)
-        return table.weight.unsqueeze(0) if isinstance(table, nn.Embedding) else None
-
-    def embed_dim(self, model: nn.Module) -> int:
-        return int(self._parts(model)[0].config.hidden_size)
-
-    def num_classes(self, model: nn.Module) -> int:
-        return int(model.config.num_labels) if "ForImageClassification" in type(model).__name__ else 0
-
-    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults,
-                                tower_type)
-
-        defaults = processor_defaults(tower_type(model)) or ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN,
-                                                                              IMAGENET_STD, "bicubic")
-        return data_config_of(model, spec, defaults, int(self.patch_conv(model).in_channels))
-
-    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
-        """An attention-pooling head: a learned probe through one ``nn.MultiheadAttention`` (Phi-4-multimodal's
-        head, SigLIP's kind), read from that module's own in-projection (``common.mha.install_probe_pool``); else
-        one SDPA call of its queries over the tokens (AIMv2's ``head``), read at that call."""
-        from .common.mha import install_probe_pool, probe_attention
-        from .common.sdpa_calls import install_pool_call_capture
-
-        tower = self._parts(model)[0]
-        head = getattr(tower, "head", None)
-        if not isinstance(head, nn.Module) or not getattr(tower, "use_head", True) or \
-                "Pool" not in type(head).__name__:
-            return super().install_pool(model, capture, handles, name)
-        mha = probe_attention(head)
-        if mha is not None:
-            return install_probe_pool(mha, capture, handles)
-        install_pool_call_capture(head, capture, handles, name)
 
 
 # ---------------------------------------------------------------------------------------------------- OpenCLIP
@@ -536,8 +357,7 @@ class OpenClipLayout(Layout):
 
 
 register_layout(TimmLayout())
-register_layout(HuggingFaceLayout())
-register_layout(OpenClipLayout())
+register_layout(OpenClipLayout())  # (the Hugging Face layout registers in layouts_hf, imported by the generic capture)
 
 
-__all__ = ["LAYOUTS", "HuggingFaceLayout", "Layout", "OpenClipLayout", "TimmLayout", "layout_of", "register_layout"]
+__all__ = ["LAYOUTS", "Layout", "OpenClipLayout", "TimmLayout", "layout_of", "register_layout"]

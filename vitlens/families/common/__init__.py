@@ -14,6 +14,8 @@ every module of ``vitlens/families/`` to that).
 - ``timm``: what timm's ViT-like families share (``TimmFamily``, the q_norm / k_norm side capture, the data config).
 - ``mha``: ``nn.MultiheadAttention`` blocks (torchvision's and open_clip's ViTs, SigLIP's and CoCa's pools).
 - ``openclip``: an open_clip model's image tower, preprocessing, output and attentional pool.
+- ``patches``: a patch embedding read as a convolution of the pixels (a ``Conv2d``, or a linear layer over unfolded
+  patches: Llama 4's, Gemma 4's): its grid, stride, filters and tokens per forward.
 
 Nothing here registers a family, and nothing here imports a family module.
 """

@@ -1,0 +1,375 @@
+"""The generic capture's Hugging Face layout (``vitlens.families.layouts``' ``Layout``): a transformers vision model
+the ``hf-vit`` family does not name, read at its attention modules' one ``scaled_dot_product_attention`` call
+(``attn_implementation="sdpa"``) or, eager-only, at their one softmax.
+
+Its patch embedding is one convolution in ``embeddings``, or a tower's own: Pixtral's ``patch_conv`` (images packed
+in one sequence with a block-diagonal mask), Llama 4's ``patch_embedding`` (a linear layer over unfolded patches, its
+class token after them), Qwen3-VL's ``patch_embed`` (a Conv3d over flattened temporal patches, its tokens in 2x2
+merge-block order, one attention call per image), Gemma 4's ``patch_embedder`` (a linear layer over patches flattened
+(row, column, channel), fed with their positions); ``common.patches`` reads each as a convolution of the pixels.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..core.spec import ModelSpec
+from ..core.tokens import PrefixToken, TokenLayout, merge_block_layout, standard_layout
+from ..errors import UnsupportedModelError
+from .base import CaptureRequest, Handles, refuse_other_size
+from .common.patches import patch_embedding
+from .layouts import Layout, register_layout
+
+
+#: ``name``: where a transformers model's list of layers may be, most usual first
+_HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "model.layers", "transformer.layers", "layer",
+                   "layers", "encoder.blocks", "blocks")
+
+
+def _hf_tower(model: nn.Module) -> nn.Module:
+    """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
+    or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
+    it wraps (Kosmos-2's vision model)."""
+    from .common.hf import vision_tower
+
+    tower = vision_tower(model)
+    for attr in ("base_model", "model"):
+        if hasattr(tower, "embeddings"):
+            break
+        inner = getattr(tower, attr, None)
+        if isinstance(inner, nn.Module) and inner is not tower and hasattr(inner, "embeddings"):
+            tower = inner
+    return tower
+
+
+def _hf_patches(tower: nn.Module) -> nn.Module | None:
+    """A transformers tower's patch embedding: the one convolution in ``embeddings`` whose kernel is its stride (a
+    hybrid's projection after its CNN stem), or, for a tower without ``embeddings``, its ``patch_embedding`` that is
+    a linear layer over unfolded patches (Llama 4's ``Llama4UnfoldConvolution``); None otherwise."""
+    emb = getattr(tower, "embeddings", None)
+    if not isinstance(emb, nn.Module):
+        embedder = getattr(tower, "patch_embedder", None)  # Gemma 4's linear layer over flattened patches
+        read = patch_embedding(embedder) if isinstance(embedder, nn.Module) else None
+        if read is not None and read.kind == "linear" and read.channels_last:
+            return embedder
+        flat = getattr(tower, "patch_embed", None)  # Qwen3-VL's Conv3d over flattened temporal patches
+        read = patch_embedding(flat) if isinstance(flat, nn.Module) else None
+        if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:
+            return flat
+        conv = getattr(tower, "patch_conv", None)  # Pixtral's
+        if isinstance(conv, nn.Conv2d) and tuple(conv.kernel_size) == tuple(conv.stride) and conv.groups == 1:
+            return conv
+        found = getattr(tower, "patch_embedding", None)
+        read = patch_embedding(found) if isinstance(found, nn.Module) else None
+        return found if read is not None and read.kind == "linear" else None
+    stem, projection = getattr(emb, "backbone", None), getattr(emb, "projection", None)
+    if isinstance(stem, nn.Module) and isinstance(projection, nn.Conv2d):  # a hybrid (DPT-hybrid's BiT stem)
+        convs = [projection]
+    else:
+        convs = [m for m in emb.modules() if isinstance(m, nn.Conv2d)]
+    if len(convs) != 1 or tuple(convs[0].kernel_size) != tuple(convs[0].stride) or convs[0].groups != 1:
+        return None
+    return convs[0]
+
+
+def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]] | None:
+    """(vision tower, patch embedding, layers, each layer's attention module) of a transformers vision model, or
+    None when it does not have that shape: one patch embedding (``_hf_patches``), one list of ``num_hidden_layers``
+    layers of one class, each with exactly one direct child whose class name has "Attention"."""
+    tower = _hf_tower(model)
+    cfg = getattr(tower, "config", None)
+    patches = _hf_patches(tower) if cfg is not None else None
+    if patches is None:
+        return None
+    depth = getattr(cfg, "num_hidden_layers", None)
+    modules = dict(tower.named_modules())
+    layers = next((modules[n] for n in _HF_LAYER_LISTS if isinstance(modules.get(n), nn.ModuleList)
+                   and len(modules[n]) == depth and depth), None)
+    if layers is None or len({type(layer) for layer in layers}) != 1:
+        return None
+    attns = []
+    for layer in layers:
+        found = [child for child in layer.children() if "Attention" in type(child).__name__]
+        if len(found) != 1:
+            return None
+        attns.append(found[0])
+    return tower, patches, layers, attns
+
+
+def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
+    """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
+    ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
+    from .common.hf import resize_inputs
+
+    return {"pixel_values": x, **resize_inputs(model, x, fn)}
+
+
+class HuggingFaceLayout(Layout):
+    """A transformers vision model the ``hf-vit`` family does not name (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...),
+    read at its attention modules' one ``scaled_dot_product_attention`` call (``attn_implementation="sdpa"``)."""
+
+    name = "Hugging Face"
+    fused_hint = ("load it with attn_implementation='sdpa' (vitlens's hf: names do), the implementation whose "
+                  "scaled_dot_product_attention call the generic capture reads")
+
+    def matches(self, model: nn.Module) -> bool:
+        from .common.hf import is_hf_model
+
+        return is_hf_model(model) and _hf_parts(model) is not None
+
+    def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]]:
+        parts = _hf_parts(model)
+        if parts is None:
+            raise UnsupportedModelError(f"{type(model).__name__} no longer has the layout the generic capture read.")
+        return parts
+
+    def check(self, model: nn.Module, name: str) -> None:
+        tower = self._parts(model)[0]
+        impl = getattr(tower.config, "_attn_implementation", None)
+        eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
+        if impl != "sdpa" and not eager_only:
+            raise UnsupportedModelError(
+                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
+                "this model at its scaled_dot_product_attention calls (generic call-level capture): "
+                f"{self.fused_hint}.")
+        if float(getattr(tower.config, "mask_ratio", 0) or 0):
+            raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
+                                        "would be of a random subset of the image.")
+
+    def patch_conv(self, model: nn.Module) -> nn.Module:
+        return self._parts(model)[1]
+
+    def _embeddings(self, model: nn.Module) -> nn.Module:
+        """Where the tower keeps its embeddings' tokens and tables: its ``embeddings``, else the tower itself
+        (Llama 4 keeps ``class_embedding`` and ``patch_embedding`` on the vision model)."""
+        tower = self._parts(model)[0]
+        emb = getattr(tower, "embeddings", None)
+        return emb if isinstance(emb, nn.Module) else tower
+
+    def _class_last(self, model: nn.Module) -> bool:
+        """A class token after the patches: Llama 4's vision model (``class_embedding`` on a tower without
+        ``embeddings``, concatenated after the patch tokens; ``verify_patch_order`` checks the cells' places)."""
+        tower = self._parts(model)[0]
+        return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
+            isinstance(getattr(tower, "class_embedding", None), torch.Tensor)
+
+    def packs(self, model: nn.Module) -> bool:
+        """Pixtral's vision model: no ``embeddings``, a ``patch_conv`` and a forward taking ``image_sizes``, whose
+        images are packed in one sequence with a block-diagonal mask."""
+        import inspect
+
+        tower = self._parts(model)[0]
+        return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
+            isinstance(getattr(tower, "patch_conv", None), nn.Conv2d) and \
+            "image_sizes" in inspect.signature(tower.forward).parameters
+
+    def _merge(self, model: nn.Module) -> int:
+        """Qwen3-VL's vision model (a Conv3d patch embedding fed flattened patches, a ``spatial_merge_size``): the
+        merge size (its tokens in merge x merge block order, attended image by image); 0 for any other tower."""
+        tower = self._parts(model)[0]
+        pe = patch_embedding(self._parts(model)[1])
+        merge = getattr(tower, "spatial_merge_size", None)
+        return int(merge) if pe is not None and pe.kind == "conv3d" and isinstance(merge, int) else 0
+
+    def calls_per_image(self, model: nn.Module) -> bool:
+        return self._merge(model) > 0
+
+    def _positioned(self, model: nn.Module) -> bool:
+        """Gemma 4's vision model: patches flattened (row, column, channel) with their (x, y) positions as input."""
+        pe = patch_embedding(self._parts(model)[1])
+        return pe is not None and pe.channels_last
+
+    def _positioned_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A batch [B, C, H, W] as Gemma 4's processor hands it: each image's patches row-major, each flattened (row,
+        column, channel), and their (x, y) = (column, row) positions; no padding."""
+        pe = patch_embedding(self._parts(model)[1])
+        b, c, h, w = x.shape
+        p = pe.kernel[0]
+        gh, gw = h // p, w // p
+        pixels = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * c)
+        rows, cols = torch.meshgrid(torch.arange(gh, device=x.device), torch.arange(gw, device=x.device),
+                                    indexing="ij")
+        positions = torch.stack([cols.flatten(), rows.flatten()], -1).expand(b, -1, -1)
+        return {"pixel_values": pixels, "pixel_position_ids": positions}
+
+    def _flat_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A batch [B, C, H, W] as Qwen3-VL's processor hands it: each image's patches flattened (channel, temporal
+        frame, row, column), the image repeated over the temporal patch, in merge x merge block order, images in
+        order; ``grid_thw`` one (1, rows, columns) per image."""
+        tower, merge = self._parts(model)[0], self._merge(model)
+        pe = patch_embedding(self._parts(model)[1])
+        b, c, h, w = x.shape
+        p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
+        gh, gw = h // p, w // p
+        if h % (p * merge) or w % (p * merge):
+            raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
+                                        f"{p * merge} px (patch {p} x merge {merge}); got {h}x{w}.")
+        patches = x.reshape(b, c, gh // merge, merge, p, gw // merge, merge, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
+        flat = patches.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, t, -1, -1).reshape(b * gh * gw, c * t * p * p)
+        grid = torch.tensor([[1, gh, gw]] * b, device=x.device)
+        return {"hidden_states": flat, "grid_thw": grid}
+
+    def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
+        """The images padded (zeros) to the largest height and width, with their sizes: Pixtral cuts each image's own
+        patches from the padded batch (``image_sizes``)."""
+        tower = self._parts(model)[0]
+        h, w = max(int(i.shape[-2]) for i in images), max(int(i.shape[-1]) for i in images)
+        x = images[0].new_zeros(len(images), int(images[0].shape[0]), h, w)
+        for b, img in enumerate(images):
+            x[b, :, :img.shape[-2], :img.shape[-1]] = img
+        sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
+        return tower(pixel_values=x, image_sizes=sizes)
+
+    def stem(self, model: nn.Module) -> nn.Module | None:
+        stem = getattr(self._embeddings(model), "backbone", None)
+        return stem if isinstance(stem, nn.Module) else None
+
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+        return self._parts(model)[3]
+
+    def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
+        emb = self._embeddings(model)
+        cls = any(isinstance(getattr(emb, a, None), torch.Tensor) for a in ("cls_token", "class_embedding"))
+        dist = isinstance(getattr(emb, "distillation_token", None), torch.Tensor)
+        reg = getattr(emb, "register_tokens", None)
+        registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else 0
+        return cls, dist, registers
+
+    def declared_prefix(self, model: nn.Module) -> int | None:
+        cls, dist, registers = self.prefix_parts(model)
+        return int(cls) + int(dist) + registers + self._detection(model)  # none declared is 0
+
+    def _detection(self, model: nn.Module) -> int:
+        det = getattr(self._embeddings(model), "detection_tokens", None)  # YOLOS: after the patches
+        return int(det.shape[1]) if isinstance(det, torch.Tensor) and det.dim() == 3 else 0
+
+    def token_layout(self, model: nn.Module, grid: tuple[int, int]) -> TokenLayout | None:
+        if self._class_last(model):
+            return standard_layout(grid, ("class",), prefix_last=True)
+        if self._merge(model):
+            return merge_block_layout(grid, self._merge(model))
+        n = self._detection(model)
+        if not n:
+            return None
+        cls, dist, registers = self.prefix_parts(model)
+        names = ("class",) * int(cls) + ("distillation",) * int(dist) + ("register",) * registers
+        front = standard_layout(grid, names)
+        return TokenLayout(front.tokens + (PrefixToken("detection"),) * n, front.grids)
+
+    def _built_size(self, model: nn.Module) -> tuple[int, int]:
+        from .common.hf import config_image_size
+        from .common.windows import pair
+
+        return pair(config_image_size(self._parts(model)[0].config))
+
+    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
+        from .common.windows import pair
+
+        if self._merge(model) or self._positioned(model):
+            return None  # (any size: its positions are given with its patches)
+        size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
+        return size[0] // patch[0], size[1] // patch[1]
+
+    def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
+        if self._positioned(model):  # Gemma 4: the size given, else 48 patches a side (timm's gemma4_vit_* size)
+            stride = self.patch_embedding(model).stride
+            return (int(input_size[0]), int(input_size[1])) if input_size is not None else (48 * stride[0],
+                                                                                              48 * stride[1])
+        if self._merge(model):  # Qwen3-VL: the size given, else its square position table's
+            if input_size is not None:
+                return int(input_size[0]), int(input_size[1])
+            side = math.isqrt(int(self._parts(model)[0].config.num_position_embeddings))
+            return side * self.patch_embedding(model).stride[0], side * self.patch_embedding(model).stride[1]
+        built = self._built_size(model)
+        refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
+        return built
+
+    def tower(self, model: nn.Module) -> nn.Module:
+        return self._parts(model)[0]
+
+    def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
+        tower = self._parts(model)[0]
+        if self._merge(model):
+            return tower(**self._flat_inputs(model, x))
+        if self._positioned(model):
+            return tower(**self._positioned_inputs(model, x))
+        return tower(**_hf_inputs(tower, x, tower.forward))
+
+    def dynamic(self, model: nn.Module) -> bool:
+        return self._merge(model) > 0 or self._positioned(model)
+
+    def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
+        model (one with a ``logit_scale``: AIMv2, CLIP-like; its projected embedding), else the tower's own output (a
+        VLM's image features feed its language model and may need other inputs: Idefics3 takes images per sample,
+        InstructBLIP a Q-Former prompt), read as the pooled output, a backbone's last feature map, or the class token
+        (the mean token without one)."""
+        if self._merge(model) or self._positioned(model):  # Qwen3-VL's merged, Gemma 4's pooled tokens, per image
+            out = self.forward(model, x)
+            out = out.pooler_output if self._merge(model) else out.last_hidden_state
+            return out.reshape(x.shape[0], -1, out.shape[-1]).mean(1)
+        classifier = "ForImageClassification" in type(model).__name__
+        if not classifier and hasattr(model, "get_image_features") and hasattr(model, "logit_scale"):
+            out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))
+            return out if isinstance(out, torch.Tensor) else out.pooler_output
+        target = model if classifier else self._parts(model)[0]
+        out = target(**_hf_inputs(target, x, target.forward))
+        if getattr(out, "logits", None) is not None:
+            return out.logits
+        if getattr(out, "pooler_output", None) is not None:
+            return out.pooler_output
+        if getattr(out, "feature_maps", None):  # a backbone (VitPose's): its last feature map
+            return out.feature_maps[-1]
+        hidden = out.last_hidden_state
+        if self.packs(model) and hidden.shape[0] == 1 and x.shape[0] > 1:  # one packed sequence: each image's mean
+            return hidden.reshape(x.shape[0], -1, hidden.shape[-1]).mean(1)
+        first = self.prefix_parts(model)[0] and not self._class_last(model)  # (Llama 4 drops its last class token)
+        return hidden[:, 0] if first else hidden.mean(1)
+
+    def position_rows(self, model: nn.Module) -> torch.Tensor | None:
+        emb = self._embeddings(model)
+        table = getattr(emb, "position_embeddings", None)
+        if isinstance(table, torch.Tensor) and table.dim() == 3:
+            return table
+        table = getattr(emb, "position_embedding", None)
+        return table.weight.unsqueeze(0) if isinstance(table, nn.Embedding) else None
+
+    def embed_dim(self, model: nn.Module) -> int:
+        return int(self._parts(model)[0].config.hidden_size)
+
+    def num_classes(self, model: nn.Module) -> int:
+        return int(model.config.num_labels) if "ForImageClassification" in type(model).__name__ else 0
+
+    def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
+        from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults,
+                                tower_type)
+
+        defaults = processor_defaults(tower_type(model)) or ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN,
+                                                                              IMAGENET_STD, "bicubic")
+        return data_config_of(model, spec, defaults, self.patch_embedding(model).in_channels)
+
+    def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
+        """An attention-pooling head: a learned probe through one ``nn.MultiheadAttention`` (Phi-4-multimodal's
+        head, SigLIP's kind), read from that module's own in-projection (``common.mha.install_probe_pool``); else
+        one SDPA call of its queries over the tokens (AIMv2's ``head``), read at that call."""
+        from .common.mha import install_probe_pool, probe_attention
+        from .common.sdpa_calls import install_pool_call_capture
+
+        tower = self._parts(model)[0]
+        head = getattr(tower, "head", None)
+        if not isinstance(head, nn.Module) or not getattr(tower, "use_head", True) or \
+                "Pool" not in type(head).__name__:
+            return super().install_pool(model, capture, handles, name)
+        mha = probe_attention(head)
+        if mha is not None:
+            return install_probe_pool(mha, capture, handles)
+        install_pool_call_capture(head, capture, handles, name)
+
+
+register_layout(HuggingFaceLayout())
+
+
+__all__ = ["HuggingFaceLayout"]

@@ -1,0 +1,98 @@
+"""Images of different sizes, each analysed on its own grid (issue 48): ``analyze_each``.
+
+Serves the attention views of Fig. 6 (rollout) and Fig. 7 right / Fig. 11 (distance) for a model that takes images
+of any size. A model that packs several images in one sequence (Pixtral: each image's patches row-major, images in
+order, a block-diagonal mask) is run once on the whole list: its captured maps [1, heads, T, T] are cut into each
+image's diagonal block (``core.tokens.ImageTokens``), which holds every row's whole mass, since the mask gives the
+other images' keys exactly zero probability. A model that pads them in one batch (Siglip2 NaFlex: image i in row
+i, its cells first, padding keys at exactly zero probability) is run once too, and image i's block is row i's own
+cells. Each block is then fed to the view's consumer as one image of that image's grid and size, so each image's
+result is the one it gets run alone. Any other model runs the images one by one (``analyze`` per image).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import torch
+
+
+from ..engine.capture import capture_attention
+from ..engine.consumer import BatchInfo
+from ..errors import InvalidParameterError
+from ..loading.model import LoadedModel
+from .analyze import AnalysisResult, analyze
+from .registry import VIEWS, ViewParams, check_views
+
+#: the views ``analyze_each`` computes per image from the pack's maps
+PACKED_VIEWS = ("distance", "rollout")
+
+
+def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence[str] = PACKED_VIEWS,
+                 renormalize: bool = True, head_fusion: str = "mean",
+                 discard_ratio: float = 0.0) -> list[AnalysisResult]:
+    """Each image's own attention distance and rollout, for images of different sizes.
+
+    Args:
+        m: the model.
+        images: preprocessed tensors [C, H_i, W_i] (or [1, C, H_i, W_i]), each at its own size (for a packing model,
+            sides that are multiples of the patch stride).
+        views: any of ``PACKED_VIEWS``.
+        renormalize: as for ``attention_distance``.
+        head_fusion: as for ``attention_rollout``.
+        discard_ratio: as for ``attention_rollout``.
+
+    Returns:
+        One ``AnalysisResult`` per image, in order (``results[i]`` is image ``i``'s): its ``spec`` at the image's own
+            size and grid, its distance over that image alone and its rollout map on its own grid.
+
+    Raises:
+        InvalidParameterError: no images, a view other than ``PACKED_VIEWS``, or an image that is not one tensor.
+    """
+    views = check_views(views)
+    other = [v for v in views if v not in PACKED_VIEWS]
+    if other or not images:
+        raise InvalidParameterError(f"analyze_each computes {list(PACKED_VIEWS)} of one or more images; got views "
+                                    f"{list(views)} and {len(images)} images.")
+    batch = []
+    for i, img in enumerate(images):
+        if not isinstance(img, torch.Tensor) or img.dim() not in (3, 4) or (img.dim() == 4 and img.shape[0] != 1):
+            raise InvalidParameterError(f"image {i}: analyze_each takes preprocessed tensors [C, H, W] of any size; "
+                                        f"got {type(img).__name__} {tuple(getattr(img, 'shape', ()))}.")
+        batch.append((img[0] if img.dim() == 4 else img).to(m.device))
+    packed = m.family.packed_forward
+    params = ViewParams(renormalize=renormalize, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    pack = None
+    if packed is not None:
+        with capture_attention(m) as cap:
+            pack = packed(m.model, batch)
+    if pack is None:
+        return [_alone(m, img, views, params) for img in batch]
+    out = []
+    for img, where in zip(batch, pack):
+        size, grid, rows = (int(img.shape[-2]), int(img.shape[-1])), where.grid, where.tokens
+        spec = replace(m.spec, image_size=size, grid=grid)
+        consumers = {name: VIEWS[name].build(m, params) for name in views}
+        for c in consumers.values():
+            c.begin_batch(BatchInfo.of(grid, size, size=1, device=m.device))
+        for layer, probs in enumerate(cap.maps):
+            block = probs[where.row:where.row + 1, :, rows, rows]
+            for c in consumers.values():
+                c.on_attention(layer, block)
+        for c in consumers.values():
+            c.end_batch(None)
+        results = {name: c.result(spec) for name, c in consumers.items()}
+        out.append(AnalysisResult(spec=spec, filters=None, position=None, distance=results.get("distance"),
+                                  rollout=results.get("rollout"), views=views))
+    return out
+
+
+def _alone(m: LoadedModel, img: torch.Tensor, views: tuple, params: ViewParams) -> AnalysisResult:
+    """One image through ``analyze``, its result's spec at the image's own size and grid."""
+    result = analyze(m, img[None], views=views, renormalize=params.renormalize, head_fusion=params.head_fusion,
+                     discard_ratio=params.discard_ratio)
+    size = (int(img.shape[-2]), int(img.shape[-1]))
+    return replace(result, spec=replace(m.spec, image_size=size, grid=m.grid_for(size)))
+
+
+__all__ = ["PACKED_VIEWS", "analyze_each"]
