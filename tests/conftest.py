@@ -54,10 +54,16 @@ SHARED_FIXTURE_GROUPS: dict[str, str] = {
 #: the marker of a test that takes long on its own (the docs build): under xdist such tests, then the groups above,
 #: are handed out first, so no worker starts one of them while the other is finishing
 LONG = "long"
+#: the marker of a test that takes a while on its own but less than a group (a Ray of its own, a browser, a command
+#: in a fresh process: ~8 s or more alone): under xdist handed out after the groups and before the short tests, so the
+#: short tests even out the end instead of one worker finishing a heavy test while the other idles
+HEAVY = "heavy"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{LONG}: a test that runs long on its own; under xdist it starts first")
+    config.addinivalue_line("markers", f"{HEAVY}: a test that takes a while alone; under xdist it starts after the "
+                            "groups, before the short tests")
 
 
 def shared_group(item: pytest.Item) -> str | None:
@@ -71,7 +77,8 @@ def shared_group(item: pytest.Item) -> str | None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist: the tests of a shared fixture marked into one ``xdist_group``; long tests first, then the
-    groups (largest first), then the rest in their order (a serial run keeps the files' own order)."""
+    groups (largest first), then the heavy tests, then the rest in their order (a serial run keeps the files' own
+    order)."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     groups: dict[str, int] = {}
@@ -85,7 +92,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker(LONG) is not None:
             return (0, 0)
         group = shared_group(item)
-        return (1, -groups[group]) if group is not None else (2, 0)
+        if group is not None:
+            return (1, -groups[group])
+        return (2, 0) if item.get_closest_marker(HEAVY) is not None else (3, 0)
 
     items[:] = sorted(items, key=rank)  # stable: the files' order within each rank
 
@@ -135,6 +144,30 @@ def local_ray():
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def app_server() -> int:
+    """One ``streamlit run app.py`` for the suite's browser tests, started as a user starts it (no --server.address:
+    the repository's .streamlit/config.toml decides); its port."""
+    from test_app import served_app
+
+    with served_app(address=None) as port:
+        yield port
+
+
+@pytest.fixture(scope="session")
+def browser_app(app_server):
+    """One headless Chromium on the app server for the suite's browser tests: (browser, the app's URL); each test
+    opens its own context (a new session of the app)."""
+    from playwright.sync_api import sync_playwright
+
+    from test_app import CHROMIUM
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield browser, f"http://127.0.0.1:{app_server}/"
+        browser.close()
 
 
 @pytest.fixture(scope="session")

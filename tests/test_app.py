@@ -497,27 +497,11 @@ def listening_addresses(port: int) -> list[str]:
     return found
 
 
-# one app server for the module, started as `streamlit run app.py` starts it (no --server.address: the repository's
-# .streamlit/config.toml decides), and one Chromium on it for the browser tests
-@pytest.fixture(scope="module")
-def app_server() -> int:
-    with served_app(address=None) as port:
-        yield port
-
-
+# the app server and the Chromium on it (``app_server``, ``browser_app``) are conftest's: one per suite, shared with
+# the other modules' browser tests (tests/test_swin_app.py)
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
 def test_the_app_serves_loopback_only_by_default(app_server):
     assert listening_addresses(app_server) == ["127.0.0.1"]
-
-
-@pytest.fixture(scope="module")
-def browser_app(app_server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield browser, f"http://127.0.0.1:{app_server}/"
-        browser.close()
 
 
 @pytest.fixture()
@@ -683,6 +667,7 @@ def test_the_figure_download_is_the_command_lines_png_in_chromium(page, tmp_path
     assert (np.abs(app_img - cli_img).max(-1) > 40).mean() < 0.005  # the same picture, up to antialiasing
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_attributions_of_a_clip_model_take_a_prompt(app, tmp_path):
     """A CLIP (open_clip:NAME, a tiny config registered here) shows a prompt box instead of a class picker, and
     the maps shown are the library's for that prompt; a model without a text tower shows no prompt box."""

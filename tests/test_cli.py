@@ -153,6 +153,7 @@ def test_compare_of_different_input_sizes_uses_image_widths(tmp_path):
         assert "vit_tiny_patch16_224 has random weights" in data.reading()
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_same_command_gives_the_same_numbers(tmp_path):
     a, b = tmp_path / "a.html", tmp_path / "b.html"
     for out, run in ((a, run_cli), (b, run_cli_here)):  # a fresh process, then this one
@@ -331,6 +332,7 @@ def test_python_m_vitlens_says_a_bad_number_in_one_line_and_help_still_lists_the
     assert len(wrong.stderr.splitlines()) == 1
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_debug_shows_the_traceback(tmp_path):
     proc = run_cli("report", "--model", "vit_base_patch16_22", "--debug", "--out", str(tmp_path / "x.html"))
     assert proc.returncode != 0 and "Traceback" in proc.stderr
@@ -348,6 +350,7 @@ def test_a_failing_run_leaves_the_previous_report_untouched(tmp_path):
 
 
 @pytest.mark.skipif(NO_BROWSER, reason="kaleido needs Chromium")
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_png_export_writes_every_figure(tmp_path):
     proc = run_cli_here("report", "--model", "vit_tiny_patch16_224", "--random-init", "--samples", "--n-images",
                         "1", "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), "--quiet")
@@ -358,6 +361,7 @@ def test_png_export_writes_every_figure(tmp_path):
     assert all((tmp_path / "png" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_report_with_attributions_scores_every_method(tmp_path):
     out = tmp_path / "attr.html"
     proc = run_cli_here("report", "--model", "ref-vit", "--n-images", "4", "--attributions", "--methods", "all",
@@ -383,6 +387,7 @@ def test_report_with_attributions_scores_every_method(tmp_path):
     assert "data:image\\u002fpng;base64," in page  # images as PNG (plotly writes "/" as \u002f), not pixels
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_paper_figure_scripts_run_offline_on_the_embedded_pair(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmp_out = tmp_path / "fig11.html"

@@ -69,6 +69,7 @@ def test_several_figures_take_one_browser_and_one_bound_for_them_all(monkeypatch
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="kaleido needs Chromium")
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_the_png_is_plotlys_own_export_of_the_same_figure():
     fig = go.Figure(go.Heatmap(z=[[1, 2], [3, 4]]), layout={"title": "t", "height": 300})
     want = export.export_figure(fig).to_image(format="png", width=export.PNG_WIDTH, scale=export.PNG_SCALE)

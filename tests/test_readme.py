@@ -9,6 +9,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
@@ -19,6 +21,7 @@ def section(title: str) -> str:
     return README[start: end if end > 0 else None]
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_the_api_tour_runs_as_written(tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", section("API tour"), flags=re.S)
     assert len(blocks) >= 2

@@ -635,6 +635,7 @@ def listening_sockets(root: int) -> list[tuple[str, str, int]]:
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc")
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_a_local_survey_listens_on_loopback_only_and_refuses_clients_without_the_token(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -204,6 +204,7 @@ def test_a_local_rays_temporary_folder_is_private_and_removed_after(monkeypatch)
     assert run_module.private_ray_temp() is None
 
 
+@pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
 def test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it(tmp_path):
     """A command-line survey with its own local Ray: the session ran under the survey's private temporary folder
     (not /tmp/ray), which is gone after; its logs are in OUT/logs, private. Its Ray has a CPU per core, so its model's

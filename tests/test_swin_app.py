@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 
-from test_app import APP, CHROMIUM, NO_BROWSER, asked_tables, chart, problems, served_app, settled
+from test_app import APP, NO_BROWSER, asked_tables, chart, problems, settled
 
 NAME = "vitlens_test_tiny_swin"
 
@@ -158,16 +158,16 @@ FACTS_FIT = """() => {
 
 
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium():
+def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium(browser_app):
     """Issue 45.13: a Swin's name and "hierarchical (windowed stages)" ran past the sidebar's edge, clipped; every
-    cell now ends inside the table's box, its whole text shown (wrapped)."""
-    from playwright.sync_api import sync_playwright
-
+    cell now ends inside the table's box, its whole text shown (wrapped). A new session of the suite's app server, in
+    its Chromium (conftest's ``browser_app``)."""
+    browser, url = browser_app
     name = "swin_tiny_patch4_window7_224"  # random init (the Pretrained box is off): a long name, not a download
-    with served_app() as port, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.goto(f"http://127.0.0.1:{port}/", wait_until="domcontentloaded")
+    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    try:
+        page = context.new_page()
+        page.goto(url, wait_until="domcontentloaded")
         page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
         sidebar = page.locator("[data-testid='stSidebar']")
         sidebar.get_by_text("Name", exact=True).first.click()
@@ -178,7 +178,8 @@ def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium():
         sidebar.get_by_text("heads per stage").wait_for(timeout=180000)
         settled(page)
         cells = page.evaluate(FACTS_FIT)
-        browser.close()
+    finally:
+        context.close()
     texts = [c["text"] for c in cells]
     assert name in texts and "hierarchical (windowed stages)" in [t.replace("\n", " ") for t in texts], texts
     assert all(c["over"] <= 1 and c["clipped"] <= 1 for c in cells), [c for c in cells if c["over"] > 1 or c["clipped"] > 1]
