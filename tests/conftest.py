@@ -156,10 +156,12 @@ def app_server() -> int:
         yield port
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser_app(app_server):
-    """One headless Chromium on the app server for the suite's browser tests: (browser, the app's URL); each test
-    opens its own context (a new session of the app)."""
+    """A headless Chromium on the suite's app server for a module's browser tests: (browser, the app's URL); each
+    test opens its own context (a new session of the app). Per module, not per suite: Playwright's sync API keeps an
+    event loop in this thread while it is open, and another module's own ``sync_playwright()`` (the report and survey
+    pages' tests) cannot start beside it."""
     from playwright.sync_api import sync_playwright
 
     from test_app import CHROMIUM

@@ -497,8 +497,8 @@ def listening_addresses(port: int) -> list[str]:
     return found
 
 
-# the app server and the Chromium on it (``app_server``, ``browser_app``) are conftest's: one per suite, shared with
-# the other modules' browser tests (tests/test_swin_app.py)
+# the app server (``app_server``, one per suite, shared with tests/test_swin_app.py) and the Chromium on it
+# (``browser_app``, one per module) are conftest's
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux's /proc/net/tcp")
 def test_the_app_serves_loopback_only_by_default(app_server):
     assert listening_addresses(app_server) == ["127.0.0.1"]

@@ -62,6 +62,7 @@ def test_the_components_page_shows_the_librarys_numbers(page: AppTest) -> None:
 
 def test_a_model_the_components_refuse_shows_why_and_the_app_recovers(page: AppTest) -> None:
     _register()  # a tiny MViT v2 (hierarchical: no single residual stream), as the MViT app test builds it
+    page.checkbox(key="comp-patch-on").check()  # the patching section on (whether or not the test above ran)
     page.session_state["m1-timm"] = NAME
     page.radio(key="m1-source").set_value("Name").run()
     errors = [e.value for e in page.error]
