@@ -133,17 +133,23 @@ def rng() -> torch.Generator:
 @pytest.fixture(scope="session")
 def local_ray():
     """One local Ray for every in-process survey of the session (starting one costs seconds), and for the
-    ``vitlens survey --address`` processes of tests/test_survey.py.
+    ``vitlens survey --address`` processes of tests/test_survey.py, started as vitlens starts its own
+    (``vitlens.survey.run.start_ray``): its servers on 127.0.0.1 only, token authentication on, its session in a
+    private folder, so the suite never opens an unauthenticated Ray to the network (``ray.init`` alone listens on every
+    interface); the processes tests start inherit RAY_AUTH_MODE.
 
     One CPU: a survey gives each model ``CPUs // len(models)`` worker processes, and each process imports torch and
     loads its model (~4 s, ~10 s on a loaded machine) before it computes a shard of these small surveys in
     milliseconds: with two CPUs a one-model survey started two. Several worker processes per model (shards spread
     over replicas) are exercised by ``test_survey_trust.py::test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it``
     (its own local Ray, one CPU per core)."""
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 2**20)
+    pytest.importorskip("ray")
+    from vitlens.survey.run import restore_local_env, start_ray
+
+    ray, _, _ = start_ray(None, num_cpus=1)
     yield ray
     ray.shutdown()
+    restore_local_env()
 
 
 @pytest.fixture(scope="session")

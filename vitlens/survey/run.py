@@ -63,7 +63,9 @@ _PRIVATE_TEMP: list[Path] = []
 
 def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bool, float]:
     """(ray, whether this call started it, seconds it took): a cluster at ``address`` (or
-    RAY_ADDRESS), else a local Ray with this machine's cores.
+    RAY_ADDRESS), else a local Ray with this machine's cores. A loopback address (``127.0.0.1:PORT``, a local Ray
+    that vitlens started) is joined at 127.0.0.1: Ray would otherwise rewrite it to the node IP, where such a Ray does
+    not listen, and wait there.
 
     A local Ray is kept off the network and authenticated (Ray 2.60):
 
@@ -86,12 +88,19 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     if ray.is_initialized():
         return ray, False, 0.0
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-        return ray, True, time.perf_counter() - t0
-    _token_auth_on()
     constants = sys.modules.get("ray._private.ray_constants")
     cluster = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if address:
+        loopback = address.rsplit(":", 1)[0] in (LOCAL_HOST, "localhost")
+        if loopback and constants is not None and cluster is not None:
+            constants.ENABLE_RAY_CLUSTER = False  # a loopback-only Ray is reached at 127.0.0.1, not the node IP
+        try:
+            ray.init(address=address, log_to_driver=False)
+        finally:
+            if constants is not None and cluster is not None:
+                constants.ENABLE_RAY_CLUSTER = cluster
+        return ray, True, time.perf_counter() - t0
+    _token_auth_on()
     if constants is not None and cluster is not None:
         constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as the node IP (see above)
     temp = private_ray_temp()
