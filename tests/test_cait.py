@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import vitlens as vl
+from view_references import forward_with_feeds
 
 NAME = "vitlens_test_tiny_cait"
 DEPTH, TOKEN_ONLY, HEADS, GRID, STRIDE = 2, 2, 2, (4, 4), 8
@@ -73,17 +74,7 @@ def class_attention_probs(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tenso
 def capture_with_feeds(model: torch.nn.Module, x: torch.Tensor, mode: str) -> tuple:
     """(plain output, output under capture, captured maps, what each attention module was fed)."""
     m = vl.LoadedModel.from_module(model, name="tiny-cait")
-    modules = m.family.attention_modules(model)
-    feeds: list[torch.Tensor] = []
-    hooks = [a.register_forward_pre_hook(lambda _m, args: feeds.append(args[0])) for a in modules]
-    with torch.no_grad():
-        plain = model(x)
-        feeds.clear()
-        with vl.capture_attention(m, mode=mode) as cap:
-            out = model(x)
-    for h in hooks:
-        h.remove()
-    return plain, out, cap.maps, feeds
+    return forward_with_feeds(m, m.family.attention_modules(model), x, mode)
 
 
 @pytest.mark.parametrize("fused", [False, True])

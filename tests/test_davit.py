@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlens as vl
+from view_references import forward_with_feeds
 from test_pvt import pool_matrix
 from test_swin import (assert_distance_is_a_dense_float64_computation,
                        assert_rollout_is_a_brute_force_dense_composition, hand_windows)
@@ -55,21 +56,13 @@ def reference_probs(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def test_capture_is_each_spatial_blocks_own_attention_and_the_channel_blocks_are_not_drawn(model, mode):
     m = vl.LoadedModel.from_module(model, name="tiny-davit")
     x = images()
-    feeds: list = []
-    hooks = [a.register_forward_pre_hook(lambda _m, args: feeds.append(args[0])) for a in attentions(model)]
-    with torch.no_grad():
-        plain = model(x)
-        feeds.clear()
-        with vl.capture_attention(m, mode=mode) as cap:
-            out = model(x)
-    for h in hooks:
-        h.remove()
+    plain, out, maps, feeds = forward_with_feeds(m, attentions(model), x, mode)
     assert torch.equal(out, plain) if mode == "side" else torch.allclose(out, plain, rtol=0, atol=1e-5)
     channel_blocks = [b for b in model.modules() if type(b).__name__ == "ChannelBlock"]
-    assert len(channel_blocks) == 3 and len(cap.maps) == len(feeds) == 3 == m.spec.num_layers  # spatial blocks only
-    for attn, feed, got in zip(attentions(model), feeds, cap.maps):
+    assert len(channel_blocks) == 3 and len(maps) == len(feeds) == 3 == m.spec.num_layers  # spatial blocks only
+    for attn, feed, got in zip(attentions(model), feeds, maps):
         torch.testing.assert_close(got.double(), reference_probs(attn, feed), rtol=0, atol=1e-5)
-    assert max(float(p.max()) for p in cap.maps) > 0.5
+    assert max(float(p.max()) for p in maps) > 0.5
     assert "channel attention" in m.spec.describe()["not drawn"] and "not a token attention" in m.spec.not_drawn
 
 

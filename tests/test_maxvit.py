@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlens as vl
+from view_references import forward_with_feeds
 from test_swin import (assert_distance_is_a_dense_float64_computation,
                        assert_rollout_is_a_brute_force_dense_composition, hand_windows)
 
@@ -112,24 +113,16 @@ def test_capture_is_each_layers_own_attention_and_side_capture_leaves_the_output
     model = rmlp if which == "rmlp" else tiny_maxvit(which)
     m = vl.LoadedModel.from_module(model, name=which)
     x = images()
-    feeds: list = []
-    hooks = [a.register_forward_pre_hook(lambda _m, args: feeds.append(args[0])) for a in attentions(model)]
-    with torch.no_grad():
-        plain = model(x)
-        feeds.clear()
-        with vl.capture_attention(m, mode=mode) as cap:
-            out = model(x)
-    for h in hooks:
-        h.remove()
+    plain, out, maps, feeds = forward_with_feeds(m, attentions(model), x, mode)
     assert torch.equal(out, plain) if mode == "side" else torch.allclose(out, plain, rtol=0, atol=1e-5)
     kinds = [g.kind for g in m.family.windows(m.model, m.spec.image_size)]
     assert kinds == (["grid", "grid"] if which == "v2" else ["window", "grid"] * 2)
-    assert len(cap.maps) == len(feeds) == len(kinds)
-    for attn, feed, got in zip(attentions(model), feeds, cap.maps):
+    assert len(maps) == len(feeds) == len(kinds)
+    for attn, feed, got in zip(attentions(model), feeds, maps):
         want = reference_probs(attn, feed)
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
-    assert max(float(p.max()) for p in cap.maps) > 0.5
+    assert max(float(p.max()) for p in maps) > 0.5
 
 
 def test_distance_and_rollout_equal_dense_float64_computations(rmlp):

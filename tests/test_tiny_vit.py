@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlens as vl
+from view_references import forward_with_feeds
 from test_pvt import pool_matrix
 from test_swin import assert_distance_is_a_dense_float64_computation, dense, hand_windows
 
@@ -79,22 +80,14 @@ def test_the_windows_are_a_hand_written_padding_and_partition(model):
 def test_capture_is_each_blocks_own_attention_and_side_capture_leaves_the_outputs(model, mode):
     m = vl.LoadedModel.from_module(model, name="tiny-vit")
     x = images()
-    feeds: list = []
-    hooks = [a.register_forward_pre_hook(lambda _m, args: feeds.append(args[0])) for a in attentions(model)]
-    with torch.no_grad():
-        plain = model(x)
-        feeds.clear()
-        with vl.capture_attention(m, mode=mode) as cap:
-            out = model(x)
-    for h in hooks:
-        h.remove()
+    plain, out, maps, feeds = forward_with_feeds(m, attentions(model), x, mode)
     assert torch.equal(out, plain) if mode == "side" else torch.allclose(out, plain, rtol=0, atol=1e-5)
-    assert all(a.fused_attn for a in attentions(model)) and len(cap.maps) == len(feeds) == 4
-    for attn, feed, got in zip(attentions(model), feeds, cap.maps):
+    assert all(a.fused_attn for a in attentions(model)) and len(maps) == len(feeds) == 4
+    for attn, feed, got in zip(attentions(model), feeds, maps):
         want = reference_probs(attn, feed)
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
-    assert max(float(p.max()) for p in cap.maps) > 0.5  # far from uniform
+    assert max(float(p.max()) for p in maps) > 0.5  # far from uniform
 
 
 def test_the_non_fused_path_is_read_at_its_own_softmax():

@@ -93,3 +93,23 @@ def layer_recorder():
             self.layers.append(layer)
 
     return LayerRecorder()
+
+
+def forward_with_feeds(m: object, modules: list[torch.nn.Module], x: torch.Tensor, mode: str) -> tuple:
+    """One forward of ``m.model`` plain and one under ``vl.capture_attention(m, mode=mode)``: (plain output, output
+    under capture, the captured maps, what each of ``modules`` was fed in the captured forward) — the inputs the
+    capture tests recompute each block's own attention from."""
+    from vitlens.engine.capture import capture_attention
+
+    feeds: list[torch.Tensor] = []
+    hooks = [a.register_forward_pre_hook(lambda _m, args: feeds.append(args[0])) for a in modules]
+    try:
+        with torch.no_grad():
+            plain = m.model(x)
+            feeds.clear()
+            with capture_attention(m, mode=mode) as cap:
+                out = m.model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return plain, out, cap.maps, feeds
