@@ -138,9 +138,10 @@ def local_ray():
     private folder, so the suite never opens an unauthenticated Ray to the network (``ray.init`` alone listens on every
     interface); the processes tests start inherit RAY_AUTH_MODE.
 
-    One CPU: a survey gives each model ``CPUs // len(models)`` worker processes, and each process imports torch and
-    loads its model (~4 s, ~10 s on a loaded machine) before it computes a shard of these small surveys in
-    milliseconds: with two CPUs a one-model survey started two. Several worker processes per model (shards spread
+    One CPU: a survey computes ``CPUs // len(models)`` shards of a model at once, each in a Ray worker process that
+    imports torch once (~4 s, ~10 s on a loaded machine) and is reused by the next tasks and surveys of the
+    session, while these small surveys compute a shard in milliseconds: with two CPUs a one-model survey would
+    start a second process for nothing. Several worker processes per model (shards spread
     over replicas) are exercised by ``test_survey_trust.py::test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it``
     (its own local Ray, one CPU per core)."""
     pytest.importorskip("ray")

@@ -194,6 +194,9 @@ def test_a_local_rays_temporary_folder_is_private_and_removed_after(monkeypatch)
     from vitlens.survey import run as run_module
 
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    # this test's own records: the suite's session Ray (conftest.local_ray) keeps its folder and environment
+    monkeypatch.setattr(run_module, "_PRIVATE_TEMP", [])
+    monkeypatch.setattr(run_module, "_ENV_BEFORE", {})
     temp = run_module.private_ray_temp()
     st = temp.stat()
     assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700 and len(str(temp)) < 60
@@ -305,3 +308,50 @@ def test_a_survey_without_distance_draws_its_summary_as_empty(local_ray, tmp_pat
     rows = summary_rows(result)
     assert [r["model"] for r in rows] == ["ref-vit"] and np.isnan(rows[0]["depth ratio"])
     assert "ref-vit" in survey_html(result)
+
+
+def test_a_survey_process_holds_one_model_and_drops_it_after_the_models_last_task(monkeypatch):
+    """``worker.survey_task``'s rule, in this process: a task on the held model reuses it (loaded once), a task on
+    another model replaces it (never two held), a task sent with ``keep`` false drops it when done, and a checkpoint
+    is held under the digest the driver recorded (another digest loads again)."""
+    import torch
+
+    from vitlens.survey import worker
+
+    monkeypatch.setattr(worker, "_HELD", {})
+    loads: list[str] = []
+
+    class Counting(worker.SurveyWorker):
+        def _model(self):
+            if self.m is None:
+                loads.append(self.name)
+            return super()._model()
+
+    threads = torch.get_num_threads()  # survey_task sets the process's threads: left as they are
+    vit, hybrid = ("ref-vit", False, None), ("ref-hybrid", False, None)
+    assert worker.survey_task(Counting, vit, "load", threads, False, True)["ok"]
+    assert worker.survey_task(Counting, vit, "weights", threads, False, True)
+    assert loads == ["ref-vit"] and [key[1] for key in worker._HELD] == ["ref-vit"]
+    assert worker.survey_task(Counting, hybrid, "load", threads, False, True)["ok"]
+    assert loads == ["ref-vit", "ref-hybrid"] and [key[1] for key in worker._HELD] == ["ref-hybrid"]
+    worker.survey_task(Counting, hybrid, "weights", threads, False, False)
+    assert worker._HELD == {} and loads == ["ref-vit", "ref-hybrid"]
+    worker.survey_task(Counting, ("ref-vit", False, "a" * 64), "load", threads, False, True)
+    worker.survey_task(Counting, ("ref-vit", False, "b" * 64), "load", threads, False, True)
+    assert loads == ["ref-vit", "ref-hybrid", "ref-vit", "ref-vit"] and len(worker._HELD) == 1
+    assert torch.get_num_threads() == threads
+
+
+def test_the_next_survey_of_a_session_runs_in_the_process_the_last_one_used(local_ray, tmp_path):
+    """Shards are Ray tasks and Ray keeps its worker processes: a second survey from the same Python session (here
+    of another model) computes its shards in the process that computed the first's, which imported torch once,
+    rather than starting one per model (the suite's Ray has one CPU, so one process serves both)."""
+    kw = dict(shard_size=SHARD, batch_size=4, views=("distance",), progress=False)
+    first = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "a", **kw)
+    second = vl.survey(["ref-hybrid"], shapes_source(N), tmp_path / "b", **kw)
+
+    def pids(result) -> set[int]:
+        return {s["pid"] for e in result.manifest["models"].values() for s in e["shards"].values()}
+
+    assert len(pids(first)) == 1 and pids(second) == pids(first)
+    assert [len(e["shards"]) for e in first.manifest["models"].values()] == [N // SHARD]

@@ -3,7 +3,7 @@ merged into one tidy table (paper Fig. 11 across a whole zoo).
 
 - ``sources``: the image set, cut into shards workers read by themselves;
 - ``stats``: the partial states a shard returns (they merge exactly);
-- ``worker``: a model loaded once per Ray actor, shards in, states out;
+- ``worker``: a model held by a Ray worker process from task to task, shards in, states out;
 - ``run``: the driver (``vl.survey``);
 - ``store``: the survey folder (shards, manifest, Parquet table; ``vl.load_survey``);
 - the survey's offline HTML page is ``vitlens.report.survey``.

@@ -1,11 +1,12 @@
 """The survey driver: a model zoo x an image set on Ray (a local Ray by default, or a cluster).
 
-Work is (model, image shard). Each model gets one or more Ray actors (``SurveyWorker``) that load
-it once and then run its shards one after the other; the driver submits every shard up front
-and writes each result to the survey folder the moment it arrives. Ray does the scheduling:
-actors wait for free CPUs/GPUs, start when others finish and are killed, and an actor whose
-process dies is restarted (reloading its model) with the shard it lost retried. Why actors rather
-than Ray Data: one model per process, loaded once, with a GPU of its own, and a result per shard
+Work is (model, image shard). Each model's shards are Ray tasks (``worker.survey_task``), at most
+``replicas`` of a model at a time, submitted once its load has answered; the driver writes each result
+to the survey folder the moment it arrives and then submits that model's next shard. Ray does the
+scheduling and keeps its worker processes for the next task: a process holds the last model it ran
+(``SurveyWorker``), so it imports torch once and loads a model once for all the shards it runs of it,
+and a process that dies has its task retried in another (which loads the model again). Why tasks on
+held models rather than Ray Data: one model per process, a GPU of its own, and a result per shard
 written atomically as it lands — which is what resuming needs.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, f
                     own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
 from .stats import DEFAULT_SURVEY_VIEW_NAMES, survey_views
-from .worker import SurveyWorker
+from .worker import SurveyWorker, survey_task
 
 RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
                "cli": "Install it with: pip install 'vitlens[survey]'.",
@@ -270,9 +271,10 @@ FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_HOME", "HF_HUB_CACHE", "TORCH_HOME")
 class _Model:
     name: str
     key: str
-    pending: list[Shard]
-    actors: list[Any]
-    futures: dict[Any, Shard]
+    pending: list[Shard]  # not yet submitted
+    call: Any  # op, keep, *args -> the future of a ``survey_task`` on this model
+    futures: dict[Any, Shard]  # submitted, not yet back
+    replicas: int = 1  # shards of it computed at once
     load: Any = None
     weights: Any = None
     failed: str = ""
@@ -571,22 +573,16 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
             progress: bool, startup: float, session_logs: Path | None) -> None:
     total_slots = _slots(ray, gpus, cpus)
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    remote = ray.remote(SurveyWorker).options(num_cpus=cpus, num_gpus=gpus, max_restarts=3, max_task_retries=3,
-                                              runtime_env={"env_vars": env} if env else None)
+    remote = ray.remote(survey_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=3,
+                                             runtime_env={"env_vars": env} if env else None)
     work: dict[str, _Model] = {}
     for key, entry in todo.items():
         pending = [s for s in shards if not store.done(key, s)]
         replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
-        actors = [remote.remote(worker_name(entry), entry["pretrained"], cpus, gpus > 0) for _ in range(replicas)]
-        w = _Model(entry["label"], key, pending, actors, {}, reused=len(shards) - len(pending))
-        w.load = actors[0].load.remote()
-        if "weights" in settings["views"]:
-            w.weights = actors[0].weights.remote()
-        for i, shard in enumerate(pending):
-            fut = actors[i % replicas].run.remote(source.to_dict(), (shard.index, shard.start, shard.stop),
-                                                  tuple(settings["views"]), settings["batch_size"],
-                                                  settings["renormalize"])
-            w.futures[fut] = shard
+        model = (worker_name(entry), entry["pretrained"], (entry.get("checkpoint") or {}).get("sha256"))
+        w = _Model(entry["label"], key, pending, _caller(remote, SurveyWorker, model, cpus, gpus > 0), {},
+                   replicas=replicas, reused=len(shards) - len(pending))
+        w.load = w.call("load", bool(pending) or "weights" in settings["views"])
         work[key] = w
         entry["status"] = "running"
         entry["replicas"] = replicas
@@ -598,7 +594,24 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
     if session_logs is not None:
         manifest["ray"]["session_logs"] = f"logs/ray-{session_logs.parent.name}"
     store.write_manifest(manifest)
-    _collect(ray, work, manifest, store, strict, progress, sum(len(w.futures) for w in work.values()))
+    _collect(ray, work, manifest, store, source, settings, strict, progress,
+             sum(len(w.pending) for w in work.values()))
+
+
+def _caller(remote: Any, cls: type, model: tuple[str, bool, str | None], cpus: int, use_gpu: bool) -> Any:
+    """op, keep, *args -> the future of ``survey_task(cls, model, op, ..., keep, *args)`` as a Ray task."""
+    return lambda op, keep, *args: remote.remote(cls, model, op, cpus, use_gpu, keep, *args)
+
+
+def _submit_shards(w: _Model, waiting: dict, source: ImageSource, settings: dict) -> None:
+    """Submit ``w``'s next shards until ``w.replicas`` of them are out; the last ones tell their process to drop
+    the model when done (``worker.survey_task``'s ``keep``)."""
+    while w.pending and len(w.futures) < w.replicas:
+        shard = w.pending.pop(0)
+        fut = w.call("run", bool(w.pending), source.to_dict(), (shard.index, shard.start, shard.stop),
+                     tuple(settings["views"]), settings["batch_size"], settings["renormalize"])
+        w.futures[fut] = shard
+        waiting[fut] = ("shard", w)
 
 
 def _slots(ray: Any, gpus: float, cpus: int) -> int:
@@ -608,13 +621,11 @@ def _slots(ray: Any, gpus: float, cpus: int) -> int:
     return max(1, int(res.get("CPU", 1) // cpus))
 
 
-def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveyStore, strict: bool, progress: bool,
-             total: int) -> None:
+def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveyStore, source: ImageSource,
+             settings: dict, strict: bool, progress: bool, total: int) -> None:
     bar = Progress(progress, total, "survey", unit="shard")
     finished = 0
     waiting = {w.load: ("load", w) for w in work.values()}
-    waiting.update({w.weights: ("weights", w) for w in work.values() if w.weights is not None})
-    waiting.update({f: ("shard", w) for w in work.values() for f in w.futures})
     try:
         while waiting:
             ready, _ = ray.wait(list(waiting), num_returns=1)
@@ -640,6 +651,10 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                     continue
                 entry.update(spec=value["spec"], source=value["source"], device=value["device"])
                 entry["weights"] = value.get("weights") or entry.get("weights")
+                if "weights" in settings["views"]:
+                    w.weights = w.call("weights", bool(w.pending))
+                    waiting[w.weights] = ("weights", w)
+                _submit_shards(w, waiting, source, settings)
             elif what == "weights":
                 store.write_weights(w.key, value)
             else:
@@ -653,26 +668,34 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                     "peak_rss_mb": round(value.get("peak_rss_mb", 0.0), 1)}
                 finished += 1
                 bar.update(finished)
+                _submit_shards(w, waiting, source, settings)
             if not w.futures and entry.get("spec") and not any(v[1] is w for v in waiting.values()):
                 entry["status"] = "done"
-                for actor in w.actors:
-                    ray.kill(actor)  # frees its CPU/GPU for the models still waiting
                 if w.images or w.reused:  # a model that read no image is said as failed at the end
                     bar.note(done_line(w.name, w.computed, w.images, w.reused))
             store.write_manifest(manifest)
     finally:
         bar.close()
+        _cancel(ray, waiting)  # stopped early (Ctrl-C, --strict): what is still out computes for no one
+
+
+def _cancel(ray: Any, futures: Any) -> None:
+    """Cancel Ray tasks still queued or running (a task that has finished or is gone is passed over)."""
+    for fut in list(futures):
+        with contextlib.suppress(Exception):
+            ray.cancel(fut)
 
 
 def _fail(ray: Any, w: _Model, entry: dict, reason: str, waiting: dict, store: SurveyStore, manifest: dict,
           strict: bool, bar: Progress) -> None:
     w.failed = reason
     entry.update(status="failed", reason=reason)
-    bar.drop(len(w.futures))  # its shards will not come: the bar's total counts only what will
-    for fut in [f for f, (_what, owner) in waiting.items() if owner is w]:
+    bar.drop(len(w.futures) + len(w.pending))  # its shards will not come: the bar's total counts only what will
+    mine = [f for f, (_what, owner) in waiting.items() if owner is w]
+    for fut in mine:
         waiting.pop(fut)
-    for actor in w.actors:
-        ray.kill(actor)
+    _cancel(ray, mine)
+    w.pending.clear()
     store.write_manifest(manifest)
     if strict:  # the error says it, once
         raise SurveyError(f"{w.name}: {reason} (--strict stops at the first failed model).")

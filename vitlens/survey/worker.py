@@ -1,8 +1,9 @@
 """What one survey worker does: load a model once, then turn image shards into partial states.
 
-``run_shard`` is plain Python (a single process can call it); ``SurveyWorker`` is the same
-work as a Ray actor: it loads its model on first use, so an actor that Ray restarts after its
-process died reloads the model and reruns the shard it lost.
+``run_shard`` is plain Python (a single process can call it); ``SurveyWorker`` holds one model and loads it on
+first use; ``survey_task`` is what a Ray task runs: a worker process keeps the last model it was given
+(``SurveyWorker``) for the next task, so the process Ray reuses task after task imports torch once and loads each
+model once, and a task whose process died is retried in another, which loads the model again.
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def weight_views(m: LoadedModel) -> dict[str, Any]:
 
 
 class SurveyWorker:
-    """A Ray actor's body: one model, loaded once, many shards (see ``vitlens.survey.run``)."""
+    """One model, loaded once, many shards: what a survey worker process holds (see ``survey_task``)."""
 
     def __init__(self, name: str, pretrained: bool, num_threads: int, use_gpu: bool) -> None:
         """``name`` as ``vl.load_model`` takes it, or ``PATH@ARCH`` for a local checkpoint."""
@@ -115,3 +116,40 @@ class SurveyWorker:
 
     def weights(self) -> dict[str, Any]:
         return weight_views(self._model())
+
+
+#: the one model this process holds for survey tasks (``survey_task``): its key and its worker
+_HELD: dict[tuple[Any, ...], SurveyWorker] = {}
+
+
+def survey_task(cls: type[SurveyWorker], model: tuple[str, bool, str | None], op: str, threads: int,
+                use_gpu: bool, keep: bool, *args: Any) -> Any:
+    """One survey task (``op``: "load", "weights" or "run" with its arguments) on ``model`` = (name as
+    ``SurveyWorker`` takes it, pretrained, the checkpoint's sha256 when the survey started or None).
+
+    The rule: a process holds one model at a time; a task on the model it holds reuses it, a task on another drops
+    it first (so a process never holds two), and a task sent with ``keep`` false (the driver's last tasks of that
+    model) drops it when done, so no process holds a model after its survey (it keeps only its imports). A
+    checkpoint is held under the digest the driver recorded, so a file changed since is loaded again, and the load
+    reports the digest it read (the driver refuses a mismatch). ``cls`` is ``SurveyWorker`` or a subclass (tests
+    inject faults through it)."""
+    key = (cls, *model, use_gpu)
+    worker = _HELD.get(key)
+    if worker is None:
+        _release()
+        worker = cls(model[0], model[1], threads, use_gpu)
+        _HELD[key] = worker
+    torch.set_num_threads(max(1, threads))
+    try:
+        return getattr(worker, op)(*args)
+    finally:
+        if not keep:
+            _release()
+
+
+def _release() -> None:
+    """Drop the held model (and the GPU memory its tensors kept cached)."""
+    if _HELD:
+        _HELD.clear()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
