@@ -1,0 +1,80 @@
+"""Saving a clip: an animated GIF (Pillow) or an MP4 (PyAV, H.264 at constant quantiser 0 in 4:4:4, so the only
+loss is the RGB -> YUV -> RGB rounding). Each file is written beside its target under a temporary name and moved
+into place when whole, so a failed write leaves nothing half-written.
+
+A GIF holds at most 256 colours per frame and Pillow merges identical consecutive frames into one (their
+durations added): a clip with a still stretch reads back with fewer frames.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from ..errors import ClipLoadError
+from .clip import Clip
+
+
+def _atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
+    path = Path(path).expanduser()
+    if not path.parent.is_dir():
+        raise ClipLoadError(f"Cannot write {path}: its folder {path.parent} does not exist; create it first.")
+    fd, tmp = tempfile.mkstemp(prefix=".vitlens-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_gif(clip: Clip, path: str | Path) -> Path:
+    """Save ``clip`` as an animated GIF, looping, each frame shown ``1 / fps`` s (0.1 s when the rate is unknown).
+
+    Returns:
+        The path written.
+    """
+    from PIL import Image
+
+    duration = int(round(1000 / clip.fps)) if clip.fps else 100
+    images = [Image.fromarray(f, "RGB") for f in clip.frames]
+
+    def write(tmp: Path) -> None:
+        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0)
+
+    return _atomic(path, write)
+
+
+def write_mp4(clip: Clip, path: str | Path) -> Path:
+    """Save ``clip`` as an MP4 (H.264, yuv444p, qp 0) at its rate (8 fps when unknown) with PyAV.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ClipLoadError: PyAV is not installed.
+    """
+    try:
+        import av
+    except ImportError as e:
+        raise ClipLoadError("Writing MP4 needs PyAV; pip install 'vitlens[video]' (or write a GIF).") from e
+    from fractions import Fraction
+
+    rate = Fraction(clip.fps or 8.0).limit_denominator(1001)
+
+    def write(tmp: Path) -> None:
+        with av.open(os.fspath(tmp), "w", format="mp4") as out:
+            stream = out.add_stream("libx264", rate=rate)
+            stream.height, stream.width = clip.size
+            stream.pix_fmt = "yuv444p"
+            stream.options = {"qp": "0"}
+            for frame in clip.frames:
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    out.mux(packet)
+            for packet in stream.encode():
+                out.mux(packet)
+
+    return _atomic(path, write)
