@@ -1,33 +1,28 @@
 """Saving a clip: an animated GIF (Pillow) or an MP4 (PyAV, H.264 at constant quantiser 0 in 4:4:4, so the only
-loss is the RGB -> YUV -> RGB rounding). Each file is written beside its target under a temporary name and moved
-into place when whole, so a failed write leaves nothing half-written.
+loss is the RGB -> YUV -> RGB rounding). Each file is encoded in memory and written whole
+(``results.atomic_write_bytes``: a temporary file renamed into place), so a failed write leaves nothing half-written.
 
 A GIF holds at most 256 colours per frame and Pillow merges identical consecutive frames into one (their
 durations added): a clip with a still stretch reads back with fewer frames.
 """
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Callable
 
 from ..errors import ClipLoadError
+from ..results import atomic_write_bytes
 from .clip import Clip
 
 
-def _atomic(path: str | Path, write: Callable[[Path], None]) -> Path:
+def _save(path: str | Path, write: Callable[[io.BytesIO], None]) -> Path:
     path = Path(path).expanduser()
     if not path.parent.is_dir():
         raise ClipLoadError(f"Cannot write {path}: its folder {path.parent} does not exist; create it first.")
-    fd, tmp = tempfile.mkstemp(prefix=".vitlens-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    buf = io.BytesIO()
+    write(buf)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -42,10 +37,10 @@ def write_gif(clip: Clip, path: str | Path) -> Path:
     duration = int(round(1000 / clip.fps)) if clip.fps else 100
     images = [Image.fromarray(f, "RGB") for f in clip.frames]
 
-    def write(tmp: Path) -> None:
-        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0)
+    def write(buf: io.BytesIO) -> None:
+        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0)
 
-    return _atomic(path, write)
+    return _save(path, write)
 
 
 def write_mp4(clip: Clip, path: str | Path) -> Path:
@@ -65,8 +60,8 @@ def write_mp4(clip: Clip, path: str | Path) -> Path:
 
     rate = Fraction(clip.fps or 8.0).limit_denominator(1001)
 
-    def write(tmp: Path) -> None:
-        with av.open(os.fspath(tmp), "w", format="mp4") as out:
+    def write(buf: io.BytesIO) -> None:
+        with av.open(buf, "w", format="mp4") as out:
             stream = out.add_stream("libx264", rate=rate)
             stream.height, stream.width = clip.size
             stream.pix_fmt = "yuv444p"
@@ -77,4 +72,4 @@ def write_mp4(clip: Clip, path: str | Path) -> Path:
             for packet in stream.encode():
                 out.mux(packet)
 
-    return _atomic(path, write)
+    return _save(path, write)
