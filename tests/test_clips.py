@@ -218,3 +218,17 @@ def test_clip_pixel_values_batches_clips_of_any_source(tmp_path, moving):
     x = vl.clip_pixel_values([gif, moving.clip], config)
     assert x.shape == (2, 4, 3, 32, 32)
     torch.testing.assert_close(x[0], x[1], rtol=0, atol=0)  # the GIF holds the clip's frames exactly
+
+
+def test_the_readmes_video_section_runs_as_written(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("\n## Video clips\n")
+    block, = re.findall(r"```python\n(.*?)```", readme[start:readme.find("\n## ", start + 1)], flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "Clip('square.mp4': 16 frames of 64x64, 8 fps)" in out and "fixed, not learned" in out
+    assert (tmp_path / "square.gif").is_file() and (tmp_path / "square.mp4").is_file()
