@@ -93,6 +93,26 @@ def test_an_mp4_written_here_reads_back_within_the_colour_conversions_rounding(t
     np.testing.assert_allclose(sampled.times(), sampled.indices / 12.0)
 
 
+def test_a_lossless_mkv_without_a_frame_count_reads_back_exactly(tmp_path):
+    # Matroska lists no frame count (stream.frames == 0): the reader counts the packets, then decodes
+    frames = np.random.default_rng(2).integers(0, 256, (5, 16, 24, 3), dtype=np.uint8)
+    with av.open(str(tmp_path / "f.mkv"), "w", format="matroska") as out:
+        stream = out.add_stream("ffv1", rate=5)
+        stream.width, stream.height, stream.pix_fmt = 24, 16, "bgr0"
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    with av.open(str(tmp_path / "f.mkv")) as c:
+        assert c.streams.video[0].frames == 0
+    clip = vl.read_clip(tmp_path / "f.mkv")
+    np.testing.assert_array_equal(clip.frames, frames)
+    assert clip.fps == 5.0 and clip.source_frames == 5
+    sampled = vl.read_clip(tmp_path / "f.mkv", num_frames=3)
+    np.testing.assert_array_equal(sampled.frames, frames[[0, 1, 3]])
+
+
 def test_a_folder_of_frames_reads_back_exactly_sorted_by_name_without_symlinks(tmp_path, moving):
     folder = tmp_path / "frames"
     folder.mkdir()

@@ -34,7 +34,8 @@ _DEFAULTS = {
 
 
 def _config(model: Any) -> Any:
-    model = getattr(model, "model", model)  # a LoadedModel's module
+    if not isinstance(model, torch.nn.Module) and isinstance(getattr(model, "model", None), torch.nn.Module):
+        model = model.model  # a LoadedModel's module
     config = getattr(model, "config", model)
     if getattr(config, "model_type", None) not in _DEFAULTS:
         raise UnsupportedModelError(f"No video processing is known for {type(model).__name__}; vitlens prepares "

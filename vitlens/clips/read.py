@@ -165,8 +165,8 @@ def _read_video(path: Path, num_frames: int | None) -> Clip:
             for i, frame in enumerate(container.decode(stream)):
                 if i >= total:
                     break
+                _check_frame(frame.width, frame.height, len(wanted), what)  # a stream may change size mid-way
                 if i in keep:
-                    _check_frame(frame.width, frame.height, len(wanted), what)
                     frames.append(frame.to_ndarray(format="rgb24"))
     except ClipLoadError:
         raise

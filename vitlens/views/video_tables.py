@@ -69,7 +69,8 @@ def video_weights(model: Any) -> VideoWeights:
     Raises:
         UnsupportedModelError: any other model.
     """
-    model = getattr(model, "model", model)
+    if not isinstance(model, nn.Module) and isinstance(getattr(model, "model", None), nn.Module):
+        model = model.model  # a LoadedModel's module
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if not isinstance(model, nn.Module) or model_type not in VIDEO_MODEL_TYPES:
         raise UnsupportedModelError(f"{type(model).__name__} is not a video model vitlens reads the weights of; "
