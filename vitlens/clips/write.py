@@ -29,8 +29,15 @@ def _save(path: str | Path, write: Callable[[io.BytesIO], None]) -> Path:
 def write_gif(clip: Clip, path: str | Path) -> Path:
     """Save ``clip`` as an animated GIF, looping, each frame shown ``1 / fps`` s (0.1 s when the rate is unknown).
 
+    Args:
+        clip: the clip (at most 256 colours per frame are kept exactly).
+        path: the file to write; its folder must exist.
+
     Returns:
         The path written.
+
+    Raises:
+        ClipLoadError: the folder does not exist.
     """
     from PIL import Image
 
@@ -46,11 +53,15 @@ def write_gif(clip: Clip, path: str | Path) -> Path:
 def write_mp4(clip: Clip, path: str | Path) -> Path:
     """Save ``clip`` as an MP4 (H.264, yuv444p, qp 0) at its rate (8 fps when unknown) with PyAV.
 
+    Args:
+        clip: the clip.
+        path: the file to write; its folder must exist.
+
     Returns:
         The path written.
 
     Raises:
-        ClipLoadError: PyAV is not installed.
+        ClipLoadError: PyAV is not installed, or the folder does not exist.
     """
     try:
         import av
