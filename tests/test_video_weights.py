@@ -161,3 +161,20 @@ def test_other_models_are_refused_and_results_round_trip(models, tmp_path):
     back = vl.load_result(f.save(tmp_path / "f.npz"))
     np.testing.assert_array_equal(back.components, f.components)
     assert len(f.to_rows()) == 2 and len(r.to_rows()) == 4 + 256
+
+
+def test_the_figures_draw_every_panel(models):
+    from vitlens import figures
+
+    r = vl.video_position_similarity(models["vivit"])
+    fig = figures.figure_for(r)
+    assert len(fig.data) == 2 and fig.data[0].z.shape == (2, 2) and "learned, joint table" in fig.layout.title.text
+    only = transformers.TimesformerModel(transformers.TimesformerConfig(
+        image_size=32, patch_size=8, num_frames=4, attention_type="space_only", **SMALL))
+    assert len(figures.video_position_figure(vl.video_position_similarity(only)).data) == 1  # no time panel
+    f = vl.video_filter_pca(models["vivit"], n_components=3)
+    fig = figures.figure_for(f)
+    assert len(fig.data) == 3 * 2 and fig.data[0].z.shape == (8, 8, 3)
+    # a component's slices are scaled together: the two slices' pixels span 0..255 between them
+    both = np.concatenate([fig.data[0].z, fig.data[1].z], axis=1)
+    assert both.min() == 0 and both.max() == 255
