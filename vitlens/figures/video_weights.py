@@ -35,19 +35,23 @@ def video_position_figure(result: VideoPositionSimilarityResult, title: str | No
         fig.add_trace(go.Heatmap(z=result.time, x=list(range(n)), y=list(range(n)), colorscale="Viridis", zmin=-1,
                                  zmax=1, showscale=False,
                                  hovertemplate="time step %{y} vs %{x}<br>cosine %{z:.3f}<extra></extra>"), row=1, col=1)
-        fig.update_xaxes(title="time step", row=1, col=1)
-        fig.update_yaxes(title="time step", autorange="reversed", scaleanchor="x", row=1, col=1)
+        fig.update_xaxes(title="time step", range=[-0.5, n - 0.5], constrain="domain", dtick=1, row=1, col=1)
+        fig.update_yaxes(title="time step", range=[n - 0.5, -0.5], scaleanchor="x", constrain="domain", dtick=1,
+                         row=1, col=1)
     col = 2 if has_time else 1
     fig.add_trace(go.Heatmap(z=mosaic, customdata=coords, colorscale="Viridis", zmin=-1, zmax=1,
                              colorbar=dict(title="cosine"),
                              hovertemplate="cell (%{customdata[0]}, %{customdata[1]}) vs (%{customdata[2]}, "
                                            "%{customdata[3]})<br>cosine %{z:.3f}<extra></extra>"), row=1, col=col)
-    fig.update_xaxes(showticklabels=False, title="cell column (tile)", row=1, col=col)
-    fig.update_yaxes(showticklabels=False, title="cell row (tile)", autorange="reversed", row=1, col=col)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, title="cell column (tile)",
+                     range=[-0.5, mosaic.shape[1] - 0.5], constrain="domain", row=1, col=col)
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, title="cell row (tile)",
+                     range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor=f"x{col}", constrain="domain", row=1, col=col)
     code = "fixed sin-cos code, not learned" if result.sinusoidal else f"learned, {result.table} table"
+    code += "" if has_time else ", no time table"
     step = f"{result.frames_per_step} frames per time step" if result.frames_per_step > 1 else "one frame per step"
-    fig.update_layout(title=title or f"Position embedding similarity, {result.model_name} ({code}; {step})",
-                      height=480, margin=dict(l=10, r=10, t=80, b=10))
+    fig.update_layout(title=title or f"Position embedding similarity, {result.model_name}<br><sup>{code}; {step}</sup>",
+                      height=480, margin=dict(l=10, r=10, t=90, b=10))
     return fig
 
 
@@ -79,7 +83,7 @@ def tubelet_filters_figure(result: TubeletFilterPCAResult, components: int = 8, 
     fig.update_yaxes(visible=False)
     fig.update_annotations(font_size=10)
     total = 100 * float(np.sum(result.explained_variance_ratio[:k]))
-    fig.update_layout(title=title or f"Tubelet filters, top {k} principal components by time step ({total:.1f}% of "
-                                     f"variance)<br><sup>{result.module}</sup>",
+    fig.update_layout(title=title or f"Tubelet filters by time step<br><sup>top {k} components, {total:.1f}% of "
+                                     f"variance; {result.module}</sup>",
                       height=max(260, 110 * k + 90), margin=dict(l=10, r=10, t=90, b=10))
     return fig
