@@ -131,10 +131,12 @@ def _read_gif(path: Path, num_frames: int | None) -> Clip:
             _check_frame(gif.width, gif.height, len(wanted), what)
             duration = gif.info.get("duration") or 0
             keep = set(wanted.tolist())
-            frames = [np.asarray(frame.convert("RGB"), dtype=np.uint8)
+            frames = [np.asarray(to_rgb(frame.copy(), what), dtype=np.uint8)  # transparency onto white, as images
                       for i, frame in enumerate(ImageSequence.Iterator(gif)) if i in keep]
     except ClipLoadError:
         raise
+    except ImageLoadError as e:
+        raise ClipLoadError(f"{what}: {e.message}") from e
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ClipLoadError(f"Cannot read {what} as a GIF ({e}); pass an animated GIF.") from e
     fps = 1000.0 / duration if duration > 0 else None
