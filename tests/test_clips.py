@@ -192,6 +192,8 @@ def test_a_clip_record_refuses_what_is_not_frames(frames, words):
 def test_a_tensor_becomes_an_array():
     clip = vl.Clip(torch.zeros(3, 4, 5, 3, dtype=torch.uint8), fps=5)
     assert isinstance(clip.frames, np.ndarray) and clip.size == (4, 5) and clip.num_frames == 3
+    frames = torch.arange(5, dtype=torch.uint8)[:, None, None, None].expand(5, 2, 2, 3)
+    np.testing.assert_array_equal(vl.read_clip(frames, num_frames=2).frames[:, 0, 0, 0], [0, 2])
 
 
 # --- preprocessing: the processors' pixel_values ---

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Union
 
 import numpy as np
+import torch
 
 from ..errors import ClipLoadError, ImageLoadError, InvalidParameterError
 from ..images import MAX_DECODE_PIXELS, find_image_files, open_image, to_rgb
@@ -29,14 +30,15 @@ MAX_CLIP_BYTES = 1 << 30
 MAX_CLIP_FRAMES = 20_000
 #: the most pixels (T x H x W) a clip read whole keeps; sample with ``num_frames`` to read a longer one
 MAX_CLIP_PIXELS = 400_000_000
-ClipSource = Union[str, Path, Clip, np.ndarray]
+ClipSource = Union[str, Path, Clip, np.ndarray, torch.Tensor]
 
 
 def read_clip(source: ClipSource, num_frames: int | None = None) -> Clip:
     """A clip from a video file, an animated GIF, a folder of frames (sorted by name) or a [T, H, W, 3] array.
 
     Args:
-        source: a path (``VIDEO_SUFFIXES``, ``.gif``, or a folder of images), a ``Clip`` or a uint8 array.
+        source: a path (``VIDEO_SUFFIXES``, ``.gif``, or a folder of images), a ``Clip``, or a uint8 array or
+            tensor [T, H, W, 3].
         num_frames: keep only the frames a model's processor samples (``sample_indices``: ``num_frames``
             uniformly over the source's frames); None keeps every frame.
 
@@ -50,7 +52,7 @@ def read_clip(source: ClipSource, num_frames: int | None = None) -> Clip:
     """
     if isinstance(source, Clip):
         return source if num_frames is None else source.sample(num_frames)
-    if isinstance(source, np.ndarray):
+    if isinstance(source, (np.ndarray, torch.Tensor)):
         clip = Clip(source)
         return clip if num_frames is None else clip.sample(num_frames)
     if not isinstance(source, (str, Path)):
