@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .errors import (
         CheckpointError,
         DeviceUnavailableError,
+        ClipLoadError,
         ImageLoadError,
         InvalidParameterError,
         UnknownModelError,
@@ -60,6 +61,9 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
     from .engine import AttentionConsumer, BatchInfo, stream_attention
     from .views.filters import FilterPCAResult, embedding_filter_pca
+    from .views.video_weights import (TubeletFilterPCAResult, VideoPositionSimilarityResult, video_filter_pca,
+                                      video_position_similarity)
+    from .clips import Clip, MovingShape, clip_pixel_values, moving_shape_clip, read_clip, write_gif, write_mp4
     from .views.position import PositionSimilarityResult, position_similarity
     from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
     from .views.registry import available_views
@@ -92,4 +96,7 @@ __all__ = [
     "PatchingResult", "patch_activations",
     "TextSpanResult", "text_span", "MeanAblationResult", "mean_ablate",
     "analyze_each",
+    "ClipLoadError", "Clip", "MovingShape", "clip_pixel_values", "moving_shape_clip", "read_clip", "write_gif",
+    "write_mp4", "TubeletFilterPCAResult", "VideoPositionSimilarityResult", "video_filter_pca",
+    "video_position_similarity",
 ]

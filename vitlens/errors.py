@@ -56,6 +56,10 @@ class ImageLoadError(VitlensError, ValueError):
     """An image that cannot be read or converted to RGB."""
 
 
+class ClipLoadError(VitlensError, ValueError):
+    """A video, animated GIF or folder of frames that cannot be read as a clip (or not within the limits)."""
+
+
 class ViewNotAvailableError(VitlensError, ValueError):
     """A view that does not exist for this model (e.g. position similarity without E_pos)."""
 

@@ -13,6 +13,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
   ``curves``), ``faithfulness_figure``, ``perturbation_figure`` / ``road_figure`` (Chefer et al.'s and ROAD's
   curves), ``sanity_figure`` (Adebayo et al.'s cascading randomisation, Fig. 2);
 - ``compare``: ``cka_figure`` and ``head_importance_figure``;
+- ``video_weights``: ``video_position_figure`` (position similarity over time and over space) and
+  ``tubelet_filters_figure`` (the tubelet filters' components, one image per time step);
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
   (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
   ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
@@ -34,6 +36,7 @@ from .maps import (TOKEN_COLORSCALE, colour_range, grid_columns, head_figure, he
 from .attribution import (attribution_figure, attribution_figures, attributions_figure, faithfulness_figure,
                           metric_figure, perturbation_figure, road_figure, sanity_figure, table_figure)
 from .compare import cka_figure, head_importance_figure
+from .video_weights import tubelet_filters_figure, video_position_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
                          patching_figure, text_span_figure, token_norms_figure)
 
@@ -47,4 +50,5 @@ __all__ = [
     "sanity_figure", "similarity_tile_figure", "table_figure", "token_heatmap", "upsample_map",
     "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
     "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
+    "tubelet_filters_figure", "video_position_figure",
 ]

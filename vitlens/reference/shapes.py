@@ -60,6 +60,12 @@ def _shape_mask(kind: int, u: np.ndarray, v: np.ndarray, radius: float) -> np.nd
     raise ValueError(f"unknown shape kind {kind}")
 
 
+def shape_mask(label: int, u: np.ndarray, v: np.ndarray, radius: float) -> np.ndarray:
+    """Inside-test for the shape ``CLASSES[label]`` of circumradius ``radius`` at pixel offsets (u, v) from its
+    centre, in its own rotated frame (the scenes' shapes; the moving-shape clips of ``vitlens.clips`` draw them)."""
+    return _shape_mask(label, u, v, radius)
+
+
 def _smooth_texture(rng: np.random.Generator, size: int) -> np.ndarray:
     """Low-frequency texture in [-1, 1]: a 4x4 random grid upsampled bilinearly to size x size."""
     coarse = rng.uniform(-1, 1, size=(4, 4, 3))

@@ -75,8 +75,6 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
         ViewNotAvailableError: a model whose patch embedding is not a convolution.
         InvalidParameterError: ``n_components`` outside 1 .. min(filters, C*kh*kw).
     """
-    from sklearn.decomposition import PCA
-
     w, module, source = pixel_filters(m)
     d, c, kh, kw = w.shape
     limit = min(d, c * kh * kw)
@@ -84,7 +82,25 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
         raise InvalidParameterError(
             f"n_components must be between 1 and {limit} for {m.spec.name} ({d} filters of {c * kh * kw} values); "
             f"got {n_components}.")
-    x = w.reshape(d, -1).numpy()
+    components, ratios = principal_components(w.reshape(d, -1).numpy(), n_components)
+    return FilterPCAResult(
+        components=components.reshape(n_components, c, kh, kw),
+        explained_variance_ratio=ratios,
+        source=source,
+        module=module,
+        n_filters=d,
+        model_name=m.spec.name,
+    )
+
+
+def principal_components(x: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top principal axes of the rows of ``x`` [n, f] (centred PCA; View 1's and the tubelet filters' rule).
+
+    Returns:
+        (components [n_components, f], unit-norm, sign arbitrary; their explained variance ratios [n_components]).
+    """
+    from sklearn.decomposition import PCA
+
     # the eigenvectors of the filters' covariance: the principal axes, cheaper than a full SVD of the
     # filters and equal to it to about 1e-10 (tests compare with numpy's SVD)
     # one BLAS thread: right after a torch forward, torch's OpenMP workers still spin, and a
@@ -96,14 +112,7 @@ def embedding_filter_pca(m: LoadedModel, n_components: int = 28) -> FilterPCARes
 
     with _BLAS_LIMIT_LOCK, threadpool_limits(limits=1, user_api="blas"):
         pca = PCA(n_components=n_components, svd_solver="covariance_eigh").fit(x)
-    return FilterPCAResult(
-        components=pca.components_.reshape(n_components, c, kh, kw),
-        explained_variance_ratio=pca.explained_variance_ratio_.astype(np.float64),
-        source=source,
-        module=module,
-        n_filters=d,
-        model_name=m.spec.name,
-    )
+    return pca.components_, pca.explained_variance_ratio_.astype(np.float64)
 
 
 def max_filter_components(m: LoadedModel) -> int:
