@@ -1,0 +1,340 @@
+"""The ViT paper's attention views in space and time, for video transformers (issue 50; docs/definitions.md, "Video:
+space and time"): mean attention distance split into a spatial distance (pixels) and a temporal distance (frames,
+seconds with ``fps``), each beside its uniform-attention baseline (a space-time Fig. 7 right, and Fig. 11 for two
+models), and rollout through space-time (a map per time step; through TimeSformer's divided blocks, the
+composition of the temporal and spatial maps).
+
+Reads the maps ``vl.capture_attention`` hands over and the family's ``ClipLayout`` (``core.clip_layout``): a joint
+block's [B, heads, N, N] map (permuted into the canonical order, prefix then cells time-major), a divided block's
+temporal [B * cells, heads, T', T'] and spatial [B * T', heads, 1 + cells, 1 + cells] maps. The sums run in float64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import torch
+
+from ..core.clip_layout import ClipLayout
+from ..errors import InvalidParameterError
+from ..results import Result
+from ..words import counted
+
+if TYPE_CHECKING:
+    from ..loading.model import LoadedModel
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+@dataclass(frozen=True)
+class MapGeometry:
+    """What one map's query and key cells are, as [Q, K] float64 matrices of the pairs' distances.
+
+    Attributes:
+        spatial: pixels between the query's and key's cell centres.
+        temporal: frames between their time steps' centres.
+        same_step: whether the two cells are of one time step (the within-frame spatial distance reads those).
+    """
+
+    spatial: np.ndarray
+    temporal: np.ndarray
+    same_step: np.ndarray
+
+
+def joint_geometry(layout: ClipLayout) -> MapGeometry:
+    """Every cell of every time step against every other, canonical order (time-major)."""
+    t, y, x = layout.cell_positions()
+    spatial = np.sqrt((y[:, None] - y[None, :]) ** 2 + (x[:, None] - x[None, :]) ** 2)
+    return MapGeometry(spatial, np.abs(t[:, None] - t[None, :]), t[:, None] == t[None, :])
+
+
+def temporal_geometry(layout: ClipLayout) -> MapGeometry:
+    """A divided block's temporal map: one cell at every time step (spatial distance 0 by construction)."""
+    t = layout.time_centres()
+    n = len(t)
+    return MapGeometry(np.zeros((n, n)), np.abs(t[:, None] - t[None, :]), np.eye(n, dtype=bool))
+
+
+def spatial_geometry(layout: ClipLayout) -> MapGeometry:
+    """A divided block's spatial map: the cells of one time step (temporal distance 0 by construction)."""
+    gh, gw = layout.grid
+    r, c = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+    y, x = r.reshape(-1) * float(layout.stride_px[0]), c.reshape(-1) * float(layout.stride_px[1])
+    n = len(y)
+    return MapGeometry(np.sqrt((y[:, None] - y[None, :]) ** 2 + (x[:, None] - x[None, :]) ** 2), np.zeros((n, n)),
+                       np.ones((n, n), dtype=bool))
+
+
+def cell_maps(probs: torch.Tensor, layout: ClipLayout, role: str) -> np.ndarray:
+    """A map's cell-to-cell weights [B, G, heads, Q, K] in float64 (G: groups of queries, 1 for a joint map, the
+    cells of a temporal map, the time steps of a spatial map), prefix queries and keys dropped."""
+    p = layout.num_prefix
+    a = probs.detach().double().cpu()
+    if role == "joint":
+        return layout.to_canonical(a)[:, None, :, p:, p:].numpy()
+    if role == "temporal":
+        return a.reshape(-1, layout.cells, *a.shape[1:]).numpy()
+    return a.reshape(-1, layout.steps, *a.shape[1:])[..., p:, p:].numpy()
+
+
+def map_distances(weights: np.ndarray, geometry: MapGeometry, renormalize: bool = True) -> dict[str, np.ndarray]:
+    """One map's distances per clip and head [B, heads]: "spatial", "within" (spatial, within the query's time
+    step) and "temporal", each the mean over queries of sum_k w[q, k] d(q, k), with w the weights over cell keys
+    (renormalised to sum 1 unless ``renormalize`` is False; the within-step distance always renormalises over the
+    query's own step)."""
+    w = weights / weights.sum(-1, keepdims=True) if renormalize else weights
+    same = w * geometry.same_step
+    within = (same * geometry.spatial).sum(-1) / same.sum(-1)
+    return {"spatial": (w * geometry.spatial).sum(-1).mean(axis=(1, 3)),
+            "within": within.mean(axis=(1, 3)),
+            "temporal": (w * geometry.temporal).sum(-1).mean(axis=(1, 3))}
+
+
+def baselines(geometry: MapGeometry) -> dict[str, float]:
+    """What uniform attention over a map's cell keys gives (self-pairs included)."""
+    same = geometry.same_step
+    return {"spatial": float(geometry.spatial.mean()), "temporal": float(geometry.temporal.mean()),
+            "within": float((geometry.spatial * same).sum(-1).mean() / same.sum(-1).mean())}
+
+
+GEOMETRIES = {"joint": joint_geometry, "temporal": temporal_geometry, "spatial": spatial_geometry}
+
+
+@dataclass(eq=False, repr=False)
+class SpaceTimeDistanceResult(Result):
+    """Mean attention distance of every head of every map, in space and in time, over clips.
+
+    Attributes:
+        model: the model's name.
+        roles: each map's role ("joint", or a divided block's "temporal" then "spatial").
+        blocks: each map's block.
+        spatial_px: [maps, heads] spatial distance in pixels, mean over clips.
+        within_px: [maps, heads] spatial distance within the query's time step.
+        temporal_frames: [maps, heads] temporal distance in frames.
+        spatial_std_px: [maps, heads] the spatial distance's standard deviation over clips.
+        temporal_std_frames: [maps, heads] the temporal distance's.
+        baseline_spatial_px: [maps] uniform attention's spatial distance.
+        baseline_within_px: [maps] uniform attention's within-step distance.
+        baseline_temporal_frames: [maps] uniform attention's temporal distance.
+        max_spatial_px: the clip's spatial diagonal between the farthest cell centres.
+        max_temporal_frames: the clip's temporal span between the first and last time step's centres.
+        n_clips: clips averaged over.
+        fps: the clip's frame rate (None: unknown; ``temporal_s`` then is None).
+        renormalized: whether each query's weights were renormalised over cell keys.
+    """
+
+    kind = "spacetime_distance"
+    model: str
+    roles: tuple[str, ...]
+    blocks: tuple[int, ...]
+    spatial_px: np.ndarray
+    within_px: np.ndarray
+    temporal_frames: np.ndarray
+    spatial_std_px: np.ndarray
+    temporal_std_frames: np.ndarray
+    baseline_spatial_px: np.ndarray
+    baseline_within_px: np.ndarray
+    baseline_temporal_frames: np.ndarray
+    max_spatial_px: float
+    max_temporal_frames: float
+    n_clips: int
+    fps: float | None = None
+    renormalized: bool = True
+
+    @property
+    def temporal_s(self) -> np.ndarray | None:
+        """[maps, heads] temporal distance in seconds (frames / fps), or None without a frame rate."""
+        return None if self.fps is None else self.temporal_frames / self.fps
+
+    def summary(self) -> str:
+        return (f"{self.model}: space-time attention distance of {len(self.roles)} maps x "
+                f"{self.spatial_px.shape[1]} heads over {counted(self.n_clips, 'clip')}")
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for i, (role, block) in enumerate(zip(self.roles, self.blocks)):
+            for h in range(self.spatial_px.shape[1]):
+                row = {"model": self.model, "map": i, "block": block, "role": role, "head": h,
+                       "spatial_px": float(self.spatial_px[i, h]), "within_px": float(self.within_px[i, h]),
+                       "temporal_frames": float(self.temporal_frames[i, h]),
+                       "baseline_spatial_px": float(self.baseline_spatial_px[i]),
+                       "baseline_temporal_frames": float(self.baseline_temporal_frames[i])}
+                if self.fps is not None:
+                    row["temporal_s"] = float(self.temporal_frames[i, h] / self.fps)
+                rows.append(row)
+        return rows
+
+
+@dataclass(eq=False, repr=False)
+class SpaceTimeRolloutResult(Result):
+    """Rollout through space-time: each clip's source row over its cells, a map per time step.
+
+    Attributes:
+        model: the model's name.
+        maps: [B, T', gh, gw] the rolled-out row over the cells, divided by its maximum over the clip.
+        source_token: "class" or "mean of cells" (a model without a class token).
+        head_fusion: how each map's heads were fused.
+        time_centres: [T'] each time step's centre in frames.
+    """
+
+    kind = "spacetime_rollout"
+    model: str
+    maps: np.ndarray
+    source_token: str
+    head_fusion: str
+    time_centres: np.ndarray
+
+    def summary(self) -> str:
+        b, t, gh, gw = self.maps.shape
+        return f"{self.model}: rollout from the {self.source_token} over {counted(b, 'clip')}, {t} steps of {gh}x{gw}"
+
+
+class SpaceTimeAccumulator:
+    """The space-time distance and rollout of clips, batch by batch, from one capture's maps."""
+
+    def __init__(self, layout: ClipLayout, blocks: int, renormalize: bool = True, head_fusion: str = "mean") -> None:
+        if head_fusion not in HEAD_FUSIONS:
+            raise InvalidParameterError(f"head_fusion must be one of {', '.join(HEAD_FUSIONS)}; got {head_fusion!r}.")
+        self.layout, self.renormalize, self.head_fusion = layout, renormalize, head_fusion
+        self.roles = layout.map_roles(blocks)
+        self.geometries = {role: GEOMETRIES[role](layout) for role in set(self.roles)}
+        self.per_clip: list[dict[str, np.ndarray]] = []  # per batch: [B, maps, heads] per distance
+        self.rollouts: list[np.ndarray] = []
+
+    def add(self, maps: Sequence[torch.Tensor]) -> None:
+        """One batch's captured maps, first map first."""
+        if len(maps) != len(self.roles):
+            raise InvalidParameterError(f"expected {len(self.roles)} maps ({', '.join(self.roles)}); got {len(maps)}")
+        found = [map_distances(cell_maps(a, self.layout, role), self.geometries[role], self.renormalize)
+                 for a, role in zip(maps, self.roles)]
+        self.per_clip.append({k: np.stack([f[k] for f in found], 1) for k in ("spatial", "within", "temporal")})
+        self.rollouts.append(rollout_clips(maps, self.layout, self.roles, self.head_fusion))
+
+    def distance(self, name: str, fps: float | None = None) -> SpaceTimeDistanceResult:
+        if not self.per_clip:
+            raise InvalidParameterError("no clips were run: pass at least one clip [B, frames, 3, H, W].")
+        per = {k: np.concatenate([p[k] for p in self.per_clip]) for k in ("spatial", "within", "temporal")}
+        base = [baselines(self.geometries[role]) for role in self.roles]
+        t, y, x = self.layout.cell_positions()
+        step = 2 if self.layout.divided else 1
+        return SpaceTimeDistanceResult(
+            model=name, roles=self.roles, blocks=tuple(i // step for i in range(len(self.roles))),
+            spatial_px=per["spatial"].mean(0), within_px=per["within"].mean(0), temporal_frames=per["temporal"].mean(0),
+            spatial_std_px=per["spatial"].std(0), temporal_std_frames=per["temporal"].std(0),
+            baseline_spatial_px=np.array([b["spatial"] for b in base]),
+            baseline_within_px=np.array([b["within"] for b in base]),
+            baseline_temporal_frames=np.array([b["temporal"] for b in base]),
+            max_spatial_px=float(np.hypot(y.max() - y.min(), x.max() - x.min())),
+            max_temporal_frames=float(t.max() - t.min()), n_clips=int(per["spatial"].shape[0]), fps=fps,
+            renormalized=self.renormalize)
+
+    def rollout(self, name: str) -> SpaceTimeRolloutResult:
+        if not self.rollouts:
+            raise InvalidParameterError("no clips were run: pass at least one clip [B, frames, 3, H, W].")
+        return SpaceTimeRolloutResult(model=name, maps=np.concatenate(self.rollouts),
+                                      source_token="class" if "class" in self.layout.prefix else "mean of cells",
+                                      head_fusion=self.head_fusion, time_centres=self.layout.time_centres())
+
+
+def fuse_heads(probs: torch.Tensor, head_fusion: str) -> np.ndarray:
+    """A map's heads fused ([..., heads, Q, K] -> [..., Q, K], float64): mean, max or min."""
+    a = probs.detach().double().cpu()
+    return {"mean": a.mean(-3), "max": a.amax(-3), "min": a.amin(-3)}[head_fusion].numpy()
+
+
+def dense_block_map(probs: torch.Tensor, layout: ClipLayout, role: str, head_fusion: str = "mean") -> np.ndarray:
+    """A map as a dense [B, N, N] token-to-token matrix over every token, canonical order, heads fused: a joint
+    map as it is; a temporal map's cell rows over the same cell's time steps, the class token's row the identity
+    (it takes no part); a spatial map's cell rows over the class token and their step's cells, the class token's
+    row the mean over time steps of its per-step copies' rows, each copy's weight on itself and on the other
+    copies' class key transported to the one class token (every copy is that token; the model adds the mean of
+    the copies' outputs to it)."""
+    p, cells, steps, n = layout.num_prefix, layout.cells, layout.steps, layout.num_tokens
+    if role == "joint":
+        return layout.to_canonical(torch.from_numpy(fuse_heads(probs, head_fusion))).numpy()
+    f = fuse_heads(probs, head_fusion)
+    b = f.shape[0] // (cells if role == "temporal" else steps)
+    dense = np.zeros((b, n, n))
+    dense[:, range(p), range(p)] = 1.0
+    idx = p + np.arange(steps)[:, None] * cells + np.arange(cells)[None, :]  # [step, cell] -> canonical token
+    if role == "temporal":
+        f = f.reshape(b, cells, steps, steps)
+        for c in range(cells):
+            dense[:, idx[:, c][:, None], idx[:, c][None, :]] = f[:, c]
+        return dense
+    f = f.reshape(b, steps, p + cells, p + cells)
+    dense[:, range(p)] = 0.0
+    for s in range(steps):
+        dense[:, idx[s][:, None], idx[s][None, :]] = f[:, s, p:, p:]
+        dense[:, idx[s], :p] = f[:, s, p:, :p]
+        dense[:, :p, idx[s]] += f[:, s, :p, p:] / steps
+        dense[:, :p, :p] += f[:, s, :p, :p] / steps
+    return dense
+
+
+def rollout_clips(maps: Sequence[torch.Tensor], layout: ClipLayout, roles: Sequence[str],
+                  head_fusion: str = "mean") -> np.ndarray:
+    """[B, T', gh, gw] rollout of a batch: A' = (A + I) / rowsum(A + I) of each dense map (``dense_block_map``),
+    R = A'_M ... A'_1 (the first map applied first; a divided block's temporal map before its spatial one), the
+    source's row of R (the class token, or the mean of the cells' rows) over the cells, divided by its maximum."""
+    p, cells, n = layout.num_prefix, layout.cells, layout.num_tokens
+    row = None
+    for a, role in zip(reversed(maps), reversed(roles)):
+        dense = dense_block_map(a, layout, role, head_fusion) + np.eye(n)
+        dense /= dense.sum(-1, keepdims=True)
+        if row is None:
+            row = np.zeros((dense.shape[0], n))
+            if p and "class" in layout.prefix:
+                row[:, layout.prefix.index("class")] = 1.0
+            else:
+                row[:, p:] = 1.0 / (n - p)
+        row = np.einsum("bi,bij->bj", row, dense)
+    out = row[:, p:].reshape(-1, layout.steps, *layout.grid)
+    return out / out.reshape(len(out), -1).max(-1)[:, None, None, None]
+
+
+def check_clips(clips: Any, layout: ClipLayout, name: str) -> torch.Tensor:
+    """The clips as a float tensor [B, frames, 3, H, W] (one clip [frames, 3, H, W] gets its batch axis), refused in
+    one line when they are not preprocessed clips of the model's frames and size."""
+    if not isinstance(clips, torch.Tensor) or clips.dim() not in (4, 5):
+        shape = tuple(clips.shape) if isinstance(clips, torch.Tensor) else type(clips).__name__
+        raise InvalidParameterError(
+            f"{name} is a video model: pass preprocessed clips as a tensor [B, frames, 3, H, W] (or one clip "
+            f"[frames, 3, H, W]); got {shape}.")
+    x = clips if clips.dim() == 5 else clips[None]
+    h, w = layout.grid[0] * layout.stride_px[0], layout.grid[1] * layout.stride_px[1]
+    if tuple(x.shape[1:]) != (layout.frames, 3, h, w):
+        raise InvalidParameterError(f"{name} reads clips of {layout.frames} frames of 3x{h}x{w}; got "
+                                    f"{tuple(x.shape[1:])}: sample {layout.frames} frames at {h}x{w}.")
+    return x.float()
+
+
+def run_clips(m: "LoadedModel", clips: Any, batch_size: int = 8, renormalize: bool = True,
+              head_fusion: str = "mean") -> SpaceTimeAccumulator:
+    """The clips run through the model once, batch by batch, under side capture (the outputs untouched), every
+    batch's maps read by a ``SpaceTimeAccumulator``."""
+    from ..engine.capture import capture_attention
+
+    if batch_size < 1:
+        raise InvalidParameterError(f"batch_size must be >= 1; got {batch_size}.")
+    layout = m.family.clip_layout(m.model)
+    x = check_clips(clips, layout, m.spec.name)
+    acc = SpaceTimeAccumulator(layout, m.spec.num_layers, renormalize, head_fusion)
+    with capture_attention(m, mode="side") as cap, torch.no_grad():
+        for start in range(0, len(x), batch_size):
+            m.forward(x[start:start + batch_size].to(m.device))
+            acc.add(cap.maps)
+    return acc
+
+
+def check_fps(fps: float | None) -> float | None:
+    """A frame rate in frames per second (None: unknown), refused in one line unless positive."""
+    if fps is not None and not (isinstance(fps, (int, float)) and fps > 0):
+        raise InvalidParameterError(f"fps is the clip's frame rate in frames per second, > 0; got {fps!r}.")
+    return None if fps is None else float(fps)
+
+
+__all__ = ["SpaceTimeAccumulator", "check_clips", "check_fps", "run_clips", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
+           "dense_block_map", "joint_geometry", "map_distances", "rollout_clips", "spatial_geometry",
+           "temporal_geometry"]
