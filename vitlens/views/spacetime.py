@@ -82,12 +82,15 @@ def map_distances(weights: np.ndarray, geometry: MapGeometry, renormalize: bool 
     """One map's distances per clip and head [B, heads]: "spatial", "within" (spatial, within the query's time
     step) and "temporal", each the mean over queries of sum_k w[q, k] d(q, k), with w the weights over cell keys
     (renormalised to sum 1 unless ``renormalize`` is False; the within-step distance always renormalises over the
-    query's own step)."""
+    query's own step, over the queries with weight there: NaN when none has)."""
     w = weights / weights.sum(-1, keepdims=True) if renormalize else weights
     same = w * geometry.same_step
-    within = (same * geometry.spatial).sum(-1) / same.sum(-1)
+    mass = same.sum(-1)  # a query with no weight in its own step (never a softmax's) has no within-step distance
+    within = np.divide((same * geometry.spatial).sum(-1), mass, out=np.zeros_like(mass), where=mass > 0)
+    counted_queries = (mass > 0).sum(axis=(1, 3))
     return {"spatial": (w * geometry.spatial).sum(-1).mean(axis=(1, 3)),
-            "within": within.mean(axis=(1, 3)),
+            "within": np.divide(within.sum(axis=(1, 3)), counted_queries,
+                                out=np.full(counted_queries.shape, np.nan), where=counted_queries > 0),
             "temporal": (w * geometry.temporal).sum(-1).mean(axis=(1, 3))}
 
 
@@ -277,7 +280,8 @@ def rollout_clips(maps: Sequence[torch.Tensor], layout: ClipLayout, roles: Seque
                   head_fusion: str = "mean") -> np.ndarray:
     """[B, T', gh, gw] rollout of a batch: A' = (A + I) / rowsum(A + I) of each dense map (``dense_block_map``),
     R = A'_M ... A'_1 (the first map applied first; a divided block's temporal map before its spatial one), the
-    source's row of R (the class token, or the mean of the cells' rows) over the cells, divided by its maximum."""
+    source's row of R (the class token, or the mean of the cells' rows) over the cells, divided by its maximum over
+    the clip (a row with no weight on any cell stays 0)."""
     p, cells, n = layout.num_prefix, layout.cells, layout.num_tokens
     row = None
     for a, role in zip(reversed(maps), reversed(roles)):
@@ -291,7 +295,8 @@ def rollout_clips(maps: Sequence[torch.Tensor], layout: ClipLayout, roles: Seque
                 row[:, p:] = 1.0 / (n - p)
         row = np.einsum("bi,bij->bj", row, dense)
     out = row[:, p:].reshape(-1, layout.steps, *layout.grid)
-    return out / out.reshape(len(out), -1).max(-1)[:, None, None, None]
+    top = out.reshape(len(out), -1).max(-1)[:, None, None, None]
+    return np.divide(out, top, out=np.zeros_like(out), where=top > 0)  # a row with nothing on the cells stays 0
 
 
 def check_clips(clips: Any, layout: ClipLayout, name: str) -> torch.Tensor:
