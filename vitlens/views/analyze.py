@@ -129,7 +129,7 @@ def attention_rollout(
 def _clip_model(m: LoadedModel, fps: float | None = None) -> bool:
     """Whether ``m`` is a video model read on clips (its family gives a ``ClipLayout``); ``fps`` for another is
     refused in one line."""
-    clips = getattr(m.family, "clip_layout", None) is not None
+    clips = m.family.clip_layout is not None
     if fps is not None and not clips:
         raise InvalidParameterError(f"fps is a video model's frame rate; {m.spec.name} reads images.")
     return clips
