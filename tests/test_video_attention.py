@@ -17,8 +17,8 @@ import vitlens as vl  # noqa: E402
 from vitlens.core.clip_layout import ClipLayout  # noqa: E402
 from vitlens.errors import InvalidParameterError, UnsupportedModelError  # noqa: E402
 from vitlens.kinds import VIDEO  # noqa: E402
-from vitlens.views.spacetime import (SpaceTimeAccumulator, map_distances, joint_geometry,  # noqa: E402
-                                     rollout_clips)
+from vitlens.views.spacetime import (SpaceTimeAccumulator, clips_per_forward, joint_geometry,  # noqa: E402
+                                     map_distances, rollout_clips)
 
 FRAMES, SIZE, PATCH = 4, 32, 8
 
@@ -307,6 +307,11 @@ def test_rollout_of_self_attention_keeps_the_source_and_analyze_gives_both_views
     assert np.allclose(rollout_clips([identity, identity], layout, ("joint", "joint")), 1.0)  # the cells' mean
     a = vl.analyze(models["timesformer"], clips, views=("distance", "rollout", "filters"))
     assert a.distance.n_clips == 2 and a.rollout.maps.shape == (2, FRAMES, 4, 4) and "filters" in a.notes
+    one_by_one = vl.analyze(models["timesformer"], clips, batch_size=1, views=("distance", "rollout"))
+    np.testing.assert_allclose(one_by_one.distance.spatial_px, a.distance.spatial_px, rtol=1e-12)
+    np.testing.assert_allclose(one_by_one.rollout.maps, a.rollout.maps, rtol=1e-12, atol=1e-15)
+    big = ClipLayout(frames=16, tubelet=2, grid=(14, 14), stride_px=(16, 16))  # VideoMAE-base: 1568 tokens
+    assert clips_per_forward(big, 12, 32) == 4 and clips_per_forward(layout, 2, 32) == 32
 
 
 def test_unsupported_video_inputs_and_models_are_refused_in_one_line(models, clips):

@@ -336,5 +336,5 @@ def has_cam_layer(kind: Kind) -> bool:
 
 
 __all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIDEO", "VIT", "all_kinds", "every_kind",
-           "find_kind", "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps", "register_kind",
-           "registered_kind", "unregister_kind"]
+           "find_kind", "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps",
+           "register_kind", "registered_kind", "unregister_kind"]

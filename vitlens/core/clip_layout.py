@@ -108,9 +108,9 @@ class ClipLayout:
         """One line for the spec's ``describe()``: the steps, the grid, the prefix, and each block's maps."""
         span = "a frame per step" if self.tubelet == 1 else f"tubelets of {self.tubelet} frames"
         prefix = ", ".join(self.prefix) or "no prefix tokens"
-        maps = ("divided: map 2l is block l's temporal attention [B * cells, heads, T', T'] (each cell over the steps), "
-                "map 2l + 1 its spatial attention [B * T', heads, 1 + cells, 1 + cells] (each step over the class "
-                "token and its cells)") if self.divided else "joint: one map per block over every token"
+        maps = ("divided: map 2l is block l's temporal attention [B * cells, heads, T', T'] (each cell over the "
+                "steps), map 2l + 1 its spatial attention [B * T', heads, 1 + cells, 1 + cells] (each step over "
+                "the class token and its cells)") if self.divided else "joint: one map per block over every token"
         return (f"clip of {self.frames} frames in {self.steps} steps ({span}), {self.grid[0]}x{self.grid[1]} cells "
                 f"each, {prefix}; model order {self.order}; {maps}")
 

@@ -204,15 +204,36 @@ class SpaceTimeAccumulator:
         self.geometries = {role: GEOMETRIES[role](layout) for role in set(self.roles)}
         self.per_clip: list[dict[str, np.ndarray]] = []  # per batch: [B, maps, heads] per distance
         self.rollouts: list[np.ndarray] = []
+        self._batch_distances: dict[int, dict[str, np.ndarray]] = {}
+        self._batch_fused: dict[int, np.ndarray] = {}
 
     def add(self, maps: Sequence[torch.Tensor]) -> None:
-        """One batch's captured maps, first map first."""
+        """One batch's captured maps, first map first (``on_map`` for each, then ``end_batch``)."""
         if len(maps) != len(self.roles):
             raise InvalidParameterError(f"expected {len(self.roles)} maps ({', '.join(self.roles)}); got {len(maps)}")
-        found = [map_distances(cell_maps(a, self.layout, role), self.geometries[role], self.renormalize)
-                 for a, role in zip(maps, self.roles)]
+        for i, a in enumerate(maps):
+            self.on_map(i, a)
+        self.end_batch()
+
+    def on_map(self, index: int, probs: torch.Tensor) -> None:
+        """Map ``index`` of the current batch as the capture hands it over: its distances now (a head at a time,
+        so no float64 copy of every head exists at once), its heads fused for the rollout at the batch's end."""
+        role = self.roles[index]
+        parts = [map_distances(cell_maps(probs[:, h:h + 1], self.layout, role), self.geometries[role],
+                               self.renormalize) for h in range(probs.shape[1])]
+        self._batch_distances[index] = {k: np.concatenate([p[k] for p in parts], 1) for k in parts[0]}
+        self._batch_fused[index] = fuse_heads(probs, self.head_fusion)
+
+    def end_batch(self) -> None:
+        """The batch's maps are all in: its distances kept per clip, its rollout made."""
+        if sorted(self._batch_distances) != list(range(len(self.roles))):
+            raise InvalidParameterError(f"a batch handed over maps {sorted(self._batch_distances)}; expected "
+                                        f"{len(self.roles)} ({', '.join(self.roles)}).")
+        found = [self._batch_distances[i] for i in range(len(self.roles))]
         self.per_clip.append({k: np.stack([f[k] for f in found], 1) for k in ("spatial", "within", "temporal")})
-        self.rollouts.append(rollout_clips(maps, self.layout, self.roles, self.head_fusion))
+        self.rollouts.append(rollout_fused([self._batch_fused[i] for i in range(len(self.roles))], self.layout,
+                                           self.roles))
+        self._batch_distances, self._batch_fused = {}, {}
 
     def distance(self, name: str, fps: float | None = None) -> SpaceTimeDistanceResult:
         if not self.per_clip:
@@ -253,10 +274,14 @@ def dense_block_map(probs: torch.Tensor, layout: ClipLayout, role: str, head_fus
     row the mean over time steps of its per-step copies' rows, each copy's weight on itself and on the other
     copies' class key transported to the one class token (every copy is that token; the model adds the mean of
     the copies' outputs to it)."""
+    return dense_from_fused(fuse_heads(probs, head_fusion), layout, role)
+
+
+def dense_from_fused(f: np.ndarray, layout: ClipLayout, role: str) -> np.ndarray:
+    """``dense_block_map`` of a map whose heads are fused already (``fuse_heads``)."""
     p, cells, steps, n = layout.num_prefix, layout.cells, layout.steps, layout.num_tokens
     if role == "joint":
-        return layout.to_canonical(torch.from_numpy(fuse_heads(probs, head_fusion))).numpy()
-    f = fuse_heads(probs, head_fusion)
+        return layout.to_canonical(torch.from_numpy(f)).numpy()
     b = f.shape[0] // (cells if role == "temporal" else steps)
     dense = np.zeros((b, n, n))
     dense[:, range(p), range(p)] = 1.0
@@ -282,10 +307,15 @@ def rollout_clips(maps: Sequence[torch.Tensor], layout: ClipLayout, roles: Seque
     R = A'_M ... A'_1 (the first map applied first; a divided block's temporal map before its spatial one), the
     source's row of R (the class token, or the mean of the cells' rows) over the cells, divided by its maximum over
     the clip (a row with no weight on any cell stays 0)."""
-    p, cells, n = layout.num_prefix, layout.cells, layout.num_tokens
+    return rollout_fused([fuse_heads(a, head_fusion) for a in maps], layout, roles)
+
+
+def rollout_fused(fused: Sequence[np.ndarray], layout: ClipLayout, roles: Sequence[str]) -> np.ndarray:
+    """``rollout_clips`` of maps whose heads are fused already (``fuse_heads``)."""
+    p, n = layout.num_prefix, layout.num_tokens
     row = None
-    for a, role in zip(reversed(maps), reversed(roles)):
-        dense = dense_block_map(a, layout, role, head_fusion) + np.eye(n)
+    for f, role in zip(reversed(fused), reversed(roles)):
+        dense = dense_from_fused(f, layout, role) + np.eye(n)
         dense /= dense.sum(-1, keepdims=True)
         if row is None:
             row = np.zeros((dense.shape[0], n))
@@ -326,11 +356,23 @@ def run_clips(m: "LoadedModel", clips: Any, batch_size: int = 8, renormalize: bo
     layout = m.family.clip_layout(m.model)
     x = check_clips(clips, layout, m.spec.name)
     acc = SpaceTimeAccumulator(layout, m.spec.num_layers, renormalize, head_fusion)
-    with capture_attention(m, mode="side") as cap, torch.no_grad():
-        for start in range(0, len(x), batch_size):
-            m.forward(x[start:start + batch_size].to(m.device))
-            acc.add(cap.maps)
+    step = clips_per_forward(layout, m.spec.num_heads, batch_size)
+    with capture_attention(m, store=False, consumers=[acc.on_map], mode="side"), torch.no_grad():
+        for start in range(0, len(x), step):
+            m.forward(x[start:start + step].to(m.device))
+            acc.end_batch()
     return acc
+
+
+#: megabytes of one map's float32 probabilities allowed per forward (``clips_per_forward``)
+MAP_BUDGET_MB = 512
+
+
+def clips_per_forward(layout: ClipLayout, heads: int, batch_size: int) -> int:
+    """Clips per forward: ``batch_size``, lowered so that one joint map [B, heads, N, N] of float32 stays within
+    ``MAP_BUDGET_MB`` (a VideoMAE-base map is about 118 MB a clip), at least one."""
+    per_clip = heads * layout.num_tokens ** 2 * 4
+    return max(1, min(int(batch_size), (MAP_BUDGET_MB << 20) // per_clip))
 
 
 def check_fps(fps: float | None) -> float | None:
@@ -340,6 +382,7 @@ def check_fps(fps: float | None) -> float | None:
     return None if fps is None else float(fps)
 
 
-__all__ = ["SpaceTimeAccumulator", "check_clips", "check_fps", "run_clips", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
-           "dense_block_map", "joint_geometry", "map_distances", "rollout_clips", "spatial_geometry",
+__all__ = ["MAP_BUDGET_MB", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines",
+           "cell_maps", "check_clips", "check_fps", "clips_per_forward", "dense_block_map", "dense_from_fused",
+           "joint_geometry", "map_distances", "rollout_clips", "rollout_fused", "run_clips", "spatial_geometry",
            "temporal_geometry"]
