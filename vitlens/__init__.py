@@ -68,6 +68,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
     from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
                                         ClassAttentionRolloutAccumulator)
+    from .views.spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
 
 __getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
@@ -92,4 +93,5 @@ __all__ = [
     "PatchingResult", "patch_activations",
     "TextSpanResult", "text_span", "MeanAblationResult", "mean_ablate",
     "analyze_each",
+    "SpaceTimeDistanceResult", "SpaceTimeRolloutResult",
 ]
