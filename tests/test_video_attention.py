@@ -144,6 +144,13 @@ def test_the_layout_and_the_spec_say_where_each_token_stands(kind, models):
     assert np.allclose(layout.time_centres(), np.arange(steps) * (FRAMES // steps) + (FRAMES // steps - 1) / 2)
     words = m.spec.describe()["token order"]
     assert ("map 2l is block l's temporal attention" in words) == (kind == "timesformer")
+    if kind == "vivit":  # its processor's 1 / 127.5 - 1 rescale, then 0.5 / 0.5: mean 0.75, std 0.25 on [0, 1]
+        frame = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+        proc = transformers.VivitImageProcessor(do_resize=False, do_center_crop=False)
+        ref = np.asarray(proc([[frame]], return_tensors="np")["pixel_values"])[0, 0]
+        mean, std = np.array(m.data_config["mean"]), np.array(m.data_config["std"])
+        ours = ((frame / 255.0 - mean) / std).transpose(2, 0, 1)
+        np.testing.assert_allclose(ours, ref, atol=1e-5)
     if kind == "timesformer":  # space-major: token 1 + cell * F + frame holds canonical 1 + frame * cells + cell
         order = layout.canonical_order()
         assert order[1 + 2 * 16 + 5] == 1 + 5 * FRAMES + 2

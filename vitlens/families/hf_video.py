@@ -36,16 +36,21 @@ from ..core.spec import ModelSpec
 from ..errors import UnsupportedModelError, ViewNotAvailableError
 from ..kinds import VIDEO
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
-from .common.hf import IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, tower_type
+from .common.hf import HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily, ProcessorDefaults, tower_type
 from .common.interface import read_eager_returned, read_interface_beside
 from .common.readers import read_at_dropout
 from .common.windows import pair
 
-_VIDEO_PROCESSOR = ProcessorDefaults("squash", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear")
-#: the model types read, with their processors' defaults (per frame); the attention implementation kept as built
-HF_TYPES = HfTypes(processors={"videomae": _VIDEO_PROCESSOR, "vivit": ProcessorDefaults(
-    "squash", 1.0, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"), "vjepa2": _VIDEO_PROCESSOR,
-    "timesformer": _VIDEO_PROCESSOR}, attn_implementation=None)
+#: the model types read, with their video processors' per-frame defaults (transformers 5.24): the shortest edge
+#: resized, a centre crop, bilinear; VideoMAE normalises with 0.5 / 0.5, ViViT rescales by 1 / 127.5 - 1 before its
+#: 0.5 / 0.5 normalisation (on [0, 1] pixels: mean 0.75, std 0.25), V-JEPA 2 and TimeSformer with ImageNet's;
+#: the attention implementation kept as built
+HF_TYPES = HfTypes(processors={
+    "videomae": ProcessorDefaults("center", 1.0, HALF, HALF, "bilinear"),
+    "vivit": ProcessorDefaults("center", 224 / 256, (0.75, 0.75, 0.75), (0.25, 0.25, 0.25), "bilinear"),
+    "vjepa2": ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+    "timesformer": ProcessorDefaults("center", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear")},
+    attn_implementation=None)
 #: the model classes read, by model type (pre-training heads refused: VideoMAE's masks, V-JEPA 2's predictor is
 #: skipped in the bare model)
 MODEL_CLASSES = {"videomae": ("VideoMAEModel", "VideoMAEForVideoClassification"),
