@@ -308,7 +308,7 @@ def test_rollout_equals_a_brute_force_dense_composition(kind, models, clips, cap
     assert r.source_token == ("class" if layout.num_prefix else "mean of cells")
 
 
-def test_rollout_of_self_attention_keeps_the_source_and_analyze_gives_both_views(models, clips):
+def test_rollout_of_self_attention_keeps_the_source_and_analyze_gives_both_views(models, clips, tmp_path):
     layout = ClipLayout(frames=2, tubelet=1, grid=(1, 2), stride_px=(8, 8))
     identity = torch.eye(4)[None, None]
     assert np.allclose(rollout_clips([identity, identity], layout, ("joint", "joint")), 1.0)  # the cells' mean
@@ -317,6 +317,11 @@ def test_rollout_of_self_attention_keeps_the_source_and_analyze_gives_both_views
     one_by_one = vl.analyze(models["timesformer"], clips, batch_size=1, views=("distance", "rollout"))
     np.testing.assert_allclose(one_by_one.distance.spatial_px, a.distance.spatial_px, rtol=1e-12)
     np.testing.assert_allclose(one_by_one.rollout.maps, a.rollout.maps, rtol=1e-12, atol=1e-15)
+    for result in (a.distance, a.rollout):  # both travel as files
+        back = vl.load_result(result.save(tmp_path / f"{result.kind}.json"))
+        assert type(back) is type(result) and back.summary() == result.summary()
+    assert np.array_equal(vl.load_result(tmp_path / "spacetime_distance.json").temporal_frames,
+                          a.distance.temporal_frames)
     big = ClipLayout(frames=16, tubelet=2, grid=(14, 14), stride_px=(16, 16))  # VideoMAE-base: 1568 tokens
     assert clips_per_forward(big, 12, 32) == 4 and clips_per_forward(layout, 2, 32) == 32
 

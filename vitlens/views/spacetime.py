@@ -162,6 +162,7 @@ class SpaceTimeDistanceResult(Result):
                        "spatial_px": float(self.spatial_px[i, h]), "within_px": float(self.within_px[i, h]),
                        "temporal_frames": float(self.temporal_frames[i, h]),
                        "baseline_spatial_px": float(self.baseline_spatial_px[i]),
+                       "baseline_within_px": float(self.baseline_within_px[i]),
                        "baseline_temporal_frames": float(self.baseline_temporal_frames[i])}
                 if self.fps is not None:
                     row["temporal_s"] = float(self.temporal_frames[i, h] / self.fps)
