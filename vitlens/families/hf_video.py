@@ -73,8 +73,8 @@ class HuggingFaceVideo(HuggingFaceFamily):
              "TimesformerModel with divided space-time attention, and their video classifiers): every block's "
              "attention over tokens in space and time; the space-time views on clips [B, frames, 3, H, W]; needs "
              "transformers")
-    names = ("hf:ORG/NAME or hf:FOLDER of a VideoMAE, ViViT, V-JEPA 2 or TimeSformer checkpoint, e.g. "
-             "hf:MCG-NJU/videomae-base, hf:facebook/timesformer-base-finetuned-k400",)
+    names = (("hf:ORG/NAME or hf:FOLDER of a VideoMAE, ViViT, V-JEPA 2 or TimeSformer checkpoint, e.g. "
+              "hf:MCG-NJU/videomae-base, hf:facebook/timesformer-base-finetuned-k400"),)
     capture = CaptureAbilities(view_mode="side")
     hf_types = HF_TYPES
     model_classes = MODEL_CLASSES

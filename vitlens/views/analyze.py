@@ -184,7 +184,8 @@ class AnalysisResult(Result):
     def summary(self) -> str:
         n = getattr(self.distance, "n_images", getattr(self.distance, "n_clips", 0)) if self.distance is not None \
             else (len(self.rollout.maps) if self.rollout is not None else 0)
-        what = "clip" if getattr(self.spec, "token_order", "").startswith("clip") else "image"
+        what = "clip" if isinstance(self.distance or self.rollout, (SpaceTimeDistanceResult, SpaceTimeRolloutResult)) \
+            else "image"
         return f"{self.spec.name}: {', '.join(self.views)} over {counted(n, what)}"
 
     def to_rows(self) -> list[dict[str, Any]]:
@@ -268,10 +269,12 @@ def analyze(
                           others={k: v for k, v in results.items() if k not in named}, notes=notes)
 
 
-
 def _analyze_clips(m: LoadedModel, clips: Any, batch_size: int, params: ViewParams, views: tuple,
                    fps: float | None) -> AnalysisResult:
     """``analyze`` of a video model: its space-time distance and rollout from one forward per batch."""
+    if params.discard_ratio:
+        raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
+                                    "head_fusion alone (discard_ratio=0).")
     acc = run_clips(m, clips, batch_size, params.renormalize, params.head_fusion)
     notes = {name: f"{name} is not defined on clips here; the space-time views are distance and rollout"
              for name in views if name not in ("distance", "rollout")}
