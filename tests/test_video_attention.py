@@ -138,6 +138,7 @@ def test_the_layout_and_the_spec_say_where_each_token_stands(kind, models):
     m = models[kind]
     layout = m.family.clip_layout(m.model)
     assert m.spec.kind == VIDEO.name and m.spec.family == "hf-video"
+    assert m.spec.has_pos_embed == (kind in ("vivit", "timesformer"))  # VideoMAE's is sinusoidal, V-JEPA 2's RoPE
     steps = FRAMES if kind == "timesformer" else FRAMES // 2
     assert (layout.steps, layout.grid, layout.stride_px) == (steps, (4, 4), (PATCH, PATCH))
     assert layout.num_prefix == (1 if kind in ("vivit", "timesformer") else 0)

@@ -60,6 +60,9 @@ MODEL_CLASSES = {"videomae": ("VideoMAEModel", "VideoMAEForVideoClassification")
 #: each type's attention class, as its modeling module names it
 ATTENTION_CLASSES = {"videomae": "VideoMAESelfAttention", "vivit": "VivitAttention", "vjepa2": "VJEPA2RopeAttention",
                      "timesformer": "TimesformerSelfAttention"}
+#: the types with a learned absolute position table (ViViT's over space-time tokens, TimeSformer's over the cells
+#: plus one over the frames); VideoMAE's is a fixed sinusoidal table, V-JEPA 2 rotates q and k (3-D RoPE)
+LEARNED_POSITIONS = ("vivit", "timesformer")
 #: the keyword each type's forward takes the clip by
 PIXELS = {"vjepa2": "pixel_values_videos"}
 
@@ -136,7 +139,8 @@ class HuggingFaceVideo(HuggingFaceFamily):
         return ModelSpec(
             name=name, kind=VIDEO.name, image_size=size, grid=layout.grid, stride_px=layout.stride_px,
             num_prefix_tokens=layout.num_prefix, num_layers=len(self.layers(model)), num_heads=heads,
-            embed_dim=int(cfg.hidden_size), has_class_token=bool(layout.prefix), has_pos_embed=False,
+            embed_dim=int(cfg.hidden_size), has_class_token=bool(layout.prefix),
+            has_pos_embed=tower_type(model) in LEARNED_POSITIONS,
             num_classes=self.num_classes(model), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name, prefix_labels=layout.prefix, token_order=layout.describe())
 
@@ -180,8 +184,12 @@ class HuggingFaceVideo(HuggingFaceFamily):
         return None
 
     def no_position_reason(self, model: nn.Module, spec: ModelSpec) -> str:
-        return ("it is a video model whose position embedding is over space and time (read by the video weight "
-                "views), not one image's grid")
+        kind = tower_type(model)
+        what = {"videomae": "a fixed sinusoidal table over its space-time tokens",
+                "vjepa2": "3-D rotary embeddings of the queries and keys (no table)"}.get(
+                    kind, "a learned table over space and time")
+        return (f"it is a video model whose position embedding is {what}, which the image position view does not "
+                "read as one image's grid")
 
 
 __all__ = ["HuggingFaceVideo"]
