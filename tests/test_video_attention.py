@@ -17,8 +17,8 @@ import vitlens as vl  # noqa: E402
 from vitlens.core.clip_layout import ClipLayout  # noqa: E402
 from vitlens.errors import InvalidParameterError, UnsupportedModelError  # noqa: E402
 from vitlens.kinds import VIDEO  # noqa: E402
-from vitlens.views.spacetime import (SpaceTimeAccumulator, clips_per_forward, joint_geometry,  # noqa: E402
-                                     map_distances, rollout_clips)
+from vitlens.views.clips import clips_per_forward, run_clips  # noqa: E402
+from vitlens.views.spacetime import SpaceTimeAccumulator, joint_geometry, map_distances, rollout_clips  # noqa: E402
 
 FRAMES, SIZE, PATCH = 4, 32, 8
 
@@ -318,6 +318,10 @@ def test_rollout_of_self_attention_keeps_the_source_and_analyze_gives_both_views
     one_by_one = vl.analyze(models["timesformer"], clips, batch_size=1, views=("distance", "rollout"))
     np.testing.assert_allclose(one_by_one.distance.spatial_px, a.distance.spatial_px, rtol=1e-12)
     np.testing.assert_allclose(one_by_one.rollout.maps, a.rollout.maps, rtol=1e-12, atol=1e-15)
+    model = models["timesformer"]
+    merged = run_clips(model, clips[:1]).merge(run_clips(model, clips[1:]))  # shards merge exactly
+    np.testing.assert_allclose(merged.distance("m").temporal_frames, a.distance.temporal_frames, rtol=1e-12)
+    np.testing.assert_allclose(merged.rollout("m").maps, a.rollout.maps, rtol=1e-12, atol=1e-15)
     for result in (a.distance, a.rollout):  # both travel as files
         back = vl.load_result(result.save(tmp_path / f"{result.kind}.json"))
         assert type(back) is type(result) and back.summary() == result.summary()

@@ -21,7 +21,8 @@ from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
 from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
-from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult, check_fps, run_clips
+from .clips import check_fps, run_clips
+from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
 from .windowed import WindowedDistanceResult
 from ..words import counted
 

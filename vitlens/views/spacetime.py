@@ -11,7 +11,7 @@ temporal [B * cells, heads, T', T'] and spatial [B * T', heads, 1 + cells, 1 + c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -20,9 +20,6 @@ from ..core.clip_layout import ClipLayout
 from ..errors import InvalidParameterError
 from ..results import Result
 from ..words import counted
-
-if TYPE_CHECKING:
-    from ..loading.model import LoadedModel
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -236,6 +233,18 @@ class SpaceTimeAccumulator:
                                            self.roles))
         self._batch_distances, self._batch_fused = {}, {}
 
+    def merge(self, other: "SpaceTimeAccumulator") -> "SpaceTimeAccumulator":
+        """An accumulator over the clips of both (disjoint clip sets, e.g. shards): the per-clip distances and maps
+        of ``self`` then ``other``, so the merged means are those of one run over all the clips."""
+        if (other.layout, other.roles, other.renormalize, other.head_fusion) != \
+                (self.layout, self.roles, self.renormalize, self.head_fusion):
+            raise InvalidParameterError("only accumulators of one model's layout and the same parameters merge.")
+        out = SpaceTimeAccumulator.__new__(SpaceTimeAccumulator)
+        out.__dict__.update(self.__dict__)
+        out.per_clip, out.rollouts = self.per_clip + other.per_clip, self.rollouts + other.rollouts
+        out._batch_distances, out._batch_fused = {}, {}
+        return out
+
     def distance(self, name: str, fps: float | None = None) -> SpaceTimeDistanceResult:
         if not self.per_clip:
             raise InvalidParameterError("no clips were run: pass at least one clip [B, frames, 3, H, W].")
@@ -330,60 +339,6 @@ def rollout_fused(fused: Sequence[np.ndarray], layout: ClipLayout, roles: Sequen
     return np.divide(out, top, out=np.zeros_like(out), where=top > 0)  # a row with nothing on the cells stays 0
 
 
-def check_clips(clips: Any, layout: ClipLayout, name: str) -> torch.Tensor:
-    """The clips as a float tensor [B, frames, 3, H, W] (one clip [frames, 3, H, W] gets its batch axis), refused in
-    one line when they are not preprocessed clips of the model's frames and size."""
-    if not isinstance(clips, torch.Tensor) or clips.dim() not in (4, 5):
-        shape = tuple(clips.shape) if isinstance(clips, torch.Tensor) else type(clips).__name__
-        raise InvalidParameterError(
-            f"{name} is a video model: pass preprocessed clips as a tensor [B, frames, 3, H, W] (or one clip "
-            f"[frames, 3, H, W]); got {shape}.")
-    x = clips if clips.dim() == 5 else clips[None]
-    h, w = layout.grid[0] * layout.stride_px[0], layout.grid[1] * layout.stride_px[1]
-    if tuple(x.shape[1:]) != (layout.frames, 3, h, w):
-        raise InvalidParameterError(f"{name} reads clips of {layout.frames} frames of 3x{h}x{w}; got "
-                                    f"{tuple(x.shape[1:])}: sample {layout.frames} frames at {h}x{w}.")
-    return x.float()
-
-
-def run_clips(m: "LoadedModel", clips: Any, batch_size: int = 8, renormalize: bool = True,
-              head_fusion: str = "mean") -> SpaceTimeAccumulator:
-    """The clips run through the model once, batch by batch, under side capture (the outputs untouched), every
-    batch's maps read by a ``SpaceTimeAccumulator``."""
-    from ..engine.capture import capture_attention
-
-    if batch_size < 1:
-        raise InvalidParameterError(f"batch_size must be >= 1; got {batch_size}.")
-    layout = m.family.clip_layout(m.model)
-    x = check_clips(clips, layout, m.spec.name)
-    acc = SpaceTimeAccumulator(layout, m.spec.num_layers, renormalize, head_fusion)
-    step = clips_per_forward(layout, m.spec.num_heads, batch_size)
-    with capture_attention(m, store=False, consumers=[acc.on_map], mode="side"), torch.no_grad():
-        for start in range(0, len(x), step):
-            m.forward(x[start:start + step].to(m.device))
-            acc.end_batch()
-    return acc
-
-
-#: megabytes of one map's float32 probabilities allowed per forward (``clips_per_forward``)
-MAP_BUDGET_MB = 512
-
-
-def clips_per_forward(layout: ClipLayout, heads: int, batch_size: int) -> int:
-    """Clips per forward: ``batch_size``, lowered so that one joint map [B, heads, N, N] of float32 stays within
-    ``MAP_BUDGET_MB`` (a VideoMAE-base map is about 118 MB a clip), at least one."""
-    per_clip = heads * layout.num_tokens ** 2 * 4
-    return max(1, min(int(batch_size), (MAP_BUDGET_MB << 20) // per_clip))
-
-
-def check_fps(fps: float | None) -> float | None:
-    """A frame rate in frames per second (None: unknown), refused in one line unless positive."""
-    if fps is not None and not (isinstance(fps, (int, float)) and fps > 0):
-        raise InvalidParameterError(f"fps is the clip's frame rate in frames per second, > 0; got {fps!r}.")
-    return None if fps is None else float(fps)
-
-
-__all__ = ["MAP_BUDGET_MB", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines",
-           "cell_maps", "check_clips", "check_fps", "clips_per_forward", "dense_block_map", "dense_from_fused",
-           "joint_geometry", "map_distances", "rollout_clips", "rollout_fused", "run_clips", "spatial_geometry",
-           "temporal_geometry"]
+__all__ = ["SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
+           "dense_block_map", "dense_from_fused", "joint_geometry", "map_distances", "rollout_clips", "rollout_fused",
+           "spatial_geometry", "temporal_geometry"]
