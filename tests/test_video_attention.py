@@ -338,7 +338,11 @@ def test_unsupported_video_inputs_and_models_are_refused_in_one_line(models, cli
     with pytest.raises(UnsupportedModelError, match="divided_space_time") as err:
         vl.LoadedModel.from_module(transformers.TimesformerModel(cfg).eval())
     assert "\n" not in str(err.value)
-    pretraining = transformers.VideoMAEForPreTraining(models["videomae"].model.config)
+    small_decoder = transformers.VideoMAEConfig(
+        image_size=SIZE, patch_size=PATCH, num_frames=FRAMES, tubelet_size=2, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64, decoder_hidden_size=32, decoder_num_hidden_layers=1,
+        decoder_num_attention_heads=2, decoder_intermediate_size=64)
+    pretraining = transformers.VideoMAEForPreTraining(small_decoder)
     with pytest.raises(UnsupportedModelError, match="VideoMAEModel") as err:
         vl.LoadedModel.from_module(pretraining.eval())
     assert "\n" not in str(err.value)
