@@ -354,3 +354,17 @@ def test_unsupported_video_inputs_and_models_are_refused_in_one_line(models, cli
         vl.attention_distance(models["vivit"], clips, fps=0)
     with pytest.raises(InvalidParameterError, match="head_fusion alone"):
         vl.attention_rollout(models["vivit"], clips, discard_ratio=0.5)
+
+
+def test_the_video_classifiers_are_read_through_their_bare_model_with_logits_unchanged(models, clips):
+    classes = {"videomae": transformers.VideoMAEForVideoClassification, "vivit": transformers.VivitForVideoClassification,
+               "vjepa2": transformers.VJEPA2ForVideoClassification,
+               "timesformer": transformers.TimesformerForVideoClassification}
+    for kind, cls in classes.items():
+        config = models[kind].model.config.__class__.from_dict({**models[kind].model.config.to_dict(), "num_labels": 3})
+        m = vl.LoadedModel.from_module(cls(config).eval(), name=kind)
+        plain = m.logits(clips)
+        with vl.capture_attention(m) as cap:
+            captured_logits = m.logits(clips)
+        assert m.spec.num_classes == 3 and plain.shape == (2, 3) and torch.equal(captured_logits, plain)
+        assert len(cap.maps) == (4 if kind == "timesformer" else 2)
