@@ -357,8 +357,8 @@ def test_unsupported_video_inputs_and_models_are_refused_in_one_line(models, cli
 
 
 def test_the_video_classifiers_are_read_through_their_bare_model_with_logits_unchanged(models, clips):
-    classes = {"videomae": transformers.VideoMAEForVideoClassification, "vivit": transformers.VivitForVideoClassification,
-               "vjepa2": transformers.VJEPA2ForVideoClassification,
+    classes = {"videomae": transformers.VideoMAEForVideoClassification,
+               "vivit": transformers.VivitForVideoClassification, "vjepa2": transformers.VJEPA2ForVideoClassification,
                "timesformer": transformers.TimesformerForVideoClassification}
     for kind, cls in classes.items():
         config = models[kind].model.config.__class__.from_dict({**models[kind].model.config.to_dict(), "num_labels": 3})
