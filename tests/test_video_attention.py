@@ -250,6 +250,17 @@ def test_hand_built_maps_give_their_known_distances():
     acc.add([other])
     r = acc.distance("hand", fps=4.0)
     assert r.temporal_frames[0, 0] == 2.0 and r.temporal_s[0, 0] == 0.5 and r.spatial_px[0, 0] == 0.0
+    divided = ClipLayout(frames=3, tubelet=1, grid=(1, 2), stride_px=(8, 8), prefix=("class",), order="space-major",
+                         divided=True)
+    temporal = torch.zeros(2, 1, 3, 3)  # each cell: frame 0 -> 1, 1 -> 2, 2 -> 1 (one frame away)
+    temporal[:, 0, [0, 1, 2], [1, 2, 1]] = 1.0
+    spatial = torch.zeros(3, 1, 3, 3)  # each frame: the class token on itself, each cell on the other cell
+    spatial[:, 0, [0, 1, 2], [0, 2, 1]] = 1.0
+    acc = SpaceTimeAccumulator(divided, 1)
+    acc.add([temporal, spatial])
+    r = acc.distance("divided")
+    assert r.temporal_frames.tolist() == [[1.0], [0.0]] and r.spatial_px.tolist() == [[0.0], [8.0]]
+    assert r.baseline_temporal_frames.tolist() == pytest.approx([8 / 9, 0.0])
     uniform = torch.full((1, 1, 5, 5), 0.2)
     acc = SpaceTimeAccumulator(tubelets, 1)
     acc.add([uniform])
