@@ -72,6 +72,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
     from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
                                         ClassAttentionRolloutAccumulator)
+    from .views.spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
 
 __getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
@@ -99,4 +100,5 @@ __all__ = [
     "ClipLoadError", "Clip", "MovingShape", "clip_pixel_values", "moving_shape_clip", "read_clip", "write_gif",
     "write_mp4", "TubeletFilterPCAResult", "VideoPositionSimilarityResult", "video_filter_pca",
     "video_position_similarity",
+    "SpaceTimeDistanceResult", "SpaceTimeRolloutResult",
 ]

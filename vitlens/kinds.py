@@ -279,6 +279,24 @@ CLASS_ATTENTION = register_kind(Kind(
                  "from that class token (source=None).",
     cam_layer=False, class_layers=True))
 
+#: a video transformer (issue 50): tokens in space and time (frames or tubelets, each a grid of cells), one joint map
+#: per block (VideoMAE, ViViT, V-JEPA 2) or a temporal and a spatial map per block (TimeSformer's divided attention)
+VIDEO = register_kind(Kind(
+    "space-time", "video (space-time tokens)", "video", reader="reads_clips",
+    maps="attends over tokens in space and time (a video model: its maps are over the cells of every frame or "
+         "tubelet, or divided into temporal and spatial maps)",
+    use="the space-time views",
+    refusal="{what} reads a ViT's attention over one image's token grid; {name} is a video model (tokens in space and "
+            "time), so it is refused rather than read wrong. Its space-time views are exact: vl.attention_distance "
+            "and vl.attention_rollout of a clip [B, frames, 3, H, W], and every block's maps from "
+            "vl.capture_attention.",
+    method_refusal="{method} reads one image's token grid, and {name} is a video model (tokens in space and time)",
+    blocks_refusal="its blocks hand on tokens in space and time (a video model), which this comparison does not "
+                   "read as one image's tokens",
+    pool_refusal="{name} is a video model; its rollout starts from the class token, or the mean of the cells "
+                 "(source=None).",
+    cam_layer=False, plural="video models"))
+
 
 # what attribution methods and views may need of a kind (``Method.for_kind``)
 def every_kind(kind: Kind) -> bool:
@@ -317,6 +335,6 @@ def has_cam_layer(kind: Kind) -> bool:
     return kind.cam_layer
 
 
-__all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIT", "all_kinds", "every_kind", "find_kind",
-           "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps", "register_kind",
-           "registered_kind", "unregister_kind"]
+__all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIDEO", "VIT", "all_kinds", "every_kind",
+           "find_kind", "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps",
+           "register_kind", "registered_kind", "unregister_kind"]

@@ -413,6 +413,10 @@ class Family:
     #: ``block_layout(model) -> list[dict]`` for a family whose blocks are of more than one kind (CaiT:
     #: ``spec.kind == "class-attention"``): each block's kind and the tokens of its queries and keys; None otherwise
     block_layout: Callable[..., Any] | None = None
+    #: ``clip_layout(model) -> core.clip_layout.ClipLayout`` for a family of video models (``spec.kind ==
+    #: "space-time"``): each token's time step and cell, the prefix tokens, and whether a block's maps are joint or
+    #: divided; None for a family of image models
+    clip_layout: Callable[..., Any] | None = None
     #: ``block_heads(model) -> list[int]``, the heads of every block's attention, for such a family whose attention
     #: modules do not say it as ``num_heads`` (Hugging Face's Swins); None: read ``num_heads``
     block_heads: Callable[..., Any] | None = None

@@ -21,6 +21,8 @@ from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
 from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views
 from .rollout import RolloutAccumulator, RolloutResult
+from .clips import check_fps, run_clips
+from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
 from .windowed import WindowedDistanceResult
 from ..words import counted
 
@@ -32,7 +34,8 @@ def attention_distance(
     renormalize: bool = True,
     progress: ProgressArg = None,
     memory_budget_mb: float | None = None,
-) -> AttentionDistanceResult | WindowedDistanceResult:
+    fps: float | None = None,
+) -> AttentionDistanceResult | WindowedDistanceResult | SpaceTimeDistanceResult:
     """Mean attention distance of every head, averaged over images (paper Fig. 7 right, Fig. 11).
 
     For a hierarchical model (Swin: ``spec.kind == "hierarchical"``) the distance is in image pixels per block
@@ -51,6 +54,11 @@ def attention_distance(
         memory_budget_mb: megabytes of attention probabilities allowed at once; above it the
             probabilities are computed a block of query rows at a time (``capture_plan``; None:
             one block's MLP activation, so whole maps up to 256 tokens for 64-dim heads).
+        fps: a video model's clips' frame rate (frames per second): the temporal distance in seconds too.
+
+    A video model (``spec.kind == "space-time"``: VideoMAE, ViViT, V-JEPA 2, TimeSformer) takes preprocessed clips
+    [B, frames, 3, H, W] and gives a ``SpaceTimeDistanceResult`` (``vitlens.views.spacetime``): each map's spatial
+    distance in pixels (across and within time steps) and temporal distance in frames, beside their baselines.
 
     One pass over the images for this view alone; for several views of the same images, ask
     ``analyze(m, images, views=(...))``, which computes them all from one forward per batch.
@@ -59,6 +67,8 @@ def attention_distance(
         An ``AttentionDistanceResult``: ``mean_px`` and ``std_px`` [layers, heads] in pixels of the input,
             over ``n_images`` images.
     """
+    if _clip_model(m, fps):
+        return run_clips(m, images, batch_size, renormalize).distance(m.spec.name, check_fps(fps))
     acc = VIEWS["distance"].build(m, ViewParams(renormalize=renormalize))  # windowed for a hierarchical model
     return _stream_one(m, images, batch_size, progress, "attention distance", acc, memory_budget_mb)
 
@@ -72,7 +82,7 @@ def attention_rollout(
     progress: ProgressArg = None,
     source: str | None = None,
     memory_budget_mb: float | None = None,
-) -> RolloutResult:
+) -> RolloutResult | SpaceTimeRolloutResult:
     """Attention rollout maps (paper Fig. 6, Fig. 14) with the model's predictions.
 
     Args:
@@ -95,10 +105,18 @@ def attention_rollout(
     One pass over the images for this view alone; ``analyze(m, images, views=("distance",
     "rollout"))`` gives both views from one forward per batch.
 
+    A video model takes preprocessed clips [B, frames, 3, H, W] and gives a ``SpaceTimeRolloutResult``: ``maps``
+    [B, T', gh, gw], a map per time step (docs/definitions.md, "Video: space and time").
+
     Returns:
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
             summing to at most 1) with the model's predictions.
     """
+    if _clip_model(m):  # a video model: a map per time step (vitlens.views.spacetime)
+        if discard_ratio or source is not None:
+            raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
+                                        "head_fusion alone (discard_ratio=0, source=None).")
+        return run_clips(m, images, batch_size, head_fusion=head_fusion).rollout(m.spec.name)
     kind = kind_of(m)
     if kind.pool_refusal and source is not None:  # a CaiT's class token is read through its class-attention layers
         raise ViewNotAvailableError(kind.pool_refusal.format(name=m.spec.name))
@@ -107,6 +125,15 @@ def attention_rollout(
     else:
         acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool
     return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
+
+
+def _clip_model(m: LoadedModel, fps: float | None = None) -> bool:
+    """Whether ``m`` is a video model read on clips (its family gives a ``ClipLayout``); ``fps`` for another is
+    refused in one line."""
+    clips = m.family.clip_layout is not None
+    if fps is not None and not clips:
+        raise InvalidParameterError(f"fps is a video model's frame rate; {m.spec.name} reads images.")
+    return clips
 
 
 def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any,
@@ -156,9 +183,11 @@ class AnalysisResult(Result):
         return getattr(self, name, None)
 
     def summary(self) -> str:
-        n = self.distance.n_images if self.distance is not None else (
-            len(self.rollout.maps) if self.rollout is not None else 0)
-        return f"{self.spec.name}: {', '.join(self.views)} over {counted(n, 'image')}"
+        n = getattr(self.distance, "n_images", getattr(self.distance, "n_clips", 0)) if self.distance is not None \
+            else (len(self.rollout.maps) if self.rollout is not None else 0)
+        what = "clip" if isinstance(self.distance or self.rollout, (SpaceTimeDistanceResult, SpaceTimeRolloutResult)) \
+            else "image"
+        return f"{self.spec.name}: {', '.join(self.views)} over {counted(n, what)}"
 
     def to_rows(self) -> list[dict[str, Any]]:
         """The attention-distance rows (the view with a number per head)."""
@@ -178,6 +207,7 @@ def analyze(
     progress: ProgressArg = None,
     views: Sequence[str] = DEFAULT_VIEWS,
     memory_budget_mb: float | None = None,
+    fps: float | None = None,
 ) -> AnalysisResult:
     """Several views at once; every attention view comes from ONE forward per batch.
 
@@ -198,6 +228,11 @@ def analyze(
             ``vitlens.views.registry`` lists them), by default the paper's four.
         memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
             maps within it, query-chunked side capture above; None: one block's MLP activation).
+        fps: a video model's clips' frame rate (``attention_distance``).
+
+    A video model takes preprocessed clips [B, frames, 3, H, W]: "distance" and "rollout" are its space-time views
+    from one forward per batch (``SpaceTimeDistanceResult``, ``SpaceTimeRolloutResult``); every other view asked for
+    is None, with a note saying why.
 
     Returns:
         An ``AnalysisResult`` with the views asked for (the others None): ``filters`` (Fig. 7 left),
@@ -214,6 +249,8 @@ def analyze(
         raise InvalidParameterError(f"n_components must be >= 1; got {n_components}.")
     params = ViewParams(n_components=n_components, renormalize=renormalize, head_fusion=head_fusion,
                         discard_ratio=discard_ratio)
+    if _clip_model(m, fps):
+        return _analyze_clips(m, images, batch_size, params, views, check_fps(fps))
     consumers = {name: VIEWS[name].build(m, params) for name in views if VIEWS[name].kind == "attention"}
     if consumers:
         stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None,
@@ -231,6 +268,21 @@ def analyze(
                           distance=results.get("distance"), rollout=results.get("rollout"),
                           position_note=notes.get("position", ""), prefix=results.get("prefix"), views=views,
                           others={k: v for k, v in results.items() if k not in named}, notes=notes)
+
+
+def _analyze_clips(m: LoadedModel, clips: Any, batch_size: int, params: ViewParams, views: tuple,
+                   fps: float | None) -> AnalysisResult:
+    """``analyze`` of a video model: its space-time distance and rollout from one forward per batch."""
+    if params.discard_ratio:
+        raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
+                                    "head_fusion alone (discard_ratio=0).")
+    acc = run_clips(m, clips, batch_size, params.renormalize, params.head_fusion)
+    notes = {name: f"{name} is not defined on clips here; the space-time views are distance and rollout"
+             for name in views if name not in ("distance", "rollout")}
+    return AnalysisResult(spec=m.spec, filters=None, position=None,
+                          distance=acc.distance(m.spec.name, fps) if "distance" in views else None,
+                          rollout=acc.rollout(m.spec.name) if "rollout" in views else None,
+                          position_note=notes.get("position", ""), views=views, notes=notes)
 
 
 __all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]
