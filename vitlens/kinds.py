@@ -56,6 +56,7 @@ class Kind:
         stem: what makes its tokens where Fig. 11's contrast reads it: "cnn" (a hybrid's CNN feature map) or
             "patch" (a plain ViT's patch embedding); "" for a kind outside that contrast.
         plural: its name for two models of it in a comparison's reading ("plain ViTs"); default the word + "s".
+        clips: its inputs are clips [B, frames, 3, H, W], not images (a video model): the app offers a clip.
     """
 
     name: str
@@ -73,6 +74,7 @@ class Kind:
     class_layers: bool = False
     stem: str = ""
     plural: str = ""
+    clips: bool = False
 
     @property
     def short(self) -> str:
@@ -295,7 +297,7 @@ VIDEO = register_kind(Kind(
                    "read as one image's tokens",
     pool_refusal="{name} is a video model; its rollout starts from the class token, or the mean of the cells "
                  "(source=None).",
-    cam_layer=False, plural="video models"))
+    cam_layer=False, plural="video models", clips=True))
 
 
 # what attribution methods and views may need of a kind (``Method.for_kind``)
@@ -335,6 +337,30 @@ def has_cam_layer(kind: Kind) -> bool:
     return kind.cam_layer
 
 
+def takes_images(kind: Kind) -> bool:
+    """Defined where the model reads images (a view of one image's token grid and its weights).
+
+    Args:
+        kind: the kind's record.
+
+    Returns:
+        not ``Kind.clips``.
+    """
+    return not kind.clips
+
+
+def takes_clips(kind: Kind) -> bool:
+    """Defined where the model reads clips (the space-time views and the video weight views).
+
+    Args:
+        kind: the kind's record.
+
+    Returns:
+        ``Kind.clips``.
+    """
+    return kind.clips
+
+
 __all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIDEO", "VIT", "all_kinds", "every_kind",
            "find_kind", "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps",
-           "register_kind", "registered_kind", "unregister_kind"]
+           "register_kind", "registered_kind", "takes_clips", "takes_images", "unregister_kind"]
