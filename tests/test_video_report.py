@@ -15,7 +15,7 @@ import vitlens as vl  # noqa: E402
 from vitlens.errors import ViewNotAvailableError  # noqa: E402
 from vitlens.kinds import takes_clips, all_kinds  # noqa: E402
 from vitlens.report.video import model_frames  # noqa: E402
-from vitlens.views.registry import VIEWS, available_views  # noqa: E402
+from vitlens.views.registry import VIEWS, ViewParams, available_views  # noqa: E402
 
 from test_cli import run_cli_here  # noqa: E402
 
@@ -59,8 +59,15 @@ def test_the_registry_offers_the_video_views_for_the_space_time_kind_alone(made)
     assert available_views(m) == ("video_filters", "video_position", "spacetime_distance", "spacetime_rollout")
     vit = vl.load_model(made["vit"], device="cpu")
     assert not set(available_views(vit)) & video
+    a = vl.analyze(vit, torch.zeros(1, 3, 32, 32), views=("spacetime_distance", "video_filters", "distance"))
+    assert a.view("spacetime_distance") is None and a.view("video_filters") is None and a.distance is not None
+    assert "reads a video model's clips" in a.notes["spacetime_distance"]
     with pytest.raises(ViewNotAvailableError, match="reads a video model's clips"):
-        vl.analyze(vit, torch.zeros(1, 3, 32, 32), views=("spacetime_distance",))
+        VIEWS["video_position"].build(vit, ViewParams())
+    # on a video model, analyze computes them by name, and notes an image view
+    b = vl.analyze(m, vl.clip_pixel_values(made["gif"], m), views=("video_position", "spacetime_rollout", "prefix"))
+    assert b.view("video_position").sinusoidal and b.view("spacetime_rollout").maps.shape == (1, 2, 4, 4)
+    assert b.view("prefix") is None and "prefix" in b.notes
 
 
 def test_report_has_every_registry_view_of_the_clip_and_its_numbers(made, report) -> None:

@@ -19,7 +19,7 @@ from ..engine.stream import stream_attention
 from .filters import FilterPCAResult
 from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
-from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views
+from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views, not_for_kind
 from .rollout import RolloutAccumulator, RolloutResult
 from .clips import check_fps, run_clips
 from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
@@ -251,14 +251,18 @@ def analyze(
                         discard_ratio=discard_ratio)
     if _clip_model(m, fps):
         return _analyze_clips(m, images, batch_size, params, views, check_fps(fps))
-    consumers = {name: VIEWS[name].build(m, params) for name in views if VIEWS[name].kind == "attention"}
+    # a view of another kind's inputs (a video model's clips): None, with a note saying why
+    elsewhere = {name: not_for_kind(m, name) for name in views if VIEWS[name].for_kind is not None}
+    elsewhere = {name: why for name, why in elsewhere.items() if why}
+    consumers = {name: VIEWS[name].build(m, params) for name in views
+                 if VIEWS[name].kind == "attention" and name not in elsewhere}
     if consumers:
         stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None,
                          memory_budget_mb=memory_budget_mb)
     results: dict[str, Any] = {name: c.result(m.spec) for name, c in consumers.items()}
-    notes: dict[str, str] = {}
+    notes: dict[str, str] = dict(elsewhere)
     for name in views:
-        if VIEWS[name].kind == "weights":
+        if VIEWS[name].kind == "weights" and name not in elsewhere:
             try:
                 results[name] = VIEWS[name].build(m, params)
             except ViewNotAvailableError as e:

@@ -59,17 +59,25 @@ def _relpos(m: "LoadedModel", p: ViewParams) -> Any:
     return relative_position_bias(m)
 
 
+def not_for_kind(m: "LoadedModel", name: str) -> str:
+    """Why view ``name`` is not defined for ``m``'s kind ("" when it is): what ``analyze`` notes for it."""
+    kind = kind_of(m)
+    if kind.name in VIEWS[name].kinds:
+        return ""
+    reads = "a video model's clips" if VIEWS[name].for_kind is takes_clips else "images"
+    return (f"The {name} view reads {reads}; {m.spec.name} is a {kind.label} model (its views: "
+            f"{', '.join(available_views(m))}).")
+
+
 def clips_only(m: "LoadedModel", name: str) -> None:
     """Refuse a model that reads images for a view of clips (``View.for_kind`` = ``takes_clips``), in one line."""
-    kind = kind_of(m)
-    if not kind.clips:
-        raise ViewNotAvailableError(f"The {name} view reads a video model's clips; {m.spec.name} is a {kind.label} "
-                                    "model that reads images (its views: vl.available_views).")
+    if not kind_of(m).clips:
+        raise ViewNotAvailableError(not_for_kind(m, name))
 
 
 def _spacetime(m: "LoadedModel", p: ViewParams) -> SpaceTimeAccumulator:
     # the one accumulator of a clip's space-time distance and rollout (``views.clips.run_clips`` feeds it)
-    clips_only(m, "space-time")
+    clips_only(m, "spacetime_distance")
     return SpaceTimeAccumulator(m.family.clip_layout(m.model), m.spec.num_layers, p.renormalize, p.head_fusion)
 
 
@@ -340,4 +348,4 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
 
 
 __all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views", "check_views",
-           "clips_only", "default_views", "reader_for", "register_view", "view_names"]
+           "clips_only", "default_views", "not_for_kind", "reader_for", "register_view", "view_names"]
