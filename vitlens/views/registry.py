@@ -183,7 +183,8 @@ class View:
         default: one of ``analyze``'s default views (the paper's four).
         label: its short name in the app's view selector.
         shown_in: the app page that shows it beside another view ("" : a page of its own; a view
-            without a page written for it gets a generic one, its figure and its numbers).
+            without a page written for it gets a generic one, its figure and its numbers); ``CLIP_PAGES`` for a
+            view of a video model's clip, shown among the clip's pages (``vitlens_app``'s video pages).
         summary: for a weight-only view, result -> the few numbers a survey's table keeps of it
             (its "weights" rows, once per model).
         readers: an attention view's consumer classes, the one for a ViT's maps first, then one per kind of maps
@@ -237,6 +238,9 @@ class View:
         return self.result_type
 
 
+#: ``View.shown_in`` of the views of a video model's clip: the app shows them among the clip's pages
+CLIP_PAGES = "the clip's pages"
+
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("filters", "Embedding filters", "Fig. 7 left", "weights", _filters,
          FilterPCAResult, label="Filters",
@@ -263,15 +267,16 @@ VIEWS: dict[str, View] = {v.name: v for v in (
     # a video model's views (docs/definitions.md, "Video: space and time", "Video: weights"): of its clips and its
     # weights, defined for the kinds that read clips; analyze computes the two of the clips from one forward
     View("video_filters", "Tubelet filters by time step", "Fig. 7 left, per time step", "weights", _video_filters,
-         TubeletFilterPCAResult, default=False, label="Tubelet filters", for_kind=takes_clips),
+         TubeletFilterPCAResult, default=False, label="Tubelet filters", shown_in=CLIP_PAGES, for_kind=takes_clips),
     View("video_position", "Position embedding similarity over space and time", "Fig. 7 centre, in space and time",
          "weights", _video_position, VideoPositionSimilarityResult, default=False,
-         label="Position embeddings (space and time)", for_kind=takes_clips),
+         label="Position embeddings (space and time)", shown_in=CLIP_PAGES, for_kind=takes_clips),
     View("spacetime_distance", "Mean attention distance in space and time", "Fig. 7 right, in space and time",
          "attention", _spacetime, SpaceTimeDistanceResult, default=False, label="Space-time distance",
-         for_kind=takes_clips),
+         shown_in=CLIP_PAGES, for_kind=takes_clips),
     View("spacetime_rollout", "Attention rollout through space-time", "Fig. 6, a map per time step", "attention",
-         _spacetime, SpaceTimeRolloutResult, default=False, label="Space-time rollout", for_kind=takes_clips),
+         _spacetime, SpaceTimeRolloutResult, default=False, label="Rollout through time", shown_in=CLIP_PAGES,
+         for_kind=takes_clips),
 )}
 
 
@@ -347,5 +352,5 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views", "check_views",
-           "clips_only", "default_views", "not_for_kind", "reader_for", "register_view", "view_names"]
+__all__ = ["CLIP_PAGES", "DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views",
+           "check_views", "clips_only", "default_views", "not_for_kind", "reader_for", "register_view", "view_names"]
