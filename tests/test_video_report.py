@@ -78,11 +78,13 @@ def test_report_has_every_registry_view_of_the_clip_and_its_numbers(made, report
     assert "8.33333 fps (from the file)" in page  # the GIF's frame durations (120 ms)
     # the numbers written are those of the library's own call on the clip as the model's processor samples it
     m = vl.load_model(made["ts"], device="cpu")
-    direct = vl.attention_distance(m, vl.clip_pixel_values(made["gif"], m), fps=1000 / 120)
+    direct = vl.attention_distance(m, vl.clip_pixel_values(made["gif"], m))
     saved = data.analyses[1].view("spacetime_distance")
     np.testing.assert_allclose(saved.temporal_frames, direct.temporal_frames, rtol=1e-12)
     np.testing.assert_allclose(saved.spatial_px, direct.spatial_px, rtol=1e-12)
-    assert saved.roles == ("temporal", "spatial") * 2 and saved.fps == pytest.approx(1000 / 120)
+    # seconds at the rate of the frames the model reads: 4 of the GIF's 8 frames, so half the GIF's rate
+    assert saved.roles == ("temporal", "spatial") * 2 and saved.fps == pytest.approx(1000 / 120 * 4 / 8)
+    assert page.count("reads 4 of the clip's 8 frames, sampled uniformly, 4.167 fps") == 2
     assert data.analyses[0].view("spacetime_rollout").maps.shape == (1, 2, 4, 4)  # tubelets: 2 steps of 4 frames
     assert data.analyses[0].view("video_position").sinusoidal  # VideoMAE's fixed sin-cos table, said so
 
@@ -99,7 +101,7 @@ def test_compare_draws_fig_11_in_space_and_time(made) -> None:
     loaded = vl.load_result(out.with_suffix(".json"))
     assert all(a.views == ("spacetime_distance", "spacetime_rollout") for a in loaded.analyses)
     d = loaded.analyses[0].view("spacetime_distance")
-    assert d.fps == 4 and np.all(d.temporal_frames <= d.max_temporal_frames + 1e-12)
+    assert d.fps == 2 and np.all(d.temporal_frames <= d.max_temporal_frames + 1e-12)  # 4 of 8 frames at 4 fps
 
 
 def test_model_frames_are_the_frames_the_model_reads(made) -> None:

@@ -39,6 +39,14 @@ class ClipRun:
     frames: np.ndarray
     weights: str
     seconds: float
+    source_frames: int
+    fps: float | None
+
+    def sampling(self) -> str:
+        """Which of the clip's frames the model reads, and at what rate."""
+        n = self.frames.shape[0]
+        rate = f", {self.fps:.4g} fps" if self.fps is not None else ""
+        return f"reads {n} of the clip's {self.source_frames} frames, sampled uniformly{rate}"
 
 
 def clip_description(path: str, clip: Any, fps: float | None, fps_given: bool) -> dict:
@@ -80,16 +88,25 @@ def model_frames(pixels: Any, m: Any) -> np.ndarray:
     return np.clip(np.round(u.permute(0, 2, 3, 1).numpy()), 0, 255).astype(np.uint8)
 
 
+def sampled_fps(source_fps: float | None, sampled: int, total: int) -> float | None:
+    """The frame rate of the frames a model reads: its processor samples ``sampled`` of the clip's ``total`` frames
+    uniformly, so they come at ``source_fps * sampled / total`` on average (what ``fps=`` of the views means:
+    seconds = frames read / fps); None without a rate."""
+    return None if source_fps is None else float(source_fps) * sampled / total
+
+
 def run_clip(m: Any, clip: Any, fps: float | None, batch_size: int, views: Sequence[str] | None = None) -> ClipRun:
-    """The views of one video model on the clip (by default every view the registry lists for its kind)."""
+    """The views of one video model on the clip (by default every view the registry lists for its kind); ``fps``
+    is the clip's own rate (the temporal distances in seconds at the rate of the frames the model samples)."""
     import time
 
     import vitlens as vl
 
     t0 = time.perf_counter()
     x = vl.clip_pixel_values(clip, m)
-    a = vl.analyze(m, x, batch_size=batch_size, views=tuple(views or vl.available_views(m)), fps=fps)
-    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0)
+    rate = sampled_fps(fps, x.shape[1], clip.num_frames)
+    a = vl.analyze(m, x, batch_size=batch_size, views=tuple(views or vl.available_views(m)), fps=rate)
+    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, clip.num_frames, rate)
 
 
 def run_figures(run: ClipRun) -> dict[str, go.Figure]:
@@ -141,7 +158,8 @@ def model_html(run: ClipRun, figs: dict[str, go.Figure]) -> str:
     """One model's section: its facts, then each view under its registry heading (its figure, the distance's
     numbers by map, or the note saying why it is not available)."""
     a = run.analysis
-    parts = [f"<h2>{html.escape(a.spec.name)}</h2>", html_table([a.spec.describe()]), _caveat(run.weights)]
+    parts = [f"<h2>{html.escape(a.spec.name)}</h2>", html_table([a.spec.describe()]), _caveat(run.weights),
+             f"<p>The model {html.escape(run.sampling(), quote=False)}.</p>"]
     for name in a.views:
         parts.append(f"<h3>{html.escape(REGISTRY[name].heading)}</h3>")
         if name in figs:
@@ -187,7 +205,7 @@ def video_comparison_html(runs: Sequence[ClipRun], figs: dict[str, go.Figure], i
             "".join(_caveat(r.weights) for r in runs[:1] if all(q.weights == r.weights for q in runs)),
             f"<h2>{html.escape(REGISTRY[DISTANCE].heading)}</h2>", figure_html(figs["distance"])]
     for r in runs:
-        body += [f"<h3>{html.escape(r.analysis.spec.name)}: by map</h3>",
+        body += [f"<h3>{html.escape(r.analysis.spec.name)}: by map</h3><p>It {html.escape(r.sampling(), quote=False)}.</p>",
                  html_table(distance_rows(r.analysis.view(DISTANCE)), "{:.3g}")]
     body.append(f"<h2>{html.escape(REGISTRY[ROLLOUT].heading)}</h2>")
     body += [figure_html(figs[f"rollout-{i + 1}"]) for i in range(len(runs))]
@@ -225,5 +243,5 @@ def video_command(args: Any, names: Sequence[str], compare: bool, log: Callable[
 
 
 __all__ = ["ClipRun", "clip_description", "comparison_figures", "distance_rows", "model_frames", "model_html",
-           "refuse_image_models", "refuse_video_models", "report_data", "run_clip", "run_figures", "video_command",
-           "video_comparison_html", "video_report_html"]
+           "refuse_image_models", "refuse_video_models", "report_data", "run_clip", "run_figures", "sampled_fps",
+           "video_command", "video_comparison_html", "video_report_html"]
