@@ -15,7 +15,7 @@ import vitlens as vl  # noqa: E402
 from vitlens.errors import ViewNotAvailableError  # noqa: E402
 from vitlens.kinds import takes_clips, all_kinds  # noqa: E402
 from vitlens.report.video import model_frames  # noqa: E402
-from vitlens.views.registry import VIEWS, ViewParams, available_views  # noqa: E402
+from vitlens.views.registry import CLIP_PAGES, VIEWS, ViewParams, available_views  # noqa: E402
 
 from test_cli import run_cli_here  # noqa: E402
 
@@ -52,6 +52,7 @@ def report(made) -> dict:
 def test_the_registry_offers_the_video_views_for_the_space_time_kind_alone(made) -> None:
     video = {n for n, v in VIEWS.items() if v.for_kind is takes_clips}
     assert video == {"video_filters", "video_position", "spacetime_distance", "spacetime_rollout"}
+    assert all(VIEWS[n].shown_in == CLIP_PAGES for n in video)  # the app shows them among a clip's pages alone
     clip_kinds = [k.name for k in all_kinds() if k.clips]
     for name, view in VIEWS.items():  # the image views are not offered for clips, the video views only for clips
         assert (set(view.kinds) <= set(clip_kinds)) == (name in video), name
