@@ -5,7 +5,8 @@ The clip is read by ``vl.read_clip`` (a video file, an animated GIF or a folder 
 as the model's processor does (``vl.clip_pixel_values``); the views are those the registry lists for the model's
 kind (``available_views``: the space-time distance and rollout, the video weight views), each drawn by the figure
 registered for its result (``figures.figure_for``), the rollout over the frames as the model sees them. Pure
-composition, as ``report.html``: the numbers come from the result objects, the pictures from ``vitlens.figures``.
+composition, as ``vitlens.report.html``: the numbers come from the result objects, the pictures from
+``vitlens.figures``.
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ class ClipRun:
         n = self.frames.shape[0]
         rate = f", {self.fps:.4g} fps" if self.fps is not None else ""
         return f"reads {n} of the clip's {self.source_frames} frames, sampled uniformly{rate}"
+
+
+def file_safe(name: str) -> str:
+    """A model's name as part of a file name (``hf:/path/model`` -> ``hf__path_model``)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def clip_description(path: str, clip: Any, fps: float | None, fps_given: bool) -> dict:
@@ -202,10 +208,10 @@ def video_comparison_html(runs: Sequence[ClipRun], figs: dict[str, go.Figure], i
     """The comparison page: Fig. 11 in space and time, the numbers by map of each model, the rollouts."""
     seconds = {r.analysis.spec.name: r.seconds for r in runs}
     body = [_header("vitlens comparison (video, Fig. 11 in space and time)", image_set, environment, seconds),
-            "".join(_caveat(r.weights) for r in runs[:1] if all(q.weights == r.weights for q in runs)),
             f"<h2>{html.escape(REGISTRY[DISTANCE].heading)}</h2>", figure_html(figs["distance"])]
     for r in runs:
-        body += [f"<h3>{html.escape(r.analysis.spec.name)}: by map</h3><p>It {html.escape(r.sampling(), quote=False)}.</p>",
+        name, sampling = html.escape(r.analysis.spec.name), html.escape(r.sampling(), quote=False)
+        body += [f"<h3>{name}: by map</h3>{_caveat(r.weights)}<p>It {sampling}.</p>",
                  html_table(distance_rows(r.analysis.view(DISTANCE)), "{:.3g}")]
     body.append(f"<h2>{html.escape(REGISTRY[ROLLOUT].heading)}</h2>")
     body += [figure_html(figs[f"rollout-{i + 1}"]) for i in range(len(runs))]
@@ -237,11 +243,11 @@ def video_command(args: Any, names: Sequence[str], compare: bool, log: Callable[
         figs = comparison_figures(runs)
         return video_comparison_html(runs, figs, image_set, environment), data, figs
     per_model = [run_figures(r) for r in runs]
-    pngs = {f"{i + 1}-{r.analysis.spec.name}-{name}": fig for i, (r, f) in enumerate(zip(runs, per_model))
+    pngs = {f"{i + 1}-{file_safe(r.analysis.spec.name)}-{name}": fig for i, (r, f) in enumerate(zip(runs, per_model))
             for name, fig in f.items()}
     return video_report_html(runs, per_model, image_set, environment), data, pngs
 
 
-__all__ = ["ClipRun", "clip_description", "comparison_figures", "distance_rows", "model_frames", "model_html",
-           "refuse_image_models", "refuse_video_models", "report_data", "run_clip", "run_figures", "sampled_fps",
-           "video_command", "video_comparison_html", "video_report_html"]
+__all__ = ["ClipRun", "clip_description", "comparison_figures", "distance_rows", "file_safe", "model_frames",
+           "model_html", "refuse_image_models", "refuse_video_models", "report_data", "run_clip", "run_figures",
+           "sampled_fps", "video_command", "video_comparison_html", "video_report_html"]
