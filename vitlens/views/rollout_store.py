@@ -101,7 +101,8 @@ class MapStore:
         """Whether ``t`` holds ``shape`` (at least as many images on ``batch_axis``) in that dtype on that device."""
         if t is None or t.dtype != dtype or t.device != torch.device(device) or t.dim() != len(shape):
             return False
-        return all(have >= want if i == batch_axis else have == want for i, (have, want) in enumerate(zip(t.shape, shape)))
+        pairs = enumerate(zip(t.shape, shape))
+        return all(have >= want if i == batch_axis else have == want for i, (have, want) in pairs)
 
     def slot(self, index: int, kept: int, batch: int, tokens: int, dtype: torch.dtype,
              device: torch.device) -> torch.Tensor:
