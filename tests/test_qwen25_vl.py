@@ -182,3 +182,20 @@ def test_other_sizes_and_implementations_are_refused_in_one_line(m):
         vl.LoadedModel.from_module(tiny_qwen(implementation="eager"), name="q", device="cpu")
     w, _, _ = m.family.pixel_filters(m.model, m.spec)
     assert w.shape == (32, 3, 8, 8)  # the Conv3d's two temporal frames summed
+
+
+def test_a_whole_qwen25_vl_is_read_through_its_visual_tower():
+    vision = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=PATCH,
+                  spatial_merge_size=MERGE, window_size=WINDOW, fullatt_block_indexes=[1], out_hidden_size=32)
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                vocab_size=100, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration._from_config(
+        transformers.Qwen2_5_VLConfig(vision_config=vision, text_config=text), attn_implementation="sdpa").eval()
+    m = vl.LoadedModel.from_module(model, name="qwen25-whole", device="cpu", data_config={"input_size": (3, *SIZE)})
+    assert m.model is model.model.visual and m.family.name == "hf-qwen2.5-vl"
+    assert m.spec.read_module == "model.visual (Qwen2_5_VisionTransformerPretrainedModel)"
+    assert (m.spec.image_size, m.spec.grid) == (SIZE, GRID)
+    got = vl.attention_distance(m, images(1))
+    assert got.kinds == ("window", "global")

@@ -36,9 +36,9 @@ at four windows a side (448 px for Qwen2.5-VL's 14 px patches and 112 px windows
 size, so the windowed views refuse images of another size in one line (``vl.analyze_each`` of images of different
 sizes too: load the tower at each size).
 
-Refused, in one line: another class of this model type (the whole ``Qwen2_5_VLModel`` or its generation model: load
-its ``visual`` tower), another attention implementation than sdpa, a block or attention class other than
-transformers' own, a window smaller than one merge block, a video (more than one temporal patch per image).
+A whole ``Qwen2_5_VLModel`` or ``Qwen2_5_VLForConditionalGeneration`` is read through its ``visual`` tower (as whole
+VLMs are; ``read_module`` names it). Refused, in one line: another attention implementation than sdpa, a block or attention class other than
+transformers' own, a window smaller than one merge block.
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ from .common.windows import token_centres
 
 MODEL_TYPE = "qwen2_5_vl_vision"
 #: the tower's type, its image processor's defaults (OpenAI CLIP's mean and std, bicubic), loaded with sdpa
-HF_TYPES = HfTypes(processors={MODEL_TYPE: ProcessorDefaults("squash", 1.0, CLIP_MEAN, CLIP_STD, "bicubic")})
+HF_TYPES = HfTypes(processors={MODEL_TYPE: ProcessorDefaults("squash", 1.0, CLIP_MEAN, CLIP_STD, "bicubic")},
+                   towers={"qwen2_5_vl": MODEL_TYPE})
 MODEL_CLASSES = {MODEL_TYPE: ("Qwen2_5_VisionTransformerPretrainedModel",)}
 #: windows a side of the size read when the data config names none
 WINDOWS_A_SIDE = 4
@@ -80,15 +81,16 @@ class HuggingFaceQwen25Vision(HuggingFaceFamily, StagedFamily):
              "attention and full attention blocks on tokens reordered into windows (the window index undone by the "
              "views), 2-D RoPE, 2x2 merge-block order; distance in image pixels beside the window-uniform distance, "
              "rollout through window and full blocks; needs transformers")
-    names = ("a Qwen2_5_VisionTransformerPretrainedModel module (vl.LoadedModel.from_module), e.g. a Qwen2.5-VL "
-             "model's visual tower",)
+    names = ("hf:FOLDER of a Qwen2.5-VL checkpoint (the whole VLM, read through its visual tower), e.g. "
+             "hf:Qwen/Qwen2.5-VL-3B-Instruct, or the tower module (vl.LoadedModel.from_module)",)
     capture = CaptureAbilities(view_mode="side")
     attention_inputs = ("norm1",)
     hf_types = HF_TYPES
     model_classes = MODEL_CLASSES
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and tower_type(model) == MODEL_TYPE
+        return (is_hf_model(model) and tower_type(model) == MODEL_TYPE
+                and type(model).__name__ in MODEL_CLASSES[MODEL_TYPE])  # a whole model: through its ``visual``
 
     def check(self, model: nn.Module, name: str) -> None:
         self.check_model_class(model, name)
