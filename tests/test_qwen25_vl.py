@@ -79,7 +79,8 @@ def reference_chunks(m: vl.LoadedModel, x: torch.Tensor) -> list[list[torch.Tens
     out = []
     for block, (hidden, kw) in zip(m.model.blocks, seen):
         attn = block.attn
-        q, k, _ = attn.qkv(hidden).double().reshape(hidden.shape[0], 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        qkv = attn.qkv(hidden).double().reshape(hidden.shape[0], 3, attn.num_heads, -1)
+        q, k, _ = qkv.permute(1, 0, 2, 3).unbind(0)
         cos, sin = (t.double() for t in kw["position_embeddings"])
         q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
         bounds = kw["cu_seqlens"].tolist()
@@ -170,6 +171,7 @@ def test_distance_and_rollout_equal_dense_float64_computations_in_image_order(m)
             v = v @ (fused / fused.sum(-1, keepdims=True))
         want = v.reshape(GRID)
         np.testing.assert_allclose(roll.maps[b], want / want.max(), rtol=1e-5, atol=1e-7)
+    assert roll.source_token == "mean over the tokens, through the windows and global blocks"
 
 
 def test_other_sizes_and_implementations_are_refused_in_one_line(m):
@@ -180,6 +182,10 @@ def test_other_sizes_and_implementations_are_refused_in_one_line(m):
         vl.LoadedModel.from_module(m.model, name="q", device="cpu", data_config={"input_size": (3, 40, 48)})
     with pytest.raises(vl.UnsupportedModelError, match="attn_implementation='sdpa'"):
         vl.LoadedModel.from_module(tiny_qwen(implementation="eager"), name="q", device="cpu")
+    from vitlens.attribution.cam import default_cam_layer
+
+    with pytest.raises(vl.ViewNotAvailableError, match="target_layer"):  # its blocks hand on window-ordered [T, C]
+        default_cam_layer(m)
     w, _, _ = m.family.pixel_filters(m.model, m.spec)
     assert w.shape == (32, 3, 8, 8)  # the Conv3d's two temporal frames summed
 

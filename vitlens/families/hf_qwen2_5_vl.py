@@ -37,8 +37,8 @@ size, so the windowed views refuse images of another size in one line (``vl.anal
 sizes too: load the tower at each size).
 
 A whole ``Qwen2_5_VLModel`` or ``Qwen2_5_VLForConditionalGeneration`` is read through its ``visual`` tower (as whole
-VLMs are; ``read_module`` names it). Refused, in one line: another attention implementation than sdpa, a block or attention class other than
-transformers' own, a window smaller than one merge block.
+VLMs are; ``read_module`` names it). Refused, in one line: another attention implementation than sdpa, a block or
+attention class other than transformers' own, a window smaller than one merge block.
 """
 from __future__ import annotations
 
@@ -107,9 +107,9 @@ class HuggingFaceQwen25Vision(HuggingFaceFamily, StagedFamily):
             raise UnsupportedModelError(f"{name!r}: its patch embedding is not the Conv3d over flattened patches "
                                         "vitlens reads.")
         if model.window_size // model.spatial_merge_size // model.patch_size < 1:
-            raise UnsupportedModelError(f"{name!r}: its window ({model.window_size} px) is smaller than one merge block "
-                                        f"({model.spatial_merge_size * model.patch_size} px), which its own code "
-                                        "cannot partition.")
+            raise UnsupportedModelError(f"{name!r}: its window ({model.window_size} px) is smaller than one merge "
+                                        f"block ({model.spatial_merge_size * model.patch_size} px), which its own "
+                                        "code cannot partition.")
 
     # --- structure ----------------------------------------------------------------------------------------------
 
@@ -189,9 +189,6 @@ class HuggingFaceQwen25Vision(HuggingFaceFamily, StagedFamily):
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         self._install(model, capture, handles, inline=True)
-
-    def head_outputs(self, attn: nn.Module) -> nn.Module | None:
-        return attn.proj  # the heads side by side, [T, heads * head_dim]
 
     def cam_layer(self, model: nn.Module) -> str | None:
         """None: its blocks hand on tokens in the window order, [T, C] for the whole batch, which the CAMs' reshape

@@ -487,9 +487,12 @@ def rollout_source(windows: list[WindowGeometry]) -> str:
     if any(g.stage_from is not None for g in windows):  # TinyViT's, DaViT's convolutional stage starts
         return (source + ", through the windows and the convolutional stage embeddings (stated transport: each "
                 "embedded token the mean of the tokens its kernel covers)")
-    return source + ", through the " + (
-        "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
-        if any(g.key_from is not None or g.query_from is not None for g in windows) else "windows and patch mergings")
+    if any(g.key_from is not None or g.query_from is not None for g in windows):
+        return (source + ", through the poolings (stated transport: each pooled token the mean of the tokens its "
+                "kernel covers)")
+    if len({g.grid for g in windows}) == 1:  # one grid throughout (Qwen2.5-VL's tower, SAM / ViTDet): no merging
+        return source.replace("last stage's tokens", "tokens") + ", through the windows and global blocks"
+    return source + ", through the windows and patch mergings"
 
 
 def window_maps(m: object, image: object) -> list[torch.Tensor]:
