@@ -127,11 +127,14 @@ def child(row: str, model: str, img: int, batch: int, threads: int, calls: int, 
         with torch.no_grad():
             if row == "plain":
                 m.model(x)
+                storage = None
             else:
-                vl.analyze(m, x, batch_size=batch, views=("distance", "rollout"))
+                storage = vl.analyze(m, x, batch_size=batch, views=("distance", "rollout")).rollout.map_storage
         stop = time.perf_counter()
         call: dict[str, Any] = {"seconds": round(stop - start, 3),
                                 "peak_above_model_mb": round(peak_rss_mb() - before, 1)}
+        if storage is not None:
+            call["map_storage"] = storage  # how rollout held its maps (float16 where large)
         if probe is not None:
             call["phases"] = probe.summary(start, stop, _faults() - faults)
         out["calls"].append(call)
@@ -184,7 +187,12 @@ def cold(args: argparse.Namespace) -> dict:
         pairs.append({"plain_s": p["seconds"], "analyze_s": a["seconds"],
                       "ratio": round(a["seconds"] / p["seconds"], 3),
                       "plain_peak_mb": p["peak_above_model_mb"], "analyze_peak_mb": a["peak_above_model_mb"],
-                      "peak_ratio": round(a["peak_above_model_mb"] / max(p["peak_above_model_mb"], 1.0), 3)})
+                      "peak_ratio": round(a["peak_above_model_mb"] / max(p["peak_above_model_mb"], 1.0), 3),
+                      "map_storage": a.get("map_storage")})
+        if calls > 1:  # the second call in each process: the warm pair
+            p2, a2 = got["plain"]["calls"][1], got["analyze"]["calls"][1]
+            pairs[-1].update(plain_warm_s=p2["seconds"], analyze_warm_s=a2["seconds"],
+                             warm_ratio=round(a2["seconds"] / p2["seconds"], 3))
         print(json.dumps(pairs[-1]), flush=True)
     ratios, peaks = [q["ratio"] for q in pairs], [q["peak_ratio"] for q in pairs]
     median = statistics.median(ratios)
@@ -198,6 +206,13 @@ def cold(args: argparse.Namespace) -> dict:
     print(f"| `analyze(distance, rollout)` | {statistics.median(q['analyze_s'] for q in pairs):.2f} | "
           f"{spread(ratios)} | "
           f"{statistics.median(q['analyze_peak_mb'] for q in pairs):,.0f} | {spread(peaks)} |")
+    if calls > 1:
+        warm = [q["warm_ratio"] for q in pairs]
+        print(f"| second call in the same processes (warm) | "
+              f"{statistics.median(q['analyze_warm_s'] for q in pairs):.2f} (plain "
+              f"{statistics.median(q['plain_warm_s'] for q in pairs):.2f}) | {spread(warm)} | | |")
+    print(f"\nrollout's maps held in: {sorted({str(q['map_storage']) for q in pairs})}; the plain forward's "
+          f"seconds over the pairs: {spread([q['plain_s'] for q in pairs])} (the noise row)")
     if met is not None:
         print(f"\ngoal <= {args.goal:.2f}: {'met' if met else 'not met'} (median {median:.3f})")
     summary: dict[str, Any] = {"mode": "cold", "model": args.model, "img_size": args.img_size, "batch": args.batch,

@@ -114,7 +114,8 @@ def test_the_built_in_kinds_say_what_they_are():
     assert not HIERARCHICAL.token_attention and HIERARCHICAL.stages and HIERARCHICAL.cam_layer
     assert not CLASS_ATTENTION.token_attention and not CLASS_ATTENTION.cam_layer
     # the lists the methods and views used to spell out, now read from the records
-    assert METHOD_TABLE["saliency"].kinds == tuple(k.name for k in all_kinds())
+    assert METHOD_TABLE["saliency"].kinds == tuple(k.name for k in all_kinds() if not k.clips)
+    assert "space-time" in kind_names() and "space-time" not in METHOD_TABLE["saliency"].kinds  # a clip is no image
     assert METHOD_TABLE["gradcam"].kinds[:3] == ("vit", "hybrid", "hierarchical")
     assert "class-attention" not in METHOD_TABLE["gradcam"].kinds
     assert METHOD_TABLE["grad_rollout"].kinds == ("vit", "hybrid")

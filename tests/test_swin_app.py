@@ -205,3 +205,42 @@ def test_compares_reading_says_a_windowed_models_ratio_measures_its_windows():
     assert f"ref-hybrid {hybrid_of:.2f}x, {NAME} {swin_of:.2f}x" in text, text
     both_vits = comparison([d_hybrid, vl.attention_distance(vl.load_model("ref-vit"), images)], ["ref-hybrid", "ref-vit"])
     assert "windows" not in both_vits.reading()
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_a_davits_channel_attention_is_said_not_drawn_in_chromium(browser_app):
+    """Issue 49: a DaViT typed by name (random init) shows in Chromium the fact that its channel attention is not a
+    token attention and is not drawn, inside the sidebar, and its rollout on the Attention maps view says it crossed
+    the channel blocks undrawn; no map of a channel block is offered as a token attention (the layer picker counts
+    the spatial blocks alone). A session of the suite's app server (conftest's ``browser_app``)."""
+    browser, url = browser_app
+    context = browser.new_context(viewport={"width": 1400, "height": 1600})
+    try:
+        page = context.new_page()
+        page.goto(url, wait_until="domcontentloaded")
+        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+        sidebar = page.locator("[data-testid='stSidebar']")
+        sidebar.get_by_text("Name", exact=True).first.click()
+        box = sidebar.locator("[data-testid='stTextInput'] input").first
+        box.wait_for(timeout=30000)
+        box.fill("davit_tiny")
+        box.press("Enter")
+        sidebar.get_by_text("not drawn", exact=True).wait_for(timeout=180000)
+        settled(page)
+        cells = page.evaluate(FACTS_FIT)
+        page.get_by_text("Attention maps", exact=True).first.click()
+        page.get_by_text("One query's attention").wait_for(timeout=180000)
+        settled(page)
+        titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map("
+                               "g => String(g.layout.title?.text ?? g.layout.title))")
+        layers = page.evaluate("() => [...document.querySelectorAll(\"[data-testid='stSlider']\")].map("
+                               "s => s.innerText)")
+    finally:
+        context.close()
+    texts = [c["text"].replace("\n", " ") for c in cells]
+    fact = texts[texts.index("not drawn") + 1]
+    assert fact.startswith("channel attention") and "not a token attention" in fact, fact
+    assert all(c["over"] <= 1 and c["clipped"] <= 1 for c in cells)
+    assert any("channel attention not drawn" in t for t in titles), titles
+    # the block picker runs over the spatial blocks alone: davit_tiny's 1 + 1 + 3 + 1
+    assert any(s.startswith("Block") and s.split()[-1] == "6" for s in layers), layers

@@ -4,7 +4,8 @@ helpers: capture against each layer's attention written out in float64 (side cap
 path, tested there), the whole model's outputs bit for bit under side capture, the windows against the hand-written pad-then-shift partition of a backbone
 (``always_partition=True``: its last stage keeps its 4x4 windows' shift of 2 on a 4x4 grid, where a ``SwinModel``
 clamps it to 0), the distance and the rollout against dense float64 computations. Tiny random models (56 px, 3
-stages on 14x14, 7x7, 4x4 tokens)."""
+stages on 14x14, 7x7, 4x4 tokens). ``Swinv2Backbone`` (its layers run as a ``Swinv2Model``'s) likewise, with the weights
+of a tiny ``Swinv2Model``, and UperNet read through it."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,9 +14,10 @@ import torch
 
 import vitlens as vl
 from test_swin import images
-from test_swin_variants import (HF_SIZE, KINDS, Variant, _hf_layers, assert_distance_is_a_dense_float64_computation,
+from test_swin_variants import (HF_SIZE, KINDS, VARIANTS, Variant, _hf_layers,
+                                assert_distance_is_a_dense_float64_computation,
                                 assert_rollout_is_a_brute_force_dense_composition, capture_against_reference,
-                                hand_allowed, hand_windows_pad_first, reference_hf_swin)
+                                hand_allowed, hand_windows_pad_first, reference_hf_swin, tiny_hf_swinv2)
 
 transformers = pytest.importorskip("transformers")
 
@@ -119,3 +121,42 @@ def test_distance_and_rollout_equal_the_dense_float64_computations(upernet):
     assert got.kinds == tuple(BACKBONE.kinds)
     roll = assert_rollout_is_a_brute_force_dense_composition(m, images(1))
     assert roll.source_token.startswith("mean over the last stage's tokens")
+
+
+def test_swinv2_backbone_is_read_exactly_and_upernet_through_it():
+    size = {k: v for k, v in HF_SIZE.items() if k != "num_labels"}
+    config = transformers.Swinv2Config(**size, out_features=["stage1", "stage2", "stage3"])
+    model = tiny_hf_swinv2(classifier=False)  # its peaky weights, handed to the backbone
+    backbone = transformers.Swinv2Backbone(config).eval()
+    missing, _unexpected = backbone.load_state_dict(model.state_dict(), strict=False)
+    assert not missing
+    v2 = VARIANTS["hf-swinv2-model"]
+    m = vl.LoadedModel.from_module(backbone, name="swinv2-backbone")
+    assert (m.family.name, m.spec.kind, m.spec.grid, m.spec.num_layers, m.spec.num_classes) == (
+        "hf-swin", "hierarchical", (14, 14), 6, 0)
+    windows = m.family.windows(m.model, m.spec.image_size)
+    assert [g.kind for g in windows] == v2.kinds  # as the Swinv2Model's: no always_partition in Swin V2
+    for g, (window, shift) in zip(windows, v2.window_shift, strict=True):
+        np.testing.assert_array_equal(g.index, hand_windows_pad_first(g.grid, window, shift))
+    x = images(1)
+    # Swin V2's own eager probabilities, read at its dropout (inline reads the same: tests/test_swin_variants.py)
+    worst, moved = capture_against_reference(Variant("hf-swin", lambda: None, _hf_layers, "attention", v2.reference,
+                                                     True, v2.window_shift, v2.kinds), backbone, "side", x)
+    assert worst < 1e-5 and moved == 0.0, (worst, moved)
+    with torch.no_grad():  # the scored output: the last feature map's mean, the Swinv2Model's unnormed last stage
+        last = model(pixel_values=x, output_hidden_states=True).reshaped_hidden_states[-1]
+        assert torch.equal(m.logits(x), backbone(x).feature_maps[-1].flatten(2).mean(-1))
+        torch.testing.assert_close(backbone(x).feature_maps[-1], last, rtol=0, atol=1e-6)
+    got = assert_distance_is_a_dense_float64_computation(m, x)
+    assert got.kinds == tuple(v2.kinds)
+    assert_rollout_is_a_brute_force_dense_composition(m, x)
+    torch.manual_seed(0)
+    upernet = transformers.UperNetForSemanticSegmentation(transformers.UperNetConfig(
+        hidden_size=32, auxiliary_in_channels=64, auxiliary_channels=32, backbone_config=config, num_labels=3)).eval()
+    whole = vl.LoadedModel.from_module(upernet, name="upernet-v2")
+    assert whole.model is upernet.backbone and whole.spec.read_module == "backbone (Swinv2Backbone)"
+    with torch.no_grad():
+        plain = upernet(pixel_values=x).logits
+        with vl.capture_attention(whole, mode="side") as cap:
+            out = upernet(pixel_values=x).logits
+    assert torch.equal(out, plain) and len(cap.maps) == 6

@@ -365,6 +365,15 @@ def test_unsupported_video_inputs_and_models_are_refused_in_one_line(models, cli
         vl.attention_distance(models["vivit"], clips, fps=0)
     with pytest.raises(InvalidParameterError, match="head_fusion alone"):
         vl.attention_rollout(models["vivit"], clips, discard_ratio=0.5)
+    # no attribution method is defined for a clip (the input-space ones take one image): none offered, each refused
+    from vitlens.attribution.methods import METHOD_TABLE, methods_for
+
+    assert methods_for(models["vivit"]) == ()
+    for method in ("saliency", "integrated_gradients", "gradcam", "rollout"):
+        assert method in METHOD_TABLE
+        with pytest.raises(vl.VitlensError, match="is a video model .its input is a clip") as err:
+            vl.attribute(models["vivit"], clips, method=method)
+        assert "\n" not in str(err.value)
 
 
 def test_the_video_classifiers_are_read_through_their_bare_model_with_logits_unchanged(models, clips):

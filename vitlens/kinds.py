@@ -56,7 +56,8 @@ class Kind:
         stem: what makes its tokens where Fig. 11's contrast reads it: "cnn" (a hybrid's CNN feature map) or
             "patch" (a plain ViT's patch embedding); "" for a kind outside that contrast.
         plural: its name for two models of it in a comparison's reading ("plain ViTs"); default the word + "s".
-        clips: its inputs are clips [B, frames, 3, H, W], not images (a video model): the app offers a clip.
+        clips: its input is a clip [B, frames, 3, H, W], not an image: the methods of one image's pixels
+            (``takes_images``) are not defined for it, the views of clips (``takes_clips``) are.
     """
 
     name: str
@@ -292,7 +293,8 @@ VIDEO = register_kind(Kind(
             "time), so it is refused rather than read wrong. Its space-time views are exact: vl.attention_distance "
             "and vl.attention_rollout of a clip [B, frames, 3, H, W], and every block's maps from "
             "vl.capture_attention.",
-    method_refusal="{method} reads one image's token grid, and {name} is a video model (tokens in space and time)",
+    method_refusal="{method} is defined for one image (its pixels or its token grid), and {name} is a video model "
+                   "(its input is a clip of frames)",
     blocks_refusal="its blocks hand on tokens in space and time (a video model), which this comparison does not "
                    "read as one image's tokens",
     pool_refusal="{name} is a video model; its rollout starts from the class token, or the mean of the cells "
@@ -301,16 +303,17 @@ VIDEO = register_kind(Kind(
 
 
 # what attribution methods and views may need of a kind (``Method.for_kind``)
-def every_kind(kind: Kind) -> bool:
-    """Defined for every kind (a method of the input alone: any differentiable model).
+def takes_images(kind: Kind) -> bool:
+    """Defined for every kind whose input is an image (a method of the input's pixels alone: any differentiable
+    model of one image; a video model's clip is not one).
 
     Args:
         kind: the kind's record.
 
     Returns:
-        True.
+        not ``Kind.clips``.
     """
-    return True
+    return not kind.clips
 
 
 def has_token_attention(kind: Kind) -> bool:
@@ -337,18 +340,6 @@ def has_cam_layer(kind: Kind) -> bool:
     return kind.cam_layer
 
 
-def takes_images(kind: Kind) -> bool:
-    """Defined where the model reads images (a view of one image's token grid and its weights).
-
-    Args:
-        kind: the kind's record.
-
-    Returns:
-        not ``Kind.clips``.
-    """
-    return not kind.clips
-
-
 def takes_clips(kind: Kind) -> bool:
     """Defined where the model reads clips (the space-time views and the video weight views).
 
@@ -361,6 +352,6 @@ def takes_clips(kind: Kind) -> bool:
     return kind.clips
 
 
-__all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIDEO", "VIT", "all_kinds", "every_kind",
+__all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIDEO", "VIT", "all_kinds",
            "find_kind", "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps",
            "register_kind", "registered_kind", "takes_clips", "takes_images", "unregister_kind"]

@@ -33,7 +33,7 @@ from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
-from ..kinds import Kind, all_kinds, every_kind, find_kind, has_cam_layer, has_token_attention, kind_of
+from ..kinds import Kind, all_kinds, find_kind, has_cam_layer, has_token_attention, kind_of, takes_images
 from ..views.analyze import attention_rollout
 from ..views.registry import VIEWS
 from ..engine.capture import capture_attention
@@ -239,8 +239,8 @@ class Method:
             attention over one sequence ([B, H, T, T] maps, a class token's row: gradient rollout, AttnLRP) is
             defined where ``Kind.token_attention`` (``has_token_attention``, the default), not on a hierarchical
             model's windows and stages or a CaiT's two kinds of block; the input-space methods (captum's) are
-            defined for every differentiable model (``every_kind``), the CAMs where the family names their layer
-            (``has_cam_layer``; on a stage's grid), and rollout wherever the rollout view reads the model's maps
+            defined for every differentiable model of one image (``takes_images``: not a video model's clip), the
+            CAMs where the family names their layer (``has_cam_layer``; on a stage's grid), and rollout wherever the rollout view reads the model's maps
             (the windowed rollout, a CaiT's from its class token). ``attribute`` refuses a method outside its kinds
             and names those defined (``methods_for``); the app, the report and the CLI offer only those.
     """
@@ -299,12 +299,12 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
            for_kind=has_rollout_view, label="attention rollout"),
     Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True, label="gradient rollout"),
     # captum's input-space methods: gradients or occlusions of the input, defined for any differentiable model
-    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, for_kind=every_kind,
+    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, for_kind=takes_images,
            label="integrated gradients"),  # captum's 50: slow
-    Method("saliency", _saliency, quick=True, preselected=True, for_kind=every_kind, label="saliency"),
-    Method("input_x_gradient", _input_x_gradient, quick=True, for_kind=every_kind, label="input × gradient"),
+    Method("saliency", _saliency, quick=True, preselected=True, for_kind=takes_images, label="saliency"),
+    Method("input_x_gradient", _input_x_gradient, quick=True, for_kind=takes_images, label="input × gradient"),
     Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
-           for_kind=every_kind, label="occlusion"),
+           for_kind=takes_images, label="occlusion"),
     # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm
     # (a hierarchical model: the last stage's last block, on that stage's grid); scorecam's masked_per_forward:
     # masked images per forward

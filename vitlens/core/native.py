@@ -9,7 +9,8 @@ float rounding (the same terms, summed by the same rules):
   float64: the rule ``FLOAT32_RTOL`` is derived from) and rollout's mean over heads. The eager path makes the
   probabilities, then reads them again for each view.
 - ``key_block_sums``: attention distance's sums on given maps (the same rule), one read of each probability.
-- ``rollout_step``: one float64 step of rollout's chain (``rollout_row``) straight from the float32 map.
+- ``rollout_step``: one float64 step of rollout's chain (``rollout_row``) straight from the float32 map, or from
+  one stored in float16 (scaled; ``vitlens.views.rollout_store``).
 
 When they are used (``compiled_wanted``): ``VITLENS_COMPILE`` says ``0`` (never), ``1`` (on the CPU at any size)
 or ``auto`` (the default: on the CPU for maps of at least ``COMPILE_MIN_TOKENS`` tokens). The first use in a
@@ -110,7 +111,7 @@ def _capability_flags() -> list[str]:
     """Compiler flags for ATen's vector types at the CPU capability torch itself runs with."""
     cap = torch.backends.cpu.get_cpu_capability()
     if cap == "AVX512":
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512",
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX512",
                 "-DCPU_CAPABILITY=AVX512"]
     if cap == "AVX2":
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
@@ -277,7 +278,9 @@ def _load() -> ctypes.CDLL:
     lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64]
     lib.vitlens_key_block_sums.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
     lib.vitlens_rollout_step.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr]
-    for fn in (lib.vitlens_softmax_taps, lib.vitlens_key_block_sums, lib.vitlens_rollout_step):
+    lib.vitlens_rollout_step_half.argtypes = [ptr, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr]
+    for fn in (lib.vitlens_softmax_taps, lib.vitlens_key_block_sums, lib.vitlens_rollout_step,
+               lib.vitlens_rollout_step_half):
         fn.restype = ctypes.c_int
     return lib
 
@@ -357,19 +360,26 @@ def key_block_sums(rows: torch.Tensor, distances: torch.Tensor, key_block: int, 
     return True
 
 
-def rollout_step(a: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+def rollout_step(a: torch.Tensor, v: torch.Tensor, inv_scale: float = 1.0) -> torch.Tensor | None:
     """One step of rollout's chain, v A' = w (A + I) with w = v / (rowsum(A) + 1), in float64 from a head-fused map
-    ``a`` [B, T, T] float32 (rows contiguous) and ``v`` [B, T] float64; None where the kernel does not apply."""
+    ``a`` [B, T, T] (rows contiguous) and ``v`` [B, T] float64; None where the kernel does not apply. ``a`` is
+    float32, or float16 holding the map divided by ``inv_scale`` (a power of two; ``vitlens.views.rollout_store``):
+    its rows are made float32 and unscaled (exactly) before the same float64 sums."""
     b, t, _ = a.shape
-    if (a.dtype != torch.float32 or a.stride(-1) != 1 or a.stride(-2) != t or v.dtype != torch.float64
-            or not compiled_wanted(a.device, t)):
+    if (a.dtype not in (torch.float32, torch.float16) or a.stride(-1) != 1 or a.stride(-2) != t
+            or v.dtype != torch.float64 or not compiled_wanted(a.device, t)):
         return None
     lib = library()
     if lib is None:
         return None
     v = v.contiguous()
     w, out = torch.empty_like(v), torch.empty_like(v)
-    if lib.vitlens_rollout_step(a.data_ptr(), b, t, a.stride(0), v.data_ptr(), w.data_ptr(), out.data_ptr()) != 0:
+    if a.dtype == torch.float16:
+        status = lib.vitlens_rollout_step_half(a.data_ptr(), b, t, a.stride(0), inv_scale, v.data_ptr(), w.data_ptr(),
+                                               out.data_ptr())
+    else:
+        status = lib.vitlens_rollout_step(a.data_ptr(), b, t, a.stride(0), v.data_ptr(), w.data_ptr(), out.data_ptr())
+    if status != 0:
         raise RuntimeError("vitlens's native rollout kernel failed.")
     return out
 

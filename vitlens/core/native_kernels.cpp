@@ -8,6 +8,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/Half.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -81,6 +86,70 @@ inline void block_sums(const float* p, const float* d, int64_t n, int64_t key_bl
   }
   *weighted = w;
   *mass = m;
+}
+
+// a float16 row (its bits) as float32 times inv_scale, a power of two (exact): F16C's conversion where the build
+// has it, c10::Half's otherwise
+inline void half_row(const uint16_t* src, float* dst, int64_t n, float inv_scale) {
+  int64_t k = 0;
+#if defined(__F16C__)
+  const __m256 s = _mm256_set1_ps(inv_scale);
+  for (; k + 8 <= n; k += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k));
+    _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_cvtph_ps(h), s));
+  }
+#endif
+  for (; k < n; ++k) dst[k] = static_cast<float>(c10::Half(src[k], c10::Half::from_bits())) * inv_scale;
+}
+
+// rollout's chain step (vitlens_rollout_step) over rows given by row_of(b, r, buffer): a pointer to row r of image
+// b as T floats (the map's own memory, or the buffer of T floats it filled)
+template <typename RowOf>
+int rollout_step_rows(RowOf row_of, int64_t B, int64_t T, const double* v, double* w, double* out) {
+  try {
+    const int64_t chunk = 64;  // rows per task
+    const int64_t tasks = (T + chunk - 1) / chunk;
+    for (int64_t b = 0; b < B; ++b) {
+      const double* vb = v + b * T;
+      double* wb = w + b * T;
+      double* ob = out + b * T;
+      // row sums and w, in parallel over rows
+      at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
+        std::vector<float> buf(static_cast<size_t>(T));
+        for (int64_t r = begin; r < end; ++r) {
+          const float* row = row_of(b, r, buf.data());
+          double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight running sums: the compiler vectorises them
+          int64_t k = 0;
+          for (; k + 8 <= T; k += 8)
+            for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(row[k + j]);
+          double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+          for (; k < T; ++k) s += static_cast<double>(row[k]);
+          wb[r] = vb[r] / (s + 1.0);
+        }
+      });
+      // out = w a, each chunk of rows into its own partial vector, the partials added in chunk order
+      std::vector<double> partial(static_cast<size_t>(tasks * T), 0.0);
+      at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> buf(static_cast<size_t>(T));
+        for (int64_t c = begin; c < end; ++c) {
+          double* acc = partial.data() + c * T;
+          for (int64_t r = c * chunk; r < std::min(T, (c + 1) * chunk); ++r) {
+            const double wr = wb[r];
+            const float* row = row_of(b, r, buf.data());
+            for (int64_t k = 0; k < T; ++k) acc[k] += wr * static_cast<double>(row[k]);
+          }
+        }
+      });
+      for (int64_t k = 0; k < T; ++k) ob[k] = wb[k];
+      for (int64_t c = 0; c < tasks; ++c) {
+        const double* acc = partial.data() + c * T;
+        for (int64_t k = 0; k < T; ++k) ob[k] += acc[k];
+      }
+    }
+  } catch (...) {
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -157,49 +226,17 @@ int vitlens_key_block_sums(const float* rows, int64_t M, int64_t Q, int64_t N, i
 // in thread order.
 int vitlens_rollout_step(const float* a, int64_t B, int64_t T, int64_t a_batch, const double* v, double* w,
                          double* out) {
-  try {
-    const int64_t chunk = 64;  // rows per task
-    const int64_t tasks = (T + chunk - 1) / chunk;
-    for (int64_t b = 0; b < B; ++b) {
-      const float* ab = a + b * a_batch;
-      const double* vb = v + b * T;
-      double* wb = w + b * T;
-      double* ob = out + b * T;
-      // row sums and w, in parallel over rows
-      at::parallel_for(0, T, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const float* row = ab + r * T;
-          double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight running sums: the compiler vectorises them
-          int64_t k = 0;
-          for (; k + 8 <= T; k += 8)
-            for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(row[k + j]);
-          double s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-          for (; k < T; ++k) s += static_cast<double>(row[k]);
-          wb[r] = vb[r] / (s + 1.0);
-        }
-      });
-      // out = w a, each chunk of rows into its own partial vector, the partials added in chunk order
-      std::vector<double> partial(static_cast<size_t>(tasks * T), 0.0);
-      at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t c = begin; c < end; ++c) {
-          double* acc = partial.data() + c * T;
-          for (int64_t r = c * chunk; r < std::min(T, (c + 1) * chunk); ++r) {
-            const double wr = wb[r];
-            const float* row = ab + r * T;
-            for (int64_t k = 0; k < T; ++k) acc[k] += wr * static_cast<double>(row[k]);
-          }
-        }
-      });
-      for (int64_t k = 0; k < T; ++k) ob[k] = wb[k];
-      for (int64_t c = 0; c < tasks; ++c) {
-        const double* acc = partial.data() + c * T;
-        for (int64_t k = 0; k < T; ++k) ob[k] += acc[k];
-      }
-    }
-  } catch (...) {
-    return 1;
-  }
-  return 0;
+  return rollout_step_rows([&](int64_t b, int64_t r, float*) { return a + b * a_batch + r * T; }, B, T, v, w, out);
+}
+
+// The same step from a map stored in float16 times a power of two (vitlens.views.rollout_store): each row is made
+// float32 and times `inv_scale` (exact) in the thread's buffer, then summed as above.
+int vitlens_rollout_step_half(const uint16_t* a, int64_t B, int64_t T, int64_t a_batch, float inv_scale,
+                              const double* v, double* w, double* out) {
+  return rollout_step_rows([&](int64_t b, int64_t r, float* buf) {
+    half_row(a + b * a_batch + r * T, buf, T, inv_scale);
+    return static_cast<const float*>(buf);
+  }, B, T, v, w, out);
 }
 
 }  // extern "C"

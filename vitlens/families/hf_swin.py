@@ -1,6 +1,6 @@
 """Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``, and ``SwinBackbone``: the one
 inside Mask2Former, OneFormer and UperNet, read through the whole model as its tower) and Swin V2 (``Swinv2Model``,
-``Swinv2ForImageClassification``), read block by block through their windows as timm's Swins are
+``Swinv2ForImageClassification``, and ``Swinv2Backbone``, read through a whole model likewise), read block by block through their windows as timm's Swins are
 (``vitlens.families.swin``: the same windowed views, the same stand-in, ``vitlens.families.common.windows``).
 
 Geometry (``windows``). A transformers Swin layer pads, shifts and partitions inside its own ``forward``
@@ -12,7 +12,8 @@ identity, on a grid of token numbers at the stage's input dimensions: whatever t
 ``set_shift_and_window_size``), pads, rolls and partitions is its own code's doing, and the recorder reads the
 windows and the mask handed to the attention. The model is not touched. A ``SwinBackbone`` runs its layers with
 ``always_partition=True`` (no clamping: a layer keeps the window and shift it was built with, padded), and so does
-the stand-in's run of its layers (``is_backbone``).
+the stand-in's run of its layers (``is_backbone``); a ``Swinv2Backbone`` runs its layers as a ``Swinv2Model`` does
+(its layers take no such flag) and hands on the stages' outputs before their patch merging, unnormed.
 
 Capture.
 
@@ -60,7 +61,7 @@ HF_TYPES = HfTypes(processors={"swin": ProcessorDefaults("squash", 1.0, IMAGENET
 #: the model classes read, by model type (a masked-image-modeling head is refused; Swin's backbone, the one inside
 #: Mask2Former, OneFormer and UperNet, is read: ``is_backbone``)
 MODEL_CLASSES = {"swin": ("SwinModel", "SwinForImageClassification", "SwinBackbone"),
-                 "swinv2": ("Swinv2Model", "Swinv2ForImageClassification")}
+                 "swinv2": ("Swinv2Model", "Swinv2ForImageClassification", "Swinv2Backbone")}
 #: each model type's layer, attention and patch merging classes
 LAYER_CLASSES = {"swin": ("SwinLayer", "SwinAttention", "SwinPatchMerging"),
                  "swinv2": ("Swinv2Layer", "Swinv2Attention", "Swinv2PatchMerging")}
@@ -74,7 +75,8 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
     name = "hf-swin"
     summary = "Hugging Face Swin and Swin V2"
     reads = ("Hugging Face transformers Swin and Swin V2 (SwinModel, SwinForImageClassification, Swinv2Model, "
-             "Swinv2ForImageClassification): windowed and shifted-window attention, patch merging; the windowed "
+             "Swinv2ForImageClassification; SwinBackbone and Swinv2Backbone, also inside Mask2Former, OneFormer and "
+             "UperNet): windowed and shifted-window attention, patch merging; the windowed "
              "views as for timm's Swin; needs transformers")
     names = ("hf:ORG/NAME or hf:FOLDER of a Swin or Swin V2 checkpoint, e.g. hf:microsoft/swin-tiny-patch4-window7-224, "
              "hf:microsoft/swinv2-tiny-patch4-window8-256",)
@@ -154,14 +156,17 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
     def cam_layer(self, model: nn.Module) -> str | None:
         """The final ``layernorm`` over the last stage's tokens [B, H * W, C] (what the pooler averages): a
         transformers Swin layer returns a tuple, and no module of the last layer outputs its residual sum, so
-        the norm that follows it stands in for the last block's output."""
+        the norm that follows it stands in for the last block's output. None for a ``Swinv2Backbone``, which has no
+        final norm (its default target layer is refused in one line: name one)."""
+        if type(model).__name__ == "Swinv2Backbone":
+            return None
         prefix = module_path(model, self.base(model))
         return f"{prefix}.layernorm" if prefix else "layernorm"
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A classifier's class logits, a ``SwinModel``'s pooled output, a ``SwinBackbone``'s last feature map's mean
-        over its tokens [B, C] (the backbone hands on feature maps, no pooled output)."""
-        if is_backbone(model):
+        """A classifier's class logits, a ``SwinModel``'s pooled output, a ``SwinBackbone``'s or ``Swinv2Backbone``'s
+        last feature map's mean over its tokens [B, C] (a backbone hands on feature maps, no pooled output)."""
+        if type(model).__name__ in ("SwinBackbone", "Swinv2Backbone"):
             return model(pixel_values=x).feature_maps[-1].flatten(2).mean(-1)
         return super().logits(model, x)
 

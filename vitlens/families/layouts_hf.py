@@ -20,7 +20,7 @@ from ..core.spec import ModelSpec
 from ..core.tokens import PrefixToken, TokenLayout, merge_block_layout, standard_layout
 from ..errors import UnsupportedModelError
 from .base import CaptureRequest, Handles, refuse_other_size
-from .common.patches import patch_embedding
+from .common.patches import flat_temporal_patches, patch_embedding
 from .layouts import Layout, register_layout
 
 
@@ -201,15 +201,12 @@ class HuggingFaceLayout(Layout):
         order; ``grid_thw`` one (1, rows, columns) per image."""
         tower, merge = self._parts(model)[0], self._merge(model)
         pe = patch_embedding(self._parts(model)[1])
-        b, c, h, w = x.shape
+        h, w = x.shape[-2:]
         p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
-        gh, gw = h // p, w // p
         if h % (p * merge) or w % (p * merge):
             raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
                                         f"{p * merge} px (patch {p} x merge {merge}); got {h}x{w}.")
-        patches = x.reshape(b, c, gh // merge, merge, p, gw // merge, merge, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
-        flat = patches.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, t, -1, -1).reshape(b * gh * gw, c * t * p * p)
-        grid = torch.tensor([[1, gh, gw]] * b, device=x.device)
+        flat, grid = flat_temporal_patches(x, p, t, merge)
         return {"hidden_states": flat, "grid_thw": grid}
 
     def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:

@@ -110,8 +110,13 @@ def rollout_figure(result: RolloutResult, image: np.ndarray, index: int = 0, opa
     """
     caption = result.caption(index)
     label = f"<br><sup>predicted {caption}</sup>" if caption else ""
-    return heatmap_overlay_figure(image, result.maps[index], result.title() + label, opacity,
-                                  scale_title="rollout (÷ max)")
+    # the source on a line of its own: a windowed model's (through its windows and mergings, a DaViT's "channel
+    # attention not drawn") ran past the figure's right edge on one line
+    title = (f"Attention rollout ({result.head_fusion} fusion, discard {result.discard_ratio:.2f})"
+             f"<br><sup>{result.source_token}</sup>{label}")
+    fig = heatmap_overlay_figure(image, result.maps[index], title, opacity, scale_title="rollout (÷ max)")
+    fig.update_layout(margin=dict(l=10, r=10, t=80 if label else 65, b=10))
+    return fig
 
 
 def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], title: str, opacity: float = 0.5,

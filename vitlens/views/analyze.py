@@ -23,6 +23,7 @@ from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views, not_for_kin
 from .rollout import RolloutAccumulator, RolloutResult
 from .clips import check_fps, run_clips
 from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
+from .rollout_store import check_precision
 from .windowed import WindowedDistanceResult
 from ..words import counted
 
@@ -82,6 +83,7 @@ def attention_rollout(
     progress: ProgressArg = None,
     source: str | None = None,
     memory_budget_mb: float | None = None,
+    precision: str = "auto",
 ) -> RolloutResult | SpaceTimeRolloutResult:
     """Attention rollout maps (paper Fig. 6, Fig. 14) with the model's predictions.
 
@@ -98,6 +100,11 @@ def attention_rollout(
             ``RolloutResult.source_token`` says which row was used.
         memory_budget_mb: as for ``attention_distance`` (the capture's blocks; rollout itself keeps
             every block's head-fused map of the batch, L x B x T x T float32: see ``RolloutAccumulator``).
+        precision: how those maps are held: "auto" (the default: float16 scaled by 2^15 where one image's float32
+            maps exceed ``rollout_store.HALF_ABOVE_MB``, float32 below, bit-identical), "float32" or "float16";
+            the row is then within the bound docs/definitions.md states, and ``RolloutResult.map_storage`` says
+            which was used. A ViT's rollout (one sequence of tokens); the windowed and class-attention rollouts hold
+            float32.
 
     Raises:
         ViewNotAvailableError: ``source="pool"`` for a model without an attention pool.
@@ -112,6 +119,7 @@ def attention_rollout(
         A ``RolloutResult``: ``maps`` [B, gh, gw] (each image's rolled-out row over the patch tokens,
             summing to at most 1) with the model's predictions.
     """
+    check_precision(precision)
     if _clip_model(m):  # a video model: a map per time step (vitlens.views.spacetime)
         if discard_ratio or source is not None:
             raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
@@ -121,9 +129,10 @@ def attention_rollout(
     if kind.pool_refusal and source is not None:  # a CaiT's class token is read through its class-attention layers
         raise ViewNotAvailableError(kind.pool_refusal.format(name=m.spec.name))
     if source is None:  # the rollout view's consumer for the kind's maps: windowed, CaiT's two kinds of block, a ViT's
-        acc = VIEWS["rollout"].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio))
+        acc = VIEWS["rollout"].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio,
+                                                   rollout_precision=precision))
     else:
-        acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source)  # its hooks read the pool
+        acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source, precision)  # its hooks read the pool
     return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
 
 
@@ -208,6 +217,7 @@ def analyze(
     views: Sequence[str] = DEFAULT_VIEWS,
     memory_budget_mb: float | None = None,
     fps: float | None = None,
+    rollout_precision: str = "auto",
 ) -> AnalysisResult:
     """Several views at once; every attention view comes from ONE forward per batch.
 
@@ -228,6 +238,8 @@ def analyze(
             ``vitlens.views.registry`` lists them), by default the paper's four.
         memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
             maps within it, query-chunked side capture above; None: one block's MLP activation).
+        rollout_precision: how rollout holds its per-block maps, as ``attention_rollout``'s ``precision`` ("auto":
+            float16 only where they are large).
         fps: a video model's clips' frame rate (``attention_distance``).
 
     A video model takes preprocessed clips [B, frames, 3, H, W]: "distance" and "rollout" are its space-time views
@@ -248,7 +260,7 @@ def analyze(
     if n_components < 1:
         raise InvalidParameterError(f"n_components must be >= 1; got {n_components}.")
     params = ViewParams(n_components=n_components, renormalize=renormalize, head_fusion=head_fusion,
-                        discard_ratio=discard_ratio)
+                        discard_ratio=discard_ratio, rollout_precision=check_precision(rollout_precision))
     if _clip_model(m, fps):
         return _analyze_clips(m, images, batch_size, params, views, check_fps(fps))
     # a view of another kind's inputs (a video model's clips): None, with a note saying why

@@ -45,6 +45,8 @@ class ViewParams:
     renormalize: bool = True
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
+    #: how a ViT's rollout holds its per-block maps ("auto", "float32", "float16": ``vitlens.views.rollout_store``)
+    rollout_precision: str = "auto"
 
 
 def _filters(m: "LoadedModel", p: ViewParams) -> Any:
@@ -127,7 +129,10 @@ def _distance(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
 def _rollout(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":
     # a ViT's; through the windows and the patch mergings to the first stage's grid; CaiT: from the class token
     # through the class-attention layers, then the rest
-    return reader_for(m, "rollout").for_model(m, p.head_fusion, p.discard_ratio)
+    reader = reader_for(m, "rollout")
+    if reader is RolloutAccumulator:  # the maps over one sequence of tokens, T x T a block: held as asked
+        return reader.for_model(m, p.head_fusion, p.discard_ratio, precision=p.rollout_precision)
+    return reader.for_model(m, p.head_fusion, p.discard_ratio)
 
 
 def _prefix(m: "LoadedModel", p: ViewParams) -> "AttentionConsumer":

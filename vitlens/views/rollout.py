@@ -16,9 +16,12 @@ block in flight's one [B, T, T] buffer, filled row block by row block under quer
 capture; the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. Where the views choose
 their capture (``vl.analyze``, ``attention_rollout``), the stream caps the images per forward so that these maps stay
 within about the plain forward's own peak (``held_bytes_per_image``, ``vitlens.engine.plan.images_per_forward``):
-at 768 px and 1024 px a ViT-B runs one image per forward, 0.75 GB of maps at 1024 px. A running
+at 768 px and 1024 px a ViT-B runs one image per forward. Where one image's maps are large (more than
+``HALF_ABOVE_MB`` in float32: 0.74 GB at 1024 px), they are held in float16 scaled by 2^15, half the bytes, within a
+stated bound (``precision``, ``vitlens.views.rollout_store``, docs/definitions.md); the maps of a batch live in one
+store made once and reused by the next sub-batch. A running
 product from the first block would hold one [B, T, T] but cost T^3 per block and image (12 GFLOP
-at T = 2,305, more than the block's own forward), so it is not used; neither is bf16 storage.
+at T = 2,305, more than the block's own forward), so it is not used.
 ``discard_ratio > 0`` adds, per block, ``topk``'s k = discard_ratio x T^2 values and indices
 (12 bytes each per image) while it ranks; the map itself is zeroed in place.
 """
@@ -38,6 +41,7 @@ from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
 from ..engine.stream import model_name
+from .rollout_store import HALF_SCALE, MapStore, as_float64, check_precision, storage_for, store_half
 
 #: the rows rollout starts from: None (the class token, or the mean over the patch tokens without one) or
 #: "pool" (a MAP head's own attention: its probe queries over the tokens, heads fused, queries averaged)
@@ -85,6 +89,8 @@ class RolloutResult(Result):
             "attention pool" (a MAP head's probe row, ``attention_rollout(source="pool")``).
         predicted_labels: class names of the predictions when known.
         model_name: the model's name.
+        map_storage: how the per-block maps were held until the chain: "float32", or "float16" (scaled by 2^15, the
+            row within the bound of ``vitlens.views.rollout_store``; docs/definitions.md).
     """
 
     kind = "attention_rollout"
@@ -98,15 +104,19 @@ class RolloutResult(Result):
     source_token: str
     predicted_labels: list[str] = field(default_factory=list)
     model_name: str = ""
+    map_storage: str = "float32"
+
+    def _held(self) -> str:
+        return "" if self.map_storage == "float32" else f", maps held in {self.map_storage}"
 
     def summary(self) -> str:
         return (f"{self.model_name or 'model'}: {len(self.maps)} maps of {self.grid[0]}x{self.grid[1]}, "
-                f"{self.head_fusion} fusion, discard {self.discard_ratio:.2f}, {self.source_token}")
+                f"{self.head_fusion} fusion, discard {self.discard_ratio:.2f}, {self.source_token}{self._held()}")
 
     def title(self) -> str:
-        """The figures' title: how the maps were made."""
+        """The figures' title: how the maps were made (and, when not float32, how they were held)."""
         return (f"Attention rollout ({self.head_fusion} fusion, discard {self.discard_ratio:.2f}, "
-                f"{self.source_token})")
+                f"{self.source_token}{self._held()})")
 
     def caption(self, index: int) -> str:
         """'ring (92%)' / 'class 3 (40%)' for image ``index``; '' for a model without classifier."""
@@ -215,7 +225,8 @@ def pool_vector(pool: torch.Tensor, tokens: int, head_fusion: str = "mean") -> t
 def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_token: bool,
                 start: torch.Tensor | None = None) -> torch.Tensor:
     """The source row of R = A'_L ... A'_1, [B, T] float64, from the fused maps of every block
-    (``start``: another source vector [B, T], e.g. an attention pool's, ``pool_vector``).
+    (``start``: another source vector [B, T], e.g. an attention pool's, ``pool_vector``). A float16 map is one held
+    scaled by ``HALF_SCALE`` (``vitlens.views.rollout_store``): its entries are read unscaled, exactly.
 
     Only one row of R is shown, so it is computed as a vector-matrix chain from the last block
     back: v <- v A'_l for l = L..1, with v A' = w (A + I), w = v / rowsum(A + I). That is T^2
@@ -227,14 +238,14 @@ def rollout_row(fused: list[torch.Tensor], num_prefix_tokens: int, has_class_tok
     # float64 a block of rows at a time (at most ROLLOUT_ROWS_BYTES), never a float64 copy of a whole map
     step = max(1, ROLLOUT_ROWS_BYTES // (8 * b * t))
     for a in reversed(fused):
-        stepped = rollout_step(a, v)  # the native kernel, where it applies: one read of the float32 map
+        stepped = rollout_step(a, v, 1.0 / HALF_SCALE)  # the native kernel, where it applies: one read of the map
         if stepped is not None:
             v = stepped
             continue
         w = torch.empty_like(v)
         out = torch.zeros_like(v)
         for r0 in range(0, t, step):
-            part = a[:, r0:r0 + step].to(torch.float64)  # [B, rows, T]
+            part = as_float64(a[:, r0:r0 + step])  # [B, rows, T]
             w[:, r0:r0 + step] = v[:, r0:r0 + step] / (part.sum(dim=-1) + 1.0)
             out += torch.bmm(w[:, None, r0:r0 + step], part).squeeze(1)
         v = out + w
@@ -264,8 +275,13 @@ class RolloutAccumulator(AttentionConsumer):
 
     def __init__(self, num_layers: int, num_prefix_tokens: int, has_class_token: bool,
                  head_fusion: str = "mean", discard_ratio: float = 0.0, label_names: list[str] | None = None,
-                 has_classifier: bool = True, source: str | None = None) -> None:
+                 has_classifier: bool = True, source: str | None = None, precision: str = "auto") -> None:
         check_rollout_params(head_fusion, discard_ratio)
+        #: how the maps are held until the chain (``vitlens.views.rollout_store``): "auto", "float32", "float16"
+        self.precision = check_precision(precision)
+        #: how they were held: "float32" (as made: float32 maps, float64 for a float64 model) or "float16"
+        self.map_storage = "float32"
+        self._store = MapStore()
         if source not in ROLLOUT_SOURCES:
             raise InvalidParameterError(f"source must be None or 'pool'; got {source!r}.")
         self.has_classifier = has_classifier
@@ -289,12 +305,12 @@ class RolloutAccumulator(AttentionConsumer):
 
     @classmethod
     def for_model(cls, m: "LoadedModel", head_fusion: str = "mean", discard_ratio: float = 0.0,
-                  source: str | None = None) -> "RolloutAccumulator":
+                  source: str | None = None, precision: str = "auto") -> "RolloutAccumulator":
         """The accumulator for ``m``; ``source="pool"`` rolls out from its attention pool, whose capture
-        the accumulator's own ``hooks`` put on the model for the stream."""
+        the accumulator's own ``hooks`` put on the model for the stream; ``precision``: how the maps are held."""
         s = m.spec
         acc = cls(s.num_layers, s.num_prefix_tokens, s.has_class_token, head_fusion, discard_ratio, m.label_names(),
-                  has_classifier=s.num_classes > 0, source=source)
+                  has_classifier=s.num_classes > 0, source=source, precision=precision)
         acc._model = m if source == "pool" else None
         return acc
 
@@ -328,7 +344,7 @@ class RolloutAccumulator(AttentionConsumer):
     def __getstate__(self) -> dict:
         # a batch in flight, the model and its pool's capture do not travel
         return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None, "_last": None,
-                "_tap": None}
+                "_tap": None, "_store": MapStore()}
 
     def _streams_last_block(self) -> bool:
         """Whether the last block is rolled out as its rows come (only the source's rows of it are needed: the
@@ -337,11 +353,15 @@ class RolloutAccumulator(AttentionConsumer):
         after the blocks) or ``discard_ratio`` (it reads the whole map)."""
         return self.source is None and self.discard_ratio == 0
 
+    def _kept(self) -> int:
+        """The maps kept until the batch's last block: L, one fewer when the last block is streamed."""
+        return self.num_layers - (1 if self._streams_last_block() else 0)
+
     def held_bytes_per_image(self, tokens: int) -> int:
-        """The head-fused float32 maps kept per image until the batch's last block: L x T x T, one fewer when the last
-        block is streamed (the plan caps the images per forward by it, ``images_per_forward``)."""
-        kept = self.num_layers - (1 if self._streams_last_block() else 0)
-        return 4 * kept * int(tokens) ** 2
+        """The head-fused maps kept per image until the batch's last block: ``_kept`` x T x T, float32 or float16
+        (``storage_for``) (the plan caps the images per forward by it, ``images_per_forward``)."""
+        kept = self._kept()
+        return (2 if storage_for(self.precision, kept, tokens) == "float16" else 4) * kept * int(tokens) ** 2
 
     def _stream_last(self, attn: torch.Tensor, start: int, stop: int, last: bool) -> None:
         """The first step of ``rollout_row`` for the last block, v A' = w (A + I) with w = v / rowsum(A + I), on
@@ -364,9 +384,26 @@ class RolloutAccumulator(AttentionConsumer):
             self._fused.append(None)  # type: ignore[arg-type]  # the block's place in the chain: already stepped
 
     def _new_layer(self, batch: int, tokens: int, dtype: torch.dtype, device: torch.device) -> None:
-        # huge pages advised: the buffer is filled once, row block by row block, and each 4 KB page's first write
-        # would be a fault inside the kernel that fills it
-        self._layer = large_empty(batch, tokens, tokens, dtype=fused_dtype(dtype), device=device)
+        """The buffer the block's map is made in, row block by row block: its place in the store (float32 maps held as
+        made), or the store's float32 buffer (maps held in float16); float64 maps in a buffer of their own. Huge pages
+        advised (``large_empty``): each 4 KB page's first write would be a fault inside the kernel that fills it."""
+        if fused_dtype(dtype) != torch.float32:
+            self._layer = large_empty(batch, tokens, tokens, dtype=fused_dtype(dtype), device=device)
+        elif storage_for(self.precision, self._kept(), tokens) == "float16":
+            self._layer = self._store.buffer(batch, tokens, device)
+        else:
+            self._layer = self._store.slot(len(self._fused), self._kept(), batch, tokens, torch.float32, device)
+
+    def _hold(self, fused: torch.Tensor) -> torch.Tensor:
+        """The block's finished map [B, T, T] as held until the chain: itself, or (float16 storage) its store slot,
+        scaled by 2^15 and rounded (``store_half``; ``fused`` is the accumulator's own and is scaled in place)."""
+        b, t = fused.shape[0], fused.shape[-1]
+        if storage_for(self.precision, self._kept(), t) != "float16":
+            return fused
+        slot = self._store.slot(len(self._fused), self._kept(), b, t, torch.float16, fused.device)
+        store_half(fused, slot)
+        self.map_storage = "float16"
+        return slot
 
     def softmax_tap(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
         """Mean fusion of the block's rows by its softmax pass, straight into the layer's buffer (float32 attention;
@@ -410,7 +447,7 @@ class RolloutAccumulator(AttentionConsumer):
         if self.discard_ratio > 0:
             fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token,
                                      inplace=fused.is_contiguous() and fused.data_ptr() != attn.data_ptr())
-        self._fused.append(fused)
+        self._fused.append(self._hold(fused))
 
     def batch_row(self) -> torch.Tensor:
         """The batch's rolled-out source row [b, T] over all tokens (float64); the blocks' fused maps
@@ -455,7 +492,8 @@ class RolloutAccumulator(AttentionConsumer):
         if self.source != other.source:
             raise InvalidParameterError("Rollout from the attention pool and from another row do not merge.")
         out = RolloutAccumulator(self.num_layers, self.num_prefix_tokens, self.has_class_token, self.head_fusion,
-                                 self.discard_ratio, self.label_names, self.has_classifier, self.source)
+                                 self.discard_ratio, self.label_names, self.has_classifier, self.source, self.precision)
+        out.map_storage = "float16" if "float16" in (self.map_storage, other.map_storage) else "float32"
         out._model = self._model
         out.grid, out.image_size = self.grid or other.grid, self.image_size or other.image_size
         out.batches = self.batches + other.batches
@@ -464,8 +502,9 @@ class RolloutAccumulator(AttentionConsumer):
     def result(self, spec: ModelSpec | str = "") -> RolloutResult:
         if self.grid is None:
             raise InvalidParameterError("No images were processed; pass at least one image.")
+        self._store.release()  # the maps' store is not needed after the stream
         return self.batches.result(self.grid, self.image_size or (0, 0), self.head_fusion, self.discard_ratio,
-                                   self.source_token, self.label_names, spec)
+                                   self.source_token, self.label_names, spec, self.map_storage)
 
 
 class RolloutBatches:
@@ -491,7 +530,8 @@ class RolloutBatches:
         return out
 
     def result(self, grid: tuple[int, int], image_size: tuple[int, int], head_fusion: str, discard_ratio: float,
-               source_token: str, label_names: list[str] | None, spec: ModelSpec | str = "") -> RolloutResult:
+               source_token: str, label_names: list[str] | None, spec: ModelSpec | str = "",
+               map_storage: str = "float32") -> RolloutResult:
         """The result of the batches kept.
 
         Args:
@@ -502,6 +542,7 @@ class RolloutBatches:
             source_token: the row rolled out, in words.
             label_names: the model's class names, or None.
             spec: the model's spec or name (the result's ``model_name``).
+            map_storage: how the maps were held (``RolloutResult.map_storage``).
 
         Returns:
             The ``RolloutResult``.
@@ -517,7 +558,7 @@ class RolloutBatches:
             image_size=image_size, head_fusion=head_fusion, discard_ratio=discard_ratio, source_token=source_token,
             predicted_labels=[names[i] for i in preds] if names and (preds >= 0).all() and
             len(names) > int(preds.max()) else [],
-            model_name=model_name(spec))
+            model_name=model_name(spec), map_storage=map_storage)
 
 
 def predictions(logits: torch.Tensor | None, batch: int, has_classifier: bool) -> tuple[np.ndarray, np.ndarray]:

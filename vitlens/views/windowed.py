@@ -53,6 +53,17 @@ def model_windows(m: object) -> list[WindowGeometry]:
     return windows(m.model, m.spec.image_size)  # type: ignore[attr-defined]
 
 
+def check_batch_size(image_size: tuple[int, int], batch: BatchInfo) -> None:
+    """Refuse, in one line, a batch of another size than the model's windows were read at (a model that takes any
+    size, Qwen2.5-VL's vision tower: its windows at another size are others). A batch described by its grid alone
+    (input size 0 x 0) is not checked."""
+    size = tuple(int(s) for s in batch.input_size)
+    if size != (0, 0) and size != tuple(image_size):
+        raise InvalidParameterError(f"The windowed views read this model at {image_size[0]}x{image_size[1]} px (its "
+                                    f"windows at that size); got images of {size[0]}x{size[1]}: resize them, or load "
+                                    "the model at that size (its data config's input_size).")
+
+
 def _distances(g: WindowGeometry, centres: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """(d [windows, Nq, Nk] px with 0 at padding keys, the real queries [windows, Nq] and the real keys
     [windows, Nk] as 1.0 / 0.0 (the queries and keys that count), the window-uniform distance: mean over real
@@ -215,6 +226,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         if self.windows is None:
             raise InvalidParameterError("This windowed distance was rebuilt from a saved state: it merges and "
                                         "gives its result, but reads no images (build it with for_model).")
+        check_batch_size(self.image_size, batch)
         self._batch = np.full((batch.size, len(self.windows), max(self.heads)), np.nan)
         self._labels = batch.labels
 
@@ -424,6 +436,7 @@ class WindowedRolloutAccumulator(AttentionConsumer):
                    m.spec.num_classes > 0)  # type: ignore[attr-defined]
 
     def begin_batch(self, batch: BatchInfo) -> None:
+        check_batch_size(self.image_size, batch)
         self._fused = []
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
@@ -474,9 +487,12 @@ def rollout_source(windows: list[WindowGeometry]) -> str:
     if any(g.stage_from is not None for g in windows):  # TinyViT's, DaViT's convolutional stage starts
         return (source + ", through the windows and the convolutional stage embeddings (stated transport: each "
                 "embedded token the mean of the tokens its kernel covers)")
-    return source + ", through the " + (
-        "poolings (stated transport: each pooled token the mean of the tokens its kernel covers)"
-        if any(g.key_from is not None or g.query_from is not None for g in windows) else "windows and patch mergings")
+    if any(g.key_from is not None or g.query_from is not None for g in windows):
+        return (source + ", through the poolings (stated transport: each pooled token the mean of the tokens its "
+                "kernel covers)")
+    if len({g.grid for g in windows}) == 1:  # one grid throughout (Qwen2.5-VL's tower, SAM / ViTDet): no merging
+        return source.replace("last stage's tokens", "tokens") + ", through the windows and global blocks"
+    return source + ", through the windows and patch mergings"
 
 
 def window_maps(m: object, image: object) -> list[torch.Tensor]:

@@ -82,6 +82,19 @@ class PatchEmbedding:
         return w.reshape(self.out_channels, self.in_channels, *self.kernel)
 
 
+def flat_temporal_patches(x: torch.Tensor, patch: int, temporal: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch [B, C, H, W] as Qwen-VL's image processor hands it to the vision model: each image's patches
+    flattened (channel, temporal frame, row, column), the image repeated over the temporal patch, in ``merge`` x
+    ``merge`` block order (blocks row-major, each block row-major), images in order; and ``grid_thw``, one (1,
+    rows, columns) per image. The sides must be multiples of ``patch * merge`` (the caller refuses others)."""
+    b, c, h, w = x.shape
+    gh, gw = h // patch, w // patch
+    blocks = x.reshape(b, c, gh // merge, merge, patch, gw // merge, merge, patch).permute(0, 2, 5, 3, 6, 1, 4, 7)
+    flat = blocks.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, temporal, -1, -1).reshape(
+        b * gh * gw, c * temporal * patch * patch)
+    return flat, torch.tensor([[1, gh, gw]] * b, device=x.device)
+
+
 def _pair(v: Any) -> tuple[int, int]:
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
