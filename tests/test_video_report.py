@@ -88,6 +88,8 @@ def test_report_has_every_registry_view_of_the_clip_and_its_numbers(made, report
     assert page.count("reads 4 of the clip's 8 frames, sampled uniformly, 4.167 fps") == 2
     assert data.analyses[0].view("spacetime_rollout").maps.shape == (1, 2, 4, 4)  # tubelets: 2 steps of 4 frames
     assert data.analyses[0].view("video_position").sinusoidal  # VideoMAE's fixed sin-cos table, said so
+    rows = data.to_pandas()  # every head of every map of both models, one row each
+    assert len(rows) == 2 * 2 + 4 * 2 and set(rows["model"]) == {made["mae"], made["ts"]}
 
 
 def test_compare_draws_fig_11_in_space_and_time(made) -> None:

@@ -45,8 +45,10 @@ class ReportData(Result):
         return f"{len(self.models)} model(s) ({', '.join(self.models)}) over {self.image_set.get('count', '?')} images"
 
     def to_rows(self) -> list[dict]:
-        """Attention distance of every head of every model, one row each."""
-        return [{"model": a.spec.name, **row} for a in self.analyses for row in a.distance.to_rows()]
+        """Attention distance of every head of every model, one row each (a video model's in space and time)."""
+        found = [(a, a.distance if a.distance is not None else a.others.get("spacetime_distance"))
+                 for a in self.analyses]
+        return [{"model": a.spec.name, **row} for a, d in found if d is not None for row in d.to_rows()]
 
 
 @dataclass(eq=False, repr=False)
