@@ -56,6 +56,7 @@ class Kind:
         stem: what makes its tokens where Fig. 11's contrast reads it: "cnn" (a hybrid's CNN feature map) or
             "patch" (a plain ViT's patch embedding); "" for a kind outside that contrast.
         plural: its name for two models of it in a comparison's reading ("plain ViTs"); default the word + "s".
+        clips: its inputs are clips [B, frames, 3, H, W], not images (a video model): the app offers a clip.
     """
 
     name: str
@@ -73,6 +74,7 @@ class Kind:
     class_layers: bool = False
     stem: str = ""
     plural: str = ""
+    clips: bool = False
 
     @property
     def short(self) -> str:
@@ -295,7 +297,7 @@ VIDEO = register_kind(Kind(
                    "read as one image's tokens",
     pool_refusal="{name} is a video model; its rollout starts from the class token, or the mean of the cells "
                  "(source=None).",
-    cam_layer=False, plural="video models"))
+    cam_layer=False, plural="video models", clips=True))
 
 
 # what attribution methods and views may need of a kind (``Method.for_kind``)

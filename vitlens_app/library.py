@@ -24,11 +24,13 @@ from vitlens.attribution.text import has_text_tower
 from vitlens.compare.heads import cost as head_cost
 # the components' ledger bound (docs/definitions.md, "The ledger")
 from vitlens.components import LEDGER_RTOL
+# clips: the frames a video model's processor takes, the video files read
+from vitlens.clips import VIDEO_SUFFIXES, sampled_clip
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.seeded import load_model_seeded
 from vitlens.progress import time_left
-from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
+from vitlens.reference.shapes import CLASSES as SHAPES, HELD_OUT_SEED, generate, scene_names
 # the command line's and the reports' pieces the app shows the same way
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import browser_path, figure_html, figure_png
@@ -45,12 +47,13 @@ from vitlens.views.windowed import model_windows, query_window_attention, window
 from vitlens.words import counted, listed_some
 
 __all__ = [
-    "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "UPLOAD_TYPES", "VIEWS",
+    "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES", "UPLOAD_TYPES",
+    "VIDEO_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
-    "query_window_attention", "read_uploads", "round_significant", "scene_names", "summary_rows", "survey_figures",
+    "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "scene_names", "summary_rows", "survey_figures",
     "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]
 
