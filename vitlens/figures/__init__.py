@@ -15,6 +15,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
 - ``compare``: ``cka_figure`` and ``head_importance_figure``;
 - ``video_weights``: ``video_position_figure`` (position similarity over time and over space) and
   ``tubelet_filters_figure`` (the tubelet filters' components, one image per time step);
+- ``spacetime``: ``spacetime_distance_figure`` (Fig. 7 right in space and time), ``spacetime_compare_figure``
+  (Fig. 11 of several video models), ``spacetime_rollout_figure`` (rollout, a map per time step);
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
   (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
   ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
@@ -37,6 +39,7 @@ from .attribution import (attribution_figure, attribution_figures, attributions_
                           metric_figure, perturbation_figure, road_figure, sanity_figure, table_figure)
 from .compare import cka_figure, head_importance_figure
 from .video_weights import tubelet_filters_figure, video_position_figure
+from .spacetime import spacetime_compare_figure, spacetime_distance_figure, spacetime_rollout_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
                          patching_figure, text_span_figure, token_norms_figure)
 
@@ -51,4 +54,5 @@ __all__ = [
     "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
     "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
     "tubelet_filters_figure", "video_position_figure",
+    "spacetime_compare_figure", "spacetime_distance_figure", "spacetime_rollout_figure",
 ]
