@@ -35,12 +35,12 @@ def main() -> None:
         video = video_model(picked)  # a video model: the sidebar offers a clip, the page its space-time views
         if video is not None:
             st.header("Clip")
-            clip, ckey = clip_source(video)
+            clip, ckey, clip_name = clip_source(video)
         else:
             st.header("Images")
             images, names, ikey, masks, labels, image_source = image_set()
     if video is not None:
-        render_video(video, f"{picked}", clip, ckey)
+        render_video(video, f"{picked}", clip, ckey, clip_name)
         return
     # The view selector is drawn on every run, before anything below can stop the run: a widget left out
     # of a run loses its state, and the browser would then show its first option over the old view.

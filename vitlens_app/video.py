@@ -57,8 +57,9 @@ def video_model(picked: tuple | None) -> vl.LoadedModel | None:
     return m if kind_choices.reads_clips(m.spec) else None
 
 
-def clip_source(m: vl.LoadedModel) -> tuple[Any, str]:
-    """The sidebar's clip: (a clip source for ``vl.read_clip``, its key), or (None, "") before an upload."""
+def clip_source(m: vl.LoadedModel) -> tuple[Any, str, str]:
+    """The sidebar's clip: (a clip source for ``vl.read_clip``, its key, its name), or (None, "", "") before an
+    upload."""
     source = st.radio("Clip source", CLIP_SOURCES, key="clip-source", horizontal=True)
     if source == "Moving shape":
         shape = st.selectbox("Shape", list(SHAPES), index=list(SHAPES).index("square"), key="clip-shape")
@@ -69,17 +70,17 @@ def clip_source(m: vl.LoadedModel) -> tuple[Any, str]:
                    f"the shape moves ({dy:g}, {dx:g}) px a frame.")
         clip = vl.moving_shape_clip(num_frames=SHAPE_FRAMES, size=size, shape=shape, velocity=(dy, dx),
                                     fps=SHAPE_FPS).clip
-        return clip, f"shape-{shape}-{motion}-{size}"
+        return clip, f"shape-{shape}-{motion}-{size}", clip.name
     upload = st.file_uploader(f"A video ({', '.join(CLIP_TYPES[:-1])}) or an animated GIF; up to {MAX_UPLOAD_MB} MB",
                               type=CLIP_TYPES, key="clip-upload", max_upload_size=MAX_UPLOAD_MB)
     if upload is None:
-        return None, ""
+        return None, "", ""
     # the session's private folder (0700), removed when the session ends; read by its suffix (vl.read_clip)
     folder = st.session_state.get("upload-folder")
     if folder is None:
         folder = st.session_state["upload-folder"] = UploadFolder()
     path = folder.save(upload.name, upload.getvalue())
-    return path, f"upload-{Path(path).name}"
+    return path, f"upload-{Path(path).name}", upload.name
 
 
 def sampled(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> vl.Clip:
@@ -100,9 +101,10 @@ def sampled_fps(clip: vl.Clip) -> float | None:
     return float(clip.fps) * clip.num_frames / clip.source_frames
 
 
-def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> ClipContext:
+def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str) -> ClipContext:
     """The clip's frame picked on the slider as the model sees it, and the clip's predictions; stops the run with
-    one message when there is no clip or it cannot be read (the app keeps working: pick another clip)."""
+    one message when there is no clip or it cannot be read (the app keeps working: pick another clip). An upload
+    is named by its own name in the message, never by the private folder it is kept in."""
     if source is None:
         st.info("Upload a video or an animated GIF in the sidebar, or pick a moving shape.")
         st.stop()
@@ -111,7 +113,14 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> ClipCon
         x = vl.clip_pixel_values(clip, m)
         shown = m.display(x[0])
         preds = predictions_result(m, mkey, x, ckey)
-    except Exception as e:  # noqa: BLE001 - a bad file is one message
+    except vl.VitlensError as e:  # a bad file is one message, naming the upload
+        where = (str(source), Path(source).name) if isinstance(source, Path) else ()
+        text = e.message_for("app")
+        for part in where:
+            text = text.replace(part, name)
+        st.error(text)
+        st.stop()
+    except Exception as e:  # noqa: BLE001
         show_error(e)
         st.stop()
     n = len(shown)
@@ -120,8 +129,9 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> ClipCon
     at = clip.indices[frame] if clip.indices is not None else frame
     when = f", t = {at / clip.fps:.2f} s" if clip.fps else ""
     top = st.columns([1, 2])
-    top[0].image(shown[frame], width=220, caption=f"{clip.name or 'clip'}: frame {frame + 1} of {n} as the model sees "
-                 f"it ({shown[frame].shape[1]}x{shown[frame].shape[0]}; source frame {at}{when})")
+    top[0].image(shown[frame], width=220)
+    top[0].caption(f"{name or 'clip'}: frame {frame + 1} of {n} as the model sees it "
+                   f"({shown[frame].shape[1]}x{shown[frame].shape[0]}; source frame {at}{when})")
     if preds:
         top[1].markdown("**Top-5 predictions (the clip)**")
         top[1].table([{"class": label, "probability": format_probability(p)} for label, p in preds])
@@ -130,7 +140,7 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> ClipCon
     return ctx
 
 
-def render_video(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> None:
+def render_video(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str) -> None:
     """The page of a video model: its facts, the view selector of the space-time views, the clip and the view."""
     from vitlens_app.views.spacetime import video_pages
 
@@ -139,7 +149,7 @@ def render_video(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> None:
     head = st.container()
     view = st.radio("View", list(shown), horizontal=True, key="video-view")
     with head:
-        ctx = clip_header(m, mkey, source, ckey)
+        ctx = clip_header(m, mkey, source, ckey, name)
     try:
         shown[view](ctx)
     except Exception as e:  # noqa: BLE001 - the app shows the message and keeps working

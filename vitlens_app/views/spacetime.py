@@ -64,7 +64,10 @@ def render_spacetime_rollout(ctx: ClipContext) -> None:
                  "(one colour scale for the whole clip: the maps are divided by their maximum over the clip).")
     fig = figures.spacetime_rollout_figure(res, 0, frames=np.stack(ctx.shown), opacity=opacity)
     right.plotly_chart(fig, key="st-roll-fig")
-    downloads(res, fig, "spacetime_rollout")
+    cols = st.columns(2)  # maps [clips, steps, gh, gw]: no table of rows, so JSON and the figure
+    cols[0].download_button("Maps (JSON)", res.to_json().encode(), "spacetime_rollout.json", "application/json",
+                            key="json-spacetime_rollout", on_click="ignore")
+    figure_download(cols[1], fig, "spacetime_rollout")
 
 
 def render_video_position(ctx: ClipContext) -> None:
