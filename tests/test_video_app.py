@@ -23,7 +23,7 @@ def tiny_video(kind: str) -> "transformers.PreTrainedModel":
 
     torch.manual_seed(0)
     common = dict(image_size=32, patch_size=8, num_frames=4, hidden_size=32, num_hidden_layers=2,
-                  num_attention_heads=2, intermediate_size=64, num_labels=3)
+                  num_attention_heads=2, intermediate_size=64, num_labels=3, initializer_range=0.3)  # peaked maps
     if kind == "videomae":
         return transformers.VideoMAEForVideoClassification(transformers.VideoMAEConfig(tubelet_size=2, **common))
     return transformers.TimesformerForVideoClassification(transformers.TimesformerConfig(**common))
@@ -54,17 +54,18 @@ def test_a_video_model_gets_a_clip_a_frame_slider_and_every_space_time_page(fold
     assert "video (space-time tokens)" in at.sidebar.table[0].value.to_string()
     assert [h.value for h in at.sidebar.header][-2:] == ["Clip", "Facts"]
     assert at.radio(key="video-view").options == PAGES
-    assert at.slider(key="clip-frame-4").max == 4  # the model's 4 frames, sampled from the 16 of the moving shape
-    assert any("frame 1 of 4" in c.value for c in at.caption)
+    assert at.slider(key="clip-frame-4").max == 3  # the model's 4 frames (0-3), sampled from the moving shape's 16
+    assert any("frame 0 of 0-3 as the model sees it" in c.value and "source frame 0" in c.value for c in at.caption)
     for page in PAGES:
         at.radio(key="video-view").set_value(page).run()
         assert problems(at) == [] and not at.error, (page, [e.value for e in at.error])
         assert at.get("plotly_chart"), page
-    # the rollout follows the slider: frame 3 is TimeSformer's time step 3 (a frame per step)
+    # the rollout follows the slider: frame 2 is TimeSformer's time step 2 (a frame per step), source frame 8 of 16
     at.radio(key="video-view").set_value("Rollout through time").run()
-    at.slider(key="clip-frame-4").set_value(3).run()
-    assert problems(at) == [] and any("frame 3 of 4" in c.value for c in at.caption)
-    assert any("under its frame 3 of 4's map" in c.value for c in at.caption)
+    at.slider(key="clip-frame-4").set_value(2).run()
+    assert problems(at) == [] and any("frame 2 of 0-3" in c.value and "source frame 8, t = 1.00 s" in c.value
+                                      for c in at.caption)
+    assert any("Frame 2 (the slider's) under the map of frame 2," in c.value for c in at.caption)
     at.radio(key="video-view").set_value("Space-time distance").run()
     table = at.dataframe[0].value
     assert list(table["role"]) == ["temporal", "spatial"] * 2  # divided: map 2l temporal, 2l + 1 spatial
@@ -85,12 +86,12 @@ def test_an_uploaded_gif_is_the_clip_and_a_bad_file_is_one_message(folders, tmp_
     gif = vl.write_gif(shape.clip, tmp_path / "moving.gif")
     at.file_uploader(key="clip-upload").set_value(("moving.gif", gif.read_bytes(), "image/gif")).run()
     assert problems(at) == [] and not at.error, [e.value for e in at.error]
-    assert any("frame 1 of 4" in c.value for c in at.caption)
+    assert any(c.value.startswith("moving.gif: frame 0 of 0-3") for c in at.caption)
     at.radio(key="video-view").set_value("Rollout through time").run()
     assert problems(at) == [] and not at.error
-    # VideoMAE's tubelets of 2 frames: frame 4 is in time step 2
-    at.slider(key="clip-frame-4").set_value(4).run()
-    assert any("time step 2 of 2 (frames 3-4)" in c.value for c in at.caption)
+    # VideoMAE's tubelets of 2 frames: frame 3 is in time step 1
+    at.slider(key="clip-frame-4").set_value(3).run()
+    assert any("under the map of time step 1 (frames 2-3)" in c.value for c in at.caption)
 
 
 def test_the_shown_frames_are_the_models_input_undone():
@@ -100,3 +101,49 @@ def test_the_shown_frames_are_the_models_input_undone():
     clip = vl.moving_shape_clip(num_frames=4, size=32, shape="square").clip
     shown = np.stack(m.display(vl.clip_pixel_values(clip, m)[0]))
     assert shown.shape == (4, 32, 32, 3) and np.abs(shown.astype(int) - clip.frames.astype(int)).max() <= 1
+
+
+@pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_a_clip_shows_every_space_time_view_in_chromium(browser_app, folders):
+    """The suite's app server in its Chromium (conftest's ``browser_app``): the TimeSformer folder typed as
+    ``hf:FOLDER``, its moving shape's every space-time page drawn, the slider moved to frame 2 on the rollout;
+    screenshots in test-output/video-app/."""
+    from pathlib import Path
+
+    from test_app import ROOT, settled
+
+    out = Path(ROOT) / "test-output" / "video-app"
+    out.mkdir(parents=True, exist_ok=True)
+    browser, url = browser_app
+    context = browser.new_context(viewport={"width": 1400, "height": 1300})
+    try:
+        page = context.new_page()
+        page.goto(url, wait_until="domcontentloaded")
+        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+        sidebar = page.locator("[data-testid='stSidebar']")
+        sidebar.get_by_text("Name", exact=True).first.click()
+        sidebar.get_by_text("Pretrained weights").click()
+        box = sidebar.locator("[data-testid='stTextInput'] input").first
+        box.wait_for(timeout=30000)
+        box.fill(f"hf:{folders['timesformer']}")
+        box.press("Enter")
+        sidebar.get_by_text("video (space-time tokens)").wait_for(timeout=120000)
+        for i, view in enumerate(PAGES):
+            page.get_by_text(view, exact=True).first.click()
+            page.wait_for_timeout(500)
+            settled(page)
+            page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=90000)
+            assert page.locator("[data-testid='stException']").count() == 0, view
+            page.screenshot(path=str(out / f"{i + 1}-{view.split()[0].lower()}.png"), full_page=True)
+        page.get_by_text("Rollout through time", exact=True).first.click()
+        settled(page)
+        thumb = page.locator("[data-testid='stSlider']").filter(has_text="Frame").get_by_role("slider")
+        thumb.focus()
+        for _ in range(2):
+            thumb.press("ArrowRight")
+            settled(page)
+        page.get_by_text("frame 2 of 0-3 as the model sees it", exact=False).wait_for(timeout=60000)
+        page.get_by_text("Rollout at frame 2").first.wait_for(timeout=60000)
+        page.screenshot(path=str(out / "5-rollout-frame-2.png"), full_page=True)
+    finally:
+        context.close()

@@ -53,7 +53,8 @@ __all__ = [
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
-    "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "scene_names", "summary_rows", "survey_figures",
+    "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "scene_names", "summary_rows",
+    "survey_figures",
     "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]
 

@@ -41,7 +41,7 @@ class ClipContext:
     ckey: str
     x: Any  # float32 [1, frames, 3, H, W], the model's input
     shown: list[np.ndarray]  # each frame as the model sees it, uint8 [H, W, 3]
-    frame: int  # the slider's frame, 0-based
+    frame: int  # the slider's frame (0-based)
     fps: float | None  # the sampled frames' rate (frames per second), None when the source has none
 
 
@@ -124,13 +124,14 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str)
         show_error(e)
         st.stop()
     n = len(shown)
-    frame = st.slider("Frame", 1, n, 1, key=f"clip-frame-{n}") - 1
+    # 0-based, as the figures' step labels and the source's frames are counted
+    frame = int(st.slider(f"Frame (of the {n} the model samples)", 0, n - 1, 0, key=f"clip-frame-{n}"))
     ctx = ClipContext(m=m, mkey=mkey, clip=clip, ckey=ckey, x=x, shown=shown, frame=frame, fps=sampled_fps(clip))
     at = clip.indices[frame] if clip.indices is not None else frame
     when = f", t = {at / clip.fps:.2f} s" if clip.fps else ""
     top = st.columns([1, 2])
     top[0].image(shown[frame], width=220)
-    top[0].caption(f"{name or 'clip'}: frame {frame + 1} of {n} as the model sees it "
+    top[0].caption(f"{name or 'clip'}: frame {frame} of 0-{n - 1} as the model sees it "
                    f"({shown[frame].shape[1]}x{shown[frame].shape[0]}; source frame {at}{when})")
     if preds:
         top[1].markdown("**Top-5 predictions (the clip)**")

@@ -54,14 +54,15 @@ def render_spacetime_rollout(ctx: ClipContext) -> None:
     steps = res.maps.shape[1]
     step = step_of(ctx.frame, len(ctx.shown), steps)
     tubelet = len(ctx.shown) // steps
-    what = (f"time step {step + 1} of {steps} (frames {step * tubelet + 1}-{(step + 1) * tubelet})" if tubelet > 1
-            else f"frame {step + 1} of {steps}")
+    what = (f"time step {step} (frames {step * tubelet}-{(step + 1) * tubelet - 1})" if tubelet > 1
+            else f"frame {step}")
     left, right = st.columns([2, 3])
     left.plotly_chart(figures.heatmap_overlay_figure(ctx.shown[ctx.frame], res.maps[0, step],
                                                      f"Rollout at {what}", opacity, scale_title="rollout"),
                       key="st-roll-frame")
-    left.caption(f"The frame on the slider under its {what}'s map, from the {res.source_token} through every block "
-                 "(one colour scale for the whole clip: the maps are divided by their maximum over the clip).")
+    left.caption(f"Frame {ctx.frame} (the slider's) under the map of {what}, from the {res.source_token} through "
+                 f"every block; colours from 0 to this step's maximum, {res.maps[0, step].max():.2f} of the clip's "
+                 "(the steps beside it share one scale: the maps are divided by their maximum over the clip).")
     fig = figures.spacetime_rollout_figure(res, 0, frames=np.stack(ctx.shown), opacity=opacity)
     right.plotly_chart(fig, key="st-roll-fig")
     cols = st.columns(2)  # maps [clips, steps, gh, gw]: no table of rows, so JSON and the figure
