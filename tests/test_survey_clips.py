@@ -88,3 +88,7 @@ def test_a_survey_of_two_video_models_over_clips_on_ray_equals_one_process(zoo, 
             base = rows[(rows["metric"] == f"{role}_baseline_temporal_frames") & (rows["layer"] == block)]
             assert base["value"].tolist() == pytest.approx([want.baseline_temporal_frames[i]])
         assert rows[rows["metric"] == "images_used"]["value"].item() == 4
+    # the survey page and the app's summary open on it (the space-time rows are in the table, not drawn yet)
+    from vitlens.report.survey import summary_rows, survey_html
+
+    assert "<html" in survey_html(result).lower() and len(summary_rows(result)) == 2
