@@ -28,7 +28,8 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
     # "VIEWS" is one thing: the registry, which analyze reads at call time (not a snapshot of its names)
     assert ANALYZE_VIEWS is registry.VIEWS
     assert tuple(registry.VIEWS) == registry.VIEW_NAMES == ("filters", "position", "relpos", "distance", "rollout",
-                                                            "prefix")
+                                                            "prefix", "video_filters", "video_position",
+                                                            "spacetime_distance", "spacetime_rollout")
     assert registry.DEFAULT_VIEWS == ("filters", "position", "distance", "rollout")  # the paper's four
     # the survey's list is the views' own statistics (``View.survey``, in the registry's order), then its own
     assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "components", "spacetime",
@@ -49,14 +50,17 @@ def test_every_view_gives_its_declared_result_and_its_figure_draws_it(tiny):
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     a = vl.analyze(tiny, x, views=registry.VIEW_NAMES, n_components=4)
     for name, view in registry.VIEWS.items():
-        if name in a.notes:  # a weight view this model does not have (a ViT has no relative-position bias)
-            assert a.view(name) is None and view.kind == "weights", name
+        if name in a.notes:  # a weight view this model does not have (a ViT has no relative-position bias), or a
+            assert a.view(name) is None and (view.kind == "weights" or view.for_kind is not None), name  # video view
         else:
             assert isinstance(a.view(name), view.result_class()), name
         assert view.result_type in figures.DRAWERS, view.name  # its figure, registered by its result class
-    assert set(a.notes) == {"relpos"}  # tests/test_relpos_view.py gives it a model that has one
+    # tests/test_relpos_view.py gives relpos a model that has one, tests/test_video_report.py the video views
+    video = {"video_filters", "video_position", "spacetime_distance", "spacetime_rollout"}
+    assert set(a.notes) == {"relpos"} | video
     figs = model_figures(a, [np.zeros((224, 224, 3), dtype=np.uint8)] * 2)
-    assert set(figs) == set(registry.VIEW_NAMES) - {"prefix", "relpos"} | ({"prefix"} if a.prefix.labels else set())
+    assert set(figs) == set(registry.VIEW_NAMES) - {"prefix", "relpos"} - video | ({"prefix"} if a.prefix.labels
+                                                                                 else set())
     assert all(isinstance(f, go.Figure) for f in figs.values())
 
 

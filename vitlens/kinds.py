@@ -337,6 +337,30 @@ def has_cam_layer(kind: Kind) -> bool:
     return kind.cam_layer
 
 
+def takes_images(kind: Kind) -> bool:
+    """Defined where the model reads images (a view of one image's token grid and its weights).
+
+    Args:
+        kind: the kind's record.
+
+    Returns:
+        not ``Kind.clips``.
+    """
+    return not kind.clips
+
+
+def takes_clips(kind: Kind) -> bool:
+    """Defined where the model reads clips (the space-time views and the video weight views).
+
+    Args:
+        kind: the kind's record.
+
+    Returns:
+        ``Kind.clips``.
+    """
+    return kind.clips
+
+
 __all__ = ["CLASS_ATTENTION", "HIERARCHICAL", "HYBRID", "Kind", "VIDEO", "VIT", "all_kinds", "every_kind",
            "find_kind", "has_cam_layer", "has_token_attention", "kind_names", "kind_of", "refuse_other_maps",
-           "register_kind", "registered_kind", "unregister_kind"]
+           "register_kind", "registered_kind", "takes_clips", "takes_images", "unregister_kind"]

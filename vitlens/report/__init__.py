@@ -2,7 +2,8 @@
 
 - ``cli``: ``vitlens report|compare|models``;
 - ``data``: the result objects behind a report and a comparison (Fig. 11's table and shares);
-- ``html``: the pages, each figure built once from the results (the page and ``--png`` share them).
+- ``html``: the pages, each figure built once from the results (the page and ``--png`` share them);
+- ``video``: ``report --video`` and ``compare --video``, the views of video models on one clip.
 
 The names below are imported on first use (``vitlens._lazy``), so the command line starts without torch.
 """

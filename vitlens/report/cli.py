@@ -2,6 +2,7 @@
 
 report        — every view (paper Fig. 6, 7) for one or more models, one offline HTML file plus data.
 compare       — Fig. 11: attention distance per head by layer for several models in one chart.
+(both take ``--video CLIP`` for video models: the views in space and time of one clip, ``report.video``)
 models        — the presets and the model families vitlens reads.
 survey        — a model zoo x an image set on Ray, resumable, one tidy table (Fig. 11 across a zoo).
 survey-report — one offline HTML page of a survey folder.
@@ -173,10 +174,45 @@ def _data_path(out: Path, data: str | None) -> Path:
     return Path(data) if data else out.with_suffix(".json")
 
 
+def refuse_fps(args: argparse.Namespace) -> None:
+    """``--fps`` is a clip's frame rate: refused without ``--video``."""
+    if args.fps is not None:
+        raise CliError("--fps is a clip's frame rate; give the clip with --video CLIP.")
+
+
+def refuse_video_models(models: Sequence[Any]) -> None:
+    """A video model given images: refused in one line (``report.video.refuse_video_models``)."""
+    from vitlens.report.video import refuse_video_models as refuse
+
+    refuse(models)
+
+
+def cmd_video(args: argparse.Namespace, names: Sequence[str], compare: bool) -> int:
+    """``report --video`` / ``compare --video``: the views of video models on one clip (``vitlens.report.video``)."""
+    for option in ("attributions", "heads", "components", "cka"):
+        if getattr(args, option, False):
+            raise CliError(f"--{option} reads images; leave it out with --video.")
+    check_outputs(args)
+    from vitlens.report.video import video_command
+    from vitlens.results import atomic_write_bytes
+
+    page, data, figs = video_command(args, names, compare, lambda line: _log(args, line), load_all, _command())
+    if args.png:
+        write_png({(f"comparison-{k}" if compare else k): f for k, f in figs.items()}, Path(args.png))
+    out = Path(args.out)
+    data.save(_data_path(out, args.data))
+    atomic_write_bytes(out, page.encode())
+    _log(args, f"wrote {out} and {_data_path(out, args.data)}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     for option in ("methods", "metrics"):
         if getattr(args, option, None) and not args.attributions:
             raise CliError(f"--{option} picks the {option} of the attribution section; add --attributions.")
+    if args.video:
+        return cmd_video(args, args.model, compare=False)
+    refuse_fps(args)
     check_outputs(args)
     import vitlens as vl
     from vitlens.environment import versions
@@ -188,6 +224,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
+    refuse_video_models(models)  # a video model without --video
     analyses, shown, timings, tables, notes, heads, parts = [], [], {}, [], {}, [], []
     for m in models:
         t1 = time.perf_counter()
@@ -314,6 +351,9 @@ ALL_METHODS = "all"
 def cmd_compare(args: argparse.Namespace) -> int:
     if len(args.models) < 2:
         raise CliError("compare needs at least two models: --models A B [...].")
+    if args.video:
+        return cmd_video(args, args.models, compare=True)
+    refuse_fps(args)
     check_outputs(args)
     import vitlens as vl
     from vitlens.environment import versions
@@ -327,6 +367,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     t_start = time.perf_counter()
     images, image_set, _, _ = resolve_images(args)
     models = load_all(args, args.models)
+    refuse_video_models(models)
     distances, rollouts, timings, notes = [], [], {}, []
     for m in models:
         t0 = time.perf_counter()
@@ -496,6 +537,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     src.add_argument("--images", help="folder, glob pattern or file of images")
     src.add_argument("--samples", action="store_true", help="scikit-image's sample photographs")
     src.add_argument("--shapes", action="store_true", help="held-out vitlens shapes scenes (the default)")
+    src.add_argument("--video", default=None, metavar="CLIP", help="a clip for video models: a video file, an "
+                     "animated GIF or a folder of frames, sampled as each model's processor samples it")
+    p.add_argument("--fps", type=_positive_float, default=None,
+                   help="the clip's frame rate, where the file does not give it (temporal distances in seconds)")
     p.add_argument("--n-images", type=_positive, default=128, help="use at most this many images (default 128)")
     p.add_argument("--batch-size", type=_positive, default=32)
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
@@ -593,6 +638,16 @@ def _local_threshold_help() -> str:
 
     return ("a head is local at or below this multiple of the uniform-attention distance on its grid (default "
             f"{LOCAL_OF_UNIFORM:g}, the one definition every view uses)")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
 
 
 def _positive(text: str) -> int:

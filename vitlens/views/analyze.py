@@ -19,7 +19,7 @@ from ..engine.stream import stream_attention
 from .filters import FilterPCAResult
 from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
-from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views
+from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views, not_for_kind
 from .rollout import RolloutAccumulator, RolloutResult
 from .clips import check_fps, run_clips
 from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
@@ -251,14 +251,18 @@ def analyze(
                         discard_ratio=discard_ratio)
     if _clip_model(m, fps):
         return _analyze_clips(m, images, batch_size, params, views, check_fps(fps))
-    consumers = {name: VIEWS[name].build(m, params) for name in views if VIEWS[name].kind == "attention"}
+    # a view of another kind's inputs (a video model's clips): None, with a note saying why
+    elsewhere = {name: not_for_kind(m, name) for name in views if VIEWS[name].for_kind is not None}
+    elsewhere = {name: why for name, why in elsewhere.items() if why}
+    consumers = {name: VIEWS[name].build(m, params) for name in views
+                 if VIEWS[name].kind == "attention" and name not in elsewhere}
     if consumers:
         stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None,
                          memory_budget_mb=memory_budget_mb)
     results: dict[str, Any] = {name: c.result(m.spec) for name, c in consumers.items()}
-    notes: dict[str, str] = {}
+    notes: dict[str, str] = dict(elsewhere)
     for name in views:
-        if VIEWS[name].kind == "weights":
+        if VIEWS[name].kind == "weights" and name not in elsewhere:
             try:
                 results[name] = VIEWS[name].build(m, params)
             except ViewNotAvailableError as e:
@@ -270,19 +274,40 @@ def analyze(
                           others={k: v for k, v in results.items() if k not in named}, notes=notes)
 
 
+#: the views of a video model's clips, by the name analyze takes -> which of the accumulator's results: "distance"
+#: and "rollout" (the image views' names, kept for clips) or their registry names
+CLIP_VIEWS = {"distance": "distance", "spacetime_distance": "distance", "rollout": "rollout",
+              "spacetime_rollout": "rollout"}
+
+
 def _analyze_clips(m: LoadedModel, clips: Any, batch_size: int, params: ViewParams, views: tuple,
                    fps: float | None) -> AnalysisResult:
-    """``analyze`` of a video model: its space-time distance and rollout from one forward per batch."""
+    """``analyze`` of a video model: its space-time distance and rollout from one forward per batch ("distance" and
+    "rollout", or "spacetime_distance" and "spacetime_rollout" as the registry names them), its video weight views
+    ("video_position", "video_filters") from the weights; any other view is None with a note saying why."""
     if params.discard_ratio:
         raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
                                     "head_fusion alone (discard_ratio=0).")
-    acc = run_clips(m, clips, batch_size, params.renormalize, params.head_fusion)
-    notes = {name: f"{name} is not defined on clips here; the space-time views are distance and rollout"
-             for name in views if name not in ("distance", "rollout")}
-    return AnalysisResult(spec=m.spec, filters=None, position=None,
-                          distance=acc.distance(m.spec.name, fps) if "distance" in views else None,
-                          rollout=acc.rollout(m.spec.name) if "rollout" in views else None,
-                          position_note=notes.get("position", ""), views=views, notes=notes)
+    results: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    if any(name in CLIP_VIEWS for name in views):
+        acc = run_clips(m, clips, batch_size, params.renormalize, params.head_fusion)
+        made = {"distance": lambda: acc.distance(m.spec.name, fps), "rollout": lambda: acc.rollout(m.spec.name)}
+        results = {name: made[CLIP_VIEWS[name]]() for name in views if name in CLIP_VIEWS}
+    for name in views:
+        if name in results:
+            continue
+        if VIEWS[name].kind == "weights" and m.spec.kind in VIEWS[name].kinds:
+            try:
+                results[name] = VIEWS[name].build(m, params)
+            except ViewNotAvailableError as e:
+                notes[name] = str(e)
+        else:
+            notes[name] = (f"{name} is not defined on clips here; the space-time views are distance and rollout, "
+                           "and the video weight views video_position and video_filters")
+    return AnalysisResult(spec=m.spec, filters=None, position=None, distance=results.get("distance"),
+                          rollout=results.get("rollout"), position_note=notes.get("position", ""), views=views,
+                          others={k: v for k, v in results.items() if k not in ("distance", "rollout")}, notes=notes)
 
 
 __all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

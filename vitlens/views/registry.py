@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidParameterError, ViewNotAvailableError
-from ..kinds import all_kinds, kind_names, kind_of
+from ..kinds import Kind, all_kinds, kind_of, takes_clips, takes_images
 from .class_attention import ClassAttentionDistanceAccumulator, ClassAttentionRolloutAccumulator
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .filters import FilterPCAResult, embedding_filter_pca, max_filter_components
@@ -27,6 +27,9 @@ from .prefix import PrefixDiagnostics, PrefixDiagnosticsResult
 from .relpos import RelativePositionBiasResult, offset_structure, relative_position_bias
 from .rollout import RolloutAccumulator, RolloutResult
 from .rollout_stats import RolloutStats
+from .spacetime import SpaceTimeAccumulator, SpaceTimeDistanceResult, SpaceTimeRolloutResult
+from .video_weights import (TubeletFilterPCAResult, VideoPositionSimilarityResult, video_filter_pca,
+                            video_position_similarity, video_weights)
 from .windowed import WindowedDistanceAccumulator, WindowedRolloutAccumulator
 
 if TYPE_CHECKING:
@@ -54,6 +57,39 @@ def _position(m: "LoadedModel", p: ViewParams) -> Any:
 
 def _relpos(m: "LoadedModel", p: ViewParams) -> Any:
     return relative_position_bias(m)
+
+
+def not_for_kind(m: "LoadedModel", name: str) -> str:
+    """Why view ``name`` is not defined for ``m``'s kind ("" when it is): what ``analyze`` notes for it."""
+    kind = kind_of(m)
+    if kind.name in VIEWS[name].kinds:
+        return ""
+    reads = "a video model's clips" if VIEWS[name].for_kind is takes_clips else "images"
+    return (f"The {name} view reads {reads}; {m.spec.name} is a {kind.label} model (its views: "
+            f"{', '.join(available_views(m))}).")
+
+
+def clips_only(m: "LoadedModel", name: str) -> None:
+    """Refuse a model that reads images for a view of clips (``View.for_kind`` = ``takes_clips``), in one line."""
+    if not kind_of(m).clips:
+        raise ViewNotAvailableError(not_for_kind(m, name))
+
+
+def _spacetime(m: "LoadedModel", p: ViewParams) -> SpaceTimeAccumulator:
+    # the one accumulator of a clip's space-time distance and rollout (``views.clips.run_clips`` feeds it)
+    clips_only(m, "spacetime_distance")
+    return SpaceTimeAccumulator(m.family.clip_layout(m.model), m.spec.num_layers, p.renormalize, p.head_fusion)
+
+
+def _video_position(m: "LoadedModel", p: ViewParams) -> Any:
+    clips_only(m, "video_position")
+    return video_position_similarity(m)
+
+
+def _video_filters(m: "LoadedModel", p: ViewParams) -> Any:
+    clips_only(m, "video_filters")
+    d, c, tt, ph, pw = video_weights(m).filters.shape
+    return video_filter_pca(m, min(p.n_components, d, c * tt * ph * pw))
 
 
 def _filters_summary(result: Any) -> dict[str, float]:
@@ -147,7 +183,8 @@ class View:
         default: one of ``analyze``'s default views (the paper's four).
         label: its short name in the app's view selector.
         shown_in: the app page that shows it beside another view ("" : a page of its own; a view
-            without a page written for it gets a generic one, its figure and its numbers).
+            without a page written for it gets a generic one, its figure and its numbers); ``CLIP_PAGES`` for a
+            view of a video model's clip, shown among the clip's pages (``vitlens_app``'s video pages).
         summary: for a weight-only view, result -> the few numbers a survey's table keeps of it
             (its "weights" rows, once per model).
         readers: an attention view's consumer classes, the one for a ViT's maps first, then one per kind of maps
@@ -157,10 +194,13 @@ class View:
         survey: for an attention view, what a survey keeps of it per image shard (None: nothing).
         draw: result -> its plotly figure, for a view registered outside ``vitlens.figures`` (None: the figure
             registered there for its result class, ``figures.draws``).
+        for_kind: which kinds of model it is defined for, as a test of the kind's record (``vitlens.kinds``:
+            ``takes_clips`` for the views of a video model's clips); None: as below.
 
-    ``kinds`` (the ``ModelSpec.kind`` values the view is defined for: ``available_views``) follows: every registered
-    kind for a weight-only view, the kinds one of its ``readers`` reads for an attention view (a hierarchical model's
-    windows have no prefix tokens, and a CaiT's self-attention blocks none either).
+    ``kinds`` (the ``ModelSpec.kind`` values the view is defined for: ``available_views``) follows: the kinds
+    ``for_kind`` passes when it is given; else every registered kind that reads images for a weight-only view, the
+    kinds one of its ``readers`` reads for an attention view (a hierarchical model's windows have no prefix tokens,
+    and a CaiT's self-attention blocks none either).
     """
 
     name: str
@@ -176,12 +216,15 @@ class View:
     readers: tuple[type, ...] = ()
     survey: SurveyStat | None = None
     draw: Callable[[Any], Any] | None = None
+    for_kind: Callable[[Kind], bool] | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """The registered kinds the view is defined for (see the class docstring)."""
+        if self.for_kind is not None:
+            return tuple(k.name for k in all_kinds() if self.for_kind(k))
         if self.kind == "weights":
-            return kind_names()
+            return tuple(k.name for k in all_kinds() if takes_images(k))
         return tuple(k.name for k in all_kinds()
                      if (k.reader_among(self.readers) is not None if self.readers else k.token_attention))
 
@@ -194,6 +237,9 @@ class View:
         """The class of the result it gives (``result_type``)."""
         return self.result_type
 
+
+#: ``View.shown_in`` of the views of a video model's clip: the app shows them among the clip's pages
+CLIP_PAGES = "the clip's pages"
 
 VIEWS: dict[str, View] = {v.name: v for v in (
     View("filters", "Embedding filters", "Fig. 7 left", "weights", _filters,
@@ -218,6 +264,19 @@ VIEWS: dict[str, View] = {v.name: v for v in (
     View("prefix", "Prefix tokens: attention parked and token norms", "", "attention", _prefix,
          PrefixDiagnosticsResult, default=False,
          label="Prefix tokens", shown_in="Attention distance", readers=(PrefixDiagnostics,)),
+    # a video model's views (docs/definitions.md, "Video: space and time", "Video: weights"): of its clips and its
+    # weights, defined for the kinds that read clips; analyze computes the two of the clips from one forward
+    View("video_filters", "Tubelet filters by time step", "Fig. 7 left, per time step", "weights", _video_filters,
+         TubeletFilterPCAResult, default=False, label="Tubelet filters", shown_in=CLIP_PAGES, for_kind=takes_clips),
+    View("video_position", "Position embedding similarity over space and time", "Fig. 7 centre, in space and time",
+         "weights", _video_position, VideoPositionSimilarityResult, default=False,
+         label="Position embeddings (space and time)", shown_in=CLIP_PAGES, for_kind=takes_clips),
+    View("spacetime_distance", "Mean attention distance in space and time", "Fig. 7 right, in space and time",
+         "attention", _spacetime, SpaceTimeDistanceResult, default=False, label="Space-time distance",
+         shown_in=CLIP_PAGES, for_kind=takes_clips),
+    View("spacetime_rollout", "Attention rollout through space-time", "Fig. 6, a map per time step", "attention",
+         _spacetime, SpaceTimeRolloutResult, default=False, label="Rollout through time", shown_in=CLIP_PAGES,
+         for_kind=takes_clips),
 )}
 
 
@@ -293,5 +352,5 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views", "check_views",
-           "default_views", "reader_for", "register_view", "view_names"]
+__all__ = ["CLIP_PAGES", "DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views",
+           "check_views", "clips_only", "default_views", "not_for_kind", "reader_for", "register_view", "view_names"]
