@@ -14,7 +14,8 @@ from test_app import APP, NO_BROWSER, problems
 
 transformers = pytest.importorskip("transformers")
 
-PAGES = ["Space-time distance", "Rollout through time", "Position embeddings (space and time)", "Tubelet filters"]
+#: the clip's pages: the registered views shown among a clip's pages, in the registry's order (weights first)
+PAGES = ["Tubelet filters", "Position embeddings (space and time)", "Space-time distance", "Rollout through time"]
 
 
 def tiny_video(kind: str) -> "transformers.PreTrainedModel":

@@ -41,13 +41,13 @@ from vitlens.views import attention_maps as maps_view
 from vitlens.views.attention_maps import query_label, whole_maps_mb
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
-from vitlens.views.registry import VIEWS
+from vitlens.views.registry import CLIP_PAGES, VIEWS
 from vitlens.views.rollout import format_probability
 from vitlens.views.windowed import model_windows, query_window_attention, window_maps
 from vitlens.words import counted, listed_some
 
 __all__ = [
-    "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES", "UPLOAD_TYPES",
+    "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES", "UPLOAD_TYPES",
     "VIDEO_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",

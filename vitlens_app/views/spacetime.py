@@ -13,6 +13,7 @@ from vitlens import figures
 from vitlens_app.caches import (spacetime_distance_result, spacetime_rollout_result, video_filters_result,
                                 video_position_result)
 from vitlens_app.context import downloads, figure_download
+from vitlens_app.library import CLIP_PAGES, VIEWS
 from vitlens_app.video import ClipContext
 
 
@@ -91,7 +92,18 @@ def render_tubelet_filters(ctx: ClipContext) -> None:
     figure_download(st, fig, "tubelet_filters")
 
 
+#: the page written for each registered view of a clip (``View.shown_in == CLIP_PAGES``), by the view's name
+PAGES: dict[str, Callable[[ClipContext], None]] = {
+    "spacetime_distance": render_spacetime_distance, "spacetime_rollout": render_spacetime_rollout,
+    "video_position": render_video_position, "video_filters": render_tubelet_filters}
+
+
 def video_pages() -> dict[str, Callable[[ClipContext], None]]:
-    """The space-time pages by their selector labels."""
-    return {"Space-time distance": render_spacetime_distance, "Rollout through time": render_spacetime_rollout,
-            "Position embeddings (space and time)": render_video_position, "Tubelet filters": render_tubelet_filters}
+    """The clip's pages by their selector labels: the registered views shown among a clip's pages, in the registry's
+    order, labelled as the registry labels them (read now: a view registered later gets a page that says where its
+    numbers are)."""
+    def unwritten(name: str) -> Callable[[ClipContext], None]:
+        return lambda ctx: st.info(f"{VIEWS[name].title}: no page is written for it yet; its numbers are in "
+                                   f"vl.analyze(m, clip, views=({name!r},)).")
+    return {(v.label or name): PAGES.get(name, unwritten(name)) for name, v in VIEWS.items()
+            if v.shown_in == CLIP_PAGES}
