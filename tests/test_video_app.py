@@ -95,6 +95,21 @@ def test_an_uploaded_gif_is_the_clip_and_a_bad_file_is_one_message(folders, tmp_
     assert any("under the map of time step 1 (frames 2-3)" in c.value for c in at.caption)
 
 
+def test_the_moving_shape_has_at_least_the_frames_the_model_samples():
+    """A V-JEPA 2 of 24 frames per clip: the sidebar's moving shape (16 frames by default) is made with 24, so the
+    model's sampling never refuses it (``clip_source`` in Streamlit's bare mode: its widgets' defaults)."""
+    from vitlens_app.video import SHAPE_FRAMES, clip_source
+
+    model = transformers.VJEPA2Model(transformers.VJEPA2Config(
+        crop_size=32, patch_size=8, frames_per_clip=24, tubelet_size=2, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, mlp_ratio=2.0, pred_hidden_size=32, pred_num_hidden_layers=1,
+        pred_num_attention_heads=2, num_pooler_layers=1))
+    m = vl.LoadedModel.from_module(model.eval(), name="tiny-vjepa2", device="cpu")
+    clip, key, name = clip_source(m)
+    assert SHAPE_FRAMES < 24 and clip.num_frames == 24 and key.endswith("-24") and name == clip.name
+    assert vl.clip_pixel_values(clip, m).shape == (1, 24, 3, 32, 32)
+
+
 def test_the_shown_frames_are_the_models_input_undone():
     """The frame shown is the model's pixel values mapped back through the family's per-frame defaults (one source):
     a two-colour moving shape comes back within one grey level of its resized frame."""

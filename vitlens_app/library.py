@@ -25,7 +25,7 @@ from vitlens.compare.heads import cost as head_cost
 # the components' ledger bound (docs/definitions.md, "The ledger")
 from vitlens.components import LEDGER_RTOL
 # clips: the frames a video model's processor takes, the video files read
-from vitlens.clips import VIDEO_SUFFIXES, sampled_clip
+from vitlens.clips import VIDEO_SUFFIXES, VideoProcessing, sampled_clip
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.seeded import load_model_seeded
@@ -49,7 +49,7 @@ from vitlens.words import counted, listed_some
 __all__ = [
     "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES", "UPLOAD_TYPES",
     "VIDEO_SUFFIXES", "VIEWS",
-    "LEDGER_RTOL", "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
+    "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
@@ -63,3 +63,9 @@ def whole_maps_fit(spec: vl.ModelSpec) -> bool:
     """Whether every query's maps of one image fit the budget (``WHOLE_MAPS_MB``, read now): computed at once;
     otherwise the page asks for the picked query's rows only."""
     return whole_maps_mb(spec) <= maps_view.WHOLE_MAPS_MB
+
+
+def clip_frames(m: vl.LoadedModel) -> int:
+    """The frames a video model's processor takes from a clip (its config's ``num_frames``; V-JEPA 2's
+    ``frames_per_clip``)."""
+    return VideoProcessing.of(m).num_frames

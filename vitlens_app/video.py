@@ -18,7 +18,8 @@ import vitlens as vl
 from vitlens_app import kind_choices
 from vitlens_app.caches import load_model, predictions_result
 from vitlens_app.context import show_error
-from vitlens_app.library import MAX_UPLOAD_MB, SHAPES, VIDEO_SUFFIXES, format_probability, sampled_clip
+from vitlens_app.library import (MAX_UPLOAD_MB, SHAPES, VIDEO_SUFFIXES, clip_frames, format_probability,
+                                 sampled_clip)
 from vitlens_app.sidebar import show_facts
 from vitlens_app.uploads import UploadFolder
 
@@ -27,7 +28,8 @@ CLIP_SOURCES = ["Moving shape", "Upload"]
 CLIP_TYPES = [s.lstrip(".") for s in VIDEO_SUFFIXES] + ["gif"]
 #: the synthetic clip's motions, in pixels a frame (dy, dx) of a 64 px frame (scaled with the frame)
 MOTIONS = {"right": (0.0, 2.0), "down": (2.0, 0.0), "diagonal": (1.5, 1.5), "still": (0.0, 0.0)}
-#: the synthetic clip's frames and frame rate (the model samples its own number of frames from them)
+#: the synthetic clip's frames (at least; more for a model that samples more) and frame rate (the model samples its
+#: own number of frames from them)
 SHAPE_FRAMES, SHAPE_FPS = 16, 8.0
 
 
@@ -64,13 +66,13 @@ def clip_source(m: vl.LoadedModel) -> tuple[Any, str, str]:
     if source == "Moving shape":
         shape = st.selectbox("Shape", list(SHAPES), index=list(SHAPES).index("square"), key="clip-shape")
         motion = st.selectbox("Motion", list(MOTIONS), key="clip-motion")
-        size = max(64, *m.spec.image_size)
+        size, frames = max(64, *m.spec.image_size), max(SHAPE_FRAMES, clip_frames(m))
         dy, dx = (v * size / 64 for v in MOTIONS[motion])
-        st.caption(f"{SHAPE_FRAMES} frames of {size}x{size} px at {SHAPE_FPS:g} fps, made by vl.moving_shape_clip: "
+        st.caption(f"{frames} frames of {size}x{size} px at {SHAPE_FPS:g} fps, made by vl.moving_shape_clip: "
                    f"the shape moves ({dy:g}, {dx:g}) px a frame.")
-        clip = vl.moving_shape_clip(num_frames=SHAPE_FRAMES, size=size, shape=shape, velocity=(dy, dx),
+        clip = vl.moving_shape_clip(num_frames=frames, size=size, shape=shape, velocity=(dy, dx),
                                     fps=SHAPE_FPS).clip
-        return clip, f"shape-{shape}-{motion}-{size}", clip.name
+        return clip, f"shape-{shape}-{motion}-{size}-{frames}", clip.name
     upload = st.file_uploader(f"A video ({', '.join(CLIP_TYPES[:-1])}) or an animated GIF; up to {MAX_UPLOAD_MB} MB",
                               type=CLIP_TYPES, key="clip-upload", max_upload_size=MAX_UPLOAD_MB)
     if upload is None:
