@@ -67,6 +67,11 @@ def test_shards_of_clips_merge_to_one_process_in_process(zoo):
             for field in ("spatial_px", "within_px", "temporal_frames", "spatial_std_px", "temporal_std_frames"):
                 np.testing.assert_allclose(getattr(d, field), getattr(want_d, field), rtol=1e-12, err_msg=field)
             np.testing.assert_allclose(r.maps, want_r.maps, rtol=1e-12)
+    # the survey's renormalize reaches it: raw weights as vl.attention_distance(renormalize=False) reads them
+    raw = run_shard(m, source, Shard(0, 0, 4), ("spacetime",), batch_size=1, renormalize=False)["states"]
+    x = vl.clip_pixel_values([vl.read_clip(f) for f in source.files], m)
+    np.testing.assert_allclose(read_state("spacetime", raw["spacetime"]).acc.distance(name).spatial_px,
+                               vl.attention_distance(m, x, batch_size=1, renormalize=False).spatial_px, rtol=1e-12)
     # a shard of images never runs the clips' statistic
     assert run_shard(m, shapes_source(2), Shard(0, 0, 2), ("spacetime",), 1)["states"] == {}
 

@@ -14,4 +14,5 @@ from .run import SurveyError, survey
 from .sources import ImageSource, clips_source, files_source, shapes_source
 from .store import SurveyResult, load_survey
 
-__all__ = ["ImageSource", "SurveyError", "SurveyResult", "clips_source", "files_source", "load_survey", "shapes_source", "survey"]
+__all__ = ["ImageSource", "SurveyError", "SurveyResult", "clips_source", "files_source", "load_survey", "shapes_source",
+           "survey"]

@@ -50,14 +50,15 @@ class SpaceTimeStats:
         return rows
 
 
-def spacetime_stats(m: LoadedModel, clips: list, batch_size: int) -> SpaceTimeStats | None:
-    """A shard's clips (``vl.Clip``, sampled here as the model's processor samples) through a video model; None for
+def spacetime_stats(m: LoadedModel, clips: list, batch_size: int, renormalize: bool = True) -> SpaceTimeStats | None:
+    """A shard's clips (``vl.Clip``, sampled here as the model's processor samples) through a video model, each
+    query's weights renormalised over the cell keys unless ``renormalize`` is False (the survey's setting); None for
     a model that reads images (its kind's ``clips``), which a survey of clips leaves to its other statistics."""
     if not kind_of(m.spec).clips or not clips:
         return None
     from ..clips import clip_pixel_values
 
-    return SpaceTimeStats(run_clips(m, clip_pixel_values(list(clips), m), batch_size))
+    return SpaceTimeStats(run_clips(m, clip_pixel_values(list(clips), m), batch_size, renormalize))
 
 
 __all__ = ["SpaceTimeStats", "spacetime_stats"]

@@ -116,9 +116,10 @@ class SurveyView:
             model from the views' own ``View.summary``.
         from_state: a shard's saved ``state()`` -> an object that ``merge``s and gives its ``state`` and
             ``table_rows``.
-        compute: (model, the shard's images, batch size) -> the statistic as that object (None: not kept for this
-            model), for a statistic that is no consumer of the streaming engine and runs its own pass over the images
-            (``components``: ``decompose``'s own float64 forward); None for a consumer's.
+        compute: (model, the shard's images, batch size, renormalize) -> the statistic as that object (None: not
+            kept for this model), for a statistic that is no consumer of the streaming engine and runs its own pass
+            over the images (``components``: ``decompose``'s own float64 forward; ``spacetime``: the clips' one
+            forward); None for a consumer's.
         default: whether a survey keeps it when ``views`` is not given (``DEFAULT_SURVEY_VIEW_NAMES``).
         clips: its ``compute`` reads a shard of clips (a survey of video models, ``sources.clips_source``), not
             images; a survey of clips keeps it whatever ``views`` says, a survey of images never runs it.
@@ -128,7 +129,7 @@ class SurveyView:
     describes: str
     build: Callable[[LoadedModel, int, bool], AttentionConsumer | None] | None = None
     from_state: Callable[[dict[str, Any]], Any] | None = None
-    compute: Callable[[LoadedModel, list, int], Any] | None = None
+    compute: Callable[[LoadedModel, list, int, bool], Any] | None = None
     default: bool = True
     clips: bool = False
 
@@ -153,8 +154,9 @@ OWN_STATS: tuple[SurveyView, ...] = (
                "the ledger's residual (docs/definitions.md, \"Direct contributions\"); asked for by name",
                from_state=HeadContributions.from_state, compute=head_contributions, default=False),
     SurveyView("spacetime", "a video model's space-time attention distance per block and head (spatial px, within "
-               "the step, temporal frames; renormalised over cell keys) with the uniform baselines, and its clips' "
-               "rollout maps, over a folder of clips (docs/definitions.md, \"Video: space and time\")",
+               "the step, temporal frames; renormalised over cell keys unless renormalize=False) with the uniform "
+               "baselines, and its clips' rollout maps, over a folder of clips (docs/definitions.md, \"Video: space "
+               "and time\")",
                from_state=SpaceTimeStats.from_state, compute=spacetime_stats, default=False, clips=True),
     SurveyView("weights", "filter PCA's explained variance (Fig. 7 left) and position-embedding structure "
                "(Fig. 7 centre) or, for relative-position models, the learned bias's locality by offset, once per "

@@ -54,7 +54,7 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
     for name in views:  # the statistics that run their own pass over the images (``SurveyView.compute``)
         compute = survey_views()[name].compute
         if compute is not None and images and survey_views()[name].clips == clips:
-            kept = compute(m, images, batch_size)
+            kept = compute(m, images, batch_size, renormalize)
             if kept is not None:
                 states[name] = kept.state()
     return {"states": states, "n_images": n, "skipped": skipped,
