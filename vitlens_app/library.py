@@ -34,6 +34,7 @@ from vitlens.reference.shapes import CLASSES as SHAPES, HELD_OUT_SEED, generate,
 # the command line's and the reports' pieces the app shows the same way
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import browser_path, figure_html, figure_png
+from vitlens.report.video import sampled_fps
 from vitlens.report.survey import summary_rows, survey_figures
 from vitlens.results import round_significant
 # the views: their registry and the helpers of their pages
@@ -53,7 +54,8 @@ __all__ = [
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
-    "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "scene_names", "summary_rows",
+    "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "sampled_fps", "scene_names",
+    "summary_rows",
     "survey_figures",
     "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]

@@ -19,7 +19,7 @@ from vitlens_app import kind_choices
 from vitlens_app.caches import load_model, predictions_result
 from vitlens_app.context import show_error
 from vitlens_app.library import (MAX_UPLOAD_MB, SHAPES, VIDEO_SUFFIXES, clip_frames, format_probability,
-                                 sampled_clip)
+                                 sampled_clip, sampled_fps)
 from vitlens_app.sidebar import show_facts
 from vitlens_app.uploads import UploadFolder
 
@@ -96,11 +96,10 @@ def sampled(m: vl.LoadedModel, mkey: str, source: Any, ckey: str) -> vl.Clip:
     return memo[key]
 
 
-def sampled_fps(clip: vl.Clip) -> float | None:
-    """The sampled frames' mean rate: the source's fps times sampled / source frames (None without a rate)."""
-    if clip.fps is None or not clip.source_frames:
-        return None
-    return float(clip.fps) * clip.num_frames / clip.source_frames
+def clip_fps(clip: vl.Clip) -> float | None:
+    """The sampled frames' mean rate, by the reports' rule (``sampled_fps``: the source's fps times sampled /
+    source frames); None without a rate."""
+    return sampled_fps(clip.fps, clip.num_frames, clip.source_frames or clip.num_frames)
 
 
 def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str) -> ClipContext:
@@ -128,7 +127,7 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str)
     n = len(shown)
     # 0-based, as the figures' step labels and the source's frames are counted
     frame = int(st.slider(f"Frame (of the {n} the model samples)", 0, n - 1, 0, key=f"clip-frame-{n}"))
-    ctx = ClipContext(m=m, mkey=mkey, clip=clip, ckey=ckey, x=x, shown=shown, frame=frame, fps=sampled_fps(clip))
+    ctx = ClipContext(m=m, mkey=mkey, clip=clip, ckey=ckey, x=x, shown=shown, frame=frame, fps=clip_fps(clip))
     at = clip.indices[frame] if clip.indices is not None else frame
     when = f", t = {at / clip.fps:.2f} s" if clip.fps else ""
     top = st.columns([1, 2])
