@@ -48,15 +48,14 @@ from vitlens.views.windowed import model_windows, query_window_attention, window
 from vitlens.words import counted, listed_some
 
 __all__ = [
-    "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES", "UPLOAD_TYPES",
-    "VIDEO_SUFFIXES", "VIEWS",
+    "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES",
+    "UPLOAD_TYPES", "VIDEO_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
     "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "sampled_fps", "scene_names",
-    "summary_rows",
-    "survey_figures",
+    "summary_rows", "survey_figures",
     "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]
 
