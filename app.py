@@ -1,6 +1,7 @@
 """vitlens app: explore the views of the ViT paper (ICLR 2021, section 4.5) for a Vision Transformer.
 
-Run: streamlit run app.py   (opens on the embedded reference ViT and held-out shape scenes; offline)
+Run: streamlit run app.py   (opens on the embedded reference ViT and held-out shape scenes; offline). A video model
+(VideoMAE, ViViT, V-JEPA 2, TimeSformer: e.g. ``hf:FOLDER`` as the model name) gets a clip and its space-time views.
 
 Layout and widgets only: every number and figure comes from the ``vitlens`` library. This file lays out the
 page; the pages, the sidebar and the caches are the package ``vitlens_app`` beside it (one module per view,
@@ -13,6 +14,7 @@ import streamlit as st
 from vitlens_app.context import show_error
 from vitlens_app.header import TOKEN_ENV, access_granted, model_and_image
 from vitlens_app.sidebar import DEVICES, image_set, model_picker
+from vitlens_app.video import clip_source, render_video, video_model
 from vitlens_app.views import pages
 
 
@@ -30,8 +32,16 @@ def main() -> None:
         st.header("Model")
         st.selectbox("Device", DEVICES, key="device")
         picked = model_picker("m1", "ref-vit")
-        st.header("Images")
-        images, names, ikey, masks, labels, image_source = image_set()
+        video = video_model(picked)  # a video model: the sidebar offers a clip, the page its space-time views
+        if video is not None:
+            st.header("Clip")
+            clip, ckey, clip_name = clip_source(video)
+        else:
+            st.header("Images")
+            images, names, ikey, masks, labels, image_source = image_set()
+    if video is not None:
+        render_video(video, f"{picked}", clip, ckey, clip_name)
+        return
     # The view selector is drawn on every run, before anything below can stop the run: a widget left out
     # of a run loses its state, and the browser would then show its first option over the old view.
     # Its own key is the one record of the current view.

@@ -228,6 +228,24 @@ def test_pixel_values_equal_the_hf_processors(model_type):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 
+def test_the_per_frame_defaults_have_one_source_the_familys_declaration():
+    from vitlens.families.common.hf import processor_data_config, video_model_types
+    from vitlens.families.hf_video import HF_TYPES
+
+    assert set(video_model_types()) == set(PROCESSORS) == set(HF_TYPES.processors)
+    for model_type, (config_name, _processor, kwargs) in PROCESSORS.items():
+        declared = HF_TYPES.processors[model_type]
+        ours = VideoProcessing.of(getattr(transformers, config_name)(**kwargs))
+        assert (ours.mean, ours.std, ours.rescale, ours.offset) == (declared.mean, declared.std, declared.rescale,
+                                                                   declared.offset)
+    # a ViViT checkpoint's own preprocessor_config.json (rescale 1 / 127.5, offset, then 0.5 / 0.5) on [0, 1] pixels
+    processor = transformers.VivitImageProcessor().to_dict()
+    read_off = processor_data_config(processor, "vivit")
+    np.testing.assert_allclose(read_off["mean"], [0.75] * 3, rtol=1e-12)
+    np.testing.assert_allclose(read_off["std"], [0.25] * 3, rtol=1e-12)
+    assert processor_data_config(transformers.VideoMAEImageProcessor().to_dict(), "videomae")["mean"] == (0.5,) * 3
+
+
 def test_a_model_without_video_processing_is_refused_in_one_line():
     with pytest.raises(UnsupportedModelError) as e:
         VideoProcessing.of(transformers.ViTConfig())

@@ -32,7 +32,8 @@ def test_analyze_the_command_line_and_the_survey_offer_the_registry_views():
                                                             "spacetime_distance", "spacetime_rollout")
     assert registry.DEFAULT_VIEWS == ("filters", "position", "distance", "rollout")  # the paper's four
     # the survey's list is the views' own statistics (``View.survey``, in the registry's order), then its own
-    assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "components", "weights")
+    assert SURVEY_VIEW_NAMES == tuple(SURVEY_VIEWS) == ("distance", "rollout", "predictions", "components", "spacetime",
+                                                        "weights")
     for name in ("distance", "rollout"):
         assert SURVEY_VIEWS[name].from_state is registry.VIEWS[name].survey.from_state, name
     assert SURVEY_VIEWS["rollout"].from_state == RolloutStats.from_state

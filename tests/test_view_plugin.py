@@ -99,7 +99,8 @@ def toy_view():
 def test_a_registered_view_is_computed_drawn_and_surveyed(tiny, toy_view):
     assert "parked" in registry.VIEW_NAMES and "parked" not in registry.DEFAULT_VIEWS
     assert registry.check_views(("distance", "parked")) == ("distance", "parked")
-    assert list(survey_views()) == ["distance", "rollout", "parked", "predictions", "components", "weights"]
+    assert list(survey_views()) == ["distance", "rollout", "parked", "predictions", "components", "spacetime",
+                                    "weights"]
     # computed: from the same forward as the distance, with the known answer
     source = shapes_source(4)
     images = source.read(source.shards(4)[0])[0]

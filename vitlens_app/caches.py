@@ -210,3 +210,32 @@ def patching_result(_m: vl.LoadedModel, mkey: str, _clean: Any, _corrupted: Any,
     names the image and the corruption."""
     with heavy_lock():
         return vl.patch_activations(_m, [_clean], [_corrupted], target=target)
+
+
+# a video model's clip (issue 50): the space-time views of the clip shown, keyed by the model and the clip's key
+@st.cache_data(max_entries=8, show_spinner="Measuring attention distance in space and time ...")
+def spacetime_distance_result(_m: vl.LoadedModel, mkey: str, _x: Any, ckey: str, renormalize: bool,
+                              fps: float | None) -> vl.SpaceTimeDistanceResult:
+    """The clip's space-time attention distance (``vl.attention_distance`` of a clip: spatial and temporal)."""
+    with heavy_lock():
+        return vl.attention_distance(_m, _x, renormalize=renormalize, fps=fps)
+
+
+@st.cache_data(max_entries=8, show_spinner="Rolling out attention through space and time ...")
+def spacetime_rollout_result(_m: vl.LoadedModel, mkey: str, _x: Any, ckey: str,
+                             fusion: str) -> vl.SpaceTimeRolloutResult:
+    """The clip's rollout, a map per frame or tubelet (``vl.attention_rollout`` of a clip)."""
+    with heavy_lock():
+        return vl.attention_rollout(_m, _x, head_fusion=fusion)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def video_position_result(_m: vl.LoadedModel, mkey: str) -> vl.VideoPositionSimilarityResult:
+    """The position embeddings' similarity over space and time (weights only: no lock)."""
+    return vl.video_position_similarity(_m)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def video_filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> vl.TubeletFilterPCAResult:
+    """The tubelet embedding's filters' principal components, per time step (weights only: no lock)."""
+    return vl.video_filter_pca(_m, n_components=k)

@@ -53,6 +53,12 @@ def attributions_by_stage(spec: vl.ModelSpec) -> bool:
     return vl.kind_of(spec).stages
 
 
+def reads_clips(spec: vl.ModelSpec) -> bool:
+    """Whether the model reads clips, not images (a video model): the sidebar offers a clip, and the page its
+    space-time views (``vitlens_app.video``)."""
+    return vl.kind_of(spec).clips
+
+
 __all__ = ["attributions_by_stage", "distance_by_stage", "distance_pass_views",
            "distance_without_prefix", "filters_read_the_cnn", "maps_by_window", "maps_of_class_attention",
-           "rollout_discards"]
+           "reads_clips", "rollout_discards"]

@@ -24,14 +24,17 @@ from vitlens.attribution.text import has_text_tower
 from vitlens.compare.heads import cost as head_cost
 # the components' ledger bound (docs/definitions.md, "The ledger")
 from vitlens.components import LEDGER_RTOL
+# clips: the frames a video model's processor takes, the video files read
+from vitlens.clips import VIDEO_SUFFIXES, VideoProcessing, sampled_clip
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.seeded import load_model_seeded
 from vitlens.progress import time_left
-from vitlens.reference.shapes import HELD_OUT_SEED, generate, scene_names
+from vitlens.reference.shapes import CLASSES as SHAPES, HELD_OUT_SEED, generate, scene_names
 # the command line's and the reports' pieces the app shows the same way
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import browser_path, figure_html, figure_png
+from vitlens.report.video import sampled_fps
 from vitlens.report.survey import summary_rows, survey_figures
 from vitlens.results import round_significant
 # the views: their registry and the helpers of their pages
@@ -39,18 +42,20 @@ from vitlens.views import attention_maps as maps_view
 from vitlens.views.attention_maps import query_label, whole_maps_mb
 from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
-from vitlens.views.registry import VIEWS
+from vitlens.views.registry import CLIP_PAGES, VIEWS
 from vitlens.views.rollout import format_probability
 from vitlens.views.windowed import model_windows, query_window_attention, window_maps
 from vitlens.words import counted, listed_some
 
 __all__ = [
-    "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "UPLOAD_TYPES", "VIEWS",
-    "LEDGER_RTOL", "attnlrp_ledger", "browser_path", "comparison", "counted", "default_metrics",
+    "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES",
+    "UPLOAD_TYPES", "VIDEO_SUFFIXES", "VIEWS",
+    "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
-    "query_window_attention", "read_uploads", "round_significant", "scene_names", "summary_rows", "survey_figures",
+    "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "sampled_fps", "scene_names",
+    "summary_rows", "survey_figures",
     "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]
 
@@ -59,3 +64,9 @@ def whole_maps_fit(spec: vl.ModelSpec) -> bool:
     """Whether every query's maps of one image fit the budget (``WHOLE_MAPS_MB``, read now): computed at once;
     otherwise the page asks for the picked query's rows only."""
     return whole_maps_mb(spec) <= maps_view.WHOLE_MAPS_MB
+
+
+def clip_frames(m: vl.LoadedModel) -> int:
+    """The frames a video model's processor takes from a clip (its config's ``num_frames``; V-JEPA 2's
+    ``frames_per_clip``)."""
+    return VideoProcessing.of(m).num_frames

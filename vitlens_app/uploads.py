@@ -1,4 +1,5 @@
-"""Uploads to the app: checkpoints kept where no one else can plant or read them, and the size images are kept at.
+"""Uploads to the app: checkpoints and clips kept where no one else can plant or read them, and the size images are
+kept at.
 
 Each app server gets one private folder (``tempfile.mkdtemp``: mode 0700, a fresh unpredictable name, never a
 folder that was there before), removed when the server exits; each session gets its own folder inside it,
@@ -17,8 +18,10 @@ import threading
 import weakref
 from pathlib import Path
 
-#: the checkpoint suffixes an upload keeps (anything else is saved without one)
-UPLOAD_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz")
+#: the suffixes an upload keeps (anything else is saved without one): checkpoints, and clips (a video model's clip is
+#: read by its suffix: ``vl.read_clip``)
+UPLOAD_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".gif", ".mp4", ".m4v", ".mov", ".mkv", ".webm",
+                   ".avi")
 #: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
 #: when uploaded; every view resizes to the model's input anyway, 1024 px at most for the high-resolution runs).
 APP_MAX_SIDE_PX = 2048
@@ -37,7 +40,7 @@ def server_folder() -> Path:
 
 
 class UploadFolder:
-    """One session's uploaded checkpoints: a private folder, removed when this object goes (session end)."""
+    """One session's uploaded checkpoints and clips: a private folder, removed when this object goes (session end)."""
 
     def __init__(self) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="session-", dir=server_folder()))
@@ -46,7 +49,7 @@ class UploadFolder:
     def save(self, name: str, data: bytes) -> Path:
         """The path of a file holding exactly ``data`` (written now, or checked when it is already there).
 
-        The name is the content's sha256 and the upload's checkpoint suffix; a file there whose bytes differ
+        The name is the content's sha256 and the upload's suffix (``UPLOAD_SUFFIXES``); a file there whose bytes differ
         (or anything that is not a plain file) is removed and written again.
         """
         digest = hashlib.sha256(data).hexdigest()

@@ -7,8 +7,9 @@ The rule (``BaseVideoProcessor._preprocess`` of transformers 5.24, torchvision b
 likewise); then rescale and normalise in float32: ``(x * rescale - offset - mean) / std``, which the processors
 compute fused as ``(x - mean / rescale) / (std / rescale)`` when the offset is 0 (VideoMAE, TimeSformer, V-JEPA
 2) and unfused for ViViT (``x / 127.5 - 1``, then ``(. - 0.5) / 0.5``). ``VideoProcessing.of(model)`` takes each
-processor class's defaults scaled to the model's image size; ``VideoProcessing.from_processor`` reads a loaded
-processor (a checkpoint's own ``preprocessor_config.json`` may differ from the class defaults: pass it then).
+processor class's defaults, as the model's family declares them (``families.hf_video``, the one source of them),
+scaled to the model's image size; ``VideoProcessing.from_processor`` reads a loaded processor (a checkpoint's own
+``preprocessor_config.json`` may differ from the class defaults: pass it then).
 """
 from __future__ import annotations
 
@@ -19,28 +20,22 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
+from ..families.common.hf import video_model_types, video_processor_defaults
 from .clip import Clip
 from .read import ClipSource, read_clip
 
-_STANDARD = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-#: model_type -> (resize ratio shortest_edge / crop, image statistics, rescale factor, offset, size and frame keys)
-_DEFAULTS = {
-    "videomae": (1.0, _STANDARD, 1 / 255, 0.0, "image_size", "num_frames"),
-    "vivit": (256 / 224, _STANDARD, 1 / 127.5, 1.0, "image_size", "num_frames"),
-    "timesformer": (1.0, _IMAGENET, 1 / 255, 0.0, "image_size", "num_frames"),
-    "vjepa2": (256 / 224, _IMAGENET, 1 / 255, 0.0, "crop_size", "frames_per_clip"),
-}
 
-
-def _config(model: Any) -> Any:
+def _config(model: Any) -> tuple[Any, Any]:
+    """The transformers config of a video model (or a ``LoadedModel`` of it, or the config itself) and its type's
+    declared per-frame processor defaults (``families.hf_video``'s ``HF_TYPES``, the one source of them)."""
     if not isinstance(model, torch.nn.Module) and isinstance(getattr(model, "model", None), torch.nn.Module):
         model = model.model  # a LoadedModel's module
     config = getattr(model, "config", model)
-    if getattr(config, "model_type", None) not in _DEFAULTS:
+    defaults = video_processor_defaults(getattr(config, "model_type", None))
+    if defaults is None:
         raise UnsupportedModelError(f"No video processing is known for {type(model).__name__}; vitlens prepares "
-                                    f"clips for the Hugging Face {', '.join(_DEFAULTS)} models.")
-    return config
+                                    f"clips for the Hugging Face {', '.join(video_model_types())} models.")
+    return config, defaults
 
 
 @dataclass(frozen=True)
@@ -69,11 +64,14 @@ class VideoProcessing:
         """The processor class's defaults for a Hugging Face VideoMAE, ViViT, TimeSformer or V-JEPA 2 model (or its
         config), with the crop at the model's image size and the resize in the class's ratio (ViViT and V-JEPA 2:
         ``int(crop * 256 / 224)``; the others: the crop)."""
-        config = _config(model)
-        ratio, (mean, std), rescale, offset, size_key, frames_key = _DEFAULTS[config.model_type]
-        side = getattr(config, size_key)
+        config, defaults = _config(model)
+        # V-JEPA 2's config names them crop_size and frames_per_clip; the others image_size and num_frames
+        side = getattr(config, "crop_size", None) or config.image_size
         side = int(side[0] if isinstance(side, (list, tuple)) else side)
-        return cls(int(getattr(config, frames_key)), int(side * ratio), (side, side), mean, std, rescale, offset)
+        frames = getattr(config, "frames_per_clip", None) or config.num_frames
+        # the crop is crop_pct of the shortest edge (exact for 224 / 256: 0.875 is a binary fraction)
+        return cls(int(frames), int(side / defaults.crop_pct), (side, side), tuple(defaults.mean),
+                   tuple(defaults.std), defaults.rescale, defaults.offset)
 
     @classmethod
     def from_processor(cls, processor: Any, num_frames: int) -> "VideoProcessing":

@@ -41,16 +41,17 @@ from .common.interface import read_eager_returned, read_interface_beside
 from .common.readers import read_at_dropout
 from .common.windows import pair
 
-#: the model types read, with their video processors' per-frame defaults (transformers 5.24): the shortest edge
-#: resized, a centre crop, bilinear; VideoMAE normalises with 0.5 / 0.5, ViViT rescales by 1 / 127.5 - 1 before its
-#: 0.5 / 0.5 normalisation (on [0, 1] pixels: mean 0.75, std 0.25), V-JEPA 2 and TimeSformer with ImageNet's;
-#: the attention implementation kept as built
+#: the model types read, with their video processors' per-frame defaults (transformers 5.24), the one source of them
+#: (``vitlens.clips.processing`` reads them through ``common.hf.video_processor_defaults``): the shortest edge
+#: resized (VideoMAE and TimeSformer to the crop, ViViT and V-JEPA 2 to 256 / 224 of it), a centre crop, bilinear;
+#: VideoMAE normalises with 0.5 / 0.5, ViViT rescales by 1 / 127.5 and subtracts 1 before its 0.5 / 0.5 (on [0, 1]
+#: pixels: mean 0.75, std 0.25), V-JEPA 2 and TimeSformer with ImageNet's; the attention implementation kept as built
 HF_TYPES = HfTypes(processors={
     "videomae": ProcessorDefaults("center", 1.0, HALF, HALF, "bilinear"),
-    "vivit": ProcessorDefaults("center", 224 / 256, (0.75, 0.75, 0.75), (0.25, 0.25, 0.25), "bilinear"),
+    "vivit": ProcessorDefaults("center", 224 / 256, HALF, HALF, "bilinear", rescale=1 / 127.5, offset=1.0),
     "vjepa2": ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
     "timesformer": ProcessorDefaults("center", 1.0, IMAGENET_MEAN, IMAGENET_STD, "bilinear")},
-    attn_implementation=None)
+    attn_implementation=None, clips=True)
 #: the model classes read, by model type (pre-training heads refused: VideoMAE's masks, V-JEPA 2's predictor is
 #: skipped in the bare model)
 MODEL_CLASSES = {"videomae": ("VideoMAEModel", "VideoMAEForVideoClassification"),

@@ -442,10 +442,17 @@ def cmd_survey(args: argparse.Namespace) -> int:
         args.num_gpus_per_worker = 1.0  # each model worker asks Ray for one GPU and runs on it
     check_writable(args.out, "--out", folder=True)
     import vitlens as vl
-    from vitlens.survey import files_source, shapes_source
+    from vitlens.survey import clips_source, files_source, shapes_source
     from vitlens.survey.stats import DEFAULT_SURVEY_VIEW_NAMES
 
-    if args.images:
+    if args.clips and args.images:
+        raise CliError("Pass --images (image models) or --clips (video models), not both.")
+    if args.clips:  # video models: a shard is a set of clips, the space-time statistics kept
+        try:
+            source = clips_source(args.clips, max_clips=args.n_images)
+        except vl.InvalidParameterError as e:
+            raise CliError(str(e)) from e
+    elif args.images:
         try:
             source = files_source(args.images, per_class=args.per_class, max_images=args.n_images)
         except vl.InvalidParameterError as e:
@@ -704,6 +711,8 @@ def build_parser() -> Parser:
     sv.add_argument("--images", default=None, help="folder (searched recursively) or glob of images; default: "
                                                    "held-out shapes scenes")
     sv.add_argument("--per-class", action="store_true", help="each image's parent folder is its class")
+    sv.add_argument("--clips", default=None, help="a folder of clips (videos, animated GIFs; searched recursively) "
+                                                  "for video models: shards of clips, the space-time statistics")
     sv.add_argument("--out", required=True, help="the survey folder (a rerun continues it)")
     sv.add_argument("--address", default=None, help="a Ray cluster ('auto', 'ray://host:10001'); default: "
                                                     "RAY_ADDRESS, else a local Ray on this machine's cores")

@@ -11,7 +11,8 @@ merged into one tidy table (paper Fig. 11 across a whole zoo).
 from __future__ import annotations
 
 from .run import SurveyError, survey
-from .sources import ImageSource, files_source, shapes_source
+from .sources import ImageSource, clips_source, files_source, shapes_source
 from .store import SurveyResult, load_survey
 
-__all__ = ["ImageSource", "SurveyError", "SurveyResult", "files_source", "load_survey", "shapes_source", "survey"]
+__all__ = ["ImageSource", "SurveyError", "SurveyResult", "clips_source", "files_source", "load_survey", "shapes_source",
+           "survey"]

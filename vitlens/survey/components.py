@@ -92,14 +92,17 @@ class HeadContributions:
                        dict(metric="ledger_max", value=float(self.ledger_max), n=n)]
 
 
-def head_contributions(m: LoadedModel, images: list, batch_size: int) -> HeadContributions | None:
+def head_contributions(m: LoadedModel, images: list, batch_size: int,
+                       renormalize: bool = True) -> HeadContributions | None:
     """The statistic over ``images`` (each image's predicted class), a batch at a time; None where the components
-    refuse the model.
+    refuse the model. ``renormalize`` (the survey's setting, ``SurveyView.compute``) does not apply: the parts of
+    the logit read no attention weights.
 
     Args:
         m: the model.
         images: the shard's images (anything ``vl.preprocess`` reads).
         batch_size: images per forward.
+        renormalize: unused (see above).
 
     Returns:
         The summed state, or None.

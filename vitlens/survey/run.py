@@ -310,7 +310,8 @@ def survey(
             "ft.pth@ref-vit"; safe-loaded, as ``vl.load_model(PATH, arch=ARCH)``). The sha256 of
             each checkpoint file is recorded; when the file changed since its shards were written,
             they are set aside (kept) and computed again from the new weights, never mixed.
-        images: an ``ImageSource`` (``files_source`` / ``shapes_source``), or a folder / glob.
+        images: an ``ImageSource`` (``files_source`` / ``shapes_source``; ``clips_source`` for video models: a
+            shard is then a set of clips and the survey keeps the ``spacetime`` statistic), or a folder / glob.
         out: the survey folder; a rerun with the same images and settings skips finished shards,
             and new models extend it.
         address: a Ray cluster ("auto", "ray://..."), else RAY_ADDRESS, else a local Ray.
@@ -353,6 +354,8 @@ def survey(
     from .sources import files_source
 
     views = check_views(views, tuple(survey_views()))
+    if isinstance(images, ImageSource) and images.kind == "clips":  # clips: their own statistics, whatever views says
+        views = (*views, *(k for k, v in survey_views().items() if v.clips and k not in views))
     if not models:
         raise InvalidParameterError("Name at least one model to survey.")
     source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images, hash_images)
@@ -368,7 +371,7 @@ def survey(
 def refuse_out_inside_images(out: str | Path, source: ImageSource) -> None:
     """A survey folder inside the folder of its own images is refused before anything is written (a later
     glob would read its files back as images)."""
-    if source.kind != "files" or not source.files:
+    if source.kind not in ("files", "clips") or not source.files:
         return
     out_path = Path(out).expanduser().resolve()
     root = Path(os.path.commonpath([str(Path(f).parent) for f in source.files]))
@@ -383,7 +386,7 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
                    renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
     if isinstance(images, ImageSource) and max_images and len(source) > max_images:
         source = ImageSource.from_dict({**source.to_dict(), "files": source.files[:max_images],
-                                        "labels": source.labels[:max_images]} if source.kind == "files" else
+                                        "labels": source.labels[:max_images]} if source.kind in ("files", "clips") else
                                        {**source.to_dict(), "n": max_images})
     settings = {"shard_size": shard_size, "batch_size": batch_size, "views": list(views), "renormalize": renormalize}
     manifest = store.open(source, settings)

@@ -2,7 +2,8 @@
 
 A source is plain data (it travels in the manifest and to Ray workers): image files (a folder,
 a glob; with ``per_class`` each file's parent folder is its class, as in ImageNet's
-``val/<class>/*.JPEG``), or held-out reference scenes (with labels and object masks), which a
+``val/<class>/*.JPEG``), clip files for video models (``clips_source``: videos and animated GIFs, a shard being a set
+of clips), or held-out reference scenes (with labels and object masks), which a
 worker regenerates from (seed, index) instead of receiving pixels.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ImageSource:
     """A survey's image set.
 
     Attributes:
-        kind: "files" or "shapes".
+        kind: "files", "clips" (video files and animated GIFs, read whole as ``vl.Clip``) or "shapes".
         description: what the user asked for (folder, glob, or the scenes' seed).
         files: the image files, sorted (kind "files").
         labels: each file's class index, -1 when unknown (kind "files").
@@ -60,7 +61,7 @@ class ImageSource:
     stats: tuple[tuple[int, int, str], ...] = ()
 
     def __len__(self) -> int:
-        return len(self.files) if self.kind == "files" else self.n
+        return len(self.files) if self.kind in ("files", "clips") else self.n
 
     @property
     def has_labels(self) -> bool:
@@ -92,7 +93,19 @@ class ImageSource:
                       "stats": tuple(tuple(x) for x in d.get("stats", ()))})
 
     def read(self, shard: Shard) -> tuple[list[Any], np.ndarray | None, np.ndarray | None, list[str]]:
-        """(images, labels or None, masks or None, names of unreadable files) of one shard."""
+        """(images, labels or None, masks or None, names of unreadable files) of one shard; a clips source's
+        "images" are its clips (``vl.Clip``, every frame: each model samples its own)."""
+        if self.kind == "clips":
+            from ..clips import read_clip
+            from ..errors import ClipLoadError
+
+            clips, skipped = [], []
+            for i in range(shard.start, shard.stop):
+                try:
+                    clips.append(read_clip(self.files[i]))
+                except ClipLoadError:
+                    skipped.append(os.path.basename(self.files[i]))
+            return clips, None, None, skipped
         if self.kind == "shapes":
             from ..reference.shapes import generate
 
@@ -171,3 +184,32 @@ def shapes_source(n: int, seed: int | None = None) -> ImageSource:
     seed = HELD_OUT_SEED if seed is None else seed
     return ImageSource(kind="shapes", description=f"vitlens shapes scenes (seed {seed}, first {n})",
                        classes=tuple(CLASSES), n=int(n), seed=int(seed))
+
+
+def clips_source(spec: str, max_clips: int | None = None, hash_clips: bool = False) -> ImageSource:
+    """The video files and animated GIFs in a folder (searched recursively), sorted: a survey of video models'
+    space-time statistics, a shard being a set of clips.
+
+    Args:
+        spec: a folder.
+        max_clips: keep the first N clips (after sorting).
+        hash_clips: record each file's sha256 besides its size and modification time.
+
+    Returns:
+        An ``ImageSource`` of kind "clips".
+
+    Raises:
+        InvalidParameterError: not a folder, or no clip in it.
+    """
+    from ..clips import VIDEO_SUFFIXES
+
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        raise InvalidParameterError(f"{spec} is not a folder; pass a folder of clips (videos or animated GIFs).")
+    suffixes = {*VIDEO_SUFFIXES, ".gif"}
+    files = sorted(str(f.resolve()) for f in folder.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+    files = files[: max_clips] if max_clips else files
+    if not files:
+        raise InvalidParameterError(f"{spec} holds no clip ({', '.join(sorted(suffixes))}).")
+    return ImageSource(kind="clips", description=spec, files=tuple(files),
+                       stats=tuple(file_stat(f, hash_clips) for f in files))

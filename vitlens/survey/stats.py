@@ -10,7 +10,9 @@ What it keeps of a view is the view's own: each registered attention view with a
   the share of patch mass on the object (Fig. 6), as sums and sums of squares (``vitlens.views.rollout_stats``).
 
 Besides them, ``components`` (asked for by name, ``--views components``): each head's part of the predicted class's
-logit and the ledger's residual, summed over images (``vitlens.survey.components``; its own pass, not a consumer).
+logit and the ledger's residual, summed over images (``vitlens.survey.components``; its own pass, not a consumer);
+and ``spacetime``, kept by every survey of clips (``sources.clips_source``): a video model's space-time distance and
+rollout over the shard's clips (``vitlens.survey.spacetime``; merged with ``SpaceTimeAccumulator.merge``).
 
 Besides them the survey keeps its own ``Predictions`` (how many images were predicted right, overall and per class)
 and the weight views' ``View.summary`` once per model. ``survey_views()`` is the one list of what it keeps
@@ -36,6 +38,7 @@ from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..views.registry import VIEWS, View, ViewParams, available_views
 from ..views.rollout_stats import RolloutStats  # noqa: F401  (importable here, where it was)
 from .components import HeadContributions, head_contributions
+from .spacetime import SpaceTimeStats, spacetime_stats
 
 
 class Predictions(AttentionConsumer):
@@ -113,18 +116,22 @@ class SurveyView:
             model from the views' own ``View.summary``.
         from_state: a shard's saved ``state()`` -> an object that ``merge``s and gives its ``state`` and
             ``table_rows``.
-        compute: (model, the shard's images, batch size) -> the statistic as that object (None: not kept for this
-            model), for a statistic that is no consumer of the streaming engine and runs its own pass over the images
-            (``components``: ``decompose``'s own float64 forward); None for a consumer's.
+        compute: (model, the shard's images, batch size, renormalize) -> the statistic as that object (None: not
+            kept for this model), for a statistic that is no consumer of the streaming engine and runs its own pass
+            over the images (``components``: ``decompose``'s own float64 forward; ``spacetime``: the clips' one
+            forward); None for a consumer's.
         default: whether a survey keeps it when ``views`` is not given (``DEFAULT_SURVEY_VIEW_NAMES``).
+        clips: its ``compute`` reads a shard of clips (a survey of video models, ``sources.clips_source``), not
+            images; a survey of clips keeps it whatever ``views`` says, a survey of images never runs it.
     """
 
     name: str
     describes: str
     build: Callable[[LoadedModel, int, bool], AttentionConsumer | None] | None = None
     from_state: Callable[[dict[str, Any]], Any] | None = None
-    compute: Callable[[LoadedModel, list, int], Any] | None = None
+    compute: Callable[[LoadedModel, list, int, bool], Any] | None = None
     default: bool = True
+    clips: bool = False
 
 
 def _view_stat(view: View) -> SurveyView:
@@ -146,6 +153,11 @@ OWN_STATS: tuple[SurveyView, ...] = (
     SurveyView("components", "each head's mean part of the predicted class's logit (and its spread), each MLP's, and "
                "the ledger's residual (docs/definitions.md, \"Direct contributions\"); asked for by name",
                from_state=HeadContributions.from_state, compute=head_contributions, default=False),
+    SurveyView("spacetime", "a video model's space-time attention distance per block and head (spatial px, within "
+               "the step, temporal frames; renormalised over cell keys unless renormalize=False) with the uniform "
+               "baselines, and its clips' rollout maps, over a folder of clips (docs/definitions.md, \"Video: space "
+               "and time\")",
+               from_state=SpaceTimeStats.from_state, compute=spacetime_stats, default=False, clips=True),
     SurveyView("weights", "filter PCA's explained variance (Fig. 7 left) and position-embedding structure "
                "(Fig. 7 centre) or, for relative-position models, the learned bias's locality by offset, once per "
                "model"),

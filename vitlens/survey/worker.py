@@ -42,7 +42,8 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
     """One shard's partial states ({stat: {key: array}}), its image count and what was skipped."""
     t0 = time.perf_counter()
     images, labels, masks, skipped = source.read(shard)
-    consumers = consumers_for(m, views, len(source.classes), renormalize)
+    clips = source.kind == "clips"  # a shard of clips: the statistics that read clips alone (``SurveyView.clips``)
+    consumers = {} if clips else consumers_for(m, views, len(source.classes), renormalize)
     n = 0
     if images and consumers:
         n = stream_attention(m, images, list(consumers.values()), batch_size, labels=labels, masks=masks,
@@ -52,8 +53,8 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
     states = {name: c.state() for name, c in consumers.items()}
     for name in views:  # the statistics that run their own pass over the images (``SurveyView.compute``)
         compute = survey_views()[name].compute
-        if compute is not None and images:
-            kept = compute(m, images, batch_size)
+        if compute is not None and images and survey_views()[name].clips == clips:
+            kept = compute(m, images, batch_size, renormalize)
             if kept is not None:
                 states[name] = kept.state()
     return {"states": states, "n_images": n, "skipped": skipped,

@@ -245,6 +245,29 @@ class SpaceTimeAccumulator:
         out._batch_distances, out._batch_fused = {}, {}
         return out
 
+    def state(self) -> dict[str, np.ndarray]:
+        """Plain arrays (a survey shard's npz): every clip's distances [clips, maps, heads] and rollout maps, the
+        layout and the parameters; ``from_state`` gives the accumulator back, so shards merge exactly (``merge``)."""
+        per = {k: np.concatenate([p[k] for p in self.per_clip]) for k in ("spatial", "within", "temporal")}
+        lay = self.layout
+        return {**per, "rollout": np.concatenate(self.rollouts),
+                "layout": np.array([lay.frames, lay.tubelet, *lay.grid, *lay.stride_px, int(lay.divided)]),
+                "prefix": np.array(lay.prefix, dtype=str), "order": np.array(lay.order),
+                "blocks": np.array(len(self.roles) // (2 if lay.divided else 1)),
+                "renormalize": np.array(self.renormalize), "head_fusion": np.array(self.head_fusion)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "SpaceTimeAccumulator":
+        """The accumulator a ``state()`` was taken from (its clips' distances and maps, its layout)."""
+        frames, tubelet, gh, gw, sy, sx, divided = (int(v) for v in np.asarray(state["layout"]))
+        layout = ClipLayout(frames=frames, tubelet=tubelet, grid=(gh, gw), stride_px=(sy, sx),
+                            prefix=tuple(str(p) for p in np.atleast_1d(state["prefix"]) if str(p)),
+                            order=str(state["order"]), divided=bool(divided))
+        out = cls(layout, int(state["blocks"]), bool(state["renormalize"]), str(state["head_fusion"]))
+        out.per_clip = [{k: np.asarray(state[k]) for k in ("spatial", "within", "temporal")}]
+        out.rollouts = [np.asarray(state["rollout"])]
+        return out
+
     def distance(self, name: str, fps: float | None = None) -> SpaceTimeDistanceResult:
         if not self.per_clip:
             raise InvalidParameterError("no clips were run: pass at least one clip [B, frames, 3, H, W].")

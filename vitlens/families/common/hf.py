@@ -37,16 +37,20 @@ RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 @dataclass(frozen=True)
 class ProcessorDefaults:
-    """A model type's image-processor defaults, as timm's data config says them.
+    """A model type's image-processor defaults, in the processor's own arithmetic: a pixel ``x`` in 0..255 becomes
+    ``(x * rescale - offset - mean) / std``. timm's data config reads them on [0, 1] pixels (``unit_mean``,
+    ``unit_std``); a video model's clips read them as they are (``vitlens.clips.processing``).
 
     Attributes:
         crop_mode: "squash" (resize to the size) or "center" (resize the short side, centre crop).
         crop_pct: the crop's share of the resized short side.
-        mean: per-channel mean.
-        std: per-channel standard deviation.
+        mean: per-channel mean, after the rescale and the offset (the processor's ``image_mean``).
+        std: per-channel standard deviation, likewise (``image_std``).
         interpolation: the resize's interpolation.
         size_from_model: the input size is the model's (its position table's grid), not the processor's
             (Siglip2's NaFlex processor, which resizes each image to its own grid).
+        rescale: the factor on 0..255 values (the processor's ``rescale_factor``).
+        offset: subtracted after the rescale (ViViT's processor: 1, so that values start in [-1, 1]).
     """
 
     crop_mode: str
@@ -55,6 +59,18 @@ class ProcessorDefaults:
     std: tuple[float, float, float]
     interpolation: str
     size_from_model: bool = False
+    rescale: float = 1 / 255
+    offset: float = 0.0
+
+    @property
+    def unit_mean(self) -> tuple[float, ...]:
+        """The mean on [0, 1] pixels ``u = x / 255``: ``(mean + offset) / (255 * rescale)`` (the same output)."""
+        return tuple((m + self.offset) / (255 * self.rescale) for m in self.mean)
+
+    @property
+    def unit_std(self) -> tuple[float, ...]:
+        """The standard deviation on [0, 1] pixels: ``std / (255 * rescale)``."""
+        return tuple(s / (255 * self.rescale) for s in self.std)
 
 
 #: ViT's image processor (transformers' defaults): squash to the size, mean and std 0.5, bilinear; also what a model
@@ -74,11 +90,14 @@ class HfTypes:
         attn_implementation: the attention implementation ``hf:`` names are loaded with (``implementation_request``;
             a class without it is built on its default), or None to keep the checkpoint's own (a family that reads
             every implementation, or the one a model has).
+        clips: its types are video models, whose video processors apply ``processors`` to every sampled frame of a
+            clip (``video_processor_defaults``; ``vitlens.clips.processing`` reads them).
     """
 
     processors: Mapping[str, ProcessorDefaults]
     towers: Mapping[str, str] = field(default_factory=dict)
     attn_implementation: str | None = "sdpa"
+    clips: bool = False
 
     @property
     def model_types(self) -> tuple[str, ...]:
@@ -114,6 +133,16 @@ def processor_defaults(model_type: str | None) -> ProcessorDefaults | None:
     model_type = tower_types().get(model_type or "", model_type)
     family = reader_of(model_type)
     return None if family is None else family.hf_types.processors[model_type]  # type: ignore[union-attr,index]
+
+
+def video_model_types() -> tuple[str, ...]:
+    """Every declared type of video model (a family whose ``HfTypes.clips`` is set), in ``FAMILIES`` order."""
+    return tuple(t for _f, types in declarations() if types.clips for t in types.processors)
+
+
+def video_processor_defaults(model_type: str | None) -> ProcessorDefaults | None:
+    """The declared per-frame defaults of a video model type's video processor, or None when it is not one."""
+    return processor_defaults(model_type) if model_type in video_model_types() else None
 
 
 def implementation_request(model_type: str | None) -> dict[str, str]:
@@ -222,8 +251,9 @@ def data_config_of(model: nn.Module, spec: ModelSpec, defaults: ProcessorDefault
                    channels: int = 3) -> dict[str, Any]:
     """timm-style preprocessing of a transformers model from its image processor's ``defaults`` at the spec's
     input size, with its class names when it has them."""
-    out = {"input_size": (channels, *spec.image_size), "interpolation": defaults.interpolation, "mean": defaults.mean,
-           "std": defaults.std, "crop_pct": defaults.crop_pct, "crop_mode": defaults.crop_mode}
+    out = {"input_size": (channels, *spec.image_size), "interpolation": defaults.interpolation,
+           "mean": defaults.unit_mean, "std": defaults.unit_std, "crop_pct": defaults.crop_pct,
+           "crop_mode": defaults.crop_mode}
     names = label_names(model)
     if names:
         out["label_names"] = names
@@ -244,7 +274,12 @@ def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[st
     the file says nothing; ViT's for a type no family declares)."""
     defaults = processor_defaults(model_type) or VIT_PROCESSOR
     interpolation = RESAMPLE.get(processor.get("resample"), defaults.interpolation)
-    mean, std = tuple(processor.get("image_mean", defaults.mean)), tuple(processor.get("image_std", defaults.std))
+    # the file's own arithmetic (ViViT's: rescale_factor 1 / 127.5 and offset, then mean and std 0.5) on [0, 1] pixels
+    read = ProcessorDefaults(defaults.crop_mode, defaults.crop_pct, tuple(processor.get("image_mean", defaults.mean)),
+                             tuple(processor.get("image_std", defaults.std)), defaults.interpolation,
+                             rescale=float(processor.get("rescale_factor", defaults.rescale)),
+                             offset=(1.0 if processor["offset"] else 0.0) if "offset" in processor else defaults.offset)
+    mean, std = read.unit_mean, read.unit_std
     if defaults.size_from_model:  # NaFlex: the size is the model's (its table's grid), not the processor's
         return {"interpolation": interpolation, "mean": mean, "std": std, "crop_pct": 1.0, "crop_mode": "squash"}
     size = processor.get("size") or {}
@@ -312,4 +347,5 @@ __all__ = ["CLIP_MEAN", "CLIP_STD", "HALF", "IMAGENET_MEAN", "IMAGENET_STD", "VI
            "HuggingFaceFamily", "ProcessorDefaults", "base_model", "config_image_size", "data_config_of", "declarations",
            "default_data_config", "implementation_request", "is_hf_model", "is_image_classifier", "label_names",
            "module_path", "processor_data_config", "processor_defaults", "reader_of", "resize_inputs",
-           "stage_model_logits", "tower_type", "tower_types", "types_read_elsewhere", "vision_tower"]
+           "stage_model_logits", "tower_type", "tower_types", "types_read_elsewhere", "video_model_types",
+           "video_processor_defaults", "vision_tower"]
