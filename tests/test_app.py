@@ -578,6 +578,29 @@ TILE_CENTRE = """([r, c, gh, gw]) => {
 }"""
 
 
+@contextlib.contextmanager
+def session_with_model(browser_app, name: str, height: int = 1600, pretrained: bool = False):
+    """A new session of the suite's app server (conftest's ``browser_app``) with ``name`` typed in the sidebar's
+    Name box (Pretrained weights ticked when ``pretrained``): (page, sidebar), the context closed after."""
+    browser, url = browser_app
+    context = browser.new_context(viewport={"width": 1400, "height": height})
+    try:
+        page = context.new_page()
+        page.goto(url, wait_until="domcontentloaded")
+        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
+        sidebar = page.locator("[data-testid='stSidebar']")
+        sidebar.get_by_text("Name", exact=True).first.click()
+        if pretrained:
+            sidebar.get_by_text("Pretrained weights").click()
+        box = sidebar.locator("[data-testid='stTextInput'] input").first
+        box.wait_for(timeout=30000)
+        box.fill(name)
+        box.press("Enter")
+        yield page, sidebar
+    finally:
+        context.close()
+
+
 def settled(page) -> None:
     """Wait until the app's run has ended: no running indicator, no stale element still drawn."""
     busy = "[data-testid^='stStatusWidgetRunning'], [data-stale='true']"

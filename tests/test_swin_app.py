@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
 
-from test_app import APP, NO_BROWSER, asked_tables, chart, problems, settled
+from test_app import APP, NO_BROWSER, asked_tables, chart, problems, session_with_model, settled
 
 NAME = "vitlens_test_tiny_swin"
 
@@ -162,24 +162,11 @@ def test_the_sidebar_facts_of_a_swin_wrap_inside_the_sidebar_in_chromium(browser
     """Issue 45.13: a Swin's name and "hierarchical (windowed stages)" ran past the sidebar's edge, clipped; every
     cell now ends inside the table's box, its whole text shown (wrapped). A new session of the suite's app server, in
     its Chromium (conftest's ``browser_app``)."""
-    browser, url = browser_app
     name = "swin_tiny_patch4_window7_224"  # random init (the Pretrained box is off): a long name, not a download
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    try:
-        page = context.new_page()
-        page.goto(url, wait_until="domcontentloaded")
-        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
-        sidebar = page.locator("[data-testid='stSidebar']")
-        sidebar.get_by_text("Name", exact=True).first.click()
-        box = sidebar.locator("[data-testid='stTextInput'] input").first
-        box.wait_for(timeout=30000)
-        box.fill(name)
-        box.press("Enter")
+    with session_with_model(browser_app, name) as (page, sidebar):
         sidebar.get_by_text("heads per stage").wait_for(timeout=180000)
         settled(page)
         cells = page.evaluate(FACTS_FIT)
-    finally:
-        context.close()
     texts = [c["text"] for c in cells]
     assert name in texts and "hierarchical (windowed stages)" in [t.replace("\n", " ") for t in texts], texts
     assert all(c["over"] <= 1 and c["clipped"] <= 1 for c in cells), [c for c in cells if c["over"] > 1 or c["clipped"] > 1]
@@ -213,18 +200,7 @@ def test_a_davits_channel_attention_is_said_not_drawn_in_chromium(browser_app):
     token attention and is not drawn, inside the sidebar, and its rollout on the Attention maps view says it crossed
     the channel blocks undrawn; no map of a channel block is offered as a token attention (the layer picker counts
     the spatial blocks alone). A session of the suite's app server (conftest's ``browser_app``)."""
-    browser, url = browser_app
-    context = browser.new_context(viewport={"width": 1400, "height": 1600})
-    try:
-        page = context.new_page()
-        page.goto(url, wait_until="domcontentloaded")
-        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
-        sidebar = page.locator("[data-testid='stSidebar']")
-        sidebar.get_by_text("Name", exact=True).first.click()
-        box = sidebar.locator("[data-testid='stTextInput'] input").first
-        box.wait_for(timeout=30000)
-        box.fill("davit_tiny")
-        box.press("Enter")
+    with session_with_model(browser_app, "davit_tiny") as (page, sidebar):
         sidebar.get_by_text("not drawn", exact=True).wait_for(timeout=180000)
         settled(page)
         cells = page.evaluate(FACTS_FIT)
@@ -235,8 +211,6 @@ def test_a_davits_channel_attention_is_said_not_drawn_in_chromium(browser_app):
                                "g => String(g.layout.title?.text ?? g.layout.title))")
         layers = page.evaluate("() => [...document.querySelectorAll(\"[data-testid='stSlider']\")].map("
                                "s => s.innerText)")
-    finally:
-        context.close()
     texts = [c["text"].replace("\n", " ") for c in cells]
     fact = texts[texts.index("not drawn") + 1]
     assert fact.startswith("channel attention") and "not a token attention" in fact, fact

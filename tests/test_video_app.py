@@ -126,23 +126,12 @@ def test_a_clip_shows_every_space_time_view_in_chromium(browser_app, folders):
     screenshots in test-output/video-app/."""
     from pathlib import Path
 
-    from test_app import ROOT, settled
+    from test_app import ROOT, session_with_model, settled
 
     out = Path(ROOT) / "test-output" / "video-app"
     out.mkdir(parents=True, exist_ok=True)
-    browser, url = browser_app
-    context = browser.new_context(viewport={"width": 1400, "height": 1300})
-    try:
-        page = context.new_page()
-        page.goto(url, wait_until="domcontentloaded")
-        page.get_by_text("Top-5 predictions").wait_for(timeout=90000)
-        sidebar = page.locator("[data-testid='stSidebar']")
-        sidebar.get_by_text("Name", exact=True).first.click()
-        sidebar.get_by_text("Pretrained weights").click()
-        box = sidebar.locator("[data-testid='stTextInput'] input").first
-        box.wait_for(timeout=30000)
-        box.fill(f"hf:{folders['timesformer']}")
-        box.press("Enter")
+    folder = f"hf:{folders['timesformer']}"
+    with session_with_model(browser_app, folder, height=1300, pretrained=True) as (page, sidebar):
         sidebar.get_by_text("video (space-time tokens)").wait_for(timeout=120000)
         for i, view in enumerate(PAGES):
             page.get_by_text(view, exact=True).first.click()
@@ -161,5 +150,3 @@ def test_a_clip_shows_every_space_time_view_in_chromium(browser_app, folders):
         page.get_by_text("frame 2 of 0-3 as the model sees it", exact=False).wait_for(timeout=60000)
         page.get_by_text("Rollout at frame 2").first.wait_for(timeout=60000)
         page.screenshot(path=str(out / "5-rollout-frame-2.png"), full_page=True)
-    finally:
-        context.close()
