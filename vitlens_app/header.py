@@ -71,9 +71,15 @@ def model_and_image(picked: tuple | None, images: list, names: list[str], ikey: 
     top = st.columns([1, 2])
     top[0].image(ctx.shown, caption=f"{names[idx]} as the model sees it ({ctx.shown.shape[1]}x{ctx.shown.shape[0]})",
                  width=220)
-    if preds:
-        top[1].markdown("**Top-5 predictions**")
-        top[1].table([{"class": label, "probability": format_probability(p)} for label, p in preds])
-    else:
-        top[1].info("This model has no classifier head (a feature model): no predictions to show.")
+    show_predictions(top[1], preds, "Top-5 predictions")
     return ctx
+
+
+def show_predictions(column: object, preds: list, title: str) -> None:
+    """The top-5 table under ``title`` in ``column``, or, for a model without a classifier head, why there is none
+    (the image's and the clip's header)."""
+    if preds:
+        column.markdown(f"**{title}**")
+        column.table([{"class": label, "probability": format_probability(p)} for label, p in preds])
+    else:
+        column.info("This model has no classifier head (a feature model): no predictions to show.")

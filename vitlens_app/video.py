@@ -18,7 +18,8 @@ import vitlens as vl
 from vitlens_app import kind_choices
 from vitlens_app.caches import load_model, predictions_result
 from vitlens_app.context import show_error
-from vitlens_app.library import (MAX_UPLOAD_MB, SHAPES, VIDEO_SUFFIXES, clip_frames, format_probability,
+from vitlens_app.header import show_predictions
+from vitlens_app.library import (MAX_UPLOAD_MB, SHAPES, VIDEO_SUFFIXES, clip_frames,
                                  sampled_clip, sampled_fps)
 from vitlens_app.sidebar import show_facts
 from vitlens_app.uploads import UploadFolder
@@ -134,11 +135,7 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str)
     top[0].image(shown[frame], width=220)
     top[0].caption(f"{name or 'clip'}: frame {frame} of 0-{n - 1} as the model sees it "
                    f"({shown[frame].shape[1]}x{shown[frame].shape[0]}; source frame {at}{when})")
-    if preds:
-        top[1].markdown("**Top-5 predictions (the clip)**")
-        top[1].table([{"class": label, "probability": format_probability(p)} for label, p in preds])
-    else:
-        top[1].info("This model has no classifier head (a feature model): no predictions to show.")
+    show_predictions(top[1], preds, "Top-5 predictions (the clip)")
     return ctx
 
 
