@@ -40,9 +40,10 @@ def attention_probs(
             order the model adds them (relative-position bias, then a shared one).
         scale_after: scale the product (q @ k^T) * scale instead of the queries, as Hugging Face
             does (the same numbers for power-of-two scales, rounding apart otherwise).
-        out: a contiguous float32 tensor of the result's shape to compute into (no gradients): the
-            scores and then the probabilities are written there, no new [B, heads, rows, T] tensor
-            (``attention_probs_in_rows`` reuses one for every block of a layer). The same numbers.
+        out: a float32 tensor of the result's shape to compute into (no gradients): the scores and then the
+            probabilities are written there, no new [B, heads, rows, T] tensor (``attention_probs_in_rows`` reuses
+            one for every block of a layer). The same numbers. Contiguous, or a block of a buffer whose rows are
+            padded to a longer stride (``padded_row_stride``; q and k then of the same leading shape).
         taps: with ``out``, what the views want of these probabilities, computed in the softmax's own pass by the
             native kernel where it applies (``vitlens.core.native.softmax_taps``, which then sets
             ``taps.filled``); the probabilities are the same to float rounding (its exp is ATen's).
@@ -52,10 +53,15 @@ def attention_probs(
     """
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if out is not None and not grad:
+        qs = q.float() if scale_after else q.float() * scale
+        if out.is_contiguous():
+            scores = torch.matmul(qs, k.float().transpose(-2, -1), out=out)
+        else:  # rows padded to an aligned stride (padded_row_stride): one batched product into the strided block
+            scores = out
+            torch.bmm(qs.reshape(-1, *qs.shape[-2:]), k.float().transpose(-2, -1).reshape(-1, k.shape[-1], k.shape[-2]),
+                      out=out.view(-1, *out.shape[-2:]))
         if scale_after:
-            scores = torch.matmul(q.float(), k.float().transpose(-2, -1), out=out).mul_(scale)
-        else:
-            scores = torch.matmul(q.float() * scale, k.float().transpose(-2, -1), out=out)
+            scores.mul_(scale)
     elif scale_after:
         scores = (q.float() @ k.float().transpose(-2, -1)) * scale
     else:
@@ -73,8 +79,9 @@ def attention_probs(
         scores = scores + add if scores.requires_grad else scores.add_(add)
     if scores.requires_grad:
         return scores.softmax(dim=-1)
-    if out is not None and taps is not None and softmax_taps(scores, taps):
-        return scores
+    if out is not None and (taps is not None or not scores.is_contiguous()) and softmax_taps(scores,
+                                                                                          taps or SoftmaxTaps()):
+        return scores  # (a padded block goes through the native pass even without taps: ATen's softmax would copy it)
     # in place: one [B, heads, rows, T] buffer instead of two (the same numbers as softmax into a new tensor)
     return torch.softmax(scores, dim=-1, out=scores)
 
@@ -157,6 +164,58 @@ def session_buffer(workspace: dict | None, key: str, numel: int, dtype: torch.dt
     return flat
 
 
+def session_copy(workspace: dict | None, key: str, x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``x`` made in ``workspace[key]`` (``session_buffer``: the memory of the last layer's copy,
+    no fresh pages), valid until the next copy under that key; without a workspace, or where ``x`` needs gradients,
+    ``x.contiguous()``. The same numbers."""
+    if workspace is None or (torch.is_grad_enabled() and x.requires_grad):
+        return x.contiguous()
+    return session_buffer(workspace, key, x.numel(), x.dtype, x.device)[:x.numel()].view(x.shape).copy_(x)
+
+
+def linear_in(workspace: dict | None, key: str, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for a plain ``nn.Linear`` computed into ``workspace[key]`` (``session_buffer``; valid until the
+    next call under that key): ``addmm(bias, x as rows, weight^T)``, the product torch's own linear runs for a
+    contiguous input with a bias (``mm`` without one), so the same numbers (tested bit for bit). Anything else (no
+    workspace, another module or dtype, gradients, autocast, hooks on the layer or global ones) is ``layer(x)``."""
+    from torch.nn.modules import module as torch_module
+
+    if (workspace is None or type(layer) is not nn.Linear or x.dim() < 2 or not x.is_contiguous()
+            or x.dtype != layer.weight.dtype or x.device != layer.weight.device or torch.is_grad_enabled()
+            or torch.is_autocast_enabled(x.device.type) or layer._forward_hooks or layer._forward_pre_hooks
+            or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks):
+        return layer(x)
+    rows = x.reshape(-1, x.shape[-1])
+    out = session_buffer(workspace, key, rows.shape[0] * layer.out_features, x.dtype, x.device)
+    out = out[:rows.shape[0] * layer.out_features].view(rows.shape[0], layer.out_features)
+    if layer.bias is None:
+        torch.mm(rows, layer.weight.t(), out=out)
+    else:
+        torch.addmm(layer.bias, rows, layer.weight.t(), out=out)
+    return out.view(*x.shape[:-1], layer.out_features)
+
+
+ROW_ALIGN = 16
+"""Floats a padded row's stride is a multiple of (``padded_row_stride``): 64 bytes, a cache line and an AVX-512
+vector, the alignment torch gives a CPU tensor's memory."""
+
+
+def padded_row_stride(tokens: int, device: torch.device) -> int:
+    """The row stride of the probabilities' buffer in ``attention_probs_in_rows``: ``tokens`` rounded up to a
+    multiple of ``ROW_ALIGN`` where the native softmax pass runs on the CPU (``compiled_wanted``: it reads strided
+    rows; ATen's softmax would copy them), else ``tokens`` (contiguous).
+
+    Rule: a ViT's T = 1 + (patches) is odd, so a contiguous [rows, T] block starts every row at another offset in a
+    cache line, and the products q k^T and P v run slower on unaligned rows; with every row starting on a cache
+    line they run at the speed of an aligned T (the bench's phases show it). The numbers are the same: only where
+    each row lives changes (the padding is never read)."""
+    from .native import compiled_wanted
+
+    if tokens % ROW_ALIGN == 0 or not compiled_wanted(device, tokens):
+        return tokens
+    return -(-tokens // ROW_ALIGN) * ROW_ALIGN
+
+
 def attention_probs_in_rows(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -212,12 +271,15 @@ def attention_probs_in_rows(
     # one float32 copy of the keys for all of the layer's blocks, stored transposed: k is a strided view of the fused
     # qkv projection, which each block's product would otherwise copy again, and q k^T runs faster from a
     # contiguous k^T [B, heads, head_dim, T] than from a transposed view of k
-    k = k.float().transpose(-2, -1).contiguous().transpose(-2, -1)
+    k = session_copy(workspace, "keys", k.float().transpose(-2, -1)).transpose(-2, -1)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    flat = None if grad else session_buffer(workspace, "probs", lead.numel() * query_rows * t, torch.float32, q.device)
+    # rows padded to an aligned stride where q and k share their leading shape (one batched product fills the block)
+    ld = padded_row_stride(t, q.device) if q.shape[:-2] == k.shape[:-2] == lead else t
+    flat = None if grad else session_buffer(workspace, "probs", lead.numel() * query_rows * ld, torch.float32, q.device)
     for start in range(0, t, query_rows):
         rows = slice(start, min(t, start + query_rows))
-        out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * t].view(*lead, rows.stop - start, t)
+        out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * ld].view(
+            *lead, rows.stop - start, ld)[..., :t]
         tap = taps(rows, tuple(out.shape)) if taps is not None and out is not None else None
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
                               [rows_of(b, rows) for b in biases], scale_after, out=out, taps=tap), rows
@@ -248,13 +310,17 @@ def attention_output_in_rows(
     before the product, which runs in ``v``'s dtype. Each output row is that of the whole
     product up to float rounding (the same terms; BLAS may block the sums differently).
     ``workspace`` and ``taps``: as for ``attention_probs_in_rows`` (the probabilities' buffer kept across layers;
-    what each block's softmax pass computes for the views).
+    what each block's softmax pass computes for the views); with a workspace (and no gradients) the values' copy and
+    the output are made in it too, so the returned tensor is valid until the next call with that workspace.
     """
     b, h, t, d = v.shape
     # one contiguous copy of the values for all blocks: v is a strided view of the fused qkv projection,
-    # which each block's product would otherwise copy again (a 28 MB copy per block at 768 px, batch 4)
-    v = v.contiguous()
-    out = v.new_empty(b, t, h, d)
+    # which each block's product would otherwise copy again (a 28 MB copy per block at 768 px, batch 4); it and the
+    # output live in the workspace (fresh memory costs its page faults every layer)
+    v = session_copy(workspace, "values", v)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    out = v.new_empty(b, t, h, d) if workspace is None or grad else \
+        session_buffer(workspace, "output", v.numel(), v.dtype, v.device)[:v.numel()].view(b, t, h, d)
     for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, workspace=workspace,
                                                taps=taps):
         on_probs(probs, rows)

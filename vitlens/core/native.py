@@ -275,7 +275,7 @@ def _load() -> ctypes.CDLL:
     target = _checked_library(_compiler())
     lib = ctypes.CDLL(str(target))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64]
+    lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64]
     lib.vitlens_key_block_sums.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
     lib.vitlens_rollout_step.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.vitlens_rollout_step_half.argtypes = [ptr, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr]
@@ -312,13 +312,18 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def softmax_taps(scores: torch.Tensor, taps: SoftmaxTaps) -> bool:
-    """``scores`` [B, H, R, T] (contiguous float32, CPU) replaced by their softmax over the last axis, and ``taps``
-    filled in the same pass (``taps.filled`` set). Returns False, changing nothing, where the kernel does not apply
-    (``compiled_wanted`` says no, another dtype or layout, gradients, no library): the caller then runs
-    ``torch.softmax`` and the consumers compute their taps from the probabilities."""
+    """``scores`` [B, H, R, T] (float32, CPU) replaced by their softmax over the last axis, and ``taps`` filled in the
+    same pass (``taps.filled`` set). ``scores`` is contiguous, or a block of a buffer whose rows are padded to a
+    longer stride (``stride(-2) >= T``, the other axes packed on it: ``vitlens.core.attention.padded_row_stride``).
+    Returns False, changing nothing, where the kernel does not apply (``compiled_wanted`` says no, another dtype or
+    layout, gradients, no library): the caller then runs ``torch.softmax`` and the consumers compute their taps from
+    the probabilities."""
     b, h, r, t = scores.shape
-    if (scores.dtype != torch.float32 or not scores.is_contiguous() or scores.requires_grad
-            or not compiled_wanted(scores.device, t)):
+    ld = scores.stride(-2) if scores.dim() == 4 else -1
+    packed = all(st == want for n, st, want in zip(scores.shape[:2], scores.stride()[:2], (h * r * ld, r * ld))
+                 if n > 1)
+    if (scores.dtype != torch.float32 or scores.requires_grad or scores.dim() != 4 or scores.stride(-1) != 1
+            or ld < t or not packed or not compiled_wanted(scores.device, t)):
         return False
     d, sums, mean = taps.distances, taps.sums, taps.mean
     if d is not None:
@@ -332,7 +337,7 @@ def softmax_taps(scores: torch.Tensor, taps: SoftmaxTaps) -> bool:
     lib = library()
     if lib is None:
         return False
-    status = lib.vitlens_softmax_taps(scores.data_ptr(), b, h, r, t, _ptr(d), taps.first, taps.prefix,
+    status = lib.vitlens_softmax_taps(scores.data_ptr(), b, h, r, t, ld, _ptr(d), taps.first, taps.prefix,
                                       taps.key_block, _ptr(sums) if d is not None else None, _ptr(mean),
                                       mean.stride(0) if mean is not None else 0)
     if status != 0:

@@ -156,16 +156,17 @@ int rollout_step_rows(RowOf row_of, int64_t B, int64_t T, const double* v, doubl
 
 extern "C" {
 
-// Softmax over the last axis of scores [B, H, R, T] (contiguous float32), in place, and in the same pass, per row
-// block of a layer:
+// Softmax over the last axis of scores [B, H, R, T] (float32, keys contiguous, row stride ld >= T: rows padded to
+// an aligned stride, vitlens.core.attention.padded_row_stride, or ld == T, contiguous), in place, and in the same
+// pass, per row block of a layer:
 //  - distance (non-null): [R - first, T - prefix] float32 pixel distances of the rows first.. (the patch queries)
 //    to the patch keys (keys prefix..); sums [2, B * H, R - first] float64 receives, per query, the
 //    distance-weighted sum and the mass over the patch keys (block_sums);
 //  - mean (non-null): [B, R, T] float32 rows (image stride mean_batch_stride, row stride T) receive the mean over
 //    the H heads (summed in head order in float32, divided by H).
-int vitlens_softmax_taps(float* scores, int64_t B, int64_t H, int64_t R, int64_t T, const float* distance,
-                         int64_t first, int64_t prefix, int64_t key_block, double* sums, float* mean,
-                         int64_t mean_batch_stride) {
+int vitlens_softmax_taps(float* scores, int64_t B, int64_t H, int64_t R, int64_t T, int64_t ld,
+                         const float* distance, int64_t first, int64_t prefix, int64_t key_block, double* sums,
+                         float* mean, int64_t mean_batch_stride) {
   try {
     const int64_t Q = R - first, N = T - prefix;
     at::parallel_for(0, B * R, 1, [&](int64_t begin, int64_t end) {
@@ -173,7 +174,7 @@ int vitlens_softmax_taps(float* scores, int64_t B, int64_t H, int64_t R, int64_t
         const int64_t b = i / R, r = i % R;
         float* mrow = mean ? mean + b * mean_batch_stride + r * T : nullptr;
         for (int64_t h = 0; h < H; ++h) {
-          float* row = scores + ((b * H + h) * R + r) * T;
+          float* row = scores + ((b * H + h) * R + r) * ld;
           softmax_row(row, T);
           if (distance && r >= first) {
             const int64_t at = (b * H + h) * Q + (r - first);

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..core.attention import attention_output_in_rows, conv_filters
+from ..core.attention import attention_output_in_rows, conv_filters, linear_in
 from ..core.spec import ModelSpec
 from ..kinds import HYBRID, VIT, kind_of
 from .base import AttentionClassUnknown, CaptureAbilities, CaptureRequest, Handles, register
@@ -39,7 +39,8 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
     multiplied by v. No [B, heads, T, T] map exists and the probabilities are computed once (side
     capture computes them a second time beside the fused kernel). The output is the non-fused
     path's up to float rounding; under autocast the probabilities are float32 and the product
-    with v runs in v's dtype."""
+    with v runs in v's dtype. The block's q, k, v projection is made in the session's workspace (``linear_in``:
+    the same product as ``attn.qkv(x)``, into memory reused by every block rather than fresh pages)."""
     rows, detach = capture.query_rows, capture.detach
     workspace: dict = {}  # the probabilities' buffer, shared by every block for the session
     for layer, attn in enumerate(modules):
@@ -51,7 +52,8 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
 
             b, n, _ = x.shape
             gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
-            qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+            qkv = linear_in(workspace, "qkv", attn.qkv, x).reshape(b, n, 3, attn.num_heads, attn.head_dim)
+            qkv = qkv.permute(2, 0, 3, 1, 4)
             q, k, v = qkv.unbind(0)
             q, k = attn.q_norm(q), attn.k_norm(k)
             with torch.autocast(device_type=x.device.type, enabled=False):
