@@ -114,3 +114,32 @@ def test_the_cold_bench_breaks_one_call_into_phases_in_process(monkeypatch):
         assert call["seconds"] >= ph["blocks"]
     plain = bench.child("plain", "vit_tiny_patch16_224", 32, 2, torch.get_num_threads(), 1, False, depth=1)
     assert "phases" not in plain["calls"][0] and plain["calls"][0]["seconds"] > 0
+
+
+def test_a_split_batch_keeps_the_callers_budget_for_its_row_blocks(small, monkeypatch):
+    """Fewer images per forward hold rollout's maps; the probabilities' budget stays the caller's batch's MLP
+    activation (``default_budget_mb`` at the asked batch), so the row blocks are not made smaller too. A budget the
+    caller names is kept."""
+    import vitlens.engine.stream as stream_module
+
+    seen = []
+    real = stream_module.capture_plan
+
+    def recording(m, batch, **kwargs):
+        seen.append((batch, kwargs.get("memory_budget_mb")))
+        return real(m, batch, **kwargs)
+
+    monkeypatch.setattr(stream_module, "capture_plan", recording)
+    x = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    _views(small, x, _Sizes())
+    assert seen == [(3, None)]  # no split: the plan's own default
+    monkeypatch.setattr(plan_module, "HELD_BLOCKS", 1e-12)
+    monkeypatch.setattr(plan_module, "HELD_FLOOR_MB", 0.0)
+    seen.clear()
+    _views(small, x, _Sizes())
+    t = small.spec.num_tokens()
+    assert seen == [(1, default_budget_mb(3, t, small.spec.embed_dim))]
+    seen.clear()
+    d, r = vl.AttentionDistanceAccumulator.for_model(small.spec), RolloutAccumulator.for_model(small)
+    stream_attention(small, x, [d, r], batch_size=3, capture_mode=None, memory_budget_mb=0.5)
+    assert seen == [(1, 0.5)]

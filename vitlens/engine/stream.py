@@ -48,7 +48,7 @@ from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
 from .consumer import AttentionConsumer, BatchInfo, query_rows  # the protocol, re-exported from here
-from .plan import capture_plan, images_per_forward
+from .plan import capture_plan, default_budget_mb, images_per_forward
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
@@ -90,7 +90,8 @@ def stream_attention(
             (``query_rows_for_budget`` picks it from a memory budget). None: whole maps, unless
             ``capture_mode`` is None too: then ``capture_plan`` chooses both.
         memory_budget_mb: with ``capture_mode`` and ``query_rows`` None, the megabytes of probabilities
-            allowed at once (None: ``default_budget_mb``, one block's MLP activation); see ``capture_plan``.
+            allowed at once (None: ``default_budget_mb``, one block's MLP activation at the caller's batch, also
+            where ``images_per_forward`` runs fewer images per forward); see ``capture_plan``.
 
     Returns:
         The number of images run; each consumer then answers ``result(spec)``.
@@ -106,7 +107,12 @@ def stream_attention(
     if capture_mode is None and query_rows is None:  # the plan's choice: what the consumers hold caps the batch
         t = m.spec.num_tokens()
         held = sum(int(getattr(c, "held_bytes_per_image", lambda _t: 0)(t)) for c in consumers)
-        batch_size = images_per_forward(max(1, min(batch_size, n) if n else batch_size), t, m.spec.embed_dim, held)
+        asked = max(1, min(batch_size, n) if n else batch_size)
+        batch_size = images_per_forward(asked, t, m.spec.embed_dim, held)
+        if memory_budget_mb is None and batch_size < asked:
+            # the probabilities' budget stays the caller's batch's (one block's MLP activation, which a plain forward
+            # of that batch allocates): fewer images per forward hold the maps, not smaller blocks of query rows
+            memory_budget_mb = default_budget_mb(asked, t, m.spec.embed_dim)
     plan = capture_plan(m, max(1, min(batch_size, n) if n else batch_size), memory_budget_mb=memory_budget_mb,
                         mode=capture_mode, query_rows=query_rows)
     done, index = 0, 0
