@@ -27,6 +27,7 @@ def attention_probs(
     scale_after: bool = False,
     out: torch.Tensor | None = None,
     taps: SoftmaxTaps | None = None,
+    workspace: dict | None = None,
 ) -> torch.Tensor:
     """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
 
@@ -47,13 +48,19 @@ def attention_probs(
         taps: with ``out``, what the views want of these probabilities, computed in the softmax's own pass by the
             native kernel where it applies (``vitlens.core.native.softmax_taps``, which then sets
             ``taps.filled``); the probabilities are the same to float rounding (its exp is ATen's).
+        workspace: with ``out``, a session's dict (``session_buffer``) where the scaled queries are made, rather than
+            in fresh memory each block (the same numbers).
 
     Returns:
         [B, heads, T, T] float32 probabilities, each row summing to 1 over the keys (``out`` when given).
     """
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if out is not None and not grad:
-        qs = q.float() if scale_after else q.float() * scale
+        qs = q.float()
+        if not scale_after:
+            qs = qs * scale if workspace is None else torch.mul(
+                qs, scale, out=session_buffer(workspace, "queries", qs.numel(), qs.dtype, qs.device)[:qs.numel()]
+                .view(qs.shape))
         if out.is_contiguous():
             scores = torch.matmul(qs, k.float().transpose(-2, -1), out=out)
         else:  # rows padded to an aligned stride (padded_row_stride): one batched product into the strided block
@@ -282,7 +289,8 @@ def attention_probs_in_rows(
             *lead, rows.stop - start, ld)[..., :t]
         tap = taps(rows, tuple(out.shape)) if taps is not None and out is not None else None
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
-                              [rows_of(b, rows) for b in biases], scale_after, out=out, taps=tap), rows
+                              [rows_of(b, rows) for b in biases], scale_after, out=out, taps=tap,
+                              workspace=workspace), rows
 
 
 def attention_output_in_rows(
@@ -325,7 +333,10 @@ def attention_output_in_rows(
                                                taps=taps):
         on_probs(probs, rows)
         p = drop(probs) if drop is not None else probs
-        block = torch.matmul(p.to(v.dtype), v)  # [B, heads, rows, d]
+        p = p.to(v.dtype)
+        block = torch.matmul(p, v) if workspace is None or grad else torch.matmul(  # [B, heads, rows, d]
+            p, v, out=session_buffer(workspace, "block", p[..., :1].numel() * d, v.dtype, v.device)[
+                :p[..., :1].numel() * d].view(*p.shape[:-1], d))
         if rows is None:
             out.copy_(block.transpose(1, 2))
         else:
