@@ -110,7 +110,10 @@ def test_the_cold_bench_breaks_one_call_into_phases_in_process(monkeypatch):
         ph = call["phases"]
         assert len(ph["block_seconds"]) == len(ph["block_faults"]) == 2  # one per block
         assert ph["capture_plan"] >= 0 and ph["rollout_chain"] >= 0
-        assert 0 <= ph["before_blocks"] + ph["blocks"] + ph["after_blocks"] <= ph["total"] + 1e-3
+        # every figure is rounded to the millisecond (``blocks`` is the rounded sum of the rounded block times): the
+        # parts may exceed the total by half a millisecond per rounding
+        slack = (4 + len(ph["block_seconds"])) * 5e-4 + 1e-9
+        assert 0 <= ph["before_blocks"] + ph["blocks"] + ph["after_blocks"] <= ph["total"] + slack
         assert call["seconds"] >= ph["blocks"]
     plain = bench.child("plain", "vit_tiny_patch16_224", 32, 2, torch.get_num_threads(), 1, False, depth=1)
     assert "phases" not in plain["calls"][0] and plain["calls"][0]["seconds"] > 0
