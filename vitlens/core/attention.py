@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
+import math
+
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
-from .native import SoftmaxTaps, softmax_taps
+from .native import SoftmaxTaps, compiled_wanted, softmax_taps
 from .pages import large_empty
 
 #: what an engine asks before each block of query rows (``rows``, the block's [B, heads, rows, T] shape): the
@@ -59,8 +62,7 @@ def attention_probs(
         qs = q.float()
         if not scale_after:
             qs = qs * scale if workspace is None else torch.mul(
-                qs, scale, out=session_buffer(workspace, "queries", qs.numel(), qs.dtype, qs.device)[:qs.numel()]
-                .view(qs.shape))
+                qs, scale, out=session_tensor(workspace, "queries", qs.shape, qs.dtype, qs.device))
         if out.is_contiguous():
             scores = torch.matmul(qs, k.float().transpose(-2, -1), out=out)
         else:  # rows padded to an aligned stride (padded_row_stride): one batched product into the strided block
@@ -171,13 +173,21 @@ def session_buffer(workspace: dict | None, key: str, numel: int, dtype: torch.dt
     return flat
 
 
+def session_tensor(workspace: dict | None, key: str, shape: Sequence[int], dtype: torch.dtype,
+                   device: torch.device) -> torch.Tensor:
+    """A contiguous tensor of ``shape`` in ``workspace[key]``'s memory (``session_buffer``), valid until the next
+    call under that key."""
+    numel = math.prod(shape)
+    return session_buffer(workspace, key, numel, dtype, device)[:numel].view(*shape)
+
+
 def session_copy(workspace: dict | None, key: str, x: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``x`` made in ``workspace[key]`` (``session_buffer``: the memory of the last layer's copy,
     no fresh pages), valid until the next copy under that key; without a workspace, or where ``x`` needs gradients,
     ``x.contiguous()``. The same numbers."""
     if workspace is None or (torch.is_grad_enabled() and x.requires_grad):
         return x.contiguous()
-    return session_buffer(workspace, key, x.numel(), x.dtype, x.device)[:x.numel()].view(x.shape).copy_(x)
+    return session_tensor(workspace, key, x.shape, x.dtype, x.device).copy_(x)
 
 
 def linear_in(workspace: dict | None, key: str, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -185,16 +195,13 @@ def linear_in(workspace: dict | None, key: str, layer: nn.Module, x: torch.Tenso
     next call under that key): ``addmm(bias, x as rows, weight^T)``, the product torch's own linear runs for a
     contiguous input with a bias (``mm`` without one), so the same numbers (tested bit for bit). Anything else (no
     workspace, another module or dtype, gradients, autocast, hooks on the layer or global ones) is ``layer(x)``."""
-    from torch.nn.modules import module as torch_module
-
     if (workspace is None or type(layer) is not nn.Linear or x.dim() < 2 or not x.is_contiguous()
             or x.dtype != layer.weight.dtype or x.device != layer.weight.device or torch.is_grad_enabled()
             or torch.is_autocast_enabled(x.device.type) or layer._forward_hooks or layer._forward_pre_hooks
             or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks):
         return layer(x)
     rows = x.reshape(-1, x.shape[-1])
-    out = session_buffer(workspace, key, rows.shape[0] * layer.out_features, x.dtype, x.device)
-    out = out[:rows.shape[0] * layer.out_features].view(rows.shape[0], layer.out_features)
+    out = session_tensor(workspace, key, (rows.shape[0], layer.out_features), x.dtype, x.device)
     if layer.bias is None:
         torch.mm(rows, layer.weight.t(), out=out)
     else:
@@ -214,10 +221,8 @@ def padded_row_stride(tokens: int, device: torch.device) -> int:
 
     Rule: a ViT's T = 1 + (patches) is odd, so a contiguous [rows, T] block starts every row at another offset in a
     cache line, and the products q k^T and P v run slower on unaligned rows; with every row starting on a cache
-    line they run at the speed of an aligned T (the bench's phases show it). The numbers are the same: only where
-    each row lives changes (the padding is never read)."""
-    from .native import compiled_wanted
-
+    line they run at the speed of an aligned T (docs/performance.md, round three). The numbers are the same: only
+    where each row lives changes (the padding is never read)."""
     if tokens % ROW_ALIGN == 0 or not compiled_wanted(device, tokens):
         return tokens
     return -(-tokens // ROW_ALIGN) * ROW_ALIGN
@@ -328,15 +333,14 @@ def attention_output_in_rows(
     v = session_copy(workspace, "values", v)
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     out = v.new_empty(b, t, h, d) if workspace is None or grad else \
-        session_buffer(workspace, "output", v.numel(), v.dtype, v.device)[:v.numel()].view(b, t, h, d)
+        session_tensor(workspace, "output", (b, t, h, d), v.dtype, v.device)
     for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, workspace=workspace,
                                                taps=taps):
         on_probs(probs, rows)
         p = drop(probs) if drop is not None else probs
         p = p.to(v.dtype)
         block = torch.matmul(p, v) if workspace is None or grad else torch.matmul(  # [B, heads, rows, d]
-            p, v, out=session_buffer(workspace, "block", p[..., :1].numel() * d, v.dtype, v.device)[
-                :p[..., :1].numel() * d].view(*p.shape[:-1], d))
+            p, v, out=session_tensor(workspace, "block", (*p.shape[:-1], d), v.dtype, v.device))
         if rows is None:
             out.copy_(block.transpose(1, 2))
         else:

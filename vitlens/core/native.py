@@ -319,11 +319,11 @@ def softmax_taps(scores: torch.Tensor, taps: SoftmaxTaps) -> bool:
     layout, gradients, no library): the caller then runs ``torch.softmax`` and the consumers compute their taps from
     the probabilities."""
     b, h, r, t = scores.shape
-    ld = scores.stride(-2) if scores.dim() == 4 else -1
+    ld = scores.stride(-2)
     packed = all(st == want for n, st, want in zip(scores.shape[:2], scores.stride()[:2], (h * r * ld, r * ld))
                  if n > 1)
-    if (scores.dtype != torch.float32 or scores.requires_grad or scores.dim() != 4 or scores.stride(-1) != 1
-            or ld < t or not packed or not compiled_wanted(scores.device, t)):
+    if (scores.dtype != torch.float32 or scores.requires_grad or scores.stride(-1) != 1 or ld < t or not packed
+            or not compiled_wanted(scores.device, t)):
         return False
     d, sums, mean = taps.distances, taps.sums, taps.mean
     if d is not None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.attention import session_buffer
+from ..core.attention import session_tensor
 from ..errors import InvalidParameterError
 from ..core.spec import ModelSpec
 from ..results import Result
@@ -222,8 +222,8 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     if key_block_sums(rows, d, KEY_BLOCK, sums):  # the native kernel, where it applies: one read of each probability
         return distance_from_sums(sums, renormalize, q, b, h)
     step = max(1, min(q, SCRATCH_BYTES // (attn.element_size() * b * h * max(n, 1))))
-    size = b * h * step * n  # a fresh buffer's pages cost as much as the products at 224 px
-    scratch = session_buffer(workspace, "products", size, attn.dtype, attn.device)[:size].view(b * h, step, n)
+    # in the workspace: a fresh buffer's pages cost as much as the products at 224 px
+    scratch = session_tensor(workspace, "products", (b * h, step, n), attn.dtype, attn.device)
     for q0 in range(0, q, step):
         s = min(step, q - q0)
         block = rows[:, q0:q0 + s]
