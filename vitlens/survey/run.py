@@ -371,7 +371,7 @@ def survey(
 def refuse_out_inside_images(out: str | Path, source: ImageSource) -> None:
     """A survey folder inside the folder of its own images is refused before anything is written (a later
     glob would read its files back as images)."""
-    if source.kind not in ("files", "clips") or not source.files:
+    if not source.lists_files or not source.files:
         return
     out_path = Path(out).expanduser().resolve()
     root = Path(os.path.commonpath([str(Path(f).parent) for f in source.files]))
@@ -386,7 +386,7 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
                    renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
     if isinstance(images, ImageSource) and max_images and len(source) > max_images:
         source = ImageSource.from_dict({**source.to_dict(), "files": source.files[:max_images],
-                                        "labels": source.labels[:max_images]} if source.kind in ("files", "clips") else
+                                        "labels": source.labels[:max_images]} if source.lists_files else
                                        {**source.to_dict(), "n": max_images})
     settings = {"shard_size": shard_size, "batch_size": batch_size, "views": list(views), "renormalize": renormalize}
     manifest = store.open(source, settings)

@@ -61,7 +61,12 @@ class ImageSource:
     stats: tuple[tuple[int, int, str], ...] = ()
 
     def __len__(self) -> int:
-        return len(self.files) if self.kind in ("files", "clips") else self.n
+        return len(self.files) if self.lists_files else self.n
+
+    @property
+    def lists_files(self) -> bool:
+        """Whether the source is a list of files (kind "files" or "clips"), not scenes regenerated from a seed."""
+        return self.kind in ("files", "clips")
 
     @property
     def has_labels(self) -> bool:
@@ -201,12 +206,12 @@ def clips_source(spec: str, max_clips: int | None = None, hash_clips: bool = Fal
     Raises:
         InvalidParameterError: not a folder, or no clip in it.
     """
-    from ..clips import VIDEO_SUFFIXES
+    from ..clips import CLIP_SUFFIXES
 
     folder = Path(spec).expanduser()
     if not folder.is_dir():
         raise InvalidParameterError(f"{spec} is not a folder; pass a folder of clips (videos or animated GIFs).")
-    suffixes = {*VIDEO_SUFFIXES, ".gif"}
+    suffixes = set(CLIP_SUFFIXES)
     files = sorted(str(f.resolve()) for f in folder.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
     files = files[: max_clips] if max_clips else files
     if not files:
