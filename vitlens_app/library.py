@@ -25,7 +25,7 @@ from vitlens.compare.heads import cost as head_cost
 # the components' ledger bound (docs/definitions.md, "The ledger")
 from vitlens.components import LEDGER_RTOL
 # clips: the frames a video model's processor takes, the video files read
-from vitlens.clips import VIDEO_SUFFIXES, VideoProcessing, sampled_clip
+from vitlens.clips import CLIP_SUFFIXES, VideoProcessing, sampled_clip
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens.loading.seeded import load_model_seeded
@@ -49,7 +49,7 @@ from vitlens.words import counted, listed_some
 
 __all__ = [
     "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES",
-    "UPLOAD_TYPES", "VIDEO_SUFFIXES", "VIEWS",
+    "UPLOAD_TYPES", "CLIP_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",

@@ -18,10 +18,11 @@ import threading
 import weakref
 from pathlib import Path
 
+from vitlens.clips import CLIP_SUFFIXES
+
 #: the suffixes an upload keeps (anything else is saved without one): checkpoints, and clips (a video model's clip is
-#: read by its suffix: ``vl.read_clip``)
-UPLOAD_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".gif", ".mp4", ".m4v", ".mov", ".mkv", ".webm",
-                   ".avi")
+#: read by its suffix: ``vl.read_clip``'s ``CLIP_SUFFIXES``)
+UPLOAD_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", *CLIP_SUFFIXES)
 #: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
 #: when uploaded; every view resizes to the model's input anyway, 1024 px at most for the high-resolution runs).
 APP_MAX_SIDE_PX = 2048

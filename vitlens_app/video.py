@@ -19,14 +19,14 @@ from vitlens_app import kind_choices
 from vitlens_app.caches import load_model, predictions_result
 from vitlens_app.context import show_error
 from vitlens_app.header import show_predictions
-from vitlens_app.library import (MAX_UPLOAD_MB, SHAPES, VIDEO_SUFFIXES, clip_frames,
+from vitlens_app.library import (CLIP_SUFFIXES, MAX_UPLOAD_MB, SHAPES, clip_frames,
                                  sampled_clip, sampled_fps)
 from vitlens_app.sidebar import show_facts
 from vitlens_app.uploads import UploadFolder
 
 CLIP_SOURCES = ["Moving shape", "Upload"]
-#: what the uploader takes: the video files ``vl.read_clip`` reads (PyAV) and animated GIFs
-CLIP_TYPES = [s.lstrip(".") for s in VIDEO_SUFFIXES] + ["gif"]
+#: what the uploader takes: the video files ``vl.read_clip`` reads (PyAV), then animated GIFs (``CLIP_SUFFIXES``)
+CLIP_TYPES = [s.lstrip(".") for s in CLIP_SUFFIXES]
 #: the synthetic clip's motions, in pixels a frame (dy, dx) of a 64 px frame (scaled with the frame)
 MOTIONS = {"right": (0.0, 2.0), "down": (2.0, 0.0), "diagonal": (1.5, 1.5), "still": (0.0, 0.0)}
 #: the synthetic clip's frames (at least; more for a model that samples more) and frame rate (the model samples its

@@ -22,6 +22,8 @@ from .clip import Clip, sample_indices
 
 #: video file extensions read with PyAV
 VIDEO_SUFFIXES: tuple[str, ...] = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
+#: every file suffix ``read_clip`` reads as one clip: the video files, then animated GIFs
+CLIP_SUFFIXES: tuple[str, ...] = (*VIDEO_SUFFIXES, ".gif")
 #: the FFmpeg demuxers a video file may be opened with (their short names)
 VIDEO_DEMUXERS = "mov,matroska,avi"
 #: the largest video or GIF file read, in bytes
