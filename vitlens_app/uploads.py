@@ -18,7 +18,7 @@ import threading
 import weakref
 from pathlib import Path
 
-from vitlens.clips import CLIP_SUFFIXES
+from vitlens_app.library import CLIP_SUFFIXES
 
 #: the suffixes an upload keeps (anything else is saved without one): checkpoints, and clips (a video model's clip is
 #: read by its suffix: ``vl.read_clip``'s ``CLIP_SUFFIXES``)
