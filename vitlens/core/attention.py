@@ -50,7 +50,8 @@ def attention_probs(
             padded to a longer stride (``padded_row_stride``; q and k then of the same leading shape).
         taps: with ``out``, what the views want of these probabilities, computed in the softmax's own pass by the
             native kernel where it applies (``vitlens.core.native.softmax_taps``, which then sets
-            ``taps.filled``); the probabilities are the same to float rounding (its exp is ATen's).
+            ``taps.filled``); the probabilities are the same to float rounding (its exp is ATen's ``exp_u20``, the
+            fused kernel's: ``vitlens.core.native.EXP_ULPS``).
         workspace: with ``out``, a session's dict (``session_buffer``) where the scaled queries are made, rather than
             in fresh memory each block (the same numbers).
 

@@ -50,6 +50,11 @@ COMPILE_ENV = "VITLENS_COMPILE"
 COMPILE_CHOICES = ("auto", "0", "1")
 CACHE_ENV = "VITLENS_CACHE_DIR"
 
+EXP_ULPS = 20
+"""The accuracy of the softmax kernel's exp, in float32 ulps: ATen's ``exp_u20`` (the exp of ATen's own fused attention
+kernel, which the plain forward runs), as its source documents it (about 2 ulps measured here); an exp below
+float32's smallest normal number is flushed to 0. The tests' bounds on the probabilities count it."""
+
 COMPILE_MIN_TOKENS = 1024
 """``auto`` uses the kernels for maps of at least this many tokens (above 512 px for a /16 ViT): below it the
 views' passes are a small part of the forward."""
