@@ -210,6 +210,16 @@ def linear_in(workspace: dict | None, key: str, layer: nn.Module, x: torch.Tenso
     return out.view(*x.shape[:-1], layer.out_features)
 
 
+PROBS_BUFFER = "probs"
+"""The workspace key of the probabilities' buffer (``attention_probs_in_rows``). Between one layer's attention and the
+next nothing in it is read (a block of probabilities is valid during its ``on_probs`` call only), so a block's other
+passing activations may be made there (``vitlens.families.timm_vit.mlp_in_workspace``: the MLP's hidden activation)."""
+
+QKV_BUFFER = "qkv"
+"""The workspace key of a block's q, k, v projection (``linear_in``): free once the attention's output is made (the
+keys and values are copied, the queries scaled into buffers of their own), so the block's MLP output may be made
+there (``vitlens.families.timm_vit.mlp_in_workspace``)."""
+
 ROW_ALIGN = 16
 """Floats a padded row's stride is a multiple of (``padded_row_stride``): 64 bytes, a cache line and an AVX-512
 vector, the alignment torch gives a CPU tensor's memory."""
@@ -288,7 +298,7 @@ def attention_probs_in_rows(
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     # rows padded to an aligned stride where q and k share their leading shape (one batched product fills the block)
     ld = padded_row_stride(t, q.device) if q.shape[:-2] == k.shape[:-2] == lead else t
-    flat = None if grad else session_buffer(workspace, "probs", lead.numel() * query_rows * ld, torch.float32, q.device)
+    flat = None if grad else session_buffer(workspace, PROBS_BUFFER, lead.numel() * query_rows * ld, torch.float32, q.device)
     for start in range(0, t, query_rows):
         rows = slice(start, min(t, start + query_rows))
         out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * ld].view(

@@ -23,16 +23,17 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules import module as torch_module
 
 from ..errors import UnsupportedModelError
-from ..core.attention import attention_output_in_rows, conv_filters, linear_in
+from ..core.attention import PROBS_BUFFER, QKV_BUFFER, attention_output_in_rows, conv_filters, linear_in
 from ..core.spec import ModelSpec
 from ..kinds import HYBRID, VIT, kind_of
 from .base import AttentionClassUnknown, CaptureAbilities, CaptureRequest, Handles, register
 from .common.timm import TIMM_ARGS, TimmFamily, check_patch_embed, first_conv, inline_at_attn_drop, install_qk_norm_hooks
 
 
-def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles) -> None:
+def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles) -> dict:
     """Inline capture by query rows for timm's standard ``Attention``: each module's forward is, for
     the session, timm's non-fused path computed ``capture.query_rows`` queries at a time
     (``attention_output_in_rows``), every block of probabilities emitted as it is made and then
@@ -40,7 +41,8 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
     capture computes them a second time beside the fused kernel). The output is the non-fused
     path's up to float rounding; under autocast the probabilities are float32 and the product
     with v runs in v's dtype. The block's q, k, v projection is made in the session's workspace (``linear_in``:
-    the same product as ``attn.qkv(x)``, into memory reused by every block rather than fresh pages)."""
+    the same product as ``attn.qkv(x)``, into memory reused by every block rather than fresh pages). Returns that
+    workspace (the session's; ``mlp_in_workspace`` makes the MLPs' activations in it too)."""
     rows, detach = capture.query_rows, capture.detach
     workspace: dict = {}  # the probabilities' buffer, shared by every block for the session
     for layer, attn in enumerate(modules):
@@ -52,7 +54,7 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
 
             b, n, _ = x.shape
             gate = attn.gate(x).sigmoid() if getattr(attn, "gate", None) is not None else None
-            qkv = linear_in(workspace, "qkv", attn.qkv, x).reshape(b, n, 3, attn.num_heads, attn.head_dim)
+            qkv = linear_in(workspace, QKV_BUFFER, attn.qkv, x).reshape(b, n, 3, attn.num_heads, attn.head_dim)
             qkv = qkv.permute(2, 0, 3, 1, 4)
             q, k, v = qkv.unbind(0)
             q, k = attn.q_norm(q), attn.k_norm(k)
@@ -65,6 +67,42 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
             return attn.proj_drop(attn.proj(out))
 
         handles.set_attr(attn, "forward", forward)
+    return workspace
+
+
+def mlp_in_workspace(blocks: Sequence[nn.Module], workspace: dict, handles: Handles) -> None:
+    """Each block's timm ``Mlp`` (fc1, GELU, fc2; no norm) computed, for the session, in the capture's workspace on
+    the CPU: ``fc1`` by ``linear_in`` into the probabilities' buffer (``PROBS_BUFFER``, free between two layers'
+    attention), GELU in place there, ``fc2`` by ``linear_in`` into the q, k, v projection's buffer (``QKV_BUFFER``,
+    free once the attention's output is made). The same products and the same GELU as the module's own forward, bit
+    for bit (tested), into memory every block reuses instead of a fresh hidden activation [B, T, 4 D] and a fresh
+    GELU output each block: page faults every block on the CPU, where the plain forward pays them too. The output is
+    valid until the next block's MLP (the block adds it to its residual stream at once). Anything else runs the
+    module's own forward: another MLP or activation, another device or dtype, gradients, autocast, dropout in
+    training, and a hook on any module of the block or a global one (a hook may keep what it sees)."""
+    from timm.layers import Mlp
+
+    for block in blocks:
+        mlp = getattr(block, "mlp", None)
+        if (type(mlp) is not Mlp or type(mlp.act) is not nn.GELU or type(mlp.norm) is not nn.Identity
+                or type(mlp.fc1) is not nn.Linear or type(mlp.fc2) is not nn.Linear
+                or any(type(d) not in (nn.Dropout, nn.Identity) for d in (mlp.drop1, mlp.drop2))):
+            continue
+        watched = [mod for mod in block.modules() if mod is not block]
+        dropping = [d for d in (mlp.drop1, mlp.drop2) if isinstance(d, nn.Dropout) and d.p > 0]
+
+        def forward(x: torch.Tensor, mlp: nn.Module = mlp, previous: Callable = mlp.forward,
+                    watched: list = watched, dropping: list = dropping) -> torch.Tensor:
+            if (x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled()
+                    or torch.is_autocast_enabled("cpu") or any(d.training for d in dropping)
+                    or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+                    or any(mod._forward_hooks or mod._forward_pre_hooks for mod in watched)):
+                return previous(x)
+            hidden = linear_in(workspace, PROBS_BUFFER, mlp.fc1, x)
+            torch.ops.aten.gelu_(hidden, approximate=mlp.act.approximate)
+            return linear_in(workspace, QKV_BUFFER, mlp.fc2, hidden)
+
+        handles.set_attr(mlp, "forward", forward)
 
 
 #: a parallel block's ``attn_drop`` (its stand-in attention module) -> where its heads meet (or None)
@@ -161,7 +199,8 @@ class TimmViT(TimmFamily):
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         if capture.query_rows and self.abilities(model).inline_rows:
-            inline_in_rows(self._computing(model), capture, handles)
+            workspace = inline_in_rows(self._computing(model), capture, handles)
+            mlp_in_workspace(model.blocks, workspace, handles)
         else:
             inline_at_attn_drop(self._computing(model), capture, handles)
 

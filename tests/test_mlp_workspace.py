@@ -1,0 +1,113 @@
+"""The MLP of a timm ViT block computed in the capture session's workspace (issue 52, the cold call):
+``vitlens.families.timm_vit.mlp_in_workspace`` must be the module's own forward to the bit, reuse its buffers, give way
+to the module wherever a hook, gradients or dropout could see a difference, and leave every view's numbers as they
+were."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import timm
+import torch
+from torch import nn
+
+import vitlens as vl
+from vitlens.core.attention import PROBS_BUFFER, QKV_BUFFER
+from vitlens.families import timm_vit
+from vitlens.families.base import Handles
+
+
+def _model(**kwargs) -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, **kwargs).eval()
+
+
+def test_the_workspace_mlp_is_the_modules_forward_bit_for_bit_and_reuses_its_buffers():
+    """Every block's MLP under the session equals the class's forward to the bit (1 and 2 threads), its hidden
+    activation and output live in the workspace's two buffers (the same memory block after block), and removing the
+    session gives the module its own forward back."""
+    model = _model()
+    threads = torch.get_num_threads()
+    handles, ws = Handles(), {}
+    timm_vit.mlp_in_workspace(model.blocks, ws, handles)
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for i, block in enumerate(model.blocks):
+                x = torch.randn(3, 17, 192, generator=torch.Generator().manual_seed(10 * n + i))
+                with torch.no_grad():
+                    want = type(block.mlp).forward(block.mlp, x)
+                    got = block.mlp(x)
+                assert torch.equal(got, want)
+                assert got.data_ptr() == ws[QKV_BUFFER].data_ptr()
+                assert ws[PROBS_BUFFER].numel() >= 3 * 17 * 768
+    finally:
+        torch.set_num_threads(threads)
+        handles.remove()
+    assert all("forward" not in vars(block.mlp) for block in model.blocks)
+
+
+def test_the_module_runs_itself_wherever_a_difference_could_be_seen():
+    """A hook on a module of the block (it may keep what it sees), a global hook, gradients and dropout in training:
+    the module's own forward runs (its output is not in the workspace)."""
+    model = _model(proj_drop_rate=0.5)  # the dropouts of each MLP: nn.Dropout(0.5)
+    block = model.blocks[0]
+    assert block.mlp.drop1.p == 0.5
+    handles, ws = Handles(), {}
+    timm_vit.mlp_in_workspace(model.blocks, ws, handles)
+    x = torch.randn(2, 5, 192)
+    try:
+        seen: list[torch.Tensor] = []
+        hook = block.mlp.act.register_forward_hook(lambda _m, _i, out: seen.append(out))
+        with torch.no_grad():
+            out = block.mlp(x)
+        hook.remove()
+        assert len(seen) == 1 and QKV_BUFFER not in ws
+        hook = nn.modules.module.register_module_forward_hook(lambda *_: None)
+        with torch.no_grad():
+            block.mlp(x)
+        hook.remove()
+        assert QKV_BUFFER not in ws
+        assert block.mlp(x).requires_grad and QKV_BUFFER not in ws  # gradients: the module's own graph
+        block.mlp.train()
+        with torch.no_grad():
+            block.mlp(x)  # dropout in training: the module's own random mask
+        assert QKV_BUFFER not in ws
+        block.mlp.eval()
+        with torch.no_grad():
+            assert torch.equal(block.mlp(x), out) and QKV_BUFFER in ws  # eval: dropout is the identity
+    finally:
+        handles.remove()
+
+
+def test_other_mlps_keep_their_forward():
+    """A gated MLP (SwiGLU) and an MLP with another activation (SiLU): other computations, not replaced."""
+    from timm.layers import Mlp, SwiGLUPacked
+
+    gated, silu = _model(mlp_layer=SwiGLUPacked, act_layer=nn.SiLU), _model(act_layer=nn.SiLU)
+    assert type(gated.blocks[0].mlp).__name__ == "GluMlp" and type(silu.blocks[0].mlp) is Mlp
+    for model in (gated, silu):
+        handles = Handles()
+        timm_vit.mlp_in_workspace(model.blocks, {}, handles)
+        assert all("forward" not in vars(block.mlp) for block in model.blocks)
+        handles.remove()
+
+
+def test_the_views_numbers_are_those_of_the_modules_own_mlp(monkeypatch):
+    """``vl.analyze`` (distance and rollout, inline capture by rows: where the MLPs run in the workspace) gives the
+    same numbers to the bit as with the modules' own MLPs."""
+    m = vl.load_model("vit_tiny_patch16_224", pretrained=False, img_size=96)
+    x = torch.randn(3, 3, 96, 96, generator=torch.Generator().manual_seed(3))
+    real, sessions = timm_vit.mlp_in_workspace, []
+
+    def spy(blocks, workspace, handles):
+        sessions.append(workspace)
+        real(blocks, workspace, handles)
+
+    monkeypatch.setattr(timm_vit, "mlp_in_workspace", spy)
+    got = vl.analyze(m, x, views=("distance", "rollout"), memory_budget_mb=0.01)  # blocks of a few query rows
+    # the MLPs ran in the session's workspace: its probabilities' buffer grew to a hidden activation [3, 37, 768]
+    assert len(sessions) == 1 and sessions[0][PROBS_BUFFER].numel() >= 3 * 37 * 768
+    monkeypatch.setattr(timm_vit, "mlp_in_workspace", lambda *_: None)
+    want = vl.analyze(m, x, views=("distance", "rollout"), memory_budget_mb=0.01)
+    np.testing.assert_array_equal(got.distance.mean_px, want.distance.mean_px)
+    np.testing.assert_array_equal(got.rollout.maps, want.rollout.maps)
