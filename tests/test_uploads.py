@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from vitlens_app.uploads import UploadFolder, server_folder
+from vitlens.loading.checkpoint import CHECKPOINT_SUFFIXES
+from vitlens_app.uploads import CHECKPOINT_TYPES, UPLOAD_SUFFIXES, UploadFolder, server_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +31,19 @@ def test_the_folders_are_private_and_fresh():
     finally:
         folder.close()
     assert not folder.path.exists()
+
+
+def test_every_checkpoint_suffix_the_loader_reads_is_uploaded_and_kept():
+    """The uploader takes, and the upload folder keeps, every suffix the loader reads as a checkpoint (``.tar``
+    included: a torch.save archive), from the loader's one list."""
+    assert set(CHECKPOINT_TYPES) == {s.lstrip(".") for s in CHECKPOINT_SUFFIXES} and ".tar" in CHECKPOINT_SUFFIXES
+    assert set(CHECKPOINT_SUFFIXES) <= set(UPLOAD_SUFFIXES)
+    folder = UploadFolder()
+    try:
+        assert folder.save("weights.TAR", b"w").suffix == ".tar"
+        assert folder.save("notes.txt", b"n").suffix == ""
+    finally:
+        folder.close()
 
 
 def test_a_planted_file_or_link_under_the_uploads_name_is_replaced_not_read(tmp_path):

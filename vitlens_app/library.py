@@ -28,6 +28,8 @@ from vitlens.components import LEDGER_RTOL
 from vitlens.clips import CLIP_SUFFIXES, VideoProcessing, sampled_clip
 # images, models and the embedded reference scenes
 from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
+# checkpoints: the suffixes the loader reads as a checkpoint file
+from vitlens.loading.checkpoint import CHECKPOINT_SUFFIXES
 from vitlens.loading.seeded import load_model_seeded
 from vitlens.progress import time_left
 from vitlens.reference.shapes import CLASSES as SHAPES, HELD_OUT_SEED, generate, scene_names
@@ -49,7 +51,7 @@ from vitlens.words import counted, listed_some
 
 __all__ = [
     "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES",
-    "UPLOAD_TYPES", "CLIP_SUFFIXES", "VIEWS",
+    "UPLOAD_TYPES", "CHECKPOINT_SUFFIXES", "CLIP_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
     "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for", "metric_label",

@@ -7,7 +7,7 @@ import streamlit as st
 import vitlens as vl
 from vitlens_app.caches import held_out_scenes
 from vitlens_app.library import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
-from vitlens_app.uploads import APP_MAX_SIDE_PX, UploadFolder
+from vitlens_app.uploads import APP_MAX_SIDE_PX, CHECKPOINT_TYPES, UploadFolder
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
@@ -38,7 +38,7 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
             return None
         return name, pretrained, None, device
     path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()
-    upload = st.file_uploader("... or upload one", type=["safetensors", "pth", "pt", "bin", "npz"],
+    upload = st.file_uploader("... or upload one", type=list(CHECKPOINT_TYPES),
                               key=f"{prefix}-ckpt")
     arch = st.text_input("Architecture (timm name or ref-vit/ref-hybrid)", key=f"{prefix}-arch").strip()
     if upload is not None:

@@ -18,11 +18,13 @@ import threading
 import weakref
 from pathlib import Path
 
-from vitlens_app.library import CLIP_SUFFIXES
+from vitlens_app.library import CHECKPOINT_SUFFIXES, CLIP_SUFFIXES
 
-#: the suffixes an upload keeps (anything else is saved without one): checkpoints, and clips (a video model's clip is
-#: read by its suffix: ``vl.read_clip``'s ``CLIP_SUFFIXES``)
-UPLOAD_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".npz", *CLIP_SUFFIXES)
+#: the suffixes an upload keeps (anything else is saved without one): checkpoints (the loader's
+#: ``CHECKPOINT_SUFFIXES``) and clips (a video model's clip is read by its suffix: ``vl.read_clip``'s ``CLIP_SUFFIXES``)
+UPLOAD_SUFFIXES = (*CHECKPOINT_SUFFIXES, *CLIP_SUFFIXES)
+#: the checkpoint uploader's file types: the loader's suffixes without their dots
+CHECKPOINT_TYPES = tuple(suffix.lstrip(".") for suffix in CHECKPOINT_SUFFIXES)
 #: The longest side, in pixels, of an uploaded image as the app keeps it (larger ones are resized to fit once,
 #: when uploaded; every view resizes to the model's input anyway, 1024 px at most for the high-resolution runs).
 APP_MAX_SIDE_PX = 2048

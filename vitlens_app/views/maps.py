@@ -60,8 +60,9 @@ def render_maps(ctx: Context) -> None:
     st.plotly_chart(fig, key="rollout-fig")
     downloads(roll, fig, "rollout")
     if kind_choices.maps_by_window(spec):
-        st.caption("Rolled out through the windows and the patch mergings (or poolings), from the mean of the last "
-                   "stage's tokens to the first stage's grid (docs/definitions.md).")
+        # the model's own path (its windows, mergings, poolings or stage embeddings), as the result states it
+        st.caption(f"Rollout's source and path: {roll.source_token}; drawn on the first stage's grid "
+                   "(docs/definitions.md).")
         render_window_maps(ctx, opacity)
         return
     if kind_choices.maps_of_class_attention(spec):
