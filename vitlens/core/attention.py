@@ -298,7 +298,8 @@ def attention_probs_in_rows(
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     # rows padded to an aligned stride where q and k share their leading shape (one batched product fills the block)
     ld = padded_row_stride(t, q.device) if q.shape[:-2] == k.shape[:-2] == lead else t
-    flat = None if grad else session_buffer(workspace, PROBS_BUFFER, lead.numel() * query_rows * ld, torch.float32, q.device)
+    flat = None if grad else session_buffer(workspace, PROBS_BUFFER, lead.numel() * query_rows * ld, torch.float32,
+                                            q.device)
     for start in range(0, t, query_rows):
         rows = slice(start, min(t, start + query_rows))
         out = None if flat is None else flat[:lead.numel() * (rows.stop - start) * ld].view(

@@ -71,8 +71,8 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
 
 
 def mlp_in_workspace(blocks: Sequence[nn.Module], workspace: dict, handles: Handles) -> None:
-    """Each block's timm ``Mlp`` (fc1, GELU, fc2; no norm) computed, for the session, in the capture's workspace on
-    the CPU: ``fc1`` by ``linear_in`` into the probabilities' buffer (``PROBS_BUFFER``, free between two layers'
+    """Each block's timm ``Mlp`` (fc1, GELU, fc2; no norm) computed, for an inline capture session by rows (the forward
+    every attention view of Fig. 6, 7 and 11 runs), in the session's workspace on the CPU: ``fc1`` by ``linear_in`` into the probabilities' buffer (``PROBS_BUFFER``, free between two layers'
     attention), GELU in place there, ``fc2`` by ``linear_in`` into the q, k, v projection's buffer (``QKV_BUFFER``,
     free once the attention's output is made). The same products and the same GELU as the module's own forward, bit
     for bit (tested), into memory every block reuses instead of a fresh hidden activation [B, T, 4 D] and a fresh
