@@ -21,7 +21,10 @@ Rows on one random batch of a random-init model. Shared machines drift by 10-20%
 so every repetition runs each row once, one after the other, and a ratio is the median over
 repetitions of that repetition's row time / its plain-forward time (seconds: the median), given with
 its spread (the lowest and highest repetition's ratio). The row ``plain_again`` times the same plain
-forward a second time in each repetition: its ratio is the machine's noise.
+forward a second time in each repetition: its ratio is the machine's noise. The row ``plain_mlp_buffers`` times the
+plain forward with its MLPs in a workspace, as the views' inline capture runs a timm ViT's blocks
+(``vitlens.families.timm_vit.mlp_in_workspace``); timed beside ``distance_rollout``, their ratio is the views' own cost
+over a forward that has the same buffers.
 
 - plain forward: ``model(x)`` with timm's fused attention (the baseline of every ratio);
 - ``vl.analyze``: attention distance + rollout from one forward, plus the two weight-only views;
@@ -271,6 +274,17 @@ def speed(args: argparse.Namespace) -> dict:
         consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
         vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode, query_rows=plan_rows(m, args.batch))
 
+    def plain_mlp_buffers() -> None:  # the plain forward with its MLPs in a workspace, as the views' capture runs them
+        from vitlens.families.base import Handles
+        from vitlens.families.timm_vit import mlp_in_workspace
+
+        handles = Handles()
+        mlp_in_workspace(getattr(m.model, "blocks", ()), {}, handles)
+        try:
+            plain()
+        finally:
+            handles.remove()
+
     def separately() -> None:
         vl.attention_distance(m, x, batch_size=args.batch)
         vl.attention_rollout(m, x, batch_size=args.batch)
@@ -291,6 +305,7 @@ def speed(args: argparse.Namespace) -> dict:
     rows = {
         "plain_forward": plain,
         "plain_again": plain,  # the machine's noise: the same forward timed again in each repetition
+        "plain_mlp_buffers": plain_mlp_buffers,
         "distance": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance",)),
         "analyze": lambda: vl.analyze(m, x, batch_size=args.batch),
         "distance_rollout": lambda: vl.analyze(m, x, batch_size=args.batch, views=("distance", "rollout")),
@@ -348,6 +363,10 @@ def speed(args: argparse.Namespace) -> dict:
     if args.rows and not peers:  # no peer timed: no peer run either
         out["seconds"] = {k: round(v, 4) for k, v in t.items()}
         out["ratios"] = {f"{k} / plain forward": ratio(k) for k in rows if k != "plain_forward"}
+        if "plain_mlp_buffers" in rows and "distance_rollout" in rows:  # the views' own cost
+            out["ratios"]["distance_rollout / plain_mlp_buffers"] = ratio("distance_rollout", "plain_mlp_buffers")
+            out["ratio_spread"]["distance_rollout / plain_mlp_buffers"] = ratio_spread(runs["distance_rollout"],
+                                                                                      runs["plain_mlp_buffers"])
         device_extras()
         return out
     d_peer, r_peer, _ = peer_attention_extract(extractor, x, stride, m.spec.num_prefix_tokens)
@@ -757,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         if "peer_loop_per_image" not in sec:  # --rows without a peer: the rows timed, and nothing else
             print("\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n" + "\n".join(
                 f"| {k} | {sec[k]:.3f} | {r.get(f'{k} / plain forward', 1.0):.3f} |" for k in s["runs_seconds"]))
+            own = "distance_rollout / plain_mlp_buffers"
+            if own in r:
+                lo, hi = s["ratio_spread"][own]
+                print(f"\nthe views' own cost, distance + rollout over the plain forward with the MLP's buffers: "
+                      f"{r[own]:.3f} [{lo:.2f}, {hi:.2f}]")
         else:
             print(f"\n| what | seconds | ratio to the plain forward |\n|---|---|---|\n| plain fused forward, batch "
                   f"{args.batch} | {sec['plain_forward']:.3f} | 1.00 |\n| vl.analyze (distance + rollout + weight views) | "

@@ -111,3 +111,27 @@ def test_the_views_numbers_are_those_of_the_modules_own_mlp(monkeypatch):
     want = vl.analyze(m, x, views=("distance", "rollout"), memory_budget_mb=0.01)
     np.testing.assert_array_equal(got.distance.mean_px, want.distance.mean_px)
     np.testing.assert_array_equal(got.rollout.maps, want.rollout.maps)
+
+
+def test_the_bench_times_the_views_own_cost_over_the_buffered_forward(tmp_path, capsys):
+    """``analyses/bench.py --rows distance_rollout plain_mlp_buffers`` (in-process, a small model, one repetition):
+    both rows timed, and the ratio of the one to the other reported and printed."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analyses" / "bench.py"
+    spec = importlib.util.spec_from_file_location("bench_rows", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--model", "vit_tiny_patch16_224", "--img-size", "64", "--batch", "2", "--reps", "1",
+                       "--skip-memory", "--rows", "distance_rollout", "plain_mlp_buffers",
+                       "--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())["speed"]
+    assert set(out["runs_seconds"]) == {"plain_forward", "plain_again", "distance_rollout", "plain_mlp_buffers"}
+    own = out["ratios"]["distance_rollout / plain_mlp_buffers"]
+    (a,), (b,) = out["runs_seconds"]["distance_rollout"], out["runs_seconds"]["plain_mlp_buffers"]
+    # the reported times are rounded to the millisecond (0.0005 s each), the ratio to three places
+    assert own == pytest.approx(a / b, rel=0.0005 / a + 0.0005 / b + 1e-6, abs=0.0005)
+    assert f"the views' own cost, distance + rollout over the plain forward with the MLP's buffers: {own:.3f}" \
+        in capsys.readouterr().out
