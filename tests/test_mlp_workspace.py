@@ -47,36 +47,51 @@ def test_the_workspace_mlp_is_the_modules_forward_bit_for_bit_and_reuses_its_buf
 
 
 def test_the_module_runs_itself_wherever_a_difference_could_be_seen():
-    """A hook on a module of the block (it may keep what it sees), a global hook, gradients and dropout in training:
-    the module's own forward runs (its output is not in the workspace)."""
+    """Wherever a difference could be seen, the module's own forward runs (its activation module is called, which the
+    workspace path never calls): a hook on a module of the block (it may keep what it sees: a forward hook, a
+    pre-hook), a global hook, gradients (and the backward works, with the class forward's gradients), autocast and
+    dropout in training. Without any of them the workspace path runs (the activation module is not called)."""
     model = _model(proj_drop_rate=0.5)  # the dropouts of each MLP: nn.Dropout(0.5)
     block = model.blocks[0]
     assert block.mlp.drop1.p == 0.5
+    calls: list[int] = []
+    act_forward = block.mlp.act.forward
+    block.mlp.act.forward = lambda x: (calls.append(1), act_forward(x))[1]  # counts the activation module's calls
     handles, ws = Handles(), {}
     timm_vit.mlp_in_workspace(model.blocks, ws, handles)
     x = torch.randn(2, 5, 192)
+
+    def act_ran(run) -> bool:
+        calls.clear()
+        with torch.no_grad():
+            run()
+        return len(calls) == 1
+
     try:
-        seen: list[torch.Tensor] = []
-        hook = block.mlp.act.register_forward_hook(lambda _m, _i, out: seen.append(out))
-        with torch.no_grad():
-            out = block.mlp(x)
-        hook.remove()
-        assert len(seen) == 1 and QKV_BUFFER not in ws
-        hook = nn.modules.module.register_module_forward_hook(lambda *_: None)
-        with torch.no_grad():
-            block.mlp(x)
-        hook.remove()
-        assert QKV_BUFFER not in ws
-        assert block.mlp(x).requires_grad and QKV_BUFFER not in ws  # gradients: the module's own graph
+        assert not act_ran(lambda: block.mlp(x)) and QKV_BUFFER in ws  # no hook, eval: the workspace path
+        for hook in (block.mlp.act.register_forward_hook(lambda *_: None),
+                     block.mlp.fc2.register_forward_pre_hook(lambda *_: None),
+                     block.ls2.register_forward_hook(lambda *_: None),
+                     nn.modules.module.register_module_forward_hook(lambda *_: None)):
+            assert act_ran(lambda: block.mlp(x))
+            hook.remove()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert act_ran(lambda: block.mlp(x))
+        calls.clear()
+        xg = x.clone().requires_grad_()
+        out = block.mlp(xg)
+        assert len(calls) == 1 and out.requires_grad
+        out.square().sum().backward()
+        xw = x.clone().requires_grad_()
+        type(block.mlp).forward(block.mlp, xw).square().sum().backward()
+        assert torch.equal(xg.grad, xw.grad)
         block.mlp.train()
-        with torch.no_grad():
-            block.mlp(x)  # dropout in training: the module's own random mask
-        assert QKV_BUFFER not in ws
+        assert act_ran(lambda: block.mlp(x))  # dropout in training: the module's own random mask
         block.mlp.eval()
-        with torch.no_grad():
-            assert torch.equal(block.mlp(x), out) and QKV_BUFFER in ws  # eval: dropout is the identity
+        assert not act_ran(lambda: block.mlp(x))
     finally:
         handles.remove()
+        del block.mlp.act.forward
 
 
 def test_other_mlps_keep_their_forward():

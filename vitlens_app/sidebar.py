@@ -37,7 +37,8 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
             st.info("Type a model name, e.g. `vit_tiny_patch16_224`, or pick another model source.")
             return None
         return name, pretrained, None, device
-    path = st.text_input("Checkpoint path (.safetensors, .pth/.bin, .npz)", key=f"{prefix}-path").strip()
+    path = st.text_input(f"Checkpoint path ({', '.join(f'.{t}' for t in CHECKPOINT_TYPES)})",
+                         key=f"{prefix}-path").strip()
     upload = st.file_uploader("... or upload one", type=list(CHECKPOINT_TYPES),
                               key=f"{prefix}-ckpt")
     arch = st.text_input("Architecture (timm name or ref-vit/ref-hybrid)", key=f"{prefix}-arch").strip()

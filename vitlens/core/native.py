@@ -2,7 +2,8 @@
 distance): ``native_kernels.cpp``, built on the user's machine and called through ``ctypes``.
 
 Three kernels, each one pass over the numbers it reads, each with the numbers of the eager code it replaces to
-float rounding (the same terms, summed by the same rules):
+float rounding (the same terms, summed by the same rules; the softmax's exp is ATen's ``exp_u20``, within
+``EXP_ULPS`` ulps):
 
 - ``softmax_taps``: a block of query rows' softmax, in place, and in the same pass what the views read of it
   (``SoftmaxTaps``): attention distance's per-query sums (float32 over blocks of ``key_block`` keys, added in
@@ -52,8 +53,9 @@ CACHE_ENV = "VITLENS_CACHE_DIR"
 
 EXP_ULPS = 20
 """The accuracy of the softmax kernel's exp, in float32 ulps: ATen's ``exp_u20`` (the exp of ATen's own fused attention
-kernel, which the plain forward runs), as its source documents it (about 2 ulps measured here); an exp below
-float32's smallest normal number is flushed to 0. The tests' bounds on the probabilities count it."""
+kernel, which the plain forward runs), as its source documents it (about 2 ulps measured here); an exp below about
+sqrt(2) times float32's smallest normal number (2^-126) is flushed to 0. The tests' bounds on the probabilities count
+both (``tests/test_native.py``)."""
 
 COMPILE_MIN_TOKENS = 1024
 """``auto`` uses the kernels for maps of at least this many tokens (above 512 px for a /16 ViT): below it the

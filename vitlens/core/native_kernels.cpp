@@ -43,8 +43,8 @@ inline float max_of(const float* row, int64_t n) {
 
 // softmax of one row in place: exp(x - max), summed in float32, times 1 / sum. The exp is ATen's exp_u20, the one
 // ATen's own fused attention kernel (flash attention's softmax, the plain forward's) runs: within 20 ulp as its source
-// says (vitlens.core.native.EXP_ULPS), a quarter faster than the Sleef exp (1 ulp); results below float32's smallest
-// normal number are flushed to 0. The last n % W keys take std::exp.
+// says (vitlens.core.native.EXP_ULPS), a quarter faster than the Sleef exp (1 ulp); results below about sqrt(2) times
+// float32's smallest normal number are flushed to 0. The last n % W keys take std::exp.
 inline void softmax_row(float* row, int64_t n) {
   const float mx = max_of(row, n);
   const Vec vmx(mx);

@@ -77,7 +77,7 @@ def mlp_in_workspace(blocks: Sequence[nn.Module], workspace: dict, handles: Hand
     free once the attention's output is made). The same products and the same GELU as the module's own forward, bit
     for bit (tested), into memory every block reuses instead of a fresh hidden activation [B, T, 4 D] and a fresh
     GELU output each block: page faults every block on the CPU, where the plain forward pays them too. The output is
-    valid until the next block's MLP (the block adds it to its residual stream at once). Anything else runs the
+    valid until the next block's q, k, v projection (the block adds it to its residual stream at once). Anything else runs the
     module's own forward: another MLP or activation, another device or dtype, gradients, autocast, dropout in
     training, and a hook on any module of the block or a global one (a hook may keep what it sees)."""
     from timm.layers import Mlp

@@ -21,7 +21,7 @@ def looks_like_checkpoint_path(name: str) -> bool:
     return Path(name).suffix.lower() in CHECKPOINT_SUFFIXES or Path(name).is_file()
 
 
-READABLE_FORMATS = "Pass a .safetensors, .pth/.pt/.bin (state dict) or original ViT .npz file."
+READABLE_FORMATS = "Pass a .safetensors, .pth/.pt/.bin/.tar (state dict) or original ViT .npz file."
 
 #: leading bytes of files often passed by mistake, and what to call them
 _MAGIC: tuple[tuple[bytes, str], ...] = (

@@ -61,8 +61,7 @@ def render_maps(ctx: Context) -> None:
     downloads(roll, fig, "rollout")
     if kind_choices.maps_by_window(spec):
         # the model's own path (its windows, mergings, poolings or stage embeddings), as the result states it
-        st.caption(f"Rollout's source and path: {roll.source_token}; drawn on the first stage's grid "
-                   "(docs/definitions.md).")
+        st.caption(f"Rolled out from the {roll.source_token.removeprefix('the ')} (docs/definitions.md).")
         render_window_maps(ctx, opacity)
         return
     if kind_choices.maps_of_class_attention(spec):
