@@ -629,6 +629,7 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
     bar = Progress(progress, total, "survey", unit="shard")
     finished = 0
     waiting = {w.load: ("load", w) for w in work.values()}
+    interrupted = False
     try:
         while waiting:
             ready, _ = ray.wait(list(waiting), num_returns=1)
@@ -677,9 +678,17 @@ def _collect(ray: Any, work: dict[str, _Model], manifest: dict, store: SurveySto
                 if w.images or w.reused:  # a model that read no image is said as failed at the end
                     bar.note(done_line(w.name, w.computed, w.images, w.reused))
             store.write_manifest(manifest)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
         bar.close()
-        _cancel(ray, waiting)  # stopped early (Ctrl-C, --strict): what is still out computes for no one
+        # stopped early (--strict): what is still out computes for no one. Not on Ctrl-C or SIGTERM: a ray.cancel that
+        # meets a task's reply on its way trips a fatal check in Ray's task manager ("Tried to complete task that was
+        # not pending"; the process exited 1 without saying what was kept). Ray's shutdown, or the driver's exit, ends
+        # those tasks; in a session that keeps its own Ray, they finish (at most the shards out at that moment).
+        if not interrupted:
+            _cancel(ray, waiting)
 
 
 def _cancel(ray: Any, futures: Any) -> None:
