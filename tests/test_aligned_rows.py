@@ -64,7 +64,8 @@ def test_inline_rows_padded_and_contiguous_both_within_float64_bounds(monkeypatc
 
     Bounds (u = 2^-24, d = 64): a score's dot product of d terms is within gamma_d sum_j |q_j k_j| scale of exact, so
     each probability carries twice the largest such error (relatively), beside the softmax's own
-    (spread + sum_j p_j spread_j + t + 1 + 4 EXP_ULPS) u and 2^-125 absolute (the native pass's bound, tests/test_native.py); the output row sum_k p_k v_k adds gamma_t sum_k p_k |v_k|."""
+    (spread + sum_j p_j spread_j + t + 1 + 4 EXP_ULPS) u and 2^-125 absolute (the native pass's bound,
+    tests/test_native.py); the output row sum_k p_k v_k adds gamma_t sum_k p_k |v_k|."""
     monkeypatch.setenv(native.COMPILE_ENV, "1")
     g = torch.Generator().manual_seed(t)
     h, d, scale = 3, 64, 64 ** -0.5

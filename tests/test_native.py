@@ -69,8 +69,8 @@ def test_softmax_taps_against_float64_within_derived_bounds(monkeypatch, t, grid
     after exp) and exp's ``EXP_ULPS`` ulps (2 u each); the sum s of the same rounded exps carries their errors averaged
     (at most (sum_j p_j |x_j - m| + 2 EXP_ULPS) u) and its float32 summation of t terms in any vector width (at most
     (t - 1) u); the product by 1 / s adds 2 u. ATen's exp_u20 flushes an exp under about sqrt(2) 2^-126 to 0: at most
-    2^-125 absolute (s >= 1). The sums are ``FLOAT32_RTOL``'s rule over the kernel's own probabilities; the mean over H heads summed in
-    float32 is within H u of float64."""
+    2^-125 absolute (s >= 1). The sums are ``FLOAT32_RTOL``'s rule over the kernel's own probabilities; the mean over
+    H heads summed in float32 is within H u of float64."""
     monkeypatch.setenv(native.COMPILE_ENV, "1")
     b, h, r, p, first = 2, 3, 9, 2, 3
     scores = _scores(b, h, r, t)

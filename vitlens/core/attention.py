@@ -191,15 +191,22 @@ def session_copy(workspace: dict | None, key: str, x: torch.Tensor) -> torch.Ten
     return session_tensor(workspace, key, x.shape, x.dtype, x.device).copy_(x)
 
 
+def unobserved(x: torch.Tensor, modules: Sequence[nn.Module]) -> bool:
+    """Whether a forward of ``modules`` on ``x`` may be computed into a session's workspace (``linear_in``,
+    ``vitlens.families.timm_vit.mlp_in_workspace``): no gradients, no autocast on ``x``'s device, and no hook that
+    could see or keep its tensors (a forward hook or pre-hook on one of ``modules``, or a global one)."""
+    return not (torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type)
+                or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
+                or any(mod._forward_hooks or mod._forward_pre_hooks for mod in modules))
+
+
 def linear_in(workspace: dict | None, key: str, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` for a plain ``nn.Linear`` computed into ``workspace[key]`` (``session_buffer``; valid until the
     next call under that key): ``addmm(bias, x as rows, weight^T)``, the product torch's own linear runs for a
     contiguous input with a bias (``mm`` without one), so the same numbers (tested bit for bit). Anything else (no
     workspace, another module or dtype, gradients, autocast, hooks on the layer or global ones) is ``layer(x)``."""
     if (workspace is None or type(layer) is not nn.Linear or x.dim() < 2 or not x.is_contiguous()
-            or x.dtype != layer.weight.dtype or x.device != layer.weight.device or torch.is_grad_enabled()
-            or torch.is_autocast_enabled(x.device.type) or layer._forward_hooks or layer._forward_pre_hooks
-            or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks):
+            or x.dtype != layer.weight.dtype or x.device != layer.weight.device or not unobserved(x, (layer,))):
         return layer(x)
     rows = x.reshape(-1, x.shape[-1])
     out = session_tensor(workspace, key, (rows.shape[0], layer.out_features), x.dtype, x.device)

@@ -23,10 +23,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from torch.nn.modules import module as torch_module
 
 from ..errors import UnsupportedModelError
-from ..core.attention import PROBS_BUFFER, QKV_BUFFER, attention_output_in_rows, conv_filters, linear_in
+from ..core.attention import (PROBS_BUFFER, QKV_BUFFER, attention_output_in_rows, conv_filters, linear_in,
+                              unobserved)
 from ..core.spec import ModelSpec
 from ..kinds import HYBRID, VIT, kind_of
 from .base import AttentionClassUnknown, CaptureAbilities, CaptureRequest, Handles, register
@@ -72,14 +72,15 @@ def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handle
 
 def mlp_in_workspace(blocks: Sequence[nn.Module], workspace: dict, handles: Handles) -> None:
     """Each block's timm ``Mlp`` (fc1, GELU, fc2; no norm) computed, for an inline capture session by rows (the forward
-    every attention view of Fig. 6, 7 and 11 runs), in the session's workspace on the CPU: ``fc1`` by ``linear_in`` into the probabilities' buffer (``PROBS_BUFFER``, free between two layers'
-    attention), GELU in place there, ``fc2`` by ``linear_in`` into the q, k, v projection's buffer (``QKV_BUFFER``,
-    free once the attention's output is made). The same products and the same GELU as the module's own forward, bit
-    for bit (tested), into memory every block reuses instead of a fresh hidden activation [B, T, 4 D] and a fresh
-    GELU output each block: page faults every block on the CPU, where the plain forward pays them too. The output is
-    valid until the next block's q, k, v projection (the block adds it to its residual stream at once). Anything else runs the
-    module's own forward: another MLP or activation, another device or dtype, gradients, autocast, dropout in
-    training, and a hook on any module of the block or a global one (a hook may keep what it sees)."""
+    every attention view of Fig. 6, 7 and 11 runs), in the session's workspace on the CPU: ``fc1`` by ``linear_in``
+    into the probabilities' buffer (``PROBS_BUFFER``, free between two layers' attention), GELU in place there,
+    ``fc2`` by ``linear_in`` into the q, k, v projection's buffer (``QKV_BUFFER``, free once the attention's output
+    is made). The same products and the same GELU as the module's own forward, bit for bit (tested), into memory
+    every block reuses instead of a fresh hidden activation [B, T, 4 D] and a fresh GELU output each block: page
+    faults every block on the CPU, where the plain forward pays them too. The output is valid until the next block's
+    q, k, v projection (the block adds it to its residual stream at once). Anything else runs the module's own
+    forward: another MLP or activation, another device or dtype, dropout in training, and whatever ``unobserved``
+    refuses (gradients, autocast, a hook on any module of the block or a global one: a hook may keep what it sees)."""
     from timm.layers import Mlp
 
     for block in blocks:
@@ -93,10 +94,8 @@ def mlp_in_workspace(blocks: Sequence[nn.Module], workspace: dict, handles: Hand
 
         def forward(x: torch.Tensor, mlp: nn.Module = mlp, previous: Callable = mlp.forward,
                     watched: list = watched, dropping: list = dropping) -> torch.Tensor:
-            if (x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled()
-                    or torch.is_autocast_enabled("cpu") or any(d.training for d in dropping)
-                    or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks
-                    or any(mod._forward_hooks or mod._forward_pre_hooks for mod in watched)):
+            if (x.device.type != "cpu" or x.dtype != torch.float32 or any(d.training for d in dropping)
+                    or not unobserved(x, watched)):
                 return previous(x)
             hidden = linear_in(workspace, PROBS_BUFFER, mlp.fc1, x)
             torch.ops.aten.gelu_(hidden, approximate=mlp.act.approximate)
