@@ -327,9 +327,19 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
            note="relevance (CP-LRP: attention probabilities held constant); biases absorb part of the logit",
            variant_of="attnlrp", label="CP-LRP"),
 )}
-#: the built-in methods' names (a snapshot of the table at import; what reads the table at call time
-#: also sees a method registered later, ``register_method``)
-METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered method's name, read from ``METHOD_TABLE`` when called (a method registered later is in it)."""
+    return tuple(METHOD_TABLE)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``METHODS``: ``method_names()``, read from the table when asked (no snapshot taken at import)."""
+    if name == "METHODS":
+        return method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 #: methods left out of ``compare_methods``'s default (``Method.slow``): scorecam runs masked_per_forward-sized
 #: batches of masked images per image (one forward per masked_per_forward images, for every channel of the layer)
 SLOW_METHODS: tuple[str, ...] = tuple(name for name, mt in METHOD_TABLE.items() if mt.slow)
