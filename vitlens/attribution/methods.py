@@ -382,7 +382,7 @@ def _kind(model: Any) -> str | None:
     """The ``ModelSpec.kind`` of a ``LoadedModel``, a spec or a kind's name; None for None."""
     if model is None or isinstance(model, str):
         return model
-    return getattr(getattr(model, "spec", model), "kind")
+    return getattr(model, "spec", model).kind
 
 
 def methods_for(model: Any) -> tuple[str, ...]:

@@ -47,7 +47,7 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
-from .consumer import AttentionConsumer, BatchInfo, query_rows  # the protocol, re-exported from here
+from .consumer import AttentionConsumer, BatchInfo
 from .plan import capture_plan, default_budget_mb, images_per_forward
 from .sources import batch_source
 

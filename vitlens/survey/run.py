@@ -29,9 +29,8 @@ from typing import Any, Iterator, Sequence
 from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
 from ..words import printable
-from ..reference import REFERENCE_NAMES
 from .sources import ImageSource, Shard
-from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
+from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
                     own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
 from .stats import DEFAULT_SURVEY_VIEW_NAMES, survey_views
