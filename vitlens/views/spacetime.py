@@ -112,8 +112,8 @@ class SpaceTimeDistanceResult(Result):
 
     Attributes:
         model: the model's name.
-        roles: each map's role ("joint", or a divided block's "temporal" then "spatial").
-        blocks: each map's block.
+        roles: [maps] each map's role ("joint", or a divided block's "temporal" then "spatial").
+        blocks: [maps] each map's block.
         spatial_px: [maps, heads] spatial distance in pixels, mean over clips.
         within_px: [maps, heads] spatial distance within the query's time step.
         temporal_frames: [maps, heads] temporal distance in frames.
@@ -146,6 +146,12 @@ class SpaceTimeDistanceResult(Result):
     n_clips: int
     fps: float | None = None
     renormalized: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.roles) - set(GEOMETRIES))
+        if unknown:
+            raise InvalidParameterError(f"a space-time distance's map roles are among {', '.join(GEOMETRIES)}; got "
+                                        f"{', '.join(map(repr, unknown))}.")
 
     @property
     def temporal_s(self) -> np.ndarray | None:
