@@ -52,7 +52,7 @@ from torch import nn
 from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
 from ..core.spec import ModelSpec
 from ..core.tokens import Cell, ImageTokens, TokenLayout, packed_images, packed_layout
-from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
+from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError, VitlensError
 from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
@@ -568,6 +568,12 @@ def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]
         install_call_capture(model, CaptureRequest(record), handles, name=name, check_tokens=False)
         with torch.no_grad():
             layout.forward(model, x)
+    except VitlensError:
+        raise
+    except ValueError as refusal:  # the model's own: it asks for more than pixels (text, a dataset index, ...)
+        raise UnsupportedModelError(
+            f"{name!r}: its forward refuses a {size[0]}x{size[1]} px image alone ({' '.join(str(refusal).split())}); "
+            "vitlens runs a vision model on pixels only and cannot know other forward arguments.") from refusal
     finally:
         handles.remove()
     found = {seen[i] for i in seen}

@@ -99,6 +99,45 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Modul
     return tower, patches, layers, attns
 
 
+#: the side a tower with no position table and no stated size is read at (rounded up to whole merge blocks)
+_DEFAULT_SIDE_PX = 224
+
+
+def _refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool) -> None:
+    """A tower whose forward needs more than the pixels is refused in one line naming what it needs: text
+    (``input_ids``: ViLT embeds both in one sequence), a dataset index choosing among several experts (ViTPose+),
+    packed patches with their ``grid_thw`` in a layout other than the Qwen3-VL / Gemma 4 ones this layout builds
+    (PaddleOCR-VL's ``[N, C, p, p]``, VideoLLaMA3's, HunYuan-VL's), or windows (Qwen2.5-Omni's window blocks:
+    only transformers' Qwen2.5-VL tower has a family that undoes its window order)."""
+    import inspect
+
+    cfg, kind = tower.config, type(tower).__name__
+    try:
+        params = inspect.signature(tower.forward).parameters
+    except (TypeError, ValueError):
+        return
+    if "input_ids" in params:
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) embeds text and image in one sequence (its forward takes input_ids): its attention "
+            "depends on text vitlens cannot know; load a model whose vision tower runs on images alone.")
+    experts = int(getattr(cfg, "num_experts", 1) or 1)
+    if experts > 1 and "dataset_index" in params:
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) has {experts} experts chosen per sample by a dataset_index forward argument, which "
+            "vitlens cannot know; build it with num_experts=1 or read a single-expert checkpoint.")
+    window, full = getattr(cfg, "window_size", None), getattr(cfg, "fullatt_block_indexes", None)
+    if packed_here and window and full is not None and len(set(full)) < int(getattr(cfg, "depth", 0) or 0):
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) attends in windows of {window} px in its blocks other than {sorted(full)} (several "
+            "attention calls per image, its tokens reordered into windows); vitlens reads that pattern only in "
+            "transformers' Qwen2_5_VisionTransformerPretrainedModel (family hf-qwen2.5-vl).")
+    if not packed_here and "grid_thw" in params:
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) is a packed vision tower (its forward takes pixel_values with grid_thw, patches "
+            "flattened in its own layout and merge order), which vitlens does not read yet: it reads the packed "
+            "towers of Qwen2-VL, Qwen3-VL and Gemma 4 (docs/models.md).")
+
+
 def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
     """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
     ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
@@ -138,6 +177,7 @@ class HuggingFaceLayout(Layout):
         if float(getattr(tower.config, "mask_ratio", 0) or 0):
             raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
                                         "would be of a random subset of the image.")
+        _refuse_inputs_it_cannot_know(tower, name, bool(self._merge(model) or self._positioned(model)))
 
     def patch_conv(self, model: nn.Module) -> nn.Module:
         return self._parts(model)[1]
@@ -278,8 +318,14 @@ class HuggingFaceLayout(Layout):
         if self._merge(model):  # Qwen3-VL: the size given, else its square position table's
             if input_size is not None:
                 return int(input_size[0]), int(input_size[1])
-            side = math.isqrt(int(self._parts(model)[0].config.num_position_embeddings))
-            return side * self.patch_embedding(model).stride[0], side * self.patch_embedding(model).stride[1]
+            stride = self.patch_embedding(model).stride
+            table = getattr(self._parts(model)[0].config, "num_position_embeddings", None)
+            if table is None:  # Qwen2-VL: 2-D RoPE alone, any size: the default side in whole merge blocks
+                block = self._merge(model)
+                side = -(-_DEFAULT_SIDE_PX // (stride[0] * block)) * block
+            else:
+                side = math.isqrt(int(table))
+            return side * stride[0], side * stride[1]
         built = self._built_size(model)
         refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
         return built

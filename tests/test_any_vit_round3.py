@@ -1,0 +1,140 @@
+"""Issue 64: towers that crashed are read exactly or refused in one line. Qwen2-VL's tower (2-D RoPE, no position
+table) loaded without a size is read at 224 px, exact against its own attention written out in float64 from each
+block's input (sharpened: large random ``qkv`` weights, so a wrong token order shows); towers whose forward needs
+what vitlens cannot know (text, a dataset index, packed patches in a layout of their own, window blocks) are refused
+in one line naming it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitlens as vl
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+
+
+def qwen2vl_tower(seed: int = 0) -> torch.nn.Module:
+    """A tiny random Qwen2-VL tower (patch 16, merge 2) with large random qkv weights (attention far from uniform)."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+    cfg = transformers.Qwen2VLVisionConfig(depth=2, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2,
+                                           patch_size=16, spatial_merge_size=2)
+    torch.manual_seed(seed)
+    model = Qwen2VisionTransformerPretrainedModel._from_config(cfg, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.normal_(0.0, 0.5, generator=g)
+    return model
+
+
+def qwen2vl_reference(model: torch.nn.Module, m: vl.LoadedModel, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each block's attention in float64 from its own input: q, k from its ``qkv`` and transformers' own
+    ``apply_rotary_pos_emb_vision``, softmax(q k^T * scaling) within each image's ``cu_seqlens`` chunk, the images
+    stacked, in the model's own (2x2 merge-block) token order."""
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+    seen: list[tuple] = []
+    hooks = [b.attn.register_forward_pre_hook(lambda _m, a, kw: seen.append((a[0], kw)), with_kwargs=True)
+             for b in model.blocks]
+    try:
+        with torch.no_grad():
+            m.forward(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    maps = []
+    for block, (hidden, kw) in zip(model.blocks, seen):
+        attn = block.attn
+        qkv = attn.qkv(hidden).double().reshape(hidden.shape[0], 3, attn.num_heads, -1)
+        q, k, _ = qkv.permute(1, 0, 2, 3).unbind(0)
+        q, k = apply_rotary_pos_emb_vision(q, k, *(t.double() for t in kw["position_embeddings"]))
+        bounds = kw["cu_seqlens"].tolist()
+        maps.append(torch.stack([torch.softmax(torch.einsum("qhd,khd->hqk", q[s:e], k[s:e]) * attn.scaling, -1)
+                                 for s, e in zip(bounds[:-1], bounds[1:])]))
+    return maps
+
+
+def test_qwen2vl_tower_without_a_size_is_read_at_224px_exact_against_its_own_attention():
+    from vitlens.core.tokens import merge_block_layout
+
+    model = qwen2vl_tower()
+    m = vl.LoadedModel.from_module(model, name="qwen2vl", device="cpu")  # crashed: no num_position_embeddings
+    assert (m.spec.family, m.spec.image_size, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", (224, 224),
+                                                                                          (14, 14), 0)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(3))
+    order = merge_block_layout((14, 14)).canonical_order()
+    want = [a[..., order, :][..., order] for a in qwen2vl_reference(model, m, x)]
+    assert max(a.max().item() for a in want) > 0.5  # sharpened: a wrong order cannot hide in flat maps
+    with torch.no_grad():
+        plain = m.forward(x)
+        with vl.capture_attention(m, mode="side") as cap:
+            out = m.forward(x)
+    assert torch.equal(out, plain) and len(cap.maps) == 2
+    for got, ref in zip(cap.maps, want):
+        assert got.shape == (2, 2, 196, 196)
+        assert (got.double() - ref).abs().max().item() < TOL
+
+
+def _omni() -> torch.nn.Module:
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniVisionEncoder
+
+    cfg = transformers.Qwen2_5OmniVisionEncoderConfig(depth=2, hidden_size=32, num_heads=2, intermediate_size=64,
+                                                      patch_size=8, spatial_merge_size=2, out_hidden_size=32,
+                                                      fullatt_block_indexes=[1], window_size=32)
+    return Qwen2_5OmniVisionEncoder._from_config(cfg, attn_implementation="sdpa")
+
+
+def _videollama3() -> torch.nn.Module:
+    cfg = transformers.VideoLlama3VisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                               intermediate_size=64, patch_size=8)
+    return transformers.VideoLlama3VisionModel._from_config(cfg, attn_implementation="sdpa")
+
+
+def _hunyuan() -> torch.nn.Module:
+    from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLVisionTransformer
+
+    cfg = transformers.HunYuanVLVisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                             intermediate_size=64, patch_size=8)
+    return HunYuanVLVisionTransformer._from_config(cfg, attn_implementation="sdpa")
+
+
+def _paddleocr() -> torch.nn.Module:
+    cfg = transformers.PaddleOCRVisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                             intermediate_size=64, patch_size=8, image_size=32)
+    return transformers.PaddleOCRVisionModel._from_config(cfg, attn_implementation="sdpa")
+
+
+def _vitpose_two_experts() -> torch.nn.Module:
+    cfg = transformers.VitPoseBackboneConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                             intermediate_size=64, patch_size=8, image_size=[32, 32], num_experts=2,
+                                             part_features=8, out_indices=[2])
+    return transformers.VitPoseBackbone._from_config(cfg, attn_implementation="sdpa")
+
+
+def _vilt() -> torch.nn.Module:
+    cfg = transformers.ViltConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                  patch_size=8, image_size=32, vocab_size=64)
+    return transformers.ViltModel._from_config(cfg)
+
+
+REFUSED = {
+    "qwen2.5-omni": (_omni, "attends in windows of 32 px"),
+    "videollama3": (_videollama3, "packed vision tower .*grid_thw"),
+    "hunyuan-vl": (_hunyuan, "packed vision tower .*grid_thw"),
+    "paddleocr-vl": (_paddleocr, "packed vision tower .*grid_thw"),
+    "vitpose-two-experts": (_vitpose_two_experts, "2 experts .*dataset_index"),
+    "vilt": (_vilt, "embeds text and image .*input_ids"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(REFUSED))
+def test_towers_needing_what_vitlens_cannot_know_are_refused_in_one_line_naming_it(key):
+    build, says = REFUSED[key]
+    for size in (None, (3, 64, 64)):  # crashed (AttributeError, ValueError) or was refused for a false reason
+        with pytest.raises(vl.UnsupportedModelError, match=says) as refusal:
+            vl.LoadedModel.from_module(build(), name=key, device="cpu",
+                                       data_config={"input_size": size} if size else None)
+        assert "\n" not in str(refusal.value)
