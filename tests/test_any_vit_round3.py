@@ -138,3 +138,34 @@ def test_towers_needing_what_vitlens_cannot_know_are_refused_in_one_line_naming_
             vl.LoadedModel.from_module(build(), name=key, device="cpu",
                                        data_config={"input_size": size} if size else None)
         assert "\n" not in str(refusal.value)
+
+
+def _sharpened(tower: torch.nn.Module, factor: float = 4.0) -> torch.nn.Module:
+    """A CLIP-style tower's queries and keys scaled (attention far from uniform, so a wrong tower or order shows)."""
+    with torch.no_grad():
+        for name, weight in tower.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                weight.mul_(factor)
+    return tower
+
+
+def test_video_llava_given_images_reads_its_image_tower_exactly():
+    from test_whole_models import TEXT, VISION, eager_tower
+
+    cfg = transformers.VideoLlavaConfig(vision_config=dict(VISION, projection_dim=32), text_config=dict(TEXT),
+                                        vision_feature_layer=-1)
+    torch.manual_seed(0)
+    model = transformers.VideoLlavaForConditionalGeneration._from_config(cfg, attn_implementation="sdpa").eval()
+    image, video = _sharpened(model.model.image_tower), _sharpened(model.model.video_tower)
+    m = vl.LoadedModel.from_module(model, name="video-llava", device="cpu")
+    assert m.spec.read_module == "model.image_tower (CLIPVisionModel)"  # was model.video_tower
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = eager_tower(image)(pixel_values=x, output_attentions=True).attentions
+        other = eager_tower(video)(pixel_values=x, output_attentions=True).attentions
+        with vl.capture_attention(m) as cap:
+            m.logits(x)
+    assert len(cap.maps) == 2
+    for got, ref, wrong in zip(cap.maps, want, other):
+        assert (got - ref).abs().max().item() < TOL
+        assert (got - wrong).abs().max().item() > 0.1  # the two towers' maps differ: reading the other one shows

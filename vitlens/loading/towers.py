@@ -15,8 +15,9 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 
-#: attribute names of vision towers, tried first among the submodules of one depth
-TOWER_NAMES = ("vision_tower", "vision_model", "visual", "backbone", "timm_model", "vision_encoder", "image_encoder",
+#: attribute names of vision towers, tried first among the submodules of one depth; a model with an image tower
+#: beside its video tower (Video-LLaVA's ``image_tower`` and ``video_tower``) embeds images with the former
+TOWER_NAMES = ("image_tower", "vision_tower", "vision_model", "visual", "backbone", "timm_model", "vision_encoder", "image_encoder",
                "encoder")
 #: how deep below the model given a tower is looked for (Llava: ``model.vision_tower``, depth 2; OWL-ViT's detector:
 #: ``owlvit.vision_model``, read through ``owlvit`` at depth 1)
