@@ -144,7 +144,7 @@ def _sharpened(tower: torch.nn.Module, factor: float = 4.0) -> torch.nn.Module:
     """A CLIP-style tower's queries and keys scaled (attention far from uniform, so a wrong tower or order shows)."""
     with torch.no_grad():
         for name, weight in tower.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
+            if name.endswith(("q_proj.weight", "k_proj.weight", "query.weight", "key.weight")):
                 weight.mul_(factor)
     return tower
 
@@ -169,3 +169,35 @@ def test_video_llava_given_images_reads_its_image_tower_exactly():
     for got, ref, wrong in zip(cap.maps, want, other):
         assert (got - ref).abs().max().item() < TOL
         assert (got - wrong).abs().max().item() > 0.1  # the two towers' maps differ: reading the other one shows
+
+
+def _pixio(n_cls: int = 8) -> torch.nn.Module:
+    cfg = transformers.PixioConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                   image_size=32, patch_size=8, n_cls_tokens=n_cls)
+    torch.manual_seed(0)
+    return _sharpened(transformers.PixioModel._from_config(cfg, attn_implementation="sdpa").eval())
+
+
+def test_pixio_class_tokens_stated_by_its_config_are_its_prefix_exact_against_eager():
+    from test_whole_models import eager_tower
+
+    model = _pixio()
+    m = vl.LoadedModel.from_module(model, name="pixio", device="cpu")  # was refused: 24 tokens are not 16 + 1
+    assert (m.spec.grid, m.spec.num_prefix_tokens) == ((4, 4), 8)
+    assert m.spec.prefix_labels == tuple(f"class {i}" for i in range(1, 9))
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = eager_tower(model)(pixel_values=x, output_attentions=True).attentions
+        plain = m.forward(x)
+        with vl.capture_attention(m) as cap:
+            out = m.forward(x)
+    assert torch.equal(out, plain) and len(cap.maps) == 2
+    for got, ref in zip(cap.maps, want):
+        assert got.shape == (2, 2, 24, 24) and (got - ref).abs().max().item() < TOL
+
+
+def test_a_prefix_count_the_config_states_but_the_model_does_not_make_is_refused():
+    model = _pixio()
+    model.config.n_cls_tokens = 4  # the embedding still makes 8 class tokens
+    with pytest.raises(vl.UnsupportedModelError, match="24 tokens.*plus 4 prefix tokens"):
+        vl.LoadedModel.from_module(model, name="pixio", device="cpu")

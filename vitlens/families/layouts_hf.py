@@ -275,9 +275,27 @@ class HuggingFaceLayout(Layout):
         registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else 0
         return cls, dist, registers
 
+    def _stated_counts(self, model: nn.Module) -> tuple[int, int]:
+        """(class tokens, register tokens) as the config states them (Pixio's ``n_cls_tokens``, DINOv3's
+        ``num_register_tokens``), else as the embedding's tensors hold them (a ``cls_token`` of shape [1, n, C] is n
+        class tokens); ``spec`` checks their sum against the tokens the model makes."""
+        cls, _dist, registers = self.prefix_parts(model)
+        cfg = self._parts(model)[0].config
+        token = getattr(self._embeddings(model), "cls_token", None)
+        classes = int(token.shape[1]) if cls and isinstance(token, torch.Tensor) and token.dim() == 3 else int(cls)
+        for names, count in ((("n_cls_tokens", "num_cls_tokens", "num_class_tokens"), "classes"),
+                             (("num_register_tokens", "n_register_tokens", "num_registers"), "registers")):
+            stated = next((getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)), None)
+            if stated is not None and count == "classes":
+                classes = int(stated)
+            elif stated is not None:
+                registers = int(stated)
+        return classes, registers
+
     def declared_prefix(self, model: nn.Module) -> int | None:
-        cls, dist, registers = self.prefix_parts(model)
-        return int(cls) + int(dist) + registers + self._detection(model)  # none declared is 0
+        _cls, dist, _registers = self.prefix_parts(model)
+        classes, registers = self._stated_counts(model)
+        return classes + int(dist) + registers + self._detection(model)  # none declared is 0
 
     def _detection(self, model: nn.Module) -> int:
         det = getattr(self._embeddings(model), "detection_tokens", None)  # YOLOS: after the patches
@@ -289,6 +307,11 @@ class HuggingFaceLayout(Layout):
         if self._merge(model):
             return merge_block_layout(grid, self._merge(model))
         n = self._detection(model)
+        classes, stated_registers = self._stated_counts(model)
+        if not n and classes > 1:  # several class tokens (Pixio's n_cls_tokens), then the registers, then the patches
+            _cls, dist, _registers = self.prefix_parts(model)
+            return standard_layout(grid, ("class",) * classes + ("distillation",) * int(dist)
+                                   + ("register",) * stated_registers)
         if not n:
             return None
         cls, dist, registers = self.prefix_parts(model)
