@@ -201,3 +201,38 @@ def test_a_prefix_count_the_config_states_but_the_model_does_not_make_is_refused
     model.config.n_cls_tokens = 4  # the embedding still makes 8 class tokens
     with pytest.raises(vl.UnsupportedModelError, match="24 tokens.*plus 4 prefix tokens"):
         vl.LoadedModel.from_module(model, name="pixio", device="cpu")
+
+
+def _timm_classifiers() -> dict[str, torch.nn.Module]:
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    gemma = timm.create_model("gemma4_vit_167m", pretrained=False, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                              head_dim=16, intermediate_size=64, pooling_kernel_size=2, position_embedding_size=16,
+                              num_classes=5).eval()
+    qwen = timm.create_model("qwen3_vit_88m", pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2,
+                             num_heads=2, num_classes=5).eval()
+    for model in (gemma, qwen):
+        with torch.no_grad():
+            for name, weight in model.encoder.blocks.named_parameters():
+                if name.endswith(("qkv.weight", "q_norm.weight", "k_norm.weight")):  # gemma4: q, k normed
+                    weight.mul_(3.0)  # sharpened: a wrong token order cannot hide in flat maps
+    return {"gemma4": gemma, "qwen3": qwen}
+
+
+@pytest.mark.parametrize("key", ["gemma4", "qwen3"])
+def test_timm_vit_classifiers_are_read_through_their_encoder_with_their_own_logits(key):
+    from test_patch_embeddings import _own_eager_maps
+
+    model = _timm_classifiers()[key]
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    want, want_out = _own_eager_maps(model, x, [b.attn for b in model.encoder.blocks])
+    m = vl.LoadedModel.from_module(model, name=key, device="cpu", data_config={"input_size": (3, 32, 32)})
+    assert (m.spec.family, m.spec.read_module, m.spec.grid, m.spec.num_classes) == ("generic", "", (4, 4), 5)
+    with torch.no_grad():
+        plain = model(x)
+        with vl.capture_attention(m) as cap:
+            out = m.logits(x)
+    assert out.shape == (2, 5) and torch.equal(out, plain)  # the classifier's logits, not the encoder's features
+    assert (out - want_out).abs().max().item() < TOL and len(cap.maps) == 2
+    for got, ref in zip(cap.maps, want):
+        assert got.shape == (2, 2, 16, 16) and (got - ref).abs().max().item() < TOL

@@ -183,55 +183,80 @@ def _timm_patches(model: nn.Module) -> nn.Module | None:
     return pe if read is not None and read.kind == "linear" else None
 
 
+def _timm_plain(model: nn.Module) -> bool:
+    """A timm-style ViT itself: a patch embedding (``_timm_patches``) and a non-empty ``blocks``, each with ``attn``."""
+    blocks = getattr(model, "blocks", None)
+    if _timm_patches(model) is None or not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
+        return False
+    return len(blocks) > 0 and all(isinstance(getattr(b, "attn", None), nn.Module) for b in blocks)
+
+
+def _timm_body(model: nn.Module) -> nn.Module | None:
+    """The timm-style ViT a model is, or the one a timm classifier wraps as its ``encoder`` (``Qwen3VitClassifier``,
+    ``Gemma4VitClassifier``: an encoder, a norm and a ``head``, run by ``forward_head``): its blocks are read, its
+    output is the classifier's logits; None for neither."""
+    if _timm_plain(model):
+        return model
+    encoder = getattr(model, "encoder", None)
+    if isinstance(encoder, nn.Module) and _timm_plain(encoder) and callable(getattr(model, "forward_head", None)):
+        return encoder
+    return None
+
+
+def _body(model: nn.Module) -> nn.Module:
+    body = _timm_body(model)
+    if body is None:
+        raise UnsupportedModelError(f"{type(model).__name__} no longer has the layout the generic capture read.")
+    return body
+
+
 class TimmLayout(Layout):
     """A timm-style ViT: ``patch_embed.proj`` (a convolution) or a linear ``patch_embed`` over unfolded patches
-    (timm's ``gemma4_vit_*`` encoder) and a sequence ``blocks``, each with ``attn``."""
+    (timm's ``gemma4_vit_*`` encoder) and a sequence ``blocks``, each with ``attn``; or a timm classifier wrapping
+    one as its ``encoder`` (``_timm_body``), whose logits are the classifier's."""
 
     name = "timm-style"
 
     def matches(self, model: nn.Module) -> bool:
-        blocks = getattr(model, "blocks", None)
-        if _timm_patches(model) is None or not isinstance(blocks, (nn.Sequential, nn.ModuleList)):
-            return False
-        return len(blocks) > 0 and all(isinstance(getattr(b, "attn", None), nn.Module) for b in blocks)
+        return _timm_body(model) is not None
 
     def check(self, model: nn.Module, name: str) -> None:
-        if isinstance(getattr(model.patch_embed, "backbone", None), nn.Module):
+        if isinstance(getattr(_body(model).patch_embed, "backbone", None), nn.Module):
             raise UnsupportedModelError(
-                f"{name!r} embeds patches through a CNN backbone ({type(model.patch_embed).__name__}), whose pixel "
-                "stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
+                f"{name!r} embeds patches through a CNN backbone ({type(_body(model).patch_embed).__name__}), whose "
+                "pixel stride vitlens's generic call-level capture does not read from the projection; it reads a patch "
                 "embedding that is one convolution of the pixels.")
 
     def patch_conv(self, model: nn.Module) -> nn.Module:
-        return _timm_patches(model)
+        return _timm_patches(_body(model))
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return [block.attn for block in model.blocks]
+        return [block.attn for block in _body(model).blocks]
 
     def declared_prefix(self, model: nn.Module) -> int | None:
-        n = getattr(model, "num_prefix_tokens", None)
+        n = getattr(_body(model), "num_prefix_tokens", None)
         if isinstance(n, int) and not isinstance(n, bool):
             return n
-        found = [getattr(model, a, None) for a in ("cls_token", "dist_token", "reg_token")]
+        found = [getattr(_body(model), a, None) for a in ("cls_token", "dist_token", "reg_token")]
         if not any(isinstance(t, torch.Tensor) for t in found):
             return None
         return sum(int(t.shape[1]) for t in found if isinstance(t, torch.Tensor) and t.dim() == 3)
 
     def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
-        cls = isinstance(getattr(model, "cls_token", None), torch.Tensor)
-        dist = isinstance(getattr(model, "dist_token", None), torch.Tensor)
-        reg = getattr(model, "reg_token", None)
+        cls = isinstance(getattr(_body(model), "cls_token", None), torch.Tensor)
+        dist = isinstance(getattr(_body(model), "dist_token", None), torch.Tensor)
+        reg = getattr(_body(model), "reg_token", None)
         registers = int(reg.shape[1]) if isinstance(reg, torch.Tensor) and reg.dim() == 3 else \
-            int(getattr(model, "num_reg_tokens", 0) or 0)
+            int(getattr(_body(model), "num_reg_tokens", 0) or 0)
         return cls, dist, registers
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
-        grid = getattr(model.patch_embed, "grid_size", None)
+        grid = getattr(_body(model).patch_embed, "grid_size", None)
         return (int(grid[0]), int(grid[1])) if grid is not None else None
 
     def image_size(self, model: nn.Module, name: str, input_size: Sequence[int] | None) -> tuple[int, int]:
-        built = getattr(model.patch_embed, "img_size", None)
-        if built is not None and not getattr(model, "dynamic_img_size", False):
+        built = getattr(_body(model).patch_embed, "img_size", None)
+        if built is not None and not getattr(_body(model), "dynamic_img_size", False):
             refuse_other_size(name, "generic", built, input_size)
         size = input_size if input_size is not None else built
         if size is None:  # a model of any size (timm's Gemma 4): the size of its pretrained configuration
@@ -243,17 +268,17 @@ class TimmLayout(Layout):
         return (int(size[0]), int(size[1])) if len(size) >= 2 else (int(size[0]), int(size[0]))
 
     def dynamic(self, model: nn.Module) -> bool:
-        return bool(getattr(model, "dynamic_img_size", False))
+        return bool(getattr(_body(model), "dynamic_img_size", False))
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return model(x)
 
     def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        pos = getattr(model, "pos_embed", None)
+        pos = getattr(_body(model), "pos_embed", None)
         return pos if isinstance(pos, torch.Tensor) and pos.dim() == 3 else None
 
     def embed_dim(self, model: nn.Module) -> int:
-        return int(getattr(model, "embed_dim", self.patch_embedding(model).out_channels))
+        return int(getattr(_body(model), "embed_dim", self.patch_embedding(model).out_channels))
 
     def num_classes(self, model: nn.Module) -> int:
         return int(getattr(model, "num_classes", 0) or 0)
