@@ -236,3 +236,40 @@ def test_timm_vit_classifiers_are_read_through_their_encoder_with_their_own_logi
     assert (out - want_out).abs().max().item() < TOL and len(cap.maps) == 2
     for got, ref in zip(cap.maps, want):
         assert got.shape == (2, 2, 16, 16) and (got - ref).abs().max().item() < TOL
+
+
+def test_an_openclip_tower_on_a_timm_swin_gets_the_windowed_views_of_its_trunk():
+    """Distance and rollout refused it ("its family (openclip-timm) attends globally"); now they follow the trunk:
+    the same numbers as the trunk loaded alone (the timm Swin family's, exact against Swin's own attention in
+    tests/test_swin.py), and the maps equal the trunk's, sharpened."""
+    import numpy as np
+
+    open_clip = pytest.importorskip("open_clip")
+    timm = pytest.importorskip("timm")
+    text = dict(context_length=8, vocab_size=64, width=32, heads=2, layers=1)
+    torch.manual_seed(0)
+    vision = dict(image_size=64, timm_model_name="swin_tiny_patch4_window7_224", timm_pool="avg", timm_proj="none")
+    model = open_clip.model.CLIP(embed_dim=16, vision_cfg=vision, text_cfg=text)
+    model.visual.trunk = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=64, patch_size=4,
+                                           window_size=4, embed_dim=16, depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 2),
+                                           num_classes=0)
+    with torch.no_grad():
+        for name, weight in model.visual.trunk.named_parameters():
+            if name.endswith("qkv.weight"):
+                weight.mul_(3.0)
+    m = vl.LoadedModel.from_module(model, name="oc-swin", device="cpu")
+    alone = vl.LoadedModel.from_module(model.visual.trunk, name="swin", device="cpu")
+    assert (m.family.name, m.spec.kind, m.spec.family) == ("openclip-timm-windowed", "hierarchical",
+                                                           "openclip-timm-windowed:timm-swin")
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        m.forward(x)
+    with torch.no_grad(), vl.capture_attention(alone) as ref:
+        alone.forward(x)
+    assert len(cap.maps) == len(ref.maps) == 5
+    for got, want in zip(cap.maps, ref.maps):
+        assert torch.equal(got, want)
+    distance, want_distance = vl.attention_distance(m, x), vl.attention_distance(alone, x)
+    np.testing.assert_allclose(distance.mean_px, want_distance.mean_px, rtol=0, atol=1e-9)
+    rollout, want_rollout = vl.attention_rollout(m, x[:1]), vl.attention_rollout(alone, x[:1])
+    np.testing.assert_allclose(rollout.maps, want_rollout.maps, rtol=0, atol=1e-9)

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
+from ..core.windows import WindowGeometry
 from ..kinds import VIT
 from .base import Adapter, CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
 from ..core.attention import conv_filters
@@ -146,7 +147,7 @@ class OpenClipTimm(Adapter):
             return False
         from open_clip.timm_model import TimmModel
 
-        return isinstance(visual_of(model), TimmModel)
+        return isinstance(visual_of(model), TimmModel) and not _windowed_trunk(model)
 
     def check(self, model: nn.Module, name: str) -> None:
         from .base import family_of
@@ -179,5 +180,46 @@ class OpenClipTimm(Adapter):
         return encode_image(model, x)
 
 
+def _windowed_trunk(model: nn.Module) -> bool:
+    """Whether an open_clip tower's timm trunk is read by a family whose blocks attend in windows (a timm Swin)."""
+    from .base import family_of
+
+    try:
+        return family_of(visual_of(model).trunk).windows is not None
+    except UnsupportedModelError:
+        return False
+
+
+class OpenClipTimmWindowed(OpenClipTimm):
+    """An open_clip tower on a windowed timm trunk (``swin_base_patch4_window7_224``): as ``OpenClipTimm``, and the
+    windowed views follow the trunk (its family's windows and stage grids, on the trunk's tokens, which are the
+    tokens the capture reads)."""
+
+    name = "openclip-timm-windowed"
+    summary = "OpenCLIP image towers on a windowed timm trunk"
+    reads = ("OpenCLIP image towers on a windowed timm trunk (a timm Swin), read by the trunk's timm family with its "
+             "windows: distance in image pixels per stage, rollout through the windows and patch mergings")
+    names = ("open_clip:ARCH of a timm Swin tower, e.g. open_clip:swin_base_patch4_window7_224",)
+
+    def matches(self, model: nn.Module) -> bool:
+        if not is_open_clip(model):
+            return False
+        from open_clip.timm_model import TimmModel
+
+        return isinstance(visual_of(model), TimmModel) and _windowed_trunk(model)
+
+    def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
+        trunk, inner = self.inner(model)
+        return inner.windows(trunk, input_hw)
+
+    def stage_layout(self, model: nn.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        trunk, inner = self.inner(model)
+        if inner.stage_layout is not None:
+            return inner.stage_layout(trunk)
+        spec = inner.spec(trunk, type(trunk).__name__)  # one stage: the spec's one grid
+        return [(spec.grid, spec.stride_px)]
+
+
 register(OpenClipViT())
 register(OpenClipTimm())
+register(OpenClipTimmWindowed())
