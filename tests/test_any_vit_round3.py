@@ -273,3 +273,24 @@ def test_an_openclip_tower_on_a_timm_swin_gets_the_windowed_views_of_its_trunk()
     np.testing.assert_allclose(distance.mean_px, want_distance.mean_px, rtol=0, atol=1e-9)
     rollout, want_rollout = vl.attention_rollout(m, x[:1]), vl.attention_rollout(alone, x[:1])
     np.testing.assert_allclose(rollout.maps, want_rollout.maps, rtol=0, atol=1e-9)
+
+
+def test_mgpstr_eager_only_tower_is_read_at_its_softmax_exact_against_its_own_attentions():
+    cfg = transformers.MgpstrConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, mlp_ratio=2.0,
+                                    patch_size=8, image_size=[32, 64], max_token_length=8)
+    torch.manual_seed(0)
+    model = transformers.MgpstrModel._from_config(cfg).eval()
+    with torch.no_grad():
+        for block in model.encoder.blocks:  # sharpened: large random qkv weights
+            block.attn.qkv.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+    m = vl.LoadedModel.from_module(model, name="mgp-str", device="cpu")  # was refused: blocks in an nn.Sequential
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", (4, 8), 1)
+    x = torch.randn(2, 3, 32, 64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        own = model(pixel_values=x, output_attentions=True)
+        with vl.capture_attention(m) as cap:
+            out = m.forward(x)
+    assert len(cap.maps) == 2 and max(a.max().item() for a in own.attentions) > 0.5
+    assert torch.equal(out, own.last_hidden_state[:, 0])  # its output: the class token, unchanged by the capture
+    for got, ref in zip(cap.maps, own.attentions):
+        assert got.shape == (2, 2, 33, 33) and (got - ref).abs().max().item() < TOL

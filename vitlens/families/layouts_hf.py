@@ -86,7 +86,8 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Modul
         return None
     depth = getattr(cfg, "num_hidden_layers", None)
     modules = dict(tower.named_modules())
-    layers = next((modules[n] for n in _HF_LAYER_LISTS if isinstance(modules.get(n), nn.ModuleList)
+    layers = next((modules[n] for n in _HF_LAYER_LISTS  # (MGP-STR's blocks are an nn.Sequential)
+                   if isinstance(modules.get(n), (nn.ModuleList, nn.Sequential))
                    and len(modules[n]) == depth and depth), None)
     if layers is None or len({type(layer) for layer in layers}) != 1:
         return None
