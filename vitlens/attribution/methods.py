@@ -330,7 +330,11 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
 
 
 def method_names() -> tuple[str, ...]:
-    """Every registered method's name, read from ``METHOD_TABLE`` when called (a method registered later is in it)."""
+    """Every registered method's name, read from ``METHOD_TABLE`` when called (a method registered later is in it).
+
+    Returns:
+        The names, in the table's order (the built-in methods first).
+    """
     return tuple(METHOD_TABLE)
 
 
@@ -347,7 +351,17 @@ SLOW_METHODS: tuple[str, ...] = tuple(name for name, mt in METHOD_TABLE.items() 
 
 def register_method(method: Method) -> Method:
     """Add ``method`` to ``METHOD_TABLE``; ``attribute``, ``compare_methods``, the report and the app read it
-    from there. Refuses a name already taken."""
+    from there.
+
+    Args:
+        method: the method's entry (``Method``).
+
+    Returns:
+        ``method``.
+
+    Raises:
+        InvalidParameterError: a method of that name is registered already.
+    """
     if method.name in METHOD_TABLE:
         raise InvalidParameterError(f"an attribution method named {method.name!r} exists already.")
     METHOD_TABLE[method.name] = method

@@ -347,12 +347,20 @@ def reserved_names() -> frozenset[str]:
 
 
 def view_names() -> tuple[str, ...]:
-    """The view names ``analyze`` takes (every registered view)."""
+    """The view names ``analyze`` takes (every registered view), read when called.
+
+    Returns:
+        The names, in registration order.
+    """
     return tuple(VIEWS)
 
 
 def default_views() -> tuple[str, ...]:
-    """The views ``analyze`` computes by default (the paper's four, and any registered as a default)."""
+    """The views ``analyze`` computes by default (the paper's four, and any registered as a default), read when called.
+
+    Returns:
+        Their names, in registration order.
+    """
     return tuple(name for name, v in VIEWS.items() if v.default)
 
 
