@@ -14,10 +14,8 @@ import torch
 
 from ..results import Result
 from ..views.prefix import OUTLIER_FACTOR
-from .stream import module_of, pixels_for, refuse_unless_stream, residuals
-from .timm_vit import attention_probs
-from .tower_stream import Tower, is_tower
-from .tower_stream import residuals as tower_residuals
+from .layout import Layout, residual_stream
+from .stream import module_of, pixels_for
 
 
 @dataclass(eq=False, repr=False)
@@ -77,7 +75,7 @@ def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -
     "Token norms").
 
     Args:
-        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
+        model: a ``LoadedModel`` or a module that ``vl.decompose`` reads (``layout.READ``).
         pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
         factor: the outlier rule's multiple of the median patch norm.
 
@@ -85,17 +83,9 @@ def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -
         A ``TokenNormsResult``.
     """
     module, name = module_of(model, "token_norms")
-    if is_tower(module):
-        tower = Tower(module)
-        stream, _, probs = tower_residuals(tower, pixels_for(model, module, pixels), with_qk=True)
-        return _norms(stream, probs, tower.num_prefix, tower.num_prefix > 0, 0, factor, name)
-    refuse_unless_stream(module, "token_norms")
-    stream, _, qkv = residuals(module, pixels_for(model, module, pixels), with_qkv=True)
-    p = int(module.num_prefix_tokens)
-    has_cls = getattr(module, "cls_token", None) is not None
-    n_reg = int(module.reg_token.shape[1]) if getattr(module, "reg_token", None) is not None else 0
-    probs = [attention_probs(block, out)[0] for block, out in zip(module.blocks, qkv)]
-    return _norms(stream, probs, p, has_cls, n_reg, factor, name)
+    layout = Layout(module, name)
+    stream, _, probs = residual_stream(layout, pixels_for(model, module, pixels), with_probs=True)
+    return _norms(stream, probs, layout.num_prefix, layout.has_class_token, layout.num_registers, factor, name)
 
 
 def _norms(stream: list[torch.Tensor], probs: list[torch.Tensor], p: int, has_cls: bool, n_reg: int, factor: float,
