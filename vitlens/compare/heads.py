@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
-from ..families import Handles, HookSession
+from ..engine.sites import HookPoint, SiteSession
 from ..kinds import refuse_other_maps
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
@@ -76,10 +76,11 @@ def cost(m: LoadedModel, n_images: int) -> int:
     return n_images * (1 + m.spec.num_layers * m.spec.num_heads)
 
 
-class HeadAblation(HookSession):
-    """Pre-hooks where each block's heads meet (before the output projection) that remove heads.
+class HeadAblation(SiteSession):
+    """Each block's heads where they meet, before the output projection (the named site ``blocks.{l}.attn.hook_z``),
+    with heads removed.
 
-    While ``plan`` is None a forward runs intact and the hooks add up each site's input per token
+    While ``plan`` is None a forward runs intact and the sites add up their value per token
     (``sums``, for mean-ablation); with ``plan`` a list of (layer, head), the batch holds
     ``len(plan)`` copies of ``rows`` images and copy j has head ``plan[j]`` replaced by zero or
     by its mean output (``means``).
@@ -88,18 +89,18 @@ class HeadAblation(HookSession):
     def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str,
                  model: torch.nn.Module | None = None) -> None:
         self.sites, self.heads, self.ablation = list(sites), heads, ablation
-        self.model = model  # the model the sites belong to, whose lock the session holds
         self.plan: list[tuple[int, int]] | None = None
         self.rows = 0
         self.sums: list[torch.Tensor | None] = [None] * len(self.sites)
         self.means: list[torch.Tensor] = []
+        # the model the sites belong to, whose lock the session holds
+        super().__init__(model, {f"blocks.{layer}.attn.hook_z": HookPoint(site, "input")
+                                 for layer, site in enumerate(self.sites)}, self._on)
 
-    def install(self, handles: Handles) -> None:
-        for layer, site in enumerate(self.sites):
-            handles.hook(site.register_forward_pre_hook(lambda _mod, args, layer=layer: self._hook(layer, args)))
+    def _on(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        return self._hook(int(name.split(".")[1]), x)
 
-    def _hook(self, layer: int, args: tuple) -> tuple | None:
-        x = args[0]
+    def _hook(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         if self.plan is None:  # the intact run: collect the per-token sums
             s = x.detach().double().sum(0)
             self.sums[layer] = s if self.sums[layer] is None else self.sums[layer] + s
@@ -111,7 +112,7 @@ class HeadAblation(HookSession):
                 rows = slice(j * self.rows, (j + 1) * self.rows)
                 cols = slice(h * d, (h + 1) * d)
                 x[rows, :, cols] = 0.0 if self.ablation == "zero" else self.means[layer][:, cols].to(x.dtype)
-        return (x, *args[1:])
+        return x
 
 
 def head_importance(

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..families import Handles, HookSession
+from ..engine.sites import HookPoint, SiteSession
 from ..images import Images
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
@@ -180,21 +180,19 @@ class PrefixDiagnosticsResult(Result):
                 for t in range(self.mass.shape[2])]
 
 
-class TokenNorms(HookSession):
-    """Hooks on every block's output that feed a ``TokenNormAccumulator`` (a context manager)."""
+class TokenNorms(SiteSession):
+    """Every block's output (the named site ``blocks.{i}.hook_resid_post``) fed to a ``TokenNormAccumulator`` (a
+    context manager)."""
 
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
-        self.model = m.model  # whose lock the session holds
+        super().__init__(m.model, {f"blocks.{i}.hook_resid_post": HookPoint(block)  # m.model: whose lock it holds
+                                   for i, block in enumerate(self.blocks)}, self._on)
 
-    def install(self, handles: Handles) -> None:
-        for i, block in enumerate(self.blocks):
-            def hook(_mod: torch.nn.Module, _inp: tuple, out: object, layer: int = i) -> None:
-                tokens = out[0] if isinstance(out, (tuple, list)) else out
-                if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
-                    self.acc.add(layer, tokens)
-            handles.hook(block.register_forward_hook(hook))
+    def _on(self, name: str, tokens: object) -> None:
+        if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
+            self.acc.add(int(name.split(".")[1]), tokens)
 
     def fill(self, r: "PrefixDiagnosticsResult") -> "PrefixDiagnosticsResult":
         """Put the measured norms into ``r``."""
