@@ -311,3 +311,28 @@ def prompts(direction: object, dim: int, like: torch.Tensor) -> torch.Tensor:
 def first(out: Any) -> torch.Tensor:
     """A module's output tensor (the first element of a tuple)."""
     return out[0] if isinstance(out, tuple) else out
+
+
+def read_sites(model: object, pixels: torch.Tensor, names: list[str] | None = None) -> dict[str, Any]:
+    """A cache of named sites, asked for by name: one forward of the model with the sites ``names`` read (default
+    every site of its map, registered ones included), the forward untouched.
+
+    Args:
+        model: a ``LoadedModel`` or a module that ``vl.decompose`` reads (``READ``).
+        pixels: [B, 3, H, W] preprocessed images on the model's device and dtype.
+        names: the sites wanted (``Layout.points`` lists them).
+
+    Returns:
+        Each site's value by name.
+    """
+    from ..engine.sites import record
+
+    module = getattr(model, "model", model)
+    layout = Layout(module)
+    points = layout.points()
+    unknown = [n for n in names or [] if n not in points]
+    if unknown:
+        raise InvalidParameterError(f"{type(module).__name__} has no site {unknown[0]!r}; its sites: "
+                                    f"{', '.join(list(points)[:8])}, ...")
+    seen, _ = record(module, {n: points[n] for n in names} if names else points, lambda: layout.run(pixels))
+    return seen
