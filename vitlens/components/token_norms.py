@@ -1,7 +1,8 @@
 """Token norms and high-norm artifact tokens (Darcet et al., ICLR 2024; docs/definitions.md, "Token norms").
 
-The residual's norm per token at every depth, the outlier rule of ``prefix_diagnostics`` (a patch token whose norm
-exceeds ``OUTLIER_FACTOR`` times its image's median patch-token norm at that depth), the depth at which each
+The residual's norm per token at every depth (``blocks.{i}.hook_resid_post``, the site the prefix view reads), the
+outlier rule of ``prefix_diagnostics`` (``high_norm_outliers``: a patch token whose norm exceeds ``OUTLIER_FACTOR``
+times its image's median patch-token norm at that depth), the depth at which each
 outlier first appears, and the attention (mean over heads) the class token, the patch tokens and the registers'
 budget go to them.
 """
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from ..results import Result
-from ..views.prefix import OUTLIER_FACTOR
+from ..views.prefix import OUTLIER_FACTOR, high_norm_outliers
 from .layout import Layout, residual_stream
 from .stream import module_of, pixels_for
 
@@ -92,9 +93,7 @@ def _norms(stream: list[torch.Tensor], probs: list[torch.Tensor], p: int, has_cl
            name: str) -> TokenNormsResult:
     """The norms, outliers and attention drawn from the residual at each depth and each block's probabilities."""
     norms = torch.stack([s.double().norm(dim=-1) for s in stream], 1)  # [B, L + 1, N]
-    median = norms[..., p:].quantile(0.5, dim=-1, keepdim=True)  # as np.median, prefix_diagnostics
-    outliers = norms > factor * median
-    outliers[..., :p] = False
+    outliers = torch.from_numpy(high_norm_outliers(norms.cpu().numpy(), p, factor)[1]).to(norms.device)
     hit = outliers.any(1)
     first = torch.where(hit, outliers.double().argmax(1), torch.full_like(hit, -1, dtype=torch.long))
     cls_att, patch_att, reg_att = [], [], []

@@ -111,6 +111,27 @@ class PrefixAttentionAccumulator(AttentionConsumer):
                                        model_name=model_name(spec))
 
 
+def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float = OUTLIER_FACTOR
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The outlier rule of token norms (Darcet et al. 2024), the one reading ``prefix_diagnostics`` and
+    ``vl.token_norms`` share: a patch token is an outlier when its norm exceeds ``factor`` times its image's median
+    patch-token norm (``np.median``: the two middle norms averaged when the count is even); prefix tokens never are.
+
+    Args:
+        norms: [..., T] each token's norm (prefix tokens first).
+        num_prefix_tokens: prefix tokens before the patches.
+        factor: the multiple of the median.
+
+    Returns:
+        ``(median [..., 1], outliers [..., T] bool)``.
+    """
+    patch = norms[..., num_prefix_tokens:]
+    median = np.median(patch, axis=-1, keepdims=True)
+    outliers = np.zeros(norms.shape, dtype=bool)
+    outliers[..., num_prefix_tokens:] = patch > factor * median
+    return median, outliers
+
+
 class TokenNormAccumulator:
     """Per layer: mean norm of each prefix token, median patch-token norm, share of outlier patches."""
 
@@ -127,11 +148,11 @@ class TokenNormAccumulator:
     def add(self, layer: int, tokens: torch.Tensor) -> None:
         norms = tokens.detach().double().norm(dim=-1).cpu().numpy()  # [B, T]
         patch = norms[:, self.p:]
-        median = np.median(patch, axis=1, keepdims=True)
+        median, outliers = high_norm_outliers(norms, self.p, self.factor)
         self.prefix_sum[layer] += norms[:, :self.p].sum(0)
         self.median_sum[layer] += median.sum()
         self.max_ratio[layer] = max(self.max_ratio[layer], float((patch / median).max()))
-        self.outliers[layer] += float((patch > self.factor * median).sum())
+        self.outliers[layer] += float(outliers.sum())
         self.patches[layer] += patch.size
         self.images[layer] += norms.shape[0]
 
