@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
+from ..components.edits import set_head
 from ..engine.sites import HookPoint, SiteSession
 from ..kinds import refuse_other_maps
 from ..images import Images, iter_batches
@@ -110,8 +111,8 @@ class HeadAblation(SiteSession):
         for j, (l, h) in enumerate(self.plan):
             if l == layer:
                 rows = slice(j * self.rows, (j + 1) * self.rows)
-                cols = slice(h * d, (h + 1) * d)
-                x[rows, :, cols] = 0.0 if self.ablation == "zero" else self.means[layer][:, cols].to(x.dtype)
+                value = 0.0 if self.ablation == "zero" else self.means[layer][:, h * d:(h + 1) * d].to(x.dtype)
+                set_head(x, h, d, value, rows)
         return x
 
 

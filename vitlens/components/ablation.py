@@ -12,7 +12,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from ..results import Result
-from .edits import ComponentSites
+from .edits import ComponentSites, set_head
 from .layout import Layout, prompts
 from .stream import module_of, pixels_for
 
@@ -100,7 +100,7 @@ def _sites(layout: Layout, chosen: list[tuple[str, int, int]], means: dict | Non
             if kind == "head":
                 dh = layout.sites[l].head_dim
                 t = t.clone()
-                t[..., h * dh:(h + 1) * dh] = means[key].to(t.dtype)
+                set_head(t, h, dh, means[key].to(t.dtype))
                 return t
             return means[key].expand_as(t).clone() if kind == "mlp" else means[key]
         return edit

@@ -33,6 +33,14 @@ def mha_heads(mha: torch.nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor
     return (probs @ v).transpose(1, 2).flatten(2)
 
 
+def set_head(z: torch.Tensor, head: int, head_dim: int, value: torch.Tensor | float, rows: slice = slice(None)
+             ) -> None:
+    """Head ``head``'s slice of the heads side by side (``attn.hook_z``, [B, N, H * dh]) set to ``value`` in the batch
+    rows ``rows``, in place: the one head ablation ``vl.mean_ablate`` and ``vl.head_importance`` share (``value``: a
+    mean over reference images, or 0)."""
+    z[rows, ..., head * head_dim:(head + 1) * head_dim] = value
+
+
 class ComponentSites(SiteSession):
     """A session on the chosen components' sites: each value goes through its entry's ``edit`` (a context manager).
 
@@ -54,7 +62,8 @@ class ComponentSites(SiteSession):
             block = f"blocks.{l}."
             if kind == "head" and layout.sites[l].out_proj is None:  # the fused projection: its input and output
                 mha = layout.sites[l].mha
-                names = {block + "attn.hook_mha_in": HookPoint(mha, "input"), block + "attn.hook_mha_out": HookPoint(mha)}
+                names = {block + "attn.hook_mha_in": HookPoint(mha, "input"),
+                         block + "attn.hook_mha_out": HookPoint(mha)}
             elif kind == "layer":
                 names = {k: declared[k] for k in (block + "hook_resid_pre", block + "hook_resid_post")}
             else:

@@ -3,8 +3,8 @@
 (``towers``).
 
 A family describes its model as a ``Plan`` (which module writes what into the residual stream); ``capture`` runs one
-forward of the user's model with those modules read as named sites and ``contributions`` splits ``u . features`` into the
-decomposition's parts, given the read direction on the final norm's output (the family's readout).
+forward of the user's model with those modules read as named sites and ``contributions`` splits ``u . features``
+into the decomposition's parts, given the read direction on the final norm's output (the family's readout).
 """
 from __future__ import annotations
 

@@ -100,7 +100,8 @@ def capture(model: nn.Module, pixels: torch.Tensor) -> Captured:
         mlp_branch=[seen[f"blocks.{i}.hook_mlp_out"] for i in range(n)],
         final_in=seen["ln_final.hook_in"], pooled=seen["fc_norm.hook_in"], features=seen["head.hook_in"],
         logits=seen["head.hook_out"],
-        pool={part: seen[f"attn_pool.{part}.hook_out"] for part in map_head.HOOKED if f"attn_pool.{part}.hook_out" in seen})
+        pool={part: seen[f"attn_pool.{part}.hook_out"] for part in map_head.HOOKED
+              if f"attn_pool.{part}.hook_out" in seen})
 
 
 def pool_weights(model: nn.Module, n_tokens: int, like: torch.Tensor) -> torch.Tensor:
