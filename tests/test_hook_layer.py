@@ -164,3 +164,20 @@ def test_no_module_hook_outside_the_hook_layer() -> None:
              if p.relative_to(ROOT / "vitlens").parts[0] not in layer
              and re.search(r"register_forward_hook|register_forward_pre_hook|register_full_backward", p.read_text())]
     assert found == []
+
+
+def test_the_family_declares_each_blocks_residual_and_heads_sites(tiny, ref_vit) -> None:
+    from vitlens.engine.sites import family_sites
+
+    for m in (tiny, ref_vit):
+        sites = family_sites(m)
+        blocks = m.blocks()
+        assert [sites[f"blocks.{i}.hook_resid_post"].module for i in range(len(blocks))] == blocks
+        assert all(sites[f"blocks.{i}.hook_resid_pre"].at == "input" for i in range(len(blocks)))
+        heads = [m.family.head_outputs(a) for a in m.family.attention_modules(m.model)]
+        assert [sites[f"blocks.{i}.attn.hook_z"].module for i in range(len(blocks))] == heads
+        x = torch.randn(1, 3, *m.spec.image_size)
+        with torch.no_grad():
+            plain = m.model(x)
+        seen, hooked = record(m.model, sites, lambda: m.model(x))
+        assert torch.equal(hooked, plain) and len(seen) == len(sites)

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..components.edits import set_head
-from ..engine.sites import HookPoint, SiteSession
+from ..engine.sites import HookPoint, SiteSession, family_sites
 from ..kinds import refuse_other_maps
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
@@ -143,8 +143,9 @@ def head_importance(
     if m.spec.num_classes <= 0:
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so no prediction to lose.")
     refuse_other_maps(m.spec, "head importance (heads per layer, set against attention distance)")
-    attns = m.family.attention_modules(m.model)
-    sites = [m.family.head_outputs(a) for a in attns]
+    points = family_sites(m)  # where each block's heads meet, as the family declares it (attn.hook_z)
+    sites = [getattr(points.get(f"blocks.{i}.attn.hook_z"), "module", None)
+             for i in range(len(m.family.attention_modules(m.model)))]
     if any(s is None for s in sites):
         raise UnsupportedModelError(f"{m.spec.family} models expose no module where the heads' outputs meet, so "
                                     "vitlens cannot remove one head at a time.")

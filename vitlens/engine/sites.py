@@ -4,9 +4,11 @@
 A site is a tensor a forward computes at a module, named as TransformerLens names its hook points
 (``blocks.3.hook_resid_pre``, ``blocks.3.attn.hook_z``, ``ln_final.hook_in``): a ``HookPoint`` says which module and
 whether its input or output. What a model's modules are (which module is a block, its attention branch, its heads'
-projection) is said once per structure by a site map (``vitlens.components.layout`` for the residual-stream models
-the component analyses read); a site a new analysis needs beside those is one ``register_site`` call in the module
-that needs it, and every map of every model then has it (``hook_points``).
+projection) is declared by the model's family (``Family.hook_points``: each block's residual stream in and out and
+its heads before the projection, for every model a family reads) and, for the residual-sum models the component
+analyses read, by their site map (``vitlens.components.layout``: the branches, queries and keys, final norm too). A
+site a new analysis needs beside those is one ``register_site`` call in the module that needs it, and every map of
+every model then has it (``hook_points``, ``family_sites``).
 
 A ``SiteSession`` is a ``HookSession``: it holds the model's lock from install to removal and its hooks act only on
 the owning thread's forwards, so two threads on one model never mix what their sites saw. Reading a site returns
@@ -15,48 +17,18 @@ a site (patching, ablation) says so by returning a new tensor.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 
 from ..families.hook_session import Handles, HookSession
+from ..families.sites import BLOCK_SITES, MODEL_SITES, HookPoint
 
 OnSite = Callable[[str, Any], Any]
 """What a session does at each site it sees: ``on(name, value)``; returning None (or ``value`` itself) leaves the
 forward as it was, returning another tensor puts it in the value's place."""
 
-
-@dataclass(frozen=True)
-class HookPoint:
-    """Where a named site is read.
-
-    Attributes:
-        module: the module whose input or output the site is.
-        at: "output" (the module's output; its first element where it returns a tuple) or "input" (its first
-            positional input, read before the module runs).
-        whole: hand over the module's whole output, a tuple included, as it returned it (read only).
-    """
-
-    module: nn.Module
-    at: str = "output"
-    whole: bool = False
-
-
-#: the sites a map's blocks declare, per block ``i`` (``blocks.{i}.<name>``), in TransformerLens's names
-BLOCK_SITES = {
-    "hook_resid_pre": "the residual stream entering the block",
-    "hook_resid_post": "the residual stream leaving the block",
-    "hook_attn_out": "the attention branch as written to the stream (after its layer scale)",
-    "hook_mlp_out": "the MLP branch as written to the stream (after its layer scale)",
-    "attn.hook_z": "each head's output side by side before the output projection [B, N, H * dh]",
-}
-#: the sites of the whole model
-MODEL_SITES = {
-    "hook_embed": "the patch embedding's output",
-    "ln_final.hook_in": "the residual stream after the last block, entering the final norm",
-}
 
 Locate = Callable[[nn.Module, Mapping[str, HookPoint]], Mapping[str, HookPoint]]
 _REGISTERED: dict[str, Locate] = {}
@@ -84,7 +56,8 @@ def unregister_site(name: str) -> None:
 
 
 def hook_points(model: nn.Module, declared: Mapping[str, HookPoint]) -> dict[str, HookPoint]:
-    """Every named site of ``model``: the ones its site map declares and every registered site found on it."""
+    """Every named site of ``model``: the ones its site map declares (``declared``: its family's ``hook_points``, or
+    a component analysis's richer map) and every registered site found on it."""
     points = dict(declared)
     for locate in list(_REGISTERED.values()):
         points.update(locate(model, declared))
@@ -149,3 +122,12 @@ def record(model: nn.Module, points: Mapping[str, HookPoint], run: Callable[[], 
     with SiteSession(model, points, keep), torch.no_grad():
         out = run()
     return seen, out
+
+
+def family_sites(m: Any) -> dict[str, HookPoint]:
+    """Every named site of a ``LoadedModel`` ``m``: its family's (``Family.hook_points``) and the registered ones."""
+    return hook_points(m.model, m.family.hook_points(m.model))
+
+
+__all__ = ["BLOCK_SITES", "MODEL_SITES", "HookPoint", "OnSite", "SiteSession", "family_sites", "hook_points", "record",
+           "register_site", "unregister_site"]

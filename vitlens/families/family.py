@@ -11,6 +11,7 @@ from torch import nn
 from ..core.spec import ModelSpec
 from .capture_request import CaptureAbilities, CaptureRequest
 from .hook_session import Handles
+from .sites import HookPoint
 
 if TYPE_CHECKING:
     from ..core.windows import WindowGeometry
@@ -151,6 +152,24 @@ class Family:
         """The module whose input is the heads' outputs side by side, [B, T, heads * head_dim]
         (where head ablation acts), or None when the family has no such module."""
         return None
+
+    def hook_points(self, model: nn.Module) -> dict[str, HookPoint]:
+        """The named sites the family declares on ``model`` (``vitlens.families.sites``): each block's residual stream
+        in and out (``blocks.{i}.hook_resid_pre`` / ``hook_resid_post``, the input and output of the module that holds
+        the block's attention module) and, where ``head_outputs`` names the module, its heads side by side before the
+        projection (``blocks.{i}.attn.hook_z``). A family whose blocks are not the attention modules' parents says
+        its own."""
+        names = {id(mod): n for n, mod in model.named_modules()}
+        modules = dict(model.named_modules())
+        points: dict[str, HookPoint] = {}
+        for i, attn in enumerate(self.attention_modules(model)):
+            block = modules[names[id(attn)].rsplit(".", 1)[0]]
+            points[f"blocks.{i}.hook_resid_pre"] = HookPoint(block, "input")
+            points[f"blocks.{i}.hook_resid_post"] = HookPoint(block)
+            heads = self.head_outputs(attn)
+            if heads is not None:
+                points[f"blocks.{i}.attn.hook_z"] = HookPoint(heads, "input")
+        return points
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         """E_pos rows of the patch tokens, [1, gh * gw, D], with the (gh, gw) grid they were learned

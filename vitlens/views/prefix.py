@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..engine.sites import HookPoint, SiteSession
+from ..engine.sites import SiteSession, family_sites
 from ..images import Images
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
@@ -208,8 +208,9 @@ class TokenNorms(SiteSession):
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
-        super().__init__(m.model, {f"blocks.{i}.hook_resid_post": HookPoint(block)  # m.model: whose lock it holds
-                                   for i, block in enumerate(self.blocks)}, self._on)
+        sites = family_sites(m)  # the blocks' outputs, as the family declares them; m.model: whose lock it holds
+        super().__init__(m.model, {f"blocks.{i}.hook_resid_post": sites[f"blocks.{i}.hook_resid_post"]
+                                   for i in range(len(self.blocks))}, self._on)
 
     def _on(self, name: str, tokens: object) -> None:
         if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
