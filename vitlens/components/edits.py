@@ -16,7 +16,7 @@ import torch
 
 from ..engine.sites import HookPoint, SiteSession
 from .layout import Layout
-from .prenorm import mha_qkv
+from .prenorm import head_attention, mha_qkv
 
 #: what can be read and replaced, per block
 KINDS = ("attn", "mlp", "resid", "head", "layer")
@@ -28,8 +28,7 @@ Edit = Callable[[str, int, torch.Tensor], torch.Tensor]
 def mha_heads(mha: torch.nn.MultiheadAttention, x: torch.Tensor) -> torch.Tensor:
     """[B, N, H * dh] float64: the heads of a self-attention ``nn.MultiheadAttention`` on ``x``, concatenated (what its
     fused call feeds its output projection), from its packed in-projection."""
-    q, k, v = (t.reshape(*t.shape[:2], mha.num_heads, mha.head_dim).transpose(1, 2) for t in mha_qkv(mha, x))
-    probs = ((q * mha.head_dim ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+    probs, v = head_attention(*mha_qkv(mha, x), mha.num_heads, mha.head_dim, mha.head_dim ** -0.5)
     return (probs @ v).transpose(1, 2).flatten(2)
 
 

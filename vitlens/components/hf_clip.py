@@ -14,6 +14,7 @@ from torch import nn
 from ..engine.sites import HookPoint, record
 from ..errors import UnsupportedModelError
 from .layout import structure
+from .prenorm import head_attention
 from .linearise import back_through_norm, check_norm, norm_bias
 
 def is_clip_tower(model: nn.Module) -> bool:
@@ -69,10 +70,7 @@ def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
 def head_probs(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer i's attention probabilities [B, H, N, N] and values [B, H, N, dh], float64, from its captured q, k, v."""
     attn = layer.self_attn
-    b, n, _ = seen.q[i].shape
-    q, k, v = (t.double().reshape(b, n, attn.num_heads, attn.head_dim).transpose(1, 2)
-               for t in (seen.q[i], seen.k[i], seen.v[i]))
-    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(-1), v
+    return head_attention(seen.q[i], seen.k[i], seen.v[i], attn.num_heads, attn.head_dim, attn.scale)
 
 
 def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -181,10 +181,10 @@ class Layout:
     def probs(self, i: int, seen: dict[str, torch.Tensor]) -> torch.Tensor:
         """Block i's attention probabilities [B, H, N, N], float64, recomputed from the queries and keys its sites
         saw (``softmax(q k^T * scale)``; timm's through its ``q_norm`` / ``k_norm``)."""
+        from .prenorm import head_attention, mha_qkv
+
         s = self.sites[i]
         if s.mha is not None:
-            from .prenorm import mha_qkv
-
             q, k, _ = mha_qkv(s.mha, seen[f"blocks.{i}.ln1.hook_normalized"])
         elif s.qkv is not None:
             qkv = seen[f"blocks.{i}.attn.hook_qkv"]
@@ -194,10 +194,8 @@ class Layout:
                 q, k = s.qk_norm[0](q), s.qk_norm[1](k)
             return ((q.double() * s.scale) @ k.double().transpose(-2, -1)).softmax(dim=-1)
         else:
-            q, k = seen[f"blocks.{i}.attn.hook_q"].double(), seen[f"blocks.{i}.attn.hook_k"].double()
-        b, n, _ = q.shape
-        q, k = (t.reshape(b, n, s.heads, s.head_dim).transpose(1, 2) for t in (q, k))
-        return ((q * s.scale) @ k.transpose(-2, -1)).softmax(-1)
+            q, k = seen[f"blocks.{i}.attn.hook_q"], seen[f"blocks.{i}.attn.hook_k"]
+        return head_attention(q, k, None, s.heads, s.head_dim, s.scale)[0]
 
     def run(self, pixels: torch.Tensor) -> torch.Tensor:
         """The model's output from one forward of the user's model: logits [B, C] where it has classes, else its

@@ -14,6 +14,7 @@ from torch import nn
 from ..engine.sites import HookPoint, record
 from ..errors import UnsupportedModelError
 from .layout import structure
+from .prenorm import head_attention, mha_qkv
 from .linearise import back_through_norm, check_norm, is_identity, norm_bias
 
 
@@ -96,11 +97,7 @@ def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, to
     for block, h_in, branch in zip(model.transformer.resblocks, seen.attn_in, seen.mlp):
         attn = block.attn
         nh, dh = attn.num_heads, attn.head_dim
-        qkv = h_in.double() @ attn.in_proj_weight.detach().double().T
-        if attn.in_proj_bias is not None:
-            qkv = qkv + attn.in_proj_bias.detach().double()
-        q, k, v = (t.reshape(*t.shape[:2], nh, dh).transpose(1, 2) for t in qkv.split(d, -1))
-        probs = ((q * dh ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+        probs, v = head_attention(*mha_qkv(attn, h_in), nh, dh, dh ** -0.5)
         gamma = getattr(block.ls_1, "gamma", None)
         gs = g * (gamma.detach().double() if gamma is not None else 1.0)
         e = (gs @ attn.out_proj.weight.detach().double()).reshape(*g.shape[:2], nh, dh)

@@ -131,16 +131,25 @@ def mha_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, 
     return qkv.chunk(3, dim=-1)
 
 
+def head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, heads: int, head_dim: int, scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one recomputation of a block's attention from the queries, keys and values its sites saw ([B, N, H * dh]):
+    ``(softmax(q k^T * scale) [B, H, N, N], v [B, H, N, dh])`` in float64 (v None where none is given)."""
+    b, n, _ = q.shape
+    q, k = (t.double().reshape(b, n, heads, head_dim).transpose(1, 2) for t in (q, k))
+    if v is not None:
+        v = v.double().reshape(b, n, heads, head_dim).transpose(1, 2)
+    return ((q * scale) @ k.transpose(-2, -1)).softmax(-1), v
+
+
 def attention(block: BlockPlan, seen: Seen, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Block i's attention probabilities [B, H, N, N] and values [B, H, N, dh], float64, recomputed from the captured
-    queries and keys (``softmax(q k^T * scale)``)."""
+    queries and keys (``head_attention``)."""
     if block.mha is not None:
         q, k, v = mha_qkv(block.mha, seen.attn_in[i])
     else:
-        q, k, v = (t.double() for t in (seen.q[i], seen.k[i], seen.v[i]))
-    b, n, _ = q.shape
-    q, k, v = (t.reshape(b, n, block.heads, block.head_dim).transpose(1, 2) for t in (q, k, v))
-    return ((q * block.scale) @ k.transpose(-2, -1)).softmax(-1), v
+        q, k, v = seen.q[i], seen.k[i], seen.v[i]
+    return head_attention(q, k, v, block.heads, block.head_dim, block.scale)
 
 
 def patch_tokens(seen: Seen) -> torch.Tensor:
