@@ -104,7 +104,9 @@ class SiteSession(HookSession):
             new = self.on(name, value)
             if whole or new is None or new is value:
                 return None
-            return (new, *out[1:]) if isinstance(out, tuple) else new
+            if value is out:
+                return new
+            return [new, *out[1:]] if isinstance(out, list) else (new, *out[1:])  # the other items kept
         return hook
 
 
