@@ -77,9 +77,10 @@ class HookSession:
     """The one managed hook mechanism: a context manager whose ``install(handles)`` puts its hooks
     (and attribute changes) on a model when the ``with`` block starts; every one is removed when
     it ends, by an exception too, and by a failure half-way through installing. Attention
-    capture, pool attention, token norms, CKA features, head ablation and AttnLRP's mode are all
-    sessions, and each holds its model's lock (``model_lock``) while it is active: two threads'
-    sessions on one model run one after the other, never mixed."""
+    capture, pool attention and AttnLRP's mode are sessions, and every analysis that reads or edits
+    named sites (the component analyses, token norms, CKA features, head ablation: ``SiteSession`` in
+    ``vitlens.engine.sites``) is one; each holds its model's lock (``model_lock``) while it is active:
+    two threads' sessions on one model run one after the other, never mixed."""
 
     _handles: Handles | None = None
     _lock: Any = None
