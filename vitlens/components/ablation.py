@@ -14,6 +14,7 @@ from ..errors import InvalidParameterError
 from ..results import Result
 from .edits import ComponentSites, set_head
 from .layout import Layout, prompts
+from .arguments import index, per_image
 from .stream import module_of, pixels_for
 
 KINDS = ("head", "mlp", "layer")
@@ -74,15 +75,20 @@ class MeanAblationResult(Result):
 
 def _parse(components: Sequence[Sequence[Any]], n_layers: int, n_heads: int) -> list[tuple[str, int, int]]:
     out = []
+    if isinstance(components, (str, bytes)) or not isinstance(components, Sequence):
+        raise InvalidParameterError(f"components must be a list of ('head', layer, head), ('mlp', layer) or "
+                                    f"('layer', layer); got {components!r}.")
     for c in components:
+        if isinstance(c, (str, bytes)) or not isinstance(c, Sequence):
+            raise InvalidParameterError(f"component {c!r}: give ('head', layer, head), ('mlp', layer) or "
+                                        "('layer', layer), 0-based.")
         kind = str(c[0]) if len(c) else ""
         want = 3 if kind == "head" else 2
         if kind not in KINDS or len(c) != want:
             raise InvalidParameterError(f"component {tuple(c)!r}: give ('head', layer, head), ('mlp', layer) or "
                                         f"('layer', layer), 0-based.")
-        l, h = int(c[1]), int(c[2]) if kind == "head" else 0
-        if not 0 <= l < n_layers or not 0 <= h < n_heads:
-            raise InvalidParameterError(f"component {tuple(c)!r} is out of range: {n_layers} layers, {n_heads} heads.")
+        l = index(c[1], f"component {tuple(c)!r}'s layer", n_layers)
+        h = index(c[2], f"component {tuple(c)!r}'s head", n_heads) if kind == "head" else 0
         out.append((kind, l, h))
     return out
 
@@ -128,7 +134,7 @@ def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any
     module, name = module_of(model, "mean_ablate")
     layout = Layout(module, name)
     x = pixels_for(model, module, pixels)
-    ref = x if reference is None else pixels_for(model, module, reference)
+    ref = x if reference is None else pixels_for(model, module, reference, "reference")
     chosen = _parse(components, len(layout.sites), layout.sites[0].heads)
     if not chosen:
         raise InvalidParameterError("components is empty: name at least one head, MLP or layer to ablate.")
@@ -149,10 +155,11 @@ def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any
         with _sites(layout, chosen, means, {}):
             after = scores(x)
     b = x.shape[0]
+    if labels is not None and (isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence)
+                               or len(labels) != b):
+        raise InvalidParameterError(f"labels must be one class per image ({b}, in [0, {before.shape[-1]})).")
     lab = (torch.full((b,), -1, dtype=torch.long) if labels is None else
-           torch.as_tensor(list(labels), dtype=torch.long))
-    if lab.shape != (b,) or (lab >= before.shape[-1]).any():
-        raise InvalidParameterError(f"labels must be one class per image (in [0, {before.shape[-1]})).")
+           per_image(list(labels), "labels", before.shape[-1], b))
     target = torch.where(lab >= 0, lab, before.argmax(-1).cpu()).to(before.device)
     pick = lambda s: s.gather(1, target[:, None])[:, 0].cpu().numpy()  # noqa: E731
     return MeanAblationResult(

@@ -12,6 +12,7 @@ from ..errors import InvalidParameterError
 from . import hf_clip, openclip, prenorm, timm_vit, towers
 from .layout import refuse
 from .result import DecompositionResult
+from .arguments import per_image
 from .stream import module_of, pixels_for
 
 
@@ -65,10 +66,7 @@ def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[in
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(labels [B], u [B, F], output [B], const [B])`` for a class read through a linear head."""
     b, n_classes = logits.shape
-    labels = (logits.argmax(-1) if target is None else
-              torch.as_tensor(target, dtype=torch.long).expand(b)).to(logits.device)
-    if ((labels < 0) | (labels >= n_classes)).any():
-        raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+    labels = (logits.argmax(-1) if target is None else per_image(target, "target", n_classes, b)).to(logits.device)
     u = head.weight.detach().double()[labels]
     output = logits.double().gather(1, labels[:, None])[:, 0]
     const = (head.bias.detach().double()[labels] if head.bias is not None else

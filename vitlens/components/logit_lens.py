@@ -12,6 +12,7 @@ import torch
 from ..errors import InvalidParameterError
 from ..results import Result
 from .layout import Layout, prompts, residual_stream
+from .arguments import per_image
 from .stream import module_of, pixels_for
 
 
@@ -82,10 +83,7 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
                                     "ViTModel, Dinov2Model); a classifier follows a class (target=).")
     stream, logits, _ = residual_stream(layout, x)
     b, n_classes = logits.shape
-    labels = logits.argmax(-1) if target is None else torch.as_tensor(target, dtype=torch.long).expand(b)
-    labels = labels.to(logits.device)
-    if ((labels < 0) | (labels >= n_classes)).any():
-        raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+    labels = (logits.argmax(-1) if target is None else per_image(target, "target", n_classes, b)).to(logits.device)
 
     def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return layout.features(x_d).double(), layout.token_features(x_d).double()
@@ -120,10 +118,8 @@ def _tower_lens(tower: Layout, name: str, x: torch.Tensor, target: int | Sequenc
     t = prompts(direction, out.shape[-1], out)
     output = out.double() @ t.T
     b = output.shape[0]
-    labels = output.argmax(-1) if target is None else torch.as_tensor(target, dtype=torch.long).expand(b)
-    labels = labels.to(output.device)
-    if ((labels < 0) | (labels >= t.shape[0])).any():
-        raise InvalidParameterError(f"target must be a prompt index in [0, {t.shape[0]}).")
+    labels = (output.argmax(-1) if target is None else
+              per_image(target, "target (a prompt)", t.shape[0], b)).to(output.device)
 
     def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tower.features(x_d).double() @ t.T, tower.token_features(x_d).double() @ t.T

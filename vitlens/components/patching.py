@@ -15,6 +15,7 @@ from ..errors import InvalidParameterError
 from ..results import Result
 from .edits import ComponentSites
 from .layout import Layout
+from .arguments import index
 from .stream import module_of, pixels_for
 
 #: what can be patched: a block's attention branch, its MLP branch, one head (at the output projection's input),
@@ -141,20 +142,18 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
     """
     module, name = module_of(model, "patch_activations")
     layout = Layout(module, name)
-    xc, xk = pixels_for(model, module, clean), pixels_for(model, module, corrupted)
+    xc, xk = pixels_for(model, module, clean, "clean"), pixels_for(model, module, corrupted, "corrupted")
     if xc.shape[0] != 1 or xk.shape != xc.shape:
         raise InvalidParameterError(f"clean and corrupted must be one image each of the same shape; got "
                                     f"{tuple(xc.shape)} and {tuple(xk.shape)}.")
-    if batch_size < 1:
-        raise InvalidParameterError("batch_size must be at least 1.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InvalidParameterError(f"batch_size must be a whole number >= 1; got {batch_size!r}.")
     run = layout.scorer(direction)
     seen, clean_logits = _record(layout, run, xc)
     with torch.no_grad():
         corrupted_logits = run(xk)
-    k = int(clean_logits.argmax(-1)[0]) if target is None else int(target)
-    if not 0 <= k < clean_logits.shape[-1]:
-        raise InvalidParameterError(f"target must be a {'prompt' if direction is not None else 'class'} index in "
-                                    f"[0, {clean_logits.shape[-1]}).")
+    k = int(clean_logits.argmax(-1)[0]) if target is None else \
+        index(target, f"target (a {'prompt' if direction is not None else 'class'})", clean_logits.shape[-1])
     n_layers = len(layout.sites)
     n_heads = layout.sites[0].heads
     n_tokens = seen[("resid", 0)].shape[1]
