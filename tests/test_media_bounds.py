@@ -230,3 +230,79 @@ def test_the_resize_bound_follows_the_transforms_rule_and_every_path_meets_it(tm
                         "--quiet")
     assert proc.returncode == 2 and "b.png: image too elongated" in proc.stderr, proc.stderr
     assert not (tmp_path / "r.html").exists()
+
+
+# --- item 2: a survey worker holds a clip as the model's input ---
+
+def test_a_survey_worker_holds_each_clip_as_the_models_input(tmp_path, videomae):
+    """Item 2, two clips of 300 frames at 512 x 512: a worker read a shard's clips whole (~470 MB here) before the
+    model sampled 4 frames of each; now each clip is read as the model's input (its 4 frames, resized as they
+    decode), and the shard's statistics are those of the clips read whole."""
+    from vitlens.survey import clips_source
+    from vitlens.survey.sources import Shard
+    from vitlens.survey.worker import run_shard
+
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir(), big.mkdir()
+    for i in range(2):
+        flat_mp4(small / f"{i}.mp4", 8, (64, 64))
+        flat_mp4(big / f"{i}.mp4", 300, (512, 512))
+    setup = ("import vitlens as vl\nfrom vitlens.survey import clips_source\nfrom vitlens.survey.sources import Shard\n"
+             "from vitlens.survey.worker import run_shard\n"
+             f"m = vl.load_model('hf:{videomae}', device='cpu')\n")
+    run = "run_shard(m, clips_source({!r}), Shard(0, 0, 2), ('spacetime',), 2)"
+    said, grown = grown_mb(setup, run.format(str(small)), run.format(str(big)))
+    assert said == "" and grown < 100, (said, grown)
+    m = vl.load_model(f"hf:{videomae}", device="cpu")
+    source = clips_source(str(big))
+    state = run_shard(m, source, Shard(0, 0, 2), ("spacetime",), 2)["states"]["spacetime"]
+    from vitlens.survey.spacetime import spacetime_stats
+
+    whole = spacetime_stats(m, [vl.read_clip(f) for f in source.files], 2).state()
+    assert state.keys() == whole.keys()
+    for key in state:
+        np.testing.assert_array_equal(np.asarray(state[key]), np.asarray(whole[key]), err_msg=key)
+
+
+# --- item 7: analyze_each in packs of a token budget ---
+
+PIXTRAL = ("import torch, transformers, vitlens as vl\n"
+           "cfg = transformers.PixtralVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, "
+           "intermediate_size=64, image_size=32, patch_size=8, head_dim=16, attn_implementation='sdpa')\n"
+           "torch.manual_seed(0)\nm = vl.load_model(transformers.PixtralVisionModel(cfg).eval(), device='cpu')\n")
+
+
+def test_analyze_each_runs_a_long_list_in_packs_of_a_token_budget():
+    """Item 7 with 200 images of 32 x 32 (3,200 tokens) and the budget scaled down with them (256 tokens): one pack
+    of every image held maps growing with its tokens squared (~170 MB here for 2 blocks of 2 heads); in packs the
+    run grows by one pack's."""
+    setup = PIXTRAL + "from vitlens.views import packed\npacked.MAX_PACK_TOKENS = 256\n"
+    images = "[torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(i)) for i in range({})]"
+    said, grown = grown_mb(setup, f"vl.analyze_each(m, {images.format(8)})",
+                           f"assert len(vl.analyze_each(m, {images.format(200)})) == 200")
+    assert said == "" and grown < 60, (said, grown)
+
+
+def test_packs_of_a_token_budget_give_each_image_the_result_of_one_pack(monkeypatch):
+    """Cutting the list into packs changes no image's result: images of different sizes, in packs of at most 40
+    tokens (an image above it alone), equal the same images in one pack."""
+    from vitlens.views import packed
+
+    cfg = transformers.PixtralVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, image_size=32, patch_size=8, head_dim=16,
+                                           attn_implementation="sdpa")
+    torch.manual_seed(0)
+    m = vl.load_model(transformers.PixtralVisionModel(cfg).eval(), device="cpu")
+    g = torch.Generator().manual_seed(3)
+    images = [torch.randn(3, h, w, generator=g) for h, w in [(32, 24), (16, 40), (32, 32), (8, 8), (48, 56), (24, 16)]]
+    one = vl.analyze_each(m, images)
+    calls = []
+    forward = m.family.packed_forward
+    monkeypatch.setattr(m.family, "packed_forward", lambda model, pack: calls.append(len(pack)) or forward(model, pack))
+    monkeypatch.setattr(packed, "MAX_PACK_TOKENS", 40)
+    split = vl.analyze_each(m, images)
+    assert calls == [4, 1, 1]  # 12 + 10 + 16 + 1 tokens; 42 alone (above the budget); 6
+    for a, b in zip(one, split):
+        assert a.spec.grid == b.spec.grid
+        np.testing.assert_allclose(a.distance.mean_px, b.distance.mean_px, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(a.rollout.maps, b.rollout.maps, rtol=0, atol=1e-6)
