@@ -205,7 +205,8 @@ def test_an_elongated_image_is_refused_before_the_models_resize(tmp_path):
 
 def test_the_resize_bound_follows_the_transforms_rule_and_every_path_meets_it(tmp_path):
     """The bound is the resize's own size (timm's "center" mode; "squash" never grows), so a wide photo passes and
-    a strip is refused, by ``preprocess`` and so by every path on it: ``m.preprocess``, batches, the CLI (exit 2)."""
+    a strip is refused, by ``preprocess`` and so by every path on it: ``m.preprocess``, batches, the CLI (exit 2); a
+    survey worker skips it as an unreadable image."""
     from vitlens.images import check_resized, resized_pixels
 
     cfg = dict(input_size=(3, 224, 224), crop_pct=0.875)
@@ -230,6 +231,12 @@ def test_the_resize_bound_follows_the_transforms_rule_and_every_path_meets_it(tm
                         "--quiet")
     assert proc.returncode == 2 and "b.png: image too elongated" in proc.stderr, proc.stderr
     assert not (tmp_path / "r.html").exists()
+    from vitlens.survey import files_source
+    from vitlens.survey.sources import Shard
+    from vitlens.survey.worker import run_shard
+
+    done = run_shard(m, files_source(str(folder)), Shard(0, 0, 2), ("distance",), 2)
+    assert done["skipped"] == ["b.png"] and done["n_images"] == 1
 
 
 # --- item 2: a survey worker holds a clip as the model's input ---

@@ -43,7 +43,7 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
     """One shard's partial states ({stat: {key: array}}), its image count and what was skipped."""
     t0 = time.perf_counter()
     clips = source.kind == "clips"  # a shard of clips: the statistics that read clips alone (``SurveyView.clips``)
-    images, labels, masks, skipped = source.read(shard, clip_reader(m) if clips else None)
+    images, labels, masks, skipped = source.read(shard, clip_reader(m) if clips else None, m.data_config)
     consumers = {} if clips else consumers_for(m, views, len(source.classes), renormalize)
     n = 0
     if images and consumers:
