@@ -280,10 +280,10 @@ PIXTRAL = ("import torch, transformers, vitlens as vl\n"
 
 
 def test_analyze_each_runs_a_long_list_in_packs_of_a_token_budget():
-    """Item 7 with 200 images of 32 x 32 (3,200 tokens) and the budget scaled down with them (256 tokens): one pack
-    of every image held maps growing with its tokens squared (~170 MB here for 2 blocks of 2 heads); in packs the
-    run grows by one pack's."""
-    setup = PIXTRAL + "from vitlens.views import packed\npacked.MAX_PACK_TOKENS = 256\n"
+    """Item 7 with 200 images of 32 x 32 (3,200 tokens) and the budget scaled down with them (1 MiB of maps: 256
+    tokens for 2 blocks of 2 heads): one pack of every image held maps growing with its tokens squared (~200 MB
+    here); in packs the run grows by one pack's."""
+    setup = PIXTRAL + "from vitlens.views import packed\npacked.MAX_PACK_MAP_BYTES = 1 << 20\n"
     images = "[torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(i)) for i in range({})]"
     said, grown = grown_mb(setup, f"vl.analyze_each(m, {images.format(8)})",
                            f"assert len(vl.analyze_each(m, {images.format(200)})) == 200")
@@ -306,7 +306,8 @@ def test_packs_of_a_token_budget_give_each_image_the_result_of_one_pack(monkeypa
     calls = []
     forward = m.family.packed_forward
     monkeypatch.setattr(m.family, "packed_forward", lambda model, pack: calls.append(len(pack)) or forward(model, pack))
-    monkeypatch.setattr(packed, "MAX_PACK_TOKENS", 40)
+    monkeypatch.setattr(packed, "MAX_PACK_MAP_BYTES", 40 * 40 * 4 * 2 * 2)
+    assert packed.pack_tokens(m) == 40
     split = vl.analyze_each(m, images)
     assert calls == [4, 1, 1]  # 12 + 10 + 16 + 1 tokens; 42 alone (above the budget); 6
     for a, b in zip(one, split):
