@@ -106,7 +106,7 @@ def run_clip(m: Any, clip: Any, fps: float | None, batch_size: int, views: Seque
     """The views of one video model on the clip (a path or a ``vl.Clip``; by default every view the registry lists
     for its kind); ``fps`` is the clip's own rate (the temporal distances in seconds at the rate of the frames the
     model samples). A file is read for each model as its processor samples it (``sampled_clip``: only those frames
-    decoded into memory, resized as they decode)."""
+    kept, each resized as it decodes)."""
     import time
 
     import vitlens as vl
