@@ -20,6 +20,7 @@ from ..memory import peak_rss_mb
 from ..engine.stream import stream_attention
 from ..views.registry import VIEWS as VIEW_REGISTRY, ViewParams
 from .sources import ImageSource, Shard
+from .spacetime import clip_reader
 from .stats import survey_views
 from .store import checkpoint_of, file_sha256
 
@@ -41,8 +42,8 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
               renormalize: bool = True) -> dict[str, Any]:
     """One shard's partial states ({stat: {key: array}}), its image count and what was skipped."""
     t0 = time.perf_counter()
-    images, labels, masks, skipped = source.read(shard)
     clips = source.kind == "clips"  # a shard of clips: the statistics that read clips alone (``SurveyView.clips``)
+    images, labels, masks, skipped = source.read(shard, clip_reader(m) if clips else None, m.data_config)
     consumers = {} if clips else consumers_for(m, views, len(source.classes), renormalize)
     n = 0
     if images and consumers:
