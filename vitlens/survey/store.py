@@ -38,6 +38,7 @@ import hashlib
 import os
 import io
 import json
+import stat
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ from ..results import atomic_write_bytes, interrupts_deferred
 from ..views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from ..views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult
 from . import stats
+from .reading import RefusedFile, open_regular, read_regular
 from .sources import ImageSource, Shard
 
 FORMAT = 1
@@ -73,6 +75,10 @@ class SurveyBusyError(InvalidParameterError):
 LOCK_NAME = ".lock"
 #: the most of a manifest.json that is read (a folder's manifest lists its images: ~150 bytes each)
 MAX_MANIFEST_BYTES = 256 * 2**20
+#: the most of one shard file that is read (its partial states: kilobytes to a few megabytes for any model)
+MAX_SHARD_BYTES = 256 * 2**20
+#: the most of a shard's checksum record or a model's weight-views file that is read (a few hundred bytes)
+MAX_RECORD_BYTES = 16 * 2**20
 
 
 def settings_digest(settings: dict[str, Any]) -> str:
@@ -210,8 +216,6 @@ class SurveyStore:
     def manifest(self) -> dict[str, Any] | None:
         """The folder's manifest (None where there is none), read only when it is a regular file of at most
         ``MAX_MANIFEST_BYTES``."""
-        import stat
-
         try:
             st = self.manifest_path.stat()
         except FileNotFoundError:
@@ -339,34 +343,50 @@ class SurveyStore:
         data, why = self._read_verified(key, shard)
         if data is None:
             return None, why, "damaged"
-        try:
-            record = json.loads(self.checksum_path(key, shard).read_text())
-        except (OSError, ValueError):
-            record = {}
-        why, kind = self._mismatch(key, shard, record if isinstance(record, dict) else {})
+        record, _ = self._record(key, shard)
+        why, kind = self._mismatch(key, shard, record or {})
         return (None, why, kind) if why else (data, "", "")
 
+    def _record(self, key: str, shard: Shard) -> tuple[dict[str, Any] | None, str]:
+        """(the shard's checksum record, "") or (None, "") where it has none, else (None, what is wrong): read as a
+        regular file of at most ``MAX_RECORD_BYTES``."""
+        try:
+            record = json.loads(read_regular(self.checksum_path(key, shard), MAX_RECORD_BYTES))
+        except FileNotFoundError:
+            return None, ""
+        except RefusedFile as e:
+            return None, f"its checksum record {e}"
+        except (OSError, ValueError):
+            return None, "its checksum record is unreadable"
+        return (record, "") if isinstance(record, dict) else (None, "its checksum record is unreadable")
+
     def _read_verified(self, key: str, shard: Shard) -> tuple[bytes | None, str]:
-        """(the bytes, "") when they match their checksum record (or, without one, read back), else (None, why)."""
+        """(the bytes, "") when they match their checksum record (or, without one, read back), else (None, why).
+        The shard is ``lstat``-ed and its size compared with the record's before any byte is read: a FIFO, a link
+        or a device in its place is never opened, a sparse file never read (issue 62, item 10)."""
         path = self.shard_path(key, shard)
         try:
-            data = path.read_bytes()
+            st = os.lstat(path)
         except OSError as e:
             return None, f"cannot be read ({e.strerror or type(e).__name__})"
-        record_path = self.checksum_path(key, shard)
-        if not data:
+        if stat.S_ISREG(st.st_mode) and st.st_size == 0:
             return None, "empty (0 bytes)"
+        record, why = self._record(key, shard)
+        if why:
+            return None, why
+        try:
+            want, size = (str(record["sha256"]), int(record["bytes"])) if record is not None else ("", None)
+        except (KeyError, TypeError, ValueError):
+            return None, "its checksum record is unreadable"
+        try:
+            data = read_regular(path, MAX_SHARD_BYTES, size)
+        except RefusedFile as e:
+            return None, str(e)
+        except OSError as e:
+            return None, f"cannot be read ({e.strerror or type(e).__name__})"
         if not any(data):
             return None, f"zeroed ({len(data)} bytes of zeros)"
-        if record_path.is_file():
-            try:
-                record = json.loads(record_path.read_text())
-                want, size = str(record["sha256"]), int(record["bytes"])
-            except (OSError, ValueError, KeyError, TypeError):
-                return None, "its checksum record is unreadable"
-            if len(data) != size:
-                kind = "truncated" if len(data) < size else "longer than written"
-                return None, f"{kind} ({len(data)} of {size} bytes)"
+        if record is not None:
             if hashlib.sha256(data).hexdigest() != want:
                 return None, "fails its checksum (sha256 differs from the one recorded when it was written)"
             return data, ""
@@ -380,14 +400,15 @@ class SurveyStore:
         return data, ""
 
     def problem(self, key: str, shard: Shard) -> str:
-        """What is wrong with a shard on disk, in words ("" when it is sound, or not written yet)."""
-        if not self.shard_path(key, shard).is_file():
+        """What is wrong with a shard on disk, in words ("" when it is sound, or not written yet); anything in its
+        place that is not a regular file (a FIFO, a link) is named, never opened."""
+        if not os.path.lexists(self.shard_path(key, shard)):
             return ""
         return self._verified_bytes(key, shard)[1]
 
     def problem_kind(self, key: str, shard: Shard) -> tuple[str, str]:
         """(what is wrong, "damaged" / "mismatch" / "images-changed"), or ("", "") for a sound or missing shard."""
-        if not self.shard_path(key, shard).is_file():
+        if not os.path.lexists(self.shard_path(key, shard)):
             return "", ""
         _data, why, kind = self._checked(key, shard)
         return why, kind
@@ -451,8 +472,16 @@ class SurveyStore:
         atomic_write_bytes(self.out / "weights" / f"{key}.json", json.dumps(values).encode())
 
     def read_weights(self, key: str) -> dict[str, Any]:
+        """A model's weight-only views ({} where there are none), read as a regular file of at most
+        ``MAX_RECORD_BYTES``."""
         path = self.out / "weights" / f"{key}.json"
-        return json.loads(path.read_text()) if path.is_file() else {}
+        try:
+            return json.loads(read_regular(path, MAX_RECORD_BYTES))
+        except FileNotFoundError:
+            return {}
+        except (RefusedFile, OSError, ValueError) as e:
+            raise InvalidParameterError(f"{path} is not a readable weight-views file ({e}); rerun the same vitlens "
+                                        "survey command, or remove it and rerun.") from e
 
     def finished_shards(self) -> int:
         """How many (model, shard) results are on disk."""
@@ -622,8 +651,7 @@ def load_survey(path: str | Path) -> SurveyResult:
     if manifest is None:
         raise InvalidParameterError(f"{path} is not a survey folder (no manifest.json); run vitlens survey first.")
     store.bind(manifest)
-    table_path = Path(path) / "table.parquet"
-    table = pd.read_parquet(table_path) if table_path.is_file() else pd.DataFrame(columns=TABLE_COLUMNS)
+    table = read_table(Path(path) / "table.parquet", table_row_bound(manifest))
     if "weights" not in table.columns:  # folders written before the weights had their own column
         table = _split_weights(table, manifest)
     if "stage" not in table.columns:  # folders written before hierarchical models had stages
@@ -672,6 +700,63 @@ def _split_weights(table: Any, manifest: dict[str, Any]) -> Any:
 
 #: the tidy table's columns; ``stage`` (1-based) is a hierarchical model's stage, empty for a ViT
 TABLE_COLUMNS = ["model", "weights", "layer", "head", "metric", "value", "n_images", "class", "stage"]
+#: a ceiling on a model's rows per (layer + 1, head + 1, class + 2): the views write at most a few metrics per head
+#: and class (the distance view two), so a table holds far fewer
+ROWS_PER_HEAD_AND_CLASS = 16
+#: rows a table may hold besides its models' (weight views, images_used)
+TABLE_ROWS_SLACK = 4096
+#: the most of a table.parquet that is read (its bytes; the row bound is checked from its metadata first)
+MAX_TABLE_BYTES = 2**30
+
+
+def table_row_bound(manifest: dict[str, Any]) -> int:
+    """The most rows a folder's table can hold, from its manifest: per model surveyed, ``ROWS_PER_HEAD_AND_CLASS``
+    for each (layer + 1) x (head + 1) x (class + 2) of its spec, plus ``TABLE_ROWS_SLACK``."""
+    classes = len((manifest.get("source") or {}).get("classes") or ())
+    bound = TABLE_ROWS_SLACK
+    for entry in (manifest.get("models") or {}).values():
+        spec = entry.get("spec") if isinstance(entry, dict) else None
+        if isinstance(spec, dict):
+            try:
+                heads = (int(spec.get("num_layers", 0)) + 1) * (int(spec.get("num_heads", 0)) + 1)
+            except (TypeError, ValueError):
+                continue
+            bound += ROWS_PER_HEAD_AND_CLASS * max(heads, 1) * (classes + 2)
+    return bound
+
+
+def read_table(path: Path, max_rows: int) -> Any:
+    """A folder's ``table.parquet`` as a DataFrame (an empty one with ``TABLE_COLUMNS`` where there is none): read
+    only as a regular file of at most ``MAX_TABLE_BYTES`` whose metadata counts at most ``max_rows`` rows (a small
+    file of millions of constant rows is refused before it is decoded, issue 62, item 11).
+
+    Raises:
+        InvalidParameterError: not a regular file, too large, more rows than the manifest allows, not Parquet.
+    """
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    try:
+        f = open_regular(path, MAX_TABLE_BYTES)
+    except FileNotFoundError:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    except (RefusedFile, OSError) as e:
+        raise InvalidParameterError(f"{path} {e}; not read as a survey table. Rerun the same vitlens survey "
+                                    "command to write it again.") from e
+    with f:
+        try:
+            rows = pq.ParquetFile(f).metadata.num_rows
+            if rows > max_rows:
+                raise InvalidParameterError(
+                    f"{path} declares {rows:,} rows, more than its manifest's models and classes can have "
+                    f"({max_rows:,}); not read. Rerun the same vitlens survey command to write it again.")
+            f.seek(0)
+            return pd.read_parquet(f)
+        except InvalidParameterError:
+            raise
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors of a file that is not Parquet, or broken
+            raise InvalidParameterError(f"{path} is not a readable survey table ({type(e).__name__}: {e}); rerun "
+                                        "the same vitlens survey command to write it again.") from e
 
 
 def write_table(out: Path, rows: list[dict[str, Any]]) -> None:
