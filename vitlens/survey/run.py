@@ -79,10 +79,11 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     - token authentication is on (RAY_AUTH_MODE=token, whatever it was), with the token file
       (~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH) private to the user, mode 0600: Ray itself
       writes it with the umask's mode, readable by every local user;
-    - its session (sockets, logs, spilled objects) lives in a private temporary folder of its own
-      (``private_ray_temp``: /tmp/vitlens-ray-XXXXXXXX, mode 0700), not the shared /tmp/ray whose
-      session folders any local user may write to; removed by ``restore_local_env`` after the Ray
-      shut down. RAY_TMPDIR, when set, is the user's choice and is left to Ray.
+    - its session (sockets, logs, spilled objects) lives in a folder inside a private temporary folder of its
+      own (``private_ray_temp``: /tmp/vitlens-ray-XXXXXXXX/r, the first mode 0700 for the whole survey, whatever
+      Ray does to the second), not the shared /tmp/ray whose session folders any local user may write to; removed
+      by ``restore_local_env`` after the Ray shut down. RAY_TMPDIR, when set, is the user's choice and is left to
+      Ray.
     """
     ray = _ray()
     t0 = time.perf_counter()
@@ -122,15 +123,30 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     return ray, True, time.perf_counter() - t0
 
 
+#: the longest unix socket path Linux takes (``sun_path`` is 108 bytes with its NUL)
+MAX_SOCKET_PATH = 107
+#: what Ray 2.60 adds under its temp folder for its longest socket, ``/session_<date>_<time>_<us>_<pid>/sockets/
+#: plasma_store.N`` (about 66 characters with a 7-digit pid), with room to spare
+RAY_SOCKET_TAIL = 72
+#: the private folder's name under the temporary folder (``mkdtemp`` adds 8 characters), and Ray's folder in it
+PRIVATE_PREFIX, RAY_FOLDER = "vitlens-ray-", "r"
+
+
 def private_ray_temp() -> Path | None:
-    """A new private folder (mode 0700, the user's) for a local Ray's session, with a short path (Ray's unix
-    sockets live under it, and a socket path is limited to 107 bytes): under $TMPDIR when that is short, else
-    /tmp. None when RAY_TMPDIR says where Ray's files go (the user's choice)."""
+    """A new folder for a local Ray's session, inside a private folder of the user's (mode 0700) that nothing of
+    Ray changes: Ray makes the folder it is given, and its ``sockets/``, ``logs/`` and session folders, mode 0777
+    (``try_make_directory_shared``), so the folder it is given is one level below the private one, which keeps
+    every other local user out of all of it for the whole survey (issue 62, item 13). Under $TMPDIR when its path
+    leaves room for Ray's socket paths (``MAX_SOCKET_PATH``, ``RAY_SOCKET_TAIL``), else /tmp (issue 62, item 12).
+    None when RAY_TMPDIR says where Ray's files go (the user's choice)."""
     if os.environ.get("RAY_TMPDIR"):
         return None
     base = tempfile.gettempdir()
-    temp = Path(tempfile.mkdtemp(prefix="vitlens-ray-", dir=base if len(base) <= 40 else "/tmp"))
-    _PRIVATE_TEMP.append(temp)
+    room = MAX_SOCKET_PATH - RAY_SOCKET_TAIL - len(f"/{PRIVATE_PREFIX}XXXXXXXX/{RAY_FOLDER}")
+    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=base if len(base) <= room else "/tmp"))
+    _PRIVATE_TEMP.append(private)
+    temp = private / RAY_FOLDER
+    temp.mkdir(mode=0o700)
     return temp
 
 
