@@ -402,3 +402,27 @@ def test_the_next_survey_of_a_session_runs_in_the_process_the_last_one_used(loca
 
     assert len(pids(first)) == 1 and pids(second) == pids(first)
     assert [len(e["shards"]) for e in first.manifest["models"].values()] == [N // SHARD]
+
+
+def test_a_view_registered_in_the_driver_is_surveyed_by_its_workers(local_ray, tmp_path, monkeypatch):
+    """Issue 62, item 14: a view registered in the driver and asked of a survey failed in the workers (``KeyError:
+    'distance2'``: a Ray worker imports vitlens afresh and never saw the registration). The driver now sends its
+    registered views with the tasks: the survey of a second distance view, registered here, finishes, with its rows
+    in the table, equal to the built-in view's."""
+    import dataclasses
+
+    from vitlens.views import registry
+
+    monkeypatch.setattr(registry, "VIEW_NAMES", registry.VIEW_NAMES)  # the registration undone after the test
+    monkeypatch.setattr(registry, "DEFAULT_VIEWS", registry.DEFAULT_VIEWS)
+    view = dataclasses.replace(registry.VIEWS["distance"], name="distance2", default=False)
+    monkeypatch.setitem(registry.VIEWS, "distance2", view)
+    registry.register_view(view, replace=True)
+    assert registry.registered_views() == (view,)
+    ours = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "ours", shard_size=SHARD, views=("distance2",),
+                     progress=False)
+    builtin = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "builtin", shard_size=SHARD, views=("distance",),
+                        progress=False)
+    assert ours.failed == {} and ours.models() == ["ref-vit"]
+    assert len(ours.table) > 1 and ours.table.drop(columns="value").equals(builtin.table.drop(columns="value"))
+    assert np.allclose(ours.table["value"], builtin.table["value"])

@@ -594,12 +594,13 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     remote = ray.remote(survey_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=3,
                                              runtime_env={"env_vars": env} if env else None)
+    registered = ship_registered_views(ray)
     work: dict[str, _Model] = {}
     for key, entry in todo.items():
         pending = [s for s in shards if not store.done(key, s)]
         replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
         model = (worker_name(entry), entry["pretrained"], (entry.get("checkpoint") or {}).get("sha256"))
-        w = _Model(entry["label"], key, pending, _caller(remote, SurveyWorker, model, cpus, gpus > 0), {},
+        w = _Model(entry["label"], key, pending, _caller(remote, SurveyWorker, model, cpus, gpus > 0, registered), {},
                    replicas=replicas, reused=len(shards) - len(pending))
         w.load = w.call("load", bool(pending) or "weights" in settings["views"])
         work[key] = w
@@ -617,9 +618,33 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
              sum(len(w.pending) for w in work.values()))
 
 
-def _caller(remote: Any, cls: type, model: tuple[str, bool, str | None], cpus: int, use_gpu: bool) -> Any:
-    """op, keep, *args -> the future of ``survey_task(cls, model, op, ..., keep, *args)`` as a Ray task."""
-    return lambda op, keep, *args: remote.remote(cls, model, op, cpus, use_gpu, keep, *args)
+def _caller(remote: Any, cls: type, model: tuple[str, bool, str | None], cpus: int, use_gpu: bool,
+            registered: Any = ()) -> Any:
+    """op, keep, *args -> the future of ``survey_task(cls, model, op, ..., keep, *args)`` as a Ray task, with the
+    driver's registered views (``registered``, an object ref of them)."""
+    return lambda op, keep, *args: remote.remote(cls, model, op, cpus, use_gpu, keep, *args, registered=registered)
+
+
+def ship_registered_views(ray: Any) -> Any:
+    """The views registered in this process (``registry.registered_views``) put in Ray's object store once, for
+    every task to register in its worker (issue 62, item 14: a view registered in the driver failed in the workers
+    with ``KeyError``); () when there are none.
+
+    Raises:
+        SurveyError: a registered view that cannot be sent (its functions cannot be pickled).
+    """
+    from ..views.registry import registered_views
+
+    views = registered_views()
+    if not views:
+        return ()
+    try:
+        return ray.put(views)
+    except Exception as e:  # noqa: BLE001 - cloudpickle's errors vary: the view is named, with what failed
+        names = ", ".join(v.name for v in views)
+        raise SurveyError(f"The views registered here ({names}) cannot be sent to the survey's Ray workers "
+                          f"({type(e).__name__}: {e}); define them in a module the workers can import, or survey "
+                          "without them.") from e
 
 
 def _submit_shards(w: _Model, waiting: dict, source: ImageSource, settings: dict) -> None:
