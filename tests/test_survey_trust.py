@@ -218,7 +218,9 @@ def test_a_long_tmpdir_leaves_room_for_rays_socket_paths(monkeypatch, tmp_path):
     from vitlens.survey import run as run_module
 
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    # this test's own records: the suite's session Ray (conftest.local_ray) keeps its folder and environment
     monkeypatch.setattr(run_module, "_PRIVATE_TEMP", [])
+    monkeypatch.setattr(run_module, "_ENV_BEFORE", {})
     for length in (4, 20, 33, 60):
         base = Path("/tmp") if length == 4 else Path(tempfile.mkdtemp(dir="/tmp", prefix="x" * (length - 13)))
         assert len(str(base)) == length  # /tmp/, the prefix, mkdtemp's 8 characters
