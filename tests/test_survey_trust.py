@@ -191,20 +191,20 @@ def test_a_local_rays_logs_are_copied_as_regular_files_only_and_kept_private(tmp
 def test_a_local_rays_temporary_folder_is_private_and_removed_after(monkeypatch):
     """The folder a local Ray's session goes to: inside a private folder of the user's (mode 0700), a short path
     (Ray's socket paths), removed by ``restore_local_env``; none where RAY_TMPDIR says where Ray's files go."""
-    from vitlens.survey import run as run_module
+    from vitlens.survey import ray_setup
 
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
     # this test's own records: the suite's session Ray (conftest.local_ray) keeps its folder and environment
-    monkeypatch.setattr(run_module, "_PRIVATE_TEMP", [])
-    monkeypatch.setattr(run_module, "_ENV_BEFORE", {})
-    temp = run_module.private_ray_temp()
+    monkeypatch.setattr(ray_setup, "_PRIVATE_TEMP", [])
+    monkeypatch.setattr(ray_setup, "_ENV_BEFORE", {})
+    temp = ray_setup.private_ray_temp()
     st = temp.parent.stat()
     assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700 and len(str(temp)) < 60
     assert temp.parent.name.startswith("vitlens-ray-") and not str(temp).startswith("/tmp/ray/")
-    run_module.restore_local_env()
+    ray_setup.restore_local_env()
     assert not temp.parent.exists()
     monkeypatch.setenv("RAY_TMPDIR", "/somewhere/of/the/users")
-    assert run_module.private_ray_temp() is None
+    assert ray_setup.private_ray_temp() is None
 
 
 def test_a_long_tmpdir_leaves_room_for_rays_socket_paths(monkeypatch, tmp_path):
@@ -215,20 +215,20 @@ def test_a_long_tmpdir_leaves_room_for_rays_socket_paths(monkeypatch, tmp_path):
     in ``test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it``)."""
     import tempfile
 
-    from vitlens.survey import run as run_module
+    from vitlens.survey import ray_setup
 
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
     # this test's own records: the suite's session Ray (conftest.local_ray) keeps its folder and environment
-    monkeypatch.setattr(run_module, "_PRIVATE_TEMP", [])
-    monkeypatch.setattr(run_module, "_ENV_BEFORE", {})
+    monkeypatch.setattr(ray_setup, "_PRIVATE_TEMP", [])
+    monkeypatch.setattr(ray_setup, "_ENV_BEFORE", {})
     for length in (4, 20, 33, 60):
         base = Path("/tmp") if length == 4 else Path(tempfile.mkdtemp(dir="/tmp", prefix="x" * (length - 13)))
         assert len(str(base)) == length  # /tmp/, the prefix, mkdtemp's 8 characters
         monkeypatch.setattr(tempfile, "tempdir", str(base))
-        temp = run_module.private_ray_temp()
-        assert len(str(temp)) + run_module.RAY_SOCKET_TAIL <= run_module.MAX_SOCKET_PATH, (length, temp)
+        temp = ray_setup.private_ray_temp()
+        assert len(str(temp)) + ray_setup.RAY_SOCKET_TAIL <= ray_setup.MAX_SOCKET_PATH, (length, temp)
         assert temp.parent.parent == (base if length == 4 else Path("/tmp"))
-        run_module.restore_local_env()
+        ray_setup.restore_local_env()
         if length != 4:
             base.rmdir()
 
@@ -239,20 +239,20 @@ def test_the_local_rays_sockets_and_logs_stay_behind_a_private_folder_during_a_s
     renamed the plasma store's socket, and the survey hung. Now, with the suite's local Ray up and a survey run on
     it, every path to its sockets and logs passes through a folder of the user's that no one else may enter (mode
     0700, the private folder Ray is given a folder inside of); Ray's socket paths fit ``RAY_SOCKET_TAIL``."""
-    from vitlens.survey import run as run_module
+    from vitlens.survey import ray_setup
 
     if os.environ.get("RAY_TMPDIR"):
         pytest.skip("RAY_TMPDIR set: Ray's folder is the user's choice")
     node = ray._private.worker._global_node
     temp = Path(node.get_temp_dir_path())
     private = temp.parent
-    assert private.name.startswith(run_module.PRIVATE_PREFIX) and private.stat().st_uid == os.geteuid()
+    assert private.name.startswith(ray_setup.PRIVATE_PREFIX) and private.stat().st_uid == os.geteuid()
     assert private.stat().st_mode & 0o777 == 0o700
     sockets = [node.plasma_store_socket_name, node.raylet_socket_name]
     for path in [*map(Path, sockets), Path(node.get_sockets_dir_path()), Path(node.get_logs_dir_path())]:
         closed = [a for a in path.parents if a.stat().st_uid == os.geteuid() and not a.stat().st_mode & 0o077]
         assert closed and closed[-1] == private, (path, [oct(a.stat().st_mode) for a in path.parents])
-    assert all(len(s) - len(str(temp)) <= run_module.RAY_SOCKET_TAIL for s in sockets), sockets
+    assert all(len(s) - len(str(temp)) <= ray_setup.RAY_SOCKET_TAIL for s in sockets), sockets
 
 
 @pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
