@@ -312,7 +312,7 @@ def test_an_out_that_is_not_a_survey_folder_is_refused_before_anything_is_writte
 def test_a_manifest_is_read_only_when_it_is_a_file_within_the_bound(tmp_path, monkeypatch, kind):
     """A manifest.json larger than the bound (a 1 GB one cost 2 GB to read) is refused from its size, before it is
     read; a FIFO under the name is refused without opening it."""
-    from vitlens.survey import store as store_module
+    from vitlens.survey import shard_store as store_module
 
     folder = tmp_path / "zoo"
     folder.mkdir()
