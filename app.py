@@ -2,8 +2,8 @@
 
 Run: streamlit run serve.py   (this page behind its server's token gate, as scripts/app.sh starts it; opens on the
 embedded reference ViT and held-out shape scenes; offline; ``streamlit run app.py`` serves it without the gate). A
-video model (VideoMAE, ViViT, V-JEPA 2, TimeSformer: e.g. ``hf:FOLDER`` as the model name) gets a clip and its space-time
-views.
+video model (VideoMAE, ViViT, V-JEPA 2, TimeSformer: e.g. ``hf:FOLDER`` as the model name) gets a clip and its
+space-time views.
 
 Layout and widgets only: every number and figure comes from the ``vitlens`` library. This file lays out the
 page; the pages, the sidebar and the caches are the package ``vitlens_app`` beside it (one module per view,

@@ -80,8 +80,8 @@ def test_the_tokens_address_hands_out_the_cookie_and_the_cookie_opens_the_app(ap
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")
 def test_the_token_leaves_the_address_bar_and_the_tabs_history_in_chromium(browser_app):
     """Item 9: ``?token=`` stayed in the address bar and the browser's history after the page opened. Opened with
-    it, the app runs and the address is the page's without the token, which is in no entry of the tab's history; a tab of
-    another browser context (no cookie) at the bare address reads the refusal and nothing else."""
+    it, the app runs and the address is the page's without the token, which is in no entry of the tab's history; a
+    tab of another browser context (no cookie) at the bare address reads the refusal and nothing else."""
     browser, url = browser_app
     context = browser.new_context(viewport={"width": 1400, "height": 1600})
     try:

@@ -367,5 +367,6 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["BUILTIN_VIEWS", "CLIP_PAGES", "DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams", "available_views",
-           "check_views", "clips_only", "default_views", "not_for_kind", "reader_for", "register_view", "registered_views", "view_names"]
+__all__ = ["BUILTIN_VIEWS", "CLIP_PAGES", "DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams",
+           "available_views", "check_views", "clips_only", "default_views", "not_for_kind", "reader_for", "register_view",
+           "registered_views", "view_names"]
