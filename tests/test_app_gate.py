@@ -64,9 +64,9 @@ def test_without_the_token_no_endpoint_of_the_server_answers(app_server):
 
 
 def test_the_tokens_address_hands_out_the_cookie_and_the_cookie_opens_the_app(app_server):
-    """The address with the token gets a 303 to itself without the token, with the access cookie (HttpOnly,
-    SameSite=Strict, a value derived from the token, not the token); that cookie opens every endpoint and the
-    websocket (the app works for its user)."""
+    """The address with the token gets a 303 to itself without the token, on this server, with the access cookie
+    (HttpOnly, SameSite=Strict, a value derived from the token, not the token); that cookie opens every endpoint and
+    the websocket (the app works for its user). Only a GET trades the token."""
     status, _, headers = _request(app_server, "GET", f"/?view=x&token={SUITE_TOKEN}")
     assert status == 303 and headers["location"] == "/?view=x"
     cookie, *flags = [part.strip() for part in headers["set-cookie"].split(";")]
@@ -75,6 +75,9 @@ def test_the_tokens_address_hands_out_the_cookie_and_the_cookie_opens_the_app(ap
     assert _request(app_server, "GET", "/_stcore/metrics", cookie=cookie)[0] == 200
     assert _request(app_server, "GET", "/", cookie=cookie)[0] == 200
     assert _websocket_opens(app_server, cookie=cookie)
+    assert _request(app_server, "GET", f"//evil.example/x?token={SUITE_TOKEN}")[2]["location"] == "/evil.example/x"
+    status, body, _ = _request(app_server, "PUT", f"/_stcore/upload_file/0123/4567?token={SUITE_TOKEN}", body=b"x")
+    assert (status, body.decode()) == (403, gate.REFUSAL)  # the token is traded for the cookie by a page's GET only
 
 
 @pytest.mark.skipif(NO_BROWSER, reason="Debian's chromium is not installed (.ci/run installs it)")

@@ -76,7 +76,8 @@ def _request_cookies(scope: Scope) -> dict[str, str]:
 
 class TokenGate:
     """ASGI middleware: requests without the access cookie get HTTP 403 (a websocket is closed before it opens);
-    the address with the right ``token`` gets the cookie and a redirect to itself without the token. With no token
+    the address with the right ``token`` (a GET) gets the cookie and a redirect to itself without the token, on this
+    server. With no token
     set it passes everything through (the app is then for a machine of one's own, docs/security.md)."""
 
     def __init__(self, app: ASGIApp) -> None:
@@ -94,9 +95,12 @@ class TokenGate:
             return
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         given = [v for k, v in query if k == "token"]
-        if scope["type"] == "http" and given and hmac.compare_digest(given[-1].encode(), token.encode()):
+        if scope["type"] == "http" and scope.get("method") in ("GET", "HEAD") and given and \
+                hmac.compare_digest(given[-1].encode(), token.encode()):
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            where = scope.get("root_path", "") + scope.get("path", "/") + (f"?{rest}" if rest else "")
+            # one leading slash: "//host/..." would send the browser to another host
+            path = "/" + (scope.get("root_path", "") + scope.get("path", "/")).lstrip("/")
+            where = path + (f"?{rest}" if rest else "")
             await send({"type": "http.response.start", "status": 303, "headers": [
                 (b"location", where.encode("latin-1")),
                 (b"set-cookie", f"{COOKIE}={cookie_value(token)}; Path=/; HttpOnly; SameSite=Strict".encode()),
