@@ -267,11 +267,11 @@ def speed(args: argparse.Namespace) -> dict:
             m.model(x)
 
     def streamed(mode: str) -> None:
-        consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
+        consumers = [AttentionDistanceAccumulator.for_model(m.spec), RolloutAccumulator.for_model(m)]
         vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode)
 
     def by_rows(mode: str) -> None:  # the views' blocks of query rows, with side or inline capture
-        consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m)]
+        consumers = [AttentionDistanceAccumulator.for_model(m.spec), RolloutAccumulator.for_model(m)]
         vl.stream_attention(m, x, consumers, batch_size=args.batch, capture_mode=mode, query_rows=plan_rows(m, args.batch))
 
     def plain_mlp_buffers() -> None:  # the plain forward with its MLPs in a workspace, as the views' capture runs them
@@ -573,7 +573,7 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
             elif column == "distance":
                 out["distance"] = vl.attention_distance(m, x, batch_size=batch).mean_px.tolist()
             elif column in CROSSOVER_COLUMNS:
-                acc = vl.AttentionDistanceAccumulator.for_model(s)
+                acc = AttentionDistanceAccumulator.for_model(s)
                 rows = None if column == "distance_whole" else plan_rows(m, batch)
                 mode = "side" if column == "distance_rows" else "inline"
                 vl.stream_attention(m, x, [acc], batch_size=batch, capture_mode=mode, query_rows=rows)

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.class_attention import ClassAttentionDistanceResult
+from vitlens.views.distance import AttentionDistanceAccumulator
 from view_references import forward_with_feeds
 
 NAME = "vitlens_test_tiny_cait"
@@ -134,13 +136,13 @@ def test_distance_is_the_numpy_reference_over_the_self_attention_blocks(tmp_path
     x = images()
     _plain, _out, maps, _feeds = capture_with_feeds(model, x, "side")
     d = vl.attention_distance(m, x, batch_size=2)  # two batches: the moments merge
-    assert isinstance(d, vl.ClassAttentionDistanceResult) and d.mean_px.shape == (DEPTH, HEADS)
+    assert isinstance(d, ClassAttentionDistanceResult) and d.mean_px.shape == (DEPTH, HEADS)
     np.testing.assert_allclose(d.mean_px, numpy_distance(maps), rtol=1e-5)
     assert d.block_kinds == ("global",) * DEPTH + ("class-attention",) * TOKEN_ONLY
     assert "class token" in d.note and "no position in the image" in d.note and d.note in d.summary()
     assert len(d.to_rows()) == DEPTH * HEADS and {r["attention"] for r in d.to_rows()} == {"global"}
     again = vl.load_result(d.save(tmp_path / "d.json"))
-    assert isinstance(again, vl.ClassAttentionDistanceResult) and again.block_kinds == d.block_kinds
+    assert isinstance(again, ClassAttentionDistanceResult) and again.block_kinds == d.block_kinds
     np.testing.assert_allclose(again.mean_px, d.mean_px)
     from vitlens.figures import figure_for
 
@@ -209,7 +211,7 @@ def test_analyze_gives_every_view_defined_for_a_cait_and_refuses_the_others_in_o
     x = images(2)
     assert "prefix" not in available_views(m)
     a = vl.analyze(m, x, n_components=4, views=available_views(m))
-    assert isinstance(a.distance, vl.ClassAttentionDistanceResult) and a.rollout.maps.shape == (2, *GRID)
+    assert isinstance(a.distance, ClassAttentionDistanceResult) and a.rollout.maps.shape == (2, *GRID)
     assert a.filters is not None and a.position is not None and a.position.grid == GRID  # pos_embed over patches
     assert "relpos" in a.notes
     for refused in (lambda: vl.attention_maps(m, x), lambda: vl.attribute(m, x, "gradcam"),
@@ -219,7 +221,7 @@ def test_analyze_gives_every_view_defined_for_a_cait_and_refuses_the_others_in_o
             refused()
         assert "\n" not in str(err.value)
     with pytest.raises(vl.UnsupportedModelError, match="AttentionDistanceAccumulator"):
-        vl.stream_attention(m, x, [vl.AttentionDistanceAccumulator.for_model(m.spec)])
+        vl.stream_attention(m, x, [AttentionDistanceAccumulator.for_model(m.spec)])
     # CKA compares representations: why a CaiT's blocks are not compared, and (in the app) the app's own views
     with pytest.raises(vl.UnsupportedModelError, match="CKA compares.*representations.*class token alone") as err:
         vl.cka(m, vl.load_model("ref-vit"), images(4))

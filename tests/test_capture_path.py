@@ -13,6 +13,9 @@ import torch
 from torch import nn
 
 import vitlens as vl
+from vitlens.engine.capture import AttentionCapture
+from vitlens.views.distance import AttentionDistanceAccumulator
+from vitlens.views.rollout import RolloutAccumulator
 from vitlens.engine import plan as plan_module
 from vitlens.families import FAMILIES, Adapter, CaptureAbilities, CaptureRequest, Family, family_of
 from vitlens.families.base import ADAPTED
@@ -124,11 +127,11 @@ def test_a_family_install_receives_one_request_that_says_what_to_capture():
     m = get_model("vit_tiny_patch16_224")
     family = _Recording()
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(2))
-    cap = vl.AttentionCapture(m.model, mode="inline", detach=False)
+    cap = AttentionCapture(m.model, mode="inline", detach=False)
     cap.family = family
     with cap, torch.no_grad():
         m.model(x)
-    side = vl.AttentionCapture(m.model, mode="side", query_rows=50, consumers=[vl.AttentionDistanceAccumulator.for_model(
+    side = AttentionCapture(m.model, mode="side", query_rows=50, consumers=[AttentionDistanceAccumulator.for_model(
         m.spec)])
     side.family = family
     with side:
@@ -159,8 +162,8 @@ def test_every_stream_plans_its_capture_through_capture_plan(monkeypatch, tiny):
 
     monkeypatch.setattr(stream, "capture_plan", recording)
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(3))
-    vl.stream_attention(tiny, x, [vl.AttentionDistanceAccumulator.for_model(tiny.spec)])  # public default: side
-    vl.stream_attention(tiny, x, [vl.AttentionDistanceAccumulator.for_model(tiny.spec)], query_rows=64)
+    vl.stream_attention(tiny, x, [AttentionDistanceAccumulator.for_model(tiny.spec)])  # public default: side
+    vl.stream_attention(tiny, x, [AttentionDistanceAccumulator.for_model(tiny.spec)], query_rows=64)
     vl.attention_distance(tiny, x)  # a view: the plan's own choice
     vl.prefix_diagnostics(tiny, x)
     vl.attention_maps(tiny, x, queries=[0])
@@ -175,7 +178,7 @@ def test_rollout_from_the_pool_installs_its_own_hooks_and_travels_without_the_mo
     m = vl.LoadedModel.from_module(tiny_open_clip(timm_trunk=True).eval(), name="oc-map")
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(4))
     want = vl.attention_rollout(m, x, source="pool")
-    acc = vl.RolloutAccumulator.for_model(m, source="pool")
+    acc = RolloutAccumulator.for_model(m, source="pool")
     vl.stream_attention(m, x, [acc], capture_mode=None)  # the accumulator's hooks read the pool
     got = acc.result(m.spec)
     assert got.source_token == want.source_token == "attention pool"
@@ -185,9 +188,9 @@ def test_rollout_from_the_pool_installs_its_own_hooks_and_travels_without_the_mo
     with pytest.raises(vl.InvalidParameterError, match="for_model"):
         travelled.hooks()
     with pytest.raises(vl.InvalidParameterError, match="do not merge"):
-        acc.merge(vl.RolloutAccumulator.for_model(m))
+        acc.merge(RolloutAccumulator.for_model(m))
     with pytest.raises(vl.InvalidParameterError, match="source must be"):
-        vl.RolloutAccumulator.for_model(m, source="token")
+        RolloutAccumulator.for_model(m, source="token")
 
 
 class _NamedNorm(Family):

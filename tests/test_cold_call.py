@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.distance import AttentionDistanceAccumulator
 from vitlens.engine import AttentionConsumer, stream_attention
 from vitlens.engine import plan as plan_module
 from vitlens.engine.plan import HELD_BLOCKS, HELD_FLOOR_MB, default_budget_mb, images_per_forward
@@ -58,7 +59,7 @@ class _Sizes(AttentionConsumer):
 
 
 def _views(m, x, sizes: _Sizes):
-    d, r = vl.AttentionDistanceAccumulator.for_model(m.spec), RolloutAccumulator.for_model(m)
+    d, r = AttentionDistanceAccumulator.for_model(m.spec), RolloutAccumulator.for_model(m)
     stream_attention(m, x, [d, r, sizes], batch_size=len(x), capture_mode=None)
     return d.result(m.spec), r.result(m.spec)
 
@@ -143,6 +144,6 @@ def test_a_split_batch_keeps_the_callers_budget_for_its_row_blocks(small, monkey
     t = small.spec.num_tokens()
     assert seen == [(1, default_budget_mb(3, t, small.spec.embed_dim))]
     seen.clear()
-    d, r = vl.AttentionDistanceAccumulator.for_model(small.spec), RolloutAccumulator.for_model(small)
+    d, r = AttentionDistanceAccumulator.for_model(small.spec), RolloutAccumulator.for_model(small)
     stream_attention(small, x, [d, r], batch_size=3, capture_mode=None, memory_budget_mb=0.5)
     assert seen == [(1, 0.5)]

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import vitlens as vl
+from vitlens.views.attention_maps import AttentionMapsResult
 from vitlens.compare.cka import MinibatchCKA
 from vitlens.views.prefix import PrefixAttentionAccumulator, parked_heads
 
@@ -193,7 +194,7 @@ def test_attention_maps_flag_parked_heads_of_one_image():
     maps = np.zeros((2, 2, 5, 5), dtype=np.float32)  # 2 layers, 2 heads, class token + 4 patches
     maps[..., 1:] = 0.25
     maps[1, 0, :, 0], maps[1, 0, :, 1:] = 0.8, 0.05  # layer 2, head 1 parks on the class token
-    res = vl.AttentionMapsResult(maps=maps, grid=(2, 2), num_prefix_tokens=1, image_size=(16, 16))
+    res = AttentionMapsResult(maps=maps, grid=(2, 2), num_prefix_tokens=1, image_size=(16, 16))
     assert res.parked_heads(["class"]) == [{"layer": 2, "head": 1, "token": "class", "share": pytest.approx(0.8)}]
 
 

@@ -8,12 +8,13 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 
 import vitlens as vl
+from vitlens.components import PatchingResult
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=5)
 
 
 @pytest.fixture(scope="module")
-def setup() -> tuple[VisionTransformer, torch.Tensor, torch.Tensor, vl.PatchingResult]:
+def setup() -> tuple[VisionTransformer, torch.Tensor, torch.Tensor, PatchingResult]:
     torch.manual_seed(0)
     m = VisionTransformer(**SMALL, init_values=0.5).double().eval()
     clean = torch.randn(1, 3, 32, 32, dtype=torch.float64)

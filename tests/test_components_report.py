@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import vitlens as vl
+from vitlens.report.data import ReportData
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
 from vitlens.report.cli import main
 from vitlens.results import significant
@@ -24,7 +25,7 @@ def report(tmp_path_factory):
 
 
 def test_the_components_section_holds_the_librarys_numbers(report) -> None:
-    data = vl.ReportData.load(report.with_suffix(".json"))
+    data = ReportData.load(report.with_suffix(".json"))
     section = data.components[0]
     images = list(generate(3, seed=HELD_OUT_SEED).images[:2])
     m = vl.load_model("ref-vit")

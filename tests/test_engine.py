@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.distance import AttentionDistanceAccumulator
+from vitlens.views.rollout import RolloutAccumulator
 from conftest import get_model
 
 
@@ -62,7 +64,7 @@ def test_distance_accumulators_of_shards_merge_into_the_whole_in_any_order(tiny)
     whole = vl.attention_distance(tiny, x, batch_size=6)
     parts = []
     for sl in (slice(0, 1), slice(1, 4), slice(4, 6)):
-        acc = vl.AttentionDistanceAccumulator.for_model(tiny.spec)
+        acc = AttentionDistanceAccumulator.for_model(tiny.spec)
         vl.stream_attention(tiny, x[sl], [acc], capture_mode=None)  # the views' capture
         parts.append(pickle.loads(pickle.dumps(acc)))  # as if it came back from a worker
     for order in ([0, 1, 2], [2, 0, 1]):
@@ -76,7 +78,7 @@ def test_distance_accumulators_of_shards_merge_into_the_whole_in_any_order(tiny)
 def test_rollout_accumulators_merge_in_image_order_with_predictions(tiny):
     x = torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(3))
     whole = vl.attention_rollout(tiny, x)
-    a, b = vl.RolloutAccumulator.for_model(tiny), vl.RolloutAccumulator.for_model(tiny)
+    a, b = RolloutAccumulator.for_model(tiny), RolloutAccumulator.for_model(tiny)
     vl.stream_attention(tiny, x[:1], [a], capture_mode=None)
     vl.stream_attention(tiny, x[1:], [b], capture_mode=None)
     merged = pickle.loads(pickle.dumps(a)).merge(b).result(tiny.spec)
@@ -86,12 +88,12 @@ def test_rollout_accumulators_merge_in_image_order_with_predictions(tiny):
 
 
 def test_accumulators_of_different_settings_do_not_merge(tiny):
-    a = vl.AttentionDistanceAccumulator.for_model(tiny.spec, renormalize=True)
-    b = vl.AttentionDistanceAccumulator.for_model(tiny.spec, renormalize=False)
+    a = AttentionDistanceAccumulator.for_model(tiny.spec, renormalize=True)
+    b = AttentionDistanceAccumulator.for_model(tiny.spec, renormalize=False)
     with pytest.raises(vl.InvalidParameterError):
         a.merge(b)
     with pytest.raises(vl.InvalidParameterError):
-        vl.RolloutAccumulator.for_model(tiny).merge(vl.RolloutAccumulator.for_model(tiny, head_fusion="max"))
+        RolloutAccumulator.for_model(tiny).merge(RolloutAccumulator.for_model(tiny, head_fusion="max"))
 
 
 def test_a_new_view_is_one_consumer_class(tiny):
@@ -204,8 +206,8 @@ def test_every_consumer_gives_identical_results_from_whole_maps_and_from_row_blo
     info = vl.BatchInfo(index=0, start=0, size=3, input_size=(64, 96), grid=(4, 6), device=torch.device("cpu"))
 
     def consumers():
-        return [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.AttentionDistanceAccumulator.for_model(m.spec, False),
-                vl.RolloutAccumulator.for_model(m), vl.RolloutAccumulator.for_model(m, "max", 0.5),
+        return [AttentionDistanceAccumulator.for_model(m.spec), AttentionDistanceAccumulator.for_model(m.spec, False),
+                RolloutAccumulator.for_model(m), RolloutAccumulator.for_model(m, "max", 0.5),
                 PrefixAttentionAccumulator.for_model(m.spec)]
 
     whole, blocks = consumers(), consumers()
@@ -224,7 +226,7 @@ def test_every_consumer_gives_identical_results_from_whole_maps_and_from_row_blo
 
 
 def test_row_blocks_that_do_not_match_the_attention_are_refused(tiny):
-    acc = vl.AttentionDistanceAccumulator.for_model(tiny.spec)
+    acc = AttentionDistanceAccumulator.for_model(tiny.spec)
     acc.begin_batch(vl.BatchInfo(index=0, start=0, size=1, input_size=(224, 224), grid=(14, 14),
                                  device=torch.device("cpu")))
     with pytest.raises(vl.InvalidParameterError, match="do not match"):
@@ -281,7 +283,7 @@ def test_query_chunked_side_capture_gives_the_same_maps_and_views_as_whole_maps(
         def on_attention(self, layer, attn, rows=None):
             rows_seen.append((layer, None if rows is None else (rows.start, rows.stop)))
 
-    consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), vl.RolloutAccumulator.for_model(m), Rows()]
+    consumers = [AttentionDistanceAccumulator.for_model(m.spec), RolloutAccumulator.for_model(m), Rows()]
     vl.stream_attention(m, x, consumers, query_rows=50)
     blocks = [(start, min(t, start + 50)) for start in range(0, t, 50)]
     assert rows_seen == [(layer, b) for layer in range(m.spec.num_layers) for b in blocks]  # in order, every row once

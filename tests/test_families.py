@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import vitlens as vl
+from vitlens.errors import WeightsUnavailableError
 from conftest import reference_attention
 
 
@@ -324,9 +325,9 @@ def test_hub_and_torchvision_weights_offline_fail_fast_with_a_way_out(monkeypatc
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     t0 = time.monotonic()
-    with pytest.raises(vl.WeightsUnavailableError, match="not in the local cache"):
+    with pytest.raises(WeightsUnavailableError, match="not in the local cache"):
         vl.load_model("hf:google/vit-base-patch16-224")
-    with pytest.raises(vl.WeightsUnavailableError, match="pretrained=False"):
+    with pytest.raises(WeightsUnavailableError, match="pretrained=False"):
         vl.load_model("torchvision:vit_b_16")
     assert time.monotonic() - t0 < 5
     m = vl.load_model("torchvision:vit_b_32", pretrained=False, device="cpu")
@@ -415,7 +416,7 @@ def test_open_clip_names_load_random_or_from_the_local_cache_only(tmp_path, monk
     assert m.model.transformer is not None  # the text tower stays
     with pytest.raises(vl.UnknownModelError, match="no architecture"):
         vl.load_model("open_clip:ViT-B-99")
-    with pytest.raises(vl.WeightsUnavailableError, match="local cache"):
+    with pytest.raises(WeightsUnavailableError, match="local cache"):
         vl.load_model("open_clip:ViT-B-32/laion2b_s34b_b79k")
 
     # a tag whose weights are in the hub cache: loaded from that file, with the tag's preprocessing

@@ -8,6 +8,10 @@ import plotly.graph_objects as go
 import pytest
 
 import vitlens as vl
+from vitlens.attribution import AttributionResult
+from vitlens.views.distance import AttentionDistanceResult
+from vitlens.views.position import PositionSimilarityResult
+from vitlens.views.rollout import RolloutResult
 from vitlens import figures
 from vitlens.results import significant
 
@@ -19,13 +23,13 @@ def y_runs_downward(axis) -> bool:
     return axis.range is not None and axis.range[0] > axis.range[1]
 
 
-def one_hot_similarity(grid=(3, 7), hot=(1, 6)) -> vl.PositionSimilarityResult:
+def one_hot_similarity(grid=(3, 7), hot=(1, 6)) -> PositionSimilarityResult:
     """Patch (1, 6) is similar only to itself and to patch (0, 0): an asymmetric, checkable picture."""
     gh, gw = grid
     sim = np.zeros((gh, gw, gh, gw))
     sim[hot][hot] = 1.0
     sim[hot][0, 0] = 0.5
-    return vl.PositionSimilarityResult(similarity=sim, grid=grid, model_grid=grid, resized=False)
+    return PositionSimilarityResult(similarity=sim, grid=grid, model_grid=grid, resized=False)
 
 
 def test_enlarged_tile_puts_patch_row_0_at_the_top_without_padding():
@@ -60,7 +64,7 @@ def test_overlays_put_image_row_0_at_the_top(build):
     elif build == "grid":
         fig = figures.overlay_grid_figure([(image, values, "a"), (image, values, "b")], "t")
     else:
-        r = vl.RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
+        r = RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
                              grid=(2, 3), image_size=(32, 48), head_fusion="mean", discard_ratio=0.0,
                              source_token="class token")
         fig = figures.rollout_figure(r, image)
@@ -73,9 +77,9 @@ def test_overlays_put_image_row_0_at_the_top(build):
         assert axis.get("autorange") == "reversed"
 
 
-def distance(grid=(8, 8), stride=(8, 8), name="m") -> vl.AttentionDistanceResult:
+def distance(grid=(8, 8), stride=(8, 8), name="m") -> AttentionDistanceResult:
     mean = np.full((3, 4), 20.0)
-    return vl.AttentionDistanceResult(mean_px=mean, std_px=mean * 0, m2=mean * 0, n_images=2,
+    return AttentionDistanceResult(mean_px=mean, std_px=mean * 0, m2=mean * 0, n_images=2,
                                       image_size=(grid[0] * stride[0], grid[1] * stride[1]), grid=grid,
                                       stride_px=stride, renormalize=True, model_name=name)
 
@@ -94,7 +98,7 @@ def test_uniform_attention_lines_are_named_with_text_never_a_placeholder():
 
 def test_titles_fit_an_exported_figure():
     d = distance()
-    r = vl.RolloutResult(maps=np.ones((1, 2, 2)), predictions=np.array([2]), probabilities=np.array([0.5]),
+    r = RolloutResult(maps=np.ones((1, 2, 2)), predictions=np.array([2]), probabilities=np.array([0.5]),
                          grid=(2, 2), image_size=(16, 16), head_fusion="mean", discard_ratio=0.0,
                          source_token="class token", predicted_labels=["triangle"])
     for fig in (figures.distance_figure([d, d], names=["a", "b"]), figures.rollout_figure(r, np.zeros((16, 16, 3),
@@ -180,8 +184,8 @@ def test_the_deletion_insertion_legend_gives_both_aucs_and_every_method_its_own_
 
 
 # ---------------------------------------------------------------- issue 45, item 3: tokens drawn as tokens
-def rollout_of(values: np.ndarray) -> vl.RolloutResult:
-    return vl.RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
+def rollout_of(values: np.ndarray) -> RolloutResult:
+    return RolloutResult(maps=values[None], predictions=np.array([-1]), probabilities=np.array([np.nan]),
                             grid=values.shape, image_size=(64, 64), head_fusion="mean", discard_ratio=0.0,
                             source_token="class token")
 
@@ -334,7 +338,7 @@ def test_figures_and_tables_read_labels_from_the_registries():
     assert row == {"method": "gradient rollout", "positive perturbation AUC": 0.2, "deletion AUC": 0.1,
                    "seconds per image": 0.5, "mass ratio (1: uniform)": 1.5, "pointing game": 1.0}
     assert table.to_rows()[0]["chefer_positive_auc"] == 0.2  # the CSV and JSON keep the identifiers
-    maps = figures.attribution_figure([vl.AttributionResult(method="grad_rollout", maps=np.ones((1, 2, 2)),
+    maps = figures.attribution_figure([AttributionResult(method="grad_rollout", maps=np.ones((1, 2, 2)),
                                                             targets=np.array([0]), grid=(2, 2), image_size=(8, 8),
                                                             seconds_per_image=0.0)],
                                       np.zeros((8, 8, 3), np.uint8))

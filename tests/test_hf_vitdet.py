@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.windowed import WindowedDistanceResult
 
 from test_swin import assert_distance_is_a_dense_float64_computation, assert_rollout_is_a_brute_force_dense_composition
 from test_swin import hand_windows
@@ -204,7 +205,7 @@ def test_analyze_runs_and_the_weight_views_say_what_they_show(which):
     model = MODELS[which]()
     m = vl.LoadedModel.from_module(model, name=which)
     a = vl.analyze(m, images(2))
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 7, 7)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 7, 7)
     assert a.filters is not None and a.position is not None
     assert m.logits(images(2)).shape == (2, 32 if "vitdet" in which else 16)
 

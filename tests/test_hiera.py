@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 import vitlens as vl
+from vitlens.views.rollout import RolloutResult
+from vitlens.views.windowed import WindowedDistanceResult
 
 IMG = (64, 96)
 HF_SIZE = dict(embed_dim=8, image_size=list(IMG), depths=[2, 2, 1, 1], num_heads=[1, 2, 4, 8], mlp_ratio=2.0,
@@ -274,7 +276,7 @@ def centres(grid: tuple[int, int], stride: tuple[int, int]) -> np.ndarray:
 
 def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor,
                                                   kinds: tuple[str, ...] = tuple(e[4] for e in EXPECTED)
-                                                  ) -> vl.WindowedDistanceResult:
+                                                  ) -> WindowedDistanceResult:
     """``vl.attention_distance`` against float64 over dense query-by-key matrices: queries at their stage's
     centres, keys at the centres of their own grid (a pooling block's input grid), in pixels; the window-uniform
     distance against the mean over each query of the mean distance to its window's keys."""
@@ -303,7 +305,7 @@ def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.T
     return got
 
 
-def assert_rollout_is_a_brute_force_dense_composition(m: vl.LoadedModel, x: torch.Tensor) -> vl.RolloutResult:
+def assert_rollout_is_a_brute_force_dense_composition(m: vl.LoadedModel, x: torch.Tensor) -> RolloutResult:
     """``vl.attention_rollout`` against explicit float64 matrices: per block (A + P) / rowsum, A the head-fused
     (mean) maps on [query tokens, input tokens], P the identity, or for a pooling block the stated transport of
     its pooled residual (each pooled token the mean of its 2x2 block, written here); composed from the mean over
@@ -370,7 +372,7 @@ def test_analyze_and_the_report_run_and_the_position_view_reads_the_table(which,
     m = load(tiny_timm() if which == "timm" else tiny_hf())
     x = images(2)
     a = vl.analyze(m, x)
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 24)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 24)
     assert a.filters is not None and a.position is not None
     figs = model_figures(a, [np.asarray(i) for i in m.display(x)])
     assert {"filters", "position", "distance", "rollout"} <= set(figs)
@@ -507,6 +509,6 @@ def test_hieradet_distance_rollout_and_analyze():
     assert_distance_is_a_dense_float64_computation(m, images(3), DET_KINDS)
     assert_rollout_is_a_brute_force_dense_composition(m, images(2))
     a = vl.analyze(m, images(2))
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 24)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 24)
     table, grid = m.family.position_table(m.model, m.spec)
     torch.testing.assert_close(table.reshape(1, *grid, -1), m.model._pos_embed(torch.zeros(1, *grid, 8)))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.distance import AttentionDistanceAccumulator
 import view_references
 from conftest import get_model, reference_attention
 from vitlens.families import CaptureAbilities
@@ -145,10 +146,10 @@ def test_distance_rows_by_block_equal_the_whole_matrix(monkeypatch):
         assert torch.equal(distance.token_distance_matrix((5, 7), (16, 8), queries=q), d[q])
     m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))
     x = torch.randn(3, 3, 64, 96, generator=torch.Generator().manual_seed(3))
-    whole = vl.AttentionDistanceAccumulator.for_model(m.spec)
+    whole = AttentionDistanceAccumulator.for_model(m.spec)
     vl.stream_attention(m, x, [whole], query_rows=7)
     monkeypatch.setattr(distance, "WHOLE_DISTANCES_BYTES", 0)  # every block builds its own rows
-    by_block = vl.AttentionDistanceAccumulator.for_model(m.spec)
+    by_block = AttentionDistanceAccumulator.for_model(m.spec)
     vl.stream_attention(m, x, [by_block], query_rows=7)
     assert by_block._distances is None
     assert whole.result(m.spec).equals(by_block.result(m.spec))  # bit for bit
@@ -203,7 +204,7 @@ def test_row_consumers_keep_no_row_block_alive():
 
     m = get_model("deit_tiny_distilled_patch16_224", img_size=(64, 96))  # T = 26
     info = vl.BatchInfo(index=0, start=0, size=2, input_size=(64, 96), grid=(4, 6), device=torch.device("cpu"))
-    consumers = [vl.AttentionDistanceAccumulator.for_model(m.spec), PrefixAttentionAccumulator.for_model(m.spec)]
+    consumers = [AttentionDistanceAccumulator.for_model(m.spec), PrefixAttentionAccumulator.for_model(m.spec)]
     for c in consumers:
         c.begin_batch(info)
     a = torch.rand(2, 3, 10, 26).softmax(-1)

@@ -14,6 +14,7 @@ import timm
 import torch
 
 import vitlens as vl
+from vitlens.attribution import ComparisonTable
 from vitlens.errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 
 
@@ -292,7 +293,7 @@ def test_a_registered_metric_is_scored_in_the_table_and_listed(registered_metric
     # a column the entry gives no label reads as its name with spaces (issue 45: no raw identifiers in legends)
     assert fig.data[0].name == f"saliency (half removed drop {vl.results.significant(table.rows[0]['half_removed_drop'])})"
     # the default metrics include it, and two one-method tables concatenate its results
-    both = vl.ComparisonTable.concat([table, vl.compare_methods(m, x, methods=["rollout"], steps=2)])
+    both = ComparisonTable.concat([table, vl.compare_methods(m, x, methods=["rollout"], steps=2)])
     assert [r.method for r in both.scores["test_half_removed"]] == ["saliency", "rollout"]
     with pytest.raises(InvalidParameterError, match="test_half_removed"):  # the refusal lists it among the names
         vl.compare_methods(m, x, methods=["saliency"], metrics=["roar"])

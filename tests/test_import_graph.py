@@ -11,22 +11,24 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1] / "vitlens"
+APP = ROOT.parent / "vitlens_app"
 
 
-def _modules() -> dict[str, tuple[Path, bool]]:
+def _modules(root: Path = ROOT) -> dict[str, tuple[Path, bool]]:
     out = {}
-    for path in sorted(ROOT.rglob("*.py")):
+    for path in sorted(root.rglob("*.py")):
         parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
         is_pkg = parts[-1] == "__init__"
         out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the vitlens modules it names in any import statement. ``from a import b`` is an edge to
-    ``a.b`` when that is a module, else to ``a``; importing ``a.b`` is not counted as importing ``a``'s
-    ``__init__`` (Python runs it, but a package's own re-exports would make every package a cycle)."""
-    mods = _modules()
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the modules of the package at ``root`` (``vitlens/``, or the app's ``vitlens_app/``) it names in any
+    import statement. ``from a import b`` is an edge to ``a.b`` when that is a module, else to ``a``; importing
+    ``a.b`` is not counted as importing ``a``'s ``__init__`` (Python runs it, but a package's own re-exports would make
+    every package a cycle)."""
+    mods = _modules(root)
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for mod, (path, is_pkg) in mods.items():
         package = mod if is_pkg else mod.rsplit(".", 1)[0]
@@ -111,6 +113,15 @@ def test_the_graph_sees_function_local_and_relative_imports():
 def test_vitlens_imports_have_no_cycle():
     found = cycles(import_graph())
     assert found == [], "import cycles in vitlens/: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_app_imports_have_no_cycle():
+    """The app's pages sit above its contexts (``vitlens_app.context``: an image set's and a clip's), so a page module
+    and the module that picks pages never import each other (the clip page and the video header once did)."""
+    edges = import_graph(APP)
+    assert "vitlens_app.context" in edges["vitlens_app.views.spacetime"]  # the graph reads the app's imports
+    found = cycles(edges)
+    assert found == [], "import cycles in vitlens_app/: " + "; ".join(" <-> ".join(c) for c in found)
 
 
 NUMERIC = ("vitlens.attribution", "vitlens.compare", "vitlens.core", "vitlens.views", "vitlens.survey",

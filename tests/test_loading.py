@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import vitlens as vl
+from vitlens.errors import DeviceUnavailableError, WeightsUnavailableError
 from conftest import get_model
 
 
@@ -45,7 +46,7 @@ def test_non_vit_model_is_refused():
 def test_hub_weights_offline_fail_fast_with_a_way_out(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     t0 = time.monotonic()
-    with pytest.raises(vl.WeightsUnavailableError) as err:
+    with pytest.raises(WeightsUnavailableError) as err:
         vl.load_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k")
     assert time.monotonic() - t0 < 5
     msg = str(err.value)
@@ -58,7 +59,7 @@ def test_unreachable_hub_fails_within_5_seconds(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
     t0 = time.monotonic()
-    with pytest.raises(vl.WeightsUnavailableError, match="cannot be reached"):
+    with pytest.raises(WeightsUnavailableError, match="cannot be reached"):
         vl.load_model("vit_tiny_patch16_224.augreg_in21k_ft_in1k")
     assert time.monotonic() - t0 < 5
 
@@ -172,7 +173,7 @@ def test_did_you_mean_suggests_only_models_that_would_load():
 
 def test_cuda_without_a_gpu_is_a_clear_vitlens_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(vl.DeviceUnavailableError, match="no usable CUDA GPU"):
+    with pytest.raises(DeviceUnavailableError, match="no usable CUDA GPU"):
         vl.load_model("ref-vit", device="cuda")
 
 

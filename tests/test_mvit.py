@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlens as vl
+from vitlens.views.windowed import WindowedDistanceResult
 
 
 def tiny_mvit(mode: str = "conv", img: int = 64, seed: int = 0, **cfg) -> torch.nn.Module:
@@ -208,13 +209,13 @@ def test_inline_capture_without_detach_hands_over_the_probabilities_the_output_i
 
 
 def assert_pooled_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor,
-                                                          geometry: list[dict]) -> vl.WindowedDistanceResult:
+                                                          geometry: list[dict]) -> WindowedDistanceResult:
     """``vl.attention_distance`` against float64 over each block's dense [query tokens, key tokens] maps and the
     pixel distances between the hand-placed query and key centres (key grid != query grid), and the uniform
     distance against attention spread evenly over the pooled keys."""
     n = x.shape[0]
     got = vl.attention_distance(m, x)
-    assert isinstance(got, vl.WindowedDistanceResult) and got.n_images == n
+    assert isinstance(got, WindowedDistanceResult) and got.n_images == n
     with vl.capture_attention(m) as cap, torch.no_grad():
         m.logits(x)
     for layer, (probs, hand) in enumerate(zip(cap.maps, geometry)):
@@ -299,7 +300,7 @@ def test_analyze_and_the_html_report_run_on_a_tiny_mvit():
     m = load(tiny_mvit())
     x = images(2)
     a = vl.analyze(m, x)
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 16)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 16)
     assert a.filters is not None and a.position is None and "relative-position term" in a.position_note
     shown = [np.asarray(i) for i in m.display(x)]
     figs = model_figures(a, shown)

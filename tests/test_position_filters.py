@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.position import PositionSimilarityResult
 from conftest import get_model
 from vitlens.views.position import neighbour_similarity
 
@@ -77,7 +78,7 @@ def test_neighbour_summary_on_a_known_structure():
     # (0,3) e^-3 against (2,2) e^-4 and (1,3) e^-4
     rr, cc = np.divmod(np.arange(25), 5)
     d = np.abs(rr[:, None] - rr[None]) + np.abs(cc[:, None] - cc[None])
-    res = vl.PositionSimilarityResult(similarity=np.exp(-d).reshape(5, 5, 5, 5), grid=(5, 5), model_grid=(5, 5),
+    res = PositionSimilarityResult(similarity=np.exp(-d).reshape(5, 5, 5, 5), grid=(5, 5), model_grid=(5, 5),
                                       resized=False)
     summary = neighbour_similarity(res)
     assert summary["neighbours"] == pytest.approx(np.exp(-1))

@@ -140,3 +140,38 @@ def test_analyses_import_no_private_name_of_vitlens(path):
                 and isinstance(node.value, ast.Name) and node.value.id in ("vl", "vitlens"):
             private.append(f"{node.value.id}.{node.attr}")
     assert private == [], private
+
+
+def test_the_top_level_is_narrow_and_written_once():
+    """``vitlens.__all__`` is the verbs and the few types a user names (at most 60), read from the one list (the
+    lazy block); no result class or accumulator is among them (they live in their modules)."""
+    import vitlens as vl
+    from vitlens._lazy import exported
+
+    assert vl.__all__ == sorted(exported(vl.__file__)) and len(vl.__all__) <= 60
+    assert not [n for n in vl.__all__ if n.endswith(("Result", "Accumulator")) and n != "Result"]  # the base stays
+    for name in vl.__all__:
+        assert getattr(vl, name) is not None
+
+
+def test_a_name_that_left_the_top_level_still_resolves_and_says_where_it_lives(recwarn):
+    """Every name public before the top level was narrowed (issue 61) is the object of its module, with one
+    FutureWarning line that names that module (what a user's old import reads)."""
+    import importlib
+    import warnings
+
+    import vitlens as vl
+
+    assert {"AnalysisResult", "AttentionDistanceAccumulator", "ATTRIBUTION_METHODS", "register_kind"} <= set(vl.MOVED)
+    assert not set(vl.MOVED) & set(vl.__all__)
+    for name, (module, attribute) in vl._lazy_moved.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = getattr(vl, name)
+        target = importlib.import_module(module, "vitlens")
+        assert value is getattr(target, attribute) or value == getattr(target, attribute), name
+        (w,) = caught
+        text = str(w.message)
+        assert w.category is FutureWarning and "\n" not in text and f"vitlens{module}" in text, text
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        vl.no_such_name  # noqa: B018

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import vitlens as vl
+from vitlens.views.windowed import WindowedDistanceResult
 
 transformers = pytest.importorskip("transformers")
 
@@ -226,7 +227,7 @@ def test_distance_in_pixels_equals_a_dense_float64_computation(version, tmp_path
     m = load(build(version))
     x = images(3)
     got = vl.attention_distance(m, x)
-    assert isinstance(got, vl.WindowedDistanceResult) and got.n_images == 3
+    assert isinstance(got, WindowedDistanceResult) and got.n_images == 3
     with vl.capture_attention(m) as cap, torch.no_grad():
         m.logits(x)
     for layer, (probs, hand) in enumerate(zip(cap.maps, hand_geometry(version))):
@@ -343,7 +344,7 @@ def test_analyze_and_the_html_report_run(version):
     m = load(tiny_pvt(version))
     x = images(2)
     a = vl.analyze(m, x)
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 16)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 16, 16)
     assert a.filters is not None
     if version == "v1":
         assert a.position is not None

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import vitlens as vl
+from vitlens.views.relpos import RelativePositionBiasResult
 from vitlens import figures
 from vitlens.views import registry
 from vitlens.views.relpos import bias_by_offset, offset_structure
@@ -211,7 +212,7 @@ def test_every_query_key_pair_gets_the_views_bias_at_its_offset(case):
     assert np.all(r.offset_spread == 0) and r.bias.shape == (2, 4, 2 * grid[0] - 1, 2 * grid[1] - 1)
 
 
-def rebuilt(r: vl.RelativePositionBiasResult, layer: int) -> np.ndarray:
+def rebuilt(r: RelativePositionBiasResult, layer: int) -> np.ndarray:
     """The [heads, T, T] bias rebuilt from the view alone (its offsets and its prefix numbers)."""
     gh, gw = r.grid
     p = len(r.prefix_labels)
@@ -324,7 +325,7 @@ def test_analyze_the_report_and_the_survey_offer_it_from_the_registry():
 
     view = registry.VIEWS["relpos"]
     assert "relpos" in registry.VIEW_NAMES and "relpos" not in registry.DEFAULT_VIEWS  # the paper's four stay default
-    assert view.kind == "weights" and view.result_class() is vl.RelativePositionBiasResult
+    assert view.kind == "weights" and view.result_class() is RelativePositionBiasResult
     assert figures.DRAWERS[view.result_type].fn is figures.relpos_figure and view.shown_in == registry.VIEWS["position"].label
     m = vl.load_model(randomised(timm_model("vit_relpos_medium_patch16_cls_224", 32)))
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))

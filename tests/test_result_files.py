@@ -142,3 +142,65 @@ def test_loading_what_is_not_a_file_says_what_it_is(tmp_path, kind):
         said = "is a folder"
     with pytest.raises(vl.InvalidParameterError, match=f"r.json.*{said}, not a result file"):
         vl.load_result(path)
+
+
+def _array(a: np.ndarray) -> dict:
+    return {"__ndarray__": a.tolist(), "dtype": str(a.dtype), "shape": list(a.shape)}
+
+
+def _lens() -> "vl.Result":
+    from vitlens.components import LogitLensResult
+
+    b, depth, n, k = 1, 4, 5, 2  # L = 3 blocks: depths 0..3
+    return LogitLensResult(target=np.zeros(b, dtype=np.int64), pooled=np.zeros((b, depth)),
+                           tokens=np.zeros((b, depth, n)), top_classes=np.zeros((b, depth, k), dtype=np.int64),
+                           top_logits=np.zeros((b, depth, k)), output=np.zeros(b), num_prefix_tokens=1, model_name="m")
+
+
+def _spacetime() -> "vl.Result":
+    from vitlens.views.spacetime import SpaceTimeDistanceResult
+
+    maps, heads = 2, 3
+    z, b = np.zeros((maps, heads)), np.zeros(maps)
+    return SpaceTimeDistanceResult(model="m", roles=("temporal", "spatial"), blocks=(0, 0), spatial_px=z,
+                                   within_px=z, temporal_frames=z, spatial_std_px=z, temporal_std_frames=z,
+                                   baseline_spatial_px=b, baseline_within_px=b, baseline_temporal_frames=b,
+                                   max_spatial_px=8.0, max_temporal_frames=2.0, n_clips=1)
+
+
+def _rollout() -> "vl.Result":
+    from vitlens.views.spacetime import SpaceTimeRolloutResult
+
+    return SpaceTimeRolloutResult(model="m", maps=np.zeros((1, 2, 3, 3)), source_token="class", head_fusion="mean",
+                                  time_centres=np.array([0.5, 2.5]))
+
+
+@pytest.mark.parametrize("make, field, value, why", [
+    # [B, L + 1] beside [B, L + 1, N]: one depth more than blocks, the same everywhere
+    (_lens, "pooled", _array(np.zeros((1, 3))), "field '(pooled|tokens)'.*L = [23], but \\w+ has L = [23]"),
+    (_lens, "top_logits", _array(np.zeros((1, 4, 3))), "field 'top_logits'.*k = 3, but top_classes has k = 2"),
+    # [B, T', gh, gw] beside time_centres [T']: a primed symbol is a symbol
+    (_rollout, "time_centres", _array(np.array([0.5, 1.5, 2.5])), "field 'time_centres'.*T' = 3, but maps has T' = 2"),
+    # roles [maps] and blocks [maps]: a sequence's length is its one dimension
+    (_spacetime, "roles", ["temporal", "spatial", "joint"], "field '(roles|blocks)'.*maps = [23], but \\w+ has maps"),
+    (_spacetime, "blocks", [0], "field '(roles|blocks)'.*maps = [12], but \\w+ has maps = [12]"),
+])
+def test_every_declared_shape_of_the_new_kinds_is_checked(tmp_path, make, field, value, why):
+    """Shapes written with offsets (``L + 1``), primes (``T'``) and sequences of one per map (``roles: [maps]``) are
+    held to the arrays beside them, so a crafted file fails on load, not later in repr, to_rows or a figure."""
+    path = make().save(tmp_path / "r.json")
+    assert type(vl.load_result(path)) is type(make())  # the untouched file loads
+    d = json.loads(path.read_text())
+    d[field] = value
+    path.write_text(json.dumps(d))
+    with pytest.raises(ResultFileError, match=why):
+        vl.load_result(path)
+
+
+def test_a_map_role_that_is_no_role_is_refused_on_load(tmp_path):
+    path = _spacetime().save(tmp_path / "r.json")
+    d = json.loads(path.read_text())
+    d["roles"] = ["temporal", "sideways"]
+    path.write_text(json.dumps(d))
+    with pytest.raises(vl.InvalidParameterError, match="roles are among joint, temporal, spatial; got 'sideways'"):
+        vl.load_result(path)

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.position import PositionSimilarityResult
+from vitlens.views.rollout import RolloutResult
 from vitlens import figures
 from vitlens.results import atomic_write_bytes
 
@@ -33,7 +35,7 @@ def test_every_result_round_trips(tmp_path, analysis, suffix):
 def test_loading_a_result_as_another_kind_is_refused(tmp_path, analysis):
     p = analysis.distance.save(tmp_path / "d.json")
     with pytest.raises(vl.InvalidParameterError, match="attention_distance"):
-        vl.RolloutResult.load(p)
+        RolloutResult.load(p)
     with pytest.raises(vl.InvalidParameterError, match=".json or .npz"):
         analysis.distance.save(tmp_path / "d.csv")
 
@@ -87,7 +89,7 @@ def test_component_rgb_scales_each_component_to_the_full_range():
 
 def test_position_mosaic_places_tile_r_c_at_its_block():
     sim = np.arange(2 * 3 * 2 * 3, dtype=float).reshape(2, 3, 2, 3)
-    res = vl.PositionSimilarityResult(similarity=sim, grid=(2, 3), model_grid=(2, 3), resized=False)
+    res = PositionSimilarityResult(similarity=sim, grid=(2, 3), model_grid=(2, 3), resized=False)
     mosaic, coords = figures.position_mosaic(res)
     assert mosaic.shape == (2 * 3 - 1, 3 * 4 - 1)
     np.testing.assert_array_equal(mosaic[3:5, 4:7], sim[1, 1])

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import vitlens as vl
+from vitlens.views.spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
 from vitlens.survey import clips_source, shapes_source
 from vitlens.survey.sources import Shard
 from vitlens.survey.stats import merge, read_state
@@ -42,7 +43,7 @@ def zoo(tmp_path_factory) -> tuple[list[str], str]:
     return names, str(clips)
 
 
-def one_process(name: str, folder: str) -> tuple[vl.SpaceTimeDistanceResult, vl.SpaceTimeRolloutResult]:
+def one_process(name: str, folder: str) -> tuple[SpaceTimeDistanceResult, SpaceTimeRolloutResult]:
     m = vl.load_model(name, device="cpu")
     x = vl.clip_pixel_values([vl.read_clip(f) for f in clips_source(folder).files], m)
     return vl.attention_distance(m, x, batch_size=1), vl.attention_rollout(m, x, batch_size=1)

@@ -415,10 +415,8 @@ def test_a_view_registered_in_the_driver_is_surveyed_by_its_workers(local_ray, t
 
     from vitlens.views import registry
 
-    monkeypatch.setattr(registry, "VIEW_NAMES", registry.VIEW_NAMES)  # the registration undone after the test
-    monkeypatch.setattr(registry, "DEFAULT_VIEWS", registry.DEFAULT_VIEWS)
     view = dataclasses.replace(registry.VIEWS["distance"], name="distance2", default=False)
-    monkeypatch.setitem(registry.VIEWS, "distance2", view)
+    monkeypatch.setitem(registry.VIEWS, "distance2", view)  # the registration undone after the test
     registry.register_view(view, replace=True)
     assert registry.registered_views() == (view,)
     ours = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "ours", shard_size=SHARD, views=("distance2",),

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import vitlens as vl
+from vitlens.views.rollout import RolloutResult
+from vitlens.views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult
 from vitlens.core.windows import merge_transport
 
 
@@ -163,14 +165,14 @@ def test_window_capture_is_the_blocks_own_attention_and_leaves_the_outputs(fused
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
 
 
-def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor) -> vl.WindowedDistanceResult:
+def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor) -> WindowedDistanceResult:
     """``vl.attention_distance`` of a windowed model against float64 over explicit dense token-to-token matrices
     (each block's captured window maps placed on its stage grid), and its window-uniform distance against the
     uniform attention over what each query may attend (the block's own mask, padding excluded). Every Swin
     variant's test calls this (tests/test_swin_variants.py)."""
     n = x.shape[0]
     got = vl.attention_distance(m, x)
-    assert isinstance(got, vl.WindowedDistanceResult) and got.n_images == n
+    assert isinstance(got, WindowedDistanceResult) and got.n_images == n
     windows = m.family.windows(m.model, m.spec.image_size)
     with vl.capture_attention(m) as cap, torch.no_grad():
         m.logits(x)
@@ -236,7 +238,7 @@ def test_known_answers_uniform_attention_fills_its_window_and_self_attention_is_
     np.testing.assert_allclose(np.nan_to_num(got.of_window, nan=want), want, rtol=0, atol=1e-9)
 
 
-def assert_rollout_is_a_brute_force_dense_composition(m: vl.LoadedModel, x: torch.Tensor) -> vl.RolloutResult:
+def assert_rollout_is_a_brute_force_dense_composition(m: vl.LoadedModel, x: torch.Tensor) -> RolloutResult:
     """``vl.attention_rollout`` of a windowed model against explicit float64 matrices: per block (A + I) / rowsum
     over the stage's tokens (A: the captured window maps, heads fused by their mean, placed on the stage grid),
     per patch merging the transport (coarse token = mean of the fine tokens it merges), the source the mean over
@@ -295,7 +297,7 @@ def test_a_vit_view_is_refused_for_a_windowed_model_in_one_line(tiny):
                                                        "vl.attention_distance"):
         vl.cka(m, tiny, images(4))
     with pytest.raises(vl.UnsupportedModelError, match="attends globally"):
-        vl.WindowedDistanceAccumulator.for_model(tiny)
+        WindowedDistanceAccumulator.for_model(tiny)
     with pytest.raises(vl.InvalidParameterError, match="discard_ratio=0"):
         vl.attention_rollout(m, images(1), discard_ratio=0.5)
 
@@ -303,7 +305,7 @@ def test_a_vit_view_is_refused_for_a_windowed_model_in_one_line(tiny):
 def test_analyze_gives_the_windowed_views_and_the_weight_views_say_why_not():
     m = load(tiny_swin())
     a = vl.analyze(m, images(2))
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 14, 14)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 14, 14)
     assert a.filters is not None
     assert a.position is None and "relative-position bias" in a.position_note
 

@@ -9,6 +9,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import vitlens as vl
+from vitlens.views.windowed import WindowedDistanceResult
 
 from test_app import APP, NO_BROWSER, asked_tables, chart, problems, session_with_model, settled
 
@@ -90,7 +91,7 @@ def test_compare_and_report_draw_a_swin_beside_a_vit_against_depth(tmp_path):
     np.testing.assert_allclose(sorted(set(swin_dots.x)), (np.arange(6) + 1) / 6)
     assert max(swin_dots.y) <= 1.0 and "image widths" in fig.layout.yaxis.title.text
     again = vl.load_result(data.save(tmp_path / "compare.json"))
-    assert isinstance(again.distances[1], vl.WindowedDistanceResult)
+    assert isinstance(again.distances[1], WindowedDistanceResult)
     # the report of the Swin alone: its views through the registry, no prefix section
     a = vl.analyze(swin, images)
     from vitlens.report.html import model_figures

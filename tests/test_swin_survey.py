@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import vitlens as vl
+from vitlens.views.windowed import WindowedDistanceResult
 from vitlens.survey import shapes_source
 from vitlens.survey.sources import Shard
 from vitlens.survey.stats import merge, read_state
@@ -54,7 +55,7 @@ def test_the_survey_distance_is_the_one_process_windowed_distance(swin, whole):
     images, labels, _masks, _skipped = source.read(Shard(0, 0, N))
     direct = vl.attention_distance(swin, images, batch_size=1)
     merged = distance_result(states, swin.spec.to_dict(), "tiny-swin")
-    assert isinstance(merged, vl.WindowedDistanceResult)
+    assert isinstance(merged, WindowedDistanceResult)
     np.testing.assert_allclose(merged.mean_px, direct.mean_px, rtol=1e-9)
     np.testing.assert_allclose(merged.window_uniform_px, direct.window_uniform_px)
     assert merged.kinds == direct.kinds and merged.n_images == N

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitlens as vl
+from vitlens.views.windowed import WindowedDistanceResult
 from test_swin import (assert_distance_is_a_dense_float64_computation,
                        assert_rollout_is_a_brute_force_dense_composition, hand_windows, images)
 
@@ -477,7 +478,7 @@ def test_known_answer_hf_swin_attention_on_itself_is_at_zero():
 def test_analyze_gives_the_windowed_views_and_the_weight_views_say_why_not(variant):
     m = load(VARIANTS[variant].build())
     a = vl.analyze(m, images(2))
-    assert isinstance(a.distance, vl.WindowedDistanceResult) and a.rollout.maps.shape == (2, 14, 14)
+    assert isinstance(a.distance, WindowedDistanceResult) and a.rollout.maps.shape == (2, 14, 14)
     assert a.filters is not None and a.rollout.predictions.shape == (2,)
     assert a.position is None and "relative-position bias" in a.position_note
 

@@ -11,12 +11,17 @@ import numpy as np
 import pytest
 
 import vitlens as vl
+from vitlens.attribution import AttributionResult, ComparisonTable, FaithfulnessResult
+from vitlens.views.distance import AttentionDistanceResult
+from vitlens.views.filters import FilterPCAResult
+from vitlens.views.position import PositionSimilarityResult
+from vitlens.views.rollout import RolloutResult
 from vitlens.report.data import comparison, layer_table, local_head_share
 
 
-def distance(mean_px: np.ndarray, width: int = 64, name: str = "m") -> vl.AttentionDistanceResult:
+def distance(mean_px: np.ndarray, width: int = 64, name: str = "m") -> AttentionDistanceResult:
     layers, heads = mean_px.shape
-    return vl.AttentionDistanceResult(mean_px=mean_px, std_px=np.full_like(mean_px, 0.5), m2=np.zeros_like(mean_px),
+    return AttentionDistanceResult(mean_px=mean_px, std_px=np.full_like(mean_px, 0.5), m2=np.zeros_like(mean_px),
                                       n_images=4, image_size=(64, width), grid=(8, width // 8), stride_px=(8, 8),
                                       renormalize=True, model_name=name)
 
@@ -167,7 +172,7 @@ def test_distance_rows_are_one_per_layer_and_head_one_based():
 
 def test_rollout_rows_are_one_per_image_row_and_column():
     maps = np.arange(2 * 2 * 3, dtype=float).reshape(2, 2, 3)
-    r = vl.RolloutResult(maps=maps, predictions=np.array([1, 0]), probabilities=np.array([0.9, 0.6]), grid=(2, 3),
+    r = RolloutResult(maps=maps, predictions=np.array([1, 0]), probabilities=np.array([0.9, 0.6]), grid=(2, 3),
                          image_size=(32, 48), head_fusion="mean", discard_ratio=0.0, source_token="class token",
                          predicted_labels=["cat", "dog"], model_name="m")
     rows = r.to_rows()
@@ -182,7 +187,7 @@ def test_probabilities_are_shown_with_the_digits_they_need():
     shown = {p: format_probability(p) for p in (0.0, 0.0004, 0.002, 0.043, 0.0996, 0.9, 0.996, 0.9996, 1.0)}
     assert shown == {0.0: "0%", 0.0004: "<0.1%", 0.002: "0.2%", 0.043: "4.3%", 0.0996: "10.0%", 0.9: "90%",
                      0.996: "99.6%", 0.9996: ">99.9%", 1.0: "100%"}
-    r = vl.RolloutResult(maps=np.zeros((2, 1, 1)), predictions=np.array([3, 1]),
+    r = RolloutResult(maps=np.zeros((2, 1, 1)), predictions=np.array([3, 1]),
                          probabilities=np.array([0.002, 0.0001]), grid=(1, 1), image_size=(16, 16), head_fusion="mean", discard_ratio=0.0,
                          source_token="class token", predicted_labels=["langur", "dog"])
     assert r.caption(0) == "langur (0.2%)" and r.caption(1) == "dog (<0.1%)"  # never "langur (0%)"
@@ -190,13 +195,13 @@ def test_probabilities_are_shown_with_the_digits_they_need():
 
 def test_position_rows_are_one_per_pair_of_patches():
     sim = np.arange(16, dtype=float).reshape(1, 4, 1, 4) / 16
-    p = vl.PositionSimilarityResult(similarity=sim, grid=(1, 4), model_grid=(1, 4), resized=False)
+    p = PositionSimilarityResult(similarity=sim, grid=(1, 4), model_grid=(1, 4), resized=False)
     rows = p.to_rows()
     assert len(rows) == 16 and rows[6] == {"row": 0, "col": 1, "row2": 0, "col2": 2, "cosine": 6 / 16}
 
 
 def test_filter_rows_are_one_per_component():
-    f = vl.FilterPCAResult(components=np.zeros((3, 3, 2, 2)), explained_variance_ratio=np.array([0.5, 0.3, 0.1]),
+    f = FilterPCAResult(components=np.zeros((3, 3, 2, 2)), explained_variance_ratio=np.array([0.5, 0.3, 0.1]),
                            source="s", module="patch_embed.proj", n_filters=8)
     assert f.to_rows() == [{"component": 1, "explained_variance_ratio": 0.5},
                            {"component": 2, "explained_variance_ratio": 0.3},
@@ -204,11 +209,11 @@ def test_filter_rows_are_one_per_component():
 
 
 def test_attribution_and_faithfulness_rows():
-    a = vl.AttributionResult(method="saliency", maps=np.array([[[0.0, 1.0]]]), targets=np.array([3]), grid=(1, 2),
+    a = AttributionResult(method="saliency", maps=np.array([[[0.0, 1.0]]]), targets=np.array([3]), grid=(1, 2),
                              image_size=(8, 16), seconds_per_image=0.1)
     assert a.to_rows() == [{"method": "saliency", "image": 0, "target": 3, "row": 0, "col": 0, "value": 0.0},
                            {"method": "saliency", "image": 0, "target": 3, "row": 0, "col": 1, "value": 1.0}]
-    f = vl.FaithfulnessResult(method="saliency", fractions=np.array([0.0, 1.0]), deletion=np.ones((2, 2)),
+    f = FaithfulnessResult(method="saliency", fractions=np.array([0.0, 1.0]), deletion=np.ones((2, 2)),
                               insertion=np.ones((2, 2)), deletion_auc=np.array([0.2, 0.4]),
                               insertion_auc=np.array([0.9, 0.7]), baseline="mean")
     assert f.to_rows()[1] == {"method": "saliency", "image": 1, "deletion_auc": 0.4, "insertion_auc": 0.7,
@@ -222,8 +227,8 @@ def test_results_print_in_one_short_line_and_render_as_html():
     assert "\n" not in text and len(text) < 200
     html = d._repr_html_()
     assert "<table>" in html and "mean_px" in html
-    table = vl.ComparisonTable(rows=[{"method": "rollout", "deletion_auc": 0.1}] * 3, n_images=64,
-                               attributions=[vl.AttributionResult("rollout", np.zeros((64, 14, 14)), np.zeros(64),
+    table = ComparisonTable(rows=[{"method": "rollout", "deletion_auc": 0.1}] * 3, n_images=64,
+                               attributions=[AttributionResult("rollout", np.zeros((64, 14, 14)), np.zeros(64),
                                                                   (14, 14), (224, 224), 0.1)] * 3)
     assert len(repr(table)) < 120  # it once printed 77,731 characters
     assert table.to_pandas().shape == (3, 2)

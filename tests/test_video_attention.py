@@ -17,7 +17,7 @@ import vitlens as vl  # noqa: E402
 from vitlens.core.clip_layout import ClipLayout  # noqa: E402
 from vitlens.errors import InvalidParameterError, UnsupportedModelError  # noqa: E402
 from vitlens.kinds import VIDEO  # noqa: E402
-from vitlens.views.clips import clips_per_forward, run_clips  # noqa: E402
+from vitlens.engine.sources import clips_per_forward  # noqa: E402
 from vitlens.views.spacetime import SpaceTimeAccumulator, joint_geometry, map_distances, rollout_clips  # noqa: E402
 
 FRAMES, SIZE, PATCH = 4, 32, 8
@@ -330,7 +330,10 @@ def test_rollout_of_self_attention_keeps_the_source_and_analyze_gives_both_views
     np.testing.assert_allclose(one_by_one.distance.spatial_px, a.distance.spatial_px, rtol=1e-12)
     np.testing.assert_allclose(one_by_one.rollout.maps, a.rollout.maps, rtol=1e-12, atol=1e-15)
     model = models["timesformer"]
-    merged = run_clips(model, clips[:1]).merge(run_clips(model, clips[1:]))  # shards merge exactly
+    shards = [SpaceTimeAccumulator.for_model(model) for _ in range(2)]
+    for acc, shard in zip(shards, (clips[:1], clips[1:])):
+        vl.stream_attention(model, shard, [acc])  # the engine's clip source feeds the space-time consumer
+    merged = shards[0].merge(shards[1])  # shards merge exactly
     np.testing.assert_allclose(merged.distance("m").temporal_frames, a.distance.temporal_frames, rtol=1e-12)
     np.testing.assert_allclose(merged.rollout("m").maps, a.rollout.maps, rtol=1e-12, atol=1e-15)
     for result in (a.distance, a.rollout):  # both travel as files

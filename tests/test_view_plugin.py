@@ -93,7 +93,38 @@ def toy_view():
     yield view
     registry.VIEWS.clear()
     registry.VIEWS.update(before)
-    registry.VIEW_NAMES, registry.DEFAULT_VIEWS = registry.view_names(), registry.default_views()
+
+
+def test_a_view_registered_as_a_default_is_computed_by_analyze_without_views(tiny):
+    """The registry is read when analyze is called, not when it was imported: a default view registered later is
+    computed by ``vl.analyze(m, x)`` (its default views), and leaves with the registration."""
+    before = dict(registry.VIEWS)
+    try:
+        registry.register_view(registry.View(
+            "parked_default", "Attention parked on the class token", "", "attention",
+            lambda m, p: ParkedMass(m.spec.num_layers, m.spec.num_heads), ParkedMassResult, default=True,
+            draw=parked_figure))
+        assert "parked_default" in registry.DEFAULT_VIEWS and "parked_default" in registry.default_views()
+        x = torch.rand(2, 3, 224, 224)
+        a = vl.analyze(tiny, x, n_components=2)
+        assert "parked_default" in a.views and a.view("parked_default").n_images == 2
+        direct = ParkedMass(tiny.spec.num_layers, tiny.spec.num_heads)
+        vl.stream_attention(tiny, x, [direct])
+        np.testing.assert_allclose(a.view("parked_default").mean, direct.result(tiny.spec).mean, rtol=1e-5)
+    finally:
+        registry.VIEWS.clear()
+        registry.VIEWS.update(before)
+    assert "parked_default" not in registry.DEFAULT_VIEWS and "parked_default" not in vl.analyze(
+        tiny, torch.rand(1, 3, 224, 224), n_components=2).views
+
+
+@pytest.mark.parametrize("name", ["notes", "spec", "views", "others", "position_note", "summary", "save", "kind",
+                                  "_hidden", "two words", ""])
+def test_a_view_may_not_take_a_name_the_analysis_result_holds_something_else_under(name):
+    view = registry.View(name, "t", "", "weights", lambda m, p: None, ParkedMassResult, default=False)
+    with pytest.raises(vl.InvalidParameterError, match="pick another name"):
+        registry.register_view(view)
+    assert name not in registry.VIEWS
 
 
 def test_a_registered_view_is_computed_drawn_and_surveyed(tiny, toy_view):

@@ -11,6 +11,7 @@
 # %%
 import numpy as np
 import vitlens as vl
+from vitlens.registry import attribution_methods
 from vitlens import figures
 from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate
 
@@ -19,7 +20,7 @@ scenes = generate(6, seed=HELD_OUT_SEED)
 images, masks = list(scenes.images), scenes.masks
 print("classes:", CLASSES)
 print("labels: ", [CLASSES[i] for i in scenes.labels])
-print("methods:", ", ".join(vl.ATTRIBUTION_METHODS))
+print("methods:", ", ".join(attribution_methods()))
 
 # %% [markdown]
 # ## Every method
@@ -30,7 +31,7 @@ print("methods:", ", ".join(vl.ATTRIBUTION_METHODS))
 # 2024). Here every method explains the first scene.
 
 # %%
-results = {name: vl.attribute(m, images[:1], method=name) for name in vl.ATTRIBUTION_METHODS}
+results = {name: vl.attribute(m, images[:1], method=name) for name in attribution_methods()}
 for name, att in results.items():
     print(f"{name:22s} maps {tuple(att.maps.shape)}  explains {att.target_name(0)!r}")
 

@@ -1,15 +1,17 @@
 # %% [markdown]
 # # Extending vitlens: a new view, a new attribution method, a new family
 #
-# vitlens is built on three registries, each the one source of what it names: the streaming
-# engine's consumers and the view registry (`vitlens/views/registry.py`), the attribution methods
-# (`vitlens.attribution.METHOD_TABLE`), and the model families (`vitlens.families.FAMILIES`). This
-# tutorial adds one of each, at run time, and uses them through the ordinary entry points.
+# vitlens is built on registries, each the one source of what it names, all extended from one public place,
+# `vitlens.registry`: the kinds of model (`register_kind`), the views (`register_view`: the streaming engine's
+# consumers and the weight views), the attribution methods (`register_method`) and metrics (`register_metric`), and
+# the model families (`register_family`). This tutorial adds a view, a method and a family, at run time, and uses
+# them through the ordinary entry points.
 
 # %%
 import numpy as np
 import torch
 import vitlens as vl
+from vitlens.views.distance import AttentionDistanceAccumulator
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
 
 m = vl.load_model("ref-vit")
@@ -48,7 +50,7 @@ class AttentionEntropy(vl.AttentionConsumer):
 
 
 entropy = AttentionEntropy(m.spec.num_layers, m.spec.num_heads)
-distance = vl.AttentionDistanceAccumulator.for_model(m.spec)
+distance = AttentionDistanceAccumulator.for_model(m.spec)
 n = vl.stream_attention(m, images, [entropy, distance])
 h = entropy.result(m.spec)
 print(f"{n} images; mean entropy per layer (nats):", np.round(h.mean(1), 3))
@@ -78,13 +80,14 @@ print("correlation of entropy and distance over heads:", round(float(np.corrcoef
 #
 # ## A new attribution method
 #
-# A method is a `Method(name, fn, defaults)` in `METHOD_TABLE`; `fn(model, x, targets, grid, params,
+# A method is a `Method(name, fn, defaults)`, added with `vitlens.registry.register_method` (the one public place every
+# registry is extended from: kinds, views, methods, metrics, families); `fn(model, x, targets, grid, params,
 # score)` returns `(maps [b, gh, gw], targets [b])`, where `score(x)` gives the [b, K] outputs the
 # targets index (class logits, or similarities to prompts). Here: gradient x input summed per
 # token, signed. Everything downstream (faithfulness, the sanity check, the figures) takes it.
 
 # %%
-from vitlens.attribution import METHOD_TABLE, Method
+from vitlens.registry import Method, attribution_methods, register_method
 
 
 def gradient_x_input_tokens(model, x, targets, grid, params, score):
@@ -99,7 +102,8 @@ def gradient_x_input_tokens(model, x, targets, grid, params, score):
     return tokens.detach().cpu().numpy(), targets.cpu().numpy()
 
 
-METHOD_TABLE["gxi_tokens"] = Method("gxi_tokens", gradient_x_input_tokens)
+register_method(Method("gxi_tokens", gradient_x_input_tokens))
+assert "gxi_tokens" in attribution_methods()  # every list of methods reads the registry when it is shown
 att = vl.attribute(m, images, method="gxi_tokens")
 print(att)
 print(vl.deletion_insertion(m, images, att))

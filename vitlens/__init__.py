@@ -10,95 +10,91 @@ The package, by what each part is:
 - ``core``: ``ModelSpec`` and the attention and filter maths every family shares (imports nothing of vitlens);
 - ``loading``: names to models (embedded pair, timm hub, checkpoints, user modules);
 - ``families``: how each kind of ViT is read exactly (spec, attention capture, filters, E_pos);
+- ``engine``: the one forward per batch every attention view rides on (exact capture, the plan, the batch source
+  of each kind of input: images or a video model's clips, the consumer protocol);
 - ``views``: the paper's four views (and the relative-position bias, Fig. 7 centre's analogue), one image's
-  attention maps, and the streaming engine;
+  attention maps, the views of a video model's clips;
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;
 - ``compare``: layer-by-layer CKA between models, head importance;
 - ``components``: the output as an exact sum over embeddings, heads x tokens, MLPs and biases (with a ledger);
 - ``reference``: the embedded reference pair (scenes, models, training, weights);
 - ``survey``: a model zoo x an image set on Ray, resumable, one tidy table;
 - ``report``: the command line and its offline HTML pages;
+- ``clips``: reading, sampling and writing clips for the video models;
+- ``kinds`` and ``registry``: the kinds of model, and every registry (kinds, views, methods, metrics, families) with
+  the one way to add to each;
 - ``figures``, ``results``, ``images``, ``progress``, ``errors``: shared pieces.
+
+The top level holds the verbs and the few types a user names (``__all__``); result classes, accumulators and the
+registries live in their modules. A name that was public here before (issue 61) still resolves, with one
+``FutureWarning`` naming its module.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_names
+from ._lazy import exported_names, lazy_names
 from ._version import __version__
 
 if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``import vitlens`` does not import torch
-    from .attribution import METHODS as ATTRIBUTION_METHODS
-    from .attribution import (
-        AttributionResult, ComparisonTable, FaithfulnessResult, attribute, compare_methods, deletion_insertion)
-    from .attribution import SanityResult, perturbation_test, road, sanity_check, sanity_table
-    from .compare import CKAResult, HeadImportanceResult, cka, head_importance
-    from .components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
-    from .components import decompose, logit_lens, patch_activations, token_norms
-    from .components import MeanAblationResult, TextSpanResult, mean_ablate, text_span
-    from .errors import (
-        CheckpointError,
-        DeviceUnavailableError,
-        ClipLoadError,
-        ImageLoadError,
-        InvalidParameterError,
-        UnknownModelError,
-        UnsupportedModelError,
-        ViewNotAvailableError,
-        VitlensError,
-        WeightsUnavailableError,
-    )
-    from .images import Images, preprocess, sample_images, to_rgb
-    from .kinds import Kind, all_kinds, kind_of, register_kind, registered_kind
-    from .loading import PRESETS, LoadedModel, ModelSpec, list_models, load_model
-    from .results import Result, load_result
-    from .report.data import ComparisonData, ReportData
-    from .survey import SurveyResult, load_survey, survey
-    from .views.analyze import AnalysisResult, analyze, attention_distance, attention_rollout
-    from .views.attention_maps import AttentionMapsResult, attention_maps, query_token
-    from .views.packed import analyze_each
-    from .engine.capture import AttentionCapture, attention_probs, capture_attention
-    from .views.distance import AttentionDistanceAccumulator, AttentionDistanceResult
+    from .attribution import (attribute, compare_methods, deletion_insertion, perturbation_test, road, sanity_check,
+                              sanity_table)
+    from .clips import Clip, clip_pixel_values, moving_shape_clip, read_clip, write_gif, write_mp4
+    from .compare import cka, head_importance
+    from .components import decompose, logit_lens, mean_ablate, patch_activations, text_span, token_norms
     from .engine import AttentionConsumer, BatchInfo, stream_attention
-    from .views.filters import FilterPCAResult, embedding_filter_pca
-    from .views.video_weights import (TubeletFilterPCAResult, VideoPositionSimilarityResult, video_filter_pca,
-                                      video_position_similarity)
-    from .clips import Clip, MovingShape, clip_pixel_values, moving_shape_clip, read_clip, write_gif, write_mp4
-    from .views.position import PositionSimilarityResult, position_similarity
-    from .views.prefix import PrefixAttentionAccumulator, PrefixDiagnosticsResult, prefix_diagnostics
+    from .engine.capture import capture_attention
+    from .errors import (CheckpointError, ClipLoadError, ImageLoadError, InvalidParameterError, UnknownModelError,
+                         UnsupportedModelError, ViewNotAvailableError, VitlensError)
+    from .images import Images, preprocess, sample_images, to_rgb
+    from .kinds import kind_of
+    from .loading import LoadedModel, ModelSpec, list_models, load_model
+    from .results import Result, load_result
+    from .survey import load_survey, survey
+    from .views.analyze import analyze, attention_distance, attention_rollout
+    from .views.attention_maps import attention_maps, query_token
+    from .views.filters import embedding_filter_pca
+    from .views.packed import analyze_each
+    from .views.position import position_similarity
+    from .views.prefix import prefix_diagnostics
     from .views.registry import available_views
-    from .views.relpos import RelativePositionBiasResult, relative_position_bias
-    from .views.rollout import RolloutAccumulator, RolloutResult, rollout_sources
-    from .views.windowed import WindowedDistanceAccumulator, WindowedDistanceResult, WindowedRolloutAccumulator
-    from .views.class_attention import (ClassAttentionDistanceAccumulator, ClassAttentionDistanceResult,
-                                        ClassAttentionRolloutAccumulator)
-    from .views.spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
+    from .views.relpos import relative_position_bias
+    from .views.rollout import rollout_sources
+    from .views.video_weights import video_filter_pca, video_position_similarity
 
-__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
+#: names that were public here before the top level was narrowed (issue 61), by the module that holds each now: each
+#: still resolves, with one ``FutureWarning`` that names its module (``_lazy.lazy_names``)
+MOVED: dict[str, str] = {
+    **dict.fromkeys(("AttributionResult", "ComparisonTable", "FaithfulnessResult", "SanityResult"), ".attribution"),
+    "ATTRIBUTION_METHODS": ".attribution",
+    **dict.fromkeys(("CKAResult", "HeadImportanceResult"), ".compare"),
+    **dict.fromkeys(("DecompositionResult", "LogitLensResult", "MeanAblationResult", "PatchingResult",
+                     "TextSpanResult", "TokenNormsResult"), ".components"),
+    "MovingShape": ".clips",
+    **dict.fromkeys(("AttentionCapture", "attention_probs"), ".engine.capture"),
+    **dict.fromkeys(("DeviceUnavailableError", "WeightsUnavailableError"), ".errors"),
+    **dict.fromkeys(("Kind", "all_kinds", "register_kind", "registered_kind"), ".registry"),
+    "PRESETS": ".loading",
+    **dict.fromkeys(("ComparisonData", "ReportData"), ".report.data"),
+    "SurveyResult": ".survey",
+    "AnalysisResult": ".views.analyze",
+    "AttentionMapsResult": ".views.attention_maps",
+    **dict.fromkeys(("ClassAttentionDistanceAccumulator", "ClassAttentionDistanceResult",
+                     "ClassAttentionRolloutAccumulator"), ".views.class_attention"),
+    **dict.fromkeys(("AttentionDistanceAccumulator", "AttentionDistanceResult"), ".views.distance"),
+    "FilterPCAResult": ".views.filters",
+    "PositionSimilarityResult": ".views.position",
+    **dict.fromkeys(("PrefixAttentionAccumulator", "PrefixDiagnosticsResult"), ".views.prefix"),
+    "RelativePositionBiasResult": ".views.relpos",
+    **dict.fromkeys(("RolloutAccumulator", "RolloutResult"), ".views.rollout"),
+    **dict.fromkeys(("SpaceTimeDistanceResult", "SpaceTimeRolloutResult"), ".views.spacetime"),
+    **dict.fromkeys(("TubeletFilterPCAResult", "VideoPositionSimilarityResult"), ".views.video_weights"),
+    **dict.fromkeys(("WindowedDistanceAccumulator", "WindowedDistanceResult", "WindowedRolloutAccumulator"),
+                    ".views.windowed"),
+}
+#: a moved name read under another name in its module (the methods registered when read; also
+#: ``vitlens.registry.attribution_methods()``)
+RENAMED: dict[str, str] = {"ATTRIBUTION_METHODS": "METHODS"}
 
-__all__ = [
-    "ATTRIBUTION_METHODS", "AnalysisResult", "CKAResult", "HeadImportanceResult", "PrefixAttentionAccumulator",
-    "PrefixDiagnosticsResult", "cka", "head_importance", "prefix_diagnostics", "SurveyResult", "load_survey",
-    "survey", "AttentionCapture", "AttentionConsumer", "AttentionDistanceAccumulator",
-    "AttentionDistanceResult", "AttentionMapsResult", "AttributionResult", "BatchInfo", "CheckpointError",
-    "ComparisonTable", "DeviceUnavailableError", "FaithfulnessResult", "FilterPCAResult", "ImageLoadError", "Images",
-    "InvalidParameterError", "LoadedModel", "ModelSpec", "PRESETS", "PositionSimilarityResult", "Result",
-    "RolloutAccumulator", "RolloutResult", "WindowedDistanceAccumulator", "WindowedDistanceResult",
-    "WindowedRolloutAccumulator", "ClassAttentionDistanceAccumulator", "ClassAttentionDistanceResult",
-    "ClassAttentionRolloutAccumulator", "UnknownModelError", "UnsupportedModelError", "ViewNotAvailableError",
-    "VitlensError", "WeightsUnavailableError", "analyze", "attention_distance", "attention_maps", "attention_probs",
-    "attention_rollout", "attribute", "capture_attention", "compare_methods", "deletion_insertion",
-    "embedding_filter_pca", "list_models", "load_model", "load_result", "position_similarity", "preprocess",
-    "query_token", "sample_images", "stream_attention", "to_rgb", "RelativePositionBiasResult", "relative_position_bias",
-    "SanityResult", "perturbation_test", "road", "sanity_check", "sanity_table",
-    "Kind", "all_kinds", "kind_of", "register_kind", "registered_kind", "available_views",
-    "ComparisonData", "ReportData", "rollout_sources",
-    "DecompositionResult", "decompose", "LogitLensResult", "logit_lens", "TokenNormsResult", "token_norms",
-    "PatchingResult", "patch_activations",
-    "TextSpanResult", "text_span", "MeanAblationResult", "mean_ablate",
-    "analyze_each",
-    "ClipLoadError", "Clip", "MovingShape", "clip_pixel_values", "moving_shape_clip", "read_clip", "write_gif",
-    "write_mp4", "TubeletFilterPCAResult", "VideoPositionSimilarityResult", "video_filter_pca",
-    "video_position_similarity",
-    "SpaceTimeDistanceResult", "SpaceTimeRolloutResult",
-]
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals(), MOVED, RENAMED)
+__all__ = exported_names(__file__)

@@ -1,5 +1,7 @@
 """Checking a result file before it becomes a result: every field's type and, where the class's docstring gives
-one (``mean_px: [L, H] ...``), its array's number of dimensions, with a symbol the same size wherever it appears.
+one (``mean_px: [L, H] ...``), its array's number of dimensions (a sequence's length for ``roles: [maps]``), with a
+symbol the same size wherever it appears; a dimension may be a symbol (``T'`` too), a number, a symbol plus or minus a
+number (``[B, L + 1]``: one more than ``L`` wherever ``L`` appears), a product (``[gh * gw, D]``) or leading ``...``.
 One ``ResultFileError`` names the file and the field; nothing raw (``TypeError``, ``JSONDecodeError``, a zip's
 ``BadZipFile``, ``RecursionError``) escapes ``vl.load_result``.
 """
@@ -20,7 +22,11 @@ from .errors import InvalidParameterError
 MAX_RESULT_BYTES = 256 * 2**20
 #: the deepest nesting of lists/objects a ``.json`` result may have
 MAX_JSON_DEPTH = 64
-_SHAPE_LINE = re.compile(r"^\s+(\w+):\s*\[([A-Za-z0-9_ ,]+)\]", re.M)
+_SHAPE_LINE = re.compile(r"^\s+(\w+):\s*\[([A-Za-z0-9_ ,'+*.\-]+)\]", re.M)
+#: one dimension: a number, a symbol (primes allowed: ``T'``), a symbol plus or minus a number, or a product
+_SYMBOL = r"[A-Za-z_]\w*'*"
+_OFFSET = re.compile(rf"^({_SYMBOL})\s*([+-])\s*(\d+)$")
+_PRODUCT = re.compile(rf"^{_SYMBOL}(\s*\*\s*{_SYMBOL})+$")
 
 
 class ResultFileError(InvalidParameterError):
@@ -79,22 +85,62 @@ def check_fields(path: Path, cls: type, values: dict[str, Any]) -> None:
             why = _mismatch(values[f.name], hint)
             if why:
                 raise fail(path, f.name, why)
+    _check_shapes(path, shapes_of(cls), values)
+
+
+def _check_shapes(path: Path, shapes: dict[str, tuple[str, ...]], values: dict[str, Any]) -> None:
+    """Every declared shape against its array (a sequence: its length against a one-symbol shape), each symbol one
+    size wherever it appears; offsets (``L + 1``) and products (``gh * gw``) checked once their symbols are known."""
     sizes: dict[str, tuple[int, str]] = {}
-    for name, symbols in shapes_of(cls).items():
+    later: list[tuple[str, str, int]] = []  # (field, dimension, size) of offsets and products
+
+    def bind(name: str, symbol: str, size: int) -> None:
+        if symbol in sizes and sizes[symbol][0] != size:
+            raise fail(path, name, f"{symbol} = {size}, but {sizes[symbol][1]} has {symbol} = {sizes[symbol][0]}")
+        sizes.setdefault(symbol, (size, name))
+
+    for name, symbols in shapes.items():
         value = values.get(name)
-        if not isinstance(value, np.ndarray):
+        if isinstance(value, (tuple, list)) and len(symbols) == 1 and symbols[0] != "...":
+            shape: tuple[int, ...] = (len(value),)
+        elif isinstance(value, np.ndarray):
+            shape = value.shape
+        else:
             continue
-        if value.ndim != len(symbols):
-            raise fail(path, name, f"an array of {value.ndim} dimensions {list(value.shape)}, where "
+        dims = list(symbols)
+        if dims and dims[0] == "...":  # any leading dimensions: the trailing ones are checked
+            dims = dims[1:]
+            if len(shape) < len(dims):
+                raise fail(path, name, f"an array of {len(shape)} dimensions {list(shape)}, where "
+                                       f"[{', '.join(symbols)}] is written")
+            shape = shape[len(shape) - len(dims):]
+        elif len(shape) != len(dims):
+            raise fail(path, name, f"an array of {len(shape)} dimensions {list(shape)}, where "
                                    f"[{', '.join(symbols)}] is written")
-        for size, symbol in zip(value.shape, symbols):
+        for size, symbol in zip(shape, dims):
             if symbol.isdigit():
                 if size != int(symbol):
                     raise fail(path, name, f"size {size} where {symbol} is written")
-            elif symbol in sizes and sizes[symbol][0] != size:
-                raise fail(path, name, f"{symbol} = {size}, but {sizes[symbol][1]} has {symbol} = {sizes[symbol][0]}")
+            elif _OFFSET.match(symbol) or _PRODUCT.match(symbol):
+                later.append((name, symbol, int(size)))
             else:
-                sizes.setdefault(symbol, (size, name))
+                bind(name, symbol, int(size))
+    for name, symbol, size in later:
+        offset = _OFFSET.match(symbol)
+        if offset:
+            base, sign, k = offset.group(1), offset.group(2), int(offset.group(3))
+            implied = size - k if sign == "+" else size + k
+            if implied < 0:
+                raise fail(path, name, f"size {size} where {symbol} is written")
+            bind(name, base, implied)
+            continue
+        factors = [f.strip() for f in symbol.split("*")]
+        if all(f in sizes for f in factors):
+            want = int(np.prod([sizes[f][0] for f in factors]))
+            if size != want:
+                raise fail(path, name, f"size {size} where {symbol} = {want} is written")
+        else:
+            bind(name, symbol, size)  # an unknown product: the same size wherever it is written
 
 
 def _mismatch(value: Any, hint: Any) -> str:

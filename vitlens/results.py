@@ -30,17 +30,15 @@ _REGISTRY: dict[str, type["Result"]] = {}
 def _load_every_kind() -> None:
     """Load every result kind, so that a file is read in a process that has not computed its kind yet: each kind is
     a class whose module defines it (``Result.__init_subclass__`` registers it), and every result class is one of
-    vitlens's public names (the report's and the comparison's included), so asking the package for each of its
-    public names (``vitlens._lazy``: each is imported on first use) imports every module that defines a kind
-    (``vitlens.attribution``'s metrics registry imports every metric's module). The names are read from the
-    package's ``TYPE_CHECKING`` block, the one list of them; no module is named here."""
+    vitlens's public names or names that left its top level for their modules (``vitlens.MOVED``; the report's and
+    the comparison's included), so importing the module of each (``vitlens._lazy.import_everything``) imports every
+    module that defines a kind (``vitlens.attribution``'s metrics registry imports every metric's module). No module
+    is named here."""
     import sys
 
-    from ._lazy import exported
+    from ._lazy import import_everything
 
-    package = sys.modules[__name__.rpartition(".")[0]]
-    for name in sorted(exported(Path(__file__).with_name("__init__.py"))):
-        getattr(package, name)
+    import_everything(sys.modules[__name__.rpartition(".")[0]])
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -20,6 +20,11 @@ from vitlens_app import kind_choices
 from vitlens_app.fair_lock import FairLock
 from vitlens_app.library import (HELD_OUT_SEED, attnlrp_ledger, generate, head_cost, load_model_seeded,
                                  scene_names, time_left, window_maps)
+from vitlens_app.library import (AnalysisResult, AttentionMapsResult, ComparisonTable, DecompositionResult,
+                                 FilterPCAResult, LogitLensResult, PatchingResult, PositionSimilarityResult,
+                                 RelativePositionBiasResult, RolloutResult, SpaceTimeDistanceResult,
+                                 SpaceTimeRolloutResult, TokenNormsResult, TubeletFilterPCAResult,
+                                 VideoPositionSimilarityResult)
 
 #: how many results of one kind ``remembered`` keeps per session (analyses/app_load.py reads it)
 MEMO_ENTRIES = 6
@@ -49,18 +54,18 @@ def load_model(name: str, pretrained: bool, arch: str | None, device: str) -> vl
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> vl.FilterPCAResult:
+def filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> FilterPCAResult:
     return vl.embedding_filter_pca(_m, n_components=k)
 
 
 # 4, not 16: one entry is (gh * gw)^2 float64 similarities, 128 MB at the 64 x 64 grid the boxes allow
 @st.cache_data(max_entries=4, show_spinner=False)
-def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> vl.PositionSimilarityResult:
+def position_result(_m: vl.LoadedModel, mkey: str, grid: tuple[int, int]) -> PositionSimilarityResult:
     return vl.position_similarity(_m, grid=grid)
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
-def relpos_result(_m: vl.LoadedModel, mkey: str) -> tuple[vl.RelativePositionBiasResult | None, str]:
+def relpos_result(_m: vl.LoadedModel, mkey: str) -> tuple[RelativePositionBiasResult | None, str]:
     """The learned relative-position bias by offset, or None and why the model has none (weights only: no lock)."""
     try:
         return vl.relative_position_bias(_m), ""
@@ -70,14 +75,14 @@ def relpos_result(_m: vl.LoadedModel, mkey: str) -> tuple[vl.RelativePositionBia
 
 @st.cache_data(max_entries=32, show_spinner="Rolling out attention ...")
 def rollout_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, fusion: str,
-                   discard: float, source: str | None = None) -> vl.RolloutResult:
+                   discard: float, source: str | None = None) -> RolloutResult:
     with heavy_lock():
         return vl.attention_rollout(_m, [_image], head_fusion=fusion, discard_ratio=discard, source=source)
 
 
 @st.cache_data(max_entries=8, show_spinner="Capturing attention ...")
 def maps_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str,
-                queries: tuple[int, ...] | None = None) -> vl.AttentionMapsResult:
+                queries: tuple[int, ...] | None = None) -> AttentionMapsResult:
     """Every query's maps of the image, or (``queries``) those queries' rows only (high resolution)."""
     with heavy_lock():
         return vl.attention_maps(_m, _image, queries=queries)
@@ -108,7 +113,7 @@ def has_pool_attention(m: vl.LoadedModel) -> bool:
 @st.cache_data(max_entries=32, show_spinner=False)  # attributed_table's bar says which method and the time left
 def method_table(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, method: str, target: int | str | None,
                  params: tuple, _mask: np.ndarray | None, metrics: tuple[str, ...] | None = None
-                 ) -> vl.ComparisonTable:
+                 ) -> ComparisonTable:
     """One method's maps and its scores by ``metrics`` (names in ``METRIC_TABLE``) on the current image (cached per
     method and metrics)."""
     with heavy_lock():
@@ -164,7 +169,7 @@ def remembered(name: str, key: tuple, compute: Callable[[Any], Any], what: str, 
     return memo[key]
 
 
-def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renormalize: bool) -> vl.AnalysisResult:
+def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renormalize: bool) -> AnalysisResult:
     """Attention distance and the attention on prefix tokens, from one pass over the images (a model whose keys
     hold no prefix token: its distance alone; a hierarchical model's per block and stage)."""
     views = kind_choices.distance_pass_views(m.spec)
@@ -183,21 +188,21 @@ def head_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, labels: n
 
 @st.cache_data(max_entries=16, show_spinner="Decomposing the output ...")
 def decomposition_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str,
-                         target: int | None) -> vl.DecompositionResult:
+                         target: int | None) -> DecompositionResult:
     """The current image's output as an exact sum of parts, with its ledger (``vl.decompose``)."""
     with heavy_lock():
         return vl.decompose(_m, [_image], target=target)
 
 
 @st.cache_data(max_entries=16, show_spinner="Reading the logit lens ...")
-def lens_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> vl.LogitLensResult:
+def lens_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str, target: int | None) -> LogitLensResult:
     """Each depth's residual of the current image read through the final norm and head (``vl.logit_lens``)."""
     with heavy_lock():
         return vl.logit_lens(_m, [_image], target=target)
 
 
 @st.cache_data(max_entries=16, show_spinner="Measuring token norms ...")
-def norms_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> vl.TokenNormsResult:
+def norms_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> TokenNormsResult:
     """Token norms of the current image by depth and its high-norm outliers (``vl.token_norms``)."""
     with heavy_lock():
         return vl.token_norms(_m, [_image])
@@ -205,7 +210,7 @@ def norms_result(_m: vl.LoadedModel, mkey: str, _image: Any, ikey: str) -> vl.To
 
 @st.cache_data(max_entries=8, show_spinner="Patching every component ...")
 def patching_result(_m: vl.LoadedModel, mkey: str, _clean: Any, _corrupted: Any, key: str,
-                    target: int | None) -> vl.PatchingResult:
+                    target: int | None) -> PatchingResult:
     """Each component of the clean image's run patched into its corruption's (``vl.patch_activations``); ``key``
     names the image and the corruption."""
     with heavy_lock():
@@ -215,7 +220,7 @@ def patching_result(_m: vl.LoadedModel, mkey: str, _clean: Any, _corrupted: Any,
 # a video model's clip (issue 50): the space-time views of the clip shown, keyed by the model and the clip's key
 @st.cache_data(max_entries=8, show_spinner="Measuring attention distance in space and time ...")
 def spacetime_distance_result(_m: vl.LoadedModel, mkey: str, _x: Any, ckey: str, renormalize: bool,
-                              fps: float | None) -> vl.SpaceTimeDistanceResult:
+                              fps: float | None) -> SpaceTimeDistanceResult:
     """The clip's space-time attention distance (``vl.attention_distance`` of a clip: spatial and temporal)."""
     with heavy_lock():
         return vl.attention_distance(_m, _x, renormalize=renormalize, fps=fps)
@@ -223,19 +228,19 @@ def spacetime_distance_result(_m: vl.LoadedModel, mkey: str, _x: Any, ckey: str,
 
 @st.cache_data(max_entries=8, show_spinner="Rolling out attention through space and time ...")
 def spacetime_rollout_result(_m: vl.LoadedModel, mkey: str, _x: Any, ckey: str,
-                             fusion: str) -> vl.SpaceTimeRolloutResult:
+                             fusion: str) -> SpaceTimeRolloutResult:
     """The clip's rollout, a map per frame or tubelet (``vl.attention_rollout`` of a clip)."""
     with heavy_lock():
         return vl.attention_rollout(_m, _x, head_fusion=fusion)
 
 
 @st.cache_data(max_entries=4, show_spinner=False)
-def video_position_result(_m: vl.LoadedModel, mkey: str) -> vl.VideoPositionSimilarityResult:
+def video_position_result(_m: vl.LoadedModel, mkey: str) -> VideoPositionSimilarityResult:
     """The position embeddings' similarity over space and time (weights only: no lock)."""
     return vl.video_position_similarity(_m)
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
-def video_filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> vl.TubeletFilterPCAResult:
+def video_filters_result(_m: vl.LoadedModel, mkey: str, k: int) -> TubeletFilterPCAResult:
     """The tubelet embedding's filters' principal components, per time step (weights only: no lock)."""
     return vl.video_filter_pca(_m, n_components=k)

@@ -1,5 +1,6 @@
-"""What every page is given (``Context``: the model, the image set, the current image) and the pieces every page
-draws the same way: the error message, downloads, whole tables, the image count."""
+"""What every page is given (``Context``: the model, the image set, the current image; ``ClipContext``: a video model,
+its clip and the frame shown) and the pieces every page draws the same way: the error message, downloads, whole
+tables, the image count."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,6 +37,20 @@ class Context:
     @property
     def cur_key(self) -> str:
         return f"{self.ikey}-{self.index}"
+
+
+@dataclass
+class ClipContext:
+    """What a space-time page renders from: the model, the clip as sampled, its pixel values and the frame shown."""
+
+    m: vl.LoadedModel
+    mkey: str
+    clip: vl.Clip  # the frames the model's processor takes
+    ckey: str
+    x: Any  # float32 [1, frames, 3, H, W], the model's input
+    shown: list[np.ndarray]  # each frame as the model sees it, uint8 [H, W, 3]
+    frame: int  # the slider's frame (0-based)
+    fps: float | None  # the sampled frames' rate (frames per second), None when the source has none
 
 
 def show_error(e: Exception) -> None:

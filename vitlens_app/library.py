@@ -48,8 +48,22 @@ from vitlens.views.registry import CLIP_PAGES, VIEWS
 from vitlens.views.rollout import format_probability
 from vitlens.views.windowed import model_windows, query_window_attention, window_maps
 from vitlens.words import counted, listed_some
+# result classes and tables that left vitlens's top level (issue 61): the pages' annotations and the presets
+from vitlens.attribution import ComparisonTable
+from vitlens.components import DecompositionResult, LogitLensResult, PatchingResult, TokenNormsResult
+from vitlens.loading import PRESETS
+from vitlens.views.analyze import AnalysisResult
+from vitlens.views.attention_maps import AttentionMapsResult
+from vitlens.views.filters import FilterPCAResult
+from vitlens.views.position import PositionSimilarityResult
+from vitlens.views.relpos import RelativePositionBiasResult
+from vitlens.views.rollout import RolloutResult
+from vitlens.views.spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
+from vitlens.views.video_weights import TubeletFilterPCAResult, VideoPositionSimilarityResult
+from vitlens.views.windowed import WindowedDistanceResult
 
 __all__ = [
+    "AnalysisResult", "AttentionMapsResult", "ComparisonTable", "DecompositionResult", "FilterPCAResult", "LogitLensResult", "PRESETS", "PatchingResult", "PositionSimilarityResult", "RelativePositionBiasResult", "RolloutResult", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "TokenNormsResult", "TubeletFilterPCAResult", "VideoPositionSimilarityResult", "WindowedDistanceResult",
     "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES",
     "UPLOAD_TYPES", "CHECKPOINT_SUFFIXES", "CLIP_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",

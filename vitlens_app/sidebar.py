@@ -8,6 +8,7 @@ import vitlens as vl
 from vitlens_app.caches import held_out_scenes
 from vitlens_app.library import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
 from vitlens_app.uploads import APP_MAX_SIDE_PX, CHECKPOINT_TYPES, UploadFolder
+from vitlens_app.library import PRESETS
 
 MODEL_SOURCES = ["Embedded", "Preset", "Name", "Checkpoint"]
 DEVICES = ["auto", "cpu", "cuda"]
@@ -22,7 +23,7 @@ def model_picker(prefix: str, default_ref: str) -> tuple[str, bool, str | None, 
         return st.selectbox("Embedded model", refs, key=f"{prefix}-ref", index=refs.index(default_ref)), True, None, \
             device
     if source == "Preset":
-        hub = [p for p in vl.PRESETS if p.needs_download]
+        hub = [p for p in PRESETS if p.needs_download]
         choice = st.selectbox("Hub checkpoint (needs network or a cached download)", [p.name for p in hub],
                               key=f"{prefix}-preset")
         st.caption(next(p.description for p in hub if p.name == choice))

@@ -7,22 +7,21 @@ images, and every page below is drawn from that clip.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import streamlit as st
 
 import vitlens as vl
 from vitlens_app import kind_choices
 from vitlens_app.caches import load_model, predictions_result
-from vitlens_app.context import show_error
+from vitlens_app.context import ClipContext, show_error
 from vitlens_app.header import show_predictions
 from vitlens_app.library import (CLIP_SUFFIXES, MAX_UPLOAD_MB, SHAPES, clip_frames,
                                  sampled_clip, sampled_fps)
 from vitlens_app.sidebar import show_facts
 from vitlens_app.uploads import UploadFolder
+from vitlens_app.views.spacetime import video_pages
 
 CLIP_SOURCES = ["Moving shape", "Upload"]
 #: what the uploader takes: the video files ``vl.read_clip`` reads (PyAV), then animated GIFs (``CLIP_SUFFIXES``)
@@ -32,20 +31,6 @@ MOTIONS = {"right": (0.0, 2.0), "down": (2.0, 0.0), "diagonal": (1.5, 1.5), "sti
 #: the synthetic clip's frames (at least; more for a model that samples more) and frame rate (the model samples its
 #: own number of frames from them)
 SHAPE_FRAMES, SHAPE_FPS = 16, 8.0
-
-
-@dataclass
-class ClipContext:
-    """What a space-time page renders from: the model, the clip as sampled, its pixel values and the frame shown."""
-
-    m: vl.LoadedModel
-    mkey: str
-    clip: vl.Clip  # the frames the model's processor takes
-    ckey: str
-    x: Any  # float32 [1, frames, 3, H, W], the model's input
-    shown: list[np.ndarray]  # each frame as the model sees it, uint8 [H, W, 3]
-    frame: int  # the slider's frame (0-based)
-    fps: float | None  # the sampled frames' rate (frames per second), None when the source has none
 
 
 def video_model(picked: tuple | None) -> vl.LoadedModel | None:
@@ -141,8 +126,6 @@ def clip_header(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str)
 
 def render_video(m: vl.LoadedModel, mkey: str, source: Any, ckey: str, name: str) -> None:
     """The page of a video model: its facts, the view selector of the space-time views, the clip and the view."""
-    from vitlens_app.views.spacetime import video_pages
-
     show_facts(m)
     shown = video_pages()
     head = st.container()

@@ -21,13 +21,13 @@ from .faithfulness import ComparisonTable, compare_methods
 from .lrp import LRPRules
 from .lrp_ledger import ConservationLedger, attnlrp_ledger, lrp_methods
 from .masks import MaskScores, mask_scores, patch_coverage
-from .methods import METHOD_TABLE, METHODS, AttributionResult, Method, attribute
+from .methods import METHOD_TABLE, AttributionResult, Method, attribute, method_names, register_method
 from .metrics import METRIC_TABLE, Metric, register_metric
 from .protocols import ORDERINGS, PROTOCOLS
 from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
 from .sanity import SanityResult, SanityTable, sanity_check, sanity_table
 
-__all__ = ["BASELINES", "METHODS", "METHOD_TABLE", "AttributionResult", "ComparisonTable",
+__all__ = ["BASELINES", "METHOD_TABLE", "method_names", "register_method", "AttributionResult", "ComparisonTable",
            "FaithfulnessResult", "MaskScores", "Method", "accuracy", "attribute", "compare_methods",
            "deletion_insertion", "mask_scores", "patch_coverage", "rollout_mask_scores",
            "PerturbationResult", "RoadResult", "SanityResult", "SanityTable", "perturbation_test", "road",
@@ -36,7 +36,10 @@ __all__ = ["BASELINES", "METHODS", "METHOD_TABLE", "AttributionResult", "Compari
 
 
 def __getattr__(name: str):
-    """``DEFAULTS`` (each method's default parameters) is read from ``METHOD_TABLE``: ``METHOD_TABLE[m].defaults``."""
+    """``METHODS`` (``method_names()``: the registered methods, read when asked) and ``DEFAULTS`` (each method's
+    default parameters) are read from ``METHOD_TABLE``: ``METHOD_TABLE[m].defaults``."""
+    if name == "METHODS":
+        return method_names()
     if name == "DEFAULTS":
         import warnings
 

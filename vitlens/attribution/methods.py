@@ -327,9 +327,23 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
            note="relevance (CP-LRP: attention probabilities held constant); biases absorb part of the logit",
            variant_of="attnlrp", label="CP-LRP"),
 )}
-#: the built-in methods' names (a snapshot of the table at import; what reads the table at call time
-#: also sees a method registered later, ``register_method``)
-METHODS: tuple[str, ...] = tuple(METHOD_TABLE)
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered method's name, read from ``METHOD_TABLE`` when called (a method registered later is in it).
+
+    Returns:
+        The names, in the table's order (the built-in methods first).
+    """
+    return tuple(METHOD_TABLE)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``METHODS``: ``method_names()``, read from the table when asked (no snapshot taken at import)."""
+    if name == "METHODS":
+        return method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 #: methods left out of ``compare_methods``'s default (``Method.slow``): scorecam runs masked_per_forward-sized
 #: batches of masked images per image (one forward per masked_per_forward images, for every channel of the layer)
 SLOW_METHODS: tuple[str, ...] = tuple(name for name, mt in METHOD_TABLE.items() if mt.slow)
@@ -337,7 +351,17 @@ SLOW_METHODS: tuple[str, ...] = tuple(name for name, mt in METHOD_TABLE.items() 
 
 def register_method(method: Method) -> Method:
     """Add ``method`` to ``METHOD_TABLE``; ``attribute``, ``compare_methods``, the report and the app read it
-    from there. Refuses a name already taken."""
+    from there.
+
+    Args:
+        method: the method's entry (``Method``).
+
+    Returns:
+        ``method``.
+
+    Raises:
+        InvalidParameterError: a method of that name is registered already.
+    """
     if method.name in METHOD_TABLE:
         raise InvalidParameterError(f"an attribution method named {method.name!r} exists already.")
     METHOD_TABLE[method.name] = method
@@ -372,7 +396,7 @@ def _kind(model: Any) -> str | None:
     """The ``ModelSpec.kind`` of a ``LoadedModel``, a spec or a kind's name; None for None."""
     if model is None or isinstance(model, str):
         return model
-    return getattr(getattr(model, "spec", model), "kind")
+    return getattr(model, "spec", model).kind
 
 
 def methods_for(model: Any) -> tuple[str, ...]:

@@ -8,8 +8,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..errors import InvalidParameterError
 from . import hf_clip, openclip, prenorm, timm_vit, towers
+from .layout import refuse
 from .result import DecompositionResult
 from .stream import module_of, pixels_for
 
@@ -42,7 +43,7 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
         return _clip(module, name, pixels_for(model, module, pixels), target, direction)
     if towers.is_tower(module):
         return _tower(module, name, pixels_for(model, module, pixels), target, direction)
-    _refuse_unknown(module, name)
+    refuse(module, name)
     timm_vit.refuse_unless_supported(module)
     pixels = pixels_for(model, module, pixels)
     cap = timm_vit.capture(module, pixels)
@@ -58,21 +59,6 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     n_patch = cap.final_in.shape[1] - module.num_prefix_tokens
     grid = tuple(getattr(module.patch_embed, "grid_size", None) or (n_patch, 1))
     return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
-
-
-#: the families read, for the refusal's message
-READ = ("timm VisionTransformer, Hugging Face CLIP / SigLIP vision towers, ViTModel / ViTForImageClassification, "
-        "Dinov2Model / Dinov2ForImageClassification, OpenCLIP vision towers, torchvision VisionTransformer")
-
-
-def _refuse_unknown(module: nn.Module, name: str) -> None:
-    """Refuse, by name, a model no component reader knows; the generic path is refused with its reason."""
-    if type(module).__name__ == "VisionTransformer" and type(module).__module__.startswith("timm"):
-        return
-    raise UnsupportedModelError(
-        f"{name} ({type(module).__name__}): direct contributions read {READ}. Other models (the generic call-level "
-        f"capture's, hierarchical stages with patch merging, post-norm or parallel blocks) are refused: their blocks' "
-        f"norms, branches and scales are not known to give a residual sum.")
 
 
 def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[int] | None

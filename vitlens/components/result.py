@@ -102,7 +102,7 @@ class DecompositionResult(Result):
         rows = []
         ledger = self.ledger()
         for b in range(self.output.shape[0]):
-            def row(part: str, value: float, layer: int = 0, head: int = 0) -> dict:
+            def row(part: str, value: float, layer: int = 0, head: int = 0, b: int = b) -> dict:
                 return {"image": b, "part": part, "layer": layer, "head": head, "value": float(value),
                         "ledger": float(ledger[b])}
             for l in range(self.heads.shape[1]):

@@ -1,4 +1,4 @@
-"""The consumer protocol of the streaming engine (``vitlens.views.engine`` describes it): what a
+"""The consumer protocol of the streaming engine (``vitlens.engine.stream`` describes it): what a
 batch tells a consumer (``BatchInfo``), the consumer base class (``AttentionConsumer``) and the
 reading of a row block (``query_rows``). Below both the capture, which hands consumers their row
 blocks, and the engine, which drives the capture, so neither imports the other for it."""

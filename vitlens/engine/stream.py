@@ -42,13 +42,14 @@ import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..kinds import find_kind
-from ..images import Images, count_images, iter_batches, preprocess_masks
+from ..images import Images, preprocess_masks
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
-from .consumer import AttentionConsumer, BatchInfo, query_rows  # the protocol, re-exported from here
+from .consumer import AttentionConsumer, BatchInfo
 from .plan import capture_plan, default_budget_mb, images_per_forward
+from .sources import batch_source
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
@@ -72,7 +73,9 @@ def stream_attention(
 
     Args:
         m: the model.
-        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
+        images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors; for a
+            model whose kind reads clips (``Kind.clips``: a video model), preprocessed clips [B, frames, 3, H, W]
+            (``vitlens.engine.sources``: the kind's batch source).
         consumers: the attention consumers to feed.
         batch_size: images per forward (at most: with the plan's choice, ``images_per_forward`` lowers it where the
             consumers would hold more across blocks than the plain forward's own peak, e.g. rollout at 1024 px).
@@ -103,7 +106,8 @@ def stream_attention(
             f"{m.spec.name} {kind.maps}, which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; use "
             f"{kind.use} (attention distance and rollout: vl.attention_distance, vl.attention_rollout, vl.analyze) or "
             f"a consumer with {kind.reader} = True.")
-    n = count_images(images)
+    source = batch_source(m, images)  # the kind's inputs (images, or a video model's clips), checked before any forward
+    n = source.count
     if capture_mode is None and query_rows is None:  # the plan's choice: what the consumers hold caps the batch
         t = m.spec.num_tokens()
         held = sum(int(getattr(c, "held_bytes_per_image", lambda _t: 0)(t)) for c in consumers)
@@ -121,7 +125,7 @@ def stream_attention(
             torch.no_grad():
         for c in consumers:
             hooks.enter_context(c.hooks())
-        for x in iter_batches(images, m.data_config, batch_size):
+        for x in source.batches(batch_size):
             x = x.to(m.device)
             size = int(x.shape[0])
             batch_masks = None

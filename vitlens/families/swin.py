@@ -262,7 +262,7 @@ class TimmSwinV2Cr(TimmSwin):
         return attn._relative_positional_encodings()[0]
 
     def check_embedding(self, model: nn.Module, name: str) -> None:
-        embed = getattr(importlib.import_module(self.module), "PatchEmbed")
+        embed = importlib.import_module(self.module).PatchEmbed
         if type(model.patch_embed) is not embed:
             raise UnsupportedModelError(f"{name!r}: its patch embedding is a {type(model.patch_embed).__name__}; "
                                         f"vitlens reads {self.module}'s PatchEmbed.")

@@ -23,10 +23,9 @@ from typing import Any, Sequence
 from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
 from ..words import printable
-from ..reference import REFERENCE_NAMES  # noqa: F401 - importable from here, as before the split
 from .sources import ImageSource, Shard
-from .store import (SurveyBusyError, SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey,  # noqa: F401
-                    model_key, own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
+from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,  # noqa: F401
+                    own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
 from .stats import DEFAULT_SURVEY_VIEW_NAMES, survey_views
 # the Ray set-up and the folder's checks before Ray: their own modules, importable from here as before

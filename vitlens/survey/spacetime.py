@@ -1,8 +1,8 @@
 """The survey's space-time statistic of a video model over a shard of clips (issue 50; docs/definitions.md, "Space-time
 mean attention distance", "Rollout through space-time").
 
-A shard's clips run through the model once (``views.clips.run_clips``: side capture, the outputs untouched) into a
-``SpaceTimeAccumulator``, whose state is every clip's distances [clips, maps, heads] and rollout maps with the clip
+A shard's clips run through the model once (``stream_attention`` with the video kind's batch source: side capture, the
+outputs untouched) into a ``SpaceTimeAccumulator``, whose state is every clip's distances [clips, maps, heads] and rollout maps with the clip
 layout (``SpaceTimeAccumulator.state``). Two shards merge with ``SpaceTimeAccumulator.merge`` (their clips
 concatenated in shard order), so the merged means are those of one run over every clip in that order: exact.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..clips import clip_pixel_values
+from ..engine.stream import stream_attention
 from ..kinds import kind_of
 from ..loading.model import LoadedModel
-from ..views.clips import run_clips
 from ..views.spacetime import SpaceTimeAccumulator
 
 
@@ -56,9 +57,9 @@ def spacetime_stats(m: LoadedModel, clips: list, batch_size: int, renormalize: b
     a model that reads images (its kind's ``clips``), which a survey of clips leaves to its other statistics."""
     if not kind_of(m.spec).clips or not clips:
         return None
-    from ..clips import clip_pixel_values
-
-    return SpaceTimeStats(run_clips(m, clip_pixel_values(list(clips), m), batch_size, renormalize))
+    acc = SpaceTimeAccumulator.for_model(m, "both", renormalize=renormalize)
+    stream_attention(m, clip_pixel_values(list(clips), m), [acc], batch_size, capture_mode=None)
+    return SpaceTimeStats(acc)
 
 
 __all__ = ["SpaceTimeStats", "spacetime_stats"]

@@ -19,9 +19,9 @@ from ..engine.stream import stream_attention
 from .filters import FilterPCAResult
 from .position import PositionSimilarityResult
 from .prefix import PrefixDiagnosticsResult
-from .registry import DEFAULT_VIEWS, VIEWS, ViewParams, check_views, not_for_kind
+from .registry import VIEWS, ViewParams, check_views, default_views, other_inputs, reserve_names, resolve_view
 from .rollout import RolloutAccumulator, RolloutResult
-from .clips import check_fps, run_clips
+from ..engine.sources import check_fps
 from .spacetime import SpaceTimeDistanceResult, SpaceTimeRolloutResult
 from .rollout_store import check_precision
 from .windowed import WindowedDistanceResult
@@ -68,9 +68,9 @@ def attention_distance(
         An ``AttentionDistanceResult``: ``mean_px`` and ``std_px`` [layers, heads] in pixels of the input,
             over ``n_images`` images.
     """
-    if _clip_model(m, fps):
-        return run_clips(m, images, batch_size, renormalize).distance(m.spec.name, check_fps(fps))
-    acc = VIEWS["distance"].build(m, ViewParams(renormalize=renormalize))  # windowed for a hierarchical model
+    params = ViewParams(renormalize=renormalize, fps=_fps_of(m, fps))
+    # the distance view's consumer for the kind: windowed for a hierarchical model, space-time for a video model
+    acc = VIEWS[resolve_view(m, "distance")].build(m, params)
     return _stream_one(m, images, batch_size, progress, "attention distance", acc, memory_budget_mb)
 
 
@@ -120,29 +120,23 @@ def attention_rollout(
             summing to at most 1) with the model's predictions.
     """
     check_precision(precision)
-    if _clip_model(m):  # a video model: a map per time step (vitlens.views.spacetime)
-        if discard_ratio or source is not None:
-            raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
-                                        "head_fusion alone (discard_ratio=0, source=None).")
-        return run_clips(m, images, batch_size, head_fusion=head_fusion).rollout(m.spec.name)
     kind = kind_of(m)
     if kind.pool_refusal and source is not None:  # a CaiT's class token is read through its class-attention layers
         raise ViewNotAvailableError(kind.pool_refusal.format(name=m.spec.name))
-    if source is None:  # the rollout view's consumer for the kind's maps: windowed, CaiT's two kinds of block, a ViT's
-        acc = VIEWS["rollout"].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio,
-                                                   rollout_precision=precision))
+    if source is None:  # the rollout view's consumer for the kind: windowed, CaiT's two kinds of block, a video
+        # model's through space-time (a map per time step), a ViT's
+        acc = VIEWS[resolve_view(m, "rollout")].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio,
+                                                                    rollout_precision=precision))
     else:
         acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source, precision)  # its hooks read the pool
     return _stream_one(m, images, batch_size, progress, "rollout", acc, memory_budget_mb)
 
 
-def _clip_model(m: LoadedModel, fps: float | None = None) -> bool:
-    """Whether ``m`` is a video model read on clips (its family gives a ``ClipLayout``); ``fps`` for another is
-    refused in one line."""
-    clips = m.family.clip_layout is not None
-    if fps is not None and not clips:
+def _fps_of(m: LoadedModel, fps: float | None) -> float | None:
+    """``fps`` checked (a positive frame rate, or None), and refused in one line for a model whose kind reads images."""
+    if fps is not None and not kind_of(m).clips:
         raise InvalidParameterError(f"fps is a video model's frame rate; {m.spec.name} reads images.")
-    return clips
+    return check_fps(fps)
 
 
 def _stream_one(m: LoadedModel, images: Images, batch_size: int, progress: ProgressArg, desc: str, acc: Any,
@@ -178,7 +172,7 @@ class AnalysisResult(Result):
     rollout: RolloutResult | None
     position_note: str = ""
     prefix: PrefixDiagnosticsResult | None = None
-    views: tuple = DEFAULT_VIEWS
+    views: tuple = field(default_factory=default_views)
     #: results of registered views without a field of their own, by name (``view(name)`` reads both)
     others: dict[str, Any] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
@@ -205,6 +199,10 @@ class AnalysisResult(Result):
         return self.distance.to_rows()
 
 
+# a view registered as "notes", "spec" or "save" would be dropped or shadow what the result holds under that name
+reserve_names(set(AnalysisResult.__dataclass_fields__) | {n for n in dir(AnalysisResult) if not n.startswith("_")})
+
+
 def analyze(
     m: LoadedModel,
     images: Images,
@@ -214,7 +212,7 @@ def analyze(
     head_fusion: str = "mean",
     discard_ratio: float = 0.0,
     progress: ProgressArg = None,
-    views: Sequence[str] = DEFAULT_VIEWS,
+    views: Sequence[str] | None = None,
     memory_budget_mb: float | None = None,
     fps: float | None = None,
     rollout_precision: str = "auto",
@@ -235,16 +233,18 @@ def analyze(
         discard_ratio: as for ``attention_rollout``.
         progress: True for a progress bar, or a callable ``f(done, total)``.
         views: any of ``VIEWS`` ("filters", "position", "relpos", "distance", "rollout", "prefix"; the registry of
-            ``vitlens.views.registry`` lists them), by default the paper's four.
+            ``vitlens.views.registry`` lists them); None: the registry's default views when called (the paper's four,
+            and any registered with ``default=True``).
         memory_budget_mb: megabytes of attention probabilities allowed at once (``capture_plan``: whole
             maps within it, query-chunked side capture above; None: one block's MLP activation).
         rollout_precision: how rollout holds its per-block maps, as ``attention_rollout``'s ``precision`` ("auto":
             float16 only where they are large).
         fps: a video model's clips' frame rate (``attention_distance``).
 
-    A video model takes preprocessed clips [B, frames, 3, H, W]: "distance" and "rollout" are its space-time views
-    from one forward per batch (``SpaceTimeDistanceResult``, ``SpaceTimeRolloutResult``); every other view asked for
-    is None, with a note saying why.
+    A video model takes preprocessed clips [B, frames, 3, H, W] (the engine's batch source of its kind): "distance"
+    and "rollout" are its space-time views from one forward per batch (``SpaceTimeDistanceResult``,
+    ``SpaceTimeRolloutResult``: the registry's views that answer those names for its kind, ``resolve_view``); a view
+    of images asked of it is None, with a note saying why (and a view of clips asked of an image model likewise).
 
     Returns:
         An ``AnalysisResult`` with the views asked for (the others None): ``filters`` (Fig. 7 left),
@@ -256,29 +256,28 @@ def analyze(
     Raises:
         InvalidParameterError: an unknown view name or a bad parameter.
     """
-    views = check_views(views)
+    views = check_views(default_views() if views is None else views)
     if n_components < 1:
         raise InvalidParameterError(f"n_components must be >= 1; got {n_components}.")
     params = ViewParams(n_components=n_components, renormalize=renormalize, head_fusion=head_fusion,
-                        discard_ratio=discard_ratio, rollout_precision=check_precision(rollout_precision))
-    if _clip_model(m, fps):
-        return _analyze_clips(m, images, batch_size, params, views, check_fps(fps))
-    # a view of another kind's inputs (a video model's clips): None, with a note saying why
-    elsewhere = {name: not_for_kind(m, name) for name in views if VIEWS[name].for_kind is not None}
-    elsewhere = {name: why for name, why in elsewhere.items() if why}
-    consumers = {name: VIEWS[name].build(m, params) for name in views
-                 if VIEWS[name].kind == "attention" and name not in elsewhere}
+                        discard_ratio=discard_ratio, rollout_precision=check_precision(rollout_precision),
+                        fps=_fps_of(m, fps))
+    chosen = {name: resolve_view(m, name) for name in views}  # the view of the model's kind that answers each name
+    # a view of another kind's inputs (a video model's clips, or images for a video model): None, with a note
+    notes = {name: why for name, why in ((name, other_inputs(m, view)) for name, view in chosen.items()) if why}
+    wanted = dict.fromkeys(view for name, view in chosen.items() if name not in notes)  # each view computed once
+    consumers = {view: VIEWS[view].build(m, params) for view in wanted if VIEWS[view].kind == "attention"}
     if consumers:
         stream_attention(m, images, list(consumers.values()), batch_size, progress, desc="analyze", capture_mode=None,
                          memory_budget_mb=memory_budget_mb)
-    results: dict[str, Any] = {name: c.result(m.spec) for name, c in consumers.items()}
-    notes: dict[str, str] = dict(elsewhere)
-    for name in views:
-        if VIEWS[name].kind == "weights" and name not in elsewhere:
+    made: dict[str, Any] = {view: c.result(m.spec) for view, c in consumers.items()}
+    for view in wanted:
+        if VIEWS[view].kind == "weights":
             try:
-                results[name] = VIEWS[name].build(m, params)
+                made[view] = VIEWS[view].build(m, params)
             except ViewNotAvailableError as e:
-                notes[name] = str(e)
+                notes.update({name: str(e) for name in views if chosen[name] == view})
+    results = {name: made[chosen[name]] for name in views if chosen[name] in made}
     named = {f.name for f in fields(AnalysisResult)}
     return AnalysisResult(spec=m.spec, filters=results.get("filters"), position=results.get("position"),
                           distance=results.get("distance"), rollout=results.get("rollout"),
@@ -286,40 +285,4 @@ def analyze(
                           others={k: v for k, v in results.items() if k not in named}, notes=notes)
 
 
-#: the views of a video model's clips, by the name analyze takes -> which of the accumulator's results: "distance"
-#: and "rollout" (the image views' names, kept for clips) or their registry names
-CLIP_VIEWS = {"distance": "distance", "spacetime_distance": "distance", "rollout": "rollout",
-              "spacetime_rollout": "rollout"}
-
-
-def _analyze_clips(m: LoadedModel, clips: Any, batch_size: int, params: ViewParams, views: tuple,
-                   fps: float | None) -> AnalysisResult:
-    """``analyze`` of a video model: its space-time distance and rollout from one forward per batch ("distance" and
-    "rollout", or "spacetime_distance" and "spacetime_rollout" as the registry names them), its video weight views
-    ("video_position", "video_filters") from the weights; any other view is None with a note saying why."""
-    if params.discard_ratio:
-        raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
-                                    "head_fusion alone (discard_ratio=0).")
-    results: dict[str, Any] = {}
-    notes: dict[str, str] = {}
-    if any(name in CLIP_VIEWS for name in views):
-        acc = run_clips(m, clips, batch_size, params.renormalize, params.head_fusion)
-        made = {"distance": lambda: acc.distance(m.spec.name, fps), "rollout": lambda: acc.rollout(m.spec.name)}
-        results = {name: made[CLIP_VIEWS[name]]() for name in views if name in CLIP_VIEWS}
-    for name in views:
-        if name in results:
-            continue
-        if VIEWS[name].kind == "weights" and m.spec.kind in VIEWS[name].kinds:
-            try:
-                results[name] = VIEWS[name].build(m, params)
-            except ViewNotAvailableError as e:
-                notes[name] = str(e)
-        else:
-            notes[name] = (f"{name} is not defined on clips here; the space-time views are distance and rollout, "
-                           "and the video weight views video_position and video_filters")
-    return AnalysisResult(spec=m.spec, filters=None, position=None, distance=results.get("distance"),
-                          rollout=results.get("rollout"), position_note=notes.get("position", ""), views=views,
-                          others={k: v for k, v in results.items() if k not in ("distance", "rollout")}, notes=notes)
-
-
-__all__ = ["AnalysisResult", "DEFAULT_VIEWS", "VIEWS", "analyze", "attention_distance", "attention_rollout"]
+__all__ = ["AnalysisResult", "VIEWS", "analyze", "attention_distance", "attention_rollout"]

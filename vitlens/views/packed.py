@@ -24,11 +24,20 @@ from ..loading.model import LoadedModel
 from .analyze import AnalysisResult, analyze
 from .registry import VIEWS, ViewParams, check_views
 
-#: the views ``analyze_each`` computes per image from the pack's maps
-PACKED_VIEWS = ("distance", "rollout")
+def packed_views() -> tuple[str, ...]:
+    """The views ``analyze_each`` computes per image from the pack's maps: the registry's default attention views
+    (distance and rollout), each fed an image's diagonal block as one image of its own grid."""
+    return tuple(v.name for v in VIEWS.values() if v.kind == "attention" and v.default)
 
 
-def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence[str] = PACKED_VIEWS,
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``PACKED_VIEWS``: ``packed_views()``, read from the registry when asked."""
+    if name == "PACKED_VIEWS":
+        return packed_views()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence[str] | None = None,
                  renormalize: bool = True, head_fusion: str = "mean",
                  discard_ratio: float = 0.0) -> list[AnalysisResult]:
     """Each image's own attention distance and rollout, for images of different sizes.
@@ -37,7 +46,7 @@ def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence
         m: the model.
         images: preprocessed tensors [C, H_i, W_i] (or [1, C, H_i, W_i]), each at its own size (for a packing model,
             sides that are multiples of the patch stride).
-        views: any of ``PACKED_VIEWS``.
+        views: any of ``packed_views()`` (None: all of them).
         renormalize: as for ``attention_distance``.
         head_fusion: as for ``attention_rollout``.
         discard_ratio: as for ``attention_rollout``.
@@ -47,12 +56,13 @@ def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence
             size and grid, its distance over that image alone and its rollout map on its own grid.
 
     Raises:
-        InvalidParameterError: no images, a view other than ``PACKED_VIEWS``, or an image that is not one tensor.
+        InvalidParameterError: no images, a view other than ``packed_views()``, or an image that is not one tensor.
     """
-    views = check_views(views)
-    other = [v for v in views if v not in PACKED_VIEWS]
+    packable = packed_views()
+    views = check_views(packable if views is None else views)
+    other = [v for v in views if v not in packable]
     if other or not images:
-        raise InvalidParameterError(f"analyze_each computes {list(PACKED_VIEWS)} of one or more images; got views "
+        raise InvalidParameterError(f"analyze_each computes {list(packable)} of one or more images; got views "
                                     f"{list(views)} and {len(images)} images.")
     batch = []
     for i, img in enumerate(images):
@@ -82,8 +92,9 @@ def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence
         for c in consumers.values():
             c.end_batch(None)
         results = {name: c.result(spec) for name, c in consumers.items()}
-        out.append(AnalysisResult(spec=spec, filters=None, position=None, distance=results.get("distance"),
-                                  rollout=results.get("rollout"), views=views))
+        out.append(AnalysisResult(spec=spec, filters=None, position=None, distance=results.pop("distance", None),
+                                  rollout=results.pop("rollout", None), prefix=results.pop("prefix", None),
+                                  views=views, others=results))
     return out
 
 
@@ -95,4 +106,4 @@ def _alone(m: LoadedModel, img: torch.Tensor, views: tuple, params: ViewParams) 
     return replace(result, spec=replace(m.spec, image_size=size, grid=m.grid_for(size)))
 
 
-__all__ = ["PACKED_VIEWS", "analyze_each"]
+__all__ = ["analyze_each", "packed_views"]

@@ -47,6 +47,8 @@ class ViewParams:
     discard_ratio: float = 0.0
     #: how a ViT's rollout holds its per-block maps ("auto", "float32", "float16": ``vitlens.views.rollout_store``)
     rollout_precision: str = "auto"
+    #: a video model's clips' frame rate (frames per second; None: unknown): the space-time distance in seconds too
+    fps: float | None = None
 
 
 def _filters(m: "LoadedModel", p: ViewParams) -> Any:
@@ -77,10 +79,18 @@ def clips_only(m: "LoadedModel", name: str) -> None:
         raise ViewNotAvailableError(not_for_kind(m, name))
 
 
-def _spacetime(m: "LoadedModel", p: ViewParams) -> SpaceTimeAccumulator:
-    # the one accumulator of a clip's space-time distance and rollout (``views.clips.run_clips`` feeds it)
+def _spacetime_distance(m: "LoadedModel", p: ViewParams) -> SpaceTimeAccumulator:
+    # a clip's space-time distance: the engine feeds it from the video kind's batch source (the clips)
     clips_only(m, "spacetime_distance")
-    return SpaceTimeAccumulator(m.family.clip_layout(m.model), m.spec.num_layers, p.renormalize, p.head_fusion)
+    return SpaceTimeAccumulator.for_model(m, "distance", renormalize=p.renormalize, fps=p.fps)
+
+
+def _spacetime_rollout(m: "LoadedModel", p: ViewParams) -> SpaceTimeAccumulator:
+    clips_only(m, "spacetime_rollout")
+    if p.discard_ratio:
+        raise InvalidParameterError(f"{m.spec.name} is a video model: its rollout through space-time takes "
+                                    "head_fusion alone (discard_ratio=0).")
+    return SpaceTimeAccumulator.for_model(m, "rollout", head_fusion=p.head_fusion)
 
 
 def _video_position(m: "LoadedModel", p: ViewParams) -> Any:
@@ -201,6 +211,8 @@ class View:
             registered there for its result class, ``figures.draws``).
         for_kind: which kinds of model it is defined for, as a test of the kind's record (``vitlens.kinds``:
             ``takes_clips`` for the views of a video model's clips); None: as below.
+        answers: the names of other views it stands for on the kinds it is defined for (``resolve_view``): a video
+            model's "distance" is its space-time distance, so ``analyze(m, clips, views=("distance",))`` computes it.
 
     ``kinds`` (the ``ModelSpec.kind`` values the view is defined for: ``available_views``) follows: the kinds
     ``for_kind`` passes when it is given; else every registered kind that reads images for a weight-only view, the
@@ -222,6 +234,7 @@ class View:
     survey: SurveyStat | None = None
     draw: Callable[[Any], Any] | None = None
     for_kind: Callable[[Kind], bool] | None = None
+    answers: tuple[str, ...] = ()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -277,11 +290,11 @@ VIEWS: dict[str, View] = {v.name: v for v in (
          "weights", _video_position, VideoPositionSimilarityResult, default=False,
          label="Position embeddings (space and time)", shown_in=CLIP_PAGES, for_kind=takes_clips),
     View("spacetime_distance", "Mean attention distance in space and time", "Fig. 7 right, in space and time",
-         "attention", _spacetime, SpaceTimeDistanceResult, default=False, label="Space-time distance",
-         shown_in=CLIP_PAGES, for_kind=takes_clips),
+         "attention", _spacetime_distance, SpaceTimeDistanceResult, default=False, label="Space-time distance",
+         shown_in=CLIP_PAGES, readers=(SpaceTimeAccumulator,), for_kind=takes_clips, answers=("distance",)),
     View("spacetime_rollout", "Attention rollout through space-time", "Fig. 6, a map per time step", "attention",
-         _spacetime, SpaceTimeRolloutResult, default=False, label="Rollout through time", shown_in=CLIP_PAGES,
-         for_kind=takes_clips),
+         _spacetime_rollout, SpaceTimeRolloutResult, default=False, label="Rollout through time", shown_in=CLIP_PAGES,
+         readers=(SpaceTimeAccumulator,), for_kind=takes_clips, answers=("rollout",)),
 )}
 
 
@@ -308,33 +321,85 @@ def register_view(view: View, replace: bool = False) -> View:
         The view.
 
     Raises:
-        InvalidParameterError: a name already taken, or a kind other than "weights" and "attention".
+        InvalidParameterError: a name already taken, a name the analysis result holds something else under
+            (``reserved_names``), or a kind other than "weights" and "attention".
     """
     if view.kind not in ("weights", "attention"):
         raise InvalidParameterError(f"A view is computed from the \"weights\" or from the \"attention\"; "
                                     f"{view.name!r} says {view.kind!r}.")
+    if not isinstance(view.name, str) or not view.name.isidentifier() or view.name.startswith("_") \
+            or view.name in reserved_names():
+        raise InvalidParameterError(f"A view's name must be an identifier that the analysis result does not hold "
+                                    f"something else under ({', '.join(sorted(reserved_names()))}); got "
+                                    f"{view.name!r}: pick another name.")
     if view.name in VIEWS and not replace:
         raise InvalidParameterError(f"A view named {view.name!r} is registered already; pick another name, or pass "
                                     "replace=True.")
-    global VIEW_NAMES, DEFAULT_VIEWS
     VIEWS[view.name] = view
-    VIEW_NAMES, DEFAULT_VIEWS = view_names(), default_views()
     return view
 
 
+#: what an ``AnalysisResult`` holds besides the views' results (``reserve_names``): ``vitlens.views.analyze`` adds them
+#: where it defines that class (it imports this registry, which therefore does not import it)
+_RESERVED: set[str] = set()
+
+
+def reserve_names(names: Any) -> None:
+    """Names no view may take from now on (``register_view``): what a result that holds the views holds else."""
+    _RESERVED.update(str(n) for n in names)
+
+
+def reserved_names() -> frozenset[str]:
+    """The names no view may take: what an ``AnalysisResult`` holds besides the views' results (its other fields,
+    methods and properties, e.g. ``notes``, ``spec``, ``views``, ``others``); a built-in view's own field
+    (``distance``, ``rollout``, ...) holds that view's result and stays its name."""
+    return frozenset(_RESERVED - set(VIEWS))
+
+
 def view_names() -> tuple[str, ...]:
-    """The view names ``analyze`` takes (every registered view)."""
+    """The view names ``analyze`` takes (every registered view), read when called.
+
+    Returns:
+        The names, in registration order.
+    """
     return tuple(VIEWS)
 
 
 def default_views() -> tuple[str, ...]:
-    """The views ``analyze`` computes by default (the paper's four, and any registered as a default)."""
+    """The views ``analyze`` computes by default (the paper's four, and any registered as a default), read when called.
+
+    Returns:
+        Their names, in registration order.
+    """
     return tuple(name for name, v in VIEWS.items() if v.default)
 
 
-#: the view names ``analyze`` takes, and the paper's four it computes by default (``register_view`` renews both)
-VIEW_NAMES: tuple[str, ...] = view_names()
-DEFAULT_VIEWS: tuple[str, ...] = default_views()
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``VIEW_NAMES`` and ``DEFAULT_VIEWS``, read from the registry when asked (a view registered later is in them);
+    code of the library calls ``view_names()`` and ``default_views()``."""
+    if name == "VIEW_NAMES":
+        return view_names()
+    if name == "DEFAULT_VIEWS":
+        return default_views()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def resolve_view(m: "LoadedModel | Any", name: str) -> str:
+    """The registered view that answers ``name`` for ``m``'s kind: ``name`` itself where it is defined for the kind,
+    else a view defined for the kind that stands for it (``View.answers``: a video model's "distance" is
+    "spacetime_distance"), else ``name`` (whose refusal or note then says why)."""
+    kind = kind_of(m).name
+    if kind in VIEWS[name].kinds:
+        return name
+    return next((v.name for v in VIEWS.values() if name in v.answers and kind in v.kinds), name)
+
+
+def other_inputs(m: "LoadedModel | Any", name: str) -> str:
+    """Why view ``name`` reads another kind of input than ``m`` takes, images or a video model's clips ("" when it
+    reads ``m``'s): ``analyze`` notes such a view and computes the rest (a view of the same inputs that ``m``'s maps
+    do not fit is refused by its consumer instead)."""
+    reads_clips = VIEWS[name].for_kind is takes_clips
+    return not_for_kind(m, name) if reads_clips != kind_of(m).clips else ""
 
 
 def available_views(m: "LoadedModel | Any", names: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -367,6 +432,6 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["BUILTIN_VIEWS", "CLIP_PAGES", "DEFAULT_VIEWS", "VIEWS", "VIEW_NAMES", "SurveyStat", "View", "ViewParams",
-           "available_views", "check_views", "clips_only", "default_views", "not_for_kind", "reader_for", "register_view",
-           "registered_views", "view_names"]
+__all__ = ["BUILTIN_VIEWS", "CLIP_PAGES", "VIEWS", "SurveyStat", "View", "ViewParams", "available_views",
+           "check_views", "clips_only", "default_views", "not_for_kind", "other_inputs", "reader_for", "register_view",
+           "registered_views", "reserve_names", "reserved_names", "resolve_view", "view_names"]

@@ -11,15 +11,20 @@ temporal [B * cells, heads, T', T'] and spatial [B * T', heads, 1 + cells, 1 + c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from ..core.clip_layout import ClipLayout
+from ..core.spec import ModelSpec
+from ..engine.consumer import AttentionConsumer, query_rows
 from ..errors import InvalidParameterError
 from ..results import Result
 from ..words import counted
+
+if TYPE_CHECKING:
+    from ..loading.model import LoadedModel
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -107,8 +112,8 @@ class SpaceTimeDistanceResult(Result):
 
     Attributes:
         model: the model's name.
-        roles: each map's role ("joint", or a divided block's "temporal" then "spatial").
-        blocks: each map's block.
+        roles: [maps] each map's role ("joint", or a divided block's "temporal" then "spatial").
+        blocks: [maps] each map's block.
         spatial_px: [maps, heads] spatial distance in pixels, mean over clips.
         within_px: [maps, heads] spatial distance within the query's time step.
         temporal_frames: [maps, heads] temporal distance in frames.
@@ -141,6 +146,12 @@ class SpaceTimeDistanceResult(Result):
     n_clips: int
     fps: float | None = None
     renormalized: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.roles) - set(GEOMETRIES))
+        if unknown:
+            raise InvalidParameterError(f"a space-time distance's map roles are among {', '.join(GEOMETRIES)}; got "
+                                        f"{', '.join(map(repr, unknown))}.")
 
     @property
     def temporal_s(self) -> np.ndarray | None:
@@ -191,19 +202,63 @@ class SpaceTimeRolloutResult(Result):
         return f"{self.model}: rollout from the {self.source_token} over {counted(b, 'clip')}, {t} steps of {gh}x{gw}"
 
 
-class SpaceTimeAccumulator:
-    """The space-time distance and rollout of clips, batch by batch, from one capture's maps."""
+#: what a ``SpaceTimeAccumulator`` computes: the distances, the rollout, or both (a survey's shard keeps both)
+PARTS = ("both", "distance", "rollout")
 
-    def __init__(self, layout: ClipLayout, blocks: int, renormalize: bool = True, head_fusion: str = "mean") -> None:
+
+class SpaceTimeAccumulator(AttentionConsumer):
+    """The space-time distance and rollout of clips, batch by batch, from one capture's maps: a consumer of the
+    streaming engine (``stream_attention`` runs a video model's clips through its clip source and hands it each map,
+    whole, first map first), reading the video kind's maps (``reads_clips``).
+
+    Args:
+        layout: the model's ``ClipLayout``.
+        blocks: the model's blocks (a divided block hands over two maps).
+        renormalize: renormalise each query's weights over the cell keys (the distances).
+        head_fusion: how the rollout fuses each map's heads ("mean", "max", "min").
+        part: what it computes (``PARTS``): "distance" or "rollout" alone (a view's consumer; ``result`` gives
+            that view's result), or "both" (``distance`` and ``rollout`` give each).
+        fps: the clips' frame rate, for the distance's ``temporal_s`` (None: unknown).
+    """
+
+    reads_clips = True
+
+    def __init__(self, layout: ClipLayout, blocks: int, renormalize: bool = True, head_fusion: str = "mean",
+                 part: str = "both", fps: float | None = None) -> None:
         if head_fusion not in HEAD_FUSIONS:
             raise InvalidParameterError(f"head_fusion must be one of {', '.join(HEAD_FUSIONS)}; got {head_fusion!r}.")
+        if part not in PARTS:
+            raise InvalidParameterError(f"part must be one of {', '.join(PARTS)}; got {part!r}.")
         self.layout, self.renormalize, self.head_fusion = layout, renormalize, head_fusion
+        self.part, self.fps = part, fps
         self.roles = layout.map_roles(blocks)
         self.geometries = {role: GEOMETRIES[role](layout) for role in set(self.roles)}
         self.per_clip: list[dict[str, np.ndarray]] = []  # per batch: [B, maps, heads] per distance
         self.rollouts: list[np.ndarray] = []
         self._batch_distances: dict[int, dict[str, np.ndarray]] = {}
         self._batch_fused: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def for_model(cls, m: "LoadedModel", part: str = "both", renormalize: bool = True, head_fusion: str = "mean",
+                  fps: float | None = None) -> "SpaceTimeAccumulator":
+        """The accumulator of a video model's clips (its family's ``clip_layout``)."""
+        return cls(m.family.clip_layout(m.model), m.spec.num_layers, renormalize, head_fusion, part, fps)
+
+    @property
+    def _distances(self) -> bool:
+        return self.part != "rollout"
+
+    @property
+    def _rollout(self) -> bool:
+        return self.part != "distance"
+
+    def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
+        """Map ``layer`` of the current batch (the capture's map index: a divided block hands over two), whole."""
+        start, stop, last = query_rows(attn, rows)
+        if start or not last:
+            raise InvalidParameterError("the space-time views read each map whole; a video model's capture hands "
+                                        "over whole maps (side capture without query rows).")
+        self.on_map(layer, attn)
 
     def add(self, maps: Sequence[torch.Tensor]) -> None:
         """One batch's captured maps, first map first (``on_map`` for each, then ``end_batch``)."""
@@ -217,27 +272,41 @@ class SpaceTimeAccumulator:
         """Map ``index`` of the current batch as the capture hands it over: its distances now (a head at a time,
         so no float64 copy of every head exists at once), its heads fused for the rollout at the batch's end."""
         role = self.roles[index]
-        parts = [map_distances(cell_maps(probs[:, h:h + 1], self.layout, role), self.geometries[role],
-                               self.renormalize) for h in range(probs.shape[1])]
-        self._batch_distances[index] = {k: np.concatenate([p[k] for p in parts], 1) for k in parts[0]}
-        self._batch_fused[index] = fuse_heads(probs, self.head_fusion)
+        if self._distances:
+            parts = [map_distances(cell_maps(probs[:, h:h + 1], self.layout, role), self.geometries[role],
+                                   self.renormalize) for h in range(probs.shape[1])]
+            self._batch_distances[index] = {k: np.concatenate([p[k] for p in parts], 1) for k in parts[0]}
+        if self._rollout:
+            self._batch_fused[index] = fuse_heads(probs, self.head_fusion)
 
-    def end_batch(self) -> None:
+    def end_batch(self, logits: torch.Tensor | None = None) -> None:
         """The batch's maps are all in: its distances kept per clip, its rollout made."""
-        if sorted(self._batch_distances) != list(range(len(self.roles))):
-            raise InvalidParameterError(f"a batch handed over maps {sorted(self._batch_distances)}; expected "
+        seen = self._batch_distances if self._distances else self._batch_fused
+        if sorted(seen) != list(range(len(self.roles))):
+            raise InvalidParameterError(f"a batch handed over maps {sorted(seen)}; expected "
                                         f"{len(self.roles)} ({', '.join(self.roles)}).")
-        found = [self._batch_distances[i] for i in range(len(self.roles))]
-        self.per_clip.append({k: np.stack([f[k] for f in found], 1) for k in ("spatial", "within", "temporal")})
-        self.rollouts.append(rollout_fused([self._batch_fused[i] for i in range(len(self.roles))], self.layout,
-                                           self.roles))
+        if self._distances:
+            found = [self._batch_distances[i] for i in range(len(self.roles))]
+            self.per_clip.append({k: np.stack([f[k] for f in found], 1) for k in ("spatial", "within", "temporal")})
+        if self._rollout:
+            self.rollouts.append(rollout_fused([self._batch_fused[i] for i in range(len(self.roles))], self.layout,
+                                               self.roles))
         self._batch_distances, self._batch_fused = {}, {}
+
+    def result(self, spec: ModelSpec | str) -> "SpaceTimeDistanceResult | SpaceTimeRolloutResult":
+        """The view's result: the distance (``part="distance"``, with the accumulator's ``fps``) or the rollout
+        (``part="rollout"``); an accumulator of both gives each by ``distance`` and ``rollout``."""
+        name = spec if isinstance(spec, str) else spec.name
+        if self.part == "both":
+            raise InvalidParameterError("this accumulator computes both space-time views: ask distance(name) or "
+                                        "rollout(name).")
+        return self.distance(name, self.fps) if self.part == "distance" else self.rollout(name)
 
     def merge(self, other: "SpaceTimeAccumulator") -> "SpaceTimeAccumulator":
         """An accumulator over the clips of both (disjoint clip sets, e.g. shards): the per-clip distances and maps
         of ``self`` then ``other``, so the merged means are those of one run over all the clips."""
-        if (other.layout, other.roles, other.renormalize, other.head_fusion) != \
-                (self.layout, self.roles, self.renormalize, self.head_fusion):
+        if (other.layout, other.roles, other.renormalize, other.head_fusion, other.part) != \
+                (self.layout, self.roles, self.renormalize, self.head_fusion, self.part):
             raise InvalidParameterError("only accumulators of one model's layout and the same parameters merge.")
         out = SpaceTimeAccumulator.__new__(SpaceTimeAccumulator)
         out.__dict__.update(self.__dict__)
@@ -269,6 +338,8 @@ class SpaceTimeAccumulator:
         return out
 
     def distance(self, name: str, fps: float | None = None) -> SpaceTimeDistanceResult:
+        if not self._distances:
+            raise InvalidParameterError("this accumulator computes the space-time rollout alone (part='rollout').")
         if not self.per_clip:
             raise InvalidParameterError("no clips were run: pass at least one clip [B, frames, 3, H, W].")
         per = {k: np.concatenate([p[k] for p in self.per_clip]) for k in ("spatial", "within", "temporal")}
@@ -287,6 +358,8 @@ class SpaceTimeAccumulator:
             renormalized=self.renormalize)
 
     def rollout(self, name: str) -> SpaceTimeRolloutResult:
+        if not self._rollout:
+            raise InvalidParameterError("this accumulator computes the space-time distance alone (part='distance').")
         if not self.rollouts:
             raise InvalidParameterError("no clips were run: pass at least one clip [B, frames, 3, H, W].")
         return SpaceTimeRolloutResult(model=name, maps=np.concatenate(self.rollouts),
@@ -362,6 +435,6 @@ def rollout_fused(fused: Sequence[np.ndarray], layout: ClipLayout, roles: Sequen
     return np.divide(out, top, out=np.zeros_like(out), where=top > 0)  # a row with nothing on the cells stays 0
 
 
-__all__ = ["SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
+__all__ = ["PARTS", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
            "dense_block_map", "dense_from_fused", "joint_geometry", "map_distances", "rollout_clips", "rollout_fused",
            "spatial_geometry", "temporal_geometry"]

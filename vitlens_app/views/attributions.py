@@ -15,6 +15,7 @@ from vitlens_app.context import Context, figure_download, whole_table
 from vitlens_app.library import (METHOD_TABLE, METRIC_TABLE, counted, default_metrics,
                                  has_text_tower, lrp_methods, methods_for, metric_label, preselected_methods,
                                  round_significant, time_left, timing_note, verdict_rule)
+from vitlens_app.library import ComparisonTable
 
 #: why the Attributions view of a CLIP / SigLIP model offers no sanity check
 NO_TEXT_SANITY = ("No sanity check for a model with a text tower: the cascade (Adebayo et al. 2018) re-initialises "
@@ -87,7 +88,7 @@ def render_attributions(ctx: Context) -> None:
 
 
 def attributed_table(ctx: Context, methods: list[str], target: int | str | None, steps: int,
-                     mask: np.ndarray | None, metrics: tuple[str, ...] | None = None) -> vl.ComparisonTable:
+                     mask: np.ndarray | None, metrics: tuple[str, ...] | None = None) -> ComparisonTable:
     """The chosen methods' table, one method at a time (each cached), under a bar that names the method being
     computed and the time left at the rate of the methods computed so far in this run (a cached one is free)."""
     bar = st.progress(0.0, text="Attributing and scoring ...")
@@ -103,7 +104,7 @@ def attributed_table(ctx: Context, methods: list[str], target: int | str | None,
         if took > 0.05:  # computed here, not read from the cache
             spent, computed = spent + took, computed + 1
     bar.empty()
-    return vl.ComparisonTable.concat(tables)
+    return ComparisonTable.concat(tables)
 
 
 def render_ledger(ctx: Context, target: int | None, method: str = "attnlrp") -> None:

@@ -20,6 +20,7 @@ from vitlens import figures
 from vitlens_app.caches import decomposition_result, lens_result, norms_result, patching_result
 from vitlens_app.context import Context, downloads, show_error
 from vitlens_app.library import LEDGER_RTOL
+from vitlens_app.library import DecompositionResult
 
 #: the corruptions the patching section offers (object masked only where the image set has masks)
 NOISE, MASKED, OTHER = "Gaussian noise", "Object masked", "Another image"
@@ -61,7 +62,7 @@ def class_name(ctx: Context, k: int) -> str:
     return names[k] if names and 0 <= k < len(names) else f"class {k}"
 
 
-def ledger_rows(d: vl.DecompositionResult) -> pd.DataFrame:
+def ledger_rows(d: DecompositionResult) -> pd.DataFrame:
     """The ledger of the current image: each part summed, their total, the output and the relative gap."""
     rows = [{"entry": name, "value": float(np.asarray(v)[0].sum())} for name, v in d.parts().items()]
     rows += [{"entry": "sum of parts", "value": float(d.total()[0])},
@@ -70,7 +71,7 @@ def ledger_rows(d: vl.DecompositionResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def head_frame(d: vl.DecompositionResult) -> pd.DataFrame:
+def head_frame(d: DecompositionResult) -> pd.DataFrame:
     """The layer x head table of the current image, 1-based labels."""
     table = d.head_table(0)
     return pd.DataFrame(table, index=[f"layer {l + 1}" for l in range(table.shape[0])],

@@ -10,6 +10,7 @@ from vitlens_app import kind_choices
 from vitlens_app.caches import distance_result, head_result
 from vitlens_app.context import Context, downloads, image_count, whole_table
 from vitlens_app.library import counted, distance_reading, head_cost, listed_some
+from vitlens_app.library import WindowedDistanceResult
 
 
 def render_distance(ctx: Context) -> None:
@@ -52,7 +53,7 @@ def render_distance(ctx: Context) -> None:
             st.caption(imp.summary())
 
 
-def render_windowed_distance(ctx: Context, d: vl.WindowedDistanceResult) -> None:
+def render_windowed_distance(ctx: Context, d: WindowedDistanceResult) -> None:
     """A hierarchical model's distance: every block's heads coloured by stage beside each window's uniform
     distance, the reading per stage, and the numbers of the stage picked."""
     fig = figures.distance_figure(d)

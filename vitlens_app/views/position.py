@@ -11,6 +11,7 @@ from vitlens import figures
 from vitlens_app.caches import position_result, relpos_result
 from vitlens_app.context import Context, downloads
 from vitlens_app.library import VIEWS, listed_some, round_significant
+from vitlens_app.library import RelativePositionBiasResult
 
 
 def clickable_tiles(fig: go.Figure, grid: tuple[int, int], shown: tuple[int, int]) -> go.Figure:
@@ -80,7 +81,7 @@ def render_position(ctx: Context) -> None:
         render_relpos(ctx, relative)
 
 
-def render_relpos(ctx: Context, res: vl.RelativePositionBiasResult) -> None:
+def render_relpos(ctx: Context, res: RelativePositionBiasResult) -> None:
     """Each head's learned bias by query-to-key offset, for a chosen block, and the class token's biases apart."""
     import pandas as pd
 

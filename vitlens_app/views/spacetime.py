@@ -1,7 +1,7 @@
 """The space-time pages of a video model (issue 50; docs/definitions.md, "Video: ..."): the clip's attention
 distance in space and in time with the uniform baselines (the space-time Fig. 7 right), its rollout as frames (a map
 per frame or tubelet, the slider's frame over its own step's map), the position embeddings over space and time and
-the tubelet embedding's filters. Each is a render function of a ``ClipContext`` (``vitlens_app.video``)."""
+the tubelet embedding's filters. Each is a render function of a ``ClipContext`` (``vitlens_app.context``)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -12,9 +12,8 @@ import streamlit as st
 from vitlens import figures
 from vitlens_app.caches import (spacetime_distance_result, spacetime_rollout_result, video_filters_result,
                                 video_position_result)
-from vitlens_app.context import downloads, figure_download
+from vitlens_app.context import ClipContext, downloads, figure_download
 from vitlens_app.library import CLIP_PAGES, VIEWS
-from vitlens_app.video import ClipContext
 
 
 def render_spacetime_distance(ctx: ClipContext) -> None:
