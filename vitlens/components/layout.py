@@ -20,6 +20,7 @@ from torch import nn
 
 from ..engine.sites import HookPoint, hook_points
 from ..errors import InvalidParameterError, UnsupportedModelError
+from .refusals import refuse_other_blocks, refuse_other_openclip
 
 #: the structures read, by (module prefix, class names); the first that matches names the model's structure
 STRUCTURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -106,8 +107,6 @@ class Layout:
         self.classifier: nn.Module | None = None
         self.num_registers = 0
         if kind == "timm-vit":
-            from .timm_vit import refuse_other_blocks
-
             refuse_other_blocks(model)
             self.blocks = list(model.blocks)
             self.sites = [BlockSites(b, b.ls1, b.ls2, b.attn.proj, b.attn.num_heads, b.attn.head_dim,
@@ -120,9 +119,7 @@ class Layout:
             self.classifier = model.head
             self.final_norm = model.norm
         elif kind == "openclip":
-            from .openclip import refuse_unless_supported
-
-            refuse_unless_supported(model)
+            refuse_other_openclip(model)
             self.blocks = list(model.transformer.resblocks)
             self.sites = [BlockSites(b, b.ls_1, b.ls_2, None, b.attn.num_heads, b.attn.head_dim,
                                      b.attn.head_dim ** -0.5, norm1=b.ln_1, mha=b.attn) for b in self.blocks]

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from ..engine.sites import HookPoint, record
-from ..errors import UnsupportedModelError
 from .layout import structure
+from .refusals import refuse_other_openclip
 from .prenorm import head_attention, mha_qkv
-from .linearise import back_through_norm, check_norm, is_identity, norm_bias
+from .linearise import back_through_norm, norm_bias
 
 
 def is_openclip_tower(model: nn.Module) -> bool:
@@ -35,18 +35,8 @@ class Seen:
     features: torch.Tensor | None = None
 
 
-def refuse_unless_supported(model: nn.Module) -> None:
-    """Refuse an OpenCLIP tower the reading does not cover, by name."""
-    if model.attn_pool is not None or model.pool_type not in ("tok", "avg"):
-        raise UnsupportedModelError(f"OpenCLIP VisionTransformer with attentional pooling or pool {model.pool_type!r}:"
-                                    f" not read; a class-token or average-pooled tower is.")
-    check_norm(model.ln_pre, "pre-norm")
-    check_norm(model.ln_post, "final norm")
-    for i, block in enumerate(model.transformer.resblocks):
-        if not isinstance(block.attn, nn.MultiheadAttention) or hasattr(block, "ln_1_kv") \
-                or not is_identity(getattr(block, "ln_attn", None)):
-            raise UnsupportedModelError(f"OpenCLIP block {i} uses a {type(block.attn).__name__} (custom attention: "
-                                        f"qk-norm, cosine or scaled heads): not read.")
+#: the refusal every reader of an OpenCLIP tower calls (``decompose``, ``head_vectors``)
+refuse_unless_supported = refuse_other_openclip
 
 
 def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:

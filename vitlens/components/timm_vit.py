@@ -17,6 +17,7 @@ from ..engine.sites import HookPoint, record
 from ..errors import UnsupportedModelError
 from . import map_head
 from .layout import Layout
+from .refusals import refuse_other_blocks
 from .linearise import back_through_norm, check_norm, is_identity, norm_bias
 
 POOLS = ("token", "avg")
@@ -56,25 +57,6 @@ def refuse_unless_supported(model: nn.Module) -> None:
     if not isinstance(model.head, nn.Linear):
         raise UnsupportedModelError(f"{name}'s head is a {type(model.head).__name__}: give a direction over its "
                                     f"pre-logits features instead of a class.")
-
-
-def refuse_other_blocks(model: nn.Module) -> None:
-    """Refuse, by name, a timm ViT whose blocks are not ``x + ls1(attn(norm(x)))``, ``x + ls2(mlp(norm(x)))`` with
-    a sum over heads before the projection (what every component analysis reads: ``layout``)."""
-    name = type(model).__name__
-    for i, block in enumerate(model.blocks):
-        kind = type(block).__name__
-        if kind != "Block":
-            raise UnsupportedModelError(f"{name} block {i} is a {kind} (post-norm or parallel): its output is not "
-                                        f"x + attn(norm(x)) + mlp(norm(x)), so it gives no residual sum.")
-        attn = block.attn
-        if type(attn).__name__ != "Attention" or not is_identity(getattr(attn, "norm", None)) \
-                or getattr(attn, "gate", None) is not None:
-            raise UnsupportedModelError(f"{name} block {i}'s attention is a {type(attn).__name__} with a norm or "
-                                        f"gate before its projection: not a sum over heads.")
-        for ls in (block.ls1, block.ls2):
-            if not (is_identity(ls) or type(ls).__name__ == "LayerScale"):
-                raise UnsupportedModelError(f"{name} block {i} scales its branches by a {type(ls).__name__}.")
 
 
 def capture(model: nn.Module, pixels: torch.Tensor) -> Captured:

@@ -47,9 +47,15 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
+from . import consumer as protocol
 from .consumer import AttentionConsumer, BatchInfo
 from .plan import capture_plan, default_budget_mb, images_per_forward
 from .sources import batch_source
+
+
+#: the consumer protocol's reading of a row block, re-exported from here beside the stream (stream_attention's own
+#: ``query_rows`` argument is a count of rows, hence the assignment rather than an import of the name)
+query_rows = protocol.query_rows
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
