@@ -426,3 +426,19 @@ def test_a_view_registered_in_the_driver_is_surveyed_by_its_workers(local_ray, t
     assert ours.failed == {} and ours.models() == ["ref-vit"]
     assert len(ours.table) > 1 and ours.table.drop(columns="value").equals(builtin.table.drop(columns="value"))
     assert np.allclose(ours.table["value"], builtin.table["value"])
+
+
+def test_a_registered_view_that_cannot_be_sent_is_refused_in_the_driver(local_ray, monkeypatch):
+    """The other half of item 14: a registered view whose functions cannot be pickled (here its builder holds a
+    lock) is refused in the driver, naming it, before any task is sent."""
+    import dataclasses
+    import functools
+
+    from vitlens.survey.run import SurveyError, ship_registered_views
+    from vitlens.views import registry
+
+    held = functools.partial(registry.VIEWS["distance"].build, threading.Lock())
+    view = dataclasses.replace(registry.VIEWS["distance"], name="distance_locked", build=held)
+    monkeypatch.setitem(registry.VIEWS, "distance_locked", view)
+    with pytest.raises(SurveyError, match=r"The views registered here \(distance_locked\) cannot be sent"):
+        ship_registered_views(local_ray)
