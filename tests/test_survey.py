@@ -679,7 +679,7 @@ def test_a_local_survey_listens_on_loopback_only_and_refuses_clients_without_the
 def test_ctrl_c_while_a_shard_is_written_waits_for_the_whole_shard(tiny, tmp_path, monkeypatch):
     """CI once saw Ctrl-C land inside np.savez: the zip's clean-up raised a ValueError in place of the
     KeyboardInterrupt. The interrupt now waits for the shard, which is then whole and trusted."""
-    from vitlens.survey import store as store_module
+    from vitlens.survey import shard_store as store_module
     from vitlens.survey.store import SurveyStore
 
     source = shapes_source(4)
