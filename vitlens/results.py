@@ -173,6 +173,8 @@ class Result:
     """Mixin for the dataclass results of the views: save/load, equality of arrays."""
 
     kind: ClassVar[str] = "result"
+    # every subclass is a dataclass: the fields that dataclasses.fields() reads on them (declared, not set, here)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -237,7 +239,7 @@ class Result:
             atomic_write_bytes(path, self.to_json().encode())
         elif path.suffix == ".npz":
             d = self.to_dict()
-            arrays = {k: v for k, v in d.items() if isinstance(v, np.ndarray)}
+            arrays: dict[str, Any] = {k: v for k, v in d.items() if isinstance(v, np.ndarray)}
             meta = {k: v for k, v in d.items() if not isinstance(v, np.ndarray)}
             buf = io.BytesIO()
             np.savez_compressed(buf, __meta__=np.asarray(json.dumps(_encode(meta))), **arrays)

@@ -220,7 +220,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
     settings = {mt.name: mt.prepare(protocol, ordering, batch_size=batch_size, steps=steps, baseline=baseline,
                                     labels=labels) for mt in chosen}
     methods = default_methods(m) if methods is None else methods
-    images = list(images) if not isinstance(images, torch.Tensor) else images
+    # a single image (not in a sequence) is not read as one here: reported in issue 61's note, left as it was
+    images = list(images) if not isinstance(images, torch.Tensor) else images  # type: ignore[arg-type]
     if masks is not None:
         masks = masks_at_input(masks, m.data_config, images)
     rows, attrs = [], []

@@ -118,7 +118,8 @@ class LRPRules:
                 raise InvalidParameterError(f"{name} must be a number >= 0 (0 for the epsilon rule); got {value!r}.")
 
 
-_NORMS = {F.layer_norm: layer_norm_rule, F.rms_norm: rms_norm_rule}
+_NORMS: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {F.layer_norm: layer_norm_rule,
+                                                                  F.rms_norm: rms_norm_rule}
 #: calls that mean a rule would be bypassed: an attention or a normalisation written out by hand
 _BYPASS = {torch.softmax: "a softmax", torch.Tensor.softmax: "a softmax", F.softmax: "a softmax",
            torch.rsqrt: "an rsqrt (a hand-written normalisation)",
@@ -280,7 +281,8 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
                 handles.set_attr(cfg, "_attn_implementation", "sdpa")
         self._mode = _RuleMode(self.rules)
         self._mode.__enter__()
-        handles.on_remove(lambda mode=self._mode: mode.__exit__(None, None, None))
+        mode = self._mode
+        handles.on_remove(lambda: mode.__exit__(None, None, None))
 
 
 def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,

@@ -53,13 +53,13 @@ GRANULARITIES = ("token", "pixel")
 FILLS = ("black", "mean", "blur")
 
 
-def removal_counts(n_units: int, fractions: Sequence[float]) -> np.ndarray:
+def removal_counts(n_units: int, fractions: Sequence[float] | np.ndarray) -> np.ndarray:
     """How many of ``n_units`` a fraction removes: floor(n x f), as ``int(base_size * step)`` in Chefer et al.'s
     script and ``int(a_size * p / 100)`` in quantus's ROAD (a tiny epsilon keeps 0.7 x 10 at 7)."""
     return np.floor(n_units * np.asarray(fractions, dtype=np.float64) + 1e-9).astype(np.int64)
 
 
-def removal_masks(maps: np.ndarray, fractions: Sequence[float] | None, most_relevant_first: bool,
+def removal_masks(maps: np.ndarray, fractions: Sequence[float] | np.ndarray | None, most_relevant_first: bool,
                   stride: tuple[int, int], size: tuple[int, int], granularity: str = "token",
                   ordering: str = "signed", counts: Sequence[int] | None = None) -> torch.Tensor:
     """[B, S, H, W] bool, True on the pixels removed at each fraction, for maps [B, gh, gw].
@@ -85,14 +85,18 @@ def removal_masks(maps: np.ndarray, fractions: Sequence[float] | None, most_rele
     order = np.argsort(key, axis=1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(units.shape[1])[None].repeat(b, 0), axis=1)
-    counts = (removal_counts(units.shape[1], fractions) if counts is None
-              else np.minimum(np.asarray(counts, dtype=np.int64), units.shape[1]))
-    removed = torch.as_tensor(rank[:, None, :] < counts[None, :, None])  # [B, S, U]
+    if counts is not None:
+        steps = np.minimum(np.asarray(counts, dtype=np.int64), units.shape[1])
+    elif fractions is not None:
+        steps = removal_counts(units.shape[1], fractions)
+    else:
+        raise InvalidParameterError("removal_masks takes the fractions or the counts to remove; got neither.")
+    removed = torch.as_tensor(rank[:, None, :] < steps[None, :, None])  # [B, S, U]
     if granularity == "pixel":
-        return removed.reshape(b, len(counts), h, w)
+        return removed.reshape(b, len(steps), h, w)
     sy, sx = stride
-    grid = removed.reshape(b, len(counts), gh, gw).repeat_interleave(sy, 2).repeat_interleave(sx, 3)
-    out = torch.zeros(b, len(counts), h, w, dtype=torch.bool)
+    grid = removed.reshape(b, len(steps), gh, gw).repeat_interleave(sy, 2).repeat_interleave(sx, 3)
+    out = torch.zeros(b, len(steps), h, w, dtype=torch.bool)
     out[:, :, : grid.shape[2], : grid.shape[3]] = grid[:, :, :h, :w]  # pixels past the grid are never removed
     return out
 
@@ -189,7 +193,8 @@ class _Setup:
             index = np.repeat(np.arange(offset, offset + b), s)
             for most_first in (True, False):
                 masks = removal_masks(attribution.maps[offset:offset + b], self.points, most_first, self.cell,
-                                      tuple(x.shape[-2:]), self.granularity, self.ordering)  # [b, S, H, W]
+                                      (int(x.shape[-2]), int(x.shape[-1])), self.granularity,
+                                      self.ordering)  # [b, S, H, W]
                 curves[most_first].append(self.scorer(perturb(masks), index, batch_size * s).reshape(b, s))
             offset += b
         if offset != len(attribution.maps):

@@ -101,7 +101,7 @@ def stream_attention(
     """
     kind = find_kind(m)  # maps of another shape than a ViT's (Kind.reader): only consumers that say they read them
     wrong = sorted({type(c).__name__ for c in consumers if not kind.reads(c)}) if kind is not None else []
-    if wrong:
+    if kind is not None and wrong:
         raise UnsupportedModelError(
             f"{m.spec.name} {kind.maps}, which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; use "
             f"{kind.use} (attention distance and rollout: vl.attention_distance, vl.attention_rollout, vl.analyze) or "

@@ -123,7 +123,7 @@ class TimmCait(Family):
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name, prefix_labels=("class",))
 
-    def block_layout(self, model: nn.Module) -> list[dict[str, str]]:  # type: ignore[override]
+    def block_layout(self, model: nn.Module) -> list[dict[str, str]]:
         """Every block's kind and the tokens of its queries and keys (``cait_block_layout``)."""
         return cait_block_layout(model)
 

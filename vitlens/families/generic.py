@@ -452,8 +452,8 @@ class GenericCallCapture(Family):
                                 "hybrid's own patch embedding acts on CNN channels, not pixels", spec.name)
         patches = layout.patch_embedding(model)
         if patches.kind == "conv2d":
-            conv = patches.module
-            return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
+            return conv_filters(patches.module, layout.module_name(model, patches.module), "the patch embedding E",
+                                spec.name)
         w = patches.filters()
         where = layout.module_name(model, patches.weight_module)
         d, c, kh, kw = w.shape
@@ -463,7 +463,7 @@ class GenericCallCapture(Family):
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         pos = _layout(model).position_rows(model) if spec.has_pos_embed else None
         found = _table_grid(int(pos.shape[1]), spec.grid, spec.num_prefix_tokens) if pos is not None else None
-        if found is None:
+        if pos is None or found is None:
             return None
         rows, table_grid = found
         return pos.detach()[:, rows:], table_grid
@@ -528,8 +528,9 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     hidden = [h[None] if h is not None and h.dim() == 2 else h for h in hidden]  # ([T, D]: Qwen3-VL's one sequence)
     if any(h is None or h.dim() != 3 or h.shape[:2] != (1, tokens) for h in hidden):
         return
-    for cell, h in zip(cells, hidden[1:]):
-        changed = ((h - hidden[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
+    read = [h for h in hidden if h is not None]  # every one of them (just checked)
+    for cell, h in zip(cells, read[1:]):
+        changed = ((h - read[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
         want = prefix + cell[0] * grid[1] + cell[1] if order is None else order.tokens.index(Cell(0, *cell))
         if changed != [want]:
             raise UnsupportedModelError(

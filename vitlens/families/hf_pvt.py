@@ -95,7 +95,7 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         self.check_model_class(model, name)
         kind = tower_type(model)
         modeling = self.modeling(model)
-        emb_cls, layer_cls, attn_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
+        emb_cls, layer_cls, attn_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind or ""])
         for s, (emb, layers) in enumerate(self.stages(model)):
             if type(emb) is not emb_cls or not isinstance(self.embedding_conv(emb), nn.Conv2d):
                 raise UnsupportedModelError(f"{name!r}: stage {s} embeds with {type(emb).__name__}; vitlens reads "
@@ -134,7 +134,8 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
     @staticmethod
     def self_attention(layer: nn.Module) -> nn.Module:
         """The module that holds the heads: v1 ``attention.self``, v2 ``attention``."""
-        return getattr(layer.attention, "self", layer.attention)
+        attention = layer.attention
+        return attention.self if hasattr(attention, "self") else attention
 
     @staticmethod
     def prefix_tokens(emb: nn.Module) -> int:
@@ -173,7 +174,7 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
             grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
-        return out  # type: ignore[return-value]
+        return out
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
         return pair(self.base(model).config.image_size)

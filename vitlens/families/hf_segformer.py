@@ -133,7 +133,7 @@ class HuggingFaceSegformer(HuggingFaceFamily, StagedFamily):
             grid = pooled_grid(grid, emb.proj)  # type: ignore[arg-type]
             stride = tuple(a * b for a, b in zip(stride, pooling_of(emb.proj)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
-        return out  # type: ignore[return-value]
+        return out
 
     def cam_layer(self, model: nn.Module) -> str | None:
         """The last stage's final ``layer_norm`` over its tokens [B, H * W, C] (what the classifier averages; a

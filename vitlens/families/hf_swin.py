@@ -89,7 +89,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         self.check_model_class(model, name)
         kind = tower_type(model)
         modeling = self.modeling(model)
-        layer_cls, attn_cls, merge_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
+        layer_cls, attn_cls, merge_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind or ""])
         for s, stage in enumerate(self.stages(model)):
             if stage.downsample is not None and type(stage.downsample) is not merge_cls:
                 raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(stage.downsample).__name__}; "
@@ -241,7 +241,8 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
 
 def _self_attention(layer: nn.Module) -> nn.Module:
     """The module that holds the heads: Swin's ``attention``, Swin V2's ``attention.self``."""
-    return getattr(layer.attention, "self", layer.attention)
+    attention = layer.attention
+    return attention.self if hasattr(attention, "self") else attention
 
 
 def is_backbone(model: nn.Module) -> bool:

@@ -210,7 +210,7 @@ class HuggingFaceSam(_WindowedGridFamily):
                      "sam_hq_vision_model": ("SamHQVisionModel", "SamHQVisionEncoder", "SamHQModel")}
 
     def _prefix(self, model: nn.Module) -> str:
-        return "SamHQ" if tower_type(model).startswith("sam_hq") else "Sam"
+        return "SamHQ" if (tower_type(model) or "").startswith("sam_hq") else "Sam"
 
     def check(self, model: nn.Module, name: str) -> None:
         p = self._prefix(model)
@@ -233,7 +233,7 @@ class HuggingFaceSam(_WindowedGridFamily):
 
         return forward(StandIn(layer, attn=attn, layer_norm1=identity), numbers[None, :, :, None])
 
-    def _eager_class(self, model: nn.Module) -> type:
+    def _eager_class(self, model: nn.Module) -> type[nn.Module]:
         return getattr(self.modeling(model), f"{self._prefix(model)}VisionAttention")
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:

@@ -232,13 +232,15 @@ def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequenc
             if pooled and int(getattr(attn, d.q_stride)) != math.prod(q_stride):
                 raise UnsupportedModelError(f"{what}: its query stride {getattr(attn, d.q_stride)} is not the "
                                             f"model's {q_stride[0]}x{q_stride[1]}.")
-            step = tuple(q_stride) if pooled else (1, 1)
+            step = (q_stride[0], q_stride[1]) if pooled else (1, 1)
             n_in = tokens.size
             qs, ks, att, res = [], [], [], []
             for s in range(0, n_in, CHUNK):
                 x = _one_hot(n_in, s, min(s + CHUNK, n_in))
                 q, k, a = _run_attention(attn, x, d)
-                qs.append(q), ks.append(k), att.append(a)
+                qs.append(q)
+                ks.append(k)
+                att.append(a)
                 res.append(_run_block(block, a, x, d)[:, : x.shape[-1]])  # a max|mean concat: its max half
             q_sets, k_sets, a_sets, r_sets = (_sets(p, n_in) for p in (qs, ks, att, res))
             if not np.array_equal(a_sets, r_sets):
@@ -558,11 +560,11 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
         for layer, (stage, block) in enumerate(zip(stages, model.blocks)):
             what = f"block {layer + 1} (stage {stage + 1}, {type(block).__name__})"  # counted from 1, as the app
             pooled = block.attn.q_pool is not None
-            step = tuple(int(v) for v in block.q_stride) if pooled else (1, 1)
+            step = (int(block.q_stride[0]), int(block.q_stride[1])) if pooled else (1, 1)
             x, big = _coded(h, w)
             q, k, both = _hieradet_step(block, x, zero=False)
             _q, _k, res = _hieradet_step(block, x, zero=True)
-            out_grid = tuple(int(v) for v in res.shape[:2])
+            out_grid = (int(res.shape[0]), int(res.shape[1]))
             index = _decode(q.reshape(-1, 5).numpy(), big, (h, w), step, what).reshape(q.shape[:2])
             keys = _decode(k.reshape(-1, 5).numpy(), big, (h, w), (1, 1), what).reshape(k.shape[:2])
             cells = _decode(res.reshape(-1, 5).numpy(), big, (h, w), step, what)

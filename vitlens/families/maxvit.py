@@ -192,7 +192,7 @@ def partition_windows(layer: nn.Module, grid: tuple[int, int], stage: int, strid
     """One partition-attention layer's windows (block) or dilated grid, read by running its own ``_partition_attn``
     on a stand-in whose ``attn`` is a recorder (NCHW layers hand windows [windows, C, P, P], turned channels last for
     the recorder); kind "grid" for a grid layer of more than one window."""
-    code = type(layer)._partition_attn
+    code = type(layer)._partition_attn  # type: ignore[attr-defined]  # timm's PartitionAttention(2d) method
     nchw = type(layer).__name__ == "PartitionAttention2d"
 
     def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:

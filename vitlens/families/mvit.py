@@ -172,7 +172,7 @@ class TimmMViTv2(StagedFamily):
                         f"has {int(attn.rel_pos_h.shape[0])} rows, sized by timm for the {stage.feat_size[0]}x"
                         f"{stage.feat_size[1]} grid floor division gives, and these grids index {rows}; build it at a "
                         "size whose poolings divide evenly.")
-                out.append(BlockLayout(s, grid, q_grid, k_grid, stride, attn.pool_q, attn.pool_k, skip))  # type: ignore
+                out.append(BlockLayout(s, grid, q_grid, k_grid, stride, attn.pool_q, attn.pool_k, skip))
                 grid = q_grid
         return out
 

@@ -83,7 +83,7 @@ class OpenClipViT(MultiheadAttentionViT):
                 raise UnsupportedModelError(f"{name!r}: image block {i}'s attention is not batch-first self-attention "
                                             "with a packed in-projection.")
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.MultiheadAttention]:
         return [block.attn for block in visual_of(model).transformer.resblocks]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:

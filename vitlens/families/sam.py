@@ -75,7 +75,7 @@ class TimmSam(StagedFamily):
         return f"blocks.{len(model.blocks) - 1}"
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
-        stride = tuple(int(p) for p in model.patch_embed.patch_size)
+        stride = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
         out = []
         for i, block in enumerate(model.blocks):
             def run(numbers: torch.Tensor, recorder: Callable[..., Any], block: nn.Module = block) -> Any:

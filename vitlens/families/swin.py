@@ -79,7 +79,7 @@ class TimmSwin(StagedFamily):
              "through the stages")
     names = ("timm names: swin_tiny_patch4_window7_224, swin_base_patch4_window12_384 (timm.list_models('swin_*'))",)
     capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities on its non-fused path
-    attention_inputs = ("norm1",)
+    attention_inputs: tuple[str, ...] = ("norm1",)
     #: the timm module and its classes: the model, its block, the block's attention, its patch merging
     module = "timm.models.swin_transformer"
     classes = ("SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging")

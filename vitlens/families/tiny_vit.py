@@ -117,7 +117,7 @@ class TimmTinyVit(StagedFamily):
             grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
-        return out  # type: ignore[return-value]
+        return out
 
     def cam_layer(self, model: nn.Module) -> str | None:
         """The last stage's last block (its output: the last stage's tokens [B, H, W, C], which the head's norm and

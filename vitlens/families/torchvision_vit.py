@@ -50,7 +50,7 @@ class TorchvisionViT(MultiheadAttentionViT):
                 raise UnsupportedModelError(f"{name!r}: block {i}'s attention is not batch-first self-attention "
                                             "with a packed in-projection.")
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.MultiheadAttention]:
         return [block.self_attention for block in model.encoder.layers]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:

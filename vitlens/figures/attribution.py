@@ -241,11 +241,11 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
                                      name=method_label(r.method), legendgroup=r.method, showlegend=col == 1,
                                      hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
                                                    "%{y:.3f}<extra></extra>"), row=1, col=col)
-    for i, r in enumerate(roads):
-        color = method_colour(r.method, i)
-        for col, curve in ((3, r.morf), (4, r.lerf)):
-            fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
-                                     name=method_label(r.method), legendgroup=r.method,
+    for i, road in enumerate(roads):
+        color = method_colour(road.method, i)
+        for col, curve in ((3, road.morf), (4, road.lerf)):
+            fig.add_trace(go.Scatter(x=road.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
+                                     name=method_label(road.method), legendgroup=road.method,
                                      showlegend=not results and col == 3),
                           row=1, col=col)
     fig.update_xaxes(title="share removed", range=[0, 1])

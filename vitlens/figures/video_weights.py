@@ -30,7 +30,7 @@ def video_position_figure(result: VideoPositionSimilarityResult, title: str | No
     has_time = result.time is not None
     fig = make_subplots(rows=1, cols=2 if has_time else 1, column_widths=[0.35, 0.65] if has_time else None,
                         subplot_titles=(["over time (same cell)"] if has_time else []) + ["over space (same time step)"])
-    if has_time:
+    if result.time is not None:
         n = len(result.time)
         fig.add_trace(go.Heatmap(z=result.time, x=list(range(n)), y=list(range(n)), colorscale="Viridis", zmin=-1,
                                  zmax=1, showscale=False,

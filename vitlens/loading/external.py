@@ -131,7 +131,7 @@ def refuse_too_large(ref: str, config: dict) -> None:
 def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
     """The preprocessor_config.json of a local folder or a cached hub repo, if there is one."""
     if local:
-        path = Path(folder_or_repo) / "preprocessor_config.json"
+        path: Path | None = Path(folder_or_repo) / "preprocessor_config.json"
     else:
         from huggingface_hub import try_to_load_from_cache
 

@@ -14,7 +14,7 @@ import html
 import io
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -26,7 +26,7 @@ from ..attribution.metrics import METRIC_TABLE, metric_label
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
-from ..views.distance import local_rule
+from ..views.distance import AttentionDistanceResult, local_rule
 from .components import components_figures, components_html
 from .data import ComparisonData, ReportData, distance_reading
 from ..words import counted, listed_some
@@ -353,7 +353,8 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
     for i, (a, imgs) in enumerate(zip(data.analyses, display_images)):
         figs = model_figures(a, imgs)
         if i < len(data.heads) and data.heads[i] is not None:
-            figs["heads"] = figures.head_importance_figure(data.heads[i], a.distance)
+            # a report analyses every model with its distance view (the CLI's available_views)
+            figs["heads"] = figures.head_importance_figure(data.heads[i], cast(AttentionDistanceResult, a.distance))
         if i < len(data.attributions) and data.attributions[i] is not None:
             figs.update(figures.attribution_figures(data.attributions[i], imgs[0]))
         if i < len(data.components) and data.components[i] is not None:
@@ -377,7 +378,8 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
     figs = figs if figs is not None else report_figures(data, display_images)
     body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
     for i, (a, f) in enumerate(zip(data.analyses, figs)):
-        reading = distance_reading(a.distance, a.spec.name, data.weights.get(a.spec.name))
+        reading = distance_reading(cast(AttentionDistanceResult, a.distance), a.spec.name,  # as above
+                                   data.weights.get(a.spec.name))
         body.append(model_section(a, f, data.timings.get(a.spec.name, {}), [data.notes.get(a.spec.name, "")],
                                   reading))
         if i < len(data.attributions) and data.attributions[i] is not None:

@@ -25,6 +25,7 @@ Definitions (docs/definitions.md, "CaiT: talking heads and class attention"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -150,7 +151,8 @@ class ClassAttentionDistanceAccumulator(AttentionConsumer):
         return self.inner.state()
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> AttentionDistanceAccumulator:
+    # the self-attention blocks' accumulator, not this class: the state is its inner one's, which merges
+    def from_state(cls, state: dict[str, np.ndarray]) -> AttentionDistanceAccumulator:  # type: ignore[override]
         """The self-attention blocks' accumulator of a ``state()`` (it merges, gives its result and table rows)."""
         return AttentionDistanceAccumulator.from_state(state)
 
@@ -269,10 +271,10 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
 
     def row_layout(self) -> tuple[int, tuple[int, int]]:
         """(no prefix tokens, the patch grid): ``batch_row``'s row is over the patches."""
-        return 0, self.grid  # type: ignore[return-value]
+        return 0, cast(tuple[int, int], self.grid)  # set: batch_row refuses a batch without it
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
-        maps = row_map(self.batch_row(), 0, self.grid)
+        maps = row_map(self.batch_row(), *self.row_layout())
         self.batches.add(maps, logits, self.has_classifier)
 
     def merge(self, other: "ClassAttentionRolloutAccumulator") -> "ClassAttentionRolloutAccumulator":

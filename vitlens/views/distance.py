@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -378,7 +378,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if q0 < stop:
             if tap is not None and tap[:2] == (layer, start) and tap[2].filled:  # the softmax pass made the sums
                 b, h = attn.shape[:2]
-                values = distance_from_sums(tap[2].sums, self.renormalize, stop - q0, b, h)
+                # a filled tap asked for the sums (the tap this consumer made holds them)
+                values = distance_from_sums(cast(torch.Tensor, tap[2].sums), self.renormalize, stop - q0, b, h)
             else:
                 values = per_query_distance(attn[:, :, q0 - start:], self._distance_rows(slice(q0 - p, stop - p)), p,
                                             self.renormalize, self._workspace)

@@ -193,7 +193,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 
     def __init__(self, windows: list[WindowGeometry] | None, heads: list[int], image_size: tuple[int, int],
                  renormalize: bool = True) -> None:
-        self.windows, self.heads, self.image_size = windows, list(heads), tuple(int(s) for s in image_size)
+        self.windows, self.heads, self.image_size = windows, list(heads), (int(image_size[0]), int(image_size[1]))
         self.renormalize = bool(renormalize)
         self._tables = []
         if windows is not None:
@@ -233,6 +233,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         if rows is not None:
             raise InvalidParameterError("The windowed distance reads whole window maps, not blocks of query rows.")
+        if self.windows is None or self._batch is None:
+            raise RuntimeError("The windowed distance reads attention between begin_batch and end_batch.")
         d, real, real_keys, _uniform = self._tables[layer]
         g = self.windows[layer]
         b = self._batch.shape[0]
@@ -257,10 +259,14 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def batch_values(self) -> np.ndarray:
         """[B, L, H] the batch's per-image distances so far (NaN: a head a block does not have), before
         ``end_batch`` folds them in (a survey's per-class statistics read them)."""
+        if self._batch is None:
+            raise RuntimeError("The windowed distance has no batch: begin_batch starts one.")
         return self._batch
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         samples, self._batch = self._batch, None  # NaN at the heads a block does not have: 0 until the result
+        if samples is None:
+            raise RuntimeError("The windowed distance has no batch: begin_batch starts one.")
         values = np.nan_to_num(samples, nan=0.0)
         self.classes.add(self._labels, values)
         self.mean, self.m2, self.n = add_samples(self.mean, self.m2, self.n, values)
@@ -295,7 +301,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def from_state(cls, state: dict[str, np.ndarray]) -> "WindowedDistanceAccumulator":
         """The accumulator of a ``state()``: it merges and gives its result; it reads no images."""
         out = cls(None, [int(h) for h in np.asarray(state["heads"])],
-                  tuple(int(v) for v in np.asarray(state["image_size"])), bool(np.asarray(state["renormalize"])))
+                  (int(state["image_size"][0]), int(state["image_size"][1])), bool(np.asarray(state["renormalize"])))
         out.mean, out.m2 = np.asarray(state["mean"], dtype=np.float64), np.asarray(state["m2"], dtype=np.float64)
         out.n = int(np.asarray(state["n"]))
         out.stages, out.stride_px = np.asarray(state["stages"]), np.asarray(state["stride_px"])
@@ -421,7 +427,7 @@ class WindowedRolloutAccumulator(AttentionConsumer):
     def __init__(self, windows: list[WindowGeometry], image_size: tuple[int, int], head_fusion: str = "mean",
                  label_names: list[str] | None = None, has_classifier: bool = True) -> None:
         check_rollout_params(head_fusion, 0.0)
-        self.windows, self.image_size, self.head_fusion = windows, tuple(int(s) for s in image_size), head_fusion
+        self.windows, self.image_size, self.head_fusion = windows, (int(image_size[0]), int(image_size[1])), head_fusion
         self.label_names, self.has_classifier = label_names, has_classifier
         self._fused: list[torch.Tensor] = []
         self.batches = RolloutBatches()

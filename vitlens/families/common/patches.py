@@ -12,7 +12,7 @@ sequence length of a ``[B, N, D]`` output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -73,7 +73,7 @@ class PatchEmbedding:
         from ...core.attention import effective_weight
 
         if self.kind == "conv2d":
-            return effective_weight(self.weight_module)
+            return effective_weight(cast(nn.Conv2d, self.weight_module))  # kind "conv2d": the module is a Conv2d
         w = self.weight_module.weight.detach().to(torch.float64).cpu()
         if self.kind == "conv3d":
             return w.sum(dim=2)
