@@ -267,11 +267,13 @@ class Result:
 
             check_fields(_CHECKING.path, target, values)
             try:
+                # the ignore below: the registry maps the kind to a subclass of cls (checked above)
                 return target(**values)  # type: ignore[return-value]
             except InvalidParameterError:
                 raise
             except Exception as e:  # a check of the class's own (__post_init__) on values that do not fit
                 raise fail(_CHECKING.path, None, f"{type(e).__name__}: {e}") from e
+        # the ignore below: the registry maps the kind to a subclass of cls (checked above)
         return target(**values)  # type: ignore[return-value]
 
     @classmethod

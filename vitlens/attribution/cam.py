@@ -109,7 +109,9 @@ def stage_layouts(m: LoadedModel) -> list[tuple[tuple[int, int], tuple[int, int]
     Swin's), or of its one grid (SAM / ViTDet, a ViT)."""
     layout = m.family.stage_layout  # an optional ability: None where the family has one grid
     if layout is None:
+        # the ignore below: spec's grid and stride are pairs; tuple() loses their length
         return [(tuple(m.spec.grid), tuple(m.spec.stride_px))]  # type: ignore[list-item]
+    # the ignore below: 2 ints (mypy: tuple[int, ...])
     return [(tuple(int(v) for v in g), tuple(int(v) for v in s)) for g, s in layout(m.model)]  # type: ignore[misc]
 
 

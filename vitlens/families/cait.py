@@ -114,9 +114,10 @@ class TimmCait(Family):
         pe = model.patch_embed
         refuse_other_size(name, self.name, pe.img_size, input_size)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=CLASS_ATTENTION_KIND, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]
-            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
+            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             num_prefix_tokens=1, num_layers=len(model.blocks) + len(model.blocks_token_only),
             num_heads=int(model.blocks[0].attn.num_heads), embed_dim=int(model.embed_dim), has_class_token=True,
             has_pos_embed=getattr(model, "pos_embed", None) is not None, pos_embed_prefix=0,

@@ -356,7 +356,7 @@ class HuggingFaceViT(Family):
         # DeiT keeps rows for the class and distillation tokens, ViT/CLIP/MAE for the class, SigLIP/IJepa none
         for prefix in (2, 1, 0):
             if (n - prefix) == cfg_grid[0] * cfg_grid[1]:
-                return cfg_grid  # type: ignore[return-value]
+                return cfg_grid  # type: ignore[return-value]  # 2 ints (mypy: tuple[int, ...])
         for prefix in (2, 1, 0):
             side = math.isqrt(max(n - prefix, 0))
             if side * side == n - prefix:

@@ -171,7 +171,8 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         out = []
         for emb, _layers in self.stages(model):
             conv = self.embedding_conv(emb)
-            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
         return out

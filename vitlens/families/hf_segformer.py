@@ -130,7 +130,8 @@ class HuggingFaceSegformer(HuggingFaceFamily, StagedFamily):
         grid, stride = tuple(int(s) for s in (input_hw or self.image_size(model))), (1, 1)
         out = []
         for emb, _layers in self.stages(model):
-            grid = pooled_grid(grid, emb.proj)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, emb.proj)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(emb.proj)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
         return out

@@ -100,6 +100,7 @@ class _WindowedGridFamily(HuggingFaceFamily, StagedFamily):
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model), stride_px=pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.layers(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_size), has_class_token=False,
+            # the ignore below: the table does not read the spec here (None: not built yet)
             has_pos_embed=self.position_table(model, None) is not None,  # type: ignore[arg-type]
             num_classes=0, num_params=sum(p.numel() for p in model.parameters()), family=self.name)
 

@@ -353,10 +353,12 @@ class TimmHiera(_TimmHieraFamily):
         self.check_block_classes(model, name, HieraBlock, MaskUnitAttention)
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(g) for g in model.tokens_spatial_shape)  # type: ignore[return-value]
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
-        return tuple(int(g) * int(s) for g, s in zip(model.tokens_spatial_shape, model.patch_stride))  # type: ignore
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
+        return tuple(int(g) * int(s) for g, s in zip(model.tokens_spatial_shape, model.patch_stride))  # type: ignore[return-value]
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
         """(stage, block) of every block (a block after the i-th stage end is in stage i + 1)."""
@@ -367,6 +369,7 @@ class TimmHiera(_TimmHieraFamily):
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model),
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride_px=tuple(int(s) for s in model.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=max(self.block_heads(model)),
             embed_dim=int(model.patch_embed.proj.out_channels), has_class_token=False,
@@ -376,7 +379,9 @@ class TimmHiera(_TimmHieraFamily):
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         return read_windows(model.unroll, self.blocks(model), self.grid(model),
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             tuple(int(s) for s in model.patch_stride),  # type: ignore[arg-type]
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             tuple(int(s) for s in model.q_stride), TIMM)  # type: ignore[arg-type]
 
     def heads_of(self, block: nn.Module) -> int:
@@ -436,6 +441,7 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
         cfg = model.config
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(i) // int(s) for i, s in zip(cfg.image_size, cfg.patch_stride))  # type: ignore[return-value]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
@@ -443,7 +449,9 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         size = tuple(int(s) for s in cfg.image_size)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model),  # type: ignore[arg-type]
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride_px=tuple(int(s) for s in cfg.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False, has_pos_embed=True,
@@ -459,7 +467,9 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         def run(x: torch.Tensor) -> torch.Tensor:
             return unroll(x, image_shape=size, patch_stride=stride, schedule=base.unroll_schedule)
 
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return read_windows(run, self.blocks(model), self.grid(model), stride,  # type: ignore[arg-type]
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             tuple(int(s) for s in cfg.query_stride), HF)  # type: ignore[arg-type]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
@@ -622,12 +632,14 @@ class TimmHieraDet(_TimmHieraFamily):
 
     def image_size(self, model: nn.Module, input_size: tuple[int, int] | None = None) -> tuple[int, int]:
         if input_size is not None:
-            return tuple(int(s) for s in input_size)  # type: ignore[return-value]
+            return tuple(int(s) for s in input_size)  # type: ignore[return-value]  # 2 ints (mypy: tuple[int, ...])
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(s) for s in (getattr(model, "pretrained_cfg", None) or {}).get(  # type: ignore[return-value]
             "input_size", (3, 1024, 1024))[-2:])
 
     def grid(self, model: nn.Module, size: Sequence[int]) -> tuple[int, int]:
         conv = model.patch_embed.proj
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple((int(n) + 2 * int(p) - int(k)) // int(st) + 1  # type: ignore[return-value]
                      for n, p, k, st in zip(size, conv.padding, conv.kernel_size, conv.stride))
 
@@ -639,7 +651,7 @@ class TimmHieraDet(_TimmHieraFamily):
         conv = model.patch_embed.proj
         return ModelSpec(
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model, size),
-            stride_px=tuple(int(s) for s in conv.stride),  # type: ignore[arg-type]
+            stride_px=tuple(int(s) for s in conv.stride),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=max(self.block_heads(model)),
             embed_dim=int(conv.out_channels), has_class_token=False, has_pos_embed=True,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
@@ -648,6 +660,7 @@ class TimmHieraDet(_TimmHieraFamily):
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         conv = model.patch_embed.proj
         return read_hieradet_windows(model, self.grid(model, input_hw),
+                                     # the ignore below: 2 ints (mypy: tuple[int, ...])
                                      tuple(int(s) for s in conv.stride), self.stages(model))  # type: ignore[arg-type]
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:

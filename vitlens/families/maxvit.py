@@ -171,8 +171,9 @@ class TimmMaxVit(StagedFamily):
         grids = tuple(tuple(int(v) for v in p.partition_size) for _s, p in layers)
         sources = tuple(f"stage {s + 1}, layer {i + 1} ({names.get(id(p), '?')}): attn.rel_pos.get_bias()"
                         for i, (s, p) in enumerate(layers))
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return RelativeBias(biases=biases, sources=sources, grid=grids[0], num_prefix_tokens=0,  # type: ignore[arg-type]
-                            grids=grids)  # type: ignore[arg-type]
+                            grids=grids)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.stem.conv1, "stem.conv1", "the stem's first convolution (3x3, stride 2)", spec.name)

@@ -126,6 +126,7 @@ class TimmMViTv2(StagedFamily):
 
     def patch_grid(self, model: nn.Module, input_hw: Sequence[int]) -> tuple[int, int]:
         """The patch convolution's output grid for an input of ``input_hw`` pixels."""
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return pooled_grid(tuple(int(s) for s in input_hw), model.patch_embed.proj)  # type: ignore[arg-type]
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
@@ -162,6 +163,7 @@ class TimmMViTv2(StagedFamily):
                         f"residual to {pooled_grid(grid, skip)} (or its values to another grid than its keys); "
                         "vitlens reads blocks whose outputs are one grid.")
                 if skip is not None:
+                    # the ignore below: 2 ints (mypy: tuple[int, ...])
                     stride = tuple(a * b for a, b in zip(stride, pooling_of(skip)[1]))  # type: ignore[assignment]
                 rows = _rel_pos_rows_needed(attn, q_grid, k_grid)
                 if rows is not None and rows > int(attn.rel_pos_h.shape[0]):

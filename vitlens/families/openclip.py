@@ -94,6 +94,7 @@ class OpenClipViT(MultiheadAttentionViT):
         grid = (size[0] // patch[0], size[1] // patch[1])
         blocks = visual.transformer.resblocks
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=VIT.name, image_size=size, grid=grid, stride_px=patch,  # type: ignore[arg-type]
             num_prefix_tokens=1, num_layers=len(blocks), num_heads=int(blocks[0].attn.num_heads),
             embed_dim=int(visual.transformer.width), has_class_token=True,

@@ -43,6 +43,7 @@ class PoolAttentionCapture(HookSession):
         from ..errors import ViewNotAvailableError
 
         probs = self.maps[0]
+        # the ignore below: spec is a ModelSpec (typed object: families import nothing of loading)
         prefix, (gh, gw) = spec.num_prefix_tokens, spec.grid  # type: ignore[attr-defined]
         if probs.shape[-1] != prefix + gh * gw:
             raise ViewNotAvailableError(

@@ -57,13 +57,16 @@ class TimmSam(StagedFamily):
                      "timm.models.vision_transformer_sam")
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(g) for g in model.patch_embed.grid_size)  # type: ignore[return-value]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
         refuse_other_size(name, self.name, pe.img_size, input_size)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=HIERARCHICAL.name, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             grid=self.grid(model), stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=int(model.blocks[0].attn.num_heads),
             embed_dim=int(model.embed_dim), has_class_token=False, has_pos_embed=model.pos_embed is not None,

@@ -142,9 +142,10 @@ class TimmSwin(StagedFamily):
         refuse_other_size(name, self.name, pe.img_size, input_size)
         blocks = self.blocks(model)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=HIERARCHICAL.name, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]
-            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
+            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             num_prefix_tokens=0, num_layers=len(blocks),
             num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(pe.proj.out_channels),
             has_class_token=False, has_pos_embed=getattr(model, "absolute_pos_embed", None) is not None,
@@ -195,6 +196,7 @@ class TimmSwin(StagedFamily):
         return RelativeBias(biases=biases, sources=tuple(f"stage {s + 1}, block {i + 1} ({names.get(id(b), '?')}): "
                                                          f"{self.bias_source}"
                                                          for i, (s, b) in enumerate(self.blocks(model))),
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             grid=grids[0], num_prefix_tokens=0, grids=grids)  # type: ignore[arg-type]
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:

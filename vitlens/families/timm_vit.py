@@ -167,6 +167,7 @@ class TimmViT(TimmFamily):
         return HYBRID.name if isinstance(model.patch_embed, HybridEmbed) else VIT.name
 
     def stride(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(s) for s in model.patch_embed.feat_ratio(as_scalar=False))  # type: ignore[return-value]
 
     @staticmethod

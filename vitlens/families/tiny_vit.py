@@ -109,12 +109,14 @@ class TimmTinyVit(StagedFamily):
         grid = tuple(int(s) for s in (input_hw or self.image_size(model)))
         stride = (1, 1)
         for conv in (model.patch_embed.conv1.conv, model.patch_embed.conv2.conv):
-            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
         out = []
         for stage in self.stages(model):
             conv = stage.downsample.conv2.conv
-            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
         return out
@@ -178,8 +180,9 @@ class TimmTinyVit(StagedFamily):
         sources = tuple(f"stage {s + 1}, block {i + 1} ({names.get(id(b), '?')}): "
                         "attn.attention_biases[:, attn.attention_bias_idxs]"
                         for i, (s, b) in enumerate(self.blocks(model)))
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return RelativeBias(biases=biases, sources=sources, grid=grids[0], num_prefix_tokens=0,  # type: ignore[arg-type]
-                            grids=grids)  # type: ignore[arg-type]
+                            grids=grids)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.patch_embed.conv1.conv, "patch_embed.conv1.conv",

@@ -76,7 +76,7 @@ def read_target(module: nn.Module, name: str) -> tuple[nn.Module, Any, str]:
     try:
         family, outer, path = family_of(module, name), module, ""
     except UnsupportedModelError as refusal:
-        path, outer, family = find_tower(module, name, refusal)  # type: ignore[assignment]
+        path, outer, family = find_tower(module, name, refusal)
     tower = family.tower(outer) if family.tower is not None else outer
     if tower is not outer:
         inner = next(n for n, sub in outer.named_modules() if sub is tower)

@@ -11,9 +11,14 @@ model as given stands.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from ..errors import UnsupportedModelError
+
+if TYPE_CHECKING:  # for the annotation only (families are imported where a tower is looked for)
+    from ..families import Family
 
 #: attribute names of vision towers, tried first among the submodules of one depth
 TOWER_NAMES = ("vision_tower", "vision_model", "visual", "backbone", "timm_model", "vision_encoder", "image_encoder",
@@ -55,7 +60,7 @@ def looks_inside(model: nn.Module, refusal: UnsupportedModelError) -> bool:
     return isinstance(refusal, AttentionClassUnknown) or not any(f.matches(model) for f in FAMILIES)
 
 
-def find_tower(model: nn.Module, name: str, refusal: UnsupportedModelError) -> tuple[str, nn.Module, object]:
+def find_tower(model: nn.Module, name: str, refusal: UnsupportedModelError) -> tuple[str, nn.Module, Family]:
     """The vision tower of a whole model no family knows as given (``looks_inside``): (its path in ``model``, the
     submodule, its family), by the module docstring's rule.
 

@@ -120,7 +120,9 @@ class AttentionDistanceResult(Result):
         per head): the one way a result is built, by the accumulator, ``merge`` and a survey."""
         size, g, stride = (tuple(int(v) for v in t) for t in (image_size, grid, stride_px))
         return cls(mean_px=np.asarray(mean_px, dtype=np.float64), std_px=np.sqrt(np.asarray(m2) / max(n_images, 1)),
+                   # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
                    m2=np.asarray(m2, dtype=np.float64), n_images=int(n_images), image_size=size,  # type: ignore[arg-type]
+                   # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
                    grid=g, stride_px=stride, renormalize=bool(renormalize), model_name=model_name)  # type: ignore[arg-type]
 
 
@@ -334,6 +336,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         patch key, float32 (rounded from float64, as ``FLOAT32_RTOL`` counts)."""
         if self._distances is not None:
             return self._distances[queries]
+        # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
         return token_distance_matrix(self.grid, self.stride_px, self._device, queries=queries).float()  # type: ignore[arg-type]
 
     def _check(self, layer: int, attn: torch.Tensor) -> None:
@@ -425,8 +428,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         out.mean, out.m2, out.counts = mean, np.asarray(state["m2"], dtype=np.float64), np.asarray(state["counts"])
         out.classes = ClassMoments.from_state(state, mean.shape[:1], mean.shape[1:])
         grid, size = (tuple(int(v) for v in np.asarray(state[k])) for k in ("grid", "image_size"))
-        out.grid = grid if any(grid) else None  # type: ignore[assignment]
-        out.image_size = size if any(size) else None  # type: ignore[assignment]
+        out.grid = grid if any(grid) else None  # type: ignore[assignment]  # None: a state saved before any image
+        out.image_size = size if any(size) else None  # type: ignore[assignment]  # None: a state saved before any image
         return out
 
     def result(self, spec: ModelSpec | str = "") -> AttentionDistanceResult:
@@ -435,6 +438,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if self.counts.min() != self.counts.max():
             raise RuntimeError("Blocks saw different numbers of images; a forward was interrupted.")
         return AttentionDistanceResult.from_moments(
+            # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
             self.mean.copy(), self.m2.copy(), int(self.counts[0]), image_size=self.image_size,  # type: ignore[arg-type]
             grid=self.grid, stride_px=self.stride_px, renormalize=self.renormalize, model_name=model_name(spec))
 

@@ -373,7 +373,7 @@ class RolloutAccumulator(AttentionConsumer):
         if start == 0:
             v = source_vector(b, t, self.num_prefix_tokens, self.has_class_token, attn.device)
             self._last = [v, torch.zeros_like(v), torch.zeros_like(v)]  # the source, w, w A
-        v, w, out = self._last  # type: ignore[misc]
+        v, w, out = self._last  # type: ignore[misc]  # set at the layer's first rows (start == 0) above
         need = (0, 1) if self.has_class_token else (self.num_prefix_tokens, t)  # the rows where v is not zero
         lo, hi = max(start, need[0]), min(stop, need[1])
         step = max(1, ROLLOUT_ROWS_BYTES // (8 * b * t))
@@ -420,6 +420,7 @@ class RolloutAccumulator(AttentionConsumer):
             return None
         if start == 0:
             self._new_layer(b, t, torch.float32, self._device)
+        # the ignore below: _new_layer made the layer's buffer at its first rows
         tap = SoftmaxTaps(mean=self._layer[:, start:start + r])  # type: ignore[index]
         self._tap = (layer, start, tap)
         return tap

@@ -24,6 +24,7 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,18 +40,21 @@ from .distance import LOCAL_OF_UNIFORM
 from .moments import ClassMoments, add_samples, merge_moments
 from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse
 
+if TYPE_CHECKING:  # for the annotations only, as in rollout.py
+    from ..loading.model import LoadedModel
 
-def model_windows(m: object) -> list[WindowGeometry]:
+
+def model_windows(m: LoadedModel) -> list[WindowGeometry]:
     """Every block's ``WindowGeometry`` of a hierarchical model (``Family.windows`` at its built size).
 
     Raises:
         UnsupportedModelError: the model's family has no windows (a ViT with global attention).
     """
-    windows = m.family.windows  # type: ignore[attr-defined]  # an optional ability: None for global attention
+    windows = m.family.windows  # an optional ability: None for global attention
     if windows is None:
-        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) attends globally; "  # type: ignore
+        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) attends globally; "
                                     "the windowed views are for hierarchical models (Swin).")
-    return windows(m.model, m.spec.image_size)  # type: ignore[attr-defined]
+    return windows(m.model, m.spec.image_size)
 
 
 def check_batch_size(image_size: tuple[int, int], batch: BatchInfo) -> None:
@@ -212,8 +216,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         self._labels: np.ndarray | None = None
 
     @classmethod
-    def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
-        return cls(model_windows(m), block_heads(m.family, m.model), m.spec.image_size,  # type: ignore[attr-defined]
+    def for_model(cls, m: LoadedModel, renormalize: bool = True) -> "WindowedDistanceAccumulator":
+        return cls(model_windows(m), block_heads(m.family, m.model), m.spec.image_size,
                    renormalize)
 
     def per_class(self, num_classes: int) -> "WindowedDistanceAccumulator":
@@ -433,13 +437,13 @@ class WindowedRolloutAccumulator(AttentionConsumer):
         self.batches = RolloutBatches()
 
     @classmethod
-    def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
+    def for_model(cls, m: LoadedModel, head_fusion: str = "mean", discard_ratio: float = 0.0
                   ) -> "WindowedRolloutAccumulator":
         if discard_ratio:
             raise InvalidParameterError("discard_ratio is defined for a ViT's whole maps; the windowed rollout takes "
                                         "discard_ratio=0.")
-        return cls(model_windows(m), m.spec.image_size, head_fusion, m.label_names(),  # type: ignore[attr-defined]
-                   m.spec.num_classes > 0)  # type: ignore[attr-defined]
+        return cls(model_windows(m), m.spec.image_size, head_fusion, m.label_names(),
+                   m.spec.num_classes > 0)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         check_batch_size(self.image_size, batch)
@@ -501,7 +505,7 @@ def rollout_source(windows: list[WindowGeometry]) -> str:
     return source + ", through the windows and patch mergings"
 
 
-def window_maps(m: object, image: object) -> list[torch.Tensor]:
+def window_maps(m: LoadedModel, image: object) -> list[torch.Tensor]:
     """Every block's window maps of one image, [windows, heads, N, N] float32 (side capture: the model's own
     probabilities, its output untouched), first block first; ``query_window_attention`` reads a query's row.
 
@@ -510,11 +514,11 @@ def window_maps(m: object, image: object) -> list[torch.Tensor]:
         image: one image, or a preprocessed tensor (its first image is used).
     """
     model_windows(m)  # refuses a model without windows, in one line
-    x = image[:1] if isinstance(image, torch.Tensor) else m.preprocess([image])  # type: ignore[attr-defined]
+    x = image[:1] if isinstance(image, torch.Tensor) else m.preprocess([image])
     from ..engine.capture import capture_attention
 
-    with capture_attention(m) as cap, torch.no_grad():  # type: ignore[arg-type]
-        m.forward(x.to(m.device))  # type: ignore[attr-defined]
+    with capture_attention(m) as cap, torch.no_grad():
+        m.forward(x.to(m.device))
     return cap.maps
 
 

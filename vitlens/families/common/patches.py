@@ -47,7 +47,8 @@ class PatchEmbedding:
 
     def grid(self, size: Sequence[int]) -> tuple[int, int]:
         """The token grid of an image of ``size`` = (H, W) pixels (the module docstring's rule)."""
-        return tuple((int(size[i]) + 2 * self.padding[i] - self.kernel[i]) // self.stride[i] + 1  # type: ignore
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
+        return tuple((int(size[i]) + 2 * self.padding[i] - self.kernel[i]) // self.stride[i] + 1  # type: ignore[return-value]
                      for i in range(2))
 
     @property

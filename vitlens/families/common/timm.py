@@ -47,6 +47,7 @@ def timm_position_table(model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor
     if pos is None:
         return None
     grid = tuple(int(g) for g in model.patch_embed.grid_size)
+    # the ignore below: 2 ints (mypy: tuple[int, ...])
     return pos.detach()[:, pos.shape[1] - grid[0] * grid[1]:], grid  # type: ignore[return-value]
 
 
@@ -75,8 +76,8 @@ class TimmFamily(Family):
             int(pos.shape[1]) - grid[0] * grid[1]
         return ModelSpec(
             name=name, kind=self.kind(model),
-            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=grid,  # type: ignore[arg-type]
+            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            grid=grid,  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             stride_px=self.stride(model),
             num_prefix_tokens=int(model.num_prefix_tokens), num_layers=len(model.blocks),
             num_heads=int(getattr(model.blocks[0], "attn", model.blocks[0]).num_heads),
@@ -93,6 +94,7 @@ class TimmFamily(Family):
         return VIT.name
 
     def stride(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(s) for s in model.patch_embed.patch_size)  # type: ignore[return-value]
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
