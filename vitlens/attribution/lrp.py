@@ -76,8 +76,8 @@ from ..loading.model import LoadedModel
 from .lrp_rules import (cp_attention, gamma_conv2d, gamma_linear, gated_product, half_gradient, identity_rule,
                         layer_norm_rule, multi_head_attention, rms_norm_rule, uniform_attention)
 
-__all__ = ["ATTENTION_RULES", "AttnLRPMaps", "LRPRules", "SUPPORTED", "attnlrp_maps", "attnlrp_mode", "attnlrp_relevance",
-           "check_supported", "half_gradient"]
+__all__ = ["ATTENTION_RULES", "AttnLRPMaps", "LRPRules", "SUPPORTED", "attnlrp_maps", "attnlrp_mode",
+           "attnlrp_relevance", "check_supported", "half_gradient"]
 
 _INSTEAD = "Use grad_rollout, input_x_gradient or a CAM method instead."
 
@@ -334,7 +334,8 @@ class AttnLRPMaps:
         return LRPRules(self.attention, params.get("gamma", 0.0), params.get("conv_gamma", 0.0))
 
     def __call__(self, m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                 params: dict[str, Any], score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+                 params: dict[str, Any],
+                 score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
         relevance = attnlrp_relevance(m, x, t, score, self.rules(params))
         return pixels_to_grid(relevance, grid), t.cpu().numpy()
 

@@ -34,7 +34,8 @@ import torch.nn.grad
 from ..errors import ViewNotAvailableError
 
 
-#: on this thread, while ``lrp_ledger`` draws up a ledger: ``pairs``, a list of every attention's (scores, probabilities)
+#: on this thread, while ``lrp_ledger`` draws up a ledger: ``pairs``, a list of every attention's (scores,
+#: probabilities)
 SOFTMAX_RECORD = threading.local()
 
 
@@ -280,7 +281,8 @@ def multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     biases = in_proj_bias.chunk(3) if in_proj_bias is not None else (None, None, None)
     head_dim = embed // num_heads
 
-    def heads(t: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor:  # [L, N, E] -> [N, H, L, hd]
+    # [L, N, E] -> [N, H, L, hd]
+    def heads(t: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor:
         return linear(t, w, b).reshape(t.shape[0], batch * num_heads, head_dim).transpose(0, 1).reshape(
             batch, num_heads, t.shape[0], head_dim)
 

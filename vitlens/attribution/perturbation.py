@@ -131,7 +131,8 @@ class _Scorer:
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, image_index: np.ndarray, batch_size: int) -> np.ndarray:
-        """[N] scores of perturbed images x [N, C, H, W], image ``image_index[k]`` each, in forwards of ``batch_size``."""
+        """[N] scores of perturbed images x [N, C, H, W], image ``image_index[k]`` each, in forwards of
+        ``batch_size``."""
         out = torch.cat([self.m.logits(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
         if self.labels is not None:
             return (out.argmax(-1).cpu().numpy() == self.labels[image_index]).astype(np.float64)
@@ -237,23 +238,24 @@ class PerturbationResult(Result):
     ordering: str = "signed"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.positive), 'image')}, positive perturbation "
-                f"AUC {significant(self.positive_auc.mean())} (lower is better), negative "
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.positive), 'image')}, "
+                f"positive perturbation AUC {significant(self.positive_auc.mean())} (lower is better), negative "
                 f"{significant(self.negative_auc.mean())} (higher is better), {self.score}, {self.granularity}s "
                 f"removed to {self.fill}, protocol {self.protocol}, ordered by {_ordering_words(self.ordering)}")
 
     def to_rows(self) -> list[dict]:
         """One row per (order, fraction): the mean score over images, with the order's mean AUC."""
-        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v), "auc": float(auc.mean()),
-                 "protocol": self.protocol, "ordering": self.ordering}
+        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v),
+                 "auc": float(auc.mean()), "protocol": self.protocol, "ordering": self.ordering}
                 for name, curve, auc in (("positive", self.positive, self.positive_auc),
                                          ("negative", self.negative, self.negative_auc))
                 for f, v in zip(self.fractions, curve.mean(0))]
 
 
-def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,
-                      fractions: Sequence[float] = CHEFER_FRACTIONS, granularity: str | None = None, fill: str = "black",
-                      batch_size: int = 16, protocol: str = "vitlens", ordering: str | None = None) -> PerturbationResult:
+def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionResult,
+                      labels: np.ndarray | None = None, fractions: Sequence[float] = CHEFER_FRACTIONS,
+                      granularity: str | None = None, fill: str = "black", batch_size: int = 16,
+                      protocol: str = "vitlens", ordering: str | None = None) -> PerturbationResult:
     """Chefer et al. 2021's positive and negative perturbation of ``attribution``'s maps (same images, same targets).
 
     Args:
@@ -331,14 +333,16 @@ class RoadResult(Result):
     def summary(self) -> str:
         morf, lerf = self.means()
         return (f"{self.model_name or 'model'}: {self.method} ROAD over {counted(len(self.morf), 'image')}, mean MoRF "
-                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), {self.score}, "
-                f"{self.granularity}s imputed, protocol {self.protocol}, ordered by {_ordering_words(self.ordering)}")
+                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), "
+                f"{self.score}, {self.granularity}s imputed, protocol {self.protocol}, ordered by "
+                f"{_ordering_words(self.ordering)}")
 
     def to_rows(self) -> list[dict]:
         """One row per (order, percentage): the mean score over images."""
         return [{"method": self.method, "order": name, "percentage": float(p), "score": float(v),
                  "protocol": self.protocol, "ordering": self.ordering}
-                for name, curve in (("MoRF", self.morf), ("LeRF", self.lerf)) for p, v in zip(self.percentages, curve.mean(0))]
+                for name, curve in (("MoRF", self.morf), ("LeRF", self.lerf))
+                for p, v in zip(self.percentages, curve.mean(0))]
 
 
 def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,

@@ -290,7 +290,8 @@ class SanityResult(Result):
         return f"{self.method}: {word} ({'; '.join(parts)})"
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, {counted(len(self.steps), 'step')}: {self.verdict()}"
+        return (f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, "
+                f"{counted(len(self.steps), 'step')}: {self.verdict()}")
 
     def to_rows(self) -> list[dict]:
         """One row per step: the mean similarities to the original maps (NaNs skipped); ``randomised`` as a person

@@ -280,5 +280,5 @@ def stage_heads(family: Any, model: Any, image_size: tuple[int, int]) -> tuple[t
     return tuple(tuple(stages[s]) for s in sorted(stages))
 
 
-__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "block_heads", "merge_transport", "pooling_transport",
-           "stage_centres", "stage_heads", "transport_centres"]
+__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "block_heads", "merge_transport",
+           "pooling_transport", "stage_centres", "stage_heads", "transport_centres"]

@@ -29,7 +29,8 @@ Two more, where they serve:
 
 The engine (``vitlens.engine``: this stream, the capture it drives, the plan it asks and the consumer
 protocol) sits below the views, which are its consumers. A new attention view is one consumer class in
-``vitlens/views/`` and one entry in ``vitlens.views.registry``: attention distance (Fig. 7 right, Fig. 11) and rollout (Fig. 6) are
+``vitlens/views/`` and one entry in ``vitlens.views.registry``: attention distance (Fig. 7 right, Fig. 11) and rollout
+(Fig. 6) are
 two, and ``analyze`` feeds every one asked for from one forward per batch.
 """
 from __future__ import annotations

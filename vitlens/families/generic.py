@@ -38,7 +38,8 @@ model declares, timm's ``patch_embed.grid_size``, a config's ``image_size // pat
 as the probe forward's tokens minus the grid's cells, checked against the prefix tokens the model declares
 (timm's ``num_prefix_tokens`` or ``cls_token`` / ``dist_token`` / ``reg_token``; a transformers embedding's
 class, distillation and register tokens; open_clip's class embedding). Windowed attention (Swin, SAM) and CaiT's class
-attention have families of their own; XCiT's cross-covariance attention stays refused by name before this fallback is tried.
+attention have families of their own; XCiT's cross-covariance attention stays refused by name before this fallback is
+tried.
 """
 from __future__ import annotations
 
@@ -345,7 +346,8 @@ class GenericCallCapture(Family):
         patches = layout.patch_embedding(model)
         size = layout.image_size(model, name, input_size)
         grid, stride = patches.grid(size), patches.stride
-        if layout.stem(model) is not None:  # a hybrid: the CNN stem's stride (times the projection's) is the token stride
+        # a hybrid: the CNN stem's stride (times the projection's) is the token stride
+        if layout.stem(model) is not None:
             grid, stride = _stem_grid(model, layout, patches.module, name, size)
         declared_grid = layout.declared_grid(model)
         if declared_grid is not None and input_size is None and tuple(declared_grid) != grid:
@@ -484,7 +486,8 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     """Check that the first block attends over the prefix tokens and then the patch tokens in row-major order:
     light up one patch at a time (the top-right and the bottom-left cell, which a transposed or reversed order would
     swap) and see which token of the first attention module's input changes. Only that cell's token may, at
-    ``prefix + row * gw + column`` (or where ``order``, the model's declared token layout, puts it): a model that appends its class token, orders patches otherwise or mixes tokens
+    ``prefix + row * gw + column`` (or where ``order``, the model's declared token layout, puts it): a model that
+    appends its class token, orders patches otherwise or mixes tokens
     before the first block is refused rather than have its maps read on the wrong grid cells.
 
     Skipped for a patch convolution whose kernel is not its stride or that pads (a cell's pixels then reach

@@ -219,7 +219,8 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         docstring)."""
         out = []
         previous: tuple[int, int] | None = None
-        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model), self.stage_layout(model, input_hw))):
+        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model),
+                                                                self.stage_layout(model, input_hw))):
             conv = self.embedding_conv(emb)
             stage_from = None if previous is None else pooling_module_transport(previous, conv, grid)
             centres = token_centres(grid, stride)

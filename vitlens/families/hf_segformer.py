@@ -151,7 +151,8 @@ class HuggingFaceSegformer(HuggingFaceFamily, StagedFamily):
         the same tokens), their centres in input pixels and the stated transports (module docstring)."""
         out = []
         previous: tuple[int, int] | None = None
-        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model), self.stage_layout(model, input_hw))):
+        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model),
+                                                                self.stage_layout(model, input_hw))):
             stage_from = None if previous is None else pooling_module_transport(previous, emb.proj, grid)
             centres = token_centres(grid, stride)
             for i, layer in enumerate(layers):

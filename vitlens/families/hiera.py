@@ -429,12 +429,14 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         if len(cfg.patch_stride) != 2:
             raise UnsupportedModelError(f"{name!r}: vitlens reads 2-D image Hiera.")
         if float(getattr(cfg, "mask_ratio", 0.0) or 0.0) and getattr(self.base(model).embeddings, "is_mae", False):
-            raise UnsupportedModelError(f"{name!r}: an MAE Hiera drops mask units at random; vitlens reads every token.")
+            raise UnsupportedModelError(f"{name!r}: an MAE Hiera drops mask units at random; vitlens reads every "
+                                        "token.")
         for i, (_s, layer) in enumerate(self.blocks(model)):
             if type(layer) is not modeling.HieraLayer or type(layer.attn) is not modeling.HieraMaskUnitAttention:
                 raise UnsupportedModelError(
-                    f"{name!r}: layer {i} is a {type(layer).__name__} with {type(getattr(layer, 'attn', None)).__name__};"
-                    " vitlens reads transformers' HieraLayer with HieraMaskUnitAttention exactly.")
+                    f"{name!r}: layer {i} is a {type(layer).__name__} with "
+                    f"{type(getattr(layer, 'attn', None)).__name__}; vitlens reads transformers' HieraLayer with "
+                    "HieraMaskUnitAttention exactly.")
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
         return [(s, layer) for s, stage in enumerate(self.base(model).encoder.stages) for layer in stage.layers]

@@ -9,7 +9,8 @@ how to call it, and where its position table, preprocessing and attention pool a
 
 - ``TimmLayout``: a timm-style ViT, ``patch_embed.proj`` (a convolution) and ``blocks[i].attn``.
 - ``HuggingFaceLayout`` (its own module, ``layouts_hf``): a transformers vision model (or a model's ``vision_model``)
-  with one patch embedding (a convolution in its ``embeddings``, or a tower's own) and one list of layers, each with one child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
+  with one patch embedding (a convolution in its ``embeddings``, or a tower's own) and one list of layers, each with one
+  child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
   ...), run with ``attn_implementation="sdpa"`` (what the capture reads; other implementations are refused in one line).
 - ``OpenClipLayout``: open_clip's own ``VisionTransformer`` built with ``CustomResidualAttentionBlock`` (open_clip's
   ``Attention``: qk-norm, head-scale, inner-norm options), ``conv1`` and ``transformer.resblocks[i].attn``.

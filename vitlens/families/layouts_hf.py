@@ -132,8 +132,8 @@ class HuggingFaceLayout(Layout):
         eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
         if impl != "sdpa" and not eager_only:
             raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
-                "this model at its scaled_dot_product_attention calls (generic call-level capture): "
+                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens "
+                "reads this model at its scaled_dot_product_attention calls (generic call-level capture): "
                 f"{self.fused_hint}.")
         if float(getattr(tower.config, "mask_ratio", 0) or 0):
             raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "

@@ -27,7 +27,8 @@ residual only: the MBConv / ConvNeXt blocks' depthwise convolutions inside each 
 last stage's tokens (the head's average pool).
 
 Refused, in one line: the experimental ``ParallelMaxxVitBlock`` (``maxvit_tiny_pm``: block and grid attention side by
-side on one input, their outputs concatenated: no one order of windows for a rollout to compose), CoAtNet's convolution-only and
+side on one input, their outputs concatenated: no one order of windows for a rollout to compose), CoAtNet's
+convolution-only and
 global-attention blocks (``coatnet_*``), a pooling shortcut other than the 2x2 average (``pool_type`` "avg2").
 """
 from __future__ import annotations
@@ -60,8 +61,8 @@ class TimmMaxVit(StagedFamily):
 
     name = "timm-maxvit"
     summary = "timm MaxViT / MaxxViT (maxvit_*, maxxvit_*, maxxvitv2_*)"
-    reads = ("timm MaxViT and MaxxViT (maxvit_*, maxxvit_*, maxxvitv2_*, timm.models.maxxvit): block attention within local "
-             "windows and grid attention over a dilated grid, with relative-position biases, after convolution "
+    reads = ("timm MaxViT and MaxxViT (maxvit_*, maxxvit_*, maxxvitv2_*, timm.models.maxxvit): block attention within "
+             "local windows and grid attention over a dilated grid, with relative-position biases, after convolution "
              "blocks; distance in image pixels per stage beside the window-uniform distance (the grid blocks' keys "
              "spread over the whole image), rollout through the windows, the grids and the strided stage starts "
              "(stated transport)")
@@ -95,7 +96,8 @@ class TimmMaxVit(StagedFamily):
                 shortcut = getattr(block.conv, "shortcut", None)
                 pool = getattr(shortcut, "pool", None)
                 if isinstance(shortcut, mod.Downsample2d) and not (
-                        isinstance(pool, nn.AvgPool2d) and pool.kernel_size in (2, (2, 2)) and pool.stride in (2, (2, 2))):
+                        isinstance(pool, nn.AvgPool2d) and pool.kernel_size in (2, (2, 2))
+                        and pool.stride in (2, (2, 2))):
                     raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(pool).__name__}; vitlens "
                                                 "reads the 2x2 average-pool shortcut (pool_type 'avg2').")
 

@@ -209,7 +209,8 @@ class TimmMViTv2(StagedFamily):
         return ModelSpec(
             name=name, kind=HIERARCHICAL.name, image_size=image, grid=self.patch_grid(model, image),
             stride_px=pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
-            num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.patch_embed.proj.out_channels),
+            num_heads=max(int(b.attn.num_heads) for _s, b in blocks),
+            embed_dim=int(model.patch_embed.proj.out_channels),
             has_class_token=False, has_pos_embed=model.pos_embed is not None,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name)

@@ -2,7 +2,8 @@
 attending within non-overlapping windows (padded to whole windows, no shift) and a few globally, with a
 decomposed relative-position bias (or RoPE), an absolute position table, and a convolutional neck.
 
-Read as the windowed models are (``vitlens.families.swin``, ``vitlens.families.common.windows``): each block's windows come from its own code (its
+Read as the windowed models are (``vitlens.families.swin``, ``vitlens.families.common.windows``): each block's windows
+come from its own code (its
 ``forward`` on a stand-in whose norm is the identity and whose attention is a recorder, so ``window_partition``
 and the padding are the model's), a global block is one window over the whole grid; the probabilities are the
 model's own at ``attn_drop`` on its non-fused path, or its fused call's, reshaped from timm's
@@ -83,7 +84,8 @@ class TimmSam(StagedFamily):
         for i, block in enumerate(model.blocks):
             def run(numbers: torch.Tensor, recorder: Callable[..., Any], block: nn.Module = block) -> Any:
                 # the block's own forward: its window partition (and padding) of the grid, the norm the identity
-                return type(block).forward(StandIn(block, attn=recorder, norm1=nn.Identity()), numbers[None, :, :, None])
+                return type(block).forward(StandIn(block, attn=recorder, norm1=nn.Identity()),
+                                           numbers[None, :, :, None])
 
             out.append(record_windows(run, self.grid(model), 0, stride, f"block {i} ({type(block).__name__})"))
         return out

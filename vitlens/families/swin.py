@@ -18,7 +18,8 @@ arguments, the real output kept) and inline capture turns the non-fused path on 
 Geometry (``windows``). Which stage token each position of each window holds is found by running the
 block's own window code (``_attn``; v2 CR: ``_shifted_window_attn``: cyclic shift, padding, window
 partition) on a grid of token numbers, with a recorder in place of its attention, on a stand-in that leaves
-the model as it is (``common.windows.StandIn``, ``record_windows``): the shift is undone and padding found by the model's own code, never
+the model as it is (``common.windows.StandIn``, ``record_windows``): the shift is undone and padding found by the
+model's own code, never
 re-derived. The recorder also reads the mask the block hands its attention, which says which keys a query
 of a shifted window may attend.
 """

@@ -82,8 +82,8 @@ class TimmTinyVit(StagedFamily):
         for s, stage in enumerate(self.stages(model)):
             if type(stage) is not mod.TinyVitStage or type(stage.downsample) is not mod.PatchMerging:
                 raise UnsupportedModelError(f"{name!r}: attention stage {s} is a {type(stage).__name__} merging with "
-                                            f"{type(getattr(stage, 'downsample', None)).__name__}; vitlens reads timm's "
-                                            "TinyVitStage with its PatchMerging.")
+                                            f"{type(getattr(stage, 'downsample', None)).__name__}; vitlens reads "
+                                            "timm's TinyVitStage with its PatchMerging.")
             pooling_of(stage.downsample.conv2.conv)  # refuses dilation, in one line
             check_blocks(name, ((f"stage {s} block {i}", b) for i, b in enumerate(stage.blocks)), mod.TinyVitBlock,
                          (mod.Attention,), MODULE)

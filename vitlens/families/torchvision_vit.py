@@ -58,7 +58,8 @@ class TorchvisionViT(MultiheadAttentionViT):
         refuse_other_size(name, self.name, (size, size), input_size)
         head = model.heads[-1] if isinstance(model.heads, nn.Sequential) else model.heads
         return ModelSpec(
-            name=name, kind=VIT.name, image_size=(size, size), grid=(size // patch, size // patch), stride_px=(patch, patch),
+            name=name, kind=VIT.name, image_size=(size, size), grid=(size // patch, size // patch),
+            stride_px=(patch, patch),
             num_prefix_tokens=1, num_layers=len(model.encoder.layers),
             num_heads=int(model.encoder.layers[0].self_attention.num_heads), embed_dim=int(model.hidden_dim),
             has_class_token=True, has_pos_embed=True, pos_embed_prefix=1,

@@ -27,7 +27,8 @@ __all__ = ["attribution_figure", "attribution_figures", "attributions_figure", "
            "perturbation_figure", "road_figure", "sanity_figure", "table_figure"]
 
 
-def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
+def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0,
+                       opacity: float = 0.5) -> go.Figure:
     """Maps of several attribution methods side by side over one image (negative evidence
     clipped, each map scaled to its maximum).
 

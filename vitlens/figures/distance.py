@@ -48,7 +48,8 @@ def distance_figure(results: AttentionDistanceResult | WindowedDistanceResult
             marker=dict(size=7, color=colours[i], opacity=0.8),
             customdata=np.stack([layers.ravel() + 1, heads.ravel() + 1, res.std_px.ravel()], -1),
             hovertemplate=(f"{name}<br>layer %{{customdata[0]}}, head %{{customdata[1]}}<br>"
-                           f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
+                           f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} "
+                           f"{units if units == 'px' else 'of width'}"
                            "<br>std over images %{customdata[2]:.1f} px<extra></extra>"),
         ))
     # what every head would show if it attended uniformly: a dotted line per distinct level, named
@@ -76,7 +77,8 @@ def distance_figure(results: AttentionDistanceResult | WindowedDistanceResult
         title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {counted(first.n_images, 'image')}; "
                        f"dotted: uniform attention</sup>{notes}",
         xaxis=dict(title="Network depth (layer)", dtick=1, range=[0.5, depth + 0.5]),
-        yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
+        yaxis=dict(title=("Mean attention distance (pixels)" if units == "px"
+                          else "Mean attention distance (image widths)"),
                    rangemode="tozero"),
         height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18),
     )

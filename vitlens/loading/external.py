@@ -176,8 +176,9 @@ def refuse_remote_code(ref: str, config: dict) -> None:
             where = ", ".join(sorted(str(v) for v in config[key].values())) if isinstance(config[key], dict) \
                 else str(config[key])
             raise UnsupportedModelError(
-                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code ({where[:200]}); "
-                "vitlens loads models without running code. Use a checkpoint of a standard transformers class.")
+                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code "
+                f"({where[:200]}); vitlens loads models without running code. Use a checkpoint of a standard "
+                "transformers class.")
 
 
 def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, dict | None]:

@@ -3,7 +3,8 @@
 model (``timm_model``). The views are the tower's: its blocks, its output, on the images the tower takes; the spec's
 ``read_module`` names the submodule read, so no result passes a tower's maps off as the whole model's.
 
-The rule, in one place: when no family knows the model as given (``looks_inside``), its submodules are tried breadth first (the
+The rule, in one place: when no family knows the model as given (``looks_inside``), its submodules are tried breadth
+first (the
 shallowest first, and among those of one depth the usual names of a tower first, ``TOWER_NAMES``), down to
 ``MAX_DEPTH`` levels; the first that a family reads is the tower. A language model, a projector or a decoder is never
 read by a vision family (none has a patch embedding), so it is passed over. Where none is found, the refusal of the

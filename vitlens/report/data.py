@@ -279,7 +279,8 @@ def comparison_units(distances: Sequence[AttentionDistanceResult | WindowedDista
     return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
 
 
-def layer_table(distances: Sequence[AttentionDistanceResult | WindowedDistanceResult], names: Sequence[str], units: str) -> list[dict]:
+def layer_table(distances: Sequence[AttentionDistanceResult | WindowedDistanceResult], names: Sequence[str],
+                units: str) -> list[dict]:
     """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``.
 
     Args:

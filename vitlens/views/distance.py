@@ -72,7 +72,8 @@ class AttentionDistanceResult(Result):
 
     def summary(self) -> str:
         layers, heads = self.mean_px.shape
-        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {counted(self.n_images, 'image')}, "
+        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over "
+                f"{counted(self.n_images, 'image')}, "
                 f"{self.mean_px.min():.1f}-{self.mean_px.max():.1f} px (uniform "
                 f"{uniform_distance(self.grid, self.stride_px):.1f} px), "
                 f"{'renormalised' if self.renormalize else 'raw weights'}")

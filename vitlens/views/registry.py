@@ -415,5 +415,5 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
 
 
 __all__ = ["CLIP_PAGES", "VIEWS", "SurveyStat", "View", "ViewParams", "available_views", "check_views", "clips_only",
-           "default_views", "not_for_kind", "other_inputs", "reader_for", "register_view", "reserve_names", "reserved_names",
-           "resolve_view", "view_names"]
+           "default_views", "not_for_kind", "other_inputs", "reader_for", "register_view", "reserve_names",
+           "reserved_names", "resolve_view", "view_names"]

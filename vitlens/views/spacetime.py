@@ -434,6 +434,6 @@ def rollout_fused(fused: Sequence[np.ndarray], layout: ClipLayout, roles: Sequen
     return np.divide(out, top, out=np.zeros_like(out), where=top > 0)  # a row with nothing on the cells stays 0
 
 
-__all__ = ["PARTS", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
-           "dense_block_map", "dense_from_fused", "joint_geometry", "map_distances", "rollout_clips", "rollout_fused",
-           "spatial_geometry", "temporal_geometry"]
+__all__ = ["PARTS", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines",
+           "cell_maps", "dense_block_map", "dense_from_fused", "joint_geometry", "map_distances", "rollout_clips",
+           "rollout_fused", "spatial_geometry", "temporal_geometry"]

@@ -6,7 +6,8 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 
 - a block's tokens sit at their centres in the input image: a first-stage token at its patch's centre, a merged
   token at the mean of the centres of the tokens it merges (``stage_centres``: (r + 0.5) x its stage's stride,
-  except where a merging's 2x2 block is cut by an odd grid's border); each window's positions are stage tokens (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
+  except where a merging's 2x2 block is cut by an odd grid's border); each window's positions are stage tokens
+  (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
 - distance of head h, image b: the mean over the real (non-padding) queries of every window of
   sum_k A[q, k] d(q, k) / sum_k A[q, k] over the real keys (``renormalize``; raw weights otherwise), d in
   pixels; ``window_uniform_px`` is the same mean for attention spread evenly over the keys each query may
@@ -98,7 +99,8 @@ class WindowedDistanceResult(Result):
         n_images: images averaged.
         image_size: (H, W) input pixels.
         stages: [L] the stage of each block.
-        kinds: each block's attention: "window", "shifted window", "global", "grid" (MaxViT), or for a pooling block "query-pooled
+        kinds: each block's attention: "window", "shifted window", "global", "grid" (MaxViT), or for a pooling block
+            "query-pooled
             window" / "query-pooled global" (Hiera) or "pooled" (``WindowGeometry.kind``).
         stride_px: [L, 2] pixels between the tokens of each block's stage.
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
@@ -555,5 +557,5 @@ def query_window_attention(probs: torch.Tensor, window: WindowGeometry, row: int
     return out.reshape(-1, kh, kw)
 
 
-__all__ = ["WindowedDistanceAccumulator", "query_window_attention", "window_maps", "WindowedDistanceResult", "WindowedRolloutAccumulator", "model_windows",
-           "windowed_rollout_row"]
+__all__ = ["WindowedDistanceAccumulator", "query_window_attention", "window_maps", "WindowedDistanceResult",
+           "WindowedRolloutAccumulator", "model_windows", "windowed_rollout_row"]

@@ -285,13 +285,15 @@ def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[st
     size = processor.get("size") or {}
     crop = processor.get("crop_size") or {}
     if processor.get("do_center_crop") and crop:
-        h, w = int(crop.get("height", crop.get("shortest_edge", 224))), int(crop.get("width", crop.get("shortest_edge", 224)))
+        h, w = (int(crop.get("height", crop.get("shortest_edge", 224))),
+                int(crop.get("width", crop.get("shortest_edge", 224))))
         short = int(size.get("shortest_edge", size.get("height", h)))
         mode, crop_pct = "center", min(h, w) / short
     elif "height" in size:
         h, w = int(size["height"]), int(size["width"])
         mode, crop_pct = "squash", 1.0
-    elif "longest_edge" in size:  # SAM: the longest side resized to it, then padded to a square (a square image: squash)
+    # SAM: the longest side resized to it, then padded to a square (a square image: squash)
+    elif "longest_edge" in size:
         h = w = int(size["longest_edge"])
         mode, crop_pct = "squash", 1.0
     else:
@@ -344,8 +346,9 @@ class HuggingFaceFamily(Family):
 
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "HALF", "IMAGENET_MEAN", "IMAGENET_STD", "VIT_PROCESSOR", "HfTypes",
-           "HuggingFaceFamily", "ProcessorDefaults", "base_model", "config_image_size", "data_config_of", "declarations",
-           "default_data_config", "implementation_request", "is_hf_model", "is_image_classifier", "label_names",
+           "HuggingFaceFamily", "ProcessorDefaults", "base_model", "config_image_size", "data_config_of",
+           "declarations", "default_data_config", "implementation_request", "is_hf_model", "is_image_classifier",
+           "label_names",
            "module_path", "processor_data_config", "processor_defaults", "reader_of", "resize_inputs",
            "stage_model_logits", "tower_type", "tower_types", "types_read_elsewhere", "video_model_types",
            "video_processor_defaults", "vision_tower"]

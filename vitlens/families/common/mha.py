@@ -62,7 +62,8 @@ class MultiheadAttentionViT(Family):
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
-            def recompute(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, _out: tuple, layer: int = layer) -> tuple:
+            def recompute(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, _out: tuple,
+                          layer: int = layer) -> tuple:
                 x = args[0] if args else kwargs["query"]
                 q, k, v = heads_qkv(mod, x)
                 scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)

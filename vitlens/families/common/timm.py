@@ -164,8 +164,8 @@ def check_input_size(model: nn.Module, input_hw: Sequence[int]) -> None:
     size = tuple(int(s) for s in size)
     if getattr(pe, "strict_img_size", False) and hw != size:
         raise InvalidParameterError(
-            f"{type(model).__name__} takes {size[0]}x{size[1]} px inputs only (no dynamic_img_size); got {hw[0]}x{hw[1]} "
-            f"px: feed that size, or build the model with dynamic_img_size=True (or img_size={hw}).")
+            f"{type(model).__name__} takes {size[0]}x{size[1]} px inputs only (no dynamic_img_size); got "
+            f"{hw[0]}x{hw[1]} px: feed that size, or build the model with dynamic_img_size=True (or img_size={hw}).")
     patch = tuple(int(p) for p in getattr(pe, "patch_size", (1, 1)))
     if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % patch[0] or hw[1] % patch[1]):
         raise InvalidParameterError(
