@@ -43,7 +43,7 @@ def __getattr__(name: str):
     if name == "DEFAULTS":
         import warnings
 
-        warnings.warn("vitlens.attribution.DEFAULTS is deprecated; read METHOD_TABLE[name].defaults.", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("vitlens.attribution.DEFAULTS is deprecated; read METHOD_TABLE[name].defaults.",
+                      DeprecationWarning, stacklevel=2)
         return {k: dict(mt.defaults) for k, mt in METHOD_TABLE.items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

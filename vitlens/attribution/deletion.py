@@ -58,9 +58,10 @@ class FaithfulnessResult(Result):
     ordering: str = "signed"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.deletion), 'image')}, deletion AUC "
-                f"{significant(self.deletion_auc.mean())}, insertion AUC {significant(self.insertion_auc.mean())} ({self.baseline} "
-                f"baseline), protocol {self.protocol}, ordered by {'|R|' if self.ordering == 'absolute' else 'signed R'}")
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.deletion), 'image')}, "
+                f"deletion AUC {significant(self.deletion_auc.mean())}, insertion AUC "
+                f"{significant(self.insertion_auc.mean())} ({self.baseline} baseline), protocol {self.protocol}, "
+                f"ordered by {'|R|' if self.ordering == 'absolute' else 'signed R'}")
 
     def to_rows(self) -> list[dict]:
         """One row per image: its deletion and insertion AUC."""
@@ -131,14 +132,15 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
                 probs = out.softmax(-1)[:, int(attribution.targets[j])]
             else:
                 probs = torch.nn.functional.normalize(out, dim=-1) @ text[int(attribution.targets[j])]
-            probs = probs.cpu().numpy().astype(np.float64)
-            dels.append(probs[: n_steps + 1])
-            ins.append(probs[n_steps + 1:])
+            scores = probs.cpu().numpy().astype(np.float64)
+            dels.append(scores[: n_steps + 1])
+            ins.append(scores[n_steps + 1:])
         offset += x.shape[0]
     deletion, insertion = np.stack(dels), np.stack(ins)
     return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
-                              deletion_auc=np.trapezoid(deletion, fractions, axis=1),
-                              insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline="zero/blur",
+                              deletion_auc=np.asarray(np.trapezoid(deletion, fractions, axis=1)),
+                              insertion_auc=np.asarray(np.trapezoid(insertion, fractions, axis=1)),
+                              baseline="zero/blur",
                               model_name=m.spec.name,
                               score="probability" if text is None else "cosine similarity to the prompt",
                               protocol="petsiuk2018", ordering=ordering)
@@ -191,7 +193,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
         b = x.shape[0]
         base = baseline_image(x, baseline)
         masks = torch.stack([_token_masks(_ranked(attribution.maps[offset + i], ordering), grid, cell, counts,
-                                          tuple(x.shape[-2:])) for i in range(b)]).to(x.device)[:, :, None]
+                                          (int(x.shape[-2]), int(x.shape[-1])))
+                             for i in range(b)]).to(x.device)[:, :, None]
         # every image of the batch at every step: [b, 2, S, C, H, W] (deleted, inserted), through the model in
         # forwards of batch_size x 2 S images (a few forwards per removal step for the batch, not one per image)
         both = torch.stack([torch.where(masks, base[:, None], x[:, None]),
@@ -203,9 +206,9 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
             probs = out.softmax(-1).gather(2, targets[:, None, None].expand(b, 2 * s, 1))[..., 0]
         else:  # the cosine similarity to the image's prompt, the score the maps explain
             probs = (torch.nn.functional.normalize(out, dim=-1) * text[targets][:, None, :]).sum(-1)
-        probs = probs.cpu().numpy().astype(np.float64)
-        dels += list(probs[:, :s])
-        ins += list(probs[:, s:])
+        scores = probs.cpu().numpy().astype(np.float64)
+        dels += list(scores[:, :s])
+        ins += list(scores[:, s:])
         offset += b
     deletion, insertion = np.stack(dels), np.stack(ins)
     return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,

@@ -161,7 +161,7 @@ def step_label(step: str, steps: Sequence[str]) -> str:
     return f"block {len(blocks) - blocks.index(step)}"
 
 
-def verdict_of(means: Sequence[float], steps: Sequence[str], threshold: float = THRESHOLD) -> str:
+def verdict_of(means: Sequence[float] | np.ndarray, steps: Sequence[str], threshold: float = THRESHOLD) -> str:
     """The verdict word of one curve: the one rule of the module docstring (``verdict_rule`` in words).
 
     Args:
@@ -290,7 +290,8 @@ class SanityResult(Result):
         return f"{self.method}: {word} ({'; '.join(parts)})"
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, {counted(len(self.steps), 'step')}: {self.verdict()}"
+        return (f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, "
+                f"{counted(len(self.steps), 'step')}: {self.verdict()}")
 
     def to_rows(self) -> list[dict]:
         """One row per step: the mean similarities to the original maps (NaNs skipped); ``randomised`` as a person
@@ -358,7 +359,8 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         raise InvalidParameterError(f"methods must be names from {', '.join(METHOD_TABLE)}; got {list(methods)!r}.")
     if isinstance(target, str) or (isinstance(target, Sequence) and target and isinstance(target[0], str)):
         raise InvalidParameterError("sanity checks explain classes; a text prompt target is not supported here.")
-    images = list(images) if not isinstance(images, torch.Tensor) else images
+    # a single image (not in a sequence) is not read as one here: reported in issue 61's note, left as it was
+    images = list(images) if not isinstance(images, torch.Tensor) else images  # type: ignore[arg-type]
     params = method_params or {}
 
     groups = parameter_groups(m)

@@ -34,7 +34,8 @@ def contributions_figure(result: DecompositionResult, image: int = 0, title: str
     table = result.head_table(image)
     top = _symmetric(table)
     fig = go.Figure(go.Heatmap(
-        z=table, x=[f"head {h + 1}" for h in range(table.shape[1])], y=[f"layer {l + 1}" for l in range(table.shape[0])],
+        z=table, x=[f"head {h + 1}" for h in range(table.shape[1])],
+        y=[f"layer {l + 1}" for l in range(table.shape[0])],
         colorscale="RdBu_r", zmin=-top, zmax=top, colorbar=dict(title="part")))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title or (f"{result.model_name}: heads' parts of output {result.output[image]:.4g} "

@@ -75,6 +75,7 @@ def drawer_for(result_type: type) -> Drawer | None:
     for t in result_type.__mro__:
         view = next((v for v in VIEWS.values() if v.result_type is t and v.draw is not None), None)
         if view is not None:
+            # the ignore below: a view's draw is a figure builder of its result (typed Callable[..., Any])
             return Drawer(view.draw)  # type: ignore[arg-type]
     return None
 

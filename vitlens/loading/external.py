@@ -131,7 +131,7 @@ def refuse_too_large(ref: str, config: dict) -> None:
 def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
     """The preprocessor_config.json of a local folder or a cached hub repo, if there is one."""
     if local:
-        path = Path(folder_or_repo) / "preprocessor_config.json"
+        path: Path | None = Path(folder_or_repo) / "preprocessor_config.json"
     else:
         from huggingface_hub import try_to_load_from_cache
 
@@ -176,8 +176,9 @@ def refuse_remote_code(ref: str, config: dict) -> None:
             where = ", ".join(sorted(str(v) for v in config[key].values())) if isinstance(config[key], dict) \
                 else str(config[key])
             raise UnsupportedModelError(
-                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code ({where[:200]}); "
-                "vitlens loads models without running code. Use a checkpoint of a standard transformers class.")
+                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code "
+                f"({where[:200]}); vitlens loads models without running code. Use a checkpoint of a standard "
+                "transformers class.")
 
 
 def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, dict | None]:

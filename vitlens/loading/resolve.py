@@ -138,7 +138,8 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
                               f"with; the file has {shape}, and none of vitlens's usual architectures fits it).",
                               fixes={"python": "Pass arch= the timm name it was trained with.",
                                      "cli": "Pass --arch with the timm name it was trained with.",
-                                     "app": "Give it in the Architecture field (a timm name, or ref-vit / ref-hybrid)."})
+                                     "app": "Give it in the Architecture field (a timm name, or ref-vit / "
+                                            "ref-hybrid)."})
     if arch in REFERENCE_NAMES:
         model = build_reference(arch)
     else:
@@ -267,7 +268,8 @@ def load_model(
         raise InvalidParameterError(
             f"load_model({name!r}) cannot honour {ignored}: arch= is for a checkpoint file, and {name!r} is a "
             "model name that brings its own architecture.",
-            fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', arch={arch!r}).",
+            fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', "
+                             f"arch={arch!r}).",
                    "cli": f"Drop --arch, or pass a checkpoint file: --model weights.safetensors --arch {arch}.",
                    "app": "The Architecture field is for checkpoint files only."})
     if name in REFERENCE_NAMES:
