@@ -185,6 +185,23 @@ def fitting_architectures(path: Path, candidates: tuple[str, ...] = CANDIDATE_AR
     return fits
 
 
+def file_num_classes(path: Path, arch: str) -> int | None:
+    """The class count of the checkpoint's head: the rows of ``arch``'s classifier weight (timm's
+    ``pretrained_cfg['classifier']``, e.g. ``head``) as the file stores it; None where the file has no such 2-D
+    tensor (a headless file, an original .npz) or cannot be read. A fine-tuned checkpoint (10 classes where the
+    architecture's default has 1000) is then built with its own head, as ``num_classes=`` would build it."""
+    import timm
+
+    if path.suffix.lower() == ".npz":
+        return None
+    try:
+        classifier = timm.create_model(arch, pretrained=False, device="meta").pretrained_cfg.get("classifier") or "head"
+        shape = tensor_shapes(path).get(f"{classifier[0] if isinstance(classifier, (tuple, list)) else classifier}.weight")
+    except Exception:  # noqa: BLE001 - unreadable here is reported by the strict load, with the shapes
+        return None
+    return int(shape[0]) if shape is not None and len(shape) == 2 else None
+
+
 def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
     """Load ``path`` into ``model`` (built as ``arch``) strictly; mismatches raise CheckpointError.
 

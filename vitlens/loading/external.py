@@ -180,6 +180,29 @@ def refuse_remote_code(ref: str, config: dict) -> None:
                 "vitlens loads models without running code. Use a checkpoint of a standard transformers class.")
 
 
+def looks_like_folder(ref: str) -> bool:
+    """Whether an ``hf:`` reference is a path, not a hub id (``ORG/NAME``): it starts at a root, a home or a dot, or
+    has more than one ``/`` (or a backslash), which no repository id has."""
+    return ref.startswith(("/", "~", ".")) or ref.count("/") > 1 or "\\" in ref
+
+
+def missing_folder(path: Path) -> UnknownModelError:
+    """'the folder does not exist', with the folder's near namesakes beside it (a misspelt name)."""
+    import difflib
+
+    parent = path.parent
+    near = []
+    if parent.is_dir():
+        try:
+            near = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir() if p.is_dir()], n=3)
+        except OSError:  # an unreadable parent: no suggestion
+            near = []
+    hint = f" Did you mean {' or '.join(f'hf:{parent / n}' for n in near)}?" if near else ""
+    where = "" if parent.is_dir() else f" (nor does {parent})"
+    return UnknownModelError(f"The folder {path} does not exist{where}.{hint} Give the folder that save_pretrained "
+                             "wrote (it holds config.json), or a hub id hf:ORG/NAME.")
+
+
 def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, dict | None]:
     """(model, display name, source, data config or None) for ``hf:ORG/NAME`` or ``hf:/a/folder``.
 
@@ -195,6 +218,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
     local = Path(ref).expanduser().is_dir()
     target = str(Path(ref).expanduser()) if local else ref
     kwargs: dict[str, Any] = {}
+    if not local and looks_like_folder(ref):
+        raise missing_folder(Path(ref).expanduser())
     if not local:
         from huggingface_hub import try_to_load_from_cache
 

@@ -113,7 +113,8 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
     import timm
 
     from ..reference import REFERENCE_NAMES, build_reference
-    from .checkpoint import fitting_architectures, load_checkpoint_into, shape_summary, tensor_shapes
+    from .checkpoint import (file_num_classes, fitting_architectures, load_checkpoint_into, shape_summary,
+                             tensor_shapes)
 
     path = Path(name).expanduser()
     if path.is_dir():
@@ -144,6 +145,8 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
     else:
         if not timm.is_model(arch):
             raise suggest(arch)
+        if "num_classes" not in kwargs and (classes := file_num_classes(path, arch)) is not None:
+            kwargs = {**kwargs, "num_classes": classes}  # a fine-tuned head: the file says its size
         _create_checked(arch, **kwargs)
         model = timm.create_model(arch, pretrained=False, **kwargs)
     load_checkpoint_into(model, path, arch)
