@@ -100,3 +100,17 @@ def test_a_misspelt_hf_folder_is_said_not_to_exist_and_the_cli_exits_2(siglip, t
         vl.load_model(f"hf:{folder}-tin", device="cpu")
     proc = run_cli_here("report", "--model", f"hf:{tmp_path}/nowhere/siglip", "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
+
+
+def test_a_qwen2_vl_tower_is_refused_for_its_true_reason(tmp_path):
+    """Issue 63.5: a tower saved with transformers' own class was refused as 'not a transformers model class'."""
+    tr = pytest.importorskip("transformers")
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen
+
+    cfg = tr.models.qwen2_vl.configuration_qwen2_vl.Qwen2VLVisionConfig(
+        depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=8, spatial_merge_size=2,
+        temporal_patch_size=2)
+    qwen.Qwen2VisionTransformerPretrainedModel._from_config(cfg).save_pretrained(tmp_path / "qwen2vl")
+    with pytest.raises(vl.UnsupportedModelError, match="no position table") as e:
+        vl.load_model(f"hf:{tmp_path / 'qwen2vl'}", device="cpu")
+    assert "not a transformers model class" not in str(e.value)

@@ -3,7 +3,7 @@ each depth's residual read through the model's own final norm, pooling and head 
 against prompt embeddings)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -11,6 +11,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from ..results import Result
+from ..words import class_label, class_names_of
 from .stream import module_of, pixels_for, refuse_unless_stream, residuals
 from .tower_stream import Tower, is_tower, prompts
 from .tower_stream import residuals as tower_residuals
@@ -31,6 +32,7 @@ class LogitLensResult(Result):
         output: [B] the model's logit for the target.
         num_prefix_tokens: prefix tokens before the patches.
         model_name: the model's name.
+        label_names: the model's class names ([] where unknown): what the summary and figures call the classes.
     """
 
     kind = "logit_lens"
@@ -42,13 +44,20 @@ class LogitLensResult(Result):
     output: np.ndarray
     num_prefix_tokens: int
     model_name: str = ""
+    label_names: list = field(default_factory=list)
+
+    def target_name(self, b: int) -> str:
+        """Image ``b``'s target class in words ("ring", or "class 4" without names)."""
+        return class_label(self.label_names, int(self.target[b]))
 
     def summary(self) -> str:
-        first = int(np.argmax(self.top_classes[0, :, 0] == self.target[0])) \
-            if (self.top_classes[0, :, 0] == self.target[0]).any() else -1
-        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; class "
-                f"{self.target[0]} first on top at depth {first if first >= 0 else 'never'}; last depth = output "
-                f"(|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
+        said = []
+        for b in range(len(self.target)):  # every image, not the first alone
+            on_top = self.top_classes[b, :, 0] == self.target[b]
+            depth = f"first on top at depth {int(np.argmax(on_top))}" if on_top.any() else "never on top"
+            said.append(f"{self.target_name(b)} {depth}" + (f" (image {b})" if len(self.target) > 1 else ""))
+        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; {'; '.join(said)}; "
+                f"last depth = output (|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
 
     def to_rows(self) -> list[dict]:
         """One row per (image, depth): the target's pooled logit and the top class."""
@@ -107,7 +116,8 @@ def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch
         target=labels.cpu().numpy(), pooled=torch.stack(pooled, 1).cpu().numpy(),
         tokens=torch.stack(tokens, 1).cpu().numpy(), top_classes=torch.stack(top_c, 1).cpu().numpy(),
         top_logits=torch.stack(top_v, 1).cpu().numpy(),
-        output=output.gather(1, labels[:, None])[:, 0].cpu().numpy(), num_prefix_tokens=num_prefix, model_name=name)
+        output=output.gather(1, labels[:, None])[:, 0].cpu().numpy(), num_prefix_tokens=num_prefix, model_name=name,
+        label_names=class_names_of(model))
 
 
 def _tower_lens(tower: Tower, name: str, x: torch.Tensor, target: int | Sequence[int] | None, top_k: int,

@@ -22,8 +22,9 @@ def refuse_unless_stream(model: nn.Module, who: str) -> None:
     """Refuse a model without one residual stream through pre-norm blocks (timm's VisionTransformer)."""
     name = type(model).__name__
     if name != "VisionTransformer" or not type(model).__module__.startswith("timm"):
-        raise UnsupportedModelError(f"{name}: {who} reads timm's VisionTransformer (one residual stream through "
-                                    f"its blocks); hierarchical models have no single stream.")
+        raise UnsupportedModelError(f"{name}: {who} reads one residual stream through blocks whose norms and branches "
+                                    "vitlens knows (timm's VisionTransformer, the towers of direct contributions); "
+                                    f"{name}'s blocks are not among them.")
 
 
 def pixels_for(model: object, module: nn.Module, pixels: object) -> torch.Tensor:

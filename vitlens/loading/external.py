@@ -180,6 +180,24 @@ def refuse_remote_code(ref: str, config: dict) -> None:
                 "vitlens loads models without running code. Use a checkpoint of a standard transformers class.")
 
 
+def transformers_class(transformers: Any, config: Any, arch: Any) -> type | None:
+    """The transformers class ``arch`` names: a top-level export, or a class of the config's own modeling module
+    inside the transformers package (Qwen2-VL's ``Qwen2VisionTransformerPretrainedModel`` is not exported); None
+    for a name transformers does not define (never a folder's own code)."""
+    import importlib
+
+    if not (isinstance(arch, str) and arch.isidentifier()):
+        return None
+    cls = getattr(transformers, arch, None)
+    module = type(config).__module__
+    if cls is None and module.startswith("transformers.models.") and ".configuration_" in module:
+        try:
+            cls = getattr(importlib.import_module(module.replace(".configuration_", ".modeling_")), arch, None)
+        except ImportError:
+            cls = None
+    return cls if isinstance(cls, type) and cls.__module__.startswith("transformers.") else None
+
+
 def looks_like_folder(ref: str) -> bool:
     """Whether an ``hf:`` reference is a path, not a hub id (``ORG/NAME``): it starts at a root, a home or a dot, or
     has more than one ``/`` (or a backslash), which no repository id has."""
@@ -244,7 +262,7 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
             config.mask_ratio = 0.0
         refuse_too_large(ref, config.to_dict())
         arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.isidentifier() else None
+        cls = transformers_class(transformers, config, arch)
         if arch is not None and not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
             raise UnsupportedModelError(
                 f"Refused hf:{ref}: its config.json names the architecture {arch!r}, which is not a transformers "

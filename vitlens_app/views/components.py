@@ -48,8 +48,9 @@ def guarded(section: Callable[[Context, int | None], None], ctx: Context, target
 def target_choice(ctx: Context) -> int | None:
     """The class read: the prediction (None) or one picked by name."""
     n = ctx.m.spec.num_classes
-    if n <= 0:
-        return None
+    if n <= 0:  # a tower: one coordinate of its output is what the page can read (a direction is the API's)
+        return int(st.number_input("Output coordinate read (the model has no classes)", 0,
+                                   max(ctx.m.spec.embed_dim - 1, 0), 0, key="comp-coordinate"))
     names = ctx.m.label_names() or [f"class {i}" for i in range(n)]
     options = ["predicted class", *names[:n]]
     picked = st.selectbox("Class read", options, key="comp-target")
