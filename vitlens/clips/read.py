@@ -133,17 +133,19 @@ def _read_gif(path: Path, num_frames: int | None) -> Clip:
             total = int(getattr(gif, "n_frames", 1))
             wanted = _wanted(total, num_frames, what)
             _check_frame(gif.width, gif.height, len(wanted), what)
-            duration = gif.info.get("duration") or 0
-            keep = set(wanted.tolist())
-            frames = [np.asarray(to_rgb(frame.copy(), what), dtype=np.uint8)  # transparency onto white, as images
-                      for i, frame in enumerate(ImageSequence.Iterator(gif)) if i in keep]
+            keep, durations, frames = set(wanted.tolist()), [], []
+            for i, frame in enumerate(ImageSequence.Iterator(gif)):
+                durations.append(frame.info.get("duration") or 0)  # every frame's: the rate is their mean
+                if i in keep:  # transparency onto white, as images
+                    frames.append(np.asarray(to_rgb(frame.copy(), what), dtype=np.uint8))
     except ClipLoadError:
         raise
     except ImageLoadError as e:
         raise ClipLoadError(f"{what}: {e.message}") from e
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ClipLoadError(f"Cannot read {what} as a GIF ({e}); pass an animated GIF.") from e
-    fps = 1000.0 / duration if duration > 0 else None
+    # the mean frame time: a GIF's durations are whole centiseconds, so a rate like 8 fps alternates 120 and 130 ms
+    fps = 1000.0 * len(durations) / sum(durations) if sum(durations) > 0 else None
     return Clip(_stack(frames, what), fps, path.name, wanted, total)
 
 
