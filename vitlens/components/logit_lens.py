@@ -96,7 +96,9 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
     def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         normed = module.norm(x_d)
         return module.forward_head(normed).double(), module.head(module.fc_norm(normed)).double()
-    return _lens(stream, read, labels, logits.double(), top_k, int(module.num_prefix_tokens), name)
+    result = _lens(stream, read, labels, logits.double(), top_k, int(module.num_prefix_tokens), name)
+    result.label_names = class_names_of(model)  # what the summary and the figure call the classes
+    return result
 
 
 def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
@@ -116,8 +118,7 @@ def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch
         target=labels.cpu().numpy(), pooled=torch.stack(pooled, 1).cpu().numpy(),
         tokens=torch.stack(tokens, 1).cpu().numpy(), top_classes=torch.stack(top_c, 1).cpu().numpy(),
         top_logits=torch.stack(top_v, 1).cpu().numpy(),
-        output=output.gather(1, labels[:, None])[:, 0].cpu().numpy(), num_prefix_tokens=num_prefix, model_name=name,
-        label_names=class_names_of(model))
+        output=output.gather(1, labels[:, None])[:, 0].cpu().numpy(), num_prefix_tokens=num_prefix, model_name=name)
 
 
 def _tower_lens(tower: Tower, name: str, x: torch.Tensor, target: int | Sequence[int] | None, top_k: int,
