@@ -259,7 +259,7 @@ def _load_npz(model: nn.Module, path: Path, arch: str) -> None:
 def _mismatch_error(path: Path, arch: str, detail: str) -> CheckpointError:
     return CheckpointError(
         f"The checkpoint {path} does not fit the architecture {arch!r}: {detail}.",
-        fixes={"python": "Pass the arch= the checkpoint was trained with (and the same img_size/num_classes "
-                         "keyword arguments).",
+        fixes={"python": "Pass the arch= the checkpoint was trained with (and the same img_size keyword argument; "
+                         "the head's size is read from the file).",
                "cli": "Pass the --arch the checkpoint was trained with.",
                "app": "Give the architecture the checkpoint was trained with."})
