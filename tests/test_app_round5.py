@@ -64,10 +64,14 @@ def test_a_towers_attributions_draw_and_score_six_methods_in_chromium(browser_ap
             box.fill(method)
             box.press("Enter")
             settled(page)
-        page.keyboard.press("Escape")
+        page.get_by_text("Faithfulness metrics", exact=True).click()  # the list closed
+        page.wait_for_function("() => { const g = document.querySelector('.js-plotly-plot');"
+                               " return g && g.data && g.data.filter(t => t.type === 'heatmap').length === 6; }",
+                               timeout=180000)
         settled(page)
-        page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=120000)
+        page.wait_for_timeout(600)  # the closed list's fade
         page.screenshot(path=str(OUT / "1-tower-attributions.png"), full_page=True)
+        page.locator("[data-testid='stDataFrame']").first.screenshot(path=str(OUT / "1-tower-attributions-table.png"))
         text = page.inner_text("body")
         widths = page.evaluate(TABLE_WIDTHS)
         layout = page.evaluate("() => { const g = document.querySelector('.js-plotly-plot');"
@@ -181,3 +185,38 @@ def test_compare_draws_each_model_in_one_colour_and_the_uniform_lines_grey(brows
     lines = [t["line"] for t in traces if t["name"].startswith("uniform attention")]
     assert lines and not set(lines) & set(dots.values()), (lines, dots)
     assert json.dumps(traces).count(dots["ref-hybrid"]) >= 1
+
+
+def test_tubelet_filters_and_a_swins_distance_page_in_chromium(browser_app, tmp_path):
+    """63.4, 63.14, 63.15 as a user sees them: a VideoMAE's tubelet filters, its two time steps side by side under
+    a caption that counts what the title counts; a Swin-T's Attention distance page (one image) short, its ~200 rows
+    folded. Screenshots in test-output/round5/."""
+    from test_video_app import tiny_video
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    tiny_video("videomae").save_pretrained(tmp_path / "videomae")
+    with session_with_model(browser_app, f"hf:{tmp_path / 'videomae'}", height=1300, pretrained=True) as (page, _s):
+        page.get_by_text("Tubelet filters", exact=True).first.click()
+        settled(page)
+        page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=120000)
+        settled(page)
+        page.locator(".js-plotly-plot").first.screenshot(path=str(OUT / "3-tubelet-filters.png"))
+        text = page.inner_text("body")
+        box = page.evaluate("() => document.querySelector('.js-plotly-plot').getBoundingClientRect().width")
+    assert "The top 8 of the " in text and "top 8 components" in text and box < 600
+    with session_with_model(browser_app, "swin_tiny_patch4_window7_224", height=1300) as (page, sidebar):
+        sidebar.get_by_text("heads per stage").wait_for(timeout=180000)
+        page.get_by_text("Attention distance", exact=True).first.click()
+        settled(page)
+        thumb = page.locator("[data-testid='stSlider']").filter(has_text="Images").get_by_role("slider").first
+        thumb.focus()
+        thumb.press("Home")  # one image: the page's length, not the CPU's patience, is the point
+        page.get_by_text("mean over 1 image;").first.wait_for(timeout=300000)
+        settled(page)
+        page.evaluate("() => { const m = document.querySelector(\"[data-testid='stMain']\");"
+                      " m.scrollTop = m.scrollHeight; }")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(OUT / "4-swin-distance.png"))
+        height = page.evaluate("() => document.querySelector(\"[data-testid='stMain']\").scrollHeight")
+        label = page.get_by_text("The numbers (").first.inner_text()
+    assert int(label.split("(")[1].split()[0]) > 48 and height < 3000, (label, height)

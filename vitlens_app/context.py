@@ -79,7 +79,7 @@ def whole_table(frame: Any, name_column: str = "method") -> None:
     longest = max((len(str(v)) for v in frame[name_column]), default=0) if name_column in frame else 0
     config: dict[str, Any] = {}
     if len(frame.columns) > WIDE_TABLE_COLUMNS:  # numbers in narrow columns, so the last ones are not off-screen
-        config.update({c: st.column_config.NumberColumn(str(c), width="small") for c in frame.columns
+        config.update({c: st.column_config.NumberColumn(str(c), width="small", help=str(c)) for c in frame.columns
                        if c != name_column and str(frame[c].dtype).startswith(("float", "int"))})
     if longest:
         config[name_column] = st.column_config.TextColumn(name_column, width=max(80, 8 * longest + 24))
