@@ -135,3 +135,20 @@ def test_every_cli_option_and_argument_has_help() -> None:
             if not a.help and a.dest != "help"]
     assert bare == [], bare
     assert "the survey folder" in run_cli_here("survey-report", "--help").stdout
+
+
+def test_the_docs_home_and_readme_name_every_tutorial_and_view() -> None:
+    """63.8 and 63.18: 'runs the six tutorials' (eight), the README's app views without Components, the home page
+    without tutorial 07 and the Components API page and saying every tutorial runs on the embedded pair; its first
+    code block cut at the right; no search from file://."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    home, readme = (root / "docs" / "index.md").read_text(), (root / "README.md").read_text()
+    for tutorial in sorted((root / "tutorials").glob("[0-9][0-9]_*.py")):
+        assert f"tutorials/{tutorial.stem}.md" in home and f"tutorials/{tutorial.name}" in readme, tutorial.name
+    assert "api/components.md" in home and "six tutorials" not in readme
+    assert "Attributions, Components, Compare" in readme and "08 on a random-init" in home
+    block = home.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert max(len(line) for line in block.splitlines()) <= 72  # the theme's code box at its narrowest, whole
+    assert "- offline" in (root / "mkdocs.yml").read_text()  # search_index.js, which the search reads on file://

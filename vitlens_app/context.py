@@ -51,8 +51,10 @@ def figure_download(where: Any, fig: Any, stem: str, label: str = "Figure") -> N
     Chromium is there for kaleido (the browser kaleido would use, found as kaleido finds it), self-contained HTML
     otherwise; made only when clicked."""
     if PNG_EXPORT:
+        # the PNG is drawn only when clicked, by a browser kaleido starts: seconds with nothing on screen, so said
         where.download_button(f"{label} (PNG)", lambda: figure_png(fig), f"{stem}.png", "image/png",
-                              key=f"png-{stem}", on_click="ignore")
+                              key=f"png-{stem}", on_click="ignore",
+                              help="Drawn by Chromium (kaleido) when clicked: the file comes after a few seconds.")
     else:
         where.download_button(f"{label} (HTML)", lambda: figure_html(fig), f"{stem}.html", "text/html",
                               key=f"html-{stem}", on_click="ignore")
