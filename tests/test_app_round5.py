@@ -125,7 +125,11 @@ def test_a_towers_components_page_reads_an_output_coordinate(siglip_folder):
     assert at.number_input(key="comp-coordinate").value == 0
     errors = [e.value for e in at.error]
     assert not any("give direction=" in e.lower() for e in errors), errors
-    assert any(md.value.startswith("**class 0**") or "output" in md.value for md in at.markdown)
+    assert any(md.value.startswith("**output coordinate 0**: output") for md in at.markdown)  # decomposed
+    at.number_input(key="comp-coordinate").set_value(5).run()
+    assert any(md.value.startswith("**output coordinate 5**") for md in at.markdown)
+    lens = next(e.value for e in at.error if "no class logit" in e.value)  # the lens: what the app lacks, said
+    assert "vl.logit_lens(m, images, direction=...)" in lens
 
 
 def test_a_swins_distance_numbers_are_folded(monkeypatch):

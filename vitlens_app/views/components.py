@@ -58,6 +58,8 @@ def target_choice(ctx: Context) -> int | None:
 
 
 def class_name(ctx: Context, k: int) -> str:
+    if ctx.m.spec.num_classes <= 0:  # a tower: what is read is a coordinate of its output, not a class
+        return f"output coordinate {k}"
     names = ctx.m.label_names()
     return names[k] if names and 0 <= k < len(names) else f"class {k}"
 
@@ -82,7 +84,8 @@ def contributions_section(ctx: Context, target: int | None) -> None:
     """The layer x head table and one head's map over the image, the ledger beside them."""
     d = decomposition_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target)
     ledger = float(d.ledger()[0])
-    st.markdown(f"**{class_name(ctx, int(d.target[0]))}**: output {d.output[0]:.4g}; ledger {ledger:.1e} "
+    read = int(d.target[0]) if ctx.m.spec.num_classes > 0 else int(target or 0)  # a tower's: the coordinate picked
+    st.markdown(f"**{class_name(ctx, read)}**: output {d.output[0]:.4g}; ledger {ledger:.1e} "
                 f"({'closes' if d.closes() else 'does not close'} within {LEDGER_RTOL:g})")
     fig = figures.contributions_figure(d)
     left, right = st.columns([3, 2])
