@@ -491,7 +491,8 @@ def attribute(
     # a tower without classes or prompts: its output's norm, or a direction, is what a map explains (tower_targets)
     tower = OutputTarget(m, target) if text is None and is_headless(m) else None
     if tower is not None:
-        explained["score"] = tower.name if spec.needs_target else f"none (class-agnostic); {tower.name} is recorded only"
+        explained["score"] = (tower.name if spec.needs_target else
+                              f"none (class-agnostic); {tower.name} is recorded only")
     score = text.scorer(m) if text is not None else tower.scorer(m) if tower is not None else _forward_fn(m)
     maps, targets, grid, size, done, map_grid = [], [], None, None, 0, None
     start = time.perf_counter()
@@ -521,7 +522,8 @@ def attribute(
     if text is not None and spec.needs_target:
         notes.append("explains the image-text cosine similarity to the prompt")
     if tower is not None and spec.needs_target:
-        notes.append(f"no classifier head: explains {tower.name if tower.direction is None else 'the ' + DIRECTION_SCORE}")
+        explains = tower.name if tower.direction is None else f"the {DIRECTION_SCORE}"
+        notes.append(f"no classifier head: explains {explains}")
     stride = map_stride(m, map_grid, size) if map_grid is not None else tuple(m.spec.stride_px)
     if map_grid is not None and map_grid != tuple(grid):
         layouts = stage_layouts(m)

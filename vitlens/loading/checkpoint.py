@@ -196,7 +196,9 @@ def file_num_classes(path: Path, arch: str) -> int | None:
         return None
     try:
         classifier = timm.create_model(arch, pretrained=False, device="meta").pretrained_cfg.get("classifier") or "head"
-        shape = tensor_shapes(path).get(f"{classifier[0] if isinstance(classifier, (tuple, list)) else classifier}.weight")
+        if isinstance(classifier, (tuple, list)):  # a model with two heads (DeiT distilled): the first's size
+            classifier = classifier[0]
+        shape = tensor_shapes(path).get(f"{classifier}.weight")
     except Exception:  # noqa: BLE001 - unreadable here is reported by the strict load, with the shapes
         return None
     return int(shape[0]) if shape is not None and len(shape) == 2 else None
