@@ -126,8 +126,13 @@ def open_image(source: Path | IO[bytes], what: str, max_pixels: int = MAX_DECODE
     Raises:
         ImageLoadError: naming ``what``, for undecodable data or an image above the budget ("too large").
     """
+    import warnings
+
     try:
-        with Image.open(source) as opened:
+        with warnings.catch_warnings():  # Pillow's bomb warning: the budget below is stricter, and said in words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(source)
+        with opened:
             w, h = opened.size
             if w * h > max_pixels and opened.format == "JPEG":
                 scale = 1
@@ -141,8 +146,15 @@ def open_image(source: Path | IO[bytes], what: str, max_pixels: int = MAX_DECODE
             opened.load()
             img = opened.copy()
         return _upright(img)
-    except Image.DecompressionBombError as e:
-        raise ImageLoadError(f"{what}: image too large to analyse safely ({e}). Downscale it first.") from e
+    except ImageLoadError:  # (a ValueError) already says what was wrong: not "cannot read" a readable file
+        raise
+    except Image.DecompressionBombError as e:  # above twice Pillow's limit: refused by Pillow before its size is read
+        import re
+
+        found = re.search(r"(\d+) pixels", str(e))
+        size = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
+        raise ImageLoadError(f"{what}: image too large to analyse safely ({size}, more than vitlens decodes: "
+                             f"{max_pixels:,}). Downscale it first.") from e
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageLoadError(f"Cannot read {what} as an image ({_reason(e, source)}). "
                              f"Pass a {', '.join(t.upper() for t in UPLOAD_TYPES if t not in ('jpeg', 'tif'))} "

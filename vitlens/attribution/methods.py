@@ -40,6 +40,7 @@ from ..engine.capture import capture_attention
 from ..views.rollout import rollout_map
 from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps, stage_layouts
 from .lrp import AttnLRPMaps, attnlrp_maps
+from .tower_targets import DIRECTION_SCORE, OutputTarget, is_headless
 from ..words import counted
 
 
@@ -88,7 +89,9 @@ class AttributionResult(Result):
         """The class (or prompt) explained for image ``index`` in words: 'ring', 'a photo of a dog', or 'class 4'
         without names."""
         t = int(self.targets[index])
-        return self.label_names[t] if 0 <= t < len(self.label_names) else f"class {t}"
+        if 0 <= t < len(self.label_names):
+            return self.label_names[t]
+        return f"class {t}" if t >= 0 else "no class (the model has no classifier head)"
 
     def summary(self) -> str:
         prompt = f" for {self.label_names[0]!r}" if self.target_kind == "text" and len(self.label_names) == 1 else ""
@@ -474,7 +477,9 @@ def attribute(
         target: class index for all images, one per image, or None for each image's prediction; for a
             model with a text tower (CLIP, SigLIP), a prompt ("a photo of a dog"), one prompt per image, or
             pre-tokenised ids ({"input_ids": [P, L], ...}): the map explains the cosine similarity of the
-            image embedding and the prompt's text embedding (``vitlens.attribution.text``).
+            image embedding and the prompt's text embedding (``vitlens.attribution.text``); for a tower with
+            neither a classifier head nor a text tower, None (the map explains the output's norm) or a direction,
+            a vector of the output's size (its cosine similarity to the output: ``tower_targets``).
         batch_size: images per step.
         progress: True for a progress bar, or a callable ``f(done, total)``.
         tokenizer: for a text target, the text tower's tokenizer when vitlens cannot find it (a Hugging Face
@@ -507,7 +512,12 @@ def attribute(
         # deletion / insertion can score the map against it as against a class)
         text = TextTargets(m, target, count_images(images), tokenizer)
         explained["score"] = SCORE if spec.needs_target else "none (class-agnostic); the prompt is recorded only"
-    score = text.scorer(m) if text is not None else _forward_fn(m)
+    # a tower without classes or prompts: its output's norm, or a direction, is what a map explains (tower_targets)
+    tower = OutputTarget(m, target) if text is None and is_headless(m) else None
+    if tower is not None:
+        explained["score"] = (tower.name if spec.needs_target else
+                              f"none (class-agnostic); {tower.name} is recorded only")
+    score = text.scorer(m) if text is not None else tower.scorer(m) if tower is not None else _forward_fn(m)
     maps, targets, grid, size, done, map_grid = [], [], None, None, 0, None
     start = time.perf_counter()
     with Progress(progress, count_images(images), method) as bar:
@@ -516,6 +526,8 @@ def attribute(
             grid, size = m.grid_for(x.shape[-2:]), (int(x.shape[-2]), int(x.shape[-1]))
             if text is not None:
                 t = text.batch(done, x.shape[0], m.device)
+            elif tower is not None:
+                t = tower.batch(x.shape[0], m.device)
             else:
                 batch_target = target
                 if target is not None and np.ndim(target) > 0 and len(target) > 1:
@@ -533,6 +545,9 @@ def attribute(
         notes.append("no class token: mean over the patch tokens' rows")
     if text is not None and spec.needs_target:
         notes.append("explains the image-text cosine similarity to the prompt")
+    if tower is not None and spec.needs_target:
+        explains = tower.name if tower.direction is None else f"the {DIRECTION_SCORE}"
+        notes.append(f"no classifier head: explains {explains}")
     stride = map_stride(m, map_grid, size) if map_grid is not None else tuple(m.spec.stride_px)
     if map_grid is not None and map_grid != tuple(grid):
         layouts = stage_layouts(m)
@@ -547,6 +562,8 @@ def attribute(
                              stride_px=stride,
                              seconds_per_image=elapsed / max(done, 1), params={**p, **explained}, note="; ".join(notes),
                              model_name=m.spec.name,
-                             label_names=list(text.names) if text is not None else list(m.label_names() or []),
-                             target_kind="text" if text is not None else "class",
-                             text_embeddings=None if text is None else text.embeddings.cpu().numpy().astype(np.float32))
+                             label_names=(list(text.names) if text is not None else [tower.name] if tower is not None
+                                          else list(m.label_names() or [])),
+                             target_kind="text" if text is not None else tower.kind if tower is not None else "class",
+                             text_embeddings=(text.embeddings.cpu().numpy().astype(np.float32) if text is not None
+                                              else tower.embeddings() if tower is not None else None))

@@ -42,7 +42,8 @@ from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .baselines import baseline_image, prompt_embeddings
+from .baselines import baseline_image, prompt_embeddings, score_name
+from .tower_targets import scores_own_output, unit_outputs
 from .methods import AttributionResult
 from ..words import counted
 from .protocols import check_ordering, protocol as get_protocol
@@ -124,10 +125,18 @@ class _Scorer:
         if self.labels is not None and len(self.labels) != n:
             raise InvalidParameterError(f"labels must hold one class per image ({n}); got {len(self.labels)}.")
         self.text = prompt_embeddings(m, attribution)
-        if self.text is not None and self.labels is not None:
-            raise InvalidParameterError("labels (accuracy) need class maps; these maps explain a prompt.")
-        self.name = ("top-1 accuracy" if self.labels is not None else
-                     "probability" if self.text is None else "cosine similarity to the prompt")
+        if self.labels is not None and (self.text is not None or m.spec.num_classes <= 0):
+            why = "these maps explain a prompt" if self.text is not None else f"{m.spec.name} has no classes"
+            raise InvalidParameterError(f"labels (accuracy) need a classifier head and class maps; {why}. Leave "
+                                        "labels out to score probabilities or similarities.")
+        self.own = scores_own_output(m, attribution.target_kind)
+        self.reference: tuple[int, torch.Tensor] | None = None  # (first image, [b, D] unit outputs) of the batch
+        self.name = "top-1 accuracy" if self.labels is not None else score_name(m, attribution)
+
+    def see(self, x: torch.Tensor, offset: int) -> None:
+        """Note the unperturbed batch (images ``offset`` ..): a tower without classes scores against its outputs."""
+        if self.own:
+            self.reference = (offset, unit_outputs(self.m, x))
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, image_index: np.ndarray, batch_size: int) -> np.ndarray:
@@ -136,6 +145,11 @@ class _Scorer:
         out = torch.cat([self.m.logits(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
         if self.labels is not None:
             return (out.argmax(-1).cpu().numpy() == self.labels[image_index]).astype(np.float64)
+        if self.own:
+            assert self.reference is not None, "see() the unperturbed batch first"
+            rows = torch.as_tensor(image_index - self.reference[0], device=out.device)
+            return (torch.nn.functional.normalize(out.flatten(1), dim=-1) * self.reference[1][rows]).sum(-1) \
+                .cpu().numpy().astype(np.float64)
         t = torch.as_tensor(self.targets[image_index], device=out.device)
         if self.text is None:
             return out.softmax(-1).gather(1, t[:, None])[:, 0].cpu().numpy().astype(np.float64)
@@ -191,6 +205,7 @@ class _Setup:
         for x in iter_batches(images, m.data_config, batch_size):
             b = x.shape[0]
             perturb = perturbation(x)
+            self.scorer.see(x.to(m.device), offset)
             index = np.repeat(np.arange(offset, offset + b), s)
             for most_first in (True, False):
                 masks = removal_masks(attribution.maps[offset:offset + b], self.points, most_first, self.cell,

@@ -342,7 +342,8 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         methods: names from ``METHOD_TABLE``; None for ``preselected_methods(m)`` (rollout, grad_rollout, saliency;
             those defined for the model's kind).
         target: class to explain (one for all, one per image, or None for the original model's predictions);
-            the same targets are explained at every step.
+            the same targets are explained at every step; for a tower without classes, None (its output's norm)
+            or a direction (``tower_targets``).
         seed: seed of the re-initialisation.
         threshold: the verdict's cutoff on the mean Spearman of |maps| (``verdict_of``).
         batch_size: images per step of each method.
@@ -384,7 +385,9 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
             bar.describe(f"sanity check: {step}")
             randomise_(copy_m.model, names, gen)
             for mt in methods:
-                stepped[mt].append(maps_of(copy_m, mt, targets[mt] if target is None else target).maps)
+                # the original's classes stay the targets; a tower's output norm is what it is on every copy
+                again = targets[mt] if target is None and first[mt].target_kind == "class" else target
+                stepped[mt].append(maps_of(copy_m, mt, again).maps)
     results = []
     for mt in methods:
         orig = first[mt].maps

@@ -26,7 +26,7 @@ import torch
 from ..errors import ClipLoadError, ImageLoadError, InvalidParameterError
 from ..images import MAX_DECODE_PIXELS, find_image_files, open_image, to_rgb
 from .clip import Clip, sample_indices
-from .gif import gif_canvases
+from .gif import gif_frames
 from .resize import resize_frames, resized_size
 
 #: video file extensions read with PyAV
@@ -197,9 +197,10 @@ def _read_gif(path: Path, num_frames: int | None, shortest_edge: int | None) -> 
             kept = _Kept(_wanted(total, num_frames, what), shortest_edge, what, sequential=True)
             # Pillow allocates a grown canvas (and the frame's disposal area) when it seeks to the frame: every
             # canvas up to the last frame kept is checked from the blocks first, before any frame decodes
-            canvases = gif_canvases(path, what)[:kept.last + 1] or [gif.size]
+            frames = gif_frames(path, what)
+            canvases = [(w, h) for w, h, _ in frames[:kept.last + 1]] or [gif.size]
             kept.check(max(c[0] for c in canvases), max(c[1] for c in canvases))
-            duration = gif.info.get("duration") or 0
+            durations = [d for _, _, d in frames]  # every frame's, from its blocks: the rate is their mean
             for i in range(kept.last + 1):
                 if i:
                     gif.seek(i)  # decodes frame i - 1 (checked at its size) and reads frame i's header only
@@ -212,7 +213,8 @@ def _read_gif(path: Path, num_frames: int | None, shortest_edge: int | None) -> 
         raise ClipLoadError(f"{what}: {e.message}") from e
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as e:
         raise ClipLoadError(f"Cannot read {what} as a GIF ({e}); pass an animated GIF.") from e
-    fps = 1000.0 / duration if duration > 0 else None
+    # the mean frame time: a GIF's delays are whole centiseconds, so a rate like 8 fps alternates 120 and 130 ms
+    fps = 1000.0 * len(durations) / sum(durations) if sum(durations) > 0 else None
     return kept.clip(fps, path.name, total)
 
 

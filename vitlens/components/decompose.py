@@ -77,8 +77,9 @@ def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[in
 def _coordinate(dim: int, name: str, target: int | Sequence[int] | None) -> torch.Tensor:
     """The unit vector of one coordinate of a tower's features (``target``), or a refusal asking for a direction."""
     if target is None or not isinstance(target, int) or not 0 <= target < dim:
-        raise InvalidParameterError(f"{name} has no classes: give direction= (a text embedding, a unit vector "
-                                    f"over its {dim}-dimensional image embedding) or target= one coordinate.")
+        raise InvalidParameterError(f"{name} has no classes, so there is no class to decompose.", fixes={
+            "python": f"Give direction= (a text embedding, a unit vector over its {dim}-dimensional image embedding) "
+                      "or target= one coordinate.", "app": "Pick the output coordinate to read above."})
     direction = torch.zeros(dim, dtype=torch.float64)
     direction[target] = 1.0
     return direction

@@ -292,8 +292,12 @@ def residual_stream(layout: Layout, pixels: torch.Tensor, with_probs: bool = Fal
 def prompts(direction: object, dim: int, like: torch.Tensor) -> torch.Tensor:
     """[K, F] float64 prompt embeddings (one direction: K = 1) over a tower's F-dimensional embedding."""
     if direction is None:
-        raise InvalidParameterError(f"This model has no classes: give direction= a text embedding ([{dim}]) or "
-                                    f"a matrix of prompt embeddings ([K, {dim}]).")
+        raise InvalidParameterError("This model has no classes, so there is no class logit to follow.",
+                                    fixes={"python": f"Give direction= a text embedding ([{dim}]) or a matrix of "
+                                                     f"prompt embeddings ([K, {dim}]).",
+                                           "app": "The lens of a tower follows a direction of its output (a text "
+                                                  "embedding), which the app does not ask for: in Python, "
+                                                  "vl.logit_lens(m, images, direction=...)."})
     t = (direction.detach() if torch.is_tensor(direction) else torch.as_tensor(np.asarray(direction)))
     t = t.to(dtype=torch.float64, device=like.device)
     t = t[None] if t.dim() == 1 else t

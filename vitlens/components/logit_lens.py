@@ -3,7 +3,7 @@ depth's residual (``blocks.{i}.hook_resid_post``) read through the model's own f
 without classes: its projection, scored against prompt embeddings)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -14,6 +14,7 @@ from ..results import Result
 from .layout import Layout, prompts, residual_stream
 from .arguments import per_image
 from .stream import module_of, pixels_for
+from ..words import class_label, class_names_of
 
 
 @dataclass(eq=False, repr=False)
@@ -31,6 +32,7 @@ class LogitLensResult(Result):
         output: [B] the model's logit for the target.
         num_prefix_tokens: prefix tokens before the patches.
         model_name: the model's name.
+        label_names: the model's class names ([] where unknown): what the summary and figures call the classes.
     """
 
     kind = "logit_lens"
@@ -42,13 +44,20 @@ class LogitLensResult(Result):
     output: np.ndarray
     num_prefix_tokens: int
     model_name: str = ""
+    label_names: list = field(default_factory=list)
+
+    def target_name(self, b: int) -> str:
+        """Image ``b``'s target class in words ("ring", or "class 4" without names)."""
+        return class_label(self.label_names, int(self.target[b]))
 
     def summary(self) -> str:
-        first = int(np.argmax(self.top_classes[0, :, 0] == self.target[0])) \
-            if (self.top_classes[0, :, 0] == self.target[0]).any() else -1
-        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; class "
-                f"{self.target[0]} first on top at depth {first if first >= 0 else 'never'}; last depth = output "
-                f"(|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
+        said = []
+        for b in range(len(self.target)):  # every image, not the first alone
+            on_top = self.top_classes[b, :, 0] == self.target[b]
+            depth = f"first on top at depth {int(np.argmax(on_top))}" if on_top.any() else "never on top"
+            said.append(f"{self.target_name(b)} {depth}" + (f" (image {b})" if len(self.target) > 1 else ""))
+        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; {'; '.join(said)}; "
+                f"last depth = output (|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
 
     def to_rows(self) -> list[dict]:
         """One row per (image, depth): the target's pooled logit and the top class."""
@@ -87,7 +96,9 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
 
     def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return layout.features(x_d).double(), layout.token_features(x_d).double()
-    return _lens(stream, read, labels, logits.double(), top_k, layout.num_prefix, name)
+    result = _lens(stream, read, labels, logits.double(), top_k, layout.num_prefix, name)
+    result.label_names = class_names_of(model)  # what the summary and the figure call the classes
+    return result
 
 
 def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],

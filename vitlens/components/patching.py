@@ -5,7 +5,7 @@ The components are named sites (``edits.ComponentSites``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -17,6 +17,7 @@ from .edits import ComponentSites
 from .layout import Layout
 from .arguments import index
 from .stream import module_of, pixels_for
+from ..words import class_label, class_names_of
 
 #: what can be patched: a block's attention branch, its MLP branch, one head (at the output projection's input),
 #: one token of the residual leaving a block
@@ -38,6 +39,7 @@ class PatchingResult(Result):
         target: the class followed.
         forwards: batched forwards spent (the two plain runs included).
         model_name: the model's name.
+        label_names: the model's class names ([] where unknown): what the summary and figures call the class.
     """
 
     kind = "activation_patching"
@@ -50,6 +52,11 @@ class PatchingResult(Result):
     target: int
     forwards: int
     model_name: str = ""
+    label_names: list = field(default_factory=list)
+
+    def target_name(self) -> str:
+        """The class followed in words ("ring", or "class 4" without names)."""
+        return class_label(self.label_names, int(self.target))
 
     def restored(self, values: np.ndarray) -> np.ndarray:
         """(patched - corrupted) / (clean - corrupted): the share of the clean logit a patch restores."""
@@ -59,7 +66,7 @@ class PatchingResult(Result):
     def summary(self) -> str:
         share = np.nan_to_num(self.restored(self.heads), nan=-np.inf)
         l, h = np.unravel_index(int(np.argmax(share)), share.shape)
-        return (f"{self.model_name or 'model'}: class {self.target} logit clean {self.clean:.4g}, corrupted "
+        return (f"{self.model_name or 'model'}: {self.target_name()} logit clean {self.clean:.4g}, corrupted "
                 f"{self.corrupted:.4g}; best head layer {l + 1} head {h + 1} (restores "
                 f"{self.restored(self.heads[l, h]):.2f}) in {self.forwards} forwards")
 
@@ -169,4 +176,4 @@ def patch_activations(model: object, clean: object, corrupted: object, target: i
         heads=np.array([[got[("head", l, h)] for h in range(n_heads)] for l in range(n_layers)]),
         resid=np.array([[got[("resid", l, q)] for q in range(n_tokens)] for l in range(n_layers)]),
         clean=float(clean_logits[0, k]), corrupted=float(corrupted_logits[0, k]), target=k,
-        forwards=2 + -(-len(patches) // batch_size), model_name=name)
+        forwards=2 + -(-len(patches) // batch_size), model_name=name, label_names=class_names_of(model))

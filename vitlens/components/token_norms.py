@@ -54,8 +54,8 @@ class TokenNormsResult(Result):
         count = self.outliers[:, -1].sum(-1).mean()
         seen = self.first_depth[self.first_depth >= 0]
         return (f"{self.model_name or 'model'}: {count:.1f} outlier tokens per image at the last depth (norm > "
-                f"{self.factor:g} x median patch norm); first appear at depth "
-                f"{int(seen.min()) if seen.size else 'never'}")
+                f"{self.factor:g} x median patch norm); "
+                f"{f'the first appear at depth {int(seen.min())}' if seen.size else 'none at any depth'}")
 
     def to_rows(self) -> list[dict]:
         """One row per (image, depth): median patch norm, max norm, outliers, attention paid to them."""

@@ -278,7 +278,13 @@ class HuggingFaceLayout(Layout):
         if self._merge(model):  # Qwen3-VL: the size given, else its square position table's
             if input_size is not None:
                 return int(input_size[0]), int(input_size[1])
-            side = math.isqrt(int(self._parts(model)[0].config.num_position_embeddings))
+            table = getattr(self._parts(model)[0].config, "num_position_embeddings", None)
+            if table is None:  # Qwen2-VL's tower: RoPE alone, no table, no size (docs/models.md)
+                raise UnsupportedModelError(
+                    f"{name} ({type(self._parts(model)[0]).__name__}) is refused: it packs images of any size into one "
+                    "sequence with 2-D RoPE and no position table, so it has no size of its own, and vitlens does not "
+                    "read this tower (it reads Qwen2.5-VL's and Qwen3-VL's; docs/models.md).")
+            side = math.isqrt(int(table))
             return side * self.patch_embedding(model).stride[0], side * self.patch_embedding(model).stride[1]
         built = self._built_size(model)
         refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)

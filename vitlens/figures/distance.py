@@ -15,6 +15,10 @@ from .colours import PALETTE, model_colours
 from .registry import draws
 
 
+#: the uniform-attention reference lines' colour: no model's (``model_colours``)
+UNIFORM_GREY = "#7f7f7f"
+
+
 @draws(AttentionDistanceResult, WindowedDistanceResult)
 def distance_figure(results: AttentionDistanceResult | WindowedDistanceResult
                     | Sequence[AttentionDistanceResult | WindowedDistanceResult],
@@ -66,7 +70,8 @@ def distance_figure(results: AttentionDistanceResult | WindowedDistanceResult
         levels.append(uniform)
         fig.add_trace(go.Scatter(
             x=[0.5, depth + 0.5], y=[uniform, uniform], mode="lines", hoverinfo="skip",
-            line=dict(dash="dot", width=1.5, color=colours[i]),
+            # grey, not the model's colour: a model's dots on a line of their own colour read as one trace
+            line=dict(dash=("dot", "dash", "dashdot")[len(levels) % 3 - 1], width=1.5, color=UNIFORM_GREY),
             name="uniform attention" + (f" ({name})" if len(results) > 1 else "")))
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"

@@ -112,7 +112,9 @@ def figure_for(result: Any, images: Sequence[np.ndarray] | None = None) -> go.Fi
     arg = (list(result) if several else [result]) if drawer.many else result
     if drawer.images:
         if images is None:
-            raise InvalidParameterError(f"{drawer.fn.__name__} overlays the images: pass them as the model sees them.")
+            raise InvalidParameterError(f"{drawer.fn.__name__} overlays the images: pass them as the model sees them, "
+                                        "images=m.display(images) (m the model the result came from), e.g. "
+                                        "figures.figure_for(result, images=m.display(images)).")
         return drawer.fn(arg, images)
     return drawer.fn(arg)
 

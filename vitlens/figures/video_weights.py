@@ -86,6 +86,8 @@ def tubelet_filters_figure(result: TubeletFilterPCAResult, components: int = 8, 
     fig.update_annotations(font_size=10)
     total = 100 * float(np.sum(result.explained_variance_ratio[:k]))
     fig.update_layout(title=title or f"Tubelet filters by time step<br><sup>top {k} components, {total:.1f}% of "
-                                     f"variance; {result.module}</sup>",
-                      height=max(260, 110 * k + 90), margin=dict(l=10, r=10, t=90, b=10))
+                                     f"variance;<br>{result.module}</sup>",  # the module's own line: a narrow figure
+                      height=max(280, 110 * k + 110), margin=dict(l=10, r=10, t=110, b=10),
+                      # square cells side by side: a full-width figure set two time steps' images far apart
+                      width=max(360, 130 * tt + 20))
     return fig

@@ -130,6 +130,16 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
                                "skipped": []}, data.masks, data.labels
 
 
+def check_names(names: Sequence[str]) -> None:
+    """Refuse a name that resolves to nothing (``name_problem``: no model built, no weights read)."""
+    from vitlens.loading.resolve import name_problem
+
+    for name in names:
+        problem = name_problem(name)
+        if problem is not None:
+            raise problem
+
+
 def load_all(args: argparse.Namespace, names: Sequence[str]) -> list[Any]:
     """Load (and so check) every model before any is analysed; random-init models are seeded."""
     import torch
@@ -222,6 +232,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.results import atomic_write_bytes
 
     t_start = time.perf_counter()
+    check_names(args.model)  # a misspelt name is said before the images are read or made
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
     refuse_video_models(models)  # a video model without --video
@@ -365,6 +376,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.local_threshold is None:
         args.local_threshold = LOCAL_OF_UNIFORM
     t_start = time.perf_counter()
+    check_names(args.models)
     images, image_set, _, _ = resolve_images(args)
     models = load_all(args, args.models)
     refuse_video_models(models)
@@ -542,7 +554,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fps", type=_positive_float, default=None,
                    help="the clip's frame rate, where the file does not give it (temporal distances in seconds)")
     p.add_argument("--n-images", type=_positive, default=128, help="use at most this many images (default 128)")
-    p.add_argument("--batch-size", type=_positive, default=32)
+    p.add_argument("--batch-size", type=_positive, default=32,
+                   help="images per forward (default 32; lower it when memory runs short)")
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     p.add_argument("--arch", default=None, help="architecture of a local checkpoint file (timm name or ref-vit)")
     p.add_argument("--random-init", action="store_true",
@@ -689,7 +702,9 @@ def build_parser() -> Parser:
     r.set_defaults(func=cmd_report)
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")
-    c.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"])
+    c.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"], metavar="MODEL",
+                   help="the models to compare: names, hf:FOLDER or checkpoint files as --model takes them "
+                        "(default ref-vit ref-hybrid)")
     c.add_argument("--out", default="compare.html", metavar="FILE",
                    help="the HTML comparison to write (default compare.html; the numbers go beside it as .json)")
     later_help(c.add_argument("--local-threshold", type=float, default=None,
@@ -716,7 +731,8 @@ def build_parser() -> Parser:
     sv.add_argument("--out", required=True, help="the survey folder (a rerun continues it)")
     sv.add_argument("--address", default=None, help="a Ray cluster ('auto', 'ray://host:10001'); default: "
                                                     "RAY_ADDRESS, else a local Ray on this machine's cores")
-    sv.add_argument("--batch-size", type=_positive, default=32)
+    sv.add_argument("--batch-size", type=_positive, default=32,
+                    help="images per forward on each worker (default 32)")
     sv.add_argument("--shard-size", type=_positive, default=256, help="images per task (default 256)")
     later_help(sv.add_argument("--views", nargs="+", default=None, choices=Names(_survey_views), metavar="VIEW",
                                help="the views to survey"),
@@ -741,11 +757,11 @@ def build_parser() -> Parser:
     sv.add_argument("--debug", action="store_true", help="show tracebacks")
     sv.set_defaults(func=cmd_survey)
     sr = sub.add_parser("survey-report", help="one offline HTML page of a survey folder")
-    sr.add_argument("folder")
+    sr.add_argument("folder", help="the survey folder that vitlens survey --out wrote")
     sr.add_argument("--out", default="survey.html", metavar="FILE", help="the HTML page to write (default survey.html)")
     sr.add_argument("--png", default=None, metavar="DIR", help="also write the figures as PNGs (kaleido)")
-    sr.add_argument("--quiet", action="store_true")
-    sr.add_argument("--debug", action="store_true")
+    sr.add_argument("--quiet", action="store_true", help="no progress or messages on stderr")
+    sr.add_argument("--debug", action="store_true", help="show tracebacks")
     sr.set_defaults(func=cmd_survey_report)
     return p
 
