@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..engine.sites import HookPoint, hook_points
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..errors import InvalidParameterError, UnsupportedModelError, VitlensError
+from ..families import family_of
 from .refusals import refuse_other_blocks, refuse_other_openclip
 
 #: the structures read, by (module prefix, class names); the first that matches names the model's structure
@@ -52,9 +53,23 @@ def refuse(module: nn.Module, name: str) -> None:
     if structure(module) is None:
         raise UnsupportedModelError(
             f"{name} ({type(module).__name__}): the component analyses (direct contributions, logit lens, token "
-            f"norms, patching, mean-ablation) read {READ}. Other models (the generic call-level capture's, "
-            f"hierarchical stages with patch merging, post-norm or parallel blocks) are refused: their blocks' norms, "
-            f"branches and scales are not known to give a residual sum.")
+            f"norms, patching, mean-ablation) read {READ}; {type(module).__name__}'s blocks are not among them: "
+            f"{_why_not(module)}.")
+
+
+def _why_not(module: nn.Module) -> str:
+    """Why a model no site map knows gives no residual sum, by how vitlens reads its attention (its family)."""
+    try:
+        family = family_of(module)
+    except VitlensError:
+        family = None
+    if family is not None and family.windows is not None:
+        return ("they attend in windows over hierarchical stages joined by patch merging, so no one residual stream "
+                "runs through them")
+    if family is not None and family.name == "generic":
+        return ("the generic call-level capture reads their attention calls, not their norms, branches and scales, "
+                "which a residual sum needs")
+    return "their norms, branches and scales are not known to give a residual sum"
 
 
 @dataclass
