@@ -658,7 +658,7 @@ from PIL import Image
 import vitlens as vl
 from vitlens import figures
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
-from vitlens.report.cli import write_png
+from vitlens.cli import write_png
 
 assert "streamlit" not in sys.modules
 images = [Image.fromarray(a) for a in generate(32, seed=HELD_OUT_SEED).images]  # the app's opening images

@@ -135,7 +135,7 @@ def test_methods_reading_a_vits_attention_are_refused_by_name_in_one_line(swin):
 
 def test_the_registry_lists_what_the_report_and_the_cli_offer(swin):
     from vitlens.attribution.methods import available_methods, default_methods
-    from vitlens.report.cli import CliError, build_parser, report_methods
+    from vitlens.cli import CliError, build_parser, report_methods
 
     offered = methods_for("hierarchical")
     assert offered == methods_for(swin) == methods_for(swin.spec)

@@ -135,7 +135,7 @@ def test_report_video_reads_the_frames_each_model_samples_not_the_clip(tmp_path,
     then a stack: ~470 MB here) for a model that takes 4; now the first frame is read to describe the clip and each
     model reads its 4, so the report of the long clip grows no more than one of a short clip."""
     small, big = flat_mp4(tmp_path / "small.mp4", 8, (64, 64)), flat_mp4(tmp_path / "big.mp4", 300, (512, 512))
-    setup = "from vitlens.report.cli import main\n"
+    setup = "from vitlens.cli import main\n"
     run = ("assert main(['report', '--video', {!r}, '--model', 'hf:{}', '--out', {!r}, '--device', 'cpu', "
            "'--quiet']) == 0")
     said, grown = grown_mb(setup, run.format(str(small), videomae, str(tmp_path / "s.html")),

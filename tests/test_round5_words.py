@@ -127,7 +127,7 @@ def test_token_norms_summary_without_outliers_says_none() -> None:
 
 def test_every_cli_option_and_argument_has_help() -> None:
     """63.21: compare --models, --batch-size and survey-report's folder had no help text."""
-    from vitlens.report.cli import build_parser
+    from vitlens.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and isinstance(a.choices, dict))

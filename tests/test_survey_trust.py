@@ -301,7 +301,7 @@ def test_an_out_that_is_not_a_survey_folder_is_refused_before_anything_is_writte
         with pytest.raises(InvalidParameterError, match="exists and is not a survey folder"):
             vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=SHARD, progress=False)
     assert (other / ".lock").read_text() == "held by another tool" and not (plain / ".lock").exists()
-    from vitlens.report.cli import main  # the command, in this process: refused before any Ray or model
+    from vitlens.cli import main  # the command, in this process: refused before any Ray or model
 
     assert main(["survey", "--models", "ref-vit", "--n-images", "4", "--out", str(plain), "--quiet"]) != 0
     assert "is not a survey folder" in capsys.readouterr().err
