@@ -24,4 +24,5 @@ from .main import main
 from .parser import build_parser
 from .report import report_methods
 
+
 __all__ = ["CliError", "build_parser", "main", "report_methods", "write_png"]

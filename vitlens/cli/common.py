@@ -10,7 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Sequence
+
 import numpy as np
+
 from vitlens.words import printable
 
 
@@ -81,7 +83,9 @@ def resolve_images(args: argparse.Namespace) -> tuple[list[Any], dict, np.ndarra
         from vitlens.images import find_image_files
 
         files = find_image_files(args.images)
-        good, skipped, why = [], [], {}
+        good: list[Any] = []
+        skipped: list[str] = []
+        why: dict[str, str] = {}
         tiny = []
         for f in files:
             if len(good) >= args.n_images:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import sys
 from typing import Sequence
+
 from vitlens.words import printable
+
 from .common import CliError, EXIT_ERROR, EXIT_USAGE, Interrupted
 from .parser import build_parser
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from typing import Callable, Iterator, NoReturn, Sequence
+
 from .common import ALL_METHODS, EXIT_USAGE
 from .report import cmd_compare, cmd_models, cmd_report
 from .survey import cmd_survey, cmd_survey_report

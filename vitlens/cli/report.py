@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
+
 import numpy as np
+
 from vitlens.words import counted
+
 from .common import (ALL_METHODS, CliError, N_ROLLOUT_SHOWN, check_names, check_outputs, command_line, data_path,
                      load_all, log, refuse_fps, refuse_video_models, resolve_images, safe_name, write_png)
 
@@ -43,6 +46,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     import vitlens as vl
     from vitlens.environment import versions
     from vitlens.views.registry import available_views
+    from vitlens.views.distance import AttentionDistanceResult
     from vitlens.report.data import ReportData
     from vitlens.report.html import report_figures, report_html
     from vitlens.results import atomic_write_bytes
@@ -72,7 +76,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             t3 = time.perf_counter()
             parts.append(components_section(m, images[:args.component_images], lambda line: log(args, line)))
             timings[m.spec.name]["components"] = time.perf_counter() - t3
-        log(args, f"{m.spec.name}: analysed {counted(a.distance.n_images, 'image')} in {t2 - t1:.1f} s")
+        done = a.distance.n_images if isinstance(a.distance, AttentionDistanceResult) else len(images)
+        log(args, f"{m.spec.name}: analysed {counted(done, 'image')} in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=versions(str(models[0].device)), timings=timings, command=command_line(),
@@ -181,6 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     import vitlens as vl
     from vitlens.environment import versions
     from vitlens.report.data import comparison
+    from vitlens.views.spacetime import SpaceTimeDistanceResult
     from vitlens.report.html import comparison_figures, comparison_html
     from vitlens.results import atomic_write_bytes
     from vitlens.views.distance import LOCAL_OF_UNIFORM
@@ -195,7 +201,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     distances, rollouts, timings, notes = [], [], {}, []
     for m in models:
         t0 = time.perf_counter()
-        distances.append(vl.attention_distance(m, images, batch_size=args.batch_size, progress=not args.quiet))
+        d = vl.attention_distance(m, images, batch_size=args.batch_size, progress=not args.quiet)
+        if isinstance(d, SpaceTimeDistanceResult):  # video models went to cmd_video above (refuse_video_models)
+            raise CliError(f"{m.spec.name} is a video model: compare it with --video CLIP.")
+        distances.append(d)
         first = images[:1]
         rollouts.append((m.spec.name, vl.attention_rollout(m, first), m.display(first)[0]))
         timings[m.spec.name] = time.perf_counter() - t0
@@ -234,7 +243,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     print("\nModel families vitlens reads (--model takes any name of these forms):")
     for fam in describe_families():
         print(f"  {fam['name']:16s} {fam['reads']}")
-        for scheme in fam["names"]:
+        for scheme in cast(list, fam["names"]):  # describe_families: each family's name schemes, a list of text
             print(f"  {'':16s}   {scheme}")
     print("\nWeights: hub weights by default (from the cache, or downloaded); --random-init for random weights "
           "(offline); a local checkpoint file with --model FILE --arch NAME (.safetensors, .pth/.pt/.bin, "

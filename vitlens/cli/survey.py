@@ -7,7 +7,9 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+
 from vitlens.words import printable
+
 from .common import CliError, EXIT_ERROR, Interrupted, check_outputs, check_writable, log, write_png
 
 
