@@ -21,7 +21,8 @@ from .faithfulness import ComparisonTable, compare_methods
 from .lrp import LRPRules
 from .lrp_ledger import ConservationLedger, attnlrp_ledger, lrp_methods
 from .masks import MaskScores, mask_scores, patch_coverage
-from .methods import METHOD_TABLE, AttributionResult, Method, attribute, method_names, register_method
+from .methods import METHOD_TABLE, Method, attribute, method_names, register_method
+from .result import AttributionResult
 from .metrics import METRIC_TABLE, Metric, register_metric
 from .protocols import ORDERINGS, PROTOCOLS
 from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
