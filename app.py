@@ -1,7 +1,9 @@
 """vitlens app: explore the views of the ViT paper (ICLR 2021, section 4.5) for a Vision Transformer.
 
-Run: streamlit run app.py   (opens on the embedded reference ViT and held-out shape scenes; offline). A video model
-(VideoMAE, ViViT, V-JEPA 2, TimeSformer: e.g. ``hf:FOLDER`` as the model name) gets a clip and its space-time views.
+Run: streamlit run serve.py   (this page behind its server's token gate, as scripts/app.sh starts it; opens on the
+embedded reference ViT and held-out shape scenes; offline; ``streamlit run app.py`` serves it without the gate). A
+video model (VideoMAE, ViViT, V-JEPA 2, TimeSformer: e.g. ``hf:FOLDER`` as the model name) gets a clip and its
+space-time views.
 
 Layout and widgets only: every number and figure comes from the ``vitlens`` library. This file lays out the
 page; the pages, the sidebar and the caches are the package ``vitlens_app`` beside it (one module per view,
@@ -12,7 +14,7 @@ from __future__ import annotations
 import streamlit as st
 
 from vitlens_app.context import show_error
-from vitlens_app.header import TOKEN_ENV, access_granted, model_and_image
+from vitlens_app.header import access_granted, access_refusal, model_and_image
 from vitlens_app.sidebar import DEVICES, image_set, model_picker
 from vitlens_app.video import clip_source, render_video, video_model
 from vitlens_app.views import pages
@@ -22,8 +24,7 @@ def main() -> None:
     """The page: the access check, the sidebar, the view selector, the model and image above the view picked."""
     st.set_page_config(page_title="vitlens", layout="wide")
     if not access_granted():  # nothing else runs: no path box, no upload, no model
-        st.error(f"This vitlens app asks for its access token: open it as http://127.0.0.1:8501/?token=TOKEN, with "
-                 f"the token it was started with ({TOKEN_ENV}).")
+        st.error(access_refusal())
         return
     st.title("vitlens")
     st.caption("The interpretability views of *An Image is Worth 16x16 Words* (ICLR 2021, section 4.5) for "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitlens.report.cli import main as cli_main  # noqa: E402
+from vitlens.cli import main as cli_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

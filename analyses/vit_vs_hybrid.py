@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitlens.report.cli import main as cli_main  # noqa: E402
+from vitlens.cli import main as cli_main  # noqa: E402
 
 PAPER_PAIR = ("vit_base_patch16_224.orig_in21k", "vit_base_r50_s16_224.orig_in21k")
 EMBEDDED_PAIR = ("ref-vit", "ref-hybrid")

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m streamlit run app.py "$@"
+# serve.py: app.py behind the server-side check of VITLENS_APP_TOKEN (docs/security.md)
+exec .venv/bin/python -m streamlit run serve.py "$@"

@@ -9,6 +9,10 @@ if ! bash scripts/install-chromium.sh; then
 fi
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1
+# the linter and the type checker over the library first (their settings: pyproject.toml's [tool.ruff] and
+# [tool.mypy]); mypy's cache (.mypy_cache) also makes tests/test_static_checks.py's run of it quick
+.venv/bin/ruff check vitlens
+.venv/bin/mypy
 # two worker processes (pytest-xdist), each with its share of the cores (tests/conftest.py): the suite's many
 # single-threaded stretches (imports, subprocesses, browsers, Ray) overlap. `-n 0` runs it in one process.
 # --dist loadgroup: the tests of one shared fixture (one Ray, one app server and browser: conftest's

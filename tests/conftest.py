@@ -155,27 +155,29 @@ def local_ray():
 
 @pytest.fixture(scope="session")
 def app_server() -> int:
-    """One ``streamlit run app.py`` for the suite's browser tests, started as a user starts it (no --server.address:
-    the repository's .streamlit/config.toml decides); its port."""
-    from test_app import served_app
+    """One ``streamlit run serve.py`` for the suite's browser tests, started as a user on a shared machine starts it
+    (no --server.address: the repository's .streamlit/config.toml decides; ``VITLENS_APP_TOKEN`` set, so every
+    request meets the server's token gate); its port."""
+    from test_app import SUITE_TOKEN, served_app
 
-    with served_app(address=None) as port:
+    with served_app(address=None, token=SUITE_TOKEN) as port:
         yield port
 
 
 @pytest.fixture(scope="module")
 def browser_app(app_server):
-    """A headless Chromium on the suite's app server for a module's browser tests: (browser, the app's URL); each
-    test opens its own context (a new session of the app). Per module, not per suite: Playwright's sync API keeps an
+    """A headless Chromium on the suite's app server for a module's browser tests: (browser, the app's URL with its
+    token, which the server trades for its access cookie and takes out of the address); each test opens its own
+    context (a new session of the app). Per module, not per suite: Playwright's sync API keeps an
     event loop in this thread while it is open, and another module's own ``sync_playwright()`` (the report and survey
     pages' tests) cannot start beside it."""
     from playwright.sync_api import sync_playwright
 
-    from test_app import CHROMIUM
+    from test_app import CHROMIUM, SUITE_TOKEN
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield browser, f"http://127.0.0.1:{app_server}/"
+        yield browser, f"http://127.0.0.1:{app_server}/?token={SUITE_TOKEN}"
         browser.close()
 
 

@@ -11,7 +11,7 @@ import pytest
 import vitlens as vl
 
 ROOT = Path(__file__).resolve().parents[1]
-APP_FILES = [ROOT / "app.py", *sorted((ROOT / "vitlens_app").rglob("*.py"))]
+APP_FILES = [ROOT / "app.py", ROOT / "serve.py", *sorted((ROOT / "vitlens_app").rglob("*.py"))]
 #: the one module allowed to import the library's non-public parts
 ADAPTER = ROOT / "vitlens_app" / "library.py"
 MAX_LINES = 300

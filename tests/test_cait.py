@@ -267,7 +267,7 @@ def _register() -> None:
 
 def test_report_and_compare_draw_a_cait_beside_a_vit(tmp_path):
     from vitlens import figures
-    from vitlens.report.cli import main
+    from vitlens.cli import main
     from vitlens.report.data import comparison
     from vitlens.report.html import model_figures
 

@@ -28,7 +28,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def run_cli_here(*args: str) -> subprocess.CompletedProcess:
-    """The same command through ``vitlens.report.cli.main`` in this process (its exit status, what it printed),
+    """The same command through ``vitlens.cli.main`` in this process (its exit status, what it printed),
     so that each test does not pay a fresh interpreter's imports (~4-9 s): what the command does is the same code
     either way. Real processes are kept where the process is the point: the report and comparison of the embedded
     pair (``pair_report``, ``pair_compare``: end to end, opened in a browser), ``python -m vitlens`` refusing a bad
@@ -37,7 +37,7 @@ def run_cli_here(*args: str) -> subprocess.CompletedProcess:
     import contextlib
     import io
 
-    from vitlens.report.cli import main
+    from vitlens.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -247,7 +247,7 @@ def test_models_lists_the_families_and_the_names_each_takes():
 
 
 def test_every_command_takes_n_images_and_survey_keeps_max_images_hidden():
-    from vitlens.report.cli import build_parser
+    from vitlens.cli import build_parser
 
     parser = build_parser()
     for command in (["report"], ["compare"], ["survey", "--out", "x"]):
@@ -292,7 +292,7 @@ def test_empty_folder_and_bad_numbers_are_usage_errors(tmp_path):
 
 #: a bad argument's run in a fresh interpreter: its exit code and whether torch was imported by then
 NO_TORCH_YET = """import sys
-from vitlens.report.cli import main
+from vitlens.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as e:

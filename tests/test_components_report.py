@@ -12,7 +12,7 @@ import pytest
 import vitlens as vl
 from vitlens.report.data import ReportData
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
-from vitlens.report.cli import main
+from vitlens.cli import main
 from vitlens.results import significant
 
 

@@ -61,7 +61,7 @@ def test_merged_shards_give_the_mean_over_all_images_in_one_process(setting) -> 
 
 
 def test_components_is_offered_by_name_and_not_kept_by_default() -> None:
-    from vitlens.report.cli import build_parser
+    from vitlens.cli import build_parser
 
     assert "components" in SURVEY_VIEW_NAMES and "components" not in DEFAULT_SURVEY_VIEW_NAMES
     assert DEFAULT_SURVEY_VIEW_NAMES == ("distance", "rollout", "predictions", "weights")

@@ -37,7 +37,7 @@ def test_a_default_compare_methods_call_runs_the_default_methods(monkeypatch):
 
 def test_the_reports_default_attributions_are_the_quick_preselected_set():
     from vitlens.attribution.methods import METHOD_TABLE, available_methods, preselected_methods
-    from vitlens.report import cli
+    from vitlens import cli
 
     default = cli.report_methods(None)
     assert default == [k for k in preselected_methods() if k in available_methods()] and default

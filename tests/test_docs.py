@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the packages whose ``__all__`` the API reference documents (plus vitlens.figures' public functions)
-PACKAGES = ("vitlens", "vitlens.loading", "vitlens.families", "vitlens.engine", "vitlens.core", "vitlens.attribution",
+PACKAGES = ("vitlens", "vitlens.registry", "vitlens.loading", "vitlens.families", "vitlens.engine", "vitlens.core", "vitlens.attribution",
             "vitlens.compare", "vitlens.report", "vitlens.survey", "vitlens.reference")
 #: the modules whose public functions and classes must pass the docstring style check. Every package of
 #: PACKAGES is checked; names are listed here only while they still need their docstrings brought to the

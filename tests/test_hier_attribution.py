@@ -135,7 +135,7 @@ def test_methods_reading_a_vits_attention_are_refused_by_name_in_one_line(swin):
 
 def test_the_registry_lists_what_the_report_and_the_cli_offer(swin):
     from vitlens.attribution.methods import available_methods, default_methods
-    from vitlens.report.cli import CliError, build_parser, report_methods
+    from vitlens.cli import CliError, build_parser, report_methods
 
     offered = methods_for("hierarchical")
     assert offered == methods_for(swin) == methods_for(swin.spec)
@@ -196,7 +196,7 @@ def test_hf_swin_gradcam_reads_its_final_norm_on_the_last_stage():
     np.testing.assert_allclose(r.maps, hand, rtol=1e-5, atol=1e-6 * hand.max())
 
 
-def test_sam_encoder_without_a_classifier_refuses_class_targets_in_one_line():
+def test_sam_encoder_without_a_classifier_explains_its_output_and_refuses_a_class_in_one_line():
     import timm
 
     torch.manual_seed(0)
@@ -208,8 +208,10 @@ def test_sam_encoder_without_a_classifier_refuses_class_targets_in_one_line():
     agnostic = [k for k in methods_for(m) if not METHOD_TABLE[k].needs_target]
     assert agnostic == ["rollout", "eigencam"]
     with pytest.raises(InvalidParameterError) as e:
-        vl.attribute(m, batch(1, 56), method="gradcam")
-    assert "\n" not in str(e.value) and "no classifier head" in str(e.value) and "rollout, eigencam" in str(e.value)
+        vl.attribute(m, batch(1, 56), method="gradcam", target=2)
+    assert "\n" not in str(e.value) and "no classifier head" in str(e.value) and "direction" in str(e.value)
+    g = vl.attribute(m, batch(1, 56), method="gradcam")  # the encoder's output norm (issue 63.1)
+    assert g.target_kind == "output" and np.isfinite(g.maps).all()
     r = vl.attribute(m, batch(1, 56), method="eigencam")  # class-agnostic: the last block's 7x7 grid
     assert r.params["target_layer"] == "blocks.1" and r.grid == (7, 7) and tuple(r.stride_px) == (8, 8)
     assert r.note.startswith("class-agnostic") and "coarser" not in r.note

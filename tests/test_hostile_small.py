@@ -63,7 +63,7 @@ def test_the_progress_total_drops_a_failed_models_shards():
 
 def test_a_full_disk_says_no_space_left_at_the_path(monkeypatch, tmp_path):
     from tests.test_cli import run_cli_here
-    import vitlens.report.cli as cli
+    import vitlens.cli.parser as cli  # where the parser binds each command
 
     def full(args):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r.html"))
@@ -79,7 +79,7 @@ def test_a_rerun_says_the_reason_of_a_model_that_failed_in_an_earlier_run(monkey
     into the folder and is not named now has its reason on the last line; one named now was said as it failed."""
     import pandas as pd
 
-    from vitlens.report import cli
+    from vitlens import cli
     from vitlens.survey.store import SurveyResult
 
     result = SurveyResult(path=tmp_path / "s", table=pd.DataFrame(), manifest={"models": {}},
@@ -157,7 +157,7 @@ def test_bad_survey_names_fail_in_the_driver_without_a_worker_and_print_escaped(
     each with the reason a worker gave; on the command line they print escaped."""
     import time
 
-    from vitlens.report import cli
+    from vitlens import cli
     from vitlens.survey import run as run_module
     from vitlens.survey import shapes_source
 

@@ -213,7 +213,7 @@ def test_a_registered_method_is_attributed_compared_and_listed(registered_method
 
 
 def test_a_registered_method_is_in_the_cli_choices_and_the_report(registered_method, tmp_path, capsys):
-    from vitlens.report import cli
+    from vitlens import cli
 
     report = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["report"]._actions
                   if a.dest == "methods")
@@ -300,7 +300,7 @@ def test_a_registered_metric_is_scored_in_the_table_and_listed(registered_metric
 
 
 def test_a_registered_metric_is_in_the_cli_choices_and_the_report(registered_metric, tmp_path, capsys):
-    from vitlens.report import cli
+    from vitlens import cli
 
     report = next(a for a in cli.build_parser()._subparsers._group_actions[0].choices["report"]._actions
                   if a.dest == "metrics")

@@ -556,9 +556,10 @@ def test_attnlrp_runs_on_every_family_with_its_outputs_unchanged_and_every_switc
     elif has_text_tower(m):
         a = attribute(m, x, method="attnlrp", target="a photo", tokenizer=char_tokenizer)
         assert a.target_kind == "text"
-    else:
+    else:  # a tower without classes: the output's norm is explained (issue 63.1); a class is refused
+        assert attribute(m, x, method="attnlrp").target_kind == "output"
         with pytest.raises(vl.InvalidParameterError, match="no classifier head"):
-            attribute(m, x, method="attnlrp")
+            attribute(m, x, method="attnlrp", target=1)
         relevance = attnlrp_relevance(m, x, torch.tensor([0, 1]))  # the rules on the model's features
         from vitlens.core.resample import pixels_to_grid
 

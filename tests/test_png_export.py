@@ -125,7 +125,7 @@ def test_report_png_without_a_browser_stops_in_one_line_naming_the_install(monke
     """``vitlens report --png`` on a machine without Chromium: exit 2, one line with the install command,
     kaleido's download advice never shown, no PNG written."""
     pytest.importorskip("kaleido")
-    from vitlens.report.cli import main
+    from vitlens.cli import main
 
     hide_the_browser(monkeypatch, tmp_path)
     code = main(["report", "--model", "ref-vit", "--n-images", "1", "--out", str(tmp_path / "r.html"),

@@ -11,7 +11,7 @@ import torch
 
 import vitlens as vl
 from vitlens import figures
-from vitlens.report import cli
+from vitlens import cli
 from vitlens.report.html import model_figures, model_section
 from vitlens.results import Result
 from vitlens.survey import shapes_source

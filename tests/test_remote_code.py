@@ -55,9 +55,9 @@ def test_auto_map_folder_is_refused_without_asking_or_running(tmp_path, monkeypa
 
 
 def test_auto_map_folder_is_refused_by_the_cli_even_when_y_is_piped(tmp_path, monkeypatch, capsys):
-    """The command (``vitlens.report.cli.main``, in this process: a fresh interpreter's imports would add nothing)
+    """The command (``vitlens.cli.main``, in this process: a fresh interpreter's imports would add nothing)
     with "y" waiting on its standard input, as a pipe would give it: exit 2, no question asked, nothing run."""
-    from vitlens.report.cli import main
+    from vitlens.cli import main
 
     folder, marker = _remote_code_folder(tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\ny\n"))

@@ -137,7 +137,7 @@ def test_random_init_says_and_records_that_the_embedded_model_keeps_its_weights(
     assert entries["ref-vit"]["weights"] == "embedded" and said[0].endswith(entries["ref-vit"]["weights_note"])
     assert entries["vit_tiny_patch16_224"]["weights"] == "random init"
     assert "weights_note" not in entries["vit_tiny_patch16_224"]
-    from vitlens.report.cli import build_parser
+    from vitlens.cli import build_parser
 
     survey_help = next(a for a in build_parser()._subparsers._group_actions[0].choices["survey"]._actions
                        if "--random-init" in a.option_strings).help
@@ -277,7 +277,7 @@ def test_rays_messages_go_to_the_survey_folder_not_the_terminal(tmp_path, capsys
 
 
 def test_ctrl_c_says_which_shards_were_kept(reference, tmp_path, monkeypatch, capsys):
-    from vitlens.report.cli import main
+    from vitlens.cli import main
 
     out, _ = reference
     folder = tmp_path / "zoo"
@@ -320,7 +320,7 @@ def address(local_ray) -> str:
 def test_a_driver_killed_with_sigkill_resumes_to_the_same_numbers(tmp_path, address, ref_vit):
     """A ``vitlens survey`` process killed with SIGKILL; the same command, rerun (here through ``main`` in this
     process, a driver of the same Ray), finishes from the shards it left and gives the one-process numbers."""
-    from vitlens.report.cli import main
+    from vitlens.cli import main
 
     out = tmp_path / "zoo"
     # 12 shards, which one worker computes in turn: still running when the kill comes, 0.05 s after the second
@@ -381,7 +381,7 @@ def test_the_survey_report_opens_offline_in_chromium(reference, tmp_path):
     from playwright.sync_api import sync_playwright
 
     out, _ = reference
-    from vitlens.report.cli import main
+    from vitlens.cli import main
 
     page_path = tmp_path / "zoo.html"
     assert main(["survey-report", str(out), "--out", str(page_path)]) == 0  # the command, in this process
@@ -409,7 +409,7 @@ def _damage(folder: Path) -> dict[str, bytes]:
 
 
 def test_a_damaged_folder_loads_and_names_its_damaged_shards(reference, tmp_path, capsys):
-    from vitlens.report.cli import main
+    from vitlens.cli import main
     from vitlens.survey.store import DamagedShardError, DamagedSurveyWarning
 
     out, _ = reference
@@ -530,7 +530,7 @@ def file_sha(path: Path) -> str:
 
 
 def test_the_command_line_takes_checkpoints_as_path_at_arch(tmp_path, monkeypatch):
-    from vitlens.report.cli import main
+    from vitlens.cli import main
     from vitlens.survey.store import checkpoint_of
 
     seen = {}
@@ -679,7 +679,7 @@ def test_a_local_survey_listens_on_loopback_only_and_refuses_clients_without_the
 def test_ctrl_c_while_a_shard_is_written_waits_for_the_whole_shard(tiny, tmp_path, monkeypatch):
     """CI once saw Ctrl-C land inside np.savez: the zip's clean-up raised a ValueError in place of the
     KeyboardInterrupt. The interrupt now waits for the shard, which is then whole and trusted."""
-    from vitlens.survey import store as store_module
+    from vitlens.survey import shard_store as store_module
     from vitlens.survey.store import SurveyStore
 
     source = shapes_source(4)

@@ -189,22 +189,70 @@ def test_a_local_rays_logs_are_copied_as_regular_files_only_and_kept_private(tmp
 
 
 def test_a_local_rays_temporary_folder_is_private_and_removed_after(monkeypatch):
-    """The folder a local Ray's session goes to: the user's, mode 0700, a short path (Ray's socket paths), removed
-    by ``restore_local_env``; none where RAY_TMPDIR says where Ray's files go."""
-    from vitlens.survey import run as run_module
+    """The folder a local Ray's session goes to: inside a private folder of the user's (mode 0700), a short path
+    (Ray's socket paths), removed by ``restore_local_env``; none where RAY_TMPDIR says where Ray's files go."""
+    from vitlens.survey import ray_setup
 
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
     # this test's own records: the suite's session Ray (conftest.local_ray) keeps its folder and environment
-    monkeypatch.setattr(run_module, "_PRIVATE_TEMP", [])
-    monkeypatch.setattr(run_module, "_ENV_BEFORE", {})
-    temp = run_module.private_ray_temp()
-    st = temp.stat()
+    monkeypatch.setattr(ray_setup, "_PRIVATE_TEMP", [])
+    monkeypatch.setattr(ray_setup, "_ENV_BEFORE", {})
+    temp = ray_setup.private_ray_temp()
+    st = temp.parent.stat()
     assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700 and len(str(temp)) < 60
-    assert temp.name.startswith("vitlens-ray-") and not str(temp).startswith("/tmp/ray/")
-    run_module.restore_local_env()
-    assert not temp.exists()
+    assert temp.parent.name.startswith("vitlens-ray-") and not str(temp).startswith("/tmp/ray/")
+    ray_setup.restore_local_env()
+    assert not temp.parent.exists()
     monkeypatch.setenv("RAY_TMPDIR", "/somewhere/of/the/users")
-    assert run_module.private_ray_temp() is None
+    assert ray_setup.private_ray_temp() is None
+
+
+def test_a_long_tmpdir_leaves_room_for_rays_socket_paths(monkeypatch, tmp_path):
+    """Issue 62, item 12: with a TMPDIR of 33 characters every local survey exited 1 ("AF_UNIX path length cannot
+    exceed 107 bytes"): the private folder went under any TMPDIR of up to 40 characters, while Ray adds about 66
+    below it. Now it goes under TMPDIR only when Ray's longest socket path fits, else under /tmp (the local Ray's
+    real socket paths are measured against ``RAY_SOCKET_TAIL`` in the next test; a whole survey under such a TMPDIR
+    in ``test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it``)."""
+    import tempfile
+
+    from vitlens.survey import ray_setup
+
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    # this test's own records: the suite's session Ray (conftest.local_ray) keeps its folder and environment
+    monkeypatch.setattr(ray_setup, "_PRIVATE_TEMP", [])
+    monkeypatch.setattr(ray_setup, "_ENV_BEFORE", {})
+    for length in (4, 20, 33, 60):
+        base = Path("/tmp") if length == 4 else Path(tempfile.mkdtemp(dir="/tmp", prefix="x" * (length - 13)))
+        assert len(str(base)) == length  # /tmp/, the prefix, mkdtemp's 8 characters
+        monkeypatch.setattr(tempfile, "tempdir", str(base))
+        temp = ray_setup.private_ray_temp()
+        assert len(str(temp)) + ray_setup.RAY_SOCKET_TAIL <= ray_setup.MAX_SOCKET_PATH, (length, temp)
+        assert temp.parent.parent == (base if length == 4 else Path("/tmp"))
+        ray_setup.restore_local_env()
+        if length != 4:
+            base.rmdir()
+
+
+def test_the_local_rays_sockets_and_logs_stay_behind_a_private_folder_during_a_survey(local_ray, shapes_survey):
+    """Issue 62, item 13: the "private" folder was mode 0777 during a survey, and so were its ``sockets/`` and
+    ``logs/`` (Ray's ``try_make_directory_shared`` chmods the folder it is given): another user planted a file and
+    renamed the plasma store's socket, and the survey hung. Now, with the suite's local Ray up and a survey run on
+    it, every path to its sockets and logs passes through a folder of the user's that no one else may enter (mode
+    0700, the private folder Ray is given a folder inside of); Ray's socket paths fit ``RAY_SOCKET_TAIL``."""
+    from vitlens.survey import ray_setup
+
+    if os.environ.get("RAY_TMPDIR"):
+        pytest.skip("RAY_TMPDIR set: Ray's folder is the user's choice")
+    node = ray._private.worker._global_node
+    temp = Path(node.get_temp_dir_path())
+    private = temp.parent
+    assert private.name.startswith(ray_setup.PRIVATE_PREFIX) and private.stat().st_uid == os.geteuid()
+    assert private.stat().st_mode & 0o777 == 0o700
+    sockets = [node.plasma_store_socket_name, node.raylet_socket_name]
+    for path in [*map(Path, sockets), Path(node.get_sockets_dir_path()), Path(node.get_logs_dir_path())]:
+        closed = [a for a in path.parents if a.stat().st_uid == os.geteuid() and not a.stat().st_mode & 0o077]
+        assert closed and closed[-1] == private, (path, [oct(a.stat().st_mode) for a in path.parents])
+    assert all(len(s) - len(str(temp)) <= ray_setup.RAY_SOCKET_TAIL for s in sockets), sockets
 
 
 @pytest.mark.heavy  # conftest.HEAVY: handed out before the short tests
@@ -212,10 +260,11 @@ def test_a_local_survey_runs_its_ray_in_a_private_folder_and_removes_it(tmp_path
     """A command-line survey with its own local Ray: the session ran under the survey's private temporary folder
     (not /tmp/ray), which is gone after; its logs are in OUT/logs, private. Its Ray has a CPU per core, so its model's
     two shards go to two worker processes where there are two cores (the suite's own Ray, tests/conftest.py, gives
-    each model one)."""
+    each model one). Its TMPDIR is 36 characters long: issue 62, item 12 (every local survey exited 1 from 33)."""
     import tempfile
 
-    root = Path(tempfile.mkdtemp(prefix="vl-t-", dir="/tmp"))  # short: Ray's socket paths live under it
+    root = Path(tempfile.mkdtemp(prefix="vl-t-a-long-tmpdir-for-", dir="/tmp"))
+    assert len(str(root)) == 36
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env.update(TMPDIR=str(root), HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1",
@@ -252,7 +301,7 @@ def test_an_out_that_is_not_a_survey_folder_is_refused_before_anything_is_writte
         with pytest.raises(InvalidParameterError, match="exists and is not a survey folder"):
             vl.survey(["ref-vit"], shapes_source(N), folder, shard_size=SHARD, progress=False)
     assert (other / ".lock").read_text() == "held by another tool" and not (plain / ".lock").exists()
-    from vitlens.report.cli import main  # the command, in this process: refused before any Ray or model
+    from vitlens.cli import main  # the command, in this process: refused before any Ray or model
 
     assert main(["survey", "--models", "ref-vit", "--n-images", "4", "--out", str(plain), "--quiet"]) != 0
     assert "is not a survey folder" in capsys.readouterr().err
@@ -263,7 +312,7 @@ def test_an_out_that_is_not_a_survey_folder_is_refused_before_anything_is_writte
 def test_a_manifest_is_read_only_when_it_is_a_file_within_the_bound(tmp_path, monkeypatch, kind):
     """A manifest.json larger than the bound (a 1 GB one cost 2 GB to read) is refused from its size, before it is
     read; a FIFO under the name is refused without opening it."""
-    from vitlens.survey import store as store_module
+    from vitlens.survey import shard_store as store_module
 
     folder = tmp_path / "zoo"
     folder.mkdir()
@@ -355,3 +404,41 @@ def test_the_next_survey_of_a_session_runs_in_the_process_the_last_one_used(loca
 
     assert len(pids(first)) == 1 and pids(second) == pids(first)
     assert [len(e["shards"]) for e in first.manifest["models"].values()] == [N // SHARD]
+
+
+def test_a_view_registered_in_the_driver_is_surveyed_by_its_workers(local_ray, tmp_path, monkeypatch):
+    """Issue 62, item 14: a view registered in the driver and asked of a survey failed in the workers (``KeyError:
+    'distance2'``: a Ray worker imports vitlens afresh and never saw the registration). The driver now sends its
+    registered views with the tasks: the survey of a second distance view, registered here, finishes, with its rows
+    in the table, equal to the built-in view's."""
+    import dataclasses
+
+    from vitlens.views import registry
+
+    view = dataclasses.replace(registry.VIEWS["distance"], name="distance2", default=False)
+    monkeypatch.setitem(registry.VIEWS, "distance2", view)  # the registration undone after the test
+    registry.register_view(view, replace=True)
+    assert registry.registered_views() == (view,)
+    ours = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "ours", shard_size=SHARD, views=("distance2",),
+                     progress=False)
+    builtin = vl.survey(["ref-vit"], shapes_source(N), tmp_path / "builtin", shard_size=SHARD, views=("distance",),
+                        progress=False)
+    assert ours.failed == {} and ours.models() == ["ref-vit"]
+    assert len(ours.table) > 1 and ours.table.drop(columns="value").equals(builtin.table.drop(columns="value"))
+    assert np.allclose(ours.table["value"], builtin.table["value"])
+
+
+def test_a_registered_view_that_cannot_be_sent_is_refused_in_the_driver(local_ray, monkeypatch):
+    """The other half of item 14: a registered view whose functions cannot be pickled (here its builder holds a
+    lock) is refused in the driver, naming it, before any task is sent."""
+    import dataclasses
+    import functools
+
+    from vitlens.survey.run import SurveyError, ship_registered_views
+    from vitlens.views import registry
+
+    held = functools.partial(registry.VIEWS["distance"].build, threading.Lock())
+    view = dataclasses.replace(registry.VIEWS["distance"], name="distance_locked", build=held)
+    monkeypatch.setitem(registry.VIEWS, "distance_locked", view)
+    with pytest.raises(SurveyError, match=r"The views registered here \(distance_locked\) cannot be sent"):
+        ship_registered_views(local_ray)

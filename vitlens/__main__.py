@@ -1,4 +1,4 @@
-"""``python -m vitlens``: the command line (see ``vitlens.report.cli``)."""
-from .report.cli import main
+"""``python -m vitlens``: the command line (see ``vitlens.cli``)."""
+from .cli import main
 
 raise SystemExit(main())

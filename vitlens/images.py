@@ -126,8 +126,13 @@ def open_image(source: Path | IO[bytes], what: str, max_pixels: int = MAX_DECODE
     Raises:
         ImageLoadError: naming ``what``, for undecodable data or an image above the budget ("too large").
     """
+    import warnings
+
     try:
-        with Image.open(source) as opened:
+        with warnings.catch_warnings():  # Pillow's bomb warning: the budget below is stricter, and said in words
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(source)
+        with opened:
             w, h = opened.size
             if w * h > max_pixels and opened.format == "JPEG":
                 scale = 1
@@ -141,8 +146,15 @@ def open_image(source: Path | IO[bytes], what: str, max_pixels: int = MAX_DECODE
             opened.load()
             img = opened.copy()
         return _upright(img)
-    except Image.DecompressionBombError as e:
-        raise ImageLoadError(f"{what}: image too large to analyse safely ({e}). Downscale it first.") from e
+    except ImageLoadError:  # (a ValueError) already says what was wrong: not "cannot read" a readable file
+        raise
+    except Image.DecompressionBombError as e:  # above twice Pillow's limit: refused by Pillow before its size is read
+        import re
+
+        found = re.search(r"(\d+) pixels", str(e))
+        size = f"{int(found.group(1)):,} pixels" if found else "too many pixels"
+        raise ImageLoadError(f"{what}: image too large to analyse safely ({size}, more than vitlens decodes: "
+                             f"{max_pixels:,}). Downscale it first.") from e
     except (OSError, SyntaxError, ValueError) as e:
         raise ImageLoadError(f"Cannot read {what} as an image ({_reason(e, source)}). "
                              f"Pass a {', '.join(t.upper() for t in UPLOAD_TYPES if t not in ('jpeg', 'tif'))} "
@@ -234,8 +246,47 @@ def preprocess(images: Any, data_config: dict[str, Any]) -> torch.Tensor:
         raise InvalidParameterError("No images given: pass at least one image.")
     if isinstance(images, np.ndarray) and images.ndim == 4:
         items = list(images)
-    tensors = [transform(to_rgb(item, what=_describe(item, i))) for i, item in enumerate(items)]
+    tensors = []
+    for i, item in enumerate(items):
+        img = to_rgb(item, what=_describe(item, i))
+        check_resized(img.size, cfg, _describe(item, i))
+        tensors.append(transform(img))
     return torch.stack(tensors)
+
+
+#: timm's crop_pct when a data config gives none (``timm.data.transforms_factory``'s DEFAULT_CROP_PCT)
+_TIMM_CROP_PCT = 0.875
+
+
+def resized_pixels(size: tuple[int, int], data_config: dict[str, Any]) -> int:
+    """How many pixels timm's eval transform for ``data_config`` makes of a ``size`` (width, height) image before it
+    crops: its default "center" mode scales the shorter side to ``input_size / crop_pct`` (a non-square input: the
+    side that makes both fit), keeping the aspect ratio, so a 20000 x 1 image becomes 248 x 4,960,000; "squash" and
+    "border" resize to the scale size itself."""
+    side = tuple(data_config.get("input_size", (3, 224, 224)))[-2:]
+    crop_pct = data_config.get("crop_pct") or _TIMM_CROP_PCT
+    scale = [int(np.floor(x / crop_pct)) for x in side]
+    if data_config.get("crop_mode") in ("squash", "border"):
+        return scale[0] * scale[1]
+    w, h = size
+    ratio = max(scale[0] / h, scale[1] / w)  # ResizeKeepRatio's, and torchvision's Resize(s) for a square scale
+    return int(round(h * ratio)) * int(round(w * ratio))
+
+
+def check_resized(size: tuple[int, int], data_config: dict[str, Any], what: str) -> None:
+    """Refuse, before the model's resize runs, an image it would make larger than ``MAX_DECODE_PIXELS`` (issue 62: a
+    143-byte 20000 x 1 PNG was 4.9 GB in timm's resize; ``MAX_DECODE_PIXELS`` bounds the decode, not the resize).
+
+    Raises:
+        ImageLoadError: naming ``what``, its size and aspect ratio, and what to do.
+    """
+    pixels = resized_pixels(size, data_config)
+    if pixels > MAX_DECODE_PIXELS:
+        w, h = size
+        raise ImageLoadError(f"{what}: image too elongated to analyse safely ({w} x {h} px, aspect ratio "
+                             f"{max(w, h) / max(1, min(w, h)):.0f}:1): the model's resize would make it {pixels:,} "
+                             f"pixels, more than vitlens allows ({MAX_DECODE_PIXELS:,}). Crop it nearer to square "
+                             "first.")
 
 
 def preprocess_masks(masks: np.ndarray, data_config: dict[str, Any]) -> np.ndarray:

@@ -25,7 +25,11 @@ from .views.registry import VIEWS, SurveyStat, View, ViewParams, available_views
 
 
 def attribution_methods() -> tuple[str, ...]:
-    """The registered attribution methods' names (``METHOD_TABLE``), read when called."""
+    """The registered attribution methods' names (``METHOD_TABLE``), read when called.
+
+    Returns:
+        The names, the built-in methods first.
+    """
     return method_names()
 
 

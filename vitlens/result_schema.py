@@ -77,7 +77,7 @@ def check_fields(path: Path, cls: type, values: dict[str, Any]) -> None:
         hints = {}
     for f in dataclasses.fields(cls):
         if f.name not in values:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise fail(path, f.name, "missing")
             continue
         hint = hints.get(f.name)

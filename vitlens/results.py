@@ -173,6 +173,8 @@ class Result:
     """Mixin for the dataclass results of the views: save/load, equality of arrays."""
 
     kind: ClassVar[str] = "result"
+    # every subclass is a dataclass: the fields that dataclasses.fields() reads on them (declared, not set, here)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -237,7 +239,7 @@ class Result:
             atomic_write_bytes(path, self.to_json().encode())
         elif path.suffix == ".npz":
             d = self.to_dict()
-            arrays = {k: v for k, v in d.items() if isinstance(v, np.ndarray)}
+            arrays: dict[str, Any] = {k: v for k, v in d.items() if isinstance(v, np.ndarray)}
             meta = {k: v for k, v in d.items() if not isinstance(v, np.ndarray)}
             buf = io.BytesIO()
             np.savez_compressed(buf, __meta__=np.asarray(json.dumps(_encode(meta))), **arrays)
@@ -265,11 +267,13 @@ class Result:
 
             check_fields(_CHECKING.path, target, values)
             try:
+                # the ignore below: the registry maps the kind to a subclass of cls (checked above)
                 return target(**values)  # type: ignore[return-value]
             except InvalidParameterError:
                 raise
             except Exception as e:  # a check of the class's own (__post_init__) on values that do not fit
                 raise fail(_CHECKING.path, None, f"{type(e).__name__}: {e}") from e
+        # the ignore below: the registry maps the kind to a subclass of cls (checked above)
         return target(**values)  # type: ignore[return-value]
 
     @classmethod

@@ -40,3 +40,14 @@ def value_range(low: float, high: float, digits: int = 2) -> str:
 
 
 __all__ = ["counted", "listed_some", "signed", "value_range"]
+
+
+def class_label(names: Sequence[str], k: int) -> str:
+    """Class ``k`` in words: its name where the model names its classes ("ring"), else "class k"."""
+    return str(names[k]) if 0 <= k < len(names) else f"class {k}"
+
+
+def class_names_of(model: object) -> list[str]:
+    """A ``LoadedModel``'s class names ([] for a bare module or a model without names)."""
+    names = getattr(model, "label_names", None)
+    return list(names() or []) if callable(names) else []

@@ -18,7 +18,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 import vitlens as vl
 from vitlens_app import kind_choices
 from vitlens_app.fair_lock import FairLock
-from vitlens_app.library import (HELD_OUT_SEED, attnlrp_ledger, generate, head_cost, load_model_seeded,
+from vitlens_app.library import (HELD_OUT_SEED, attnlrp_ledger, counted, generate, head_cost, load_model_seeded,
                                  scene_names, time_left, window_maps)
 from vitlens_app.library import (AnalysisResult, AttentionMapsResult, ComparisonTable, DecompositionResult,
                                  FilterPCAResult, LogitLensResult, PatchingResult, PositionSimilarityResult,
@@ -175,7 +175,7 @@ def distance_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, renor
     views = kind_choices.distance_pass_views(m.spec)
     return remembered("distance_memo", (mkey, ikey, len(images), renormalize), lambda progress: vl.analyze(
         m, images, batch_size=16, renormalize=renormalize, progress=progress, views=views),
-        f"Attention distance over {len(images)} images", len(images))
+        f"Attention distance over {counted(len(images), 'image')}", len(images))
 
 
 def head_result(m: vl.LoadedModel, mkey: str, images: list, ikey: str, labels: np.ndarray | None) -> Any:

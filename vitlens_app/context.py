@@ -66,8 +66,10 @@ def figure_download(where: Any, fig: Any, stem: str, label: str = "Figure") -> N
     Chromium is there for kaleido (the browser kaleido would use, found as kaleido finds it), self-contained HTML
     otherwise; made only when clicked."""
     if PNG_EXPORT:
+        # the PNG is drawn only when clicked, by a browser kaleido starts: seconds with nothing on screen, so said
         where.download_button(f"{label} (PNG)", lambda: figure_png(fig), f"{stem}.png", "image/png",
-                              key=f"png-{stem}", on_click="ignore")
+                              key=f"png-{stem}", on_click="ignore",
+                              help="Drawn by Chromium (kaleido) when clicked: the file comes after a few seconds.")
     else:
         where.download_button(f"{label} (HTML)", lambda: figure_html(fig), f"{stem}.html", "text/html",
                               key=f"html-{stem}", on_click="ignore")
@@ -83,12 +85,22 @@ def downloads(result: vl.Result, fig: Any, stem: str) -> None:
     figure_download(cols[2], fig, stem)
 
 
+#: more columns than this and a table's numbers take narrow columns (the Attributions table's time columns, the
+#: sanity and survey tables were cut at the right edge)
+WIDE_TABLE_COLUMNS = 7
+
+
 def whole_table(frame: Any, name_column: str = "method") -> None:
     """A table shown whole: every row (no scroll box of ten) and its name column wide enough for the
     longest name ("integrated_gradients" was cut to "integrated_gradi…")."""
     longest = max((len(str(v)) for v in frame[name_column]), default=0) if name_column in frame else 0
-    config = {name_column: st.column_config.TextColumn(name_column, width=max(80, 8 * longest + 24))} if longest else None
-    st.dataframe(frame, hide_index=True, height="content", column_config=config)
+    config: dict[str, Any] = {}
+    if len(frame.columns) > WIDE_TABLE_COLUMNS:  # numbers in narrow columns, so the last ones are not off-screen
+        config.update({c: st.column_config.NumberColumn(str(c), width="small", help=str(c)) for c in frame.columns
+                       if c != name_column and str(frame[c].dtype).startswith(("float", "int"))})
+    if longest:
+        config[name_column] = st.column_config.TextColumn(name_column, width=max(80, 8 * longest + 24))
+    st.dataframe(frame, hide_index=True, height="content", column_config=config or None)
 
 
 def image_count(where: Any, available: int, key: str) -> int:

@@ -7,28 +7,28 @@ import streamlit as st
 
 from vitlens_app.caches import load_model, predictions_result
 from vitlens_app.context import Context, show_error
+from vitlens_app.gate import REFUSAL, TOKEN_ENV, app_token, cookie_grants, gate_serving
 from vitlens_app.library import format_probability
 from vitlens_app.sidebar import show_facts
 
-#: a secret the page asks for in its address (``?token=...``) when set: on a shared machine, where every local
-#: user can reach 127.0.0.1, the app is then its user's alone (docs/security.md)
-TOKEN_ENV = "VITLENS_APP_TOKEN"
-
 
 def access_granted() -> bool:
-    """Whether this session may use the app: no token set, or the address's ``token`` equals ``$VITLENS_APP_TOKEN``
-    (compared in constant time; remembered for the session)."""
-    import hmac
-    import os
+    """Whether this session may use the app: no token set (``$VITLENS_APP_TOKEN``), or this process's server checks
+    the token on every request (``vitlens_app.gate.TokenGate``, ``streamlit run serve.py``) and this session's
+    websocket came with the cookie the token's address hands out. A token set under a server without the gate
+    (``streamlit run app.py``) is refused: the page alone would leave uploads, messages and metrics open."""
+    token = app_token()
+    if not token:
+        return True
+    return gate_serving() and cookie_grants(dict(st.context.cookies), token)
 
-    want = os.environ.get(TOKEN_ENV, "")
-    if not want or st.session_state.get("access-granted"):
-        return True
-    given = st.query_params.get("token", "")
-    if hmac.compare_digest(str(given).encode(), want.encode()):
-        st.session_state["access-granted"] = True
-        return True
-    return False
+
+def access_refusal() -> str:
+    """What a page without access reads: how to start the app behind its gate, or how to open it."""
+    if not gate_serving():
+        return (f"{TOKEN_ENV} is set but this server does not check it: start the app with `bash scripts/app.sh` or "
+                "`streamlit run serve.py`, which check the token on every request.")
+    return REFUSAL
 
 
 def image_box_key(ikey: str) -> str:

@@ -10,7 +10,6 @@ file alone. One seam is a function, not a name:
 """
 from __future__ import annotations
 
-from typing import Any
 
 import vitlens as vl
 # attribution: the method and metric registries, the words of their tables, text towers, AttnLRP's ledger

@@ -21,7 +21,8 @@ from .faithfulness import ComparisonTable, compare_methods
 from .lrp import LRPRules
 from .lrp_ledger import ConservationLedger, attnlrp_ledger, lrp_methods
 from .masks import MaskScores, mask_scores, patch_coverage
-from .methods import METHOD_TABLE, AttributionResult, Method, attribute, method_names, register_method
+from .methods import METHOD_TABLE, Method, attribute, method_names, register_method
+from .result import AttributionResult
 from .metrics import METRIC_TABLE, Metric, register_metric
 from .protocols import ORDERINGS, PROTOCOLS
 from .perturbation import PerturbationResult, RoadResult, perturbation_test, road
@@ -43,7 +44,7 @@ def __getattr__(name: str):
     if name == "DEFAULTS":
         import warnings
 
-        warnings.warn("vitlens.attribution.DEFAULTS is deprecated; read METHOD_TABLE[name].defaults.", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn("vitlens.attribution.DEFAULTS is deprecated; read METHOD_TABLE[name].defaults.",
+                      DeprecationWarning, stacklevel=2)
         return {k: dict(mt.defaults) for k, mt in METHOD_TABLE.items()}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

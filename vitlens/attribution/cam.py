@@ -109,7 +109,9 @@ def stage_layouts(m: LoadedModel) -> list[tuple[tuple[int, int], tuple[int, int]
     Swin's), or of its one grid (SAM / ViTDet, a ViT)."""
     layout = m.family.stage_layout  # an optional ability: None where the family has one grid
     if layout is None:
+        # the ignore below: spec's grid and stride are pairs; tuple() loses their length
         return [(tuple(m.spec.grid), tuple(m.spec.stride_px))]  # type: ignore[list-item]
+    # the ignore below: 2 ints (mypy: tuple[int, ...])
     return [(tuple(int(v) for v in g), tuple(int(v) for v in s)) for g, s in layout(m.model)]  # type: ignore[misc]
 
 
@@ -130,7 +132,8 @@ def resolve_target_layer(m: LoadedModel, name: str) -> nn.Module:
     modules = dict(m.model.named_modules())
     if not isinstance(name, str) or name not in modules:
         near = difflib.get_close_matches(str(name), list(modules), n=6, cutoff=0.5)
-        hint = f"nearest names: {', '.join(near)}" if near else f"the blocks are {m.block_names()[0]} ... {m.block_names()[-1]}"
+        hint = (f"nearest names: {', '.join(near)}" if near
+                else f"the blocks are {m.block_names()[0]} ... {m.block_names()[-1]}")
         raise InvalidParameterError(f"target_layer must name a module of {m.spec.name} (model.named_modules()); "
                                     f"got {name!r}; {hint}.")
     return modules[name]
@@ -147,8 +150,9 @@ def token_reshape(spec: ModelSpec, grid: tuple[int, int], batch: int, layer: str
 
     def reshape(out: Any) -> torch.Tensor:
         if not isinstance(out, torch.Tensor):
-            raise InvalidParameterError(f"target_layer {layer!r} outputs a {type(out).__name__}, not a tensor of tokens; "
-                                        "name a module inside that block that outputs [B, T, C] (e.g. its norm).")
+            raise InvalidParameterError(f"target_layer {layer!r} outputs a {type(out).__name__}, not a tensor of "
+                                        "tokens; name a module inside that block that outputs [B, T, C] (e.g. its "
+                                        "norm).")
         if out.ndim == 4 and tuple(out.shape[-2:]) == (gh, gw) and out.shape[0] == batch:
             return out.float()
         if out.ndim != 3 or out.shape[0] != batch or out.shape[1] != tokens:

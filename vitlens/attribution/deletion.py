@@ -22,7 +22,8 @@ from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .baselines import baseline_image, prompt_embeddings
+from .baselines import baseline_image, prompt_embeddings, score_name
+from .tower_targets import scores_own_output, unit_outputs
 from .methods import AttributionResult
 from ..words import counted
 
@@ -41,7 +42,8 @@ class FaithfulnessResult(Result):
         baseline: "mean" (each channel's image mean) or "blur" (Gaussian blur of the image).
         model_name: the model's name.
         score: what the curves follow: "probability" (of the target class), or, for maps of a text
-            target, "cosine similarity to the prompt" (the image-text similarity the maps explain).
+            target, "cosine similarity to the prompt" (the image-text similarity the maps explain); on a tower
+            without classes (``tower_targets``) the cosine similarity to the direction or to the unperturbed output.
     """
 
     kind = "faithfulness"
@@ -58,9 +60,10 @@ class FaithfulnessResult(Result):
     ordering: str = "signed"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.deletion), 'image')}, deletion AUC "
-                f"{significant(self.deletion_auc.mean())}, insertion AUC {significant(self.insertion_auc.mean())} ({self.baseline} "
-                f"baseline), protocol {self.protocol}, ordered by {'|R|' if self.ordering == 'absolute' else 'signed R'}")
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.deletion), 'image')}, "
+                f"deletion AUC {significant(self.deletion_auc.mean())}, insertion AUC "
+                f"{significant(self.insertion_auc.mean())} ({self.baseline} baseline), protocol {self.protocol}, "
+                f"ordered by {'|R|' if self.ordering == 'absolute' else 'signed R'}")
 
     def to_rows(self) -> list[dict]:
         """One row per image: its deletion and insertion AUC."""
@@ -109,7 +112,7 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
     similarity); AUC the trapezoid over i / n_steps."""
     from .perturbation import removal_masks
 
-    text = prompt_embeddings(m, attribution)
+    text, own = prompt_embeddings(m, attribution), scores_own_output(m, attribution.target_kind)
     dels, ins, offset, fractions = [], [], 0, np.zeros(1)
     for x in iter_batches(images, m.data_config, batch_size):
         x = x.to(m.device)
@@ -118,6 +121,7 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
         counts = [min(w * i, h * w) for i in range(n_steps + 1)]
         fractions = np.arange(n_steps + 1, dtype=np.float64) / n_steps
         blurred = rise_blur(x)
+        ref = unit_outputs(m, x) if own else None
         for i in range(x.shape[0]):
             j = offset + i
             masks = removal_masks(attribution.maps[j:j + 1], None, True, attribution.cell_px(m.spec.stride_px), (h, w),
@@ -127,20 +131,21 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
             inserted = torch.where(masks, x[i:i + 1], blurred[i:i + 1])
             both = torch.cat([deleted, inserted])
             out = torch.cat([m.logits(both[k:k + batch_size * 8]) for k in range(0, len(both), batch_size * 8)])
-            if text is None:
+            if ref is not None:  # a tower without classes: how much of the image's own output survives
+                probs = torch.nn.functional.normalize(out.flatten(1), dim=-1) @ ref[i]
+            elif text is None:
                 probs = out.softmax(-1)[:, int(attribution.targets[j])]
             else:
                 probs = torch.nn.functional.normalize(out, dim=-1) @ text[int(attribution.targets[j])]
-            probs = probs.cpu().numpy().astype(np.float64)
-            dels.append(probs[: n_steps + 1])
-            ins.append(probs[n_steps + 1:])
+            scores = probs.cpu().numpy().astype(np.float64)
+            dels.append(scores[: n_steps + 1])
+            ins.append(scores[n_steps + 1:])
         offset += x.shape[0]
     deletion, insertion = np.stack(dels), np.stack(ins)
     return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
-                              deletion_auc=np.trapezoid(deletion, fractions, axis=1),
-                              insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline="zero/blur",
-                              model_name=m.spec.name,
-                              score="probability" if text is None else "cosine similarity to the prompt",
+                              deletion_auc=np.asarray(np.trapezoid(deletion, fractions, axis=1)),
+                              insertion_auc=np.asarray(np.trapezoid(insertion, fractions, axis=1)),
+                              baseline="zero/blur", model_name=m.spec.name, score=score_name(m, attribution),
                               protocol="petsiuk2018", ordering=ordering)
 
 
@@ -179,7 +184,7 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
         return _petsiuk(m, images, attribution, ordering, batch_size)
     if steps < 1:
         raise InvalidParameterError(f"steps must be >= 1; got {steps}.")
-    text = prompt_embeddings(m, attribution)
+    text, own = prompt_embeddings(m, attribution), scores_own_output(m, attribution.target_kind)
     grid, cell = attribution.grid, attribution.cell_px(m.spec.stride_px)  # a stage's cells for a Swin's CAM
     n_tok = grid[0] * grid[1]
     counts = [round(n_tok * s / steps) for s in range(steps + 1)]
@@ -191,7 +196,8 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
         b = x.shape[0]
         base = baseline_image(x, baseline)
         masks = torch.stack([_token_masks(_ranked(attribution.maps[offset + i], ordering), grid, cell, counts,
-                                          tuple(x.shape[-2:])) for i in range(b)]).to(x.device)[:, :, None]
+                                          (int(x.shape[-2]), int(x.shape[-1])))
+                             for i in range(b)]).to(x.device)[:, :, None]
         # every image of the batch at every step: [b, 2, S, C, H, W] (deleted, inserted), through the model in
         # forwards of batch_size x 2 S images (a few forwards per removal step for the batch, not one per image)
         both = torch.stack([torch.where(masks, base[:, None], x[:, None]),
@@ -199,18 +205,18 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
         chunk = batch_size * 2 * s
         out = torch.cat([m.logits(both[k:k + chunk]) for k in range(0, len(both), chunk)]).reshape(b, 2 * s, -1)
         targets = torch.as_tensor(np.asarray(attribution.targets[offset:offset + b], dtype=np.int64), device=out.device)
-        if text is None:
+        if own:  # a tower without classes: the cosine similarity to the image's unperturbed output
+            probs = (torch.nn.functional.normalize(out, dim=-1) * unit_outputs(m, x)[:, None, :]).sum(-1)
+        elif text is None:
             probs = out.softmax(-1).gather(2, targets[:, None, None].expand(b, 2 * s, 1))[..., 0]
         else:  # the cosine similarity to the image's prompt, the score the maps explain
             probs = (torch.nn.functional.normalize(out, dim=-1) * text[targets][:, None, :]).sum(-1)
-        probs = probs.cpu().numpy().astype(np.float64)
-        dels += list(probs[:, :s])
-        ins += list(probs[:, s:])
+        scores = probs.cpu().numpy().astype(np.float64)
+        dels += list(scores[:, :s])
+        ins += list(scores[:, s:])
         offset += b
     deletion, insertion = np.stack(dels), np.stack(ins)
     return FaithfulnessResult(method=attribution.method, fractions=fractions, deletion=deletion, insertion=insertion,
                               deletion_auc=np.trapezoid(deletion, fractions, axis=1),
                               insertion_auc=np.trapezoid(insertion, fractions, axis=1), baseline=baseline,
-                              model_name=m.spec.name,
-                              score="probability" if text is None else "cosine similarity to the prompt",
-                              ordering=ordering)
+                              model_name=m.spec.name, score=score_name(m, attribution), ordering=ordering)

@@ -133,8 +133,8 @@ class ComparisonTable(Result):
 
     def summary(self) -> str:
         made = "; ".join(f"{k}: {v}" for k, v in self.protocols.items())
-        return f"{self.model_name or 'model'}: {counted(len(self.rows), 'method')} x {counted(self.n_images, 'image')}" + (
-            f" (protocols {made})" if made else "")
+        return (f"{self.model_name or 'model'}: {counted(len(self.rows), 'method')} x "
+                f"{counted(self.n_images, 'image')}" + (f" (protocols {made})" if made else ""))
 
     def to_rows(self) -> list[dict]:
         """One row per method: its scores, keyed by the columns' names (what the CSV and JSON hold)."""
@@ -168,8 +168,9 @@ class ComparisonTable(Result):
                    protocols=dict(tables[0].protocols))
 
 
-def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | None = None, masks: np.ndarray | None = None,
-                    target: Any = None, steps: int = 16, baseline: str = "mean", batch_size: int = 16,
+def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | None = None,
+                    masks: np.ndarray | None = None, target: Any = None, steps: int = 16, baseline: str = "mean",
+                    batch_size: int = 16,
                     progress: ProgressArg = None, method_params: dict[str, dict] | None = None,
                     metrics: Sequence[str] | None = None, labels: np.ndarray | None = None,
                     protocol: str = "vitlens", ordering: str | None = None) -> ComparisonTable:
@@ -220,7 +221,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
     settings = {mt.name: mt.prepare(protocol, ordering, batch_size=batch_size, steps=steps, baseline=baseline,
                                     labels=labels) for mt in chosen}
     methods = default_methods(m) if methods is None else methods
-    images = list(images) if not isinstance(images, torch.Tensor) else images
+    # a single image (not in a sequence) is not read as one here: reported in issue 61's note, left as it was
+    images = list(images) if not isinstance(images, torch.Tensor) else images  # type: ignore[arg-type]
     if masks is not None:
         masks = masks_at_input(masks, m.data_config, images)
     rows, attrs = [], []

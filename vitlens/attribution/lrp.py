@@ -76,8 +76,8 @@ from ..loading.model import LoadedModel
 from .lrp_rules import (cp_attention, gamma_conv2d, gamma_linear, gated_product, half_gradient, identity_rule,
                         layer_norm_rule, multi_head_attention, rms_norm_rule, uniform_attention)
 
-__all__ = ["ATTENTION_RULES", "AttnLRPMaps", "LRPRules", "SUPPORTED", "attnlrp_maps", "attnlrp_mode", "attnlrp_relevance",
-           "check_supported", "half_gradient"]
+__all__ = ["ATTENTION_RULES", "AttnLRPMaps", "LRPRules", "SUPPORTED", "attnlrp_maps", "attnlrp_mode",
+           "attnlrp_relevance", "check_supported", "half_gradient"]
 
 _INSTEAD = "Use grad_rollout, input_x_gradient or a CAM method instead."
 
@@ -118,7 +118,8 @@ class LRPRules:
                 raise InvalidParameterError(f"{name} must be a number >= 0 (0 for the epsilon rule); got {value!r}.")
 
 
-_NORMS = {F.layer_norm: layer_norm_rule, F.rms_norm: rms_norm_rule}
+_NORMS: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {F.layer_norm: layer_norm_rule,
+                                                                  F.rms_norm: rms_norm_rule}
 #: calls that mean a rule would be bypassed: an attention or a normalisation written out by hand
 _BYPASS = {torch.softmax: "a softmax", torch.Tensor.softmax: "a softmax", F.softmax: "a softmax",
            torch.rsqrt: "an rsqrt (a hand-written normalisation)",
@@ -280,7 +281,8 @@ class attnlrp_mode(HookSession):  # noqa: N801 (a context manager, used like a f
                 handles.set_attr(cfg, "_attn_implementation", "sdpa")
         self._mode = _RuleMode(self.rules)
         self._mode.__enter__()
-        handles.on_remove(lambda mode=self._mode: mode.__exit__(None, None, None))
+        mode = self._mode
+        handles.on_remove(lambda: mode.__exit__(None, None, None))
 
 
 def attnlrp_relevance(m: LoadedModel, x: torch.Tensor, t: torch.Tensor,
@@ -332,7 +334,8 @@ class AttnLRPMaps:
         return LRPRules(self.attention, params.get("gamma", 0.0), params.get("conv_gamma", 0.0))
 
     def __call__(self, m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                 params: dict[str, Any], score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+                 params: dict[str, Any],
+                 score: Callable[[torch.Tensor], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
         relevance = attnlrp_relevance(m, x, t, score, self.rules(params))
         return pixels_to_grid(relevance, grid), t.cpu().numpy()
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..engine.sites import HookPoint, SiteSession
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
@@ -208,11 +209,13 @@ def _one(cm: LoadedModel, x: torch.Tensor, target: int | None, params: dict[str,
         outputs.append((mod, out))
         return out.clone()  # what follows (an in-place ReLU) works on the copy: out keeps its own gradient
 
-    hooks = [mod.register_forward_hook(keep) for mod in norms]
+    by_name = {f"norm.{i}.hook_out": mod for i, mod in enumerate(norms)}  # the frozen BatchNorms' outputs, as sites
+    kept = SiteSession(cm.model, {name: HookPoint(mod) for name, mod in by_name.items()},
+                       lambda name, out: keep(by_name[name], (), out))
     SOFTMAX_RECORD.pairs = []
     try:
         xi = x.detach().clone().requires_grad_(True)
-        with torch.enable_grad(), attnlrp_mode(cm, rules):
+        with kept, torch.enable_grad(), attnlrp_mode(cm, rules):
             out = cm.forward(xi)
             t = int(out.argmax(-1)[0]) if target is None else int(target)
             score = out[0, t]
@@ -220,8 +223,6 @@ def _one(cm: LoadedModel, x: torch.Tensor, target: int | None, params: dict[str,
         pairs = SOFTMAX_RECORD.pairs
     finally:
         SOFTMAX_RECORD.pairs = None
-        for h in hooks:
-            h.remove()
     entries = {e: 0.0 for e in ENTRIES}
     entries["input"] = float((xi.detach() * xi.grad).sum())
     for name, p in params.items():

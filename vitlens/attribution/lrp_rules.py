@@ -29,11 +29,13 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+import torch.nn.grad
 
 from ..errors import ViewNotAvailableError
 
 
-#: on this thread, while ``lrp_ledger`` draws up a ledger: ``pairs``, a list of every attention's (scores, probabilities)
+#: on this thread, while ``lrp_ledger`` draws up a ledger: ``pairs``, a list of every attention's (scores,
+#: probabilities)
 SOFTMAX_RECORD = threading.local()
 
 
@@ -160,7 +162,7 @@ def gamma_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 
 
 def gamma_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
-                 padding: Any = 0, dilation: Any = 1, groups: int = 1, gamma: float = 0.25) -> torch.Tensor:
+                 padding: Any = 0, dilation: Any = 1, groups: int = 1, *, gamma: float = 0.25) -> torch.Tensor:
     """``F.conv2d`` with the γ-rule's backward (padding 'valid', 'same' with odd kernels, or numbers)."""
     if padding == "valid":
         padding = 0
@@ -270,13 +272,17 @@ def multi_head_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         key_padding_mask = None if key_padding_mask is None else key_padding_mask.unsqueeze(0)
     (tgt, batch, embed), src = query.shape, key.shape[0]
     if use_separate_proj_weight:
-        weights = (q_proj_weight, k_proj_weight, v_proj_weight)
+        weights: tuple[torch.Tensor | None, ...] = (q_proj_weight, k_proj_weight, v_proj_weight)
+    elif in_proj_weight is None:
+        raise ViewNotAvailableError("attnlrp's nn.MultiheadAttention needs in_proj_weight (or q/k/v_proj_weight with "
+                                    "use_separate_proj_weight); this call passed neither.")
     else:
         weights = in_proj_weight.chunk(3)
     biases = in_proj_bias.chunk(3) if in_proj_bias is not None else (None, None, None)
     head_dim = embed // num_heads
 
-    def heads(t: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:  # [L, N, E] -> [N, H, L, hd]
+    # [L, N, E] -> [N, H, L, hd]
+    def heads(t: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor:
         return linear(t, w, b).reshape(t.shape[0], batch * num_heads, head_dim).transpose(0, 1).reshape(
             batch, num_heads, t.shape[0], head_dim)
 

@@ -27,87 +27,18 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..core.resample import pixels_to_grid, upsample_map
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..images import Images, count_images, iter_batches
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
-from ..results import Result
 from ..kinds import Kind, all_kinds, find_kind, has_cam_layer, has_token_attention, kind_of, takes_images
-from ..views.analyze import attention_rollout
 from ..views.registry import VIEWS
-from ..engine.capture import capture_attention
-from ..views.rollout import rollout_map
 from .cam import CAM_CLASSES, CAM_INSTALL, CAM_PACKAGE, cam_maps, stage_layouts
 from .lrp import AttnLRPMaps, attnlrp_maps
-from ..words import counted
-
-
-@dataclass(eq=False, repr=False)
-class AttributionResult(Result):
-    """Maps of one method over a batch of images.
-
-    Attributes:
-        method: one of ``METHODS``.
-        maps: [B, gh, gw] float64 on the patch-token grid (signed for gradient methods; larger =
-            more evidence for the target).
-        targets: [B] class explained (the predicted class unless given).
-        grid: (gh, gw); image_size: (H, W) input pixels.
-        seconds_per_image: wall time of the maps (``attribute``'s loop: preprocessing, forwards, backwards)
-            divided by B, the method's first call in the process included (one-time setup shows there).
-        params: the method's parameters.
-        note: what the map means for this method/model (e.g. class-agnostic, no class token).
-        model_name: the model's name.
-        label_names: the model's class names (empty when it has none), for ``target_name``; for a text
-            target, the distinct prompts, which ``targets`` index.
-        target_kind: "class", or "text" when a prompt was explained (``vitlens.attribution.text``).
-        text_embeddings: for a text target, [P, D] float32 unit text embeddings of the
-            prompts (what deletion / insertion score against); None otherwise.
-        stride_px: (sy, sx) pixels between the map's cells: the patch stride for maps on the patch-token grid,
-            a stage's stride for CAMs on a hierarchical model's stage (the last stage's: 32 px on a 224 px Swin,
-            ``grid`` 7x7 where the patch grid is 56x56); None in files of an older vitlens (the model's patch
-            stride). The perturbation metrics remove whole cells of this size (``cell_px``).
-    """
-
-    kind = "attribution"
-    method: str
-    maps: np.ndarray
-    targets: np.ndarray
-    grid: tuple[int, int]
-    image_size: tuple[int, int]
-    seconds_per_image: float
-    params: dict = field(default_factory=dict)
-    note: str = ""
-    model_name: str = ""
-    label_names: list = field(default_factory=list)
-    target_kind: str = "class"
-    text_embeddings: np.ndarray | None = None
-    stride_px: tuple | None = None
-
-    def target_name(self, index: int) -> str:
-        """The class (or prompt) explained for image ``index`` in words: 'ring', 'a photo of a dog', or 'class 4'
-        without names."""
-        t = int(self.targets[index])
-        return self.label_names[t] if 0 <= t < len(self.label_names) else f"class {t}"
-
-    def summary(self) -> str:
-        prompt = f" for {self.label_names[0]!r}" if self.target_kind == "text" and len(self.label_names) == 1 else ""
-        return (f"{self.model_name or 'model'}: {self.method} maps of {counted(len(self.maps), 'image')}{prompt} on "
-                f"{self.grid[0]}x{self.grid[1]}, {self.seconds_per_image:.3f} s/image")
-
-    def to_rows(self) -> list[dict]:
-        """One row per (image, patch row, patch column), 0-based: the map's value, with the target."""
-        b, gh, gw = self.maps.shape
-        return [{"method": self.method, "image": i, "target": int(self.targets[i]), "row": r, "col": c,
-                 "value": float(self.maps[i, r, c])} for i in range(b) for r in range(gh) for c in range(gw)]
-
-    def cell_px(self, patch_stride: tuple[int, int]) -> tuple[int, int]:
-        """(sy, sx) pixels of one map cell: ``stride_px``, or ``patch_stride`` (the model's) where it is None."""
-        return tuple(int(v) for v in (self.stride_px or patch_stride))  # type: ignore[return-value]
-
-    def upsampled(self) -> np.ndarray:
-        """[B, H, W] maps resized (bilinear) to the input size, for display."""
-        return np.stack([upsample_map(mp, self.image_size) for mp in self.maps])
+from .builtin import (Scorer, class_scorer, grad_rollout_maps, input_x_gradient_maps, integrated_gradients_maps,
+                      occlusion_maps, rollout_maps, saliency_maps)
+from .result import AttributionResult
+from .tower_targets import DIRECTION_SCORE, OutputTarget, is_headless
 
 
 def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
@@ -129,82 +60,6 @@ def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
         raise InvalidParameterError(f"target must be one class index or one per image, in [0, {m.spec.num_classes}); "
                                     f"got {target!r}.")
     return t
-
-
-Scorer = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor | None, grid: tuple[int, int],
-             params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
-    r = attention_rollout(m, x, batch_size=x.shape[0], **params)
-    return r.maps, (r.predictions if t is None else t.cpu().numpy())
-
-
-def _grad_rollout(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                  params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
-    x = x.detach().clone().requires_grad_(True)
-    with torch.enable_grad(), capture_attention(m, mode="inline", detach=False) as cap:
-        logits = score(x)
-        grads = torch.autograd.grad(logits.gather(1, t[:, None]).sum(), cap.maps)  # one gradient per block, in block order
-    tokens = cap.maps[0].shape[-1]
-    r = torch.eye(tokens, dtype=torch.float64, device=x.device).expand(x.shape[0], tokens, tokens).clone()
-    for attn, grad in zip(cap.maps, grads):
-        cam = (grad.detach().to(torch.float64) * attn.detach().to(torch.float64)).clamp(min=0).mean(dim=1)
-        r = r + cam @ r
-    return rollout_map(r, m.spec.num_prefix_tokens, m.spec.has_class_token, grid), t.cpu().numpy()
-
-
-def _forward_fn(m: LoadedModel) -> Scorer:
-    """The class scorer: x -> [B, classes] logits in float32."""
-    return lambda inp: m.forward(inp).float()
-
-
-def _integrated_gradients(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                          params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
-    import captum.attr as ca
-
-    x = x.detach().clone().requires_grad_(True)
-    baseline = torch.zeros_like(x)  # the normalised mean colour
-    with torch.enable_grad():
-        attr = ca.IntegratedGradients(score).attribute(
-            x, baselines=baseline, target=t, n_steps=int(params["n_steps"]), internal_batch_size=x.shape[0])
-    return pixels_to_grid(attr, grid), t.cpu().numpy()
-
-
-def _saliency(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-              params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
-    import captum.attr as ca
-
-    with torch.enable_grad():
-        attr = ca.Saliency(score).attribute(x.detach().clone().requires_grad_(True), target=t, abs=True)
-    return pixels_to_grid(attr, grid), t.cpu().numpy()
-
-
-def _input_x_gradient(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-                      params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
-    import captum.attr as ca
-
-    with torch.enable_grad():
-        attr = ca.InputXGradient(score).attribute(x.detach().clone().requires_grad_(True), target=t)
-    return pixels_to_grid(attr, grid), t.cpu().numpy()
-
-
-def _occlusion(m: LoadedModel, x: torch.Tensor, t: torch.Tensor, grid: tuple[int, int],
-               params: dict[str, Any], score: Scorer) -> tuple[np.ndarray, np.ndarray]:
-    import captum.attr as ca
-
-    sy, sx = m.spec.stride_px
-    win, step = int(params["window_tokens"]), int(params["stride_tokens"])
-    if win < 1 or not 1 <= step <= win:
-        raise InvalidParameterError(f"occlusion needs window_tokens >= stride_tokens >= 1; got {win}, {step}.")
-    with torch.no_grad():
-        attr = ca.Occlusion(score).attribute(
-            x.detach(), sliding_window_shapes=(x.shape[1], win * sy, win * sx),
-            strides=(x.shape[1], step * sy, step * sx), baselines=0.0, target=t,
-            perturbations_per_eval=int(params["perturbations_per_eval"]))
-    # captum gives each pixel the mean score drop of the windows covering it (the same value on
-    # every channel); with the default one-token window the block mean is that token's drop
-    return pixels_to_grid(attr, grid, reduce="mean") / x.shape[1], t.cpu().numpy()
 
 
 MethodFn = Callable[[LoadedModel, torch.Tensor, Any, tuple, dict, Scorer], tuple[np.ndarray, np.ndarray]]
@@ -240,9 +95,10 @@ class Method:
             defined where ``Kind.token_attention`` (``has_token_attention``, the default), not on a hierarchical
             model's windows and stages or a CaiT's two kinds of block; the input-space methods (captum's) are
             defined for every differentiable model of one image (``takes_images``: not a video model's clip), the
-            CAMs where the family names their layer (``has_cam_layer``; on a stage's grid), and rollout wherever the rollout view reads the model's maps
-            (the windowed rollout, a CaiT's from its class token). ``attribute`` refuses a method outside its kinds
-            and names those defined (``methods_for``); the app, the report and the CLI offer only those.
+            CAMs where the family names their layer (``has_cam_layer``; on a stage's grid), and rollout wherever the
+            rollout view reads the model's maps (the windowed rollout, a CaiT's from its class token). ``attribute``
+            refuses a method outside its kinds and names those defined (``methods_for``); the app, the report and the
+            CLI offer only those.
     """
 
     name: str
@@ -290,20 +146,21 @@ def has_rollout_view(kind: Kind) -> bool:
 
 #: the CAMs' names as their papers write them (a legend's label, ``Method.label``)
 CAM_LABELS = {"gradcam": "Grad-CAM", "gradcam++": "Grad-CAM++", "xgradcam": "XGrad-CAM", "hirescam": "HiResCAM",
-              "layercam": "LayerCAM", "eigencam": "Eigen-CAM", "eigengradcam": "Eigen-Grad-CAM", "scorecam": "Score-CAM"}
+              "layercam": "LayerCAM", "eigencam": "Eigen-CAM", "eigengradcam": "Eigen-Grad-CAM",
+              "scorecam": "Score-CAM"}
 
 METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
     # rollout of a hierarchical model: through its windows and patch mergings (vl.attention_rollout)
-    Method("rollout", _rollout, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
+    Method("rollout", rollout_maps, {"head_fusion": "mean", "discard_ratio": 0.0}, needs_target=False,
            note="class-agnostic: the same map for every target", quick=True, preselected=True, rollout_row=True,
            for_kind=has_rollout_view, label="attention rollout"),
-    Method("grad_rollout", _grad_rollout, quick=True, preselected=True, rollout_row=True, label="gradient rollout"),
+    Method("grad_rollout", grad_rollout_maps, quick=True, preselected=True, rollout_row=True, label="gradient rollout"),
     # captum's input-space methods: gradients or occlusions of the input, defined for any differentiable model
-    Method("integrated_gradients", _integrated_gradients, {"n_steps": 16}, for_kind=takes_images,
+    Method("integrated_gradients", integrated_gradients_maps, {"n_steps": 16}, for_kind=takes_images,
            label="integrated gradients"),  # captum's 50: slow
-    Method("saliency", _saliency, quick=True, preselected=True, for_kind=takes_images, label="saliency"),
-    Method("input_x_gradient", _input_x_gradient, quick=True, for_kind=takes_images, label="input × gradient"),
-    Method("occlusion", _occlusion, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
+    Method("saliency", saliency_maps, quick=True, preselected=True, for_kind=takes_images, label="saliency"),
+    Method("input_x_gradient", input_x_gradient_maps, quick=True, for_kind=takes_images, label="input × gradient"),
+    Method("occlusion", occlusion_maps, {"window_tokens": 1, "stride_tokens": 1, "perturbations_per_eval": 16},
            for_kind=takes_images, label="occlusion"),
     # the Grad-CAM family (vitlens.attribution.cam): target_layer None = the last block's pre-attention norm
     # (a hierarchical model: the last stage's last block, on that stage's grid); scorecam's masked_per_forward:
@@ -330,7 +187,11 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
 
 
 def method_names() -> tuple[str, ...]:
-    """Every registered method's name, read from ``METHOD_TABLE`` when called (a method registered later is in it)."""
+    """Every registered method's name, read from ``METHOD_TABLE`` when called (a method registered later is in it).
+
+    Returns:
+        The names, in the table's order (the built-in methods first).
+    """
     return tuple(METHOD_TABLE)
 
 
@@ -347,7 +208,17 @@ SLOW_METHODS: tuple[str, ...] = tuple(name for name, mt in METHOD_TABLE.items() 
 
 def register_method(method: Method) -> Method:
     """Add ``method`` to ``METHOD_TABLE``; ``attribute``, ``compare_methods``, the report and the app read it
-    from there. Refuses a name already taken."""
+    from there.
+
+    Args:
+        method: the method's entry (``Method``).
+
+    Returns:
+        ``method``.
+
+    Raises:
+        InvalidParameterError: a method of that name is registered already.
+    """
     if method.name in METHOD_TABLE:
         raise InvalidParameterError(f"an attribution method named {method.name!r} exists already.")
     METHOD_TABLE[method.name] = method
@@ -460,7 +331,9 @@ def attribute(
         target: class index for all images, one per image, or None for each image's prediction; for a
             model with a text tower (CLIP, SigLIP), a prompt ("a photo of a dog"), one prompt per image, or
             pre-tokenised ids ({"input_ids": [P, L], ...}): the map explains the cosine similarity of the
-            image embedding and the prompt's text embedding (``vitlens.attribution.text``).
+            image embedding and the prompt's text embedding (``vitlens.attribution.text``); for a tower with
+            neither a classifier head nor a text tower, None (the map explains the output's norm) or a direction,
+            a vector of the output's size (its cosine similarity to the output: ``tower_targets``).
         batch_size: images per step.
         progress: True for a progress bar, or a callable ``f(done, total)``.
         tokenizer: for a text target, the text tower's tokenizer when vitlens cannot find it (a Hugging Face
@@ -493,15 +366,28 @@ def attribute(
         # deletion / insertion can score the map against it as against a class)
         text = TextTargets(m, target, count_images(images), tokenizer)
         explained["score"] = SCORE if spec.needs_target else "none (class-agnostic); the prompt is recorded only"
-    score = text.scorer(m) if text is not None else _forward_fn(m)
-    maps, targets, grid, size, done, map_grid = [], [], None, None, 0, None
+    # a tower without classes or prompts: its output's norm, or a direction, is what a map explains (tower_targets)
+    tower = OutputTarget(m, target) if text is None and is_headless(m) else None
+    if tower is not None:
+        explained["score"] = (tower.name if spec.needs_target else
+                              f"none (class-agnostic); {tower.name} is recorded only")
+    score = text.scorer(m) if text is not None else tower.scorer(m) if tower is not None else class_scorer(m)
+    maps: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    grid: tuple[int, int] | None = None
+    size: tuple[int, int] | None = None
+    map_grid: tuple[int, int] | None = None
+    done = 0
     start = time.perf_counter()
     with Progress(progress, count_images(images), method) as bar:
         for x in iter_batches(images, m.data_config, batch_size):
             x = x.to(m.device)
             grid, size = m.grid_for(x.shape[-2:]), (int(x.shape[-2]), int(x.shape[-1]))
+            t: torch.Tensor | None  # None: a class-agnostic method with no target asked
             if text is not None:
                 t = text.batch(done, x.shape[0], m.device)
+            elif tower is not None:
+                t = tower.batch(x.shape[0], m.device)
             else:
                 batch_target = target
                 if target is not None and np.ndim(target) > 0 and len(target) > 1:
@@ -514,11 +400,16 @@ def attribute(
             done += x.shape[0]
             bar.update(done)
     elapsed = time.perf_counter() - start
+    if grid is None or size is None:  # iter_batches refuses an empty image set before any batch
+        raise InvalidParameterError("No images given: pass at least one image.")
     notes = [spec.note] if spec.note else []
     if spec.rollout_row and not m.spec.has_class_token:
         notes.append("no class token: mean over the patch tokens' rows")
     if text is not None and spec.needs_target:
         notes.append("explains the image-text cosine similarity to the prompt")
+    if tower is not None and spec.needs_target:
+        explains = tower.name if tower.direction is None else f"the {DIRECTION_SCORE}"
+        notes.append(f"no classifier head: explains {explains}")
     stride = map_stride(m, map_grid, size) if map_grid is not None else tuple(m.spec.stride_px)
     if map_grid is not None and map_grid != tuple(grid):
         layouts = stage_layouts(m)
@@ -533,6 +424,8 @@ def attribute(
                              stride_px=stride,
                              seconds_per_image=elapsed / max(done, 1), params={**p, **explained}, note="; ".join(notes),
                              model_name=m.spec.name,
-                             label_names=list(text.names) if text is not None else list(m.label_names() or []),
-                             target_kind="text" if text is not None else "class",
-                             text_embeddings=None if text is None else text.embeddings.cpu().numpy().astype(np.float32))
+                             label_names=(list(text.names) if text is not None else [tower.name] if tower is not None
+                                          else list(m.label_names() or [])),
+                             target_kind="text" if text is not None else tower.kind if tower is not None else "class",
+                             text_embeddings=(text.embeddings.cpu().numpy().astype(np.float32) if text is not None
+                                              else tower.embeddings() if tower is not None else None))

@@ -42,7 +42,8 @@ from ..errors import InvalidParameterError
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
 from ..results import Result, significant
-from .baselines import baseline_image, prompt_embeddings
+from .baselines import baseline_image, prompt_embeddings, score_name
+from .tower_targets import scores_own_output, unit_outputs
 from .methods import AttributionResult
 from ..words import counted
 from .protocols import check_ordering, protocol as get_protocol
@@ -53,13 +54,13 @@ GRANULARITIES = ("token", "pixel")
 FILLS = ("black", "mean", "blur")
 
 
-def removal_counts(n_units: int, fractions: Sequence[float]) -> np.ndarray:
+def removal_counts(n_units: int, fractions: Sequence[float] | np.ndarray) -> np.ndarray:
     """How many of ``n_units`` a fraction removes: floor(n x f), as ``int(base_size * step)`` in Chefer et al.'s
     script and ``int(a_size * p / 100)`` in quantus's ROAD (a tiny epsilon keeps 0.7 x 10 at 7)."""
     return np.floor(n_units * np.asarray(fractions, dtype=np.float64) + 1e-9).astype(np.int64)
 
 
-def removal_masks(maps: np.ndarray, fractions: Sequence[float] | None, most_relevant_first: bool,
+def removal_masks(maps: np.ndarray, fractions: Sequence[float] | np.ndarray | None, most_relevant_first: bool,
                   stride: tuple[int, int], size: tuple[int, int], granularity: str = "token",
                   ordering: str = "signed", counts: Sequence[int] | None = None) -> torch.Tensor:
     """[B, S, H, W] bool, True on the pixels removed at each fraction, for maps [B, gh, gw].
@@ -85,14 +86,18 @@ def removal_masks(maps: np.ndarray, fractions: Sequence[float] | None, most_rele
     order = np.argsort(key, axis=1, kind="stable")
     rank = np.empty_like(order)
     np.put_along_axis(rank, order, np.arange(units.shape[1])[None].repeat(b, 0), axis=1)
-    counts = (removal_counts(units.shape[1], fractions) if counts is None
-              else np.minimum(np.asarray(counts, dtype=np.int64), units.shape[1]))
-    removed = torch.as_tensor(rank[:, None, :] < counts[None, :, None])  # [B, S, U]
+    if counts is not None:
+        steps = np.minimum(np.asarray(counts, dtype=np.int64), units.shape[1])
+    elif fractions is not None:
+        steps = removal_counts(units.shape[1], fractions)
+    else:
+        raise InvalidParameterError("removal_masks takes the fractions or the counts to remove; got neither.")
+    removed = torch.as_tensor(rank[:, None, :] < steps[None, :, None])  # [B, S, U]
     if granularity == "pixel":
-        return removed.reshape(b, len(counts), h, w)
+        return removed.reshape(b, len(steps), h, w)
     sy, sx = stride
-    grid = removed.reshape(b, len(counts), gh, gw).repeat_interleave(sy, 2).repeat_interleave(sx, 3)
-    out = torch.zeros(b, len(counts), h, w, dtype=torch.bool)
+    grid = removed.reshape(b, len(steps), gh, gw).repeat_interleave(sy, 2).repeat_interleave(sx, 3)
+    out = torch.zeros(b, len(steps), h, w, dtype=torch.bool)
     out[:, :, : grid.shape[2], : grid.shape[3]] = grid[:, :, :h, :w]  # pixels past the grid are never removed
     return out
 
@@ -120,17 +125,31 @@ class _Scorer:
         if self.labels is not None and len(self.labels) != n:
             raise InvalidParameterError(f"labels must hold one class per image ({n}); got {len(self.labels)}.")
         self.text = prompt_embeddings(m, attribution)
-        if self.text is not None and self.labels is not None:
-            raise InvalidParameterError("labels (accuracy) need class maps; these maps explain a prompt.")
-        self.name = ("top-1 accuracy" if self.labels is not None else
-                     "probability" if self.text is None else "cosine similarity to the prompt")
+        if self.labels is not None and (self.text is not None or m.spec.num_classes <= 0):
+            why = "these maps explain a prompt" if self.text is not None else f"{m.spec.name} has no classes"
+            raise InvalidParameterError(f"labels (accuracy) need a classifier head and class maps; {why}. Leave "
+                                        "labels out to score probabilities or similarities.")
+        self.own = scores_own_output(m, attribution.target_kind)
+        self.reference: tuple[int, torch.Tensor] | None = None  # (first image, [b, D] unit outputs) of the batch
+        self.name = "top-1 accuracy" if self.labels is not None else score_name(m, attribution)
+
+    def see(self, x: torch.Tensor, offset: int) -> None:
+        """Note the unperturbed batch (images ``offset`` ..): a tower without classes scores against its outputs."""
+        if self.own:
+            self.reference = (offset, unit_outputs(self.m, x))
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor, image_index: np.ndarray, batch_size: int) -> np.ndarray:
-        """[N] scores of perturbed images x [N, C, H, W], image ``image_index[k]`` each, in forwards of ``batch_size``."""
+        """[N] scores of perturbed images x [N, C, H, W], image ``image_index[k]`` each, in forwards of
+        ``batch_size``."""
         out = torch.cat([self.m.logits(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
         if self.labels is not None:
             return (out.argmax(-1).cpu().numpy() == self.labels[image_index]).astype(np.float64)
+        if self.own:
+            assert self.reference is not None, "see() the unperturbed batch first"
+            rows = torch.as_tensor(image_index - self.reference[0], device=out.device)
+            return (torch.nn.functional.normalize(out.flatten(1), dim=-1) * self.reference[1][rows]).sum(-1) \
+                .cpu().numpy().astype(np.float64)
         t = torch.as_tensor(self.targets[image_index], device=out.device)
         if self.text is None:
             return out.softmax(-1).gather(1, t[:, None])[:, 0].cpu().numpy().astype(np.float64)
@@ -186,10 +205,12 @@ class _Setup:
         for x in iter_batches(images, m.data_config, batch_size):
             b = x.shape[0]
             perturb = perturbation(x)
+            self.scorer.see(x.to(m.device), offset)
             index = np.repeat(np.arange(offset, offset + b), s)
             for most_first in (True, False):
                 masks = removal_masks(attribution.maps[offset:offset + b], self.points, most_first, self.cell,
-                                      tuple(x.shape[-2:]), self.granularity, self.ordering)  # [b, S, H, W]
+                                      (int(x.shape[-2]), int(x.shape[-1])), self.granularity,
+                                      self.ordering)  # [b, S, H, W]
                 curves[most_first].append(self.scorer(perturb(masks), index, batch_size * s).reshape(b, s))
             offset += b
         if offset != len(attribution.maps):
@@ -232,23 +253,24 @@ class PerturbationResult(Result):
     ordering: str = "signed"
 
     def summary(self) -> str:
-        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.positive), 'image')}, positive perturbation "
-                f"AUC {significant(self.positive_auc.mean())} (lower is better), negative "
+        return (f"{self.model_name or 'model'}: {self.method} over {counted(len(self.positive), 'image')}, "
+                f"positive perturbation AUC {significant(self.positive_auc.mean())} (lower is better), negative "
                 f"{significant(self.negative_auc.mean())} (higher is better), {self.score}, {self.granularity}s "
                 f"removed to {self.fill}, protocol {self.protocol}, ordered by {_ordering_words(self.ordering)}")
 
     def to_rows(self) -> list[dict]:
         """One row per (order, fraction): the mean score over images, with the order's mean AUC."""
-        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v), "auc": float(auc.mean()),
-                 "protocol": self.protocol, "ordering": self.ordering}
+        return [{"method": self.method, "order": name, "fraction": float(f), "score": float(v),
+                 "auc": float(auc.mean()), "protocol": self.protocol, "ordering": self.ordering}
                 for name, curve, auc in (("positive", self.positive, self.positive_auc),
                                          ("negative", self.negative, self.negative_auc))
                 for f, v in zip(self.fractions, curve.mean(0))]
 
 
-def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,
-                      fractions: Sequence[float] = CHEFER_FRACTIONS, granularity: str | None = None, fill: str = "black",
-                      batch_size: int = 16, protocol: str = "vitlens", ordering: str | None = None) -> PerturbationResult:
+def perturbation_test(m: LoadedModel, images: Images, attribution: AttributionResult,
+                      labels: np.ndarray | None = None, fractions: Sequence[float] = CHEFER_FRACTIONS,
+                      granularity: str | None = None, fill: str = "black", batch_size: int = 16,
+                      protocol: str = "vitlens", ordering: str | None = None) -> PerturbationResult:
     """Chefer et al. 2021's positive and negative perturbation of ``attribution``'s maps (same images, same targets).
 
     Args:
@@ -326,14 +348,16 @@ class RoadResult(Result):
     def summary(self) -> str:
         morf, lerf = self.means()
         return (f"{self.model_name or 'model'}: {self.method} ROAD over {counted(len(self.morf), 'image')}, mean MoRF "
-                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), {self.score}, "
-                f"{self.granularity}s imputed, protocol {self.protocol}, ordered by {_ordering_words(self.ordering)}")
+                f"{significant(morf)} (lower is better), mean LeRF {significant(lerf)} (higher is better), "
+                f"{self.score}, {self.granularity}s imputed, protocol {self.protocol}, ordered by "
+                f"{_ordering_words(self.ordering)}")
 
     def to_rows(self) -> list[dict]:
         """One row per (order, percentage): the mean score over images."""
         return [{"method": self.method, "order": name, "percentage": float(p), "score": float(v),
                  "protocol": self.protocol, "ordering": self.ordering}
-                for name, curve in (("MoRF", self.morf), ("LeRF", self.lerf)) for p, v in zip(self.percentages, curve.mean(0))]
+                for name, curve in (("MoRF", self.morf), ("LeRF", self.lerf))
+                for p, v in zip(self.percentages, curve.mean(0))]
 
 
 def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels: np.ndarray | None = None,

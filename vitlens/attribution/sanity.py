@@ -161,7 +161,7 @@ def step_label(step: str, steps: Sequence[str]) -> str:
     return f"block {len(blocks) - blocks.index(step)}"
 
 
-def verdict_of(means: Sequence[float], steps: Sequence[str], threshold: float = THRESHOLD) -> str:
+def verdict_of(means: Sequence[float] | np.ndarray, steps: Sequence[str], threshold: float = THRESHOLD) -> str:
     """The verdict word of one curve: the one rule of the module docstring (``verdict_rule`` in words).
 
     Args:
@@ -290,7 +290,8 @@ class SanityResult(Result):
         return f"{self.method}: {word} ({'; '.join(parts)})"
 
     def summary(self) -> str:
-        return f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, {counted(len(self.steps), 'step')}: {self.verdict()}"
+        return (f"{self.model_name or 'model'}, {counted(len(self.targets), 'image')}, "
+                f"{counted(len(self.steps), 'step')}: {self.verdict()}")
 
     def to_rows(self) -> list[dict]:
         """One row per step: the mean similarities to the original maps (NaNs skipped); ``randomised`` as a person
@@ -341,7 +342,8 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         methods: names from ``METHOD_TABLE``; None for ``preselected_methods(m)`` (rollout, grad_rollout, saliency;
             those defined for the model's kind).
         target: class to explain (one for all, one per image, or None for the original model's predictions);
-            the same targets are explained at every step.
+            the same targets are explained at every step; for a tower without classes, None (its output's norm)
+            or a direction (``tower_targets``).
         seed: seed of the re-initialisation.
         threshold: the verdict's cutoff on the mean Spearman of |maps| (``verdict_of``).
         batch_size: images per step of each method.
@@ -358,7 +360,8 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         raise InvalidParameterError(f"methods must be names from {', '.join(METHOD_TABLE)}; got {list(methods)!r}.")
     if isinstance(target, str) or (isinstance(target, Sequence) and target and isinstance(target[0], str)):
         raise InvalidParameterError("sanity checks explain classes; a text prompt target is not supported here.")
-    images = list(images) if not isinstance(images, torch.Tensor) else images
+    # a single image (not in a sequence) is not read as one here: reported in issue 61's note, left as it was
+    images = list(images) if not isinstance(images, torch.Tensor) else images  # type: ignore[arg-type]
     params = method_params or {}
 
     groups = parameter_groups(m)
@@ -382,7 +385,9 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
             bar.describe(f"sanity check: {step}")
             randomise_(copy_m.model, names, gen)
             for mt in methods:
-                stepped[mt].append(maps_of(copy_m, mt, targets[mt] if target is None else target).maps)
+                # the original's classes stay the targets; a tower's output norm is what it is on every copy
+                again = targets[mt] if target is None and first[mt].target_kind == "class" else target
+                stepped[mt].append(maps_of(copy_m, mt, again).maps)
     results = []
     for mt in methods:
         orig = first[mt].maps

@@ -135,7 +135,7 @@ def _tokenize(m: LoadedModel, prompts: list[str], tokenizer: Any) -> dict[str, t
     try:
         from transformers import PreTrainedTokenizerBase
     except ImportError:  # pragma: no cover - transformers is optional
-        PreTrainedTokenizerBase = ()  # type: ignore[assignment]
+        PreTrainedTokenizerBase = ()  # type: ignore[assignment, misc]  # no class to test against: isinstance is False
     if isinstance(tok, PreTrainedTokenizerBase):
         if _is_siglip(m.model):  # SigLIP was trained on prompts padded to the full length, no mask
             cfg = m.model.config.text_config

@@ -23,6 +23,7 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from ..families.common.hf import video_model_types, video_processor_defaults
 from .clip import Clip
 from .read import ClipSource, read_clip
+from .resize import resize_frames
 
 
 def _config(model: Any) -> tuple[Any, Any]:
@@ -91,11 +92,7 @@ class VideoProcessing:
         from torchvision.transforms.v2 import functional as tvf
 
         x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
-        h, w = x.shape[-2:]
-        short, long = (w, h) if w <= h else (h, w)
-        new_long = int(self.shortest_edge * long / short)
-        size = [new_long, self.shortest_edge] if w <= h else [self.shortest_edge, new_long]
-        x = tvf.resize(x, size, interpolation=tvf.InterpolationMode.BILINEAR, antialias=True)
+        x = resize_frames(x, self.shortest_edge)  # frames a reader resized as they decoded are returned as they are
         ch, cw = self.crop
         if ch > x.shape[-2] or cw > x.shape[-1]:
             raise InvalidParameterError(f"The crop {ch}x{cw} is larger than the resized frames "
@@ -129,10 +126,14 @@ def clip_pixel_values(clips: ClipSource | Sequence[ClipSource], model: Any,
     """
     processing = processing or VideoProcessing.of(model)
     items = list(clips) if isinstance(clips, (list, tuple)) else [clips]
-    out = [processing.frames_to_pixels(read_clip(c, processing.num_frames).frames) for c in items]
+    # a file's frames are sampled and resized as they decode (``read_clip``): never held at the file's size
+    out = [processing.frames_to_pixels(read_clip(c, processing.num_frames, processing.shortest_edge).frames)
+           for c in items]
     return torch.stack(out)
 
 
-def sampled_clip(source: ClipSource, model: Any) -> Clip:
-    """The frames of ``source`` the model's processor takes (``read_clip(source, num_frames)``), for showing."""
-    return read_clip(source, VideoProcessing.of(model).num_frames)
+def sampled_clip(source: ClipSource, model: Any, processing: VideoProcessing | None = None) -> Clip:
+    """The frames of ``source`` the model's processor takes, for showing and for ``clip_pixel_values``: a file's
+    resized as they decode (``read_clip(source, num_frames, shortest_edge)``), a clip in memory as it is."""
+    processing = processing or VideoProcessing.of(model)
+    return read_clip(source, processing.num_frames, processing.shortest_edge)

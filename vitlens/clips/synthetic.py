@@ -37,6 +37,10 @@ class MovingShape:
     appear_at: int
     shape: str
 
+    def __repr__(self) -> str:  # a line, not the masks' and centres' arrays
+        return (f"MovingShape({self.shape} moving {self.velocity} px/frame from frame {self.appear_at}: "
+                f"{self.clip!r})")
+
 
 def moving_shape_clip(num_frames: int = 8, size: int = 32, shape: str = "square",
                       velocity: tuple[float, float] = (0.0, 2.0), start: tuple[float, float] | None = None,

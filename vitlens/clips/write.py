@@ -41,8 +41,12 @@ def write_gif(clip: Clip, path: str | Path) -> Path:
     """
     from PIL import Image
 
-    duration = int(round(1000 / clip.fps)) if clip.fps else 100
     images = [Image.fromarray(f, "RGB") for f in clip.frames]
+    # a GIF keeps whole centiseconds (8 fps's 125 ms would be 120 ms: 8.33 fps): each frame starts at its own time
+    # rounded to the centisecond, so the durations (120, 130, ...) add up to the clip's length at its rate
+    per_frame = 100.0 / clip.fps if clip.fps else 10.0
+    starts = [round(k * per_frame) for k in range(len(images) + 1)]
+    duration = [10 * max(b - a, 1) for a, b in zip(starts, starts[1:])]
 
     def write(buf: io.BytesIO) -> None:
         images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=duration, loop=0)

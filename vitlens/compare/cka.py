@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidParameterError, UnsupportedModelError
-from ..families import Handles, HookSession
+from ..engine.sites import HookPoint, SiteSession
 from ..images import Images, count_images, iter_batches
 from ..kinds import find_kind
 from ..loading.model import LoadedModel
@@ -259,17 +259,16 @@ def _tokens(x: Any, side: _Side, policy: str, grid: tuple[int, int] | None) -> t
     return x.flatten(1)
 
 
-class OutputHooks(HookSession):
-    """Keep each named module's output of the latest forward in ``outputs`` (a context manager)."""
+class OutputHooks(SiteSession):
+    """Keep each named module's output of the latest forward in ``outputs`` (a context manager: the modules' outputs
+    read as named sites, ``vitlens.engine.sites``)."""
 
     def __init__(self, modules: Sequence[nn.Module], names: Sequence[str], outputs: dict[str, torch.Tensor],
                  model: nn.Module | None = None) -> None:
         self.modules, self.names, self.outputs = list(modules), list(names), outputs
-        self.model = model  # the model the modules belong to, whose lock the session holds
-
-    def install(self, handles: Handles) -> None:
-        for mod, name in zip(self.modules, self.names):
-            handles.hook(mod.register_forward_hook(lambda _m, _i, out, n=name: self.outputs.__setitem__(n, out)))
+        # the model the modules belong to, whose lock the session holds
+        super().__init__(model, {n: HookPoint(mod, whole=True) for mod, n in zip(self.modules, self.names)},
+                         self.outputs.__setitem__)
 
 
 def _features(side: _Side, x: torch.Tensor, policy: str, grid: tuple[int, int] | None) -> list[torch.Tensor]:

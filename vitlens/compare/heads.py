@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError, UnsupportedModelError
-from ..families import Handles, HookSession
+from ..components.edits import set_head
+from ..engine.sites import HookPoint, SiteSession, family_sites
 from ..kinds import refuse_other_maps
 from ..images import Images, iter_batches
 from ..loading.model import LoadedModel
@@ -76,10 +77,11 @@ def cost(m: LoadedModel, n_images: int) -> int:
     return n_images * (1 + m.spec.num_layers * m.spec.num_heads)
 
 
-class HeadAblation(HookSession):
-    """Pre-hooks where each block's heads meet (before the output projection) that remove heads.
+class HeadAblation(SiteSession):
+    """Each block's heads where they meet, before the output projection (the named site ``blocks.{l}.attn.hook_z``),
+    with heads removed.
 
-    While ``plan`` is None a forward runs intact and the hooks add up each site's input per token
+    While ``plan`` is None a forward runs intact and the sites add up their value per token
     (``sums``, for mean-ablation); with ``plan`` a list of (layer, head), the batch holds
     ``len(plan)`` copies of ``rows`` images and copy j has head ``plan[j]`` replaced by zero or
     by its mean output (``means``).
@@ -88,18 +90,18 @@ class HeadAblation(HookSession):
     def __init__(self, sites: Sequence[torch.nn.Module], heads: int, ablation: str,
                  model: torch.nn.Module | None = None) -> None:
         self.sites, self.heads, self.ablation = list(sites), heads, ablation
-        self.model = model  # the model the sites belong to, whose lock the session holds
         self.plan: list[tuple[int, int]] | None = None
         self.rows = 0
         self.sums: list[torch.Tensor | None] = [None] * len(self.sites)
         self.means: list[torch.Tensor] = []
+        # the model the sites belong to, whose lock the session holds
+        super().__init__(model, {f"blocks.{layer}.attn.hook_z": HookPoint(site, "input")
+                                 for layer, site in enumerate(self.sites)}, self._on)
 
-    def install(self, handles: Handles) -> None:
-        for layer, site in enumerate(self.sites):
-            handles.hook(site.register_forward_pre_hook(lambda _mod, args, layer=layer: self._hook(layer, args)))
+    def _on(self, name: str, x: torch.Tensor) -> torch.Tensor | None:
+        return self._hook(int(name.split(".")[1]), x)
 
-    def _hook(self, layer: int, args: tuple) -> tuple | None:
-        x = args[0]
+    def _hook(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         if self.plan is None:  # the intact run: collect the per-token sums
             s = x.detach().double().sum(0)
             self.sums[layer] = s if self.sums[layer] is None else self.sums[layer] + s
@@ -109,9 +111,9 @@ class HeadAblation(HookSession):
         for j, (l, h) in enumerate(self.plan):
             if l == layer:
                 rows = slice(j * self.rows, (j + 1) * self.rows)
-                cols = slice(h * d, (h + 1) * d)
-                x[rows, :, cols] = 0.0 if self.ablation == "zero" else self.means[layer][:, cols].to(x.dtype)
-        return (x, *args[1:])
+                value = 0.0 if self.ablation == "zero" else self.means[layer][:, h * d:(h + 1) * d].to(x.dtype)
+                set_head(x, h, d, value, rows)
+        return x
 
 
 def head_importance(
@@ -141,8 +143,9 @@ def head_importance(
     if m.spec.num_classes <= 0:
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so no prediction to lose.")
     refuse_other_maps(m.spec, "head importance (heads per layer, set against attention distance)")
-    attns = m.family.attention_modules(m.model)
-    sites = [m.family.head_outputs(a) for a in attns]
+    points = family_sites(m)  # where each block's heads meet, as the family declares it (attn.hook_z)
+    sites = [getattr(points.get(f"blocks.{i}.attn.hook_z"), "module", None)
+             for i in range(len(m.family.attention_modules(m.model)))]
     if any(s is None for s in sites):
         raise UnsupportedModelError(f"{m.spec.family} models expose no module where the heads' outputs meet, so "
                                     "vitlens cannot remove one head at a time.")

@@ -1,21 +1,21 @@
 """Mean-ablation (docs/definitions.md, "Mean-ablation"): chosen components (heads, MLPs, whole blocks) replaced by
 their mean over a set of images, the effect on the target (a class logit and accuracy; a tower's zero-shot score and
-accuracy) recorded. Hooks on the user's own modules (the sites of ``patching``), removed on exit.
+accuracy) recorded. The components are named sites of the model's layout (``edits.ComponentSites``, as patching's).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..errors import InvalidParameterError
 from ..results import Result
-from .patching import head_hook, sites_of
-from .stream import module_of, pixels_for, refuse_unless_stream
-from .tower_stream import Tower, is_tower, prompts
+from .edits import ComponentSites, set_head
+from .layout import Layout, prompts
+from .arguments import index, per_image
+from .stream import module_of, pixels_for
 
 KINDS = ("head", "mlp", "layer")
 
@@ -75,54 +75,42 @@ class MeanAblationResult(Result):
 
 def _parse(components: Sequence[Sequence[Any]], n_layers: int, n_heads: int) -> list[tuple[str, int, int]]:
     out = []
+    if isinstance(components, (str, bytes)) or not isinstance(components, Sequence):
+        raise InvalidParameterError(f"components must be a list of ('head', layer, head), ('mlp', layer) or "
+                                    f"('layer', layer); got {components!r}.")
     for c in components:
+        if isinstance(c, (str, bytes)) or not isinstance(c, Sequence):
+            raise InvalidParameterError(f"component {c!r}: give ('head', layer, head), ('mlp', layer) or "
+                                        "('layer', layer), 0-based.")
         kind = str(c[0]) if len(c) else ""
         want = 3 if kind == "head" else 2
         if kind not in KINDS or len(c) != want:
             raise InvalidParameterError(f"component {tuple(c)!r}: give ('head', layer, head), ('mlp', layer) or "
                                         f"('layer', layer), 0-based.")
-        l, h = int(c[1]), int(c[2]) if kind == "head" else 0
-        if not 0 <= l < n_layers or not 0 <= h < n_heads:
-            raise InvalidParameterError(f"component {tuple(c)!r} is out of range: {n_layers} layers, {n_heads} heads.")
+        l = index(c[1], f"component {tuple(c)!r}'s layer", n_layers)
+        h = index(c[2], f"component {tuple(c)!r}'s head", n_heads) if kind == "head" else 0
         out.append((kind, l, h))
     return out
 
 
-def _hooks(sites: list[dict[str, Any]], chosen: list[tuple[str, int, int]], means: dict | None,
-           seen: dict) -> list[Any]:
-    """With ``means`` None: record each chosen site's value (the block's input and output for a layer); else
-    replace it by its mean (a layer: its input plus the mean change)."""
-    handles = []
-    for kind, l, h in chosen:
-        s = sites[l]
-        if kind == "head":
-            def head(x: torch.Tensor, l: int = l, h: int = h, dh: int = s["dh"]) -> torch.Tensor:
-                if means is None:
-                    seen[("head", l, h)] = x[..., h * dh:(h + 1) * dh]
-                    return x
-                x = x.clone()
-                x[..., h * dh:(h + 1) * dh] = means[("head", l, h)].to(x.dtype)
-                return x
-            handles.append(head_hook(s, head))
-        elif kind == "mlp":
-            def mlp(m: nn.Module, a: tuple, o: Any, l: int = l) -> Any:
-                t = o[0] if isinstance(o, tuple) else o
-                if means is None:
-                    seen[("mlp", l, 0)] = t
-                    return None
-                new = means[("mlp", l, 0)].expand_as(t).clone()
-                return (new, *o[1:]) if isinstance(o, tuple) else new
-            handles.append(s["mlp"].register_forward_hook(mlp))
-        else:
-            def layer(m: nn.Module, a: tuple, o: Any, l: int = l) -> Any:
-                t = o[0] if isinstance(o, tuple) else o
-                if means is None:
-                    seen[("layer", l, 0)] = t - a[0]
-                    return None
-                new = a[0] + means[("layer", l, 0)]
-                return (new, *o[1:]) if isinstance(o, tuple) else new
-            handles.append(s["resid"].register_forward_hook(layer))
-    return handles
+def _sites(layout: Layout, chosen: list[tuple[str, int, int]], means: dict | None, seen: dict) -> ComponentSites:
+    """With ``means`` None: record each chosen component's value (a head: its slice of the heads; a layer: the
+    block's change to the residual); else replace it by its mean."""
+    def edit_for(h: int) -> Callable[[str, int, torch.Tensor], torch.Tensor]:
+        def edit(kind: str, l: int, t: torch.Tensor) -> torch.Tensor:
+            key = (kind, l, h)
+            if means is None:
+                dh = layout.sites[l].head_dim
+                seen[key] = t[..., h * dh:(h + 1) * dh] if kind == "head" else t
+                return t
+            if kind == "head":
+                dh = layout.sites[l].head_dim
+                t = t.clone()
+                set_head(t, h, dh, means[key].to(t.dtype))
+                return t
+            return means[key].expand_as(t).clone() if kind == "mlp" else means[key]
+        return edit
+    return ComponentSites(layout, [(k, l) for k, l, _ in chosen], [edit_for(h) for _, _, h in chosen])
 
 
 def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any]], labels: Sequence[int] | None = None,
@@ -131,7 +119,7 @@ def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any
     (docs/definitions.md, "Mean-ablation").
 
     Args:
-        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
+        model: a ``LoadedModel`` or a module that ``vl.decompose`` reads (``layout.READ``).
         pixels: [B, 3, H, W] preprocessed images the effect is measured on (with a LoadedModel, anything
             ``vl.preprocess`` reads).
         components: ablated together: ``("head", layer, head)``, ``("mlp", layer)``, ``("layer", layer)``, 0-based.
@@ -144,51 +132,39 @@ def mean_ablate(model: object, pixels: object, components: Sequence[Sequence[Any
         A ``MeanAblationResult``.
     """
     module, name = module_of(model, "mean_ablate")
-    tower = Tower(module) if is_tower(module) else None
-    if tower is None:
-        refuse_unless_stream(module, "mean_ablate")
+    layout = Layout(module, name)
     x = pixels_for(model, module, pixels)
-    ref = x if reference is None else pixels_for(model, module, reference)
-    sites = sites_of(module)
-    n_heads = tower.sites[0].heads if tower is not None else module.blocks[0].attn.num_heads
-    chosen = _parse(components, len(sites), n_heads)
+    ref = x if reference is None else pixels_for(model, module, reference, "reference")
+    chosen = _parse(components, len(layout.sites), layout.sites[0].heads)
     if not chosen:
         raise InvalidParameterError("components is empty: name at least one head, MLP or layer to ablate.")
 
     def scores(batch: torch.Tensor) -> torch.Tensor:
-        if tower is None:
-            return module(batch).double()
-        emb = tower.run(batch).double()
+        if layout.classes:
+            return layout.run(batch).double()
+        emb = layout.run(batch).double()
         t = prompts(direction, emb.shape[-1], emb)
         return (emb / emb.norm(dim=-1, keepdim=True)) @ (t / t.norm(dim=-1, keepdim=True)).T
 
     seen: dict = {}
-    handles = _hooks(sites, chosen, None, seen)
-    try:
-        with torch.no_grad():
-            module(ref) if tower is None else tower.run(ref)
-    finally:
-        for hd in handles:
-            hd.remove()
+    with _sites(layout, chosen, None, seen), torch.no_grad():
+        layout.run(ref)
     means = {key: v.mean(0, keepdim=True) for key, v in seen.items()}
     with torch.no_grad():
         before = scores(x)
-        handles = _hooks(sites, chosen, means, {})
-        try:
+        with _sites(layout, chosen, means, {}):
             after = scores(x)
-        finally:
-            for hd in handles:
-                hd.remove()
     b = x.shape[0]
+    if labels is not None and (isinstance(labels, (str, bytes)) or not isinstance(labels, Sequence)
+                               or len(labels) != b):
+        raise InvalidParameterError(f"labels must be one class per image ({b}, in [0, {before.shape[-1]})).")
     lab = (torch.full((b,), -1, dtype=torch.long) if labels is None else
-           torch.as_tensor(list(labels), dtype=torch.long))
-    if lab.shape != (b,) or (lab >= before.shape[-1]).any():
-        raise InvalidParameterError(f"labels must be one class per image (in [0, {before.shape[-1]})).")
+           per_image(list(labels), "labels", before.shape[-1], b))
     target = torch.where(lab >= 0, lab, before.argmax(-1).cpu()).to(before.device)
     pick = lambda s: s.gather(1, target[:, None])[:, 0].cpu().numpy()  # noqa: E731
     return MeanAblationResult(
         components=[f"{k} {l + 1}.{h + 1}" if k == "head" else f"{k} {l + 1}" for k, l, h in chosen],
         target=target.cpu().numpy(), before=pick(before), after=pick(after),
         predicted_before=before.argmax(-1).cpu().numpy(), predicted_after=after.argmax(-1).cpu().numpy(),
-        labels=lab.numpy(), score="logit" if tower is None else "cosine", reference_images=int(ref.shape[0]),
+        labels=lab.numpy(), score="logit" if layout.classes else "cosine", reference_images=int(ref.shape[0]),
         model_name=name)

@@ -8,9 +8,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidParameterError, UnsupportedModelError
+from ..errors import InvalidParameterError
 from . import hf_clip, openclip, prenorm, timm_vit, towers
+from .layout import refuse
 from .result import DecompositionResult
+from .arguments import per_image
 from .stream import module_of, pixels_for
 
 
@@ -42,7 +44,7 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
         return _clip(module, name, pixels_for(model, module, pixels), target, direction)
     if towers.is_tower(module):
         return _tower(module, name, pixels_for(model, module, pixels), target, direction)
-    _refuse_unknown(module, name)
+    refuse(module, name)
     timm_vit.refuse_unless_supported(module)
     pixels = pixels_for(model, module, pixels)
     cap = timm_vit.capture(module, pixels)
@@ -60,29 +62,11 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
 
 
-#: the families read, for the refusal's message
-READ = ("timm VisionTransformer, Hugging Face CLIP / SigLIP vision towers, ViTModel / ViTForImageClassification, "
-        "Dinov2Model / Dinov2ForImageClassification, OpenCLIP vision towers, torchvision VisionTransformer")
-
-
-def _refuse_unknown(module: nn.Module, name: str) -> None:
-    """Refuse, by name, a model no component reader knows; the generic path is refused with its reason."""
-    if type(module).__name__ == "VisionTransformer" and type(module).__module__.startswith("timm"):
-        return
-    raise UnsupportedModelError(
-        f"{name} ({type(module).__name__}): direct contributions read {READ}. Other models (the generic call-level "
-        f"capture's, hierarchical stages with patch merging, post-norm or parallel blocks) are refused: their blocks' "
-        f"norms, branches and scales are not known to give a residual sum.")
-
-
 def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[int] | None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(labels [B], u [B, F], output [B], const [B])`` for a class read through a linear head."""
     b, n_classes = logits.shape
-    labels = (logits.argmax(-1) if target is None else
-              torch.as_tensor(target, dtype=torch.long).expand(b)).to(logits.device)
-    if ((labels < 0) | (labels >= n_classes)).any():
-        raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+    labels = (logits.argmax(-1) if target is None else per_image(target, "target", n_classes, b)).to(logits.device)
     u = head.weight.detach().double()[labels]
     output = logits.double().gather(1, labels[:, None])[:, 0]
     const = (head.bias.detach().double()[labels] if head.bias is not None else
@@ -93,8 +77,9 @@ def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[in
 def _coordinate(dim: int, name: str, target: int | Sequence[int] | None) -> torch.Tensor:
     """The unit vector of one coordinate of a tower's features (``target``), or a refusal asking for a direction."""
     if target is None or not isinstance(target, int) or not 0 <= target < dim:
-        raise InvalidParameterError(f"{name} has no classes: give direction= (a text embedding, a unit vector "
-                                    f"over its {dim}-dimensional image embedding) or target= one coordinate.")
+        raise InvalidParameterError(f"{name} has no classes, so there is no class to decompose.", fixes={
+            "python": f"Give direction= (a text embedding, a unit vector over its {dim}-dimensional image embedding) "
+                      "or target= one coordinate.", "app": "Pick the output coordinate to read above."})
     direction = torch.zeros(dim, dtype=torch.float64)
     direction[target] = 1.0
     return direction

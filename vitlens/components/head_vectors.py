@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import InvalidParameterError, UnsupportedModelError
 from . import hf_clip, openclip, prenorm, towers
+from .layout import structure
 from .linearise import held_sigma, is_identity
 
 Readout = Callable[[torch.Tensor], torch.Tensor]
@@ -104,7 +105,7 @@ def head_vectors(model: nn.Module, pixels: torch.Tensor, layers: Sequence[int] |
         per_layer, read, all_q = _clip(model, pixels)
     elif openclip.is_openclip_tower(model):
         per_layer, read, all_q = _openclip(model, pixels)
-    elif towers.is_tower(model) and type(model).__name__ in towers.SIGLIP:
+    elif structure(model) == "siglip":
         per_layer, read, all_q = _siglip(model, pixels)
     else:
         raise UnsupportedModelError(f"{type(model).__name__}: TextSpan reads CLIP, SigLIP and OpenCLIP vision towers "

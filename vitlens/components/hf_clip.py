@@ -1,8 +1,8 @@
 """Direct contributions on a Hugging Face CLIP vision tower (``CLIPVisionModel``, ``CLIPVisionModelWithProjection``;
 docs/definitions.md, "Direct contributions"). The tower is pre-norm: embeddings (class embedding, patch
 convolution, position embedding) through ``pre_layrnorm``, blocks ``x + attn(ln1(x))``, ``x + mlp(ln2(x))``, the
-class token through ``post_layernorm`` and the projection. Both LayerNorms' scales are held; read with hooks on the
-tower's own modules, in float64.
+class token through ``post_layernorm`` and the projection. Both LayerNorms' scales are held; read at named sites of
+the tower's own modules (``vitlens.engine.sites``), in float64.
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..engine.sites import HookPoint, record
 from ..errors import UnsupportedModelError
+from .layout import structure
+from .prenorm import head_attention
 from .linearise import back_through_norm, check_norm, norm_bias
 
-TYPES = ("CLIPVisionModel", "CLIPVisionModelWithProjection")
-
-
 def is_clip_tower(model: nn.Module) -> bool:
-    """Whether the module is a Hugging Face CLIP vision tower this reader covers."""
-    return type(model).__name__ in TYPES
+    """Whether the module is a Hugging Face CLIP vision tower this reader covers (``layout.STRUCTURES``)."""
+    return structure(model) == "hf-clip"
 
 
 @dataclass
@@ -47,37 +47,30 @@ def refuse_unless_supported(model: nn.Module) -> None:
 
 
 def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
-    """One forward with hooks on the tower's own modules (removed on exit)."""
-    vm, seen, handles = getattr(model, "vision_model", model), Seen(), []
-
-    def keep(fn, use_input: bool = False):  # noqa: ANN001, ANN202 - a hook factory
-        return lambda mod, args, out: fn(args[0] if use_input else out)
-
-    try:
-        handles.append(vm.embeddings.patch_embedding.register_forward_hook(keep(lambda t: setattr(seen, "patch", t))))
-        handles.append(vm.embeddings.register_forward_hook(keep(lambda t: setattr(seen, "embeddings", t))))
-        for layer in vm.encoder.layers:
-            for name in ("q", "k", "v"):
-                handles.append(getattr(layer.self_attn, f"{name}_proj").register_forward_hook(
-                    keep(getattr(seen, name).append)))
-            handles.append(layer.mlp.register_forward_hook(keep(seen.mlp.append)))
-        handles.append(vm.post_layernorm.register_forward_hook(keep(lambda t: setattr(seen, "pooled", t), True)))
-        with torch.no_grad():
-            out = model(pixel_values=pixels)
-        seen.features = out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output
-    finally:
-        for h in handles:
-            h.remove()
+    """One forward with the tower's own modules read as named sites (``vitlens.engine.sites``); the forward
+    untouched."""
+    vm = getattr(model, "vision_model", model)
+    layers = list(vm.encoder.layers)
+    points = {"hook_embed": HookPoint(vm.embeddings.patch_embedding), "embeddings.hook_out": HookPoint(vm.embeddings),
+              "ln_final.hook_in": HookPoint(vm.post_layernorm, "input")}
+    for i, layer in enumerate(layers):
+        for name in ("q", "k", "v"):
+            points[f"blocks.{i}.attn.hook_{name}"] = HookPoint(getattr(layer.self_attn, f"{name}_proj"))
+        points[f"blocks.{i}.hook_mlp_out"] = HookPoint(layer.mlp)
+    got, out = record(model, points, lambda: model(pixel_values=pixels))
+    seen = Seen(patch=got["hook_embed"], embeddings=got["embeddings.hook_out"], pooled=got["ln_final.hook_in"],
+                q=[got[f"blocks.{i}.attn.hook_q"] for i in range(len(layers))],
+                k=[got[f"blocks.{i}.attn.hook_k"] for i in range(len(layers))],
+                v=[got[f"blocks.{i}.attn.hook_v"] for i in range(len(layers))],
+                mlp=[got[f"blocks.{i}.hook_mlp_out"] for i in range(len(layers))])
+    seen.features = out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output
     return seen
 
 
 def head_probs(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer i's attention probabilities [B, H, N, N] and values [B, H, N, dh], float64, from its captured q, k, v."""
     attn = layer.self_attn
-    b, n, _ = seen.q[i].shape
-    q, k, v = (t.double().reshape(b, n, attn.num_heads, attn.head_dim).transpose(1, 2)
-               for t in (seen.q[i], seen.k[i], seen.v[i]))
-    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(-1), v
+    return head_attention(seen.q[i], seen.k[i], seen.v[i], attn.num_heads, attn.head_dim, attn.scale)
 
 
 def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, torch.Tensor]:

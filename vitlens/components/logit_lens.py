@@ -1,9 +1,9 @@
-"""The logit lens on a timm ViT or a CLIP / SigLIP / OpenCLIP vision tower (docs/definitions.md, "Logit lens"):
-each depth's residual read through the model's own final norm, pooling and head (a tower: its projection, scored
-against prompt embeddings)."""
+"""The logit lens on every model the component analyses read (``layout``; docs/definitions.md, "Logit lens"): each
+depth's residual (``blocks.{i}.hook_resid_post``) read through the model's own final norm, pooling and head (a tower
+without classes: its projection, scored against prompt embeddings)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -11,9 +11,10 @@ import torch
 
 from ..errors import InvalidParameterError
 from ..results import Result
-from .stream import module_of, pixels_for, refuse_unless_stream, residuals
-from .tower_stream import Tower, is_tower, prompts
-from .tower_stream import residuals as tower_residuals
+from .layout import Layout, prompts, residual_stream
+from .arguments import per_image
+from .stream import module_of, pixels_for
+from ..words import class_label, class_names_of
 
 
 @dataclass(eq=False, repr=False)
@@ -31,6 +32,7 @@ class LogitLensResult(Result):
         output: [B] the model's logit for the target.
         num_prefix_tokens: prefix tokens before the patches.
         model_name: the model's name.
+        label_names: the model's class names ([] where unknown): what the summary and figures call the classes.
     """
 
     kind = "logit_lens"
@@ -42,13 +44,20 @@ class LogitLensResult(Result):
     output: np.ndarray
     num_prefix_tokens: int
     model_name: str = ""
+    label_names: list = field(default_factory=list)
+
+    def target_name(self, b: int) -> str:
+        """Image ``b``'s target class in words ("ring", or "class 4" without names)."""
+        return class_label(self.label_names, int(self.target[b]))
 
     def summary(self) -> str:
-        first = int(np.argmax(self.top_classes[0, :, 0] == self.target[0])) \
-            if (self.top_classes[0, :, 0] == self.target[0]).any() else -1
-        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; class "
-                f"{self.target[0]} first on top at depth {first if first >= 0 else 'never'}; last depth = output "
-                f"(|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
+        said = []
+        for b in range(len(self.target)):  # every image, not the first alone
+            on_top = self.top_classes[b, :, 0] == self.target[b]
+            depth = f"first on top at depth {int(np.argmax(on_top))}" if on_top.any() else "never on top"
+            said.append(f"{self.target_name(b)} {depth}" + (f" (image {b})" if len(self.target) > 1 else ""))
+        return (f"{self.model_name or 'model'}: logit lens over {self.pooled.shape[1] - 1} blocks; {'; '.join(said)}; "
+                f"last depth = output (|diff| {np.abs(self.pooled[:, -1] - self.output).max():.1e})")
 
     def to_rows(self) -> list[dict]:
         """One row per (image, depth): the target's pooled logit and the top class."""
@@ -62,32 +71,34 @@ def logit_lens(model: object, pixels: object, target: int | Sequence[int] | None
     """Each depth's residual read through the model's own final norm and head (docs/definitions.md, "Logit lens").
 
     Args:
-        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
+        model: a ``LoadedModel`` or a module that ``vl.decompose`` reads (``layout.READ``).
         pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
         target: the class followed (one, or one per image); default each image's prediction.
         top_k: classes listed per depth.
-        direction: for a CLIP, SigLIP or OpenCLIP vision tower: a [F] text embedding or chosen direction, or a
-            [K, F] matrix of prompt embeddings (then ``target`` and the top classes index the prompts).
+        direction: for a model without classes (a CLIP, SigLIP or OpenCLIP vision tower, ``ViTModel``,
+            ``Dinov2Model``): a [F] text embedding or chosen direction, or a [K, F] matrix of prompt embeddings (then
+            ``target`` and the top classes index the prompts).
 
     Returns:
         A ``LogitLensResult``; its last depth equals the output.
     """
     module, name = module_of(model, "logit_lens")
-    if is_tower(module):
-        return _tower_lens(Tower(module), name, pixels_for(model, module, pixels), target, top_k, direction)
-    refuse_unless_stream(module, "logit_lens")
+    layout = Layout(module, name)
     x = pixels_for(model, module, pixels)
-    stream, logits, _ = residuals(module, x)
+    if not layout.classes:
+        return _tower_lens(layout, name, x, target, top_k, direction)
+    if direction is not None:
+        raise InvalidParameterError("direction= is for models without classes (CLIP, SigLIP, OpenCLIP towers, "
+                                    "ViTModel, Dinov2Model); a classifier follows a class (target=).")
+    stream, logits, _ = residual_stream(layout, x)
     b, n_classes = logits.shape
-    labels = logits.argmax(-1) if target is None else torch.as_tensor(target, dtype=torch.long).expand(b)
-    labels = labels.to(logits.device)
-    if ((labels < 0) | (labels >= n_classes)).any():
-        raise InvalidParameterError(f"target must be a class index in [0, {n_classes}).")
+    labels = (logits.argmax(-1) if target is None else per_image(target, "target", n_classes, b)).to(logits.device)
 
     def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        normed = module.norm(x_d)
-        return module.forward_head(normed).double(), module.head(module.fc_norm(normed)).double()
-    return _lens(stream, read, labels, logits.double(), top_k, int(module.num_prefix_tokens), name)
+        return layout.features(x_d).double(), layout.token_features(x_d).double()
+    result = _lens(stream, read, labels, logits.double(), top_k, layout.num_prefix, name)
+    result.label_names = class_names_of(model)  # what the summary and the figure call the classes
+    return result
 
 
 def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
@@ -110,18 +121,16 @@ def _lens(stream: list[torch.Tensor], read: Callable[[torch.Tensor], tuple[torch
         output=output.gather(1, labels[:, None])[:, 0].cpu().numpy(), num_prefix_tokens=num_prefix, model_name=name)
 
 
-def _tower_lens(tower: Tower, name: str, x: torch.Tensor, target: int | Sequence[int] | None, top_k: int,
+def _tower_lens(tower: Layout, name: str, x: torch.Tensor, target: int | Sequence[int] | None, top_k: int,
                 direction: object) -> LogitLensResult:
-    """A vision tower: each depth through the tower's final norm, pooling and projection, scored against the prompt
+    """A model without classes: each depth through its final norm, pooling and projection, scored against the prompt
     embeddings (``u . embedding``; K = 1 for one direction)."""
-    stream, out, _ = tower_residuals(tower, x)
+    stream, out, _ = residual_stream(tower, x)
     t = prompts(direction, out.shape[-1], out)
     output = out.double() @ t.T
     b = output.shape[0]
-    labels = output.argmax(-1) if target is None else torch.as_tensor(target, dtype=torch.long).expand(b)
-    labels = labels.to(output.device)
-    if ((labels < 0) | (labels >= t.shape[0])).any():
-        raise InvalidParameterError(f"target must be a prompt index in [0, {t.shape[0]}).")
+    labels = (output.argmax(-1) if target is None else
+              per_image(target, "target (a prompt)", t.shape[0], b)).to(output.device)
 
     def read(x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tower.features(x_d).double() @ t.T, tower.token_features(x_d).double() @ t.T

@@ -1,8 +1,8 @@
 """Direct contributions on an OpenCLIP vision tower (``open_clip.transformer.VisionTransformer``; docs/definitions.md,
 "Direct contributions"). Pre-norm: class embedding, patch convolution and position embedding through ``ln_pre``,
 blocks ``x + ls_1(attn(ln_1(x)))``, ``x + ls_2(mlp(ln_2(x)))`` with ``nn.MultiheadAttention``, ``ln_post`` before
-or after the pooling (class token or patch mean), the projection matrix. Every LayerNorm's scale held; read with
-hooks on the tower's own modules, in float64.
+or after the pooling (class token or patch mean), the projection matrix. Every LayerNorm's scale held; read at
+named sites of the tower's own modules (``vitlens.engine.sites``), in float64.
 """
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
-from .linearise import back_through_norm, check_norm, is_identity, norm_bias
+from ..engine.sites import HookPoint, record
+from .layout import structure
+from .refusals import refuse_other_openclip
+from .prenorm import head_attention, mha_qkv
+from .linearise import back_through_norm, norm_bias
 
 
 def is_openclip_tower(model: nn.Module) -> bool:
-    """Whether the module is OpenCLIP's vision transformer."""
-    return type(model).__name__ == "VisionTransformer" and type(model).__module__.startswith("open_clip")
+    """Whether the module is OpenCLIP's vision transformer (``layout.STRUCTURES``)."""
+    return structure(model) == "openclip"
 
 
 @dataclass
@@ -32,37 +35,24 @@ class Seen:
     features: torch.Tensor | None = None
 
 
-def refuse_unless_supported(model: nn.Module) -> None:
-    """Refuse an OpenCLIP tower the reading does not cover, by name."""
-    if model.attn_pool is not None or model.pool_type not in ("tok", "avg"):
-        raise UnsupportedModelError(f"OpenCLIP VisionTransformer with attentional pooling or pool {model.pool_type!r}:"
-                                    f" not read; a class-token or average-pooled tower is.")
-    check_norm(model.ln_pre, "pre-norm")
-    check_norm(model.ln_post, "final norm")
-    for i, block in enumerate(model.transformer.resblocks):
-        if not isinstance(block.attn, nn.MultiheadAttention) or hasattr(block, "ln_1_kv") \
-                or not is_identity(getattr(block, "ln_attn", None)):
-            raise UnsupportedModelError(f"OpenCLIP block {i} uses a {type(block.attn).__name__} (custom attention: "
-                                        f"qk-norm, cosine or scaled heads): not read.")
+#: the refusal every reader of an OpenCLIP tower calls (``decompose``, ``head_vectors``)
+refuse_unless_supported = refuse_other_openclip
 
 
 def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
-    """One forward with hooks on the tower's own modules (removed on exit)."""
-    seen, handles = Seen(), []
-    try:
-        handles.append(model.conv1.register_forward_hook(lambda m, a, o: setattr(seen, "patch", o)))
-        handles.append(model.ln_pre.register_forward_hook(lambda m, a, o: setattr(seen, "embeddings", a[0])))
-        for block in model.transformer.resblocks:
-            handles.append(block.ln_1.register_forward_hook(lambda m, a, o: seen.attn_in.append(o)))
-            handles.append(block.ls_2.register_forward_hook(lambda m, a, o: seen.mlp.append(o)))
-        handles.append(model.ln_post.register_forward_hook(lambda m, a, o: setattr(seen, "post_in", a[0])))
-        with torch.no_grad():
-            out = model(pixels)
-        seen.features = out[0] if isinstance(out, tuple) else out
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
+    """One forward with the tower's own modules read as named sites (``vitlens.engine.sites``); the forward
+    untouched."""
+    blocks = list(model.transformer.resblocks)
+    points = {"hook_embed": HookPoint(model.conv1), "ln_pre.hook_in": HookPoint(model.ln_pre, "input"),
+              "ln_final.hook_in": HookPoint(model.ln_post, "input")}
+    for i, block in enumerate(blocks):
+        points[f"blocks.{i}.ln1.hook_normalized"] = HookPoint(block.ln_1)
+        points[f"blocks.{i}.hook_mlp_out"] = HookPoint(block.ls_2)
+    got, out = record(model, points, lambda: model(pixels))
+    return Seen(patch=got["hook_embed"], embeddings=got["ln_pre.hook_in"], post_in=got["ln_final.hook_in"],
+                attn_in=[got[f"blocks.{i}.ln1.hook_normalized"] for i in range(len(blocks))],
+                mlp=[got[f"blocks.{i}.hook_mlp_out"] for i in range(len(blocks))],
+                features=out[0] if isinstance(out, tuple) else out)
 
 
 def read_directions(model: nn.Module, seen: Seen, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,11 +87,7 @@ def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, to
     for block, h_in, branch in zip(model.transformer.resblocks, seen.attn_in, seen.mlp):
         attn = block.attn
         nh, dh = attn.num_heads, attn.head_dim
-        qkv = h_in.double() @ attn.in_proj_weight.detach().double().T
-        if attn.in_proj_bias is not None:
-            qkv = qkv + attn.in_proj_bias.detach().double()
-        q, k, v = (t.reshape(*t.shape[:2], nh, dh).transpose(1, 2) for t in qkv.split(d, -1))
-        probs = ((q * dh ** -0.5) @ k.transpose(-2, -1)).softmax(-1)
+        probs, v = head_attention(*mha_qkv(attn, h_in), nh, dh, dh ** -0.5)
         gamma = getattr(block.ls_1, "gamma", None)
         gs = g * (gamma.detach().double() if gamma is not None else 1.0)
         e = (gs @ attn.out_proj.weight.detach().double()).reshape(*g.shape[:2], nh, dh)

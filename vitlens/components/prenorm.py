@@ -3,8 +3,8 @@
 (``towers``).
 
 A family describes its model as a ``Plan`` (which module writes what into the residual stream); ``capture`` runs one
-forward of the user's model with hooks on those modules and ``contributions`` splits ``u . features`` into the
-decomposition's parts, given the read direction on the final norm's output (the family's readout).
+forward of the user's model with those modules read as named sites and ``contributions`` splits ``u . features``
+into the decomposition's parts, given the read direction on the final norm's output (the family's readout).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..engine.sites import HookPoint, record
 from .linearise import back_through_norm, norm_bias
 
 
@@ -93,36 +94,32 @@ class Seen:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def capture(plan: Plan, run: Callable[[], Any]) -> Seen:
-    """Run ``run()`` (one forward of the user's model) with hooks on the plan's modules, removed on exit."""
-    seen, handles = Seen(), []
-
-    def out(fn: Callable[[torch.Tensor], Any]) -> Any:
-        return lambda m, a, o: fn(o[0] if isinstance(o, tuple) else o)
-
-    try:
-        handles.append(plan.patch.register_forward_hook(out(lambda t: setattr(seen, "patch", t))))
-        handles.append(plan.first.register_forward_pre_hook(lambda m, a: setattr(seen, "stream0", a[0])))
-        for block in plan.blocks:
-            if block.mha is not None:
-                handles.append(block.norm1.register_forward_hook(out(seen.attn_in.append)))
-            else:
-                for name in ("q", "k", "v"):
-                    handles.append(getattr(block, name).register_forward_hook(out(getattr(seen, name).append)))
-            handles.append(block.mlp_out.register_forward_hook(out(seen.mlp.append)))
-        handles.append(plan.final_norm.register_forward_hook(lambda m, a, o: setattr(seen, "final_in", a[0])))
-        handles.append(plan.final_norm.register_forward_hook(out(lambda t: setattr(seen, "final_out", t))))
-        if plan.features_input:
-            handles.append(plan.features_at.register_forward_pre_hook(lambda m, a: setattr(seen, "features", a[0])))
+def capture(plan: Plan, run: Callable[[], Any], model: nn.Module) -> Seen:
+    """Run ``run()`` (one forward of the user's ``model``) with the plan's modules read as named sites
+    (``vitlens.engine.sites``, holding the model's lock); the forward untouched."""
+    points = {"hook_embed": HookPoint(plan.patch), "blocks.0.hook_resid_pre": HookPoint(plan.first, "input"),
+              "ln_final.hook_in": HookPoint(plan.final_norm, "input"), "ln_final.hook_out": HookPoint(plan.final_norm),
+              "features": HookPoint(plan.features_at, "input" if plan.features_input else "output")}
+    for i, block in enumerate(plan.blocks):
+        if block.mha is not None:
+            points[f"blocks.{i}.ln1.hook_normalized"] = HookPoint(block.norm1)
         else:
-            handles.append(plan.features_at.register_forward_hook(out(lambda t: setattr(seen, "features", t))))
-        for name, module in plan.extra.items():
-            handles.append(module.register_forward_hook(out(lambda t, name=name: seen.extra.__setitem__(name, t))))
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
+            for name in ("q", "k", "v"):
+                points[f"blocks.{i}.attn.hook_{name}"] = HookPoint(getattr(block, name))
+        points[f"blocks.{i}.hook_mlp_out"] = HookPoint(block.mlp_out)
+    for name, module in plan.extra.items():
+        points[f"{name}.hook_out"] = HookPoint(module)
+    got, _ = record(model, points, run)
+    seen = Seen(patch=got["hook_embed"], stream0=got["blocks.0.hook_resid_pre"], final_in=got["ln_final.hook_in"],
+                final_out=got["ln_final.hook_out"], features=got["features"],
+                extra={name: got[f"{name}.hook_out"] for name in plan.extra})
+    for i, block in enumerate(plan.blocks):
+        if block.mha is not None:
+            seen.attn_in.append(got[f"blocks.{i}.ln1.hook_normalized"])
+        else:
+            for name in ("q", "k", "v"):
+                getattr(seen, name).append(got[f"blocks.{i}.attn.hook_{name}"])
+        seen.mlp.append(got[f"blocks.{i}.hook_mlp_out"])
     return seen
 
 
@@ -134,16 +131,25 @@ def mha_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, 
     return qkv.chunk(3, dim=-1)
 
 
+def head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, heads: int, head_dim: int, scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one recomputation of a block's attention from the queries, keys and values its sites saw ([B, N, H * dh]):
+    ``(softmax(q k^T * scale) [B, H, N, N], v [B, H, N, dh])`` in float64 (v None where none is given)."""
+    b, n, _ = q.shape
+    q, k = (t.double().reshape(b, n, heads, head_dim).transpose(1, 2) for t in (q, k))
+    if v is not None:
+        v = v.double().reshape(b, n, heads, head_dim).transpose(1, 2)
+    return ((q * scale) @ k.transpose(-2, -1)).softmax(-1), v
+
+
 def attention(block: BlockPlan, seen: Seen, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Block i's attention probabilities [B, H, N, N] and values [B, H, N, dh], float64, recomputed from the captured
-    queries and keys (``softmax(q k^T * scale)``)."""
+    queries and keys (``head_attention``)."""
     if block.mha is not None:
         q, k, v = mha_qkv(block.mha, seen.attn_in[i])
     else:
-        q, k, v = (t.double() for t in (seen.q[i], seen.k[i], seen.v[i]))
-    b, n, _ = q.shape
-    q, k, v = (t.reshape(b, n, block.heads, block.head_dim).transpose(1, 2) for t in (q, k, v))
-    return ((q * block.scale) @ k.transpose(-2, -1)).softmax(-1), v
+        q, k, v = seen.q[i], seen.k[i], seen.v[i]
+    return head_attention(q, k, v, block.heads, block.head_dim, block.scale)
 
 
 def patch_tokens(seen: Seen) -> torch.Tensor:

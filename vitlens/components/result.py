@@ -85,7 +85,8 @@ class DecompositionResult(Result):
 
     def top_heads(self, k: int = 5, image: int | None = 0) -> list[tuple[int, int, float]]:
         """The k heads with the largest part (of one image, or the mean over the images: None), as (layer, head,
-        part), 0-based."""
+        part), 0-based: the indices of ``head_table`` and ``heads`` (``summary`` and the app count from 1, so
+        (1, 3, part) is "layer 2 head 4" there)."""
         table = self.head_table(image)
         order = np.argsort(-table, axis=None)[:k]
         return [(int(i // table.shape[1]), int(i % table.shape[1]), float(table.flat[i])) for i in order]

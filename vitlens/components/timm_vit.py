@@ -1,7 +1,7 @@
 """Direct contributions on timm's ``VisionTransformer`` (docs/definitions.md, "Direct contributions").
 
-The forward runs once on the user's model with forward hooks on its own modules (patch embedding, each block's
-``norm1``, ``attn.qkv``, ``ls1``, ``ls2``, the final norms, the head); the parts are then read from what the hooks
+The forward runs once on the user's model with its named sites read (``vitlens.engine.sites``: the patch embedding,
+each block's ``attn.qkv``, ``ls1``, ``ls2``, the final norms, the head); the parts are then read from what the sites
 saw, in float64: each head's output split per source token (``a_h(q, j) W_O^h V^h x_j``, the attention recomputed
 from the captured queries and keys through the attention's own ``q_norm``/``k_norm``), each MLP's output, the
 embeddings and the biases, each read through the held final norm (``linearise``).
@@ -9,13 +9,15 @@ embeddings and the biases, each read through the held final norm (``linearise``)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import nn
 
+from ..engine.sites import HookPoint, record
 from ..errors import UnsupportedModelError
 from . import map_head
+from .layout import Layout
+from .refusals import refuse_other_blocks
 from .linearise import back_through_norm, check_norm, is_identity, norm_bias
 
 POOLS = ("token", "avg")
@@ -49,19 +51,7 @@ def refuse_unless_supported(model: nn.Module) -> None:
         map_head.refuse_unless_supported(model.attn_pool, name)
     elif model.global_pool not in POOLS:
         raise UnsupportedModelError(f"{name} pools by {model.global_pool!r}: only {POOLS} pooling is linear.")
-    for i, block in enumerate(model.blocks):
-        kind = type(block).__name__
-        if kind != "Block":
-            raise UnsupportedModelError(f"{name} block {i} is a {kind} (post-norm or parallel): its output is not "
-                                        f"x + attn(norm(x)) + mlp(norm(x)), so it gives no residual sum.")
-        attn = block.attn
-        if type(attn).__name__ != "Attention" or not is_identity(getattr(attn, "norm", None)) \
-                or getattr(attn, "gate", None) is not None:
-            raise UnsupportedModelError(f"{name} block {i}'s attention is a {type(attn).__name__} with a norm or "
-                                        f"gate before its projection: not a sum over heads.")
-        for ls in (block.ls1, block.ls2):
-            if not (is_identity(ls) or type(ls).__name__ == "LayerScale"):
-                raise UnsupportedModelError(f"{name} block {i} scales its branches by a {type(ls).__name__}.")
+    refuse_other_blocks(model)
     for where, norm in (("final norm", model.norm), ("pre-norm", model.norm_pre), ("head's norm", model.fc_norm)):
         check_norm(norm, where)
     if not isinstance(model.head, nn.Linear):
@@ -70,37 +60,30 @@ def refuse_unless_supported(model: nn.Module) -> None:
 
 
 def capture(model: nn.Module, pixels: torch.Tensor) -> Captured:
-    """One forward of the user's model with hooks on its own modules; the hooks are removed on exit."""
-    cap = Captured()
-    handles = []
-
-    def keep(setter: Any, use_input: bool = False) -> Any:
-        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-            setter(inputs[0] if use_input else output)
-        return hook
-
-    try:
-        handles.append(model.patch_embed.register_forward_hook(keep(lambda t: setattr(cap, "patch", t))))
-        handles.append(model.norm_pre.register_forward_hook(keep(lambda t: setattr(cap, "pre_in", t), True)))
-        handles.append(model.norm_pre.register_forward_hook(keep(lambda t: setattr(cap, "pre_out", t))))
-        for block in model.blocks:
-            handles.append(block.attn.qkv.register_forward_hook(keep(cap.qkv.append)))
-            handles.append(block.ls1.register_forward_hook(keep(cap.attn_branch.append)))
-            handles.append(block.ls2.register_forward_hook(keep(cap.mlp_branch.append)))
-        handles.append(model.norm.register_forward_hook(keep(lambda t: setattr(cap, "final_in", t), True)))
-        handles.append(model.fc_norm.register_forward_hook(keep(lambda t: setattr(cap, "pooled", t), True)))
-        handles.append(model.head.register_forward_hook(keep(lambda t: setattr(cap, "features", t), True)))
-        if getattr(model, "attn_pool", None) is not None:
-            for part in map_head.HOOKED:
-                handles.append(getattr(model.attn_pool, part).register_forward_hook(
-                    keep(lambda t, part=part: cap.pool.__setitem__(part, t))))
-        handles.append(model.head.register_forward_hook(keep(lambda t: setattr(cap, "logits", t))))
-        with torch.no_grad():
-            model(pixels)
-    finally:
-        for h in handles:
-            h.remove()
-    return cap
+    """One forward of the user's model with its named sites read (``layout``'s, and the embeddings', norms' and
+    head's beside them); the forward untouched."""
+    sites = Layout(model).points()
+    n = len(model.blocks)
+    points = {"hook_embed": HookPoint(model.patch_embed), "ln_pre.hook_in": HookPoint(model.norm_pre, "input"),
+              "ln_pre.hook_out": HookPoint(model.norm_pre), "ln_final.hook_in": sites["ln_final.hook_in"],
+              "fc_norm.hook_in": HookPoint(model.fc_norm, "input"), "head.hook_in": HookPoint(model.head, "input"),
+              "head.hook_out": HookPoint(model.head)}
+    for i in range(n):
+        for key in ("attn.hook_qkv", "hook_attn_out", "hook_mlp_out"):
+            points[f"blocks.{i}.{key}"] = sites[f"blocks.{i}.{key}"]
+    if getattr(model, "attn_pool", None) is not None:
+        for part in map_head.HOOKED:
+            points[f"attn_pool.{part}.hook_out"] = HookPoint(getattr(model.attn_pool, part))
+    seen, _ = record(model, points, lambda: model(pixels))
+    return Captured(
+        patch=seen["hook_embed"], pre_in=seen["ln_pre.hook_in"], pre_out=seen["ln_pre.hook_out"],
+        qkv=[seen[f"blocks.{i}.attn.hook_qkv"] for i in range(n)],
+        attn_branch=[seen[f"blocks.{i}.hook_attn_out"] for i in range(n)],
+        mlp_branch=[seen[f"blocks.{i}.hook_mlp_out"] for i in range(n)],
+        final_in=seen["ln_final.hook_in"], pooled=seen["fc_norm.hook_in"], features=seen["head.hook_in"],
+        logits=seen["head.hook_out"],
+        pool={part: seen[f"attn_pool.{part}.hook_out"] for part in map_head.HOOKED
+              if f"attn_pool.{part}.hook_out" in seen})
 
 
 def pool_weights(model: nn.Module, n_tokens: int, like: torch.Tensor) -> torch.Tensor:
@@ -119,16 +102,11 @@ def _scale(ls: nn.Module, d: int, like: torch.Tensor) -> torch.Tensor:
     return torch.ones(d, dtype=torch.float64, device=like.device) if gamma is None else gamma.detach().double()
 
 
-def attention_probs(block: nn.Module, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The block's attention probabilities [B, H, N, N] and values [B, H, N, dh] (float64) from its captured qkv
-    output, through the attention's own ``q_norm``/``k_norm`` and its ``scale`` (timm's softmax(q k^T * scale))."""
+def head_values(block: nn.Module, qkv: torch.Tensor) -> torch.Tensor:
+    """The block's values [B, H, N, dh] (float64) from its captured qkv output."""
     attn = block.attn
     b, n, _ = qkv.shape
-    q, k, v = qkv.reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-    with torch.no_grad():
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    logits = (q.double() * attn.scale) @ k.double().transpose(-2, -1)
-    return logits.softmax(dim=-1), v.double()
+    return qkv.reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)[2].double()
 
 
 def read_directions(model: nn.Module, cap: Captured, u: torch.Tensor
@@ -170,8 +148,9 @@ def contributions(model: nn.Module, cap: Captured, u: torch.Tensor) -> dict[str,
         prefix[:, i:i + r] = model.reg_token.detach().double()[0]
     position = stream0 - patch - prefix
     heads, attn_bias, mlp = [], [], []
-    for block, qkv, branch_mlp in zip(model.blocks, cap.qkv, cap.mlp_branch):
-        probs, v = attention_probs(block, qkv)
+    layout = Layout(model)
+    for i, (block, qkv, branch_mlp) in enumerate(zip(model.blocks, cap.qkv, cap.mlp_branch)):
+        probs, v = layout.probs(i, {f"blocks.{i}.attn.hook_qkv": qkv}), head_values(block, qkv)
         gs = g * _scale(block.ls1, d, g)
         w_o = block.attn.proj.weight.detach().double()
         e = (gs @ w_o).reshape(*gs.shape[:2], block.attn.num_heads, block.attn.head_dim)

@@ -1,7 +1,8 @@
 """Token norms and high-norm artifact tokens (Darcet et al., ICLR 2024; docs/definitions.md, "Token norms").
 
-The residual's norm per token at every depth, the outlier rule of ``prefix_diagnostics`` (a patch token whose norm
-exceeds ``OUTLIER_FACTOR`` times its image's median patch-token norm at that depth), the depth at which each
+The residual's norm per token at every depth (``blocks.{i}.hook_resid_post``, the site the prefix view reads), the
+outlier rule of ``prefix_diagnostics`` (``high_norm_outliers``: a patch token whose norm exceeds ``OUTLIER_FACTOR``
+times its image's median patch-token norm at that depth), the depth at which each
 outlier first appears, and the attention (mean over heads) the class token, the patch tokens and the registers'
 budget go to them.
 """
@@ -13,11 +14,9 @@ import numpy as np
 import torch
 
 from ..results import Result
-from ..views.prefix import OUTLIER_FACTOR
-from .stream import module_of, pixels_for, refuse_unless_stream, residuals
-from .timm_vit import attention_probs
-from .tower_stream import Tower, is_tower
-from .tower_stream import residuals as tower_residuals
+from ..views.prefix import OUTLIER_FACTOR, high_norm_outliers
+from .layout import Layout, residual_stream
+from .stream import module_of, pixels_for
 
 
 @dataclass(eq=False, repr=False)
@@ -55,8 +54,8 @@ class TokenNormsResult(Result):
         count = self.outliers[:, -1].sum(-1).mean()
         seen = self.first_depth[self.first_depth >= 0]
         return (f"{self.model_name or 'model'}: {count:.1f} outlier tokens per image at the last depth (norm > "
-                f"{self.factor:g} x median patch norm); first appear at depth "
-                f"{int(seen.min()) if seen.size else 'never'}")
+                f"{self.factor:g} x median patch norm); "
+                f"{f'the first appear at depth {int(seen.min())}' if seen.size else 'none at any depth'}")
 
     def to_rows(self) -> list[dict]:
         """One row per (image, depth): median patch norm, max norm, outliers, attention paid to them."""
@@ -77,7 +76,7 @@ def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -
     "Token norms").
 
     Args:
-        model: a ``LoadedModel``, a timm ``VisionTransformer`` or a CLIP / SigLIP / OpenCLIP vision tower.
+        model: a ``LoadedModel`` or a module that ``vl.decompose`` reads (``layout.READ``).
         pixels: [B, 3, H, W] preprocessed images (with a LoadedModel, anything ``vl.preprocess`` reads).
         factor: the outlier rule's multiple of the median patch norm.
 
@@ -85,26 +84,16 @@ def token_norms(model: object, pixels: object, factor: float = OUTLIER_FACTOR) -
         A ``TokenNormsResult``.
     """
     module, name = module_of(model, "token_norms")
-    if is_tower(module):
-        tower = Tower(module)
-        stream, _, probs = tower_residuals(tower, pixels_for(model, module, pixels), with_qk=True)
-        return _norms(stream, probs, tower.num_prefix, tower.num_prefix > 0, 0, factor, name)
-    refuse_unless_stream(module, "token_norms")
-    stream, _, qkv = residuals(module, pixels_for(model, module, pixels), with_qkv=True)
-    p = int(module.num_prefix_tokens)
-    has_cls = getattr(module, "cls_token", None) is not None
-    n_reg = int(module.reg_token.shape[1]) if getattr(module, "reg_token", None) is not None else 0
-    probs = [attention_probs(block, out)[0] for block, out in zip(module.blocks, qkv)]
-    return _norms(stream, probs, p, has_cls, n_reg, factor, name)
+    layout = Layout(module, name)
+    stream, _, probs = residual_stream(layout, pixels_for(model, module, pixels), with_probs=True)
+    return _norms(stream, probs, layout.num_prefix, layout.has_class_token, layout.num_registers, factor, name)
 
 
 def _norms(stream: list[torch.Tensor], probs: list[torch.Tensor], p: int, has_cls: bool, n_reg: int, factor: float,
            name: str) -> TokenNormsResult:
     """The norms, outliers and attention drawn from the residual at each depth and each block's probabilities."""
     norms = torch.stack([s.double().norm(dim=-1) for s in stream], 1)  # [B, L + 1, N]
-    median = norms[..., p:].quantile(0.5, dim=-1, keepdim=True)  # as np.median, prefix_diagnostics
-    outliers = norms > factor * median
-    outliers[..., :p] = False
+    outliers = torch.from_numpy(high_norm_outliers(norms.cpu().numpy(), p, factor)[1]).to(norms.device)
     hit = outliers.any(1)
     first = torch.where(hit, outliers.double().argmax(1), torch.full_like(hit, -1, dtype=torch.long))
     cls_att, patch_att, reg_att = [], [], []

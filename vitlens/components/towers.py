@@ -11,23 +11,13 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .layout import structure
 from .linearise import check_norm
 from .prenorm import BlockPlan, Plan, Seen, capture, mha_qkv
 
-HF_VIT = ("ViTModel", "ViTForImageClassification")
-DINOV2 = ("Dinov2Model", "Dinov2ForImageClassification")
-SIGLIP = ("SiglipVisionModel",)
-
-
 def _family(model: nn.Module) -> str | None:
-    name, where = type(model).__name__, type(model).__module__
-    if where.startswith("transformers"):
-        for family, names in (("hf-vit", HF_VIT), ("dinov2", DINOV2), ("siglip", SIGLIP)):
-            if name in names:
-                return family
-    if where.startswith("torchvision") and name == "VisionTransformer":
-        return "torchvision-vit"
-    return None
+    family = structure(model)
+    return family if family in ("hf-vit", "dinov2", "siglip", "torchvision-vit") else None
 
 
 def is_tower(model: nn.Module) -> bool:
@@ -57,7 +47,7 @@ def plan(model: nn.Module) -> Plan:
     """The model's plan, or a one-line refusal naming what does not fit."""
     family = _family(model)
     if family == "hf-vit":
-        vm = model.vit if type(model).__name__ == HF_VIT[1] else model
+        vm = getattr(model, "vit", model)
         _check_layers(vm.layers, "ViTLayer", family, ("layernorm_before",))
         blocks = [_hf_block(l, l.attention, l.layernorm_before, l.attention.o_proj, l.mlp) for l in vm.layers]
         cls = getattr(model, "classifier", None)
@@ -105,7 +95,7 @@ def read(model: nn.Module, pixels: torch.Tensor) -> tuple[Plan, Seen]:
     (the classifier's input, or the tower's pooled feature)."""
     p = plan(model)
     check_norm(p.final_norm, "final norm")
-    seen = capture(p, lambda: model(pixels))
+    seen = capture(p, lambda: model(pixels), model)
     if p.family in ("hf-vit", "dinov2") and p.classifier is None:
         seen.features = seen.final_out[:, 0]  # the class token's final feature (ViTModel's tanh pooler not read)
     return p, seen

@@ -4,7 +4,7 @@ attention distance) and the filters a patch-embedding convolution applies (Fig. 
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, cast
 
 import math
 
@@ -257,7 +257,7 @@ def attention_probs_in_rows(
     scale_after: bool = False,
     workspace: dict | None = None,
     taps: TapsFor | None = None,
-) -> Iterator[tuple[torch.Tensor, slice]]:
+) -> Iterator[tuple[torch.Tensor, slice | None]]:
     """``attention_probs`` a block of ``query_rows`` queries at a time: yields (probs [B, heads, rows,
     T], rows slice), so no [B, heads, T, T] map need exist at once. Each row's numbers are those of
     the whole computation (the same products and softmax over the same keys). ``query_rows`` None
@@ -313,7 +313,7 @@ def attention_probs_in_rows(
             *lead, rows.stop - start, ld)[..., :t]
         tap = taps(rows, tuple(out.shape)) if taps is not None and out is not None else None
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
-                              [rows_of(b, rows) for b in biases], scale_after, out=out, taps=tap,
+                              [cast(torch.Tensor, rows_of(b, rows)) for b in biases], scale_after, out=out, taps=tap,
                               workspace=workspace), rows
 
 
@@ -322,7 +322,7 @@ def attention_output_in_rows(
     k: torch.Tensor,
     v: torch.Tensor,
     scale: float,
-    query_rows: int,
+    query_rows: int | None,
     on_probs: Callable[[torch.Tensor, "slice | None"], None],
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,

@@ -297,7 +297,7 @@ def library() -> ctypes.CDLL | None:
     has failed in this process (said once in a warning)."""
     lib = _state["lib"]
     if lib is not None:
-        return lib  # type: ignore[return-value]
+        return lib  # type: ignore[return-value]  # _state holds the CDLL once it is loaded (a dict of object values)
     with _lock:
         if _state["failed"] is not None:
             return None
@@ -311,6 +311,7 @@ def library() -> ctypes.CDLL | None:
                               f"runs (the same numbers, slower on large maps). Set {COMPILE_ENV}=0 to skip trying.",
                               RuntimeWarning, stacklevel=3)
                 return None
+    # the ignore below: _state holds the CDLL once it is loaded (a dict of object values)
     return _state["lib"]  # type: ignore[return-value]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from typing import Callable
 
 import torch
 
@@ -21,7 +22,7 @@ MADV_HUGEPAGE = 14
 _libc: list = []
 
 
-def _madvise() -> "ctypes._CFuncPtr | None":
+def _madvise() -> Callable[..., int] | None:
     if not _libc:
         fn = None
         if sys.platform.startswith("linux"):

@@ -113,9 +113,10 @@ class ModelSpec:
         return {"stages": f"{len(self.stage_heads)} ({blocks} blocks)", "heads per stage": heads}
 
     def prefix_description(self) -> str:
-        """'1 (class)', '2 (class, distillation)', '4 (4 registers)', '0 (none: GAP/MAP head)'."""
+        """'1 (class)', '2 (class, distillation)', '4 (4 registers)', '0 (none: patch tokens only)' (a GAP or MAP
+        head, or a tower with no head at all: the spec does not say which, so neither is claimed)."""
         if self.num_prefix_tokens == 0:
-            return "0 (none: GAP/MAP head)"
+            return "0 (none: patch tokens only)"
         labels = list(self.prefix_labels)
         if len(labels) != self.num_prefix_tokens:
             labels = ["class"] if self.has_class_token else []

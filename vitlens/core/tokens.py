@@ -84,8 +84,8 @@ class TokenLayout:
         """The model's position of each canonical token: prefix tokens in their own order, then each image's cells
         row-major, images in order. ``x[..., order]`` puts a sequence into canonical order."""
         prefix = [i for i, t in enumerate(self.tokens) if isinstance(t, PrefixToken)]
-        cells = sorted((i for i, t in enumerate(self.tokens) if isinstance(t, Cell)),
-                       key=lambda i: (self.tokens[i].image, self.tokens[i].row, self.tokens[i].col))
+        cell_at = {i: t for i, t in enumerate(self.tokens) if isinstance(t, Cell)}
+        cells = sorted(cell_at, key=lambda i: (cell_at[i].image, cell_at[i].row, cell_at[i].col))
         return prefix + cells
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -242,7 +242,8 @@ def stage_centres(windows: list[WindowGeometry]) -> dict[int, np.ndarray]:
     """
     first = windows[0]
     if first.query_centres is not None:  # a family that places its tokens itself (pooling attention)
-        return {g.stage: g.query_centres for g in reversed(windows)}
+        # such a family places every stage's tokens (each geometry it writes holds its query_centres)
+        return {g.stage: cast(np.ndarray, g.query_centres) for g in reversed(windows)}
     (gh, gw), (sy, sx) = first.grid, first.stride_px
     ys, xs = np.meshgrid((np.arange(gh) + 0.5) * sy, (np.arange(gw) + 0.5) * sx, indexing="ij")
     centres = {first.stage: np.stack([ys.ravel(), xs.ravel()], axis=1)}
@@ -279,5 +280,5 @@ def stage_heads(family: Any, model: Any, image_size: tuple[int, int]) -> tuple[t
     return tuple(tuple(stages[s]) for s in sorted(stages))
 
 
-__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "block_heads", "merge_transport", "pooling_transport",
-           "stage_centres", "stage_heads", "transport_centres"]
+__all__ = ["Transport", "WindowGeometry", "adaptive_pooling_transport", "block_heads", "merge_transport",
+           "pooling_transport", "stage_centres", "stage_heads", "transport_centres"]

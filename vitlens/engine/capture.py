@@ -115,8 +115,8 @@ class AttentionCapture(HookSession):
                 whole = self._rows.pop(layer)
         if self.store:
             self._maps[layer] = whole
-        for consumer in self._plain:
-            consumer(layer, whole)
+        for callback in self._plain:
+            callback(layer, whole)
 
     def _taps(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
         """What the streaming consumers want block ``layer``'s rows ``rows`` softmax pass to compute: the first

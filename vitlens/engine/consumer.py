@@ -47,7 +47,8 @@ class BatchInfo:
            device: torch.device | str = "cpu") -> "BatchInfo":
         """A batch described by its grid alone (feeding a consumer by hand, e.g. captured maps)."""
         grid = (int(grid[0]), int(grid[1]))
-        return cls(index=0, start=0, size=size, input_size=tuple(input_size) if input_size else (0, 0), grid=grid,
+        return cls(index=0, start=0, size=size, input_size=(input_size[0], input_size[1]) if input_size else (0, 0),
+                   grid=grid,
                    device=torch.device(device))
 
 
@@ -83,8 +84,9 @@ class AttentionConsumer:
         consumer computes from the probabilities whatever was not filled. None (the default): nothing."""
         return None
 
-    def end_batch(self, logits: torch.Tensor | None = None) -> None:
-        """The current batch's model output, after its last block."""
+    def end_batch(self, logits: torch.Tensor | None = None) -> object:
+        """The current batch's model output, after its last block (what it returns, if anything, is the consumer's:
+        the engine ignores it)."""
 
     def held_bytes_per_image(self, tokens: int) -> int:
         """Bytes the consumer holds per image of a batch until the batch's last block (T = ``tokens``): what it must

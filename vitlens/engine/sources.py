@@ -76,6 +76,9 @@ def image_source(m: LoadedModel, images: Images) -> BatchSource:
 def clip_source(m: LoadedModel, clips: Any) -> BatchSource:
     """A video model's preprocessed clips [B, frames, 3, H, W], checked against its clip layout before any forward,
     at most ``clips_per_forward`` a forward."""
+    if m.family.clip_layout is None:
+        raise InvalidParameterError(f"{m.spec.name} is not a video model (its family {m.family.name} reads no clips); "
+                                    "pass it images.")
     layout = m.family.clip_layout(m.model)
     x = check_clips(clips, layout, m.spec.name)
 

@@ -29,7 +29,8 @@ Two more, where they serve:
 
 The engine (``vitlens.engine``: this stream, the capture it drives, the plan it asks and the consumer
 protocol) sits below the views, which are its consumers. A new attention view is one consumer class in
-``vitlens/views/`` and one entry in ``vitlens.views.registry``: attention distance (Fig. 7 right, Fig. 11) and rollout (Fig. 6) are
+``vitlens/views/`` and one entry in ``vitlens.views.registry``: attention distance (Fig. 7 right, Fig. 11) and rollout
+(Fig. 6) are
 two, and ``analyze`` feeds every one asked for from one forward per batch.
 """
 from __future__ import annotations
@@ -47,9 +48,15 @@ from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
 from ..progress import Progress, ProgressArg
 from .capture import capture_attention
+from . import consumer as protocol
 from .consumer import AttentionConsumer, BatchInfo
 from .plan import capture_plan, default_budget_mb, images_per_forward
 from .sources import batch_source
+
+
+#: the consumer protocol's reading of a row block, re-exported from here beside the stream (stream_attention's own
+#: ``query_rows`` argument is a count of rows, hence the assignment rather than an import of the name)
+query_rows = protocol.query_rows
 
 
 def model_name(spec: ModelSpec | str | None) -> str:
@@ -101,7 +108,7 @@ def stream_attention(
     """
     kind = find_kind(m)  # maps of another shape than a ViT's (Kind.reader): only consumers that say they read them
     wrong = sorted({type(c).__name__ for c in consumers if not kind.reads(c)}) if kind is not None else []
-    if wrong:
+    if kind is not None and wrong:
         raise UnsupportedModelError(
             f"{m.spec.name} {kind.maps}, which {', '.join(wrong)} would read as a ViT's [B, heads, T, T] maps; use "
             f"{kind.use} (attention distance and rollout: vl.attention_distance, vl.attention_rollout, vl.analyze) or "

@@ -114,16 +114,17 @@ class TimmCait(Family):
         pe = model.patch_embed
         refuse_other_size(name, self.name, pe.img_size, input_size)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=CLASS_ATTENTION_KIND, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]
-            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
+            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             num_prefix_tokens=1, num_layers=len(model.blocks) + len(model.blocks_token_only),
             num_heads=int(model.blocks[0].attn.num_heads), embed_dim=int(model.embed_dim), has_class_token=True,
             has_pos_embed=getattr(model, "pos_embed", None) is not None, pos_embed_prefix=0,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name, prefix_labels=("class",))
 
-    def block_layout(self, model: nn.Module) -> list[dict[str, str]]:  # type: ignore[override]
+    def block_layout(self, model: nn.Module) -> list[dict[str, str]]:
         """Every block's kind and the tokens of its queries and keys (``cait_block_layout``)."""
         return cait_block_layout(model)
 

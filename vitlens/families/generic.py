@@ -38,7 +38,8 @@ model declares, timm's ``patch_embed.grid_size``, a config's ``image_size // pat
 as the probe forward's tokens minus the grid's cells, checked against the prefix tokens the model declares
 (timm's ``num_prefix_tokens`` or ``cls_token`` / ``dist_token`` / ``reg_token``; a transformers embedding's
 class, distillation and register tokens; open_clip's class embedding). Windowed attention (Swin, SAM) and CaiT's class
-attention have families of their own; XCiT's cross-covariance attention stays refused by name before this fallback is tried.
+attention have families of their own; XCiT's cross-covariance attention stays refused by name before this fallback is
+tried.
 """
 from __future__ import annotations
 
@@ -345,7 +346,8 @@ class GenericCallCapture(Family):
         patches = layout.patch_embedding(model)
         size = layout.image_size(model, name, input_size)
         grid, stride = patches.grid(size), patches.stride
-        if layout.stem(model) is not None:  # a hybrid: the CNN stem's stride (times the projection's) is the token stride
+        # a hybrid: the CNN stem's stride (times the projection's) is the token stride
+        if layout.stem(model) is not None:
             grid, stride = _stem_grid(model, layout, patches.module, name, size)
         declared_grid = layout.declared_grid(model)
         if declared_grid is not None and input_size is None and tuple(declared_grid) != grid:
@@ -452,8 +454,8 @@ class GenericCallCapture(Family):
                                 "hybrid's own patch embedding acts on CNN channels, not pixels", spec.name)
         patches = layout.patch_embedding(model)
         if patches.kind == "conv2d":
-            conv = patches.module
-            return conv_filters(conv, layout.module_name(model, conv), "the patch embedding E", spec.name)
+            return conv_filters(patches.module, layout.module_name(model, patches.module), "the patch embedding E",
+                                spec.name)
         w = patches.filters()
         where = layout.module_name(model, patches.weight_module)
         d, c, kh, kw = w.shape
@@ -463,7 +465,7 @@ class GenericCallCapture(Family):
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
         pos = _layout(model).position_rows(model) if spec.has_pos_embed else None
         found = _table_grid(int(pos.shape[1]), spec.grid, spec.num_prefix_tokens) if pos is not None else None
-        if found is None:
+        if pos is None or found is None:
             return None
         rows, table_grid = found
         return pos.detach()[:, rows:], table_grid
@@ -484,7 +486,8 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     """Check that the first block attends over the prefix tokens and then the patch tokens in row-major order:
     light up one patch at a time (the top-right and the bottom-left cell, which a transposed or reversed order would
     swap) and see which token of the first attention module's input changes. Only that cell's token may, at
-    ``prefix + row * gw + column`` (or where ``order``, the model's declared token layout, puts it): a model that appends its class token, orders patches otherwise or mixes tokens
+    ``prefix + row * gw + column`` (or where ``order``, the model's declared token layout, puts it): a model that
+    appends its class token, orders patches otherwise or mixes tokens
     before the first block is refused rather than have its maps read on the wrong grid cells.
 
     Skipped for a patch convolution whose kernel is not its stride or that pads (a cell's pixels then reach
@@ -528,8 +531,9 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     hidden = [h[None] if h is not None and h.dim() == 2 else h for h in hidden]  # ([T, D]: Qwen3-VL's one sequence)
     if any(h is None or h.dim() != 3 or h.shape[:2] != (1, tokens) for h in hidden):
         return
-    for cell, h in zip(cells, hidden[1:]):
-        changed = ((h - hidden[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
+    read = [h for h in hidden if h is not None]  # every one of them (just checked)
+    for cell, h in zip(cells, read[1:]):
+        changed = ((h - read[0]).abs().amax(-1)[0] > 0).nonzero().flatten().tolist()
         want = prefix + cell[0] * grid[1] + cell[1] if order is None else order.tokens.index(Cell(0, *cell))
         if changed != [want]:
             raise UnsupportedModelError(

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -346,7 +346,7 @@ class HuggingFaceViT(Family):
             pos_embed_prefix=int(position_rows(emb).shape[1]) - table_grid[0] * table_grid[1],
             num_classes=int(model.config.num_labels) if head else 0,
             num_params=sum(p.numel() for p in model.parameters()),
-            dynamic_img_size=kind.startswith("dinov2"), family=self.name, prefix_labels=labels)
+            dynamic_img_size=(kind or "").startswith("dinov2"), family=self.name, prefix_labels=labels)
 
     def _table_grid(self, model: nn.Module) -> tuple[int, int]:
         emb = embeddings_of(model)
@@ -356,7 +356,7 @@ class HuggingFaceViT(Family):
         # DeiT keeps rows for the class and distillation tokens, ViT/CLIP/MAE for the class, SigLIP/IJepa none
         for prefix in (2, 1, 0):
             if (n - prefix) == cfg_grid[0] * cfg_grid[1]:
-                return cfg_grid  # type: ignore[return-value]
+                return cfg_grid  # type: ignore[return-value]  # 2 ints (mypy: tuple[int, ...])
         for prefix in (2, 1, 0):
             side = math.isqrt(max(n - prefix, 0))
             if side * side == n - prefix:
@@ -388,7 +388,8 @@ class HuggingFaceViT(Family):
                 mask = scores_mask(state.get("mask"))
                 refuse_padding_in_views(capture, mask)
                 with torch.no_grad(), torch.autocast(device_type=k.device.type, enabled=False):
-                    probs = attention_probs(q, k, _scale_of(attn), mask, scale_after=True)
+                    # not None: the model was checked for each attention's scaling when it was read
+                    probs = attention_probs(q, k, cast(float, _scale_of(attn)), mask, scale_after=True)
                 capture(layer, probs)
 
             handles.hook(attn.register_forward_pre_hook(pre_hook, with_kwargs=True))

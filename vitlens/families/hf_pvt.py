@@ -95,7 +95,7 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         self.check_model_class(model, name)
         kind = tower_type(model)
         modeling = self.modeling(model)
-        emb_cls, layer_cls, attn_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
+        emb_cls, layer_cls, attn_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind or ""])
         for s, (emb, layers) in enumerate(self.stages(model)):
             if type(emb) is not emb_cls or not isinstance(self.embedding_conv(emb), nn.Conv2d):
                 raise UnsupportedModelError(f"{name!r}: stage {s} embeds with {type(emb).__name__}; vitlens reads "
@@ -134,7 +134,8 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
     @staticmethod
     def self_attention(layer: nn.Module) -> nn.Module:
         """The module that holds the heads: v1 ``attention.self``, v2 ``attention``."""
-        return getattr(layer.attention, "self", layer.attention)
+        attention = layer.attention
+        return attention.self if hasattr(attention, "self") else attention
 
     @staticmethod
     def prefix_tokens(emb: nn.Module) -> int:
@@ -170,10 +171,11 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         out = []
         for emb, _layers in self.stages(model):
             conv = self.embedding_conv(emb)
-            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
-        return out  # type: ignore[return-value]
+        return out
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
         return pair(self.base(model).config.image_size)
@@ -217,7 +219,8 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
         docstring)."""
         out = []
         previous: tuple[int, int] | None = None
-        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model), self.stage_layout(model, input_hw))):
+        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model),
+                                                                self.stage_layout(model, input_hw))):
             conv = self.embedding_conv(emb)
             stage_from = None if previous is None else pooling_module_transport(previous, conv, grid)
             centres = token_centres(grid, stride)

@@ -130,10 +130,11 @@ class HuggingFaceSegformer(HuggingFaceFamily, StagedFamily):
         grid, stride = tuple(int(s) for s in (input_hw or self.image_size(model))), (1, 1)
         out = []
         for emb, _layers in self.stages(model):
-            grid = pooled_grid(grid, emb.proj)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, emb.proj)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(emb.proj)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
-        return out  # type: ignore[return-value]
+        return out
 
     def cam_layer(self, model: nn.Module) -> str | None:
         """The last stage's final ``layer_norm`` over its tokens [B, H * W, C] (what the classifier averages; a
@@ -150,7 +151,8 @@ class HuggingFaceSegformer(HuggingFaceFamily, StagedFamily):
         the same tokens), their centres in input pixels and the stated transports (module docstring)."""
         out = []
         previous: tuple[int, int] | None = None
-        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model), self.stage_layout(model, input_hw))):
+        for s, ((emb, layers), (grid, stride)) in enumerate(zip(self.stages(model),
+                                                                self.stage_layout(model, input_hw))):
             stage_from = None if previous is None else pooling_module_transport(previous, emb.proj, grid)
             centres = token_centres(grid, stride)
             for i, layer in enumerate(layers):

@@ -1,6 +1,7 @@
 """Hugging Face transformers Swin (``SwinModel``, ``SwinForImageClassification``, and ``SwinBackbone``: the one
 inside Mask2Former, OneFormer and UperNet, read through the whole model as its tower) and Swin V2 (``Swinv2Model``,
-``Swinv2ForImageClassification``, and ``Swinv2Backbone``, read through a whole model likewise), read block by block through their windows as timm's Swins are
+``Swinv2ForImageClassification``, and ``Swinv2Backbone``, read through a whole model likewise), read block by block
+through their windows as timm's Swins are
 (``vitlens.families.swin``: the same windowed views, the same stand-in, ``vitlens.families.common.windows``).
 
 Geometry (``windows``). A transformers Swin layer pads, shifts and partitions inside its own ``forward``
@@ -78,8 +79,8 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
              "Swinv2ForImageClassification; SwinBackbone and Swinv2Backbone, also inside Mask2Former, OneFormer and "
              "UperNet): windowed and shifted-window attention, patch merging; the windowed "
              "views as for timm's Swin; needs transformers")
-    names = ("hf:ORG/NAME or hf:FOLDER of a Swin or Swin V2 checkpoint, e.g. hf:microsoft/swin-tiny-patch4-window7-224, "
-             "hf:microsoft/swinv2-tiny-patch4-window8-256",)
+    names = ("hf:ORG/NAME or hf:FOLDER of a Swin or Swin V2 checkpoint, e.g. "
+             "hf:microsoft/swin-tiny-patch4-window7-224, hf:microsoft/swinv2-tiny-patch4-window8-256",)
     capture = CaptureAbilities(view_mode="side")  # side leaves the model's own forward (sdpa or eager) as it is
     hf_types = HF_TYPES
     model_classes = MODEL_CLASSES
@@ -89,7 +90,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         self.check_model_class(model, name)
         kind = tower_type(model)
         modeling = self.modeling(model)
-        layer_cls, attn_cls, merge_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind])
+        layer_cls, attn_cls, merge_cls = (getattr(modeling, c) for c in LAYER_CLASSES[kind or ""])
         for s, stage in enumerate(self.stages(model)):
             if stage.downsample is not None and type(stage.downsample) is not merge_cls:
                 raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(stage.downsample).__name__}; "
@@ -241,7 +242,8 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
 
 def _self_attention(layer: nn.Module) -> nn.Module:
     """The module that holds the heads: Swin's ``attention``, Swin V2's ``attention.self``."""
-    return getattr(layer.attention, "self", layer.attention)
+    attention = layer.attention
+    return attention.self if hasattr(attention, "self") else attention
 
 
 def is_backbone(model: nn.Module) -> bool:

@@ -91,7 +91,7 @@ class HuggingFaceVideo(HuggingFaceFamily):
             raise UnsupportedModelError(
                 f"{name!r} is a TimeSformer with attention_type={cfg.attention_type!r}; vitlens reads "
                 "'divided_space_time' (the published checkpoints'), so this one is refused rather than read wrong.")
-        cls = getattr(self.modeling(model), ATTENTION_CLASSES[kind])
+        cls = getattr(self.modeling(model), ATTENTION_CLASSES[kind or ""])
         for i, attn in enumerate(self.attention_modules(model)):
             if type(attn) is not cls:
                 raise UnsupportedModelError(f"{name!r}: attention {i} is a {type(attn).__name__}, not the "
@@ -152,7 +152,7 @@ class HuggingFaceVideo(HuggingFaceFamily):
         """A classifier's class logits; a bare model's mean token of its last hidden state (V-JEPA 2's encoder
         alone: ``skip_predictor=True``)."""
         kind = tower_type(model)
-        kwargs: dict[str, Any] = {PIXELS.get(kind, "pixel_values"): x}
+        kwargs: dict[str, Any] = {PIXELS.get(kind or "", "pixel_values"): x}
         if type(model).__name__.endswith("ForVideoClassification"):
             return model(**kwargs).logits
         if kind == "vjepa2":
@@ -188,7 +188,7 @@ class HuggingFaceVideo(HuggingFaceFamily):
         kind = tower_type(model)
         what = {"videomae": "a fixed sinusoidal table over its space-time tokens",
                 "vjepa2": "3-D rotary embeddings of the queries and keys (no table)"}.get(
-                    kind, "a learned table over space and time")
+                    kind or "", "a learned table over space and time")
         return (f"it is a video model whose position embedding is {what}, which the image position view does not "
                 "read as one image's grid")
 

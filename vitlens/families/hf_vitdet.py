@@ -100,6 +100,7 @@ class _WindowedGridFamily(HuggingFaceFamily, StagedFamily):
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model), stride_px=pair(cfg.patch_size),
             num_prefix_tokens=0, num_layers=len(self.layers(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.hidden_size), has_class_token=False,
+            # the ignore below: the table does not read the spec here (None: not built yet)
             has_pos_embed=self.position_table(model, None) is not None,  # type: ignore[arg-type]
             num_classes=0, num_params=sum(p.numel() for p in model.parameters()), family=self.name)
 
@@ -210,7 +211,7 @@ class HuggingFaceSam(_WindowedGridFamily):
                      "sam_hq_vision_model": ("SamHQVisionModel", "SamHQVisionEncoder", "SamHQModel")}
 
     def _prefix(self, model: nn.Module) -> str:
-        return "SamHQ" if tower_type(model).startswith("sam_hq") else "Sam"
+        return "SamHQ" if (tower_type(model) or "").startswith("sam_hq") else "Sam"
 
     def check(self, model: nn.Module, name: str) -> None:
         p = self._prefix(model)
@@ -233,7 +234,7 @@ class HuggingFaceSam(_WindowedGridFamily):
 
         return forward(StandIn(layer, attn=attn, layer_norm1=identity), numbers[None, :, :, None])
 
-    def _eager_class(self, model: nn.Module) -> type:
+    def _eager_class(self, model: nn.Module) -> type[nn.Module]:
         return getattr(self.modeling(model), f"{self._prefix(model)}VisionAttention")
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:

@@ -232,13 +232,15 @@ def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequenc
             if pooled and int(getattr(attn, d.q_stride)) != math.prod(q_stride):
                 raise UnsupportedModelError(f"{what}: its query stride {getattr(attn, d.q_stride)} is not the "
                                             f"model's {q_stride[0]}x{q_stride[1]}.")
-            step = tuple(q_stride) if pooled else (1, 1)
+            step = (q_stride[0], q_stride[1]) if pooled else (1, 1)
             n_in = tokens.size
             qs, ks, att, res = [], [], [], []
             for s in range(0, n_in, CHUNK):
                 x = _one_hot(n_in, s, min(s + CHUNK, n_in))
                 q, k, a = _run_attention(attn, x, d)
-                qs.append(q), ks.append(k), att.append(a)
+                qs.append(q)
+                ks.append(k)
+                att.append(a)
                 res.append(_run_block(block, a, x, d)[:, : x.shape[-1]])  # a max|mean concat: its max half
             q_sets, k_sets, a_sets, r_sets = (_sets(p, n_in) for p in (qs, ks, att, res))
             if not np.array_equal(a_sets, r_sets):
@@ -351,10 +353,12 @@ class TimmHiera(_TimmHieraFamily):
         self.check_block_classes(model, name, HieraBlock, MaskUnitAttention)
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(g) for g in model.tokens_spatial_shape)  # type: ignore[return-value]
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
-        return tuple(int(g) * int(s) for g, s in zip(model.tokens_spatial_shape, model.patch_stride))  # type: ignore
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
+        return tuple(int(g) * int(s) for g, s in zip(model.tokens_spatial_shape, model.patch_stride))  # type: ignore[return-value]
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
         """(stage, block) of every block (a block after the i-th stage end is in stage i + 1)."""
@@ -365,6 +369,7 @@ class TimmHiera(_TimmHieraFamily):
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model),
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride_px=tuple(int(s) for s in model.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=max(self.block_heads(model)),
             embed_dim=int(model.patch_embed.proj.out_channels), has_class_token=False,
@@ -374,7 +379,9 @@ class TimmHiera(_TimmHieraFamily):
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         return read_windows(model.unroll, self.blocks(model), self.grid(model),
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             tuple(int(s) for s in model.patch_stride),  # type: ignore[arg-type]
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             tuple(int(s) for s in model.q_stride), TIMM)  # type: ignore[arg-type]
 
     def heads_of(self, block: nn.Module) -> int:
@@ -422,18 +429,21 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         if len(cfg.patch_stride) != 2:
             raise UnsupportedModelError(f"{name!r}: vitlens reads 2-D image Hiera.")
         if float(getattr(cfg, "mask_ratio", 0.0) or 0.0) and getattr(self.base(model).embeddings, "is_mae", False):
-            raise UnsupportedModelError(f"{name!r}: an MAE Hiera drops mask units at random; vitlens reads every token.")
+            raise UnsupportedModelError(f"{name!r}: an MAE Hiera drops mask units at random; vitlens reads every "
+                                        "token.")
         for i, (_s, layer) in enumerate(self.blocks(model)):
             if type(layer) is not modeling.HieraLayer or type(layer.attn) is not modeling.HieraMaskUnitAttention:
                 raise UnsupportedModelError(
-                    f"{name!r}: layer {i} is a {type(layer).__name__} with {type(getattr(layer, 'attn', None)).__name__};"
-                    " vitlens reads transformers' HieraLayer with HieraMaskUnitAttention exactly.")
+                    f"{name!r}: layer {i} is a {type(layer).__name__} with "
+                    f"{type(getattr(layer, 'attn', None)).__name__}; vitlens reads transformers' HieraLayer with "
+                    "HieraMaskUnitAttention exactly.")
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:
         return [(s, layer) for s, stage in enumerate(self.base(model).encoder.stages) for layer in stage.layers]
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
         cfg = model.config
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(i) // int(s) for i, s in zip(cfg.image_size, cfg.patch_stride))  # type: ignore[return-value]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
@@ -441,7 +451,9 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         size = tuple(int(s) for s in cfg.image_size)
         refuse_other_size(name, self.name, size, input_size)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model),  # type: ignore[arg-type]
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride_px=tuple(int(s) for s in cfg.patch_stride),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(self.blocks(model)), num_heads=max(self.block_heads(model)),
             embed_dim=int(cfg.embed_dim), has_class_token=False, has_pos_embed=True,
@@ -457,7 +469,9 @@ class HuggingFaceHiera(HuggingFaceFamily, StagedFamily):
         def run(x: torch.Tensor) -> torch.Tensor:
             return unroll(x, image_shape=size, patch_stride=stride, schedule=base.unroll_schedule)
 
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return read_windows(run, self.blocks(model), self.grid(model), stride,  # type: ignore[arg-type]
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             tuple(int(s) for s in cfg.query_stride), HF)  # type: ignore[arg-type]
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
@@ -558,11 +572,11 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
         for layer, (stage, block) in enumerate(zip(stages, model.blocks)):
             what = f"block {layer + 1} (stage {stage + 1}, {type(block).__name__})"  # counted from 1, as the app
             pooled = block.attn.q_pool is not None
-            step = tuple(int(v) for v in block.q_stride) if pooled else (1, 1)
+            step = (int(block.q_stride[0]), int(block.q_stride[1])) if pooled else (1, 1)
             x, big = _coded(h, w)
             q, k, both = _hieradet_step(block, x, zero=False)
             _q, _k, res = _hieradet_step(block, x, zero=True)
-            out_grid = tuple(int(v) for v in res.shape[:2])
+            out_grid = (int(res.shape[0]), int(res.shape[1]))
             index = _decode(q.reshape(-1, 5).numpy(), big, (h, w), step, what).reshape(q.shape[:2])
             keys = _decode(k.reshape(-1, 5).numpy(), big, (h, w), (1, 1), what).reshape(k.shape[:2])
             cells = _decode(res.reshape(-1, 5).numpy(), big, (h, w), step, what)
@@ -620,12 +634,14 @@ class TimmHieraDet(_TimmHieraFamily):
 
     def image_size(self, model: nn.Module, input_size: tuple[int, int] | None = None) -> tuple[int, int]:
         if input_size is not None:
-            return tuple(int(s) for s in input_size)  # type: ignore[return-value]
+            return tuple(int(s) for s in input_size)  # type: ignore[return-value]  # 2 ints (mypy: tuple[int, ...])
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(s) for s in (getattr(model, "pretrained_cfg", None) or {}).get(  # type: ignore[return-value]
             "input_size", (3, 1024, 1024))[-2:])
 
     def grid(self, model: nn.Module, size: Sequence[int]) -> tuple[int, int]:
         conv = model.patch_embed.proj
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple((int(n) + 2 * int(p) - int(k)) // int(st) + 1  # type: ignore[return-value]
                      for n, p, k, st in zip(size, conv.padding, conv.kernel_size, conv.stride))
 
@@ -637,7 +653,7 @@ class TimmHieraDet(_TimmHieraFamily):
         conv = model.patch_embed.proj
         return ModelSpec(
             name=name, kind=HIERARCHICAL.name, image_size=size, grid=self.grid(model, size),
-            stride_px=tuple(int(s) for s in conv.stride),  # type: ignore[arg-type]
+            stride_px=tuple(int(s) for s in conv.stride),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=max(self.block_heads(model)),
             embed_dim=int(conv.out_channels), has_class_token=False, has_pos_embed=True,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
@@ -646,6 +662,7 @@ class TimmHieraDet(_TimmHieraFamily):
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         conv = model.patch_embed.proj
         return read_hieradet_windows(model, self.grid(model, input_hw),
+                                     # the ignore below: 2 ints (mypy: tuple[int, ...])
                                      tuple(int(s) for s in conv.stride), self.stages(model))  # type: ignore[arg-type]
 
     def blocks(self, model: nn.Module) -> list[tuple[int, nn.Module]]:

@@ -9,7 +9,8 @@ how to call it, and where its position table, preprocessing and attention pool a
 
 - ``TimmLayout``: a timm-style ViT, ``patch_embed.proj`` (a convolution) and ``blocks[i].attn``.
 - ``HuggingFaceLayout`` (its own module, ``layouts_hf``): a transformers vision model (or a model's ``vision_model``)
-  with one patch embedding (a convolution in its ``embeddings``, or a tower's own) and one list of layers, each with one child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
+  with one patch embedding (a convolution in its ``embeddings``, or a tower's own) and one list of layers, each with one
+  child attention module (DINOv3, AIMv2, Data2Vec-Vision, BEiT,
   ...), run with ``attn_implementation="sdpa"`` (what the capture reads; other implementations are refused in one line).
 - ``OpenClipLayout``: open_clip's own ``VisionTransformer`` built with ``CustomResidualAttentionBlock`` (open_clip's
   ``Attention``: qk-norm, head-scale, inner-norm options), ``conv1`` and ``transformer.resblocks[i].attn``.
@@ -19,7 +20,7 @@ geometry (grid from the convolution's arithmetic, prefix count from a probe forw
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -49,8 +50,9 @@ class Layout:
     def check(self, model: nn.Module, name: str) -> None:
         """Refuse, in one line, what this kind of model can be built with and the capture would read wrong."""
 
-    def patch_conv(self, model: nn.Module) -> nn.Conv2d:
-        """The convolution that cuts the image into patch tokens (its stride is the token stride)."""
+    def patch_conv(self, model: nn.Module) -> nn.Module:
+        """The module that cuts the image into patch tokens (a convolution, whose stride is the token stride, or a
+        linear layer over unfolded patches: ``patch_embedding`` reads either)."""
         raise NotImplementedError
 
     def patch_embedding(self, model: nn.Module) -> PatchEmbedding:
@@ -177,8 +179,9 @@ def _timm_patches(model: nn.Module) -> nn.Module | None:
     """A timm-style model's patch embedding: ``patch_embed.proj`` (a convolution), or ``patch_embed`` itself when it
     is a linear layer over unfolded patches (timm's Gemma 4 encoder: ``input_proj``); None otherwise."""
     pe = getattr(model, "patch_embed", None)
-    if isinstance(getattr(pe, "proj", None), nn.Conv2d):
-        return pe.proj
+    proj = getattr(pe, "proj", None)
+    if isinstance(proj, nn.Conv2d):
+        return proj
     read = patch_embedding(pe) if isinstance(pe, nn.Module) else None
     return pe if read is not None and read.kind == "linear" else None
 
@@ -228,7 +231,7 @@ class TimmLayout(Layout):
                 "embedding that is one convolution of the pixels.")
 
     def patch_conv(self, model: nn.Module) -> nn.Module:
-        return _timm_patches(_body(model))
+        return cast(nn.Module, _timm_patches(_body(model)))  # not None: matches() takes only a model it reads
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
         return [block.attn for block in _body(model).blocks]
@@ -345,7 +348,7 @@ class OpenClipLayout(Layout):
     def prefix_parts(self, model: nn.Module) -> tuple[bool, bool, int]:
         return True, False, 0
 
-    def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
+    def declared_grid(self, model: nn.Module) -> tuple[int, int]:
         grid = self._visual(model).grid_size
         return int(grid[0]), int(grid[1])
 

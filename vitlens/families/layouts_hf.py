@@ -172,8 +172,8 @@ class HuggingFaceLayout(Layout):
         eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
         if impl != "sdpa" and not eager_only:
             raise UnsupportedModelError(
-                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens reads "
-                "this model at its scaled_dot_product_attention calls (generic call-level capture): "
+                f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens "
+                "reads this model at its scaled_dot_product_attention calls (generic call-level capture): "
                 f"{self.fused_hint}.")
         if float(getattr(tower.config, "mask_ratio", 0) or 0):
             raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
@@ -226,7 +226,7 @@ class HuggingFaceLayout(Layout):
     def _positioned_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """A batch [B, C, H, W] as Gemma 4's processor hands it: each image's patches row-major, each flattened (row,
         column, channel), and their (x, y) = (column, row) positions; no padding."""
-        pe = patch_embedding(self._parts(model)[1])
+        pe = self.patch_embedding(model)
         b, c, h, w = x.shape
         p = pe.kernel[0]
         gh, gw = h // p, w // p
@@ -241,7 +241,7 @@ class HuggingFaceLayout(Layout):
         frame, row, column), the image repeated over the temporal patch, in merge x merge block order, images in
         order; ``grid_thw`` one (1, rows, columns) per image."""
         tower, merge = self._parts(model)[0], self._merge(model)
-        pe = patch_embedding(self._parts(model)[1])
+        pe = self.patch_embedding(model)
         h, w = x.shape[-2:]
         p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
         if h % (p * merge) or w % (p * merge):

@@ -27,7 +27,8 @@ residual only: the MBConv / ConvNeXt blocks' depthwise convolutions inside each 
 last stage's tokens (the head's average pool).
 
 Refused, in one line: the experimental ``ParallelMaxxVitBlock`` (``maxvit_tiny_pm``: block and grid attention side by
-side on one input, their outputs concatenated: no one order of windows for a rollout to compose), CoAtNet's convolution-only and
+side on one input, their outputs concatenated: no one order of windows for a rollout to compose), CoAtNet's
+convolution-only and
 global-attention blocks (``coatnet_*``), a pooling shortcut other than the 2x2 average (``pool_type`` "avg2").
 """
 from __future__ import annotations
@@ -60,8 +61,8 @@ class TimmMaxVit(StagedFamily):
 
     name = "timm-maxvit"
     summary = "timm MaxViT / MaxxViT (maxvit_*, maxxvit_*, maxxvitv2_*)"
-    reads = ("timm MaxViT and MaxxViT (maxvit_*, maxxvit_*, maxxvitv2_*, timm.models.maxxvit): block attention within local "
-             "windows and grid attention over a dilated grid, with relative-position biases, after convolution "
+    reads = ("timm MaxViT and MaxxViT (maxvit_*, maxxvit_*, maxxvitv2_*, timm.models.maxxvit): block attention within "
+             "local windows and grid attention over a dilated grid, with relative-position biases, after convolution "
              "blocks; distance in image pixels per stage beside the window-uniform distance (the grid blocks' keys "
              "spread over the whole image), rollout through the windows, the grids and the strided stage starts "
              "(stated transport)")
@@ -95,7 +96,8 @@ class TimmMaxVit(StagedFamily):
                 shortcut = getattr(block.conv, "shortcut", None)
                 pool = getattr(shortcut, "pool", None)
                 if isinstance(shortcut, mod.Downsample2d) and not (
-                        isinstance(pool, nn.AvgPool2d) and pool.kernel_size in (2, (2, 2)) and pool.stride in (2, (2, 2))):
+                        isinstance(pool, nn.AvgPool2d) and pool.kernel_size in (2, (2, 2))
+                        and pool.stride in (2, (2, 2))):
                     raise UnsupportedModelError(f"{name!r}: stage {s} downsamples with {type(pool).__name__}; vitlens "
                                                 "reads the 2x2 average-pool shortcut (pool_type 'avg2').")
 
@@ -171,8 +173,9 @@ class TimmMaxVit(StagedFamily):
         grids = tuple(tuple(int(v) for v in p.partition_size) for _s, p in layers)
         sources = tuple(f"stage {s + 1}, layer {i + 1} ({names.get(id(p), '?')}): attn.rel_pos.get_bias()"
                         for i, (s, p) in enumerate(layers))
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return RelativeBias(biases=biases, sources=sources, grid=grids[0], num_prefix_tokens=0,  # type: ignore[arg-type]
-                            grids=grids)  # type: ignore[arg-type]
+                            grids=grids)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.stem.conv1, "stem.conv1", "the stem's first convolution (3x3, stride 2)", spec.name)
@@ -192,7 +195,7 @@ def partition_windows(layer: nn.Module, grid: tuple[int, int], stage: int, strid
     """One partition-attention layer's windows (block) or dilated grid, read by running its own ``_partition_attn``
     on a stand-in whose ``attn`` is a recorder (NCHW layers hand windows [windows, C, P, P], turned channels last for
     the recorder); kind "grid" for a grid layer of more than one window."""
-    code = type(layer)._partition_attn
+    code = type(layer)._partition_attn  # type: ignore[attr-defined]  # timm's PartitionAttention(2d) method
     nchw = type(layer).__name__ == "PartitionAttention2d"
 
     def run(numbers: torch.Tensor, recorder: Callable[..., Any]) -> Any:

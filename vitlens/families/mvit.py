@@ -126,6 +126,7 @@ class TimmMViTv2(StagedFamily):
 
     def patch_grid(self, model: nn.Module, input_hw: Sequence[int]) -> tuple[int, int]:
         """The patch convolution's output grid for an input of ``input_hw`` pixels."""
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return pooled_grid(tuple(int(s) for s in input_hw), model.patch_embed.proj)  # type: ignore[arg-type]
 
     def image_size(self, model: nn.Module) -> tuple[int, int]:
@@ -162,6 +163,7 @@ class TimmMViTv2(StagedFamily):
                         f"residual to {pooled_grid(grid, skip)} (or its values to another grid than its keys); "
                         "vitlens reads blocks whose outputs are one grid.")
                 if skip is not None:
+                    # the ignore below: 2 ints (mypy: tuple[int, ...])
                     stride = tuple(a * b for a, b in zip(stride, pooling_of(skip)[1]))  # type: ignore[assignment]
                 rows = _rel_pos_rows_needed(attn, q_grid, k_grid)
                 if rows is not None and rows > int(attn.rel_pos_h.shape[0]):
@@ -172,7 +174,7 @@ class TimmMViTv2(StagedFamily):
                         f"has {int(attn.rel_pos_h.shape[0])} rows, sized by timm for the {stage.feat_size[0]}x"
                         f"{stage.feat_size[1]} grid floor division gives, and these grids index {rows}; build it at a "
                         "size whose poolings divide evenly.")
-                out.append(BlockLayout(s, grid, q_grid, k_grid, stride, attn.pool_q, attn.pool_k, skip))  # type: ignore
+                out.append(BlockLayout(s, grid, q_grid, k_grid, stride, attn.pool_q, attn.pool_k, skip))
                 grid = q_grid
         return out
 
@@ -207,7 +209,8 @@ class TimmMViTv2(StagedFamily):
         return ModelSpec(
             name=name, kind=HIERARCHICAL.name, image_size=image, grid=self.patch_grid(model, image),
             stride_px=pair(model.patch_embed.proj.stride), num_prefix_tokens=0, num_layers=len(blocks),
-            num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(model.patch_embed.proj.out_channels),
+            num_heads=max(int(b.attn.num_heads) for _s, b in blocks),
+            embed_dim=int(model.patch_embed.proj.out_channels),
             has_class_token=False, has_pos_embed=model.pos_embed is not None,
             num_classes=int(getattr(model, "num_classes", 0)), num_params=sum(p.numel() for p in model.parameters()),
             family=self.name)

@@ -84,7 +84,7 @@ class OpenClipViT(MultiheadAttentionViT):
                 raise UnsupportedModelError(f"{name!r}: image block {i}'s attention is not batch-first self-attention "
                                             "with a packed in-projection.")
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.MultiheadAttention]:
         return [block.attn for block in visual_of(model).transformer.resblocks]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
@@ -95,6 +95,7 @@ class OpenClipViT(MultiheadAttentionViT):
         grid = (size[0] // patch[0], size[1] // patch[1])
         blocks = visual.transformer.resblocks
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=VIT.name, image_size=size, grid=grid, stride_px=patch,  # type: ignore[arg-type]
             num_prefix_tokens=1, num_layers=len(blocks), num_heads=int(blocks[0].attn.num_heads),
             embed_dim=int(visual.transformer.width), has_class_token=True,
@@ -210,6 +211,8 @@ class OpenClipTimmWindowed(OpenClipTimm):
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
         trunk, inner = self.inner(model)
+        if inner.windows is None:  # (matches() takes only a trunk whose family has windows)
+            raise UnsupportedModelError(f"{type(trunk).__name__} no longer attends in windows.")
         return inner.windows(trunk, input_hw)
 
     def stage_layout(self, model: nn.Module) -> list[tuple[tuple[int, int], tuple[int, int]]]:

@@ -15,6 +15,8 @@ and keys the pool uses, as the family's block capture is::
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .base import CaptureRequest, Family, Handles, HookSession
@@ -23,13 +25,13 @@ from .base import CaptureRequest, Family, Handles, HookSession
 class PoolAttentionCapture(HookSession):
     """Context manager: the attention pool's probabilities of the latest forward in ``maps`` (one entry)."""
 
-    def __init__(self, m: object) -> None:
+    def __init__(self, m: Any) -> None:
         from . import family_of
 
         if isinstance(getattr(m, "family", None), Family):  # a LoadedModel (families import nothing of loading)
             self.model, self.family = m.model, m.family
         else:
-            self.model, self.family = m, family_of(m)  # type: ignore[arg-type]
+            self.model, self.family = m, family_of(m)
         self._maps: dict[int, torch.Tensor] = {}
 
     @property
@@ -41,6 +43,7 @@ class PoolAttentionCapture(HookSession):
         from ..errors import ViewNotAvailableError
 
         probs = self.maps[0]
+        # the ignore below: spec is a ModelSpec (typed object: families import nothing of loading)
         prefix, (gh, gw) = spec.num_prefix_tokens, spec.grid  # type: ignore[attr-defined]
         if probs.shape[-1] != prefix + gh * gw:
             raise ViewNotAvailableError(

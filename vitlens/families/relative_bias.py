@@ -99,6 +99,7 @@ def _timm_relpos(model: nn.Module) -> RelativeBias | None:
             return _plain(mod.get_bias(), where)
 
     shared_bias = evaluated("shared_rel_pos", shared) if shared is not None else None
+    biases: list[torch.Tensor | None]
     biases, sources, windows = [], [], []
     for where, mod in modules:
         # RelPosAttention adds its own rel_pos when it has one and the shared bias only when it has none
@@ -106,7 +107,7 @@ def _timm_relpos(model: nn.Module) -> RelativeBias | None:
             biases.append(evaluated(where, mod))
             sources.append(f"{where} ({_describe_timm(mod)}): its get_bias()")
             windows.append(mod.window_size)
-        elif shared_bias is not None:
+        elif shared is not None and shared_bias is not None:
             biases.append(shared_bias)
             sources.append(f"shared_rel_pos ({_describe_timm(shared)}), the same in every block: its get_bias()")
             windows.append(shared.window_size)

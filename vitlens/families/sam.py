@@ -2,7 +2,8 @@
 attending within non-overlapping windows (padded to whole windows, no shift) and a few globally, with a
 decomposed relative-position bias (or RoPE), an absolute position table, and a convolutional neck.
 
-Read as the windowed models are (``vitlens.families.swin``, ``vitlens.families.common.windows``): each block's windows come from its own code (its
+Read as the windowed models are (``vitlens.families.swin``, ``vitlens.families.common.windows``): each block's windows
+come from its own code (its
 ``forward`` on a stand-in whose norm is the identity and whose attention is a recorder, so ``window_partition``
 and the padding are the model's), a global block is one window over the whole grid; the probabilities are the
 model's own at ``attn_drop`` on its non-fused path, or its fused call's, reshaped from timm's
@@ -57,13 +58,16 @@ class TimmSam(StagedFamily):
                      "timm.models.vision_transformer_sam")
 
     def grid(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(g) for g in model.patch_embed.grid_size)  # type: ignore[return-value]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
         pe = model.patch_embed
         refuse_other_size(name, self.name, pe.img_size, input_size)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=HIERARCHICAL.name, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             grid=self.grid(model), stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
             num_prefix_tokens=0, num_layers=len(model.blocks), num_heads=int(model.blocks[0].attn.num_heads),
             embed_dim=int(model.embed_dim), has_class_token=False, has_pos_embed=model.pos_embed is not None,
@@ -75,12 +79,13 @@ class TimmSam(StagedFamily):
         return f"blocks.{len(model.blocks) - 1}"
 
     def windows(self, model: nn.Module, input_hw: Sequence[int]) -> list[WindowGeometry]:
-        stride = tuple(int(p) for p in model.patch_embed.patch_size)
+        stride = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
         out = []
         for i, block in enumerate(model.blocks):
             def run(numbers: torch.Tensor, recorder: Callable[..., Any], block: nn.Module = block) -> Any:
                 # the block's own forward: its window partition (and padding) of the grid, the norm the identity
-                return type(block).forward(StandIn(block, attn=recorder, norm1=nn.Identity()), numbers[None, :, :, None])
+                return type(block).forward(StandIn(block, attn=recorder, norm1=nn.Identity()),
+                                           numbers[None, :, :, None])
 
             out.append(record_windows(run, self.grid(model), 0, stride, f"block {i} ({type(block).__name__})"))
         return out

@@ -18,7 +18,8 @@ arguments, the real output kept) and inline capture turns the non-fused path on 
 Geometry (``windows``). Which stage token each position of each window holds is found by running the
 block's own window code (``_attn``; v2 CR: ``_shifted_window_attn``: cyclic shift, padding, window
 partition) on a grid of token numbers, with a recorder in place of its attention, on a stand-in that leaves
-the model as it is (``common.windows.StandIn``, ``record_windows``): the shift is undone and padding found by the model's own code, never
+the model as it is (``common.windows.StandIn``, ``record_windows``): the shift is undone and padding found by the
+model's own code, never
 re-derived. The recorder also reads the mask the block hands its attention, which says which keys a query
 of a shifted window may attend.
 """
@@ -79,7 +80,7 @@ class TimmSwin(StagedFamily):
              "through the stages")
     names = ("timm names: swin_tiny_patch4_window7_224, swin_base_patch4_window12_384 (timm.list_models('swin_*'))",)
     capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities on its non-fused path
-    attention_inputs = ("norm1",)
+    attention_inputs: tuple[str, ...] = ("norm1",)
     #: the timm module and its classes: the model, its block, the block's attention, its patch merging
     module = "timm.models.swin_transformer"
     classes = ("SwinTransformer", "SwinTransformerBlock", "WindowAttention", "PatchMerging")
@@ -142,9 +143,10 @@ class TimmSwin(StagedFamily):
         refuse_other_size(name, self.name, pe.img_size, input_size)
         blocks = self.blocks(model)
         return ModelSpec(
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             name=name, kind=HIERARCHICAL.name, image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]
-            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]
+            grid=tuple(int(g) for g in pe.grid_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            stride_px=tuple(int(p) for p in pe.patch_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             num_prefix_tokens=0, num_layers=len(blocks),
             num_heads=max(int(b.attn.num_heads) for _s, b in blocks), embed_dim=int(pe.proj.out_channels),
             has_class_token=False, has_pos_embed=getattr(model, "absolute_pos_embed", None) is not None,
@@ -195,6 +197,7 @@ class TimmSwin(StagedFamily):
         return RelativeBias(biases=biases, sources=tuple(f"stage {s + 1}, block {i + 1} ({names.get(id(b), '?')}): "
                                                          f"{self.bias_source}"
                                                          for i, (s, b) in enumerate(self.blocks(model))),
+                            # the ignore below: 2 ints (mypy: tuple[int, ...])
                             grid=grids[0], num_prefix_tokens=0, grids=grids)  # type: ignore[arg-type]
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:

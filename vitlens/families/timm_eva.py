@@ -74,7 +74,8 @@ class TimmEva(TimmFamily):
         for i, block in enumerate(model.blocks):
             if type(block) not in (EvaBlock, EvaBlockPostNorm) or type(block.attn) not in (EvaAttention, AttentionRope):
                 raise UnsupportedModelError(
-                    f"{name!r}: block {i} is a {type(block).__name__} with {type(getattr(block, 'attn', None)).__name__}; "
+                    f"{name!r}: block {i} is a {type(block).__name__} with "
+                    f"{type(getattr(block, 'attn', None)).__name__}; "
                     "vitlens reproduces timm's EvaBlock with EvaAttention or AttentionRope (rotary embeddings) exactly "
                     "and refuses others.")
             if block.attn.q_norm is block.attn.k_norm:

@@ -30,7 +30,8 @@ from ..core.attention import (PROBS_BUFFER, QKV_BUFFER, attention_output_in_rows
 from ..core.spec import ModelSpec
 from ..kinds import HYBRID, VIT, kind_of
 from .base import AttentionClassUnknown, CaptureAbilities, CaptureRequest, Handles, register
-from .common.timm import TIMM_ARGS, TimmFamily, check_patch_embed, first_conv, inline_at_attn_drop, install_qk_norm_hooks
+from .common.timm import (TIMM_ARGS, TimmFamily, check_patch_embed, first_conv, inline_at_attn_drop,
+                          install_qk_norm_hooks)
 
 
 def inline_in_rows(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles) -> dict:
@@ -167,6 +168,7 @@ class TimmViT(TimmFamily):
         return HYBRID.name if isinstance(model.patch_embed, HybridEmbed) else VIT.name
 
     def stride(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(s) for s in model.patch_embed.feat_ratio(as_scalar=False))  # type: ignore[return-value]
 
     @staticmethod

@@ -82,8 +82,8 @@ class TimmTinyVit(StagedFamily):
         for s, stage in enumerate(self.stages(model)):
             if type(stage) is not mod.TinyVitStage or type(stage.downsample) is not mod.PatchMerging:
                 raise UnsupportedModelError(f"{name!r}: attention stage {s} is a {type(stage).__name__} merging with "
-                                            f"{type(getattr(stage, 'downsample', None)).__name__}; vitlens reads timm's "
-                                            "TinyVitStage with its PatchMerging.")
+                                            f"{type(getattr(stage, 'downsample', None)).__name__}; vitlens reads "
+                                            "timm's TinyVitStage with its PatchMerging.")
             pooling_of(stage.downsample.conv2.conv)  # refuses dilation, in one line
             check_blocks(name, ((f"stage {s} block {i}", b) for i, b in enumerate(stage.blocks)), mod.TinyVitBlock,
                          (mod.Attention,), MODULE)
@@ -109,15 +109,17 @@ class TimmTinyVit(StagedFamily):
         grid = tuple(int(s) for s in (input_hw or self.image_size(model)))
         stride = (1, 1)
         for conv in (model.patch_embed.conv1.conv, model.patch_embed.conv2.conv):
-            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
         out = []
         for stage in self.stages(model):
             conv = stage.downsample.conv2.conv
-            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]
+            grid = pooled_grid(grid, conv)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            # the ignore below: 2 ints (mypy: tuple[int, ...])
             stride = tuple(a * b for a, b in zip(stride, pooling_of(conv)[1]))  # type: ignore[assignment]
             out.append((grid, stride))
-        return out  # type: ignore[return-value]
+        return out
 
     def cam_layer(self, model: nn.Module) -> str | None:
         """The last stage's last block (its output: the last stage's tokens [B, H, W, C], which the head's norm and
@@ -178,8 +180,9 @@ class TimmTinyVit(StagedFamily):
         sources = tuple(f"stage {s + 1}, block {i + 1} ({names.get(id(b), '?')}): "
                         "attn.attention_biases[:, attn.attention_bias_idxs]"
                         for i, (s, b) in enumerate(self.blocks(model)))
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return RelativeBias(biases=biases, sources=sources, grid=grids[0], num_prefix_tokens=0,  # type: ignore[arg-type]
-                            grids=grids)  # type: ignore[arg-type]
+                            grids=grids)  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
         return conv_filters(model.patch_embed.conv1.conv, "patch_embed.conv1.conv",

@@ -50,7 +50,7 @@ class TorchvisionViT(MultiheadAttentionViT):
                 raise UnsupportedModelError(f"{name!r}: block {i}'s attention is not batch-first self-attention "
                                             "with a packed in-projection.")
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.MultiheadAttention]:
         return [block.self_attention for block in model.encoder.layers]
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
@@ -58,7 +58,8 @@ class TorchvisionViT(MultiheadAttentionViT):
         refuse_other_size(name, self.name, (size, size), input_size)
         head = model.heads[-1] if isinstance(model.heads, nn.Sequential) else model.heads
         return ModelSpec(
-            name=name, kind=VIT.name, image_size=(size, size), grid=(size // patch, size // patch), stride_px=(patch, patch),
+            name=name, kind=VIT.name, image_size=(size, size), grid=(size // patch, size // patch),
+            stride_px=(patch, patch),
             num_prefix_tokens=1, num_layers=len(model.encoder.layers),
             num_heads=int(model.encoder.layers[0].self_attention.num_heads), embed_dim=int(model.hidden_dim),
             has_class_token=True, has_pos_embed=True, pos_embed_prefix=1,

@@ -27,7 +27,8 @@ __all__ = ["attribution_figure", "attribution_figures", "attributions_figure", "
            "perturbation_figure", "road_figure", "sanity_figure", "table_figure"]
 
 
-def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0, opacity: float = 0.5) -> go.Figure:
+def attribution_figure(results: Sequence["AttributionResult"], image: np.ndarray, index: int = 0,
+                       opacity: float = 0.5) -> go.Figure:
     """Maps of several attribution methods side by side over one image (negative evidence
     clipped, each map scaled to its maximum).
 
@@ -241,11 +242,11 @@ def perturbation_figure(results: Sequence["PerturbationResult"], roads: Sequence
                                      name=method_label(r.method), legendgroup=r.method, showlegend=col == 1,
                                      hovertemplate=f"{r.method} (AUC {significant(auc.mean())})<br>%{{x:.0%}} removed: "
                                                    "%{y:.3f}<extra></extra>"), row=1, col=col)
-    for i, r in enumerate(roads):
-        color = method_colour(r.method, i)
-        for col, curve in ((3, r.morf), (4, r.lerf)):
-            fig.add_trace(go.Scatter(x=r.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
-                                     name=method_label(r.method), legendgroup=r.method,
+    for i, road in enumerate(roads):
+        color = method_colour(road.method, i)
+        for col, curve in ((3, road.morf), (4, road.lerf)):
+            fig.add_trace(go.Scatter(x=road.percentages, y=curve.mean(0), mode="lines+markers", line=dict(color=color),
+                                     name=method_label(road.method), legendgroup=road.method,
                                      showlegend=not results and col == 3),
                           row=1, col=col)
     fig.update_xaxes(title="share removed", range=[0, 1])

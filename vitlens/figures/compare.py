@@ -41,7 +41,8 @@ def cka_figure(result: "CKAResult", title: str | None = None) -> go.Figure:
     return fig
 
 
-def head_importance_figure(importance: "HeadImportanceResult", distance: AttentionDistanceResult, title: str | None = None) -> go.Figure:
+def head_importance_figure(importance: "HeadImportanceResult", distance: AttentionDistanceResult,
+                           title: str | None = None) -> go.Figure:
     """Do local heads matter? Each head's importance (logit drop when removed) against its mean
     attention distance (paper Fig. 7 right), coloured by layer.
 

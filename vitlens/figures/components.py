@@ -34,7 +34,8 @@ def contributions_figure(result: DecompositionResult, image: int = 0, title: str
     table = result.head_table(image)
     top = _symmetric(table)
     fig = go.Figure(go.Heatmap(
-        z=table, x=[f"head {h + 1}" for h in range(table.shape[1])], y=[f"layer {l + 1}" for l in range(table.shape[0])],
+        z=table, x=[f"head {h + 1}" for h in range(table.shape[1])],
+        y=[f"layer {l + 1}" for l in range(table.shape[0])],
         colorscale="RdBu_r", zmin=-top, zmax=top, colorbar=dict(title="part")))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title or (f"{result.model_name}: heads' parts of output {result.output[image]:.4g} "
@@ -79,10 +80,19 @@ def logit_lens_figure(result: LogitLensResult, title: str | None = None) -> go.F
         The line figure.
     """
     fig = go.Figure([go.Scatter(x=np.arange(result.pooled.shape[1]), y=result.pooled[b], mode="lines+markers",
-                                name=f"image {b} (class {result.target[b]})") for b in range(result.pooled.shape[0])])
+                                name=f"image {b} ({_name(result, b)})") for b in range(result.pooled.shape[0])])
     fig.update_layout(title=title or f"{result.model_name}: logit lens", xaxis_title="depth",
                       yaxis_title="target logit", height=360)
     return fig
+
+
+def _name(result: object, *index: int) -> str:
+    """The result's target class in words (its ``target_name``; "class k" for a file of an older vitlens)."""
+    named = getattr(result, "target_name", None)
+    if callable(named):
+        return named(*index)
+    target = getattr(result, "target")
+    return f"class {int(target[index[0]] if index else target)}"
 
 
 @draws(TokenNormsResult)
@@ -129,7 +139,7 @@ def patching_figure(result: PatchingResult, title: str | None = None, site: str 
     if site == "resid":
         fig.update_xaxes(title="token (0: the first prefix token)")
     fig.update_layout(title=title or f"{result.model_name}: patching {'heads' if site == 'heads' else 'tokens'} "
-                                     f"(class {result.target})", height=360)
+                                     f"({_name(result)})", height=360)
     return fig
 
 

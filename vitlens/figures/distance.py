@@ -2,7 +2,7 @@
 models side by side by relative depth; the prefix tokens' parked attention beside it."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -15,8 +15,13 @@ from .colours import PALETTE, model_colours
 from .registry import draws
 
 
+#: the uniform-attention reference lines' colour: no model's (``model_colours``)
+UNIFORM_GREY = "#7f7f7f"
+
+
 @draws(AttentionDistanceResult, WindowedDistanceResult)
-def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanceResult],
+def distance_figure(results: AttentionDistanceResult | WindowedDistanceResult
+                    | Sequence[AttentionDistanceResult | WindowedDistanceResult],
                     names: Sequence[str] | None = None, units: str = "px", title: str | None = None) -> go.Figure:
     """Fig. 7 right / Fig. 11: one dot per head at its layer, several models side by side.
 
@@ -33,7 +38,7 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
     results = [results] if isinstance(results, (AttentionDistanceResult, WindowedDistanceResult)) else list(results)
     names = list(names) if names is not None else [r.model_name or f"model {i + 1}" for i, r in enumerate(results)]
     if any(isinstance(r, WindowedDistanceResult) for r in results):  # hierarchical: by stage, or against depth
-        if len(results) == 1:
+        if len(results) == 1 and isinstance(results[0], WindowedDistanceResult):
             return windowed_distance_figure(results[0], names[0], units, title)
         return depth_distance_figure(results, names, title)
     fig = go.Figure()
@@ -47,14 +52,16 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
             marker=dict(size=7, color=colours[i], opacity=0.8),
             customdata=np.stack([layers.ravel() + 1, heads.ravel() + 1, res.std_px.ravel()], -1),
             hovertemplate=(f"{name}<br>layer %{{customdata[0]}}, head %{{customdata[1]}}<br>"
-                           f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} {units if units == 'px' else 'of width'}"
+                           f"mean distance %{{y:.{'1f' if units == 'px' else '3f'}}} "
+                           f"{units if units == 'px' else 'of width'}"
                            "<br>std over images %{customdata[2]:.1f} px<extra></extra>"),
         ))
     # what every head would show if it attended uniformly: a dotted line per distinct level, named
     # in the legend (a label on the plot sat over the last layer's dots)
     levels: list[float] = []
     depth = max(r.mean_px.shape[0] for r in results)
-    for i, (res, name) in enumerate(zip(results, names)):
+    # none of them is windowed here (those returned above)
+    for i, (res, name) in enumerate(zip(cast(list[AttentionDistanceResult], results), names)):
         uniform = uniform_distance(res.grid, res.stride_px)
         if units != "px":
             uniform /= res.image_size[1]
@@ -63,18 +70,20 @@ def distance_figure(results: AttentionDistanceResult | Sequence[AttentionDistanc
         levels.append(uniform)
         fig.add_trace(go.Scatter(
             x=[0.5, depth + 0.5], y=[uniform, uniform], mode="lines", hoverinfo="skip",
-            line=dict(dash="dot", width=1.5, color=colours[i]),
+            # grey, not the model's colour: a model's dots on a line of their own colour read as one trace
+            line=dict(dash=("dot", "dash", "dashdot")[len(levels) % 3 - 1], width=1.5, color=UNIFORM_GREY),
             name="uniform attention" + (f" ({name})" if len(results) > 1 else "")))
     first = results[0]
     conv = "renormalised over patch keys" if first.renormalize else "raw weights"
     # a result that leaves blocks out says why (a CaiT's class-attention layers: no position for the class token)
-    notes = "".join(f"<br><sup>{'' if len(results) == 1 else name + ': '}{r.figure_note}</sup>"
+    notes = "".join(f"<br><sup>{'' if len(results) == 1 else name + ': '}{getattr(r, 'figure_note', '')}</sup>"
                     for r, name in zip(results, names) if getattr(r, "figure_note", ""))
     fig.update_layout(
         title=title or f"Mean attention distance by head<br><sup>{conv}; mean over {counted(first.n_images, 'image')}; "
                        f"dotted: uniform attention</sup>{notes}",
         xaxis=dict(title="Network depth (layer)", dtick=1, range=[0.5, depth + 0.5]),
-        yaxis=dict(title="Mean attention distance (pixels)" if units == "px" else "Mean attention distance (image widths)",
+        yaxis=dict(title=("Mean attention distance (pixels)" if units == "px"
+                          else "Mean attention distance (image widths)"),
                    rangemode="tozero"),
         height=460, margin=dict(l=10, r=10, t=70, b=10), legend=dict(orientation="h", y=-0.18),
     )

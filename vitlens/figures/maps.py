@@ -138,6 +138,9 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
     """
     cols = min(columns, len(panels))
     rows = math.ceil(len(panels) / cols)
+    # a row as tall as a square panel of a ~1,000-px column is wide (six methods in 300-px rows drew thin strips
+    # between empty bands), 300 px at most
+    row_px = max(160, min(300, 1000 // cols + 40))
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[p[2] for p in panels], horizontal_spacing=0.02,
                         vertical_spacing=0.08)
     for i, (image, values, _caption) in enumerate(panels):
@@ -152,7 +155,7 @@ def overlay_grid_figure(panels: Sequence[tuple[np.ndarray, np.ndarray, str]], ti
         fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
     low, high = colour_range([p[1] for p in panels])
     fig.update_layout(title=title, coloraxis=dict(colorscale=TOKEN_COLORSCALE, cmin=low, cmax=high,
-                      colorbar=dict(title=dict(text=scale_title, side="right"))), height=300 * rows + 80,
+                      colorbar=dict(title=dict(text=scale_title, side="right"))), height=row_px * rows + 80,
                       margin=dict(l=10, r=10, t=80, b=10))
     fig.update_annotations(font_size=12)
     return fig

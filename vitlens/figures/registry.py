@@ -75,6 +75,7 @@ def drawer_for(result_type: type) -> Drawer | None:
     for t in result_type.__mro__:
         view = next((v for v in VIEWS.values() if v.result_type is t and v.draw is not None), None)
         if view is not None:
+            # the ignore below: a view's draw is a figure builder of its result (typed Callable[..., Any])
             return Drawer(view.draw)  # type: ignore[arg-type]
     return None
 
@@ -111,7 +112,9 @@ def figure_for(result: Any, images: Sequence[np.ndarray] | None = None) -> go.Fi
     arg = (list(result) if several else [result]) if drawer.many else result
     if drawer.images:
         if images is None:
-            raise InvalidParameterError(f"{drawer.fn.__name__} overlays the images: pass them as the model sees them.")
+            raise InvalidParameterError(f"{drawer.fn.__name__} overlays the images: pass them as the model sees them, "
+                                        "images=m.display(images) (m the model the result came from), e.g. "
+                                        "figures.figure_for(result, images=m.display(images)).")
         return drawer.fn(arg, images)
     return drawer.fn(arg)
 

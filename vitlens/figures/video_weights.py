@@ -29,12 +29,14 @@ def video_position_figure(result: VideoPositionSimilarityResult, title: str | No
     mosaic, coords = position_mosaic(PositionSimilarityResult(result.space, (gh, gw), (gh, gw), False))
     has_time = result.time is not None
     fig = make_subplots(rows=1, cols=2 if has_time else 1, column_widths=[0.35, 0.65] if has_time else None,
-                        subplot_titles=(["over time (same cell)"] if has_time else []) + ["over space (same time step)"])
-    if has_time:
+                        subplot_titles=((["over time (same cell)"] if has_time else [])
+                                        + ["over space (same time step)"]))
+    if result.time is not None:
         n = len(result.time)
         fig.add_trace(go.Heatmap(z=result.time, x=list(range(n)), y=list(range(n)), colorscale="Viridis", zmin=-1,
                                  zmax=1, showscale=False,
-                                 hovertemplate="time step %{y} vs %{x}<br>cosine %{z:.3f}<extra></extra>"), row=1, col=1)
+                                 hovertemplate="time step %{y} vs %{x}<br>cosine %{z:.3f}<extra></extra>"),
+                      row=1, col=1)
         fig.update_xaxes(title="time step", range=[-0.5, n - 0.5], constrain="domain", dtick=1, row=1, col=1)
         fig.update_yaxes(title="time step", range=[n - 0.5, -0.5], scaleanchor="x", constrain="domain", dtick=1,
                          row=1, col=1)
@@ -84,6 +86,8 @@ def tubelet_filters_figure(result: TubeletFilterPCAResult, components: int = 8, 
     fig.update_annotations(font_size=10)
     total = 100 * float(np.sum(result.explained_variance_ratio[:k]))
     fig.update_layout(title=title or f"Tubelet filters by time step<br><sup>top {k} components, {total:.1f}% of "
-                                     f"variance; {result.module}</sup>",
-                      height=max(260, 110 * k + 90), margin=dict(l=10, r=10, t=90, b=10))
+                                     f"variance;<br>{result.module}</sup>",  # the module's own line: a narrow figure
+                      height=max(280, 110 * k + 110), margin=dict(l=10, r=10, t=110, b=10),
+                      # square cells side by side: a full-width figure set two time steps' images far apart
+                      width=max(360, 130 * tt + 20))
     return fig

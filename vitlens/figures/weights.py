@@ -32,7 +32,8 @@ def filters_figure(result: FilterPCAResult, columns: int = 7, title: str | None 
     cols = min(columns, k)
     rows = math.ceil(k / cols)
     fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.01, vertical_spacing=0.06,
-                        subplot_titles=[f"PC{i + 1} {100 * v:.1f}%" for i, v in enumerate(result.explained_variance_ratio)])
+                        subplot_titles=[f"PC{i + 1} {100 * v:.1f}%"
+                                        for i, v in enumerate(result.explained_variance_ratio)])
     for i, comp in enumerate(result.components):
         fig.add_trace(go.Image(z=component_rgb(comp), hovertemplate=f"PC{i + 1}<extra></extra>"),
                       row=i // cols + 1, col=i % cols + 1)
@@ -98,7 +99,8 @@ def position_figure(result: PositionSimilarityResult, title: str | None = None) 
                      title="input patch column (tile)", tickvals=[c * (gw + 1) + (gw - 1) / 2 for c in cols],
                      ticktext=[str(c) for c in cols])
     fig.update_yaxes(range=[mosaic.shape[0] - 0.5, -0.5], scaleanchor="x", constrain="domain", showgrid=False,
-                     zeroline=False, title="input patch row (tile)", tickvals=[r * (gh + 1) + (gh - 1) / 2 for r in rows],
+                     zeroline=False, title="input patch row (tile)",
+                     tickvals=[r * (gh + 1) + (gh - 1) / 2 for r in rows],
                      ticktext=[str(r) for r in rows])
     note = f", E_pos resampled from {result.model_grid[0]}x{result.model_grid[1]}" if result.resized else ""
     fig.update_layout(title=title or f"Position embedding similarity, {gh}x{gw} patches{note}",

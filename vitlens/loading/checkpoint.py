@@ -185,6 +185,25 @@ def fitting_architectures(path: Path, candidates: tuple[str, ...] = CANDIDATE_AR
     return fits
 
 
+def file_num_classes(path: Path, arch: str) -> int | None:
+    """The class count of the checkpoint's head: the rows of ``arch``'s classifier weight (timm's
+    ``pretrained_cfg['classifier']``, e.g. ``head``) as the file stores it; None where the file has no such 2-D
+    tensor (a headless file, an original .npz) or cannot be read. A fine-tuned checkpoint (10 classes where the
+    architecture's default has 1000) is then built with its own head, as ``num_classes=`` would build it."""
+    import timm
+
+    if path.suffix.lower() == ".npz":
+        return None
+    try:
+        classifier = timm.create_model(arch, pretrained=False, device="meta").pretrained_cfg.get("classifier") or "head"
+        if isinstance(classifier, (tuple, list)):  # a model with two heads (DeiT distilled): the first's size
+            classifier = classifier[0]
+        shape = tensor_shapes(path).get(f"{classifier}.weight")
+    except Exception:  # noqa: BLE001 - unreadable here is reported by the strict load, with the shapes
+        return None
+    return int(shape[0]) if shape is not None and len(shape) == 2 else None
+
+
 def load_checkpoint_into(model: nn.Module, path: Path, arch: str) -> None:
     """Load ``path`` into ``model`` (built as ``arch``) strictly; mismatches raise CheckpointError.
 
@@ -242,7 +261,7 @@ def _load_npz(model: nn.Module, path: Path, arch: str) -> None:
 def _mismatch_error(path: Path, arch: str, detail: str) -> CheckpointError:
     return CheckpointError(
         f"The checkpoint {path} does not fit the architecture {arch!r}: {detail}.",
-        fixes={"python": "Pass the arch= the checkpoint was trained with (and the same img_size/num_classes "
-                         "keyword arguments).",
+        fixes={"python": "Pass the arch= the checkpoint was trained with (and the same img_size keyword argument; "
+                         "the head's size is read from the file).",
                "cli": "Pass the --arch the checkpoint was trained with.",
                "app": "Give the architecture the checkpoint was trained with."})

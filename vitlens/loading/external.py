@@ -131,7 +131,7 @@ def refuse_too_large(ref: str, config: dict) -> None:
 def _processor_config(folder_or_repo: str, local: bool) -> dict | None:
     """The preprocessor_config.json of a local folder or a cached hub repo, if there is one."""
     if local:
-        path = Path(folder_or_repo) / "preprocessor_config.json"
+        path: Path | None = Path(folder_or_repo) / "preprocessor_config.json"
     else:
         from huggingface_hub import try_to_load_from_cache
 
@@ -176,8 +176,50 @@ def refuse_remote_code(ref: str, config: dict) -> None:
             where = ", ".join(sorted(str(v) for v in config[key].values())) if isinstance(config[key], dict) \
                 else str(config[key])
             raise UnsupportedModelError(
-                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code ({where[:200]}); "
-                "vitlens loads models without running code. Use a checkpoint of a standard transformers class.")
+                f"Refused hf:{ref}: its config.json has {key} pointing at the folder's own Python code "
+                f"({where[:200]}); vitlens loads models without running code. Use a checkpoint of a standard "
+                "transformers class.")
+
+
+def transformers_class(transformers: Any, config: Any, arch: Any) -> type | None:
+    """The transformers class ``arch`` names: a top-level export, or a class of the config's own modeling module
+    inside the transformers package (Qwen2-VL's ``Qwen2VisionTransformerPretrainedModel`` is not exported); None
+    for a name transformers does not define (never a folder's own code)."""
+    import importlib
+
+    if not (isinstance(arch, str) and arch.isidentifier()):
+        return None
+    cls = getattr(transformers, arch, None)
+    module = type(config).__module__
+    if cls is None and module.startswith("transformers.models.") and ".configuration_" in module:
+        try:
+            cls = getattr(importlib.import_module(module.replace(".configuration_", ".modeling_")), arch, None)
+        except ImportError:
+            cls = None
+    return cls if isinstance(cls, type) and cls.__module__.startswith("transformers.") else None
+
+
+def looks_like_folder(ref: str) -> bool:
+    """Whether an ``hf:`` reference is a path, not a hub id (``ORG/NAME``): it starts at a root, a home or a dot, or
+    has more than one ``/`` (or a backslash), which no repository id has."""
+    return ref.startswith(("/", "~", ".")) or ref.count("/") > 1 or "\\" in ref
+
+
+def missing_folder(path: Path) -> UnknownModelError:
+    """'the folder does not exist', with the folder's near namesakes beside it (a misspelt name)."""
+    import difflib
+
+    parent = path.parent
+    near = []
+    if parent.is_dir():
+        try:
+            near = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir() if p.is_dir()], n=3)
+        except OSError:  # an unreadable parent: no suggestion
+            near = []
+    hint = f" Did you mean {' or '.join(f'hf:{parent / n}' for n in near)}?" if near else ""
+    where = "" if parent.is_dir() else f" (nor does {parent})"
+    return UnknownModelError(f"The folder {path} does not exist{where}.{hint} Give the folder that save_pretrained "
+                             "wrote (it holds config.json), or a hub id hf:ORG/NAME.")
 
 
 def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, dict | None]:
@@ -195,6 +237,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
     local = Path(ref).expanduser().is_dir()
     target = str(Path(ref).expanduser()) if local else ref
     kwargs: dict[str, Any] = {}
+    if not local and looks_like_folder(ref):
+        raise missing_folder(Path(ref).expanduser())
     if not local:
         from huggingface_hub import try_to_load_from_cache
 
@@ -219,7 +263,7 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
             config.mask_ratio = 0.0
         refuse_too_large(ref, config.to_dict())
         arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = getattr(transformers, arch, None) if isinstance(arch, str) and arch.isidentifier() else None
+        cls = transformers_class(transformers, config, arch)
         if arch is not None and not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
             raise UnsupportedModelError(
                 f"Refused hf:{ref}: its config.json names the architecture {arch!r}, which is not a transformers "

@@ -51,7 +51,7 @@ def hub_reachable(timeout_s: float = PROBE_TIMEOUT_S, url: str | None = None) ->
     """Whether a TCP connection to the hub endpoint (or to ``url``'s host) opens within ``timeout_s`` seconds."""
     from huggingface_hub import constants
 
-    parsed = urlparse(url or getattr(constants, "ENDPOINT", "https://huggingface.co"))
+    parsed = urlparse(url or str(getattr(constants, "ENDPOINT", "https://huggingface.co")))
     host, port = parsed.hostname or "huggingface.co", parsed.port or (443 if parsed.scheme == "https" else 80)
 
     def connect() -> bool:

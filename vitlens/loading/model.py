@@ -76,7 +76,7 @@ def read_target(module: nn.Module, name: str) -> tuple[nn.Module, Any, str]:
     try:
         family, outer, path = family_of(module, name), module, ""
     except UnsupportedModelError as refusal:
-        path, outer, family = find_tower(module, name, refusal)  # type: ignore[assignment]
+        path, outer, family = find_tower(module, name, refusal)
     tower = family.tower(outer) if family.tower is not None else outer
     if tower is not outer:
         inner = next(n for n, sub in outer.named_modules() if sub is tower)
@@ -114,7 +114,8 @@ class LoadedModel:
     dtype: torch.dtype = torch.float32
     data_config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
-    family: Family | None = field(default=None, repr=False, compare=False)
+    # None only until __post_init__ reads it from the model (family_of): never None on a constructed LoadedModel
+    family: Family = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     weights: str = "module"
     tokenizer: Any = field(default=None, repr=False, compare=False)
     _label_cache: list[str] | None = field(default=None, init=False, repr=False, compare=False)
@@ -185,7 +186,7 @@ class LoadedModel:
             p.requires_grad_(False)
         module.to(dev)
         size = tuple((data_config or {}).get("input_size", ())[-2:]) or None
-        spec = family.spec(module, name, size)  # type: ignore[arg-type]
+        spec = family.spec(module, name, size)
         if kind_of(spec).stages:  # its heads by stage, from the family's windows (the facts show them)
             spec = dataclasses.replace(spec, stage_heads=stage_heads(family, module, spec.image_size))
         if read_module:

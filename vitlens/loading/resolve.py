@@ -7,6 +7,7 @@ API, the command line and the app (``VitlensError.message_for``).
 from __future__ import annotations
 
 import difflib
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def suggest(name: str) -> UnknownModelError:
     close = difflib.get_close_matches(base, choices, n=12, cutoff=0.6)
     if not close:
         close = [c for c in choices if base[:6] and c.startswith(base[:6])][:12]
-    close = [c for c in close if loadable(c)][:5]
+    # building each candidate (even on the meta device, timm initialises its weights) is ~0.3 s: stop at five
+    close = list(itertools.islice((c for c in close if loadable(c)), 5))
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     return UnknownModelError(
         f"Unknown model {name!r}: it is not a vitlens reference model, a timm model name or an existing file.{hint}",
@@ -113,7 +115,8 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
     import timm
 
     from ..reference import REFERENCE_NAMES, build_reference
-    from .checkpoint import fitting_architectures, load_checkpoint_into, shape_summary, tensor_shapes
+    from .checkpoint import (file_num_classes, fitting_architectures, load_checkpoint_into, shape_summary,
+                             tensor_shapes)
 
     path = Path(name).expanduser()
     if path.is_dir():
@@ -138,12 +141,15 @@ def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Mod
                               f"with; the file has {shape}, and none of vitlens's usual architectures fits it).",
                               fixes={"python": "Pass arch= the timm name it was trained with.",
                                      "cli": "Pass --arch with the timm name it was trained with.",
-                                     "app": "Give it in the Architecture field (a timm name, or ref-vit / ref-hybrid)."})
+                                     "app": "Give it in the Architecture field (a timm name, or ref-vit / "
+                                            "ref-hybrid)."})
     if arch in REFERENCE_NAMES:
         model = build_reference(arch)
     else:
         if not timm.is_model(arch):
             raise suggest(arch)
+        if "num_classes" not in kwargs and (classes := file_num_classes(path, arch)) is not None:
+            kwargs = {**kwargs, "num_classes": classes}  # a fine-tuned head: the file says its size
         _create_checked(arch, **kwargs)
         model = timm.create_model(arch, pretrained=False, **kwargs)
     load_checkpoint_into(model, path, arch)
@@ -267,7 +273,8 @@ def load_model(
         raise InvalidParameterError(
             f"load_model({name!r}) cannot honour {ignored}: arch= is for a checkpoint file, and {name!r} is a "
             "model name that brings its own architecture.",
-            fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', arch={arch!r}).",
+            fixes={"python": f"Drop arch=, or pass a checkpoint file: vl.load_model('weights.safetensors', "
+                             f"arch={arch!r}).",
                    "cli": f"Drop --arch, or pass a checkpoint file: --model weights.safetensors --arch {arch}.",
                    "app": "The Architecture field is for checkpoint files only."})
     if name in REFERENCE_NAMES:

@@ -3,7 +3,8 @@
 model (``timm_model``). The views are the tower's: its blocks, its output, on the images the tower takes; the spec's
 ``read_module`` names the submodule read, so no result passes a tower's maps off as the whole model's.
 
-The rule, in one place: when no family knows the model as given (``looks_inside``), its submodules are tried breadth first (the
+The rule, in one place: when no family knows the model as given (``looks_inside``), its submodules are tried breadth
+first (the
 shallowest first, and among those of one depth the usual names of a tower first, ``TOWER_NAMES``), down to
 ``MAX_DEPTH`` levels; the first that a family reads is the tower. A language model, a projector or a decoder is never
 read by a vision family (none has a patch embedding), so it is passed over. Where none is found, the refusal of the
@@ -11,14 +12,19 @@ model as given stands.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
 
 from ..errors import UnsupportedModelError
 
+if TYPE_CHECKING:  # for the annotation only (families are imported where a tower is looked for)
+    from ..families import Family
+
 #: attribute names of vision towers, tried first among the submodules of one depth; a model with an image tower
 #: beside its video tower (Video-LLaVA's ``image_tower`` and ``video_tower``) embeds images with the former
-TOWER_NAMES = ("image_tower", "vision_tower", "vision_model", "visual", "backbone", "timm_model", "vision_encoder", "image_encoder",
-               "encoder")
+TOWER_NAMES = ("image_tower", "vision_tower", "vision_model", "visual", "backbone", "timm_model", "vision_encoder",
+               "image_encoder", "encoder")
 #: how deep below the model given a tower is looked for (Llava: ``model.vision_tower``, depth 2; OWL-ViT's detector:
 #: ``owlvit.vision_model``, read through ``owlvit`` at depth 1)
 MAX_DEPTH = 3
@@ -56,7 +62,7 @@ def looks_inside(model: nn.Module, refusal: UnsupportedModelError) -> bool:
     return isinstance(refusal, AttentionClassUnknown) or not any(f.matches(model) for f in FAMILIES)
 
 
-def find_tower(model: nn.Module, name: str, refusal: UnsupportedModelError) -> tuple[str, nn.Module, object]:
+def find_tower(model: nn.Module, name: str, refusal: UnsupportedModelError) -> tuple[str, nn.Module, Family]:
     """The vision tower of a whole model no family knows as given (``looks_inside``): (its path in ``model``, the
     submodule, its family), by the module docstring's rule.
 

@@ -13,6 +13,7 @@ shipped as safetensors.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -106,7 +107,7 @@ def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE)
 
     if name not in REFERENCE_NAMES:
         raise ValueError(f"unknown reference model {name!r}; expected one of {REFERENCE_NAMES}")
-    common = dict(
+    common: dict[str, Any] = dict(
         img_size=image_size,
         embed_dim=EMBED_DIM,
         depth=DEPTH,
@@ -121,7 +122,8 @@ def build_reference(name: str, patch: int = PATCH, image_size: int = IMAGE_SIZE)
     else:
         embed = partial(HybridEmbed, backbone=SmallResNet(stride=patch))
         model = VisionTransformer(patch_size=1, embed_layer=embed, **common)
-    model.pretrained_cfg = _pretrained_cfg(name, image_size)
+    # torch types a Module's __setattr__ for tensors and modules; timm keeps its config a plain dict attribute
+    model.pretrained_cfg = _pretrained_cfg(name, image_size)  # type: ignore[assignment]
     model.default_cfg = model.pretrained_cfg
     return model
 

@@ -163,7 +163,8 @@ class ComparisonData(Result):
                 "untrained architecture, not what training learns")
 
 
-def near_uniform_share(d: AttentionDistanceResult, tolerance: float = FLAT_TOLERANCE) -> float:
+def near_uniform_share(d: AttentionDistanceResult | WindowedDistanceResult,
+                       tolerance: float = FLAT_TOLERANCE) -> float:
     """Share of the heads (all layers) whose mean distance is within ``tolerance`` of the distance
     of uniform attention on the model's grid (the dotted line of Fig. 7 right and Fig. 11)."""
     ratio = d.of_uniform  # a windowed model's against each block's window-uniform distance; NaN: a missing head
@@ -266,7 +267,7 @@ def windowed_distance_reading(d: WindowedDistanceResult, name: str | None = None
     return (f"{name} ({local_rule()} of its window): " + "; ".join(parts) + f"{tail}.")
 
 
-def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
+def comparison_units(distances: Sequence[AttentionDistanceResult | WindowedDistanceResult]) -> str:
     """Pixels when every model sees the same input width, else fractions of the image width.
 
     Args:
@@ -278,7 +279,8 @@ def comparison_units(distances: Sequence[AttentionDistanceResult]) -> str:
     return "px" if len({d.image_size[1] for d in distances}) == 1 else "width"
 
 
-def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[str], units: str) -> list[dict]:
+def layer_table(distances: Sequence[AttentionDistanceResult | WindowedDistanceResult], names: Sequence[str],
+                units: str) -> list[dict]:
     """Rows of (model, layer (1-based), min, median, max) of the heads' mean distance, in ``units``.
 
     Args:
@@ -299,7 +301,7 @@ def layer_table(distances: Sequence[AttentionDistanceResult], names: Sequence[st
     return rows
 
 
-def local_head_share(d: AttentionDistanceResult, local_of_uniform: float = LOCAL_OF_UNIFORM,
+def local_head_share(d: AttentionDistanceResult | WindowedDistanceResult, local_of_uniform: float = LOCAL_OF_UNIFORM,
                      first_layers: int = 4) -> float:
     """Share of heads in the first ``first_layers`` layers that are local (Fig. 7 right): mean distance at
     most ``local_of_uniform`` x the uniform-attention distance, the one rule of
@@ -317,7 +319,8 @@ def local_head_share(d: AttentionDistanceResult, local_of_uniform: float = LOCAL
     return float(d.local_heads(local_of_uniform)[:first_layers][exists].mean())
 
 
-def comparison(distances: Sequence[AttentionDistanceResult], names: Sequence[str] | None = None,
+def comparison(distances: Sequence[AttentionDistanceResult | WindowedDistanceResult],
+               names: Sequence[str] | None = None,
                local_threshold: float = LOCAL_OF_UNIFORM, first_layers: int = 4, image_set: dict | None = None,
                environment: dict | None = None, timings: dict | None = None, command: str = "",
                weights: Sequence[str] | None = None, kinds: Sequence[str] | None = None) -> ComparisonData:

@@ -14,7 +14,7 @@ import html
 import io
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -26,14 +26,15 @@ from ..attribution.metrics import METRIC_TABLE, metric_label
 from ..results import significant
 from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
-from ..views.distance import local_rule
+from ..views.distance import AttentionDistanceResult, local_rule
 from .components import components_figures, components_html
 from .data import ComparisonData, ReportData, distance_reading
 from ..words import counted, listed_some
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:16px;color:#222}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;
+padding:16px;color:#222}
 h1{margin-bottom:4px}h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:36px}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;font-size:14px}
 th{background:#f3f3f3}td{overflow-wrap:break-word}
@@ -164,7 +165,8 @@ def _header(title: str, image_set: dict, environment: dict, timings: dict) -> st
     skip = (f"<p class='note'>{len(skipped)} unreadable image(s) skipped: "
             f"{html.escape(', '.join(skipped[:10]))}{' ...' if len(skipped) > 10 else ''}</p>") if skipped else ""
     times = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
-    return (f"<h1>{html.escape(title)}</h1><p class='muted'>Generated {_dt.datetime.now().isoformat(timespec='seconds')}"
+    return (f"<h1>{html.escape(title)}</h1><p class='muted'>Generated "
+            f"{_dt.datetime.now().isoformat(timespec='seconds')}"
             f" · {env}</p><p>Images: {imgs} ({image_set.get('count', '?')} used)</p>{skip}"
             f"<p class='muted'>Timings: {html.escape(times)}</p>")
 
@@ -197,7 +199,8 @@ def model_figures(a: AnalysisResult, display_images: Sequence[np.ndarray]) -> di
     return figs
 
 
-def comparison_figures(data: ComparisonData, rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
+def comparison_figures(data: ComparisonData,
+                       rollouts: Sequence[tuple[str, Any, np.ndarray]] = ()) -> dict[str, go.Figure]:
     """Every figure of a comparison: distances overlaid (Fig. 11) and, given, rollout side by side.
 
     Args:
@@ -297,9 +300,9 @@ def attribution_section(table: Any, figs: dict[str, go.Figure]) -> str:
                                                      timing_note()])
     return ("<h3>Attributions and faithfulness</h3>"
             f"<p class='muted'>Over {counted(table.n_images, 'image')}; {html.escape(about)}.</p>"
-            + (f"<p class='muted'>Protocols (protocol, ordering): "
-               f"{html.escape('; '.join(f'{metric_label(k)}: {v}' for k, v in getattr(table, 'protocols', {}).items()))}"
-               ".</p>"
+            + ("<p class='muted'>Protocols (protocol, ordering): "
+               + html.escape("; ".join(f"{metric_label(k)}: {v}" for k, v in getattr(table, "protocols", {}).items()))
+               + ".</p>"
                if getattr(table, "protocols", None) else "")
             + html_table(fmt_rows) + figure_html(figs["attributions"])
             + "".join(figure_html(figs[mt.name]) for mt in scored if mt.name in figs)
@@ -353,7 +356,8 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
     for i, (a, imgs) in enumerate(zip(data.analyses, display_images)):
         figs = model_figures(a, imgs)
         if i < len(data.heads) and data.heads[i] is not None:
-            figs["heads"] = figures.head_importance_figure(data.heads[i], a.distance)
+            # a report analyses every model with its distance view (the CLI's available_views)
+            figs["heads"] = figures.head_importance_figure(data.heads[i], cast(AttentionDistanceResult, a.distance))
         if i < len(data.attributions) and data.attributions[i] is not None:
             figs.update(figures.attribution_figures(data.attributions[i], imgs[0]))
         if i < len(data.components) and data.components[i] is not None:
@@ -377,7 +381,8 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
     figs = figs if figs is not None else report_figures(data, display_images)
     body = [_header("vitlens report", data.image_set, data.environment, data.timings.get("total", {}))]
     for i, (a, f) in enumerate(zip(data.analyses, figs)):
-        reading = distance_reading(a.distance, a.spec.name, data.weights.get(a.spec.name))
+        reading = distance_reading(cast(AttentionDistanceResult, a.distance), a.spec.name,  # as above
+                                   data.weights.get(a.spec.name))
         body.append(model_section(a, f, data.timings.get(a.spec.name, {}), [data.notes.get(a.spec.name, "")],
                                   reading))
         if i < len(data.attributions) and data.attributions[i] is not None:

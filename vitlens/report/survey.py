@@ -196,7 +196,8 @@ def summary_rows(result: SurveyResult) -> list[dict[str, Any]]:
                     "accuracy": scalars.get("accuracy", np.nan),
                     "accuracy note": accuracy_note(entry, result.manifest.get("source", {})),
                     "layer-1 min": float(first.min()), "layer-1 median": float(first.median()),
-                    "layer-1 max": float(first.max()), "depth ratio": float(med.iloc[-1] / med.iloc[0]) if len(med) else np.nan,
+                    "layer-1 max": float(first.max()),
+                    "depth ratio": float(med.iloc[-1] / med.iloc[0]) if len(med) else np.nan,
                     "rollout on prefix": scalars.get("rollout_prefix_mass", np.nan),
                     "rollout entropy (nats)": scalars.get("rollout_entropy", np.nan),
                     "rollout in mask": scalars.get("rollout_mass_in_mask", np.nan)})
@@ -265,7 +266,8 @@ def survey_html(result: SurveyResult) -> str:
             f"<p class='note'>Failed models:</p><ul>{failed}</ul>" if failed else "",
             figure_html(figs["depth"]), figure_html(figs["layer1"]),
             "<h2>Models</h2><p class='muted'>Click a column to sort. Distances in image widths; depth ratio = "
-            "last layer's median / first layer's.</p>", html_table(rows, "{:.3f}", sortable=True, empty="<p>No models.</p>")]
+            "last layer's median / first layer's.</p>",
+            html_table(rows, "{:.3f}", sortable=True, empty="<p>No models.</p>")]
     if notes:
         body.append(f"<p class='note'>What the accuracy means:</p><ul>{''.join(notes)}</ul>")
     if "per-class" in figs:

@@ -56,12 +56,13 @@ def file_safe(name: str) -> str:
 
 
 def clip_description(path: str, clip: Any, fps: float | None, fps_given: bool) -> dict:
-    """What the report says of the clip (its header and the data's ``image_set``)."""
+    """What the report says of the clip (its header and the data's ``image_set``): ``clip`` is any read of it (its
+    first frame at the source's size is enough: the count is the source's)."""
     h, w = clip.size
     rate = (f"{fps:g} fps ({'--fps' if fps_given else 'from the file'})" if fps is not None else
             "frame rate unknown (temporal distances in frames; give --fps for seconds)")
-    return {"source": "clip", "description": f"{path}: {clip.num_frames} frames of {w}x{h}, {rate}", "count": 1,
-            "frames": clip.num_frames, "fps": fps, "skipped": []}
+    return {"source": "clip", "description": f"{path}: {clip.source_frames} frames of {w}x{h}, {rate}", "count": 1,
+            "frames": clip.source_frames, "fps": fps, "skipped": []}
 
 
 def refuse_image_models(models: Sequence[Any]) -> None:
@@ -102,17 +103,21 @@ def sampled_fps(source_fps: float | None, sampled: int, total: int) -> float | N
 
 
 def run_clip(m: Any, clip: Any, fps: float | None, batch_size: int, views: Sequence[str] | None = None) -> ClipRun:
-    """The views of one video model on the clip (by default every view the registry lists for its kind); ``fps``
-    is the clip's own rate (the temporal distances in seconds at the rate of the frames the model samples)."""
+    """The views of one video model on the clip (a path or a ``vl.Clip``; by default every view the registry lists
+    for its kind); ``fps`` is the clip's own rate (the temporal distances in seconds at the rate of the frames the
+    model samples). A file is read for each model as its processor samples it (``sampled_clip``: only those frames
+    kept, each resized as it decodes)."""
     import time
 
     import vitlens as vl
+    from vitlens.clips import sampled_clip
 
     t0 = time.perf_counter()
-    x = vl.clip_pixel_values(clip, m)
-    rate = sampled_fps(fps, x.shape[1], clip.num_frames)
+    sampled = sampled_clip(clip, m)
+    x = vl.clip_pixel_values(sampled, m)
+    rate = sampled_fps(fps, x.shape[1], sampled.source_frames)
     a = vl.analyze(m, x, batch_size=batch_size, views=tuple(views or vl.available_views(m)), fps=rate)
-    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, clip.num_frames, rate)
+    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, sampled.source_frames, rate)
 
 
 def run_figures(run: ClipRun) -> dict[str, go.Figure]:
@@ -221,13 +226,14 @@ def video_comparison_html(runs: Sequence[ClipRun], figs: dict[str, go.Figure], i
 def video_command(args: Any, names: Sequence[str], compare: bool, log: Callable[[str], None],
                   load: Callable[[Any, Sequence[str]], list], command: str) -> tuple[str, ReportData,
                                                                                       dict[str, go.Figure]]:
-    """What ``report --video`` / ``compare --video`` make: (the page, its data, its figures by PNG name). The clip
-    is read (and so checked) before any model is loaded, every model loaded (and checked to be a video model)
-    before the first is run."""
+    """What ``report --video`` / ``compare --video`` make: (the page, its data, its figures by PNG name). The clip's
+    first frame is read (so the file, its frame count and its frame size are checked) before any model is loaded,
+    every model loaded (and checked to be a video model) before the first is run; each model then reads the frames
+    it samples (issue 62: never the whole clip)."""
     import vitlens as vl
     from vitlens.environment import versions
 
-    clip = vl.read_clip(args.video)
+    clip = vl.read_clip(args.video, 1)
     fps = args.fps if args.fps is not None else clip.fps
     image_set = clip_description(args.video, clip, fps, args.fps is not None)
     models = load(args, names)
@@ -235,7 +241,7 @@ def video_command(args: Any, names: Sequence[str], compare: bool, log: Callable[
     views = (DISTANCE, ROLLOUT) if compare else None
     runs = []
     for m in models:
-        runs.append(run_clip(m, clip, fps, args.batch_size, views))
+        runs.append(run_clip(m, args.video, fps, args.batch_size, views))
         log(f"{m.spec.name}: {counted(1, 'clip')} of {runs[-1].frames.shape[0]} frames in {runs[-1].seconds:.1f} s")
     environment = versions(str(models[0].device))
     data = report_data(runs, image_set, environment, command)

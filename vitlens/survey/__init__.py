@@ -4,8 +4,11 @@ merged into one tidy table (paper Fig. 11 across a whole zoo).
 - ``sources``: the image set, cut into shards workers read by themselves;
 - ``stats``: the partial states a shard returns (they merge exactly);
 - ``worker``: a model held by a Ray worker process from task to task, shards in, states out;
-- ``run``: the driver (``vl.survey``);
-- ``store``: the survey folder (shards, manifest, Parquet table; ``vl.load_survey``);
+- ``run``: the driver (``vl.survey``) and its scheduler; ``ray_setup``: the Ray it runs on (a local one private and
+  authenticated); ``checks``: what the driver settles in the folder before Ray;
+- ``store``: the survey folder, every name of ``shard_store`` (shards, manifest, checksum records), ``entries`` (the
+  manifest's model entries), ``table`` (the Parquet table) and ``result`` (``vl.load_survey``); ``reading``: a
+  folder's files read within bounds;
 - the survey's offline HTML page is ``vitlens.report.survey``.
 """
 from __future__ import annotations

@@ -12,254 +12,35 @@ written atomically as it lands — which is what resuming needs.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import logging
 import os
-import shutil
 import signal
-import stat
 import sys
-import tempfile
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
 from ..words import printable
 from .sources import ImageSource, Shard
-from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,
+from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,  # noqa: F401
                     own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
 from ..views.registry import check_views
 from .stats import DEFAULT_SURVEY_VIEW_NAMES, survey_views
+# the Ray set-up and the folder's checks before Ray: their own modules, importable from here as before
+from .ray_setup import (LOCAL_HOST, MAX_SOCKET_PATH, PRIVATE_PREFIX, RAY_FOLDER, RAY_INSTALL,  # noqa: F401
+                        RAY_SOCKET_TAIL, SurveyError, _ENV_BEFORE, _PRIVATE_TEMP, _ray, _session_logs,
+                        _token_auth_on, copy_regular_files, private_ray_temp, ray_messages_to, restore_local_env,
+                        start_ray, token_path)
+from .checks import (check_checkpoint, no_images_reason, refuse_out_inside_images, refuse_unknown_names,  # noqa: F401
+                     set_aside_damaged, worker_name)
 from .worker import SurveyWorker, survey_task
-
-RAY_INSTALL = {"python": "Install it with: pip install 'vitlens[survey]' (or pip install ray).",
-               "cli": "Install it with: pip install 'vitlens[survey]'.",
-               "app": "Install it in the app's environment: pip install 'vitlens[survey]'."}
-
-
-class SurveyError(VitlensError):
-    """A survey that cannot start or that stops (e.g. --strict and a model failed)."""
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as e:
-        raise SurveyError("Surveys run on Ray, which is not installed.", fixes=RAY_INSTALL) from e
-    return ray
-
-
-#: where a local Ray's servers listen: loopback only (see ``start_ray``)
-LOCAL_HOST = "127.0.0.1"
-#: what ``start_ray`` changed in os.environ for a local Ray, put back by ``restore_local_env``
-_ENV_BEFORE: dict[str, str | None] = {}
-#: the private temporary folder a local Ray of ``start_ray`` runs in, removed by ``restore_local_env``
-_PRIVATE_TEMP: list[Path] = []
-
-
-def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bool, float]:
-    """(ray, whether this call started it, seconds it took): a cluster at ``address`` (or
-    RAY_ADDRESS), else a local Ray with this machine's cores. A loopback address (``127.0.0.1:PORT``, a local Ray
-    that vitlens started) is joined at 127.0.0.1: Ray would otherwise rewrite it to the node IP, where such a Ray does
-    not listen, and wait there.
-
-    A local Ray is kept off the network and authenticated (Ray 2.60):
-
-    - every server of it (GCS, raylet and its object manager, the workers' core-worker servers,
-      the runtime-env and dashboard agents) listens on 127.0.0.1 only. Ray binds its servers to the
-      node IP (ray-project/ray#59852), but ``ray.init(_node_ip_address="127.0.0.1")`` alone turns
-      a loopback address back into the routable one (``services.resolve_ip_for_localhost``) unless
-      ``ray_constants.ENABLE_RAY_CLUSTER`` is false, as it is on macOS and Windows
-      (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER, read once at import): it is made false for the call;
-    - token authentication is on (RAY_AUTH_MODE=token, whatever it was), with the token file
-      (~/.ray/auth_token, or RAY_AUTH_TOKEN_PATH) private to the user, mode 0600: Ray itself
-      writes it with the umask's mode, readable by every local user;
-    - its session (sockets, logs, spilled objects) lives in a private temporary folder of its own
-      (``private_ray_temp``: /tmp/vitlens-ray-XXXXXXXX, mode 0700), not the shared /tmp/ray whose
-      session folders any local user may write to; removed by ``restore_local_env`` after the Ray
-      shut down. RAY_TMPDIR, when set, is the user's choice and is left to Ray.
-    """
-    ray = _ray()
-    t0 = time.perf_counter()
-    if ray.is_initialized():
-        return ray, False, 0.0
-    address = address or os.environ.get("RAY_ADDRESS")
-    constants = sys.modules.get("ray._private.ray_constants")
-    cluster = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    if address:
-        loopback = address.rsplit(":", 1)[0] in (LOCAL_HOST, "localhost")
-        if loopback and constants is not None and cluster is not None:
-            constants.ENABLE_RAY_CLUSTER = False  # a loopback-only Ray is reached at 127.0.0.1, not the node IP
-        try:
-            ray.init(address=address, log_to_driver=False)
-        finally:
-            if constants is not None and cluster is not None:
-                constants.ENABLE_RAY_CLUSTER = cluster
-        return ray, True, time.perf_counter() - t0
-    _token_auth_on()
-    if constants is not None and cluster is not None:
-        constants.ENABLE_RAY_CLUSTER = False  # keep 127.0.0.1 as the node IP (see above)
-    temp = private_ray_temp()
-    try:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 * 2**20, _node_ip_address=LOCAL_HOST,
-                 **({"_temp_dir": str(temp)} if temp is not None else {}))
-    except BaseException:
-        restore_local_env()
-        raise
-    finally:
-        if constants is not None and cluster is not None:
-            constants.ENABLE_RAY_CLUSTER = cluster
-    node_ip = getattr(getattr(ray._private.worker, "_global_node", None), "node_ip_address", LOCAL_HOST)
-    if node_ip != LOCAL_HOST:  # another Ray version: said in the driver log, and in the manifest
-        logging.getLogger("ray").warning("vitlens: the local Ray's node IP is %s, not %s: its servers may listen "
-                                         "beyond loopback (token authentication is on).", node_ip, LOCAL_HOST)
-    return ray, True, time.perf_counter() - t0
-
-
-def private_ray_temp() -> Path | None:
-    """A new private folder (mode 0700, the user's) for a local Ray's session, with a short path (Ray's unix
-    sockets live under it, and a socket path is limited to 107 bytes): under $TMPDIR when that is short, else
-    /tmp. None when RAY_TMPDIR says where Ray's files go (the user's choice)."""
-    if os.environ.get("RAY_TMPDIR"):
-        return None
-    base = tempfile.gettempdir()
-    temp = Path(tempfile.mkdtemp(prefix="vitlens-ray-", dir=base if len(base) <= 40 else "/tmp"))
-    _PRIVATE_TEMP.append(temp)
-    return temp
-
-
-def copy_regular_files(source: Path, target: Path) -> int:
-    """The regular files under ``source`` copied to ``target`` (folders 0700, files 0600: the copies are the
-    user's alone), the number copied. Links are never followed (a link in the folder is skipped, whatever it
-    points at), nor are FIFOs, sockets or devices opened: each entry is judged by ``lstat`` first, then opened
-    with O_NOFOLLOW | O_NONBLOCK and checked again."""
-    copied = 0
-    target.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for entry in os.scandir(source):
-        mode = entry.stat(follow_symlinks=False).st_mode
-        if stat.S_ISDIR(mode):
-            copied += copy_regular_files(Path(entry.path), target / entry.name)
-        elif stat.S_ISREG(mode):
-            try:
-                fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
-                continue
-            with os.fdopen(fd, "rb") as src:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue
-                out = os.open(target / entry.name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(out, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-            copied += 1
-    return copied
-
-
-def token_path() -> Path:
-    """The token file a local Ray reads: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
-    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").expanduser()
-
-
-def _token_auth_on() -> None:
-    """RAY_AUTH_MODE=token for the local Ray about to start, and a private token file (0600):
-    created here when there is none (Ray would create it world-readable), tightened when it is
-    readable by others. A token given in RAY_AUTH_TOKEN is Ray's to use, as it is."""
-    _ENV_BEFORE.setdefault("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE"))
-    os.environ["RAY_AUTH_MODE"] = "token"
-    if not os.environ.get("RAY_AUTH_TOKEN"):
-        path = token_path()
-        if not path.is_file():
-            from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
-
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:  # another process made it meanwhile
-                pass
-            else:
-                with os.fdopen(fd, "w") as f:
-                    f.write(generate_new_authentication_token())
-        if path.stat().st_mode & 0o077:
-            os.chmod(path, 0o600)
-    try:  # Ray caches its config and the token; both are read again now
-        from ray._raylet import AuthenticationTokenLoader, Config
-
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
-    except Exception:  # another Ray version: it reads them when it starts
-        pass
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
     """SIGTERM during a survey ends it as Ctrl-C does: finished shards kept, the folder said, exit 130."""
     raise KeyboardInterrupt
-
-
-def restore_local_env() -> None:
-    """Put back what ``start_ray`` changed in os.environ, and remove the private temporary folder it made
-    (after the local Ray shut down)."""
-    while _PRIVATE_TEMP:
-        shutil.rmtree(_PRIVATE_TEMP.pop(), ignore_errors=True)
-    for name, value in _ENV_BEFORE.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    _ENV_BEFORE.clear()
-    try:
-        from ray._raylet import Config
-
-        Config.initialize("")
-    except Exception:
-        pass
-
-
-@contextlib.contextmanager
-def ray_messages_to(path: Path) -> Iterator[None]:
-    """Ray's messages to the driver go to ``path`` instead of the terminal while the block runs:
-    its Python logger ("Started a local Ray instance", "Token authentication is enabled ...") and
-    the errors the cluster pushes to the driver ("(raylet) Task ... failed. There are 3 retries
-    remaining ...", a dead worker's report), which Ray prints to stdout even with
-    ``log_to_driver=False``. Ray 2.60 has no setting for the latter: its error listener thread
-    calls ``ray._private.worker.print_to_stdstream``, which this replaces for the block (and
-    leaves alone where a Ray version lacks it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    ray_logger = logging.getLogger("ray")
-    saved_handlers = ray_logger.handlers[:]
-    ray_logger.handlers = [handler]
-    lock = threading.Lock()
-
-    def to_file(data: dict, ignore_prefix: bool = False) -> None:
-        stamp = _dt.datetime.now().isoformat(sep=" ", timespec="milliseconds")
-        with lock, path.open("a", encoding="utf-8") as f:
-            for line in data.get("lines", []):
-                f.write(f"{stamp} ({data.get('pid', 'ray')}) {line}\n")
-
-    worker_module = sys.modules.get("ray._private.worker")
-    printer = getattr(worker_module, "print_to_stdstream", None)
-    if printer is not None:
-        worker_module.print_to_stdstream = to_file  # type: ignore[union-attr]
-    try:
-        yield
-    finally:
-        if printer is not None:
-            worker_module.print_to_stdstream = printer  # type: ignore[union-attr]
-        ray_logger.handlers = saved_handlers
-        handler.close()
-
-
-def _session_logs(ray: Any) -> Path | None:
-    """The logs folder of the local Ray session this process started (None where it cannot tell)."""
-    try:
-        return Path(ray._private.worker._global_node.get_logs_dir_path())
-    except Exception:  # another Ray version, or no local node
-        return None
 
 
 #: environment the workers need from the driver (offline mode, caches)
@@ -367,18 +148,6 @@ def survey(
                               progress, num_cpus)
 
 
-def refuse_out_inside_images(out: str | Path, source: ImageSource) -> None:
-    """A survey folder inside the folder of its own images is refused before anything is written (a later
-    glob would read its files back as images)."""
-    if not source.lists_files or not source.files:
-        return
-    out_path = Path(out).expanduser().resolve()
-    root = Path(os.path.commonpath([str(Path(f).parent) for f in source.files]))
-    if out_path == root or root in out_path.parents:
-        raise InvalidParameterError(f"--out {out} is inside the image folder {root}; put the survey folder "
-                                    "somewhere else, so that its files never become images.")
-
-
 def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSource, images: Any,
                    address: str | None, batch_size: int, shard_size: int, views: Sequence[str], num_gpus_per_worker: float,
                    num_cpus_per_worker: int, pretrained: bool, max_images: int | None, strict: bool,
@@ -457,91 +226,6 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
     return load_survey(store.out)
 
 
-def refuse_unknown_names(todo: dict[str, dict], store: SurveyStore, manifest: dict, strict: bool,
-                         progress: bool) -> None:
-    """The models of ``todo`` whose names resolve to nothing (``vitlens.loading.resolve.name_problem``: no weights
-    read, no model built) marked failed with the reason a worker would give, and taken out of ``todo`` before Ray
-    starts a worker for each (41 bad names cost three minutes of workers)."""
-    from ..loading.resolve import name_problem
-
-    for key, entry in list(todo.items()):
-        problem = None if entry.get("checkpoint") else name_problem(entry["name"])
-        if problem is None:
-            continue
-        todo.pop(key)
-        entry.update(status="failed", reason=problem.message_for("cli"))
-        store.write_manifest(manifest)
-        if strict:
-            raise SurveyError(f"{entry['name']}: {entry['reason']} (--strict stops at the first failed model).")
-        if progress:
-            print(printable(f"{entry.get('label', entry['name'])}: failed: {entry['reason']}"), file=sys.stderr,
-                  flush=True)
-
-
-def no_images_reason(skipped: list[str], total: int) -> str:
-    """Why a model whose shards read no image failed, in words."""
-    if not skipped:
-        return "no image was read (the image set is empty)"
-    shown = ", ".join(skipped[:3]) + (", ..." if len(skipped) > 3 else "")
-    return (f"no image could be read: {len(skipped)} of {total} skipped as unreadable ({shown}); check that the "
-            "files are images")
-
-
-def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool) -> None:
-    """Record a checkpoint's path, architecture and the sha256 of its file in its manifest entry;
-    when the file's weights changed since its shards were written, set those shards aside (kept)
-    so that they are computed again from the new weights, and say so in one line."""
-    path, arch = checkpoint_of(name)  # type: ignore[misc]
-    full = Path(path).expanduser().resolve()
-    digest = file_sha256(full) if full.is_file() else None  # a missing file fails when the worker loads it
-    old = (entry.get("checkpoint") or {}).get("sha256")
-    entry["checkpoint"] = {"path": str(full), "arch": arch, "sha256": digest}
-    entry["weights"] = "checkpoint"
-    if old is None or digest is None or old == digest:
-        return
-    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    moved = store.set_aside_model(entry["key"], stamp, "weights-changed")
-    entry.pop("shards", None)
-    entry.pop("spec", None)
-    if moved:
-        entry.setdefault("set_aside", []).extend(
-            {"shard": p.name.split(".")[0], "reason": f"weights changed (sha256 {old[:12]} -> {digest[:12]})",
-             "path": str(p.relative_to(store.out)), "time": stamp} for p in moved)
-    if progress:
-        print(printable(f"{name}: its weights changed since its shards were written (sha256 {old[:12]}... -> "
-                        f"{digest[:12]}...): {len(moved)} old shard{'s' * (len(moved) != 1)} set aside "
-                        f"(*.weights-changed-{stamp}), not reused; computing them again"), file=sys.stderr, flush=True)
-
-
-def worker_name(entry: dict) -> str:
-    """What a worker loads: the name, or a checkpoint's resolved ``PATH@ARCH``."""
-    ckpt = entry.get("checkpoint")
-    return f"{ckpt['path']}@{ckpt['arch']}" if ckpt else entry["name"]
-
-
-def set_aside_damaged(store: SurveyStore, manifest: dict, shards: list[Shard], progress: bool) -> set[str]:
-    """Every damaged shard of the folder renamed out of the way (kept, recorded in its model's
-    manifest entry under "set_aside", and said on stderr): the keys of the models that had one."""
-    stamp = _dt.datetime.now().strftime("%Y%m%dT%H%M%S")
-    repaired = set()
-    for key, entry in manifest["models"].items():
-        for shard in shards:
-            why, kind = store.problem_kind(key, shard)
-            if not why:
-                continue
-            moved = store.set_aside(key, shard, stamp, kind)
-            repaired.add(key)
-            where = moved.relative_to(store.out)
-            entry.setdefault("set_aside", []).append({"shard": shard.name, "reason": why, "path": str(where),
-                                                      "time": stamp})
-            (entry.get("shards") or {}).pop(shard.name, None)
-            if progress:
-                said = f"is damaged ({why})" if kind == "damaged" else why
-                print(printable(f"{entry.get('label', entry['name'])}: {shard.name} {said}; set aside as "
-                                f"{where}, computing it again"), file=sys.stderr, flush=True)
-    return repaired
-
-
 def _run(todo: dict[str, dict], manifest: dict, store: SurveyStore, source: ImageSource, shards: list[Shard],
          settings: dict, address: str | None, gpus: float, cpus: int, strict: bool, progress: bool,
          num_cpus: int | None) -> None:
@@ -577,12 +261,13 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     remote = ray.remote(survey_task).options(num_cpus=cpus, num_gpus=gpus, max_retries=3,
                                              runtime_env={"env_vars": env} if env else None)
+    registered = ship_registered_views(ray)
     work: dict[str, _Model] = {}
     for key, entry in todo.items():
         pending = [s for s in shards if not store.done(key, s)]
         replicas = max(1, min(len(pending), total_slots // max(len(todo), 1)))
         model = (worker_name(entry), entry["pretrained"], (entry.get("checkpoint") or {}).get("sha256"))
-        w = _Model(entry["label"], key, pending, _caller(remote, SurveyWorker, model, cpus, gpus > 0), {},
+        w = _Model(entry["label"], key, pending, _caller(remote, SurveyWorker, model, cpus, gpus > 0, registered), {},
                    replicas=replicas, reused=len(shards) - len(pending))
         w.load = w.call("load", bool(pending) or "weights" in settings["views"])
         work[key] = w
@@ -600,9 +285,33 @@ def _submit(ray: Any, todo: dict[str, dict], manifest: dict, store: SurveyStore,
              sum(len(w.pending) for w in work.values()))
 
 
-def _caller(remote: Any, cls: type, model: tuple[str, bool, str | None], cpus: int, use_gpu: bool) -> Any:
-    """op, keep, *args -> the future of ``survey_task(cls, model, op, ..., keep, *args)`` as a Ray task."""
-    return lambda op, keep, *args: remote.remote(cls, model, op, cpus, use_gpu, keep, *args)
+def _caller(remote: Any, cls: type, model: tuple[str, bool, str | None], cpus: int, use_gpu: bool,
+            registered: Any = ()) -> Any:
+    """op, keep, *args -> the future of ``survey_task(cls, model, op, ..., keep, *args)`` as a Ray task, with the
+    driver's registered views (``registered``, an object ref of them)."""
+    return lambda op, keep, *args: remote.remote(cls, model, op, cpus, use_gpu, keep, *args, registered=registered)
+
+
+def ship_registered_views(ray: Any) -> Any:
+    """The views registered in this process (``registry.registered_views``) put in Ray's object store once, for
+    every task to register in its worker (issue 62, item 14: a view registered in the driver failed in the workers
+    with ``KeyError``); () when there are none.
+
+    Raises:
+        SurveyError: a registered view that cannot be sent (its functions cannot be pickled).
+    """
+    from ..views.registry import registered_views
+
+    views = registered_views()
+    if not views:
+        return ()
+    try:
+        return ray.put(views)
+    except Exception as e:  # noqa: BLE001 - cloudpickle's errors vary: the view is named, with what failed
+        names = ", ".join(v.name for v in views)
+        raise SurveyError(f"The views registered here ({names}) cannot be sent to the survey's Ray workers "
+                          f"({type(e).__name__}: {e}); define them in a module the workers can import, or survey "
+                          "without them.") from e
 
 
 def _submit_shards(w: _Model, waiting: dict, source: ImageSource, settings: dict) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class ImageSource:
     """A survey's image set.
 
     Attributes:
-        kind: "files", "clips" (video files and animated GIFs, read whole as ``vl.Clip``) or "shapes".
+        kind: "files", "clips" (video files and animated GIFs, each read as the worker's model reads it) or "shapes".
         description: what the user asked for (folder, glob, or the scenes' seed).
         files: the image files, sorted (kind "files").
         labels: each file's class index, -1 when unknown (kind "files").
@@ -97,17 +97,23 @@ class ImageSource:
                       "classes": tuple(d.get("classes", ())),
                       "stats": tuple(tuple(x) for x in d.get("stats", ()))})
 
-    def read(self, shard: Shard) -> tuple[list[Any], np.ndarray | None, np.ndarray | None, list[str]]:
+    def read(self, shard: Shard, read_clip_as: Callable[[str], Any] | None = None,
+             data_config: dict[str, Any] | None = None
+             ) -> tuple[list[Any], np.ndarray | None, np.ndarray | None, list[str]]:
         """(images, labels or None, masks or None, names of unreadable files) of one shard; a clips source's
-        "images" are its clips (``vl.Clip``, every frame: each model samples its own)."""
+        "images" are its clips, each as ``read_clip_as(path)`` makes it (a worker's: the model's input, so a clip
+        holds no more than the model takes, ``spacetime.clip_reader``), by default ``vl.Clip`` of every frame. With
+        the model's ``data_config``, an image its resize would make too large (``images.check_resized``) is skipped
+        as an unreadable one is, instead of failing the shard when it is preprocessed."""
         if self.kind == "clips":
             from ..clips import read_clip
             from ..errors import ClipLoadError
 
+            read_one = read_clip_as or read_clip
             clips, skipped = [], []
             for i in range(shard.start, shard.stop):
                 try:
-                    clips.append(read_clip(self.files[i]))
+                    clips.append(read_one(self.files[i]))
                 except ClipLoadError:
                     skipped.append(os.path.basename(self.files[i]))
             return clips, None, None, skipped
@@ -116,12 +122,15 @@ class ImageSource:
 
             data = generate(shard.stop - shard.start, seed=self.seed, start=shard.start)
             return list(data.images), data.labels, data.masks, []
-        from ..images import to_rgb
+        from ..images import check_resized, to_rgb
 
         images, labels, skipped = [], [], []
         for i in range(shard.start, shard.stop):
             try:
-                images.append(to_rgb(self.files[i]))
+                img = to_rgb(self.files[i])
+                if data_config is not None:
+                    check_resized(img.size, data_config, self.files[i])
+                images.append(img)
             except ImageLoadError:
                 skipped.append(os.path.basename(self.files[i]))
                 continue

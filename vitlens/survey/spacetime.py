@@ -8,9 +8,11 @@ concatenated in shard order), so the merged means are those of one run over ever
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from ..clips import clip_pixel_values
+import torch
+
+from ..clips import clip_pixel_values, read_clip
 from ..engine.stream import stream_attention
 from ..kinds import kind_of
 from ..loading.model import LoadedModel
@@ -51,15 +53,30 @@ class SpaceTimeStats:
         return rows
 
 
+def clip_reader(m: LoadedModel) -> Callable[[str], Any]:
+    """How a survey worker reads a clip file for ``m`` (issue 62: a shard's clips were read whole, every frame at its
+    size): a video model's input, float32 [T, 3, H, W] (``clip_pixel_values``: only the frames it samples decoded,
+    each resized as it decodes), so a clip holds what the model takes whatever the file; for a model that reads
+    images, which takes nothing of a clip, its first frame (the file checked, ``skipped`` as before)."""
+    if kind_of(m.spec).clips:
+        return lambda path: clip_pixel_values(path, m)[0]
+    return lambda path: read_clip(path, 1)
+
+
 def spacetime_stats(m: LoadedModel, clips: list, batch_size: int, renormalize: bool = True) -> SpaceTimeStats | None:
-    """A shard's clips (``vl.Clip``, sampled here as the model's processor samples) through a video model, each
-    query's weights renormalised over the cell keys unless ``renormalize`` is False (the survey's setting); None for
-    a model that reads images (its kind's ``clips``), which a survey of clips leaves to its other statistics."""
+    """A shard's clips (the model's inputs [T, 3, H, W] as ``clip_reader`` reads them, or any clip source, sampled
+    here as the model's processor samples) through a video model, each query's weights renormalised over the cell
+    keys unless ``renormalize`` is False (the survey's setting); None for a model that reads images (its kind's
+    ``clips``), which a survey of clips leaves to its other statistics."""
     if not kind_of(m.spec).clips or not clips:
         return None
     acc = SpaceTimeAccumulator.for_model(m, "both", renormalize=renormalize)
-    stream_attention(m, clip_pixel_values(list(clips), m), [acc], batch_size, capture_mode=None)
+    if all(isinstance(c, torch.Tensor) and c.is_floating_point() for c in clips):
+        x = torch.stack(list(clips))  # the model's inputs already (``clip_reader``)
+    else:
+        x = clip_pixel_values(list(clips), m)
+    stream_attention(m, x, [acc], batch_size, capture_mode=None)
     return SpaceTimeStats(acc)
 
 
-__all__ = ["SpaceTimeStats", "spacetime_stats"]
+__all__ = ["SpaceTimeStats", "clip_reader", "spacetime_stats"]

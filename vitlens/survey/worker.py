@@ -18,8 +18,9 @@ from ..errors import VitlensError
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..engine.stream import stream_attention
-from ..views.registry import VIEWS as VIEW_REGISTRY, ViewParams
+from ..views.registry import VIEWS as VIEW_REGISTRY, View, ViewParams, register_view
 from .sources import ImageSource, Shard
+from .spacetime import clip_reader
 from .stats import survey_views
 from .store import checkpoint_of, file_sha256
 
@@ -41,8 +42,8 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
               renormalize: bool = True) -> dict[str, Any]:
     """One shard's partial states ({stat: {key: array}}), its image count and what was skipped."""
     t0 = time.perf_counter()
-    images, labels, masks, skipped = source.read(shard)
     clips = source.kind == "clips"  # a shard of clips: the statistics that read clips alone (``SurveyView.clips``)
+    images, labels, masks, skipped = source.read(shard, clip_reader(m) if clips else None, m.data_config)
     consumers = {} if clips else consumers_for(m, views, len(source.classes), renormalize)
     n = 0
     if images and consumers:
@@ -124,7 +125,7 @@ _HELD: dict[tuple[Any, ...], SurveyWorker] = {}
 
 
 def survey_task(cls: type[SurveyWorker], model: tuple[str, bool, str | None], op: str, threads: int,
-                use_gpu: bool, keep: bool, *args: Any) -> Any:
+                use_gpu: bool, keep: bool, *args: Any, registered: tuple[View, ...] = ()) -> Any:
     """One survey task (``op``: "load", "weights" or "run" with its arguments) on ``model`` = (name as
     ``SurveyWorker`` takes it, pretrained, the checkpoint's sha256 when the survey started or None).
 
@@ -133,7 +134,11 @@ def survey_task(cls: type[SurveyWorker], model: tuple[str, bool, str | None], op
     model) drops it when done, so no process holds a model after its survey (it keeps only its imports). A
     checkpoint is held under the digest the driver recorded, so a file changed since is loaded again, and the load
     reports the digest it read (the driver refuses a mismatch). ``cls`` is ``SurveyWorker`` or a subclass (tests
-    inject faults through it)."""
+    inject faults through it). ``registered``: the views registered in the driver (``registry.registered_views``),
+    registered here too before the task runs, so a view the driver knows is one its workers know."""
+    for view in registered:
+        if VIEW_REGISTRY.get(view.name) is not view:
+            register_view(view, replace=True)
     key = (cls, *model, use_gpu)
     worker = _HELD.get(key)
     if worker is None:

@@ -125,7 +125,8 @@ def attention_rollout(
         raise ViewNotAvailableError(kind.pool_refusal.format(name=m.spec.name))
     if source is None:  # the rollout view's consumer for the kind: windowed, CaiT's two kinds of block, a video
         # model's through space-time (a map per time step), a ViT's
-        acc = VIEWS[resolve_view(m, "rollout")].build(m, ViewParams(head_fusion=head_fusion, discard_ratio=discard_ratio,
+        acc = VIEWS[resolve_view(m, "rollout")].build(m, ViewParams(head_fusion=head_fusion,
+                                                                    discard_ratio=discard_ratio,
                                                                     rollout_precision=precision))
     else:
         acc = RolloutAccumulator.for_model(m, head_fusion, discard_ratio, source, precision)  # its hooks read the pool

@@ -7,7 +7,7 @@ then the patch tokens row by row, so patch (r, c) is token ``prefix + r * gw + c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
 
 def query_label(row: int | None = None, col: int | None = None) -> str:
     """'the class token' or 'patch (r, c)', for titles."""
-    return "the class token" if row is None else f"patch ({int(row)}, {int(col)})"
+    return "the class token" if row is None else f"patch ({int(row)}, {int(cast(int, col))})"  # a patch: both
 
 
 @dataclass(eq=False, repr=False)
@@ -130,7 +130,7 @@ class AttentionMapsResult(Result):
         if self.queries is not None:
             raise InvalidParameterError("The prefix mass averages every patch query's row; these maps keep "
                                         f"{len(self.queries)} queries. Call attention_maps without queries.")
-        return prefix_mass(self.maps, self.num_prefix_tokens)
+        return cast(np.ndarray, prefix_mass(self.maps, self.num_prefix_tokens))  # numpy maps in, numpy out
 
     def parked_heads(self, labels: list[str], threshold: float = 0.5) -> list[dict]:
         """Heads of this image whose patch queries put more than ``threshold`` on one prefix token."""

@@ -25,6 +25,7 @@ Definitions (docs/definitions.md, "CaiT: talking heads and class attention"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -35,21 +36,24 @@ from ..errors import InvalidParameterError, UnsupportedModelError
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
 from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse, rollout_row, row_map
 
+if TYPE_CHECKING:  # for the annotations only, as in rollout.py
+    from ..loading.model import LoadedModel
+
 #: the kinds of a CaiT's blocks (``Family.block_layout``)
 SELF_ATTENTION, CLASS_ATTENTION = "global", "class-attention"
 
 
-def model_layout(m: object) -> list[dict[str, str]]:
+def model_layout(m: LoadedModel) -> list[dict[str, str]]:
     """Every block's kind and the tokens of its queries and keys (``Family.block_layout``).
 
     Raises:
         UnsupportedModelError: the model's family has blocks of one kind only (a ViT).
     """
-    layout = m.family.block_layout  # type: ignore[attr-defined]  # an optional ability: None for blocks of one kind
+    layout = m.family.block_layout  # an optional ability: None for blocks of one kind
     if layout is None:
-        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) has blocks of one kind; "  # type: ignore
+        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) has blocks of one kind; "
                                     "the class-attention views are for CaiT.")
-    return list(layout(m.model))  # type: ignore[attr-defined]
+    return list(layout(m.model))
 
 
 def _self_attention_depth(layout: list[dict[str, str]]) -> int:
@@ -137,8 +141,8 @@ class ClassAttentionDistanceAccumulator(AttentionConsumer):
         self.inner = AttentionDistanceAccumulator(self.depth, num_heads, 0, stride_px, renormalize)
 
     @classmethod
-    def for_model(cls, m: object, renormalize: bool = True) -> "ClassAttentionDistanceAccumulator":
-        return cls(model_layout(m), m.spec.num_heads, m.spec.stride_px, renormalize)  # type: ignore[attr-defined]
+    def for_model(cls, m: LoadedModel, renormalize: bool = True) -> "ClassAttentionDistanceAccumulator":
+        return cls(model_layout(m), m.spec.num_heads, m.spec.stride_px, renormalize)
 
     def per_class(self, num_classes: int) -> "ClassAttentionDistanceAccumulator":
         """Keep the self-attention blocks' moments per class too (``AttentionDistanceAccumulator.per_class``)."""
@@ -150,7 +154,8 @@ class ClassAttentionDistanceAccumulator(AttentionConsumer):
         return self.inner.state()
 
     @classmethod
-    def from_state(cls, state: dict[str, np.ndarray]) -> AttentionDistanceAccumulator:
+    # the self-attention blocks' accumulator, not this class: the state is its inner one's, which merges
+    def from_state(cls, state: dict[str, np.ndarray]) -> AttentionDistanceAccumulator:  # type: ignore[override]
         """The self-attention blocks' accumulator of a ``state()`` (it merges, gives its result and table rows)."""
         return AttentionDistanceAccumulator.from_state(state)
 
@@ -228,13 +233,13 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
         self.batches = RolloutBatches()
 
     @classmethod
-    def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
+    def for_model(cls, m: LoadedModel, head_fusion: str = "mean", discard_ratio: float = 0.0
                   ) -> "ClassAttentionRolloutAccumulator":
         if discard_ratio:
             raise InvalidParameterError(f"discard_ratio is defined for a ViT's maps over one sequence of tokens; the "
-                                        f"rollout of {m.spec.name} (class-attention layers) takes discard_ratio=0.")  # type: ignore[attr-defined]
-        pool = getattr(m.model, "global_pool", "token")  # type: ignore[attr-defined]
-        return cls(model_layout(m), head_fusion, m.label_names(), m.spec.num_classes > 0,  # type: ignore[attr-defined]
+                                        f"rollout of {m.spec.name} (class-attention layers) takes discard_ratio=0.")
+        pool = getattr(m.model, "global_pool", "token")
+        return cls(model_layout(m), head_fusion, m.label_names(), m.spec.num_classes > 0,
                    from_class_token=pool != "avg")
 
     @property
@@ -269,10 +274,10 @@ class ClassAttentionRolloutAccumulator(AttentionConsumer):
 
     def row_layout(self) -> tuple[int, tuple[int, int]]:
         """(no prefix tokens, the patch grid): ``batch_row``'s row is over the patches."""
-        return 0, self.grid  # type: ignore[return-value]
+        return 0, cast(tuple[int, int], self.grid)  # set: batch_row refuses a batch without it
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
-        maps = row_map(self.batch_row(), 0, self.grid)
+        maps = row_map(self.batch_row(), *self.row_layout())
         self.batches.add(maps, logits, self.has_classifier)
 
     def merge(self, other: "ClassAttentionRolloutAccumulator") -> "ClassAttentionRolloutAccumulator":

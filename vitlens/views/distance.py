@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -72,7 +72,8 @@ class AttentionDistanceResult(Result):
 
     def summary(self) -> str:
         layers, heads = self.mean_px.shape
-        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over {counted(self.n_images, 'image')}, "
+        return (f"{self.model_name or 'model'}: {layers} layers x {heads} heads over "
+                f"{counted(self.n_images, 'image')}, "
                 f"{self.mean_px.min():.1f}-{self.mean_px.max():.1f} px (uniform "
                 f"{uniform_distance(self.grid, self.stride_px):.1f} px), "
                 f"{'renormalised' if self.renormalize else 'raw weights'}")
@@ -120,7 +121,9 @@ class AttentionDistanceResult(Result):
         per head): the one way a result is built, by the accumulator, ``merge`` and a survey."""
         size, g, stride = (tuple(int(v) for v in t) for t in (image_size, grid, stride_px))
         return cls(mean_px=np.asarray(mean_px, dtype=np.float64), std_px=np.sqrt(np.asarray(m2) / max(n_images, 1)),
+                   # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
                    m2=np.asarray(m2, dtype=np.float64), n_images=int(n_images), image_size=size,  # type: ignore[arg-type]
+                   # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
                    grid=g, stride_px=stride, renormalize=bool(renormalize), model_name=model_name)  # type: ignore[arg-type]
 
 
@@ -334,6 +337,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         patch key, float32 (rounded from float64, as ``FLOAT32_RTOL`` counts)."""
         if self._distances is not None:
             return self._distances[queries]
+        # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
         return token_distance_matrix(self.grid, self.stride_px, self._device, queries=queries).float()  # type: ignore[arg-type]
 
     def _check(self, layer: int, attn: torch.Tensor) -> None:
@@ -378,7 +382,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if q0 < stop:
             if tap is not None and tap[:2] == (layer, start) and tap[2].filled:  # the softmax pass made the sums
                 b, h = attn.shape[:2]
-                values = distance_from_sums(tap[2].sums, self.renormalize, stop - q0, b, h)
+                # a filled tap asked for the sums (the tap this consumer made holds them)
+                values = distance_from_sums(cast(torch.Tensor, tap[2].sums), self.renormalize, stop - q0, b, h)
             else:
                 values = per_query_distance(attn[:, :, q0 - start:], self._distance_rows(slice(q0 - p, stop - p)), p,
                                             self.renormalize, self._workspace)
@@ -424,8 +429,8 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         out.mean, out.m2, out.counts = mean, np.asarray(state["m2"], dtype=np.float64), np.asarray(state["counts"])
         out.classes = ClassMoments.from_state(state, mean.shape[:1], mean.shape[1:])
         grid, size = (tuple(int(v) for v in np.asarray(state[k])) for k in ("grid", "image_size"))
-        out.grid = grid if any(grid) else None  # type: ignore[assignment]
-        out.image_size = size if any(size) else None  # type: ignore[assignment]
+        out.grid = grid if any(grid) else None  # type: ignore[assignment]  # None: a state saved before any image
+        out.image_size = size if any(size) else None  # type: ignore[assignment]  # None: a state saved before any image
         return out
 
     def result(self, spec: ModelSpec | str = "") -> AttentionDistanceResult:
@@ -434,6 +439,7 @@ class AttentionDistanceAccumulator(AttentionConsumer):
         if self.counts.min() != self.counts.max():
             raise RuntimeError("Blocks saw different numbers of images; a forward was interrupted.")
         return AttentionDistanceResult.from_moments(
+            # the ignore below: pairs (set by begin_batch / from the state), typed as loose tuples
             self.mean.copy(), self.m2.copy(), int(self.counts[0]), image_size=self.image_size,  # type: ignore[arg-type]
             grid=self.grid, stride_px=self.stride_px, renormalize=self.renormalize, model_name=model_name(spec))
 

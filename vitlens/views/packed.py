@@ -7,10 +7,14 @@ image's diagonal block (``core.tokens.ImageTokens``), which holds every row's wh
 other images' keys exactly zero probability. A model that pads them in one batch (Siglip2 NaFlex: image i in row
 i, its cells first, padding keys at exactly zero probability) is run once too, and image i's block is row i's own
 cells. Each block is then fed to the view's consumer as one image of that image's grid and size, so each image's
-result is the one it gets run alone. Any other model runs the images one by one (``analyze`` per image).
+result is the one it gets run alone. A long list runs in several packs of at most ``pack_tokens`` patch tokens (issue
+62: the maps of one pack grow with the square of its tokens, ``MAX_PACK_MAP_BYTES``), which changes no image's
+result. Any other model
+runs the images one by one (``analyze`` per image).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Sequence
 
@@ -28,6 +32,11 @@ def packed_views() -> tuple[str, ...]:
     """The views ``analyze_each`` computes per image from the pack's maps: the registry's default attention views
     (distance and rollout), each fed an image's diagonal block as one image of its own grid."""
     return tuple(v.name for v in VIEWS.values() if v.kind == "attention" and v.default)
+
+
+#: the most bytes of captured maps one packed forward of ``analyze_each`` holds (issue 62: every block's [1, heads, T,
+#: T] float32 over the pack); more images run in several packs (``pack_tokens``)
+MAX_PACK_MAP_BYTES = 256 << 20
 
 
 def __getattr__(name: str) -> tuple[str, ...]:
@@ -70,16 +79,46 @@ def analyze_each(m: LoadedModel, images: Sequence[torch.Tensor], views: Sequence
             raise InvalidParameterError(f"image {i}: analyze_each takes preprocessed tensors [C, H, W] of any size; "
                                         f"got {type(img).__name__} {tuple(getattr(img, 'shape', ()))}.")
         batch.append((img[0] if img.dim() == 4 else img).to(m.device))
-    packed = m.family.packed_forward
     params = ViewParams(renormalize=renormalize, head_fusion=head_fusion, discard_ratio=discard_ratio)
-    pack = None
-    if packed is not None:
-        with capture_attention(m) as cap:
-            pack = packed(m.model, batch)
-    if pack is None:
+    if m.family.packed_forward is None:
         return [_alone(m, img, views, params) for img in batch]
+    return [r for pack in _packs(m, batch) for r in _pack_results(m, pack, views, params)]
+
+
+def pack_tokens(m: LoadedModel) -> int:
+    """The most patch tokens in one pack of ``m``: its blocks' maps over them within ``MAX_PACK_MAP_BYTES``
+    (``num_layers x num_heads x T^2`` float32; 4,096 tokens for 2 blocks of 2 heads, 418 for Pixtral's 24 of 16)."""
+    per_token_pair = 4 * max(1, m.spec.num_layers) * max(1, m.spec.num_heads)
+    return max(1, math.isqrt(MAX_PACK_MAP_BYTES // per_token_pair))
+
+
+def _packs(m: LoadedModel, images: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The images in order, cut into packs of at most ``pack_tokens`` patch tokens (an image above it alone): a
+    pack's captured maps grow with the square of its tokens (1,000 images of 64 x 64 were one 16,000-token pack,
+    2.9 GB), and the mask keeps each image to its own block, so how they are packed changes no image's result."""
+    budget = pack_tokens(m)
+    packs: list[list[torch.Tensor]] = []
+    tokens = 0
+    for img in images:
+        gh, gw = m.grid_for(img.shape[-2:])
+        n = gh * gw
+        if not packs or tokens + n > budget:
+            packs.append([])
+            tokens = 0
+        packs[-1].append(img)
+        tokens += n
+    return packs
+
+
+def _pack_results(m: LoadedModel, pack: list[torch.Tensor], views: tuple, params: ViewParams) -> list[AnalysisResult]:
+    """One packed forward of ``pack`` and each image's result from its diagonal block (the images one by one when
+    the model does not pack them); its captured maps are dropped on return, before the next pack runs."""
+    with capture_attention(m) as cap:
+        where_all = m.family.packed_forward(m.model, pack)
+    if where_all is None:
+        return [_alone(m, img, views, params) for img in pack]
     out = []
-    for img, where in zip(batch, pack):
+    for img, where in zip(pack, where_all):
         size, grid, rows = (int(img.shape[-2]), int(img.shape[-1])), where.grid, where.tokens
         spec = replace(m.spec, image_size=size, grid=grid)
         consumers = {name: VIEWS[name].build(m, params) for name in views}
@@ -106,4 +145,4 @@ def _alone(m: LoadedModel, img: torch.Tensor, views: tuple, params: ViewParams) 
     return replace(result, spec=replace(m.spec, image_size=size, grid=m.grid_for(size)))
 
 
-__all__ = ["analyze_each", "packed_views"]
+__all__ = ["MAX_PACK_MAP_BYTES", "analyze_each", "pack_tokens", "packed_views"]

@@ -96,13 +96,13 @@ def position_similarity(m: LoadedModel, grid: tuple[int, int] | None = None) -> 
             raise InvalidParameterError(f"grid must be two positive integers (rows, cols); got {grid}.")
         grid = (int(grid[0]), int(grid[1]))
     found = m.family.position_table(m.model, m.spec)
-    model_grid = tuple(found[1]) if found is not None else m.spec.grid
+    model_grid = (int(found[1][0]), int(found[1][1])) if found is not None else m.spec.grid
     target = grid or model_grid
     sim = cosine_similarity_matrix(patch_position_embeddings(m, target))
     return PositionSimilarityResult(
         similarity=sim.reshape(*target, *target).numpy(),
-        grid=target,  # type: ignore[arg-type]
-        model_grid=model_grid,  # type: ignore[arg-type]
+        grid=target,
+        model_grid=model_grid,
         resized=target != model_grid,
         model_name=m.spec.name,
     )

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..families import Handles, HookSession
+from ..engine.sites import SiteSession, family_sites
 from ..images import Images
 from ..loading.model import LoadedModel
 from ..core.spec import ModelSpec
@@ -111,6 +111,27 @@ class PrefixAttentionAccumulator(AttentionConsumer):
                                        model_name=model_name(spec))
 
 
+def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float = OUTLIER_FACTOR
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The outlier rule of token norms (Darcet et al. 2024), the one reading ``prefix_diagnostics`` and
+    ``vl.token_norms`` share: a patch token is an outlier when its norm exceeds ``factor`` times its image's median
+    patch-token norm (``np.median``: the two middle norms averaged when the count is even); prefix tokens never are.
+
+    Args:
+        norms: [..., T] each token's norm (prefix tokens first).
+        num_prefix_tokens: prefix tokens before the patches.
+        factor: the multiple of the median.
+
+    Returns:
+        ``(median [..., 1], outliers [..., T] bool)``.
+    """
+    patch = norms[..., num_prefix_tokens:]
+    median = np.median(patch, axis=-1, keepdims=True)
+    outliers = np.zeros(norms.shape, dtype=bool)
+    outliers[..., num_prefix_tokens:] = patch > factor * median
+    return median, outliers
+
+
 class TokenNormAccumulator:
     """Per layer: mean norm of each prefix token, median patch-token norm, share of outlier patches."""
 
@@ -127,11 +148,11 @@ class TokenNormAccumulator:
     def add(self, layer: int, tokens: torch.Tensor) -> None:
         norms = tokens.detach().double().norm(dim=-1).cpu().numpy()  # [B, T]
         patch = norms[:, self.p:]
-        median = np.median(patch, axis=1, keepdims=True)
+        median, outliers = high_norm_outliers(norms, self.p, self.factor)
         self.prefix_sum[layer] += norms[:, :self.p].sum(0)
         self.median_sum[layer] += median.sum()
         self.max_ratio[layer] = max(self.max_ratio[layer], float((patch / median).max()))
-        self.outliers[layer] += float((patch > self.factor * median).sum())
+        self.outliers[layer] += float(outliers.sum())
         self.patches[layer] += patch.size
         self.images[layer] += norms.shape[0]
 
@@ -180,21 +201,20 @@ class PrefixDiagnosticsResult(Result):
                 for t in range(self.mass.shape[2])]
 
 
-class TokenNorms(HookSession):
-    """Hooks on every block's output that feed a ``TokenNormAccumulator`` (a context manager)."""
+class TokenNorms(SiteSession):
+    """Every block's output (the named site ``blocks.{i}.hook_resid_post``) fed to a ``TokenNormAccumulator`` (a
+    context manager)."""
 
     def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
         self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
         self.blocks = m.blocks()
-        self.model = m.model  # whose lock the session holds
+        sites = family_sites(m)  # the blocks' outputs, as the family declares them; m.model: whose lock it holds
+        super().__init__(m.model, {f"blocks.{i}.hook_resid_post": sites[f"blocks.{i}.hook_resid_post"]
+                                   for i in range(len(self.blocks))}, self._on)
 
-    def install(self, handles: Handles) -> None:
-        for i, block in enumerate(self.blocks):
-            def hook(_mod: torch.nn.Module, _inp: tuple, out: object, layer: int = i) -> None:
-                tokens = out[0] if isinstance(out, (tuple, list)) else out
-                if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
-                    self.acc.add(layer, tokens)
-            handles.hook(block.register_forward_hook(hook))
+    def _on(self, name: str, tokens: object) -> None:
+        if isinstance(tokens, torch.Tensor) and tokens.ndim == 3:
+            self.acc.add(int(name.split(".")[1]), tokens)
 
     def fill(self, r: "PrefixDiagnosticsResult") -> "PrefixDiagnosticsResult":
         """Put the measured norms into ``r``."""

@@ -298,6 +298,16 @@ VIEWS: dict[str, View] = {v.name: v for v in (
 )}
 
 
+#: the views vitlens itself defines, as they are at import: what ``registered_views`` leaves out
+BUILTIN_VIEWS: dict[str, View] = dict(VIEWS)
+
+
+def registered_views() -> tuple[View, ...]:
+    """The views registered in this process beyond (or in place of) vitlens's own (``BUILTIN_VIEWS``): what a
+    survey sends its Ray workers, which import vitlens afresh and would not know them (issue 62, item 14)."""
+    return tuple(v for name, v in VIEWS.items() if BUILTIN_VIEWS.get(name) is not v)
+
+
 def register_view(view: View, replace: bool = False) -> View:
     """Add ``view`` to ``VIEWS``: ``analyze(views=...)`` computes it, ``figures.figure_for`` draws its result (by
     ``View.draw``, or the drawer registered for its result class), a survey keeps its ``View.survey`` state (an
@@ -347,12 +357,20 @@ def reserved_names() -> frozenset[str]:
 
 
 def view_names() -> tuple[str, ...]:
-    """The view names ``analyze`` takes (every registered view)."""
+    """The view names ``analyze`` takes (every registered view), read when called.
+
+    Returns:
+        The names, in registration order.
+    """
     return tuple(VIEWS)
 
 
 def default_views() -> tuple[str, ...]:
-    """The views ``analyze`` computes by default (the paper's four, and any registered as a default)."""
+    """The views ``analyze`` computes by default (the paper's four, and any registered as a default), read when called.
+
+    Returns:
+        Their names, in registration order.
+    """
     return tuple(name for name, v in VIEWS.items() if v.default)
 
 
@@ -414,6 +432,6 @@ def check_views(views: Any, known: tuple[str, ...] | None = None) -> tuple[str, 
     return views
 
 
-__all__ = ["CLIP_PAGES", "VIEWS", "SurveyStat", "View", "ViewParams", "available_views", "check_views", "clips_only",
-           "default_views", "not_for_kind", "other_inputs", "reader_for", "register_view", "reserve_names", "reserved_names",
-           "resolve_view", "view_names"]
+__all__ = ["BUILTIN_VIEWS", "CLIP_PAGES", "VIEWS", "SurveyStat", "View", "ViewParams", "available_views",
+           "check_views", "clips_only", "default_views", "not_for_kind", "other_inputs", "reader_for", "register_view",
+           "registered_views", "reserve_names", "reserved_names", "resolve_view", "view_names"]

@@ -253,6 +253,7 @@ def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasRe
                 f"({found.sources[layer]}) two query/key pairs of one offset differ by {spread:.3g} logits (more than "
                 f"{SPREAD_ULPS} roundings of its largest value), so a view by offset would hide what it adds.")
     return RelativePositionBiasResult(
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         bias=np.stack([part[0] for part in parts]), grid=tuple(grid),  # type: ignore[arg-type]
         prefix_labels=tuple(labels), prefix_to_patch=np.stack([part[1] for part in parts]),
         patch_to_prefix=np.stack([part[2] for part in parts]), prefix_to_prefix=np.stack([part[3] for part in parts]),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import Any, Callable, TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -175,7 +175,8 @@ def fuse(attn: torch.Tensor, head_fusion: str, out: torch.Tensor | None = None) 
     """[B, H, T, T] -> [B, T, T] in the attention's dtype (half-precision maps in float32); ``out``: a tensor of
     that shape and dtype to write into (a block of rows of a layer's buffer: no new tensor, no copy)."""
     attn = attn.to(fused_dtype(attn.dtype))
-    op = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}[head_fusion]
+    ops: dict[str, Callable[..., torch.Tensor]] = {"mean": torch.mean, "max": torch.amax, "min": torch.amin}
+    op = ops[head_fusion]
     return op(attn, dim=1) if out is None else op(attn, dim=1, out=out)
 
 
@@ -372,7 +373,7 @@ class RolloutAccumulator(AttentionConsumer):
         if start == 0:
             v = source_vector(b, t, self.num_prefix_tokens, self.has_class_token, attn.device)
             self._last = [v, torch.zeros_like(v), torch.zeros_like(v)]  # the source, w, w A
-        v, w, out = self._last  # type: ignore[misc]
+        v, w, out = self._last  # type: ignore[misc]  # set at the layer's first rows (start == 0) above
         need = (0, 1) if self.has_class_token else (self.num_prefix_tokens, t)  # the rows where v is not zero
         lo, hi = max(start, need[0]), min(stop, need[1])
         step = max(1, ROLLOUT_ROWS_BYTES // (8 * b * t))
@@ -419,6 +420,7 @@ class RolloutAccumulator(AttentionConsumer):
             return None
         if start == 0:
             self._new_layer(b, t, torch.float32, self._device)
+        # the ignore below: _new_layer made the layer's buffer at its first rows
         tap = SoftmaxTaps(mean=self._layer[:, start:start + r])  # type: ignore[index]
         self._tap = (layer, start, tap)
         return tap
@@ -442,10 +444,12 @@ class RolloutAccumulator(AttentionConsumer):
             if not filled:
                 if start == 0:
                     self._new_layer(attn.shape[0], attn.shape[-1], attn.dtype, attn.device)
-                fuse(attn, self.head_fusion, out=self._layer[:, start:stop])
+                # the buffer _new_layer made at the layer's first rows
+                fuse(attn, self.head_fusion, out=cast(torch.Tensor, self._layer)[:, start:stop])
             if not last:
                 return
-            fused, self._layer = self._layer, None
+            # filled row by row above, or by the softmax pass (the tap) in the buffer of the layer's first rows
+            fused, self._layer = cast(torch.Tensor, self._layer), None
         if self.discard_ratio > 0:
             fused = discard_smallest(fused, self.discard_ratio, protect_class_token=self.has_class_token,
                                      inplace=fused.is_contiguous() and fused.data_ptr() != attn.data_ptr())
@@ -465,19 +469,21 @@ class RolloutAccumulator(AttentionConsumer):
             start = pool_vector(pool, self._fused[0].shape[-1], self.head_fusion)
         fused = self._fused
         if fused and fused[-1] is None:  # the last block streamed: the chain goes on from its step
-            start, fused = self._last[0], fused[:-1]  # type: ignore[index]
+            start, fused = self._last[0], fused[:-1]
         row = rollout_row(fused, self.num_prefix_tokens, self.has_class_token, start) if fused else start
+        if row is None:
+            raise RuntimeError("Rollout needs one complete forward per batch.")
         self._fused, self._layer, self._last = [], None, None
         return row
 
     def row_layout(self) -> tuple[int, tuple[int, int]]:
         """(prefix tokens at the start of ``batch_row``'s row, the grid of its patch part)."""
-        return self.num_prefix_tokens, self.grid  # type: ignore[return-value]
+        return self.num_prefix_tokens, cast(tuple[int, int], self.grid)  # set: batch_row refuses a batch without it
 
     def end_batch(self, logits: torch.Tensor | None = None) -> np.ndarray:
         """Close the batch: its maps [b, gh, gw] (max-normalised) and, from ``logits``, its predictions."""
         row = self.batch_row()
-        maps = row_map(row, self.num_prefix_tokens, self.grid)
+        maps = row_map(row, *self.row_layout())
         self.batches.add(maps, logits, self.has_classifier)
         return maps
 

@@ -110,14 +110,14 @@ class MapStore:
         if not self._fits(self._maps, (kept, batch, tokens, tokens), 1, dtype, device):
             self._maps = None  # the old store goes before the new one is made
             self._maps = large_empty(kept, batch, tokens, tokens, dtype=dtype, device=device)
-        return self._maps[index, :batch]  # type: ignore[index]
+        return self._maps[index, :batch]  # type: ignore[index]  # made just above when it did not fit
 
     def buffer(self, batch: int, tokens: int, device: torch.device) -> torch.Tensor:
         """The float32 [batch, T, T] buffer a map is made in before it is stored in float16."""
         if not self._fits(self._buffer, (batch, tokens, tokens), 0, torch.float32, device):
             self._buffer = None
             self._buffer = large_empty(batch, tokens, tokens, dtype=torch.float32, device=device)
-        return self._buffer[:batch]  # type: ignore[index]
+        return self._buffer[:batch]  # type: ignore[index]  # made just above when it did not fit
 
     def release(self) -> None:
         """Let the memory go (the accumulator's result is made; nothing is streamed after)."""

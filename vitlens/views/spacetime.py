@@ -242,6 +242,9 @@ class SpaceTimeAccumulator(AttentionConsumer):
     def for_model(cls, m: "LoadedModel", part: str = "both", renormalize: bool = True, head_fusion: str = "mean",
                   fps: float | None = None) -> "SpaceTimeAccumulator":
         """The accumulator of a video model's clips (its family's ``clip_layout``)."""
+        if m.family.clip_layout is None:
+            raise InvalidParameterError(f"{m.spec.name} is not a video model (its family {m.family.name} reads no "
+                                        "clips): its attention has no space-time distance or rollout.")
         return cls(m.family.clip_layout(m.model), m.spec.num_layers, renormalize, head_fusion, part, fps)
 
     @property
@@ -430,11 +433,13 @@ def rollout_fused(fused: Sequence[np.ndarray], layout: ClipLayout, roles: Sequen
             else:
                 row[:, p:] = 1.0 / (n - p)
         row = np.einsum("bi,bij->bj", row, dense)
+    if row is None:
+        raise InvalidParameterError("a clip's rollout needs the maps of at least one block; got none.")
     out = row[:, p:].reshape(-1, layout.steps, *layout.grid)
     top = out.reshape(len(out), -1).max(-1)[:, None, None, None]
     return np.divide(out, top, out=np.zeros_like(out), where=top > 0)  # a row with nothing on the cells stays 0
 
 
-__all__ = ["PARTS", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines", "cell_maps",
-           "dense_block_map", "dense_from_fused", "joint_geometry", "map_distances", "rollout_clips", "rollout_fused",
-           "spatial_geometry", "temporal_geometry"]
+__all__ = ["PARTS", "SpaceTimeAccumulator", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "baselines",
+           "cell_maps", "dense_block_map", "dense_from_fused", "joint_geometry", "map_distances", "rollout_clips",
+           "rollout_fused", "spatial_geometry", "temporal_geometry"]

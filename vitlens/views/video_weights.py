@@ -94,6 +94,9 @@ def video_position_similarity(model: Any) -> VideoPositionSimilarityResult:
             space=space.reshape(gh, gw, gh, gw), time=time, joint=joint.reshape(nt, gh, gw, nt, gh, gw),
             table="joint sinusoidal" if w.sinusoidal else "joint", sinusoidal=w.sinusoidal,
             frames_per_step=w.frames_per_step, model_name=w.name)
+    if w.space is None:
+        raise ViewNotAvailableError(f"Position similarity is not available for {w.name}: it has neither a joint table "
+                                    "nor a spatial one.")
     space = cosine_similarity_matrix(w.space).numpy().reshape(gh, gw, gh, gw)
     time = None if w.time is None else cosine_similarity_matrix(w.time).numpy()
     return VideoPositionSimilarityResult(space=space, time=time, joint=None, table="separate", sinusoidal=False,

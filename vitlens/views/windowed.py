@@ -6,7 +6,8 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 
 - a block's tokens sit at their centres in the input image: a first-stage token at its patch's centre, a merged
   token at the mean of the centres of the tokens it merges (``stage_centres``: (r + 0.5) x its stage's stride,
-  except where a merging's 2x2 block is cut by an odd grid's border); each window's positions are stage tokens (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
+  except where a merging's 2x2 block is cut by an odd grid's border); each window's positions are stage tokens
+  (``WindowGeometry.index``: the cyclic shift undone, padding marked by the model's own code);
 - distance of head h, image b: the mean over the real (non-padding) queries of every window of
   sum_k A[q, k] d(q, k) / sum_k A[q, k] over the real keys (``renormalize``; raw weights otherwise), d in
   pixels; ``window_uniform_px`` is the same mean for attention spread evenly over the keys each query may
@@ -24,6 +25,7 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -39,18 +41,21 @@ from .distance import LOCAL_OF_UNIFORM
 from .moments import ClassMoments, add_samples, merge_moments
 from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse
 
+if TYPE_CHECKING:  # for the annotations only, as in rollout.py
+    from ..loading.model import LoadedModel
 
-def model_windows(m: object) -> list[WindowGeometry]:
+
+def model_windows(m: LoadedModel) -> list[WindowGeometry]:
     """Every block's ``WindowGeometry`` of a hierarchical model (``Family.windows`` at its built size).
 
     Raises:
         UnsupportedModelError: the model's family has no windows (a ViT with global attention).
     """
-    windows = m.family.windows  # type: ignore[attr-defined]  # an optional ability: None for global attention
+    windows = m.family.windows  # an optional ability: None for global attention
     if windows is None:
-        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) attends globally; "  # type: ignore
+        raise UnsupportedModelError(f"{m.spec.name}: its family ({m.family.name}) attends globally; "
                                     "the windowed views are for hierarchical models (Swin).")
-    return windows(m.model, m.spec.image_size)  # type: ignore[attr-defined]
+    return windows(m.model, m.spec.image_size)
 
 
 def check_batch_size(image_size: tuple[int, int], batch: BatchInfo) -> None:
@@ -94,7 +99,8 @@ class WindowedDistanceResult(Result):
         n_images: images averaged.
         image_size: (H, W) input pixels.
         stages: [L] the stage of each block.
-        kinds: each block's attention: "window", "shifted window", "global", "grid" (MaxViT), or for a pooling block "query-pooled
+        kinds: each block's attention: "window", "shifted window", "global", "grid" (MaxViT), or for a pooling block
+            "query-pooled
             window" / "query-pooled global" (Hiera) or "pooled" (``WindowGeometry.kind``).
         stride_px: [L, 2] pixels between the tokens of each block's stage.
         window_uniform_px: [L] the distance uniform attention over each query's window would give.
@@ -193,7 +199,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
 
     def __init__(self, windows: list[WindowGeometry] | None, heads: list[int], image_size: tuple[int, int],
                  renormalize: bool = True) -> None:
-        self.windows, self.heads, self.image_size = windows, list(heads), tuple(int(s) for s in image_size)
+        self.windows, self.heads, self.image_size = windows, list(heads), (int(image_size[0]), int(image_size[1]))
         self.renormalize = bool(renormalize)
         self._tables = []
         if windows is not None:
@@ -212,8 +218,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         self._labels: np.ndarray | None = None
 
     @classmethod
-    def for_model(cls, m: object, renormalize: bool = True) -> "WindowedDistanceAccumulator":
-        return cls(model_windows(m), block_heads(m.family, m.model), m.spec.image_size,  # type: ignore[attr-defined]
+    def for_model(cls, m: LoadedModel, renormalize: bool = True) -> "WindowedDistanceAccumulator":
+        return cls(model_windows(m), block_heads(m.family, m.model), m.spec.image_size,
                    renormalize)
 
     def per_class(self, num_classes: int) -> "WindowedDistanceAccumulator":
@@ -233,6 +239,8 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         if rows is not None:
             raise InvalidParameterError("The windowed distance reads whole window maps, not blocks of query rows.")
+        if self.windows is None or self._batch is None:
+            raise RuntimeError("The windowed distance reads attention between begin_batch and end_batch.")
         d, real, real_keys, _uniform = self._tables[layer]
         g = self.windows[layer]
         b = self._batch.shape[0]
@@ -257,10 +265,14 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def batch_values(self) -> np.ndarray:
         """[B, L, H] the batch's per-image distances so far (NaN: a head a block does not have), before
         ``end_batch`` folds them in (a survey's per-class statistics read them)."""
+        if self._batch is None:
+            raise RuntimeError("The windowed distance has no batch: begin_batch starts one.")
         return self._batch
 
     def end_batch(self, logits: torch.Tensor | None = None) -> None:
         samples, self._batch = self._batch, None  # NaN at the heads a block does not have: 0 until the result
+        if samples is None:
+            raise RuntimeError("The windowed distance has no batch: begin_batch starts one.")
         values = np.nan_to_num(samples, nan=0.0)
         self.classes.add(self._labels, values)
         self.mean, self.m2, self.n = add_samples(self.mean, self.m2, self.n, values)
@@ -295,7 +307,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
     def from_state(cls, state: dict[str, np.ndarray]) -> "WindowedDistanceAccumulator":
         """The accumulator of a ``state()``: it merges and gives its result; it reads no images."""
         out = cls(None, [int(h) for h in np.asarray(state["heads"])],
-                  tuple(int(v) for v in np.asarray(state["image_size"])), bool(np.asarray(state["renormalize"])))
+                  (int(state["image_size"][0]), int(state["image_size"][1])), bool(np.asarray(state["renormalize"])))
         out.mean, out.m2 = np.asarray(state["mean"], dtype=np.float64), np.asarray(state["m2"], dtype=np.float64)
         out.n = int(np.asarray(state["n"]))
         out.stages, out.stride_px = np.asarray(state["stages"]), np.asarray(state["stride_px"])
@@ -421,19 +433,19 @@ class WindowedRolloutAccumulator(AttentionConsumer):
     def __init__(self, windows: list[WindowGeometry], image_size: tuple[int, int], head_fusion: str = "mean",
                  label_names: list[str] | None = None, has_classifier: bool = True) -> None:
         check_rollout_params(head_fusion, 0.0)
-        self.windows, self.image_size, self.head_fusion = windows, tuple(int(s) for s in image_size), head_fusion
+        self.windows, self.image_size, self.head_fusion = windows, (int(image_size[0]), int(image_size[1])), head_fusion
         self.label_names, self.has_classifier = label_names, has_classifier
         self._fused: list[torch.Tensor] = []
         self.batches = RolloutBatches()
 
     @classmethod
-    def for_model(cls, m: object, head_fusion: str = "mean", discard_ratio: float = 0.0
+    def for_model(cls, m: LoadedModel, head_fusion: str = "mean", discard_ratio: float = 0.0
                   ) -> "WindowedRolloutAccumulator":
         if discard_ratio:
             raise InvalidParameterError("discard_ratio is defined for a ViT's whole maps; the windowed rollout takes "
                                         "discard_ratio=0.")
-        return cls(model_windows(m), m.spec.image_size, head_fusion, m.label_names(),  # type: ignore[attr-defined]
-                   m.spec.num_classes > 0)  # type: ignore[attr-defined]
+        return cls(model_windows(m), m.spec.image_size, head_fusion, m.label_names(),
+                   m.spec.num_classes > 0)
 
     def begin_batch(self, batch: BatchInfo) -> None:
         check_batch_size(self.image_size, batch)
@@ -495,7 +507,7 @@ def rollout_source(windows: list[WindowGeometry]) -> str:
     return source + ", through the windows and patch mergings"
 
 
-def window_maps(m: object, image: object) -> list[torch.Tensor]:
+def window_maps(m: LoadedModel, image: object) -> list[torch.Tensor]:
     """Every block's window maps of one image, [windows, heads, N, N] float32 (side capture: the model's own
     probabilities, its output untouched), first block first; ``query_window_attention`` reads a query's row.
 
@@ -504,11 +516,11 @@ def window_maps(m: object, image: object) -> list[torch.Tensor]:
         image: one image, or a preprocessed tensor (its first image is used).
     """
     model_windows(m)  # refuses a model without windows, in one line
-    x = image[:1] if isinstance(image, torch.Tensor) else m.preprocess([image])  # type: ignore[attr-defined]
+    x = image[:1] if isinstance(image, torch.Tensor) else m.preprocess([image])
     from ..engine.capture import capture_attention
 
-    with capture_attention(m) as cap, torch.no_grad():  # type: ignore[arg-type]
-        m.forward(x.to(m.device))  # type: ignore[attr-defined]
+    with capture_attention(m) as cap, torch.no_grad():
+        m.forward(x.to(m.device))
     return cap.maps
 
 
@@ -545,5 +557,5 @@ def query_window_attention(probs: torch.Tensor, window: WindowGeometry, row: int
     return out.reshape(-1, kh, kw)
 
 
-__all__ = ["WindowedDistanceAccumulator", "query_window_attention", "window_maps", "WindowedDistanceResult", "WindowedRolloutAccumulator", "model_windows",
-           "windowed_rollout_row"]
+__all__ = ["WindowedDistanceAccumulator", "query_window_attention", "window_maps", "WindowedDistanceResult",
+           "WindowedRolloutAccumulator", "model_windows", "windowed_rollout_row"]

@@ -28,9 +28,12 @@ def render_attributions(ctx: Context) -> None:
     """The methods and metrics picked, scored on the current image (its object mask when the images have masks)."""
     m = ctx.m
     text = has_text_tower(m)
-    what = "the image's similarity to the prompt" if text else "the class probability"
-    st.caption("Rollout shows where information was mixed; the other methods ask what supports "
-               f"{'the prompt (the cosine similarity of image and text embeddings)' if text else 'one class'}. "
+    tower = not text and m.spec.num_classes <= 0  # no class and no prompt: the output itself (tower_targets)
+    what = ("the image's similarity to the prompt" if text else "the class probability" if not tower else
+            "the output's cosine similarity to the unperturbed image's output")
+    asks = ("the prompt (the cosine similarity of image and text embeddings)" if text else "one class" if not tower
+            else "the output's norm (the tower has no classifier head, so there is no class or class probability)")
+    st.caption(f"Rollout shows where information was mixed; the other methods ask what supports {asks}. "
                "Deletion/insertion curves test each map: removing the patches it ranks first should make "
                f"{what} fall fast (low deletion AUC), inserting them should make it rise fast.")
     c = st.columns([3, 2, 1])
@@ -71,7 +74,7 @@ def render_attributions(ctx: Context) -> None:
     if table.protocols:  # no metric chosen: no protocol to name
         st.caption("Protocols (protocol, ordering): " + "; ".join(f"{metric_label(k)}: {v}"
                                                                    for k, v in table.protocols.items()))
-    if not text:
+    if not text and not tower:  # the ledger splits a logit; a tower's norm is no logit
         for method in (mt for mt in lrp_methods() if mt in methods):  # AttnLRP and its variants
             render_ledger(ctx, target, method)
     cols = st.columns(3 + len(shown))
@@ -93,17 +96,20 @@ def attributed_table(ctx: Context, methods: list[str], target: int | str | None,
     computed and the time left at the rate of the methods computed so far in this run (a cached one is free)."""
     bar = st.progress(0.0, text="Attributing and scoring ...")
     tables, spent, computed = [], 0.0, 0
-    for i, method in enumerate(methods):
-        left = time_left(spent, computed, computed + len(methods) - i)
-        bar.progress(i / len(methods), text=f"Attributing and scoring: {method} ({i + 1} of {len(methods)})"
-                     + (f", {left}" if left else ""))
-        t0 = time.perf_counter()
-        tables.append(method_table(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
-                                   (("n_steps", steps),) if method == "integrated_gradients" else (), mask, metrics))
-        took = time.perf_counter() - t0
-        if took > 0.05:  # computed here, not read from the cache
-            spent, computed = spent + took, computed + 1
-    bar.empty()
+    try:  # a method that fails takes its bar with it: no "1 of 3" left standing under the message
+        for i, method in enumerate(methods):
+            left = time_left(spent, computed, computed + len(methods) - i)
+            bar.progress(i / len(methods), text=f"Attributing and scoring: {method} ({i + 1} of {len(methods)})"
+                         + (f", {left}" if left else ""))
+            t0 = time.perf_counter()
+            tables.append(method_table(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, method, target,
+                                       (("n_steps", steps),) if method == "integrated_gradients" else (), mask,
+                                       metrics))
+            took = time.perf_counter() - t0
+            if took > 0.05:  # computed here, not read from the cache
+                spent, computed = spent + took, computed + 1
+    finally:
+        bar.empty()
     return ComparisonTable.concat(tables)
 
 

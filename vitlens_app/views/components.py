@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-import vitlens as vl
 from vitlens import figures
 from vitlens_app.caches import decomposition_result, lens_result, norms_result, patching_result
 from vitlens_app.context import Context, downloads, show_error
@@ -49,8 +48,9 @@ def guarded(section: Callable[[Context, int | None], None], ctx: Context, target
 def target_choice(ctx: Context) -> int | None:
     """The class read: the prediction (None) or one picked by name."""
     n = ctx.m.spec.num_classes
-    if n <= 0:
-        return None
+    if n <= 0:  # a tower: one coordinate of its output is what the page can read (a direction is the API's)
+        return int(st.number_input("Output coordinate read (the model has no classes)", 0,
+                                   max(ctx.m.spec.embed_dim - 1, 0), 0, key="comp-coordinate"))
     names = ctx.m.label_names() or [f"class {i}" for i in range(n)]
     options = ["predicted class", *names[:n]]
     picked = st.selectbox("Class read", options, key="comp-target")
@@ -58,6 +58,8 @@ def target_choice(ctx: Context) -> int | None:
 
 
 def class_name(ctx: Context, k: int) -> str:
+    if ctx.m.spec.num_classes <= 0:  # a tower: what is read is a coordinate of its output, not a class
+        return f"output coordinate {k}"
     names = ctx.m.label_names()
     return names[k] if names and 0 <= k < len(names) else f"class {k}"
 
@@ -82,7 +84,8 @@ def contributions_section(ctx: Context, target: int | None) -> None:
     """The layer x head table and one head's map over the image, the ledger beside them."""
     d = decomposition_result(ctx.m, ctx.mkey, ctx.current, ctx.cur_key, target)
     ledger = float(d.ledger()[0])
-    st.markdown(f"**{class_name(ctx, int(d.target[0]))}**: output {d.output[0]:.4g}; ledger {ledger:.1e} "
+    read = int(d.target[0]) if ctx.m.spec.num_classes > 0 else int(target or 0)  # a tower's: the coordinate picked
+    st.markdown(f"**{class_name(ctx, read)}**: output {d.output[0]:.4g}; ledger {ledger:.1e} "
                 f"({'closes' if d.closes() else 'does not close'} within {LEDGER_RTOL:g})")
     fig = figures.contributions_figure(d)
     left, right = st.columns([3, 2])

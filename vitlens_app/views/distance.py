@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-import vitlens as vl
 from vitlens import figures
 from vitlens_app import kind_choices
 from vitlens_app.caches import distance_result, head_result
@@ -53,6 +52,10 @@ def render_distance(ctx: Context) -> None:
             st.caption(imp.summary())
 
 
+#: a table longer than this is folded under its title
+LONG_TABLE_ROWS = 48
+
+
 def render_windowed_distance(ctx: Context, d: WindowedDistanceResult) -> None:
     """A hierarchical model's distance: every block's heads coloured by stage beside each window's uniform
     distance, the reading per stage, and the numbers of the stage picked."""
@@ -64,5 +67,8 @@ def render_windowed_distance(ctx: Context, d: WindowedDistanceResult) -> None:
     frame = d.to_pandas()
     if picked != "all stages":
         frame = frame[frame["stage"] == int(picked.split()[1])]
-    whole_table(frame.round(3), "attention")  # every block and head of the stages picked, no scroll box
+    # every block and head of the stages picked, no scroll box; folded when long (a Swin's ~200 rows made a
+    # 6,581-px page under the chart)
+    with st.expander(f"The numbers ({len(frame)} rows)", expanded=len(frame) <= LONG_TABLE_ROWS):
+        whole_table(frame.round(3), "attention")
     downloads(d, fig, "attention_distance")

@@ -86,8 +86,12 @@ def render_tubelet_filters(ctx: ClipContext) -> None:
     k = int(st.slider("Components shown", 1, kept, min(8, kept), key="st-filters-k"))
     res = video_filters_result(ctx.m, ctx.mkey, kept)
     fig = figures.tubelet_filters_figure(res, components=k)
-    st.plotly_chart(fig, key="st-filters-fig")
-    st.caption(res.summary())
+    st.plotly_chart(fig, key="st-filters-fig", width="content")  # the figure's own width: its cells side by side
+    shown = 100 * float(np.sum(res.explained_variance_ratio[:k]))
+    # the components drawn, as the title counts them (the summary's are all those computed)
+    st.caption(f"The top {k} of the {len(res.components)} components computed from the {res.n_filters} tubelet "
+               f"filters: {shown:.1f}% of their variance ({100 * float(np.sum(res.explained_variance_ratio)):.1f}% "
+               f"for all {len(res.components)}), over {res.components.shape[1]} time steps.")
     figure_download(st, fig, "tubelet_filters")
 
 

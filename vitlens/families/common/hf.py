@@ -132,7 +132,7 @@ def processor_defaults(model_type: str | None) -> ProcessorDefaults | None:
     """The declared image-processor defaults of a (tower or whole-model) type, or None when no family declares it."""
     model_type = tower_types().get(model_type or "", model_type)
     family = reader_of(model_type)
-    return None if family is None else family.hf_types.processors[model_type]  # type: ignore[union-attr,index]
+    return None if family is None else family.hf_types.processors[model_type]
 
 
 def video_model_types() -> tuple[str, ...]:
@@ -150,7 +150,7 @@ def implementation_request(model_type: str | None) -> dict[str, str]:
     (``HfTypes.attn_implementation``; {} where it keeps the checkpoint's own), "sdpa" for a type no family declares
     (the generic call-level capture reads it at its scaled_dot_product_attention calls)."""
     family = reader_of(tower_types().get(model_type or "", model_type))
-    impl = "sdpa" if family is None else family.hf_types.attn_implementation  # type: ignore[union-attr]
+    impl = "sdpa" if family is None else family.hf_types.attn_implementation
     return {} if impl is None else {"attn_implementation": impl}
 
 
@@ -188,7 +188,7 @@ def vision_tower(model: nn.Module) -> nn.Module:
 def tower_type(model: nn.Module) -> str | None:
     """The model type of the vision tower vitlens reads (a whole model's type mapped by ``tower_types``)."""
     model_type = getattr(getattr(vision_tower(model), "config", None), "model_type", None)
-    return tower_types().get(model_type, model_type)
+    return tower_types().get(model_type or "", model_type)
 
 
 def base_model(model: nn.Module, attrs: tuple[str, ...]) -> nn.Module:
@@ -273,7 +273,7 @@ def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[st
     """timm-style preprocessing from a Hugging Face ``preprocessor_config.json`` (its type's declared defaults where
     the file says nothing; ViT's for a type no family declares)."""
     defaults = processor_defaults(model_type) or VIT_PROCESSOR
-    interpolation = RESAMPLE.get(processor.get("resample"), defaults.interpolation)
+    interpolation = RESAMPLE.get(processor.get("resample", -1), defaults.interpolation)  # -1: no PIL filter
     # the file's own arithmetic (ViViT's: rescale_factor 1 / 127.5 and offset, then mean and std 0.5) on [0, 1] pixels
     read = ProcessorDefaults(defaults.crop_mode, defaults.crop_pct, tuple(processor.get("image_mean", defaults.mean)),
                              tuple(processor.get("image_std", defaults.std)), defaults.interpolation,
@@ -285,13 +285,15 @@ def processor_data_config(processor: dict[str, Any], model_type: str) -> dict[st
     size = processor.get("size") or {}
     crop = processor.get("crop_size") or {}
     if processor.get("do_center_crop") and crop:
-        h, w = int(crop.get("height", crop.get("shortest_edge", 224))), int(crop.get("width", crop.get("shortest_edge", 224)))
+        h, w = (int(crop.get("height", crop.get("shortest_edge", 224))),
+                int(crop.get("width", crop.get("shortest_edge", 224))))
         short = int(size.get("shortest_edge", size.get("height", h)))
         mode, crop_pct = "center", min(h, w) / short
     elif "height" in size:
         h, w = int(size["height"]), int(size["width"])
         mode, crop_pct = "squash", 1.0
-    elif "longest_edge" in size:  # SAM: the longest side resized to it, then padded to a square (a square image: squash)
+    # SAM: the longest side resized to it, then padded to a square (a square image: squash)
+    elif "longest_edge" in size:
         h = w = int(size["longest_edge"])
         mode, crop_pct = "squash", 1.0
     else:
@@ -344,8 +346,9 @@ class HuggingFaceFamily(Family):
 
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "HALF", "IMAGENET_MEAN", "IMAGENET_STD", "VIT_PROCESSOR", "HfTypes",
-           "HuggingFaceFamily", "ProcessorDefaults", "base_model", "config_image_size", "data_config_of", "declarations",
-           "default_data_config", "implementation_request", "is_hf_model", "is_image_classifier", "label_names",
+           "HuggingFaceFamily", "ProcessorDefaults", "base_model", "config_image_size", "data_config_of",
+           "declarations", "default_data_config", "implementation_request", "is_hf_model", "is_image_classifier",
+           "label_names",
            "module_path", "processor_data_config", "processor_defaults", "reader_of", "resize_inputs",
            "stage_model_logits", "tower_type", "tower_types", "types_read_elsewhere", "video_model_types",
            "video_processor_defaults", "vision_tower"]

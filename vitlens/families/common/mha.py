@@ -32,7 +32,7 @@ def heads_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor
     heads = mha.num_heads
     proj = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)
     q, k, v = proj.unflatten(-1, (3, e)).unbind(-2)
-    return tuple(z.reshape(b, t, heads, e // heads).transpose(1, 2) for z in (q, k, v))  # type: ignore[return-value]
+    return tuple(z.reshape(b, t, heads, e // heads).transpose(1, 2) for z in (q, k, v))
 
 
 class MultiheadAttentionViT(Family):
@@ -44,12 +44,12 @@ class MultiheadAttentionViT(Family):
     projection) and returns it in place of the module's own output, so the block's output is computed from the
     captured weights. A subclass says where the modules are (``attention_modules``)."""
 
-    def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
+    def attention_modules(self, model: nn.Module) -> Sequence[nn.MultiheadAttention]:
         raise NotImplementedError
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
-            def pre_hook(mod: nn.Module, args: tuple, kwargs: dict, layer: int = layer) -> None:
+            def pre_hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, layer: int = layer) -> None:
                 x = args[0] if args else kwargs["query"]
                 with torch.no_grad():
                     q, k, _v = heads_qkv(mod, x)
@@ -62,7 +62,8 @@ class MultiheadAttentionViT(Family):
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
-            def recompute(mod: nn.Module, args: tuple, kwargs: dict, _out: tuple, layer: int = layer) -> tuple:
+            def recompute(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, _out: tuple,
+                          layer: int = layer) -> tuple:
                 x = args[0] if args else kwargs["query"]
                 q, k, v = heads_qkv(mod, x)
                 scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
@@ -92,7 +93,7 @@ def install_probe_pool(mha: nn.MultiheadAttention, capture: CaptureRequest, hand
     call's query and key (positional or keyword) and its masks with the module's semantics: what it returns with
     ``need_weights=True, average_attn_weights=False``. The call and the output are untouched."""
 
-    def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre_hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict) -> None:
         query = args[0] if args else kwargs["query"]
         key = args[1] if len(args) > 1 else kwargs["key"]
         e, h = mod.embed_dim, mod.num_heads

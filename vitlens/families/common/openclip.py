@@ -76,7 +76,7 @@ def install_attentional_pool(model: nn.Module, capture: CaptureRequest, handles:
         raise ViewNotAvailableError(f"{type(model).__name__}'s attentional pooler is not a batch-first "
                                     "nn.MultiheadAttention vitlens reads.")
 
-    def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+    def pre_hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict) -> None:
         query = args[0] if args else kwargs["query"]
         key = args[1] if len(args) > 1 else kwargs["key"]
         e, h = mod.embed_dim, mod.num_heads

@@ -12,7 +12,7 @@ sequence length of a ``[B, N, D]`` output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
@@ -47,7 +47,8 @@ class PatchEmbedding:
 
     def grid(self, size: Sequence[int]) -> tuple[int, int]:
         """The token grid of an image of ``size`` = (H, W) pixels (the module docstring's rule)."""
-        return tuple((int(size[i]) + 2 * self.padding[i] - self.kernel[i]) // self.stride[i] + 1  # type: ignore
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
+        return tuple((int(size[i]) + 2 * self.padding[i] - self.kernel[i]) // self.stride[i] + 1  # type: ignore[return-value]
                      for i in range(2))
 
     @property
@@ -73,7 +74,7 @@ class PatchEmbedding:
         from ...core.attention import effective_weight
 
         if self.kind == "conv2d":
-            return effective_weight(self.weight_module)
+            return effective_weight(cast(nn.Conv2d, self.weight_module))  # kind "conv2d": the module is a Conv2d
         w = self.weight_module.weight.detach().to(torch.float64).cpu()
         if self.kind == "conv3d":
             return w.sum(dim=2)

@@ -47,6 +47,7 @@ def timm_position_table(model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor
     if pos is None:
         return None
     grid = tuple(int(g) for g in model.patch_embed.grid_size)
+    # the ignore below: 2 ints (mypy: tuple[int, ...])
     return pos.detach()[:, pos.shape[1] - grid[0] * grid[1]:], grid  # type: ignore[return-value]
 
 
@@ -75,8 +76,8 @@ class TimmFamily(Family):
             int(pos.shape[1]) - grid[0] * grid[1]
         return ModelSpec(
             name=name, kind=self.kind(model),
-            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]
-            grid=grid,  # type: ignore[arg-type]
+            image_size=tuple(int(s) for s in pe.img_size),  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
+            grid=grid,  # type: ignore[arg-type]  # 2 ints (mypy: tuple[int, ...])
             stride_px=self.stride(model),
             num_prefix_tokens=int(model.num_prefix_tokens), num_layers=len(model.blocks),
             num_heads=int(getattr(model.blocks[0], "attn", model.blocks[0]).num_heads),
@@ -93,6 +94,7 @@ class TimmFamily(Family):
         return VIT.name
 
     def stride(self, model: nn.Module) -> tuple[int, int]:
+        # the ignore below: 2 ints (mypy: tuple[int, ...])
         return tuple(int(s) for s in model.patch_embed.patch_size)  # type: ignore[return-value]
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
@@ -162,8 +164,8 @@ def check_input_size(model: nn.Module, input_hw: Sequence[int]) -> None:
     size = tuple(int(s) for s in size)
     if getattr(pe, "strict_img_size", False) and hw != size:
         raise InvalidParameterError(
-            f"{type(model).__name__} takes {size[0]}x{size[1]} px inputs only (no dynamic_img_size); got {hw[0]}x{hw[1]} "
-            f"px: feed that size, or build the model with dynamic_img_size=True (or img_size={hw}).")
+            f"{type(model).__name__} takes {size[0]}x{size[1]} px inputs only (no dynamic_img_size); got "
+            f"{hw[0]}x{hw[1]} px: feed that size, or build the model with dynamic_img_size=True (or img_size={hw}).")
     patch = tuple(int(p) for p in getattr(pe, "patch_size", (1, 1)))
     if not getattr(pe, "dynamic_img_pad", False) and (hw[0] % patch[0] or hw[1] % patch[1]):
         raise InvalidParameterError(

@@ -124,7 +124,8 @@ def pooled_grid(grid: tuple[int, int], module: nn.Module | None) -> tuple[int, i
     if module is None:
         return grid
     kernel, stride, padding = pooling_of(module)
-    return tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(grid, kernel, stride, padding))  # type: ignore
+    # the ignore below: 2 ints (mypy: tuple[int, ...])
+    return tuple((n + 2 * p - k) // s + 1 for n, k, s, p in zip(grid, kernel, stride, padding))  # type: ignore[return-value]
 
 
 def pooling_module_transport(fine: tuple[int, int], pool: nn.Module | None,
