@@ -39,7 +39,8 @@ from ..results import Result
 from ..words import counted
 from .distance import LOCAL_OF_UNIFORM
 from .moments import ClassMoments, add_samples, merge_moments
-from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse
+from .rollout import RolloutBatches, RolloutResult
+from .rollout_math import check_rollout_params, fuse
 
 if TYPE_CHECKING:  # for the annotations only, as in rollout.py
     from ..loading.model import LoadedModel
