@@ -87,8 +87,8 @@ class RolloutResult(Result):
         discard_ratio: fraction of fused weights zeroed per image and block.
         source_token: the row shown: "class token", "mean over patch tokens" (no class token), or
             "attention pool" (a MAP head's probe row, ``attention_rollout(source="pool")``); for a windowed or
-            pooling model, the source and the path in words (``vitlens.views.windowed.rollout_source``: "mean over
-            the last stage's tokens, through the windows and patch mergings", ...).
+            pooling model, the source and the path in words (``vitlens.views.windowed_rollout.rollout_source``:
+            "mean over the last stage's tokens, through the windows and patch mergings", ...).
         predicted_labels: class names of the predictions when known.
         model_name: the model's name.
         map_storage: how the per-block maps were held until the chain: "float32", or "float16" (scaled by 2^15, the
