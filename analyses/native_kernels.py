@@ -26,7 +26,7 @@ import torch
 from vitlens.core import native
 from vitlens.views.distance import (FLOAT32_RTOL, KEY_BLOCK, distance_from_sums, per_query_distance,
                                     token_distance_matrix)
-from vitlens.views.rollout import rollout_row
+from vitlens.views.rollout_math import rollout_row
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -234,7 +234,8 @@ def test_a_cait_has_the_input_methods_and_its_own_rollout_as_attributions():
     directly; the rollout attribution is the class-token rollout; the rest are refused (test above)."""
     from captum.attr import Saliency
 
-    from vitlens.attribution.methods import methods_for, pixels_to_grid
+    from vitlens.attribution.methods import methods_for
+    from vitlens.core.resample import pixels_to_grid
 
     m = vl.LoadedModel.from_module(tiny_cait(), name="tiny-cait")
     x = images(2)

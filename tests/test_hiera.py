@@ -350,7 +350,7 @@ def test_known_answer_uniform_attention_fills_its_window():
 
 def test_one_querys_window_is_the_keys_it_attends_on_their_grid():
     m = load(tiny_timm())
-    from vitlens.views.windowed import query_window_attention, window_maps
+    from vitlens.views.windowed_rollout import query_window_attention, window_maps
 
     maps = window_maps(m, images(1))
     windows = m.family.windows(m.model, m.spec.image_size)

@@ -157,7 +157,7 @@ def test_distance_rows_by_block_equal_the_whole_matrix(monkeypatch):
 
 @pytest.mark.parametrize("head_fusion,discard", [("mean", 0.0), ("max", 0.3)])
 def test_rollout_row_in_float64_row_blocks_equals_the_full_matrix_product(monkeypatch, head_fusion, discard):
-    from vitlens.views import rollout
+    from vitlens.views import rollout_math as rollout  # where rollout_row reads ROLLOUT_ROWS_BYTES
 
     g = torch.Generator().manual_seed(5)
     maps = [torch.rand(2, 3, 13, 13, generator=g).softmax(-1) for _ in range(4)]
@@ -174,7 +174,7 @@ def test_rollout_row_in_float64_row_blocks_equals_the_full_matrix_product(monkey
 
 
 def test_discard_in_place_equals_the_copying_discard_and_keeps_the_class_token():
-    from vitlens.views.rollout import discard_smallest
+    from vitlens.views.rollout_math import discard_smallest
 
     f = torch.rand(2, 9, 9, generator=torch.Generator().manual_seed(1))
     f[:, 0, 0] = 1e-9  # the smallest weight, protected

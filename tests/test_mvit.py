@@ -281,7 +281,7 @@ def test_rollout_through_the_poolings_equals_a_brute_force_dense_composition():
 
 
 def test_one_querys_attention_is_on_its_pooled_keys():
-    from vitlens.views.windowed import query_window_attention, window_maps
+    from vitlens.views.windowed_rollout import query_window_attention, window_maps
 
     m = load(tiny_mvit())
     x = images(1)

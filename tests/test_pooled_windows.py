@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vitlens.core.windows import Transport, WindowGeometry, pooling_transport, transport_centres
-from vitlens.views.windowed import WindowedDistanceAccumulator, windowed_rollout_row
+from vitlens.views.windowed import WindowedDistanceAccumulator
+from vitlens.views.windowed_rollout import windowed_rollout_row
 from vitlens.engine.consumer import BatchInfo
 
 

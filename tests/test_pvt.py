@@ -323,7 +323,7 @@ def test_the_rollout_source_without_a_classifier_is_what_the_model_hands_on():
 
 
 def test_one_querys_attention_is_on_its_pooled_keys():
-    from vitlens.views.windowed import query_window_attention, window_maps
+    from vitlens.views.windowed_rollout import query_window_attention, window_maps
 
     m = load(tiny_pvt("v1"))
     x = images(1)

@@ -9,7 +9,7 @@ import torch
 import vitlens as vl
 from conftest import get_model
 from view_references import residual_normalize, rollout_from_maps
-from vitlens.views.rollout import discard_smallest
+from vitlens.views.rollout_math import discard_smallest
 
 
 def numpy_rollout(maps: list[np.ndarray], prefix: int, has_cls: bool, grid, fusion="mean", discard=0.0) -> np.ndarray:

@@ -527,7 +527,8 @@ def test_the_position_view_is_the_bias_the_window_attention_adds(arch):
     import timm
 
     from vitlens.views.relpos import relative_position_bias
-    from vitlens.views.windowed import model_windows, window_maps
+    from vitlens.views.windowed import model_windows
+    from vitlens.views.windowed_rollout import window_maps
 
     torch.manual_seed(0)
     model = timm.create_model(arch, pretrained=False, embed_dim=16, depths=(1, 1), num_heads=(2, 2), num_classes=3,
@@ -553,7 +554,8 @@ def test_the_hugging_face_position_view_is_the_bias_each_window_attention_adds(b
     per query; every layer is checked, on its own window (Swin V2's last stage has smaller windows: the view
     holds them inside the largest, NaN outside)."""
     from vitlens.views.relpos import relative_position_bias
-    from vitlens.views.windowed import model_windows, window_maps
+    from vitlens.views.windowed import model_windows
+    from vitlens.views.windowed_rollout import window_maps
 
     model = build()
     with torch.no_grad():

@@ -89,8 +89,8 @@ MOVED: dict[str, str] = {
     **dict.fromkeys(("RolloutAccumulator", "RolloutResult"), ".views.rollout"),
     **dict.fromkeys(("SpaceTimeDistanceResult", "SpaceTimeRolloutResult"), ".views.spacetime"),
     **dict.fromkeys(("TubeletFilterPCAResult", "VideoPositionSimilarityResult"), ".views.video_weights"),
-    **dict.fromkeys(("WindowedDistanceAccumulator", "WindowedDistanceResult", "WindowedRolloutAccumulator"),
-                    ".views.windowed"),
+    **dict.fromkeys(("WindowedDistanceAccumulator", "WindowedDistanceResult"), ".views.windowed"),
+    "WindowedRolloutAccumulator": ".views.windowed_rollout",
 }
 #: a moved name read under another name in its module (the methods registered when read; also
 #: ``vitlens.registry.attribution_methods()``)

@@ -256,7 +256,7 @@ HIERARCHICAL = register_kind(Kind(
     refusal="{what} reads a ViT's attention over one token grid; {name} attends within windows on stages of coarser "
             "grids (hierarchical), so it is refused rather than read wrong. Its windowed views are exact: "
             "vl.attention_distance, vl.attention_rollout, and one query's window from "
-            "vitlens.views.windowed.window_maps / query_window_attention.",
+            "vitlens.views.windowed_rollout.window_maps / query_window_attention.",
     method_refusal="{method} reads a ViT's token-by-token attention over one patch grid (its [B, heads, T, T] maps), "
                    "which {name} does not have: it is hierarchical (windowed attention on stages of coarser grids)",
     blocks_refusal="its blocks hand on token grids that shrink from stage to stage (hierarchical; timm's Swin hands "

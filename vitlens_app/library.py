@@ -45,7 +45,8 @@ from vitlens.views.filters import max_filter_components
 from vitlens.views.prefix import prefix_labels
 from vitlens.views.registry import CLIP_PAGES, VIEWS
 from vitlens.views.rollout import format_probability
-from vitlens.views.windowed import model_windows, query_window_attention, window_maps
+from vitlens.views.windowed import model_windows
+from vitlens.views.windowed_rollout import query_window_attention, window_maps
 from vitlens.words import counted, listed_some
 # result classes and tables that left vitlens's top level (issue 61): the pages' annotations and the presets
 from vitlens.attribution import ComparisonTable
@@ -62,7 +63,10 @@ from vitlens.views.video_weights import TubeletFilterPCAResult, VideoPositionSim
 from vitlens.views.windowed import WindowedDistanceResult
 
 __all__ = [
-    "AnalysisResult", "AttentionMapsResult", "ComparisonTable", "DecompositionResult", "FilterPCAResult", "LogitLensResult", "PRESETS", "PatchingResult", "PositionSimilarityResult", "RelativePositionBiasResult", "RolloutResult", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "TokenNormsResult", "TubeletFilterPCAResult", "VideoPositionSimilarityResult", "WindowedDistanceResult",
+    "AnalysisResult", "AttentionMapsResult", "ComparisonTable", "DecompositionResult", "FilterPCAResult",
+    "LogitLensResult", "PRESETS", "PatchingResult", "PositionSimilarityResult", "RelativePositionBiasResult",
+    "RolloutResult", "SpaceTimeDistanceResult", "SpaceTimeRolloutResult", "TokenNormsResult", "TubeletFilterPCAResult",
+    "VideoPositionSimilarityResult", "WindowedDistanceResult",
     "CLIP_PAGES", "HELD_OUT_SEED", "MAX_UPLOAD_MB", "METHOD_TABLE", "METRIC_TABLE", "SAMPLE_NAMES", "SHAPES",
     "UPLOAD_TYPES", "CHECKPOINT_SUFFIXES", "CLIP_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",

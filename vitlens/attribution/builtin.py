@@ -15,7 +15,8 @@ from ..engine.capture import capture_attention
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..loading.model import LoadedModel
 from ..views.analyze import attention_rollout
-from ..views.rollout import RolloutResult, rollout_map
+from ..views.rollout import RolloutResult
+from ..views.rollout_math import rollout_map
 
 Scorer = Callable[[torch.Tensor], torch.Tensor]
 

@@ -34,7 +34,8 @@ from ..core.spec import ModelSpec
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..errors import InvalidParameterError, UnsupportedModelError
 from .distance import AttentionDistanceAccumulator, AttentionDistanceResult
-from .rollout import RolloutBatches, RolloutResult, check_rollout_params, fuse, rollout_row, row_map
+from .rollout import RolloutBatches, RolloutResult
+from .rollout_math import check_rollout_params, fuse, rollout_row, row_map
 
 if TYPE_CHECKING:  # for the annotations only, as in rollout.py
     from ..loading.model import LoadedModel

@@ -30,7 +30,8 @@ from .rollout_stats import RolloutStats
 from .spacetime import SpaceTimeAccumulator, SpaceTimeDistanceResult, SpaceTimeRolloutResult
 from .video_weights import (TubeletFilterPCAResult, VideoPositionSimilarityResult, video_filter_pca,
                             video_position_similarity, video_weights)
-from .windowed import WindowedDistanceAccumulator, WindowedRolloutAccumulator
+from .windowed import WindowedDistanceAccumulator
+from .windowed_rollout import WindowedRolloutAccumulator
 
 if TYPE_CHECKING:
     from ..loading.model import LoadedModel
