@@ -14,7 +14,7 @@ from .base import (FAMILIES, REFUSED_FAMILIES, Adapter, CaptureAbilities, Captur
 # its place in FAMILIES, and registered last so that ``vitlens models`` lists it last)
 from . import timm_vit, swin, tiny_vit, maxvit, davit, cait, hf, hf_video, mvit, hf_pvt, hf_segformer, hf_qwen2_5_vl, hf_swin, hf_vitdet, hiera, hieradet, torchvision_vit, openclip, sam, timm_beit, timm_eva  # noqa: E402,F401,E501
 from . import generic  # noqa: E402,F401  (the fallback: listed last)
-from .layouts import LAYOUTS, Layout, register_layout  # noqa: E402  (where the generic capture finds a ViT's pieces)
+from .common.layouts import LAYOUTS, Layout, register_layout  # noqa: E402  (where the generic capture finds a ViT's pieces)
 
 
 def describe_families() -> list[dict[str, object]]:

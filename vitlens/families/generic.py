@@ -1,7 +1,7 @@
 """Generic call-level capture: the fallback for a global-attention ViT whose attention no family names.
 
 A model is read this way when no family matches it (or when the family that matches refuses only its
-attention class) and a layout (``vitlens.families.layouts``) finds its pieces: one convolution that cuts
+attention class) and a layout (``vitlens.families.common.layouts``) finds its pieces: one convolution that cuts
 the image into patches (its stride is the token stride) and, in every block, one attention module. The
 layouts: a timm-style ViT (``patch_embed.proj``, ``blocks[i].attn``), a Hugging Face vision model run with
 ``attn_implementation="sdpa"`` (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...), and open_clip's
@@ -59,8 +59,8 @@ from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labe
 from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
 from .common.readers import SoftmaxApplied
 from .common.sdpa_calls import CallMode, sdpa_arguments
-from .layouts import Layout, layout_of
-from . import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
+from .common.layouts import Layout, layout_of
+from .common import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
 
 #: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
 _PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
@@ -160,7 +160,7 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     forward (its spatial positions), so the call's token count is verified against prefix + patches.
 
     Args:
-        model: the model (a layout of ``vitlens.families.layouts`` matches it).
+        model: the model (a layout of ``vitlens.families.common.layouts`` matches it).
         capture: the capture's request: where the probabilities go, ``capture.mode`` ("inline": return ``P v``
             computed from the handed-over probabilities, detached unless ``capture.detach`` is False, instead
             of the fused call's output), and by how many query rows side capture computes them.
@@ -307,7 +307,7 @@ def _verify(name: str, layer: int, attn: nn.Module, q: torch.Tensor, k: torch.Te
 
 class GenericCallCapture(Family):
     """The fallback family: global-attention ViTs whose attention ends in one ``scaled_dot_product_attention`` call
-    per block, found by a layout (``vitlens.families.layouts``: timm-style, Hugging Face, OpenCLIP)."""
+    per block, found by a layout (``vitlens.families.common.layouts``: timm-style, Hugging Face, OpenCLIP)."""
 
     name = "generic"
     summary = ("global-attention ViTs whose attention ends in one scaled_dot_product_attention call per block "

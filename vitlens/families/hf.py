@@ -6,7 +6,7 @@ under its own model type) and ``Siglip*`` / ``Siglip2*`` (``CLIPVisionModel``, o
 model's output is ``get_image_features``, the projected image embedding).
 
 Other transformers vision models (DINOv3, AIMv2, Data2Vec-Vision, BEiT, ...) are refused here with
-``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.layouts``'s
+``AttentionClassUnknown``, so the generic call-level capture (``vitlens.families.common.layouts``'s
 ``HuggingFaceLayout``) may read them at their SDPA calls; windowed and hierarchical ones it cannot (DiNAT,
 NAT, ...) are refused by name (``REFUSED_MODEL_TYPES``) before it is tried; the types another family declares
 (``Family.hf_types``: Swin, Hiera, ViTDet, SAM, PVT, ...) are that family's (``common.hf.types_read_elsewhere``).

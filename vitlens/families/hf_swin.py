@@ -53,7 +53,7 @@ from .common.interface import read_eager_returned, read_interface_beside
 from .common.windows import StandIn, identity, pair, record_windows
 
 if TYPE_CHECKING:
-    from .relative_bias import RelativeBias
+    from .common.relative_bias import RelativeBias
 
 #: the model types read, their image processors' defaults, and the implementation ``hf:`` names load with (sdpa: its
 #: one call is read, the outputs bit for bit)
@@ -213,7 +213,7 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         Swin's ``relative_position_bias()`` module; Swin V2's 16 sigmoid of its ``continuous_position_bias_mlp``
         of the log-spaced offset table, looked up by the relative-position index (transformers computes it inside
         the attention's forward; these are its steps)."""
-        from .relative_bias import RelativeBias
+        from .common.relative_bias import RelativeBias
 
         biases, sources, grids = [], [], []
         names = {id(mod): name for name, mod in model.named_modules()}  # where: counted from 1, and the module's name

@@ -51,7 +51,7 @@ from .common.timm import timm_data_config
 from .common.windows import StandIn, record_windows, token_centres
 
 if TYPE_CHECKING:
-    from .relative_bias import RelativeBias
+    from .common.relative_bias import RelativeBias
 
 MODULE = "timm.models.maxxvit"
 
@@ -160,7 +160,7 @@ class TimmMaxVit(StagedFamily):
         """Every layer's relative-position bias inside its window or grid, [heads, N, N], by its ``rel_pos``'s own
         ``get_bias()`` (a grid layer's offsets are counted in grid steps, H/G tokens each)."""
         from ..errors import ViewNotAvailableError
-        from .relative_bias import RelativeBias
+        from .common.relative_bias import RelativeBias
 
         layers = self.blocks(model)
         if any(p.attn.rel_pos is None for _s, p in layers):

@@ -15,7 +15,7 @@ Two kinds of image tower:
 The output is ``encode_image`` (the projected image embedding; CoCa's is normalised): a feature model,
 no classifier. Blocks open_clip builds with its own ``Attention`` (``CustomResidualAttentionBlock``:
 qk-norm, head-scale, inner-norm options; no built-in config uses them for images) are refused here with
-``AttentionClassUnknown`` and read by the generic call-level capture (``vitlens.families.layouts``'s
+``AttentionClassUnknown`` and read by the generic call-level capture (``vitlens.families.common.layouts``'s
 ``OpenClipLayout``) at their one ``scaled_dot_product_attention`` call; scaled-cosine attention (an
 explicit softmax) is refused there in one line.
 

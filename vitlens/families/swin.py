@@ -43,7 +43,7 @@ from .common.timm import timm_data_config
 from .common.windows import StandIn, record_windows
 
 if TYPE_CHECKING:
-    from .relative_bias import RelativeBias
+    from .common.relative_bias import RelativeBias
 
 
 def block_windows(block: nn.Module, grid: tuple[int, int], stage: int, stride: tuple[int, int],
@@ -186,7 +186,7 @@ class TimmSwin(StagedFamily):
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
         """Every block's position bias inside its window (the position view of Swin: the bias by offset between
         query and key inside a window, per block and head; each stage's window may differ)."""
-        from .relative_bias import RelativeBias
+        from .common.relative_bias import RelativeBias
 
         attns = self.attention_modules(model)
         with torch.no_grad():

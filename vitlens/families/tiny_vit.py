@@ -48,7 +48,7 @@ from .common.timm import timm_data_config
 from .common.windows import StandIn, pooled_grid, pooling_module_transport, pooling_of, record_windows, token_centres
 
 if TYPE_CHECKING:
-    from .relative_bias import RelativeBias
+    from .common.relative_bias import RelativeBias
 
 MODULE = "timm.models.tiny_vit"
 
@@ -171,7 +171,7 @@ class TimmTinyVit(StagedFamily):
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
         """Every block's learned bias by offset inside its window, [heads, N, N]: its ``attention_biases`` looked up
         by its ``attention_bias_idxs`` (the module's own ``get_attention_biases`` in training mode's form)."""
-        from .relative_bias import RelativeBias
+        from .common.relative_bias import RelativeBias
 
         attns = self.attention_modules(model)
         names = {id(mod): n for n, mod in model.named_modules()}

@@ -6,7 +6,7 @@ query patch to the key patch, per head.
 for the key patch at (r + dy, c + dx): offset = key minus query, in patch rows (dy > 0: the key is below) and
 columns (dx > 0: the key is to the right), in attention logits (added to q·k·scale before the softmax). Prefix
 tokens have no place on the grid: the biases between them and the patches are stated apart. The bias is read
-from the model's own modules (``vitlens.families.relative_bias``) and checked to depend on the offset alone.
+from the model's own modules (``vitlens.families.common.relative_bias``) and checked to depend on the offset alone.
 See docs/definitions.md.
 """
 from __future__ import annotations
@@ -224,7 +224,7 @@ def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasRe
         ViewNotAvailableError: a model without a learned relative-position bias (the reason in one line), or one whose
             bias is not a function of the offset alone (the largest difference between two pairs of one offset named).
     """
-    from ..families.relative_bias import read_relative_bias
+    from ..families.common.relative_bias import read_relative_bias
 
     if isinstance(m, LoadedModel):
         name, labels = m.spec.name, m.spec.prefix_labels

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..errors import ViewNotAvailableError
+from ...errors import ViewNotAvailableError
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,11 @@ from typing import Any, Sequence, cast
 import torch
 from torch import nn
 
-from ..core.spec import ModelSpec
-from ..core.tokens import TokenLayout
-from ..errors import UnsupportedModelError
-from .base import CaptureRequest, Handles, refuse_other_size
-from .common.patches import PatchEmbedding, patch_embedding
+from ...core.spec import ModelSpec
+from ...core.tokens import TokenLayout
+from ...errors import UnsupportedModelError
+from ..base import CaptureRequest, Handles, refuse_other_size
+from .patches import PatchEmbedding, patch_embedding
 
 
 class Layout:
@@ -136,7 +136,7 @@ class Layout:
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
         """Side capture of the model's attention pool (``Family.install_pool``)."""
-        from ..errors import ViewNotAvailableError
+        from ...errors import ViewNotAvailableError
 
         raise ViewNotAvailableError(f"{name} pools without an attention pool vitlens reads, so there is no pool "
                                     "attention to show.")
@@ -309,12 +309,12 @@ class OpenClipLayout(Layout):
 
     @staticmethod
     def _visual(model: nn.Module) -> nn.Module:
-        from .common.openclip import visual_of
+        from .openclip import visual_of
 
         return visual_of(model)
 
     def matches(self, model: nn.Module) -> bool:
-        from .common.openclip import is_open_clip
+        from .openclip import is_open_clip
 
         if not is_open_clip(model):
             return False
@@ -358,12 +358,12 @@ class OpenClipLayout(Layout):
         return built[0], built[1]
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        from .common.openclip import encode_image
+        from .openclip import encode_image
 
         return encode_image(model, x)
 
     def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        from .common.openclip import is_sincos
+        from .openclip import is_sincos
 
         visual = self._visual(model)
         if is_sincos(visual, self.declared_grid(model)):
@@ -374,12 +374,12 @@ class OpenClipLayout(Layout):
         return int(self._visual(model).transformer.width)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .common.openclip import open_clip_data_config
+        from .openclip import open_clip_data_config
 
         return open_clip_data_config(model, spec)
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
-        from .common.openclip import install_attentional_pool
+        from .openclip import install_attentional_pool
 
         install_attentional_pool(model, capture, handles)
 
