@@ -181,7 +181,8 @@ class Family:
 
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias | None":
         """The learned relative-position bias every block adds to its attention scores, read from the model's own
-        modules (``vitlens.families.common.relative_bias``: timm relpos and BEiT, Hugging Face BEiT); None when it has none."""
+        modules (``vitlens.families.common.relative_bias``: timm relpos and BEiT, Hugging Face BEiT); None when it has
+        none."""
         from .common.relative_bias import read_relative_bias
 
         return read_relative_bias(model)

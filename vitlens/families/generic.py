@@ -43,41 +43,29 @@ tried.
 """
 from __future__ import annotations
 
-import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..core.attention import attention_probs, attention_probs_in_rows, conv_filters
+from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.tokens import Cell, ImageTokens, TokenLayout, packed_images, packed_layout
 from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError, VitlensError
 from ..kinds import HYBRID, VIT
 from .base import CaptureAbilities, CaptureRequest, Family, Handles, prefix_labels, register
-from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
-from .common.readers import SoftmaxApplied
-from .common.sdpa_calls import CallMode, sdpa_arguments
-from .common.layouts import Layout, layout_of
 from .common import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
-
-#: the prefix count a model's probe forward found (for a capture of the raw module after ``spec``)
-_PREFIX: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
-#: a model whose tokens are not prefix then row-major cells: its declared order (``vitlens.core.tokens``)
-_TOKENS: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
-#: the token layout a user stated for a model (``vl.load_model(module, token_layout=...)``), read by ``spec``
-_STATED: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
-#: images of different sizes packed in one sequence during ``packed_forward`` (Pixtral): their layout
-_PACKING: "weakref.WeakKeyDictionary[nn.Module, TokenLayout]" = weakref.WeakKeyDictionary()
-
-
-def _unpack(probs: torch.Tensor, images: int) -> torch.Tensor:
-    """A packed sequence of ``images`` images of one size [1, heads, images * n, images * n] (block-diagonal mask) as
-    a batch of each image's own attention [images, heads, n, n]: the diagonal blocks, each row's whole mass (the
-    mask gives every other image's keys exactly zero probability)."""
-    n = probs.shape[-1] // images
-    return torch.cat([probs[:, :, i * n:(i + 1) * n, i * n:(i + 1) * n] for i in range(images)])
+from .common.call_capture import (
+    FOUND_PREFIX,
+    FOUND_TOKENS,
+    PACKING,
+    STATED_LAYOUTS,
+    install_call_capture,
+    layout_or_refuse,
+    pixel_channels,
+)
+from .common.hf import CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, HfTypes, ProcessorDefaults
+from .common.layouts import Layout, layout_of
 
 
 def state_token_layout(model: nn.Module, layout: TokenLayout) -> None:
@@ -85,31 +73,13 @@ def state_token_layout(model: nn.Module, layout: TokenLayout) -> None:
     if not isinstance(layout, TokenLayout):
         raise InvalidParameterError(f"token_layout= takes a vitlens TokenLayout (vitlens.core.tokens); got "
                                     f"{type(layout).__name__}.")
-    _STATED[model] = layout
-
-
-def _layout(model: nn.Module, name: str | None = None) -> Layout:
-    """The layout that reads ``model`` (``layouts.layout_of``), or a one-line refusal."""
-    layout = layout_of(model)
-    if layout is None:
-        raise UnsupportedModelError(
-            f"{name or type(model).__name__!r} has none of the layouts vitlens's generic call-level capture reads "
-            "(one patch convolution and one attention module per block: timm-style patch_embed.proj and "
-            "blocks[i].attn, a Hugging Face vision model's embeddings and layers, open_clip's conv1 and resblocks).")
-    return layout
+    STATED_LAYOUTS[model] = layout
 
 
 def _declared_prefix(model: nn.Module) -> int | None:
     """The prefix tokens the model declares (its layout's ``declared_prefix``; None when it declares none)."""
     layout = layout_of(model)
     return layout.declared_prefix(model) if layout is not None else None
-
-
-def _pixel_channels(layout: Layout, model: nn.Module) -> int:
-    """The image channels: the patch convolution's input channels, or a hybrid stem's first convolution's."""
-    stem = layout.stem(model)
-    first = next((m for m in stem.modules() if isinstance(m, nn.Conv2d)), None) if stem is not None else None
-    return int(first.in_channels) if first is not None else layout.patch_embedding(model).in_channels
 
 
 def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Module, name: str,
@@ -123,7 +93,7 @@ def _stem_grid(model: nn.Module, layout: Layout, proj: nn.Module, name: str,
     seen: list[tuple[int, int]] = []
     handle = proj.register_forward_hook(lambda _m, _i, out: seen.append((int(out.shape[-2]), int(out.shape[-1]))))
     param = next(model.parameters(), None)
-    x = torch.zeros(1, _pixel_channels(layout, model), *size, device=param.device if param is not None else "cpu",
+    x = torch.zeros(1, pixel_channels(layout, model), *size, device=param.device if param is not None else "cpu",
                     dtype=param.dtype if param is not None and param.is_floating_point() else torch.float32)
     try:
         with torch.no_grad():
@@ -149,160 +119,6 @@ def _table_grid(rows: int, grid: tuple[int, int], prefix: int) -> tuple[int, tup
         if side > 0 and side * side == rows - lead:
             return lead, (side, side)
     return None
-
-
-def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Handles, name: str | None = None,
-                         check_tokens: bool = True) -> None:
-    """Capture every block's attention at its ``F.scaled_dot_product_attention`` call (the module docstring).
-
-    Each block's attention module (the layout's ``attention_modules``) runs, for the session, inside a
-    ``CallMode`` that reads its one SDPA call; the patch convolution's output gives the patch tokens of the
-    forward (its spatial positions), so the call's token count is verified against prefix + patches.
-
-    Args:
-        model: the model (a layout of ``vitlens.families.common.layouts`` matches it).
-        capture: the capture's request: where the probabilities go, ``capture.mode`` ("inline": return ``P v``
-            computed from the handed-over probabilities, detached unless ``capture.detach`` is False, instead
-            of the fused call's output), and by how many query rows side capture computes them.
-        handles: where the forwards and hooks are undone.
-        name: the model's name, for messages.
-        check_tokens: verify each call's tokens against prefix + patches (off for the probe that infers them).
-
-    Raises:
-        UnsupportedModelError: during a forward, a block making no SDPA call or more than one, or one
-            whose call is not a self-attention over prefix + patch tokens.
-    """
-    name = name or type(model).__name__
-    layout = _layout(model, name)
-    state: dict[str, Any] = {}
-    prefix = _PREFIX.get(model, layout.declared_prefix(model)) if check_tokens else None
-    tokens = _TOKENS.get(model) if check_tokens else None
-    workspace: dict = {}
-    patches = layout.patch_embedding(model)
-    packs = layout.packs(model)  # the images of a batch in one sequence (Pixtral)
-    per_image = layout.calls_per_image(model)  # one call per image of the batch (Qwen3-VL): the calls' maps, in order
-
-    def patches_hook(_mod: nn.Module, _inp: tuple, out: Any) -> None:
-        found = patches.tokens(out)  # [B, D, gh, gw] or [B, N, D]: the patch tokens of this forward
-        if found is not None:
-            state["patches"] = found
-            state["images"] = int(out.shape[0]) if isinstance(out, torch.Tensor) else 1
-
-    handles.hook(patches.module.register_forward_hook(patches_hook))
-    handles.on_remove(state.clear)
-    for layer, attn in enumerate(layout.attention_modules(model)):
-        original = attn.forward
-
-        def forward(*args: Any, _layer: int = layer, _original: Callable = original, _attn: nn.Module = attn,
-                    **kwargs: Any) -> Any:
-            calls: list[int] = []
-            maps: list[torch.Tensor] = []  # per_image: each image's call's map, handed over as one batch
-
-            def on_call(a: tuple, kw: dict) -> torch.Tensor:
-                calls.append(1)
-                if len(calls) > 1 and not per_image:
-                    raise UnsupportedModelError(
-                        f"{name!r}: block {_layer}'s attention ({type(_attn).__name__}) calls "
-                        "scaled_dot_product_attention more than once, so no single attention map is the one it "
-                        "applies; vitlens's generic call-level capture reads one call per block.")
-                call = sdpa_arguments(a, kw)
-                q, k, v = call["query"], call["key"], call["value"]
-                pack, images = (_PACKING.get(model), state.get("images", 1)) if packs else (None, 1)
-                if pack is not None:  # images of different sizes: the pack's tokens, handed over whole
-                    _verify(name, _layer, _attn, q, k, call, len(pack), 0)
-                elif packs:  # a batch of one size packed in one sequence: each image's block, as a batch
-                    _verify(name, _layer, _attn, q, k, call, images * state.get("patches", 0), prefix)
-                else:
-                    _verify(name, _layer, _attn, q, k, call, state.get("patches"), prefix)
-                scale = call["scale"] if call["scale"] is not None else q.shape[-1] ** -0.5
-                mask, causal = call["attn_mask"], bool(call["is_causal"])
-                if call["enable_gqa"] and k.shape[-3] != q.shape[-3]:
-                    groups = q.shape[-3] // k.shape[-3]
-                    k_rep = k.repeat_interleave(groups, dim=-3)
-                    v_rep = v.repeat_interleave(groups, dim=-3)
-                else:
-                    k_rep, v_rep = k, v
-                if capture.mode == "inline" or tokens is not None or packs or per_image:
-                    with torch.autocast(device_type=q.device.type, enabled=False):
-                        probs = attention_probs(q, k_rep, scale, mask, causal)
-                    seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
-                    if packs and pack is None and images > 1:
-                        seen = _unpack(seen, images)
-                    # the views read prefix then row-major cells: the model's own order, permuted (exact)
-                    seen = tokens.to_canonical(seen) if tokens is not None else seen
-                    if per_image:
-                        maps.append(seen)
-                    else:
-                        capture(_layer, seen)
-                    if capture.mode == "inline":
-                        return (probs.to(v_rep.dtype) @ v_rep)
-                    return F.scaled_dot_product_attention(*a, **kw)
-                out = F.scaled_dot_product_attention(*a, **kw)
-                with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
-                    for item in attention_probs_in_rows(q, k_rep, scale, capture.query_rows, mask, causal,
-                                                        workspace=workspace, taps=capture.taps_for(_layer)):
-                        capture(_layer, *item)
-                        del item
-                return out
-
-            softmax = SoftmaxApplied()
-            with CallMode(on_call), softmax:
-                result = _original(*args, **kwargs)
-            if maps:
-                if len({m.shape for m in maps}) != 1:
-                    raise UnsupportedModelError(
-                        f"{name!r}: block {_layer} attends over images of different sizes in one forward; run them "
-                        "one by one (vl.analyze_each does).")
-                capture(_layer, torch.cat(maps))
-            if not calls:
-                probs = _own_softmax(name, _layer, _attn, softmax, layout.fused_hint)
-                _verify(name, _layer, _attn, probs, probs, {"dropout_p": 0.0}, state.get("patches"), prefix)
-                detach = capture.detach or capture.mode != "inline"
-                capture(_layer, probs.detach().float() if detach else probs)
-            return result
-
-        handles.set_attr(attn, "forward", forward)
-
-
-def _own_softmax(name: str, layer: int, attn: nn.Module, softmax: SoftmaxApplied, hint: str) -> torch.Tensor:
-    """The probabilities of an attention that makes no SDPA call (eager-only: BLIP, GIT, a timm module off its
-    fused path): the result of its one softmax call, which a matrix product then applies to the values as it is
-    (``SoftmaxApplied``); the model's own tensor, read as returned.
-
-    Raises:
-        UnsupportedModelError: no softmax call, several, or one whose result is changed before it is applied.
-    """
-    where = f"{name!r}: block {layer}'s attention ({type(attn).__name__})"
-    n = len(softmax.results)
-    if n != 1:
-        raise UnsupportedModelError(
-            f"{where} made no scaled_dot_product_attention call and {n} softmax calls, so no single map is the one it "
-            f"applies; vitlens reads one SDPA call or one softmax per block: {hint}.")
-    if not softmax.applied[0] or softmax.results[0].dim() != 4:
-        raise UnsupportedModelError(
-            f"{where} made no scaled_dot_product_attention call, and its one softmax's result is not what it "
-            "multiplies with the values (changed before the product, or not [batch, heads, tokens, tokens]), so "
-            f"vitlens has nothing exact to read: {hint}.")
-    return softmax.results[0]
-
-
-def _verify(name: str, layer: int, attn: nn.Module, q: torch.Tensor, k: torch.Tensor, call: dict,
-            patches: int | None, prefix: int | None) -> None:
-    """Refuse an SDPA call that is not one global self-attention over the image's tokens (in one line)."""
-    where = f"{name!r}: block {layer}'s attention ({type(attn).__name__})"
-    if q.dim() != 4 or k.dim() != 4:
-        raise UnsupportedModelError(f"{where} calls scaled_dot_product_attention with queries of shape "
-                                    f"{tuple(q.shape)}; vitlens reads [batch, heads, tokens, head_dim].")
-    if q.shape[-2] != k.shape[-2]:
-        raise UnsupportedModelError(f"{where} attends {q.shape[-2]} queries over {k.shape[-2]} keys (pooled or cross "
-                                    "attention), not one attention over the image's tokens.")
-    if float(call["dropout_p"] or 0.0) > 0:
-        raise UnsupportedModelError(f"{where} calls scaled_dot_product_attention with dropout_p={call['dropout_p']} "
-                                    "(a model in training mode): put the model in eval() first.")
-    if patches is not None and prefix is not None and q.shape[-2] != prefix + patches:
-        raise UnsupportedModelError(
-            f"{where} attends over {q.shape[-2]} tokens, not the {prefix} prefix + {patches} patch tokens of the "
-            "patch embedding (windowed, pooled or packed attention), so its maps would not be over the image's grid.")
 
 
 class GenericCallCapture(Family):
@@ -339,10 +155,10 @@ class GenericCallCapture(Family):
         return layout_of(model) is not None
 
     def check(self, model: nn.Module, name: str) -> None:
-        _layout(model, name).check(model, name)
+        layout_or_refuse(model, name).check(model, name)
 
     def spec(self, model: nn.Module, name: str, input_size: tuple[int, int] | None = None) -> ModelSpec:
-        layout = _layout(model, name)
+        layout = layout_or_refuse(model, name)
         patches = layout.patch_embedding(model)
         size = layout.image_size(model, name, input_size)
         grid, stride = patches.grid(size), patches.stride
@@ -358,9 +174,9 @@ class GenericCallCapture(Family):
         tokens, heads = probe(model, name, size)
         prefix = tokens - grid[0] * grid[1]
         declared = layout.declared_prefix(model)
-        order = _STATED.get(model) or layout.token_layout(model, grid)
-        if model in _STATED:
-            stated = _STATED[model]
+        order = STATED_LAYOUTS.get(model) or layout.token_layout(model, grid)
+        if model in STATED_LAYOUTS:
+            stated = STATED_LAYOUTS[model]
             stated.check_count(tokens)
             if stated.grids != (grid,):
                 raise InvalidParameterError(
@@ -373,10 +189,10 @@ class GenericCallCapture(Family):
                 f"plus {declared if declared is not None else 'a number of'} prefix tokens, so vitlens could not "
                 "infer the token geometry.")
         verify_patch_order(model, name, size, prefix, grid, order)
-        _PREFIX[model] = prefix
+        FOUND_PREFIX[model] = prefix
         if order is not None and not order.is_standard:
             order.check_count(tokens)
-            _TOKENS[model] = order
+            FOUND_TOKENS[model] = order
         cls, dist, registers = layout.prefix_parts(model)
         labels = prefix_labels(cls, dist, registers) if int(cls) + int(dist) + registers == prefix else ()
         if order is not None:
@@ -405,7 +221,7 @@ class GenericCallCapture(Family):
         Raises:
             InvalidParameterError: an image whose sides are not whole multiples of the patch stride.
         """
-        layout = _layout(model)
+        layout = layout_or_refuse(model)
         if not layout.packs(model):
             return None
         patches = layout.patch_embedding(model)
@@ -416,20 +232,20 @@ class GenericCallCapture(Family):
                     f"image {i} is of shape {tuple(img.shape)}; packed images are preprocessed tensors "
                     f"[{patches.in_channels}, H, W] whose sides are multiples of the patch stride {patches.stride}.")
         pack = packed_layout(tuple(patches.grid(img.shape[-2:]) for img in images))
-        _PACKING[model] = pack
+        PACKING[model] = pack
         try:
             with torch.no_grad():
                 layout.packed_forward(model, images)
         finally:
-            _PACKING.pop(model, None)
+            PACKING.pop(model, None)
         return packed_images(pack)
 
     def tower(self, model: nn.Module) -> nn.Module:
         """The submodule the layout reads (a transformers model's vision tower, open_clip's ``visual``)."""
-        return _layout(model).tower(model)
+        return layout_or_refuse(model).tower(model)
 
     def attention_modules(self, model: nn.Module) -> Sequence[nn.Module]:
-        return list(_layout(model).attention_modules(model))
+        return list(layout_or_refuse(model).attention_modules(model))
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         install_call_capture(model, capture, handles)
@@ -438,13 +254,13 @@ class GenericCallCapture(Family):
         install_call_capture(model, capture, handles)
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        _layout(model).install_pool(model, capture, handles, type(model).__name__)
+        layout_or_refuse(model).install_pool(model, capture, handles, type(model).__name__)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return None  # the heads' outputs meet where the attention class decides; vitlens does not know where
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        layout = _layout(model)
+        layout = layout_or_refuse(model)
         stem = layout.stem(model)
         if stem is not None:
             conv = next((m for m in stem.modules() if isinstance(m, nn.Conv2d)), None)
@@ -463,7 +279,7 @@ class GenericCallCapture(Family):
                           "unfolded patches, its rows read as filters of the pixels)")
 
     def position_table(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, tuple[int, int]] | None:
-        pos = _layout(model).position_rows(model) if spec.has_pos_embed else None
+        pos = layout_or_refuse(model).position_rows(model) if spec.has_pos_embed else None
         found = _table_grid(int(pos.shape[1]), spec.grid, spec.num_prefix_tokens) if pos is not None else None
         if pos is None or found is None:
             return None
@@ -475,10 +291,10 @@ class GenericCallCapture(Family):
                 "(relative bias, rotary embeddings) or in a fixed sin-cos table")
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        return _layout(model).data_config(model, spec)
+        return layout_or_refuse(model).data_config(model, spec)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return _layout(model).logits(model, x)
+        return layout_or_refuse(model).logits(model, x)
 
 
 def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefix: int,
@@ -496,7 +312,7 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
     Raises:
         UnsupportedModelError: another token than the cell's changes.
     """
-    layout = _layout(model, name)
+    layout = layout_or_refuse(model, name)
     patches = layout.patch_embedding(model)
     if not patches.one_pixel_per_token or layout.stem(model) is not None:
         return  # (a hybrid's CNN stem spreads a cell's pixels to its neighbours' tokens)
@@ -562,11 +378,11 @@ def probe(model: nn.Module, name: str, size: tuple[int, int]) -> tuple[int, int]
     def record(layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         seen[layer] = (int(probs.shape[-1]), int(probs.shape[1]))
 
-    layout = _layout(model, name)
+    layout = layout_or_refuse(model, name)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    x = torch.zeros(1, _pixel_channels(layout, model), *size, device=device, dtype=dtype)
+    x = torch.zeros(1, pixel_channels(layout, model), *size, device=device, dtype=dtype)
     handles = Handles()
     try:
         install_call_capture(model, CaptureRequest(record), handles, name=name, check_tokens=False)
