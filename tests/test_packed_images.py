@@ -138,7 +138,7 @@ def test_a_model_that_does_not_pack_runs_the_images_one_by_one():
 
 def test_siglip2_naflex_images_of_different_sizes_equal_each_run_alone():
     transformers = pytest.importorskip("transformers")
-    from vitlens.families.hf import siglip2_inputs
+    from vitlens.families.common.hf_inputs import siglip2_inputs
 
     cfg = transformers.Siglip2VisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                            intermediate_size=64, patch_size=8, num_patches=16,

@@ -115,7 +115,7 @@ def test_hf_vit_at_another_size_interpolates():
 
 def test_hf_model_without_interpolation_refuses_another_size(monkeypatch):
     tr = pytest.importorskip("transformers")
-    from vitlens.families import hf
+    from vitlens.families.common import hf_inputs as hf
 
     model = tr.ViTModel(tr.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                                      image_size=32, patch_size=8)).eval()
@@ -176,7 +176,7 @@ def test_hf_towers_at_another_size_are_exact(name):
         with vl.capture_attention(m, mode=mode) as cap, torch.no_grad():
             m.forward(x)
         assert max_diff(cap.maps, list(expected.attentions)) <= TOL
-    from vitlens.families.hf import model_inputs
+    from vitlens.families.common.hf_inputs import model_inputs
 
     with torch.no_grad():
         assert torch.equal(model(**model_inputs(model, x)).last_hidden_state, plain)
