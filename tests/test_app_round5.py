@@ -177,6 +177,9 @@ def test_compare_draws_each_model_in_one_colour_and_the_uniform_lines_grey(brows
         page.get_by_text("Compare", exact=True).first.click()
         settled(page)
         page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=120000)
+        # the comparison's own figure, drawn once both models ran (on a busy machine the page settles before it)
+        page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot')].some(g => (g.data || [])"
+                               ".some(t => t.name === 'ref-hybrid' && t.mode === 'markers'))", timeout=240000)
         settled(page)
         page.screenshot(path=str(OUT / "2-compare.png"), full_page=True)
         traces = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].flatMap(g => g.data.map("

@@ -33,6 +33,8 @@ APP_ALLOWED = False
 NOT_A_KIND = {
     ("vitlens/families/hf.py", "vit"): "a Hugging Face model_type and the attribute of its ViT tower",
     ("vitlens/families/common/hf.py", "vit"): "the attribute of ViTMAE's ViT tower (vision_tower)",
+    ("vitlens/components/layout.py", "vit"): "the attribute of a Hugging Face ViT classifier's tower (model.vit)",
+    ("vitlens/components/towers.py", "vit"): "the attribute of a Hugging Face ViT classifier's tower (model.vit)",
     ("vitlens/families/cait.py", "class-attention"): "a block's kind in CaiT's block layout (Family.block_layout)",
     ("vitlens/views/class_attention.py", "class-attention"): "a block's kind in CaiT's block layout",
     ("analyses/locality_sweep.py", "vit"): "a key of the result rows it has written (the ViT's metrics)",
