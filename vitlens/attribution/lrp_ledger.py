@@ -16,8 +16,9 @@ gradient x input form under the rules (``attnlrp_mode``), one image at a time:
 The five add up to the target score (``closure``): in float64 to rounding, which the tests check on a timm ViT,
 a hybrid and an open_clip tower. The ledger is drawn up for AttnLRP's variants too (``method="attnlrp_gamma"`` or
 ``"cp_lrp"``): under the γ-rule a bias keeps its amplified share (its gradient says so), and under CP-LRP no
-relevance reaches the scores, so the softmax entry is zero by construction. A share the ledger does not know (an additive attention bias such as BEiT's
-relative-position table, a mask) shows as a closure gap rather than being hidden in a remainder.
+relevance reaches the scores, so the softmax entry is zero by construction. A share the ledger does not know (an
+additive attention bias such as BEiT's relative-position table, a mask) shows as a closure gap rather than being
+hidden in a remainder.
 """
 from __future__ import annotations
 
@@ -96,8 +97,8 @@ class ConservationLedger(Result):
 
     def summary(self) -> str:
         shares = ", ".join(f"{e} {significant(v)}" for e, v in self.pooled_shares().items())
-        return (f"{self.model_name or 'model'}: {self.method} ledger over {len(self.score)} images, share of the score: "
-                f"{shares}; closes to {significant(float(self.closure().max()))} relative ({self.dtype})")
+        return (f"{self.model_name or 'model'}: {self.method} ledger over {len(self.score)} images, share of the "
+                f"score: {shares}; closes to {significant(float(self.closure().max()))} relative ({self.dtype})")
 
     def entry_rows(self) -> list[dict]:
         """The small table the app and the report show: one row per entry (summed over images), its share of the
@@ -105,8 +106,8 @@ class ConservationLedger(Result):
         words = {"input": "input pixels", "position": "position table", "prefix": "prefix tokens",
                  "biases": "biases", "softmax": "softmax (absorbed)"}
         total = float(self.score.sum())
-        rows = [{"entry": words[e], "relevance": float(getattr(self, e).sum()), "share": float(getattr(self, e).sum()) / total}
-                for e in ENTRIES]
+        rows = [{"entry": words[e], "relevance": float(getattr(self, e).sum()),
+                 "share": float(getattr(self, e).sum()) / total} for e in ENTRIES]
         rows.append({"entry": "target score", "relevance": total, "share": 1.0})
         rows.append({"entry": f"closure (max relative gap, {self.dtype})", "relevance": float(self.closure().max()),
                      "share": float("nan")})
@@ -171,7 +172,10 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
         raise InvalidParameterError(f"{method} takes {', '.join(entry.defaults) or 'no parameters'}; "
                                     f"got {', '.join(sorted(unknown))}.")
     method_params = {**entry.defaults, **params}
-    rules = entry.fn.rules(method_params)
+    fn = entry.fn
+    if not isinstance(fn, AttnLRPMaps):  # lrp_methods lists the entries whose function is one
+        raise InvalidParameterError(f"{method}'s function is not an AttnLRP one; the ledger splits only those.")
+    rules = fn.rules(method_params)
     model = copy.deepcopy(m.model)
     if float64:
         model = model.double()
@@ -224,6 +228,9 @@ def _one(cm: LoadedModel, x: torch.Tensor, target: int | None, params: dict[str,
     finally:
         SOFTMAX_RECORD.pairs = None
     entries = {e: 0.0 for e in ENTRIES}
+    if xi.grad is None:
+        raise InvalidParameterError("the logit did not reach the input pixels, so the ledger has no input entry; "
+                                    "pass a model whose output is differentiable in its input.")
     entries["input"] = float((xi.detach() * xi.grad).sum())
     for name, p in params.items():
         entry = _entry_of(name)

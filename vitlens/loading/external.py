@@ -263,7 +263,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
             config.mask_ratio = 0.0
         refuse_too_large(ref, config.to_dict())
         arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = transformers_class(transformers, config, arch)
+        # a transformers model class, called through its loading API (from_pretrained, _from_config)
+        cls: Any = transformers_class(transformers, config, arch)
         if arch is not None and not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
             raise UnsupportedModelError(
                 f"Refused hf:{ref}: its config.json names the architecture {arch!r}, which is not a transformers "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -115,9 +115,10 @@ def run_clip(m: Any, clip: Any, fps: float | None, batch_size: int, views: Seque
     t0 = time.perf_counter()
     sampled = sampled_clip(clip, m)
     x = vl.clip_pixel_values(sampled, m)
-    rate = sampled_fps(fps, x.shape[1], sampled.source_frames)
+    total = cast(int, sampled.source_frames)  # Clip.__post_init__ always sets it
+    rate = sampled_fps(fps, x.shape[1], total)
     a = vl.analyze(m, x, batch_size=batch_size, views=tuple(views or vl.available_views(m)), fps=rate)
-    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, sampled.source_frames, rate)
+    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, total, rate)
 
 
 def run_figures(run: ClipRun) -> dict[str, go.Figure]:

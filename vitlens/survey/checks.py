@@ -61,7 +61,10 @@ def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool)
     """Record a checkpoint's path, architecture and the sha256 of its file in its manifest entry;
     when the file's weights changed since its shards were written, set those shards aside (kept)
     so that they are computed again from the new weights, and say so in one line."""
-    path, arch = checkpoint_of(name)  # type: ignore[misc]
+    found = checkpoint_of(name)
+    if found is None:  # the caller checks first: only a checkpoint has a file to hash
+        raise InvalidParameterError(f"{name!r} is not a local checkpoint named PATH@ARCH.")
+    path, arch = found
     full = Path(path).expanduser().resolve()
     digest = file_sha256(full) if full.is_file() else None  # a missing file fails when the worker loads it
     old = (entry.get("checkpoint") or {}).get("sha256")

@@ -149,9 +149,9 @@ def survey(
 
 
 def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSource, images: Any,
-                   address: str | None, batch_size: int, shard_size: int, views: Sequence[str], num_gpus_per_worker: float,
-                   num_cpus_per_worker: int, pretrained: bool, max_images: int | None, strict: bool,
-                   renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
+                   address: str | None, batch_size: int, shard_size: int, views: Sequence[str],
+                   num_gpus_per_worker: float, num_cpus_per_worker: int, pretrained: bool, max_images: int | None,
+                   strict: bool, renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
     if isinstance(images, ImageSource) and max_images and len(source) > max_images:
         source = ImageSource.from_dict({**source.to_dict(), "files": source.files[:max_images],
                                         "labels": source.labels[:max_images]} if source.lists_files else

@@ -31,8 +31,9 @@ def consumers_for(m: LoadedModel, views: tuple[str, ...], num_classes: int,
     out: dict[str, Any] = {}
     known = survey_views()
     for name in views:
-        if known[name].build is not None:
-            consumer = known[name].build(m, num_classes, renormalize)
+        build = known[name].build
+        if build is not None:
+            consumer = build(m, num_classes, renormalize)
             if consumer is not None:
                 out[name] = consumer
     return out
