@@ -38,6 +38,7 @@ from ..results import Result, significant
 from ..errors import InvalidParameterError
 from .lrp import AttnLRPMaps, LRPRules, attnlrp_mode
 from .lrp_rules import SOFTMAX_RECORD
+from .methods import METHOD_TABLE
 
 POSITION = ("pos_embed", "positional_embedding", "position_embedding", "position_embeddings", "pos_embedding")
 PREFIX = ("cls_token", "class_token", "class_embedding", "reg_token", "register_tokens", "dist_token")
@@ -134,8 +135,6 @@ def lrp_methods() -> tuple[str, ...]:
     Returns:
         Their names, in table order.
     """
-    from .methods import METHOD_TABLE
-
     return tuple(name for name, mt in METHOD_TABLE.items() if isinstance(mt.fn, AttnLRPMaps))
 
 
@@ -161,8 +160,6 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
     Raises:
         InvalidParameterError: for a method that is not an AttnLRP method, or a parameter it does not take.
     """
-    from .methods import METHOD_TABLE
-
     if method not in lrp_methods():
         raise InvalidParameterError(f"the conservation ledger splits an LRP relevance: method must be one of "
                                     f"{', '.join(lrp_methods())}; got {method!r}.")
