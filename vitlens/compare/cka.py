@@ -32,6 +32,7 @@ from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
 from ..words import counted, value_range
+from ..views.registry import VIEWS
 
 ESTIMATORS = ("unbiased", "biased")
 TOKEN_POLICIES = ("cls", "mean", "patches")
@@ -204,8 +205,6 @@ def refuse_unread_blocks(spec: Any) -> None:
     why = kind.blocks_refusal if kind is not None else ""
     if not why:
         return
-    from ..views.registry import VIEWS
-
     pages = list(dict.fromkeys(v.shown_in or v.label for v in VIEWS.values()
                                if v.kind == "attention" and spec.kind in v.kinds))
     raise UnsupportedModelError(
