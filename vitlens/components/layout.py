@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..engine.sites import HookPoint, hook_points
+from ..engine.sites import HookPoint, hook_points, record
 from ..errors import InvalidParameterError, UnsupportedModelError, VitlensError
 from ..families import family_of
 from .refusals import refuse_other_blocks, refuse_other_openclip
+from .prenorm import head_attention, mha_qkv
 
 #: the structures read, by (module prefix, class names); the first that matches names the model's structure
 STRUCTURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -196,8 +197,6 @@ class Layout:
     def probs(self, i: int, seen: dict[str, torch.Tensor]) -> torch.Tensor:
         """Block i's attention probabilities [B, H, N, N], float64, recomputed from the queries and keys its sites
         saw (``softmax(q k^T * scale)``; timm's through its ``q_norm`` / ``k_norm``)."""
-        from .prenorm import head_attention, mha_qkv
-
         s = self.sites[i]
         if s.mha is not None:
             q, k, _ = mha_qkv(s.mha, seen[f"blocks.{i}.ln1.hook_normalized"])
@@ -295,8 +294,6 @@ def residual_stream(layout: Layout, pixels: torch.Tensor, with_probs: bool = Fal
     """``(stream, output, probs)``: the residual entering block 1 and leaving each block (L + 1 entries, depth 0 the
     embeddings; ``blocks.{i}.hook_resid_pre`` / ``hook_resid_post``), the model's output (``Layout.run``) and, with
     ``with_probs``, each block's attention probabilities [B, H, N, N] in float64 (``Layout.probs``)."""
-    from ..engine.sites import record
-
     points = layout.points()
     n = len(layout.blocks)
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(n)]
@@ -343,8 +340,6 @@ def read_sites(model: object, pixels: torch.Tensor, names: list[str] | None = No
     Returns:
         Each site's value by name.
     """
-    from ..engine.sites import record
-
     module = getattr(model, "model", model)
     if not isinstance(module, nn.Module):
         raise UnsupportedModelError(f"read_sites reads a LoadedModel or a torch module; got {type(model).__name__}.")
