@@ -27,9 +27,15 @@ from torch import nn
 
 from ..core.spec import ModelSpec
 from ..core.tokens import TokenLayout
-from ..errors import UnsupportedModelError
+from ..errors import UnsupportedModelError, ViewNotAvailableError
 from .base import CaptureRequest, Handles, refuse_other_size
 from .common.patches import PatchEmbedding, patch_embedding
+from .common.openclip import install_attentional_pool
+from .common.openclip import open_clip_data_config
+from .common.openclip import is_sincos
+from .common.openclip import encode_image
+from .common.openclip import is_open_clip
+from .common.openclip import visual_of
 
 
 class Layout:
@@ -136,8 +142,6 @@ class Layout:
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
         """Side capture of the model's attention pool (``Family.install_pool``)."""
-        from ..errors import ViewNotAvailableError
-
         raise ViewNotAvailableError(f"{name} pools without an attention pool vitlens reads, so there is no pool "
                                     "attention to show.")
 
@@ -284,13 +288,9 @@ class OpenClipLayout(Layout):
 
     @staticmethod
     def _visual(model: nn.Module) -> nn.Module:
-        from .common.openclip import visual_of
-
         return visual_of(model)
 
     def matches(self, model: nn.Module) -> bool:
-        from .common.openclip import is_open_clip
-
         if not is_open_clip(model):
             return False
         from open_clip.transformer import VisionTransformer
@@ -333,13 +333,9 @@ class OpenClipLayout(Layout):
         return built[0], built[1]
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        from .common.openclip import encode_image
-
         return encode_image(model, x)
 
     def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        from .common.openclip import is_sincos
-
         visual = self._visual(model)
         if is_sincos(visual, self.declared_grid(model)):
             return None  # a fixed 2-D sin-cos table, not a learned one
@@ -349,13 +345,9 @@ class OpenClipLayout(Layout):
         return int(self._visual(model).transformer.width)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .common.openclip import open_clip_data_config
-
         return open_clip_data_config(model, spec)
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
-        from .common.openclip import install_attentional_pool
-
         install_attentional_pool(model, capture, handles)
 
 

@@ -22,6 +22,14 @@ from ..errors import UnsupportedModelError
 from .base import CaptureRequest, Handles, refuse_other_size
 from .common.patches import flat_temporal_patches, patch_embedding
 from .layouts import Layout, register_layout
+from .common.sdpa_calls import install_pool_call_capture
+from .common.mha import install_probe_pool, probe_attention
+from .common.hf import IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults, tower_type
+from .common.windows import pair
+from .common.hf import config_image_size
+from .common.hf import is_hf_model
+from .common.hf import resize_inputs
+from .common.hf import vision_tower
 
 
 #: ``name``: where a transformers model's list of layers may be, most usual first
@@ -33,8 +41,6 @@ def _hf_tower(model: nn.Module) -> nn.Module:
     """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
     or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
     it wraps (Kosmos-2's vision model)."""
-    from .common.hf import vision_tower
-
     tower = vision_tower(model)
     for attr in ("base_model", "model"):
         if hasattr(tower, "embeddings"):
@@ -102,8 +108,6 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Modul
 def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
     """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
     ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
-    from .common.hf import resize_inputs
-
     return {"pixel_values": x, **resize_inputs(model, x, fn)}
 
 
@@ -116,8 +120,6 @@ class HuggingFaceLayout(Layout):
                   "scaled_dot_product_attention call the generic capture reads")
 
     def matches(self, model: nn.Module) -> bool:
-        from .common.hf import is_hf_model
-
         return is_hf_model(model) and _hf_parts(model) is not None
 
     def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]]:
@@ -257,14 +259,9 @@ class HuggingFaceLayout(Layout):
         return TokenLayout(front.tokens + (PrefixToken("detection"),) * n, front.grids)
 
     def _built_size(self, model: nn.Module) -> tuple[int, int]:
-        from .common.hf import config_image_size
-        from .common.windows import pair
-
         return pair(config_image_size(self._parts(model)[0].config))
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
-        from .common.windows import pair
-
         if self._merge(model) or self._positioned(model):
             return None  # (any size: its positions are given with its patches)
         size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
@@ -347,9 +344,6 @@ class HuggingFaceLayout(Layout):
         return int(model.config.num_labels) if "ForImageClassification" in type(model).__name__ else 0
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults,
-                                tower_type)
-
         defaults = processor_defaults(tower_type(model)) or ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN,
                                                                               IMAGENET_STD, "bicubic")
         return data_config_of(model, spec, defaults, self.patch_embedding(model).in_channels)
@@ -358,9 +352,6 @@ class HuggingFaceLayout(Layout):
         """An attention-pooling head: a learned probe through one ``nn.MultiheadAttention`` (Phi-4-multimodal's
         head, SigLIP's kind), read from that module's own in-projection (``common.mha.install_probe_pool``); else
         one SDPA call of its queries over the tokens (AIMv2's ``head``), read at that call."""
-        from .common.mha import install_probe_pool, probe_attention
-        from .common.sdpa_calls import install_pool_call_capture
-
         tower = self._parts(model)[0]
         head = getattr(tower, "head", None)
         if not isinstance(head, nn.Module) or not getattr(tower, "use_head", True) or \
