@@ -27,6 +27,9 @@ from ..views.spacetime import SpaceTimeDistanceResult
 from ..words import counted
 from .data import ReportData
 from .html import figure_html, html_table, page_html
+from vitlens.environment import versions
+import vitlens as vl
+from vitlens.clips import sampled_clip
 
 #: the registry's names of the two views of the clip itself (the others are of the weights)
 DISTANCE, ROLLOUT = "spacetime_distance", "spacetime_rollout"
@@ -86,8 +89,6 @@ def model_frames(pixels: Any, m: Any) -> np.ndarray:
     """A preprocessed clip [frames, 3, H, W] back to uint8 [frames, H, W, 3], as the model sees it (after the
     resize and crop): the preprocessing is affine per channel after the crop, so it is inverted from what it makes
     of an all-0 and an all-255 clip (``clip_pixel_values``), whatever the processor's statistics."""
-    import vitlens as vl
-
     f, _, h, w = pixels.shape
     ends = [vl.clip_pixel_values(np.full((f, h, w, 3), v, np.uint8), m)[0, 0, :, 0, 0].double() for v in (0, 255)]
     scale = (ends[1] - ends[0]) / 255.0
@@ -109,8 +110,6 @@ def run_clip(m: Any, clip: Any, fps: float | None, batch_size: int, views: Seque
     kept, each resized as it decodes)."""
     import time
 
-    import vitlens as vl
-    from vitlens.clips import sampled_clip
 
     t0 = time.perf_counter()
     sampled = sampled_clip(clip, m)
@@ -231,9 +230,6 @@ def video_command(args: Any, names: Sequence[str], compare: bool, log: Callable[
     first frame is read (so the file, its frame count and its frame size are checked) before any model is loaded,
     every model loaded (and checked to be a video model) before the first is run; each model then reads the frames
     it samples (issue 62: never the whole clip)."""
-    import vitlens as vl
-    from vitlens.environment import versions
-
     clip = vl.read_clip(args.video, 1)
     fps = args.fps if args.fps is not None else clip.fps
     image_set = clip_description(args.video, clip, fps, args.fps is not None)
