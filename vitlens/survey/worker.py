@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import VitlensError
+from ..errors import ViewNotAvailableError, VitlensError
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..engine.stream import stream_attention
@@ -67,8 +67,6 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
 def weight_views(m: LoadedModel) -> dict[str, Any]:
     """The weight-only views, once per model, as the registry summarises them (filter PCA's explained
     variance, E_pos structure); a view this model does not have is left out."""
-    from ..errors import ViewNotAvailableError
-
     out: dict[str, Any] = {}
     for view in VIEW_REGISTRY.values():
         if view.kind == "weights" and view.summary is not None:
@@ -91,6 +89,7 @@ class SurveyWorker:
 
     def _model(self) -> LoadedModel:
         if self.m is None:
+            # read at call time: tests patch load_model
             from ..loading import load_model
 
             torch.manual_seed(0)  # random-init models are the same in every worker
