@@ -17,11 +17,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ClipLoadError, ImageLoadError, InvalidParameterError
-from ..images import find_image_files
-from ..clips import CLIP_SUFFIXES
-from ..reference.shapes import CLASSES, HELD_OUT_SEED
-from ..reference.shapes import generate
-from ..clips import read_clip
+from ..images import check_resized, find_image_files, to_rgb
+from ..clips import CLIP_SUFFIXES, read_clip
+from ..reference.shapes import CLASSES, HELD_OUT_SEED, generate
 
 
 
@@ -121,9 +119,6 @@ class ImageSource:
         if self.kind == "shapes":
             data = generate(shard.stop - shard.start, seed=self.seed, start=shard.start)
             return list(data.images), data.labels, data.masks, []
-        # read at call time: tests patch to_rgb
-        from ..images import check_resized, to_rgb
-
         images, labels, skipped = [], [], []
         for i in range(shard.start, shard.stop):
             try:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import ViewNotAvailableError, VitlensError
+from ..loading import load_model
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..engine.stream import stream_attention
@@ -89,9 +90,6 @@ class SurveyWorker:
 
     def _model(self) -> LoadedModel:
         if self.m is None:
-            # read at call time: tests patch load_model
-            from ..loading import load_model
-
             torch.manual_seed(0)  # random-init models are the same in every worker
             device = "cuda" if self.use_gpu and torch.cuda.is_available() else "cpu"
             ckpt = checkpoint_of(self.name)
