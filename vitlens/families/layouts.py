@@ -30,12 +30,8 @@ from ..core.tokens import TokenLayout
 from ..errors import UnsupportedModelError, ViewNotAvailableError
 from .base import CaptureRequest, Handles, refuse_other_size
 from .common.patches import PatchEmbedding, patch_embedding
-from .common.openclip import install_attentional_pool
-from .common.openclip import open_clip_data_config
-from .common.openclip import is_sincos
-from .common.openclip import encode_image
-from .common.openclip import is_open_clip
-from .common.openclip import visual_of
+from .common.openclip import (encode_image, install_attentional_pool, is_open_clip, is_sincos, open_clip_data_config,
+                              visual_of)
 
 
 class Layout:

@@ -24,12 +24,9 @@ from .common.patches import flat_temporal_patches, patch_embedding
 from .layouts import Layout, register_layout
 from .common.sdpa_calls import install_pool_call_capture
 from .common.mha import install_probe_pool, probe_attention
-from .common.hf import IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults, tower_type
+from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, config_image_size, data_config_of, is_hf_model,
+                        processor_defaults, resize_inputs, tower_type, vision_tower)
 from .common.windows import pair
-from .common.hf import config_image_size
-from .common.hf import is_hf_model
-from .common.hf import resize_inputs
-from .common.hf import vision_tower
 
 
 #: ``name``: where a transformers model's list of layers may be, most usual first

@@ -39,12 +39,12 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 from ..kinds import VIT
-from .base import Adapter, CaptureAbilities, CaptureRequest, Family, Handles, family_of, refuse_other_size, register
+from .base import (Adapter, AttentionClassUnknown, CaptureAbilities, CaptureRequest, Family, Handles, family_of,
+                   refuse_other_size, register)
 from ..core.attention import conv_filters
 from .common.mha import MultiheadAttentionViT
 from .common.openclip import (encode_image, install_attentional_pool, is_open_clip, is_sincos, open_clip_data_config,
                               visual_of)
-from .base import AttentionClassUnknown
 
 
 class OpenClipViT(MultiheadAttentionViT):

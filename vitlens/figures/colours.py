@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from ..attribution.methods import method_label as label
-from ..attribution.methods import METHOD_TABLE
+from ..attribution.methods import METHOD_TABLE, method_label as label
 from ..loading.presets import PRESETS
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")

@@ -17,9 +17,8 @@ from torch import nn
 
 from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
 from .hub import hub_offline, hub_reachable
-from ..families.common.hf import implementation_request
+from ..families.common.hf import implementation_request, processor_data_config
 from .checkpoint import refuse_non_finite
-from ..families.common.hf import processor_data_config
 from ..memory import available_bytes
 
 HF_PREFIX, TORCHVISION_PREFIX, OPENCLIP_PREFIX = "hf:", "torchvision:", "open_clip:"

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..families import family_of
+from ..families import FAMILIES, family_of
 from ..families.base import AttentionClassUnknown
-from ..families import FAMILIES
 
 if TYPE_CHECKING:  # for the annotation only (families are imported where a tower is looked for)
     from ..families import Family

@@ -22,8 +22,7 @@ from ..engine.capture import capture_attention
 from ..engine.consumer import AttentionConsumer, query_rows
 from ..engine.stream import stream_attention
 from ..families.pooling import capture_pool_attention
-from .prefix import parked_heads
-from .prefix import prefix_mass
+from .prefix import parked_heads, prefix_mass
 
 
 def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
