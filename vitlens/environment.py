@@ -3,6 +3,7 @@ into every report's data file and every survey's manifest so a result says what 
 from __future__ import annotations
 
 import platform
+from ._version import __version__
 
 
 def versions(device: str | None = None) -> dict[str, str]:
@@ -10,7 +11,6 @@ def versions(device: str | None = None) -> dict[str, str]:
     import timm
     import torch
 
-    from ._version import __version__
 
     out = {"vitlens": __version__, "timm": timm.__version__, "torch": torch.__version__,
            "python": platform.python_version()}

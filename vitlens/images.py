@@ -238,8 +238,8 @@ def preprocess(images: Any, data_config: dict[str, Any]) -> torch.Tensor:
     """
     from timm.data import create_transform
 
-    cfg = {k: data_config[k] for k in ("input_size", "interpolation", "mean", "std", "crop_pct", "crop_mode")
-           if k in data_config}
+    cfg: dict[str, Any] = {k: data_config[k] for k in ("input_size", "interpolation", "mean", "std", "crop_pct",
+                                                         "crop_mode") if k in data_config}
     transform = create_transform(**cfg, is_training=False)
     items = [images] if isinstance(images, (Image.Image, str, Path, np.ndarray)) else list(images)
     if not items:
@@ -348,8 +348,9 @@ def iter_batches(images: Images, data_config: dict[str, Any], batch_size: int) -
             raise InvalidParameterError("No images given: pass at least one image.")
         for i in range(0, len(images), batch_size):
             chunk = images[i : i + batch_size]
-            if all(isinstance(c, torch.Tensor) for c in chunk):
-                yield torch.stack([c if c.ndim == 3 else c[0] for c in chunk])
+            tensors = [c for c in chunk if isinstance(c, torch.Tensor)]
+            if len(tensors) == len(chunk):
+                yield torch.stack([c if c.ndim == 3 else c[0] for c in tensors])
             else:
                 yield preprocess(list(chunk), data_config)
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from typing import Callable, Union
+from .words import printable
 
 ProgressFn = Callable[[int, "int | None"], None]
 ProgressArg = Union[bool, ProgressFn, None]
@@ -67,8 +68,6 @@ class Progress:
     def note(self, text: str) -> None:
         """A line for the person watching (beside a tqdm bar, on stderr); callables and silence get none."""
         if self._bar is not None:
-            from .words import printable
-
             self._bar.write(printable(text), file=sys.stderr)
 
     def close(self) -> None:

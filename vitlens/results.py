@@ -21,7 +21,9 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from ._lazy import import_everything
 from .errors import InvalidParameterError
+from .result_schema import MAX_JSON_DEPTH, MAX_RESULT_BYTES, check_fields, fail, json_depth_ok
 
 T = TypeVar("T", bound="Result")
 _REGISTRY: dict[str, type["Result"]] = {}
@@ -36,7 +38,6 @@ def _load_every_kind() -> None:
     is named here."""
     import sys
 
-    from ._lazy import import_everything
 
     import_everything(sys.modules[__name__.rpartition(".")[0]])
 
@@ -86,6 +87,7 @@ def _current_umask() -> int:
 
 
 def _encode(value: Any) -> Any:
+    # import cost: vitlens.core.spec imports torch, which this module does not at import
     from .core.spec import ModelSpec
 
     if isinstance(value, ModelSpec):
@@ -127,8 +129,6 @@ def _decode_array(value: dict, field: str | None) -> np.ndarray:
     """An encoded array, checked before any memory is taken for it: a plain numeric dtype (``ARRAY_KINDS``: no
     subarray, record or object dtype, whose one item may be megabytes), a shape of non-negative integers within
     the size a result may hold, and exactly that many numbers in the file."""
-    from .result_schema import MAX_RESULT_BYTES, fail
-
     path = _CHECKING.path or Path("<result>")
     try:
         dtype = np.dtype(str(value.get("dtype")))
@@ -156,6 +156,7 @@ def _decode(value: Any, field: str | None = None) -> Any:
         if "__ndarray__" in value:
             return _decode_array(value, field)
         if "__spec__" in value:
+            # import cost: vitlens.core.spec imports torch, which this module does not at import
             from .core.spec import ModelSpec
 
             return ModelSpec.from_dict(_decode(value["__spec__"]))
@@ -263,8 +264,6 @@ class Result:
         names = {f.name for f in dataclasses.fields(target)}
         values = {k: v for k, v in d.items() if k in names}
         if _CHECKING.path is not None:  # loading a file: each field checked, and any failure names it
-            from .result_schema import check_fields, fail
-
             check_fields(_CHECKING.path, target, values)
             try:
                 # the ignore below: the registry maps the kind to a subclass of cls (checked above)
@@ -282,8 +281,6 @@ class Result:
         path = Path(path)
         if path.suffix not in (".json", ".npz"):
             raise InvalidParameterError(f"Load results from .json or .npz, not {path.suffix or 'no suffix'!r}.")
-        from .result_schema import fail
-
         not_a_file = _not_a_file(path)
         if not_a_file:
             raise InvalidParameterError(f"{not_a_file} Check the path.")
@@ -395,7 +392,6 @@ def _read_checked(path: Path) -> Any:
     """The decoded contents of a result file, its size bounded before anything is inflated or parsed deep."""
     import zipfile
 
-    from .result_schema import MAX_JSON_DEPTH, MAX_RESULT_BYTES, fail, json_depth_ok
 
     if path.suffix == ".json":
         if path.stat().st_size > MAX_RESULT_BYTES:

@@ -26,6 +26,8 @@ from .baselines import baseline_image, prompt_embeddings, score_name
 from .tower_targets import scores_own_output, unit_outputs
 from .methods import AttributionResult
 from ..words import counted
+from .protocols import check_ordering, protocol as get_protocol
+from .perturbation import removal_masks
 
 
 
@@ -110,8 +112,6 @@ def _petsiuk(m: LoadedModel, images: Images, attribution: AttributionResult, ord
     """RISE's CausalMetric (Petsiuk et al. 2018): W pixels a step over H steps of the upsampled map's pixel order,
     deletion to 0 (normalised), insertion from ``rise_blur``; score the target's probability (or prompt
     similarity); AUC the trapezoid over i / n_steps."""
-    from .perturbation import removal_masks
-
     text, own = prompt_embeddings(m, attribution), scores_own_output(m, attribution.target_kind)
     dels, ins, offset, fractions = [], [], 0, np.zeros(1)
     for x in iter_batches(images, m.data_config, batch_size):
@@ -177,8 +177,6 @@ def deletion_insertion(m: LoadedModel, images: Images, attribution: AttributionR
     Raises:
         InvalidParameterError: ``steps`` < 1 or an unknown baseline.
     """
-    from .protocols import check_ordering, protocol as get_protocol
-
     ordering = check_ordering(get_protocol("deletion_insertion", protocol).ordering if ordering is None else ordering)
     if protocol == "petsiuk2018":
         return _petsiuk(m, images, attribution, ordering, batch_size)

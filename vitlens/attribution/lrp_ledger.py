@@ -16,8 +16,9 @@ gradient x input form under the rules (``attnlrp_mode``), one image at a time:
 The five add up to the target score (``closure``): in float64 to rounding, which the tests check on a timm ViT,
 a hybrid and an open_clip tower. The ledger is drawn up for AttnLRP's variants too (``method="attnlrp_gamma"`` or
 ``"cp_lrp"``): under the γ-rule a bias keeps its amplified share (its gradient says so), and under CP-LRP no
-relevance reaches the scores, so the softmax entry is zero by construction. A share the ledger does not know (an additive attention bias such as BEiT's
-relative-position table, a mask) shows as a closure gap rather than being hidden in a remainder.
+relevance reaches the scores, so the softmax entry is zero by construction. A share the ledger does not know (an
+additive attention bias such as BEiT's relative-position table, a mask) shows as a closure gap rather than being
+hidden in a remainder.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from ..results import Result, significant
 from ..errors import InvalidParameterError
 from .lrp import AttnLRPMaps, LRPRules, attnlrp_mode
 from .lrp_rules import SOFTMAX_RECORD
+from .methods import METHOD_TABLE
 
 POSITION = ("pos_embed", "positional_embedding", "position_embedding", "position_embeddings", "pos_embedding")
 PREFIX = ("cls_token", "class_token", "class_embedding", "reg_token", "register_tokens", "dist_token")
@@ -96,8 +98,8 @@ class ConservationLedger(Result):
 
     def summary(self) -> str:
         shares = ", ".join(f"{e} {significant(v)}" for e, v in self.pooled_shares().items())
-        return (f"{self.model_name or 'model'}: {self.method} ledger over {len(self.score)} images, share of the score: "
-                f"{shares}; closes to {significant(float(self.closure().max()))} relative ({self.dtype})")
+        return (f"{self.model_name or 'model'}: {self.method} ledger over {len(self.score)} images, share of the "
+                f"score: {shares}; closes to {significant(float(self.closure().max()))} relative ({self.dtype})")
 
     def entry_rows(self) -> list[dict]:
         """The small table the app and the report show: one row per entry (summed over images), its share of the
@@ -105,8 +107,8 @@ class ConservationLedger(Result):
         words = {"input": "input pixels", "position": "position table", "prefix": "prefix tokens",
                  "biases": "biases", "softmax": "softmax (absorbed)"}
         total = float(self.score.sum())
-        rows = [{"entry": words[e], "relevance": float(getattr(self, e).sum()), "share": float(getattr(self, e).sum()) / total}
-                for e in ENTRIES]
+        rows = [{"entry": words[e], "relevance": float(getattr(self, e).sum()),
+                 "share": float(getattr(self, e).sum()) / total} for e in ENTRIES]
         rows.append({"entry": "target score", "relevance": total, "share": 1.0})
         rows.append({"entry": f"closure (max relative gap, {self.dtype})", "relevance": float(self.closure().max()),
                      "share": float("nan")})
@@ -133,8 +135,6 @@ def lrp_methods() -> tuple[str, ...]:
     Returns:
         Their names, in table order.
     """
-    from .methods import METHOD_TABLE
-
     return tuple(name for name, mt in METHOD_TABLE.items() if isinstance(mt.fn, AttnLRPMaps))
 
 
@@ -160,8 +160,6 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
     Raises:
         InvalidParameterError: for a method that is not an AttnLRP method, or a parameter it does not take.
     """
-    from .methods import METHOD_TABLE
-
     if method not in lrp_methods():
         raise InvalidParameterError(f"the conservation ledger splits an LRP relevance: method must be one of "
                                     f"{', '.join(lrp_methods())}; got {method!r}.")
@@ -171,7 +169,10 @@ def attnlrp_ledger(m: LoadedModel, images: Images, target: int | Sequence[int] |
         raise InvalidParameterError(f"{method} takes {', '.join(entry.defaults) or 'no parameters'}; "
                                     f"got {', '.join(sorted(unknown))}.")
     method_params = {**entry.defaults, **params}
-    rules = entry.fn.rules(method_params)
+    fn = entry.fn
+    if not isinstance(fn, AttnLRPMaps):  # lrp_methods lists the entries whose function is one
+        raise InvalidParameterError(f"{method}'s function is not an AttnLRP one; the ledger splits only those.")
+    rules = fn.rules(method_params)
     model = copy.deepcopy(m.model)
     if float64:
         model = model.double()
@@ -224,6 +225,9 @@ def _one(cm: LoadedModel, x: torch.Tensor, target: int | None, params: dict[str,
     finally:
         SOFTMAX_RECORD.pairs = None
     entries = {e: 0.0 for e in ENTRIES}
+    if xi.grad is None:
+        raise InvalidParameterError("the logit did not reach the input pixels, so the ledger has no input entry; "
+                                    "pass a model whose output is differentiable in its input.")
     entries["input"] = float((xi.detach() * xi.grad).sum())
     for name, p in params.items():
         entry = _entry_of(name)

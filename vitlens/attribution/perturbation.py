@@ -44,9 +44,10 @@ from ..loading.model import LoadedModel
 from ..results import Result, significant
 from .baselines import baseline_image, prompt_embeddings, score_name
 from .tower_targets import scores_own_output, unit_outputs
-from .methods import AttributionResult
+from .methods import AttributionResult, map_grids
 from ..words import counted
 from .protocols import check_ordering, protocol as get_protocol
+from .imputation import noisy_linear_impute
 
 CHEFER_FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))  # 0 (unperturbed), 0.1, .., 0.9
 ROAD_PERCENTAGES: tuple[float, ...] = tuple(i / 10 for i in range(1, 10))  # 0.1, .., 0.9
@@ -164,8 +165,6 @@ def _check_fractions(fractions: Sequence[float], name: str) -> np.ndarray:
 
 
 def _check_maps(m: LoadedModel, attribution: AttributionResult) -> None:
-    from .methods import map_grids
-
     grids = map_grids(m, attribution.image_size)  # the patch grid; a hierarchical model's stage grids too (its CAMs)
     if tuple(attribution.grid) not in grids:
         raise InvalidParameterError(f"these {attribution.method} maps are on a {attribution.grid} grid, not this "
@@ -386,8 +385,6 @@ def road(m: LoadedModel, images: Images, attribution: AttributionResult, labels:
             higher is better) curves over ``percentages``, as accuracy with ``labels`` or the target's
             probability without (``score`` says which).
     """
-    from .imputation import noisy_linear_impute
-
     run = _Setup.of("road", m, attribution, labels, percentages, "percentages", protocol, granularity, ordering)
     rng = np.random.default_rng(seed)
 

@@ -54,6 +54,7 @@ from ..progress import Progress, ProgressArg
 from ..results import Result, significant
 from .methods import METHOD_TABLE, attribute, preselected_methods
 from ..words import counted
+from .faithfulness import readable_rows
 
 #: the verdict's one cutoff on the mean Spearman of |maps| (drawn on ``figures.sanity_figure``'s first panel)
 THRESHOLD = 0.5
@@ -315,8 +316,6 @@ class SanityTable(Result):
 
     def readable_rows(self) -> list[dict]:
         """The rows as the app and the report show them (``faithfulness.readable_rows`` with ``COLUMN_LABELS``)."""
-        from .faithfulness import readable_rows
-
         return readable_rows(self.to_rows(), COLUMN_LABELS)
 
     def to_rows(self) -> list[dict]:

@@ -21,6 +21,7 @@ import torch
 
 from ..errors import InvalidParameterError
 from ..loading.model import LoadedModel
+from .text import has_text_tower
 
 #: what a map of the output's norm explains (its ``label_names``' one entry)
 OUTPUT_NORM = "the output's norm"
@@ -32,8 +33,6 @@ DIRECTION_SCORE = "cosine similarity to the direction"
 
 def is_headless(m: LoadedModel) -> bool:
     """A tower with neither a classifier head nor a text tower to score prompts with."""
-    from .text import has_text_tower
-
     return m.spec.num_classes <= 0 and not has_text_tower(m)
 
 

@@ -11,6 +11,7 @@ is, which is what the processors do by default (their ``do_sample_frames`` is of
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -93,12 +94,14 @@ class Clip:
 
     def times(self) -> np.ndarray | None:
         """Each frame's time in the source, seconds (``indices / fps``); None when the rate is unknown."""
-        return None if self.fps is None else self.indices / self.fps
+        # __post_init__ always sets indices (0 .. T-1 when none were given)
+        return None if self.fps is None else cast(np.ndarray, self.indices) / self.fps
 
     def sample(self, num_frames: int) -> "Clip":
         """The ``num_frames`` frames a model's processor takes from this clip (``sample_indices``)."""
         picked = sample_indices(self.num_frames, num_frames, self.name or "the clip")
-        return Clip(self.frames[picked], self.fps, self.name, self.indices[picked], self.source_frames)
+        indices = cast(np.ndarray, self.indices)  # set by __post_init__
+        return Clip(self.frames[picked], self.fps, self.name, indices[picked], self.source_frames)
 
     def __repr__(self) -> str:
         rate = f", {self.fps:g} fps" if self.fps else ""

@@ -14,7 +14,7 @@ scaled to the model's image size; ``VideoProcessing.from_processor`` reads a loa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 import torch
@@ -125,7 +125,8 @@ def clip_pixel_values(clips: ClipSource | Sequence[ClipSource], model: Any,
         UnsupportedModelError: a model vitlens has no video processing for.
     """
     processing = processing or VideoProcessing.of(model)
-    items = list(clips) if isinstance(clips, (list, tuple)) else [clips]
+    # a list or tuple holds sources; anything else is one source (read_clip refuses what is none)
+    items: list[ClipSource] = list(clips) if isinstance(clips, (list, tuple)) else [cast(ClipSource, clips)]
     # a file's frames are sampled and resized as they decode (``read_clip``): never held at the file's size
     out = [processing.frames_to_pixels(read_clip(c, processing.num_frames, processing.shortest_edge).frames)
            for c in items]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
+from typing import Union, cast
 
 import numpy as np
 import torch
@@ -71,7 +71,7 @@ def read_clip(source: ClipSource, num_frames: int | None = None, shortest_edge: 
     if isinstance(source, Clip):
         return source if num_frames is None else source.sample(num_frames)
     if isinstance(source, (np.ndarray, torch.Tensor)):
-        clip = Clip(source)
+        clip = Clip(cast(np.ndarray, source))  # Clip.__post_init__ turns a tensor into an array
         return clip if num_frames is None else clip.sample(num_frames)
     if not isinstance(source, (str, Path)):
         raise InvalidParameterError(f"A clip is a video file, a GIF, a folder of frames or a [T, H, W, 3] uint8 "
@@ -165,6 +165,8 @@ class _Kept:
         self.frames[self.slot[index]] = frame
 
     def clip(self, fps: float | None, name: str, total: int) -> Clip:
+        if self.frames is None:
+            raise ClipLoadError(f"{self.what}: no frame could be read; check that the source holds frames.")
         return Clip(self.frames, fps, name, self.wanted, total)
 
 

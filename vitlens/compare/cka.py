@@ -17,7 +17,7 @@ interval of each cell is a percentile bootstrap over minibatches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
 from ..words import counted, value_range
+from ..views.registry import VIEWS
 
 ESTIMATORS = ("unbiased", "biased")
 TOKEN_POLICIES = ("cls", "mean", "patches")
@@ -193,9 +194,9 @@ def default_layers(m: LoadedModel) -> list[str]:
 
 def refuse_unread_blocks(spec: Any) -> None:
     """Refuse, in one line, CKA by block for a model whose blocks this comparison does not read (its kind's
-    ``Kind.blocks_refusal``): CKA compares representations, each block's output tokens image by image, and says why this model's cannot be
-    compared here; the app's hint names its own pages that show the model's attention (the registry's attention
-    views defined for the model's kind, by the page that shows each).
+    ``Kind.blocks_refusal``): CKA compares representations, each block's output tokens image by image, and says why
+    this model's cannot be compared here; the app's hint names its own pages that show the model's attention (the
+    registry's attention views defined for the model's kind, by the page that shows each).
 
     Raises:
         UnsupportedModelError: ``spec.kind`` is a kind with a ``blocks_refusal``.
@@ -204,8 +205,6 @@ def refuse_unread_blocks(spec: Any) -> None:
     why = kind.blocks_refusal if kind is not None else ""
     if not why:
         return
-    from ..views.registry import VIEWS
-
     pages = list(dict.fromkeys(v.shown_in or v.label for v in VIEWS.values()
                                if v.kind == "attention" and spec.kind in v.kinds))
     raise UnsupportedModelError(
@@ -253,6 +252,8 @@ def _tokens(x: Any, side: _Side, policy: str, grid: tuple[int, int] | None) -> t
     else:
         raise InvalidParameterError(f"A layer of {side.name} gave a {x.ndim}-D output; CKA takes tokens [n, T, D] "
                                     "or feature maps [n, C, H, W].")
+    if grid is None:
+        raise InvalidParameterError("token_policy='patches' needs the grid both models' feature maps are pooled to.")
     if tuple(x.shape[-2:]) != grid:  # the "patches" policy: both models on one grid
         x = F.adaptive_avg_pool2d(x, grid) if x.shape[-2] >= grid[0] and x.shape[-1] >= grid[1] else \
             F.interpolate(x, size=grid, mode="bilinear", align_corners=False)
@@ -337,7 +338,8 @@ def cka(
     if token_policy == "patches" and grid is None:
         grids = [g for g in (a.grid, b.grid) if g is not None]
         grid = min(grids, key=lambda g: g[0] * g[1]) if grids else (7, 7)
-    images = images if isinstance(images, torch.Tensor) else list(images)
+    # read once, for both models' batches (a tensor is sliced as it is)
+    images = images if isinstance(images, torch.Tensor) else list(cast(Iterable[Any], images))
     acc = MinibatchCKA(len(a.layers), len(b.layers), estimator)
     pending: tuple[list, list] | None = None
     with Progress(progress, count_images(images), "CKA") as bar:

@@ -104,7 +104,8 @@ class HeadAblation(SiteSession):
     def _hook(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         if self.plan is None:  # the intact run: collect the per-token sums
             s = x.detach().double().sum(0)
-            self.sums[layer] = s if self.sums[layer] is None else self.sums[layer] + s
+            before = self.sums[layer]
+            self.sums[layer] = s if before is None else before + s
             return None
         d = x.shape[-1] // self.heads
         x = x.clone()
@@ -144,9 +145,10 @@ def head_importance(
         raise InvalidParameterError(f"{m.spec.name} has no classifier head, so no prediction to lose.")
     refuse_other_maps(m.spec, "head importance (heads per layer, set against attention distance)")
     points = family_sites(m)  # where each block's heads meet, as the family declares it (attn.hook_z)
-    sites = [getattr(points.get(f"blocks.{i}.attn.hook_z"), "module", None)
+    found = [getattr(points.get(f"blocks.{i}.attn.hook_z"), "module", None)
              for i in range(len(m.family.attention_modules(m.model)))]
-    if any(s is None for s in sites):
+    sites: list[torch.nn.Module] = [s for s in found if s is not None]
+    if len(sites) != len(found):
         raise UnsupportedModelError(f"{m.spec.family} models expose no module where the heads' outputs meet, so "
                                     "vitlens cannot remove one head at a time.")
     x_all = torch.cat(list(iter_batches(images, m.data_config, batch_size))).to(m.device)
@@ -163,7 +165,11 @@ def head_importance(
                      f"({ablation}-ablation)")
         base = torch.cat([m.forward(x_all[i: i + batch_size]).float() for i in range(0, n, batch_size)])
         bar.update(n)
-        ablate.means = [s / n for s in ablate.sums]
+        sums = [s for s in ablate.sums if s is not None]
+        if len(sums) != len(ablate.sums):
+            raise UnsupportedModelError(f"{m.spec.name}: a block's heads were not seen in the forward, so vitlens "
+                                        "cannot remove one head at a time.")
+        ablate.means = [s / n for s in sums]
         pred = base.argmax(-1)
         base_logit = base.gather(1, pred[:, None])[:, 0]
         drop = np.zeros((layers, heads))
@@ -191,6 +197,6 @@ def head_importance(
                 bar.update(done)
     base_acc = float((pred.cpu().numpy() == labels).mean()) if labels is not None else None
     return HeadImportanceResult(
-        logit_drop=drop / n, accuracy_drop=None if labels is None else base_acc - correct / n,
+        logit_drop=drop / n, accuracy_drop=None if base_acc is None else base_acc - correct / n,
         base_logit=float(base_logit.mean()), base_accuracy=base_acc, ablation=ablation, n_images=n, forwards=total,
         model_name=m.spec.name)

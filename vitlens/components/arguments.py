@@ -31,7 +31,8 @@ def index(value: Any, what: str, size: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (Integral, Real)) or \
             (not isinstance(value, Integral) and not (math.isfinite(float(value)) and float(value).is_integer())):
         raise InvalidParameterError(f"{what} must be a whole number (an index); got {value!r}.")
-    i = int(value)
+    # a whole Real (a float, a numpy float) by the check above, which reads it through float too
+    i = int(value) if isinstance(value, Integral) else int(float(value))
     if i < 0 or (size is not None and i >= size):
         where = f"in [0, {size})" if size is not None else ">= 0"
         raise InvalidParameterError(f"{what} must be an index {where}; got {i}.")
@@ -68,7 +69,8 @@ def fixed_input_size(module: nn.Module) -> tuple[int, int] | None:
     """The one input size a model runs at, where it declares it and refuses others (None: any size, or unknown):
     a timm ViT whose patch embedding is strict and not dynamic, a torchvision ViT."""
     embed = getattr(module, "patch_embed", None)
-    if embed is not None and getattr(embed, "strict_img_size", False) and not getattr(module, "dynamic_img_size", False):
+    if embed is not None and getattr(embed, "strict_img_size", False) and \
+            not getattr(module, "dynamic_img_size", False):
         size = getattr(embed, "img_size", None)
         if isinstance(size, (tuple, list)) and len(size) == 2:
             return int(size[0]), int(size[1])

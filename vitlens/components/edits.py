@@ -10,7 +10,7 @@ recomputed in float64 from its input and a change ``delta`` made to them is adde
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 
@@ -56,11 +56,11 @@ class ComponentSites(SiteSession):
         self._where: dict[str, tuple[str, int, Edit]] = {}
         self._inputs: dict[int, torch.Tensor] = {}
         self._layout = layout
-        edits = list(edit) if isinstance(edit, (list, tuple)) else [edit] * len(chosen)
+        edits: list[Edit] = list(edit) if isinstance(edit, (list, tuple)) else [cast(Edit, edit)] * len(chosen)
         for n, ((kind, l), fn) in enumerate(zip(chosen, edits)):
             block = f"blocks.{l}."
             if kind == "head" and layout.sites[l].out_proj is None:  # the fused projection: its input and output
-                mha = layout.sites[l].mha
+                mha = cast(torch.nn.MultiheadAttention, layout.sites[l].mha)  # no out_proj: the fused mha (BlockSites)
                 names = {block + "attn.hook_mha_in": HookPoint(mha, "input"),
                          block + "attn.hook_mha_out": HookPoint(mha)}
             elif kind == "layer":
@@ -86,7 +86,8 @@ class ComponentSites(SiteSession):
             new = edit(kind, l, change)
             return None if new is change else before + new
         if name.endswith("hook_mha_out"):
-            mha = self._layout.sites[l].mha
+            # hook_mha_out is placed only on a block whose mha is set (__init__)
+            mha = cast(torch.nn.MultiheadAttention, self._layout.sites[l].mha)
             heads = mha_heads(mha, self._inputs[int(n)])
             new = edit(kind, l, heads)
             if new is heads:

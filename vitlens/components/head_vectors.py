@@ -5,7 +5,7 @@ along a direction ``u`` it is ``decompose``'s head part summed over tokens (test
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -16,6 +16,8 @@ from .layout import structure
 from .linearise import held_sigma, is_identity
 
 Readout = Callable[[torch.Tensor], torch.Tensor]
+#: one layer's (attention probabilities, values, output projection weight, layer scale or None)
+HeadLayer = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
 
 
 def _held(norm: nn.Module, t: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -36,11 +38,11 @@ def _writes(probs: torch.Tensor, v: torch.Tensor, w_o: torch.Tensor, gamma: torc
     return out * gamma.detach().double() if gamma is not None else out
 
 
-def _clip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[tuple[torch.Tensor, ...]], Readout, bool]:
+def _clip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[HeadLayer], Readout, bool]:
     vm = getattr(model, "vision_model", model)
     hf_clip.refuse_unless_supported(model)
     seen = hf_clip.capture(model, pixels)
-    layers = [(*hf_clip.head_probs(seen, i, l), l.self_attn.out_proj.weight, None)
+    layers: list[HeadLayer] = [(*hf_clip.head_probs(seen, i, l), l.self_attn.out_proj.weight, None)
               for i, l in enumerate(vm.encoder.layers)]
     sigma = held_sigma(vm.post_layernorm, seen.pooled)[:, None, :]
     proj = getattr(model, "visual_projection", None)
@@ -51,10 +53,10 @@ def _clip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[tuple[torch.Tens
     return layers, read, False
 
 
-def _openclip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[tuple[torch.Tensor, ...]], Readout, bool]:
+def _openclip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[HeadLayer], Readout, bool]:
     openclip.refuse_unless_supported(model)
     seen = openclip.capture(model, pixels)
-    layers = []
+    layers: list[HeadLayer] = []
     for block, h_in in zip(model.transformer.resblocks, seen.attn_in):
         a = block.attn
         q, k, v = (t.reshape(*t.shape[:2], a.num_heads, a.head_dim).transpose(1, 2)
@@ -76,7 +78,7 @@ def _openclip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[tuple[torch.
     return layers, read, not tok
 
 
-def _siglip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[tuple[torch.Tensor, ...]], Readout, bool]:
+def _siglip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[HeadLayer], Readout, bool]:
     plan, seen = towers.read(model, pixels)
     layers = [(*prenorm.attention(b, seen, i), b.w_o, b.gamma1) for i, b in enumerate(plan.blocks)]
     z, x = seen.final_out.double(), seen.final_in.double()

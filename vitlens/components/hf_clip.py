@@ -26,14 +26,14 @@ def is_clip_tower(model: nn.Module) -> bool:
 class Seen:
     """What the hooks saw."""
 
-    patch: torch.Tensor | None = None
-    embeddings: torch.Tensor | None = None
+    patch: torch.Tensor
+    embeddings: torch.Tensor
+    pooled: torch.Tensor
+    features: torch.Tensor
     q: list[torch.Tensor] = field(default_factory=list)
     k: list[torch.Tensor] = field(default_factory=list)
     v: list[torch.Tensor] = field(default_factory=list)
     mlp: list[torch.Tensor] = field(default_factory=list)
-    pooled: torch.Tensor | None = None
-    features: torch.Tensor | None = None
 
 
 def refuse_unless_supported(model: nn.Module) -> None:
@@ -58,13 +58,12 @@ def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
             points[f"blocks.{i}.attn.hook_{name}"] = HookPoint(getattr(layer.self_attn, f"{name}_proj"))
         points[f"blocks.{i}.hook_mlp_out"] = HookPoint(layer.mlp)
     got, out = record(model, points, lambda: model(pixel_values=pixels))
-    seen = Seen(patch=got["hook_embed"], embeddings=got["embeddings.hook_out"], pooled=got["ln_final.hook_in"],
+    return Seen(patch=got["hook_embed"], embeddings=got["embeddings.hook_out"], pooled=got["ln_final.hook_in"],
+                features=out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output,
                 q=[got[f"blocks.{i}.attn.hook_q"] for i in range(len(layers))],
                 k=[got[f"blocks.{i}.attn.hook_k"] for i in range(len(layers))],
                 v=[got[f"blocks.{i}.attn.hook_v"] for i in range(len(layers))],
                 mlp=[got[f"blocks.{i}.hook_mlp_out"] for i in range(len(layers))])
-    seen.features = out.image_embeds if hasattr(out, "image_embeds") else out.pooler_output
-    return seen
 
 
 def head_probs(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

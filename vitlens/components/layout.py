@@ -12,16 +12,17 @@ by a direction over its embedding (a text embedding, a chosen vector) or a matri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..engine.sites import HookPoint, hook_points
+from ..engine.sites import HookPoint, hook_points, record
 from ..errors import InvalidParameterError, UnsupportedModelError, VitlensError
 from ..families import family_of
 from .refusals import refuse_other_blocks, refuse_other_openclip
+from .prenorm import head_attention, mha_qkv
 
 #: the structures read, by (module prefix, class names); the first that matches names the model's structure
 STRUCTURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -48,13 +49,16 @@ def structure(model: nn.Module) -> str | None:
     return None
 
 
-def refuse(module: nn.Module, name: str) -> None:
-    """Refuse, in one line and by name, a model no site map knows (the same refusal for every component analysis)."""
-    if structure(module) is None:
+def refuse(module: nn.Module, name: str) -> str:
+    """Refuse, in one line and by name, a model no site map knows (the same refusal for every component analysis);
+    the structure of one it knows."""
+    kind = structure(module)
+    if kind is None:
         raise UnsupportedModelError(
             f"{name} ({type(module).__name__}): the component analyses (direct contributions, logit lens, token "
             f"norms, patching, mean-ablation) read {READ}; {type(module).__name__}'s blocks are not among them: "
             f"{_why_not(module)}.")
+    return kind
 
 
 def _why_not(module: nn.Module) -> str:
@@ -115,9 +119,7 @@ class Layout:
     """A model's blocks, their sites, its prefix tokens and its readout from the residual after the blocks."""
 
     def __init__(self, model: nn.Module, name: str = "") -> None:
-        kind = structure(model)
-        if kind is None:
-            refuse(model, name or type(model).__name__)
+        kind = refuse(model, name or type(model).__name__)
         self.model, self.kind = model, kind
         self.classifier: nn.Module | None = None
         self.num_registers = 0
@@ -181,20 +183,20 @@ class Layout:
             if s.out_proj is not None:
                 points[f"blocks.{i}.attn.hook_z"] = HookPoint(s.out_proj, "input")
             if s.mha is not None:
-                points[f"blocks.{i}.ln1.hook_normalized"] = HookPoint(s.norm1)
+                # the layouts that set mha set norm1 beside it (BlockSites)
+                points[f"blocks.{i}.ln1.hook_normalized"] = HookPoint(cast(nn.Module, s.norm1))
             elif s.qkv is not None:
                 points[f"blocks.{i}.attn.hook_qkv"] = HookPoint(s.qkv)
             else:
-                points[f"blocks.{i}.attn.hook_q"] = HookPoint(s.q)
-                points[f"blocks.{i}.attn.hook_k"] = HookPoint(s.k)
+                # neither mha nor qkv: the layout gave q and k (_hf_sites)
+                points[f"blocks.{i}.attn.hook_q"] = HookPoint(cast(nn.Module, s.q))
+                points[f"blocks.{i}.attn.hook_k"] = HookPoint(cast(nn.Module, s.k))
         points["ln_final.hook_in"] = HookPoint(self.final_norm, "input")
         return hook_points(self.model, points)
 
     def probs(self, i: int, seen: dict[str, torch.Tensor]) -> torch.Tensor:
         """Block i's attention probabilities [B, H, N, N], float64, recomputed from the queries and keys its sites
         saw (``softmax(q k^T * scale)``; timm's through its ``q_norm`` / ``k_norm``)."""
-        from .prenorm import head_attention, mha_qkv
-
         s = self.sites[i]
         if s.mha is not None:
             q, k, _ = mha_qkv(s.mha, seen[f"blocks.{i}.ln1.hook_normalized"])
@@ -202,8 +204,9 @@ class Layout:
             qkv = seen[f"blocks.{i}.attn.hook_qkv"]
             b, n, _ = qkv.shape
             q, k, _ = qkv.reshape(b, n, 3, s.heads, s.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            q_norm, k_norm = cast(tuple[nn.Module, nn.Module], s.qk_norm)  # timm's layout sets it beside qkv
             with torch.no_grad():
-                q, k = s.qk_norm[0](q), s.qk_norm[1](k)
+                q, k = q_norm(q), k_norm(k)
             return ((q.double() * s.scale) @ k.double().transpose(-2, -1)).softmax(dim=-1)
         else:
             q, k = seen[f"blocks.{i}.attn.hook_q"], seen[f"blocks.{i}.attn.hook_k"]
@@ -291,8 +294,6 @@ def residual_stream(layout: Layout, pixels: torch.Tensor, with_probs: bool = Fal
     """``(stream, output, probs)``: the residual entering block 1 and leaving each block (L + 1 entries, depth 0 the
     embeddings; ``blocks.{i}.hook_resid_pre`` / ``hook_resid_post``), the model's output (``Layout.run``) and, with
     ``with_probs``, each block's attention probabilities [B, H, N, N] in float64 (``Layout.probs``)."""
-    from ..engine.sites import record
-
     points = layout.points()
     n = len(layout.blocks)
     names = ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(n)]
@@ -339,9 +340,9 @@ def read_sites(model: object, pixels: torch.Tensor, names: list[str] | None = No
     Returns:
         Each site's value by name.
     """
-    from ..engine.sites import record
-
     module = getattr(model, "model", model)
+    if not isinstance(module, nn.Module):
+        raise UnsupportedModelError(f"read_sites reads a LoadedModel or a torch module; got {type(model).__name__}.")
     layout = Layout(module)
     points = layout.points()
     unknown = [n for n in names or [] if n not in points]

@@ -27,12 +27,12 @@ def is_openclip_tower(model: nn.Module) -> bool:
 class Seen:
     """What the hooks saw."""
 
-    patch: torch.Tensor | None = None
-    embeddings: torch.Tensor | None = None
+    patch: torch.Tensor
+    embeddings: torch.Tensor
+    post_in: torch.Tensor
+    features: torch.Tensor
     attn_in: list[torch.Tensor] = field(default_factory=list)
     mlp: list[torch.Tensor] = field(default_factory=list)
-    post_in: torch.Tensor | None = None
-    features: torch.Tensor | None = None
 
 
 #: the refusal every reader of an OpenCLIP tower calls (``decompose``, ``head_vectors``)

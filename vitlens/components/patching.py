@@ -6,7 +6,7 @@ The components are named sites (``edits.ComponentSites``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -72,7 +72,7 @@ class PatchingResult(Result):
 
     def to_rows(self) -> list[dict]:
         """One row per patch: site, layer, head or token (1-based layer and head), logit, share restored."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         for l in range(self.attn.shape[0]):
             rows.append({"site": "attn", "layer": l + 1, "index": 0, "logit": float(self.attn[l])})
             rows.append({"site": "mlp", "layer": l + 1, "index": 0, "logit": float(self.mlp[l])})
@@ -81,7 +81,7 @@ class PatchingResult(Result):
             rows += [{"site": "resid", "layer": l + 1, "index": q, "logit": float(v)}
                      for q, v in enumerate(self.resid[l])]
         for row in rows:
-            row["restored"] = float(self.restored(np.float64(row["logit"])))
+            row["restored"] = float(self.restored(np.asarray(row["logit"], dtype=np.float64)))
         return rows
 
 

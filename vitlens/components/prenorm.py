@@ -9,7 +9,7 @@ into the decomposition's parts, given the read direction on the final norm's out
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 import torch
 from torch import nn
@@ -79,18 +79,18 @@ class Plan:
 
 @dataclass
 class Seen:
-    """What the hooks saw in one forward."""
+    """What the hooks saw in one forward (every site the plan names is read: ``capture``)."""
 
-    patch: torch.Tensor | None = None
-    stream0: torch.Tensor | None = None
+    patch: torch.Tensor
+    stream0: torch.Tensor
+    final_in: torch.Tensor
+    final_out: torch.Tensor
+    features: torch.Tensor
     q: list[torch.Tensor] = field(default_factory=list)
     k: list[torch.Tensor] = field(default_factory=list)
     v: list[torch.Tensor] = field(default_factory=list)
     attn_in: list[torch.Tensor] = field(default_factory=list)
     mlp: list[torch.Tensor] = field(default_factory=list)
-    final_in: torch.Tensor | None = None
-    final_out: torch.Tensor | None = None
-    features: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -123,14 +123,21 @@ def capture(plan: Plan, run: Callable[[], Any], model: nn.Module) -> Seen:
     return seen
 
 
-def mha_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def mha_qkv(mha: nn.MultiheadAttention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v [B, N, D] (float64) from an ``nn.MultiheadAttention``'s packed in-projection applied to ``x``."""
     qkv = x.double() @ mha.in_proj_weight.detach().double().T
     if mha.in_proj_bias is not None:
         qkv = qkv + mha.in_proj_bias.detach().double()
-    return qkv.chunk(3, dim=-1)
+    q, k, v = qkv.chunk(3, dim=-1)
+    return q, k, v
 
 
+@overload
+def head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, head_dim: int, scale: float
+                   ) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def head_attention(q: torch.Tensor, k: torch.Tensor, v: None, heads: int, head_dim: int, scale: float
+                   ) -> tuple[torch.Tensor, None]: ...
 def head_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, heads: int, head_dim: int, scale: float
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The one recomputation of a block's attention from the queries, keys and values its sites saw ([B, N, H * dh]):

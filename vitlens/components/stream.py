@@ -7,6 +7,7 @@ from torch import nn
 
 from .arguments import check_pixels
 from ..errors import InvalidParameterError
+from ..images import preprocess
 
 
 def module_of(model: object, who: str) -> tuple[nn.Module, str]:
@@ -23,8 +24,6 @@ def pixels_for(model: object, module: nn.Module, pixels: object, what: str = "pi
     """[B, 3, H, W] on the module's device and dtype (a LoadedModel's preprocessing for anything else), checked at
     the boundary (``arguments.check_pixels``: at least one image, finite, the model's own size where it has one);
     ``what`` names the argument in a refusal."""
-    from ..images import preprocess
-
     config = getattr(model, "data_config", None)
     if not torch.is_tensor(pixels) and config:
         pixels = preprocess(pixels, config)

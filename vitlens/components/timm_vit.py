@@ -25,18 +25,18 @@ POOLS = ("token", "avg")
 
 @dataclass
 class Captured:
-    """What the hooks saw in one forward (tensors as the model computed them)."""
+    """What the hooks saw in one forward (tensors as the model computed them; every site is read: ``capture``)."""
 
-    patch: torch.Tensor | None = None
-    pre_in: torch.Tensor | None = None
-    pre_out: torch.Tensor | None = None
+    patch: torch.Tensor
+    pre_in: torch.Tensor
+    pre_out: torch.Tensor
+    final_in: torch.Tensor
+    pooled: torch.Tensor
+    features: torch.Tensor
+    logits: torch.Tensor
     qkv: list[torch.Tensor] = field(default_factory=list)
     attn_branch: list[torch.Tensor] = field(default_factory=list)
     mlp_branch: list[torch.Tensor] = field(default_factory=list)
-    final_in: torch.Tensor | None = None
-    pooled: torch.Tensor | None = None
-    features: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
     pool: dict[str, torch.Tensor] = field(default_factory=dict)
 
 

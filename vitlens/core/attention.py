@@ -14,6 +14,7 @@ from torch.nn.modules import module as torch_module
 
 from .native import SoftmaxTaps, compiled_wanted, softmax_taps
 from .pages import large_empty
+from ..errors import ViewNotAvailableError
 
 #: what an engine asks before each block of query rows (``rows``, the block's [B, heads, rows, T] shape): the
 #: ``SoftmaxTaps`` the block's softmax pass should fill for the views, or None
@@ -150,8 +151,6 @@ def conv_filters(conv: nn.Module, name: str, why: str, model_name: str) -> tuple
     Raises:
         ViewNotAvailableError: ``conv`` is not a convolution.
     """
-    from ..errors import ViewNotAvailableError
-
     if not isinstance(conv, nn.Conv2d):
         raise ViewNotAvailableError(f"{model_name}: {name} is a {type(conv).__name__}, not a convolution.")
     w = effective_weight(conv)

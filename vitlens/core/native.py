@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from ..errors import InvalidParameterError
 
 COMPILE_ENV = "VITLENS_COMPILE"
 COMPILE_CHOICES = ("auto", "0", "1")
@@ -99,8 +100,6 @@ def compile_choice() -> str:
     """``VITLENS_COMPILE`` as one of ``COMPILE_CHOICES`` (unset: ``auto``)."""
     value = os.environ.get(COMPILE_ENV, "auto").strip().lower() or "auto"
     if value not in COMPILE_CHOICES:
-        from ..errors import InvalidParameterError
-
         raise InvalidParameterError(f"{COMPILE_ENV} must be one of {', '.join(COMPILE_CHOICES)}; got {value!r}.")
     return value
 

@@ -5,7 +5,8 @@ attention distance are its consumers; attribution, compare and the survey use it
 - ``plan``: ``capture_plan``, the one place that decides how a stream captures (mode, query rows, budget);
 - ``consumer``: the consumer protocol (``AttentionConsumer``, ``BatchInfo``, ``query_rows``);
 - ``stream``: ``stream_attention``, images through the model once, every consumer fed from that pass;
-- ``sites``: the named sites (``blocks.3.hook_resid_pre``) every analysis beside attention reads, through ``SiteSession``.
+- ``sites``: the named sites (``blocks.3.hook_resid_pre``) every analysis beside attention reads, through
+  ``SiteSession``.
 """
 from __future__ import annotations
 

@@ -73,12 +73,13 @@ class SiteSession(HookSession):
     tensor ``on`` returns in its place replaces it in the forward (a tuple output keeps its other elements).
 
     Args:
-        model: the model the sites belong to (its lock is held while the session is active).
+        model: the model the sites belong to (its lock is held while the session is active; None: modules of no
+            one model, no lock held).
         points: the sites, by name.
         on: what to do with each value (``OnSite``).
     """
 
-    def __init__(self, model: nn.Module, points: Mapping[str, HookPoint], on: OnSite) -> None:
+    def __init__(self, model: nn.Module | None, points: Mapping[str, HookPoint], on: OnSite) -> None:
         self.model = model
         self.points = dict(points)
         self.on = on

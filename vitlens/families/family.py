@@ -12,6 +12,8 @@ from ..core.spec import ModelSpec
 from .capture_request import CaptureAbilities, CaptureRequest
 from .hook_session import Handles
 from .sites import HookPoint
+from .common.relative_bias import read_relative_bias
+from ..errors import ViewNotAvailableError
 
 if TYPE_CHECKING:
     from ..core.windows import WindowGeometry
@@ -143,8 +145,6 @@ class Family:
         Raises:
             ViewNotAvailableError: the model pools otherwise (class token, mean) or by a pool vitlens does not read.
         """
-        from ..errors import ViewNotAvailableError
-
         raise ViewNotAvailableError(f"{type(model).__name__} pools without an attention pool (MAP head) vitlens reads, "
                                     "so there is no pool attention to show.")
 
@@ -183,8 +183,6 @@ class Family:
         """The learned relative-position bias every block adds to its attention scores, read from the model's own
         modules (``vitlens.families.common.relative_bias``: timm relpos and BEiT, Hugging Face BEiT); None when it has
         none."""
-        from .common.relative_bias import read_relative_bias
-
         return read_relative_bias(model)
 
     def no_relative_bias_reason(self, model: nn.Module, spec: ModelSpec) -> str:

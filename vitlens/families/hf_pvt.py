@@ -51,7 +51,7 @@ from torch import nn
 from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import Transport, WindowGeometry, adaptive_pooling_transport, transport_centres
-from ..errors import UnsupportedModelError
+from ..errors import UnsupportedModelError, ViewNotAvailableError
 from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily
@@ -190,8 +190,6 @@ class HuggingFacePvt(HuggingFaceFamily, StagedFamily):
             ViewNotAvailableError: PVT v1.
         """
         if tower_type(model) == "pvt":
-            from ..errors import ViewNotAvailableError
-
             raise ViewNotAvailableError(
                 "PVT v1's last stage holds its class token beside the grid's tokens and its classifier reads the "
                 "class token alone, so a CAM on that stage's grid is not defined here; its input methods (saliency, "

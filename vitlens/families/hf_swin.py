@@ -51,6 +51,7 @@ from .common.hf import (IMAGENET_MEAN, IMAGENET_STD, HfTypes, HuggingFaceFamily,
 from .common.readers import read_at_dropout
 from .common.interface import read_eager_returned, read_interface_beside
 from .common.windows import StandIn, identity, pair, record_windows
+from .common.relative_bias import RelativeBias
 
 if TYPE_CHECKING:
     from .common.relative_bias import RelativeBias
@@ -213,8 +214,6 @@ class HuggingFaceSwin(HuggingFaceFamily, StagedFamily):
         Swin's ``relative_position_bias()`` module; Swin V2's 16 sigmoid of its ``continuous_position_bias_mlp``
         of the log-spaced offset table, looked up by the relative-position index (transformers computes it inside
         the attention's forward; these are its steps)."""
-        from .common.relative_bias import RelativeBias
-
         biases, sources, grids = [], [], []
         names = {id(mod): name for name, mod in model.named_modules()}  # where: counted from 1, and the module's name
         with torch.no_grad():

@@ -91,8 +91,9 @@ class HookSession:
     def locked_module(self) -> nn.Module | None:
         """The model whose lock the session holds: its ``model`` (or its LoadedModel ``m``'s) by default."""
         model = getattr(self, "model", None)
-        if model is None and getattr(self, "m", None) is not None:
-            model = getattr(self.m, "model", None)
+        loaded = getattr(self, "m", None)
+        if model is None and loaded is not None:
+            model = getattr(loaded, "model", None)
         return model if isinstance(model, nn.Module) else None
 
     def __enter__(self):  # noqa: ANN204 (returns the session itself, whatever its subclass)

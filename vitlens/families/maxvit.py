@@ -42,13 +42,14 @@ from torch import nn
 from ..core.attention import conv_filters
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
-from ..errors import UnsupportedModelError
+from ..errors import UnsupportedModelError, ViewNotAvailableError
 from ..kinds import HIERARCHICAL
 from .base import CaptureAbilities, CaptureRequest, Handles, refuse_other_size, register
 from .common.blocks import StagedFamily
 from .common.readers import read_fused_or_own
 from .common.timm import timm_data_config
 from .common.windows import StandIn, record_windows, token_centres
+from .common.relative_bias import RelativeBias
 
 if TYPE_CHECKING:
     from .common.relative_bias import RelativeBias
@@ -159,9 +160,6 @@ class TimmMaxVit(StagedFamily):
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
         """Every layer's relative-position bias inside its window or grid, [heads, N, N], by its ``rel_pos``'s own
         ``get_bias()`` (a grid layer's offsets are counted in grid steps, H/G tokens each)."""
-        from ..errors import ViewNotAvailableError
-        from .common.relative_bias import RelativeBias
-
         layers = self.blocks(model)
         if any(p.attn.rel_pos is None for _s, p in layers):
             raise ViewNotAvailableError(f"{spec.name}: a layer adds no relative-position bias of its own (a shared one "

@@ -40,7 +40,8 @@ from ..errors import UnsupportedModelError
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..kinds import VIT
-from .base import Adapter, CaptureAbilities, CaptureRequest, Family, Handles, refuse_other_size, register
+from .base import (Adapter, AttentionClassUnknown, CaptureAbilities, CaptureRequest, Family, Handles, family_of,
+                   refuse_other_size, register)
 from ..core.attention import conv_filters
 from .common.mha import MultiheadAttentionViT
 from .common.openclip import (encode_image, install_attentional_pool, is_open_clip, is_sincos, open_clip_data_config,
@@ -69,7 +70,6 @@ class OpenClipViT(MultiheadAttentionViT):
     def check(self, model: nn.Module, name: str) -> None:
         from open_clip.transformer import ResidualAttentionBlock
 
-        from .base import AttentionClassUnknown
 
         visual = visual_of(model)
         for i, block in enumerate(visual.transformer.resblocks):
@@ -138,8 +138,6 @@ class OpenClipTimm(Adapter):
     names = ("open_clip:ARCH, e.g. open_clip:ViT-B-16-SigLIP, open_clip:PE-Core-T-16-384",)
 
     def inner(self, model: nn.Module) -> tuple[nn.Module, Family]:
-        from .base import family_of
-
         trunk = visual_of(model).trunk
         return trunk, family_of(trunk, type(trunk).__name__)
 
@@ -151,8 +149,6 @@ class OpenClipTimm(Adapter):
         return isinstance(visual_of(model), TimmModel) and not _windowed_trunk(model)
 
     def check(self, model: nn.Module, name: str) -> None:
-        from .base import family_of
-
         trunk = visual_of(model).trunk
         try:
             family_of(trunk, name)

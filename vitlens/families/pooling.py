@@ -20,14 +20,14 @@ from typing import Any
 import torch
 
 from .base import CaptureRequest, Family, Handles, HookSession
+from ..errors import ViewNotAvailableError
+from . import family_of
 
 
 class PoolAttentionCapture(HookSession):
     """Context manager: the attention pool's probabilities of the latest forward in ``maps`` (one entry)."""
 
     def __init__(self, m: Any) -> None:
-        from . import family_of
-
         if isinstance(getattr(m, "family", None), Family):  # a LoadedModel (families import nothing of loading)
             self.model, self.family = m.model, m.family
         else:
@@ -40,8 +40,6 @@ class PoolAttentionCapture(HookSession):
 
     def patch_maps(self, spec: object) -> torch.Tensor:
         """The latest map over the patch tokens only, on their grid: [B, heads, queries, gh, gw]."""
-        from ..errors import ViewNotAvailableError
-
         probs = self.maps[0]
         # the ignore below: spec is a ModelSpec (typed object: families import nothing of loading)
         prefix, (gh, gw) = spec.num_prefix_tokens, spec.grid  # type: ignore[attr-defined]

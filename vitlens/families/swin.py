@@ -41,6 +41,7 @@ from .common.blocks import StagedFamily, check_blocks
 from .common.readers import read_fused_or_own
 from .common.timm import timm_data_config
 from .common.windows import StandIn, record_windows
+from .common.relative_bias import RelativeBias
 
 if TYPE_CHECKING:
     from .common.relative_bias import RelativeBias
@@ -186,8 +187,6 @@ class TimmSwin(StagedFamily):
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
         """Every block's position bias inside its window (the position view of Swin: the bias by offset between
         query and key inside a window, per block and head; each stage's window may differ)."""
-        from .common.relative_bias import RelativeBias
-
         attns = self.attention_modules(model)
         with torch.no_grad():
             biases = tuple(self.window_bias(a).detach().float().cpu() for a in attns)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import UnsupportedModelError, ViewNotAvailableError
 from ..core.attention import (PROBS_BUFFER, QKV_BUFFER, attention_output_in_rows, conv_filters, linear_in,
                               unobserved)
 from ..core.spec import ModelSpec
@@ -206,8 +206,6 @@ class TimmViT(TimmFamily):
             inline_at_attn_drop(self._computing(model), capture, handles)
 
     def pixel_filters(self, model: nn.Module, spec: ModelSpec) -> tuple[torch.Tensor, str, str]:
-        from ..errors import ViewNotAvailableError
-
         if not kind_of(spec).cnn_stem:
             return super().pixel_filters(model, spec)
         found = first_conv(model.patch_embed.backbone, "patch_embed.backbone")

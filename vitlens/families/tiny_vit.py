@@ -46,6 +46,7 @@ from .common.blocks import StagedFamily, check_blocks
 from .common.readers import read_fused_or_own, read_softmax
 from .common.timm import timm_data_config
 from .common.windows import StandIn, pooled_grid, pooling_module_transport, pooling_of, record_windows, token_centres
+from .common.relative_bias import RelativeBias
 
 if TYPE_CHECKING:
     from .common.relative_bias import RelativeBias
@@ -171,8 +172,6 @@ class TimmTinyVit(StagedFamily):
     def relative_bias(self, model: nn.Module, spec: ModelSpec) -> "RelativeBias":
         """Every block's learned bias by offset inside its window, [heads, N, N]: its ``attention_biases`` looked up
         by its ``attention_bias_idxs`` (the module's own ``get_attention_biases`` in training mode's form)."""
-        from .common.relative_bias import RelativeBias
-
         attns = self.attention_modules(model)
         names = {id(mod): n for n, mod in model.named_modules()}
         biases = tuple(a.attention_biases[:, a.attention_bias_idxs].detach().float().cpu() for a in attns)

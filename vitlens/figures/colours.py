@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from ..attribution.methods import METHOD_TABLE, method_label as label
+from ..loading.presets import PRESETS
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
@@ -23,8 +25,6 @@ def model_colours(names: Sequence[str], weights: Sequence[str] | None = None) ->
     Returns:
         [len(names)] CSS colours, in the order of ``names``.
     """
-    from ..loading.presets import PRESETS
-
     rank = {p.name: i for i, p in enumerate(PRESETS)}
     extra = list(weights) if weights is not None else [""] * len(names)
     order = sorted(range(len(names)), key=lambda i: (rank.get(names[i], len(rank)), names[i], extra[i], i))
@@ -56,8 +56,6 @@ def method_colour(method: str, position: int = 0) -> str:
     Returns:
         A CSS colour string from ``METHOD_PALETTE``.
     """
-    from ..attribution.methods import METHOD_TABLE
-
     names = list(METHOD_TABLE)  # read at call time: a method registered later has its own place
     index = names.index(method) if method in names else position
     return METHOD_PALETTE[index % len(METHOD_PALETTE)]
@@ -72,8 +70,6 @@ def method_label(method: str) -> str:
     Returns:
         Its entry's label, e.g. "gradient rollout".
     """
-    from ..attribution.methods import method_label as label
-
     return label(method)
 
 

@@ -4,6 +4,8 @@ title, one head's contribution over the image's patch tokens, the logit lens by 
 head, TextSpan's explained variance by head, mean-ablation's scores before and after."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -86,12 +88,13 @@ def logit_lens_figure(result: LogitLensResult, title: str | None = None) -> go.F
     return fig
 
 
-def _name(result: object, *index: int) -> str:
-    """The result's target class in words (its ``target_name``; "class k" for a file of an older vitlens)."""
+def _name(result: Any, *index: int) -> str:
+    """The result's target class in words (its ``target_name``; "class k" for a file of an older vitlens, read by
+    its fields, whatever its result type)."""
     named = getattr(result, "target_name", None)
     if callable(named):
         return named(*index)
-    target = getattr(result, "target")
+    target = result.target
     return f"class {int(target[index[0]] if index else target)}"
 
 

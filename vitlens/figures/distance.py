@@ -61,7 +61,7 @@ def distance_figure(results: AttentionDistanceResult | WindowedDistanceResult
     levels: list[float] = []
     depth = max(r.mean_px.shape[0] for r in results)
     # none of them is windowed here (those returned above)
-    for i, (res, name) in enumerate(zip(cast(list[AttentionDistanceResult], results), names)):
+    for res, name in zip(cast(list[AttentionDistanceResult], results), names):
         uniform = uniform_distance(res.grid, res.stride_px)
         if units != "px":
             uniform /= res.image_size[1]

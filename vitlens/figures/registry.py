@@ -12,6 +12,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..errors import InvalidParameterError
+from ..views.registry import VIEWS
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,6 @@ def drawer_for(result_type: type) -> Drawer | None:
     Returns:
         Its ``Drawer``, or None when no figure draws it.
     """
-    from ..views.registry import VIEWS
-
     for t in result_type.__mro__:
         if t in DRAWERS:
             return DRAWERS[t]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..reference import REFERENCE_NAMES, build_reference
 
 CHECKPOINT_SUFFIXES: tuple[str, ...] = (".safetensors", ".pth", ".pt", ".bin", ".npz", ".tar")
 
@@ -159,7 +160,6 @@ def shape_summary(shapes: dict[str, tuple[int, ...]]) -> str:
 def _arch_shapes(arch: str) -> dict[str, tuple[int, ...]]:
     import timm
 
-    from ..reference import REFERENCE_NAMES, build_reference
 
     if arch in REFERENCE_NAMES:
         model = build_reference(arch)

@@ -17,6 +17,9 @@ from torch import nn
 
 from ..errors import CheckpointError, UnknownModelError, UnsupportedModelError, WeightsUnavailableError
 from .hub import hub_offline, hub_reachable
+from ..families.common.hf import implementation_request, processor_data_config
+from .checkpoint import refuse_non_finite
+from ..memory import available_bytes
 
 HF_PREFIX, TORCHVISION_PREFIX, OPENCLIP_PREFIX = "hf:", "torchvision:", "open_clip:"
 TORCHVISION_VITS = ("vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14")
@@ -118,8 +121,6 @@ def refuse_too_large(ref: str, config: dict) -> None:
     Raises:
         UnsupportedModelError: the estimate (``estimated_parameters`` x 4 bytes) exceeds the available memory.
     """
-    from ..memory import available_bytes
-
     need, have = estimated_parameters(config) * 4, available_bytes()
     if have is not None and need > have:
         raise UnsupportedModelError(
@@ -231,8 +232,6 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         WeightsUnavailableError: not on disk and no network (or HF_HUB_OFFLINE).
     """
     transformers = _transformers()
-    from ..families.common.hf import processor_data_config
-
     ref = name[len(HF_PREFIX):].strip()
     local = Path(ref).expanduser().is_dir()
     target = str(Path(ref).expanduser()) if local else ref
@@ -263,7 +262,8 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
             config.mask_ratio = 0.0
         refuse_too_large(ref, config.to_dict())
         arch = (getattr(config, "architectures", None) or [None])[0]
-        cls = transformers_class(transformers, config, arch)
+        # a transformers model class, called through its loading API (from_pretrained, _from_config)
+        cls: Any = transformers_class(transformers, config, arch)
         if arch is not None and not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
             raise UnsupportedModelError(
                 f"Refused hf:{ref}: its config.json names the architecture {arch!r}, which is not a transformers "
@@ -274,8 +274,6 @@ def load_hf(name: str, pretrained: bool = True) -> tuple[nn.Module, str, str, di
         impl = sdpa_request(config)
         if pretrained:
             model = _with_sdpa(lambda **i: cls.from_pretrained(target, config=config, **i, **kwargs), impl)
-            from .checkpoint import refuse_non_finite
-
             refuse_non_finite(model.state_dict().items(), f"hf:{ref}")
         else:  # random init from the config: AutoModel builds through from_config, a model class from its config
             model = _with_sdpa(lambda **i: cls.from_config(config, **i) if cls is transformers.AutoModel
@@ -300,8 +298,6 @@ def sdpa_request(config: Any) -> dict[str, str]:
     asks for (``Family.hf_types``; {} where it keeps the checkpoint's own: ``hf-vit`` reads any, ``hf-pvt`` the one
     transformers has), ``{"attn_implementation": "sdpa"}`` for a type no family declares (DINOv3, AIMv2,
     Data2Vec-Vision, BEiT, ...: the generic call-level capture reads its scaled_dot_product_attention calls)."""
-    from ..families.common.hf import implementation_request
-
     return implementation_request(getattr(config, "model_type", None))
 
 

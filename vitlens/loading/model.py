@@ -15,8 +15,11 @@ from torch import nn
 from ..families import Family, family_of
 from ..core.spec import ModelSpec
 from ..core.windows import stage_heads
-from ..errors import UnsupportedModelError
+from ..errors import DeviceUnavailableError, InvalidParameterError, UnsupportedModelError
 from ..kinds import kind_of
+from ..reference import REFERENCE_NAMES
+from ..families.base import model_lock
+from .towers import describe_tower, find_tower
 
 #: the kinds of weights a model can have (``LoadedModel.weights``, the survey table's ``weights`` column)
 WEIGHT_KINDS = ("pretrained", "random init", "embedded", "checkpoint", "module")
@@ -40,12 +43,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        from ..errors import InvalidParameterError
-
         raise InvalidParameterError(f"device must be a torch device such as 'cpu' or 'cuda'; got {device!r}.") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        from ..errors import DeviceUnavailableError
-
         raise DeviceUnavailableError(f"device {str(dev)!r} was asked for, but this machine has no usable CUDA GPU "
                                      "(PyTorch finds no NVIDIA driver or device). Run on the CPU instead.")
     return dev
@@ -57,8 +56,6 @@ COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def check_dtype(dtype: torch.dtype) -> None:
     """The one check of a compute dtype (float32, or bf16/fp16 run under autocast)."""
     if dtype not in COMPUTE_DTYPES:
-        from ..errors import InvalidParameterError
-
         raise InvalidParameterError(f"dtype must be torch.float32, torch.bfloat16 or torch.float16, not {dtype}.")
 
 
@@ -71,8 +68,6 @@ def read_target(module: nn.Module, name: str) -> tuple[nn.Module, Any, str]:
     Raises:
         UnsupportedModelError: neither the model nor any tower inside it is read (the model's own refusal).
     """
-    from .towers import describe_tower, find_tower
-
     try:
         family, outer, path = family_of(module, name), module, ""
     except UnsupportedModelError as refusal:
@@ -205,6 +200,7 @@ class LoadedModel:
 
     def preprocess(self, images: Any) -> torch.Tensor:
         """PIL images / paths / arrays -> [B, 3, H, W] on the model's device, with its data config."""
+        # import cost: vitlens.images imports PIL, which this module does not at import
         from ..images import preprocess
 
         return preprocess(images, self.data_config).to(self.device)
@@ -214,6 +210,7 @@ class LoadedModel:
 
         ``images`` may also be an already preprocessed batch [B, 3, H, W].
         """
+        # import cost: vitlens.images imports PIL, which this module does not at import
         from ..images import display_image
 
         x = images if isinstance(images, torch.Tensor) else self.preprocess(images)
@@ -254,8 +251,6 @@ class LoadedModel:
         pool attention, token norms, AttnLRP, ...) and every ``forward`` holds it, so two threads sharing this
         model (the app's sessions) wait for each other and never see each other's maps. Hold it yourself
         (``with m.lock:``) around several calls that must not interleave with another thread's."""
-        from ..families.base import model_lock
-
         return model_lock(self.model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -285,8 +280,6 @@ class LoadedModel:
             image_source: where the images come from: "shapes" (the reference scenes), "samples",
                 "files", "upload", ... ("" when unknown).
         """
-        from ..reference import REFERENCE_NAMES
-
         if self.source == "random init":
             return ("Random weights: the predictions mean nothing, and the views show an untrained model "
                     "(useful for checking the machinery, not for reading the model).")

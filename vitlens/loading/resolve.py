@@ -16,6 +16,13 @@ from torch import nn
 
 from ..errors import (CheckpointError, InvalidParameterError, UnknownModelError, UnsupportedModelError,
                       WeightsUnavailableError)
+from ..families import family_of
+from ..families.generic import state_token_layout
+from ..reference import REFERENCE_NAMES, build_reference, weights_path
+from .checkpoint import (file_num_classes, fitting_architectures, load_checkpoint_into, looks_like_checkpoint_path,
+                         shape_summary, tensor_shapes)
+from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX, load_hf, load_open_clip, load_torchvision
+from .hub import resolve_pretrained_source
 from .model import LoadedModel, check_dtype, resolve_device
 
 #: how each interface asks for random weights / a checkpoint with its architecture
@@ -34,7 +41,6 @@ def loadable(name: str) -> bool:
     """
     import timm
 
-    from ..families import family_of
 
     try:
         family_of(timm.create_model(name, pretrained=False, device="meta"), name)
@@ -75,10 +81,6 @@ def name_problem(name: str) -> UnknownModelError | None:
     name that may load: a reference model, a prefix (``hf:``, ``open_clip:``, ``torchvision:``), a file, a timm
     name (and pretrained tag) that timm knows. What only loading can tell (refused architectures, missing weights)
     is left to the load."""
-    from ..reference import REFERENCE_NAMES
-    from .checkpoint import looks_like_checkpoint_path
-    from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX
-
     if not isinstance(name, str) or not name.strip():
         return UnknownModelError(f"A model name must be a non-empty string; got {name!r}.")
     if name in REFERENCE_NAMES or name.startswith((HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX)):
@@ -102,7 +104,6 @@ def _create_checked(name: str, **kwargs: Any) -> None:
     """Build ``name`` on the meta device (no memory, no weights) to refuse unsupported models early."""
     import timm
 
-    from ..families import family_of
 
     try:
         meta = timm.create_model(name, pretrained=False, device="meta", **kwargs)
@@ -114,9 +115,6 @@ def _create_checked(name: str, **kwargs: Any) -> None:
 def _from_checkpoint(name: str, arch: str | None, **kwargs: Any) -> tuple[nn.Module, str, str]:
     import timm
 
-    from ..reference import REFERENCE_NAMES, build_reference
-    from .checkpoint import (file_num_classes, fitting_architectures, load_checkpoint_into, shape_summary,
-                             tensor_shapes)
 
     path = Path(name).expanduser()
     if path.is_dir():
@@ -168,7 +166,6 @@ def _from_timm(name: str, pretrained: bool, **kwargs: Any) -> tuple[nn.Module, s
 
     from timm.models import get_pretrained_cfg
 
-    from .hub import resolve_pretrained_source
 
     cfg = get_pretrained_cfg(name)
     if cfg is None:
@@ -225,9 +222,6 @@ def load_model(
         DeviceUnavailableError: a device that is not there.
         InvalidParameterError: a bad keyword argument.
     """
-    from ..reference import REFERENCE_NAMES, build_reference, weights_path
-    from .checkpoint import load_checkpoint_into, looks_like_checkpoint_path
-
     check_dtype(dtype)
     dev = resolve_device(device)
     if token_layout is not None and not isinstance(name, nn.Module):
@@ -237,8 +231,6 @@ def load_model(
         _refuse_unused("a module built in code", "it is already built", arch, kwargs)
         if token_layout is None:
             return LoadedModel.from_module(name, device=dev, dtype=dtype)
-        from ..families.generic import state_token_layout
-
         state_token_layout(name, token_layout)
         m = LoadedModel.from_module(name, device=dev, dtype=dtype)
         if m.family.name != "generic":
@@ -247,8 +239,6 @@ def load_model(
         return m
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"A model name must be a non-empty string or an nn.Module; got {name!r}.")
-    from .external import HF_PREFIX, OPENCLIP_PREFIX, TORCHVISION_PREFIX, load_hf, load_open_clip, load_torchvision
-
     for prefix, why in ((HF_PREFIX, "Hugging Face models are built from their own config"),
                         (OPENCLIP_PREFIX, "OpenCLIP models are built from their own config"),
                         (TORCHVISION_PREFIX, "torchvision ViTs are built at their own size")):

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from ..families import FAMILIES, family_of
+from ..families.base import AttentionClassUnknown
 
 if TYPE_CHECKING:  # for the annotation only (families are imported where a tower is looked for)
     from ..families import Family
@@ -56,9 +58,6 @@ def looks_inside(model: nn.Module, refusal: UnsupportedModelError) -> bool:
     it, or its family does not know its class: ``AttentionClassUnknown``, as Hugging Face's for a VLM's type). A
     family that knows the model and refuses it for a reason (ViTMAE's random masking, a Hiera backbone) is not
     second-guessed through a submodule."""
-    from ..families import FAMILIES
-    from ..families.base import AttentionClassUnknown
-
     return isinstance(refusal, AttentionClassUnknown) or not any(f.matches(model) for f in FAMILIES)
 
 
@@ -70,8 +69,6 @@ def find_tower(model: nn.Module, name: str, refusal: UnsupportedModelError) -> t
         UnsupportedModelError: ``refusal`` (the model's own) when no submodule is read either, or when a family
             refused the model itself for a reason.
     """
-    from ..families import family_of
-
     if not looks_inside(model, refusal):
         raise refusal
 

@@ -17,6 +17,7 @@ from ..results import Result
 from ..views.analyze import AnalysisResult
 from ..views.distance import LOCAL_OF_UNIFORM, AttentionDistanceResult, local_rule
 from ..views.windowed import WindowedDistanceResult
+from ..reference import REFERENCE_NAMES
 
 
 #: a model's curve is "flat" when this share of its heads sits within FLAT_TOLERANCE of the uniform distance
@@ -173,8 +174,6 @@ def near_uniform_share(d: AttentionDistanceResult | WindowedDistanceResult,
 
 def _weights_or_guess(names: Sequence[str], weights: Sequence[str] | None) -> list[str]:
     """The given kind of weights per model; where unknown, "embedded" for the reference names, else ""."""
-    from ..reference import REFERENCE_NAMES
-
     given = list(weights or [])
     given += [""] * (len(names) - len(given))
     return [w or ("embedded" if n in REFERENCE_NAMES else "") for n, w in zip(names, given)]

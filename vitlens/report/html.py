@@ -30,6 +30,7 @@ from ..views.distance import AttentionDistanceResult, local_rule
 from .components import components_figures, components_html
 from .data import ComparisonData, ReportData, distance_reading
 from ..words import counted, listed_some
+from vitlens.attribution.sanity import verdict_rule
 
 
 _CSS = """
@@ -328,8 +329,6 @@ def sanity_section(table: Any) -> str:
     sanity = getattr(table, "sanity", None)
     if sanity is None or not sanity.results:
         return ""
-    from vitlens.attribution.sanity import verdict_rule
-
     rows = [{k: (significant(v) if isinstance(v, float) else v) for k, v in row.items()}
             for row in sanity.readable_rows()]
     first = sanity.results[0]

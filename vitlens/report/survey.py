@@ -17,7 +17,9 @@ import plotly.graph_objects as go
 
 from ..figures import model_colours
 from ..kinds import VIT, find_kind
-from ..survey.store import SurveyResult, weights_of
+from ..survey.store import SurveyResult, source_count, weights_of
+from .html import figure_html, html_table, page_html
+from ..reference import CLASSES
 
 def kind_word(kind: str) -> str:
     """A kind's word in the survey's tables (``Kind.short``: "ViT", "hybrid"), or its name when no registered kind
@@ -148,8 +150,6 @@ def class_figure(result: SurveyResult) -> go.Figure | None:
 def accuracy_note(entry: dict, source: dict) -> str:
     """Why a model's accuracy on the survey's labels means nothing, or how far it can be read
     ("" when it is what it says: the embedded models on shape scenes, say)."""
-    from ..reference import CLASSES
-
     classes = list(source.get("classes") or [])
     n_model = int((entry.get("spec") or {}).get("num_classes") or 0)
     weights = weights_of(entry)
@@ -250,9 +250,6 @@ def settings_text(manifest: dict) -> str:
 
 def survey_html(result: SurveyResult) -> str:
     """The whole survey page (plotly.js inlined once; opens offline)."""
-    from .html import figure_html, html_table, page_html
-    from ..survey.store import source_count
-
     m = result.manifest
     figs = survey_figures(result)
     failed = "".join(f"<li>{html.escape(name)}: {html.escape(reason)}</li>" for name, reason in result.failed.items())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -27,6 +27,9 @@ from ..views.spacetime import SpaceTimeDistanceResult
 from ..words import counted
 from .data import ReportData
 from .html import figure_html, html_table, page_html
+from vitlens.environment import versions
+import vitlens as vl
+from vitlens.clips import sampled_clip
 
 #: the registry's names of the two views of the clip itself (the others are of the weights)
 DISTANCE, ROLLOUT = "spacetime_distance", "spacetime_rollout"
@@ -86,8 +89,6 @@ def model_frames(pixels: Any, m: Any) -> np.ndarray:
     """A preprocessed clip [frames, 3, H, W] back to uint8 [frames, H, W, 3], as the model sees it (after the
     resize and crop): the preprocessing is affine per channel after the crop, so it is inverted from what it makes
     of an all-0 and an all-255 clip (``clip_pixel_values``), whatever the processor's statistics."""
-    import vitlens as vl
-
     f, _, h, w = pixels.shape
     ends = [vl.clip_pixel_values(np.full((f, h, w, 3), v, np.uint8), m)[0, 0, :, 0, 0].double() for v in (0, 255)]
     scale = (ends[1] - ends[0]) / 255.0
@@ -109,15 +110,14 @@ def run_clip(m: Any, clip: Any, fps: float | None, batch_size: int, views: Seque
     kept, each resized as it decodes)."""
     import time
 
-    import vitlens as vl
-    from vitlens.clips import sampled_clip
 
     t0 = time.perf_counter()
     sampled = sampled_clip(clip, m)
     x = vl.clip_pixel_values(sampled, m)
-    rate = sampled_fps(fps, x.shape[1], sampled.source_frames)
+    total = cast(int, sampled.source_frames)  # Clip.__post_init__ always sets it
+    rate = sampled_fps(fps, x.shape[1], total)
     a = vl.analyze(m, x, batch_size=batch_size, views=tuple(views or vl.available_views(m)), fps=rate)
-    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, sampled.source_frames, rate)
+    return ClipRun(a, model_frames(x[0], m), m.weights, time.perf_counter() - t0, total, rate)
 
 
 def run_figures(run: ClipRun) -> dict[str, go.Figure]:
@@ -230,9 +230,6 @@ def video_command(args: Any, names: Sequence[str], compare: bool, log: Callable[
     first frame is read (so the file, its frame count and its frame size are checked) before any model is loaded,
     every model loaded (and checked to be a video model) before the first is run; each model then reads the frames
     it samples (issue 62: never the whole clip)."""
-    import vitlens as vl
-    from vitlens.environment import versions
-
     clip = vl.read_clip(args.video, 1)
     fps = args.fps if args.fps is not None else clip.fps
     image_set = clip_description(args.video, clip, fps, args.fps is not None)

@@ -13,6 +13,7 @@ from ..words import printable
 from .ray_setup import SurveyError
 from .sources import ImageSource, Shard
 from .store import SurveyStore, checkpoint_of, file_sha256
+from ..loading.resolve import name_problem
 
 
 def refuse_out_inside_images(out: str | Path, source: ImageSource) -> None:
@@ -32,8 +33,6 @@ def refuse_unknown_names(todo: dict[str, dict], store: SurveyStore, manifest: di
     """The models of ``todo`` whose names resolve to nothing (``vitlens.loading.resolve.name_problem``: no weights
     read, no model built) marked failed with the reason a worker would give, and taken out of ``todo`` before Ray
     starts a worker for each (41 bad names cost three minutes of workers)."""
-    from ..loading.resolve import name_problem
-
     for key, entry in list(todo.items()):
         problem = None if entry.get("checkpoint") else name_problem(entry["name"])
         if problem is None:
@@ -61,7 +60,10 @@ def check_checkpoint(store: SurveyStore, entry: dict, name: str, progress: bool)
     """Record a checkpoint's path, architecture and the sha256 of its file in its manifest entry;
     when the file's weights changed since its shards were written, set those shards aside (kept)
     so that they are computed again from the new weights, and say so in one line."""
-    path, arch = checkpoint_of(name)  # type: ignore[misc]
+    found = checkpoint_of(name)
+    if found is None:  # the caller checks first: only a checkpoint has a file to hash
+        raise InvalidParameterError(f"{name!r} is not a local checkpoint named PATH@ARCH.")
+    path, arch = found
     full = Path(path).expanduser().resolve()
     digest = file_sha256(full) if full.is_file() else None  # a missing file fails when the worker loads it
     old = (entry.get("checkpoint") or {}).get("sha256")

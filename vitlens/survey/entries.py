@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 from typing import Any
+from ..reference import REFERENCE_NAMES
+from ..loading.checkpoint import looks_like_checkpoint_path
 
 
 
@@ -20,8 +22,6 @@ def model_key(name: str, pretrained: bool = True) -> str:
 def checkpoint_of(name: str) -> tuple[str, str] | None:
     """(path, arch) of a model named as a local checkpoint with its architecture, ``PATH@ARCH``
     ("runs/epoch3.safetensors@vit_tiny_patch16_224", "ft.pth@ref-vit"); None for any other name."""
-    from ..loading.checkpoint import looks_like_checkpoint_path
-
     path, sep, arch = name.rpartition("@")
     if not sep or not path.strip() or not arch.strip() or not looks_like_checkpoint_path(path):
         return None
@@ -32,8 +32,6 @@ def own_weights(name: str) -> str | None:
     """The weights a model keeps whatever weights are asked for: "embedded" for the embedded pair (ref-vit,
     ref-hybrid: trained here, shipped with vitlens), "checkpoint" for a ``PATH@ARCH`` checkpoint; None for a
     hub name, which ``pretrained=False`` (``--random-init``) gives random weights."""
-    from ..reference import REFERENCE_NAMES
-
     if name in REFERENCE_NAMES:
         return "embedded"
     return "checkpoint" if checkpoint_of(name) is not None else None
@@ -61,8 +59,6 @@ def file_sha256(path: str | Path) -> str:
 def weights_of(entry: dict[str, Any]) -> str:
     """The kind of weights of a manifest entry ("pretrained", "random init", "embedded", ...): what
     its worker reported, else (older folders) what its name and pretrained flag say."""
-    from ..reference import REFERENCE_NAMES
-
     if entry.get("weights"):
         return str(entry["weights"])
     if entry.get("checkpoint"):

@@ -79,7 +79,8 @@ def start_ray(address: str | None, num_cpus: int | None = None) -> tuple[Any, bo
     if ray.is_initialized():
         return ray, False, 0.0
     address = address or os.environ.get("RAY_ADDRESS")
-    constants = sys.modules.get("ray._private.ray_constants")
+    # Ray's private constants module, read and set by name: the flag is absent from some Ray versions
+    constants: Any = sys.modules.get("ray._private.ray_constants")
     cluster = getattr(constants, "ENABLE_RAY_CLUSTER", None)
     if address:
         loopback = address.rsplit(":", 1)[0] in (LOCAL_HOST, "localhost")
@@ -196,7 +197,7 @@ def _token_auth_on() -> None:
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)
     try:  # Ray caches its config and the token; both are read again now
-        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # compiled, no stub
 
         Config.initialize("")
         AuthenticationTokenLoader.instance().reset_cache()
@@ -216,7 +217,7 @@ def restore_local_env() -> None:
             os.environ[name] = value
     _ENV_BEFORE.clear()
     try:
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # compiled, not in ray's stub
 
         Config.initialize("")
     except Exception:
@@ -246,15 +247,16 @@ def ray_messages_to(path: Path) -> Iterator[None]:
             for line in data.get("lines", []):
                 f.write(f"{stamp} ({data.get('pid', 'ray')}) {line}\n")
 
-    worker_module = sys.modules.get("ray._private.worker")
+    # Ray's private worker module, whose printer is swapped by name (absent from some Ray versions)
+    worker_module: Any = sys.modules.get("ray._private.worker")
     printer = getattr(worker_module, "print_to_stdstream", None)
     if printer is not None:
-        worker_module.print_to_stdstream = to_file  # type: ignore[union-attr]
+        worker_module.print_to_stdstream = to_file
     try:
         yield
     finally:
         if printer is not None:
-            worker_module.print_to_stdstream = printer  # type: ignore[union-attr]
+            worker_module.print_to_stdstream = printer
         ray_logger.handlers = saved_handlers
         handler.close()
 

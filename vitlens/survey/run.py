@@ -23,10 +23,10 @@ from typing import Any, Sequence
 from ..errors import InvalidParameterError, VitlensError
 from ..progress import Progress
 from ..words import printable
-from .sources import ImageSource, Shard
+from .sources import ImageSource, Shard, file_stat, files_source
 from .store import (SurveyResult, SurveyStore, checkpoint_of, file_sha256, load_survey, model_key,  # noqa: F401
                     own_weights, random_init_note, source_count, table_rows, weights_of, write_table)
-from ..views.registry import check_views
+from ..views.registry import check_views, registered_views
 from .stats import DEFAULT_SURVEY_VIEW_NAMES, survey_views
 # the Ray set-up and the folder's checks before Ray: their own modules, importable from here as before
 from .ray_setup import (LOCAL_HOST, MAX_SOCKET_PATH, PRIVATE_PREFIX, RAY_FOLDER, RAY_INSTALL,  # noqa: F401
@@ -131,8 +131,6 @@ def survey(
         SurveyError: Ray is missing, or ``strict`` and a model failed.
         SurveyBusyError: another survey is writing to ``out`` now.
     """
-    from .sources import files_source
-
     views = check_views(views, tuple(survey_views()))
     if isinstance(images, ImageSource) and images.kind == "clips":  # clips: their own statistics, whatever views says
         views = (*views, *(k for k, v in survey_views().items() if v.clips and k not in views))
@@ -149,9 +147,9 @@ def survey(
 
 
 def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSource, images: Any,
-                   address: str | None, batch_size: int, shard_size: int, views: Sequence[str], num_gpus_per_worker: float,
-                   num_cpus_per_worker: int, pretrained: bool, max_images: int | None, strict: bool,
-                   renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
+                   address: str | None, batch_size: int, shard_size: int, views: Sequence[str],
+                   num_gpus_per_worker: float, num_cpus_per_worker: int, pretrained: bool, max_images: int | None,
+                   strict: bool, renormalize: bool, progress: bool, num_cpus: int | None) -> SurveyResult:
     if isinstance(images, ImageSource) and max_images and len(source) > max_images:
         source = ImageSource.from_dict({**source.to_dict(), "files": source.files[:max_images],
                                         "labels": source.labels[:max_images]} if source.lists_files else
@@ -160,8 +158,6 @@ def _survey_locked(store: SurveyStore, models: Sequence[str], source: ImageSourc
     manifest = store.open(source, settings)
     recorded = ImageSource.from_dict(manifest["source"])
     if source.stats and recorded.stats and any(h for *_x, h in recorded.stats) != any(h for *_x, h in source.stats):
-        from .sources import file_stat  # the folder keeps its own choice of content hashes
-
         hashed = any(h for *_x, h in recorded.stats)
         source = ImageSource.from_dict({**source.to_dict(),
                                         "stats": [file_stat(f, hashed) for f in source.files]})
@@ -300,8 +296,6 @@ def ship_registered_views(ray: Any) -> Any:
     Raises:
         SurveyError: a registered view that cannot be sent (its functions cannot be pickled).
     """
-    from ..views.registry import registered_views
-
     views = registered_views()
     if not views:
         return ()

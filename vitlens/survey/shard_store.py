@@ -230,7 +230,8 @@ class SurveyStore:
         buf = io.BytesIO()
         meta = {"n_images": result["n_images"], "skipped": result["skipped"], "seconds": result["seconds"],
                 "start": shard.start, "stop": shard.stop, "model": key, "shard": shard.index}
-        np.savez_compressed(buf, __meta__=np.asarray(json.dumps(meta)), **stats.flatten(result["states"]))
+        arrays: dict[str, Any] = {"__meta__": np.asarray(json.dumps(meta)), **stats.flatten(result["states"])}
+        np.savez_compressed(buf, **arrays)
         data = buf.getvalue()
         record = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), **self._identity(key, shard)}
         self._inside(self.shard_path(key, shard).parent)
@@ -383,8 +384,8 @@ class SurveyStore:
         data, why, kind = self._checked(key, shard)
         if data is None:
             raise DamagedShardError(
-                f"{self.shard_path(key, shard)} {'is damaged: ' if kind == 'damaged' else ''}{why}. Rerun the same vitlens survey command "
-                f"on {self.out}: it sets the damaged shard aside and computes it again.")
+                f"{self.shard_path(key, shard)} {'is damaged: ' if kind == 'damaged' else ''}{why}. Rerun the same "
+                f"vitlens survey command on {self.out}: it sets the damaged shard aside and computes it again.")
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             meta = json.loads(str(npz["__meta__"]))
             arrays = {k: npz[k] for k in npz.files if k != "__meta__"}

@@ -16,8 +16,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ImageLoadError, InvalidParameterError
-from ..images import find_image_files
+from ..errors import ClipLoadError, ImageLoadError, InvalidParameterError
+from ..images import check_resized, find_image_files, to_rgb
+from ..clips import CLIP_SUFFIXES, read_clip
+from ..reference.shapes import CLASSES, HELD_OUT_SEED, generate
 
 
 
@@ -106,9 +108,6 @@ class ImageSource:
         the model's ``data_config``, an image its resize would make too large (``images.check_resized``) is skipped
         as an unreadable one is, instead of failing the shard when it is preprocessed."""
         if self.kind == "clips":
-            from ..clips import read_clip
-            from ..errors import ClipLoadError
-
             read_one = read_clip_as or read_clip
             clips, skipped = [], []
             for i in range(shard.start, shard.stop):
@@ -118,12 +117,8 @@ class ImageSource:
                     skipped.append(os.path.basename(self.files[i]))
             return clips, None, None, skipped
         if self.kind == "shapes":
-            from ..reference.shapes import generate
-
             data = generate(shard.stop - shard.start, seed=self.seed, start=shard.start)
             return list(data.images), data.labels, data.masks, []
-        from ..images import check_resized, to_rgb
-
         images, labels, skipped = [], [], []
         for i in range(shard.start, shard.stop):
             try:
@@ -193,8 +188,6 @@ def shapes_source(n: int, seed: int | None = None) -> ImageSource:
     Returns:
         An ``ImageSource`` of the generated scenes.
     """
-    from ..reference.shapes import CLASSES, HELD_OUT_SEED
-
     seed = HELD_OUT_SEED if seed is None else seed
     return ImageSource(kind="shapes", description=f"vitlens shapes scenes (seed {seed}, first {n})",
                        classes=tuple(CLASSES), n=int(n), seed=int(seed))
@@ -215,8 +208,6 @@ def clips_source(spec: str, max_clips: int | None = None, hash_clips: bool = Fal
     Raises:
         InvalidParameterError: not a folder, or no clip in it.
     """
-    from ..clips import CLIP_SUFFIXES
-
     folder = Path(spec).expanduser()
     if not folder.is_dir():
         raise InvalidParameterError(f"{spec} is not a folder; pass a folder of clips (videos or animated GIFs).")

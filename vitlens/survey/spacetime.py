@@ -2,9 +2,10 @@
 mean attention distance", "Rollout through space-time").
 
 A shard's clips run through the model once (``stream_attention`` with the video kind's batch source: side capture, the
-outputs untouched) into a ``SpaceTimeAccumulator``, whose state is every clip's distances [clips, maps, heads] and rollout maps with the clip
-layout (``SpaceTimeAccumulator.state``). Two shards merge with ``SpaceTimeAccumulator.merge`` (their clips
-concatenated in shard order), so the merged means are those of one run over every clip in that order: exact.
+outputs untouched) into a ``SpaceTimeAccumulator``, whose state is every clip's distances [clips, maps, heads] and
+rollout maps with the clip layout (``SpaceTimeAccumulator.state``). Two shards merge with
+``SpaceTimeAccumulator.merge`` (their clips concatenated in shard order), so the merged means are those of one run
+over every clip in that order: exact.
 """
 from __future__ import annotations
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ..errors import VitlensError
+from ..errors import ViewNotAvailableError, VitlensError
+from ..loading import load_model
 from ..loading.model import LoadedModel
 from ..memory import peak_rss_mb
 from ..engine.stream import stream_attention
@@ -31,8 +32,9 @@ def consumers_for(m: LoadedModel, views: tuple[str, ...], num_classes: int,
     out: dict[str, Any] = {}
     known = survey_views()
     for name in views:
-        if known[name].build is not None:
-            consumer = known[name].build(m, num_classes, renormalize)
+        build = known[name].build
+        if build is not None:
+            consumer = build(m, num_classes, renormalize)
             if consumer is not None:
                 out[name] = consumer
     return out
@@ -66,8 +68,6 @@ def run_shard(m: LoadedModel, source: ImageSource, shard: Shard, views: tuple[st
 def weight_views(m: LoadedModel) -> dict[str, Any]:
     """The weight-only views, once per model, as the registry summarises them (filter PCA's explained
     variance, E_pos structure); a view this model does not have is left out."""
-    from ..errors import ViewNotAvailableError
-
     out: dict[str, Any] = {}
     for view in VIEW_REGISTRY.values():
         if view.kind == "weights" and view.summary is not None:
@@ -90,8 +90,6 @@ class SurveyWorker:
 
     def _model(self) -> LoadedModel:
         if self.m is None:
-            from ..loading import load_model
-
             torch.manual_seed(0)  # random-init models are the same in every worker
             device = "cuda" if self.use_gpu and torch.cuda.is_available() else "cpu"
             ckpt = checkpoint_of(self.name)

@@ -12,7 +12,7 @@ from typing import Sequence, cast
 import numpy as np
 import torch
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, ViewNotAvailableError
 from ..kinds import refuse_other_maps
 from ..images import ImageLike
 from ..loading.model import LoadedModel
@@ -20,6 +20,9 @@ from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.capture import capture_attention
 from ..engine.consumer import AttentionConsumer, query_rows
+from ..engine.stream import stream_attention
+from ..families.pooling import capture_pool_attention
+from .prefix import parked_heads, prefix_mass
 
 
 def query_token(spec: ModelSpec, row: int | None = None, col: int | None = None,
@@ -94,8 +97,6 @@ class AttentionMapsResult(Result):
             ViewNotAvailableError: the model has no attention pool.
         """
         if self.pool is None:
-            from ..errors import ViewNotAvailableError
-
             raise ViewNotAvailableError(f"{self.model_name or 'this model'} pools without an attention pool (a class "
                                         "token or the mean), so there is no pool attention to show.")
         heads, queries, _t = self.pool.shape
@@ -125,8 +126,6 @@ class AttentionMapsResult(Result):
 
     def prefix_mass(self) -> np.ndarray:
         """[layers, heads, P] share of the patch queries' attention on each prefix token (mean over queries)."""
-        from .prefix import prefix_mass
-
         if self.queries is not None:
             raise InvalidParameterError("The prefix mass averages every patch query's row; these maps keep "
                                         f"{len(self.queries)} queries. Call attention_maps without queries.")
@@ -134,8 +133,6 @@ class AttentionMapsResult(Result):
 
     def parked_heads(self, labels: list[str], threshold: float = 0.5) -> list[dict]:
         """Heads of this image whose patch queries put more than ``threshold`` on one prefix token."""
-        from .prefix import parked_heads
-
         return parked_heads(self.prefix_mass(), labels, threshold)
 
     def query_rows(self, layer: int, query: int) -> list[dict]:
@@ -205,9 +202,6 @@ def attention_maps(m: LoadedModel, image: ImageLike | torch.Tensor, queries: Seq
     """
     import contextlib
 
-    from ..errors import ViewNotAvailableError
-    from ..families.pooling import capture_pool_attention
-    from ..engine.stream import stream_attention
 
     refuse_other_maps(m.spec, "attention_maps")
     x = image if isinstance(image, torch.Tensor) else m.preprocess([image])

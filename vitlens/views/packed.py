@@ -113,8 +113,11 @@ def _packs(m: LoadedModel, images: list[torch.Tensor]) -> list[list[torch.Tensor
 def _pack_results(m: LoadedModel, pack: list[torch.Tensor], views: tuple, params: ViewParams) -> list[AnalysisResult]:
     """One packed forward of ``pack`` and each image's result from its diagonal block (the images one by one when
     the model does not pack them); its captured maps are dropped on return, before the next pack runs."""
+    packed_forward = m.family.packed_forward
+    if packed_forward is None:  # a family of no packed models: the images one by one
+        return [_alone(m, img, views, params) for img in pack]
     with capture_attention(m) as cap:
-        where_all = m.family.packed_forward(m.model, pack)
+        where_all = packed_forward(m.model, pack)
     if where_all is None:
         return [_alone(m, img, views, params) for img in pack]
     out = []

@@ -55,7 +55,7 @@ def patch_queries_mass(rows: np.ndarray | torch.Tensor) -> np.ndarray | torch.Te
 def parked_heads(mass: np.ndarray, labels: list[str], threshold: float = PARKED) -> list[dict]:
     """(layer, head, token, share) of every head whose patch queries put more than ``threshold``
     of their attention on one prefix token; ``mass`` is [L, H, P]; layer and head 1-based."""
-    out = []
+    out: list[dict] = []
     if mass.size == 0:
         return out
     for l, h, t in zip(*np.nonzero(mass > threshold)):
@@ -191,8 +191,9 @@ class PrefixDiagnosticsResult(Result):
     def summary(self) -> str:
         total = self.mass.sum(-1) if self.mass.size else np.zeros((0, 0))
         most = f"{total.max():.2f}" if total.size else "0"
-        return (f"{self.model_name or 'model'}: {counted(len(self.labels), 'prefix token')}, up to {most} of a head's attention "
-                f"on them, {counted(len(self.parked()), 'parked head')} over {counted(self.n_images, 'image')}")
+        return (f"{self.model_name or 'model'}: {counted(len(self.labels), 'prefix token')}, up to {most} of a "
+                f"head's attention on them, {counted(len(self.parked()), 'parked head')} over "
+                f"{counted(self.n_images, 'image')}")
 
     def to_rows(self) -> list[dict]:
         """One row per (layer, head, prefix token), 1-based layer and head."""
@@ -269,5 +270,5 @@ def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, pro
     return consumer.result(m.spec)
 
 
-__all__ = ["PrefixAttentionAccumulator", "PrefixDiagnostics", "TokenNorms", "PrefixDiagnosticsResult", "parked_heads", "prefix_diagnostics",
-           "prefix_labels"]
+__all__ = ["PrefixAttentionAccumulator", "PrefixDiagnostics", "TokenNorms", "PrefixDiagnosticsResult", "parked_heads",
+           "prefix_diagnostics", "prefix_labels"]

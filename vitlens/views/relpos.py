@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import InvalidParameterError, ViewNotAvailableError
 from ..loading.model import LoadedModel
 from ..results import Result
+from ..families.common.relative_bias import read_relative_bias
 
 #: how many roundings of the bias's dtype two query/key pairs at one offset may differ by and still count as one
 #: value (table look-ups give exactly one; a bias computed pair by pair from the same offset could differ by a
@@ -224,8 +225,6 @@ def relative_position_bias(m: LoadedModel | nn.Module) -> RelativePositionBiasRe
         ViewNotAvailableError: a model without a learned relative-position bias (the reason in one line), or one whose
             bias is not a function of the offset alone (the largest difference between two pairs of one offset named).
     """
-    from ..families.common.relative_bias import read_relative_bias
-
     if isinstance(m, LoadedModel):
         name, labels = m.spec.name, m.spec.prefix_labels
         found = m.family.relative_bias(m.model, m.spec)

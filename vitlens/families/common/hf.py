@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ...core.spec import ModelSpec
-from ...errors import UnsupportedModelError
+from ...errors import InvalidParameterError, UnsupportedModelError
 from ..base import FAMILIES, Family
 from .windows import pair
 
@@ -230,8 +230,6 @@ def resize_inputs(model: nn.Module, x: torch.Tensor, fn: Any = None) -> dict[str
         takes = False
     if takes:
         return {"interpolate_pos_encoding": True}
-    from ...errors import InvalidParameterError
-
     raise InvalidParameterError(
         f"{type(model).__name__} was built for {size[0]}x{size[1]} px inputs and cannot resample its position table "
         f"(no interpolate_pos_encoding); got {hw[0]}x{hw[1]} px: load it without another input_size.")

@@ -27,9 +27,11 @@ from torch import nn
 
 from ...core.spec import ModelSpec
 from ...core.tokens import TokenLayout
-from ...errors import UnsupportedModelError
+from ...errors import UnsupportedModelError, ViewNotAvailableError
 from ..base import CaptureRequest, Handles, refuse_other_size
 from .patches import PatchEmbedding, patch_embedding
+from .openclip import (encode_image, install_attentional_pool, is_open_clip, is_sincos, open_clip_data_config,
+                              visual_of)
 
 
 class Layout:
@@ -136,8 +138,6 @@ class Layout:
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
         """Side capture of the model's attention pool (``Family.install_pool``)."""
-        from ...errors import ViewNotAvailableError
-
         raise ViewNotAvailableError(f"{name} pools without an attention pool vitlens reads, so there is no pool "
                                     "attention to show.")
 
@@ -309,13 +309,9 @@ class OpenClipLayout(Layout):
 
     @staticmethod
     def _visual(model: nn.Module) -> nn.Module:
-        from .openclip import visual_of
-
         return visual_of(model)
 
     def matches(self, model: nn.Module) -> bool:
-        from .openclip import is_open_clip
-
         if not is_open_clip(model):
             return False
         from open_clip.transformer import VisionTransformer
@@ -358,13 +354,9 @@ class OpenClipLayout(Layout):
         return built[0], built[1]
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        from .openclip import encode_image
-
         return encode_image(model, x)
 
     def position_rows(self, model: nn.Module) -> torch.Tensor | None:
-        from .openclip import is_sincos
-
         visual = self._visual(model)
         if is_sincos(visual, self.declared_grid(model)):
             return None  # a fixed 2-D sin-cos table, not a learned one
@@ -374,13 +366,9 @@ class OpenClipLayout(Layout):
         return int(self._visual(model).transformer.width)
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .openclip import open_clip_data_config
-
         return open_clip_data_config(model, spec)
 
     def install_pool(self, model: nn.Module, capture: CaptureRequest, handles: Handles, name: str) -> None:
-        from .openclip import install_attentional_pool
-
         install_attentional_pool(model, capture, handles)
 
 

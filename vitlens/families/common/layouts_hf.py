@@ -1,5 +1,6 @@
-"""The generic capture's Hugging Face layout (``vitlens.families.layouts``' ``Layout``): a transformers vision model
-the ``hf-vit`` family does not name, read at its attention modules' one ``scaled_dot_product_attention`` call
+"""The generic capture's Hugging Face layout (``vitlens.families.common.layouts``' ``Layout``): a transformers
+vision model the ``hf-vit`` family does not name, read at its attention modules' one
+``scaled_dot_product_attention`` call
 (``attn_implementation="sdpa"``) or, eager-only, at their one softmax.
 
 Its patch embedding is one convolution in ``embeddings``, or a tower's own: Pixtral's ``patch_conv`` (images packed
@@ -22,6 +23,11 @@ from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles, refuse_other_size
 from .patches import flat_temporal_patches, patch_embedding
 from .layouts import Layout, register_layout
+from .sdpa_calls import install_pool_call_capture
+from .mha import install_probe_pool, probe_attention
+from .hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, config_image_size, data_config_of, is_hf_model,
+                        processor_defaults, resize_inputs, tower_type, vision_tower)
+from .windows import pair
 
 
 #: ``name``: where a transformers model's list of layers may be, most usual first
@@ -33,8 +39,6 @@ def _hf_tower(model: nn.Module) -> nn.Module:
     """The module with the vision embeddings: the model itself, or its ``vision_model`` / ``vit`` (``hf.vision_tower``),
     or its base model (a classifier's ``beit``, ``data2vec_vision``: ``PreTrainedModel.base_model``), or the ``model``
     it wraps (Kosmos-2's vision model)."""
-    from .hf import vision_tower
-
     tower = vision_tower(model)
     for attr in ("base_model", "model"):
         if hasattr(tower, "embeddings"):
@@ -142,8 +146,6 @@ def _refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool
 def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
     """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
     ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
-    from .hf import resize_inputs
-
     return {"pixel_values": x, **resize_inputs(model, x, fn)}
 
 
@@ -156,8 +158,6 @@ class HuggingFaceLayout(Layout):
                   "scaled_dot_product_attention call the generic capture reads")
 
     def matches(self, model: nn.Module) -> bool:
-        from .hf import is_hf_model
-
         return is_hf_model(model) and _hf_parts(model) is not None
 
     def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]]:
@@ -321,14 +321,9 @@ class HuggingFaceLayout(Layout):
         return TokenLayout(front.tokens + (PrefixToken("detection"),) * n, front.grids)
 
     def _built_size(self, model: nn.Module) -> tuple[int, int]:
-        from .hf import config_image_size
-        from .windows import pair
-
         return pair(config_image_size(self._parts(model)[0].config))
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
-        from .windows import pair
-
         if self._merge(model) or self._positioned(model):
             return None  # (any size: its positions are given with its patches)
         size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
@@ -411,9 +406,6 @@ class HuggingFaceLayout(Layout):
         return int(model.config.num_labels) if "ForImageClassification" in type(model).__name__ else 0
 
     def data_config(self, model: nn.Module, spec: ModelSpec) -> dict[str, Any]:
-        from .hf import (IMAGENET_MEAN, IMAGENET_STD, ProcessorDefaults, data_config_of, processor_defaults,
-                                tower_type)
-
         defaults = processor_defaults(tower_type(model)) or ProcessorDefaults("center", 224 / 256, IMAGENET_MEAN,
                                                                               IMAGENET_STD, "bicubic")
         return data_config_of(model, spec, defaults, self.patch_embedding(model).in_channels)
@@ -422,9 +414,6 @@ class HuggingFaceLayout(Layout):
         """An attention-pooling head: a learned probe through one ``nn.MultiheadAttention`` (Phi-4-multimodal's
         head, SigLIP's kind), read from that module's own in-projection (``common.mha.install_probe_pool``); else
         one SDPA call of its queries over the tokens (AIMv2's ``head``), read at that call."""
-        from .mha import install_probe_pool, probe_attention
-        from .sdpa_calls import install_pool_call_capture
-
         tower = self._parts(model)[0]
         head = getattr(tower, "head", None)
         if not isinstance(head, nn.Module) or not getattr(tower, "use_head", True) or \

@@ -15,6 +15,7 @@ from ...core.attention import attention_probs
 from ...core.spec import ModelSpec
 from ..base import CaptureRequest, Handles
 from .mha import call_mask
+from ...errors import ViewNotAvailableError
 
 #: open_clip's resize modes -> timm's crop modes
 _RESIZE_MODES = {"shortest": "center", "squash": "squash", "longest": "border"}
@@ -57,8 +58,6 @@ def install_attentional_pool(model: nn.Module, capture: CaptureRequest, handles:
     Raises:
         ViewNotAvailableError: the tower has no attentional pooler over its tokens.
     """
-    from ...errors import ViewNotAvailableError
-
     visual = visual_of(model)
     pool = getattr(visual, "attn_pool", None)
     kind = getattr(visual, "attn_pool_type", "")

@@ -16,6 +16,7 @@ from typing import Any, Sequence, cast
 
 import torch
 from torch import nn
+from ...core.attention import effective_weight
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,6 @@ class PatchEmbedding:
     def filters(self) -> torch.Tensor:
         """The weights as [D, C, kh, kw] filters of the pixels, as applied (a linear layer's rows unflattened in its
         channel-major order; a temporal patch's frames summed, since an image fills it with one frame repeated)."""
-        from ...core.attention import effective_weight
-
         if self.kind == "conv2d":
             return effective_weight(cast(nn.Conv2d, self.weight_module))  # kind "conv2d": the module is a Conv2d
         w = self.weight_module.weight.detach().to(torch.float64).cpu()

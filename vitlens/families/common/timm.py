@@ -13,7 +13,7 @@ from torch import nn
 
 from ...core.attention import attention_probs_in_rows, conv_filters
 from ...core.spec import ModelSpec
-from ...errors import UnsupportedModelError
+from ...errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 from ...kinds import VIT
 from ..base import CaptureRequest, Emit, Family, Handles, prefix_labels, refuse_other_size
 
@@ -108,7 +108,6 @@ class TimmFamily(Family):
         its latent queries over every token, read from its q_norm / k_norm as a block's."""
         from timm.layers import AttentionPoolLatent
 
-        from ...errors import ViewNotAvailableError
 
         pool = getattr(model, "attn_pool", None)
         if type(pool) is not AttentionPoolLatent or pool.q_norm is pool.k_norm:
@@ -154,8 +153,6 @@ def check_input_size(model: nn.Module, input_hw: Sequence[int]) -> None:
     Raises:
         InvalidParameterError: naming the size, what the model takes, and what to do.
     """
-    from ...errors import InvalidParameterError
-
     pe = model.patch_embed
     size = getattr(pe, "img_size", None)
     hw = (int(input_hw[0]), int(input_hw[1]))
