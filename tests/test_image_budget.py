@@ -12,7 +12,9 @@ from PIL import Image
 
 from vitlens import images as vimages
 from vitlens.errors import ImageLoadError
-from vitlens.images import MAX_DECODE_PIXELS, open_image, read_uploads, to_rgb
+from vitlens import image_uploads
+from vitlens.image_uploads import read_uploads
+from vitlens.images import MAX_DECODE_PIXELS, open_image, to_rgb
 
 
 def test_a_png_above_the_budget_is_refused_before_it_is_decoded(tmp_path):
@@ -64,8 +66,8 @@ def test_uploads_are_decoded_once_per_session_and_kept_resized(monkeypatch):
     Image.new("RGB", (3000, 100)).save(buf, format="PNG")
     data = buf.getvalue()
     calls = []
-    real = vimages.read_upload
-    monkeypatch.setattr(vimages, "read_upload", lambda *a: calls.append(a[0]) or real(*a))
+    real = image_uploads.read_upload
+    monkeypatch.setattr(image_uploads, "read_upload", lambda *a: calls.append(a[0]) or real(*a))
     memo: dict = {}
     first = read_uploads([("wide.png", data), ("junk.png", b"no")], max_side_px=2048, memo=memo)
     second = read_uploads([("wide.png", data), ("junk.png", b"no")], max_side_px=2048, memo=memo)

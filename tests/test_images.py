@@ -101,7 +101,8 @@ def test_a_tiny_image_gets_the_one_warning_in_uploads_and_on_the_command_line():
 
     from PIL import Image
 
-    from vitlens.images import TINY_IMAGE_PX, read_uploads, tiny_image_warning
+    from vitlens.image_uploads import read_uploads
+    from vitlens.images import TINY_IMAGE_PX, tiny_image_warning
 
     def png(size):
         buf = io.BytesIO()

@@ -35,7 +35,7 @@ def blank_png(w: int, h: int) -> bytes:
 def test_a_huge_png_is_said_too_large_in_vitlens_words_without_a_warning(side: int) -> None:
     """63.9: 'Cannot read huge.png as an image (... Downscale it first.). Pass a PNG ...' for a PNG, Pillow's
     'decompression bomb DOS attack' text, and a raw DecompressionBombWarning on the CLI."""
-    from vitlens.images import read_upload
+    from vitlens.image_uploads import read_upload
 
     data = blank_png(side, side)
     with warnings.catch_warnings():

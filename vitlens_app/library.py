@@ -26,7 +26,8 @@ from vitlens.components import LEDGER_RTOL
 # clips: the frames a video model's processor takes, the video files read
 from vitlens.clips import CLIP_SUFFIXES, VideoProcessing, sampled_clip
 # images, models and the embedded reference scenes
-from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES, read_uploads
+from vitlens.image_uploads import read_uploads
+from vitlens.images import MAX_UPLOAD_MB, SAMPLE_NAMES, UPLOAD_TYPES
 # checkpoints: the suffixes the loader reads as a checkpoint file
 from vitlens.loading.checkpoint import CHECKPOINT_SUFFIXES
 from vitlens.loading.seeded import load_model_seeded
