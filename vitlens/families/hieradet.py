@@ -15,7 +15,7 @@ from ..core.windows import WindowGeometry, pooling_transport, transport_centres
 from ..errors import UnsupportedModelError
 from ..kinds import HIERARCHICAL
 from .base import register
-from .common.hiera import QueriesAndKeys, TimmHieraBase, triple, zero_product
+from .common.hiera import QueriesAndKeys, TimmHieraBase, queries_and_keys, triple, zero_product
 from .common.windows import StandIn, identity, token_centres
 
 
@@ -36,12 +36,8 @@ def _hieradet_step(block: nn.Module, x: torch.Tensor, zero: bool) -> tuple[torch
     replaced: dict[str, Any] = {name: identity for name in ("norm1", "proj", "norm2", "ls1", "ls2", "drop_path1",
                                                                 "drop_path2")}
     out = type(block).forward(StandIn(block, attn=attention, mlp=zero_product, **replaced), x)
-    if len(mode.operands) != 2:
-        raise UnsupportedModelError(f"{type(attn).__name__}: its non-fused path made {len(mode.operands)} matrix "
-                                    "products, not q k^T and then the probabilities times v; vitlens cannot read "
-                                    "its windows.")
-    q, kt = mode.operands[0]
-    return q.reshape(-1, *q.shape[-2:]), kt.transpose(-1, -2).reshape(-1, kt.shape[-1], kt.shape[-2]), out[0]
+    return queries_and_keys(mode, attn, out)
+
 
 def _coded(h: int, w: int) -> tuple[torch.Tensor, int]:
     """[1, h, w, 5] each token's code (r + 1, c + 1, big - r, big - c, -1): under a max over tokens (a max pool)

@@ -54,6 +54,18 @@ class QueriesAndKeys(TorchFunctionMode):
                 return torch.zeros_like(q) if self.zero else q
         return func(*args, **kwargs)
 
+
+def queries_and_keys(mode: QueriesAndKeys, attn: nn.Module, out: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """The queries [windows, Q, d] and keys [windows, K, d] of the non-fused path's first of its two matrix products
+    (q k^T, then the probabilities times v), with the first output, or a refusal naming what it made instead."""
+    if len(mode.operands) != 2:
+        raise UnsupportedModelError(f"{type(attn).__name__}: its non-fused path made {len(mode.operands)} matrix "
+                                    "products, not q k^T and then the probabilities times v; vitlens cannot read "
+                                    "its windows.")
+    q, kt = mode.operands[0]
+    return q.reshape(-1, *q.shape[-2:]), kt.transpose(-1, -2).reshape(-1, kt.shape[-1], kt.shape[-2]), out[0]
+
+
 @dataclass(frozen=True)
 class Dialect:
     """Where timm's and transformers' Hiera keep what the geometry reads: the attention's heads / head size /
@@ -94,12 +106,7 @@ def _run_attention(attn: nn.Module, x: torch.Tensor, d: Dialect) -> tuple[torch.
     with mode:
         out = type(attn).forward(stand_in, x)
     out = out[0] if d.attention_returns_tuple else out
-    if len(mode.operands) != 2:
-        raise UnsupportedModelError(f"{type(attn).__name__}: its non-fused path made {len(mode.operands)} matrix "
-                                    "products, not q k^T and then the probabilities times v; vitlens cannot read "
-                                    "its windows.")
-    q, kt = mode.operands[0]
-    return q.reshape(-1, *q.shape[-2:]), kt.transpose(-1, -2).reshape(-1, kt.shape[-1], kt.shape[-2]), out[0]
+    return queries_and_keys(mode, attn, out)
 
 class _ZeroAttention(StandIn):
     """The block's attention seen with its attributes (its query stride), answering zero."""
@@ -282,5 +289,5 @@ class TimmHieraBase(StagedFamily):
         return timm_data_config(model, spec)
 
 
-__all__ = ["CHUNK", "Dialect", "HF", "QueriesAndKeys", "TIMM", "TimmHieraBase", "read_windows", "triple",
-           "window_emitter", "zero_product"]
+__all__ = ["CHUNK", "Dialect", "HF", "QueriesAndKeys", "TIMM", "TimmHieraBase", "queries_and_keys", "read_windows",
+           "triple", "window_emitter", "zero_product"]
