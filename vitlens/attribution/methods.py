@@ -296,7 +296,7 @@ def map_stride(m: LoadedModel, grid: tuple[int, int], size: tuple[int, int]) -> 
     patch-token grid, a stage's stride on that stage's grid (a hierarchical model's CAM); else the size over the
     grid, rounded up."""
     if tuple(grid) == tuple(m.grid_for(size)):
-        return tuple(int(v) for v in m.spec.stride_px)  # type: ignore[return-value]
+        return int(m.spec.stride_px[0]), int(m.spec.stride_px[1])
     for g, stride in stage_layouts(m):
         if tuple(g) == tuple(grid):
             return stride
@@ -306,10 +306,11 @@ def map_stride(m: LoadedModel, grid: tuple[int, int], size: tuple[int, int]) -> 
 def map_grids(m: LoadedModel, size: tuple[int, int]) -> list[tuple[int, int]]:
     """The grids a map of ``m`` may be on for inputs of ``size``: its patch-token grid, and a hierarchical model's
     stage grids (its CAMs')."""
-    grids = [tuple(int(v) for v in m.grid_for(size))]
+    gh, gw = m.grid_for(size)
+    grids: list[tuple[int, int]] = [(int(gh), int(gw))]
     if kind_of(m).stages:
-        grids += [g for g, _s in stage_layouts(m) if g not in grids]
-    return grids  # type: ignore[return-value]
+        grids += [(int(g[0]), int(g[1])) for g, _s in stage_layouts(m) if tuple(g) not in grids]
+    return grids
 
 
 def attribute(

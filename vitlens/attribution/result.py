@@ -74,7 +74,8 @@ class AttributionResult(Result):
 
     def cell_px(self, patch_stride: tuple[int, int]) -> tuple[int, int]:
         """(sy, sx) pixels of one map cell: ``stride_px``, or ``patch_stride`` (the model's) where it is None."""
-        return tuple(int(v) for v in (self.stride_px or patch_stride))  # type: ignore[return-value]
+        sy, sx = self.stride_px or patch_stride
+        return int(sy), int(sx)
 
     def upsampled(self) -> np.ndarray:
         """[B, H, W] maps resized (bilinear) to the input size, for display."""

@@ -53,6 +53,7 @@ class Parser(argparse.ArgumentParser):
 
 def later_help(action: argparse.Action, write: Callable[[], str]) -> None:
     """Give ``action`` help that ``write`` composes when help is shown (``Parser.format_help``), not when parsed."""
+    # argparse's Action declares no such attribute: Parser.format_help reads it back by getattr
     action.later_help = write  # type: ignore[attr-defined]
 
 
