@@ -63,6 +63,25 @@ def test_a_second_survey_in_a_busy_folder_is_refused_and_both_are_kept_after(loc
     assert set(result.table["model"]) == {"ref-hybrid", "ref-vit"}
 
 
+def test_a_survey_in_its_first_moments_is_busy_not_a_foreign_folder(tmp_path):
+    """A second survey that arrives while the first holds the lock and is writing its manifest (a temporary file
+    beside the .lock, no manifest.json yet) is told the folder is busy, not that it is no survey's folder."""
+    out = tmp_path / "zoo"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from vitlens.survey.store import SurveyStore\n"
+        f"with SurveyStore({str(out)!r}).lock():\n"
+        f"    Path({str(out)!r}, '.manifest.json.x1y2.tmp').write_text('{{')\n"
+        "    print('held', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SurveyBusyError, match=f"being written by another vitlens survey .pid {holder.pid}"):
+            vl.survey(["ref-vit"], shapes_source(N), out, shard_size=SHARD, progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_killed_run_does_not_leave_the_folder_locked(tmp_path):
     out = tmp_path / "zoo"
     holder = subprocess.Popen([sys.executable, "-c", (

@@ -139,7 +139,7 @@ def survey(
     source = images if isinstance(images, ImageSource) else files_source(images, per_class, max_images, hash_images)
     refuse_out_inside_images(out, source)
     store = SurveyStore(out)
-    store.check_out()  # before the lock: a folder that is not a survey's gets no .lock
+    store.check_out(before_lock=True)  # before the lock: a folder that is not a survey's gets no .lock
     with store.lock():
         return _survey_locked(store, models, source, images, address, batch_size, shard_size, views,
                               num_gpus_per_worker, num_cpus_per_worker, pretrained, max_images, strict, renormalize,

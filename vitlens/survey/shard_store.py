@@ -135,18 +135,37 @@ class SurveyStore:
         finally:
             os.close(fd)  # closing drops the flock
 
-    def check_out(self) -> None:
+    def check_out(self, before_lock: bool = False) -> None:
         """Refuse, before anything is written to it (the lock file included), a folder that is not a survey's: it
         may be missing, empty (or hold only a survey's ``.lock``), or hold a manifest.json; a file is refused too.
+
+        Args:
+            before_lock: the check before the lock is taken: a folder whose ``.lock`` a vitlens survey wrote ("pid
+                N, since ...") may be another survey's first moments (its manifest being written, none yet), so the
+                lock answers for it (busy, or this check again under the lock, ``open``); another tool's ``.lock`` is
+                no survey's, and the folder is refused as before.
 
         Raises:
             InvalidParameterError: ``out`` is a file, or a folder with other things in it and no manifest.
         """
         if self.out.exists() and not self.out.is_dir():
             raise InvalidParameterError(f"{self.out} is a file, not a folder; choose a new --out.")
+        if before_lock and self._survey_lock():
+            return
         if self.out.is_dir() and not self.manifest_path.is_file() and \
                 any(p.name != LOCK_NAME for p in self.out.iterdir()):
             raise InvalidParameterError(f"{self.out} exists and is not a survey folder; choose a new --out.")
+
+    def _survey_lock(self) -> bool:
+        """Whether the folder's ``.lock`` is a regular file that a vitlens survey wrote (``lock``: "pid N, ...")."""
+        path = self.out / LOCK_NAME
+        try:
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 200:
+                return False
+            return path.read_bytes()[:4] == b"pid "
+        except OSError:
+            return False
 
     def manifest(self) -> dict[str, Any] | None:
         """The folder's manifest (None where there is none), read only when it is a regular file of at most
