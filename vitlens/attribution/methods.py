@@ -38,13 +38,12 @@ from .lrp import AttnLRPMaps, attnlrp_maps
 from .builtin import (Scorer, class_scorer, grad_rollout_maps, input_x_gradient_maps, integrated_gradients_maps,
                       occlusion_maps, rollout_maps, saliency_maps)
 from .result import AttributionResult
+from .text import SCORE, TextTargets, has_text_tower, is_text_target
 from .tower_targets import DIRECTION_SCORE, OutputTarget, is_headless
 
 
 def _targets(m: LoadedModel, x: torch.Tensor, target: Any) -> torch.Tensor:
     if m.spec.num_classes <= 0:
-        from .text import has_text_tower
-
         if has_text_tower(m):  # CLIP / SigLIP: the map explains the similarity to a prompt
             raise InvalidParameterError(f"{m.spec.name} has a text tower and no classifier head: give the prompt "
                                         "to explain, e.g. target=\"a photo of a dog\" (the image's similarity to it).")
@@ -349,8 +348,6 @@ def attribute(
         An ``AttributionResult``; its ``maps`` are [B, gh, gw]; for a text target ``label_names`` are the
             prompts, ``targets`` index them and ``params['score']`` says what was explained.
     """
-    from .text import SCORE, TextTargets, is_text_target
-
     if method not in METHOD_TABLE:
         raise InvalidParameterError(f"method must be one of {', '.join(METHOD_TABLE)}; got {method!r}.")
     spec = METHOD_TABLE[method]

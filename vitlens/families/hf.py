@@ -51,7 +51,7 @@ from typing import Any, Sequence, cast
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import InvalidParameterError, UnsupportedModelError, ViewNotAvailableError
 from ..core.spec import ModelSpec
 from ..core.tokens import ImageTokens
 from ..kinds import VIT
@@ -272,8 +272,6 @@ class HuggingFaceViT(Family):
         """SigLIP's / Siglip2's MAP head: its probe's nn.MultiheadAttention over the tokens, softmax(q / sqrt(d) @ k^T
         + mask) per head (what the module returns with ``average_attn_weights=False``), from its own in-projection
         (``common.mha.install_probe_pool``)."""
-        from ..errors import ViewNotAvailableError
-
         mha = probe_attention(getattr(vision_tower(model), "head", None))
         if mha is None:
             raise ViewNotAvailableError(f"{type(model).__name__} has no MAP head (SigLIP's probe attention), so "
@@ -352,8 +350,6 @@ class HuggingFaceViT(Family):
         Raises:
             InvalidParameterError: an image whose sides are not whole multiples of the patch size.
         """
-        from ..errors import InvalidParameterError
-
         if tower_type(model) != "siglip2_vision_model":
             return None
         tower = vision_tower(model)

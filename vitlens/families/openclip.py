@@ -179,8 +179,6 @@ class OpenClipTimm(Adapter):
 
 def _windowed_trunk(model: nn.Module) -> bool:
     """Whether an open_clip tower's timm trunk is read by a family whose blocks attend in windows (a timm Swin)."""
-    from .base import family_of
-
     try:
         return family_of(visual_of(model).trunk).windows is not None
     except UnsupportedModelError:

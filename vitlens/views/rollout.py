@@ -34,7 +34,8 @@ from typing import Any, TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, ViewNotAvailableError
+from ..families.pooling import capture_pool_attention
 from ..core.native import SoftmaxTaps, compiled_wanted
 from ..core.pages import large_empty
 from ..core.spec import ModelSpec
@@ -149,9 +150,6 @@ def rollout_sources(m: "LoadedModel") -> tuple[str | None, ...]:
     Returns:
         ``(None,)`` or ``(None, "pool")``.
     """
-    from ..errors import ViewNotAvailableError
-    from ..families.pooling import capture_pool_attention
-
     try:
         with capture_pool_attention(m):
             return ROLLOUT_SOURCES
@@ -217,7 +215,6 @@ class RolloutAccumulator(AttentionConsumer):
         if self._model is None:
             raise InvalidParameterError("Rollout from the attention pool needs the model: build the accumulator "
                                         "with RolloutAccumulator.for_model(m, source='pool').")
-        from ..families.pooling import capture_pool_attention
 
         self._pool = capture_pool_attention(self._model)
         return self._pool

@@ -12,6 +12,7 @@ import torch
 
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry, merge_transport
+from ..engine.capture import capture_attention
 from ..engine.consumer import AttentionConsumer, BatchInfo
 from ..errors import InvalidParameterError
 from .rollout import RolloutBatches, RolloutResult
@@ -173,8 +174,6 @@ def window_maps(m: LoadedModel, image: object) -> list[torch.Tensor]:
     """
     model_windows(m)  # refuses a model without windows, in one line
     x = image[:1] if isinstance(image, torch.Tensor) else m.preprocess([image])
-    from ..engine.capture import capture_attention
-
     with capture_attention(m) as cap, torch.no_grad():
         m.forward(x.to(m.device))
     return cap.maps
