@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from ..core.spec import ModelSpec
-from ..core.windows import WindowGeometry, pooling_transport, transport_centres
+from ..core.windows import WindowGeometry, pooling_transport
 from ..errors import UnsupportedModelError
 from ..kinds import HIERARCHICAL
 from .base import register
-from .common.hiera import QueriesAndKeys, TimmHieraBase, queries_and_keys, triple, zero_product
+from .common.hiera import QueriesAndKeys, TimmHieraBase, queries_and_keys, stage_geometry, triple, zero_product
 from .common.windows import StandIn, identity, token_centres
 
 
@@ -105,19 +105,9 @@ def read_hieradet_windows(model: nn.Module, grid: tuple[int, int], patch_stride:
             stride = (stride[0] * step[0], stride[1] * step[1])
             allowed = np.broadcast_to((keys >= 0)[:, None, :], (nw, nq, keys.shape[1])).copy()
             kind = "global" if nw == 1 and (index >= 0).all() else "window"
-            if pooled:
-                move = pooling_transport((h, w), step, step, (0, 0), coarse=out_grid)
-                coarse = transport_centres(move, centres)
-                g = WindowGeometry(stage=stage, grid=out_grid, stride_px=stride, index=index, allowed=allowed,
-                                   kind="query-pooled " + kind, key_index=keys, key_grid=(h, w), query_centres=coarse,
-                                   key_centres=centres, input_grid=(h, w), query_from=move)
-                centres = coarse
-            else:
-                if not np.array_equal(keys, index):
-                    raise UnsupportedModelError(f"{what}: its keys are not its queries' tokens; vitlens cannot "
-                                                "read it.")
-                g = WindowGeometry(stage=stage, grid=out_grid, stride_px=stride, index=index, allowed=allowed,
-                                   kind=kind, query_centres=centres)
+            move = pooling_transport((h, w), step, step, (0, 0), coarse=out_grid) if pooled else None
+            g, centres = stage_geometry(stage, out_grid, stride, index, keys, allowed, kind, (h, w), centres, move,
+                                        what)
             out.append(g)
             h, w = out_grid
     return out

@@ -165,6 +165,23 @@ def _pool_transport(sets: np.ndarray, tokens: np.ndarray, cells: np.ndarray, coa
     order = np.lexsort((cols, rows))
     return Transport(rows[order], cols[order], weights[order], (coarse, fine))
 
+def stage_geometry(stage: int, grid: tuple[int, int], stride: tuple[int, int], index: np.ndarray, keys: np.ndarray,
+                   allowed: np.ndarray, kind: str, input_grid: tuple[int, int], centres: np.ndarray,
+                   move: Transport | None, what: str) -> tuple[WindowGeometry, np.ndarray]:
+    """One block's ``WindowGeometry`` from its queries' and keys' tokens, and the query centres the next block reads:
+    a query-pooled block (``move``: the pooling's transport) has keys on the input grid and queries at the pooled
+    centres; any other block's keys are its queries' tokens (refused otherwise, naming ``what``)."""
+    if move is not None:
+        coarse = transport_centres(move, centres)
+        return WindowGeometry(stage=stage, grid=grid, stride_px=stride, index=index, allowed=allowed,
+                              kind="query-pooled " + kind, key_index=keys, key_grid=input_grid, query_centres=coarse,
+                              key_centres=centres, input_grid=input_grid, query_from=move), coarse
+    if not np.array_equal(keys, index):
+        raise UnsupportedModelError(f"{what}: its keys are not its queries' tokens; vitlens cannot read it.")
+    return WindowGeometry(stage=stage, grid=grid, stride_px=stride, index=index, allowed=allowed, kind=kind,
+                          query_centres=centres), centres
+
+
 def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequence[tuple[int, nn.Module]],
                  grid: tuple[int, int], patch_stride: tuple[int, int], q_stride: tuple[int, int],
                  d: Dialect) -> list[WindowGeometry]:
@@ -223,20 +240,10 @@ def read_windows(unroll: Callable[[torch.Tensor], torch.Tensor], blocks: Sequenc
             next_tokens = _cells(r_sets, tokens, (h, w), step, what)
             stride = (stride[0] * step[0], stride[1] * step[1])
             allowed = np.ones((nw, nq, keys.shape[1]), dtype=bool)
-            if pooled:
-                move = _pool_transport(r_sets, tokens, next_tokens, out_grid[0] * out_grid[1], n_in)
-                coarse = transport_centres(move, centres)
-                g = WindowGeometry(stage=stage, grid=out_grid, stride_px=stride, index=index, allowed=allowed,
-                                   kind="query-pooled " + ("global" if nw == 1 else "window"), key_index=keys,
-                                   key_grid=(h, w), query_centres=coarse, key_centres=centres, input_grid=(h, w),
-                                   query_from=move)
-                centres = coarse
-            else:
-                if not np.array_equal(keys, index):
-                    raise UnsupportedModelError(f"{what}: its keys are not its queries' tokens; vitlens cannot "
-                                                "read it.")
-                g = WindowGeometry(stage=stage, grid=out_grid, stride_px=stride, index=index, allowed=allowed,
-                                   kind="global" if nw == 1 else "window", query_centres=centres)
+            move = _pool_transport(r_sets, tokens, next_tokens, out_grid[0] * out_grid[1], n_in) if pooled else None
+            kind = "global" if nw == 1 else "window"
+            g, centres = stage_geometry(stage, out_grid, stride, index, keys, allowed, kind, (h, w), centres, move,
+                                        what)
             out.append(g)
             tokens, (h, w) = next_tokens, out_grid
     return out
