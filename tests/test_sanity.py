@@ -242,3 +242,16 @@ def test_the_report_says_the_same_rule_and_draws_the_same_figure():
     assert "verdict cutoff 0.5" in page and "gradient rollout" in page  # the figure, with its legend's labels
     assert "survives the head and 1 top block" in page and "depends on the weights" in page
     assert "first below the cutoff at" in page and "block 1" in page and "first_decorrelated" not in page
+
+
+def test_one_image_alone_is_read_as_one_image_by_the_comparison_and_sanity_tables(ref_vit):
+    """A single PIL image (not in a list) is one image: the tables equal those of ``[image]`` (``list(image)`` raised)."""
+    from vitlens.attribution import compare_methods
+
+    image = scenes(1)[0]
+    alone = compare_methods(ref_vit, image, methods=("rollout",), metrics=["deletion_insertion"], steps=4)
+    listed = compare_methods(ref_vit, [image], methods=("rollout",), metrics=["deletion_insertion"], steps=4)
+    assert alone.attributions[0].maps.shape[0] == 1
+    np.testing.assert_array_equal(alone.attributions[0].maps, listed.attributions[0].maps)
+    t = sanity_table(ref_vit, image, methods=["rollout"])
+    assert t.results[0].spearman.shape[0] == 1

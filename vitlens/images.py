@@ -324,6 +324,16 @@ def count_images(images: Images) -> int | None:
     return None
 
 
+def image_list(images: Images) -> list[Any] | torch.Tensor:
+    """``images`` as a list of images (one image alone, a path, a [H, W, 3] array, become a list of one), or the
+    tensor itself: for the analyses that index images one by one (the comparison and sanity tables)."""
+    if isinstance(images, torch.Tensor):
+        return images
+    if isinstance(images, (Image.Image, str, Path)) or (isinstance(images, np.ndarray) and images.ndim < 4):
+        return [images]
+    return list(images)  # type: ignore[arg-type]  # an iterable of images, read once here
+
+
 def iter_batches(images: Images, data_config: dict[str, Any], batch_size: int) -> Iterator[torch.Tensor]:
     """Yield model-ready batches of at most ``batch_size`` images.
 

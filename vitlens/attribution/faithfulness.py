@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from ..errors import InvalidParameterError
-from ..images import Images
+from ..images import Images, image_list
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result
@@ -221,8 +220,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
     settings = {mt.name: mt.prepare(protocol, ordering, batch_size=batch_size, steps=steps, baseline=baseline,
                                     labels=labels) for mt in chosen}
     methods = default_methods(m) if methods is None else methods
-    # a single image (not in a sequence) is not read as one here: reported in issue 61's note, left as it was
-    images = list(images) if not isinstance(images, torch.Tensor) else images  # type: ignore[arg-type]
+    images = image_list(images)
     if masks is not None:
         masks = masks_at_input(masks, m.data_config, images)
     rows, attrs = [], []

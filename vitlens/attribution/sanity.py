@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
-from ..images import Images
+from ..images import Images, image_list
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from ..results import Result, significant
@@ -359,8 +359,7 @@ def sanity_table(m: LoadedModel, images: Images, methods: Sequence[str] | None =
         raise InvalidParameterError(f"methods must be names from {', '.join(METHOD_TABLE)}; got {list(methods)!r}.")
     if isinstance(target, str) or (isinstance(target, Sequence) and target and isinstance(target[0], str)):
         raise InvalidParameterError("sanity checks explain classes; a text prompt target is not supported here.")
-    # a single image (not in a sequence) is not read as one here: reported in issue 61's note, left as it was
-    images = list(images) if not isinstance(images, torch.Tensor) else images  # type: ignore[arg-type]
+    images = image_list(images)
     params = method_params or {}
 
     groups = parameter_groups(m)
