@@ -7,7 +7,7 @@ the forward is untouched, and no activation is kept beyond the batch that holds 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -87,7 +87,8 @@ def tokens_of(value: Any, m: LoadedModel, x: torch.Tensor, site: str) -> tuple[t
     return value.float(), prefix, (int(gh), int(gw))
 
 
-def iter_site_batches(m: LoadedModel, images: Images, site: str, batch_size: int = 16) -> Iterator[SiteBatch]:
+def iter_site_batches(m: LoadedModel, images: Images, site: str, batch_size: int = 16,
+                      skip: int = 0) -> Iterator[SiteBatch]:
     """The site's activations of every batch of ``images``, one forward each (the engine's batch source).
 
     Args:
@@ -95,15 +96,21 @@ def iter_site_batches(m: LoadedModel, images: Images, site: str, batch_size: int
         images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
         site: a named site (``blocks.3.hook_resid_post``; ``vitlens.engine.sites``).
         batch_size: images per forward.
+        skip: batches to leave out at the start (no forward for them; a tensor or a sequence of images is sliced,
+            so they are not even read).
 
     Yields:
         ``SiteBatch`` per forward, in the images' order.
     """
     check_images_model(m)
     points = site_point(m, site)
+    start = skip * int(batch_size)
+    if skip and isinstance(images, (torch.Tensor, Sequence)) and not isinstance(images, str):
+        images, skip = images[start:], 0
     source = batch_source(m, images)
-    start = 0
-    for x in source.batches(int(batch_size)):
+    for index, x in enumerate(source.batches(int(batch_size))):
+        if index < skip:
+            continue
         x = x.to(m.device)
         seen, out = record(m.model, points, lambda: m.forward(x))
         if site not in seen:
