@@ -31,6 +31,8 @@ class SiteBatch:
         prefix: prefix tokens (class token, registers) before the patches.
         grid: (gh, gw) the patch tokens' grid.
         logits: [B, C] the model's output of the same forward (float32), or None when it gives none.
+        pixels: [B, 3, H, W] the model-ready batch the forward read (on the model's device): what an edit of the
+            site runs again.
     """
 
     start: int
@@ -38,6 +40,7 @@ class SiteBatch:
     prefix: int
     grid: tuple[int, int]
     logits: torch.Tensor | None
+    pixels: torch.Tensor | None = None
 
 
 def site_point(m: LoadedModel, site: str) -> dict[str, HookPoint]:
@@ -117,7 +120,7 @@ def iter_site_batches(m: LoadedModel, images: Images, site: str, batch_size: int
             raise UnsupportedModelError(f"{m.spec.name}: the forward never reached site {site!r}.")
         acts, prefix, grid = tokens_of(seen[site], m, x, site)
         logits = out.float() if isinstance(out, torch.Tensor) and out.ndim == 2 else None
-        yield SiteBatch(start, acts, prefix, grid, logits)
+        yield SiteBatch(start, acts, prefix, grid, logits, x)
         start += int(x.shape[0])
 
 
