@@ -1,7 +1,8 @@
 """SAE files: vitlens's own (safetensors weights and a small JSON config, in one folder) and the layouts other tools
 publish, read without running code (docs/security.md, "Checkpoints").
 
-- vitlens: ``sae.safetensors`` (``W_enc``, ``b_enc``, ``W_dec``, ``b_dec``) beside ``sae.json`` (the ``SAEConfig``).
+- vitlens: ``sae.safetensors`` (``W_enc``, ``b_enc``, ``W_dec``, ``b_dec``) beside ``sae.json`` (the ``SAEConfig``);
+- SAELens / ViT-Prisma folders and saev checkpoints: ``vitlens.sae.external``.
 """
 from __future__ import annotations
 
@@ -107,22 +108,37 @@ def load_vitlens(folder: Path) -> SparseAutoencoder:
     return build_sae(config, read_safetensors(folder / WEIGHTS_FILE), folder)
 
 
-def load_sae(path: str | Path) -> SparseAutoencoder:
-    """An SAE from a file or folder, recognised by its layout.
+def load_sae(path: str | Path, site: str | None = None, tokens: str | None = None) -> SparseAutoencoder:
+    """An SAE from a file or folder, recognised by its layout (``vitlens.sae.external``: no layout runs code).
 
     Args:
-        path: a folder ``save_sae`` wrote (``sae.json`` + ``sae.safetensors``).
+        path: a folder ``save_sae`` wrote (``sae.json`` + ``sae.safetensors``), a SAELens / ViT-Prisma folder
+            (``cfg.json`` + ``sae_weights.safetensors``) or a saev checkpoint file (a JSON header line, then the
+            state dict).
+        site: the site it reads, where the file names none or another tool's name for it (default: the file's).
+        tokens: which tokens it reads, "patches", "prefix" or "all" (default: vitlens's file says; "all" for
+            SAELens / ViT-Prisma, "patches" for saev, whose files do not say).
 
     Returns:
         The ``SparseAutoencoder`` (its ``config`` says what it reads where the file says).
     """
+    from .external import SAELENS_CONFIG, SAELENS_WEIGHTS, load_saelens, load_saev
+
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"{p} does not exist: name a folder save_sae wrote.")
+        raise CheckpointError(f"{p} does not exist: name an SAE folder or a saev checkpoint file.")
     if p.is_dir() and (p / CONFIG_FILE).is_file():
-        return load_vitlens(p)
+        sae = load_vitlens(p)
+        overrides = {k: v for k, v in (("site", site), ("tokens", tokens)) if v}
+        sae.config = SAEConfig.from_dict({**sae.config.to_dict(), **overrides})
+        return sae
+    if p.is_dir() and (p / SAELENS_CONFIG).is_file() and (p / SAELENS_WEIGHTS).is_file():
+        return load_saelens(p, site, tokens)
+    if p.is_file():
+        return load_saev(p, site, tokens)
     raise CheckpointError(f"{p} is not an SAE this vitlens reads: expected a folder with {CONFIG_FILE} and "
-                          f"{WEIGHTS_FILE} (save_sae).")
+                          f"{WEIGHTS_FILE} (save_sae), a folder with {SAELENS_CONFIG} and {SAELENS_WEIGHTS} (SAELens, "
+                          "ViT-Prisma) or a saev checkpoint file.")
 
 
 __all__ = ["CONFIG_FILE", "FORMAT", "PARAMETERS", "WEIGHTS_FILE", "build_sae", "load_sae", "read_json",
