@@ -25,7 +25,7 @@ from .model import SAE_KINDS, TOKEN_SETS, SAEConfig, SparseAutoencoder
 from .trainer import AUX_COEF, DEAD_AFTER, HISTORY, SAETrainer, check_positive
 
 #: where ``train_sae`` runs the forward: this process, or Ray Data's workers (``ray_train``)
-TRAIN_ON = ("local",)
+TRAIN_ON = ("local", "ray")
 
 
 @dataclass(eq=False, repr=False)
@@ -143,7 +143,7 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
               kind: str = "topk", tokens: str = "patches", epochs: int = 1, batch_size: int = 16, lr: float = 1e-3,
               seed: int = 0, l1: float = 1.0, cache_bytes: int = 0, dead_after: int = DEAD_AFTER,
               aux_coef: float = AUX_COEF, on: str = "local", workers: int = 2,
-              progress: ProgressArg = None) -> SAETrainingResult:
+              worker_cpus: float = 1.0, progress: ProgressArg = None) -> SAETrainingResult:
     """Train a sparse autoencoder on a named site's tokens as the images stream (docs/definitions.md, "Sparse
     autoencoder"): one forward per batch, one optimisation step on its tokens, nothing kept beyond the batch unless
     ``cache_bytes`` allows a float16 cache for the later epochs.
@@ -166,7 +166,8 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
         dead_after: tokens without a firing after which a feature is dead and AuxK revives it.
         aux_coef: AuxK's weight (0: off).
         on: "local" (this process) or "ray" (Ray Data's workers run the forward; ``ray_train``).
-        workers: Ray Data's workers with ``on="ray"``.
+        workers: Ray Data's workers with ``on="ray"`` (each holds the model and runs the forward).
+        worker_cpus: CPUs each Ray worker takes (a fraction lets several share a core).
         progress: True for a bar with the loss, L0 and FVU, or a callable ``f(done, total)`` (images).
 
     Returns:
@@ -176,6 +177,17 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
     if on not in TRAIN_ON:
         raise InvalidParameterError(f"on must be one of {', '.join(TRAIN_ON)}; got {on!r}.")
     check_train_arguments(m, images, site, n_features, k, kind, tokens, epochs, batch_size, lr, cache_bytes)
+    if on == "ray":
+        if cache_bytes:
+            raise InvalidParameterError("cache_bytes is the one-process training's disk cache; with on='ray' the "
+                                        "activations stay in Ray's object store: leave cache_bytes at 0.")
+        check_positive("workers", workers, integer=True)
+        check_positive("worker_cpus", worker_cpus)
+        from .ray_train import train_sae_ray
+
+        return train_sae_ray(m, images, site=site, n_features=n_features, k=k, kind=kind, tokens=tokens,
+                             epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, l1=l1, dead_after=dead_after,
+                             aux_coef=aux_coef, workers=workers, worker_cpus=worker_cpus, progress=progress)
     n = count_images(images)
     start = time.perf_counter()
     trainer: SAETrainer | None = None
