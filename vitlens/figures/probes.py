@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..sae.probes import LinearProbeResult
-from ..sae.train import SAETrainingResult
+from ..sae.result import SAETrainingResult
 from ..words import counted
 from .registry import draws
 

@@ -7,6 +7,7 @@ the forward is untouched, and no activation is kept beyond the batch that holds 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -125,7 +126,7 @@ def iter_sites(m: LoadedModel, images: Images, sites: Sequence[str], batch_size:
         if index < skip:
             continue
         x = x.to(m.device)
-        seen, out = record(m.model, points, lambda: m.forward(x))
+        seen, out = record(m.model, points, partial(m.forward, x))
         logits = out.float() if isinstance(out, torch.Tensor) and out.ndim == 2 else None
         batches = {}
         for site in sites:
@@ -154,5 +155,5 @@ def select_tokens(acts: torch.Tensor, prefix: int, tokens: str) -> torch.Tensor:
     return part.reshape(-1, acts.shape[-1])
 
 
-__all__ = ["SiteBatch", "check_images_model", "iter_site_batches", "iter_sites", "select_tokens", "site_names", "site_point",
-           "tokens_of"]
+__all__ = ["SiteBatch", "check_images_model", "iter_site_batches", "iter_sites", "select_tokens", "site_names",
+           "site_point", "tokens_of"]

@@ -28,6 +28,7 @@ from ..images import Images, count_images, preprocess
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
 from .activations import iter_site_batches, select_tokens
+from .result import SAETrainingResult, new_config, training_result
 from .trainer import SAETrainer
 
 
@@ -88,7 +89,7 @@ def forward_batches(ds: Any) -> Iterator[tuple[torch.Tensor, int]]:
 def train_sae_ray(m: LoadedModel, images: Images, site: str, n_features: int, k: int | None, kind: str, tokens: str,
                   epochs: int, batch_size: int, lr: float, seed: int, l1: float, dead_after: int, aux_coef: float,
                   workers: int = 2, worker_cpus: float = 1.0, progress: ProgressArg = None,
-                  forward_class: type = SiteForward) -> Any:
+                  forward_class: type = SiteForward) -> SAETrainingResult:
     """``train_sae``'s training with the forward on Ray Data's workers (arguments as ``train_sae``'s, checked there).
 
     Args:
@@ -100,7 +101,6 @@ def train_sae_ray(m: LoadedModel, images: Images, site: str, n_features: int, k:
         The ``SAETrainingResult``.
     """
     from ..survey.ray_setup import restore_local_env, start_ray
-    from .train import new_config, training_result
 
     ray, started, _ = start_ray(None, num_cpus=None)
     ctx = ray.data.DataContext.get_current()
