@@ -13,7 +13,8 @@ A worker that dies mid-epoch (its process killed, its node lost): Ray Data's act
 the batch it held again (actors are made with unlimited restarts and task retries), and the trainer, which waits
 for that batch to keep the order, takes its step once the batch arrives: no batch is lost or taken twice, and the
 SAE is the one an undisturbed run gives; the epoch takes longer by the restart (a new process loading the model).
-``analyses/sae_bench.py --kill`` measures it.
+``analyses/sae_bench.py --kill`` measures it: a worker that exits while it holds the fourth batch of eight (ref-vit,
+512 images, 2 CPUs) costs ~3.5 s more (10.5 s against 7.5 s) and gives bit-for-bit the one-process SAE.
 """
 from __future__ import annotations
 
