@@ -137,6 +137,9 @@ def test_progress_reports_images_with_the_loss_l0_and_fvu(ref_vit, scenes):
     ({"lr": float("nan")}, ["lr must be a finite number > 0"]),
     ({"cache_bytes": -1}, ["cache_bytes", ">= 0"]),
     ({"n_features": 0}, ["n_features must be an integer > 0"]),
+    ({"kind": "relu", "l1": -1.0}, ["l1 must be a finite number >= 0"]),
+    ({"dead_after": 0}, ["dead_after must be an integer > 0"]),
+    ({"aux_coef": float("inf")}, ["aux_coef must be a finite number >= 0"]),
 ])
 def test_bad_arguments_are_refused_by_name_before_any_forward(ref_vit, scenes, forwards, kwargs, words):
     from vitlens.sae.train import train_sae

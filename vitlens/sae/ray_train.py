@@ -128,8 +128,7 @@ def train_sae_ray(m: LoadedModel, images: Images, site: str, n_features: int, k:
                 trainer.step(x)
                 done += count
                 bar.update(done)
-                h = trainer.history
-                bar.describe(f"sae loss {h.last('loss'):.3g} L0 {h.last('l0'):.1f} FVU {h.last('fvu'):.3f}")
+                bar.describe(trainer.progress_text())
     finally:
         ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
         if started:

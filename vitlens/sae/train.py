@@ -24,7 +24,8 @@ TRAIN_ON = ("local", "ray")
 
 
 def check_train_arguments(m: LoadedModel, images: Images, site: str, n_features: int, k: int | None, kind: str,
-                          tokens: str, epochs: int, batch_size: int, lr: float, cache_bytes: int) -> None:
+                          tokens: str, epochs: int, batch_size: int, lr: float, cache_bytes: int, l1: float = 0.0,
+                          dead_after: int = DEAD_AFTER, aux_coef: float = AUX_COEF, seed: int = 0) -> None:
     """Every argument of ``train_sae`` checked before any forward, each refusal naming the value and what fits."""
     check_images_model(m)
     site_point(m, site)
@@ -43,6 +44,12 @@ def check_train_arguments(m: LoadedModel, images: Images, site: str, n_features:
     check_positive("epochs", epochs, integer=True)
     check_positive("batch_size", batch_size, integer=True)
     check_positive("lr", lr)
+    check_positive("dead_after", dead_after, integer=True)
+    for name, value in (("l1", l1), ("aux_coef", aux_coef)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise InvalidParameterError(f"{name} must be a finite number >= 0; got {value!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InvalidParameterError(f"seed must be an integer; got {seed!r}.")
     check_cache_bytes(cache_bytes)
     n = count_images(images)
     if n == 0:
@@ -93,7 +100,8 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
         epochs: passes over the images.
         batch_size: images per forward (one optimisation step on all their tokens).
         lr: Adam's learning rate.
-        seed: the initialisation's and the order's seed: the same seed on the same images gives the same weights.
+        seed: the initialisation's seed (the steps follow the images' order): the same seed on the same images gives
+            the same weights.
         l1: the L1 coefficient of a ReLU SAE (``trainer``: relative to the batch's rms distance from its mean).
         cache_bytes: the on-disk float16 cache's budget in bytes (0: every epoch runs the forward).
         dead_after: tokens without a firing after which a feature is dead and AuxK revives it.
@@ -109,7 +117,8 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
     site = site or f"blocks.{m.spec.num_layers - 1}.hook_resid_post"
     if on not in TRAIN_ON:
         raise InvalidParameterError(f"on must be one of {', '.join(TRAIN_ON)}; got {on!r}.")
-    check_train_arguments(m, images, site, n_features, k, kind, tokens, epochs, batch_size, lr, cache_bytes)
+    check_train_arguments(m, images, site, n_features, k, kind, tokens, epochs, batch_size, lr, cache_bytes, l1,
+                          dead_after, aux_coef, seed)
     if on == "ray":
         if cache_bytes:
             raise InvalidParameterError("cache_bytes is the one-process training's disk cache; with on='ray' the "
@@ -135,8 +144,7 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
             cached += int(from_cache)
             done += count
             bar.update(done)
-            h = trainer.history
-            bar.describe(f"sae loss {h.last('loss'):.3g} L0 {h.last('l0'):.1f} FVU {h.last('fvu'):.3f}")
+            bar.describe(trainer.progress_text())
     assert trainer is not None  # check_train_arguments refused no images
     return training_result(trainer, n or done // max(epochs, 1), epochs, cached, time.perf_counter() - start,
                            m.spec.name)

@@ -124,6 +124,11 @@ class SAETrainer:
                              l0=(z > 0).sum(-1).float().mean().item(), aux_loss=aux.item(),
                              dead_fraction=(self.since_fired >= self.dead_after).float().mean().item())
 
+    def progress_text(self) -> str:
+        """The last step's loss, L0 and FVU, as the progress bar shows them."""
+        h = self.history
+        return f"sae loss {h.last('loss'):.3g} L0 {h.last('l0'):.1f} FVU {h.last('fvu'):.3f}"
+
     def _aux_loss(self, x: torch.Tensor, recon: torch.Tensor, pre: torch.Tensor, dead: torch.Tensor) -> torch.Tensor:
         """AuxK: the dead features' top ``k_aux`` pre-activations reconstruct the live ones' error."""
         e = (x - recon).detach()
