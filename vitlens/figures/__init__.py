@@ -20,6 +20,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
   (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
   ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
+- ``probes``: ``probes_figure`` (linear probes' held-out accuracy by block, Raghu et al. 2021) and
+  ``sae_training_figure`` (an SAE's FVU, L0 and dead features by tokens seen);
 - ``colours``: the colours every figure shares; ``registry``: ``draws``, ``DRAWERS``, ``figure_for``.
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
@@ -42,6 +44,7 @@ from .video_weights import tubelet_filters_figure, video_position_figure
 from .spacetime import spacetime_compare_figure, spacetime_distance_figure, spacetime_rollout_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
                          patching_figure, text_span_figure, token_norms_figure)
+from .probes import probes_figure, sae_training_figure
 
 __all__ = [
     "DRAWERS", "Drawer", "METHOD_PALETTE", "PALETTE", "TOKEN_COLORSCALE", "attribution_figure", "attribution_figures",
@@ -55,4 +58,5 @@ __all__ = [
     "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
     "tubelet_filters_figure", "video_position_figure",
     "spacetime_compare_figure", "spacetime_distance_figure", "spacetime_rollout_figure",
+    "probes_figure", "sae_training_figure",
 ]
