@@ -5,7 +5,7 @@ the image it fires, per class, its logit effect), the heads that write it agains
 logits and of the rollout."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -17,14 +17,15 @@ from .maps import TOKEN_COLORSCALE, colour_range, grid_columns, overlay_grid_fig
 from .registry import draws
 
 
-def sae_top_images_figure(result: SAEFeaturesResult, feature: int, images: Sequence[np.ndarray],
-                          opacity: float = 0.5) -> go.Figure:
+def sae_top_images_figure(result: SAEFeaturesResult, feature: int,
+                          images: Sequence[np.ndarray] | Mapping[int, np.ndarray], opacity: float = 0.5) -> go.Figure:
     """A feature's top-activating images, its activation over each one's token grid drawn on it (one colour scale).
 
     Args:
         result: ``vl.sae_features``'s result (the feature among its shown ones).
         feature: the feature.
-        images: uint8 [H, W, 3] images as the model sees them, in the order they were streamed (``m.display``).
+        images: uint8 [H, W, 3] images as the model sees them, by their index in the stream (``m.display`` of the
+            images streamed, or a mapping holding at least the feature's top images).
         opacity: the maps' opacity over the images.
 
     Returns:

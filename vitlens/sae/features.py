@@ -49,7 +49,8 @@ class SAEFeaturesResult(Result):
         class_mean: [F, C] each feature's mean activation over the read tokens of each class's images ([F, 0] without
             labels).
         class_names: the C classes' names.
-        top_images: [K, top] the images (stream indices) where each shown feature is largest, best first (-1: none).
+        top_images: [K, top] the images (stream indices) where each shown feature is largest, best first (-1: no
+            further image where it is active).
         top_values: [K, top] its largest activation on each of them.
         top_maps: [K, top, gh, gw] its activation over each one's patch grid.
         logit_effect: [F, C'] the logits one unit of each feature adds when written at the token the head reads,
@@ -314,8 +315,8 @@ def sae_features(m: LoadedModel, sae: SparseAutoencoder | str | Path | Any, imag
         grid_mean=(stats.cells.numpy() / stats.n_images).reshape(f, gh, gw) if stats.cells is not None else
         np.zeros((f, gh, gw)),
         class_mean=class_mean, class_names=[class_label(names, c) for c in range(num_classes)],
-        top_images=stats.top_index.numpy(), top_values=np.where(stats.top_index.numpy() >= 0,
-                                                                 stats.top_values.numpy(), 0.0),
+        top_images=np.where(stats.top_values.numpy() > 0, stats.top_index.numpy(), -1),
+        top_values=np.maximum(stats.top_values.numpy(), 0.0),
         top_maps=stats.top_maps.numpy().reshape(len(shown), top, gh, gw) if stats.top_maps is not None else
         np.zeros((len(shown), top, gh, gw)),
         logit_effect=effect, logit_names=logit_names, logit_note=logit_note,
