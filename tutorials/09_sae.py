@@ -48,7 +48,8 @@ figures.sae_frequency_figure(r)
 # ## A feature per shape
 #
 # For each shape, the feature whose mean activation on scenes of that shape stands furthest above its mean on the
-# other scenes, with the share of its tokens' activation in each class and the class its logit effect raises most.
+# other scenes, with the share of its per-class mean activation that falls on its shape and the class its logit
+# effect raises most.
 
 # %%
 selectivity = r.class_mean - (r.class_mean.sum(1, keepdims=True) - r.class_mean) / (len(CLASSES) - 1)
