@@ -7,7 +7,7 @@ Usage:
 
 Per model and layer (``blocks.{l}.hook_resid_post``, the patch tokens):
 
-- an SAE (``train_sae``, TopK) is trained on the train scenes (seed ``TRAIN_SEED``, a stream neither the pair nor the
+- an SAE (``vl.train_sae``, TopK) is trained on the train scenes (seed ``TRAIN_SEED``, a stream neither the pair nor the
   held-out split uses); PCA (scikit-learn, every component, each sign a direction) and ``MiniBatchDictionaryLearning``
   (as many atoms as the SAE has features, fitted by coordinate descent for 3 passes over ``--fit-tokens`` of them,
   OMP codes with k atoms, each sign of a code a direction) are fitted on the same train tokens;
@@ -40,7 +40,6 @@ import torch  # noqa: E402
 import vitlens as vl  # noqa: E402
 from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate  # noqa: E402
 from vitlens.sae import iter_site_batches  # noqa: E402
-from vitlens.sae.train import train_sae  # noqa: E402
 
 #: the train scenes' stream: not the pair's training seeds (>= 1000 in steps) nor the held-out one
 TRAIN_SEED = 7
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             site = f"blocks.{layer}.hook_resid_post"
             t1 = time.perf_counter()
             tr, te = patch_tokens(m, train.images, site), patch_tokens(m, test.images, site)
-            sae = train_sae(m, list(train.images), site=site, n_features=args.n_features, k=args.k,
+            sae = vl.train_sae(m, list(train.images), site=site, n_features=args.n_features, k=args.k,
                             tokens="patches", epochs=args.epochs, batch_size=32, seed=args.seed).sae
             fitted: dict[str, object] = {"sae": sae, **fit_baselines(tr, args.n_features, args.k, args.seed,
                                                                       args.fit_tokens)}

@@ -107,3 +107,23 @@ def test_an_sae_of_another_width_or_without_a_site_is_refused_in_words(ref_vit, 
         evaluate_sae(ref_vit, SparseAutoencoder(SAEConfig(d_in=128, n_features=8, k=2)), held_out)
     with pytest.raises(InvalidParameterError, match="always_on"):
         evaluate_sae(ref_vit, exact_sae(128), held_out, always_on=1.5)
+
+
+@pytest.mark.parametrize("name, prefix, grid", [("deit_tiny_distilled_patch16_224", 2, (14, 14)),
+                                                ("swin_tiny_patch4_window7_224", 0, (56, 56))])
+def test_random_init_timm_sites_are_read_and_spliced_back_in_place(name, prefix, grid):
+    """A DeiT's two prefix tokens, and a Swin stage's channels-last map [B, H, W, C] read as its grid's tokens and
+    written back in its own shape: an exact SAE spliced in leaves the output as it was."""
+    from conftest import get_model
+    from vitlens.sae.evaluate import evaluate_sae
+
+    m = get_model(name)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    b = next(iter_site_batches(m, x, "blocks.1.hook_resid_post", 2))
+    assert b.prefix == prefix and b.grid == grid and b.acts.shape[1] == prefix + grid[0] * grid[1]
+    if prefix:
+        assert select_tokens(b.acts, b.prefix, "prefix").shape == (2 * prefix, b.acts.shape[2])
+    sae = exact_sae(b.acts.shape[2])
+    sae.config.site, sae.config.tokens = "blocks.1.hook_resid_post", "all"
+    r = evaluate_sae(m, sae, x)
+    assert r.fvu < 1e-10 and r.kl < 1e-8 and r.top1_agreement == 1.0

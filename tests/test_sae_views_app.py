@@ -12,7 +12,6 @@ import vitlens as vl
 from test_app import APP, chart, problems
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
 from vitlens.sae import save_sae
-from vitlens.sae.train import train_sae
 
 PAGE = "Features (SAE)"
 
@@ -53,7 +52,7 @@ def figure(at: AppTest, title: str) -> dict:
 def library():
     """What the page should show: the same SAE trained by the library (seeded), its features over the same scenes."""
     m = vl.load_model("ref-vit")
-    sae = train_sae(m, list(generate(100, seed=7).images), site="blocks.5.hook_resid_post", n_features=64, k=4,
+    sae = vl.train_sae(m, list(generate(100, seed=7).images), site="blocks.5.hook_resid_post", n_features=64, k=4,
                     tokens="patches", epochs=1).sae
     scenes = generate(8, seed=HELD_OUT_SEED)
     return vl.sae_features(m, sae, list(scenes.images), labels=scenes.labels, top=8)
@@ -92,7 +91,7 @@ def test_the_order_by_logit_effect_and_the_ablation_show_the_librarys_edit(train
 
 def test_an_sae_file_is_browsed_and_a_bad_path_says_why(tmp_path) -> None:
     m = vl.load_model("ref-vit")
-    sae = train_sae(m, list(generate(40, seed=7).images), site="blocks.2.hook_resid_post", n_features=32, k=2,
+    sae = vl.train_sae(m, list(generate(40, seed=7).images), site="blocks.2.hook_resid_post", n_features=32, k=2,
                     tokens="all", epochs=1).sae
     folder = save_sae(sae, tmp_path / "sae")
     at = opened()

@@ -13,14 +13,13 @@ import vitlens as vl
 from vitlens.cli import main
 from vitlens.reference.shapes import HELD_OUT_SEED, generate
 from vitlens.report.data import ReportData
-from vitlens.sae import SAEConfig, SparseAutoencoder, load_sae, save_sae
-from vitlens.sae.train import train_sae
+from vitlens.sae import SAEConfig, SparseAutoencoder, save_sae
 
 
 @pytest.fixture(scope="module")
 def sae_file(tmp_path_factory):
     m = vl.load_model("ref-vit")
-    sae = train_sae(m, list(generate(40, seed=7).images), site="blocks.3.hook_resid_post", n_features=32, k=4,
+    sae = vl.train_sae(m, list(generate(40, seed=7).images), site="blocks.3.hook_resid_post", n_features=32, k=4,
                     tokens="patches", epochs=1).sae
     return sae, save_sae(sae, tmp_path_factory.mktemp("sae") / "sae")
 
@@ -33,7 +32,7 @@ def test_the_sae_section_holds_the_librarys_features_and_the_ablation(sae_file, 
     section = ReportData.load(out.with_suffix(".json")).sae[0]
     scenes = generate(6, seed=HELD_OUT_SEED)
     m = vl.load_model("ref-vit")
-    r = vl.sae_features(m, load_sae(folder), list(scenes.images), labels=scenes.labels, top=4)
+    r = vl.sae_features(m, vl.load_sae(folder), list(scenes.images), labels=scenes.labels, top=4)
     np.testing.assert_allclose(section["features"].frequency, r.frequency)
     np.testing.assert_allclose(section["features"].writers_all, r.writers_all, atol=1e-6)
     shown = [int(f) for f in r.order("frequency")[:3]]

@@ -17,6 +17,8 @@ The package, by what each part is:
 - ``attribution``: class-specific attributions, faithfulness, mask metrics;
 - ``compare``: layer-by-layer CKA between models, head importance;
 - ``components``: the output as an exact sum over embeddings, heads x tokens, MLPs and biases (with a ledger);
+- ``sae``: sparse autoencoders of a residual-stream site trained as the images stream, measured, saved and loaded;
+  linear probes per block;
 - ``reference``: the embedded reference pair (scenes, models, training, weights);
 - ``survey``: a model zoo x an image set on Ray, resumable, one tidy table;
 - ``report``: the command line and its offline HTML pages;
@@ -50,6 +52,7 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .kinds import kind_of
     from .loading import LoadedModel, ModelSpec, list_models, load_model
     from .results import Result, load_result
+    from .sae import evaluate_sae, linear_probes, load_sae, train_sae
     from .sae.features import sae_features
     from .sae.interventions import sae_intervene
     from .survey import load_survey, survey

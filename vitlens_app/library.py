@@ -33,9 +33,6 @@ from vitlens.loading.checkpoint import CHECKPOINT_SUFFIXES
 from vitlens.loading.seeded import load_model_seeded
 from vitlens.progress import time_left
 from vitlens.reference.shapes import CLASSES as SHAPES, HELD_OUT_SEED, generate, scene_names
-# sparse autoencoders: their training and their files (issue 66)
-from vitlens.sae import load_sae
-from vitlens.sae.train import train_sae
 # the command line's and the reports' pieces the app shows the same way
 from vitlens.report.data import comparison, distance_reading
 from vitlens.report.export import browser_path, figure_html, figure_png
@@ -75,12 +72,12 @@ __all__ = [
     "UPLOAD_TYPES", "CHECKPOINT_SUFFIXES", "CLIP_SUFFIXES", "VIEWS",
     "LEDGER_RTOL", "attnlrp_ledger", "clip_frames", "browser_path", "comparison", "counted", "default_metrics",
     "distance_reading", "figure_html", "figure_png", "format_probability", "generate", "has_text_tower", "head_cost",
-    "listed_some", "load_model_seeded", "load_sae", "lrp_methods", "max_filter_components", "methods_for",
+    "listed_some", "load_model_seeded", "lrp_methods", "max_filter_components", "methods_for",
     "metric_label",
     "model_windows", "prefix_labels", "preselected_methods", "query_label",
     "query_window_attention", "read_uploads", "round_significant", "sampled_clip", "sampled_fps", "scene_names",
     "summary_rows", "survey_figures",
-    "time_left", "timing_note", "train_sae", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
+    "time_left", "timing_note", "verdict_rule", "whole_maps_fit", "whole_maps_mb", "window_maps",
 ]
 
 

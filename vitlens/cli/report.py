@@ -108,7 +108,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _sae(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | None) -> Any:
     """The SAE section: the --sae file's features, or those of an SAE trained here on the report's images."""
     from vitlens.report.sae import sae_section
-    from vitlens.sae.train import train_sae
+    from vitlens.sae import train_sae
 
     if args.sae:
         sae = args.sae  # read before the models (cmd_report)

@@ -20,6 +20,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
   (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
   ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
+- ``probes``: ``probes_figure`` (linear probes' held-out accuracy by block, Raghu et al. 2021) and
+  ``sae_training_figure`` (an SAE's FVU, L0 and dead features by tokens seen);
 - ``sae``: a sparse autoencoder's features: ``sae_top_images_figure`` (a feature over its top images, drawn as the
   rollout's overlays), ``sae_feature_figure`` (histogram, grid cells, classes, logit effect), ``sae_writers_figure``
   (its writer heads against their mean attention distance), ``sae_frequency_figure``, ``sae_intervention_figure``;
@@ -45,6 +47,7 @@ from .video_weights import tubelet_filters_figure, video_position_figure
 from .spacetime import spacetime_compare_figure, spacetime_distance_figure, spacetime_rollout_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
                          patching_figure, text_span_figure, token_norms_figure)
+from .probes import probes_figure, sae_training_figure
 from .sae import (sae_feature_figure, sae_frequency_figure, sae_intervention_figure, sae_top_images_figure,
                   sae_writers_figure)
 
@@ -60,6 +63,7 @@ __all__ = [
     "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
     "tubelet_filters_figure", "video_position_figure",
     "spacetime_compare_figure", "spacetime_distance_figure", "spacetime_rollout_figure",
+    "probes_figure", "sae_training_figure",
     "sae_feature_figure", "sae_frequency_figure", "sae_intervention_figure", "sae_top_images_figure",
     "sae_writers_figure",
 ]

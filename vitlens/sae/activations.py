@@ -7,6 +7,7 @@ the forward is untouched, and no activation is kept beyond the batch that holds 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -105,8 +106,18 @@ def iter_site_batches(m: LoadedModel, images: Images, site: str, batch_size: int
     Yields:
         ``SiteBatch`` per forward, in the images' order.
     """
+    for seen in iter_sites(m, images, [site], batch_size, skip):
+        yield seen[site]
+
+
+def iter_sites(m: LoadedModel, images: Images, sites: Sequence[str], batch_size: int = 16,
+               skip: int = 0) -> Iterator[dict[str, SiteBatch]]:
+    """Several sites' activations from one forward per batch (the probes read every block's output at once): per
+    batch, ``{site: SiteBatch}`` (``iter_site_batches``'s arguments, with a list of sites)."""
     check_images_model(m)
-    points = site_point(m, site)
+    points: dict[str, HookPoint] = {}
+    for site in sites:
+        points.update(site_point(m, site))
     start = skip * int(batch_size)
     if skip and isinstance(images, (torch.Tensor, Sequence)) and not isinstance(images, str):
         images, skip = images[start:], 0
@@ -115,12 +126,15 @@ def iter_site_batches(m: LoadedModel, images: Images, site: str, batch_size: int
         if index < skip:
             continue
         x = x.to(m.device)
-        seen, out = record(m.model, points, lambda: m.forward(x))
-        if site not in seen:
-            raise UnsupportedModelError(f"{m.spec.name}: the forward never reached site {site!r}.")
-        acts, prefix, grid = tokens_of(seen[site], m, x, site)
+        seen, out = record(m.model, points, partial(m.forward, x))
         logits = out.float() if isinstance(out, torch.Tensor) and out.ndim == 2 else None
-        yield SiteBatch(start, acts, prefix, grid, logits, x)
+        batches = {}
+        for site in sites:
+            if site not in seen:
+                raise UnsupportedModelError(f"{m.spec.name}: the forward never reached site {site!r}.")
+            acts, prefix, grid = tokens_of(seen[site], m, x, site)
+            batches[site] = SiteBatch(start, acts, prefix, grid, logits, x)
+        yield batches
         start += int(x.shape[0])
 
 
@@ -141,5 +155,5 @@ def select_tokens(acts: torch.Tensor, prefix: int, tokens: str) -> torch.Tensor:
     return part.reshape(-1, acts.shape[-1])
 
 
-__all__ = ["SiteBatch", "check_images_model", "iter_site_batches", "select_tokens", "site_names", "site_point",
-           "tokens_of"]
+__all__ = ["SiteBatch", "check_images_model", "iter_site_batches", "iter_sites", "select_tokens", "site_names",
+           "site_point", "tokens_of"]

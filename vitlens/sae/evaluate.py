@@ -147,7 +147,7 @@ def evaluate_sae(m: LoadedModel, sae: Any, images: Images, site: str | None = No
     fired = torch.zeros(f, dtype=torch.float64, device=m.device)
     err = sq = 0.0
     total = torch.zeros(model_sae.config.d_in, dtype=torch.float64, device=m.device)
-    n_tok, active, agree = 0, 0.0, 0
+    n_tok, active, agree, seen_images = 0, 0.0, 0, 0
     kls: list[torch.Tensor] = []
     n = count_images(images)
     with Progress(progress, n, "sae evaluation") as bar:
@@ -169,17 +169,17 @@ def evaluate_sae(m: LoadedModel, sae: Any, images: Images, site: str | None = No
                 kl, same = spliced_change(m, model_sae, site, tokens, points, b.pixels, b.logits)
                 kls.append(kl)
                 agree += same
-            bar.update(b.start + int(b.acts.shape[0]))
+            seen_images = b.start + int(b.acts.shape[0])
+            bar.update(seen_images)
     variance = sq - float(total.pow(2).sum()) / max(n_tok, 1)  # sum ||x - mean||^2
     freq = (fired / max(n_tok, 1)).cpu().numpy()
     kl_all = torch.cat(kls).cpu().numpy() if kls else np.zeros(0)
-    n_img = n if n is not None else (len(kl_all) or 0)
     return SAEEvaluationResult(
         fvu=err / max(variance, 1e-30), l0=active / max(n_tok, 1), dead_fraction=float((freq == 0).mean()),
         always_on_fraction=float((freq > always_on).mean()), frequency=freq,
         kl=float(kl_all.mean()) if len(kl_all) else float("nan"),
         top1_agreement=agree / len(kl_all) if len(kl_all) else float("nan"), kl_per_image=kl_all,
-        n_images=int(n_img), n_tokens=n_tok, site=site, tokens=tokens, always_on=float(always_on),
+        n_images=seen_images, n_tokens=n_tok, site=site, tokens=tokens, always_on=float(always_on),
         model_name=m.spec.name)
 
 

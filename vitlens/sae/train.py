@@ -5,89 +5,22 @@ read a float16 cache within that budget (``cache``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import torch
 
 from ..errors import InvalidParameterError
 from ..images import Images, count_images
 from ..loading.model import LoadedModel
 from ..progress import Progress, ProgressArg
-from ..results import Result
 from .activations import check_images_model, iter_site_batches, select_tokens, site_point
 from .cache import ActivationCache, check_cache_bytes
-from .files import PARAMETERS, build_sae
-from .model import SAE_KINDS, TOKEN_SETS, SAEConfig, SparseAutoencoder
-from .trainer import AUX_COEF, DEAD_AFTER, HISTORY, SAETrainer, check_positive
+from .model import SAE_KINDS, TOKEN_SETS
+from .result import SAETrainingResult, new_config, training_result
+from .trainer import AUX_COEF, DEAD_AFTER, SAETrainer, check_positive
 
 #: where ``train_sae`` runs the forward: this process, or Ray Data's workers (``ray_train``)
-TRAIN_ON = ("local",)
-
-
-@dataclass(eq=False, repr=False)
-class SAETrainingResult(Result):
-    """A trained SAE and how its training went.
-
-    Attributes:
-        config: the ``SAEConfig`` as a dict.
-        W_enc: [d_in, F] the encoder (``sae`` builds the module).
-        b_enc: [F].
-        W_dec: [F, d_in] the decoder, rows at unit norm.
-        b_dec: [d_in].
-        tokens: [S] tokens seen after each step.
-        loss: [S] each step's loss (FVU, plus the L1 term and the weighted AuxK loss where they apply).
-        fvu: [S] each step's fraction of variance unexplained on its batch.
-        l0: [S] mean active features per token.
-        aux_loss: [S] the AuxK loss (0 while no feature is dead).
-        dead_fraction: [S] features dead (no firing in the last ``dead_after`` tokens) after each step.
-        n_images: images per epoch.
-        epochs: passes over the images.
-        cached_batches: batches the later epochs read from the cache instead of a forward.
-        seconds: wall time of the training.
-        model_name: the model's name.
-    """
-
-    kind = "sae_training"
-    config: dict
-    W_enc: np.ndarray
-    b_enc: np.ndarray
-    W_dec: np.ndarray
-    b_dec: np.ndarray
-    tokens: np.ndarray
-    loss: np.ndarray
-    fvu: np.ndarray
-    l0: np.ndarray
-    aux_loss: np.ndarray
-    dead_fraction: np.ndarray
-    n_images: int = 0
-    epochs: int = 1
-    cached_batches: int = 0
-    seconds: float = 0.0
-    model_name: str = ""
-
-    @cached_property
-    def sae(self) -> SparseAutoencoder:
-        """The trained ``SparseAutoencoder`` (built once from the arrays, on the CPU)."""
-        config = SAEConfig.from_dict(dict(self.config))
-        return build_sae(config, {n: torch.from_numpy(np.array(getattr(self, n), dtype=np.float32))
-                                  for n in PARAMETERS}, Path("the training result"))
-
-    def summary(self) -> str:
-        c = self.config
-        sparsity = f"k={c['k']}" if c["kind"] == "topk" else f"l1={c['l1']:g}"
-        last = (f"last step: FVU {self.fvu[-1]:.3g}, L0 {self.l0[-1]:.1f}, {self.dead_fraction[-1]:.0%} dead"
-                if len(self.fvu) else "no step")
-        return (f"{c['kind']} SAE of {c['n_features']} features ({sparsity}) on {c['tokens']} tokens of "
-                f"{c['site']} of {self.model_name or 'the model'}: {len(self.fvu)} steps, {int(self.tokens[-1]) if len(self.tokens) else 0} "
-                f"tokens; {last}")
-
-    def to_rows(self) -> list[dict]:
-        """One row per step: tokens seen and the step's figures."""
-        return [{"step": s + 1, **{k: float(getattr(self, k)[s]) for k in HISTORY}} for s in range(len(self.fvu))]
+TRAIN_ON = ("local", "ray")
 
 
 def check_train_arguments(m: LoadedModel, images: Images, site: str, n_features: int, k: int | None, kind: str,
@@ -114,7 +47,7 @@ def check_train_arguments(m: LoadedModel, images: Images, site: str, n_features:
     n = count_images(images)
     if n == 0:
         raise InvalidParameterError("No images given: pass at least one image.")
-    if n is None and epochs > 1 and iter(images) is images:  # type: ignore[call-overload]
+    if n is None and epochs > 1 and isinstance(images, Iterator):
         raise InvalidParameterError(f"epochs={epochs} reads the images {epochs} times, and an iterator is read once: "
                                     "pass a list, a tensor or a re-iterable dataset.")
 
@@ -143,7 +76,7 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
               kind: str = "topk", tokens: str = "patches", epochs: int = 1, batch_size: int = 16, lr: float = 1e-3,
               seed: int = 0, l1: float = 1.0, cache_bytes: int = 0, dead_after: int = DEAD_AFTER,
               aux_coef: float = AUX_COEF, on: str = "local", workers: int = 2,
-              progress: ProgressArg = None) -> SAETrainingResult:
+              worker_cpus: float = 1.0, progress: ProgressArg = None) -> SAETrainingResult:
     """Train a sparse autoencoder on a named site's tokens as the images stream (docs/definitions.md, "Sparse
     autoencoder"): one forward per batch, one optimisation step on its tokens, nothing kept beyond the batch unless
     ``cache_bytes`` allows a float16 cache for the later epochs.
@@ -166,7 +99,8 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
         dead_after: tokens without a firing after which a feature is dead and AuxK revives it.
         aux_coef: AuxK's weight (0: off).
         on: "local" (this process) or "ray" (Ray Data's workers run the forward; ``ray_train``).
-        workers: Ray Data's workers with ``on="ray"``.
+        workers: Ray Data's workers with ``on="ray"`` (each holds the model and runs the forward).
+        worker_cpus: CPUs each Ray worker takes (a fraction lets several share a core).
         progress: True for a bar with the loss, L0 and FVU, or a callable ``f(done, total)`` (images).
 
     Returns:
@@ -176,6 +110,17 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
     if on not in TRAIN_ON:
         raise InvalidParameterError(f"on must be one of {', '.join(TRAIN_ON)}; got {on!r}.")
     check_train_arguments(m, images, site, n_features, k, kind, tokens, epochs, batch_size, lr, cache_bytes)
+    if on == "ray":
+        if cache_bytes:
+            raise InvalidParameterError("cache_bytes is the one-process training's disk cache; with on='ray' the "
+                                        "activations stay in Ray's object store: leave cache_bytes at 0.")
+        check_positive("workers", workers, integer=True)
+        check_positive("worker_cpus", worker_cpus)
+        from .ray_train import train_sae_ray
+
+        return train_sae_ray(m, images, site=site, n_features=n_features, k=k, kind=kind, tokens=tokens,
+                             epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, l1=l1, dead_after=dead_after,
+                             aux_coef=aux_coef, workers=workers, worker_cpus=worker_cpus, progress=progress)
     n = count_images(images)
     start = time.perf_counter()
     trainer: SAETrainer | None = None
@@ -197,26 +142,4 @@ def train_sae(m: LoadedModel, images: Images, site: str = "", n_features: int = 
                            m.spec.name)
 
 
-def new_config(d_in: int, n_features: int, k: int | None, kind: str, l1: float, site: str, tokens: str,
-               m: LoadedModel, seed: int) -> SAEConfig:
-    """The ``SAEConfig`` of a training (``k`` only for TopK, ``l1`` only for ReLU)."""
-    return SAEConfig(d_in=int(d_in), n_features=int(n_features), kind=kind, k=k if kind == "topk" else None,
-                     l1=float(l1) if kind == "relu" else 0.0, site=site, tokens=tokens, model_name=m.spec.name,
-                     seed=int(seed))
-
-
-def training_result(trainer: SAETrainer, n_images: int, epochs: int, cached: int, seconds: float,
-                    model_name: str) -> SAETrainingResult:
-    """The result of a finished ``SAETrainer``."""
-    sae = trainer.sae.cpu()
-    h = trainer.history.rows
-    weights = {n: getattr(sae, n).detach().numpy().copy() for n in PARAMETERS}
-    return SAETrainingResult(config=sae.config.to_dict(), **weights,
-                             **{key: np.asarray(h[key], dtype=np.int64 if key == "tokens" else np.float64)
-                                for key in HISTORY},
-                             n_images=int(n_images), epochs=int(epochs), cached_batches=int(cached),
-                             seconds=float(seconds), model_name=model_name)
-
-
-__all__ = ["SAETrainingResult", "TRAIN_ON", "check_train_arguments", "token_batches", "train_sae",
-           "training_result"]
+__all__ = ["TRAIN_ON", "check_train_arguments", "token_batches", "train_sae"]

@@ -4,7 +4,7 @@ each one's top images with its activation over the token grid, its statistics (w
 the position-embedding view), the heads that write it against their mean attention distance, and an ablation or clamp
 of it with the logits' and the rollout's change.
 
-Every number comes from the library (``vl.sae_features``, ``vl.sae_intervene``, ``train_sae``, ``load_sae``); each
+Every number comes from the library (``vl.sae_features``, ``vl.sae_intervene``, ``vl.train_sae``, ``vl.load_sae``); each
 section fails on its own, with the library's message.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import vitlens as vl
 from vitlens import figures
 from vitlens_app.caches import position_result, remembered
 from vitlens_app.context import Context, downloads, show_error
-from vitlens_app.library import counted, generate, load_sae, train_sae
+from vitlens_app.library import counted, generate
 
 #: the train scenes the page offers for the embedded pair: a stream the pair was not trained on, not the held-out one
 TRAIN_SEED = 7
@@ -75,7 +75,7 @@ def sae_source(ctx: Context) -> tuple[Any, str] | None:
             st.info("Give the path of an SAE saved by vitlens.sae.save_sae, a SAELens / ViT-Prisma folder or a saev "
                     "checkpoint.")
             return None
-        sae = remembered("sae_file_memo", (path,), lambda progress: load_sae(path), "Reading the SAE", 1)
+        sae = remembered("sae_file_memo", (path,), lambda progress: vl.load_sae(path), "Reading the SAE", 1)
         st.caption(f"Read {path}: {sae.extra_repr()}")
         return sae, f"file-{path}"
     spec = ctx.m.spec
@@ -95,7 +95,7 @@ def sae_source(ctx: Context) -> tuple[Any, str] | None:
                        help="one forward per batch, one optimisation step on its tokens"):
         return None
     key = (ctx.mkey, site, size, k, epochs, tokens, scenes or ctx.ikey)
-    trained = remembered("sae_train_memo", key, lambda progress: train_sae(
+    trained = remembered("sae_train_memo", key, lambda progress: vl.train_sae(
         ctx.m, images, site=site, n_features=size, k=k, tokens=tokens, epochs=epochs, progress=progress),
         "Training the SAE", len(images) * epochs)
     st.caption(trained.summary())
