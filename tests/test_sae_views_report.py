@@ -66,4 +66,4 @@ def test_train_sae_adds_a_section_of_an_sae_trained_on_the_reports_images(tmp_pa
     assert main(["report", "--model", "ref-vit", "--n-images", "8", "--train-sae", "--sae-features", "32", "--sae-k",
                  "2", "--sae-epochs", "1", "--out", str(out), "--quiet"]) == 0
     section = ReportData.load(out.with_suffix(".json")).sae[0]
-    assert section["features"].site == "blocks.5.hook_resid_post" and len(section["features"].frequency) == 32
+    assert section["features"].site == "blocks.3.hook_resid_post" and len(section["features"].frequency) == 32

@@ -25,7 +25,7 @@ from vitlens.reference.shapes import CLASSES, HELD_OUT_SEED, generate
 
 m = vl.load_model("ref-vit")
 train = generate(1000, seed=7)  # a stream of scenes neither the model's training nor the held-out split uses
-trained = vl.train_sae(m, list(train.images), site="blocks.5.hook_resid_post", n_features=256, k=8,
+trained = vl.train_sae(m, list(train.images), site="blocks.3.hook_resid_post", n_features=256, k=8,
                     tokens="patches", epochs=3, seed=0)
 print(trained.summary())
 

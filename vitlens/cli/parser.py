@@ -175,7 +175,7 @@ def build_parser() -> Parser:
                    help="add an SAE section with an SAE trained on the report's images (--sae-site, --sae-features, "
                         "--sae-k, --sae-epochs)")
     r.add_argument("--sae-site", default=None, metavar="SITE",
-                   help="the site --train-sae reads (default the last block's output, blocks.L.hook_resid_post)")
+                   help="the site --train-sae reads (default the middle block's output, blocks.L/2.hook_resid_post)")
     r.add_argument("--sae-features", type=_positive, default=256, help="--train-sae's dictionary size (default 256)")
     r.add_argument("--sae-k", type=_positive, default=8, help="--train-sae's active features per token (default 8)")
     r.add_argument("--sae-epochs", type=_positive, default=3, help="--train-sae's passes over the images (default 3)")

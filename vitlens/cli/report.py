@@ -113,7 +113,8 @@ def _sae(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | No
     if args.sae:
         sae = args.sae  # read before the models (cmd_report)
     else:
-        site = args.sae_site or f"blocks.{m.spec.num_layers - 1}.hook_resid_post"
+        # the middle block: an edit of the last block's patch tokens cannot reach a head that reads the class token
+        site = args.sae_site or f"blocks.{m.spec.num_layers // 2}.hook_resid_post"
         sae = train_sae(m, images, site=site, n_features=args.sae_features, k=args.sae_k, epochs=args.sae_epochs,
                         batch_size=args.batch_size, progress=not args.quiet)
         log(args, f"{m.spec.name}: {sae.summary()}")

@@ -81,7 +81,9 @@ def sae_source(ctx: Context) -> tuple[Any, str] | None:
     spec = ctx.m.spec
     c = st.columns(5)
     sites = [f"blocks.{i}.hook_resid_post" for i in range(spec.num_layers)]
-    site = c[0].selectbox("Site", sites, index=len(sites) - 1, key="sae-site")
+    # the middle block by default: an edit of the last block's patch tokens cannot reach a head that reads the class
+    # token, so its ablation would show nothing
+    site = c[0].selectbox("Site", sites, index=len(sites) // 2, key="sae-site")
     size = int(c[1].selectbox("Features", SIZES, index=2, key="sae-size"))
     k = int(c[2].number_input("k (active per token)", 1, size, min(8, size), key="sae-k"))
     epochs = int(c[3].number_input("Epochs", 1, 20, 3, key="sae-epochs"))
