@@ -53,6 +53,8 @@ if TYPE_CHECKING:  # the public names, imported on first use (``_lazy``): ``impo
     from .loading import LoadedModel, ModelSpec, list_models, load_model
     from .results import Result, load_result
     from .sae import evaluate_sae, linear_probes, load_sae, train_sae
+    from .sae.features import sae_features
+    from .sae.interventions import sae_intervene
     from .survey import load_survey, survey
     from .views.analyze import analyze, attention_distance, attention_rollout
     from .views.attention_maps import attention_maps, query_token

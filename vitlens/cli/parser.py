@@ -167,6 +167,18 @@ def build_parser() -> Parser:
                         "closes the sum, the logit lens and token norms by depth")
     r.add_argument("--component-images", type=_positive, default=4,
                    help="images for the components section (default 4)")
+    r.add_argument("--sae", default=None, metavar="PATH",
+                   help="add an SAE section: the features of this sparse autoencoder (a vitlens SAE folder, a SAELens "
+                        "/ ViT-Prisma folder or a saev checkpoint) over the report's images, their writers and an "
+                        "ablation")
+    r.add_argument("--train-sae", action="store_true",
+                   help="add an SAE section with an SAE trained on the report's images (--sae-site, --sae-features, "
+                        "--sae-k, --sae-epochs)")
+    r.add_argument("--sae-site", default=None, metavar="SITE",
+                   help="the site --train-sae reads (default the middle block's output, blocks.L/2.hook_resid_post)")
+    r.add_argument("--sae-features", type=_positive, default=256, help="--train-sae's dictionary size (default 256)")
+    r.add_argument("--sae-k", type=_positive, default=8, help="--train-sae's active features per token (default 8)")
+    r.add_argument("--sae-epochs", type=_positive, default=3, help="--train-sae's passes over the images (default 3)")
     r.set_defaults(func=cmd_report)
     _common(r)
     c = sub.add_parser("compare", help="attention distance of several models in one chart (Fig. 11)")

@@ -18,9 +18,9 @@ from .common import (ALL_METHODS, CliError, N_ROLLOUT_SHOWN, check_names, check_
 
 def cmd_video(args: argparse.Namespace, names: Sequence[str], compare: bool) -> int:
     """``report --video`` / ``compare --video``: the views of video models on one clip (``vitlens.report.video``)."""
-    for option in ("attributions", "heads", "components", "cka"):
+    for option in ("attributions", "heads", "components", "cka", "sae", "train_sae"):
         if getattr(args, option, False):
-            raise CliError(f"--{option} reads images; leave it out with --video.")
+            raise CliError(f"--{option.replace('_', '-')} reads images; leave it out with --video.")
     check_outputs(args)
     from vitlens.report.video import video_command
     from vitlens.results import atomic_write_bytes
@@ -39,6 +39,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     for option in ("methods", "metrics"):
         if getattr(args, option, None) and not args.attributions:
             raise CliError(f"--{option} picks the {option} of the attribution section; add --attributions.")
+    if args.sae and args.train_sae:
+        raise CliError("--sae reads an SAE file and --train-sae trains one: give one of them.")
     if args.video:
         return cmd_video(args, args.model, compare=False)
     refuse_fps(args)
@@ -52,11 +54,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     from vitlens.results import atomic_write_bytes
 
     t_start = time.perf_counter()
+    if args.sae:  # the file is read (and refused, when it is no SAE) before any model or image
+        from vitlens.sae import load_sae
+
+        args.sae = load_sae(args.sae)
     check_names(args.model)  # a misspelt name is said before the images are read or made
     images, image_set, masks, labels = resolve_images(args)
     models = load_all(args, args.model)
     refuse_video_models(models)  # a video model without --video
-    analyses, shown, timings, tables, notes, heads, parts = [], [], {}, [], {}, [], []
+    analyses, shown, timings, tables, notes, heads, parts, saes = [], [], {}, [], {}, [], [], []
     for m in models:
         t1 = time.perf_counter()
         a = vl.analyze(m, images, batch_size=args.batch_size, progress=not args.quiet, views=available_views(m))
@@ -76,13 +82,17 @@ def cmd_report(args: argparse.Namespace) -> int:
             t3 = time.perf_counter()
             parts.append(components_section(m, images[:args.component_images], lambda line: log(args, line)))
             timings[m.spec.name]["components"] = time.perf_counter() - t3
+        if args.sae or args.train_sae:
+            t4 = time.perf_counter()
+            saes.append(_sae(args, m, images, labels))
+            timings[m.spec.name]["sae"] = time.perf_counter() - t4
         done = a.distance.n_images if isinstance(a.distance, AttentionDistanceResult) else len(images)
         log(args, f"{m.spec.name}: analysed {counted(done, 'image')} in {t2 - t1:.1f} s")
     timings["total"] = {"total": time.perf_counter() - t_start}
     data = ReportData(models=[a.spec.name for a in analyses], analyses=analyses, image_set=image_set,
                       environment=versions(str(models[0].device)), timings=timings, command=command_line(),
                       attributions=tables, notes=notes, heads=heads,
-                      weights={m.spec.name: m.weights for m in models}, components=parts)
+                      weights={m.spec.name: m.weights for m in models}, components=parts, sae=saes)
     figs = report_figures(data, shown)
     page = report_html(data, shown, figs)
     if args.png:
@@ -93,6 +103,22 @@ def cmd_report(args: argparse.Namespace) -> int:
     atomic_write_bytes(out, page.encode())
     log(args, f"wrote {out} and {data_path(out, args.data)}")
     return 0
+
+
+def _sae(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | None) -> Any:
+    """The SAE section: the --sae file's features, or those of an SAE trained here on the report's images."""
+    from vitlens.report.sae import sae_section
+    from vitlens.sae import train_sae
+
+    if args.sae:
+        sae = args.sae  # read before the models (cmd_report)
+    else:
+        # the middle block: an edit of the last block's patch tokens cannot reach a head that reads the class token
+        site = args.sae_site or f"blocks.{m.spec.num_layers // 2}.hook_resid_post"
+        sae = train_sae(m, images, site=site, n_features=args.sae_features, k=args.sae_k, epochs=args.sae_epochs,
+                        batch_size=args.batch_size, progress=not args.quiet)
+        log(args, f"{m.spec.name}: {sae.summary()}")
+    return sae_section(m, images, sae, labels=labels, log=lambda line: log(args, line))
 
 
 def _heads(args: argparse.Namespace, m: Any, images: list, labels: np.ndarray | None) -> Any:

@@ -22,6 +22,9 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
   ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
 - ``probes``: ``probes_figure`` (linear probes' held-out accuracy by block, Raghu et al. 2021) and
   ``sae_training_figure`` (an SAE's FVU, L0 and dead features by tokens seen);
+- ``sae``: a sparse autoencoder's features: ``sae_top_images_figure`` (a feature over its top images, drawn as the
+  rollout's overlays), ``sae_feature_figure`` (histogram, grid cells, classes, logit effect), ``sae_writers_figure``
+  (its writer heads against their mean attention distance), ``sae_frequency_figure``, ``sae_intervention_figure``;
 - ``colours``: the colours every figure shares; ``registry``: ``draws``, ``DRAWERS``, ``figure_for``.
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
@@ -45,6 +48,8 @@ from .spacetime import spacetime_compare_figure, spacetime_distance_figure, spac
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
                          patching_figure, text_span_figure, token_norms_figure)
 from .probes import probes_figure, sae_training_figure
+from .sae import (sae_feature_figure, sae_frequency_figure, sae_intervention_figure, sae_top_images_figure,
+                  sae_writers_figure)
 
 __all__ = [
     "DRAWERS", "Drawer", "METHOD_PALETTE", "PALETTE", "TOKEN_COLORSCALE", "attribution_figure", "attribution_figures",
@@ -59,4 +64,6 @@ __all__ = [
     "tubelet_filters_figure", "video_position_figure",
     "spacetime_compare_figure", "spacetime_distance_figure", "spacetime_rollout_figure",
     "probes_figure", "sae_training_figure",
+    "sae_feature_figure", "sae_frequency_figure", "sae_intervention_figure", "sae_top_images_figure",
+    "sae_writers_figure",
 ]

@@ -41,6 +41,9 @@ class ReportData(Result):
     weights: dict = field(default_factory=dict)  # model name -> kind of weights (LoadedModel.weights)
     # one dict of DecompositionResult, LogitLensResult, TokenNormsResult (or None) per model, with --components
     components: list = field(default_factory=list)
+    # one dict of SAEFeaturesResult, SAEInterventionResult, the features shown and their display images (or None) per
+    # model, with --sae or --train-sae (vitlens.report.sae)
+    sae: list = field(default_factory=list)
 
     def summary(self) -> str:
         return f"{len(self.models)} model(s) ({', '.join(self.models)}) over {self.image_set.get('count', '?')} images"

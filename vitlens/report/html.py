@@ -28,6 +28,7 @@ from ..views.analyze import AnalysisResult
 from ..views.registry import VIEWS as REGISTRY
 from ..views.distance import AttentionDistanceResult, local_rule
 from .components import components_figures, components_html
+from .sae import sae_figures, sae_html
 from .data import ComparisonData, ReportData, distance_reading
 from ..words import counted, listed_some
 from vitlens.attribution.sanity import verdict_rule
@@ -361,6 +362,8 @@ def report_figures(data: ReportData, display_images: Sequence[Sequence[np.ndarra
             figs.update(figures.attribution_figures(data.attributions[i], imgs[0]))
         if i < len(data.components) and data.components[i] is not None:
             figs.update({f"components-{k}": f for k, f in components_figures(data.components[i]).items()})
+        if i < len(data.sae) and data.sae[i] is not None:
+            figs.update({f"sae-{k}": f for k, f in sae_figures(data.sae[i]).items()})
         out.append(figs)
     return out
 
@@ -389,6 +392,9 @@ def report_html(data: ReportData, display_images: Sequence[Sequence[np.ndarray]]
         if i < len(data.components) and data.components[i] is not None:
             shown = {k.removeprefix("components-"): v for k, v in f.items() if k.startswith("components-")}
             body.append(components_html(data.components[i], shown, html_table, figure_html))
+        if i < len(data.sae) and data.sae[i] is not None:
+            shown = {k.removeprefix("sae-"): v for k, v in f.items() if k.startswith("sae-")}
+            body.append(sae_html(data.sae[i], shown, html_table, figure_html))
     return page_html("vitlens report", "".join(body))
 
 

@@ -18,6 +18,7 @@ from vitlens_app.views.filters import render_filters
 from vitlens_app.views.maps import render_maps
 from vitlens_app.views.position import render_position
 from vitlens_app.views.registered import render_registered
+from vitlens_app.views.sae import render_sae
 from vitlens_app.views.survey import render_survey
 
 
@@ -32,6 +33,7 @@ def pages() -> dict[str, Callable[[Context], None]]:
         "Attributions": render_attributions,
         "Compare": render_compare,
         "Components": render_components,  # the output as a sum of parts, the lens, norms, patching
+        "Features (SAE)": render_sae,  # a sparse autoencoder's features, their writers and their ablation
         "Survey": render_survey,
     }
     out.update({v.label or v.name: render_registered(name) for name, v in VIEWS.items()
