@@ -326,7 +326,7 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
     for phase, sec in parts.items():
         need = least_bytes(phase, probs_bytes, heads, fused > 0, kept_fraction, half, distance_rows)
         bound = None if need is None else need / (bandwidth * 1e9)
-        table.append({"phase": phase, "seconds": round(sec, 4), "least_bytes": need,
+        table.append({"phase": phase, "seconds": round(sec, 6), "least_bytes": need,
                       "bound_seconds": None if bound is None else round(bound, 4),
                       "x_bound": None if not bound else round(sec / bound, 2)})
     # what the views' call spends outside its attention and chain, over the base's work outside its fused attention
@@ -342,8 +342,8 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
             "seconds": {k: [round(v, 3) for v in vs] for k, vs in seconds.items()},
             "ratio": round(statistics.median(ratios), 3),
             "ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
-            "base_phases": {k: round(v, 4) for k, v in med[base_name].items()},
-            "views_clock": {k: round(v, 4) for k, v in med["views"].items()},
+            "base_phases": {k: round(v, 6) for k, v in med[base_name].items()},
+            "views_clock": {k: round(v, 6) for k, v in med["views"].items()},
             "probs_bytes": probs_bytes, "fused_passes": fused, "forwards_per_call": forwards,
             "rollout_maps": "float16" if half else "float32", "pass_split": split, "phases": table}
 
