@@ -78,7 +78,10 @@ def test_the_phase_table_times_a_windowed_models_side_capture(phases):
     r = phases.run("samvit_base_patch16", 56, 2, 1, **kwargs)
     assert r["base"] == "plain" and r["pass_split"] is None
     rows = _by_phase(r)
-    assert {"scores_softmax_again", "distance_sums", "head_mean", "rollout_chain"} <= set(rows)
+    assert {"scores_softmax_again", "distance_sums", "head_mean", "rollout_chain", "rest_over_base"} <= set(rows)
+    assert rows["scores_softmax_again"]["least_bytes"] == 3 * r["probs_bytes"]
+    # side capture found the fused calls (the clock leaves F.scaled_dot_product_attention alone in the views' call)
+    assert rows["scores_softmax_again"]["seconds"] > 0
     assert rows["distance_sums"]["seconds"] > 0 and rows["rollout_chain"]["seconds"] > 0
     assert r["probs_bytes"] > 0 and math.isfinite(r["ratio"])
 
