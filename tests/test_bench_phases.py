@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ def _by_phase(r: dict) -> dict:
     return {row["phase"]: row for row in r["phases"]}
 
 
-@pytest.mark.parametrize("native", ["0", "1"])
+@pytest.mark.parametrize("native", ["0", pytest.param("1", marks=pytest.mark.skipif(
+    shutil.which("g++") is None, reason="no C++ compiler (g++) to build the kernels"))])
 def test_the_phase_table_splits_the_views_call_into_phases_that_nest_within_it(phases, monkeypatch, native):
     """A 2-block ViT-tiny at 64 px (T = 17), batch 2, one repetition; ``VITLENS_COMPILE=1`` takes the native softmax
     pass with the views' taps (the path of 1,024 tokens and more), ``0`` the eager one (below)."""
