@@ -8,6 +8,10 @@ Usage:
     the cold bench: one call per fresh process, plain and analyze(distance, rollout) alternating, the median of the
     pairs' ratios with their spread (``analyses/bench_cold.py``; ``--phases`` adds a first and a second call's phases):
     python analyses/bench.py --cold --img-size 768 --batch 4 --pairs 3 --goal distance_rollout=1.20
+    (``--base plain_mlp_buffers``: the pairs' base is the plain forward with the MLP's buffers, the views' own cost)
+
+    the views' own cost phase by phase, each phase beside its memory bound (``analyses/bench_phases.py``):
+    python analyses/bench.py --phase-table --img-size 1024 --batch 2 --reps 2
 
     e.g. the views' capture against side capture by query rows at 768 px, interleaved (no peers run):
     python analyses/bench.py --skip-memory --img-size 768 --batch 4 --reps 3 --rows distance_rollout stream_side_rows
@@ -250,6 +254,8 @@ def speed(args: argparse.Namespace) -> dict:
     import torch
 
     import vitlens as vl
+    from vitlens.views.distance import AttentionDistanceAccumulator
+    from vitlens.views.rollout import RolloutAccumulator
 
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
@@ -535,6 +541,7 @@ def table_child(column: str, model_name: str, img: int, batch: int, threads: int
 
     import vitlens as vl
     from vitlens.memory import peak_rss_mb
+    from vitlens.views.distance import AttentionDistanceAccumulator
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -738,6 +745,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead: one call per fresh process, plain and analyze alternating (analyses/bench_cold.py)")
     p.add_argument("--pairs", type=int, default=3, help="with --cold: interleaved pairs of fresh processes")
     p.add_argument("--phases", action="store_true", help="with --cold: the phases of a first and a second call")
+    p.add_argument("--base", default="plain", choices=["plain", "plain_mlp_buffers"],
+                   help="with --cold: the row the pairs divide analyze by")
+    p.add_argument("--phase-table", action="store_true",
+                   help="instead: the views' phases against their memory bounds (analyses/bench_phases.py)")
     args = p.parse_args(argv)
     if args.cold:
         from bench_cold import main as bench_cold
@@ -746,7 +757,14 @@ def main(argv: list[str] | None = None) -> int:
         return bench_cold(["--model", args.model, "--img-size", str(args.img_size or 224), "--batch", str(args.batch),
                            "--threads", str(args.threads), "--pairs", str(args.pairs)]
                           + (["--goal", str(goal)] if goal is not None else []) + (["--phases"] if args.phases else [])
+                          + ["--base", args.base]
                           + (["--json", str(args.json)] if args.json else []))
+    if args.phase_table:
+        from bench_phases import main as bench_phases
+
+        return bench_phases(["--model", args.model, "--img-size", str(args.img_size or 224), "--batch", str(args.batch),
+                             "--reps", str(args.reps), "--threads", str(args.threads)]
+                            + (["--json", str(args.json)] if args.json else []))
     if args.runs > 1:
         summary = repeated_runs(args, list(sys.argv[1:] if argv is None else argv))
         if args.json:

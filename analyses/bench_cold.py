@@ -32,6 +32,9 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ("plain", "analyze")
+#: the rows a pair's base may be (``--base``): the plain fused forward, or (a timm ViT) the same forward with its MLPs
+#: in the workspace the views' inline capture runs them in, so the ratio is the views' own cost (issue 67)
+BASES = ("plain", "plain_mlp_buffers")
 
 
 def _faults() -> int:
@@ -92,6 +95,8 @@ def child(row: str, model: str, img: int, batch: int, threads: int, calls: int, 
 
     torch.set_num_threads(threads)
     import vitlens as vl
+    from vitlens.families.base import Handles
+    from vitlens.families.timm_vit import mlp_in_workspace
     from vitlens.memory import peak_rss_mb
 
     t1 = time.perf_counter()
@@ -125,8 +130,14 @@ def child(row: str, model: str, img: int, batch: int, threads: int, calls: int, 
             probe.reset()
         start = time.perf_counter()
         with torch.no_grad():
-            if row == "plain":
-                m.model(x)
+            if row in BASES:
+                handles = Handles()
+                if row == "plain_mlp_buffers":
+                    mlp_in_workspace(m.model.blocks, {}, handles)
+                try:
+                    m.model(x)
+                finally:
+                    handles.remove()
                 storage = None
             else:
                 storage = vl.analyze(m, x, batch_size=batch, views=("distance", "rollout")).rollout.map_storage
@@ -158,14 +169,14 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.2f}, {max(values):.2f}]"
 
 
-def phase_table(runs: list[dict]) -> str:
-    """Per-phase seconds of the analyze processes' first and second calls (the median over processes)."""
+def phase_table(runs: list[dict], rows: tuple[str, str] = ROWS) -> str:
+    """Per-phase seconds of the processes' first and second calls (the median over processes), each of ``rows``."""
     keys = ["total", "before_blocks", "capture_plan", "native_kernels_load", "distance_matrix", "blocks",
             "first_block", "other_blocks_mean", "after_blocks", "rollout_chain", "faults"]
-    lines = ["| phase | " + " | ".join(f"{r} call {c}" for r in ROWS for c in (1, 2)) + " |", "|---|" + "---|" * 4]
+    lines = ["| phase | " + " | ".join(f"{r} call {c}" for r in rows for c in (1, 2)) + " |", "|---|" + "---|" * 4]
     for k in keys:
         cells = []
-        for row in ROWS:
+        for row in rows:
             for c in (0, 1):
                 vals = [r["calls"][c]["phases"].get(k) for r in runs if r["row"] == row and len(r["calls"]) > c]
                 vals = [v for v in vals if v is not None]
@@ -178,19 +189,20 @@ def phase_table(runs: list[dict]) -> str:
 def cold(args: argparse.Namespace) -> dict:
     """``--pairs`` interleaved pairs of fresh processes; the table of ratios (and phases with ``--phases``)."""
     calls = 2 if args.phases else 1
+    rows = (args.base, "analyze")
     pairs, runs = [], []
     for i in range(args.pairs):
-        order = ROWS if i % 2 == 0 else ROWS[::-1]
+        order = rows if i % 2 == 0 else rows[::-1]
         got = {row: run_child(args, row, calls) for row in order}
         runs += list(got.values())
-        p, a = got["plain"]["calls"][0], got["analyze"]["calls"][0]
+        p, a = got[args.base]["calls"][0], got["analyze"]["calls"][0]
         pairs.append({"plain_s": p["seconds"], "analyze_s": a["seconds"],
                       "ratio": round(a["seconds"] / p["seconds"], 3),
                       "plain_peak_mb": p["peak_above_model_mb"], "analyze_peak_mb": a["peak_above_model_mb"],
                       "peak_ratio": round(a["peak_above_model_mb"] / max(p["peak_above_model_mb"], 1.0), 3),
                       "map_storage": a.get("map_storage")})
         if calls > 1:  # the second call in each process: the warm pair
-            p2, a2 = got["plain"]["calls"][1], got["analyze"]["calls"][1]
+            p2, a2 = got[args.base]["calls"][1], got["analyze"]["calls"][1]
             pairs[-1].update(plain_warm_s=p2["seconds"], analyze_warm_s=a2["seconds"],
                              warm_ratio=round(a2["seconds"] / p2["seconds"], 3))
         print(json.dumps(pairs[-1]), flush=True)
@@ -199,9 +211,11 @@ def cold(args: argparse.Namespace) -> dict:
     met = None if args.goal is None else median <= args.goal
     print(f"\ncold: {args.model} at {args.img_size} px, batch {args.batch}, {args.threads} threads, {args.pairs} "
           f"interleaved pairs of fresh processes (one call each)\n")
-    print("| row | seconds (median) | ÷ plain, median [min, max] | peak above the model, MB | peak ÷ plain's |")
+    print(f"| row | seconds (median) | ÷ {args.base}, median [min, max] | peak above the model, MB | peak ÷ "
+          f"{args.base}'s |")
     print("|---|---|---|---|---|")
-    print(f"| plain fused forward | {statistics.median(q['plain_s'] for q in pairs):.2f} | 1.00 | "
+    base_title = "plain fused forward" if args.base == "plain" else args.base
+    print(f"| {base_title} | {statistics.median(q['plain_s'] for q in pairs):.2f} | 1.00 | "
           f"{statistics.median(q['plain_peak_mb'] for q in pairs):,.0f} | 1.00 |")
     print(f"| `analyze(distance, rollout)` | {statistics.median(q['analyze_s'] for q in pairs):.2f} | "
           f"{spread(ratios)} | "
@@ -215,12 +229,13 @@ def cold(args: argparse.Namespace) -> dict:
           f"seconds over the pairs: {spread([q['plain_s'] for q in pairs])} (the noise row)")
     if met is not None:
         print(f"\ngoal <= {args.goal:.2f}: {'met' if met else 'not met'} (median {median:.3f})")
-    summary: dict[str, Any] = {"mode": "cold", "model": args.model, "img_size": args.img_size, "batch": args.batch,
+    summary: dict[str, Any] = {"mode": "cold", "base": args.base, "model": args.model, "img_size": args.img_size,
+                               "batch": args.batch,
                                "threads": args.threads, "pairs": pairs, "median_ratio": round(median, 3),
                                "median_peak_ratio": round(statistics.median(peaks), 3), "goal": args.goal,
                                "goal_met": met}
     if args.phases:
-        table = phase_table(runs)
+        table = phase_table(runs, rows)
         print("\nPhases (seconds; the median over processes; faults: page faults of the call)\n\n" + table)
         summary["phases"] = [{"row": r["row"], "calls": [c.get("phases") for c in r["calls"]]} for r in runs]
         summary["phase_table"] = table
@@ -237,7 +252,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--goal", type=float, default=None, help="the ratio analyze ÷ plain the median must be within")
     p.add_argument("--phases", action="store_true", help="time the phases of a first and a second call per process")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument("--child", choices=ROWS, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--base", choices=BASES, default="plain",
+                   help="the row analyze is divided by: the plain forward, or with the MLP's buffers (a timm ViT)")
+    p.add_argument("--child", choices=ROWS + BASES[1:], default=None, help=argparse.SUPPRESS)
     p.add_argument("--calls", type=int, default=1, help=argparse.SUPPRESS)
     return p
 

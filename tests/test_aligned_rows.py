@@ -135,3 +135,25 @@ def test_session_copy_reuses_one_buffer_and_keeps_gradients_apart():
         assert c2.data_ptr() == c.data_ptr() and torch.equal(c2, a[:3])
     w = torch.randn(3, 3, requires_grad=True)
     assert A.session_copy(ws, "keys", w.t()).requires_grad
+
+
+@needs_compiler
+def test_padded_keys_fill_whole_padded_rows_with_the_strided_products_numbers(monkeypatch):
+    """Where the rows are padded, the keys' copy is k^T padded with zeros (issue 67): each block's product writes its
+    whole padded rows (a contiguous output), the padding columns zeros that nothing reads; the probabilities are the
+    strided product's (one batched product without the padded keys) to float rounding."""
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    b, h, t, d, rows = 2, 3, 37, 64, 8
+    ld = A.padded_row_stride(t, torch.device("cpu"))
+    g = torch.Generator().manual_seed(7)
+    q, k = (torch.randn(b, h, t, d, generator=g) for _ in range(2))
+    ws: dict = {}
+    got = [(p.clone(), sl) for p, sl in A.attention_probs_in_rows(q, k, d ** -0.5, rows, workspace=ws)]
+    keys = ws["keys"][:b * h * d * ld].view(b, h, d, ld)
+    assert torch.equal(keys[..., :t], k.transpose(-2, -1)) and not keys[..., t:].any()
+    real = A.attention_probs
+    monkeypatch.setattr(A, "attention_probs", lambda *a, padded_keys=None, **kw: real(*a, **kw))
+    want = [(p.clone(), sl) for p, sl in A.attention_probs_in_rows(q, k, d ** -0.5, rows, workspace={})]
+    assert [sl for _, sl in got] == [sl for _, sl in want]
+    for (p, _), (w, _) in zip(got, want):
+        torch.testing.assert_close(p, w, rtol=4 * _gamma(d), atol=2.0 ** -125)

@@ -32,6 +32,7 @@ def attention_probs(
     out: torch.Tensor | None = None,
     taps: SoftmaxTaps | None = None,
     workspace: dict | None = None,
+    padded_keys: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q * scale @ k^T + biases + mask) in float32, with timm's mask semantics.
 
@@ -55,6 +56,10 @@ def attention_probs(
             fused kernel's: ``vitlens.core.native.EXP_ULPS``).
         workspace: with ``out``, a session's dict (``session_buffer``) where the scaled queries are made, rather than
             in fresh memory each block (the same numbers).
+        padded_keys: with an ``out`` whose rows are padded to a longer stride, the keys k^T [..., head_dim, stride]
+            (float32, contiguous) with zeros past T (``attention_probs_in_rows`` makes them): the product then fills
+            the block's whole padded rows, a contiguous output (the padding, zeros, is never read), which BLAS writes
+            faster than T columns of a strided one (docs/performance.md, issue 67). The same products.
 
     Returns:
         [B, heads, T, T] float32 probabilities, each row summing to 1 over the keys (``out`` when given).
@@ -67,6 +72,12 @@ def attention_probs(
                 qs, scale, out=session_tensor(workspace, "queries", qs.shape, qs.dtype, qs.device))
         if out.is_contiguous():
             scores = torch.matmul(qs, k.float().transpose(-2, -1), out=out)
+        elif padded_keys is not None and padded_keys.shape[-1] == out.stride(-2) and padded_keys.is_contiguous():
+            # the block's whole padded rows, [.., rows, stride]: contiguous (padded_row_stride's layout)
+            scores = out
+            whole = out.as_strided((*out.shape[:-1], padded_keys.shape[-1]), out.stride())
+            torch.bmm(qs.reshape(-1, *qs.shape[-2:]), padded_keys.reshape(-1, *padded_keys.shape[-2:]),
+                      out=whole.view(-1, *whole.shape[-2:]))
         else:  # rows padded to an aligned stride (padded_row_stride): one batched product into the strided block
             scores = out
             torch.bmm(qs.reshape(-1, *qs.shape[-2:]), k.float().transpose(-2, -1).reshape(-1, k.shape[-1], k.shape[-2]),
@@ -297,13 +308,20 @@ def attention_probs_in_rows(
     def rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
         return x[..., rows, :] if x is not None and x.dim() >= 2 and x.shape[-2] == t else x
 
-    # one float32 copy of the keys for all of the layer's blocks, stored transposed: k is a strided view of the fused
-    # qkv projection, which each block's product would otherwise copy again, and q k^T runs faster from a
-    # contiguous k^T [B, heads, head_dim, T] than from a transposed view of k
-    k = session_copy(workspace, "keys", k.float().transpose(-2, -1)).transpose(-2, -1)
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     # rows padded to an aligned stride where q and k share their leading shape (one batched product fills the block)
     ld = padded_row_stride(t, q.device) if q.shape[:-2] == k.shape[:-2] == lead else t
+    # one float32 copy of the keys for all of the layer's blocks, stored transposed: k is a strided view of the fused
+    # qkv projection, which each block's product would otherwise copy again, and q k^T runs faster from a
+    # contiguous k^T [B, heads, head_dim, T] than from a transposed view of k; where the rows are padded, k^T is too
+    # (zeros past T), so that each product writes whole padded rows (``attention_probs``'s ``padded_keys``)
+    padded_keys = None
+    if ld > t and not grad:
+        padded_keys = session_tensor(workspace, "keys", (*k.shape[:-2], k.shape[-1], ld), torch.float32, k.device)
+        padded_keys[..., t:].zero_()
+        k = padded_keys[..., :t].copy_(k.transpose(-2, -1)).transpose(-2, -1)
+    else:
+        k = session_copy(workspace, "keys", k.float().transpose(-2, -1)).transpose(-2, -1)
     flat = None if grad else session_buffer(workspace, PROBS_BUFFER, lead.numel() * query_rows * ld, torch.float32,
                                             q.device)
     for start in range(0, t, query_rows):
@@ -313,7 +331,7 @@ def attention_probs_in_rows(
         tap = taps(rows, tuple(out.shape)) if taps is not None and out is not None else None
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
                               [cast(torch.Tensor, rows_of(b, rows)) for b in biases], scale_after, out=out, taps=tap,
-                              workspace=workspace), rows
+                              workspace=workspace, padded_keys=padded_keys), rows
 
 
 def attention_output_in_rows(
