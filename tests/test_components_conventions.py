@@ -1,0 +1,144 @@
+"""The component analyses' named conventions (issue 65; docs/definitions.md, "Norm conventions", "TextSpan", "Token
+norms"): each held to a recomputation written here from the paper's definition, on towers whose norm gains and biases,
+head biases and attention are made to differ from the defaults, so that the conventions differ by far more than the
+tolerance and a swap of two of them fails."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vitlens.components import decompose
+from vitlens.errors import InvalidParameterError, UnsupportedModelError
+
+TOL = 1e-9
+
+
+def noisy(m: torch.nn.Module, sharpen: float = 4.0) -> torch.nn.Module:
+    """Float64, eval; random norm gains and biases and head (output projection) biases, sharpened attention (the
+    query projection scaled up)."""
+    torch.manual_seed(1)
+    m = m.double().eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if any(w in name for w in ("norm", "ln")) or name.endswith("bias"):
+                p.add_(0.5 * torch.randn_like(p))
+            if name.endswith("q_proj.weight"):
+                p.mul_(sharpen)
+            if name.endswith("in_proj_weight"):
+                p[: p.shape[0] // 3].mul_(sharpen)
+    return m
+
+
+def build(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "hf-clip":
+        from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+        return noisy(CLIPVisionModelWithProjection(CLIPVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4, image_size=32,
+            patch_size=8, projection_dim=16)))
+    from open_clip.transformer import VisionTransformer
+    return noisy(VisionTransformer(image_size=32, patch_size=8, width=32, layers=3, heads=4, mlp_ratio=2.0,
+                                   output_dim=16))
+
+
+def authors_parts(m: torch.nn.Module, kind: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The paper's projected residual stream (PRS), written from its definition: the forward in plain torch; the
+    class token's residual after the blocks as ``2L + 1`` intermediates (the pre-norm's output, each attention layer
+    per source token and head with its output bias spread over tokens x heads, each MLP); the final norm's mean and
+    beta shared equally over the intermediates (an attention layer's share split over tokens x heads); each through
+    the norm's gain over the held std and the projection, over the embedding's norm.
+
+    Returns:
+        ``(attn [B, L, N, H, F], mlps [B, L + 1, F], embedding [B, F])``.
+    """
+    if kind == "hf-clip":
+        vm = m.vision_model
+        emb, pre, post, proj = vm.embeddings(x), vm.pre_layrnorm, vm.post_layernorm, m.visual_projection.weight.T
+        blocks = []
+        for layer in vm.encoder.layers:
+            a = layer.self_attn
+            blocks.append((layer.layer_norm1, (a.q_proj.weight, a.q_proj.bias), (a.k_proj.weight, a.k_proj.bias),
+                           (a.v_proj.weight, a.v_proj.bias), a.out_proj, a.num_heads,
+                           lambda t, layer=layer: layer.mlp(layer.layer_norm2(t))))
+    else:
+        patches = m.conv1(x).flatten(2).transpose(1, 2)
+        cls = m.class_embedding.expand(x.shape[0], 1, -1)
+        emb = torch.cat([cls, patches], 1) + m.positional_embedding
+        pre, post, proj = m.ln_pre, m.ln_post, m.proj
+        blocks = []
+        for r in m.transformer.resblocks:
+            w, bias = r.attn.in_proj_weight.chunk(3), r.attn.in_proj_bias.chunk(3)
+            blocks.append((r.ln_1, (w[0], bias[0]), (w[1], bias[1]), (w[2], bias[2]), r.attn.out_proj,
+                           r.attn.num_heads, lambda t, r=r: r.ls_2(r.mlp(r.ln_2(t)))))
+    stream = pre(emb)
+    b, n, d = stream.shape
+    attn, mlps = [], [stream[:, 0]]
+    for ln1, (wq, bq), (wk, bk), (wv, bv), out, h, mlp in blocks:
+        z = ln1(stream)
+        q, k, v = ((z @ w.T + bb).reshape(b, n, h, d // h).transpose(1, 2) for w, bb in ((wq, bq), (wk, bk), (wv, bv)))
+        a = ((q @ k.transpose(-1, -2)) / (d // h) ** 0.5).softmax(-1)  # [B, H, N, N]
+        w_o = out.weight.reshape(d, h, d // h)
+        per = torch.einsum("bhj,bhjc,ehc->bjhe", a[:, :, 0], v, w_o) + out.bias / (n * h)  # at the class token
+        attn.append(per)
+        full = torch.einsum("bhqj,bhjc->bqhc", a, v).reshape(b, n, d) @ out.weight.T + out.bias
+        stream = stream + full
+        branch = mlp(stream)
+        mlps.append(branch[:, 0])
+        stream = stream + branch
+    x0 = stream[:, 0]
+    mu, std = x0.mean(-1), torch.sqrt(x0.var(-1, unbiased=False) + post.eps)
+    embedding = post(x0) @ proj
+    count = 2 * len(blocks) + 1
+    at = torch.stack(attn, 1)  # [B, L, N, H, D]
+    at = (post.weight * (at - mu[:, None, None, None, None] / (count * n * h)) / std[:, None, None, None, None]
+          + post.bias / (count * n * h)) @ proj
+    ml = torch.stack(mlps, 1)
+    ml = (post.weight * (ml - mu[:, None, None] / count) / std[:, None, None] + post.bias / count) @ proj
+    r = embedding.norm(dim=-1)
+    return at / r[:, None, None, None, None], ml / r[:, None, None], embedding
+
+
+@pytest.mark.parametrize("kind", ["hf-clip", "openclip"])
+def test_clip_text_span_convention_equals_the_papers_prs_and_per_part_does_not(kind: str) -> None:
+    torch.manual_seed(2)
+    m = build(kind)
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    u = torch.randn(16, dtype=torch.float64)
+    with torch.no_grad():
+        attn, mlps, embedding = authors_parts(m, kind, x)
+        own = m(pixel_values=x).image_embeds if kind == "hf-clip" else m(x)
+    assert torch.allclose(embedding, own, atol=1e-10)  # the forward written here is the model's
+    want_heads = torch.einsum("bljhf,f->blhj", attn, u).numpy()
+    want_mlp = (mlps @ u).numpy()
+    want_out = (embedding @ u / embedding.norm(dim=-1)).numpy()
+    assert np.allclose(want_heads.sum((1, 2, 3)) + want_mlp.sum(1), want_out, atol=1e-12)  # the PRS closes
+    got = decompose(m, x, direction=u.numpy(), norm_convention="clip_text_span")
+    np.testing.assert_allclose(got.output, want_out, atol=TOL)
+    np.testing.assert_allclose(got.heads, want_heads, atol=TOL)
+    np.testing.assert_allclose(got.mlp[:, :, 0], want_mlp[:, 1:], atol=TOL)
+    assert np.abs(got.mlp[:, :, 1:]).max() == 0
+    before = got.embed_patch.sum(-1) + got.embed_position.sum(-1) + got.embed_prefix.sum(-1) + got.pre_norm_bias
+    np.testing.assert_allclose(before, want_mlp[:, 0], atol=TOL)
+    assert np.abs(got.attn_bias).max() == 0 and got.closes(1e-10) and got.norm_convention == "clip_text_span"
+    ours = decompose(m, x, direction=u.numpy())  # per_part: the parts differ, by far more than the tolerance
+    assert ours.closes(1e-10) and np.abs(ours.output - want_out).max() > 1e3 * TOL
+    r = np.linalg.norm(embedding.numpy(), axis=-1)[:, None, None, None]
+    assert np.abs(ours.heads / r - want_heads).max() > 1e3 * TOL
+
+
+def test_clip_text_span_is_refused_where_the_authors_state_no_convention() -> None:
+    import transformers as tf
+    vit = tf.ViTForImageClassification(tf.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                                    intermediate_size=64, image_size=32, patch_size=8, num_labels=3))
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(InvalidParameterError, match="CLIP"):
+        decompose(vit.eval(), x, norm_convention="clip_text_span")
+    with pytest.raises(InvalidParameterError, match="per_part"):
+        decompose(vit.eval(), x, norm_convention="authors")
+    from open_clip.transformer import VisionTransformer
+    avg = VisionTransformer(image_size=32, patch_size=8, width=32, layers=1, heads=4, mlp_ratio=2.0, output_dim=16,
+                            pool_type="avg").eval()
+    with pytest.raises(UnsupportedModelError, match="class token"):
+        decompose(avg, x, target=0, norm_convention="clip_text_span")
