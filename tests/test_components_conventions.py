@@ -142,3 +142,129 @@ def test_clip_text_span_is_refused_where_the_authors_state_no_convention() -> No
                             pool_type="avg").eval()
     with pytest.raises(UnsupportedModelError, match="class token"):
         decompose(avg, x, target=0, norm_convention="clip_text_span")
+
+
+def span_by_complements(outputs: np.ndarray, texts: np.ndarray, steps: int, rank: int) -> list[int]:
+    """The authors' TextSpan from its definition, computed another way: texts restricted to the span of the top-``rank``
+    right singular vectors of the uncentred outputs (by least squares on that basis); at each step every text's part
+    orthogonal to the picks so far (QR of the picks), scored by the sample standard deviation over the images of the
+    centred outputs along it, unnormalised."""
+    basis = np.linalg.svd(outputs, full_matrices=False)[2][:rank]  # [rank, F]
+    coef = np.linalg.lstsq(basis.T, texts.T, rcond=None)[0]
+    projected = (basis.T @ coef).T
+    c = outputs - outputs.mean(0)
+    picked: list[int] = []
+    for _ in range(steps):
+        if picked:
+            q, _ = np.linalg.qr(projected[picked].T)
+            rest = projected - (projected @ q) @ q.T
+        else:
+            rest = projected
+        score = np.array([np.std(c @ t, ddof=1) for t in rest])
+        score[picked] = -np.inf
+        picked.append(int(np.argmax(score)))
+    return picked
+
+
+def texts_and_outputs(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Anisotropic head outputs and texts of very different lengths: the two rules part."""
+    rng = np.random.default_rng(seed)
+    outputs = rng.normal(size=(40, 24)) * np.linspace(4, 0.05, 24) + rng.normal(size=24)
+    texts = rng.normal(size=(30, 24)) * rng.uniform(0.1, 5.0, size=(30, 1))
+    return outputs, texts
+
+
+def test_authors_text_span_equals_the_papers_rule_and_differs_from_the_normalised_one() -> None:
+    from vitlens.components.textspan import VARIANTS, authors_span, greedy_span
+
+    differ = 0
+    for seed in range(6):
+        outputs, texts = texts_and_outputs(seed)
+        chosen, explained = authors_span(outputs, texts, 6, rank=8)
+        assert chosen.tolist() == span_by_complements(outputs, texts, 6, 8)
+        assert VARIANTS["authors"](outputs, texts, 6, 8)[0].tolist() == chosen.tolist()
+        assert np.all(explained >= 0) and explained.sum() <= 1 + 1e-12
+        normalised = greedy_span(outputs, texts, 6)[0]
+        differ += normalised.tolist() != chosen.tolist()
+    assert differ >= 4  # a swap of the two rules would fail above
+
+
+def test_text_span_variant_authors_on_a_tower_follows_the_rule_on_its_head_vectors(tmp_path) -> None:  # noqa: ANN001
+    import vitlens as vl
+    from vitlens.components.head_vectors import head_vectors
+
+    m = build("openclip")
+    torch.manual_seed(3)
+    x = torch.randn(12, 3, 32, 32, dtype=torch.float64)
+    rng = np.random.default_rng(0)
+    emb = rng.normal(size=(20, 16)) * rng.uniform(0.1, 5.0, size=(20, 1))
+    names = [f"text {k}" for k in range(20)]
+    path = tmp_path / "mine.txt"
+    path.write_text("\n".join(names) + "\n\n", encoding="utf-8")
+    got = vl.text_span(m, x, path, emb, layers=[-1], steps=4, variant="authors", rank=6)
+    normal = vl.text_span(m, x, names, emb, layers=[-1], steps=4)
+    assert got.texts == names and got.variant == "authors" and got.rank == 6 and "authors rule" in got.summary()
+    v = head_vectors(m, x, [-1])[0].numpy()
+    for h in range(v.shape[2]):
+        assert got.chosen[0, h].tolist() == span_by_complements(v[:, 0, h], emb, 4, 6)
+    assert (got.chosen != normal.chosen).any()
+    with pytest.raises(InvalidParameterError, match="variant"):
+        vl.text_span(m, x, names, emb, variant="paper")
+    with pytest.raises(InvalidParameterError, match="rank"):
+        vl.text_span(m, x, names, emb, variant="authors", rank=0)
+
+
+def test_text_files_are_read_within_bounds_and_bad_ones_refused(tmp_path) -> None:  # noqa: ANN001
+    from vitlens.components import textbank
+
+    bank = textbank.text_bank()
+    assert 200 <= len(bank) <= textbank.MAX_TEXTS and len(set(bank)) == len(bank)
+    assert all(0 < len(t) <= textbank.MAX_TEXT_CHARS for t in bank)
+    cases = {"missing.txt": None, "empty.txt": b"\n \n", "latin1.txt": "caf\xe9 au lait\n".encode("latin-1"),
+             "long.txt": ("x" * (textbank.MAX_TEXT_CHARS + 1)).encode(), "nul.txt": b"a\x00b\n"}
+    for name, data in cases.items():
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
+        with pytest.raises(InvalidParameterError, match=name):
+            textbank.read_texts(tmp_path / name)
+    with pytest.raises(InvalidParameterError, match="not a file"):
+        textbank.read_texts(tmp_path)
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(textbank.MAX_FILE_BYTES + 1)
+    with pytest.raises(InvalidParameterError, match="bytes"):
+        textbank.read_texts(big)
+
+
+def test_artifact_rules_follow_their_definitions_and_differ() -> None:
+    from vitlens.views.prefix import high_norm_outliers
+
+    norms = np.array([[9.0, 1.0, 1.2, 0.9, 6.0, 1.1],           # relative: 6 > 4 x 1.1; none over 150
+                      [500.0, 200.0, 210.0, 190.0, 205.0, 900.0]])  # absolute: every patch; relative: 900 only
+    _, rel = high_norm_outliers(norms, 1)
+    _, ab = high_norm_outliers(norms, 1, rule="absolute")
+    assert rel.tolist() == [[False, False, False, False, True, False], [False] * 5 + [True]]
+    assert ab.tolist() == [[False] * 6, [False, True, True, True, True, True]]
+    for bad in (dict(rule="darcet"), dict(rule="absolute", threshold=0.0), dict(factor=float("nan"))):
+        with pytest.raises(InvalidParameterError):
+            high_norm_outliers(norms, 1, **bad)
+
+
+def test_token_norms_rule_absolute_flags_norms_over_the_threshold() -> None:
+    import timm
+
+    import vitlens as vl
+    torch.manual_seed(0)
+    m = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    rel = vl.token_norms(m, x)
+    threshold = float(np.quantile(rel.norms[:, :, 1:], 0.7))  # a threshold where the two rules differ
+    ab = vl.token_norms(m, x, rule="absolute", threshold=threshold)
+    want = np.zeros_like(ab.outliers)
+    want[..., 1:] = rel.norms[..., 1:] > threshold  # Darcet et al.: a patch token whose norm is over the threshold
+    assert (ab.outliers == want).all() and want.any()
+    med = np.median(rel.norms[..., 1:], axis=-1, keepdims=True)
+    assert (rel.outliers[..., 1:] == (rel.norms[..., 1:] > 4 * med)).all()
+    assert (ab.outliers != rel.outliers).any() and ab.rule == "absolute" and f"norm > {threshold:g}" in ab.summary()
+    with pytest.raises(InvalidParameterError, match="rule"):
+        vl.token_norms(m, x, rule="median")

@@ -113,7 +113,7 @@ def token_norms_figure(result: TokenNormsResult, image: int = 0, title: str | No
     """
     fig = go.Figure(go.Heatmap(z=result.norms[image], colorscale="Viridis", colorbar=dict(title="norm")))
     fig.update_layout(title=title or (f"{result.model_name}: token norms ({int(result.outliers[image, -1].sum())} "
-                                      f"outliers > {result.factor:g} x median at the last depth)"),
+                                      f"outliers, {result.rule_words()}, at the last depth)"),
                       xaxis_title="token", yaxis_title="depth", height=360)
     return fig
 
