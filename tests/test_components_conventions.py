@@ -268,3 +268,48 @@ def test_token_norms_rule_absolute_flags_norms_over_the_threshold() -> None:
     assert (ab.outliers != rel.outliers).any() and ab.rule == "absolute" and f"norm > {threshold:g}" in ab.summary()
     with pytest.raises(InvalidParameterError, match="rule"):
         vl.token_norms(m, x, rule="median")
+
+
+def test_text_span_evaluation_replaces_heads_in_the_sum_as_the_paper_does() -> None:
+    from vitlens.components import evaluate_text_span
+    from vitlens.components.head_vectors import head_vectors
+    from vitlens.figures import figure_for
+
+    m = build("hf-clip")
+    torch.manual_seed(4)
+    x = torch.randn(16, 3, 32, 32, dtype=torch.float64)
+    rng = np.random.default_rng(1)
+    texts = [f"t{k}" for k in range(40)]
+    emb = rng.normal(size=(40, 16))
+    classes = rng.normal(size=(5, 16))
+    with torch.no_grad():
+        f = m(pixel_values=x).image_embeds.numpy()
+    # texts spanning the embedding, every head of every layer read: the heads are reproduced, nothing changes
+    full = evaluate_text_span(m, x, texts, emb, classes, layers=[0, 1, 2], steps=16)
+    assert np.allclose(full.explained, 1.0) and full.accuracy_model == full.accuracy_replaced == 1.0
+    # two texts per head in the last layer: the replaced embedding written out from the paper's recipe
+    labels = rng.integers(0, 5, size=16)
+    for variant in ("normalised", "authors"):
+        got = evaluate_text_span(m, x, texts, emb, classes, labels=labels, layers=[-1], steps=2, variant=variant,
+                                 rank=6)
+        v = head_vectors(m, x, "all")[0].numpy()
+        heads = v.copy()
+        heads[:, :2] = v[:, :2].mean(0)  # the other layers' heads mean-ablated
+        for h in range(v.shape[2]):
+            t = emb[got.chosen[0, h]]
+            if variant == "authors":
+                basis = np.linalg.svd(v[:, 2, h], full_matrices=False)[2][:6]
+                t = t @ basis.T @ basis
+            c = v[:, 2, h] - v[:, 2, h].mean(0)
+            proj = c @ t.T @ np.linalg.pinv(t @ t.T) @ t  # the centred outputs on the texts' span
+            heads[:, 2, h] = v[:, 2, h].mean(0) + proj
+            assert got.explained[0, h] == pytest.approx((proj ** 2).sum() / (c ** 2).sum(), rel=1e-9)
+        replaced = f - v.sum((1, 2)) + heads.sum((1, 2))
+        assert got.accuracy_replaced == float(((replaced @ classes.T).argmax(-1) == labels).mean())
+        assert got.accuracy_model == float(((f @ classes.T).argmax(-1) == labels).mean())
+        assert got.labels_given and variant in got.summary()
+        assert figure_for(got).layout.title.text.startswith(got.model_name)
+    with pytest.raises(InvalidParameterError, match="labels"):
+        evaluate_text_span(m, x, texts, emb, classes, labels=[7] * 16)
+    with pytest.raises(InvalidParameterError, match="class_embeddings"):
+        evaluate_text_span(m, x, texts, emb, classes[:, :3])

@@ -19,7 +19,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
   (Fig. 11 of several video models), ``spacetime_rollout_figure`` (rollout, a map per time step);
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
   (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
-  ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
+  ``text_span_figure`` (TextSpan's explained variance by head), ``text_span_evaluation_figure`` (with the accuracy
+  once the heads are replaced by their texts), ``mean_ablation_figure`` (scores before and after);
 - ``colours``: the colours every figure shares; ``registry``: ``draws``, ``DRAWERS``, ``figure_for``.
 
 Every heatmap puts image row 0 (patch row 0) at the top, as the image itself is shown. A token map over an image
@@ -41,7 +42,7 @@ from .compare import cka_figure, head_importance_figure
 from .video_weights import tubelet_filters_figure, video_position_figure
 from .spacetime import spacetime_compare_figure, spacetime_distance_figure, spacetime_rollout_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
-                         patching_figure, text_span_figure, token_norms_figure)
+                         patching_figure, text_span_evaluation_figure, text_span_figure, token_norms_figure)
 
 __all__ = [
     "DRAWERS", "Drawer", "METHOD_PALETTE", "PALETTE", "TOKEN_COLORSCALE", "attribution_figure", "attribution_figures",
@@ -52,7 +53,7 @@ __all__ = [
     "position_mosaic", "prefix_figure", "relpos_figure", "road_figure", "rollout_figure", "rollout_grid_figure",
     "sanity_figure", "similarity_tile_figure", "table_figure", "token_heatmap", "upsample_map",
     "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
-    "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
+    "token_norms_figure", "patching_figure", "text_span_figure", "text_span_evaluation_figure", "mean_ablation_figure",
     "tubelet_filters_figure", "video_position_figure",
     "spacetime_compare_figure", "spacetime_distance_figure", "spacetime_rollout_figure",
 ]
