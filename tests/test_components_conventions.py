@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from vitlens.components import decompose
 from vitlens.errors import InvalidParameterError, UnsupportedModelError

@@ -8,6 +8,8 @@ prediction. This module lines it up against methods that look at the target clas
   Explainability"): per block, the mean over heads of clamp(dA ⊙ A, 0), where dA is the gradient
   of the target logit with respect to that block's own attention, accumulated R <- R + Ā R
   from the first block to the last;
+- ``spatial_decomposition``: each patch token's direct contribution, summed over layers and heads, to the target
+  (Gandelsman et al., 2024: their zero-shot segmentation; ``spatial``);
 - captum's ``integrated_gradients``, ``saliency``, ``input_x_gradient`` (pixel attributions
   summed over channels and over each token's pixel block) and ``occlusion`` (window and stride
   aligned to tokens: by default one token, so every token is occluded once and its score drop is
@@ -38,6 +40,7 @@ from .lrp import AttnLRPMaps, attnlrp_maps
 from .builtin import (Scorer, class_scorer, grad_rollout_maps, input_x_gradient_maps, integrated_gradients_maps,
                       occlusion_maps, rollout_maps, saliency_maps)
 from .result import AttributionResult
+from .spatial import spatial_decomposition_maps, spatial_refusal
 from .text import SCORE, TextTargets, has_text_tower, is_text_target
 from .tower_targets import DIRECTION_SCORE, OutputTarget, is_headless
 
@@ -88,6 +91,9 @@ class Method:
             ``default_methods``, so a default comparison runs each method once.
         label: the name a person reads in figures' legends and tables ("gradient rollout"); ``method_label`` falls
             back to the name with spaces for a method registered without one.
+        refuses: for a method defined on only some models of a kind, (model) -> why it is not defined for that
+            model ("" where it is), asked by ``attribute`` before any map is made (the spatial decomposition: the
+            models ``vl.decompose`` reads); None for a method defined on every model of its kinds.
         for_kind: which kinds of model (``vitlens.kinds.Kind``) the method is defined for, as a test of the kind's
             record; ``kinds`` lists the registered kinds that pass it. A method that reads a ViT's token-by-token
             attention over one sequence ([B, H, T, T] maps, a class token's row: gradient rollout, AttnLRP) is
@@ -114,6 +120,7 @@ class Method:
     variant_of: str = ""
     for_kind: Callable[[Kind], bool] = has_token_attention
     label: str = ""
+    refuses: Callable[[LoadedModel], str] | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -173,6 +180,11 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit",
            label="AttnLRP"),
+    # Gandelsman et al.'s segmentation from the spatial decomposition (vitlens.attribution.spatial): one forward,
+    # defined where ``vl.decompose`` reads the model (refused in its words elsewhere)
+    Method("spatial_decomposition", spatial_decomposition_maps, refuses=spatial_refusal,
+           note="each token's direct contribution through every head (decompose), signed; the MLPs' and the "
+                "embeddings' parts are left out", label="spatial decomposition"),
     # AttnLRP as its authors run it on ViTs (vitlens.attribution.lrp.LRPRules): the γ-rule in the linear layers
     # (gamma) and the patch embedding (conv_gamma); CP-LRP's constant attention inside the attention, which lxt
     # recommends for ViTs together with the γ-rule outside it (gamma 0 there: Ali et al.'s CP-LRP as published)
@@ -353,6 +365,9 @@ def attribute(
     spec = METHOD_TABLE[method]
     if m.spec.kind not in spec.kinds:
         raise UnsupportedModelError(refusal(m, method))
+    why = spec.refuses(m) if spec.refuses is not None else ""
+    if why:
+        raise UnsupportedModelError(why)
     unknown = set(params) - set(spec.defaults)
     if unknown:
         raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "

@@ -39,7 +39,7 @@ def _final(reader: ModuleType, module: nn.Module, seen: object) -> tuple[nn.Modu
     class token (the authors' convention is stated for that readout)."""
     if hasattr(seen, "pooled"):  # Hugging Face CLIP: post_layernorm on the class token
         vm = getattr(module, "vision_model", module)
-        return vm.post_layernorm, seen.pooled.double()  # type: ignore[attr-defined]
+        return vm.post_layernorm, seen.pooled.double()
     if getattr(module, "pool_type", "tok") != "tok":
         raise UnsupportedModelError(f"norm_convention='clip_text_span' reads a tower by its class token (the authors' "
                                     f"prs_hook); this OpenCLIP tower pools by {module.pool_type!r}: use 'per_part'.")

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, VitlensError
 from . import conventions, hf_clip, openclip, prenorm, timm_vit, towers
 from .layout import refuse
 from .result import DecompositionResult
@@ -71,6 +71,23 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     n_patch = cap.final_in.shape[1] - module.num_prefix_tokens
     grid = tuple(getattr(module.patch_embed, "grid_size", None) or (n_patch, 1))
     return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
+
+
+def refusal(model: object) -> str:
+    """Why ``decompose`` would refuse ``model`` (a ``LoadedModel`` or a module), found by the checks it makes before
+    any forward (the model's structure, blocks and norms); "" where it reads it."""
+    module, name = module_of(model, "decompose")
+    try:
+        if hf_clip.is_clip_tower(module) or openclip.is_openclip_tower(module):
+            (hf_clip if hf_clip.is_clip_tower(module) else openclip).refuse_unless_supported(module)
+        elif towers.is_tower(module):
+            towers.plan(module)
+        else:
+            refuse(module, name)
+            timm_vit.refuse_unless_supported(module)
+    except VitlensError as e:
+        return e.message
+    return ""
 
 
 def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[int] | None

@@ -98,7 +98,8 @@ class DecompositionResult(Result):
         l, h, v = self.top_heads(1)[0]
         return (f"{self.model_name or 'model'}: output {self.output[0]:.4g} = sum of "
                 f"{self.heads.shape[1]}x{self.heads.shape[2]} heads, {self.mlp.shape[1]} MLPs, embeddings, biases; "
-                f"top head layer {l + 1} head {h + 1} ({v:.3g}); {self.norm_convention} norm convention; ledger {self.ledger().max():.1e} "
+                f"top head layer {l + 1} head {h + 1} ({v:.3g}); {self.norm_convention} norm convention; "
+                f"ledger {self.ledger().max():.1e} "
                 f"({'closes' if self.closes() else 'OPEN'})")
 
     def to_rows(self) -> list[dict]:

@@ -36,8 +36,8 @@ def read_texts(path: str | os.PathLike) -> list[str]:
                                     "description a line, or a list of texts.")
     size = p.stat().st_size
     if size > MAX_FILE_BYTES:
-        raise InvalidParameterError(f"texts file {str(p)!r} is {size} bytes; at most {MAX_FILE_BYTES} are read: split it "
-                                    "or keep the descriptions you need.")
+        raise InvalidParameterError(f"texts file {str(p)!r} is {size} bytes; at most {MAX_FILE_BYTES} are read: split "
+                                    "it or keep the descriptions you need.")
     with open(p, "rb") as f:
         raw = f.read(MAX_FILE_BYTES + 1)  # the size can grow after the check: never read past the bound
     if len(raw) > MAX_FILE_BYTES:

@@ -1,7 +1,8 @@
 """Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
 "Token norms", "Activation patching", "TextSpan"): the layer x head table of contributions with its ledger in the
 title, one head's contribution over the image's patch tokens, the logit lens by depth, token norms by depth, patching by
-head, TextSpan's explained variance by head and its evaluation (with the replaced heads' accuracy), mean-ablation's scores before and after."""
+head, TextSpan's explained variance by head and its evaluation (with the replaced heads' accuracy), mean-ablation's
+scores before and after."""
 from __future__ import annotations
 
 from typing import Any
