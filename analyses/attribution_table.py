@@ -8,8 +8,9 @@ For every method of ``vitlens.attribution``: deletion and insertion AUC of the t
 probability (16 steps, mean baseline); Chefer et al. 2021's positive / negative perturbation AUC
 (top-1 accuracy against the scenes' labels, tokens removed to black, trapezoid over 0-90%); ROAD's
 mean MoRF / LeRF accuracy (noisy linear imputation, 10-90%); pointing game, map mass inside the
-object mask and the IoU of the map's segmentation (cells above the map's mean) with the mask; seconds per image on this machine; and Adebayo et al. 2018's sanity check on the first
---sanity-n scenes (mean Spearman of |maps| and SSIM at full randomisation, and the verdict).
+object mask and the IoU of the map's segmentation (cells above the map's mean) with the mask; seconds
+per image on this machine; and Adebayo et al. 2018's sanity check on the first --sanity-n scenes
+(mean Spearman of |maps| and SSIM at full randomisation, and the verdict).
 """
 from __future__ import annotations
 

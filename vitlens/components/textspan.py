@@ -166,6 +166,23 @@ class TextSpanResult(Result):
         return rows
 
 
+def arguments(model: object, pixels: object, texts: Sequence[str] | str | os.PathLike, steps: int, variant: str,
+              rank: int, who: str) -> tuple[torch.nn.Module, str, torch.Tensor, list[str]]:
+    """TextSpan's arguments checked at the boundary (``text_span``, ``evaluate_text_span``): ``(module, its name,
+    the images [B, 3, H, W], the texts)``, or a refusal naming the argument."""
+    module, name = module_of(model, who)
+    x = pixels_for(model, module, pixels)
+    if variant not in VARIANTS:
+        raise InvalidParameterError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {variant!r}.")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidParameterError(f"rank must be a whole number >= 1 (singular vectors kept); got {rank!r}.")
+    if x.shape[0] < 2 or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidParameterError(f"{who} needs at least 2 images (outputs are centred over them) and a whole number "
+                                    "of steps >= 1.")
+    texts = read_texts(texts) if isinstance(texts, (str, os.PathLike)) else [str(t) for t in texts]
+    return module, name, x, texts
+
+
 def text_span(model: object, pixels: object, texts: Sequence[str] | str | os.PathLike,
               text_embeddings: np.ndarray | torch.Tensor | Callable[[list[str]], object],
               layers: Sequence[int] | None = None, steps: int = 5, variant: str = "normalised",
@@ -192,15 +209,7 @@ def text_span(model: object, pixels: object, texts: Sequence[str] | str | os.Pat
     Returns:
         A ``TextSpanResult``.
     """
-    module, name = module_of(model, "text_span")
-    x = pixels_for(model, module, pixels)
-    if variant not in VARIANTS:
-        raise InvalidParameterError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {variant!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise InvalidParameterError(f"rank must be a whole number >= 1 (singular vectors kept); got {rank!r}.")
-    texts = read_texts(texts) if isinstance(texts, (str, os.PathLike)) else [str(t) for t in texts]
-    if x.shape[0] < 2 or steps < 1:
-        raise InvalidParameterError("text_span needs at least 2 images (outputs are centred over them) and steps >= 1.")
+    module, name, x, texts = arguments(model, pixels, texts, steps, variant, rank, "text_span")
     emb = text_embeddings(texts) if callable(text_embeddings) else text_embeddings
     t = torch.as_tensor(np.asarray(emb.detach().cpu() if torch.is_tensor(emb) else emb), dtype=torch.float64)
     vectors, chosen_layers = head_vectors(module, x, layers)

@@ -18,9 +18,7 @@ from ..errors import InvalidParameterError
 from ..results import Result
 from . import hf_clip, openclip, towers
 from .head_vectors import head_vectors, resolve_layers
-from .stream import module_of, pixels_for
-from .textbank import read_texts
-from .textspan import VARIANTS
+from .textspan import VARIANTS, arguments
 
 
 def span_basis(variant: str, outputs: np.ndarray, texts: np.ndarray, chosen: np.ndarray, rank: int) -> np.ndarray:
@@ -135,16 +133,7 @@ def evaluate_text_span(model: object, pixels: object, texts: Sequence[str] | str
     Returns:
         A ``TextSpanEvaluation``.
     """
-    module, name = module_of(model, "evaluate_text_span")
-    x = pixels_for(model, module, pixels)
-    if variant not in VARIANTS:
-        raise InvalidParameterError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {variant!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise InvalidParameterError(f"rank must be a whole number >= 1 (singular vectors kept); got {rank!r}.")
-    if x.shape[0] < 2 or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidParameterError("evaluate_text_span needs at least 2 images (outputs are centred over them) and a "
-                                    "whole number of steps >= 1.")
-    texts = read_texts(texts) if isinstance(texts, (str, os.PathLike)) else [str(t) for t in texts]
+    module, name, x, texts = arguments(model, pixels, texts, steps, variant, rank, "evaluate_text_span")
     vectors, every = head_vectors(module, x, "all")  # [B, L, H, F]
     read = resolve_layers(len(every), layers)
     v = vectors.cpu().numpy()
