@@ -36,7 +36,7 @@ def test_maps_are_the_heads_direct_contributions_to_the_target_logit(name, scene
     assert np.abs(other.maps - a.maps).max() > 1e-3  # class-specific
 
 
-def test_spatial_decomposition_is_refused_where_decompose_reads_no_residual_sum() -> None:
+def test_spatial_decomposition_is_refused_and_not_offered_where_decompose_reads_no_residual_sum() -> None:
     import timm
     torch.manual_seed(0)
     beit = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
@@ -44,6 +44,14 @@ def test_spatial_decomposition_is_refused_where_decompose_reads_no_residual_sum(
     m = vl.LoadedModel.from_module(beit, name="beit-tiny", device="cpu")
     with pytest.raises(vl.UnsupportedModelError, match="spatial_decomposition"):
         attribute(m, torch.randn(1, 3, 32, 32), method="spatial_decomposition")
+    from vitlens.attribution.methods import default_methods, methods_for
+    # a default comparison (the report's, the app's choices) leaves it out there, and offers it where it reads
+    assert "spatial_decomposition" not in methods_for(m) + default_methods(m)
+    ref = vl.load_model("ref-vit")
+    assert "spatial_decomposition" in methods_for(ref) and "spatial_decomposition" in default_methods(ref)
+    from vitlens.attribution.methods import refusal
+    line = refusal(m, "spatial_decomposition")  # the CLI's and the report's words: the model's own reason
+    assert "vl.decompose" in line and "Beit" in line and "the methods defined for it" in line
 
 
 def test_segmentation_iou_against_a_hand_count() -> None:

@@ -267,35 +267,45 @@ def _kind(model: Any) -> str | None:
     return getattr(model, "spec", model).kind
 
 
+def _defined(mt: Method, model: Any) -> bool:
+    """Whether ``mt`` is defined for ``model``: its kind, and, for a ``LoadedModel``, the method's own refusal
+    (``Method.refuses``) says nothing."""
+    if _kind(model) not in mt.kinds:
+        return False
+    return not (isinstance(model, LoadedModel) and mt.refuses is not None and mt.refuses(model))
+
+
 def methods_for(model: Any) -> tuple[str, ...]:
     """The methods of ``METHOD_TABLE`` defined for ``model``'s kind of model (``Method.kinds``): a
-    ``LoadedModel``, its spec, or a kind's name (``vitlens.kinds``). What ``attribute`` accepts for it and
-    what the app, the report and the CLI offer (those whose package is missing included: ``available_methods``)."""
-    kind = _kind(model)
-    return tuple(name for name, mt in METHOD_TABLE.items() if kind in mt.kinds)
+    ``LoadedModel``, its spec, or a kind's name (``vitlens.kinds``); for a ``LoadedModel``, less those that refuse
+    it (``Method.refuses``). What ``attribute`` accepts for it and what the app, the report and the CLI offer (those
+    whose package is missing included: ``available_methods``)."""
+    return tuple(name for name, mt in METHOD_TABLE.items() if _defined(mt, model))
 
 
 def default_methods(model: Any = None) -> tuple[str, ...]:
     """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam), not slow and
     not a named variant of another (``Method.variant_of``: ``attnlrp_gamma``, ``cp_lrp``); given a model (or its
     kind), only those defined for it (``methods_for``)."""
-    kind = _kind(model)
     return tuple(name for name in available_methods()
                  if not METHOD_TABLE[name].slow and not METHOD_TABLE[name].variant_of
-                 and (kind is None or kind in METHOD_TABLE[name].kinds))
+                 and (model is None or _defined(METHOD_TABLE[name], model)))
 
 
 def preselected_methods(model: Any = None) -> tuple[str, ...]:
     """The few methods the app preselects and ``sanity_table`` runs by default (``Method.preselected``); given a
     model (or its kind), only those defined for it."""
-    kind = _kind(model)
-    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected and (kind is None or kind in mt.kinds))
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected and (model is None or _defined(mt, model)))
 
 
 def refusal(m: LoadedModel, method: str) -> str:
-    """One line: why ``method`` is not defined for ``m``'s kind of model, and which methods are."""
+    """One line: why ``method`` is not defined for ``m``'s kind of model (or, where it refuses some models of the
+    kind, for ``m``: ``Method.refuses``), and which methods are."""
     mt, kind = METHOD_TABLE[method], find_kind(m)
-    if kind is not None and kind.method_refusal:  # the kind's own words (``Kind.method_refusal``)
+    own = mt.refuses(m) if mt.refuses is not None and m.spec.kind in mt.kinds else ""
+    if own:  # defined for the kind, refused for this model in the method's own words (``Method.refuses``)
+        why = own.rstrip(".")
+    elif kind is not None and kind.method_refusal:  # the kind's own words (``Kind.method_refusal``)
         why = kind.method_refusal.format(method=method, name=m.spec.name)
     else:
         why = f"{method} is defined for {', '.join(mt.kinds)} models and {m.spec.name} is a {m.spec.kind} model"
@@ -365,9 +375,8 @@ def attribute(
     spec = METHOD_TABLE[method]
     if m.spec.kind not in spec.kinds:
         raise UnsupportedModelError(refusal(m, method))
-    why = spec.refuses(m) if spec.refuses is not None else ""
-    if why:
-        raise UnsupportedModelError(why)
+    if spec.refuses is not None and spec.refuses(m):
+        raise UnsupportedModelError(refusal(m, method))
     unknown = set(params) - set(spec.defaults)
     if unknown:
         raise InvalidParameterError(f"{method} takes {', '.join(spec.defaults) or 'no parameters'}; "
