@@ -34,15 +34,20 @@ def check(norm_convention: str) -> str:
     return norm_convention
 
 
-def _final(reader: ModuleType, module: nn.Module, seen: object) -> tuple[nn.Module, torch.Tensor]:
-    """The final LayerNorm and its input at the class token [B, D], or a refusal where the tower is not read by its
-    class token (the authors' convention is stated for that readout)."""
-    if hasattr(seen, "pooled"):  # Hugging Face CLIP: post_layernorm on the class token
-        vm = getattr(module, "vision_model", module)
-        return vm.post_layernorm, seen.pooled.double()
+def refuse_unless_read(module: nn.Module) -> None:
+    """Refuse, before any forward, a tower not read by its class token (the authors' convention is stated for that
+    readout): an OpenCLIP tower pooling otherwise."""
     if getattr(module, "pool_type", "tok") != "tok":
         raise UnsupportedModelError(f"norm_convention='clip_text_span' reads a tower by its class token (the authors' "
                                     f"prs_hook); this OpenCLIP tower pools by {module.pool_type!r}: use 'per_part'.")
+
+
+def _final(module: nn.Module, seen: object) -> tuple[nn.Module, torch.Tensor]:
+    """The final LayerNorm and its input at the class token [B, D]."""
+    if hasattr(seen, "pooled"):  # Hugging Face CLIP: post_layernorm on the class token
+        vm = getattr(module, "vision_model", module)
+        return vm.post_layernorm, seen.pooled.double()
+    refuse_unless_read(module)
     post = seen.post_in.double()  # type: ignore[attr-defined]
     return module.ln_post, post if post.dim() == 2 else post[:, 0]
 
@@ -71,7 +76,7 @@ def clip_text_span(reader: ModuleType, module: nn.Module, seen: object, u: torch
             intermediate the authors take before the blocks (the pre-norm's output at the class token) has its share
             on ``pre_norm_bias``, ``readout_bias`` keeps only what follows the norm (a projection's bias).
     """
-    norm, x = _final(reader, module, seen)
+    norm, x = _final(module, seen)
     b, d = x.shape
     heads = parts["heads"]
     n_layers, n_heads, n_tokens = heads.shape[1:]

@@ -156,6 +156,8 @@ def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequ
     of it."""
     reader = hf_clip if hf_clip.is_clip_tower(module) else openclip
     reader.refuse_unless_supported(module)
+    if norm_convention == "clip_text_span":
+        conventions.refuse_unless_read(module)
     seen = reader.capture(module, pixels)
     b, dim = seen.features.shape
     if direction is None:
