@@ -4,12 +4,13 @@ the shape scenes, as one offline HTML file plus the numbers as data (CSV).
 
 Usage:
     python analyses/artifact_tokens.py [--models A B] [--n-scenes 4] [--no-samples] [--img-size PX]
-        [--out artifact_tokens.html] [--random-init] [--device cuda]
+        [--out artifact_tokens.html] [--random-init] [--device cuda] [--rule relative|absolute] [--threshold 150]
 
 The default pair is DINOv2 ViT-S/14 without and with four registers (``vit_small_patch14_dinov2.lvd142m``,
 ``vit_small_patch14_reg4_dinov2.lvd142m``; the paper's Fig. 2 and 7 show DINOv2). Each model is read by
 ``vl.token_norms`` (docs/definitions.md, "Token norms": a patch token is an outlier at a depth when its norm exceeds
-4 x its image's median patch norm there). The page gives, per model and image: the outliers at the last depth, the
+4 x its image's median patch norm there; ``--rule absolute``: Darcet et al.'s rule, a norm over ``--threshold``, 150
+for DINOv2 ViT-g). The page gives, per model and image: the outliers at the last depth, the
 first depth at which one appears, the attention the class token pays them in the last block, and, with registers,
 the class token's attention to the registers (where that mass goes instead).
 
@@ -38,6 +39,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                    "and with registers)")
     p.add_argument("--n-scenes", type=int, default=4, help="shape scenes (held-out seed) beside the sample photos")
     p.add_argument("--no-samples", action="store_true", help="leave out the README's sample photos")
+    p.add_argument("--rule", choices=("relative", "absolute"), default="relative",
+                   help="artifact-token rule: over 4 x the median patch norm (relative) or over --threshold (absolute)")
+    p.add_argument("--threshold", type=float, default=150.0, help="the absolute rule's norm (Darcet et al.: 150)")
     p.add_argument("--img-size", type=int, default=None, help="input size in pixels (default: the model's own)")
     p.add_argument("--random-init", action="store_true", help="untrained weights: a check of the script only")
     p.add_argument("--device", default="cpu")
@@ -97,15 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             torch.manual_seed(0)  # untrained weights are the same on every run
             m = vl.load_model(name, pretrained=not args.random_init, device=args.device, **kwargs)
-            result = vl.token_norms(m, images)
+            result = vl.token_norms(m, images, rule=args.rule, threshold=args.threshold)
         except VitlensError as e:
             print(f"artifact_tokens: {name}: {e.message_for('cli')}", file=sys.stderr)
             return 1
         results.append((name, result))
         rows += summary_rows(name, result, names)
     body = ["<h1>Artifact tokens: token norms by depth, without and with registers</h1>",
-            "<p class='muted'>Outlier rule (docs/definitions.md, Token norms): a patch token whose norm exceeds "
-            f"{results[0][1].factor:g} x its image's median patch-token norm at that depth.</p>"]
+            "<p class='muted'>Outlier rule (docs/definitions.md, Token norms): a patch token whose "
+            f"{results[0][1].rule_words()} at that depth.</p>"]
     if args.random_init:
         body.append("<p class='note'>Untrained weights (--random-init): artifact tokens come from training, so none "
                     "is expected here. This page checks the script, it shows no finding.</p>")

@@ -2,13 +2,15 @@
 
 Usage:
     python analyses/attribution_table.py [--n 200] [--sanity-n 8] [--models ref-vit ref-hybrid] [--out table.json]
+        [--methods rollout gradcam ...] [--metrics deletion_insertion ...]
 
 For every method of ``vitlens.attribution``: deletion and insertion AUC of the target-class
 probability (16 steps, mean baseline); Chefer et al. 2021's positive / negative perturbation AUC
 (top-1 accuracy against the scenes' labels, tokens removed to black, trapezoid over 0-90%); ROAD's
-mean MoRF / LeRF accuracy (noisy linear imputation, 10-90%); pointing game and map mass inside the
-object mask; seconds per image on this machine; and Adebayo et al. 2018's sanity check on the first
---sanity-n scenes (mean Spearman of |maps| and SSIM at full randomisation, and the verdict).
+mean MoRF / LeRF accuracy (noisy linear imputation, 10-90%); pointing game, map mass inside the
+object mask and the IoU of the map's segmentation (cells above the map's mean) with the mask; seconds
+per image on this machine; and Adebayo et al. 2018's sanity check on the first --sanity-n scenes
+(mean Spearman of |maps| and SSIM at full randomisation, and the verdict).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from vitlens.reference.shapes import HELD_OUT_SEED, generate  # noqa: E402
 COLUMNS = (("deletion_auc", "del", "9.3f"), ("insertion_auc", "ins", "9.3f"), ("chefer_positive_auc", "pos", "9.3f"),
            ("chefer_negative_auc", "neg", "9.3f"), ("road_morf", "MoRF", "9.3f"), ("road_lerf", "LeRF", "9.3f"),
            ("pointing_game", "pointing", "9.3f"), ("mass_in_mask", "in mask", "8.3f"), ("mass_ratio", "ratio", "6.2f"),
+           ("mask_iou", "IoU", "6.3f"),
            ("sanity_spearman_abs", "rank |r|", "9.3f"), ("sanity_ssim", "SSIM", "6.3f"),
            ("map_seconds_per_image", "map s/img", "9.4f"), ("total_seconds_per_image", "total s/img", "11.4f"))
 
@@ -39,18 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sanity-n", type=int, default=8, help="scenes for the sanity check (0: none)")
     p.add_argument("--models", nargs="+", default=["ref-vit", "ref-hybrid"])
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--methods", nargs="+", default=None, help="methods (default: compare_methods's default)")
+    p.add_argument("--metrics", nargs="*", default=["deletion_insertion", "perturbation", "road"],
+                   help="faithfulness metrics (none: only the mask scores)")
     args = p.parse_args(argv)
     data = generate(args.n, seed=HELD_OUT_SEED)
     tables = {}
     for name in args.models:
         m = vl.load_model(name)
         t0 = time.perf_counter()
-        table = compare_methods(m, list(data.images), masks=data.masks, labels=data.labels, batch_size=50,
-                                metrics=("deletion_insertion", "perturbation", "road"))
+        table = compare_methods(m, list(data.images), methods=args.methods, masks=data.masks, labels=data.labels,
+                                batch_size=50, metrics=tuple(args.metrics))
         rows = [dict(r) for r in table.rows]
         t1 = time.perf_counter()
         if args.sanity_n > 0:
-            sanity = sanity_table(m, list(data.images[:args.sanity_n]), methods=METHODS, batch_size=50)
+            sanity = sanity_table(m, list(data.images[:args.sanity_n]), methods=args.methods or METHODS, batch_size=50)
             for row, s in zip(rows, sanity.to_rows()):
                 row.update({"sanity_spearman_abs": s["spearman_abs"], "sanity_ssim": s["ssim"],
                             "sanity_verdict": s["verdict"]})

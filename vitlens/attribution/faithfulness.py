@@ -53,7 +53,8 @@ _FIELDS_BEFORE_THE_REGISTRY = {"faithfulness": "deletion_insertion", "perturbati
 #: read from its entry (``metrics.column_label``)
 COLUMN_LABELS = {"seconds_per_image": "seconds per image", "map_seconds_per_image": "map seconds per image",
                  "total_seconds_per_image": "total seconds per image", "pointing_game": "pointing game",
-                 "mass_in_mask": "mass in mask", "mass_ratio": "mass ratio (1: uniform)"}
+                 "mass_in_mask": "mass in mask", "mass_ratio": "mass ratio (1: uniform)",
+                 "mask_iou": "IoU (map above its mean)"}
 
 
 def readable_rows(rows: Sequence[dict], labels: dict[str, str] | None = None) -> list[dict]:
@@ -184,7 +185,8 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
             through the images' own resize and crop, so masks of 64 px scenes serve a 224 px model). With
             masks the table gains pointing_game (share of images whose map's top patch hits the object),
             mass_in_mask (share of a map's non-negative mass on object pixels) and mass_ratio (mass_in_mask
-            / the object's share of the image, per image, then averaged: 1 = no better than a uniform map).
+            / the object's share of the image, per image, then averaged: 1 = no better than a uniform map) and
+            mask_iou (the mean IoU of the cells above each map's mean with the object: ``masks.segmentation_iou``).
         target: class to explain (one for all, one per image, or None for the predictions), or for a model
             with a text tower a prompt (one for all or one per image): the curves then follow the similarity.
         steps: deletion/insertion steps.
@@ -247,7 +249,7 @@ def compare_methods(m: LoadedModel, images: Images, methods: Sequence[str] | Non
             if masks is not None:
                 s = mask_scores(a.maps, masks).summary()
                 row.update({"pointing_game": s["pointing_game"], "mass_in_mask": s["mass_in_mask"],
-                            "mass_ratio": s["ratio_mean"]})
+                            "mass_ratio": s["ratio_mean"], "mask_iou": s["iou"]})
             row["map_seconds_per_image"] = a.seconds_per_image
             row["total_seconds_per_image"] = (time.perf_counter() - started) / max(len(a.maps), 1)
             rows.append(row)

@@ -1,5 +1,6 @@
-"""Does a map point at the object? Mass inside an object mask and the pointing game, for any
-[gh, gw] map on the patch grid (rollout, paper Fig. 6, or an attribution map).
+"""Does a map point at the object? Mass inside an object mask, the pointing game and the IoU of the map's
+segmentation (the cells above the map's mean: Gandelsman et al.'s and Chefer et al.'s binarisation) with the mask,
+for any [gh, gw] map on the patch grid (rollout, paper Fig. 6, or an attribution map).
 
 A map has one value per patch token, so each patch's value is spread evenly over its pixels:
 the mask is reduced to the share of each patch's pixels that lie on the object, and nothing
@@ -40,12 +41,15 @@ class MaskScores:
         area_share: [B] share of the image's pixels on the object.
         ratio: [B] mass_in_mask / area_share (1 = no better than uniform).
         pointing_hit: [B] whether the map's top patch overlaps the object.
+        iou: [B] intersection over union of the map's segmentation (the cells above its mean, each cell's pixels
+            taken whole) and the object's pixels.
     """
 
     mass_in_mask: np.ndarray
     area_share: np.ndarray
     ratio: np.ndarray
     pointing_hit: np.ndarray
+    iou: np.ndarray | None = None
 
     def summary(self) -> dict[str, float]:
         return {
@@ -56,6 +60,7 @@ class MaskScores:
             "ratio_median": float(np.median(self.ratio)),
             "share_above_area": float((self.ratio > 1).mean()),
             "pointing_game": float(self.pointing_hit.mean()),
+            "iou": float(self.iou.mean()) if self.iou is not None else float("nan"),
         }
 
 
@@ -68,20 +73,43 @@ def mask_scores(maps: np.ndarray, masks: np.ndarray) -> MaskScores:
 
     Returns:
         ``MaskScores``: per image ``mass_in_mask`` (share of the map's mass inside the mask, [0, 1]),
-            ``area_share`` (the mask's share of the image), ``ratio`` (their quotient) and ``pointing_hit``
-            (whether the map's maximum lies in the mask).
+            ``area_share`` (the mask's share of the image), ``ratio`` (their quotient), ``pointing_hit``
+            (whether the map's maximum lies in the mask) and ``iou`` (``segmentation_iou``).
 
-    Negative values (signed attributions) are clipped to 0 before measuring mass.
+    Negative values (signed attributions) are clipped to 0 before measuring mass; the IoU reads the signed map.
     """
     if maps.ndim != 3 or masks.ndim != 3 or len(maps) != len(masks):
         raise InvalidParameterError(f"Need maps [B, gh, gw] and masks [B, H, W] of the same B; got {maps.shape} "
                                     f"and {masks.shape}.")
     keep = masks.reshape(len(masks), -1).any(axis=1)
-    maps, masks = np.clip(maps[keep].astype(np.float64), 0, None), masks[keep]
+    signed, masks = maps[keep].astype(np.float64), masks[keep]
+    maps = np.clip(signed, 0, None)
     cover = np.stack([patch_coverage(m, maps.shape[1:]) for m in masks])
     total = maps.reshape(len(maps), -1).sum(1)
     mass = (maps * cover).reshape(len(maps), -1).sum(1) / np.where(total > 0, total, 1.0)
     area = masks.reshape(len(masks), -1).mean(1)
     top = maps.reshape(len(maps), -1).argmax(1)
     hit = cover.reshape(len(cover), -1)[np.arange(len(cover)), top] > 0
-    return MaskScores(mass_in_mask=mass, area_share=area, ratio=mass / area, pointing_hit=hit)
+    return MaskScores(mass_in_mask=mass, area_share=area, ratio=mass / area, pointing_hit=hit,
+                      iou=segmentation_iou(signed, cover))
+
+
+def segmentation_iou(maps: np.ndarray, cover: np.ndarray) -> np.ndarray:
+    """[B] the IoU of each map's segmentation with its object: a cell is foreground when its value is above the map's
+    mean (the binarisation of Gandelsman et al.'s and Chefer et al.'s segmentation tests), its pixels taken whole (the
+    map shown as tokens); the object's pixels are ``cover`` [B, gh, gw], each cell's share of pixels on the object
+    (``patch_coverage``). A flat map segments nothing (IoU 0).
+
+    Args:
+        maps: [B, gh, gw] maps (signed or not).
+        cover: [B, gh, gw] each cell's share of object pixels, in [0, 1].
+
+    Returns:
+        [B] IoU in [0, 1], in units of one cell's pixels.
+    """
+    flat = maps.reshape(len(maps), -1)
+    fg = (flat > flat.mean(1, keepdims=True)).astype(np.float64)
+    c = cover.reshape(len(cover), -1)
+    inter = (fg * c).sum(1)
+    union = fg.sum(1) + c.sum(1) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)

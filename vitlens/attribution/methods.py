@@ -8,6 +8,8 @@ prediction. This module lines it up against methods that look at the target clas
   Explainability"): per block, the mean over heads of clamp(dA ⊙ A, 0), where dA is the gradient
   of the target logit with respect to that block's own attention, accumulated R <- R + Ā R
   from the first block to the last;
+- ``spatial_decomposition``: each patch token's direct contribution, summed over layers and heads, to the target
+  (Gandelsman et al., 2024: their zero-shot segmentation; ``spatial``);
 - captum's ``integrated_gradients``, ``saliency``, ``input_x_gradient`` (pixel attributions
   summed over channels and over each token's pixel block) and ``occlusion`` (window and stride
   aligned to tokens: by default one token, so every token is occluded once and its score drop is
@@ -38,6 +40,7 @@ from .lrp import AttnLRPMaps, attnlrp_maps
 from .builtin import (Scorer, class_scorer, grad_rollout_maps, input_x_gradient_maps, integrated_gradients_maps,
                       occlusion_maps, rollout_maps, saliency_maps)
 from .result import AttributionResult
+from .spatial import spatial_decomposition_maps, spatial_refusal
 from .text import SCORE, TextTargets, has_text_tower, is_text_target
 from .tower_targets import DIRECTION_SCORE, OutputTarget, is_headless
 
@@ -88,6 +91,9 @@ class Method:
             ``default_methods``, so a default comparison runs each method once.
         label: the name a person reads in figures' legends and tables ("gradient rollout"); ``method_label`` falls
             back to the name with spaces for a method registered without one.
+        refuses: for a method defined on only some models of a kind, (model) -> why it is not defined for that
+            model ("" where it is), asked by ``attribute`` before any map is made (the spatial decomposition: the
+            models ``vl.decompose`` reads); None for a method defined on every model of its kinds.
         for_kind: which kinds of model (``vitlens.kinds.Kind``) the method is defined for, as a test of the kind's
             record; ``kinds`` lists the registered kinds that pass it. A method that reads a ViT's token-by-token
             attention over one sequence ([B, H, T, T] maps, a class token's row: gradient rollout, AttnLRP) is
@@ -114,6 +120,7 @@ class Method:
     variant_of: str = ""
     for_kind: Callable[[Kind], bool] = has_token_attention
     label: str = ""
+    refuses: Callable[[LoadedModel], str] | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -173,6 +180,11 @@ METHOD_TABLE: dict[str, Method] = {mt.name: mt for mt in (
                    if name == "eigencam" else "")) for name in CAM_CLASSES),
     Method("attnlrp", attnlrp_maps, note="relevance (AttnLRP); biases and the softmax absorb part of the logit",
            label="AttnLRP"),
+    # Gandelsman et al.'s segmentation from the spatial decomposition (vitlens.attribution.spatial): one forward,
+    # defined where ``vl.decompose`` reads the model (refused in its words elsewhere)
+    Method("spatial_decomposition", spatial_decomposition_maps, refuses=spatial_refusal,
+           note="each token's direct contribution through every head (decompose), signed; the MLPs' and the "
+                "embeddings' parts are left out", label="spatial decomposition"),
     # AttnLRP as its authors run it on ViTs (vitlens.attribution.lrp.LRPRules): the γ-rule in the linear layers
     # (gamma) and the patch embedding (conv_gamma); CP-LRP's constant attention inside the attention, which lxt
     # recommends for ViTs together with the γ-rule outside it (gamma 0 there: Ali et al.'s CP-LRP as published)
@@ -255,35 +267,45 @@ def _kind(model: Any) -> str | None:
     return getattr(model, "spec", model).kind
 
 
+def _defined(mt: Method, model: Any) -> bool:
+    """Whether ``mt`` is defined for ``model``: its kind, and, for a ``LoadedModel``, the method's own refusal
+    (``Method.refuses``) says nothing."""
+    if _kind(model) not in mt.kinds:
+        return False
+    return not (isinstance(model, LoadedModel) and mt.refuses is not None and mt.refuses(model))
+
+
 def methods_for(model: Any) -> tuple[str, ...]:
     """The methods of ``METHOD_TABLE`` defined for ``model``'s kind of model (``Method.kinds``): a
-    ``LoadedModel``, its spec, or a kind's name (``vitlens.kinds``). What ``attribute`` accepts for it and
-    what the app, the report and the CLI offer (those whose package is missing included: ``available_methods``)."""
-    kind = _kind(model)
-    return tuple(name for name, mt in METHOD_TABLE.items() if kind in mt.kinds)
+    ``LoadedModel``, its spec, or a kind's name (``vitlens.kinds``); for a ``LoadedModel``, less those that refuse
+    it (``Method.refuses``). What ``attribute`` accepts for it and what the app, the report and the CLI offer (those
+    whose package is missing included: ``available_methods``)."""
+    return tuple(name for name, mt in METHOD_TABLE.items() if _defined(mt, model))
 
 
 def default_methods(model: Any = None) -> tuple[str, ...]:
     """``compare_methods``'s default: every method that is available here (the CAMs need grad-cam), not slow and
     not a named variant of another (``Method.variant_of``: ``attnlrp_gamma``, ``cp_lrp``); given a model (or its
     kind), only those defined for it (``methods_for``)."""
-    kind = _kind(model)
     return tuple(name for name in available_methods()
                  if not METHOD_TABLE[name].slow and not METHOD_TABLE[name].variant_of
-                 and (kind is None or kind in METHOD_TABLE[name].kinds))
+                 and (model is None or _defined(METHOD_TABLE[name], model)))
 
 
 def preselected_methods(model: Any = None) -> tuple[str, ...]:
     """The few methods the app preselects and ``sanity_table`` runs by default (``Method.preselected``); given a
     model (or its kind), only those defined for it."""
-    kind = _kind(model)
-    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected and (kind is None or kind in mt.kinds))
+    return tuple(name for name, mt in METHOD_TABLE.items() if mt.preselected and (model is None or _defined(mt, model)))
 
 
 def refusal(m: LoadedModel, method: str) -> str:
-    """One line: why ``method`` is not defined for ``m``'s kind of model, and which methods are."""
+    """One line: why ``method`` is not defined for ``m``'s kind of model (or, where it refuses some models of the
+    kind, for ``m``: ``Method.refuses``), and which methods are."""
     mt, kind = METHOD_TABLE[method], find_kind(m)
-    if kind is not None and kind.method_refusal:  # the kind's own words (``Kind.method_refusal``)
+    own = mt.refuses(m) if mt.refuses is not None and m.spec.kind in mt.kinds else ""
+    if own:  # defined for the kind, refused for this model in the method's own words (``Method.refuses``)
+        why = own.rstrip(".")
+    elif kind is not None and kind.method_refusal:  # the kind's own words (``Kind.method_refusal``)
         why = kind.method_refusal.format(method=method, name=m.spec.name)
     else:
         why = f"{method} is defined for {', '.join(mt.kinds)} models and {m.spec.name} is a {m.spec.kind} model"
@@ -352,6 +374,8 @@ def attribute(
         raise InvalidParameterError(f"method must be one of {', '.join(METHOD_TABLE)}; got {method!r}.")
     spec = METHOD_TABLE[method]
     if m.spec.kind not in spec.kinds:
+        raise UnsupportedModelError(refusal(m, method))
+    if spec.refuses is not None and spec.refuses(m):
         raise UnsupportedModelError(refusal(m, method))
     unknown = set(params) - set(spec.defaults)
     if unknown:

@@ -23,7 +23,7 @@ image or one row for all, e.g. what a Hugging Face tokenizer returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -221,15 +221,22 @@ class TextTargets:
                                         f"{len(self.index)} prompts for more images.")
         return torch.as_tensor(self.index[start:start + size], dtype=torch.long, device=device)
 
-    def scorer(self, m: LoadedModel) -> Callable[[torch.Tensor], torch.Tensor]:
+    def scorer(self, m: LoadedModel) -> "PromptScore":
         """x -> [B, P]: each image's cosine similarity to every prompt (graph kept for gradients)."""
-        text = self.embeddings
-
-        def score(inp: torch.Tensor) -> torch.Tensor:
-            image = torch.nn.functional.normalize(m.forward(inp).float(), dim=-1)
-            return image @ text.to(image.device).T
-
-        return score
+        return PromptScore(m, self.embeddings)
 
 
-__all__ = ["SCORE", "TextTargets", "has_text_tower", "is_text_target", "resolve_tokenizer", "text_embeddings"]
+class PromptScore:
+    """x -> [B, P]: each image's cosine similarity to every prompt; ``directions`` [P, D] the prompts' unit
+    embeddings, for a method that reads the similarity along them (the spatial decomposition)."""
+
+    def __init__(self, m: LoadedModel, directions: torch.Tensor) -> None:
+        self.m, self.directions = m, directions
+
+    def __call__(self, inp: torch.Tensor) -> torch.Tensor:
+        image = torch.nn.functional.normalize(self.m.forward(inp).float(), dim=-1)
+        return image @ self.directions.to(image.device).T
+
+
+__all__ = ["SCORE", "PromptScore", "TextTargets", "has_text_tower", "is_text_target", "resolve_tokenizer",
+           "text_embeddings"]

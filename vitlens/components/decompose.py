@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import InvalidParameterError
-from . import hf_clip, openclip, prenorm, timm_vit, towers
+from ..errors import InvalidParameterError, VitlensError
+from . import conventions, hf_clip, openclip, prenorm, timm_vit, towers
 from .layout import refuse
 from .result import DecompositionResult
 from .arguments import per_image
@@ -17,7 +17,8 @@ from .stream import module_of, pixels_for
 
 
 def decompose(model: object, pixels: object, target: int | Sequence[int] | None = None,
-              direction: torch.Tensor | np.ndarray | None = None) -> DecompositionResult:
+              direction: torch.Tensor | np.ndarray | None = None, norm_convention: str = "per_part"
+              ) -> DecompositionResult:
     """Split what the model outputs for each image into exact parts (docs/definitions.md, "Direct contributions").
 
     Args:
@@ -32,16 +33,26 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
             without a classifier: one coordinate of its features).
         direction: instead of a class, a [D] direction over the pre-logits features (a text embedding, a unit
             vector); the output read is ``direction . features``.
+        norm_convention: how the final LayerNorm is shared among the parts (docs/definitions.md, "Norm
+            conventions"; ``conventions.NORM_CONVENTIONS``): ``"per_part"`` (each part centred by its own mean, the
+            norm's beta a readout term; the output ``u . f``) or, on a CLIP / OpenCLIP tower read by its class
+            token, ``"clip_text_span"`` (Gandelsman et al.'s ``prs_hook``: the norm's mean and beta in equal shares,
+            the output projection's bias spread over tokens and heads, every part divided by ``|f|``; the output
+            ``u . f / |f|``).
 
     Returns:
         A ``DecompositionResult`` whose ledger (``ledger()``, shown in its summary) says how closely the parts add
             up to the output.
     """
     module, name = module_of(model, "decompose")
+    conventions.check(norm_convention)
     if target is not None and direction is not None:
         raise InvalidParameterError("Give a target class or a direction, not both.")
     if hf_clip.is_clip_tower(module) or openclip.is_openclip_tower(module):
-        return _clip(module, name, pixels_for(model, module, pixels), target, direction)
+        return _clip(module, name, pixels_for(model, module, pixels), target, direction, norm_convention)
+    if norm_convention != "per_part":
+        raise InvalidParameterError(f"norm_convention={norm_convention!r} is stated for CLIP vision towers (Hugging "
+                                    f"Face or OpenCLIP) read by their class token; {name} is read with 'per_part'.")
     if towers.is_tower(module):
         return _tower(module, name, pixels_for(model, module, pixels), target, direction)
     refuse(module, name)
@@ -60,6 +71,23 @@ def decompose(model: object, pixels: object, target: int | Sequence[int] | None 
     n_patch = cap.final_in.shape[1] - module.num_prefix_tokens
     grid = tuple(getattr(module.patch_embed, "grid_size", None) or (n_patch, 1))
     return _result(output, labels, parts, int(module.num_prefix_tokens), grid, name, direction is not None)
+
+
+def refusal(model: object) -> str:
+    """Why ``decompose`` would refuse ``model`` (a ``LoadedModel`` or a module), found by the checks it makes before
+    any forward (the model's structure, blocks and norms); "" where it reads it."""
+    module, name = module_of(model, "decompose")
+    try:
+        if hf_clip.is_clip_tower(module) or openclip.is_openclip_tower(module):
+            (hf_clip if hf_clip.is_clip_tower(module) else openclip).refuse_unless_supported(module)
+        elif towers.is_tower(module):
+            towers.plan(module)
+        else:
+            refuse(module, name)
+            timm_vit.refuse_unless_supported(module)
+    except VitlensError as e:
+        return e.message
+    return ""
 
 
 def _class_read(logits: torch.Tensor, head: nn.Linear, target: int | Sequence[int] | None
@@ -123,25 +151,29 @@ def _along(features: torch.Tensor, direction: torch.Tensor | np.ndarray) -> tupl
 
 
 def _clip(module: nn.Module, name: str, pixels: torch.Tensor, target: int | Sequence[int] | None,
-          direction: torch.Tensor | np.ndarray | None) -> DecompositionResult:
+          direction: torch.Tensor | np.ndarray | None, norm_convention: str = "per_part") -> DecompositionResult:
     """A CLIP tower (Hugging Face or OpenCLIP): a direction over its image embedding, or ``target`` = one coordinate
     of it."""
     reader = hf_clip if hf_clip.is_clip_tower(module) else openclip
     reader.refuse_unless_supported(module)
+    if norm_convention == "clip_text_span":
+        conventions.refuse_unless_read(module)
     seen = reader.capture(module, pixels)
     b, dim = seen.features.shape
     if direction is None:
         direction = _coordinate(dim, name, target)
     u, output = _along(seen.features, direction)
     parts = reader.contributions(module, seen, u)
+    if norm_convention == "clip_text_span":
+        parts, output = conventions.clip_text_span(reader, module, seen, u, parts, output, seen.features)
     grid = tuple(seen.patch.shape[-2:])
-    return _result(output, torch.full((b,), -1, dtype=torch.long), parts, 1, grid, name, True)
+    return _result(output, torch.full((b,), -1, dtype=torch.long), parts, 1, grid, name, True, norm_convention)
 
 
 def _result(output: torch.Tensor, labels: torch.Tensor, parts: dict[str, torch.Tensor], num_prefix: int,
-            grid: tuple, name: str, along: bool) -> DecompositionResult:
+            grid: tuple, name: str, along: bool, norm_convention: str = "per_part") -> DecompositionResult:
     return DecompositionResult(
         output=output.cpu().numpy(), target=labels.cpu().numpy(),
         **{k: v.cpu().numpy() for k, v in parts.items()},
         num_prefix_tokens=num_prefix, grid=tuple(int(g) for g in grid), model_name=name,
-        direction="direction" if along else "class")
+        direction="direction" if along else "class", norm_convention=norm_convention)

@@ -99,10 +99,25 @@ def _siglip(model: nn.Module, pixels: torch.Tensor) -> tuple[list[HeadLayer], Re
     return layers, read, True
 
 
-def head_vectors(model: nn.Module, pixels: torch.Tensor, layers: Sequence[int] | None = None
+def resolve_layers(n: int, layers: Sequence[int] | str | None) -> list[int]:
+    """The blocks ``layers`` names among ``n`` (0-based): None the last four, "all" every one, else indices (negative
+    counts from the end); a refusal naming the range otherwise."""
+    if layers == "all":
+        return list(range(n))
+    if isinstance(layers, str):
+        raise InvalidParameterError(f"layers must be block indices, None (the last four) or 'all'; got {layers!r}.")
+    chosen = list(range(max(0, n - 4), n)) if layers is None else [int(l) % n if -n <= int(l) < n else -1
+                                                                    for l in layers]
+    if any(l < 0 for l in chosen) or not chosen:
+        raise InvalidParameterError(f"layers must be block indices in [0, {n}) (negative counts from the end).")
+    return chosen
+
+
+def head_vectors(model: nn.Module, pixels: torch.Tensor, layers: Sequence[int] | str | None = None
                  ) -> tuple[torch.Tensor, list[int]]:
     """``([B, L', H, F] each head's contribution vector, the layers read (0-based))`` for a CLIP, SigLIP or OpenCLIP
-    vision tower, float64, from one forward of the user's model."""
+    vision tower, float64, from one forward of the user's model (``layers``: block indices, None for the last four,
+    "all" for every block)."""
     if hf_clip.is_clip_tower(model):
         per_layer, read, all_q = _clip(model, pixels)
     elif openclip.is_openclip_tower(model):
@@ -112,11 +127,7 @@ def head_vectors(model: nn.Module, pixels: torch.Tensor, layers: Sequence[int] |
     else:
         raise UnsupportedModelError(f"{type(model).__name__}: TextSpan reads CLIP, SigLIP and OpenCLIP vision towers "
                                     f"(an image embedding that texts describe).")
-    n = len(per_layer)
-    chosen = list(range(max(0, n - 4), n)) if layers is None else [int(l) % n if -n <= int(l) < n else -1
-                                                                    for l in layers]
-    if any(l < 0 for l in chosen) or not chosen:
-        raise InvalidParameterError(f"layers must be block indices in [0, {n}) (negative counts from the end).")
+    chosen = resolve_layers(len(per_layer), layers)
     out = []
     for l in chosen:
         probs, v, w_o, gamma = per_layer[l]

@@ -72,18 +72,30 @@ def head_probs(seen: Seen, i: int, layer: nn.Module) -> tuple[torch.Tensor, torc
     return head_attention(seen.q[i], seen.k[i], seen.v[i], attn.num_heads, attn.head_dim, attn.scale)
 
 
-def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every part of ``u . features`` (float64), named as ``DecompositionResult``'s fields."""
+def pooled_direction(model: nn.Module, u: torch.Tensor) -> torch.Tensor:
+    """[B, D] ``u`` [B, F] read back through the projection onto the final norm's output at the class token."""
+    proj = getattr(model, "visual_projection", None)
+    return u @ proj.weight.detach().double() if proj is not None else u
+
+
+def contributions(model: nn.Module, seen: Seen, u: torch.Tensor, residual: torch.Tensor | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """Every part of ``u . features`` (float64), named as ``DecompositionResult``'s fields; with ``residual`` [B, N, D]
+    instead, every part read along that direction on the residual after the blocks (no final norm, no readout: the
+    ``clip_text_span`` convention reads each part's mean this way, ``conventions``)."""
     vm = getattr(model, "vision_model", model)
     proj = getattr(model, "visual_projection", None)
-    u_pool = u @ proj.weight.detach().double() if proj is not None else u
+    u_pool = pooled_direction(model, u)
     readout = (u * proj.bias.detach().double()).sum(-1) if proj is not None and proj.bias is not None else u[:, 0] * 0
     pooled = seen.pooled.double()
     d = pooled.shape[-1]
     readout = readout + (u_pool * norm_bias(vm.post_layernorm, d, u_pool)).sum(-1)
     emb = seen.embeddings.double()
     g = torch.zeros_like(emb)
-    g[:, 0] = back_through_norm(vm.post_layernorm, u_pool, pooled)
+    if residual is None:
+        g[:, 0] = back_through_norm(vm.post_layernorm, u_pool, pooled)
+    else:
+        g, readout = residual.double(), readout * 0
     g0 = back_through_norm(vm.pre_layrnorm, g, emb)
     pre_bias = (g * norm_bias(vm.pre_layrnorm, d, g)).sum((-1, -2))
     patch = torch.zeros_like(emb)

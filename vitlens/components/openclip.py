@@ -57,7 +57,7 @@ def capture(model: nn.Module, pixels: torch.Tensor) -> Seen:
 
 def read_directions(model: nn.Module, seen: Seen, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``g`` [B, N, D] on the residual after the blocks and the readout's constant [B] for ``u . features``."""
-    u_pool = u @ model.proj.detach().double().T if model.proj is not None else u
+    u_pool = pooled_direction(model, u)
     post = seen.post_in.double()
     emb = seen.embeddings
     b, n, d = emb.shape
@@ -72,9 +72,19 @@ def read_directions(model: nn.Module, seen: Seen, u: torch.Tensor) -> tuple[torc
     return back_through_norm(model.ln_post, w[None, :, None] * u_pool[:, None, :], post), const
 
 
-def contributions(model: nn.Module, seen: Seen, u: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every part of ``u . features`` (float64), named as ``DecompositionResult``'s fields."""
+def pooled_direction(model: nn.Module, u: torch.Tensor) -> torch.Tensor:
+    """[B, D] ``u`` [B, F] read back through the projection onto the pooled, normed feature."""
+    return u @ model.proj.detach().double().T if model.proj is not None else u
+
+
+def contributions(model: nn.Module, seen: Seen, u: torch.Tensor, residual: torch.Tensor | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """Every part of ``u . features`` (float64), named as ``DecompositionResult``'s fields; with ``residual`` [B, N, D]
+    instead, every part read along that direction on the residual after the blocks (no final norm, no readout: the
+    ``clip_text_span`` convention reads each part's mean this way, ``conventions``)."""
     g, readout = read_directions(model, seen, u)
+    if residual is not None:
+        g, readout = residual.double(), readout * 0
     emb = seen.embeddings.double()
     d = emb.shape[-1]
     g0 = back_through_norm(model.ln_pre, g, emb)

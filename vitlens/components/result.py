@@ -33,6 +33,8 @@ class DecompositionResult(Result):
         grid: (rows, cols) of patch tokens.
         model_name: the model's name.
         direction: "class" or "direction".
+        norm_convention: how the final norm is shared among the parts (``decompose``'s ``norm_convention``:
+            "per_part", or "clip_text_span", where ``output`` is ``u . f / |f|``).
     """
 
     kind = "decomposition"
@@ -51,6 +53,7 @@ class DecompositionResult(Result):
     grid: tuple
     model_name: str = ""
     direction: str = "class"
+    norm_convention: str = "per_part"
 
     def parts(self) -> dict[str, np.ndarray]:
         """Each part summed over tokens, [B] or [B, L] or [B, L, H]: the ledger's entries."""
@@ -95,7 +98,8 @@ class DecompositionResult(Result):
         l, h, v = self.top_heads(1)[0]
         return (f"{self.model_name or 'model'}: output {self.output[0]:.4g} = sum of "
                 f"{self.heads.shape[1]}x{self.heads.shape[2]} heads, {self.mlp.shape[1]} MLPs, embeddings, biases; "
-                f"top head layer {l + 1} head {h + 1} ({v:.3g}); ledger {self.ledger().max():.1e} "
+                f"top head layer {l + 1} head {h + 1} ({v:.3g}); {self.norm_convention} norm convention; "
+                f"ledger {self.ledger().max():.1e} "
                 f"({'closes' if self.closes() else 'OPEN'})")
 
     def to_rows(self) -> list[dict]:

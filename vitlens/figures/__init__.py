@@ -19,7 +19,8 @@ registered for the result class it draws (``registry.draws``; ``figure_for`` dra
   (Fig. 11 of several video models), ``spacetime_rollout_figure`` (rollout, a map per time step);
 - ``components``: ``contributions_figure`` (layer x head parts, the ledger in the title), ``head_contribution_figure``
   (one head's part over the image), ``logit_lens_figure``, ``token_norms_figure``, ``patching_figure``,
-  ``text_span_figure`` (TextSpan's explained variance by head), ``mean_ablation_figure`` (scores before and after);
+  ``text_span_figure`` (TextSpan's explained variance by head), ``text_span_evaluation_figure`` (with the accuracy
+  once the heads are replaced by their texts), ``mean_ablation_figure`` (scores before and after);
 - ``probes``: ``probes_figure`` (linear probes' held-out accuracy by block, Raghu et al. 2021) and
   ``sae_training_figure`` (an SAE's FVU, L0 and dead features by tokens seen);
 - ``sae``: a sparse autoencoder's features: ``sae_top_images_figure`` (a feature over its top images, drawn as the
@@ -46,7 +47,7 @@ from .compare import cka_figure, head_importance_figure
 from .video_weights import tubelet_filters_figure, video_position_figure
 from .spacetime import spacetime_compare_figure, spacetime_distance_figure, spacetime_rollout_figure
 from .components import (contributions_figure, head_contribution_figure, logit_lens_figure, mean_ablation_figure,
-                         patching_figure, text_span_figure, token_norms_figure)
+                         patching_figure, text_span_evaluation_figure, text_span_figure, token_norms_figure)
 from .probes import probes_figure, sae_training_figure
 from .sae import (sae_feature_figure, sae_frequency_figure, sae_intervention_figure, sae_top_images_figure,
                   sae_writers_figure)
@@ -60,7 +61,7 @@ __all__ = [
     "position_mosaic", "prefix_figure", "relpos_figure", "road_figure", "rollout_figure", "rollout_grid_figure",
     "sanity_figure", "similarity_tile_figure", "table_figure", "token_heatmap", "upsample_map",
     "windowed_distance_figure", "contributions_figure", "head_contribution_figure", "logit_lens_figure",
-    "token_norms_figure", "patching_figure", "text_span_figure", "mean_ablation_figure",
+    "token_norms_figure", "patching_figure", "text_span_figure", "text_span_evaluation_figure", "mean_ablation_figure",
     "tubelet_filters_figure", "video_position_figure",
     "spacetime_compare_figure", "spacetime_distance_figure", "spacetime_rollout_figure",
     "probes_figure", "sae_training_figure",

@@ -1,7 +1,8 @@
 """Figures of the component analyses (issue 51; docs/definitions.md, "Direct contributions", "Logit lens",
 "Token norms", "Activation patching", "TextSpan"): the layer x head table of contributions with its ledger in the
 title, one head's contribution over the image's patch tokens, the logit lens by depth, token norms by depth, patching by
-head, TextSpan's explained variance by head, mean-ablation's scores before and after."""
+head, TextSpan's explained variance by head and its evaluation (with the replaced heads' accuracy), mean-ablation's
+scores before and after."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from ..components import (DecompositionResult, LogitLensResult, MeanAblationResult, PatchingResult, TextSpanResult,
-                          TokenNormsResult)
+                          TextSpanEvaluation, TokenNormsResult)
 from ..errors import InvalidParameterError
 from .registry import draws
 
@@ -113,7 +114,7 @@ def token_norms_figure(result: TokenNormsResult, image: int = 0, title: str | No
     """
     fig = go.Figure(go.Heatmap(z=result.norms[image], colorscale="Viridis", colorbar=dict(title="norm")))
     fig.update_layout(title=title or (f"{result.model_name}: token norms ({int(result.outliers[image, -1].sum())} "
-                                      f"outliers > {result.factor:g} x median at the last depth)"),
+                                      f"outliers, {result.rule_words()}, at the last depth)"),
                       xaxis_title="token", yaxis_title="depth", height=360)
     return fig
 
@@ -168,6 +169,32 @@ def text_span_figure(result: TextSpanResult, title: str | None = None) -> go.Fig
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=title or (f"{result.model_name}: TextSpan, {result.explained.shape[-1]} of "
                                       f"{len(result.texts)} texts per head"), height=360)
+    return fig
+
+
+@draws(TextSpanEvaluation)
+def text_span_evaluation_figure(result: TextSpanEvaluation, title: str | None = None) -> go.Figure:
+    """TextSpan's evaluation (the paper's Sec. 4.2): each replaced head's variance explained by its texts (layer x
+    head, the first layer read at the top; hovering lists the texts), the zero-shot accuracies in the title.
+
+    Args:
+        result: an ``evaluate_text_span`` result.
+        title: the title (default: the model, the rule and the three accuracies).
+
+    Returns:
+        The heatmap figure.
+    """
+    words = [[" / ".join(str(result.texts[k]) for k in result.chosen[i, h] if k >= 0)
+              for h in range(result.chosen.shape[1])] for i in range(len(result.layers))]
+    fig = go.Figure(go.Heatmap(
+        z=result.explained, x=[f"head {h + 1}" for h in range(result.explained.shape[1])],
+        y=[f"layer {int(l) + 1}" for l in result.layers], text=words,
+        hovertemplate="%{y} %{x}: %{z:.0%}<br>%{text}<extra></extra>", colorscale="Viridis", zmin=0, zmax=1,
+        colorbar=dict(title="explained")))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title or (f"{result.model_name}: TextSpan ({result.variant}), accuracy "
+                                      f"{result.accuracy_model:.0%} as is, {result.accuracy_ablated:.0%} others "
+                                      f"mean-ablated, {result.accuracy_replaced:.0%} heads replaced"), height=360)
     return fig
 
 

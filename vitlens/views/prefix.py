@@ -29,6 +29,10 @@ from ..words import counted
 PARKED = 0.5
 #: a patch token is an outlier when its norm exceeds this multiple of its layer's median patch norm
 OUTLIER_FACTOR = 4.0
+#: the artifact-token rules (``high_norm_outliers``): a multiple of the image's median patch norm, or a fixed norm
+OUTLIER_RULES = ("relative", "absolute")
+#: the ``"absolute"`` rule's default threshold: Darcet et al.'s (ICLR 2024) for DINOv2 ViT-g
+ABSOLUTE_THRESHOLD = 150.0
 
 
 def prefix_labels(spec: ModelSpec) -> list[str]:
@@ -111,24 +115,36 @@ class PrefixAttentionAccumulator(AttentionConsumer):
                                        model_name=model_name(spec))
 
 
-def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float = OUTLIER_FACTOR
+def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float = OUTLIER_FACTOR,
+                       rule: str = "relative", threshold: float = ABSOLUTE_THRESHOLD
                        ) -> tuple[np.ndarray, np.ndarray]:
     """The outlier rule of token norms (Darcet et al. 2024), the one reading ``prefix_diagnostics`` and
-    ``vl.token_norms`` share: a patch token is an outlier when its norm exceeds ``factor`` times its image's median
-    patch-token norm (``np.median``: the two middle norms averaged when the count is even); prefix tokens never are.
+    ``vl.token_norms`` share (docs/definitions.md, "Token norms"): with ``rule="relative"`` a patch token is an
+    outlier when its norm exceeds ``factor`` times its image's median patch-token norm (``np.median``: the two middle
+    norms averaged when the count is even); with ``rule="absolute"`` when its norm exceeds ``threshold`` (Darcet et
+    al.'s rule: 150 on DINOv2 ViT-g, a scale that belongs to one model's width and training). Prefix tokens never
+    are.
 
     Args:
         norms: [..., T] each token's norm (prefix tokens first).
         num_prefix_tokens: prefix tokens before the patches.
-        factor: the multiple of the median.
+        factor: the multiple of the median (``"relative"``).
+        rule: ``"relative"`` or ``"absolute"`` (``OUTLIER_RULES``).
+        threshold: the norm above which a token is an outlier (``"absolute"``).
 
     Returns:
         ``(median [..., 1], outliers [..., T] bool)``.
     """
+    if rule not in OUTLIER_RULES:
+        raise InvalidParameterError(f"rule must be one of {', '.join(map(repr, OUTLIER_RULES))}; got {rule!r}.")
+    bound, what = (factor, "factor") if rule == "relative" else (threshold, "threshold")
+    if isinstance(bound, bool) or not isinstance(bound, (int, float, np.floating, np.integer)) or \
+            not np.isfinite(bound) or bound <= 0:
+        raise InvalidParameterError(f"the {rule} outlier rule's {what} must be a finite number > 0; got {bound!r}.")
     patch = norms[..., num_prefix_tokens:]
     median = np.median(patch, axis=-1, keepdims=True)
     outliers = np.zeros(norms.shape, dtype=bool)
-    outliers[..., num_prefix_tokens:] = patch > factor * median
+    outliers[..., num_prefix_tokens:] = patch > (factor * median if rule == "relative" else threshold)
     return median, outliers
 
 
