@@ -331,7 +331,7 @@ def image_list(images: Images) -> list[Any] | torch.Tensor:
         return images
     if isinstance(images, (Image.Image, str, Path)) or (isinstance(images, np.ndarray) and images.ndim < 4):
         return [images]
-    return list(images)  # type: ignore[arg-type]  # an iterable of images, read once here
+    return list(images)  # an iterable of images, read once here
 
 
 def iter_batches(images: Images, data_config: dict[str, Any], batch_size: int) -> Iterator[torch.Tensor]:
