@@ -48,7 +48,7 @@ def _final(module: nn.Module, seen: object) -> tuple[nn.Module, torch.Tensor]:
         vm = getattr(module, "vision_model", module)
         return vm.post_layernorm, seen.pooled.double()
     refuse_unless_read(module)
-    post = seen.post_in.double()  # type: ignore[attr-defined]
+    post = seen.post_in.double()  # type: ignore[attr-defined]  # an OpenCLIP reader's record (post_in), not the HF one's
     return module.ln_post, post if post.dim() == 2 else post[:, 0]
 
 
