@@ -18,6 +18,7 @@ from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles
 from . import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
 from .layouts import Layout, layout_of
+from .mha import install_block_inline, install_block_side
 from .readers import SoftmaxApplied
 from .sdpa_calls import CallMode, sdpa_arguments
 
@@ -94,6 +95,14 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
     handles.hook(patches.module.register_forward_hook(patches_hook))
     handles.on_remove(state.clear)
     for layer, attn in enumerate(layout.attention_modules(model)):
+        if isinstance(attn, nn.MultiheadAttention):  # (BridgeTower's tower): read from its own in-projection
+            def check(probs: torch.Tensor, _layer: int = layer, _attn: nn.Module = attn) -> None:
+                _verify(name, _layer, _attn, probs, probs, {"dropout_p": _attn.dropout if _attn.training else 0.0},
+                        state.get("patches"), prefix)
+
+            install = install_block_inline if capture.mode == "inline" else install_block_side
+            install(attn, layer, capture, handles, check)
+            continue
         original = attn.forward
 
         def forward(*args: Any, _layer: int = layer, _original: Callable = original, _attn: nn.Module = attn,

