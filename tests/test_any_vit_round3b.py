@@ -161,3 +161,51 @@ def test_pix2struct_beyond_its_row_and_column_ids_is_refused_in_one_line():
         vl.LoadedModel.from_module(_pix2struct(), name="pix2struct", device="cpu",
                                    data_config={"input_size": (3, 32, 128)})
     assert "\n" not in str(refusal.value)
+
+
+# ------------------------------------------------------------------------------ B: refusals that name what they found
+
+
+def _got_ocr2() -> torch.nn.Module:
+    from transformers.models.got_ocr2.modeling_got_ocr2 import GotOcr2VisionEncoder
+
+    cfg = transformers.GotOcr2VisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, mlp_dim=64,
+                                           patch_size=8, image_size=64, window_size=2, global_attn_indexes=[1],
+                                           output_channels=16)
+    return GotOcr2VisionEncoder._from_config(cfg)
+
+
+def _donut() -> torch.nn.Module:
+    cfg = transformers.DonutSwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
+                                       window_size=2)
+    return transformers.DonutSwinModel._from_config(cfg)
+
+
+def _focalnet() -> torch.nn.Module:
+    return transformers.FocalNetModel(transformers.FocalNetConfig(image_size=32, patch_size=4, embed_dim=16,
+                                                                  depths=[1, 1], hidden_sizes=[16, 32]))
+
+
+def _groupvit() -> torch.nn.Module:
+    cfg = transformers.GroupViTVisionConfig(hidden_size=32, intermediate_size=64, depths=[1, 1, 1],
+                                            num_group_tokens=[4, 2, 0], num_output_groups=[4, 2, 2],
+                                            num_hidden_layers=3, num_attention_heads=2, image_size=32, patch_size=8)
+    return transformers.GroupViTVisionModel(cfg)
+
+
+DIAGNOSED = {
+    "got-ocr2": (_got_ocr2, r"attends in windows \(window_size=2 in its config, global attention only in blocks \[1\]"),
+    "donut": (_donut, "windowed attention and patch merging"),
+    "focalnet": (_focalnet, "no softmax: its blocks make no softmax and no scaled_dot_product_attention call"),
+    "groupvit": (_groupvit, "several softmax calls each \\(GroupViTAssignAttention makes 2"),
+}
+
+
+@pytest.mark.parametrize("key", sorted(DIAGNOSED))
+def test_an_unread_towers_refusal_names_what_its_attention_is(key):
+    """The refusal said the same generic words for all of these ("... this one has neither")."""
+    build, says = DIAGNOSED[key]
+    torch.manual_seed(0)
+    with pytest.raises(vl.UnsupportedModelError, match=says) as refusal:
+        vl.LoadedModel.from_module(build().eval(), name=key, device="cpu")
+    assert "\n" not in str(refusal.value) and "this one has neither" not in str(refusal.value)
