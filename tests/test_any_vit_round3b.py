@@ -209,3 +209,86 @@ def test_an_unread_towers_refusal_names_what_its_attention_is(key):
     with pytest.raises(vl.UnsupportedModelError, match=says) as refusal:
         vl.LoadedModel.from_module(build().eval(), name=key, device="cpu")
     assert "\n" not in str(refusal.value) and "this one has neither" not in str(refusal.value)
+
+
+# ------------------------------------------------------------------------------ C: RoPE towers at other sizes
+
+
+def test_pixtral_at_a_non_square_size_is_read_exact_against_eager():
+    """It was refused at 48x80 px ("built for 80x80 px inputs and cannot resample its position table"): it has no
+    table, its 2-D RoPE is computed from each patch's (row, column)."""
+    from test_whole_models import eager_tower
+
+    cfg = transformers.PixtralVisionConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, image_size=80, patch_size=16, head_dim=16)
+    torch.manual_seed(0)
+    model = transformers.PixtralVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    _sharpen_qk(model, ("q_proj.weight", "k_proj.weight"), 0.6)
+    for size in ((48, 80), (80, 48)):
+        m = vl.LoadedModel.from_module(model, name="pixtral", device="cpu", data_config={"input_size": (3, *size)})
+        grid = (size[0] // 16, size[1] // 16)
+        assert (m.spec.grid, m.spec.image_size, m.spec.dynamic_img_size) == (grid, size, True)
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            own = [eager_tower(model)(pixel_values=img[None], output_attentions=True).attentions for img in x]
+            with vl.capture_attention(m) as cap:
+                m.forward(x)
+        assert len(cap.maps) == 2 and max(a.max().item() for a in own[0]) > 0.5
+        for layer, got in enumerate(cap.maps):
+            want = torch.cat([o[layer] for o in own])
+            assert got.shape == (2, 2, grid[0] * grid[1], grid[0] * grid[1])
+            assert (got - want).abs().max().item() < TOL
+
+
+def _qwen3vl() -> torch.nn.Module:
+    cfg = transformers.Qwen3VLVisionConfig(hidden_size=32, depth=2, num_heads=2, intermediate_size=64, patch_size=16,
+                                           out_hidden_size=32, num_position_embeddings=16, deepstack_visual_indexes=[])
+    torch.manual_seed(0)
+    model = transformers.Qwen3VLVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    return _sharpen_qk(model, ("qkv.weight",), 0.5)
+
+
+def _row_major_from_merge_blocks(grid: tuple[int, int]) -> list[int]:
+    """For each cell row-major, the index of its token in 2x2 merge-block order (blocks row-major, each row-major)."""
+    gh, gw = grid
+    return [((r // 2) * (gw // 2) + c // 2) * 4 + (r % 2) * 2 + c % 2 for r in range(gh) for c in range(gw)]
+
+
+def _qwen3vl_float64(model: torch.nn.Module, run) -> list[torch.Tensor]:
+    """Each block's attention in float64 from its own input, image by image (its ``cu_seqlens``), model order."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
+
+    maps = []
+    for block, (args, kw) in zip(model.blocks, _block_inputs(model, [b.attn for b in model.blocks], run)):
+        attn, hidden = block.attn, args[0].double()
+        w, b = attn.qkv.weight.double(), attn.qkv.bias.double()
+        q, k, _ = torch.nn.functional.linear(hidden, w, b).reshape(hidden.shape[0], 3, attn.num_heads, -1) \
+            .permute(1, 0, 2, 3).unbind(0)
+        q, k = apply_rotary_pos_emb_vision(q, k, *(t.double() for t in kw["position_embeddings"]))
+        bounds = kw["cu_seqlens"].tolist()
+        maps.append(torch.stack([torch.softmax(torch.einsum("qhd,khd->hqk", q[s:e], k[s:e]) * attn.scaling, -1)
+                                 for s, e in zip(bounds[:-1], bounds[1:])]))
+    return maps
+
+
+@pytest.mark.parametrize("loaded_at", [None, (3, 64, 96)])
+def test_qwen3vl_at_a_non_square_size_is_read_exact_in_its_merge_block_order(loaded_at):
+    """Fed 64x96 px after loading at its table's 64x64 px, it was refused ("the stated token layout has 16 tokens
+    ... but the model's attention runs over 24"): the declared merge-block order now follows each forward's grid."""
+    model = _qwen3vl()
+    m = vl.LoadedModel.from_module(model, name="qwen3vl", device="cpu",
+                                   data_config={"input_size": loaded_at} if loaded_at else None)
+    assert m.spec.grid == ((4, 6) if loaded_at else (4, 4))
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(5))
+    order = _row_major_from_merge_blocks((4, 6))
+    want = [a[..., order, :][..., order] for a in _qwen3vl_float64(model, lambda: m.forward(x))]
+    assert max(a.max().item() for a in want) > 0.5
+    with torch.no_grad():
+        plain = m.forward(x)
+        for mode in ("side", "inline"):
+            with vl.capture_attention(m, mode=mode) as cap:
+                out = m.forward(x)
+            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
+            for got, ref in zip(cap.maps, want):
+                assert got.shape == (2, 2, 24, 24) and (got.double() - ref).abs().max().item() < TOL
+    assert vl.attention_rollout(m, x[:1]).maps.shape == (1, 4, 6)

@@ -382,6 +382,8 @@ class HuggingFaceLayout(Layout):
             else:
                 side = math.isqrt(int(table))
             return side * stride[0], side * stride[1]
+        if self.packs(model) and input_size is not None:  # Pixtral: 2-D RoPE from each patch's (row, column), no table
+            return int(input_size[0]), int(input_size[1])
         flat = self._flat(model)
         if flat is not None and flat.ids:  # Pix2Struct: any size it has row and column ids for
             size = (int(input_size[0]), int(input_size[1])) if input_size is not None else \
@@ -408,11 +410,13 @@ class HuggingFaceLayout(Layout):
         flat = self._flat(model)
         if flat is not None:
             return tower(**flat.inputs(x))
+        if self.packs(model):  # (any size: nothing to resample)
+            return tower(pixel_values=x)
         return tower(**_hf_inputs(tower, x, tower.forward))
 
     def dynamic(self, model: nn.Module) -> bool:
         flat = self._flat(model)
-        return self._merge(model) > 0 or self._positioned(model) or (flat is not None and flat.ids)
+        return self._merge(model) > 0 or self._positioned(model) or (flat is not None and flat.ids) or self.packs(model)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
@@ -433,7 +437,7 @@ class HuggingFaceLayout(Layout):
             out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
         target = model if classifier else self._parts(model)[0]
-        out = target(**_hf_inputs(target, x, target.forward))
+        out = target(pixel_values=x) if self.packs(model) else target(**_hf_inputs(target, x, target.forward))
         if isinstance(out, torch.Tensor):  # BridgeTower's: every layer's normed tokens [layers, B, T, D], stacked
             out = out[-1] if out.dim() == 4 else out
             return out[:, 0] if self.prefix_parts(model)[0] else out.mean(1)
