@@ -254,14 +254,17 @@ def _row_major_from_merge_blocks(grid: tuple[int, int]) -> list[int]:
     return [((r // 2) * (gw // 2) + c // 2) * 4 + (r % 2) * 2 + c % 2 for r in range(gh) for c in range(gw)]
 
 
-def _qwen3vl_float64(model: torch.nn.Module, run) -> list[torch.Tensor]:
-    """Each block's attention in float64 from its own input, image by image (its ``cu_seqlens``), model order."""
+def _qwen3vl_float64(model: torch.nn.Module, run, rotate=None) -> list[torch.Tensor]:
+    """Each block's attention in float64 from its own input, image by image (its ``cu_seqlens``), model order: q, k
+    from its ``qkv`` and its modeling module's own ``apply_rotary_pos_emb_vision`` (``rotate``; Qwen3-VL's)."""
     from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
 
+    apply_rotary_pos_emb_vision = rotate or apply_rotary_pos_emb_vision
     maps = []
     for block, (args, kw) in zip(model.blocks, _block_inputs(model, [b.attn for b in model.blocks], run)):
         attn, hidden = block.attn, args[0].double()
-        w, b = attn.qkv.weight.double(), attn.qkv.bias.double()
+        w = attn.qkv.weight.double()
+        b = attn.qkv.bias.double() if attn.qkv.bias is not None else None
         q, k, _ = torch.nn.functional.linear(hidden, w, b).reshape(hidden.shape[0], 3, attn.num_heads, -1) \
             .permute(1, 0, 2, 3).unbind(0)
         q, k = apply_rotary_pos_emb_vision(q, k, *(t.double() for t in kw["position_embeddings"]))
@@ -292,3 +295,44 @@ def test_qwen3vl_at_a_non_square_size_is_read_exact_in_its_merge_block_order(loa
             for got, ref in zip(cap.maps, want):
                 assert got.shape == (2, 2, 24, 24) and (got.double() - ref).abs().max().item() < TOL
     assert vl.attention_rollout(m, x[:1]).maps.shape == (1, 4, 6)
+
+
+# ------------------------------------------------------------------------------ D: packed towers from what they declare
+
+
+def _glm4v() -> torch.nn.Module:
+    from transformers.models.glm4v.modeling_glm4v import Glm4vVisionModel
+
+    cfg = transformers.Glm4vVisionConfig(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=8,
+                                         spatial_merge_size=2, out_hidden_size=32, image_size=32)
+    torch.manual_seed(0)
+    model = Glm4vVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    return _sharpen_qk(model, ("qkv.weight",), 0.5)
+
+
+@pytest.mark.parametrize("size", [(32, 32), (32, 48)])
+def test_glm4v_packed_tower_is_read_from_what_it_declares_exact_in_float64(size):
+    """GLM-4.1V's vision tower (a Conv3d patch embedding fed flattened temporal patches beside its own
+    ``embeddings``, ``grid_thw``, 2x2 merge blocks, one attention call per image) was refused as an unknown attention
+    class; it declares what the Qwen-VL towers declare, and is read so, with no family of its own."""
+    from transformers.models.glm4v.modeling_glm4v import apply_rotary_pos_emb_vision
+
+    model = _glm4v()
+    m = vl.LoadedModel.from_module(model, name="glm4v", device="cpu", data_config={"input_size": (3, *size)})
+    grid = (size[0] // 8, size[1] // 8)
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", grid, 0)
+    assert "permuted" in m.spec.describe()["token order"]
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(5))
+    order = _row_major_from_merge_blocks(grid)
+    want = [a[..., order, :][..., order]
+            for a in _qwen3vl_float64(model, lambda: m.forward(x), apply_rotary_pos_emb_vision)]
+    assert max(a.max().item() for a in want) > 0.5
+    n = grid[0] * grid[1]
+    with torch.no_grad():
+        plain = m.forward(x)
+        for mode in ("side", "inline"):
+            with vl.capture_attention(m, mode=mode) as cap:
+                out = m.forward(x)
+            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
+            for got, ref in zip(cap.maps, want):
+                assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL

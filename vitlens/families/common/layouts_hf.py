@@ -50,6 +50,16 @@ def _hf_embeddings(tower: nn.Module) -> nn.Module | None:
     return None
 
 
+def _takes(tower: nn.Module, argument: str) -> bool:
+    """Whether the tower's forward takes ``argument``."""
+    import inspect
+
+    try:
+        return argument in inspect.signature(tower.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _image_argument(fn: Any) -> str:
     """The name under which ``fn`` (a tower's forward) takes the image: ``pixel_values``, else its first parameter
     (BridgeTower's ``image``)."""
@@ -83,6 +93,10 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     flat = flat_patches(tower)  # Molmo2's, Pix2Struct's linear layer over flattened patches
     if flat is not None:
         return flat.linear
+    packed = getattr(tower, "patch_embed", None)  # a packed tower (forward with grid_thw) declares its patch layout
+    read = patch_embedding(packed) if isinstance(packed, nn.Module) and _takes(tower, "grid_thw") else None
+    if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:  # (GLM-4.1V's, beside embeddings)
+        return packed
     emb = _hf_embeddings(tower)
     if emb is None:
         embedder = getattr(tower, "patch_embedder", None)  # Gemma 4's linear layer over flattened patches
@@ -376,9 +390,11 @@ class HuggingFaceLayout(Layout):
                 return int(input_size[0]), int(input_size[1])
             stride = self.patch_embedding(model).stride
             table = getattr(self._parts(model)[0].config, "num_position_embeddings", None)
-            if table is None:  # Qwen2-VL: 2-D RoPE alone, any size: the default side in whole merge blocks
-                block = self._merge(model)
-                side = -(-_DEFAULT_SIDE_PX // (stride[0] * block)) * block
+            if table is None:  # Qwen2-VL, GLM-4.1V: 2-D RoPE, any size: the config's, else the default side,
+                block = self._merge(model)  # in whole merge blocks
+                stated = getattr(self._parts(model)[0].config, "image_size", None)
+                px = int(stated) if isinstance(stated, int) and not isinstance(stated, bool) else _DEFAULT_SIDE_PX
+                side = -(-px // (stride[0] * block)) * block
             else:
                 side = math.isqrt(int(table))
             return side * stride[0], side * stride[1]
