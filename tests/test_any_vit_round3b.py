@@ -336,3 +336,57 @@ def test_glm4v_packed_tower_is_read_from_what_it_declares_exact_in_float64(size)
             assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
             for got, ref in zip(cap.maps, want):
                 assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL
+
+
+def _kimi() -> torch.nn.Module:
+    from transformers.models.kimi_k25.configuration_kimi_k25 import Kimi_K25VisionConfig
+    from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25VisionModel
+
+    cfg = Kimi_K25VisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                               patch_size=8, pos_emb_height=4, pos_emb_width=4)
+    torch.manual_seed(0)
+    model = Kimi_K25VisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    return _sharpen_qk(model, ("q_proj.weight", "k_proj.weight"), 0.6)
+
+
+def _kimi_float64(model: torch.nn.Module, run) -> list[torch.Tensor]:
+    """Each block's attention in float64 from its own input: q, k from its projections, rotated by its own cos and
+    sin (``rotate_half``, as its ``apply_rotary_pos_emb_vision``, without its float32 cast), softmax(q k^T *
+    scaling) within each image's ``cu_seqlens`` chunk, the images stacked, in the model's own order."""
+    from transformers.models.kimi_k25.modeling_kimi_k25 import rotate_half
+
+    attns = [layer.self_attn if hasattr(layer, "self_attn") else layer.attn for layer in model.layers]
+    maps = []
+    for attn, (args, kw) in zip(attns, _block_inputs(model, attns, run)):
+        hidden = (args[0] if args else kw["hidden_states"]).double()
+        cos, sin = (t.double().unsqueeze(-2) for t in kw["position_embeddings"])
+        q, k = (torch.nn.functional.linear(hidden, p.weight.double(), p.bias.double()).reshape(-1, attn.num_heads,
+                                                                                           attn.head_dim)
+                for p in (attn.q_proj, attn.k_proj))
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        bounds = kw["cu_seqlens"].tolist()
+        maps.append(torch.stack([torch.softmax(torch.einsum("qhd,khd->hqk", q[s:e], k[s:e]) * attn.scaling, -1)
+                                 for s, e in zip(bounds[:-1], bounds[1:])]))
+    return maps
+
+
+@pytest.mark.parametrize("size", [(32, 32), (32, 48)])
+def test_kimi_moonvit_stacked_patches_are_read_from_what_it_declares_exact_in_float64(size):
+    """Kimi K2.5's MoonViT takes a stack of patches [N, C, p, p] with grid_thw, its tokens row-major (position ids of
+    merge size 1), one attention call per image; it was refused as an unknown attention class."""
+    model = _kimi()
+    m = vl.LoadedModel.from_module(model, name="moonvit", device="cpu", data_config={"input_size": (3, *size)})
+    grid = (size[0] // 8, size[1] // 8)
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", grid, 0)
+    x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(5))
+    want = _kimi_float64(model, lambda: m.forward(x))
+    assert max(a.max().item() for a in want) > 0.5
+    n = grid[0] * grid[1]
+    with torch.no_grad():
+        plain = m.forward(x)
+        for mode in ("side", "inline"):
+            with vl.capture_attention(m, mode=mode) as cap:
+                out = m.forward(x)
+            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
+            for got, ref in zip(cap.maps, want):
+                assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL

@@ -50,6 +50,17 @@ def _hf_embeddings(tower: nn.Module) -> nn.Module | None:
     return None
 
 
+def _patch_stack(tower: nn.Module) -> nn.Module | None:
+    """A packed tower fed a stack of patches ``[N, C, p, p]`` with ``grid_thw`` (Kimi K2.5's MoonViT): its
+    ``patch_embed`` whose ``proj`` is a convolution of kernel = stride (one token per patch), no temporal patch;
+    None for any other tower."""
+    pe = getattr(tower, "patch_embed", None)
+    proj = getattr(pe, "proj", None)
+    if not isinstance(proj, nn.Conv2d) or getattr(pe, "temporal_patch_size", None) or not _takes(tower, "grid_thw"):
+        return None
+    return pe if tuple(proj.kernel_size) == tuple(proj.stride) and proj.groups == 1 else None
+
+
 def _takes(tower: nn.Module, argument: str) -> bool:
     """Whether the tower's forward takes ``argument``."""
     import inspect
@@ -93,6 +104,9 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     flat = flat_patches(tower)  # Molmo2's, Pix2Struct's linear layer over flattened patches
     if flat is not None:
         return flat.linear
+    packed = _patch_stack(tower)  # patches [N, C, p, p] with grid_thw (Kimi K2.5's MoonViT)
+    if packed is not None:
+        return packed
     packed = getattr(tower, "patch_embed", None)  # a packed tower (forward with grid_thw) declares its patch layout
     read = patch_embedding(packed) if isinstance(packed, nn.Module) and _takes(tower, "grid_thw") else None
     if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:  # (GLM-4.1V's, beside embeddings)
@@ -233,7 +247,14 @@ class HuggingFaceLayout(Layout):
 
     def patch_embedding(self, model: nn.Module) -> PatchEmbedding:
         flat = self._flat(model)
-        return flat.embedding() if flat is not None else super().patch_embedding(model)
+        if flat is not None:
+            return flat.embedding()
+        stack = _patch_stack(self._parts(model)[0])
+        if stack is not None:  # the convolution, its tokens counted per image by the calls (its output is [N, D])
+            proj = stack.proj
+            return PatchEmbedding(stack, proj, int(proj.in_channels), int(proj.out_channels), pair(proj.kernel_size),
+                                  pair(proj.stride), (0, 0), "conv2d")
+        return super().patch_embedding(model)
 
     def _embeddings(self, model: nn.Module) -> nn.Module:
         """Where the tower keeps its embeddings' tokens and tables: its ``embeddings``, else the tower itself
@@ -261,6 +282,8 @@ class HuggingFaceLayout(Layout):
         """Qwen3-VL's vision model (a Conv3d patch embedding fed flattened patches, a ``spatial_merge_size``): the
         merge size (its tokens in merge x merge block order, attended image by image); 0 for any other tower."""
         tower = self._parts(model)[0]
+        if _patch_stack(tower) is not None:
+            return 1  # (MoonViT: its tokens row-major, its position ids of merge size 1)
         pe = patch_embedding(self._parts(model)[1])
         merge = getattr(tower, "spatial_merge_size", None)
         return int(merge) if pe is not None and pe.kind == "conv3d" and isinstance(merge, int) else 0
@@ -293,12 +316,27 @@ class HuggingFaceLayout(Layout):
         tower, merge = self._parts(model)[0], self._merge(model)
         pe = self.patch_embedding(model)
         h, w = x.shape[-2:]
+        if _patch_stack(tower) is not None:
+            return self._stack_inputs(tower, x, pe.kernel[0])
         p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
         if h % (p * merge) or w % (p * merge):
             raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
                                         f"{p * merge} px (patch {p} x merge {merge}); got {h}x{w}.")
         flat, grid = flat_temporal_patches(x, p, t, merge)
         return {"hidden_states": flat, "grid_thw": grid}
+
+    @staticmethod
+    def _stack_inputs(tower: nn.Module, x: torch.Tensor, p: int) -> dict[str, torch.Tensor]:
+        """A batch [B, C, H, W] as MoonViT's processor hands it: each image's patches [C, p, p] stacked row-major,
+        images in order, and ``grid_thw``; the sides whole multiples of its pooling's ``merge_kernel_size``."""
+        b, c, h, w = x.shape
+        kh, kw = pair(getattr(tower.config, "merge_kernel_size", 1) or 1)
+        if h % (p * kh) or w % (p * kw):
+            raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
+                                        f"{p * kh}x{p * kw} px (patch {p} x its merge kernel); got {h}x{w}.")
+        gh, gw = h // p, w // p
+        stack = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(b * gh * gw, c, p, p)
+        return {"pixel_values": stack, "grid_thw": torch.tensor([[1, gh, gw]] * b, device=x.device)}
 
     def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
         """The images padded (zeros) to the largest height and width, with their sizes: Pixtral cuts each image's own
