@@ -390,3 +390,18 @@ def test_kimi_moonvit_stacked_patches_are_read_from_what_it_declares_exact_in_fl
             assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
             for got, ref in zip(cap.maps, want):
                 assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL
+
+
+def test_a_packed_tower_whose_patch_layout_is_not_declared_is_refused_in_one_line_naming_it():
+    """Cosmos3-Edge's vision tower (transformers 5.24 has it) embeds packed patches with a linear layer that declares
+    neither the order of a patch's pixels nor of the patches; it was refused in the general words."""
+    from transformers.models.cosmos3_edge.configuration_cosmos3_edge import Cosmos3EdgeVisionConfig
+    from transformers.models.cosmos3_edge.modeling_cosmos3_edge import Cosmos3EdgeVisionModel
+
+    cfg = Cosmos3EdgeVisionConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                  patch_size=8)
+    model = Cosmos3EdgeVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
+    with pytest.raises(vl.UnsupportedModelError, match=r"packed vision tower \(its forward takes grid_thw\) whose "
+                       r"patches enter through embeddings.patch_embedding \(nn.Linear, 192 inputs\)") as refusal:
+        vl.LoadedModel.from_module(model, name="cosmos3-edge", device="cpu")
+    assert "\n" not in str(refusal.value)

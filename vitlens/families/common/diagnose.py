@@ -139,6 +139,28 @@ def attention_found(tower: nn.Module, forward: Callable[[], Any] | None) -> str 
     return None
 
 
+def _unread_packing(tower: nn.Module) -> str | None:
+    """Words for a packed tower (a forward taking ``grid_thw``) whose patch layout its modules do not declare: where
+    its patches enter (the first linear layer or convolution named for patches); None for a tower that is not
+    packed."""
+    import inspect
+
+    try:
+        if "grid_thw" not in inspect.signature(tower.forward).parameters:
+            return None
+    except (TypeError, ValueError):
+        return None
+    entry = next(((n, m) for n, m in tower.named_modules()
+                  if "patch" in n.rsplit(".", 1)[-1] and isinstance(m, (nn.Linear, nn.Conv2d, nn.Conv3d))), None)
+    if entry is None:
+        return "whose patches enter through no linear layer or convolution named for patches"
+    n, m = entry
+    width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+    return (f"whose patches enter through {n} (nn.{type(m).__name__}, {width} inputs), which declares neither the "
+            "order of a patch's pixels nor the order of the patches (merge blocks), so vitlens cannot cut an image "
+            "for it")
+
+
 def hf_refusal(model: nn.Module, tower: nn.Module, name: str, model_type: str | None) -> str | None:
     """The one-line refusal of a transformers vision model no family and no layout reads, naming what its attention
     is (``attention_found``, one forward of a zero image at its config's size); None when nothing stands out.
@@ -149,6 +171,12 @@ def hf_refusal(model: nn.Module, tower: nn.Module, name: str, model_type: str | 
         name: its name, for the message.
         model_type: its model type, for the message.
     """
+    packed = _unread_packing(tower)
+    if packed is not None:
+        return (f"{name!r} is a Hugging Face {type(model).__name__} (model type {model_type!r}) that no family "
+                f"names: a packed vision tower (its forward takes grid_thw) {packed}; vitlens reads packed towers "
+                "whose patch_embed is a Conv3d over flattened temporal patches with a spatial_merge_size (Qwen2-VL, "
+                "Qwen3-VL, GLM-4.1V) or a convolution over stacked [N, C, p, p] patches (Kimi K2.5's MoonViT).")
     cfg = getattr(tower, "config", None)
     size = getattr(cfg, "image_size", None)
     forward = None
