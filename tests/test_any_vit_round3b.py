@@ -405,3 +405,88 @@ def test_a_packed_tower_whose_patch_layout_is_not_declared_is_refused_in_one_lin
                        r"patches enter through embeddings.patch_embedding \(nn.Linear, 192 inputs\)") as refusal:
         vl.LoadedModel.from_module(model, name="cosmos3-edge", device="cpu")
     assert "\n" not in str(refusal.value)
+
+
+class _OwnPackedAttention(torch.nn.Module):
+    """One SDPA call per image over its chunk of the packed sequence (its ``cu_seqlens``)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(x.shape[0], 3, self.heads, -1).permute(1, 2, 0, 3).unbind(0)
+        out = [torch.nn.functional.scaled_dot_product_attention(q[None, :, s:e], k[None, :, s:e], v[None, :, s:e])[0]
+               for s, e in zip(cu_seqlens[:-1], cu_seqlens[1:])]
+        return self.proj(torch.cat(out, 1).transpose(0, 1).reshape(x.shape[0], -1))
+
+
+class _OwnPackedBlock(torch.nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm, self.attn = torch.nn.LayerNorm(dim), _OwnPackedAttention(dim, heads)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: list[int]) -> torch.Tensor:
+        return x + self.attn(self.norm(x), cu_seqlens)
+
+
+class _OwnPatchEmbed(torch.nn.Module):
+    def __init__(self, dim: int, patch: int, temporal: int) -> None:
+        super().__init__()
+        self.temporal_patch_size, self.patch = temporal, patch
+        self.proj = torch.nn.Conv3d(3, dim, (temporal, patch, patch), (temporal, patch, patch))
+
+    def forward(self, flat: torch.Tensor) -> torch.Tensor:
+        p, t = self.patch, self.temporal_patch_size
+        return self.proj(flat.reshape(-1, 3, t, p, p)).reshape(flat.shape[0], -1)
+
+
+class OwnPackedTower(torch.nn.Module):
+    """A packed tower written here, the transformers way (a ``config``, a forward taking flattened temporal patches
+    [N, C·t·p·p] with ``grid_thw``, 2x2 merge-block order, one attention call per image) and in no family."""
+
+    __module__ = "transformers.own_packed"  # (read as a transformers model: the Hugging Face layout's territory)
+
+    def __init__(self) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(model_type="own_packed", num_hidden_layers=2, hidden_size=32, patch_size=8,
+                                      _attn_implementation="sdpa", image_size=32)
+        self.spatial_merge_size = 2
+        self.patch_embed = _OwnPatchEmbed(32, 8, 2)
+        self.blocks = torch.nn.ModuleList([_OwnPackedBlock(32, 2) for _ in range(2)])
+
+    def forward(self, hidden_states: torch.Tensor, grid_thw: torch.Tensor):
+        from types import SimpleNamespace
+
+        x = self.patch_embed(hidden_states)
+        sizes = (grid_thw[:, 0] * grid_thw[:, 1] * grid_thw[:, 2]).tolist()
+        bounds = [0] + torch.tensor(sizes).cumsum(0).tolist()
+        for block in self.blocks:
+            x = block(x, bounds)
+        return SimpleNamespace(last_hidden_state=x, pooler_output=x)
+
+
+def test_a_packed_tower_written_here_is_read_from_what_it_declares_exact_in_float64():
+    torch.manual_seed(0)
+    model = _sharpen_qk(OwnPackedTower().eval(), ("qkv.weight",), 0.6)
+    m = vl.LoadedModel.from_module(model, name="own-packed", device="cpu", data_config={"input_size": (3, 32, 48)})
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", (4, 6), 0)
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(5))
+    want = []
+    for block, (args, _kw) in zip(model.blocks, _block_inputs(model, [b.attn for b in model.blocks],
+                                                               lambda: m.forward(x))):
+        attn, h = block.attn, args[0].double()
+        q, k, _ = torch.nn.functional.linear(h, attn.qkv.weight.double(), attn.qkv.bias.double()) \
+            .reshape(h.shape[0], 3, 2, 16).permute(1, 2, 0, 3).unbind(0)
+        want.append(torch.stack([torch.softmax(q[:, s:s + 24] @ k[:, s:s + 24].transpose(-1, -2) / 4.0, -1)
+                                 for s in (0, 24)]))
+    order = _row_major_from_merge_blocks((4, 6))
+    want = [a[..., order, :][..., order] for a in want]
+    assert max(a.max().item() for a in want) > 0.5
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        m.forward(x)
+    assert len(cap.maps) == 2
+    for got, ref in zip(cap.maps, want):
+        assert got.shape == (2, 2, 24, 24) and (got.double() - ref).abs().max().item() < TOL
