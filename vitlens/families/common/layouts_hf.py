@@ -26,6 +26,7 @@ from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles, refuse_other_size
 from .patches import PatchEmbedding, flat_temporal_patches, patch_embedding
 from .flat_patches import FlatPatches, flat_patches
+from .packed_towers import patch_stack, refuse_inputs_it_cannot_know, stack_inputs, takes
 from .layouts import Layout, register_layout
 from .sdpa_calls import install_pool_call_capture
 from .mha import install_probe_pool, probe_attention
@@ -48,27 +49,6 @@ def _hf_embeddings(tower: nn.Module) -> nn.Module | None:
         if isinstance(emb, nn.Module):
             return emb
     return None
-
-
-def _patch_stack(tower: nn.Module) -> nn.Module | None:
-    """A packed tower fed a stack of patches ``[N, C, p, p]`` with ``grid_thw`` (Kimi K2.5's MoonViT): its
-    ``patch_embed`` whose ``proj`` is a convolution of kernel = stride (one token per patch), no temporal patch;
-    None for any other tower."""
-    pe = getattr(tower, "patch_embed", None)
-    proj = getattr(pe, "proj", None)
-    if not isinstance(proj, nn.Conv2d) or getattr(pe, "temporal_patch_size", None) or not _takes(tower, "grid_thw"):
-        return None
-    return pe if tuple(proj.kernel_size) == tuple(proj.stride) and proj.groups == 1 else None
-
-
-def _takes(tower: nn.Module, argument: str) -> bool:
-    """Whether the tower's forward takes ``argument``."""
-    import inspect
-
-    try:
-        return argument in inspect.signature(tower.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _image_argument(fn: Any) -> str:
@@ -104,11 +84,11 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     flat = flat_patches(tower)  # Molmo2's, Pix2Struct's linear layer over flattened patches
     if flat is not None:
         return flat.linear
-    packed = _patch_stack(tower)  # patches [N, C, p, p] with grid_thw (Kimi K2.5's MoonViT)
+    packed = patch_stack(tower)  # patches [N, C, p, p] with grid_thw (Kimi K2.5's MoonViT)
     if packed is not None:
         return packed
     packed = getattr(tower, "patch_embed", None)  # a packed tower (forward with grid_thw) declares its patch layout
-    read = patch_embedding(packed) if isinstance(packed, nn.Module) and _takes(tower, "grid_thw") else None
+    read = patch_embedding(packed) if isinstance(packed, nn.Module) and takes(tower, "grid_thw") else None
     if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:  # (GLM-4.1V's, beside embeddings)
         return packed
     emb = _hf_embeddings(tower)
@@ -166,41 +146,6 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Modul
 _DEFAULT_SIDE_PX = 224
 
 
-def _refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool) -> None:
-    """A tower whose forward needs more than the pixels is refused in one line naming what it needs: text
-    (``input_ids``: ViLT embeds both in one sequence), a dataset index choosing among several experts (ViTPose+),
-    packed patches with their ``grid_thw`` in a layout other than the Qwen3-VL / Gemma 4 ones this layout builds
-    (PaddleOCR-VL's ``[N, C, p, p]``, VideoLLaMA3's, HunYuan-VL's), or windows (Qwen2.5-Omni's window blocks:
-    only transformers' Qwen2.5-VL tower has a family that undoes its window order)."""
-    import inspect
-
-    cfg, kind = tower.config, type(tower).__name__
-    try:
-        params = inspect.signature(tower.forward).parameters
-    except (TypeError, ValueError):
-        return
-    if "input_ids" in params:
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) embeds text and image in one sequence (its forward takes input_ids): its attention "
-            "depends on text vitlens cannot know; load a model whose vision tower runs on images alone.")
-    experts = int(getattr(cfg, "num_experts", 1) or 1)
-    if experts > 1 and "dataset_index" in params:
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) has {experts} experts chosen per sample by a dataset_index forward argument, which "
-            "vitlens cannot know; build it with num_experts=1 or read a single-expert checkpoint.")
-    window, full = getattr(cfg, "window_size", None), getattr(cfg, "fullatt_block_indexes", None)
-    if packed_here and window and full is not None and len(set(full)) < int(getattr(cfg, "depth", 0) or 0):
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) attends in windows of {window} px in its blocks other than {sorted(full)} (several "
-            "attention calls per image, its tokens reordered into windows); vitlens reads that pattern only in "
-            "transformers' Qwen2_5_VisionTransformerPretrainedModel (family hf-qwen2.5-vl).")
-    if not packed_here and "grid_thw" in params:
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) is a packed vision tower (its forward takes pixel_values with grid_thw, patches "
-            "flattened in its own layout and merge order), which vitlens does not read yet: it reads the packed "
-            "towers of Qwen2-VL, Qwen3-VL and Gemma 4 (docs/models.md).")
-
-
 def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
     """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
     ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
@@ -236,7 +181,7 @@ class HuggingFaceLayout(Layout):
         if float(getattr(tower.config, "mask_ratio", 0) or 0):
             raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
                                         "would be of a random subset of the image.")
-        _refuse_inputs_it_cannot_know(tower, name, bool(self._merge(model) or self._positioned(model)))
+        refuse_inputs_it_cannot_know(tower, name, bool(self._merge(model) or self._positioned(model)))
 
     def patch_conv(self, model: nn.Module) -> nn.Module:
         return self._parts(model)[1]
@@ -249,7 +194,7 @@ class HuggingFaceLayout(Layout):
         flat = self._flat(model)
         if flat is not None:
             return flat.embedding()
-        stack = _patch_stack(self._parts(model)[0])
+        stack = patch_stack(self._parts(model)[0])
         if stack is not None:  # the convolution, its tokens counted per image by the calls (its output is [N, D])
             proj = stack.proj
             return PatchEmbedding(stack, proj, int(proj.in_channels), int(proj.out_channels), pair(proj.kernel_size),
@@ -282,7 +227,7 @@ class HuggingFaceLayout(Layout):
         """Qwen3-VL's vision model (a Conv3d patch embedding fed flattened patches, a ``spatial_merge_size``): the
         merge size (its tokens in merge x merge block order, attended image by image); 0 for any other tower."""
         tower = self._parts(model)[0]
-        if _patch_stack(tower) is not None:
+        if patch_stack(tower) is not None:
             return 1  # (MoonViT: its tokens row-major, its position ids of merge size 1)
         pe = patch_embedding(self._parts(model)[1])
         merge = getattr(tower, "spatial_merge_size", None)
@@ -316,27 +261,14 @@ class HuggingFaceLayout(Layout):
         tower, merge = self._parts(model)[0], self._merge(model)
         pe = self.patch_embedding(model)
         h, w = x.shape[-2:]
-        if _patch_stack(tower) is not None:
-            return self._stack_inputs(tower, x, pe.kernel[0])
+        if patch_stack(tower) is not None:
+            return stack_inputs(tower, x, pe.kernel[0])
         p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
         if h % (p * merge) or w % (p * merge):
             raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
                                         f"{p * merge} px (patch {p} x merge {merge}); got {h}x{w}.")
         flat, grid = flat_temporal_patches(x, p, t, merge)
         return {"hidden_states": flat, "grid_thw": grid}
-
-    @staticmethod
-    def _stack_inputs(tower: nn.Module, x: torch.Tensor, p: int) -> dict[str, torch.Tensor]:
-        """A batch [B, C, H, W] as MoonViT's processor hands it: each image's patches [C, p, p] stacked row-major,
-        images in order, and ``grid_thw``; the sides whole multiples of its pooling's ``merge_kernel_size``."""
-        b, c, h, w = x.shape
-        kh, kw = pair(getattr(tower.config, "merge_kernel_size", 1) or 1)
-        if h % (p * kh) or w % (p * kw):
-            raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
-                                        f"{p * kh}x{p * kw} px (patch {p} x its merge kernel); got {h}x{w}.")
-        gh, gw = h // p, w // p
-        stack = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(b * gh * gw, c, p, p)
-        return {"pixel_values": stack, "grid_thw": torch.tensor([[1, gh, gw]] * b, device=x.device)}
 
     def packed_forward(self, model: nn.Module, images: Sequence[torch.Tensor]) -> Any:
         """The images padded (zeros) to the largest height and width, with their sizes: Pixtral cuts each image's own
