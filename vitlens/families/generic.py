@@ -323,6 +323,8 @@ def verify_patch_order(model: nn.Module, name: str, size: tuple[int, int], prefi
         named = next((kwargs[k] for k in ("hidden_states", "hidden_state", "x") if k in kwargs), None)
         first = args[0] if args else named if named is not None else \
             next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+        if isinstance(_mod, nn.MultiheadAttention) and not _mod.batch_first and isinstance(first, torch.Tensor):
+            first = first.transpose(0, 1)  # (sequence-first: BridgeTower's [T, B, D])
         if not seen and isinstance(first, torch.Tensor):
             seen.append(first.detach().float().clone())
 

@@ -62,6 +62,7 @@ from .common.hf_inputs import (embeddings_of, model_inputs, position_rows, refus
 from .common.hf import (CLIP_MEAN, CLIP_STD, HALF, IMAGENET_MEAN, IMAGENET_STD, VIT_PROCESSOR, HfTypes,
                         ProcessorDefaults, config_image_size, default_data_config, is_hf_model, tower_type,
                         types_read_elsewhere, vision_tower)
+from .common.diagnose import hf_refusal
 from .common.mha import install_probe_pool, probe_attention
 from .common.windows import pair
 
@@ -166,7 +167,8 @@ class HuggingFaceViT(Family):
                 f"{', '.join(MODEL_TYPES)} models from transformers (ViT*, DeiT*, Dinov2*, IJepa*, ViTMAE*, and "
                 "the vision towers of CLIP*, MetaClip2*, Siglip*, Siglip2*), and other vision models with one patch "
                 "convolution and one attention module per layer run with attn_implementation='sdpa' (the generic "
-                "call-level capture); this one has neither.")
+                "call-level capture); this one has neither.",
+                diagnose=lambda: hf_refusal(model, vision_tower(model), name, model_type))
         if model_type == "vit_mae" and float(getattr(vision_tower(model).config, "mask_ratio", 0.0)) != 0.0:
             raise UnsupportedModelError(
                 f"{name!r} is a ViTMAE with mask_ratio={vision_tower(model).config.mask_ratio}: it drops that share of "

@@ -3,7 +3,7 @@
 re-exports them)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from torch import nn
 
@@ -17,7 +17,12 @@ FAMILIES: list[Family] = []
 class AttentionClassUnknown(UnsupportedModelError):
     """A family's refusal of an attention class it does not name, in a model it otherwise reads: ``family_of``
     then tries the fallback families (the generic call-level capture, ``vitlens.families.generic``) before it
-    raises this refusal."""
+    raises this refusal, or the one its ``diagnose`` writes naming what the model's attention is (windows, several
+    softmaxes, no softmax: ``common.diagnose``), computed only then (it may run a forward)."""
+
+    def __init__(self, message: str, diagnose: Callable[[], str | None] | None = None) -> None:
+        super().__init__(message)
+        self.diagnose = diagnose
 
 
 def refuse_other_size(name: str, family: str, built: Sequence[int], input_size: Sequence[int] | None) -> None:
@@ -91,6 +96,9 @@ def family_of(model: nn.Module, name: str | None = None) -> Family:
             family.check(model, name)
             return family
     if refusal is not None:
+        better = refusal.diagnose() if refusal.diagnose is not None else None
+        if better:
+            raise AttentionClassUnknown(better) from refusal
         raise refusal
     raise UnsupportedModelError(
         f"{name!r} is not a Vision Transformer vitlens can read (it is a {type(model).__name__} from {module}). "

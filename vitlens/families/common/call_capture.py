@@ -18,6 +18,7 @@ from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles
 from . import layouts_hf  # noqa: F401  (registers the Hugging Face layout)
 from .layouts import Layout, layout_of
+from .mha import install_block_inline, install_block_side
 from .readers import SoftmaxApplied
 from .sdpa_calls import CallMode, sdpa_arguments
 
@@ -91,9 +92,34 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
             state["patches"] = found
             state["images"] = int(out.shape[0]) if isinstance(out, torch.Tensor) else 1
 
+    orders: dict[tuple[int, int], TokenLayout | None] = {}
+
+    def grid_hook(_mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        state["grid"] = forward_grid(patches, args, kwargs)
+
+    def order_now() -> TokenLayout | None:
+        """The declared order on this forward's grid: a dynamic model fed another size than its spec's (Qwen3-VL's
+        merge blocks, Llama 4's class token last) has its layout rebuilt for that grid (a stated one is kept)."""
+        grid = state.get("grid")
+        if tokens is None or grid is None or grid == tuple(tokens.grids[0]) or model in STATED_LAYOUTS:
+            return tokens
+        if grid not in orders:
+            orders[grid] = layout.token_layout(model, grid)
+        return orders[grid]
+
     handles.hook(patches.module.register_forward_hook(patches_hook))
+    handles.hook(layout.tower(model).register_forward_pre_hook(grid_hook, with_kwargs=True))
     handles.on_remove(state.clear)
+    handles.on_remove(orders.clear)
     for layer, attn in enumerate(layout.attention_modules(model)):
+        if isinstance(attn, nn.MultiheadAttention):  # (BridgeTower's tower): read from its own in-projection
+            def check(probs: torch.Tensor, _layer: int = layer, _attn: nn.Module = attn) -> None:
+                _verify(name, _layer, _attn, probs, probs, {"dropout_p": _attn.dropout if _attn.training else 0.0},
+                        state.get("patches"), prefix)
+
+            install = install_block_inline if capture.mode == "inline" else install_block_side
+            install(attn, layer, capture, handles, check)
+            continue
         original = attn.forward
 
         def forward(*args: Any, _layer: int = layer, _original: Callable = original, _attn: nn.Module = attn,
@@ -110,6 +136,7 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                         "applies; vitlens's generic call-level capture reads one call per block.")
                 call = sdpa_arguments(a, kw)
                 q, k, v = call["query"], call["key"], call["value"]
+                order = order_now()
                 pack, images = (PACKING.get(model), state.get("images", 1)) if packs else (None, 1)
                 if pack is not None:  # images of different sizes: the pack's tokens, handed over whole
                     _verify(name, _layer, _attn, q, k, call, len(pack), 0)
@@ -125,14 +152,14 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
                     v_rep = v.repeat_interleave(groups, dim=-3)
                 else:
                     k_rep, v_rep = k, v
-                if capture.mode == "inline" or tokens is not None or packs or per_image:
+                if capture.mode == "inline" or order is not None or packs or per_image:
                     with torch.autocast(device_type=q.device.type, enabled=False):
                         probs = attention_probs(q, k_rep, scale, mask, causal)
                     seen = probs.detach() if capture.detach or capture.mode != "inline" else probs
                     if packs and pack is None and images > 1:
                         seen = unpack_images(seen, images)
                     # the views read prefix then row-major cells: the model's own order, permuted (exact)
-                    seen = tokens.to_canonical(seen) if tokens is not None else seen
+                    seen = order.to_canonical(seen) if order is not None else seen
                     if per_image:
                         maps.append(seen)
                     else:
@@ -165,6 +192,17 @@ def install_call_capture(model: nn.Module, capture: CaptureRequest, handles: Han
             return result
 
         handles.set_attr(attn, "forward", forward)
+
+def forward_grid(patches: Any, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """The patch grid of a tower's forward from its inputs: the rows and columns of its ``grid_thw`` (one size for
+    every image), else the patch embedding's grid of a [B, C, H, W] pixel batch; None when neither says it."""
+    thw = kwargs.get("grid_thw")
+    if isinstance(thw, torch.Tensor) and thw.dim() == 2 and thw.shape[0] > 0 and bool((thw == thw[0]).all()):
+        return int(thw[0, 1]), int(thw[0, 2])
+    pixels = kwargs.get("pixel_values", args[0] if args else None)
+    if isinstance(pixels, torch.Tensor) and pixels.dim() == 4:
+        return patches.grid(pixels.shape[-2:])
+    return None
 
 def _own_softmax(name: str, layer: int, attn: nn.Module, softmax: SoftmaxApplied, hint: str) -> torch.Tensor:
     """The probabilities of an attention that makes no SDPA call (eager-only: BLIP, GIT, a timm module off its

@@ -7,7 +7,10 @@ Its patch embedding is one convolution in ``embeddings``, or a tower's own: Pixt
 in one sequence with a block-diagonal mask), Llama 4's ``patch_embedding`` (a linear layer over unfolded patches, its
 class token after them), Qwen3-VL's ``patch_embed`` (a Conv3d over flattened temporal patches, its tokens in 2x2
 merge-block order, one attention call per image), Gemma 4's ``patch_embedder`` (a linear layer over patches flattened
-(row, column, channel), fed with their positions); ``common.patches`` reads each as a convolution of the pixels.
+(row, column, channel), fed with their positions), Molmo2's and Pix2Struct's linear layer over flattened patches
+(``common.flat_patches``); ``common.patches`` reads each as a convolution of the pixels. A tower whose blocks call an
+``nn.MultiheadAttention`` (BridgeTower's, in its ``visual``, sequence-first) is read from that module's in-projection
+(``common.mha``).
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from ...core.spec import ModelSpec
 from ...core.tokens import PrefixToken, TokenLayout, merge_block_layout, standard_layout
 from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles, refuse_other_size
-from .patches import flat_temporal_patches, patch_embedding
+from .patches import PatchEmbedding, flat_temporal_patches, patch_embedding
+from .flat_patches import FlatPatches, flat_patches
+from .packed_towers import patch_stack, refuse_inputs_it_cannot_know, stack_inputs, takes
 from .layouts import Layout, register_layout
 from .sdpa_calls import install_pool_call_capture
 from .mha import install_probe_pool, probe_attention
@@ -32,7 +37,30 @@ from .windows import pair
 
 #: ``name``: where a transformers model's list of layers may be, most usual first
 _HF_LAYER_LISTS = ("encoder.layer", "encoder.layers", "model.layer", "model.layers", "transformer.layers", "layer",
-                   "layers", "encoder.blocks", "blocks")
+                   "layers", "encoder.blocks", "blocks", "visual.transformer.resblocks")
+
+
+def _hf_embeddings(tower: nn.Module) -> nn.Module | None:
+    """The tower's ``embeddings``, or those of the CLIP-style transformer it keeps as ``visual`` (BridgeTower's
+    vision model); None for a tower without (Pixtral, Llama 4, Qwen3-VL, Gemma 4 keep their patch embedding on the
+    tower)."""
+    for holder in (tower, getattr(tower, "visual", None)):
+        emb = getattr(holder, "embeddings", None)
+        if isinstance(emb, nn.Module):
+            return emb
+    return None
+
+
+def _image_argument(fn: Any) -> str:
+    """The name under which ``fn`` (a tower's forward) takes the image: ``pixel_values``, else its first parameter
+    (BridgeTower's ``image``)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return "pixel_values"
+    return "pixel_values" if "pixel_values" in params or not params else params[0]
 
 
 def _hf_tower(model: nn.Module) -> nn.Module:
@@ -41,10 +69,10 @@ def _hf_tower(model: nn.Module) -> nn.Module:
     it wraps (Kosmos-2's vision model)."""
     tower = vision_tower(model)
     for attr in ("base_model", "model"):
-        if hasattr(tower, "embeddings"):
+        if _hf_embeddings(tower) is not None:
             break
         inner = getattr(tower, attr, None)
-        if isinstance(inner, nn.Module) and inner is not tower and hasattr(inner, "embeddings"):
+        if isinstance(inner, nn.Module) and inner is not tower and _hf_embeddings(inner) is not None:
             tower = inner
     return tower
 
@@ -53,8 +81,18 @@ def _hf_patches(tower: nn.Module) -> nn.Module | None:
     """A transformers tower's patch embedding: the one convolution in ``embeddings`` whose kernel is its stride (a
     hybrid's projection after its CNN stem), or, for a tower without ``embeddings``, its ``patch_embedding`` that is
     a linear layer over unfolded patches (Llama 4's ``Llama4UnfoldConvolution``); None otherwise."""
-    emb = getattr(tower, "embeddings", None)
-    if not isinstance(emb, nn.Module):
+    flat = flat_patches(tower)  # Molmo2's, Pix2Struct's linear layer over flattened patches
+    if flat is not None:
+        return flat.linear
+    packed = patch_stack(tower)  # patches [N, C, p, p] with grid_thw (Kimi K2.5's MoonViT)
+    if packed is not None:
+        return packed
+    packed = getattr(tower, "patch_embed", None)  # a packed tower (forward with grid_thw) declares its patch layout
+    read = patch_embedding(packed) if isinstance(packed, nn.Module) and takes(tower, "grid_thw") else None
+    if read is not None and read.kind == "conv3d" and read.one_pixel_per_token:  # (GLM-4.1V's, beside embeddings)
+        return packed
+    emb = _hf_embeddings(tower)
+    if emb is None:
         embedder = getattr(tower, "patch_embedder", None)  # Gemma 4's linear layer over flattened patches
         read = patch_embedding(embedder) if isinstance(embedder, nn.Module) else None
         if read is not None and read.kind == "linear" and read.channels_last:
@@ -108,45 +146,10 @@ def _hf_parts(model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Modul
 _DEFAULT_SIDE_PX = 224
 
 
-def _refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool) -> None:
-    """A tower whose forward needs more than the pixels is refused in one line naming what it needs: text
-    (``input_ids``: ViLT embeds both in one sequence), a dataset index choosing among several experts (ViTPose+),
-    packed patches with their ``grid_thw`` in a layout other than the Qwen3-VL / Gemma 4 ones this layout builds
-    (PaddleOCR-VL's ``[N, C, p, p]``, VideoLLaMA3's, HunYuan-VL's), or windows (Qwen2.5-Omni's window blocks:
-    only transformers' Qwen2.5-VL tower has a family that undoes its window order)."""
-    import inspect
-
-    cfg, kind = tower.config, type(tower).__name__
-    try:
-        params = inspect.signature(tower.forward).parameters
-    except (TypeError, ValueError):
-        return
-    if "input_ids" in params:
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) embeds text and image in one sequence (its forward takes input_ids): its attention "
-            "depends on text vitlens cannot know; load a model whose vision tower runs on images alone.")
-    experts = int(getattr(cfg, "num_experts", 1) or 1)
-    if experts > 1 and "dataset_index" in params:
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) has {experts} experts chosen per sample by a dataset_index forward argument, which "
-            "vitlens cannot know; build it with num_experts=1 or read a single-expert checkpoint.")
-    window, full = getattr(cfg, "window_size", None), getattr(cfg, "fullatt_block_indexes", None)
-    if packed_here and window and full is not None and len(set(full)) < int(getattr(cfg, "depth", 0) or 0):
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) attends in windows of {window} px in its blocks other than {sorted(full)} (several "
-            "attention calls per image, its tokens reordered into windows); vitlens reads that pattern only in "
-            "transformers' Qwen2_5_VisionTransformerPretrainedModel (family hf-qwen2.5-vl).")
-    if not packed_here and "grid_thw" in params:
-        raise UnsupportedModelError(
-            f"{name!r} ({kind}) is a packed vision tower (its forward takes pixel_values with grid_thw, patches "
-            "flattened in its own layout and merge order), which vitlens does not read yet: it reads the packed "
-            "towers of Qwen2-VL, Qwen3-VL and Gemma 4 (docs/models.md).")
-
-
 def _hf_inputs(model: nn.Module, x: torch.Tensor, fn: Any) -> dict[str, Any]:
     """The keyword inputs of a preprocessed batch for a transformers model the layout reads: the pixels, and
     ``interpolate_pos_encoding`` at another size where ``fn`` takes it (``common.hf.resize_inputs``)."""
-    return {"pixel_values": x, **resize_inputs(model, x, fn)}
+    return {_image_argument(fn): x, **resize_inputs(model, x, fn)}
 
 
 class HuggingFaceLayout(Layout):
@@ -178,24 +181,38 @@ class HuggingFaceLayout(Layout):
         if float(getattr(tower.config, "mask_ratio", 0) or 0):
             raise UnsupportedModelError(f"{name!r} drops a random share of its patches (mask_ratio), so its maps "
                                         "would be of a random subset of the image.")
-        _refuse_inputs_it_cannot_know(tower, name, bool(self._merge(model) or self._positioned(model)))
+        refuse_inputs_it_cannot_know(tower, name, bool(self._merge(model) or self._positioned(model)))
 
     def patch_conv(self, model: nn.Module) -> nn.Module:
         return self._parts(model)[1]
+
+    def _flat(self, model: nn.Module) -> FlatPatches | None:
+        """A tower fed flattened patches through one linear layer (Molmo2, Pix2Struct: ``common.flat_patches``)."""
+        return flat_patches(self._parts(model)[0])
+
+    def patch_embedding(self, model: nn.Module) -> PatchEmbedding:
+        flat = self._flat(model)
+        if flat is not None:
+            return flat.embedding()
+        stack = patch_stack(self._parts(model)[0])
+        if stack is not None:  # the convolution, its tokens counted per image by the calls (its output is [N, D])
+            proj = stack.proj
+            return PatchEmbedding(stack, proj, int(proj.in_channels), int(proj.out_channels), pair(proj.kernel_size),
+                                  pair(proj.stride), (0, 0), "conv2d")
+        return super().patch_embedding(model)
 
     def _embeddings(self, model: nn.Module) -> nn.Module:
         """Where the tower keeps its embeddings' tokens and tables: its ``embeddings``, else the tower itself
         (Llama 4 keeps ``class_embedding`` and ``patch_embedding`` on the vision model)."""
         tower = self._parts(model)[0]
-        emb = getattr(tower, "embeddings", None)
-        return emb if isinstance(emb, nn.Module) else tower
+        emb = _hf_embeddings(tower)
+        return emb if emb is not None else tower
 
     def _class_last(self, model: nn.Module) -> bool:
         """A class token after the patches: Llama 4's vision model (``class_embedding`` on a tower without
         ``embeddings``, concatenated after the patch tokens; ``verify_patch_order`` checks the cells' places)."""
         tower = self._parts(model)[0]
-        return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
-            isinstance(getattr(tower, "class_embedding", None), torch.Tensor)
+        return _hf_embeddings(tower) is None and isinstance(getattr(tower, "class_embedding", None), torch.Tensor)
 
     def packs(self, model: nn.Module) -> bool:
         """Pixtral's vision model: no ``embeddings``, a ``patch_conv`` and a forward taking ``image_sizes``, whose
@@ -203,14 +220,15 @@ class HuggingFaceLayout(Layout):
         import inspect
 
         tower = self._parts(model)[0]
-        return not isinstance(getattr(tower, "embeddings", None), nn.Module) and \
-            isinstance(getattr(tower, "patch_conv", None), nn.Conv2d) and \
+        return _hf_embeddings(tower) is None and isinstance(getattr(tower, "patch_conv", None), nn.Conv2d) and \
             "image_sizes" in inspect.signature(tower.forward).parameters
 
     def _merge(self, model: nn.Module) -> int:
         """Qwen3-VL's vision model (a Conv3d patch embedding fed flattened patches, a ``spatial_merge_size``): the
         merge size (its tokens in merge x merge block order, attended image by image); 0 for any other tower."""
         tower = self._parts(model)[0]
+        if patch_stack(tower) is not None:
+            return 1  # (MoonViT: its tokens row-major, its position ids of merge size 1)
         pe = patch_embedding(self._parts(model)[1])
         merge = getattr(tower, "spatial_merge_size", None)
         return int(merge) if pe is not None and pe.kind == "conv3d" and isinstance(merge, int) else 0
@@ -221,7 +239,7 @@ class HuggingFaceLayout(Layout):
     def _positioned(self, model: nn.Module) -> bool:
         """Gemma 4's vision model: patches flattened (row, column, channel) with their (x, y) positions as input."""
         pe = patch_embedding(self._parts(model)[1])
-        return pe is not None and pe.channels_last
+        return pe is not None and pe.channels_last and self._flat(model) is None
 
     def _positioned_inputs(self, model: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """A batch [B, C, H, W] as Gemma 4's processor hands it: each image's patches row-major, each flattened (row,
@@ -243,6 +261,8 @@ class HuggingFaceLayout(Layout):
         tower, merge = self._parts(model)[0], self._merge(model)
         pe = self.patch_embedding(model)
         h, w = x.shape[-2:]
+        if patch_stack(tower) is not None:
+            return stack_inputs(tower, x, pe.kernel[0])
         p, t = pe.kernel[0], int(tower.patch_embed.temporal_patch_size)
         if h % (p * merge) or w % (p * merge):
             raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
@@ -324,7 +344,8 @@ class HuggingFaceLayout(Layout):
         return pair(config_image_size(self._parts(model)[0].config))
 
     def declared_grid(self, model: nn.Module) -> tuple[int, int] | None:
-        if self._merge(model) or self._positioned(model):
+        flat = self._flat(model)
+        if self._merge(model) or self._positioned(model) or (flat is not None and flat.ids):
             return None  # (any size: its positions are given with its patches)
         size, patch = self._built_size(model), pair(self._parts(model)[0].config.patch_size)
         return size[0] // patch[0], size[1] // patch[1]
@@ -339,12 +360,26 @@ class HuggingFaceLayout(Layout):
                 return int(input_size[0]), int(input_size[1])
             stride = self.patch_embedding(model).stride
             table = getattr(self._parts(model)[0].config, "num_position_embeddings", None)
-            if table is None:  # Qwen2-VL: 2-D RoPE alone, any size: the default side in whole merge blocks
-                block = self._merge(model)
-                side = -(-_DEFAULT_SIDE_PX // (stride[0] * block)) * block
+            if table is None:  # Qwen2-VL, GLM-4.1V: 2-D RoPE, any size: the config's, else the default side,
+                block = self._merge(model)  # in whole merge blocks
+                stated = getattr(self._parts(model)[0].config, "image_size", None)
+                px = int(stated) if isinstance(stated, int) and not isinstance(stated, bool) else _DEFAULT_SIDE_PX
+                side = -(-px // (stride[0] * block)) * block
             else:
                 side = math.isqrt(int(table))
             return side * stride[0], side * stride[1]
+        if self.packs(model) and input_size is not None:  # Pixtral: 2-D RoPE from each patch's (row, column), no table
+            return int(input_size[0]), int(input_size[1])
+        flat = self._flat(model)
+        if flat is not None and flat.ids:  # Pix2Struct: any size it has row and column ids for
+            size = (int(input_size[0]), int(input_size[1])) if input_size is not None else \
+                (-(-_DEFAULT_SIDE_PX // flat.patch) * flat.patch,) * 2
+            most = flat.max_side(self._parts(model)[0])
+            if most is not None and max(size) // flat.patch > most:
+                raise UnsupportedModelError(
+                    f"{name!r} has row and column ids for at most {most} patches a side ({most * flat.patch} px); got "
+                    f"{size[0]}x{size[1]} px.")
+            return size
         built = self._built_size(model)
         refuse_other_size(name, "generic (Hugging Face layout)", built, input_size)
         return built
@@ -358,10 +393,16 @@ class HuggingFaceLayout(Layout):
             return tower(**self._flat_inputs(model, x))
         if self._positioned(model):
             return tower(**self._positioned_inputs(model, x))
+        flat = self._flat(model)
+        if flat is not None:
+            return tower(**flat.inputs(x))
+        if self.packs(model):  # (any size: nothing to resample)
+            return tower(pixel_values=x)
         return tower(**_hf_inputs(tower, x, tower.forward))
 
     def dynamic(self, model: nn.Module) -> bool:
-        return self._merge(model) > 0 or self._positioned(model)
+        flat = self._flat(model)
+        return self._merge(model) > 0 or self._positioned(model) or (flat is not None and flat.ids) or self.packs(model)
 
     def logits(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """Class logits of a classifier; else the image embedding: ``get_image_features`` of a contrastive image-text
@@ -373,12 +414,19 @@ class HuggingFaceLayout(Layout):
             out = self.forward(model, x)
             out = out.pooler_output if self._merge(model) else out.last_hidden_state
             return out.reshape(x.shape[0], -1, out.shape[-1]).mean(1)
+        if self._flat(model) is not None:  # Molmo2's pooled output, Pix2Struct's mean token
+            out = self.forward(model, x)
+            pooled = getattr(out, "pooler_output", None)
+            return pooled if pooled is not None else out.last_hidden_state.mean(1)
         classifier = "ForImageClassification" in type(model).__name__
         if not classifier and hasattr(model, "get_image_features") and hasattr(model, "logit_scale"):
             out = model.get_image_features(**_hf_inputs(model, x, model.get_image_features))
             return out if isinstance(out, torch.Tensor) else out.pooler_output
         target = model if classifier else self._parts(model)[0]
-        out = target(**_hf_inputs(target, x, target.forward))
+        out = target(pixel_values=x) if self.packs(model) else target(**_hf_inputs(target, x, target.forward))
+        if isinstance(out, torch.Tensor):  # BridgeTower's: every layer's normed tokens [layers, B, T, D], stacked
+            out = out[-1] if out.dim() == 4 else out
+            return out[:, 0] if self.prefix_parts(model)[0] else out.mean(1)
         if getattr(out, "logits", None) is not None:
             return out.logits
         if getattr(out, "pooler_output", None) is not None:
@@ -396,6 +444,9 @@ class HuggingFaceLayout(Layout):
         table = getattr(emb, "position_embeddings", None)
         if isinstance(table, torch.Tensor) and table.dim() == 3:
             return table
+        table = getattr(emb, "positional_embedding", None)  # Molmo2's: one row per patch [N, D]
+        if isinstance(table, torch.Tensor) and table.dim() == 2:
+            return table.unsqueeze(0)
         table = getattr(emb, "position_embedding", None)
         return table.weight.unsqueeze(0) if isinstance(table, nn.Embedding) else None
 

@@ -7,7 +7,7 @@ SigLIP's, Siglip2's and Phi-4-multimodal's heads).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,32 +49,67 @@ class MultiheadAttentionViT(Family):
 
     def install_side(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
-            def pre_hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, layer: int = layer) -> None:
-                x = args[0] if args else kwargs["query"]
-                with torch.no_grad():
-                    q, k, _v = heads_qkv(mod, x)
-                    with torch.autocast(device_type=x.device.type, enabled=False):
-                        probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]),
-                                                call_mask(mod, q, k, args, kwargs))
-                capture(layer, probs)
-
-            handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+            install_block_side(mha, layer, capture, handles)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
         for layer, mha in enumerate(self.attention_modules(model)):
-            def recompute(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, _out: tuple,
-                          layer: int = layer) -> tuple:
-                x = args[0] if args else kwargs["query"]
-                q, k, v = heads_qkv(mod, x)
-                scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
-                mask = call_mask(mod, q, k, args, kwargs)
-                probs = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(dim=-1)
-                capture(layer, probs.detach() if capture.detach else probs)
-                b, h, t, d = q.shape
-                out = F.linear((probs @ v).transpose(1, 2).reshape(b, t, h * d), mod.out_proj.weight, mod.out_proj.bias)
-                return out, probs
+            install_block_inline(mha, layer, capture, handles)
 
-            handles.hook(mha.register_forward_hook(recompute, with_kwargs=True))
+
+def _query(mod: nn.MultiheadAttention, args: tuple, kwargs: dict) -> torch.Tensor:
+    """The call's query as [B, T, E]: a sequence-first module's (``batch_first=False``: Hugging Face BridgeTower's,
+    open_clip's older towers) [T, B, E] transposed."""
+    x = args[0] if args else kwargs["query"]
+    return x if mod.batch_first or x.dim() != 3 else x.transpose(0, 1)
+
+
+def install_block_side(mha: nn.MultiheadAttention, layer: int, capture: CaptureRequest, handles: Handles,
+                       check: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Side capture of one block's self-attention ``nn.MultiheadAttention`` (called with ``need_weights=False``):
+    a pre-hook forms q and k from the call's input with the module's own packed in-projection, then
+    ``capture(layer, softmax(q / sqrt(head_dim) @ k^T + mask))``, what the module returns with
+    ``need_weights=True, average_attn_weights=False``; the call and its output are untouched.
+
+    Args:
+        mha: the block's module.
+        layer: the block's index.
+        capture: where the probabilities go.
+        handles: where the hook is undone.
+        check: called with each map before it is handed over (the generic capture's token checks), or None.
+    """
+    def pre_hook(mod: nn.MultiheadAttention, args: tuple, kwargs: dict) -> None:
+        x = _query(mod, args, kwargs)
+        with torch.no_grad():
+            q, k, _v = heads_qkv(mod, x)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                probs = attention_probs(q, k, math.sqrt(1.0 / q.shape[-1]), call_mask(mod, q, k, args, kwargs))
+        if check is not None:
+            check(probs)
+        capture(layer, probs)
+
+    handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
+
+
+def install_block_inline(mha: nn.MultiheadAttention, layer: int, capture: CaptureRequest, handles: Handles,
+                         check: Callable[[torch.Tensor], None] | None = None) -> None:
+    """Inline capture of one block's self-attention ``nn.MultiheadAttention``: its attention computed on the
+    non-fused path (``install_block_side``'s formula, then the output projection), handed over (detached unless
+    ``capture.detach`` is False) and returned in place of the module's own output, so the block's output is computed
+    from the captured weights (sequence-first again for a ``batch_first=False`` module)."""
+    def recompute(mod: nn.MultiheadAttention, args: tuple, kwargs: dict, _out: tuple) -> tuple:
+        x = _query(mod, args, kwargs)
+        q, k, v = heads_qkv(mod, x)
+        scores = (q * math.sqrt(1.0 / q.shape[-1])) @ k.transpose(-2, -1)
+        mask = call_mask(mod, q, k, args, kwargs)
+        probs = (scores if mask is None else scores + mask.to(scores.dtype)).softmax(dim=-1)
+        if check is not None:
+            check(probs)
+        capture(layer, probs.detach() if capture.detach else probs)
+        b, h, t, d = q.shape
+        out = F.linear((probs @ v).transpose(1, 2).reshape(b, t, h * d), mod.out_proj.weight, mod.out_proj.bias)
+        return (out if mod.batch_first else out.transpose(0, 1)), probs
+
+    handles.hook(mha.register_forward_hook(recompute, with_kwargs=True))
 
 
 def probe_attention(head: object) -> nn.MultiheadAttention | None:
@@ -111,4 +146,5 @@ def install_probe_pool(mha: nn.MultiheadAttention, capture: CaptureRequest, hand
     handles.hook(mha.register_forward_pre_hook(pre_hook, with_kwargs=True))
 
 
-__all__ = ["MultiheadAttentionViT", "call_mask", "heads_qkv", "install_probe_pool", "probe_attention"]
+__all__ = ["MultiheadAttentionViT", "call_mask", "heads_qkv", "install_block_inline", "install_block_side",
+           "install_probe_pool", "probe_attention"]

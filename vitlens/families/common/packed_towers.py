@@ -1,0 +1,83 @@
+"""Packed vision towers of the Hugging Face layout (``common.layouts_hf``): what a tower fed packed patches with
+``grid_thw`` declares (Kimi K2.5's MoonViT: a stack of patches ``[N, C, p, p]`` through one convolution) and how an
+image batch is cut for it, and the one-line refusals of towers whose forward needs what vitlens cannot know (text, a
+dataset index, a packing in a layout of its own, windows)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...errors import UnsupportedModelError
+from .windows import pair
+
+
+def patch_stack(tower: nn.Module) -> nn.Module | None:
+    """A packed tower fed a stack of patches ``[N, C, p, p]`` with ``grid_thw`` (Kimi K2.5's MoonViT): its
+    ``patch_embed`` whose ``proj`` is a convolution of kernel = stride (one token per patch), no temporal patch;
+    None for any other tower."""
+    pe = getattr(tower, "patch_embed", None)
+    proj = getattr(pe, "proj", None)
+    if not isinstance(proj, nn.Conv2d) or getattr(pe, "temporal_patch_size", None) or not takes(tower, "grid_thw"):
+        return None
+    return pe if tuple(proj.kernel_size) == tuple(proj.stride) and proj.groups == 1 else None
+
+
+def takes(tower: nn.Module, argument: str) -> bool:
+    """Whether the tower's forward takes ``argument``."""
+    import inspect
+
+    try:
+        return argument in inspect.signature(tower.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool) -> None:
+    """A tower whose forward needs more than the pixels is refused in one line naming what it needs: text
+    (``input_ids``: ViLT embeds both in one sequence), a dataset index choosing among several experts (ViTPose+),
+    packed patches with their ``grid_thw`` in a layout other than the Qwen3-VL / Gemma 4 ones this layout builds
+    (PaddleOCR-VL's ``[N, C, p, p]``, VideoLLaMA3's, HunYuan-VL's), or windows (Qwen2.5-Omni's window blocks:
+    only transformers' Qwen2.5-VL tower has a family that undoes its window order)."""
+    import inspect
+
+    cfg, kind = tower.config, type(tower).__name__
+    try:
+        params = inspect.signature(tower.forward).parameters
+    except (TypeError, ValueError):
+        return
+    if "input_ids" in params:
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) embeds text and image in one sequence (its forward takes input_ids): its attention "
+            "depends on text vitlens cannot know; load a model whose vision tower runs on images alone.")
+    experts = int(getattr(cfg, "num_experts", 1) or 1)
+    if experts > 1 and "dataset_index" in params:
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) has {experts} experts chosen per sample by a dataset_index forward argument, which "
+            "vitlens cannot know; build it with num_experts=1 or read a single-expert checkpoint.")
+    window, full = getattr(cfg, "window_size", None), getattr(cfg, "fullatt_block_indexes", None)
+    if packed_here and window and full is not None and len(set(full)) < int(getattr(cfg, "depth", 0) or 0):
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) attends in windows of {window} px in its blocks other than {sorted(full)} (several "
+            "attention calls per image, its tokens reordered into windows); vitlens reads that pattern only in "
+            "transformers' Qwen2_5_VisionTransformerPretrainedModel (family hf-qwen2.5-vl).")
+    if not packed_here and "grid_thw" in params:
+        raise UnsupportedModelError(
+            f"{name!r} ({kind}) is a packed vision tower (its forward takes pixel_values with grid_thw, patches "
+            "flattened in its own layout and merge order), which vitlens does not read yet: it reads the packed "
+            "towers of Qwen2-VL, Qwen3-VL and Gemma 4 (docs/models.md).")
+
+
+def stack_inputs(tower: nn.Module, x: torch.Tensor, p: int) -> dict[str, torch.Tensor]:
+    """A batch [B, C, H, W] as MoonViT's processor hands it: each image's patches [C, p, p] stacked row-major,
+    images in order, and ``grid_thw``; the sides whole multiples of its pooling's ``merge_kernel_size``."""
+    b, c, h, w = x.shape
+    kh, kw = pair(getattr(tower.config, "merge_kernel_size", 1) or 1)
+    if h % (p * kh) or w % (p * kw):
+        raise UnsupportedModelError(f"{type(tower).__name__} takes images whose sides are multiples of "
+                                    f"{p * kh}x{p * kw} px (patch {p} x its merge kernel); got {h}x{w}.")
+    gh, gw = h // p, w // p
+    stack = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(b * gh * gw, c, p, p)
+    return {"pixel_values": stack, "grid_thw": torch.tensor([[1, gh, gw]] * b, device=x.device)}
+
+
+__all__ = ["patch_stack", "refuse_inputs_it_cannot_know", "stack_inputs", "takes"]
