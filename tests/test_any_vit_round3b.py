@@ -490,3 +490,82 @@ def test_a_packed_tower_written_here_is_read_from_what_it_declares_exact_in_floa
     assert len(cap.maps) == 2
     for got, ref in zip(cap.maps, want):
         assert got.shape == (2, 2, 24, 24) and (got.double() - ref).abs().max().item() < TOL
+
+
+def _stacked_reference(kind: str, build, x: torch.Tensor, patch: int) -> list[torch.Tensor]:
+    """The tower's own eager attention on ``x`` fed the way its processor hands images (written here, not by
+    vitlens): each image's patches row-major, in the shape its forward documents, ``grid_thw`` (1, rows, columns)."""
+    eager = build("eager").eval()
+    b, c, h, w = x.shape
+    gh, gw = h // patch, w // patch
+    stack = x.reshape(b, c, gh, patch, gw, patch).permute(0, 2, 4, 1, 3, 5).reshape(b * gh * gw, c, patch, patch)
+    inputs = {"grid_thw": torch.tensor([[1, gh, gw]] * b)}
+    if kind == "videollama3":
+        inputs.update(pixel_values=stack.reshape(b * gh * gw, -1), merge_sizes=torch.ones(b, dtype=torch.long))
+    elif kind == "hunyuan-vl":
+        inputs.update(pixel_values=stack.reshape(b * gh * gw, -1))
+    else:  # PaddleOCR-VL: [1, N, C, p, p]
+        inputs.update(pixel_values=stack[None])
+    attns = [mod for mod in eager.modules() if hasattr(mod, "q_proj") and hasattr(mod, "k_proj")]
+    if kind == "hunyuan-vl":  # its eager attention drops its weights: its calls recomputed in float64 (no RoPE)
+        def softmaxes(mod: torch.nn.Module, kw: dict) -> torch.Tensor:
+            h, bounds = kw["hidden_states"][0].double(), kw["cu_seqlens"].tolist()
+            q, k = (torch.nn.functional.linear(h, lin.weight.double(), lin.bias.double())
+                    .reshape(h.shape[0], mod.num_heads, -1).transpose(0, 1) for lin in (mod.q_proj, mod.k_proj))
+            return torch.stack([torch.softmax(q[:, s:e] @ k[:, s:e].transpose(-1, -2) * mod.scaling, -1)
+                                for s, e in zip(bounds[:-1], bounds[1:])])
+        return [softmaxes(mod, kw) for mod, (_a, kw) in zip(attns, _block_inputs(eager, attns,
+                                                                                 lambda: eager(**inputs)))]
+    weights: list[torch.Tensor] = []  # each layer's eager softmax: one [1, H, n, n] per image (its own call each)
+    hooks = [mod.register_forward_hook(lambda _m, _a, out: weights.append(torch.cat(list(out[1]), 0)))
+             for mod in attns]
+    try:
+        with torch.no_grad():
+            eager(**inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return weights
+
+
+def _packed_conv_tower(kind: str, impl: str) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, patch_size=8)
+    if kind == "videollama3":
+        model = transformers.VideoLlama3VisionModel._from_config(transformers.VideoLlama3VisionConfig(**common),
+                                                                 attn_implementation=impl)
+    elif kind == "hunyuan-vl":
+        from transformers.models.hunyuan_vl.modeling_hunyuan_vl import HunYuanVLVisionTransformer
+
+        model = HunYuanVLVisionTransformer._from_config(transformers.HunYuanVLVisionConfig(**common),
+                                                        attn_implementation=impl)
+    else:
+        model = transformers.PaddleOCRVisionModel._from_config(
+            transformers.PaddleOCRVisionConfig(**common, image_size=32), attn_implementation=impl)
+    return _sharpen_qk(model, ("q_proj.weight", "k_proj.weight"), 0.6)
+
+
+@pytest.mark.parametrize("kind", ["videollama3", "hunyuan-vl", "paddleocr-vl"])
+def test_packed_towers_with_a_convolution_over_stacked_patches_are_read_exact_against_eager(kind):
+    """PaddleOCR-VL's ([1, N, C, p, p]), HunYuan-VL's ([N, C·p·p]) and VideoLLaMA3's vision towers declare a
+    convolution of kernel = stride in ``embeddings`` and take ``grid_thw``, one attention call per image, tokens
+    row-major: read as MoonViT's stack (they were refused as packed in a layout of their own)."""
+    model = _packed_conv_tower(kind, "sdpa").eval()
+    m = vl.LoadedModel.from_module(model, name=kind, device="cpu", data_config={"input_size": (3, 32, 48)})
+    assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", (4, 6), 0)
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(5))
+    want = _stacked_reference(kind, lambda impl: _packed_conv_tower(kind, impl), x, 8)
+    assert max(a.max().item() for a in want) > 0.5  # sharp: a wrong token order shows
+    with torch.no_grad(), vl.capture_attention(m) as cap:
+        m.forward(x)
+    assert len(cap.maps) == len(want) == 2
+    for got, ref in zip(cap.maps, want):
+        assert got.shape == ref.shape == (2, 2, 24, 24)
+        assert (got.double() - ref.double()).abs().max().item() < TOL
+    plain = vl.LoadedModel.from_module(_packed_conv_tower(kind, "sdpa").eval(), name=kind, device="cpu")
+    side = plain.spec.image_size[-1]  # without a size: its config's (it crashed on VideoLLaMA3's, HunYuan-VL's)
+    with torch.no_grad(), vl.capture_attention(plain) as cap:
+        plain.forward(torch.randn(1, 3, side, side))
+    assert cap.maps[0].shape[-1] == plain.spec.grid[0] * plain.spec.grid[1] == (side // 8) ** 2

@@ -26,7 +26,7 @@ from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles, refuse_other_size
 from .patches import PatchEmbedding, flat_temporal_patches, patch_embedding
 from .flat_patches import FlatPatches, flat_patches
-from .packed_towers import patch_stack, refuse_inputs_it_cannot_know, stack_inputs, takes
+from .packed_towers import patch_stack, refuse_inputs_it_cannot_know, run_stack, stack_inputs, stack_proj, takes
 from .layouts import Layout, register_layout
 from .sdpa_calls import install_pool_call_capture
 from .mha import install_probe_pool, probe_attention
@@ -196,7 +196,8 @@ class HuggingFaceLayout(Layout):
             return flat.embedding()
         stack = patch_stack(self._parts(model)[0])
         if stack is not None:  # the convolution, its tokens counted per image by the calls (its output is [N, D])
-            proj = stack.proj
+            proj = stack_proj(stack)
+            assert isinstance(proj, nn.Conv2d)
             return PatchEmbedding(stack, proj, int(proj.in_channels), int(proj.out_channels), pair(proj.kernel_size),
                                   pair(proj.stride), (0, 0), "conv2d")
         return super().patch_embedding(model)
@@ -389,6 +390,8 @@ class HuggingFaceLayout(Layout):
 
     def forward(self, model: nn.Module, x: torch.Tensor) -> Any:
         tower = self._parts(model)[0]
+        if patch_stack(tower) is not None:
+            return run_stack(tower, self._flat_inputs(model, x))
         if self._merge(model):
             return tower(**self._flat_inputs(model, x))
         if self._positioned(model):
@@ -412,7 +415,8 @@ class HuggingFaceLayout(Layout):
         (the mean token without one)."""
         if self._merge(model) or self._positioned(model):  # Qwen3-VL's merged, Gemma 4's pooled tokens, per image
             out = self.forward(model, x)
-            out = out.pooler_output if self._merge(model) else out.last_hidden_state
+            pooled = getattr(out, "pooler_output", None) if self._merge(model) else None
+            out = pooled if pooled is not None else out.last_hidden_state  # (VideoLLaMA3 has no pooled output)
             return out.reshape(x.shape[0], -1, out.shape[-1]).mean(1)
         if self._flat(model) is not None:  # Molmo2's pooled output, Pix2Struct's mean token
             out = self.forward(model, x)

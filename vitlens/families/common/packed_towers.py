@@ -1,8 +1,11 @@
 """Packed vision towers of the Hugging Face layout (``common.layouts_hf``): what a tower fed packed patches with
 ``grid_thw`` declares (Kimi K2.5's MoonViT: a stack of patches ``[N, C, p, p]`` through one convolution) and how an
 image batch is cut for it, and the one-line refusals of towers whose forward needs what vitlens cannot know (text, a
-dataset index, a packing in a layout of its own, windows)."""
+dataset index, a packing it does not declare, windows)."""
 from __future__ import annotations
+
+import weakref
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,14 +15,25 @@ from .windows import pair
 
 
 def patch_stack(tower: nn.Module) -> nn.Module | None:
-    """A packed tower fed a stack of patches ``[N, C, p, p]`` with ``grid_thw`` (Kimi K2.5's MoonViT): its
-    ``patch_embed`` whose ``proj`` is a convolution of kernel = stride (one token per patch), no temporal patch;
-    None for any other tower."""
+    """A packed tower fed a stack of patches with ``grid_thw``, one token per patch, its tokens row-major: its
+    ``patch_embed`` whose ``proj`` is a convolution of kernel = stride and no temporal patch (Kimi K2.5's MoonViT),
+    or, for a tower without ``patch_embed``, its ``embeddings`` whose ``patch_embedding`` is such a convolution
+    (PaddleOCR-VL, HunYuan-VL, VideoLLaMA3); None for any other tower."""
+    if not takes(tower, "grid_thw"):
+        return None
     pe = getattr(tower, "patch_embed", None)
-    proj = getattr(pe, "proj", None)
-    if not isinstance(proj, nn.Conv2d) or getattr(pe, "temporal_patch_size", None) or not takes(tower, "grid_thw"):
+    if pe is None:
+        pe = getattr(tower, "embeddings", None)
+    proj = stack_proj(pe) if isinstance(pe, nn.Module) else None
+    if not isinstance(proj, nn.Conv2d) or getattr(pe, "temporal_patch_size", None):
         return None
     return pe if tuple(proj.kernel_size) == tuple(proj.stride) and proj.groups == 1 else None
+
+
+def stack_proj(pe: nn.Module) -> nn.Module | None:
+    """The convolution of a stacked-patch embedding (``patch_stack``): its ``proj``, else its ``patch_embedding``."""
+    proj = getattr(pe, "proj", None)
+    return proj if isinstance(proj, nn.Module) else getattr(pe, "patch_embedding", None)
 
 
 def takes(tower: nn.Module, argument: str) -> bool:
@@ -35,8 +49,8 @@ def takes(tower: nn.Module, argument: str) -> bool:
 def refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool) -> None:
     """A tower whose forward needs more than the pixels is refused in one line naming what it needs: text
     (``input_ids``: ViLT embeds both in one sequence), a dataset index choosing among several experts (ViTPose+),
-    packed patches with their ``grid_thw`` in a layout other than the Qwen3-VL / Gemma 4 ones this layout builds
-    (PaddleOCR-VL's ``[N, C, p, p]``, VideoLLaMA3's, HunYuan-VL's), or windows (Qwen2.5-Omni's window blocks:
+    packed patches with their ``grid_thw`` in a layout its modules do not declare (neither a Conv3d over flattened
+    temporal patches nor a convolution over stacked patches), or windows (Qwen2.5-Omni's window blocks:
     only transformers' Qwen2.5-VL tower has a family that undoes its window order)."""
     import inspect
 
@@ -63,8 +77,9 @@ def refuse_inputs_it_cannot_know(tower: nn.Module, name: str, packed_here: bool)
     if not packed_here and "grid_thw" in params:
         raise UnsupportedModelError(
             f"{name!r} ({kind}) is a packed vision tower (its forward takes pixel_values with grid_thw, patches "
-            "flattened in its own layout and merge order), which vitlens does not read yet: it reads the packed "
-            "towers of Qwen2-VL, Qwen3-VL and Gemma 4 (docs/models.md).")
+            "flattened in a layout its modules do not declare), which vitlens does not read: it reads packed towers "
+            "whose patches enter through a Conv3d over flattened patches or a convolution over stacked patches "
+            "(docs/models.md).")
 
 
 def stack_inputs(tower: nn.Module, x: torch.Tensor, p: int) -> dict[str, torch.Tensor]:
@@ -77,7 +92,39 @@ def stack_inputs(tower: nn.Module, x: torch.Tensor, p: int) -> dict[str, torch.T
                                     f"{p * kh}x{p * kw} px (patch {p} x its merge kernel); got {h}x{w}.")
     gh, gw = h // p, w // p
     stack = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(b * gh * gw, c, p, p)
-    return {"pixel_values": stack, "grid_thw": torch.tensor([[1, gh, gw]] * b, device=x.device)}
+    inputs = {"pixel_values": stack, "grid_thw": torch.tensor([[1, gh, gw]] * b, device=x.device)}
+    if takes(tower, "merge_sizes"):  # (VideoLLaMA3: merge 1 keeps each image's tokens row-major, as its processor
+        inputs["merge_sizes"] = torch.ones(b, dtype=torch.long, device=x.device)  # hands images)
+    return inputs
 
 
-__all__ = ["patch_stack", "refuse_inputs_it_cannot_know", "stack_inputs", "takes"]
+def run_stack(tower: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
+    """The tower run on its stacked patches in the first shape it takes: [N, C, p, p] (MoonViT), [1, N, C, p, p]
+    (PaddleOCR-VL) or [N, C·p·p] (HunYuan-VL); the shape found is kept for the tower's next calls. Each is a view of
+    the same memory, and the tower's convolution declares a patch's (C, p, p) order, so any shape it accepts reads
+    the same pixels; a shape it does not take fails in its patch embedding, before any attention call. Where none
+    runs, the error of the first ([N, C, p, p]) is raised."""
+    stack = inputs["pixel_values"]
+    shapes = [tuple(stack.shape), (1, *stack.shape), (stack.shape[0], stack[0].numel())]
+    known = _STACK_RANKS.get(tower)
+    if known is not None:
+        return tower(**{**inputs, "pixel_values": stack.reshape(shapes[known])})
+    first: Exception | None = None
+    for rank, shape in enumerate(shapes):
+        try:
+            out = tower(**{**inputs, "pixel_values": stack.reshape(shape)})
+        except torch.OutOfMemoryError:
+            raise
+        except (ValueError, RuntimeError) as exc:
+            first = first or exc
+            continue
+        _STACK_RANKS[tower] = rank
+        return out
+    assert first is not None
+    raise first
+
+
+_STACK_RANKS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+__all__ = ["patch_stack", "refuse_inputs_it_cannot_know", "run_stack", "stack_inputs", "stack_proj", "takes"]
