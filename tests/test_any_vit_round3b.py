@@ -443,16 +443,15 @@ class _OwnPatchEmbed(torch.nn.Module):
 
 class OwnPackedTower(torch.nn.Module):
     """A packed tower written here, the transformers way (a ``config``, a forward taking flattened temporal patches
-    [N, C·t·p·p] with ``grid_thw``, 2x2 merge-block order, one attention call per image) and in no family."""
-
-    __module__ = "transformers.own_packed"  # (read as a transformers model: the Hugging Face layout's territory)
+    [N, C·t·p·p] with ``grid_thw``, 2x2 merge-block order, one attention call per image), in no family and a plain
+    module of this file, not transformers' (it had to pose as ``transformers.own_packed`` to be read)."""
 
     def __init__(self) -> None:
         super().__init__()
         from types import SimpleNamespace
 
         self.config = SimpleNamespace(model_type="own_packed", num_hidden_layers=2, hidden_size=32, patch_size=8,
-                                      _attn_implementation="sdpa", image_size=32)
+                                      image_size=32)
         self.spatial_merge_size = 2
         self.patch_embed = _OwnPatchEmbed(32, 8, 2)
         self.blocks = torch.nn.ModuleList([_OwnPackedBlock(32, 2) for _ in range(2)])

@@ -26,7 +26,8 @@ from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles, refuse_other_size
 from .patches import PatchEmbedding, flat_temporal_patches, patch_embedding
 from .flat_patches import FlatPatches, flat_patches
-from .packed_towers import patch_stack, refuse_inputs_it_cannot_know, run_stack, stack_inputs, stack_proj, takes
+from .packed_towers import (declares_packing, patch_stack, refuse_inputs_it_cannot_know, run_stack, stack_inputs,
+                            stack_proj, takes)
 from .layouts import Layout, register_layout
 from .sdpa_calls import install_pool_call_capture
 from .mha import install_probe_pool, probe_attention
@@ -161,7 +162,9 @@ class HuggingFaceLayout(Layout):
                   "scaled_dot_product_attention call the generic capture reads")
 
     def matches(self, model: nn.Module) -> bool:
-        return is_hf_model(model) and _hf_parts(model) is not None
+        """A transformers model of this shape, or a packed tower of any library that declares its packing
+        (``declares_packing``: a user's own tower with ``grid_thw``)."""
+        return (is_hf_model(model) or declares_packing(model)) and _hf_parts(model) is not None
 
     def _parts(self, model: nn.Module) -> tuple[nn.Module, nn.Module, Sequence[nn.Module], list[nn.Module]]:
         parts = _hf_parts(model)
@@ -173,7 +176,7 @@ class HuggingFaceLayout(Layout):
         tower = self._parts(model)[0]
         impl = getattr(tower.config, "_attn_implementation", None)
         eager_only = not getattr(type(model), "_supports_sdpa", True)  # BLIP, GIT: read at their one softmax
-        if impl != "sdpa" and not eager_only:
+        if impl != "sdpa" and not eager_only and is_hf_model(model):  # (a tower of its own has no such switch)
             raise UnsupportedModelError(
                 f"{name!r} is a Hugging Face {type(model).__name__} running attn_implementation={impl!r}; vitlens "
                 "reads this model at its scaled_dot_product_attention calls (generic call-level capture): "

@@ -30,6 +30,21 @@ def patch_stack(tower: nn.Module) -> nn.Module | None:
     return pe if tuple(proj.kernel_size) == tuple(proj.stride) and proj.groups == 1 else None
 
 
+def declares_packing(tower: nn.Module) -> bool:
+    """Whether a tower, from any library, declares everything a packed reading needs: a ``config`` (the layout reads
+    its ``num_hidden_layers``), a forward taking ``grid_thw`` and a patch layout its modules declare — a stack of
+    patches through a convolution (``patch_stack``) or a ``patch_embed`` Conv3d over flattened temporal patches
+    (``temporal_patch_size``) with an int ``spatial_merge_size``. The Hugging Face layout reads such a tower though
+    it is not a transformers class: nothing it reads is transformers' own."""
+    if getattr(tower, "config", None) is None or not takes(tower, "grid_thw"):
+        return False
+    if patch_stack(tower) is not None:
+        return True
+    pe = getattr(tower, "patch_embed", None)
+    return isinstance(getattr(pe, "proj", None), nn.Conv3d) and bool(getattr(pe, "temporal_patch_size", None)) \
+        and isinstance(getattr(tower, "spatial_merge_size", None), int)
+
+
 def stack_proj(pe: nn.Module) -> nn.Module | None:
     """The convolution of a stacked-patch embedding (``patch_stack``): its ``proj``, else its ``patch_embedding``."""
     proj = getattr(pe, "proj", None)
@@ -127,4 +142,5 @@ def run_stack(tower: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
 _STACK_RANKS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
 
 
-__all__ = ["patch_stack", "refuse_inputs_it_cannot_know", "run_stack", "stack_inputs", "stack_proj", "takes"]
+__all__ = ["declares_packing", "patch_stack", "refuse_inputs_it_cannot_know", "run_stack", "stack_inputs", "stack_proj",
+           "takes"]
