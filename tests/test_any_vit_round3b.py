@@ -501,12 +501,12 @@ def _stacked_reference(kind: str, build, x: torch.Tensor, patch: int) -> list[to
     inputs = {"grid_thw": torch.tensor([[1, gh, gw]] * b)}
     if kind == "videollama3":
         inputs.update(pixel_values=stack.reshape(b * gh * gw, -1), merge_sizes=torch.ones(b, dtype=torch.long))
-    elif kind == "hunyuan-vl":
+    elif kind in ("hunyuan-vl", "hy-v4-vl"):
         inputs.update(pixel_values=stack.reshape(b * gh * gw, -1))
     else:  # PaddleOCR-VL: [1, N, C, p, p]
         inputs.update(pixel_values=stack[None])
     attns = [mod for mod in eager.modules() if hasattr(mod, "q_proj") and hasattr(mod, "k_proj")]
-    if kind == "hunyuan-vl":  # its eager attention drops its weights: its calls recomputed in float64 (no RoPE)
+    if kind in ("hunyuan-vl", "hy-v4-vl"):  # their eager attention drops its weights: its calls recomputed in float64 (no RoPE)
         def softmaxes(mod: torch.nn.Module, kw: dict) -> torch.Tensor:
             h, bounds = kw["hidden_states"][0].double(), kw["cu_seqlens"].tolist()
             q, k = (torch.nn.functional.linear(h, lin.weight.double(), lin.bias.double())
@@ -540,13 +540,18 @@ def _packed_conv_tower(kind: str, impl: str) -> torch.nn.Module:
 
         model = HunYuanVLVisionTransformer._from_config(transformers.HunYuanVLVisionConfig(**common),
                                                         attn_implementation=impl)
+    elif kind == "hy-v4-vl":  # (in transformers 5.24, no probe named it: the same declarations as HunYuan-VL's)
+        from transformers.models.hy_v4_vl.configuration_hy_v4_vl import HYV4VLVisionConfig
+        from transformers.models.hy_v4_vl.modeling_hy_v4_vl import HYV4VLVisionModel
+
+        model = HYV4VLVisionModel._from_config(HYV4VLVisionConfig(**common), attn_implementation=impl)
     else:
         model = transformers.PaddleOCRVisionModel._from_config(
             transformers.PaddleOCRVisionConfig(**common, image_size=32), attn_implementation=impl)
     return _sharpen_qk(model, ("q_proj.weight", "k_proj.weight"), 0.6)
 
 
-@pytest.mark.parametrize("kind", ["videollama3", "hunyuan-vl", "paddleocr-vl"])
+@pytest.mark.parametrize("kind", ["videollama3", "hunyuan-vl", "hy-v4-vl", "paddleocr-vl"])
 def test_packed_towers_with_a_convolution_over_stacked_patches_are_read_exact_against_eager(kind):
     """PaddleOCR-VL's ([1, N, C, p, p]), HunYuan-VL's ([N, C·p·p]) and VideoLLaMA3's vision towers declare a
     convolution of kernel = stride in ``embeddings`` and take ``grid_thw``, one attention call per image, tokens
