@@ -7,8 +7,6 @@ calls recomputed in float64 from each block's input) within 1e-5, with queries a
 far from uniform and a wrong token order shows."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -125,7 +123,7 @@ def _pix2struct() -> torch.nn.Module:
     model = transformers.Pix2StructVisionModel._from_config(cfg, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():  # (its initializer_range is 1e-10: every weight drawn again, the queries and keys large)
-        for name, weight in model.named_parameters():
+        for weight in model.parameters():
             if weight.dim() == 2:
                 weight.normal_(0.0, 0.3, generator=g)
     return _sharpen_qk(model, ("query.weight", "key.weight"), 0.25)
@@ -506,7 +504,7 @@ def _stacked_reference(kind: str, build, x: torch.Tensor, patch: int) -> list[to
     else:  # PaddleOCR-VL: [1, N, C, p, p]
         inputs.update(pixel_values=stack[None])
     attns = [mod for mod in eager.modules() if hasattr(mod, "q_proj") and hasattr(mod, "k_proj")]
-    if kind in ("hunyuan-vl", "hy-v4-vl"):  # their eager attention drops its weights: its calls recomputed in float64 (no RoPE)
+    if kind in ("hunyuan-vl", "hy-v4-vl"):  # (their eager attention drops its weights: recomputed in float64, no RoPE)
         def softmaxes(mod: torch.nn.Module, kw: dict) -> torch.Tensor:
             h, bounds = kw["hidden_states"][0].double(), kw["cu_seqlens"].tolist()
             q, k = (torch.nn.functional.linear(h, lin.weight.double(), lin.bias.double())
