@@ -17,6 +17,19 @@ transformers = pytest.importorskip("transformers")
 TOL = 1e-5
 
 
+def _assert_captured(m: vl.LoadedModel, x: torch.Tensor, want: list[torch.Tensor], n: int) -> None:
+    """Side and inline capture of ``m.forward(x)`` leave its output within TOL and give ``want`` ([2, 2, n, n] per
+    block) within TOL."""
+    with torch.no_grad():
+        plain = m.forward(x)
+        for mode in ("side", "inline"):
+            with vl.capture_attention(m, mode=mode) as cap:
+                out = m.forward(x)
+            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == len(want)
+            for got, ref in zip(cap.maps, want):
+                assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL
+
+
 def _block_inputs(model: torch.nn.Module, modules: list[torch.nn.Module], run) -> list[tuple[tuple, dict]]:
     """Each module's call arguments during ``run()`` (a forward), in call order."""
     seen: list[tuple[tuple, dict]] = []
@@ -284,14 +297,8 @@ def test_qwen3vl_at_a_non_square_size_is_read_exact_in_its_merge_block_order(loa
     order = _row_major_from_merge_blocks((4, 6))
     want = [a[..., order, :][..., order] for a in _qwen3vl_float64(model, lambda: m.forward(x))]
     assert max(a.max().item() for a in want) > 0.5
-    with torch.no_grad():
-        plain = m.forward(x)
-        for mode in ("side", "inline"):
-            with vl.capture_attention(m, mode=mode) as cap:
-                out = m.forward(x)
-            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
-            for got, ref in zip(cap.maps, want):
-                assert got.shape == (2, 2, 24, 24) and (got.double() - ref).abs().max().item() < TOL
+    assert len(want) == 2
+    _assert_captured(m, x, want, 24)
     assert vl.attention_rollout(m, x[:1]).maps.shape == (1, 4, 6)
 
 
@@ -326,14 +333,8 @@ def test_glm4v_packed_tower_is_read_from_what_it_declares_exact_in_float64(size)
             for a in _qwen3vl_float64(model, lambda: m.forward(x), apply_rotary_pos_emb_vision)]
     assert max(a.max().item() for a in want) > 0.5
     n = grid[0] * grid[1]
-    with torch.no_grad():
-        plain = m.forward(x)
-        for mode in ("side", "inline"):
-            with vl.capture_attention(m, mode=mode) as cap:
-                out = m.forward(x)
-            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
-            for got, ref in zip(cap.maps, want):
-                assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL
+    assert len(want) == 2
+    _assert_captured(m, x, want, n)
 
 
 def _kimi() -> torch.nn.Module:
@@ -380,14 +381,8 @@ def test_kimi_moonvit_stacked_patches_are_read_from_what_it_declares_exact_in_fl
     want = _kimi_float64(model, lambda: m.forward(x))
     assert max(a.max().item() for a in want) > 0.5
     n = grid[0] * grid[1]
-    with torch.no_grad():
-        plain = m.forward(x)
-        for mode in ("side", "inline"):
-            with vl.capture_attention(m, mode=mode) as cap:
-                out = m.forward(x)
-            assert (out - plain).abs().max().item() < TOL and len(cap.maps) == 2
-            for got, ref in zip(cap.maps, want):
-                assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL
+    assert len(want) == 2
+    _assert_captured(m, x, want, n)
 
 
 def test_a_packed_tower_whose_patch_layout_is_not_declared_is_refused_in_one_line_naming_it():
