@@ -312,3 +312,33 @@ def test_text_span_evaluation_replaces_heads_in_the_sum_as_the_paper_does() -> N
         evaluate_text_span(m, x, texts, emb, classes, labels=[7] * 16)
     with pytest.raises(InvalidParameterError, match="class_embeddings"):
         evaluate_text_span(m, x, texts, emb, classes[:, :3])
+
+
+def test_the_prefix_view_counts_outliers_by_the_rule_it_is_given() -> None:
+    """prefix_diagnostics takes the artifact rule by name as token_norms does: its outlier share per layer is the share
+    of patch tokens of each block's output over the threshold (absolute) or over 4x the image's median (relative),
+    computed here from the blocks' outputs read by hooks of the test's own."""
+    import timm
+
+    import vitlens as vl
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    seen: list[torch.Tensor] = []
+    hooks = [b.register_forward_hook(lambda _m, _a, out: seen.append(out.detach().double())) for b in model.blocks]
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    patch = np.stack([t.norm(dim=-1)[:, 1:].numpy() for t in seen])  # [L, B, 16]
+    threshold = float(np.quantile(patch, 0.7))
+    m = vl.LoadedModel.from_module(model, name="tiny", device="cpu", data_config={"input_size": (3, 32, 32)})
+    rel = vl.prefix_diagnostics(m, x)
+    ab = vl.prefix_diagnostics(m, x, outlier_rule="absolute", outlier_threshold=threshold)
+    np.testing.assert_allclose(ab.outlier_share, (patch > threshold).mean(axis=(1, 2)))
+    np.testing.assert_allclose(rel.outlier_share,
+                               (patch > 4 * np.median(patch, axis=-1, keepdims=True)).mean(axis=(1, 2)))
+    assert (ab.outlier_share != rel.outlier_share).any() and ab.outlier_rule == "absolute"
+    assert ab.outlier_threshold == threshold
+    with pytest.raises(InvalidParameterError, match="rule"):
+        vl.prefix_diagnostics(m, x, outlier_rule="median")

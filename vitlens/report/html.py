@@ -280,7 +280,9 @@ def prefix_section(prefix: Any, fig: go.Figure | None) -> str:
     listed = listed_some([f"layer {p['layer']} head {p['head']} ({100 * p['share']:.0f}% on {p['token']})"
                           for p in parked], 12) or "none"
     worst = int(np.argmax(prefix.outlier_share)) if prefix.outlier_share.size else 0
-    norms = (f"Largest share of high-norm patch tokens (norm above {prefix.outlier_factor:g}x the layer's median): "
+    rule = (f"norm above {prefix.outlier_threshold:g}" if prefix.outlier_rule == "absolute"
+            else f"norm above {prefix.outlier_factor:g}x the image's median")
+    norms = (f"Largest share of high-norm patch tokens ({rule}): "
              f"{100 * prefix.outlier_share.max():.1f}% in layer {worst + 1}." if prefix.outlier_share.size else "")
     return ("<h3>Attention on prefix tokens</h3><p class='muted'>Heads that park attention on the class, "
             "distillation or register tokens look local with raw weights (why attention distance renormalises over "

@@ -115,6 +115,17 @@ class PrefixAttentionAccumulator(AttentionConsumer):
                                        model_name=model_name(spec))
 
 
+def check_outlier_rule(rule: str, factor: float, threshold: float) -> None:
+    """Refuse an unknown artifact-token rule, or its bound (the factor of ``"relative"``, the threshold of
+    ``"absolute"``) when it is not a finite number > 0, in one line naming it."""
+    if rule not in OUTLIER_RULES:
+        raise InvalidParameterError(f"rule must be one of {', '.join(map(repr, OUTLIER_RULES))}; got {rule!r}.")
+    bound, what = (factor, "factor") if rule == "relative" else (threshold, "threshold")
+    if isinstance(bound, bool) or not isinstance(bound, (int, float, np.floating, np.integer)) or \
+            not np.isfinite(bound) or bound <= 0:
+        raise InvalidParameterError(f"the {rule} outlier rule's {what} must be a finite number > 0; got {bound!r}.")
+
+
 def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float = OUTLIER_FACTOR,
                        rule: str = "relative", threshold: float = ABSOLUTE_THRESHOLD
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -135,12 +146,7 @@ def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float 
     Returns:
         ``(median [..., 1], outliers [..., T] bool)``.
     """
-    if rule not in OUTLIER_RULES:
-        raise InvalidParameterError(f"rule must be one of {', '.join(map(repr, OUTLIER_RULES))}; got {rule!r}.")
-    bound, what = (factor, "factor") if rule == "relative" else (threshold, "threshold")
-    if isinstance(bound, bool) or not isinstance(bound, (int, float, np.floating, np.integer)) or \
-            not np.isfinite(bound) or bound <= 0:
-        raise InvalidParameterError(f"the {rule} outlier rule's {what} must be a finite number > 0; got {bound!r}.")
+    check_outlier_rule(rule, factor, threshold)
     patch = norms[..., num_prefix_tokens:]
     median = np.median(patch, axis=-1, keepdims=True)
     outliers = np.zeros(norms.shape, dtype=bool)
@@ -151,9 +157,12 @@ def high_norm_outliers(norms: np.ndarray, num_prefix_tokens: int, factor: float 
 class TokenNormAccumulator:
     """Per layer: mean norm of each prefix token, median patch-token norm, share of outlier patches."""
 
-    def __init__(self, num_layers: int, num_prefix_tokens: int, outlier_factor: float = OUTLIER_FACTOR) -> None:
+    def __init__(self, num_layers: int, num_prefix_tokens: int, outlier_factor: float = OUTLIER_FACTOR,
+                 outlier_rule: str = "relative", outlier_threshold: float = ABSOLUTE_THRESHOLD) -> None:
+        check_outlier_rule(outlier_rule, outlier_factor, outlier_threshold)
         self.p = num_prefix_tokens
         self.factor = outlier_factor
+        self.rule, self.threshold = outlier_rule, outlier_threshold
         self.prefix_sum = np.zeros((num_layers, num_prefix_tokens))
         self.median_sum = np.zeros(num_layers)
         self.max_ratio = np.zeros(num_layers)
@@ -164,7 +173,7 @@ class TokenNormAccumulator:
     def add(self, layer: int, tokens: torch.Tensor) -> None:
         norms = tokens.detach().double().norm(dim=-1).cpu().numpy()  # [B, T]
         patch = norms[:, self.p:]
-        median, outliers = high_norm_outliers(norms, self.p, self.factor)
+        median, outliers = high_norm_outliers(norms, self.p, self.factor, self.rule, self.threshold)
         self.prefix_sum[layer] += norms[:, :self.p].sum(0)
         self.median_sum[layer] += median.sum()
         self.max_ratio[layer] = max(self.max_ratio[layer], float((patch / median).max()))
@@ -183,9 +192,12 @@ class PrefixDiagnosticsResult(Result):
         n_images: images measured.
         prefix_norm: [L, P] mean norm of each prefix token at each block's output.
         patch_norm_median: [L] mean over images of the median patch-token norm.
-        outlier_share: [L] share of patch tokens whose norm exceeds ``outlier_factor`` x their median.
+        outlier_share: [L] share of patch tokens that are outliers by ``outlier_rule``: a norm over
+            ``outlier_factor`` x their image's median ("relative"), or over ``outlier_threshold`` ("absolute").
         max_norm_ratio: [L] largest patch-token norm / median seen.
-        outlier_factor: the threshold used.
+        outlier_factor: the relative rule's factor.
+        outlier_rule: "relative" or "absolute" (``high_norm_outliers``).
+        outlier_threshold: the absolute rule's threshold.
         model_name: the model's name.
     """
 
@@ -198,6 +210,8 @@ class PrefixDiagnosticsResult(Result):
     outlier_share: np.ndarray = field(default_factory=lambda: np.zeros(0))
     max_norm_ratio: np.ndarray = field(default_factory=lambda: np.zeros(0))
     outlier_factor: float = OUTLIER_FACTOR
+    outlier_rule: str = "relative"
+    outlier_threshold: float = ABSOLUTE_THRESHOLD
     model_name: str = ""
 
     def parked(self, threshold: float = PARKED) -> list[dict]:
@@ -222,8 +236,10 @@ class TokenNorms(SiteSession):
     """Every block's output (the named site ``blocks.{i}.hook_resid_post``) fed to a ``TokenNormAccumulator`` (a
     context manager)."""
 
-    def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
-        self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor)
+    def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR, outlier_rule: str = "relative",
+                 outlier_threshold: float = ABSOLUTE_THRESHOLD) -> None:
+        self.acc = TokenNormAccumulator(m.spec.num_layers, m.spec.num_prefix_tokens, outlier_factor, outlier_rule,
+                                        outlier_threshold)
         self.blocks = m.blocks()
         sites = family_sites(m)  # the blocks' outputs, as the family declares them; m.model: whose lock it holds
         super().__init__(m.model, {f"blocks.{i}.hook_resid_post": sites[f"blocks.{i}.hook_resid_post"]
@@ -241,7 +257,7 @@ class TokenNorms(SiteSession):
         r.patch_norm_median = acc.median_sum / imgs
         r.outlier_share = acc.outliers / np.maximum(acc.patches, 1)
         r.max_norm_ratio = acc.max_ratio.copy()
-        r.outlier_factor = acc.factor
+        r.outlier_factor, r.outlier_rule, r.outlier_threshold = acc.factor, acc.rule, acc.threshold
         return r
 
 
@@ -249,9 +265,10 @@ class PrefixDiagnostics(AttentionConsumer):
     """The prefix view as one consumer: attention parked on prefix tokens (``PrefixAttentionAccumulator``)
     and, through its ``hooks()``, the norms of every block's output tokens (``TokenNorms``)."""
 
-    def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR) -> None:
+    def __init__(self, m: LoadedModel, outlier_factor: float = OUTLIER_FACTOR, outlier_rule: str = "relative",
+                 outlier_threshold: float = ABSOLUTE_THRESHOLD) -> None:
+        self.norms = TokenNorms(m, outlier_factor, outlier_rule, outlier_threshold)
         self.attention = PrefixAttentionAccumulator.for_model(m.spec)
-        self.norms = TokenNorms(m, outlier_factor)
 
     def hooks(self) -> TokenNorms:
         return self.norms
@@ -264,7 +281,8 @@ class PrefixDiagnostics(AttentionConsumer):
 
 
 def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, progress: ProgressArg = None,
-                       outlier_factor: float = OUTLIER_FACTOR) -> PrefixDiagnosticsResult:
+                       outlier_factor: float = OUTLIER_FACTOR, outlier_rule: str = "relative",
+                       outlier_threshold: float = ABSOLUTE_THRESHOLD) -> PrefixDiagnosticsResult:
     """Attention mass on prefix tokens per layer and head, and token norms per layer (one pass).
 
     Darcet et al. 2024 ("Vision Transformers need registers"): how much attention patch queries park on the
@@ -275,16 +293,20 @@ def prefix_diagnostics(m: LoadedModel, images: Images, batch_size: int = 32, pro
         images: tensor [B, 3, H, W], sequence of PIL images / paths / arrays, or iterable of tensors.
         batch_size: images per forward.
         progress: True for a progress bar, or a callable ``f(done, total)``.
-        outlier_factor: a token is a high-norm outlier above this multiple of its layer's median norm.
+        outlier_factor: with ``outlier_rule="relative"`` (the default), a patch token is a high-norm outlier above
+            this multiple of its image's median patch norm at that layer.
+        outlier_rule: ``"relative"`` or ``"absolute"`` (Darcet et al.'s fixed norm; docs/definitions.md, "Token
+            norms").
+        outlier_threshold: with ``outlier_rule="absolute"``, a patch token is an outlier above this norm.
 
     Returns:
         A ``PrefixDiagnosticsResult``: attention mass on each prefix token per layer and head (fractions
             in [0, 1]) and token norms per layer.
     """
-    consumer = PrefixDiagnostics(m, outlier_factor)
+    consumer = PrefixDiagnostics(m, outlier_factor, outlier_rule, outlier_threshold)
     stream_attention(m, images, [consumer], batch_size, progress, desc="prefix tokens", capture_mode=None)
     return consumer.result(m.spec)
 
 
-__all__ = ["PrefixAttentionAccumulator", "PrefixDiagnostics", "TokenNorms", "PrefixDiagnosticsResult", "parked_heads",
-           "prefix_diagnostics", "prefix_labels"]
+__all__ = ["PrefixAttentionAccumulator", "PrefixDiagnostics", "PrefixDiagnosticsResult", "TokenNorms",
+           "check_outlier_rule", "parked_heads", "prefix_diagnostics", "prefix_labels"]
