@@ -174,6 +174,16 @@ def test_pix2struct_beyond_its_row_and_column_ids_is_refused_in_one_line():
     assert "\n" not in str(refusal.value)
 
 
+def test_pix2struct_at_a_size_of_no_whole_patches_is_refused_in_one_line():
+    """A side that is not a whole number of patches is refused naming the patch (the cut raised torch's reshape
+    error)."""
+    with pytest.raises(vl.UnsupportedModelError, match="multiples of its 8 px patches; got 20x32") as refusal:
+        m = vl.LoadedModel.from_module(_pix2struct(), name="pix2struct", device="cpu",
+                                       data_config={"input_size": (3, 20, 32)})
+        m.forward(torch.zeros(1, 3, 20, 32))
+    assert "\n" not in str(refusal.value)
+
+
 # ------------------------------------------------------------------------------ B: refusals that name what they found
 
 

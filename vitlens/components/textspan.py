@@ -171,11 +171,11 @@ def arguments(model: object, pixels: object, texts: Sequence[str] | str | os.Pat
     """TextSpan's arguments checked at the boundary (``text_span``, ``evaluate_text_span``): ``(module, its name,
     the images [B, 3, H, W], the texts)``, or a refusal naming the argument."""
     module, name = module_of(model, who)
-    x = pixels_for(model, module, pixels)
     if variant not in VARIANTS:
         raise InvalidParameterError(f"variant must be one of {', '.join(map(repr, VARIANTS))}; got {variant!r}.")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise InvalidParameterError(f"rank must be a whole number >= 1 (singular vectors kept); got {rank!r}.")
+    x = pixels_for(model, module, pixels)
     if x.shape[0] < 2 or isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InvalidParameterError(f"{who} needs at least 2 images (outputs are centred over them) and a whole number "
                                     "of steps >= 1.")

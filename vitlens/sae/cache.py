@@ -54,9 +54,9 @@ class ActivationCache:
 
     def add(self, index: int, tokens: torch.Tensor) -> bool:
         """Keep batch ``index``'s tokens [N, d] when they fit the budget; whether they were kept."""
-        data = tokens.detach().to("cpu", torch.float16).contiguous().numpy()
-        if self.budget <= 0 or self.used + data.nbytes > self.budget:
+        if self.budget <= 0 or self.used + tokens.numel() * 2 > self.budget:  # float16: 2 bytes a value
             return False
+        data = tokens.detach().to("cpu", torch.float16).contiguous().numpy()
         with open(self.path, "ab") as f:
             f.write(data.tobytes())
         self._spans[index] = (self.used, (int(data.shape[0]), int(data.shape[1])))

@@ -16,7 +16,19 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...errors import UnsupportedModelError
 from .patches import PatchEmbedding
+
+
+def flatten_patches(x: torch.Tensor, p: int, who: str) -> tuple[torch.Tensor, int, int]:
+    """``(patches [B, gh * gw, p * p * C], gh, gw)``: a batch [B, C, H, W] cut as the flattened-patch processors cut
+    it (Molmo2, Pix2Struct, Gemma 4): each image's patches row-major, each flattened (row, column, channel); a side
+    that is not a whole number of patches is refused in one line naming ``who`` (the tower)."""
+    b, c, h, w = x.shape
+    if h % p or w % p:
+        raise UnsupportedModelError(f"{who} takes images whose sides are multiples of its {p} px patches; got {h}x{w}.")
+    gh, gw = h // p, w // p
+    return x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * c), gh, gw
 
 
 @dataclass(frozen=True)
@@ -46,10 +58,8 @@ class FlatPatches:
     def inputs(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """A batch [B, C, H, W] as the tower's processor hands it: each image's patches row-major, each flattened
         (row, column, channel); Pix2Struct's with (row + 1, column + 1) in front and a mask of no padding."""
-        b, c, h, w = x.shape
-        p = self.patch
-        gh, gw = h // p, w // p
-        pixels = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * c)
+        b = x.shape[0]
+        pixels, gh, gw = flatten_patches(x, self.patch, "this tower (flattened patches)")
         if not self.ids:
             return {self.argument: pixels}
         rows = torch.arange(1, gh + 1, device=x.device, dtype=x.dtype).repeat_interleave(gw)
@@ -85,4 +95,4 @@ def flat_patches(tower: nn.Module) -> FlatPatches | None:
     return None
 
 
-__all__ = ["FlatPatches", "flat_patches"]
+__all__ = ["FlatPatches", "flat_patches", "flatten_patches"]

@@ -25,7 +25,7 @@ from ...core.tokens import PrefixToken, TokenLayout, merge_block_layout, standar
 from ...errors import UnsupportedModelError
 from ..base import CaptureRequest, Handles, refuse_other_size
 from .patches import PatchEmbedding, flat_temporal_patches, patch_embedding
-from .flat_patches import FlatPatches, flat_patches
+from .flat_patches import FlatPatches, flat_patches, flatten_patches
 from .packed_towers import (declares_packing, patch_stack, refuse_inputs_it_cannot_know, run_stack, stack_inputs,
                             stack_proj, takes)
 from .layouts import Layout, register_layout
@@ -249,10 +249,8 @@ class HuggingFaceLayout(Layout):
         """A batch [B, C, H, W] as Gemma 4's processor hands it: each image's patches row-major, each flattened (row,
         column, channel), and their (x, y) = (column, row) positions; no padding."""
         pe = self.patch_embedding(model)
-        b, c, h, w = x.shape
-        p = pe.kernel[0]
-        gh, gw = h // p, w // p
-        pixels = x.reshape(b, c, gh, p, gw, p).permute(0, 2, 4, 3, 5, 1).reshape(b, gh * gw, p * p * c)
+        b = x.shape[0]
+        pixels, gh, gw = flatten_patches(x, pe.kernel[0], type(model).__name__)
         rows, cols = torch.meshgrid(torch.arange(gh, device=x.device), torch.arange(gw, device=x.device),
                                     indexing="ij")
         positions = torch.stack([cols.flatten(), rows.flatten()], -1).expand(b, -1, -1)
