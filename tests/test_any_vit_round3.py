@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vitlens as vl
+from test_any_vit_round3b import qwen_vl_float64
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,30 +31,11 @@ def qwen2vl_tower(seed: int = 0) -> torch.nn.Module:
 
 
 def qwen2vl_reference(model: torch.nn.Module, m: vl.LoadedModel, x: torch.Tensor) -> list[torch.Tensor]:
-    """Each block's attention in float64 from its own input: q, k from its ``qkv`` and transformers' own
-    ``apply_rotary_pos_emb_vision``, softmax(q k^T * scaling) within each image's ``cu_seqlens`` chunk, the images
-    stacked, in the model's own (2x2 merge-block) token order."""
+    """Each block's attention in float64 from its own input (``qwen_vl_float64`` with transformers' own Qwen2-VL
+    ``apply_rotary_pos_emb_vision``), in the model's own (2x2 merge-block) token order."""
     from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
 
-    seen: list[tuple] = []
-    hooks = [b.attn.register_forward_pre_hook(lambda _m, a, kw: seen.append((a[0], kw)), with_kwargs=True)
-             for b in model.blocks]
-    try:
-        with torch.no_grad():
-            m.forward(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    maps = []
-    for block, (hidden, kw) in zip(model.blocks, seen):
-        attn = block.attn
-        qkv = attn.qkv(hidden).double().reshape(hidden.shape[0], 3, attn.num_heads, -1)
-        q, k, _ = qkv.permute(1, 0, 2, 3).unbind(0)
-        q, k = apply_rotary_pos_emb_vision(q, k, *(t.double() for t in kw["position_embeddings"]))
-        bounds = kw["cu_seqlens"].tolist()
-        maps.append(torch.stack([torch.softmax(torch.einsum("qhd,khd->hqk", q[s:e], k[s:e]) * attn.scaling, -1)
-                                 for s, e in zip(bounds[:-1], bounds[1:])]))
-    return maps
+    return qwen_vl_float64(model, lambda: m.forward(x), apply_rotary_pos_emb_vision)
 
 
 def test_qwen2vl_tower_without_a_size_is_read_at_224px_exact_against_its_own_attention():

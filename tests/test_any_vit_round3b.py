@@ -30,7 +30,7 @@ def _assert_captured(m: vl.LoadedModel, x: torch.Tensor, want: list[torch.Tensor
                 assert got.shape == (2, 2, n, n) and (got.double() - ref).abs().max().item() < TOL
 
 
-def _block_inputs(model: torch.nn.Module, modules: list[torch.nn.Module], run) -> list[tuple[tuple, dict]]:
+def block_inputs(model: torch.nn.Module, modules: list[torch.nn.Module], run) -> list[tuple[tuple, dict]]:
     """Each module's call arguments during ``run()`` (a forward), in call order."""
     seen: list[tuple[tuple, dict]] = []
     hooks = [m.register_forward_pre_hook(lambda _m, a, kw: seen.append((a, kw)), with_kwargs=True) for m in modules]
@@ -66,7 +66,7 @@ def test_bridgetower_tower_on_nn_multiheadattention_is_read_exactly_in_float64()
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(7))
     mhas = [b.attn for b in model.visual.transformer.resblocks]
     want = []
-    for (args, _kw), mha in zip(_block_inputs(model, mhas, lambda: model(x)), mhas):
+    for (args, _kw), mha in zip(block_inputs(model, mhas, lambda: model(x)), mhas):
         h = args[0].double().transpose(0, 1)  # sequence-first [T, B, D]
         w, b = mha.in_proj_weight.double(), mha.in_proj_bias.double()
         q, k = (torch.nn.functional.linear(h, w[i * 128:(i + 1) * 128], b[i * 128:(i + 1) * 128])
@@ -275,14 +275,15 @@ def _row_major_from_merge_blocks(grid: tuple[int, int]) -> list[int]:
     return [((r // 2) * (gw // 2) + c // 2) * 4 + (r % 2) * 2 + c % 2 for r in range(gh) for c in range(gw)]
 
 
-def _qwen3vl_float64(model: torch.nn.Module, run, rotate=None) -> list[torch.Tensor]:
-    """Each block's attention in float64 from its own input, image by image (its ``cu_seqlens``), model order: q, k
-    from its ``qkv`` and its modeling module's own ``apply_rotary_pos_emb_vision`` (``rotate``; Qwen3-VL's)."""
+def qwen_vl_float64(model: torch.nn.Module, run, rotate=None) -> list[torch.Tensor]:
+    """Each block's attention of a Qwen-VL-style tower (Qwen2-VL, Qwen3-VL, GLM-4.1V) in float64 from its own input,
+    image by image (its ``cu_seqlens``), model order: q, k from its ``qkv`` and its modeling module's own
+    ``apply_rotary_pos_emb_vision`` (``rotate``; Qwen3-VL's)."""
     from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
 
     apply_rotary_pos_emb_vision = rotate or apply_rotary_pos_emb_vision
     maps = []
-    for block, (args, kw) in zip(model.blocks, _block_inputs(model, [b.attn for b in model.blocks], run)):
+    for block, (args, kw) in zip(model.blocks, block_inputs(model, [b.attn for b in model.blocks], run)):
         attn, hidden = block.attn, args[0].double()
         w = attn.qkv.weight.double()
         b = attn.qkv.bias.double() if attn.qkv.bias is not None else None
@@ -305,7 +306,7 @@ def test_qwen3vl_at_a_non_square_size_is_read_exact_in_its_merge_block_order(loa
     assert m.spec.grid == ((4, 6) if loaded_at else (4, 4))
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(5))
     order = _row_major_from_merge_blocks((4, 6))
-    want = [a[..., order, :][..., order] for a in _qwen3vl_float64(model, lambda: m.forward(x))]
+    want = [a[..., order, :][..., order] for a in qwen_vl_float64(model, lambda: m.forward(x))]
     assert max(a.max().item() for a in want) > 0.5
     assert len(want) == 2
     _assert_captured(m, x, want, 24)
@@ -340,7 +341,7 @@ def test_glm4v_packed_tower_is_read_from_what_it_declares_exact_in_float64(size)
     x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(5))
     order = _row_major_from_merge_blocks(grid)
     want = [a[..., order, :][..., order]
-            for a in _qwen3vl_float64(model, lambda: m.forward(x), apply_rotary_pos_emb_vision)]
+            for a in qwen_vl_float64(model, lambda: m.forward(x), apply_rotary_pos_emb_vision)]
     assert max(a.max().item() for a in want) > 0.5
     n = grid[0] * grid[1]
     assert len(want) == 2
@@ -366,7 +367,7 @@ def _kimi_float64(model: torch.nn.Module, run) -> list[torch.Tensor]:
 
     attns = [layer.self_attn if hasattr(layer, "self_attn") else layer.attn for layer in model.layers]
     maps = []
-    for attn, (args, kw) in zip(attns, _block_inputs(model, attns, run)):
+    for attn, (args, kw) in zip(attns, block_inputs(model, attns, run)):
         hidden = (args[0] if args else kw["hidden_states"]).double()
         cos, sin = (t.double().unsqueeze(-2) for t in kw["position_embeddings"])
         q, k = (torch.nn.functional.linear(hidden, p.weight.double(), p.bias.double()).reshape(-1, attn.num_heads,
@@ -477,7 +478,7 @@ def test_a_packed_tower_written_here_is_read_from_what_it_declares_exact_in_floa
     assert (m.spec.family, m.spec.grid, m.spec.num_prefix_tokens) == ("generic", (4, 6), 0)
     x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(5))
     want = []
-    for block, (args, _kw) in zip(model.blocks, _block_inputs(model, [b.attn for b in model.blocks],
+    for block, (args, _kw) in zip(model.blocks, block_inputs(model, [b.attn for b in model.blocks],
                                                                lambda: m.forward(x))):
         attn, h = block.attn, args[0].double()
         q, k, _ = torch.nn.functional.linear(h, attn.qkv.weight.double(), attn.qkv.bias.double()) \
@@ -516,7 +517,7 @@ def _stacked_reference(kind: str, build, x: torch.Tensor, patch: int) -> list[to
                     .reshape(h.shape[0], mod.num_heads, -1).transpose(0, 1) for lin in (mod.q_proj, mod.k_proj))
             return torch.stack([torch.softmax(q[:, s:e] @ k[:, s:e].transpose(-1, -2) * mod.scaling, -1)
                                 for s, e in zip(bounds[:-1], bounds[1:])])
-        return [softmaxes(mod, kw) for mod, (_a, kw) in zip(attns, _block_inputs(eager, attns,
+        return [softmaxes(mod, kw) for mod, (_a, kw) in zip(attns, block_inputs(eager, attns,
                                                                                  lambda: eager(**inputs)))]
     weights: list[torch.Tensor] = []  # each layer's eager softmax: one [1, H, n, n] per image (its own call each)
     hooks = [mod.register_forward_hook(lambda _m, _a, out: weights.append(torch.cat(list(out[1]), 0)))

@@ -14,6 +14,7 @@ import vitlens as vl
 from vitlens.families.common.patches import patch_embedding
 
 from test_generic_capture import numpy_distance, numpy_rollout
+from test_any_vit_round3b import qwen_vl_float64
 from test_generic_layouts import eager_twin, images
 
 TOL = 1e-5
@@ -142,29 +143,10 @@ def qwen3vl():
 
 
 def _qwen3vl_reference(model: nn.Module, m: "vl.LoadedModel", x: torch.Tensor) -> list[torch.Tensor]:
-    """Each block's attention written out from its own input: q, k from its ``qkv`` and transformers' own
-    ``apply_rotary_pos_emb_vision``, softmax(q k^T * scaling) within each image's tokens (its ``cu_seqlens``), the
-    batch's images stacked, in the model's own (2x2 merge-block) token order."""
-    from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
-
-    seen: list[tuple] = []
-    handles = [b.attn.register_forward_pre_hook(lambda _m, a, kw: seen.append((a[0], kw)), with_kwargs=True)
-               for b in model.blocks]
-    try:
-        with torch.no_grad():
-            m.forward(x)
-    finally:
-        for h in handles:
-            h.remove()
-    maps = []
-    for block, (hidden, kw) in zip(model.blocks, seen):
-        attn = block.attn
-        q, k, _ = attn.qkv(hidden).reshape(hidden.shape[0], 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-        q, k = apply_rotary_pos_emb_vision(q, k, *kw["position_embeddings"])
-        bounds = kw["cu_seqlens"].tolist()
-        maps.append(torch.stack([torch.softmax(torch.einsum("qhd,khd->hqk", q[s:e], k[s:e]) * attn.scaling, -1)
-                                 for s, e in zip(bounds[:-1], bounds[1:])]))
-    return maps
+    """Each block's attention written out from its own input (``qwen_vl_float64``: Qwen3-VL's own rotation,
+    softmax(q k^T * scaling) within each image's ``cu_seqlens`` tokens), in the model's own (2x2 merge-block) token
+    order."""
+    return qwen_vl_float64(model, lambda: m.forward(x))
 
 
 def test_qwen3vl_merge_block_order_exact_against_its_own_attention(qwen3vl):
