@@ -35,7 +35,7 @@ def probes_figure(result: LinearProbeResult) -> go.Figure:
     fig.update_yaxes(title="held-out accuracy", range=[0, 1.02], tickformat=".0%")
     fig.update_layout(title=f"Linear probes by block<br><sup>{result.model_name}: logistic regression, "
                             f"{counted(result.n_train, 'image')} to fit, {result.n_test} held out, "
-                            f"{counted(result.n_classes, 'class')}</sup>",
+                            f"{counted(result.n_classes, 'class', 'classes')}</sup>",
                       height=420, margin=dict(l=10, r=10, t=70, b=10))
     return fig
 
@@ -57,6 +57,8 @@ def sae_training_figure(result: SAETrainingResult) -> go.Figure:
         fig.add_trace(go.Scatter(x=result.tokens, y=values, mode="lines", showlegend=False,
                                  hovertemplate=f"%{{x}} tokens: %{{y:{fmt}}}<extra></extra>"), row=1, col=col)
         fig.update_xaxes(title="tokens seen", row=1, col=col)
+    # a share: drawn from 0 to 100% (plotly centres a flat line at 0 on -1..1, a negative share of features)
+    fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=3)
     c = result.config
     fig.update_layout(title=f"SAE training<br><sup>{c['kind']} SAE of {c['n_features']} features at {c['site']} of "
                             f"{result.model_name}</sup>", height=360, margin=dict(l=10, r=10, t=80, b=10))
