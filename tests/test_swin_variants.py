@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import vitlens as vl
+from vitlens.views.distance import FLOAT32_RTOL
 from vitlens.views.windowed import WindowedDistanceResult
 from test_swin import (assert_distance_is_a_dense_float64_computation,
                        assert_rollout_is_a_brute_force_dense_composition, hand_windows, images)
@@ -460,7 +461,7 @@ def _uniform(variant: str) -> nn.Module:
 @pytest.mark.parametrize("variant", ["timm-swinv2", "timm-swinv2-cr", "hf-swin", "hf-swinv2"])
 def test_known_answer_uniform_attention_fills_its_window(variant):
     got = vl.attention_distance(load(_uniform(variant)), images(2))
-    np.testing.assert_allclose(np.nan_to_num(got.of_window, nan=1.0), 1.0, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(np.nan_to_num(got.of_window, nan=1.0), 1.0, rtol=0, atol=FLOAT32_RTOL)
 
 
 def test_known_answer_hf_swin_attention_on_itself_is_at_zero():

@@ -230,8 +230,8 @@ def per_query_distance(attn: torch.Tensor, distances: torch.Tensor, num_prefix_t
     for q0 in range(0, q, step):
         s = min(step, q - q0)
         block = rows[:, q0:q0 + s]
-        _key_block_sums(torch.mul(block, d[q0:q0 + s], out=scratch[:, :s]), sums[0, :, q0:q0 + s])
-        _key_block_sums(block, sums[1, :, q0:q0 + s])
+        sum_by_key_blocks(torch.mul(block, d[q0:q0 + s], out=scratch[:, :s]), sums[0, :, q0:q0 + s])
+        sum_by_key_blocks(block, sums[1, :, q0:q0 + s])
     return distance_from_sums(sums, renormalize, q, b, h)
 
 
@@ -256,9 +256,10 @@ def distance_from_sums(sums: torch.Tensor, renormalize: bool, q: int, b: int, h:
     return per_query.transpose(0, 1).reshape(q, b, h)
 
 
-def _key_block_sums(x: torch.Tensor, out: torch.Tensor) -> None:
-    """``out`` [BH, s] (float64) = sums over the last axis of ``x`` [BH, s, N]: in ``x``'s dtype over blocks
-    of ``KEY_BLOCK`` keys, the block sums (and a shorter last block) added in float64."""
+def sum_by_key_blocks(x: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` [...] (float64) = sums over the last axis of ``x`` [..., N]: in ``x``'s dtype over blocks
+    of ``KEY_BLOCK`` keys, the block sums (and a shorter last block) added in float64 (``FLOAT32_RTOL``'s rule;
+    the windowed distance's too, ``vitlens.views.windowed``)."""
     n = x.shape[-1]
     whole = n - n % KEY_BLOCK
     if whole:

@@ -24,6 +24,7 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ from ..engine.stream import model_name
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..results import Result
 from ..words import counted
-from .distance import LOCAL_OF_UNIFORM
+from .distance import LOCAL_OF_UNIFORM, sum_by_key_blocks
 from .moments import ClassMoments, add_samples, merge_moments
 
 if TYPE_CHECKING:  # for the annotations only, as in rollout.py
@@ -84,6 +85,32 @@ def _distances(g: WindowGeometry, centres: np.ndarray) -> tuple[torch.Tensor, to
     uniform = float(per_query[q_valid].mean())
     return (torch.from_numpy(d), torch.from_numpy(q_valid.astype(np.float64)),
             torch.from_numpy(k_valid.astype(np.float64)), uniform)
+
+
+#: the windowed distance's tables of the last models read (``_shared_tables``): call after call on one model shares them
+_TABLES: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]] = {}
+_TABLES_KEPT = 64
+
+
+def _shared_tables(windows: list[WindowGeometry], centres: dict[int, np.ndarray]
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]:
+    """``_distances`` of every block: one table for the blocks of the same windows (a SAM's global blocks share one
+    [1, 4096, 4096] table at 1024 px, not one each), kept for the calls after (the last ``_TABLES_KEPT`` distinct
+    windows a process read: the tables are only ever read; made again, they cost a Swin-B at 768 px 0.6 s a call)."""
+    out = []
+    for g in windows:
+        digest = hashlib.sha256()
+        for a in (np.asarray(g.stage), g.index, g.keys, g.allowed, centres[g.stage],
+                  np.asarray([]) if g.key_centres is None else g.key_centres):
+            digest.update(str((a.dtype, a.shape)).encode())
+            digest.update(np.ascontiguousarray(a).tobytes())
+        key = digest.hexdigest()
+        if key not in _TABLES:
+            while len(_TABLES) >= _TABLES_KEPT:
+                del _TABLES[next(iter(_TABLES))]  # the oldest first
+            _TABLES[key] = _distances(g, centres[g.stage])
+        out.append(_TABLES[key])
+    return out
 
 
 @dataclass(eq=False, repr=False)
@@ -180,9 +207,53 @@ class WindowedDistanceResult(Result):
                                       self.query_grids, self.key_grids)
 
 
-#: float64 elements of window maps reduced at once by the windowed distance (a global block of a 1024 px SAM,
+#: float32 products of window maps made at once by the windowed distance (a global block of a 1024 px SAM,
 #: [B, 1, heads, 4096, 4096], is reduced a block of queries at a time: memory bounded, the same numbers)
-REDUCE_ELEMENTS = 1 << 24
+REDUCE_ELEMENTS = 1 << 21
+
+
+def window_distance_sums(p: torch.Tensor, d: torch.Tensor, real_keys: torch.Tensor | None, pad_queries: torch.Tensor,
+                         renormalize: bool, out: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """Each window query's attention distance, by ``FLOAT32_RTOL``'s rule (the ViT's, ``per_query_distance``): the
+    products A[q, k] d(q, k) in float32 (float64 for float64 maps), summed over blocks of ``KEY_BLOCK`` keys and
+    the block sums added in float64; the mass over the real keys alike; one divided by the other (``renormalize``).
+
+    Args:
+        p: [B, windows, heads, q, Nk] probabilities of ``q`` queries of each window (float32 or float64; half
+            precision is widened to float32).
+        d: [windows, q, Nk] the queries' distances in pixels in ``p``'s compute dtype, 0 at padding keys.
+        real_keys: [windows, Nk] 1.0 at real keys, 0.0 at padding (None: every key is real).
+        pad_queries: [windows, q] float64, 1.0 at padding queries: their mass is shifted by 1 so that a padding
+            query whose mask leaves it only padding keys gives no 0 / 0 (it does not count in the mean).
+        renormalize: divide by the mass over the real keys.
+        out: [B, windows, heads, q] float64, written.
+        scratch: memory for the products, kept by the caller (None, too small or of another dtype: made here).
+
+    Returns:
+        The scratch used (the caller keeps it for its next call).
+    """
+    if p.dtype not in (torch.float32, torch.float64):
+        p = p.float()
+    b, w, h, q, nk = p.shape
+    step = max(1, min(q, REDUCE_ELEMENTS // max(1, b * w * h * nk)))
+    need = b * w * h * step * nk
+    if scratch is None or scratch.dtype != p.dtype or scratch.device != p.device or scratch.numel() < need:
+        scratch = torch.empty(max(need, REDUCE_ELEMENTS), dtype=p.dtype, device=p.device)
+    mass = torch.empty(b, w, h, step, dtype=torch.float64, device=p.device) if renormalize else None
+    for q0 in range(0, q, step):  # a block of queries at a time: the products' memory bounded
+        s = min(step, q - q0)
+        chunk = p[:, :, :, q0:q0 + s]
+        prod = scratch[:b * w * h * s * nk].view(b, w, h, s, nk)
+        sum_by_key_blocks(torch.mul(chunk, d[None, :, None, q0:q0 + s], out=prod), out[..., q0:q0 + s])
+        if mass is None:
+            continue
+        m = mass[..., :s]
+        if real_keys is None:
+            sum_by_key_blocks(chunk, m)
+        else:  # times 1.0 or 0.0: exact, so the mass over the real keys carries the same rounding as the sum
+            sum_by_key_blocks(torch.mul(chunk, real_keys[None, :, None, None, :], out=prod), m)
+        out[..., q0:q0 + s] /= m + pad_queries[None, :, None, q0:q0 + s]
+    return scratch
 
 
 class WindowedDistanceAccumulator(AttentionConsumer):
@@ -203,7 +274,7 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         self._tables = []
         if windows is not None:
             centres = stage_centres(windows)
-            self._tables = [_distances(g, centres[g.stage]) for g in windows]
+            self._tables = _shared_tables(windows, centres)
             self.stages = np.array([g.stage for g in windows])
             self.kinds = tuple(g.kind for g in windows)
             self.stride_px = np.array([g.stride_px for g in windows])
@@ -215,6 +286,9 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         self.classes = ClassMoments(0, (), shape)
         self._batch: np.ndarray | None = None
         self._labels: np.ndarray | None = None
+        self._per_query: torch.Tensor | None = None  # a block's per-query distances while its rows come
+        self._scratch: torch.Tensor | None = None  # the products' memory, kept from block to block
+        self._on_device: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
 
     @classmethod
     def for_model(cls, m: LoadedModel, renormalize: bool = True) -> "WindowedDistanceAccumulator":
@@ -236,30 +310,43 @@ class WindowedDistanceAccumulator(AttentionConsumer):
         self._labels = batch.labels
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
-        if rows is not None:
-            raise InvalidParameterError("The windowed distance reads whole window maps, not blocks of query rows.")
+        """A block's window maps [B * windows, heads, Nq, Nk], or a block of each window's query rows (``rows``: the
+        queries it holds, in order; the layer's mean is taken at its last rows)."""
         if self.windows is None or self._batch is None:
             raise RuntimeError("The windowed distance reads attention between begin_batch and end_batch.")
-        d, real, real_keys, _uniform = self._tables[layer]
         g = self.windows[layer]
-        b = self._batch.shape[0]
-        p = attn.detach().reshape(b, g.num_windows, attn.shape[1], g.window_tokens, g.key_tokens)
-        d, real, real_keys = d.to(p.device), real.to(p.device), real_keys.to(p.device)
-        per_query = torch.empty(p.shape[:4], dtype=torch.float64, device=p.device)
-        step = max(1, REDUCE_ELEMENTS // max(1, b * g.num_windows * attn.shape[1] * g.key_tokens))
-        for q0 in range(0, g.window_tokens, step):  # a block of queries at a time, in float64
-            q = slice(q0, q0 + step)
-            chunk = p[:, :, :, q].to(torch.float64)
-            num = torch.einsum("bwhqk,wqk->bwhq", chunk, d[:, q])  # d is 0 at padding keys
-            if self.renormalize:  # a padding query's weight on the real keys can be 0 (its mask leaves it only
-                # padding keys): it does not count, but 0 / 0 there would make the mean over the real queries NaN,
-                # so its denominator is shifted by 1 (a real query's is left as it is)
-                den = torch.einsum("bwhqk,wk->bwhq", chunk, real_keys) + (1.0 - real[:, q])[None, :, None, :]
-                per_query[:, :, :, q] = num / den
-            else:
-                per_query[:, :, :, q] = num
+        start, stop = (0, g.window_tokens) if rows is None else (int(rows.start or 0), int(rows.stop))
+        if stop - start != attn.shape[-2] or not 0 <= start < stop <= g.window_tokens:
+            raise InvalidParameterError(f"Rows {start}:{stop} do not match a block of {attn.shape[-2]} queries of "
+                                        f"windows of {g.window_tokens} queries.")
+        b, heads = self._batch.shape[0], attn.shape[1]
+        p = attn.detach().reshape(b, g.num_windows, heads, stop - start, g.key_tokens)
+        if start == 0:
+            self._per_query = torch.empty(b, g.num_windows, heads, g.window_tokens, dtype=torch.float64,
+                                          device=p.device)
+        elif self._per_query is None or self._per_query.shape != (b, g.num_windows, heads, g.window_tokens):
+            raise RuntimeError(f"The windowed distance got rows {start}:{stop} of block {layer} before its first.")
+        d, real, real_keys = self._device_tables(layer, p.dtype, p.device)
+        self._scratch = window_distance_sums(p, d[:, start:stop], real_keys, (1.0 - real[:, start:stop]),
+                                             self.renormalize, self._per_query[..., start:stop], self._scratch)
+        if stop < g.window_tokens:
+            return
+        per_query, self._per_query = self._per_query, None
         mean = torch.einsum("bwhq,wq->bh", per_query, real) / real.sum()  # over the real queries
-        self._batch[:, layer, : attn.shape[1]] = mean.cpu().numpy()
+        self._batch[:, layer, :heads] = mean.cpu().numpy()
+
+    def _device_tables(self, layer: int, dtype: torch.dtype, device: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(the layer's distances in the products' dtype, float32 or float64, its real queries and its real keys
+        (None where every key is real), float64) on ``device``, made once per table, dtype and device."""
+        d, real, real_keys, _uniform = self._tables[layer]
+        dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        key = (id(d), dtype, str(device))
+        if key not in self._on_device:
+            keys = None if bool((real_keys > 0).all()) else real_keys.to(device=device, dtype=dtype)
+            # the distances rounded once to float32 (``FLOAT32_RTOL`` counts that rounding)
+            self._on_device[key] = (d.to(device=device, dtype=dtype), real.to(device), keys)
+        return self._on_device[key]
 
     def batch_values(self) -> np.ndarray:
         """[B, L, H] the batch's per-image distances so far (NaN: a head a block does not have), before
