@@ -22,11 +22,11 @@ the probabilities (distance's and rollout's ``on_attention``; the windowed ones'
 the repetitions; phases nest (the consumers read inside the attention of an inline capture), so they do not add up
 to the total, and the table says what each contains.
 
-Where the views fuse their sums into the softmax pass (a ViT from 1,024 tokens: the native kernel), that pass is
-split apart by timing it alone on one layer's real blocks (``pass_split``): the softmax alone, with distance's sums,
-with rollout's head mean too; the increments are the distance sums' and the head mean's cost, times the layers and
-forwards of a call. Below 1,024 tokens the views read the probabilities after an ATen softmax, and the same split
-times those eager steps.
+Where the views fuse their sums into the softmax pass (a ViT from ``COMPILE_MIN_TOKENS`` = 192 tokens: the native
+kernel), that pass is split apart by timing it alone on one layer's real blocks (``pass_split``): the softmax alone,
+with distance's sums, with rollout's head mean too; the increments are the distance sums' and the head mean's cost,
+times the layers and forwards of a call. Below it the views read the probabilities after an ATen softmax, and the
+same split times those eager steps.
 
 Each phase has the least memory traffic it needs (``least_bytes``) from S, the bytes of float32 probabilities the
 consumers were handed in the call (counted by the clock), the heads H, and how rollout holds its maps: the scores'

@@ -35,7 +35,8 @@ def test_the_padded_stride_rule(monkeypatch):
     monkeypatch.setenv(native.COMPILE_ENV, "0")
     assert A.padded_row_stride(4097, cpu) == 4097
     monkeypatch.setenv(native.COMPILE_ENV, "auto")
-    assert A.padded_row_stride(197, cpu) == 197  # below COMPILE_MIN_TOKENS: contiguous, torch's softmax
+    assert A.padded_row_stride(native.COMPILE_MIN_TOKENS - 1, cpu) == native.COMPILE_MIN_TOKENS - 1  # below it: torch's
+    assert A.padded_row_stride(197, cpu) == 208  # a 224 px /16 ViT: the native pass, aligned rows
     assert A.padded_row_stride(native.COMPILE_MIN_TOKENS + 1, cpu) % A.ROW_ALIGN == 0
 
 

@@ -58,9 +58,12 @@ kernel, which the plain forward runs), as its source documents it (about 2 ulps 
 sqrt(2) times float32's smallest normal number (2^-126) is flushed to 0. The tests' bounds on the probabilities count
 both (``tests/test_native.py``)."""
 
-COMPILE_MIN_TOKENS = 1024
-"""``auto`` uses the kernels for maps of at least this many tokens (above 512 px for a /16 ViT): below it the
-views' passes are a small part of the forward."""
+COMPILE_MIN_TOKENS = 192
+"""``auto`` uses the kernels for maps of at least this many tokens: from the paper's 224 px input of a /16 ViT (197
+tokens) up. Rule: the smallest standard grid where the kernels measured faster end to end (224 px, ViT-B, batch 16:
+the views' call 1.028x the plain forward with its MLP buffers against 1.048x with the eager passes, eight interleaved
+repetitions in one process, docs/performance.md); the tiny grids below it (a /16 model at 112 px and less) keep the
+eager passes, where the views are a small part of the forward either way."""
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 
