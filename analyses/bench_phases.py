@@ -25,15 +25,20 @@ to the total, and the table says what each contains.
 Where the views fuse their sums into the softmax pass (a ViT from ``COMPILE_MIN_TOKENS`` = 192 tokens: the native
 kernel), that pass is split apart by timing it alone on one layer's real blocks (``pass_split``): the softmax alone,
 with distance's sums, with rollout's head mean too; the increments are the distance sums' and the head mean's cost,
-times the layers and forwards of a call. Below it the views read the probabilities after an ATen softmax, and the
-same split times those eager steps.
+times the layers and forwards of a call. Where rollout holds its maps in float16 (one image's float32 maps above
+256 MB: 1024 px on a ViT-B), the native pass writes them itself (``SoftmaxTaps.half_mean``: no float32 map, no
+``store_half``): the split then times that variant too (with rollout's float16 mean), and the head mean's share is
+that variant's increment, the float16 store included; the store phase is what ``store_half`` still takes (rows the
+kernel refused). Below ``COMPILE_MIN_TOKENS`` the views read the probabilities after an ATen softmax, and the same
+split times those eager steps.
 
 Each phase has the least memory traffic it needs (``least_bytes``) from S, the bytes of float32 probabilities the
 consumers were handed in the call (counted by the clock), the heads H, and how rollout holds its maps: the scores'
 product writes S, the softmax pass reads and writes S, P v reads S, distance's sums read S where they are a pass of
 their own and only the grid's distance rows where fused into the softmax's pass, rollout's head mean writes S / H
-(and reads S where not fused), its float16 store reads S / H in float32 and writes half of it, its chain reads the
-kept maps once. A phase's bound is those bytes at the measured bandwidth; ``x bound`` is its time over that.
+(and reads S where not fused; S / 2H where the pass writes it in float16), its float16 store reads S / H in float32
+and writes half of it (nothing where the pass writes the float16 maps), its chain reads the kept maps once. A
+phase's bound is those bytes at the measured bandwidth; ``x bound`` is its time over that.
 """
 from __future__ import annotations
 
@@ -56,8 +61,10 @@ PHASES = {
     "qk_product": "the scores' product q k^T (a ViT's inline capture by rows)",
     "softmax_pass": "the softmax pass over the scores (its share of the native pass with the taps, where fused)",
     "distance_sums": "attention distance's sums (their share of the fused pass, or the consumer's own reading)",
-    "head_mean": "rollout's mean over heads (its share of the fused pass, or the consumer's own reading)",
-    "rollout_store": "rollout's float16 store of each layer's map (where one image's maps exceed 256 MB)",
+    "head_mean": "rollout's mean over heads (its share of the fused pass, with the float16 store where the pass "
+                 "writes it, or the consumer's own reading)",
+    "rollout_store": "rollout's float16 store of each layer's map (where one image's maps exceed 256 MB) as a pass of "
+                     "its own (store_half)",
     "consumers_other": "the consumers' calls besides (the fused taps' results read, rows kept)",
     "pv_product_and_copies": "P v, the keys' and values' copies and the output's (the rest of the attention)",
     "scores_softmax_again": "side capture: the probabilities made a second time beside the forward's fused call",
@@ -89,10 +96,11 @@ class PhaseClock:
     def __init__(self) -> None:
         self.spent: dict[str, float] = {}
         self.fused_passes = 0  # softmax passes the native kernel made (its taps filled)
+        self.half_passes = 0  # of those, passes that wrote rollout's float16 maps (SoftmaxTaps.half_mean)
         self.probs_bytes = 0
 
     def reset(self) -> None:
-        self.spent, self.fused_passes, self.probs_bytes = {}, 0, 0
+        self.spent, self.fused_passes, self.half_passes, self.probs_bytes = {}, 0, 0, 0
 
     def timed(self, fn: Callable, key: str, count_probs: bool = False, count_fused: bool = False) -> Callable:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -104,8 +112,9 @@ class PhaseClock:
                 out = fn(*args, **kwargs)
             finally:
                 self.spent[key] = self.spent.get(key, 0.0) + time.perf_counter() - start
-            if count_fused and out:
+            if count_fused and out:  # softmax_taps(scores, taps)
                 self.fused_passes += 1
+                self.half_passes += getattr(args[1], "half_mean", None) is not None
             return out
         return wrapper
 
@@ -149,8 +158,10 @@ class PhaseClock:
 def pass_split(m: Any, batch: int, reps: int) -> dict[str, Any] | None:
     """The softmax pass of one layer, as the views' capture runs it for a timm ViT (its row blocks, the images per
     forward, the padded row stride), timed alone: softmax only, with distance's sums, with rollout's head mean too
-    (the native kernel where it runs, else ATen's softmax then the eager sums and mean); seconds per layer and
-    forward, the median of ``reps``. None for a model whose views do not run this path."""
+    (the native kernel where it runs, else ATen's softmax then the eager sums and mean), and, where the kernel runs
+    and rollout holds the maps in float16, with the head mean written in float16 into a [B, T, T] store as the views'
+    pass writes it (``half_mean``); seconds per layer and forward, the median of ``reps``. None for a model whose
+    views do not run this path."""
     import torch
 
     from vitlens.core.attention import padded_row_stride
@@ -159,6 +170,7 @@ def pass_split(m: Any, batch: int, reps: int) -> dict[str, Any] | None:
     from vitlens.views.distance import KEY_BLOCK, per_query_distance, whole_distances
     from vitlens.views.rollout import RolloutAccumulator
     from vitlens.views.rollout_math import fuse
+    from vitlens.views.rollout_store import HALF_SCALE, storage_for
 
     s = m.spec
     if m.family.name != "timm-vit" or not m.family.abilities(m.model).inline_rows:
@@ -173,8 +185,10 @@ def pass_split(m: Any, batch: int, reps: int) -> dict[str, Any] | None:
     distances = whole_distances(s.grid, s.stride_px, torch.device("cpu"))
     mean = torch.empty(sub, t, t)
     native = compiled_wanted(torch.device("cpu"), t)
+    half = native and storage_for("auto", s.num_layers - 1, t) == "float16"  # the views' pass writes float16 maps
+    store = torch.empty(sub, t, t, dtype=torch.float16) if half else None
 
-    def one_layer(distance: bool, head_mean: bool) -> float:
+    def one_layer(distance: bool, head_mean: bool, in_half: bool = False) -> float:
         start_t = time.perf_counter()
         for start in range(0, t, rows):
             r = min(t, start + rows) - start
@@ -183,7 +197,9 @@ def pass_split(m: Any, batch: int, reps: int) -> dict[str, Any] | None:
             taps = SoftmaxTaps(distances=distances[q0 - p:start + r - p].contiguous() if distance else None,
                                first=q0 - start, prefix=p, key_block=KEY_BLOCK,
                                sums=torch.empty(2, sub * h, start + r - q0, dtype=torch.float64) if distance else None,
-                               mean=mean[:, start:start + r] if head_mean else None)
+                               mean=mean[:, start:start + r] if head_mean and not in_half else None,
+                               half_mean=store[:, start:start + r] if in_half and store is not None else None,
+                               half_scale=HALF_SCALE)
             if not softmax_taps(block, taps):
                 torch.softmax(block, dim=-1, out=block)
                 if distance:
@@ -192,41 +208,51 @@ def pass_split(m: Any, batch: int, reps: int) -> dict[str, Any] | None:
                     fuse(block, "mean", out=mean[:, start:start + r])
         return time.perf_counter() - start_t
 
-    variants = {"softmax": (False, False), "softmax_distance": (True, False), "softmax_distance_mean": (True, True)}
-    for d, hm in variants.values():  # warm-up (the kernels' load, the pages)
-        one_layer(d, hm)
+    variants = {"softmax": (False, False, False), "softmax_distance": (True, False, False),
+                "softmax_distance_mean": (True, True, False)}
+    if half:
+        variants["softmax_distance_half_mean"] = (True, True, True)
+    for how in variants.values():  # warm-up (the kernels' load, the pages)
+        one_layer(*how)
     runs: dict[str, list[float]] = {k: [] for k in variants}
     for i in range(reps):
         for k in (list(variants) if i % 2 == 0 else list(variants)[::-1]):
             runs[k].append(one_layer(*variants[k]))
     med = {k: statistics.median(v) for k, v in runs.items()}
-    return {"native": native, "images_per_forward": sub, "query_rows": rows, "row_stride": ld,
-            "seconds_per_layer_forward": {k: round(v, 5) for k, v in med.items()},
-            "distance_sums": round(med["softmax_distance"] - med["softmax"], 5),
-            "head_mean": round(med["softmax_distance_mean"] - med["softmax_distance"], 5)}
+    out = {"native": native, "images_per_forward": sub, "query_rows": rows, "row_stride": ld,
+           "seconds_per_layer_forward": {k: round(v, 5) for k, v in med.items()},
+           "distance_sums": round(med["softmax_distance"] - med["softmax"], 5),
+           "head_mean": round(med["softmax_distance_mean"] - med["softmax_distance"], 5)}
+    if half:
+        out["head_mean_half"] = round(med["softmax_distance_half_mean"] - med["softmax_distance"], 5)
+    return out
 
 
 def least_bytes(phase: str, probs: int, heads: int, fused: bool, kept_fraction: float, half: bool,
-                distance_rows: int) -> int | None:
+                distance_rows: int, half_in_pass: bool = False) -> int | None:
     """The least bytes ``phase`` must read and write in one call (the module docstring's rules): ``probs`` float32
     bytes of probabilities handed to the consumers, ``heads``, whether the views' reading is fused into the softmax
-    pass, the fraction of the layers' maps rollout keeps for its chain, whether it keeps them in float16, and the
-    bytes of the grid's distance rows the fused sums read. None: no bound stated (a phase of compute)."""
+    pass, the fraction of the layers' maps rollout keeps for its chain, whether it keeps them in float16 (and
+    whether the softmax pass writes them so), and the bytes of the grid's distance rows the fused sums read. None: no
+    bound stated (a phase of compute)."""
     mean = probs // heads
     return {
         "qk_product": probs,
         "softmax_pass": 2 * probs,
         "pv_product_and_copies": probs,
         "distance_sums": distance_rows if fused else probs,
-        "head_mean": mean if fused else probs + mean,
+        "head_mean": (mean // 2 if half_in_pass else mean) if fused else probs + mean,
         "scores_softmax_again": 3 * probs,
-        "rollout_store": int(mean * kept_fraction * 1.5) if half else 0,
+        "rollout_store": int(mean * kept_fraction * 1.5) if half and not half_in_pass else 0,
         "rollout_chain": int(mean * kept_fraction * (0.5 if half else 1.0)),
     }.get(phase)
 
 
-def breakdown(spent: dict[str, float], split: dict | None, layers: int, forwards: int) -> dict[str, float]:
-    """The views' phases (seconds a call) from the clock's nested ones and the pass's split (``pass_split``)."""
+def breakdown(spent: dict[str, float], split: dict | None, layers: int, forwards: int,
+              half_in_pass: bool = False) -> dict[str, float]:
+    """The views' phases (seconds a call) from the clock's nested ones and the pass's split (``pass_split``);
+    ``half_in_pass``: the call's softmax passes wrote rollout's float16 maps (the head mean's share is then that
+    variant's, the float16 store included)."""
     g = spent.get
     out: dict[str, float] = {}
     if "attention_rows" in spent:  # a timm ViT's inline capture by rows
@@ -235,9 +261,10 @@ def breakdown(spent: dict[str, float], split: dict | None, layers: int, forwards
         if split is not None and split["native"]:
             out["softmax_pass"] = g("softmax_pass", 0.0)
             per = split["seconds_per_layer_forward"]
-            share = max(per["softmax_distance_mean"], 1e-12)
+            in_half = half_in_pass and "head_mean_half" in split
+            share = max(per["softmax_distance_half_mean" if in_half else "softmax_distance_mean"], 1e-12)
             out["distance_sums"] = out["softmax_pass"] * split["distance_sums"] / share
-            out["head_mean"] = out["softmax_pass"] * split["head_mean"] / share
+            out["head_mean"] = out["softmax_pass"] * split["head_mean_half" if in_half else "head_mean"] / share
             out["softmax_pass"] -= out["distance_sums"] + out["head_mean"]
             out["qk_product"] = g("scores_softmax", 0.0) - g("softmax_pass", 0.0)
             out["rollout_store"] = g("rollout_store", 0.0)
@@ -296,7 +323,7 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
     clock = PhaseClock()
     seconds: dict[str, list[float]] = {k: [] for k in rows}
     phases: dict[str, list[dict[str, float]]] = {k: [] for k in rows}
-    probs_bytes = fused = 0
+    probs_bytes = fused = half_passes = 0
     for fn in rows.values():  # warm-up: the first call's costs (kernels' load, the distance matrix)
         fn()
     for i in range(reps):
@@ -308,7 +335,7 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
                 seconds[k].append(time.perf_counter() - t0)
             phases[k].append(dict(clock.spent))
             if k == "views":
-                probs_bytes, fused = clock.probs_bytes, clock.fused_passes
+                probs_bytes, fused, half_passes = clock.probs_bytes, clock.fused_passes, clock.half_passes
     split = pass_split(m, batch, max(3, reps)) if vit else None
     s = m.spec
     t = s.num_tokens()
@@ -324,11 +351,11 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
         distance_rows = layers * forwards * n * n * 4
     med = {k: {key: statistics.median(p.get(key, 0.0) for p in phases[k]) for key in set().union(*phases[k])}
            for k in rows}
-    parts = breakdown(med["views"], split, layers, forwards)
+    parts = breakdown(med["views"], split, layers, forwards, half_passes > 0)
     heads = s.num_heads
     table = []
     for phase, sec in parts.items():
-        need = least_bytes(phase, probs_bytes, heads, fused > 0, kept_fraction, half, distance_rows)
+        need = least_bytes(phase, probs_bytes, heads, fused > 0, kept_fraction, half, distance_rows, half_passes > 0)
         bound = None if need is None else need / (bandwidth * 1e9)
         table.append({"phase": phase, "seconds": round(sec, 6), "least_bytes": need,
                       "bound_seconds": None if bound is None else round(bound, 4),
@@ -351,7 +378,8 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
             "ratio_spread": [round(min(ratios), 3), round(max(ratios), 3)],
             "base_phases": {k: round(v, 6) for k, v in med[base_name].items()},
             "views_clock": {k: round(v, 6) for k, v in med["views"].items()},
-            "probs_bytes": probs_bytes, "fused_passes": fused, "forwards_per_call": forwards,
+            "probs_bytes": probs_bytes, "fused_passes": fused, "half_passes": half_passes,
+            "forwards_per_call": forwards,
             "rollout_maps": "float16" if half else "float32", "pass_split": split, "phases": table}
 
 

@@ -72,6 +72,31 @@ def test_the_phase_table_splits_the_views_call_into_phases_that_nest_within_it(p
     assert "vit_tiny_patch16_224 at 64 px" in phases.format_table(r)
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler (g++) to build the kernels")
+def test_where_the_softmax_pass_writes_rollouts_float16_maps_the_store_is_its_share(phases, monkeypatch):
+    """Float16 maps at 17 tokens (``HALF_ABOVE_MB`` set to 0: the rule of 1024 px on a ViT-B), the native pass: the
+    views' passes write the float16 maps (no ``store_half``), the split times that variant, and the head mean's share
+    is its increment, the store included; the store as a pass of its own needs no bytes and took none."""
+    import vitlens.views.rollout_store as rollout_store
+
+    monkeypatch.setenv("VITLENS_COMPILE", "1")
+    monkeypatch.setattr(rollout_store, "HALF_ABOVE_MB", 0.0)
+    r = phases.run("vit_tiny_patch16_224", 64, 2, 1, depth=2)
+    assert r["rollout_maps"] == "float16" and r["half_passes"] > 0 and r["half_passes"] <= r["fused_passes"]
+    split = r["pass_split"]
+    assert split["native"] and "head_mean_half" in split
+    assert split["seconds_per_layer_forward"]["softmax_distance_half_mean"] > 0
+    rows = _by_phase(r)
+    assert rows["rollout_store"]["seconds"] == 0 and rows["rollout_store"]["least_bytes"] == 0
+    assert "rollout_store" not in r["views_clock"]  # store_half was not called
+    s, heads = r["probs_bytes"], r["heads"]
+    assert rows["head_mean"]["least_bytes"] == s // heads // 2  # the mean written once, in float16
+    per = split["seconds_per_layer_forward"]
+    fused = r["views_clock"]["softmax_pass"]
+    want = fused * split["head_mean_half"] / per["softmax_distance_half_mean"]
+    assert rows["head_mean"]["seconds"] == pytest.approx(want, abs=2e-6)
+
+
 def test_the_phase_table_times_a_windowed_models_side_capture(phases):
     """A 4-block SAM encoder (windows of 3 padded to 9x9, two global blocks) at 56 px: the plain forward is the base,
     the probabilities made a second time beside it and the windowed views' reading are phases of their own."""

@@ -192,3 +192,129 @@ def test_the_storage_travels_with_the_result(small):
     assert merged.map_storage == "float16" and merged.precision == "float16"
     with pytest.raises(vl.InvalidParameterError, match="rollout precision must be one of"):
         vl.analyze(small, x, views=("rollout",), rollout_precision="bfloat16")
+
+
+def _scaled_ties(scaled: torch.Tensor) -> tuple[int, int]:
+    """(entries of ``scaled`` (float32, a map times 2^15) exactly halfway between two float16 neighbours, entries in
+    float16's subnormal range and not 0): the cases where rounding to nearest even decides."""
+    x = scaled.to(torch.float64).flatten()
+    sub = (x > 0) & (x < 2.0 ** -14)
+    half_way_sub = sub & (torch.frac(x * 2.0 ** 24) == 0.5)
+    bits = scaled.flatten().view(torch.int32)
+    half_way_normal = (x >= 2.0 ** -14) & ((bits & 0x1FFF) == 0x1000)
+    return int(half_way_sub.sum() + half_way_normal.sum()), int(sub.sum())
+
+
+@needs_compiler
+def test_the_softmax_pass_writes_store_halfs_float16_numbers_to_the_bit(monkeypatch):
+    """Two images, 3 heads, 300 keys (no whole number of 8 or 16 lanes: the conversion's tail), two row blocks of a
+    padded buffer, query rows from flat to sharp (entries down to float16's subnormals and 0 once scaled): the float16
+    mean the pass writes into a [2, T, T] slot's rows is ``store_half`` of the float32 mean it writes otherwise, bit
+    for bit, ties to even included; asked for both, the float32 mean is the same too."""
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    b, h, t, ld = 2, 3, 300, 320
+    sharp = torch.linspace(0.5, 40.0, t)[None, None, :, None]
+    scores = torch.randn(b, h, t, t, generator=torch.Generator().manual_seed(5)) * sharp
+    got = torch.full((b, t, t), float("nan"), dtype=torch.float16)
+    want = torch.empty(b, t, t, dtype=torch.float16)
+    scaled = torch.empty(b, t, t)
+    for start, stop in ((0, 128), (128, t)):
+        def block(start: int = start, stop: int = stop) -> torch.Tensor:  # a fresh padded copy of the rows
+            buf = torch.empty(b, h, stop - start, ld)
+            buf[..., :t] = scores[:, :, start:stop]
+            return buf[..., :t]
+
+        mean = torch.empty(b, stop - start, t)
+        assert native.softmax_taps(block(), native.SoftmaxTaps(mean=mean))
+        both = native.SoftmaxTaps(mean=torch.empty_like(mean), half_mean=torch.empty(b, stop - start, t,
+                                  dtype=torch.float16), half_scale=HALF_SCALE)
+        assert native.softmax_taps(block(), both)
+        assert torch.equal(both.mean, mean)
+        store_half(mean, want[:, start:stop])  # the old path: the float32 mean scaled in place, then copied
+        scaled[:, start:stop] = mean
+        taps = native.SoftmaxTaps(half_mean=got[:, start:stop], half_scale=HALF_SCALE)
+        assert native.softmax_taps(block(), taps) and taps.filled
+        assert torch.equal(both.half_mean.view(torch.int16), want[:, start:stop].view(torch.int16))
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    ties, subnormal = _scaled_ties(scaled)
+    assert ties > 0 and subnormal > 0 and bool((scaled == 0).any())  # the cases rounding decides were there
+
+
+@needs_compiler
+def test_a_float16_tap_the_kernel_cannot_write_is_refused_and_nothing_changes(monkeypatch):
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    scores = torch.randn(1, 2, 4, 70, generator=torch.Generator().manual_seed(6))
+    wide = torch.zeros(1, 4, 80, dtype=torch.float16)
+    for half, scale in ((torch.zeros(1, 4, 70), HALF_SCALE),  # float32, not float16
+                        (torch.zeros(1, 5, 70, dtype=torch.float16), HALF_SCALE),  # another shape
+                        (wide[..., :70], HALF_SCALE),  # rows not T apart
+                        (torch.zeros(1, 4, 70, dtype=torch.float16), 3.0)):  # scaling that would round
+        block = scores.clone()
+        taps = native.SoftmaxTaps(half_mean=half, half_scale=scale)
+        assert not native.softmax_taps(block, taps) and not taps.filled
+        assert torch.equal(block, scores) and not bool(half.any())
+    assert not bool(wide.any())
+
+
+def _held_maps(monkeypatch) -> list[list[torch.Tensor]]:
+    """The maps every batch's chain starts from (``rollout_row``'s list: the stored float16 slots), copied."""
+    seen: list[list[torch.Tensor]] = []
+    real = roll.rollout_row
+
+    def keep(fused, *args, **kwargs):
+        seen.append([f.clone() for f in fused])
+        return real(fused, *args, **kwargs)
+
+    monkeypatch.setattr(roll, "rollout_row", keep)
+    return seen
+
+
+@needs_compiler
+@pytest.mark.parametrize("refused", [False, True])
+@pytest.mark.parametrize("source", [None, "pool"])
+def test_float16_maps_written_by_the_softmax_pass_are_the_old_paths_to_the_bit(monkeypatch, small, source,
+                                                                               refused):
+    """Two images in one forward, inline by blocks of 5 query rows (fewer than T), attention distance beside (one
+    pass fills both views' taps): float16 storage forced, the maps the chain starts from and the result are those
+    of the old path (the float32 mean by the pass, then
+    ``store_half``) to the bit, with no float32 buffer made; with the last block streamed (the class token) and with
+    every block stored (a MAP head's pool as the source). ``refused``: the kernel refuses every other row block
+    (the eager softmax runs; those rows are fused and stored as before, row block by row block)."""
+    from vitlens.core import attention
+    from vitlens.views.distance import AttentionDistanceAccumulator
+    from test_families import tiny_open_clip
+
+    monkeypatch.setenv(native.COMPILE_ENV, "1")
+    m = small if source is None else vl.LoadedModel.from_module(tiny_open_clip(timm_trunk=True).eval(),
+                                                                 name="oc-map")
+    x = torch.randn(2, 3, *m.spec.image_size, generator=torch.Generator().manual_seed(7))
+    real, asked = attention.softmax_taps, []
+
+    def taps(scores, t):
+        asked.append(t.half_mean is not None)
+        return False if refused and len(asked) % 2 == 0 else real(scores, t)
+
+    monkeypatch.setattr(attention, "softmax_taps", taps)
+    held = _held_maps(monkeypatch)
+    runs = {}
+    for path in ("pass", "old"):
+        if path == "old":
+            monkeypatch.setattr(RolloutAccumulator, "_half_from_pass", lambda self, tokens: False)
+        asked.clear()
+        acc = RolloutAccumulator.for_model(m, precision="float16", source=source)
+        distance = AttentionDistanceAccumulator.for_model(m)
+        stream_attention(m, x, [distance, acc], batch_size=2, capture_mode="inline", query_rows=5)
+        no_buffer = acc._store._buffer is None  # (looked at before ``result`` lets the store go)
+        runs[path] = (acc.result(m.spec), held[-1], no_buffer, any(asked), distance.result().mean_px)
+    (new, new_maps, no_buffer, half_asked, new_px), (old, old_maps, old_no_buffer, old_half, old_px) = \
+        runs["pass"], runs["old"]
+    np.testing.assert_array_equal(new_px, old_px)
+    assert half_asked and no_buffer  # the pass wrote the slots: no float32 [B, T, T] buffer made
+    assert not old_half and not old_no_buffer  # the old path: the buffer, then store_half
+    tokens = m.spec.num_tokens()
+    assert tokens > 5 and len(new_maps) == len(old_maps) == m.spec.num_layers - (source is None)
+    for a, b in zip(new_maps, old_maps):
+        assert a.dtype == torch.float16 and a.shape == (2, tokens, tokens)
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    np.testing.assert_array_equal(new.maps, old.maps)
+    assert new.map_storage == old.map_storage == "float16"

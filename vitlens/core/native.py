@@ -7,8 +7,9 @@ float rounding (the same terms, summed by the same rules; the softmax's exp is A
 
 - ``softmax_taps``: a block of query rows' softmax, in place, and in the same pass what the views read of it
   (``SoftmaxTaps``): attention distance's per-query sums (float32 over blocks of ``key_block`` keys, added in
-  float64: the rule ``FLOAT32_RTOL`` is derived from) and rollout's mean over heads. The eager path makes the
-  probabilities, then reads them again for each view.
+  float64: the rule ``FLOAT32_RTOL`` is derived from) and rollout's mean over heads, in float32 or straight into
+  rollout's float16 store (scaled, rounded to nearest even: ``store_half``'s numbers to the bit). The eager path
+  makes the probabilities, then reads them again for each view.
 - ``key_block_sums``: attention distance's sums on given maps (the same rule), one read of each probability.
 - ``rollout_step``: one float64 step of rollout's chain (``rollout_row``) straight from the float32 map, or from
   one stored in float16 (scaled; ``vitlens.views.rollout_store``).
@@ -35,6 +36,7 @@ import ctypes
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -87,6 +89,10 @@ class SoftmaxTaps:
         key_block: keys per float32 partial sum.
         sums: [2, B * heads, q] float64 out: per query, sum_k A d and sum_k A over the patch keys.
         mean: [B, rows, T] float32 out (rows contiguous): the block's mean over heads, or None.
+        half_mean: [B, rows, T] float16 out (rows contiguous; any image stride): that mean times ``half_scale``,
+            rounded to nearest even (rollout's float16 store, ``vitlens.views.rollout_store.store_half``, the same
+            numbers to the bit), or None; without ``mean`` the float32 mean is never written anywhere.
+        half_scale: the power of two ``half_mean`` is scaled by.
         filled: whether the engine computed them.
     """
 
@@ -96,6 +102,8 @@ class SoftmaxTaps:
     key_block: int = 64
     sums: torch.Tensor | None = None
     mean: torch.Tensor | None = None
+    half_mean: torch.Tensor | None = None
+    half_scale: float = 1.0
     filled: bool = False
 
 
@@ -284,7 +292,8 @@ def _load() -> ctypes.CDLL:
     target = _checked_library(_compiler())
     lib = ctypes.CDLL(str(target))
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64]
+    lib.vitlens_softmax_taps.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, i64, i64, ptr, ptr, i64, ptr, i64,
+                                         ctypes.c_float]
     lib.vitlens_key_block_sums.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, i64, ptr]
     lib.vitlens_rollout_step.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.vitlens_rollout_step_half.argtypes = [ptr, i64, i64, i64, ctypes.c_float, ptr, ptr, ptr]
@@ -321,13 +330,18 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _power_of_two(x: float) -> bool:
+    """Whether ``x`` is a positive power of two that float32 holds (scaling by it is exact)."""
+    return isinstance(x, (int, float)) and x > 0 and math.frexp(x)[0] == 0.5 and 2.0 ** -126 <= x <= 2.0 ** 127
+
+
 def softmax_taps(scores: torch.Tensor, taps: SoftmaxTaps) -> bool:
     """``scores`` [B, H, R, T] (float32, CPU) replaced by their softmax over the last axis, and ``taps`` filled in the
     same pass (``taps.filled`` set). ``scores`` is contiguous, or a block of a buffer whose rows are padded to a
     longer stride (``stride(-2) >= T``, the other axes packed on it: ``vitlens.core.attention.padded_row_stride``).
     Returns False, changing nothing, where the kernel does not apply (``compiled_wanted`` says no, another dtype or
-    layout, gradients, no library): the caller then runs ``torch.softmax`` and the consumers compute their taps from
-    the probabilities."""
+    layout, gradients, a tap of another shape, dtype or row layout, a ``half_scale`` that is no power of two, no
+    library): the caller then runs ``torch.softmax`` and the consumers compute their taps from the probabilities."""
     b, h, r, t = scores.shape
     ld = scores.stride(-2)
     packed = all(st == want for n, st, want in zip(scores.shape[:2], scores.stride()[:2], (h * r * ld, r * ld))
@@ -341,15 +355,20 @@ def softmax_taps(scores: torch.Tensor, taps: SoftmaxTaps) -> bool:
         if (sums is None or d.shape != (q, n) or d.dtype != torch.float32 or not d.is_contiguous()
                 or sums.shape != (2, b * h, q) or sums.dtype != torch.float64 or not sums.is_contiguous()):
             return False
-    if mean is not None and (mean.shape != (b, r, t) or mean.dtype != torch.float32 or mean.stride(-1) != 1
-                             or mean.stride(-2) != t):
+    half = taps.half_mean
+    for out, dtype in ((mean, torch.float32), (half, torch.float16)):
+        if out is not None and (out.shape != (b, r, t) or out.dtype != dtype or out.device != scores.device
+                                or out.stride(-1) != 1 or out.stride(-2) != t):
+            return False
+    if half is not None and not _power_of_two(taps.half_scale):
         return False
     lib = library()
     if lib is None:
         return False
     status = lib.vitlens_softmax_taps(scores.data_ptr(), b, h, r, t, ld, _ptr(d), taps.first, taps.prefix,
                                       taps.key_block, _ptr(sums) if d is not None else None, _ptr(mean),
-                                      mean.stride(0) if mean is not None else 0)
+                                      mean.stride(0) if mean is not None else 0, _ptr(half),
+                                      half.stride(0) if half is not None else 0, float(taps.half_scale))
     if status != 0:
         raise RuntimeError("vitlens's native softmax kernel failed.")
     taps.filled = True

@@ -105,6 +105,22 @@ inline void half_row(const uint16_t* src, float* dst, int64_t n, float inv_scale
   for (; k < n; ++k) dst[k] = static_cast<float>(c10::Half(src[k], c10::Half::from_bits())) * inv_scale;
 }
 
+// a float32 row times scale (a power of two: exact) rounded to float16 (its bits), to nearest even: F16C's
+// conversion where the build has it, c10::Half's (also round to nearest even) otherwise and for the tail; the same
+// numbers as torch's float32 -> float16 copy_ (vitlens.views.rollout_store.store_half)
+inline void half_of_row(const float* src, uint16_t* dst, int64_t n, float scale) {
+  int64_t k = 0;
+#if defined(__F16C__)
+  const __m256 s = _mm256_set1_ps(scale);
+  for (; k + 8 <= n; k += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + k), s),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), h);
+  }
+#endif
+  for (; k < n; ++k) dst[k] = c10::Half(src[k] * scale).x;
+}
+
 // rollout's chain step (vitlens_rollout_step) over rows given by row_of(b, r, buffer): a pointer to row r of image
 // b as T floats (the map's own memory, or the buffer of T floats it filled)
 template <typename RowOf>
@@ -166,16 +182,21 @@ extern "C" {
 //    to the patch keys (keys prefix..); sums [2, B * H, R - first] float64 receives, per query, the
 //    distance-weighted sum and the mass over the patch keys (block_sums);
 //  - mean (non-null): [B, R, T] float32 rows (image stride mean_batch_stride, row stride T) receive the mean over
-//    the H heads (summed in head order in float32, divided by H).
+//    the H heads (summed in head order in float32, divided by H);
+//  - half (non-null): [B, R, T] float16 rows (their bits; image stride half_batch_stride, row stride T) receive that
+//    mean times half_scale (a power of two), rounded to nearest even (half_of_row): rollout's float16 store
+//    (vitlens.views.rollout_store) written by this pass. Without `mean` the float32 row is the thread's own.
 int vitlens_softmax_taps(float* scores, int64_t B, int64_t H, int64_t R, int64_t T, int64_t ld,
                          const float* distance, int64_t first, int64_t prefix, int64_t key_block, double* sums,
-                         float* mean, int64_t mean_batch_stride) {
+                         float* mean, int64_t mean_batch_stride, uint16_t* half, int64_t half_batch_stride,
+                         float half_scale) {
   try {
     const int64_t Q = R - first, N = T - prefix;
     at::parallel_for(0, B * R, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(half && !mean ? static_cast<size_t>(T) : 0);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / R, r = i % R;
-        float* mrow = mean ? mean + b * mean_batch_stride + r * T : nullptr;
+        float* mrow = mean ? mean + b * mean_batch_stride + r * T : (half ? scratch.data() : nullptr);
         for (int64_t h = 0; h < H; ++h) {
           float* row = scores + ((b * H + h) * R + r) * ld;
           softmax_row(row, T);
@@ -198,6 +219,7 @@ int vitlens_softmax_taps(float* scores, int64_t B, int64_t H, int64_t R, int64_t
           int64_t k = 0;
           for (; k + W <= T; k += W) (Vec::loadu(mrow + k) / vh).store(mrow + k);
           for (; k < T; ++k) mrow[k] /= static_cast<float>(H);
+          if (half) half_of_row(mrow, half + b * half_batch_stride + r * T, T, half_scale);
         }
       }
     });

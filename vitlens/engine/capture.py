@@ -126,11 +126,12 @@ class AttentionCapture(HookSession):
         if not asks:
             return None
         distance = next((t for t in asks if t.distances is not None), None)
-        mean = next((t for t in asks if t.mean is not None), None)
+        mean = next((t for t in asks if t.mean is not None or t.half_mean is not None), None)
         if distance is mean or mean is None or distance is None:
             return distance or mean
         return _Joined(distances=distance.distances, first=distance.first, prefix=distance.prefix,
-                       key_block=distance.key_block, sums=distance.sums, mean=mean.mean, parts=(distance, mean))
+                       key_block=distance.key_block, sums=distance.sums, mean=mean.mean, half_mean=mean.half_mean,
+                       half_scale=mean.half_scale, parts=(distance, mean))
 
     def install(self, handles: Handles) -> None:
         # streaming consumers hear row blocks; plain callbacks (and the stored maps) want whole maps

@@ -13,13 +13,14 @@ Memory (what it must hold, and holds no more): the chain runs from the last bloc
 block's head-fused map of the batch is kept until the batch's last block, L x B x T x T float32
 (vit_base: 1.0 GB at 768 px batch 4, T = 2,305; 1.6 GB at 1024 px batch 2, T = 4,097), plus the
 block in flight's one [B, T, T] buffer, filled row block by row block under query-chunked
-capture; the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. Where the views choose
-their capture (``vl.analyze``, ``attention_rollout``), the stream caps the images per forward so that these maps stay
-within about the plain forward's own peak (``held_bytes_per_image``, ``vitlens.engine.plan.images_per_forward``):
-at 768 px and 1024 px a ViT-B runs one image per forward. Where one image's maps are large (more than
-``HALF_ABOVE_MB`` in float32: 0.74 GB at 1024 px), they are held in float16 scaled by 2^15, half the bytes, within a
-stated bound (``precision``, ``vitlens.views.rollout_store``, docs/definitions.md); the maps of a batch live in one
-store made once and reused by the next sub-batch. A running
+capture (none where the maps are held in float16 and the native softmax pass writes each block's mean straight
+into its place in the store); the float64 chain converts at most ``ROLLOUT_ROWS_BYTES`` of rows at a time. Where
+the views choose their capture (``vl.analyze``, ``attention_rollout``), the stream caps the images per forward so
+that these maps stay within about the plain forward's own peak (``held_bytes_per_image``,
+``vitlens.engine.plan.images_per_forward``): at 768 px and 1024 px a ViT-B runs one image per forward. Where one
+image's maps are large (more than ``HALF_ABOVE_MB`` in float32: 0.74 GB at 1024 px), they are held in float16
+scaled by 2^15, half the bytes, within a stated bound (``precision``, ``vitlens.views.rollout_store``,
+docs/definitions.md); the maps of a batch live in one store made once and reused by the next sub-batch. A running
 product from the first block would hold one [B, T, T] but cost T^3 per block and image (12 GFLOP
 at T = 2,305, more than the block's own forward), so it is not used.
 ``discard_ratio > 0`` adds, per block, ``topk``'s k = discard_ratio x T^2 values and indices
@@ -42,7 +43,7 @@ from ..core.spec import ModelSpec
 from ..results import Result
 from ..engine.consumer import AttentionConsumer, BatchInfo, query_rows
 from ..engine.stream import model_name
-from .rollout_store import MapStore, check_precision, storage_for, store_half
+from .rollout_store import HALF_SCALE, MapStore, check_precision, storage_for, store_half
 from .rollout_math import (check_rollout_params, fused_dtype, fuse, discard_smallest, source_vector, pool_vector,
                            rollout_row, ROLLOUT_ROWS_BYTES, row_map, predictions)
 
@@ -189,6 +190,7 @@ class RolloutAccumulator(AttentionConsumer):
         self.image_size: tuple[int, int] | None = None
         self._fused: list[torch.Tensor] = []
         self._layer: torch.Tensor | None = None  # the fused map of the block in flight, filled row block by row block
+        self._layer_half = False  # whether ``_layer`` is the block's float16 store slot, written by its softmax pass
         self._tap: tuple[int, int, SoftmaxTaps] | None = None  # (layer, first row, head mean) asked of the next block
         self._device = torch.device("cpu")  # the batch's
         self.batches = RolloutBatches()
@@ -230,14 +232,14 @@ class RolloutAccumulator(AttentionConsumer):
         self.grid = (int(grid[0]), int(grid[1]))
         if image_size is not None and min(image_size) > 0:
             self.image_size = (int(image_size[0]), int(image_size[1]))
-        self._fused, self._layer = [], None
+        self._fused, self._layer, self._layer_half = [], None, False
         self._device = batch.device
         self._last: list[torch.Tensor] | None = None
 
     def __getstate__(self) -> dict:
         # a batch in flight, the model and its pool's capture do not travel
-        return {**self.__dict__, "_fused": [], "_layer": None, "_model": None, "_pool": None, "_last": None,
-                "_tap": None, "_store": MapStore()}
+        return {**self.__dict__, "_fused": [], "_layer": None, "_layer_half": False, "_model": None, "_pool": None,
+                "_last": None, "_tap": None, "_store": MapStore()}
 
     def _streams_last_block(self) -> bool:
         """Whether the last block is rolled out as its rows come (only the source's rows of it are needed: the
@@ -298,10 +300,18 @@ class RolloutAccumulator(AttentionConsumer):
         self.map_storage = "float16"
         return slot
 
+    def _half_from_pass(self, tokens: int) -> bool:
+        """Whether the softmax pass writes the block's map straight into its float16 store slot (``softmax_tap``):
+        where it is held in float16 and nothing reads it in float32 before (``discard_smallest`` ranks the float32
+        map)."""
+        return self.discard_ratio == 0 and storage_for(self.precision, self._kept(), tokens) == "float16"
+
     def softmax_tap(self, layer: int, rows: slice, shape: tuple) -> SoftmaxTaps | None:
-        """Mean fusion of the block's rows by its softmax pass, straight into the layer's buffer (float32 attention;
-        the mean summed in head order, as ``torch.mean``); not for the last block when it is streamed (only the
-        source's rows of it are read) nor for max/min fusion."""
+        """Mean fusion of the block's rows by its softmax pass (float32 attention; the mean summed in head order, as
+        ``torch.mean``), straight into the layer's buffer, or, where the map is held in float16 (``_half_from_pass``),
+        scaled and rounded straight into its store slot (``store_half``'s numbers to the bit; no float32 map, no
+        second pass); not for the last block when it is streamed (only the source's rows of it are read) nor for
+        max/min fusion."""
         b, _, r, t = shape
         start = int(rows.start or 0)
         if self.head_fusion != "mean" or (layer == self.num_layers - 1 and self._streams_last_block()) \
@@ -309,11 +319,28 @@ class RolloutAccumulator(AttentionConsumer):
                 or not compiled_wanted(self._device, t):  # no kernel to fill it: no buffer made twice
             return None
         if start == 0:
-            self._new_layer(b, t, torch.float32, self._device)
-        # the ignore below: _new_layer made the layer's buffer at its first rows
-        tap = SoftmaxTaps(mean=self._layer[:, start:start + r])  # type: ignore[index]
+            self._layer_half = self._half_from_pass(t)
+            if self._layer_half:
+                self._layer = self._store.slot(len(self._fused), self._kept(), b, t, torch.float16, self._device)
+            else:
+                self._new_layer(b, t, torch.float32, self._device)
+        # the ignores below: the layer's buffer or slot was made at its first rows
+        block = self._layer[:, start:start + r]  # type: ignore[index]
+        tap = SoftmaxTaps(half_mean=block, half_scale=HALF_SCALE) if self._layer_half else SoftmaxTaps(mean=block)
         self._tap = (layer, start, tap)
         return tap
+
+    def _rows_into_slot(self, attn: torch.Tensor, start: int, stop: int, last: bool, filled: bool) -> None:
+        """A row block of a layer whose softmax pass writes its float16 slot (``softmax_tap``): rows the pass did
+        not fill (the kernel refused them) are fused and stored as ``_hold`` stores a whole map, row by row the same
+        numbers; at the last rows the slot is the layer's held map."""
+        slot = cast(torch.Tensor, self._layer)  # the slot softmax_tap took at the layer's first rows
+        if not filled:
+            store_half(fuse(attn, self.head_fusion), slot[:, start:stop])
+        if last:
+            self._layer, self._layer_half = None, False
+            self.map_storage = "float16"
+            self._fused.append(slot)
 
     def on_attention(self, layer: int, attn: torch.Tensor, rows: slice | None = None) -> None:
         """Whole maps or blocks of query rows: rollout needs every block's head-fused map (B x T x T
@@ -328,6 +355,9 @@ class RolloutAccumulator(AttentionConsumer):
         # attention itself); zeroing the smallest weights needs only their order, which float32 keeps
         tap, self._tap = self._tap, None
         filled = tap is not None and tap[:2] == (layer, start) and tap[2].filled  # the softmax pass fused the rows
+        if self._layer_half:
+            self._rows_into_slot(attn, start, stop, last, filled)
+            return
         if not filled and (rows is None or (start == 0 and last)):
             fused = fuse(attn, self.head_fusion)
         else:  # row blocks are fused into the layer's one [B, T, T] buffer (no list of blocks, no concatenation)
@@ -363,7 +393,7 @@ class RolloutAccumulator(AttentionConsumer):
         row = rollout_row(fused, self.num_prefix_tokens, self.has_class_token, start) if fused else start
         if row is None:
             raise RuntimeError("Rollout needs one complete forward per batch.")
-        self._fused, self._layer, self._last = [], None, None
+        self._fused, self._layer, self._layer_half, self._last = [], None, False, None
         return row
 
     def row_layout(self) -> tuple[int, tuple[int, int]]:

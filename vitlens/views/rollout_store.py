@@ -4,9 +4,13 @@ The chain runs from the last block back, so every block's map of an image is hel
 maps of T x T an image (11 x 4097^2 at 1024 px on a ViT-B: 0.74 GB in float32). Two things here:
 
 - **One store, made once.** The maps of a batch live in one [kept, B, T, T] tensor that the accumulator keeps for
-  its next batch (the sub-batches the plan cuts a large batch into reuse it), and a map made row block by row block
-  in float16 storage passes through one float32 [B, T, T] buffer reused by every block: memory touched for the first
-  time once per call, not once per block and sub-batch.
+  its next batch (the sub-batches the plan cuts a large batch into reuse it): memory touched for the first time once
+  per call, not once per block and sub-batch. A mean-fused map in float16 storage is written into its slot by the
+  native softmax pass, row by row (``vitlens.core.native.SoftmaxTaps.half_mean``: the float32 mean of the heads in
+  the thread's own row, times ``HALF_SCALE``, rounded to nearest even: ``store_half``'s numbers to the bit), one
+  pass in all; otherwise (the eager code, max/min fusion, ``discard_ratio`` > 0, which ranks the float32 map) it is
+  made in one float32 [B, T, T] buffer reused by every block, then scaled in place and copied into the slot
+  (``store_half``: two more passes over the float32 map).
 - **Half the bytes when large** (``precision``): "float32" keeps the maps as they are made; "float16" stores each
   entry a times ``HALF_SCALE`` = 2^15 rounded to float16 (the entries are probabilities, means or extrema of them,
   in [0, 1]: the scaled ones stay below float16's largest, 65,504, for a <= 1.99, and entries down to 2^-29 stay in
@@ -89,7 +93,8 @@ def as_float64(stored: torch.Tensor) -> torch.Tensor:
 
 class MapStore:
     """One batch's kept maps, [kept, B, T, T] in the storage's dtype, made once and reused by the batches after
-    (while their shape fits), and the float32 buffer a float16 map is made in."""
+    (while their shape fits), and the float32 buffer a float16 map is made in where the softmax pass does not write
+    its slot."""
 
     def __init__(self) -> None:
         self._maps: torch.Tensor | None = None
