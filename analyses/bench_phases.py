@@ -15,12 +15,12 @@ and for the other kinds (Swin, SAM/ViTDet) the plain forward ``model(x)``.
 
 Inside both rows the functions that make the phases are wrapped by a clock (``PhaseClock``; the wrappers are
 removed after): the forward's fused attention (``F.scaled_dot_product_attention``), and in the views' call the
-non-fused attention by query rows (``attention_output_in_rows``), in it the scores and the softmax
-(``attention_probs``) and the native softmax pass with the views' taps (``softmax_taps``), each consumer's reading of
-the probabilities (distance's and rollout's ``on_attention``; the windowed ones'), rollout's float16 store
-(``store_half``) and its chain (``rollout_row``, ``windowed_rollout_row``). Each phase's seconds are the median over
-the repetitions; phases nest (the consumers read inside the attention of an inline capture), so they do not add up
-to the total, and the table says what each contains.
+non-fused attention (``attention_output_in_rows``: a timm ViT's by query rows, SAM's whole maps), in it the scores
+and the softmax (``attention_probs``) and the native softmax pass with the views' taps (``softmax_taps``), each
+consumer's reading of the probabilities (distance's and rollout's ``on_attention``; the windowed ones'), rollout's
+float16 store (``store_half``) and its chain (``rollout_row``, ``windowed_rollout_row``). Each phase's seconds are
+the median over the repetitions; phases nest (the consumers read inside the attention of an inline capture), so they
+do not add up to the total, and the table says what each contains.
 
 Where the views fuse their sums into the softmax pass (a ViT from 1,024 tokens: the native kernel), that pass is
 split apart by timing it alone on one layer's real blocks (``pass_split``): the softmax alone, with distance's sums,
@@ -64,8 +64,9 @@ PHASES = {
     "pv_product_and_copies": "P v, the keys' and values' copies and the output's (the rest of the attention)",
     "scores_softmax_again": "side capture: the probabilities made a second time beside the forward's fused call",
     "rollout_chain": "rollout's chain, from the last block back",
-    "rest_over_base": "inline capture (a ViT, SAM): the views' call outside its attention and chain, over the base's work outside its "
-                      "fused attention; side capture: the difference of the two rows beyond the phases timed",
+    "rest_over_base": "inline capture (a ViT, SAM): the views' call outside its attention and chain, over the base's "
+                      "work outside its fused attention; side capture: the difference of the two rows beyond the "
+                      "phases timed",
 }
 
 
