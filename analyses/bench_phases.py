@@ -15,12 +15,12 @@ and for the other kinds (Swin, SAM/ViTDet) the plain forward ``model(x)``.
 
 Inside both rows the functions that make the phases are wrapped by a clock (``PhaseClock``; the wrappers are
 removed after): the forward's fused attention (``F.scaled_dot_product_attention``), and in the views' call the
-non-fused attention by query rows (``attention_output_in_rows``), in it the scores and the softmax
-(``attention_probs``) and the native softmax pass with the views' taps (``softmax_taps``), each consumer's reading of
-the probabilities (distance's and rollout's ``on_attention``; the windowed ones'), rollout's float16 store
-(``store_half``) and its chain (``rollout_row``, ``windowed_rollout_row``). Each phase's seconds are the median over
-the repetitions; phases nest (the consumers read inside the attention of an inline capture), so they do not add up
-to the total, and the table says what each contains.
+non-fused attention (``attention_output_in_rows``: a timm ViT's by query rows, SAM's whole maps), in it the scores
+and the softmax (``attention_probs``) and the native softmax pass with the views' taps (``softmax_taps``), each
+consumer's reading of the probabilities (distance's and rollout's ``on_attention``; the windowed ones'), rollout's
+float16 store (``store_half``) and its chain (``rollout_row``, ``windowed_rollout_row``). Each phase's seconds are
+the median over the repetitions; phases nest (the consumers read inside the attention of an inline capture), so they
+do not add up to the total, and the table says what each contains.
 
 Where the views fuse their sums into the softmax pass (a ViT from ``COMPILE_MIN_TOKENS`` = 192 tokens: the native
 kernel), that pass is split apart by timing it alone on one layer's real blocks (``pass_split``): the softmax alone,
@@ -59,6 +59,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: the table's phases of the views' call, and what each holds
 PHASES = {
     "qk_product": "the scores' product q k^T (a ViT's inline capture by rows)",
+    "scores_bias_softmax": "inline capture of whole maps (SAM): the scores' product q k^T, their relative-position "
+                           "bias and the softmax, the probabilities made once",
     "softmax_pass": "the softmax pass over the scores (its share of the native pass with the taps, where fused)",
     "distance_sums": "attention distance's sums (their share of the fused pass, or the consumer's own reading)",
     "head_mean": "rollout's mean over heads (its share of the fused pass, with the float16 store where the pass "
@@ -69,8 +71,9 @@ PHASES = {
     "pv_product_and_copies": "P v, the keys' and values' copies and the output's (the rest of the attention)",
     "scores_softmax_again": "side capture: the probabilities made a second time beside the forward's fused call",
     "rollout_chain": "rollout's chain, from the last block back",
-    "rest_over_base": "a ViT: the views' call outside its attention and chain, over the base's work outside its "
-                      "fused attention; side capture: the difference of the two rows beyond the phases timed",
+    "rest_over_base": "inline capture (a ViT, SAM): the views' call outside its attention and chain, over the base's "
+                      "work outside its fused attention; side capture: the difference of the two rows beyond the "
+                      "phases timed",
 }
 
 
@@ -127,6 +130,7 @@ class PhaseClock:
 
         import vitlens.core.attention as attention
         import vitlens.families.common.sdpa_calls as sdpa_calls
+        import vitlens.families.sam as sam
         import vitlens.families.timm_vit as timm_vit
         import vitlens.views.rollout as rollout
         import vitlens.views.windowed_rollout as windowed_rollout
@@ -135,6 +139,7 @@ class PhaseClock:
 
         targets = [(F, "scaled_dot_product_attention", "fused_attention", {})] if sdpa else []
         targets += [(timm_vit, "attention_output_in_rows", "attention_rows", {}),
+                    (sam, "attention_output_in_rows", "attention_rows", {}),
                     (attention, "attention_probs", "scores_softmax", {}),
                     (sdpa_calls, "attention_probs", "scores_softmax", {}),
                     (attention, "softmax_taps", "softmax_pass", {"count_fused": True}),
@@ -243,6 +248,7 @@ def least_bytes(phase: str, probs: int, heads: int, fused: bool, kept_fraction: 
         "distance_sums": distance_rows if fused else probs,
         "head_mean": (mean // 2 if half_in_pass else mean) if fused else probs + mean,
         "scores_softmax_again": 3 * probs,
+        "scores_bias_softmax": 3 * probs,
         "rollout_store": int(mean * kept_fraction * 1.5) if half and not half_in_pass else 0,
         "rollout_chain": int(mean * kept_fraction * (0.5 if half else 1.0)),
     }.get(phase)
@@ -255,7 +261,15 @@ def breakdown(spent: dict[str, float], split: dict | None, layers: int, forwards
     variant's, the float16 store included)."""
     g = spent.get
     out: dict[str, float] = {}
-    if "attention_rows" in spent:  # a timm ViT's inline capture by rows
+    if "attention_rows" in spent and split is None:
+        # inline capture of whole maps (SAM; no split of its pass): the product, the bias and the softmax (the native
+        # pass included, where it runs) in one clock, the consumers' reading inside the attention (before P v)
+        reading = g("distance_reading", 0.0) + g("rollout_reading", 0.0)
+        out["scores_bias_softmax"] = g("scores_softmax", 0.0)
+        out["distance_sums"] = g("distance_reading", 0.0)
+        out["head_mean"] = g("rollout_reading", 0.0)
+        out["pv_product_and_copies"] = g("attention_rows", 0.0) - g("scores_softmax", 0.0) - reading
+    elif "attention_rows" in spent:  # a timm ViT's inline capture by rows
         reading = g("distance_reading", 0.0) + g("rollout_reading", 0.0)
         passes = layers * forwards
         if split is not None and split["native"]:
@@ -356,6 +370,8 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
     table = []
     for phase, sec in parts.items():
         need = least_bytes(phase, probs_bytes, heads, fused > 0, kept_fraction, half, distance_rows, half_passes > 0)
+        if phase == "distance_sums" and fused and not vit:
+            need = None  # sums fused into a windowed model's pass: the bytes of its tables are not counted here
         bound = None if need is None else need / (bandwidth * 1e9)
         table.append({"phase": phase, "seconds": round(sec, 6), "least_bytes": need,
                       "bound_seconds": None if bound is None else round(bound, 4),
@@ -364,7 +380,7 @@ def run(model: str, img: int, batch: int, reps: int, threads: int | None = None,
     views_total, base_total = (statistics.median(seconds[k]) for k in ("views", base_name))
     outside = views_total - med["views"].get("attention_rows", med["views"].get("fused_attention", 0.0)) \
         - med["views"].get("rollout_chain", 0.0)
-    if vit:
+    if "attention_rows" in med["views"]:  # inline: the views' attention replaces the forward's fused one
         rest = outside - (base_total - med[base_name].get("fused_attention", 0.0))
     else:  # side capture: what the difference holds beyond the phases timed (the capture's own copies and memory)
         rest = views_total - base_total - sum(parts.values())

@@ -97,19 +97,24 @@ def test_where_the_softmax_pass_writes_rollouts_float16_maps_the_store_is_its_sh
     assert rows["head_mean"]["seconds"] == pytest.approx(want, abs=2e-6)
 
 
-def test_the_phase_table_times_a_windowed_models_side_capture(phases):
-    """A 4-block SAM encoder (windows of 3 padded to 9x9, two global blocks) at 56 px: the plain forward is the base,
-    the probabilities made a second time beside it and the windowed views' reading are phases of their own."""
+def test_the_phase_table_times_a_windowed_models_inline_capture(phases):
+    """A 4-block SAM encoder (windows of 3 padded to 9x9, two global blocks) at 56 px: the plain forward is the base;
+    the views' inline capture (vitlens's own path, whole maps) is timed inside: the scores, bias and softmax made
+    once, the windowed views' reading and P v are phases of their own that add up to the attention's clock."""
     kwargs = dict(patch_size=8, embed_dim=32, depth=4, num_heads=2, window_size=3, global_attn_indexes=(1, 3),
                   neck_chans=16)
     r = phases.run("samvit_base_patch16", 56, 2, 1, **kwargs)
     assert r["base"] == "plain" and r["pass_split"] is None
     rows = _by_phase(r)
-    assert {"scores_softmax_again", "distance_sums", "head_mean", "rollout_chain", "rest_over_base"} <= set(rows)
-    assert rows["scores_softmax_again"]["least_bytes"] == 3 * r["probs_bytes"]
-    # side capture found the fused calls (the clock leaves F.scaled_dot_product_attention alone in the views' call)
-    assert rows["scores_softmax_again"]["seconds"] > 0
-    assert rows["distance_sums"]["seconds"] > 0 and rows["rollout_chain"]["seconds"] > 0
+    assert {"scores_bias_softmax", "distance_sums", "head_mean", "pv_product_and_copies", "rollout_chain",
+            "rest_over_base"} <= set(rows) and "scores_softmax_again" not in rows
+    assert rows["scores_bias_softmax"]["least_bytes"] == 3 * r["probs_bytes"]
+    clock = r["views_clock"]
+    for key in ("attention_rows", "scores_softmax", "distance_reading", "rollout_reading", "rollout_chain"):
+        assert clock[key] > 0, key
+    inside = sum(rows[k]["seconds"] for k in ("scores_bias_softmax", "distance_sums", "head_mean",
+                                              "pv_product_and_copies"))
+    assert inside == pytest.approx(clock["attention_rows"], abs=1e-3)
     assert r["probs_bytes"] > 0 and math.isfinite(r["ratio"])
 
 

@@ -166,6 +166,14 @@ def test_window_capture_is_the_blocks_own_attention_and_leaves_the_outputs(fused
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
 
 
+def views_capture(m: vl.LoadedModel, batch: int) -> str:
+    """The capture mode the views run for this model (the plan's rule): the maps the dense checks read are the ones
+    the views were handed (SAM's views capture inline, whose probabilities differ from side's by float rounding)."""
+    from vitlens.engine.plan import capture_plan
+
+    return capture_plan(m, batch).mode
+
+
 def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.Tensor) -> WindowedDistanceResult:
     """``vl.attention_distance`` of a windowed model against float64 over explicit dense token-to-token matrices
     (each block's captured window maps placed on its stage grid), and its window-uniform distance against the
@@ -175,7 +183,7 @@ def assert_distance_is_a_dense_float64_computation(m: vl.LoadedModel, x: torch.T
     got = vl.attention_distance(m, x)
     assert isinstance(got, WindowedDistanceResult) and got.n_images == n
     windows = m.family.windows(m.model, m.spec.image_size)
-    with vl.capture_attention(m) as cap, torch.no_grad():
+    with vl.capture_attention(m, mode=views_capture(m, n)) as cap, torch.no_grad():
         m.logits(x)
     assert len(cap.maps) == len(windows)
     grids = list({g.stage: g.grid for g in windows}.values())  # each stage's grid, first stage first
@@ -294,7 +302,7 @@ def assert_rollout_is_a_brute_force_dense_composition(m: vl.LoadedModel, x: torc
     n = x.shape[0]
     got = vl.attention_rollout(m, x)
     windows = m.family.windows(m.model, m.spec.image_size)
-    with vl.capture_attention(m) as cap, torch.no_grad():
+    with vl.capture_attention(m, mode=views_capture(m, x.shape[0])) as cap, torch.no_grad():
         m.logits(x)
     product = None
     for layer, (g, probs) in enumerate(zip(windows, cap.maps)):

@@ -20,6 +20,12 @@ from ..errors import ViewNotAvailableError
 #: ``SoftmaxTaps`` the block's softmax pass should fill for the views, or None
 TapsFor = Callable[[slice, tuple], "SoftmaxTaps | None"]
 
+#: a bias of the scores that adds itself (``attention_probs``'s ``biases``): ``bias(scores, rows)`` returns the scores
+#: [B, heads, rows, T] of the query rows ``rows`` (None: every row) with the bias added, in place where they need no
+#: gradients; for a bias with a structure a tensor would spend memory on (SAM's decomposed relative-position bias,
+#: ``vitlens.families.sam``: two small tables broadcast over the keys, never a [B, heads, T, T] map)
+RowBias = Callable[[torch.Tensor, "slice | None"], torch.Tensor]
+
 
 def attention_probs(
     q: torch.Tensor,
@@ -27,7 +33,7 @@ def attention_probs(
     scale: float,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
-    biases: Sequence[torch.Tensor] = (),
+    biases: Sequence[torch.Tensor | RowBias] = (),
     scale_after: bool = False,
     out: torch.Tensor | None = None,
     taps: SoftmaxTaps | None = None,
@@ -43,7 +49,8 @@ def attention_probs(
         attn_mask: bool (True = attend) or additive float mask broadcastable to [B, heads, T, T].
         is_causal: mask future keys (takes precedence over ``attn_mask``, as in timm).
         biases: additive biases of the scores, added one after the other before the mask, in the
-            order the model adds them (relative-position bias, then a shared one).
+            order the model adds them (relative-position bias, then a shared one): tensors broadcastable to the
+            scores, or ``RowBias`` callables (called with rows None: every row of ``q``).
         scale_after: scale the product (q @ k^T) * scale instead of the queries, as Hugging Face
             does (the same numbers for power-of-two scales, rounding apart otherwise).
         out: a float32 tensor of the result's shape to compute into (no gradients): the scores and then the
@@ -89,7 +96,10 @@ def attention_probs(
     else:
         scores = (q.float() * scale) @ k.float().transpose(-2, -1)
     for bias in biases:
-        scores = scores + bias.float() if scores.requires_grad else scores.add_(bias.float())
+        if callable(bias):
+            scores = bias(scores, None)
+        else:
+            scores = scores + bias.float() if scores.requires_grad else scores.add_(bias.float())
     n = scores.shape[-1]
     if is_causal:
         scores = scores + scores.new_full((n, n), float("-inf")).triu_(1)
@@ -263,7 +273,7 @@ def attention_probs_in_rows(
     query_rows: int | None,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
-    biases: Sequence[torch.Tensor] = (),
+    biases: Sequence[torch.Tensor | RowBias] = (),
     scale_after: bool = False,
     workspace: dict | None = None,
     taps: TapsFor | None = None,
@@ -288,7 +298,8 @@ def attention_probs_in_rows(
         query_rows: queries per block (None: one block of every row).
         attn_mask: as for ``attention_probs``.
         is_causal: as for ``attention_probs``.
-        biases: as for ``attention_probs``.
+        biases: as for ``attention_probs`` (a tensor with T query rows is sliced to each block's; a ``RowBias`` is
+            called with each block's rows).
         scale_after: as for ``attention_probs``.
         workspace: the caller's dict for the session's buffer (above), or None.
         taps: asked before each block (in a workspace's buffer) for what its softmax pass should also compute for
@@ -307,6 +318,11 @@ def attention_probs_in_rows(
 
     def rows_of(x: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
         return x[..., rows, :] if x is not None and x.dim() >= 2 and x.shape[-2] == t else x
+
+    def bias_rows(bias: torch.Tensor | RowBias, rows: slice) -> torch.Tensor | RowBias:
+        if callable(bias):
+            return lambda scores, _all: bias(scores, rows)
+        return cast(torch.Tensor, rows_of(bias, rows))
 
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     # rows padded to an aligned stride where q and k share their leading shape (one batched product fills the block)
@@ -330,7 +346,7 @@ def attention_probs_in_rows(
             *lead, rows.stop - start, ld)[..., :t]
         tap = taps(rows, tuple(out.shape)) if taps is not None and out is not None else None
         yield attention_probs(q[..., rows, :], k, scale, rows_of(attn_mask, rows), False,
-                              [cast(torch.Tensor, rows_of(b, rows)) for b in biases], scale_after, out=out, taps=tap,
+                              [bias_rows(b, rows) for b in biases], scale_after, out=out, taps=tap,
                               workspace=workspace, padded_keys=padded_keys), rows
 
 
@@ -346,6 +362,7 @@ def attention_output_in_rows(
     drop: Callable[[torch.Tensor], torch.Tensor] | None = None,
     workspace: dict | None = None,
     taps: TapsFor | None = None,
+    biases: Sequence[torch.Tensor | RowBias] = (),
 ) -> torch.Tensor:
     """A block's non-fused attention output ``softmax(q * scale @ k^T + mask) @ v`` computed
     ``query_rows`` queries at a time, handing each block of probabilities to ``on_probs(probs,
@@ -358,9 +375,10 @@ def attention_output_in_rows(
     ``on_probs`` call only); ``drop`` (the module's attention dropout) is applied to each block
     before the product, which runs in ``v``'s dtype. Each output row is that of the whole
     product up to float rounding (the same terms; BLAS may block the sums differently).
-    ``workspace`` and ``taps``: as for ``attention_probs_in_rows`` (the probabilities' buffer kept across layers;
-    what each block's softmax pass computes for the views); with a workspace (and no gradients) the values' copy and
-    the output are made in it too, so the returned tensor is valid until the next call with that workspace.
+    ``workspace``, ``taps`` and ``biases``: as for ``attention_probs_in_rows`` (the probabilities' buffer kept across
+    layers; what each block's softmax pass computes for the views; the scores' biases before the mask); with a
+    workspace (and no gradients) the values' copy and the output are made in it too, so the returned tensor is valid
+    until the next call with that workspace.
     """
     b, h, t, d = v.shape
     # one contiguous copy of the values for all blocks: v is a strided view of the fused qkv projection,
@@ -370,8 +388,8 @@ def attention_output_in_rows(
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     out = v.new_empty(b, t, h, d) if workspace is None or grad else \
         session_tensor(workspace, "output", (b, t, h, d), v.dtype, v.device)
-    for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, workspace=workspace,
-                                               taps=taps):
+    for probs, rows in attention_probs_in_rows(q, k, scale, query_rows, attn_mask, is_causal, biases,
+                                               workspace=workspace, taps=taps):
         on_probs(probs, rows)
         p = drop(probs) if drop is not None else probs
         p = p.to(v.dtype)

@@ -138,7 +138,8 @@ class AttentionCapture(HookSession):
         self._streaming = [c for c in self.consumers if isinstance(c, AttentionConsumer)]
         self._plain = [c for c in self.consumers if not isinstance(c, AttentionConsumer)]
         request = CaptureRequest(self._emit, self.mode, self.query_rows, self.detach, views=bool(self._streaming),
-                                 taps=self._taps if self._streaming and self.detach else None)
+                                 taps=self._taps if self._streaming and self.detach else None,
+                                 reuse_maps=not self.store and not self._plain)
         if self.mode == "inline":
             self.family.install_inline(self.model, request, handles)
         else:

@@ -12,7 +12,9 @@ A consumer (``AttentionConsumer``) is told four things and answers two:
   cover every query once, and the one with ``rows.stop == T`` is its last (an engine that
   computes the probabilities a block of queries at a time never holds a whole map). A row block
   is valid during the call only: its memory holds the next block after it, so a consumer copies
-  (``.clone()``, ``.cpu().numpy()``, a reduction) what it keeps;
+  (``.clone()``, ``.cpu().numpy()``, a reduction) what it keeps; so is a whole map where the capture
+  keeps none itself (``CaptureRequest.reuse_maps``: SAM's inline capture makes every block's map in
+  one reused buffer);
 - ``end_batch(logits)``: the batch's model output (float32), after the last block;
 - ``result(spec)``: the finished result object (a ``vitlens.results.Result``);
 - ``merge(other)``: the consumer state over the images of both (partial states of disjoint

@@ -5,11 +5,17 @@ decomposed relative-position bias (or RoPE), an absolute position table, and a c
 Read as the windowed models are (``vitlens.families.swin``, ``vitlens.families.common.windows``): each block's windows
 come from its own code (its
 ``forward`` on a stand-in whose norm is the identity and whose attention is a recorder, so ``window_partition``
-and the padding are the model's), a global block is one window over the whole grid; the probabilities are the
-model's own at ``attn_drop`` on its non-fused path, or its fused call's, reshaped from timm's
-[B * windows * heads, N, N] to [B * windows, heads, N, N]. The views are the windowed ones (one stage): attention
-distance in image pixels beside each window's uniform distance, rollout through the windows from the mean of
-the tokens (the neck's convolutions, which mix neighbouring tokens after the last block, are not rolled out).
+and the padding are the model's), a global block is one window over the whole grid. Side capture reads the
+model's own probabilities at ``attn_drop`` on its non-fused path, or its fused call's (made a second time beside
+it), reshaped from timm's [B * windows * heads, N, N] to [B * windows, heads, N, N]. Inline capture, the views'
+(``sam_inline``), runs each block's attention as vitlens's own non-fused path: timm's q, k, v projection, q/k norms
+and RoPE or decomposed relative-position bias (the bias added to the scores from its two small tables, never a
+[B * windows, heads, N, N] map of it), the probabilities made once (``attention_output_in_rows``) and handed on
+whole as [B * windows, heads, N, N] before the output is computed from them; where nothing the capture keeps holds
+the maps (the views' stream), each block's map is made in the session's workspace, reused block after block. The
+views are the windowed ones (one stage): attention distance in image pixels beside each window's uniform
+distance, rollout through the windows from the mean of the tokens (the neck's convolutions, which mix
+neighbouring tokens after the last block, are not rolled out).
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from ..core.attention import conv_filters
+from ..core.attention import QKV_BUFFER, attention_output_in_rows, conv_filters, linear_in
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry
 from ..errors import UnsupportedModelError
@@ -39,7 +45,9 @@ class TimmSam(StagedFamily):
              "one grid, decomposed relative-position bias; distance in image pixels beside each window's uniform "
              "distance, rollout through the windows")
     names = ("timm names: samvit_base_patch16, samvit_base_patch16_224 (timm.list_models('samvit_*'))",)
-    capture = CaptureAbilities(view_mode="side")  # side reads the model's own probabilities, or its fused call's
+    # the views' capture: the probabilities made once by vitlens's own path (``sam_inline``), whole maps (the windowed
+    # views read whole window maps); side capture makes them a second time beside the fused call (issue 67)
+    capture = CaptureAbilities(view_mode="inline")
     attention_inputs = ("norm1",)
 
     def matches(self, model: nn.Module) -> bool:
@@ -99,9 +107,7 @@ class TimmSam(StagedFamily):
             read_fused_or_own(attn, layer, by_heads, handles, inline=False)
 
     def install_inline(self, model: nn.Module, capture: CaptureRequest, handles: Handles) -> None:
-        for layer, attn in enumerate(self.attention_modules(model)):
-            by_heads = capture.sending_to(_heads_apart(capture, int(attn.num_heads)))
-            read_fused_or_own(attn, layer, by_heads, handles, inline=True)
+        sam_inline(self.attention_modules(model), capture, handles)
 
     def head_outputs(self, attn: nn.Module) -> nn.Module | None:
         return attn.proj
@@ -128,6 +134,73 @@ def _heads_apart(capture: CaptureRequest, heads: int) -> Callable[..., None]:
     def emit(layer: int, probs: torch.Tensor, rows: slice | None = None) -> None:
         capture(layer, probs.reshape(-1, heads, *probs.shape[-2:]), rows)
     return emit
+
+
+class DecomposedBias:
+    """SAM's decomposed relative-position bias (MViTv2's, Li et al. 2022) of one block's queries, as a ``RowBias``:
+    score[q, k] += q . R_h[q_y - k_y] + q . R_w[q_x - k_x], from the unscaled queries as timm adds it
+    (``get_decomposed_rel_pos_bias``, with timm's ``get_rel_pos`` tables), kept as its two tables [B, heads, N, k_h]
+    and [B, heads, N, k_w] and broadcast over the keys' grid of each block of query rows: no [B, heads, N, N] map
+    of the bias is made (timm's is 0.8 GB per global block at 1024 px)."""
+
+    def __init__(self, attn: nn.Module, q: torch.Tensor, size: tuple[int, int]) -> None:
+        from timm.models.vision_transformer_sam import get_rel_pos
+
+        h, w = size
+        rh = get_rel_pos(h, h, attn.rel_pos_h).float()  # [q_h, k_h, head_dim]
+        rw = get_rel_pos(w, w, attn.rel_pos_w).float()
+        grid = q.float().reshape(*q.shape[:2], h, w, q.shape[-1])
+        self.rel_h = torch.einsum("bnyxc,ykc->bnyxk", grid, rh).reshape(*q.shape[:2], h * w, h)
+        self.rel_w = torch.einsum("bnyxc,xkc->bnyxk", grid, rw).reshape(*q.shape[:2], h * w, w)
+        self.keys = (h, w)
+
+    def __call__(self, scores: torch.Tensor, rows: slice | None) -> torch.Tensor:
+        rel_h = self.rel_h if rows is None else self.rel_h[..., rows, :]
+        rel_w = self.rel_w if rows is None else self.rel_w[..., rows, :]
+        on_grid = scores.view(*scores.shape[:-1], *self.keys)  # [B, heads, rows, k_h, k_w] (the keys are contiguous)
+        if scores.requires_grad:
+            return (on_grid + rel_h[..., :, None] + rel_w[..., None, :]).reshape(scores.shape)
+        on_grid.add_(rel_h[..., :, None]).add_(rel_w[..., None, :])
+        return scores
+
+
+def sam_inline(modules: Sequence[nn.Module], capture: CaptureRequest, handles: Handles) -> None:
+    """Inline capture of timm's SAM ``Attention``: each module's forward, for the session, is its non-fused path
+    computed by vitlens (``attention_output_in_rows``): the q, k, v projection (``linear_in``), q/k norms, RoPE or
+    the decomposed relative-position bias (``DecomposedBias``), the probabilities softmax(q k^T * scale + bias) made
+    once and handed to the capture whole, [B * windows, heads, N, N] (the windowed views read whole window maps),
+    before the output is computed from them, then the output projection; the output is the non-fused path's up to
+    float rounding (the bias's two tables added one after the other). Where the request lets maps be reused
+    (``CaptureRequest.reuse_maps``, detached), every block's map, q, k, v and output are made in one workspace for
+    the session (no fresh 0.8 GB map per global block at 1024 px); otherwise each map is a fresh tensor the capture
+    may keep. Under autocast the probabilities are float32 and the product with v runs in v's dtype."""
+    from timm.layers import apply_rot_embed_cat
+
+    workspace: dict | None = {} if capture.reuse_maps and capture.detach else None
+    for layer, attn in enumerate(modules):
+        def forward(x: torch.Tensor, attn: nn.Module = attn, layer: int = layer,
+                    taps: Callable[[slice, tuple], Any] | None = capture.taps_for(layer)) -> torch.Tensor:
+            def on_probs(probs: torch.Tensor, _rows: slice | None) -> None:
+                capture(layer, probs.detach() if capture.detach else probs)  # whole: one block of every row
+
+            b, h, w, _ = x.shape
+            n = h * w
+            qkv = linear_in(workspace, QKV_BUFFER, attn.qkv, x.reshape(b, n, -1))
+            q, k, v = qkv.view(b, n, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # [B_, heads, N, d]
+            q, k = attn.q_norm(q), attn.k_norm(k)
+            biases: tuple = ()
+            if attn.use_rel_pos:
+                biases = (DecomposedBias(attn, q, (h, w)),)
+            elif attn.rope is not None:
+                rope = attn.rope.get_embed()
+                q, k = apply_rot_embed_cat(q, rope).type_as(v), apply_rot_embed_cat(k, rope).type_as(v)
+            with torch.autocast(device_type=x.device.type, enabled=False):
+                out = attention_output_in_rows(q, k, v, attn.scale, n if workspace is not None else None, on_probs,
+                                               drop=attn.attn_drop, workspace=workspace, taps=taps, biases=biases)
+            out = out.transpose(1, 2).reshape(b, n, -1)
+            return attn.proj_drop(attn.proj(out)).view(b, h, w, -1)
+
+        handles.set_attr(attn, "forward", forward)
 
 
 register(TimmSam())
