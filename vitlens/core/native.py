@@ -394,6 +394,31 @@ def key_block_sums(rows: torch.Tensor, distances: torch.Tensor, key_block: int, 
     return True
 
 
+def window_block_sums(p: torch.Tensor, distances: torch.Tensor, key_block: int, out: torch.Tensor) -> bool:
+    """``out`` [B, windows, 2, heads, q] float64 = (sum_k A d, sum_k A) over each window's keys, for window maps
+    ``p`` [B, windows, heads, q, Nk] (float32, keys contiguous) and ``distances`` [windows, q, Nk] float32: the rule of
+    ``key_block_sums``, one (image, window) at a time, one read of each probability (the windowed distance,
+    ``vitlens.views.windowed``). Returns False, writing nothing, where the kernel does not apply (``compiled_wanted``
+    for the block's windows x q tokens)."""
+    b, w, h, q, n = p.shape
+    if (p.dtype != torch.float32 or p.stride(-1) != 1 or distances.dtype != torch.float32
+            or distances.shape != (w, q, n) or out.dtype != torch.float64 or not out.is_contiguous()
+            or out.shape != (b, w, 2, h, q) or not compiled_wanted(p.device, w * q)):
+        return False
+    lib = library()
+    if lib is None:
+        return False
+    d = distances.contiguous()
+    sb, sw, sh, sq = p.stride()[:4]
+    base, size = p.data_ptr(), p.element_size()
+    for i in range(b):
+        for j in range(w):
+            if lib.vitlens_key_block_sums(base + (i * sb + j * sw) * size, h, q, n, sh, sq, d[j].data_ptr(), key_block,
+                                          out[i, j].data_ptr()) != 0:
+                raise RuntimeError("vitlens's native distance kernel failed.")
+    return True
+
+
 def rollout_step(a: torch.Tensor, v: torch.Tensor, inv_scale: float = 1.0) -> torch.Tensor | None:
     """One step of rollout's chain, v A' = w (A + I) with w = v / (rowsum(A) + 1), in float64 from a head-fused map
     ``a`` [B, T, T] (rows contiguous) and ``v`` [B, T] float64; None where the kernel does not apply. ``a`` is
@@ -431,4 +456,4 @@ def reset_for_tests() -> None:
 
 __all__ = ["CACHE_ENV", "COMPILE_CHOICES", "COMPILE_ENV", "COMPILE_MIN_TOKENS", "SoftmaxTaps", "cache_dir",
            "compile_choice", "compile_failure", "compiled_wanted", "key_block_sums", "library", "library_path",
-           "private_dir", "reset_for_tests", "rollout_step", "softmax_taps", "verified"]
+           "private_dir", "reset_for_tests", "rollout_step", "softmax_taps", "verified", "window_block_sums"]

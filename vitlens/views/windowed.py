@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..core.native import window_block_sums
 from ..core.spec import ModelSpec
 from ..core.windows import WindowGeometry, block_heads, stage_centres
 from ..engine.consumer import AttentionConsumer, BatchInfo
@@ -38,7 +39,7 @@ from ..engine.stream import model_name
 from ..errors import InvalidParameterError, UnsupportedModelError
 from ..results import Result
 from ..words import counted
-from .distance import LOCAL_OF_UNIFORM, sum_by_key_blocks
+from .distance import KEY_BLOCK, LOCAL_OF_UNIFORM, sum_by_key_blocks
 from .moments import ClassMoments, add_samples, merge_moments
 
 if TYPE_CHECKING:  # for the annotations only, as in rollout.py
@@ -216,10 +217,13 @@ REDUCE_ELEMENTS = 1 << 21
 
 
 def window_distance_sums(p: torch.Tensor, d: torch.Tensor, real_keys: torch.Tensor | None, pad_queries: torch.Tensor,
-                         renormalize: bool, out: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+                         renormalize: bool, out: torch.Tensor, scratch: torch.Tensor | None = None
+                         ) -> torch.Tensor | None:
     """Each window query's attention distance, by ``FLOAT32_RTOL``'s rule (the ViT's, ``per_query_distance``): the
     products A[q, k] d(q, k) in float32 (float64 for float64 maps), summed over blocks of ``KEY_BLOCK`` keys and
     the block sums added in float64; the mass over the real keys alike; one divided by the other (``renormalize``).
+    Float32 maps without padding keys go through the native kernel where it runs (``window_block_sums``: the same
+    rule, one read of each probability, the products fused; so the same bound).
 
     Args:
         p: [B, windows, heads, q, Nk] probabilities of ``q`` queries of each window (float32 or float64; half
@@ -233,11 +237,19 @@ def window_distance_sums(p: torch.Tensor, d: torch.Tensor, real_keys: torch.Tens
         scratch: memory for the products, kept by the caller (None, too small or of another dtype: made here).
 
     Returns:
-        The scratch used (the caller keeps it for its next call).
+        The scratch used (the caller keeps it for its next call; the one given where the native kernel ran).
     """
     if p.dtype not in (torch.float32, torch.float64):
         p = p.float()
     b, w, h, q, nk = p.shape
+    if real_keys is None and p.dtype == torch.float32:
+        sums = torch.empty(b, w, 2, h, q, dtype=torch.float64, device=p.device)
+        if window_block_sums(p, d, KEY_BLOCK, sums):
+            if renormalize:
+                torch.div(sums[:, :, 0], sums[:, :, 1] + pad_queries[None, :, None, :], out=out)
+            else:
+                out.copy_(sums[:, :, 0])
+            return scratch
     step = max(1, min(q, REDUCE_ELEMENTS // max(1, b * w * h * nk)))
     need = b * w * h * step * nk
     if scratch is None or scratch.dtype != p.dtype or scratch.device != p.device or scratch.numel() < need:
