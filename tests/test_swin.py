@@ -302,6 +302,35 @@ def test_the_native_window_sums_follow_the_float32_rule_of_the_eager_ones(monkey
     np.testing.assert_allclose(native.mean_px, wide.mean_px, rtol=FLOAT32_RTOL)
 
 
+def test_the_shared_tables_stay_right_when_threads_evict_them_at_once(monkeypatch):
+    """Two models' windows read by four threads at once, the cache holding one table (every lookup evicts): each
+    thread gets its own windows' tables, and no thread fails on another's eviction."""
+    import threading
+    import vitlens.views.windowed as windowed
+    from vitlens.core.windows import stage_centres
+
+    geometries = [windowed.model_windows(load(tiny_swin(window=w))) for w in (4, 7)]
+    want = [[windowed._distances(g, stage_centres(ws)[g.stage])[0] for g in ws] for ws in geometries]
+    monkeypatch.setattr(windowed, "_TABLES_KEPT", 1)
+    monkeypatch.setattr(windowed, "_TABLES", {})
+    failures: list[BaseException] = []
+
+    def read(ws: list, tables: list) -> None:
+        try:
+            for _ in range(20):
+                got = windowed._shared_tables(ws, stage_centres(ws))
+                assert all(torch.equal(g[0], t) for g, t in zip(got, tables))
+        except BaseException as e:  # handed to the test's thread
+            failures.append(e)
+
+    threads = [threading.Thread(target=read, args=(geometries[i % 2], want[i % 2])) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+
+
 @pytest.mark.parametrize("self_bias, want", [(0.0, 1.0), (60.0, 0.0)])
 def test_known_answers_uniform_attention_fills_its_window_and_self_attention_is_at_zero(self_bias, want):
     """With q = k = 0 the scores are the relative bias alone: all zero, each query spreads evenly over its window

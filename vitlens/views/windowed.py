@@ -25,6 +25,7 @@ Definitions (docs/definitions.md, "Windowed and hierarchical ViTs"):
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -94,6 +95,7 @@ def _distances(g: WindowGeometry, centres: np.ndarray) -> tuple[torch.Tensor, to
 #: the windowed distance's tables of the last models read (``_shared_tables``): call after call on one model shares them
 _TABLES: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]] = {}
 _TABLES_KEPT = 64
+_TABLES_LOCK = threading.Lock()  # two threads reading models at once: one of them looks up, adds or evicts at a time
 
 
 def _shared_tables(windows: list[WindowGeometry], centres: dict[int, np.ndarray]
@@ -109,11 +111,12 @@ def _shared_tables(windows: list[WindowGeometry], centres: dict[int, np.ndarray]
             digest.update(str((a.dtype, a.shape)).encode())
             digest.update(np.ascontiguousarray(a).tobytes())
         key = digest.hexdigest()
-        if key not in _TABLES:
-            while len(_TABLES) >= _TABLES_KEPT:
-                del _TABLES[next(iter(_TABLES))]  # the oldest first
-            _TABLES[key] = _distances(g, centres[g.stage])
-        out.append(_TABLES[key])
+        with _TABLES_LOCK:
+            if key not in _TABLES:
+                while len(_TABLES) >= _TABLES_KEPT:
+                    del _TABLES[next(iter(_TABLES))]  # the oldest first
+                _TABLES[key] = _distances(g, centres[g.stage])
+            out.append(_TABLES[key])
     return out
 
 
